@@ -1,0 +1,238 @@
+"""The narrow interface every store driver implements.
+
+The protocol core (:mod:`consensus_lease.session`, :mod:`consensus_lease.lease`) is written
+once against this interface and knows nothing of etcd, ZooKeeper or SQL. A driver maps each
+method to *one* atomic operation of its store in which the store itself makes the
+ownership comparison; the core adds local deadlines, keepalive, waiting and input checks.
+
+Drivers are found through the ``consensus_lease.backends`` entry-point group, keyed by URL
+scheme (see :func:`consensus_lease.open_store`). A driver:
+
+* receives only validated input (job ids, TTLs, timeouts are checked by the core);
+* raises only :mod:`consensus_lease.errors` types, translating its client's exceptions
+  with ``raise ... from``;
+* resolves an ambiguous outcome (timeout after the store may have committed) by reading
+  back, never by re-sending blindly; it raises :class:`~consensus_lease.errors.OutcomeUnknown`
+  only when reading back cannot settle it;
+* declares what it cannot do in :class:`Capabilities` instead of pretending.
+
+The in-memory driver (:mod:`consensus_lease.backends.memory`) is the reference
+implementation and the test fake.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .record import ClaimResult, LeaseRecord
+
+__all__ = [
+    "Backend",
+    "Capabilities",
+    "SessionEvent",
+    "SessionHandle",
+    "StateListener",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a backend can and cannot do. The conformance suite checks each claim.
+
+    Attributes:
+        cross_process: several OS processes (and machines, for servers) share the store.
+        store_watch: ``wait_for_change`` is woken by the store (etcd watch, ZooKeeper
+            watch); ``False`` means it polls.
+        consecutive_generations: each claim adds exactly 1 to the generation. ``False``
+            (etcd: the token is a revision) still guarantees strictly increasing tokens.
+        min_ttl_s / max_ttl_s: the range of TTLs accepted by ``open_session``.
+        max_batch_claim: most claims one round trip can carry; 1 means no batching.
+        description: one line for ``inspect`` and benchmarks.
+    """
+
+    cross_process: bool
+    store_watch: bool
+    consecutive_generations: bool
+    min_ttl_s: float
+    max_ttl_s: float
+    max_batch_claim: int = 1
+    description: str = ""
+
+
+class SessionEvent(enum.Enum):
+    """Connection events a backend reports for a session (see ``StateListener``)."""
+
+    SUSPENDED = "suspended"
+    """Connection to the store lost; the session may still be alive in the store."""
+    RECONNECTED = "reconnected"
+    """Connection back and the store says the session is still alive. The core then
+    re-confirms every lease before treating it as held again."""
+    EXPIRED = "expired"
+    """The store says the session expired. Final."""
+
+
+StateListener = Callable[[SessionEvent], None]
+"""Called by a backend, from any thread, when a session's connection state changes.
+Must not block."""
+
+
+class SessionHandle:
+    """A backend's live session: the store-side unit of liveness.
+
+    Backends subclass this to carry their own state (etcd lease id, kazoo client, ...).
+
+    Attributes:
+        session_id: the store's id for the session, as text.
+        owner: the owner label every claim of this session records.
+        granted_ttl_s: the TTL the store granted (etcd may raise a small TTL; ZooKeeper
+            clamps the session timeout to 2-20 x tickTime). The local deadline uses this.
+    """
+
+    def __init__(self, session_id: str, owner: str, granted_ttl_s: float) -> None:
+        self.session_id = session_id
+        self.owner = owner
+        self.granted_ttl_s = granted_ttl_s
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(session_id={self.session_id!r}, owner={self.owner!r}, "
+            f"granted_ttl_s={self.granted_ttl_s})"
+        )
+
+
+class Backend(abc.ABC):
+    """A store driver. Thread-safe: the core calls it from user threads and from each
+    session's keepalive thread at once."""
+
+    scheme: ClassVar[str]
+    capabilities: ClassVar[Capabilities]
+
+    @classmethod
+    @abc.abstractmethod
+    def from_url(cls, url: str, options: Mapping[str, str]) -> Backend:
+        """Build a driver from a store URL and its query-string/keyword options.
+
+        Raises:
+            UnsupportedBackend / InvalidArgument: malformed URL or unknown option.
+            BackendUnavailable: the store cannot be reached (drivers may connect lazily).
+        """
+
+    # -- sessions -------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def open_session(
+        self, owner: str, ttl_s: float, on_event: StateListener | None = None
+    ) -> SessionHandle:
+        """Create a session with a TTL on the store's clock.
+
+        Raises:
+            BackendUnavailable: the store could not be reached; no session exists.
+        """
+
+    @abc.abstractmethod
+    def keepalive(self, session: SessionHandle) -> float:
+        """Extend the session by its TTL in one round trip; return the TTL granted.
+
+        The caller timestamps the *send* of this request; a success means the session was
+        alive when the store received it.
+
+        Raises:
+            SessionExpired: the store no longer has the session. Final.
+            BackendUnavailable: no answer; the session may still be alive.
+        """
+
+    @abc.abstractmethod
+    def close_session(self, session: SessionHandle) -> None:
+        """End the session in the store; every job it holds becomes claimable at once.
+
+        Best effort when the store is unreachable (the TTL then ends it). Idempotent.
+        """
+
+    # -- per-job operations, each one atomic in the store -----------------------------
+
+    @abc.abstractmethod
+    def claim(self, session: SessionHandle, job_id: str) -> ClaimResult | None:
+        """Claim ``job_id`` for ``session`` if it is unowned or its holder's session
+        expired, and it is not completed. Returns the new generation, or ``None`` if a
+        live session holds it (including this one).
+
+        Raises:
+            JobCompleted: the job has a completion record (its generation attached).
+            SessionExpired: ``session`` is gone in the store.
+            BackendUnavailable / OutcomeUnknown.
+        """
+
+    def claim_many(
+        self, session: SessionHandle, job_ids: Sequence[str]
+    ) -> list[ClaimResult | None]:
+        """Claim several jobs; element ``i`` answers ``job_ids[i]`` as :meth:`claim`
+        would, except that a completed job yields ``None``. Drivers whose store can do
+        it in one round trip override this (see ``Capabilities.max_batch_claim``)."""
+        results: list[ClaimResult | None] = []
+        from .errors import JobCompleted
+
+        for job_id in job_ids:
+            try:
+                results.append(self.claim(session, job_id))
+            except JobCompleted:
+                results.append(None)
+        return results
+
+    @abc.abstractmethod
+    def renew(self, session: SessionHandle, job_id: str, generation: int) -> float:
+        """Confirm in the store that ``session`` still holds ``job_id`` at ``generation``
+        and extend the session's TTL; return the TTL granted.
+
+        Raises:
+            StaleLeaseError: owner or generation no longer match (or job completed).
+            SessionExpired / BackendUnavailable.
+        """
+
+    @abc.abstractmethod
+    def complete(
+        self, session: SessionHandle, job_id: str, generation: int, result: bytes
+    ) -> LeaseRecord:
+        """Record completion iff ``session`` holds ``job_id`` at ``generation``; the
+        owner hold ends in the same atomic step. Returns the COMPLETED record.
+
+        A repeat of a completion this session already made at this generation returns
+        the existing record without applying anything again.
+
+        Raises:
+            StaleLeaseError: not held at that generation (another holder, released,
+                expired, or completed by someone else).
+            SessionExpired / BackendUnavailable / OutcomeUnknown.
+        """
+
+    @abc.abstractmethod
+    def release(self, session: SessionHandle, job_id: str, generation: int) -> None:
+        """End the hold iff ``session`` holds ``job_id`` at ``generation``; the job is
+        claimable at once.
+
+        Raises:
+            StaleLeaseError / SessionExpired / BackendUnavailable / OutcomeUnknown.
+        """
+
+    # -- reading and waiting --------------------------------------------------------
+
+    @abc.abstractmethod
+    def get(self, job_id: str) -> LeaseRecord | None:
+        """The job's record, or ``None`` if the store has never seen it."""
+
+    @abc.abstractmethod
+    def records(self, limit: int | None = None) -> list[LeaseRecord]:
+        """Every job record (at most ``limit``), ordered by job id, for inspection."""
+
+    @abc.abstractmethod
+    def wait_for_change(self, job_id: str, timeout_s: float) -> None:
+        """Block until ``job_id`` may have become claimable (its holder released,
+        completed or expired), or ``timeout_s`` passed. Spurious returns are allowed;
+        the caller always re-tries the claim."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release client resources. Sessions still open are closed best-effort."""

@@ -1,0 +1,167 @@
+"""Every error consensus_lease raises, as one tree.
+
+::
+
+    LeaseError                      base of everything below
+    ├── LeaseNotHeld                the caller cannot prove it holds the lease: stop effects
+    │   ├── LeaseSuspended          ownership unknown right now (e.g. ZooKeeper SUSPENDED);
+    │   │                           may become HELD again after the store re-confirms it
+    │   └── LeaseLost               final: the lease is gone and will not come back
+    │       ├── SessionExpired      the store says the worker's session (etcd lease,
+    │       │                       ZooKeeper session, SQLite session row) has expired
+    │       └── StaleLeaseError     the store rejected owner/generation: another holder
+    │                               claimed a newer generation, or the job was released
+    ├── ClaimTimeout                ``claim(..., wait_s=...)`` ran out of time; nothing held
+    ├── JobCompleted                the job has a completion record and is never claimed again
+    ├── InvalidArgument             bad input (also a ``ValueError``); nothing was written
+    ├── UnsupportedBackend          unknown or malformed store URL (also ``InvalidArgument``)
+    ├── BackendUnavailable          the store cannot be reached or refused service
+    │   ├── AuthenticationFailed    wrong credentials / certificates
+    │   └── OutcomeUnknown          a request may or may not have been applied and reading
+    │                               back could not tell which
+    └── FenceRejected               a fenced destination refused a token lower than one it
+                                    has already accepted for the same resource
+
+Each error carries ``job_id`` and ``generation`` where they apply (``None`` otherwise),
+so a handler can log exactly which lease it concerns. Backend drivers translate their
+client's exceptions (gRPC, kazoo, sqlite3) into these, chained with ``raise ... from``;
+a raw client exception escaping the library is a bug.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AuthenticationFailed",
+    "BackendUnavailable",
+    "ClaimTimeout",
+    "FenceRejected",
+    "InvalidArgument",
+    "JobCompleted",
+    "LeaseError",
+    "LeaseLost",
+    "LeaseNotHeld",
+    "LeaseSuspended",
+    "OutcomeUnknown",
+    "SessionExpired",
+    "StaleLeaseError",
+    "UnsupportedBackend",
+]
+
+
+class LeaseError(Exception):
+    """Base class of every consensus_lease error.
+
+    Attributes:
+        job_id: the job concerned, or ``None`` when the error is not about one job.
+        generation: the fencing token concerned, or ``None``.
+    """
+
+    def __init__(
+        self, message: str, *, job_id: str | None = None, generation: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.generation = generation
+
+
+class LeaseNotHeld(LeaseError):
+    """The caller cannot prove it holds the lease. Produce no effect under it."""
+
+
+class LeaseSuspended(LeaseNotHeld):
+    """Ownership cannot be proven right now, but is not known to be lost.
+
+    Raised while the session is SUSPENDED (ZooKeeper connection lost but session not yet
+    expired). Effects must pause; the lease becomes HELD again only after the store has
+    re-confirmed it, or LOST.
+    """
+
+
+class LeaseLost(LeaseNotHeld):
+    """The lease is gone for good: renewal failed, the local deadline passed, or the
+    store expired or reassigned it. Stop all effects; a new claim gets a new generation."""
+
+
+class SessionExpired(LeaseLost):
+    """The store reports the worker session expired (etcd lease TTL reached, ZooKeeper
+    session expired, SQLite session row past its expiry). Every lease of the session is
+    lost. Never retried away: open a new session."""
+
+
+class StaleLeaseError(LeaseLost):
+    """The store's compare failed: owner or generation no longer match.
+
+    Attributes:
+        current_generation: the generation the store holds now, when it told us.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        job_id: str | None = None,
+        generation: int | None = None,
+        current_generation: int | None = None,
+    ) -> None:
+        super().__init__(message, job_id=job_id, generation=generation)
+        self.current_generation = current_generation
+
+
+class ClaimTimeout(LeaseError):
+    """``claim(job_id, wait_s=...)`` did not get the job in time. Nothing is held."""
+
+
+class JobCompleted(LeaseError):
+    """The job has a completion record; it is never claimed again.
+
+    Attributes:
+        generation: the generation that completed it.
+    """
+
+
+class InvalidArgument(LeaseError, ValueError):
+    """Bad input: job id, TTL, timeout, URL option. Raised before anything is sent;
+    nothing was written and any lease held before the call is still held."""
+
+
+class UnsupportedBackend(InvalidArgument):
+    """The store URL is malformed or names a scheme no installed backend serves."""
+
+
+class BackendUnavailable(LeaseError):
+    """The store could not be reached, timed out, or refused service.
+
+    Leases are not lost by this alone: the session keeps its local deadline and reports
+    loss when it passes without a successful renewal.
+    """
+
+
+class AuthenticationFailed(BackendUnavailable):
+    """The store rejected the credentials or certificates given."""
+
+
+class OutcomeUnknown(BackendUnavailable):
+    """A request may or may not have been applied, and reading back could not settle it.
+
+    Treat the lease as not held until a later read (``store.get``) shows the truth.
+    """
+
+
+class FenceRejected(LeaseError):
+    """A fenced destination refused an effect: its token is lower than the highest token
+    the destination has already accepted for that resource.
+
+    Attributes:
+        highest_seen: the highest token the destination had accepted.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        job_id: str | None = None,
+        generation: int | None = None,
+        highest_seen: int | None = None,
+    ) -> None:
+        super().__init__(message, job_id=job_id, generation=generation)
+        self.highest_seen = highest_seen

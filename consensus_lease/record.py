@@ -1,0 +1,58 @@
+"""The lease record a store keeps per job, as callers see it."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+__all__ = ["ClaimResult", "JobState", "LeaseRecord"]
+
+
+class JobState(enum.Enum):
+    """Where a job stands in the store."""
+
+    AVAILABLE = "available"
+    """Unowned: never claimed, released, or its holder's session expired."""
+    HELD = "held"
+    """A live session holds it at ``generation``."""
+    COMPLETED = "completed"
+    """Completed at ``generation``; never claimed again."""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRecord:
+    """A snapshot of one job's lease record, read from the store.
+
+    Attributes:
+        job_id: the job's id, exactly as given to ``claim``.
+        owner: the owner label of the current or last holder, or ``None`` if never held
+            or released.
+        lease_until: when the holder's lease ends, in seconds since the epoch on the
+            *store's* clock (SQLite: the database clock; etcd: now + the lease's remaining
+            TTL as the store reports it; ZooKeeper: ``None``, the ensemble does not expose
+            session deadlines). For display only: ownership is decided by the store.
+        generation: the fencing token of the current or last claim; 0 if never claimed.
+        state: AVAILABLE, HELD or COMPLETED.
+        result: the completion result (bytes) once COMPLETED, else ``None``.
+    """
+
+    job_id: str
+    owner: str | None
+    lease_until: float | None
+    generation: int
+    state: JobState
+    result: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimResult:
+    """What a backend returns for a successful claim.
+
+    Attributes:
+        generation: the new fencing token, strictly greater than every earlier one for
+            this job.
+        lease_until: as in :class:`LeaseRecord`.
+    """
+
+    generation: int
+    lease_until: float | None = None

@@ -1,0 +1,81 @@
+"""Input checks shared by every backend, so bad input fails the same way everywhere."""
+
+from __future__ import annotations
+
+import math
+
+from .errors import InvalidArgument
+
+__all__ = ["MAX_JOB_ID_BYTES", "check_job_id", "check_ttl", "check_wait", "check_owner"]
+
+MAX_JOB_ID_BYTES = 256
+"""Longest job id accepted, in UTF-8 bytes."""
+
+
+def check_job_id(job_id: object) -> str:
+    """Return ``job_id`` if it is a non-empty str of at most 256 UTF-8 bytes with no NUL.
+
+    Any other character is allowed; backends encode ids so ``/``, ``..``, spaces or
+    non-ASCII cannot collide or escape a key prefix.
+
+    Raises:
+        InvalidArgument: with the reason, before anything is sent.
+    """
+    if not isinstance(job_id, str):
+        raise InvalidArgument(f"job id must be a str, not {type(job_id).__name__}")
+    if not job_id:
+        raise InvalidArgument("job id must not be empty")
+    if "\x00" in job_id:
+        raise InvalidArgument("job id must not contain NUL", job_id=job_id)
+    try:
+        size = len(job_id.encode("utf-8"))
+    except UnicodeEncodeError as exc:  # lone surrogates
+        raise InvalidArgument(f"job id is not valid Unicode text: {exc.reason}") from None
+    if size > MAX_JOB_ID_BYTES:
+        raise InvalidArgument(
+            f"job id is {size} UTF-8 bytes; at most {MAX_JOB_ID_BYTES} are allowed",
+            job_id=job_id[:32] + "...",
+        )
+    return job_id
+
+
+def check_owner(owner: object) -> str:
+    """Return ``owner`` if it is a non-empty str of at most 256 UTF-8 bytes with no NUL."""
+    if not isinstance(owner, str) or not owner or "\x00" in owner:
+        raise InvalidArgument("owner must be a non-empty str without NUL")
+    try:
+        size = len(owner.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidArgument(f"owner is not valid Unicode text: {exc.reason}") from None
+    if size > MAX_JOB_ID_BYTES:
+        raise InvalidArgument(f"owner is {size} UTF-8 bytes; at most {MAX_JOB_ID_BYTES}")
+    return owner
+
+
+def _finite_number(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidArgument(f"{name} must be a number of seconds, not {type(value).__name__}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise InvalidArgument(f"{name} must be finite, got {value!r}")
+    return number
+
+
+def check_ttl(ttl_s: object, *, min_s: float, max_s: float) -> float:
+    """Return ``ttl_s`` as float if finite and within ``[min_s, max_s]``.
+
+    Raises:
+        InvalidArgument: naming the backend's range.
+    """
+    ttl = _finite_number(ttl_s, "ttl_s")
+    if not (min_s <= ttl <= max_s):
+        raise InvalidArgument(f"ttl_s={ttl!r} is outside this backend's range [{min_s}, {max_s}] s")
+    return ttl
+
+
+def check_wait(wait_s: object, name: str = "wait_s") -> float:
+    """Return a finite, non-negative number of seconds."""
+    wait = _finite_number(wait_s, name)
+    if wait < 0:
+        raise InvalidArgument(f"{name} must be >= 0, got {wait_s!r}")
+    return wait
