@@ -113,8 +113,10 @@ class Backend(abc.ABC):
 
     @classmethod
     @abc.abstractmethod
-    def from_url(cls, url: str, options: Mapping[str, str]) -> Backend:
-        """Build a driver from a store URL and its query-string/keyword options.
+    def from_url(cls, url: str, options: Mapping[str, object]) -> Backend:
+        """Build a driver from a store URL and its options (the URL's query string merged
+        with keyword arguments of ``open_store``; keyword arguments win). Unknown options
+        are an error.
 
         Raises:
             UnsupportedBackend / InvalidArgument: malformed URL or unknown option.

@@ -1,0 +1,240 @@
+"""In-process store: the reference implementation of the backend contract, and the fake
+for unit tests.
+
+``open_store("memory://")`` makes a new, empty store each time (no hidden global state):
+share the returned :class:`~consensus_lease.LeaseStore` between threads to race them.
+Its store clock is injectable (``open_store("memory://", store_clock=FakeClock())``) so a
+test can expire a session by advancing time instead of sleeping. One lock makes every
+operation atomic, as one etcd transaction or ZooKeeper multi would be.
+
+Options:
+
+=============  ===========================  ==========================================
+option         default                      meaning
+=============  ===========================  ==========================================
+store_clock    the system clock             a :class:`~consensus_lease.Clock`; its
+                                            ``time()`` is the store's time
+=============  ===========================  ==========================================
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..backend import Backend, Capabilities, SessionHandle, StateListener
+from ..clock import Clock, SystemClock
+from ..errors import InvalidArgument, JobCompleted, SessionExpired, StaleLeaseError
+from ..record import ClaimResult, JobState, LeaseRecord
+
+__all__ = ["MemoryBackend"]
+
+
+@dataclass
+class _Session:
+    owner: str
+    ttl_s: float
+    expires_at: float
+
+
+@dataclass
+class _Job:
+    generation: int = 0
+    session_id: str | None = None
+    owner: str | None = None
+    completed_by: str | None = None
+    result: bytes | None = None
+
+    @property
+    def completed(self) -> bool:
+        return self.completed_by is not None
+
+
+class MemoryBackend(Backend):
+    """A store in this process's memory. See the module docstring."""
+
+    scheme = "memory"
+    capabilities = Capabilities(
+        cross_process=False,
+        store_watch=True,
+        consecutive_generations=True,
+        min_ttl_s=0.001,
+        max_ttl_s=7 * 24 * 3600.0,
+        max_batch_claim=1024,
+        description="in-process memory (tests; one process only)",
+    )
+
+    def __init__(self, store_clock: Clock | None = None) -> None:
+        self._clock: Clock = store_clock or SystemClock()
+        self._cond = threading.Condition()
+        self._sessions: dict[str, _Session] = {}
+        self._jobs: dict[str, _Job] = {}
+
+    @classmethod
+    def from_url(cls, url: str, options: Mapping[str, object]) -> MemoryBackend:
+        rest = url.split("://", 1)[1]
+        if rest.strip("/"):
+            raise InvalidArgument(f"memory:// takes no host or path, got {url!r}")
+        unknown = set(options) - {"store_clock"}
+        if unknown:
+            raise InvalidArgument(f"unknown memory:// option(s): {', '.join(sorted(unknown))}")
+        clock = options.get("store_clock")
+        if clock is not None and not isinstance(clock, Clock):
+            raise InvalidArgument("store_clock must be a consensus_lease.Clock")
+        return cls(clock)
+
+    # -- helpers (call with the lock held) -----------------------------------------
+
+    def _now(self) -> float:
+        return self._clock.time()
+
+    def _alive(self, session_id: str | None) -> bool:
+        if session_id is None:
+            return False
+        sess = self._sessions.get(session_id)
+        return sess is not None and sess.expires_at > self._now()
+
+    def _require_alive(self, session: SessionHandle) -> None:
+        if not self._alive(session.session_id):
+            raise SessionExpired(f"session {session.session_id} expired in the store")
+
+    def _holds(self, session: SessionHandle, job_id: str, generation: int) -> _Job:
+        self._require_alive(session)
+        job = self._jobs.get(job_id)
+        if job is None or job.session_id != session.session_id or job.generation != generation:
+            current = None if job is None else job.generation
+            raise StaleLeaseError(
+                f"{job_id!r} is not held by session {session.session_id} at generation "
+                f"{generation} (store has generation {current})",
+                job_id=job_id,
+                generation=generation,
+                current_generation=current,
+            )
+        return job
+
+    def _record(self, job_id: str, job: _Job) -> LeaseRecord:
+        if job.completed:
+            state = JobState.COMPLETED
+        elif self._alive(job.session_id):
+            state = JobState.HELD
+        else:
+            state = JobState.AVAILABLE
+        sess = self._sessions.get(job.session_id or "")
+        return LeaseRecord(
+            job_id=job_id,
+            owner=job.owner,
+            lease_until=sess.expires_at if sess is not None and state is JobState.HELD else None,
+            generation=job.generation,
+            state=state,
+            result=job.result,
+        )
+
+    # -- sessions ------------------------------------------------------------------
+
+    def open_session(
+        self, owner: str, ttl_s: float, on_event: StateListener | None = None
+    ) -> SessionHandle:
+        session_id = uuid.uuid4().hex
+        with self._cond:
+            self._sessions[session_id] = _Session(owner, ttl_s, self._now() + ttl_s)
+        return SessionHandle(session_id, owner, ttl_s)
+
+    def keepalive(self, session: SessionHandle) -> float:
+        with self._cond:
+            self._require_alive(session)
+            sess = self._sessions[session.session_id]
+            sess.expires_at = self._now() + sess.ttl_s
+            return sess.ttl_s
+
+    def close_session(self, session: SessionHandle) -> None:
+        with self._cond:
+            self._sessions.pop(session.session_id, None)
+            for job in self._jobs.values():
+                if job.session_id == session.session_id:
+                    job.session_id = None
+            self._cond.notify_all()
+
+    def expire_session(self, session_id: str) -> None:
+        """Test hook: make the store expire a session now, as its TTL running out would."""
+        with self._cond:
+            if session_id in self._sessions:
+                self._sessions[session_id].expires_at = self._now()
+            self._cond.notify_all()
+
+    # -- jobs ----------------------------------------------------------------------
+
+    def claim(self, session: SessionHandle, job_id: str) -> ClaimResult | None:
+        with self._cond:
+            self._require_alive(session)
+            job = self._jobs.setdefault(job_id, _Job())
+            if job.completed:
+                raise JobCompleted(
+                    f"{job_id!r} was completed at generation {job.generation}",
+                    job_id=job_id,
+                    generation=job.generation,
+                )
+            if self._alive(job.session_id):
+                return None
+            job.generation += 1
+            job.session_id = session.session_id
+            job.owner = session.owner
+            return ClaimResult(job.generation, self._sessions[session.session_id].expires_at)
+
+    def renew(self, session: SessionHandle, job_id: str, generation: int) -> float:
+        with self._cond:
+            job = self._holds(session, job_id, generation)
+            del job
+            return self.keepalive(session)
+
+    def complete(
+        self, session: SessionHandle, job_id: str, generation: int, result: bytes
+    ) -> LeaseRecord:
+        with self._cond:
+            job = self._jobs.get(job_id)
+            if (
+                job is not None
+                and job.completed_by == session.session_id
+                and job.generation == generation
+            ):
+                return self._record(job_id, job)  # a retry of our own completion
+            job = self._holds(session, job_id, generation)
+            job.completed_by = session.session_id
+            job.session_id = None
+            job.result = result
+            self._cond.notify_all()
+            return self._record(job_id, job)
+
+    def release(self, session: SessionHandle, job_id: str, generation: int) -> None:
+        with self._cond:
+            job = self._holds(session, job_id, generation)
+            job.session_id = None
+            job.owner = None
+            self._cond.notify_all()
+
+    def get(self, job_id: str) -> LeaseRecord | None:
+        with self._cond:
+            job = self._jobs.get(job_id)
+            return None if job is None else self._record(job_id, job)
+
+    def records(self, limit: int | None = None) -> list[LeaseRecord]:
+        with self._cond:
+            ids = sorted(self._jobs)[:limit]
+            return [self._record(j, self._jobs[j]) for j in ids]
+
+    def wait_for_change(self, job_id: str, timeout_s: float) -> None:
+        with self._cond:
+            job = self._jobs.get(job_id)
+            wait = timeout_s
+            if job is not None and job.session_id in self._sessions:
+                until_expiry = self._sessions[job.session_id].expires_at - self._now()
+                wait = min(wait, max(until_expiry, 0.001))
+            if not isinstance(self._clock, SystemClock):
+                wait = min(wait, 0.01)  # an injected clock can jump: look again soon
+            self._cond.wait(wait)
+
+    def close(self) -> None:
+        with self._cond:
+            self._sessions.clear()
+            self._cond.notify_all()

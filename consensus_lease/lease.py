@@ -1,0 +1,316 @@
+"""A worker's handle on one claimed job."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from .errors import (
+    BackendUnavailable,
+    InvalidArgument,
+    LeaseLost,
+    LeaseNotHeld,
+    LeaseSuspended,
+    OutcomeUnknown,
+)
+from .record import LeaseRecord
+from .states import LeaseState, SessionState
+
+if TYPE_CHECKING:
+    from .session import Session
+
+__all__ = ["Lease"]
+
+log = logging.getLogger("consensus_lease")
+
+
+class Lease:
+    """Temporary ownership of one job, with its fencing token.
+
+    A lease is *not* exactly-once: the store guarantees that at most one live holder has
+    the job at any store time, and that a stale holder's renew/complete/release is
+    rejected. It cannot stop a request already in flight from a paused holder, so every
+    effect must carry :attr:`generation` to a destination that fences it (see
+    :mod:`consensus_lease.fencing`) or dedupes it by ``(job_id, generation, effect)``.
+
+    The race this prevents, step by step::
+
+        t0  A claims job 42 -> generation 7; A's process is then paused (GC, SIGSTOP)
+        t1  A's session TTL runs out in the store; B claims job 42 -> generation 8
+        t2  A resumes. A.ensure_held() raises LeaseLost: its local deadline (send time of
+            its last renewal + TTL - margin) passed while it was paused
+        t3  A ignores that and writes "charge card" with token 7: the fence has seen 8
+            and rejects it (FenceRejected)
+        t4  A calls complete(): the store compares owner+generation in the same atomic
+            operation, finds 8, and raises StaleLeaseError. B completes with 8.
+
+    Use it as a context manager: on exit without ``complete()`` the lease is released so
+    the job is claimable at once.
+
+    Attributes:
+        job_id (str): the job.
+        generation (int): the fencing token; strictly increasing per job across claims.
+        owner (str): the owner label of the holding session.
+        session (Session): the worker session the lease lives under.
+    """
+
+    __slots__ = ("_lock", "_lost_reason", "_record", "_state", "generation", "job_id", "session")
+
+    def __init__(self, session: Session, job_id: str, generation: int) -> None:
+        self.session = session
+        self.job_id = job_id
+        self.generation = generation
+        self._lock = threading.Lock()
+        self._state = LeaseState.HELD
+        self._lost_reason: LeaseLost | None = None
+        self._record: LeaseRecord | None = None
+
+    # -- introspection --------------------------------------------------------------
+
+    @property
+    def fencing_token(self) -> int:
+        """Alias of :attr:`generation`: the token to send with every effect."""
+        return self.generation
+
+    @property
+    def owner(self) -> str:
+        return self.session.owner
+
+    @property
+    def granted_ttl_s(self) -> float:
+        """The TTL the store granted the session, in seconds."""
+        return self.session.granted_ttl_s
+
+    @property
+    def deadline(self) -> float:
+        """Monotonic time (the session clock's ``monotonic()``) after which this worker
+        must assume the lease lost: send time of the last successful renewal + granted
+        TTL - safety margin."""
+        return self.session.deadline
+
+    def remaining_s(self) -> float:
+        """Seconds until :attr:`deadline` (negative once passed)."""
+        return self.session.remaining_s()
+
+    @property
+    def state(self) -> LeaseState:
+        """The lease's state now; LOST as soon as the local deadline has passed."""
+        with self._lock:
+            if self._state is not LeaseState.HELD:
+                return self._state
+        session_state = self.session.state
+        if session_state is SessionState.SUSPENDED:
+            return LeaseState.SUSPENDED
+        if session_state is not SessionState.ACTIVE or self.session.remaining_s() <= 0:
+            return LeaseState.LOST
+        return LeaseState.HELD
+
+    @property
+    def lost_reason(self) -> LeaseLost | None:
+        """Why the lease was lost, once it is."""
+        with self._lock:
+            return self._lost_reason or self.session.lost_reason
+
+    def __repr__(self) -> str:
+        return (
+            f"Lease(job_id={self.job_id!r}, generation={self.generation}, "
+            f"owner={self.owner!r}, state={self.state.value})"
+        )
+
+    # -- the check before every effect ------------------------------------------------
+
+    def ensure_held(self) -> None:
+        """Raise unless this worker may still produce effects under the lease.
+
+        A local check, no round trip: call it before each effect. It compares the
+        monotonic clock with :attr:`deadline`, so a worker paused past its TTL finds out
+        on its first instruction after resuming.
+
+        Raises:
+            LeaseLost: the lease is lost, released or completed (final).
+            LeaseSuspended: the session cannot currently prove ownership (may recover).
+        """
+        with self._lock:
+            state, reason = self._state, self._lost_reason
+        if state is LeaseState.LOST:
+            raise LeaseLost(
+                f"lease on {self.job_id!r} generation {self.generation} is lost: {reason}",
+                job_id=self.job_id,
+                generation=self.generation,
+            ) from reason
+        if state in (LeaseState.RELEASED, LeaseState.COMPLETED):
+            raise LeaseLost(
+                f"lease on {self.job_id!r} generation {self.generation} was {state.value}",
+                job_id=self.job_id,
+                generation=self.generation,
+            )
+        try:
+            self.session.ensure_alive()
+        except LeaseNotHeld as exc:
+            cls = LeaseSuspended if isinstance(exc, LeaseSuspended) else LeaseLost
+            raise cls(
+                f"lease on {self.job_id!r} generation {self.generation}: {exc}",
+                job_id=self.job_id,
+                generation=self.generation,
+            ) from exc
+
+    # -- store round trips -----------------------------------------------------------
+
+    def renew(self) -> None:
+        """Confirm in the store that this session still holds the job at this generation
+        and extend the session's TTL, in one atomic store operation. The session's
+        deadline moves to the *send* time of this request + granted TTL - margin.
+
+        The session's background keepalive already renews every lease it holds; call
+        this to re-check one lease explicitly (e.g. before a long effect).
+
+        Raises:
+            LeaseLost (StaleLeaseError, SessionExpired): the store says it is not held;
+                the lease is LOST.
+            LeaseSuspended: the session is SUSPENDED; nothing was sent.
+            BackendUnavailable: no answer; the lease is still held until its deadline.
+        """
+        self.ensure_held()
+        send = self.session.clock.monotonic()
+        try:
+            ttl = self.session.backend.renew(self.session.handle, self.job_id, self.generation)
+        except LeaseLost as exc:
+            self._mark_lost(exc)
+            self.session._lease_failed(self, exc)
+            raise
+        self.session._renewed(send, ttl)
+
+    def complete(self, result: bytes = b"") -> LeaseRecord:
+        """Record the job as completed at this generation and end the hold, in one atomic
+        store operation that first compares owner and generation. A completed job is
+        never claimed again.
+
+        The store, not the local deadline, decides: the request is sent even when this
+        worker already believes the lease lost, so a stale holder learns the truth
+        (``StaleLeaseError``) instead of guessing. Calling it again after success returns
+        the same record without a round trip; a retry that reaches the store after an
+        ambiguous failure is recognised by the store, not applied twice.
+
+        Args:
+            result: bytes to store with the completion record.
+
+        Returns:
+            The COMPLETED record.
+
+        Raises:
+            InvalidArgument: ``result`` is not bytes; nothing sent, lease still held.
+            StaleLeaseError: another generation holds or completed the job, or it was
+                released; this lease is LOST.
+            SessionExpired: the session is gone; this lease is LOST.
+            OutcomeUnknown: the store may or may not have applied it and reading back
+                could not tell; the lease is treated as LOST (read ``store.get``).
+            BackendUnavailable: nothing was applied; the lease is still held until its
+                deadline and ``complete`` may be called again.
+        """
+        if not isinstance(result, (bytes, bytearray, memoryview)):
+            raise InvalidArgument(
+                f"result must be bytes, not {type(result).__name__}",
+                job_id=self.job_id,
+                generation=self.generation,
+            )
+        with self._lock:
+            if self._state is LeaseState.COMPLETED and self._record is not None:
+                return self._record
+        try:
+            record = self.session.backend.complete(
+                self.session.handle, self.job_id, self.generation, bytes(result)
+            )
+        except (LeaseLost, OutcomeUnknown) as exc:
+            self._mark_lost(exc)
+            self.session._lease_failed(self, exc)
+            raise
+        with self._lock:
+            self._state = LeaseState.COMPLETED
+            self._record = record
+        self.session._forget(self)
+        log.info(
+            "completed",
+            extra={"job_id": self.job_id, "generation": self.generation, "owner": self.owner},
+        )
+        return record
+
+    def release(self) -> None:
+        """Hand the job back: end the hold iff this session still holds it at this
+        generation (one atomic store operation). The job is claimable at once, at a
+        higher generation. Releasing twice is a no-op.
+
+        Raises:
+            StaleLeaseError / SessionExpired: it was no longer held; the lease is LOST.
+            OutcomeUnknown: as for :meth:`complete`.
+            BackendUnavailable: nothing applied; still held until the deadline.
+        """
+        with self._lock:
+            if self._state in (LeaseState.RELEASED, LeaseState.COMPLETED):
+                return
+        try:
+            self.session.backend.release(self.session.handle, self.job_id, self.generation)
+        except (LeaseLost, OutcomeUnknown) as exc:
+            self._mark_lost(exc)
+            self.session._lease_failed(self, exc)
+            raise
+        with self._lock:
+            self._state = LeaseState.RELEASED
+        self.session._forget(self)
+        log.info(
+            "released",
+            extra={"job_id": self.job_id, "generation": self.generation, "owner": self.owner},
+        )
+
+    # -- context manager -------------------------------------------------------------
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Release unless completed. If the body raised, a failure to release is added
+        to that exception as a note and the body's exception propagates; otherwise a
+        lost lease surfaces here as ``LeaseLost`` (the body ran under a lease that was
+        lost at some point: its effects must have been fenced)."""
+        with self._lock:
+            state = self._state
+        if state is LeaseState.COMPLETED or state is LeaseState.RELEASED:
+            return
+        if exc is None:
+            if state is LeaseState.LOST:
+                self.ensure_held()  # raises LeaseLost with the reason
+            self.release()
+            return
+        try:
+            self.release()
+        except (LeaseLost, BackendUnavailable) as release_exc:
+            exc.add_note(f"consensus_lease: releasing {self.job_id!r} failed: {release_exc!r}")
+
+    # -- called by the session -------------------------------------------------------
+
+    def _mark_lost(self, reason: LeaseLost | OutcomeUnknown) -> bool:
+        with self._lock:
+            if self._state is not LeaseState.HELD:
+                return False
+            self._state = LeaseState.LOST
+            self._lost_reason = (
+                reason
+                if isinstance(reason, LeaseLost)
+                else LeaseLost(str(reason), job_id=self.job_id, generation=self.generation)
+            )
+        log.warning(
+            "lease lost",
+            extra={
+                "job_id": self.job_id,
+                "generation": self.generation,
+                "owner": self.owner,
+                "reason": str(reason),
+            },
+        )
+        return True

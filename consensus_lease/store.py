@@ -1,0 +1,187 @@
+"""The user-facing store: open one from a URL, open worker sessions from it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from importlib.metadata import entry_points
+from types import TracebackType
+from urllib.parse import parse_qsl, urlsplit
+
+from .backend import Backend, Capabilities
+from .clock import Clock, SystemClock
+from .errors import UnsupportedBackend
+from .record import LeaseRecord
+from .session import Session
+from .validation import check_job_id, check_owner, check_ttl
+
+__all__ = ["DEFAULT_TTL_S", "ENTRY_POINT_GROUP", "LeaseStore", "default_owner", "open_store"]
+
+ENTRY_POINT_GROUP = "consensus_lease.backends"
+DEFAULT_TTL_S = 10.0
+
+
+def default_owner() -> str:
+    """``host:pid:random`` — unique per session, readable in ``inspect``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def available_schemes() -> list[str]:
+    """URL schemes served by the installed backends."""
+    return sorted({ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
+
+
+def open_store(url: str, *, clock: Clock | None = None, **options: object) -> LeaseStore:
+    """Open a lease store from a URL.
+
+    ==========================================================  =====================
+    URL                                                          backend
+    ==========================================================  =====================
+    ``sqlite:///path/to/jobs.db``                                embedded (default)
+    ``memory://``                                                in-process, tests
+    ``etcd://127.0.0.1:2379,127.0.0.2:2379/prefix``              etcd v3
+    ``zk://127.0.0.1:2181,127.0.0.2:2181/chroot``                ZooKeeper
+    ==========================================================  =====================
+
+    Backends are found through the ``consensus_lease.backends`` entry-point group, keyed
+    by scheme, so a third-party package can add one. Options come from the URL's query
+    string and from keyword arguments (keyword arguments win); each backend documents
+    its own and rejects unknown ones.
+
+    Args:
+        url: the store URL.
+        clock: clock for local deadlines and waiting in sessions of this store
+            (default: the system monotonic clock). Never used to decide ownership.
+        **options: backend options.
+
+    Raises:
+        UnsupportedBackend: malformed URL or unknown scheme (the message lists the
+            installed schemes).
+        InvalidArgument: a bad or unknown option.
+        BackendUnavailable / AuthenticationFailed: the store cannot be reached or used.
+    """
+    if not isinstance(url, str) or "://" not in url:
+        raise UnsupportedBackend(
+            f"not a store URL: {url!r}; expected SCHEME://..., with SCHEME one of "
+            f"{', '.join(available_schemes())}"
+        )
+    scheme = url.split("://", 1)[0].lower()
+    matches = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == scheme]
+    if not matches:
+        raise UnsupportedBackend(
+            f"no backend for scheme {scheme!r} in {url!r}; installed: "
+            f"{', '.join(available_schemes()) or 'none (is consensus_lease installed?)'}"
+        )
+    try:
+        backend_cls = matches[0].load()
+    except ImportError as exc:
+        raise UnsupportedBackend(
+            f"the {scheme!r} backend needs a client library that is not installed: {exc}. "
+            f"Install consensus_lease[{'zookeeper' if scheme in ('zk', 'zookeeper') else scheme}]"
+        ) from exc
+    try:
+        query = dict(parse_qsl(urlsplit(url).query, keep_blank_values=True, strict_parsing=False))
+    except ValueError as exc:
+        raise UnsupportedBackend(f"malformed store URL {url!r}: {exc}") from exc
+    merged: dict[str, object] = {**query, **options}
+    backend = backend_cls.from_url(url, merged)
+    return LeaseStore(backend, clock=clock)
+
+
+class LeaseStore:
+    """A lease store: where job lease records live. Thread-safe.
+
+    Args:
+        backend: the driver (usually made by :func:`open_store`).
+        clock: default clock for sessions' local deadlines and waits.
+    """
+
+    def __init__(self, backend: Backend, *, clock: Clock | None = None) -> None:
+        self.backend = backend
+        self.clock: Clock = clock or SystemClock()
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.backend.capabilities
+
+    def session(
+        self,
+        owner: str | None = None,
+        ttl_s: float = DEFAULT_TTL_S,
+        *,
+        safety_margin_s: float | None = None,
+        keepalive: bool = True,
+        clock: Clock | None = None,
+    ) -> Session:
+        """Open a worker session (etcd lease, ZooKeeper session, SQLite session row).
+
+        Args:
+            owner: label recorded with every claim (default ``host:pid:random``).
+            ttl_s: requested TTL in seconds (float); the store may grant another within
+                its rules (etcd's minimum, ZooKeeper's 2-20 x tickTime): read
+                ``session.granted_ttl_s``. Must be within ``capabilities``' range.
+            safety_margin_s: taken off the local deadline to cover clock-rate drift and
+                scheduling delay (default 10% of the granted TTL).
+            keepalive: renew in a background thread every granted TTL / 3 (default).
+                With ``False`` the worker calls ``session.keepalive()`` itself.
+            clock: overrides the store's clock for this session.
+
+        Raises:
+            InvalidArgument: bad owner, TTL or margin; nothing created.
+            BackendUnavailable / AuthenticationFailed: no session was created.
+        """
+        owner = default_owner() if owner is None else check_owner(owner)
+        caps = self.backend.capabilities
+        ttl = check_ttl(ttl_s, min_s=caps.min_ttl_s, max_s=caps.max_ttl_s)
+        use_clock = clock or self.clock
+        holder: list[Session] = []
+
+        def relay(event: object) -> None:
+            if holder:
+                holder[0]._on_backend_event(event)  # type: ignore[arg-type]
+
+        send = use_clock.monotonic()
+        handle = self.backend.open_session(owner, ttl, relay)
+        try:
+            session = Session(
+                self.backend,
+                handle,
+                clock=use_clock,
+                send_time=send,
+                safety_margin_s=safety_margin_s,
+                keepalive=keepalive,
+            )
+        except BaseException:
+            self.backend.close_session(handle)
+            raise
+        holder.append(session)
+        return session
+
+    def get(self, job_id: str) -> LeaseRecord | None:
+        """The job's lease record as the store has it now, or ``None`` if never seen.
+
+        Raises:
+            InvalidArgument: bad job id.
+            BackendUnavailable.
+        """
+        return self.backend.get(check_job_id(job_id))
+
+    def records(self, limit: int | None = None) -> list[LeaseRecord]:
+        """Every job's record, ordered by job id (at most ``limit``), for inspection."""
+        return self.backend.records(limit)
+
+    def close(self) -> None:
+        """Close the driver; sessions still open are closed best-effort."""
+        self.backend.close()
+
+    def __enter__(self) -> LeaseStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,204 @@
+"""Find or start the local Docker engine, and look up the cluster images.
+
+The cluster kit (:mod:`consensus_lease.testing.cluster`) runs every etcd and
+ZooKeeper member as a container on the local engine. On the machines this
+project targets no engine runs by default, so :func:`ensure_engine` starts
+``dockerd --bridge=none --iptables=false --ip-masq=false`` itself (there is no
+bridge: members use host networking on their own 127.0.0.x address).
+
+This module uses the standard library only -- it talks to the engine's HTTP
+API over its unix socket -- so ``docker/start-engine.sh`` can run it with the
+system ``python3`` before any virtualenv exists::
+
+    python3 -m consensus_lease.testing.engine --timeout-s 60
+
+Errors: every failure is an :class:`EngineUnavailable` whose message names
+what is missing and how to get it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+from pathlib import Path
+
+DOCKER_SOCKET = Path("/var/run/docker.sock")
+DOCKERD_PID_FILE = Path("/var/run/docker.pid")
+DEFAULT_DOCKERD_LOG = Path("/var/log/consensus-lease-dockerd.log")
+DOCKERD_ARGS = ("--bridge=none", "--iptables=false", "--ip-masq=false")
+
+ETCD_IMAGE_ENV = "CONSENSUS_LEASE_ETCD_IMAGE"
+ZOOKEEPER_IMAGE_ENV = "CONSENSUS_LEASE_ZOOKEEPER_IMAGE"
+DEFAULT_ETCD_IMAGE = "consensus-lease/etcd:3.4"
+DEFAULT_ZOOKEEPER_IMAGE = "consensus-lease/zookeeper:3.8"
+
+
+class EngineUnavailable(RuntimeError):
+    """No Docker engine answers and none could be started; the message says why."""
+
+
+def etcd_image() -> str:
+    """Image name for etcd members: ``$CONSENSUS_LEASE_ETCD_IMAGE`` or the default."""
+    return os.environ.get(ETCD_IMAGE_ENV) or DEFAULT_ETCD_IMAGE
+
+
+def zookeeper_image() -> str:
+    """Image name for ZooKeeper members: ``$CONSENSUS_LEASE_ZOOKEEPER_IMAGE`` or the default."""
+    return os.environ.get(ZOOKEEPER_IMAGE_ENV) or DEFAULT_ZOOKEEPER_IMAGE
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, socket_path: Path, timeout_s: float) -> None:
+        super().__init__("localhost", timeout=timeout_s)
+        self._socket_path = socket_path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(str(self._socket_path))
+        self.sock = sock
+
+
+def _engine_get(path: str, socket_path: Path, timeout_s: float) -> tuple[int, bytes]:
+    conn = _UnixHTTPConnection(socket_path, timeout_s)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def engine_answers(socket_path: Path = DOCKER_SOCKET, timeout_s: float = 2.0) -> bool:
+    """True when an engine answers ``GET /_ping`` on ``socket_path`` within ``timeout_s``."""
+    try:
+        status, body = _engine_get("/_ping", socket_path, timeout_s)
+    except OSError:
+        return False
+    return status == 200 and body.strip() == b"OK"
+
+
+def missing_images(
+    names: list[str] | None = None, socket_path: Path = DOCKER_SOCKET
+) -> list[str]:
+    """The image names among ``names`` (default: both kit images) the engine lacks."""
+    wanted = names if names is not None else [etcd_image(), zookeeper_image()]
+    missing = []
+    for name in wanted:
+        status, _ = _engine_get(
+            f"/images/{urllib.parse.quote(name, safe='')}/json", socket_path, 10.0
+        )
+        if status != 200:
+            missing.append(name)
+    return missing
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _other_dockerd_alive(own_pid: int) -> bool:
+    try:
+        pid = int(DOCKERD_PID_FILE.read_text().strip())
+    except (OSError, ValueError):
+        return False
+    if pid == own_pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def ensure_engine(
+    timeout_s: float = 60.0,
+    socket_path: Path = DOCKER_SOCKET,
+    log_path: Path = DEFAULT_DOCKERD_LOG,
+) -> str:
+    """Make sure a Docker engine answers on ``socket_path``; start ``dockerd`` if not.
+
+    Idempotent: when an engine already answers nothing is started. Otherwise
+    ``dockerd`` is started detached (its own session, output appended to
+    ``log_path``) and polled until it answers or ``timeout_s`` (seconds) pass.
+
+    Returns a one-line description of what was found or done.
+
+    Raises:
+        EngineUnavailable: not root, ``dockerd`` not installed, ``dockerd``
+            exited, or it did not answer before the deadline (it is then left
+            running; its pid and log tail are in the message).
+    """
+    if engine_answers(socket_path):
+        return f"docker engine already answers on {socket_path}"
+    if os.geteuid() != 0:
+        raise EngineUnavailable(
+            f"no Docker engine answers on {socket_path}, and starting dockerd needs root"
+        )
+    dockerd = shutil.which("dockerd")
+    if dockerd is None:
+        raise EngineUnavailable(
+            "no Docker engine answers and dockerd is not installed "
+            "(run docker/install-deps.sh or apt-get install -y docker.io)"
+        )
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            [dockerd, *DOCKERD_ARGS],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if engine_answers(socket_path, timeout_s=1.0):
+            return f"started dockerd pid {proc.pid} (log: {log_path})"
+        if proc.poll() is not None and not _other_dockerd_alive(proc.pid):
+            raise EngineUnavailable(
+                f"dockerd exited with status {proc.returncode}; last lines of {log_path}:\n"
+                + _tail(log_path)
+            )
+        time.sleep(0.2)
+    raise EngineUnavailable(
+        f"dockerd (pid {proc.pid}) did not answer on {socket_path} within {timeout_s:.0f} s; "
+        f"last lines of {log_path}:\n" + _tail(log_path)
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--timeout-s", type=float, default=60.0)
+    parser.add_argument("--log", type=Path, default=DEFAULT_DOCKERD_LOG)
+    parser.add_argument(
+        "--check-images",
+        action="store_true",
+        help="also exit 2 when the cluster images are missing (names them as JSON)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        print(ensure_engine(timeout_s=args.timeout_s, log_path=args.log))
+    except EngineUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.check_images:
+        missing = missing_images()
+        if missing:
+            print(json.dumps({"missing_images": missing}))
+            return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
