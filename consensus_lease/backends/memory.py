@@ -96,12 +96,17 @@ class MemoryBackend(Backend):
         sess = self._sessions.get(session_id)
         return sess is not None and sess.expires_at > self._now()
 
-    def _require_alive(self, session: SessionHandle) -> None:
+    def _require_alive(
+        self, session: SessionHandle, job_id: str | None = None, generation: int | None = None
+    ) -> None:
         if not self._alive(session.session_id):
-            raise SessionExpired(f"session {session.session_id} expired in the store")
+            raise SessionExpired(
+                f"session {session.session_id} expired in the store",
+                job_id=job_id,
+                generation=generation,
+            )
 
     def _holds(self, session: SessionHandle, job_id: str, generation: int) -> _Job:
-        self._require_alive(session)
         job = self._jobs.get(job_id)
         if job is None or job.session_id != session.session_id or job.generation != generation:
             current = None if job is None else job.generation
@@ -112,6 +117,7 @@ class MemoryBackend(Backend):
                 generation=generation,
                 current_generation=current,
             )
+        self._require_alive(session, job_id, generation)
         return job
 
     def _record(self, job_id: str, job: _Job) -> LeaseRecord:
@@ -167,7 +173,7 @@ class MemoryBackend(Backend):
 
     def claim(self, session: SessionHandle, job_id: str) -> ClaimResult | None:
         with self._cond:
-            self._require_alive(session)
+            self._require_alive(session, job_id)
             job = self._jobs.setdefault(job_id, _Job())
             if job.completed:
                 raise JobCompleted(

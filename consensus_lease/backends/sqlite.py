@@ -1,0 +1,389 @@
+"""The embedded default: a SQLite file shared by worker processes on one machine.
+
+``open_store("sqlite:///jobs.db")`` (relative path) or ``open_store("sqlite:////var/lib/jobs.db")``
+(absolute: four slashes), the same convention as SQLAlchemy. No server to run.
+
+How the protocol maps onto SQLite:
+
+* A worker session is a row in ``cl_sessions`` with ``expires_at`` on the **database's
+  clock**: every statement computes "now" inside SQL (``julianday('now')``), so a worker
+  whose clock is wrong cannot extend or steal anything. One keepalive is one ``UPDATE``
+  of that row, however many jobs the session holds.
+* A job is a row in ``cl_jobs``: ``generation`` (the fencing token, +1 per claim),
+  ``session_id`` of the holder, and the completion record (``completed_at``,
+  ``completed_session``, ``result``). A job is held iff its session row is alive.
+* Every operation runs in one ``BEGIN IMMEDIATE`` transaction whose ``UPDATE ... WHERE``
+  does the owner + generation comparison, so the check and the write are one atomic step
+  (SQLite serialises writers: https://www.sqlite.org/lang_transaction.html). The file
+  uses WAL mode and a busy timeout so processes wait for each other instead of failing.
+
+Options (URL query string or keyword arguments):
+
+================  =======  ==========================================================
+option            default  meaning
+================  =======  ==========================================================
+busy_timeout_s    5.0      how long a statement waits for another process's write
+                           lock before ``BackendUnavailable``
+poll_interval_s   0.05     ``claim(..., wait_s=)`` re-checks at this interval (SQLite
+                           has no watches: ``capabilities.store_watch`` is False)
+================  =======  ==========================================================
+
+A locked, unreadable or corrupt file raises ``BackendUnavailable``, never a raw
+``sqlite3`` error.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from ..backend import Backend, Capabilities, SessionHandle, StateListener
+from ..errors import (
+    BackendUnavailable,
+    InvalidArgument,
+    JobCompleted,
+    SessionExpired,
+    StaleLeaseError,
+)
+from ..record import ClaimResult, JobState, LeaseRecord
+
+__all__ = ["SqliteBackend"]
+
+# Store time, seconds since the epoch, read from the database's clock inside a statement.
+NOW = "((julianday('now') - 2440587.5) * 86400.0)"
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS cl_sessions (
+    session_id TEXT PRIMARY KEY,
+    owner      TEXT NOT NULL,
+    ttl_s      REAL NOT NULL,
+    expires_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS cl_jobs (
+    job_id            TEXT PRIMARY KEY,
+    generation        INTEGER NOT NULL,
+    owner             TEXT,
+    session_id        TEXT,
+    completed_at      REAL,
+    completed_session TEXT,
+    result            BLOB
+);
+CREATE INDEX IF NOT EXISTS cl_jobs_by_session ON cl_jobs(session_id);
+"""
+
+ALIVE = f"EXISTS (SELECT 1 FROM cl_sessions s WHERE s.session_id = ? AND s.expires_at > {NOW})"
+
+
+def _seconds_option(options: Mapping[str, object], name: str, default: float) -> float:
+    raw = options.get(name, default)
+    try:
+        value = float(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"sqlite option {name}={raw!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise InvalidArgument(f"sqlite option {name}={raw!r} must be a finite number > 0")
+    return value
+
+
+class SqliteBackend(Backend):
+    """A lease store in one SQLite file. See the module docstring.
+
+    Args:
+        path: the database file (created if missing), or ``":memory:"``.
+        busy_timeout_s: seconds to wait for another writer.
+        poll_interval_s: seconds between re-checks while waiting for a job.
+
+    Raises:
+        BackendUnavailable: the file cannot be opened, is not a database, or stays locked.
+    """
+
+    scheme = "sqlite"
+    capabilities = Capabilities(
+        cross_process=True,
+        store_watch=False,
+        consecutive_generations=True,
+        min_ttl_s=0.05,
+        max_ttl_s=7 * 24 * 3600.0,
+        max_batch_claim=1,
+        description="embedded SQLite file (one machine, many processes)",
+    )
+
+    def __init__(
+        self, path: str, *, busy_timeout_s: float = 5.0, poll_interval_s: float = 0.05
+    ) -> None:
+        self.path = path
+        self.poll_interval_s = poll_interval_s
+        self._lock = threading.Lock()
+        try:
+            self._db = sqlite3.connect(
+                path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise BackendUnavailable(f"cannot open SQLite database {path!r}: {exc}") from exc
+        with self._translate():
+            self._db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+            if path != ":memory:":
+                self._db.execute("PRAGMA journal_mode = WAL")
+            with self._transaction() as db:
+                for statement in filter(str.strip, SCHEMA.split(";")):
+                    db.execute(statement)
+
+    @classmethod
+    def from_url(cls, url: str, options: Mapping[str, object]) -> SqliteBackend:
+        rest = url.split("://", 1)[1].split("?", 1)[0]
+        if not rest.startswith("/") or rest == "/":
+            raise InvalidArgument(
+                f"SQLite URL must be sqlite:///relative.db or sqlite:////absolute.db, got {url!r}"
+            )
+        path = rest[1:]
+        unknown = set(options) - {"busy_timeout_s", "poll_interval_s"}
+        if unknown:
+            raise InvalidArgument(f"unknown sqlite option(s): {', '.join(sorted(unknown))}")
+        return cls(
+            path,
+            busy_timeout_s=_seconds_option(options, "busy_timeout_s", 5.0),
+            poll_interval_s=_seconds_option(options, "poll_interval_s", 0.05),
+        )
+
+    # -- plumbing --------------------------------------------------------------------
+
+    @contextmanager
+    def _translate(self, job_id: str | None = None) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            raise BackendUnavailable(
+                f"SQLite database {self.path!r} unavailable: {exc}", job_id=job_id
+            ) from exc
+        except sqlite3.DatabaseError as exc:
+            raise BackendUnavailable(
+                f"SQLite database {self.path!r} unusable: {exc}", job_id=job_id
+            ) from exc
+
+    @contextmanager
+    def _transaction(self, job_id: str | None = None) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction: takes the write lock up front, so the
+        compare and the write below cannot interleave with another process."""
+        with self._lock, self._translate(job_id):
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _read(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with self._lock, self._translate():
+            return self._db.execute(sql, params).fetchall()
+
+    @staticmethod
+    def _alive(db: sqlite3.Connection, session_id: str) -> bool:
+        return db.execute(f"SELECT {ALIVE}", (session_id,)).fetchone()[0] == 1
+
+    def _reject(
+        self, db: sqlite3.Connection, session: SessionHandle, job_id: str, generation: int
+    ) -> Exception:
+        """Explain why an owner+generation compare failed (inside the same transaction)."""
+        row = db.execute(
+            "SELECT generation, session_id, completed_at FROM cl_jobs WHERE job_id = ?", (job_id,)
+        ).fetchone()
+        current = None if row is None else int(row[0])
+        if row is not None and current == generation and row[1] == session.session_id:
+            if not self._alive(db, session.session_id):
+                return SessionExpired(
+                    f"session {session.session_id} expired in the store",
+                    job_id=job_id,
+                    generation=generation,
+                )
+        what = "completed" if row is not None and row[2] is not None else "held or released"
+        return StaleLeaseError(
+            f"{job_id!r} is not held by session {session.session_id} at generation "
+            f"{generation}: the store has generation {current} ({what})",
+            job_id=job_id,
+            generation=generation,
+            current_generation=current,
+        )
+
+    # -- sessions --------------------------------------------------------------------
+
+    def open_session(
+        self, owner: str, ttl_s: float, on_event: StateListener | None = None
+    ) -> SessionHandle:
+        session_id = uuid.uuid4().hex
+        with self._transaction() as db:
+            # Sessions expired a minute ago hold nothing any more: drop their rows.
+            db.execute(f"DELETE FROM cl_sessions WHERE expires_at < {NOW} - 60")
+            db.execute(
+                f"INSERT INTO cl_sessions VALUES (?, ?, ?, {NOW} + ?)",
+                (session_id, owner, ttl_s, ttl_s),
+            )
+        return SessionHandle(session_id, owner, ttl_s)
+
+    def keepalive(self, session: SessionHandle) -> float:
+        with self._transaction() as db:
+            row = db.execute(
+                f"UPDATE cl_sessions SET expires_at = {NOW} + ttl_s "
+                f"WHERE session_id = ? AND expires_at > {NOW} RETURNING ttl_s",
+                (session.session_id,),
+            ).fetchone()
+        if row is None:
+            raise SessionExpired(f"session {session.session_id} expired in the store")
+        return float(row[0])
+
+    def close_session(self, session: SessionHandle) -> None:
+        with self._transaction() as db:
+            db.execute("DELETE FROM cl_sessions WHERE session_id = ?", (session.session_id,))
+            db.execute(
+                "UPDATE cl_jobs SET session_id = NULL WHERE session_id = ?", (session.session_id,)
+            )
+
+    def expire_session(self, session_id: str) -> None:
+        """Test hook: make the store expire a session now, as its TTL running out would."""
+        with self._transaction() as db:
+            db.execute(
+                f"UPDATE cl_sessions SET expires_at = {NOW} - 0.001 WHERE session_id = ?",
+                (session_id,),
+            )
+
+    # -- jobs ------------------------------------------------------------------------
+
+    def claim(self, session: SessionHandle, job_id: str) -> ClaimResult | None:
+        with self._transaction(job_id) as db:
+            if not self._alive(db, session.session_id):
+                raise SessionExpired(
+                    f"session {session.session_id} expired in the store", job_id=job_id
+                )
+            row = db.execute(
+                "INSERT INTO cl_jobs (job_id, generation, owner, session_id) VALUES (?, 1, ?, ?) "
+                "ON CONFLICT (job_id) DO UPDATE SET generation = cl_jobs.generation + 1, "
+                "owner = excluded.owner, session_id = excluded.session_id "
+                "WHERE cl_jobs.completed_at IS NULL AND NOT EXISTS (SELECT 1 FROM cl_sessions s "
+                f"WHERE s.session_id = cl_jobs.session_id AND s.expires_at > {NOW}) "
+                "RETURNING generation, "
+                "(SELECT expires_at FROM cl_sessions WHERE session_id = cl_jobs.session_id)",
+                (job_id, session.owner, session.session_id),
+            ).fetchone()
+            if row is not None:
+                return ClaimResult(int(row[0]), float(row[1]))
+            done = db.execute(
+                "SELECT generation FROM cl_jobs WHERE job_id = ? AND completed_at IS NOT NULL",
+                (job_id,),
+            ).fetchone()
+        if done is not None:
+            raise JobCompleted(
+                f"{job_id!r} was completed at generation {done[0]}",
+                job_id=job_id,
+                generation=int(done[0]),
+            )
+        return None
+
+    def renew(self, session: SessionHandle, job_id: str, generation: int) -> float:
+        with self._transaction(job_id) as db:
+            row = db.execute(
+                f"UPDATE cl_sessions SET expires_at = {NOW} + ttl_s "
+                f"WHERE session_id = ? AND expires_at > {NOW} AND EXISTS (SELECT 1 FROM cl_jobs j "
+                "WHERE j.job_id = ? AND j.session_id = ? AND j.generation = ? "
+                "AND j.completed_at IS NULL) RETURNING ttl_s",
+                (session.session_id, job_id, session.session_id, generation),
+            ).fetchone()
+            if row is None:
+                raise self._reject(db, session, job_id, generation)
+        return float(row[0])
+
+    def complete(
+        self, session: SessionHandle, job_id: str, generation: int, result: bytes
+    ) -> LeaseRecord:
+        with self._transaction(job_id) as db:
+            done = db.execute(
+                f"UPDATE cl_jobs SET completed_at = {NOW}, completed_session = session_id, "
+                "result = ?, session_id = NULL "
+                f"WHERE job_id = ? AND session_id = ? AND generation = ? AND completed_at IS NULL "
+                f"AND {ALIVE} RETURNING owner",
+                (result, job_id, session.session_id, generation, session.session_id),
+            ).fetchone()
+            if done is None:
+                again = db.execute(
+                    "SELECT 1 FROM cl_jobs WHERE job_id = ? AND generation = ? "
+                    "AND completed_session = ?",
+                    (job_id, generation, session.session_id),
+                ).fetchone()
+                if again is None:
+                    raise self._reject(db, session, job_id, generation)
+            record = self._get(db, job_id)
+        assert record is not None
+        return record
+
+    def release(self, session: SessionHandle, job_id: str, generation: int) -> None:
+        with self._transaction(job_id) as db:
+            row = db.execute(
+                "UPDATE cl_jobs SET session_id = NULL, owner = NULL "
+                "WHERE job_id = ? AND session_id = ? AND generation = ? AND completed_at IS NULL "
+                f"AND {ALIVE} RETURNING 1",
+                (job_id, session.session_id, generation, session.session_id),
+            ).fetchone()
+            if row is None:
+                raise self._reject(db, session, job_id, generation)
+
+    # -- reading -----------------------------------------------------------------------
+
+    _SELECT = (
+        "SELECT j.job_id, j.owner, s.expires_at, j.generation, j.completed_at, j.result, "
+        f"(s.expires_at > {NOW}) FROM cl_jobs j "
+        "LEFT JOIN cl_sessions s ON s.session_id = j.session_id"
+    )
+
+    @staticmethod
+    def _to_record(row: tuple[Any, ...]) -> LeaseRecord:
+        job_id, owner, expires_at, generation, completed_at, result, alive = row
+        if completed_at is not None:
+            state = JobState.COMPLETED
+        elif alive:
+            state = JobState.HELD
+        else:
+            state = JobState.AVAILABLE
+        return LeaseRecord(
+            job_id=job_id,
+            owner=owner,
+            lease_until=float(expires_at) if state is JobState.HELD else None,
+            generation=int(generation),
+            state=state,
+            result=None if result is None else bytes(result),
+        )
+
+    def _get(self, db: sqlite3.Connection, job_id: str) -> LeaseRecord | None:
+        row = db.execute(self._SELECT + " WHERE j.job_id = ?", (job_id,)).fetchone()
+        return None if row is None else self._to_record(row)
+
+    def get(self, job_id: str) -> LeaseRecord | None:
+        rows = self._read(self._SELECT + " WHERE j.job_id = ?", (job_id,))
+        return self._to_record(rows[0]) if rows else None
+
+    def records(self, limit: int | None = None) -> list[LeaseRecord]:
+        sql = self._SELECT + " ORDER BY j.job_id"
+        params: tuple[Any, ...] = ()
+        if limit is not None:
+            sql += " LIMIT ?"
+            params = (int(limit),)
+        return [self._to_record(r) for r in self._read(sql, params)]
+
+    def store_time(self) -> float:
+        """The database clock now, seconds since the epoch."""
+        return float(self._read(f"SELECT {NOW}")[0][0])
+
+    def wait_for_change(self, job_id: str, timeout_s: float) -> None:
+        # SQLite cannot notify another process: poll (capabilities.store_watch is False).
+        time.sleep(max(0.0, min(timeout_s, self.poll_interval_s)))
+
+    def close(self) -> None:
+        with self._lock:
+            try:
+                self._db.close()
+            except sqlite3.Error:  # closing a broken handle: nothing left to release
+                pass
