@@ -235,6 +235,11 @@ class Backend(abc.ABC):
         completed or expired), or ``timeout_s`` passed. Spurious returns are allowed;
         the caller always re-tries the claim."""
 
+    def store_time(self) -> float | None:
+        """The store's clock now (seconds since the epoch), for display, or ``None`` if
+        the store does not expose one (etcd, ZooKeeper)."""
+        return None
+
     @abc.abstractmethod
     def close(self) -> None:
         """Release client resources. Sessions still open are closed best-effort."""

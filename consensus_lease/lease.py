@@ -12,7 +12,6 @@ from .errors import (
     InvalidArgument,
     LeaseLost,
     LeaseNotHeld,
-    LeaseSuspended,
     OutcomeUnknown,
 )
 from .record import LeaseRecord
@@ -135,7 +134,8 @@ class Lease:
         with self._lock:
             state, reason = self._state, self._lost_reason
         if state is LeaseState.LOST:
-            raise LeaseLost(
+            lost_cls = type(reason) if isinstance(reason, LeaseLost) else LeaseLost
+            raise lost_cls(
                 f"lease on {self.job_id!r} generation {self.generation} is lost: {reason}",
                 job_id=self.job_id,
                 generation=self.generation,
@@ -149,8 +149,7 @@ class Lease:
         try:
             self.session.ensure_alive()
         except LeaseNotHeld as exc:
-            cls = LeaseSuspended if isinstance(exc, LeaseSuspended) else LeaseLost
-            raise cls(
+            raise type(exc)(
                 f"lease on {self.job_id!r} generation {self.generation}: {exc}",
                 job_id=self.job_id,
                 generation=self.generation,

@@ -132,10 +132,9 @@ class Session:
     def state(self) -> SessionState:
         with self._lock:
             state = self._state
-        if state is SessionState.ACTIVE or state is SessionState.SUSPENDED:
-            if self.remaining_s() <= 0:
-                self._mark_lost(self._deadline_passed())
-                return SessionState.LOST
+        if state in (SessionState.ACTIVE, SessionState.SUSPENDED) and self.remaining_s() <= 0:
+            self._mark_lost(self._deadline_passed())
+            return SessionState.LOST
         return state
 
     @property

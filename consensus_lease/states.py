@@ -2,15 +2,13 @@
 
 One model for every backend. How each store's signals map onto it:
 
-============  =====================================  ===================================  ==========================
-state         etcd                                   ZooKeeper                            SQLite / memory
-============  =====================================  ===================================  ==========================
-HELD          keepalive answered within the TTL      CONNECTED, session alive             session row renewed
-SUSPENDED     (not used: no answer is only a risk    SUSPENDED: connection lost, session  (not used)
-              until the local deadline passes)       may still be alive
-LOST          keepalive TTL <= 0, key gone, or the   LOST (session expired), or the       row expired or deadline
-              local deadline passed                  local deadline passed                passed
-============  =====================================  ===================================  ==========================
+* HELD — etcd: keepalive answered within the TTL. ZooKeeper: CONNECTED, session alive.
+  SQLite / memory: session row renewed.
+* SUSPENDED — ZooKeeper only: SUSPENDED (connection lost, session may still be alive).
+  etcd has no such signal: an unanswered keepalive is only a risk until the local deadline.
+* LOST — etcd: keepalive TTL <= 0, key gone, or the local deadline passed. ZooKeeper: LOST
+  (session expired) or the local deadline passed. SQLite / memory: the session row expired,
+  or the local deadline passed.
 
 The local deadline is ``send time of the last successful renewal + granted TTL - safety
 margin`` on the worker's monotonic clock. Because the store started its own TTL no earlier

@@ -6,7 +6,7 @@ import math
 
 from .errors import InvalidArgument
 
-__all__ = ["MAX_JOB_ID_BYTES", "check_job_id", "check_ttl", "check_wait", "check_owner"]
+__all__ = ["MAX_JOB_ID_BYTES", "check_job_id", "check_owner", "check_ttl", "check_wait"]
 
 MAX_JOB_ID_BYTES = 256
 """Longest job id accepted, in UTF-8 bytes."""

@@ -240,6 +240,9 @@ class MemoryBackend(Backend):
                 wait = min(wait, 0.01)  # an injected clock can jump: look again soon
             self._cond.wait(wait)
 
+    def store_time(self) -> float | None:
+        return self._now()
+
     def close(self) -> None:
         with self._cond:
             self._sessions.clear()

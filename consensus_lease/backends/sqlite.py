@@ -40,7 +40,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from ..backend import Backend, Capabilities, SessionHandle, StateListener
@@ -185,7 +185,7 @@ class SqliteBackend(Backend):
 
     @staticmethod
     def _alive(db: sqlite3.Connection, session_id: str) -> bool:
-        return db.execute(f"SELECT {ALIVE}", (session_id,)).fetchone()[0] == 1
+        return bool(db.execute(f"SELECT {ALIVE}", (session_id,)).fetchone()[0] == 1)
 
     def _reject(
         self, db: sqlite3.Connection, session: SessionHandle, job_id: str, generation: int
@@ -195,9 +195,13 @@ class SqliteBackend(Backend):
             "SELECT generation, session_id, completed_at FROM cl_jobs WHERE job_id = ?", (job_id,)
         ).fetchone()
         current = None if row is None else int(row[0])
-        if row is not None and current == generation and row[1] == session.session_id:
-            if not self._alive(db, session.session_id):
-                return SessionExpired(
+        if (
+            row is not None
+            and current == generation
+            and row[1] == session.session_id
+            and not self._alive(db, session.session_id)
+        ):
+            return SessionExpired(
                     f"session {session.session_id} expired in the store",
                     job_id=job_id,
                     generation=generation,
@@ -373,7 +377,7 @@ class SqliteBackend(Backend):
             params = (int(limit),)
         return [self._to_record(r) for r in self._read(sql, params)]
 
-    def store_time(self) -> float:
+    def store_time(self) -> float | None:
         """The database clock now, seconds since the epoch."""
         return float(self._read(f"SELECT {NOW}")[0][0])
 
@@ -383,7 +387,5 @@ class SqliteBackend(Backend):
 
     def close(self) -> None:
         with self._lock:
-            try:
+            with suppress(sqlite3.Error):  # a broken handle: nothing left to release
                 self._db.close()
-            except sqlite3.Error:  # closing a broken handle: nothing left to release
-                pass

@@ -73,7 +73,7 @@ def poll_until(predicate: Any, timeout_s: float, interval_s: float = 0.02) -> An
 
 
 _valid_job_ids = st.text(
-    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+    alphabet=st.characters(exclude_categories=["Cs"], exclude_characters="\x00"),
     min_size=1,
     max_size=64,
 )
@@ -523,11 +523,11 @@ class BackendConformance:
                 clock.advance(5.0)  # the answer arrives 5 s after the request was sent
                 return real_keepalive(handle)
 
-            store.backend.keepalive = slow_keepalive  # type: ignore[method-assign]
+            setattr(store.backend, "keepalive", slow_keepalive)  # noqa: B010
             try:
                 session.keepalive()
             finally:
-                del store.backend.keepalive  # type: ignore[method-assign]
+                delattr(store.backend, "keepalive")
             assert session.deadline == pytest.approx(
                 sent_at + session.granted_ttl_s - session.safety_margin_s
             )
@@ -585,7 +585,8 @@ class BackendConformance:
 
     def test_bad_wait_and_result_rejected(self, store: LeaseStore, sessions: list[Session]) -> None:
         a = self.open(store, "A")
-        for bad in (-1, float("nan"), "5"):
+        bad_waits: list[Any] = [-1, float("nan"), "5"]
+        for bad in bad_waits:
             with pytest.raises(InvalidArgument):
                 a.claim("job", wait_s=bad)
         assert store.records() == []

@@ -1,0 +1,183 @@
+"""``consensus-lease demo``: the worked example, with two real worker processes.
+
+1. Worker A claims ``invoice-42`` and writes step 1 to a fenced destination.
+2. A is paused (SIGSTOP) past its TTL; the *store* expires A's lease.
+3. Worker B claims the next generation and writes step 1 with the newer token.
+4. A resumes: its ``ensure_held()`` reports the loss, its completion is rejected by the
+   store, and its late write (old token) is rejected by the destination's fence.
+5. B completes.
+
+Every expected rejection is checked; the demo fails (exit 1) if any did not happen —
+e.g. with ``--unfenced``, where the destination stops checking tokens and A's late write
+gets through.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from .errors import LeaseError
+from .record import JobState
+from .store import LeaseStore, open_store
+from .testing.workers import WorkerProcess
+
+__all__ = ["DemoStep", "run_demo"]
+
+JOB = "invoice-42"
+
+
+@dataclass
+class DemoStep:
+    t_s: float
+    store_time: str
+    worker: str
+    generation: int | None
+    action: str
+    outcome: str
+    expected: str
+    ok: bool
+
+
+class _Timeline:
+    def __init__(self, console: Console, store: LeaseStore) -> None:
+        self.start = time.monotonic()
+        self.steps: list[DemoStep] = []
+        self.console = console
+        self.store = store
+
+    def add(self, worker: str, generation: int | None, action: str, reply: dict[str, Any] | str,
+            expected: str, ok: bool) -> None:
+        if isinstance(reply, dict):
+            if reply.get("ok"):
+                outcome = str(reply.get("outcome", "ok"))
+            else:
+                outcome = str(reply.get("error"))
+        else:
+            outcome = reply
+        try:
+            store_now = self.store.backend.store_time()
+        except LeaseError:
+            store_now = None
+        clock = (
+            time.strftime("%H:%M:%S", time.gmtime(store_now)) + f".{int(store_now % 1 * 1000):03d}"
+            if store_now is not None
+            else "n/a"
+        )
+        step = DemoStep(time.monotonic() - self.start, clock, worker, generation, action,
+                        outcome, expected, ok)
+        self.steps.append(step)
+        mark = "[green]ok [/]" if ok else "[red]BAD[/]"
+        gen = "-" if generation is None else str(generation)
+        self.console.print(
+            f"{mark} +{step.t_s:5.2f}s  store {clock}  {worker:<5} gen {gen:<3} "
+            f"{action:<31} -> {outcome:<15} (expected: {expected})",
+            highlight=False,
+        )
+
+
+def run_demo(backend_url: str | None, ttl_s: float, *, unfenced: bool = False,
+             console: Console | None = None) -> bool:
+    """Run the worked example; return True iff every expectation held."""
+    console = console or Console()
+    with tempfile.TemporaryDirectory(prefix="consensus-lease-demo-") as tmp:
+        url = backend_url or f"sqlite:///{Path(tmp) / 'leases.db'}"
+        fence_path = str(Path(tmp) / "destination.db")
+        console.print(f"[bold]store[/]       {url}")
+        console.print(f"[bold]destination[/] {fence_path} "
+                      f"({'UNFENCED: tokens not checked' if unfenced else 'fenced by token'})")
+        console.print(f"[bold]TTL[/]         {ttl_s} s (times: since start; the store's clock)\n")
+        store = open_store(url)
+        timeline = _Timeline(console, store)
+        a, b = WorkerProcess("A"), WorkerProcess("B")
+        try:
+            a.start()
+            b.start()
+            for w in (a, b):
+                reply = w.request("open", url=url, owner=f"worker-{w.name}", ttl_s=ttl_s)
+                if not reply["ok"]:
+                    timeline.add(w.name, None, "open session", reply, "ok", False)
+                    return False
+            fence: dict[str, Any] = {"path": fence_path, "job": JOB, "enforce": not unfenced}
+
+            r = a.request("claim", job=JOB, wait_s=ttl_s * 5)
+            gen_a = r.get("generation")
+            timeline.add("A", gen_a, f"claim {JOB}", r, "claimed", bool(r.get("claimed")))
+            if not r.get("claimed"):
+                return False
+            r = a.request("fence", effect="step-1", **fence)
+            timeline.add("A", gen_a, "write step-1 (token A)", r, "accepted",
+                         r.get("outcome") == "accepted")
+
+            a.pause()
+            timeline.add("A", gen_a, "SIGSTOP (paused past its TTL)", "paused", "paused", True)
+            give_up = time.monotonic() + 10 * ttl_s + 10
+            record = store.get(JOB)
+            while record is not None and record.state is JobState.HELD:
+                if time.monotonic() > give_up:
+                    break
+                time.sleep(min(0.05, ttl_s / 10))  # waiting for the store's TTL to run out
+                record = store.get(JOB)
+            expired = record is not None and record.state is JobState.AVAILABLE
+            timeline.add("store", gen_a, "expires A's lease (store clock)",
+                         f"state={record.state.value if record else None}", "available", expired)
+
+            r = b.request("claim", job=JOB, wait_s=ttl_s * 5)
+            gen_b = r.get("generation")
+            timeline.add("B", gen_b, f"claim {JOB}", r, "claimed a newer generation",
+                         bool(r.get("claimed")) and gen_b is not None and gen_a is not None
+                         and gen_b > gen_a)
+            r = b.request("fence", effect="step-1", **fence)
+            timeline.add("B", gen_b, "write step-1 (token B)", r, "accepted",
+                         r.get("outcome") == "accepted")
+
+            a.resume()
+            timeline.add("A", gen_a, "SIGCONT (resumes)", "running", "running", True)
+            r = a.request("ensure_held", job=JOB)
+            timeline.add("A", gen_a, "ensure_held()", r, "LeaseLost",
+                         not r["ok"] and r.get("error") == "LeaseLost")
+            r = a.request("complete", job=JOB, result="from A")
+            timeline.add("A", gen_a, "complete() (store compares gen)", r,
+                         "rejected by store", not r["ok"] and r.get("error") in (
+                             "StaleLeaseError", "SessionExpired"))
+            r = a.request("fence", effect="step-2", **fence)
+            timeline.add("A", gen_a, "late write step-2 (token A)", r, "FenceRejected",
+                         not r["ok"] and r.get("error") == "FenceRejected")
+
+            r = b.request("fence", effect="step-2", **fence)
+            timeline.add("B", gen_b, "write step-2 (token B)", r, "accepted",
+                         r.get("outcome") == "accepted")
+            r = b.request("complete", job=JOB, result="from B")
+            timeline.add("B", gen_b, "complete()", r, "completed",
+                         r["ok"] and r.get("generation") == gen_b)
+            final = store.get(JOB)
+            timeline.add("store", final.generation if final else None, "final record",
+                         f"state={final.state.value if final else None} owner="
+                         f"{final.owner if final else None}", "completed by B",
+                         final is not None and final.state is JobState.COMPLETED
+                         and final.generation == gen_b)
+        finally:
+            for w in (a, b):
+                if w.alive():
+                    w.resume()
+                w.stop()
+            store.close()
+        ok = all(step.ok for step in timeline.steps)
+        _summary(console, timeline.steps, ok)
+        return ok
+
+
+def _summary(console: Console, steps: list[DemoStep], ok: bool) -> None:
+    console.print()
+    if ok:
+        console.print("[bold green]PASS: every expected rejection happened; no stale effect "
+                      "got through.[/]")
+    else:
+        failed = [s.action for s in steps if not s.ok]
+        console.print(f"[bold red]FAIL: {len(failed)} step(s) not as expected: "
+                      f"{'; '.join(failed)}[/]")

@@ -1,0 +1,62 @@
+"""`consensus-lease demo` on real worker processes, and proof its check can fail."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "consensus_lease.cli", "demo", "--ttl-s", "1", *args],
+        capture_output=True, text=True, timeout=120,
+    )
+
+
+@pytest.mark.slow
+def test_demo_passes_with_every_rejection() -> None:
+    result = run()
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "PASS" in out
+    for expected in ("LeaseLost", "StaleLeaseError", "FenceRejected"):
+        assert expected in out
+
+
+@pytest.mark.slow
+def test_demo_fails_when_the_destination_is_unfenced() -> None:
+    result = run("--unfenced")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FAIL" in result.stdout and "late write" in result.stdout
+
+
+def test_demo_rejects_bad_ttl() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "consensus_lease.cli", "demo", "--ttl-s", "-3"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2 and "must be a finite number" in result.stderr
+
+
+def test_inspect_shows_records(tmp_path: pytest.TempPathFactory) -> None:
+    from consensus_lease import open_store
+
+    url = f"sqlite:///{tmp_path}/x.db"
+    with open_store(url) as store, store.session("worker-Z") as session:
+        assert session.claim("job/ü 1") is not None
+        result = subprocess.run(
+            [sys.executable, "-m", "consensus_lease.cli", "inspect", "--backend", url],
+            capture_output=True, text=True, timeout=60,
+        )
+    assert result.returncode == 0, result.stderr
+    assert "job/ü 1" in result.stdout and "worker-Z" in result.stdout and "held" in result.stdout
+
+
+def test_inspect_bad_url_is_a_clear_error() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "consensus_lease.cli", "inspect", "--backend", "nope://x"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2 and "UnsupportedBackend" in result.stdout

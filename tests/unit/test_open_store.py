@@ -1,0 +1,94 @@
+"""Opening stores: URLs, options and unusable files fail with named errors."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from consensus_lease import (
+    BackendUnavailable,
+    InvalidArgument,
+    JobState,
+    UnsupportedBackend,
+    open_store,
+)
+from consensus_lease import errors as errors_module
+
+
+@pytest.mark.parametrize("url", ["", "nonsense", "mysql://x", "sqlite:", 42])
+def test_bad_urls_name_the_supported_schemes(url: object) -> None:
+    with pytest.raises(UnsupportedBackend) as exc:
+        open_store(url)  # type: ignore[arg-type]
+    assert "sqlite" in str(exc.value) and "memory" in str(exc.value)
+
+
+def test_unknown_option_rejected(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgument):
+        open_store(f"sqlite:///{tmp_path}/x.db?colour=blue")
+    with pytest.raises(InvalidArgument):
+        open_store("memory://", colour="blue")
+    with pytest.raises(InvalidArgument):
+        open_store(f"sqlite:///{tmp_path}/x.db", busy_timeout_s="-1")
+
+
+def test_relative_and_absolute_sqlite_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with open_store("sqlite:///rel.db"):
+        pass
+    assert (tmp_path / "rel.db").exists()
+    with open_store(f"sqlite:///{tmp_path}/abs.db"):
+        pass
+    assert (tmp_path / "abs.db").exists()
+
+
+def test_unreadable_or_corrupt_file_is_backend_unavailable(tmp_path: Path) -> None:
+    with pytest.raises(BackendUnavailable):
+        open_store(f"sqlite:///{tmp_path}/missing-dir/x.db")
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(BackendUnavailable):
+        open_store(f"sqlite:///{junk}")
+
+
+def test_locked_file_is_backend_unavailable_and_changes_nothing(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/x.db?busy_timeout_s=0.2"
+    store = open_store(url)
+    session = store.session("A", 30)
+    blocker = sqlite3.connect(str(tmp_path / "x.db"), isolation_level=None)
+    blocker.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(BackendUnavailable):
+            session.claim("job")
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    assert store.get("job") is None
+    lease = session.claim("job")
+    assert lease is not None and lease.generation == 1
+    record = store.get("job")
+    assert record is not None and record.state is JobState.HELD
+    session.close()
+    store.close()
+
+
+def test_error_module_all_is_sorted_complete_and_drawn() -> None:
+    names = errors_module.__all__
+    assert list(names) == sorted(names)
+    classes = {
+        n for n, v in vars(errors_module).items()
+        if isinstance(v, type) and issubclass(v, Exception) and v.__module__ == errors_module.__name__
+    }
+    assert set(names) == classes
+    assert errors_module.__doc__ is not None
+    for name in names:
+        assert name in errors_module.__doc__, f"{name} missing from the error tree"
+
+
+def test_package_all_is_sorted_and_importable() -> None:
+    import consensus_lease
+
+    assert consensus_lease.__all__ == sorted(consensus_lease.__all__, key=lambda n: (not n.isupper(), n))
+    for name in consensus_lease.__all__:
+        assert hasattr(consensus_lease, name)

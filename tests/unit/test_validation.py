@@ -1,0 +1,40 @@
+"""Job id and TTL rules, as properties."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from consensus_lease import InvalidArgument
+from consensus_lease.validation import MAX_JOB_ID_BYTES, check_job_id, check_ttl
+
+text = st.text(alphabet=st.characters(exclude_categories=["Cs"]), min_size=0, max_size=300)
+
+
+@given(text)
+def test_job_id_accepted_iff_rules_hold(job_id: str) -> None:
+    valid = 0 < len(job_id.encode()) <= MAX_JOB_ID_BYTES and "\x00" not in job_id
+    if valid:
+        assert check_job_id(job_id) == job_id
+    else:
+        with pytest.raises(InvalidArgument):
+            check_job_id(job_id)
+
+
+@given(st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-10, 10**9)))
+def test_ttl_accepted_iff_finite_and_in_range(ttl: float) -> None:
+    ok = math.isfinite(ttl) and 0.5 <= ttl <= 100.0
+    if ok:
+        assert check_ttl(ttl, min_s=0.5, max_s=100.0) == float(ttl)
+    else:
+        with pytest.raises(InvalidArgument):
+            check_ttl(ttl, min_s=0.5, max_s=100.0)
+
+
+@pytest.mark.parametrize("bad", ["5", None, True, [1]])
+def test_ttl_type_errors(bad: object) -> None:
+    with pytest.raises(InvalidArgument):
+        check_ttl(bad, min_s=0.5, max_s=100.0)
