@@ -7,6 +7,7 @@ import math
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -16,6 +17,9 @@ from .record import JobState
 from .store import open_store
 
 __all__ = ["main"]
+
+EXTRA_COMMANDS: list[str] = []
+"""Modules providing further subcommands (see ``_command_modules``)."""
 
 
 def _positive_seconds(text: str) -> float:
@@ -53,7 +57,24 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--backend", metavar="URL", required=True, help="store URL")
     inspect.add_argument("jobs", nargs="*", metavar="JOB", help="only these jobs")
     inspect.add_argument("--limit", type=int, default=1000, help="at most this many records")
+    for module in _command_modules():
+        module.add_parser(sub)
     return parser
+
+
+def _command_modules() -> list[Any]:
+    """Subcommands that live in their own modules. Each has ``NAME``,
+    ``add_parser(subparsers)`` and ``run(args, console) -> int``."""
+    import importlib
+
+    modules = []
+    for name in EXTRA_COMMANDS:
+        try:
+            modules.append(importlib.import_module(name))
+        except ModuleNotFoundError as exc:
+            if exc.name != name:  # the module exists but needs something missing
+                raise
+    return modules
 
 
 def _inspect(url: str, jobs: Sequence[str], limit: int, console: Console) -> int:
@@ -93,6 +114,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  console=console) else 1
         if args.command == "inspect":
             return _inspect(args.backend, args.jobs, args.limit, console)
+        for module in _command_modules():
+            if args.command == module.NAME:
+                return int(module.run(args, console))
     except LeaseError as exc:
         console.print(f"[red]error:[/] {type(exc).__name__}: {exc}")
         return 2
