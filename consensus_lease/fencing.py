@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .errors import BackendUnavailable, FenceRejected, InvalidArgument
+from .observe import Observer, safe_call
 from .validation import check_job_id
 
 __all__ = ["Effect", "Fence", "FenceOutcome", "SqliteFence"]
@@ -79,13 +80,25 @@ class SqliteFence:
         enforce_tokens: ``False`` turns the token check off (the idempotency key still
             dedupes) — only to show what goes wrong without a fence.
         busy_timeout_s: seconds to wait for another writer.
+        observer: told of each rejection (``stale_rejected(name, "fence", ...)``).
+        name: label for the observer's ``store`` argument.
 
     Raises:
         BackendUnavailable: the file cannot be opened or stays locked.
     """
 
-    def __init__(self, path: str, *, enforce_tokens: bool = True, busy_timeout_s: float = 5.0):
+    def __init__(
+        self,
+        path: str,
+        *,
+        enforce_tokens: bool = True,
+        busy_timeout_s: float = 5.0,
+        observer: Observer | None = None,
+        name: str = "sqlite-fence",
+    ) -> None:
         self.path = path
+        self.observer = observer
+        self.name = name
         self.enforce_tokens = enforce_tokens
         self._lock = threading.Lock()
         try:
@@ -169,6 +182,9 @@ class SqliteFence:
                 )
         except sqlite3.Error as exc:
             raise BackendUnavailable(f"fence database {self.path!r}: {exc}") from exc
+        except FenceRejected:
+            safe_call(self.observer, "stale_rejected", self.name, "fence", resource, token)
+            raise
         return FenceOutcome.ACCEPTED if inserted is not None else FenceOutcome.DUPLICATE
 
     def highest_token(self, resource: str) -> int | None:

@@ -13,7 +13,9 @@ from .errors import (
     LeaseLost,
     LeaseNotHeld,
     OutcomeUnknown,
+    StaleLeaseError,
 )
+from .observe import safe_call
 from .record import LeaseRecord
 from .states import LeaseState, SessionState
 
@@ -176,8 +178,7 @@ class Lease:
         try:
             ttl = self.session.backend.renew(self.session.handle, self.job_id, self.generation)
         except LeaseLost as exc:
-            self._mark_lost(exc)
-            self.session._lease_failed(self, exc)
+            self._failed(exc)
             raise
         self.session._renewed(send, ttl)
 
@@ -222,13 +223,14 @@ class Lease:
                 self.session.handle, self.job_id, self.generation, bytes(result)
             )
         except (LeaseLost, OutcomeUnknown) as exc:
-            self._mark_lost(exc)
-            self.session._lease_failed(self, exc)
+            self._failed(exc)
             raise
         with self._lock:
             self._state = LeaseState.COMPLETED
             self._record = record
         self.session._forget(self)
+        safe_call(self.session.observer, "completed", self.session.backend.scheme, self.job_id,
+                  self.generation, self.owner)
         log.info(
             "completed",
             extra={"job_id": self.job_id, "generation": self.generation, "owner": self.owner},
@@ -251,8 +253,7 @@ class Lease:
         try:
             self.session.backend.release(self.session.handle, self.job_id, self.generation)
         except (LeaseLost, OutcomeUnknown) as exc:
-            self._mark_lost(exc)
-            self.session._lease_failed(self, exc)
+            self._failed(exc)
             raise
         with self._lock:
             self._state = LeaseState.RELEASED
@@ -293,6 +294,14 @@ class Lease:
 
     # -- called by the session -------------------------------------------------------
 
+    def _failed(self, exc: LeaseLost | OutcomeUnknown) -> None:
+        """The store refused (or could not confirm) an operation on this lease."""
+        if isinstance(exc, StaleLeaseError):
+            safe_call(self.session.observer, "stale_rejected", self.session.backend.scheme,
+                      "store", self.job_id, self.generation)
+        self._mark_lost(exc)
+        self.session._lease_failed(self, exc)
+
     def _mark_lost(self, reason: LeaseLost | OutcomeUnknown) -> bool:
         with self._lock:
             if self._state is not LeaseState.HELD:
@@ -303,6 +312,8 @@ class Lease:
                 if isinstance(reason, LeaseLost)
                 else LeaseLost(str(reason), job_id=self.job_id, generation=self.generation)
             )
+        safe_call(self.session.observer, "lost", self.session.backend.scheme, self.job_id,
+                  self.generation, str(reason))
         log.warning(
             "lease lost",
             extra={

@@ -26,6 +26,7 @@ from .errors import (
     SessionExpired,
 )
 from .lease import Lease
+from .observe import Observer, safe_call
 from .states import SessionState
 from .validation import check_job_id, check_wait
 
@@ -71,8 +72,10 @@ class Session:
         send_time: float,
         safety_margin_s: float | None = None,
         keepalive: bool = True,
+        observer: Observer | None = None,
     ) -> None:
         self.backend = backend
+        self.observer = observer
         self.handle = handle
         self.clock = clock
         ttl = handle.granted_ttl_s
@@ -172,16 +175,26 @@ class Session:
             raise SessionExpired(str(reason)) from reason
         raise LeaseLost(f"session {self.session_id} is lost: {reason}") from reason
 
-    def on_lost(self, callback: LossCallback) -> None:
+    def on_lost(self, callback: LossCallback) -> Callable[[], None]:
         """Register ``callback(session, reason)``, called once, from the thread that
         detects the loss, when the session is lost. Called at once if already lost.
-        Exceptions from callbacks are logged, not raised into the keepalive thread."""
+        Exceptions from callbacks are logged, not raised into the keepalive thread.
+
+        Returns:
+            A function that unregisters the callback (a no-op once it ran).
+        """
         with self._lock:
             reason = self._lost_reason
             if reason is None:
                 self._callbacks.append(callback)
-                return
+                return lambda: self._remove_callback(callback)
         self._run_callback(callback, reason)
+        return lambda: None
+
+    def _remove_callback(self, callback: LossCallback) -> None:
+        with self._lock:
+            if callback in self._callbacks:
+                self._callbacks.remove(callback)
 
     # -- claiming --------------------------------------------------------------------
 
@@ -267,6 +280,7 @@ class Session:
             "claimed",
             extra={"job_id": job_id, "generation": generation, "owner": self.owner},
         )
+        safe_call(self.observer, "claimed", self.backend.scheme, job_id, generation, self.owner)
         return lease
 
     def _call(self, fn: Callable[[], T]) -> T:
@@ -301,14 +315,17 @@ class Session:
             self.ensure_alive()
 
     def _renewed(self, send_time: float, granted_ttl_s: float) -> None:
+        now = self.clock.monotonic()
         with self._lock:
             if self._state is not SessionState.ACTIVE:
                 return
+            headroom = self._deadline - now
             self.handle.granted_ttl_s = granted_ttl_s
             new_deadline = send_time + granted_ttl_s - self.safety_margin_s
             if new_deadline > self._deadline and send_time < self._deadline:
                 self._deadline = new_deadline
         self._deadline_moved.set()
+        safe_call(self.observer, "renewed", self.backend.scheme, now - send_time, headroom)
 
     def _keepalive_loop(self) -> None:
         last_send = self.clock.monotonic()
@@ -426,6 +443,7 @@ class Session:
         for lease in leases:
             lease._mark_lost(reason)
         self.lost.set()
+        safe_call(self.observer, "lost", self.backend.scheme, None, None, str(reason))
         self._stop.set()
         log.error(
             "session lost",

@@ -12,6 +12,7 @@ from urllib.parse import parse_qsl, urlsplit
 from .backend import Backend, Capabilities
 from .clock import Clock, SystemClock
 from .errors import UnsupportedBackend
+from .observe import Observer
 from .record import LeaseRecord
 from .session import Session
 from .validation import check_job_id, check_owner, check_ttl
@@ -32,7 +33,9 @@ def available_schemes() -> list[str]:
     return sorted({ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
 
 
-def open_store(url: str, *, clock: Clock | None = None, **options: object) -> LeaseStore:
+def open_store(
+    url: str, *, clock: Clock | None = None, observer: Observer | None = None, **options: object
+) -> LeaseStore:
     """Open a lease store from a URL.
 
     ==========================================================  =====================
@@ -53,6 +56,7 @@ def open_store(url: str, *, clock: Clock | None = None, **options: object) -> Le
         url: the store URL.
         clock: clock for local deadlines and waiting in sessions of this store
             (default: the system monotonic clock). Never used to decide ownership.
+        observer: receives lease events for metrics (see :mod:`consensus_lease.observe`).
         **options: backend options.
 
     Raises:
@@ -86,7 +90,7 @@ def open_store(url: str, *, clock: Clock | None = None, **options: object) -> Le
         raise UnsupportedBackend(f"malformed store URL {url!r}: {exc}") from exc
     merged: dict[str, object] = {**query, **options}
     backend = backend_cls.from_url(url, merged)
-    return LeaseStore(backend, clock=clock)
+    return LeaseStore(backend, clock=clock, observer=observer)
 
 
 class LeaseStore:
@@ -95,11 +99,15 @@ class LeaseStore:
     Args:
         backend: the driver (usually made by :func:`open_store`).
         clock: default clock for sessions' local deadlines and waits.
+        observer: receives lease events of every session of this store.
     """
 
-    def __init__(self, backend: Backend, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self, backend: Backend, *, clock: Clock | None = None, observer: Observer | None = None
+    ) -> None:
         self.backend = backend
         self.clock: Clock = clock or SystemClock()
+        self.observer = observer
 
     @property
     def capabilities(self) -> Capabilities:
@@ -151,6 +159,7 @@ class LeaseStore:
                 send_time=send,
                 safety_margin_s=safety_margin_s,
                 keepalive=keepalive,
+                observer=self.observer,
             )
         except BaseException:
             self.backend.close_session(handle)

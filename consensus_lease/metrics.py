@@ -1,0 +1,82 @@
+"""Prometheus metrics for leases (``pip install consensus_lease[metrics]``).
+
+::
+
+    from prometheus_client import start_http_server
+    from consensus_lease import open_store
+    from consensus_lease.metrics import PrometheusObserver
+
+    store = open_store(url, observer=PrometheusObserver())
+    start_http_server(9100, addr="127.0.0.1")
+
+===========================================  ===========  ==================================
+metric                                       type         labels
+===========================================  ===========  ==================================
+consensus_lease_claims_total                 counter      store
+consensus_lease_completions_total            counter      store
+consensus_lease_losses_total                 counter      store, scope (lease / session)
+consensus_lease_stale_rejections_total       counter      store, by (store / fence)
+consensus_lease_renewal_latency_seconds      histogram    store
+consensus_lease_renewal_headroom_seconds     histogram    store
+===========================================  ===========  ==================================
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .observe import Observer
+
+__all__ = ["PrometheusObserver"]
+
+_HEADROOM_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0)
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class PrometheusObserver(Observer):
+    """Counts lease events into prometheus_client metrics.
+
+    Args:
+        registry: a ``prometheus_client.CollectorRegistry`` (default: the global one).
+        namespace: metric name prefix.
+
+    Raises:
+        ImportError: prometheus_client is not installed.
+    """
+
+    def __init__(self, registry: Any = None, namespace: str = "consensus_lease") -> None:
+        from prometheus_client import REGISTRY, Counter, Histogram
+
+        reg = REGISTRY if registry is None else registry
+        self.claims = Counter(f"{namespace}_claims", "Successful claims", ["store"],
+                              registry=reg)
+        self.completions = Counter(f"{namespace}_completions", "Recorded completions",
+                                   ["store"], registry=reg)
+        self.losses = Counter(f"{namespace}_losses", "Leases or sessions lost",
+                              ["store", "scope"], registry=reg)
+        self.stale = Counter(f"{namespace}_stale_rejections",
+                             "Stale operations rejected by the store or a fence",
+                             ["store", "by"], registry=reg)
+        self.renewal_latency = Histogram(
+            f"{namespace}_renewal_latency_seconds", "Send-to-answer time of renewals",
+            ["store"], buckets=_LATENCY_BUCKETS, registry=reg)
+        self.renewal_headroom = Histogram(
+            f"{namespace}_renewal_headroom_seconds",
+            "Time left before the local deadline when a renewal succeeded",
+            ["store"], buckets=_HEADROOM_BUCKETS, registry=reg)
+
+    def claimed(self, store: str, job_id: str, generation: int, owner: str) -> None:
+        self.claims.labels(store).inc()
+
+    def completed(self, store: str, job_id: str, generation: int, owner: str) -> None:
+        self.completions.labels(store).inc()
+
+    def renewed(self, store: str, latency_s: float, headroom_s: float) -> None:
+        self.renewal_latency.labels(store).observe(latency_s)
+        self.renewal_headroom.labels(store).observe(headroom_s)
+
+    def lost(self, store: str, job_id: str | None, generation: int | None, reason: str) -> None:
+        self.losses.labels(store, "session" if job_id is None else "lease").inc()
+
+    def stale_rejected(self, store: str, by: str, job_id: str, generation: int) -> None:
+        self.stale.labels(store, by).inc()

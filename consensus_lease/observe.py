@@ -1,0 +1,55 @@
+"""Hooks for metrics: what happened to leases, and how close a holder came to losing one.
+
+The core calls an :class:`Observer` at each event; the default does nothing (logging is
+done separately, on the ``consensus_lease`` logger, with ``job_id``, ``generation`` and
+``owner`` as record attributes). :class:`consensus_lease.metrics.PrometheusObserver`
+exports them; write your own subclass for other systems. Observers are called from
+worker and keepalive threads and must be fast and thread-safe; an exception raised by
+one is logged and otherwise ignored, so metrics can never break lease handling.
+
+**Renewal headroom** is the time left before the local deadline when a renewal succeeds:
+the early warning that a holder is getting close to losing its lease (slow store, GC
+pauses, an overloaded machine) before it does.
+"""
+
+from __future__ import annotations
+
+import logging
+
+__all__ = ["Observer", "safe_call"]
+
+log = logging.getLogger("consensus_lease")
+
+
+class Observer:
+    """Receives lease events. Every method is a no-op here; override what you need.
+
+    ``store`` is the backend's scheme (``"sqlite"``, ``"etcd"``, ...).
+    """
+
+    def claimed(self, store: str, job_id: str, generation: int, owner: str) -> None:
+        """A claim succeeded."""
+
+    def completed(self, store: str, job_id: str, generation: int, owner: str) -> None:
+        """A completion was recorded."""
+
+    def renewed(self, store: str, latency_s: float, headroom_s: float) -> None:
+        """A session renewal succeeded ``latency_s`` after it was sent, with ``headroom_s``
+        left before the previous local deadline."""
+
+    def lost(self, store: str, job_id: str | None, generation: int | None, reason: str) -> None:
+        """A lease (``job_id`` set) or a whole session (``job_id`` None) was lost."""
+
+    def stale_rejected(self, store: str, by: str, job_id: str, generation: int) -> None:
+        """A stale operation was rejected ``by`` ``"store"`` (owner/generation compare) or
+        ``"fence"`` (a destination saw a higher token)."""
+
+
+def safe_call(observer: Observer | None, method: str, *args: object) -> None:
+    """Call ``observer.method(*args)``; log and drop any exception."""
+    if observer is None:
+        return
+    try:
+        getattr(observer, method)(*args)
+    except Exception:
+        log.exception("observer %s.%s raised", type(observer).__name__, method)

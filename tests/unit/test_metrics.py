@@ -1,0 +1,48 @@
+"""Metrics after a takeover: counters and the renewal-headroom histogram."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from consensus_lease import FenceRejected, LeaseLost, open_store
+from consensus_lease.fencing import SqliteFence
+from consensus_lease.testing.conformance import poll_until
+
+prometheus_client = pytest.importorskip("prometheus_client")  # the [metrics] extra
+from consensus_lease.metrics import PrometheusObserver  # noqa: E402
+
+
+def test_takeover_shows_in_metrics(tmp_path: Path) -> None:
+    registry = prometheus_client.CollectorRegistry()
+    observer = PrometheusObserver(registry=registry)
+    fence = SqliteFence(str(tmp_path / "dest.db"), observer=observer)
+    with open_store(f"sqlite:///{tmp_path}/l.db", observer=observer) as store:
+        a = store.session("A", ttl_s=0.5, keepalive=False)
+        b = store.session("B", ttl_s=10)
+        old = a.claim("job")
+        assert old is not None
+        fence.apply("job", old.generation, "step-1")
+        new = poll_until(lambda: b.claim("job"), 10)
+        fence.apply("job", new.generation, "step-1")
+        with pytest.raises(FenceRejected):
+            fence.apply("job", old.generation, "step-2")
+        with pytest.raises(LeaseLost):
+            old.complete(b"stale")
+        b.keepalive()
+        new.complete(b"ok")
+        a.close()
+        b.close()
+
+    def value(name: str, **labels: str) -> float:
+        v = registry.get_sample_value(name, labels)
+        return 0.0 if v is None else v
+
+    assert value("consensus_lease_claims_total", store="sqlite") == 2
+    assert value("consensus_lease_completions_total", store="sqlite") == 1
+    assert value("consensus_lease_stale_rejections_total", store="sqlite", by="store") == 1
+    assert value("consensus_lease_stale_rejections_total", store="sqlite-fence", by="fence") == 1
+    assert value("consensus_lease_losses_total", store="sqlite", scope="lease") >= 1
+    assert value("consensus_lease_renewal_headroom_seconds_count", store="sqlite") >= 1
+    assert value("consensus_lease_renewal_headroom_seconds_sum", store="sqlite") > 0
