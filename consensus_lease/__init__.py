@@ -31,9 +31,10 @@ from .errors import (
     SessionExpired,
     StaleLeaseError,
     UnsupportedBackend,
+    UnsupportedOperation,
 )
 from .lease import Lease
-from .record import ClaimResult, JobState, LeaseRecord
+from .record import ClaimResult, JobState, LeaseRecord, QueuedJob, QueueStats
 from .session import Session
 from .states import LeaseState, SessionState
 from .store import DEFAULT_TTL_S, LeaseStore, open_store
@@ -63,6 +64,8 @@ __all__ = [
     "LeaseStore",
     "LeaseSuspended",
     "OutcomeUnknown",
+    "QueueStats",
+    "QueuedJob",
     "Session",
     "SessionEvent",
     "SessionExpired",
@@ -72,6 +75,7 @@ __all__ = [
     "StaleLeaseError",
     "SystemClock",
     "UnsupportedBackend",
+    "UnsupportedOperation",
     "open_store",
 ]
 

@@ -28,7 +28,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .record import ClaimResult, LeaseRecord
+from .errors import UnsupportedOperation
+from .record import ClaimResult, LeaseRecord, QueuedJob
 
 __all__ = [
     "Backend",
@@ -51,6 +52,10 @@ class Capabilities:
             (etcd: the token is a revision) still guarantees strictly increasing tokens.
         min_ttl_s / max_ttl_s: the range of TTLs accepted by ``open_session``.
         max_batch_claim: most claims one round trip can carry; 1 means no batching.
+        queues: implements the work-queue methods (``enqueue`` ...).
+        max_payload_bytes: largest queue payload the store accepts in one request
+            (etcd's request size limit, ZooKeeper's jute.maxbuffer), checked before
+            sending.
         description: one line for ``inspect`` and benchmarks.
     """
 
@@ -60,6 +65,8 @@ class Capabilities:
     min_ttl_s: float
     max_ttl_s: float
     max_batch_claim: int = 1
+    queues: bool = False
+    max_payload_bytes: int = 0
     description: str = ""
 
 
@@ -234,6 +241,40 @@ class Backend(abc.ABC):
         """Block until ``job_id`` may have become claimable (its holder released,
         completed or expired), or ``timeout_s`` passed. Spurious returns are allowed;
         the caller always re-tries the claim."""
+
+    # -- work queues (Capabilities.queues) ----------------------------------------------
+
+    def enqueue(self, queue: str, job_id: str, payload: bytes) -> bool:
+        """Add ``job_id`` to ``queue`` with ``payload`` if the store has never seen the
+        job; return ``True`` if added, ``False`` if it is already in this queue (payload
+        unchanged). Atomic.
+
+        Raises:
+            InvalidArgument: the job exists outside this queue.
+            BackendUnavailable / OutcomeUnknown.
+        """
+        raise UnsupportedOperation(f"the {self.scheme} backend has no work queues")
+
+    def queue_candidates(self, queue: str, limit: int) -> list[tuple[str, bytes]]:
+        """Up to ``limit`` ``(job_id, payload)`` of ``queue`` that looked claimable
+        (not held by a live session, not completed), oldest enqueued first. A hint only:
+        the claim itself decides."""
+        raise UnsupportedOperation(f"the {self.scheme} backend has no work queues")
+
+    def queue_jobs(self, queue: str, limit: int | None = None) -> list[QueuedJob]:
+        """Every job of ``queue`` (at most ``limit``), oldest enqueued first; an unknown
+        queue is empty."""
+        raise UnsupportedOperation(f"the {self.scheme} backend has no work queues")
+
+    def wait_for_queue(self, queue: str, timeout_s: float) -> None:
+        """Block until a job of ``queue`` may have become claimable (enqueued, released,
+        expired) or ``timeout_s`` passed. Spurious returns are allowed."""
+        raise UnsupportedOperation(f"the {self.scheme} backend has no work queues")
+
+    def purge(self, queue: str) -> int:
+        """Delete the records of ``queue``'s COMPLETED jobs; return how many. Held and
+        available jobs are untouched."""
+        raise UnsupportedOperation(f"the {self.scheme} backend has no work queues")
 
     def store_time(self) -> float | None:
         """The store's clock now (seconds since the epoch), for display, or ``None`` if

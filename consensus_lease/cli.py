@@ -57,6 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--backend", metavar="URL", required=True, help="store URL")
     inspect.add_argument("jobs", nargs="*", metavar="JOB", help="only these jobs")
     inspect.add_argument("--limit", type=int, default=1000, help="at most this many records")
+    inspect.add_argument("--queue", action="append", default=[], metavar="QUEUE",
+                         help="show this work queue's counts instead (repeatable)")
     for module in _command_modules():
         module.add_parser(sub)
     return parser
@@ -75,6 +77,21 @@ def _command_modules() -> list[Any]:
             if exc.name != name:  # the module exists but needs something missing
                 raise
     return modules
+
+
+def _inspect_queues(url: str, queues: Sequence[str], console: Console) -> int:
+    with open_store(url) as store:
+        stats = [store.queue_stats(q) for q in queues]
+    table = Table(title=f"work queues in {url}")
+    for col in ("queue", "available", "held", "completed", "oldest held lease ends in (s)"):
+        table.add_column(col)
+    now = time.time()  # display only: lease_until is on the store's clock
+    for s in stats:
+        end = s.oldest_held_lease_until
+        ends = "-" if end is None else f"{end - now:.1f}"
+        table.add_row(s.queue, str(s.available), str(s.held), str(s.completed), ends)
+    console.print(table)
+    return 0
 
 
 def _inspect(url: str, jobs: Sequence[str], limit: int, console: Console) -> int:
@@ -112,6 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return 0 if run_demo(args.backend, args.ttl_s, unfenced=args.unfenced,
                                  console=console) else 1
+        if args.command == "inspect" and args.queue:
+            return _inspect_queues(args.backend, args.queue, console)
         if args.command == "inspect":
             return _inspect(args.backend, args.jobs, args.limit, console)
         for module in _command_modules():

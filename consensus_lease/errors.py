@@ -14,7 +14,9 @@
     ├── ClaimTimeout                ``claim(..., wait_s=...)`` ran out of time; nothing held
     ├── JobCompleted                the job has a completion record and is never claimed again
     ├── InvalidArgument             bad input (also a ``ValueError``); nothing was written
-    ├── UnsupportedBackend          unknown or malformed store URL (also ``InvalidArgument``)
+    │   └── UnsupportedBackend      unknown or malformed store URL
+    ├── UnsupportedOperation        the backend declares (in its Capabilities) that it
+    │                               cannot do this
     ├── BackendUnavailable          the store cannot be reached or refused service
     │   ├── AuthenticationFailed    wrong credentials / certificates
     │   └── OutcomeUnknown          a request may or may not have been applied and reading
@@ -45,6 +47,7 @@ __all__ = [
     "SessionExpired",
     "StaleLeaseError",
     "UnsupportedBackend",
+    "UnsupportedOperation",
 ]
 
 
@@ -126,6 +129,11 @@ class InvalidArgument(LeaseError, ValueError):
 
 class UnsupportedBackend(InvalidArgument):
     """The store URL is malformed or names a scheme no installed backend serves."""
+
+
+class UnsupportedOperation(LeaseError):
+    """The backend's :class:`~consensus_lease.Capabilities` say it cannot do this
+    (e.g. work queues on a third-party backend). Nothing was sent."""
 
 
 class BackendUnavailable(LeaseError):

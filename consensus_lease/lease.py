@@ -57,12 +57,18 @@ class Lease:
         session (Session): the worker session the lease lives under.
     """
 
-    __slots__ = ("_lock", "_lost_reason", "_record", "_state", "generation", "job_id", "session")
+    __slots__ = (
+        "_lock", "_lost_reason", "_record", "_state", "generation", "job_id", "payload", "session",
+    )
 
-    def __init__(self, session: Session, job_id: str, generation: int) -> None:
+    def __init__(
+        self, session: Session, job_id: str, generation: int, payload: bytes | None = None
+    ) -> None:
         self.session = session
         self.job_id = job_id
         self.generation = generation
+        self.payload = payload
+        """The queue payload, for leases from ``claim_next``; ``None`` otherwise."""
         self._lock = threading.Lock()
         self._state = LeaseState.HELD
         self._lost_reason: LeaseLost | None = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-__all__ = ["ClaimResult", "JobState", "LeaseRecord"]
+__all__ = ["ClaimResult", "JobState", "LeaseRecord", "QueueStats", "QueuedJob"]
 
 
 class JobState(enum.Enum):
@@ -56,3 +56,37 @@ class ClaimResult:
 
     generation: int
     lease_until: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedJob:
+    """A job of a work queue, as the store has it.
+
+    Attributes:
+        queue: the queue's name.
+        record: the job's lease record.
+        payload: the bytes given to ``enqueue``.
+        seq: enqueue order within the store (FIFO key); only the order means anything.
+    """
+
+    queue: str
+    record: LeaseRecord
+    payload: bytes
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """Counts of a work queue's jobs by state.
+
+    Attributes:
+        available / held / completed: job counts.
+        oldest_held_lease_until: the earliest ``lease_until`` among held jobs (store
+            clock, seconds since the epoch), or ``None``.
+    """
+
+    queue: str
+    available: int
+    held: int
+    completed: int
+    oldest_held_lease_until: float | None

@@ -9,6 +9,7 @@ one sync; SQLite: one UPDATE of the session row).
 from __future__ import annotations
 
 import logging
+import random
 import threading
 from collections.abc import Callable, Sequence
 from types import TracebackType
@@ -20,6 +21,7 @@ from .errors import (
     BackendUnavailable,
     ClaimTimeout,
     InvalidArgument,
+    JobCompleted,
     LeaseError,
     LeaseLost,
     LeaseSuspended,
@@ -41,6 +43,15 @@ LossCallback = Callable[["Session", LeaseLost], None]
 
 KEEPALIVE_FRACTION = 1 / 3
 """A keepalive is sent every ``granted TTL * KEEPALIVE_FRACTION`` seconds."""
+
+QUEUE_CANDIDATES = 32
+"""How many claimable-looking jobs ``claim_next`` asks the store for at a time."""
+
+QUEUE_SPREAD = 8
+"""``claim_next`` starts at a random one of the oldest this-many candidates."""
+
+QUEUE_RETRIES = 3
+"""Immediate re-reads when every candidate was taken by others before waiting."""
 
 DEFAULT_MARGIN_FRACTION = 0.1
 """Default safety margin: this fraction of the granted TTL is taken off the local deadline
@@ -246,6 +257,65 @@ class Session:
                 raise ClaimTimeout(f"{job_id!r} still held after waiting {wait} s", job_id=job_id)
             self.backend.wait_for_change(job_id, left)
 
+    def claim_next(self, queue: str, *, wait_s: float | None = None) -> Lease | None:
+        """Claim any claimable job of the work queue ``queue`` (enqueued with
+        :meth:`LeaseStore.enqueue`): unowned, released or expired, never completed. The
+        claim is the same atomic store operation as :meth:`claim`, with the same fencing
+        guarantees; the returned lease carries the job's ``payload``.
+
+        Fairness: candidates are taken oldest-enqueued first, and each claimer starts at
+        a random one of the oldest few, so concurrent workers do not all collide on the
+        head of the queue and a worker that claims in a tight loop gets no more than its
+        share of what the store offers it. Waiting is woken by the store (etcd and
+        ZooKeeper watches; SQLite polls).
+
+        Args:
+            queue: the queue's name (the rules of job ids). An unknown or empty queue
+                simply has nothing to claim.
+            wait_s: as for :meth:`claim`: ``None`` tries once; a number waits and raises
+                ``ClaimTimeout``.
+
+        Raises:
+            UnsupportedOperation: the backend has no work queues (``capabilities.queues``).
+            ClaimTimeout, InvalidArgument, LeaseLost, LeaseSuspended, BackendUnavailable,
+            OutcomeUnknown: as for :meth:`claim`.
+        """
+        check_job_id(queue)
+        wait = None if wait_s is None else check_wait(wait_s)
+        self._require_queues()
+        give_up_at = None if wait is None else self.clock.monotonic() + wait
+        races = 0
+        while True:
+            self.ensure_alive()
+            candidates = self.backend.queue_candidates(queue, QUEUE_CANDIDATES)
+            with self._lock:
+                candidates = [c for c in candidates if c[0] not in self._leases]
+            if candidates:
+                start = random.randrange(min(len(candidates), QUEUE_SPREAD))
+                for job_id, payload in candidates[start:] + candidates[:start]:
+                    try:
+                        result = self._call(lambda j=job_id: self.backend.claim(self.handle, j))  # type: ignore[misc]
+                    except JobCompleted:
+                        continue
+                    if result is not None:
+                        return self._adopt(job_id, result.generation, payload)
+                races += 1
+                if races < QUEUE_RETRIES:
+                    continue  # every candidate was taken meanwhile: look again at once
+            races = 0
+            if give_up_at is None:
+                return None
+            left = give_up_at - self.clock.monotonic()
+            if left <= 0:
+                raise ClaimTimeout(f"no job of queue {queue!r} became claimable in {wait} s")
+            self.backend.wait_for_queue(queue, left)
+
+    def _require_queues(self) -> None:
+        if not self.backend.capabilities.queues:
+            from .errors import UnsupportedOperation
+
+            raise UnsupportedOperation(f"the {self.backend.scheme} backend has no work queues")
+
     def claim_many(self, job_ids: Sequence[str]) -> list[Lease | None]:
         """Try to claim each of ``job_ids`` (no waiting); in as few store round trips as
         the backend allows (``capabilities.max_batch_claim`` per trip). Element ``i`` is
@@ -272,8 +342,8 @@ class Session:
                 out.append(None if result is None else self._adopt(job_id, result.generation))
         return out
 
-    def _adopt(self, job_id: str, generation: int) -> Lease:
-        lease = Lease(self, job_id, generation)
+    def _adopt(self, job_id: str, generation: int, payload: bytes | None = None) -> Lease:
+        lease = Lease(self, job_id, generation, payload)
         with self._lock:
             self._leases[job_id] = lease
         log.info(

@@ -11,9 +11,9 @@ from urllib.parse import parse_qsl, urlsplit
 
 from .backend import Backend, Capabilities
 from .clock import Clock, SystemClock
-from .errors import UnsupportedBackend
+from .errors import InvalidArgument, UnsupportedBackend, UnsupportedOperation
 from .observe import Observer
-from .record import LeaseRecord
+from .record import JobState, LeaseRecord, QueuedJob, QueueStats
 from .session import Session
 from .validation import check_job_id, check_owner, check_ttl
 
@@ -179,6 +179,81 @@ class LeaseStore:
     def records(self, limit: int | None = None) -> list[LeaseRecord]:
         """Every job's record, ordered by job id (at most ``limit``), for inspection."""
         return self.backend.records(limit)
+
+    # -- work queues ---------------------------------------------------------------
+
+    def _require_queues(self) -> None:
+        if not self.backend.capabilities.queues:
+            raise UnsupportedOperation(f"the {self.backend.scheme} backend has no work queues")
+
+    def enqueue(self, queue: str, job_id: str, payload: bytes = b"") -> bool:
+        """Add a job to a work queue, to be claimed with ``session.claim_next(queue)``.
+
+        Idempotent: enqueueing a job already in the queue changes nothing and returns
+        ``False``. The job is an ordinary job otherwise (``claim(job_id)``, ``get``).
+
+        Args:
+            queue: the queue's name (same rules as job ids).
+            job_id: the job (non-empty str, at most 256 UTF-8 bytes, no NUL), unique in
+                the store. Do not reuse the id of a purged job: its generation would
+                start again, and a destination fenced by that id would (safely) reject
+                the new holder's effects.
+            payload: bytes, at most ``capabilities.max_payload_bytes``.
+
+        Returns:
+            ``True`` if added, ``False`` if already queued.
+
+        Raises:
+            InvalidArgument: bad name or id, payload not bytes or over the store's size
+                limit (checked before sending), or the job exists outside this queue.
+            UnsupportedOperation: the backend has no work queues.
+            BackendUnavailable / OutcomeUnknown.
+        """
+        check_job_id(queue)
+        check_job_id(job_id)
+        if not isinstance(payload, (bytes, bytearray, memoryview)):
+            raise InvalidArgument(f"payload must be bytes, not {type(payload).__name__}")
+        self._require_queues()
+        limit = self.backend.capabilities.max_payload_bytes
+        if len(payload) > limit:
+            raise InvalidArgument(
+                f"payload is {len(payload)} bytes; the {self.backend.scheme} store accepts at "
+                f"most {limit} in one request",
+                job_id=job_id,
+            )
+        return self.backend.enqueue(queue, job_id, bytes(payload))
+
+    def queue_jobs(self, queue: str, limit: int | None = None) -> list[QueuedJob]:
+        """The jobs of ``queue``, oldest enqueued first (an unknown queue is empty)."""
+        check_job_id(queue)
+        self._require_queues()
+        return self.backend.queue_jobs(queue, limit)
+
+    def queue_stats(self, queue: str) -> QueueStats:
+        """Counts of ``queue``'s jobs by state, and the earliest lease end among held
+        ones (store clock)."""
+        jobs = self.queue_jobs(queue)
+        held = [j.record for j in jobs if j.record.state is JobState.HELD]
+        ends = [r.lease_until for r in held if r.lease_until is not None]
+        return QueueStats(
+            queue=queue,
+            available=sum(j.record.state is JobState.AVAILABLE for j in jobs),
+            held=len(held),
+            completed=sum(j.record.state is JobState.COMPLETED for j in jobs),
+            oldest_held_lease_until=min(ends) if ends else None,
+        )
+
+    def purge(self, queue: str) -> int:
+        """Delete the records of ``queue``'s COMPLETED jobs (result included); return how
+        many. Held and available jobs are untouched. Until purged, completed jobs stay
+        recorded with their generation and result.
+
+        Raises:
+            UnsupportedOperation, BackendUnavailable.
+        """
+        check_job_id(queue)
+        self._require_queues()
+        return self.backend.purge(queue)
 
     def close(self) -> None:
         """Close the driver; sessions still open are closed best-effort."""

@@ -60,3 +60,24 @@ def test_inspect_bad_url_is_a_clear_error() -> None:
         capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 2 and "UnsupportedBackend" in result.stdout
+
+
+def test_inspect_queue_counts(tmp_path: pytest.TempPathFactory) -> None:
+    from consensus_lease import open_store
+
+    url = f"sqlite:///{tmp_path}/q.db"
+    with open_store(url) as store, store.session("W") as session:
+        for i in range(3):
+            store.enqueue("mail", f"m{i}")
+        lease = session.claim_next("mail")
+        assert lease is not None
+        lease.complete(b"")
+        assert session.claim_next("mail") is not None
+        result = subprocess.run(
+            [sys.executable, "-m", "consensus_lease.cli", "inspect", "--backend", url,
+             "--queue", "mail"],
+            capture_output=True, text=True, timeout=60,
+        )
+    assert result.returncode == 0, result.stderr
+    row = next(line for line in result.stdout.splitlines() if "mail" in line and "│" in line)
+    assert [c.strip() for c in row.split("│")[1:5]] == ["mail", "1", "1", "1"]

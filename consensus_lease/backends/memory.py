@@ -19,6 +19,7 @@ store_clock    the system clock             a :class:`~consensus_lease.Clock`; i
 
 from __future__ import annotations
 
+import itertools
 import threading
 import uuid
 from collections.abc import Mapping
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from ..backend import Backend, Capabilities, SessionHandle, StateListener
 from ..clock import Clock, SystemClock
 from ..errors import InvalidArgument, JobCompleted, SessionExpired, StaleLeaseError
-from ..record import ClaimResult, JobState, LeaseRecord
+from ..record import ClaimResult, JobState, LeaseRecord, QueuedJob
 
 __all__ = ["MemoryBackend"]
 
@@ -46,6 +47,9 @@ class _Job:
     owner: str | None = None
     completed_by: str | None = None
     result: bytes | None = None
+    queue: str | None = None
+    payload: bytes = b""
+    seq: int = 0
 
     @property
     def completed(self) -> bool:
@@ -63,6 +67,8 @@ class MemoryBackend(Backend):
         min_ttl_s=0.001,
         max_ttl_s=7 * 24 * 3600.0,
         max_batch_claim=1024,
+        queues=True,
+        max_payload_bytes=16 * 1024 * 1024,
         description="in-process memory (tests; one process only)",
     )
 
@@ -71,6 +77,7 @@ class MemoryBackend(Backend):
         self._cond = threading.Condition()
         self._sessions: dict[str, _Session] = {}
         self._jobs: dict[str, _Job] = {}
+        self._seq = itertools.count(1)
 
     @classmethod
     def from_url(cls, url: str, options: Mapping[str, object]) -> MemoryBackend:
@@ -218,6 +225,64 @@ class MemoryBackend(Backend):
             job.session_id = None
             job.owner = None
             self._cond.notify_all()
+
+    # -- work queues ---------------------------------------------------------------
+
+    def enqueue(self, queue: str, job_id: str, payload: bytes) -> bool:
+        with self._cond:
+            job = self._jobs.get(job_id)
+            if job is not None:
+                if job.queue != queue:
+                    raise InvalidArgument(
+                        f"{job_id!r} already exists outside queue {queue!r}", job_id=job_id
+                    )
+                return False
+            self._jobs[job_id] = _Job(queue=queue, payload=payload, seq=next(self._seq))
+            self._cond.notify_all()
+            return True
+
+    def _queued(self, queue: str) -> list[tuple[str, _Job]]:
+        return sorted(
+            ((j, job) for j, job in self._jobs.items() if job.queue == queue),
+            key=lambda item: item[1].seq,
+        )
+
+    def queue_candidates(self, queue: str, limit: int) -> list[tuple[str, bytes]]:
+        with self._cond:
+            free = [
+                (j, job.payload)
+                for j, job in self._queued(queue)
+                if not job.completed and not self._alive(job.session_id)
+            ]
+            return free[:limit]
+
+    def queue_jobs(self, queue: str, limit: int | None = None) -> list[QueuedJob]:
+        with self._cond:
+            return [
+                QueuedJob(queue, self._record(j, job), job.payload, job.seq)
+                for j, job in self._queued(queue)[:limit]
+            ]
+
+    def wait_for_queue(self, queue: str, timeout_s: float) -> None:
+        with self._cond:
+            wait = timeout_s
+            expiries = [
+                self._sessions[job.session_id].expires_at - self._now()
+                for _, job in self._queued(queue)
+                if job.session_id in self._sessions
+            ]
+            if expiries:
+                wait = min(wait, max(min(expiries), 0.001))
+            if not isinstance(self._clock, SystemClock):
+                wait = min(wait, 0.01)
+            self._cond.wait(wait)
+
+    def purge(self, queue: str) -> int:
+        with self._cond:
+            doomed = [j for j, job in self._queued(queue) if job.completed]
+            for j in doomed:
+                del self._jobs[j]
+            return len(doomed)
 
     def get(self, job_id: str) -> LeaseRecord | None:
         with self._cond:

@@ -51,7 +51,7 @@ from ..errors import (
     SessionExpired,
     StaleLeaseError,
 )
-from ..record import ClaimResult, JobState, LeaseRecord
+from ..record import ClaimResult, JobState, LeaseRecord, QueuedJob
 
 __all__ = ["SqliteBackend"]
 
@@ -72,9 +72,14 @@ CREATE TABLE IF NOT EXISTS cl_jobs (
     session_id        TEXT,
     completed_at      REAL,
     completed_session TEXT,
-    result            BLOB
+    result            BLOB,
+    queue             TEXT,
+    payload           BLOB,
+    seq               INTEGER
 );
 CREATE INDEX IF NOT EXISTS cl_jobs_by_session ON cl_jobs(session_id);
+CREATE INDEX IF NOT EXISTS cl_jobs_by_queue ON cl_jobs(queue, completed_at, seq);
+CREATE TABLE IF NOT EXISTS cl_seq (id INTEGER PRIMARY KEY CHECK (id = 1), last INTEGER NOT NULL);
 """
 
 ALIVE = f"EXISTS (SELECT 1 FROM cl_sessions s WHERE s.session_id = ? AND s.expires_at > {NOW})"
@@ -111,6 +116,8 @@ class SqliteBackend(Backend):
         min_ttl_s=0.05,
         max_ttl_s=7 * 24 * 3600.0,
         max_batch_claim=1,
+        queues=True,
+        max_payload_bytes=16 * 1024 * 1024,
         description="embedded SQLite file (one machine, many processes)",
     )
 
@@ -334,6 +341,61 @@ class SqliteBackend(Backend):
             ).fetchone()
             if row is None:
                 raise self._reject(db, session, job_id, generation)
+
+    # -- work queues -------------------------------------------------------------------
+
+    def enqueue(self, queue: str, job_id: str, payload: bytes) -> bool:
+        with self._transaction(job_id) as db:
+            row = db.execute("SELECT queue FROM cl_jobs WHERE job_id = ?", (job_id,)).fetchone()
+            if row is not None:
+                if row[0] != queue:
+                    raise InvalidArgument(
+                        f"{job_id!r} already exists outside queue {queue!r}", job_id=job_id
+                    )
+                return False
+            seq = db.execute(
+                "INSERT INTO cl_seq VALUES (1, 1) ON CONFLICT (id) DO UPDATE SET last = last + 1 "
+                "RETURNING last"
+            ).fetchone()[0]
+            db.execute(
+                "INSERT INTO cl_jobs (job_id, generation, queue, payload, seq) "
+                "VALUES (?, 0, ?, ?, ?)",
+                (job_id, queue, payload, seq),
+            )
+            return True
+
+    def queue_candidates(self, queue: str, limit: int) -> list[tuple[str, bytes]]:
+        rows = self._read(
+            "SELECT j.job_id, j.payload FROM cl_jobs j WHERE j.queue = ? "
+            "AND j.completed_at IS NULL AND NOT EXISTS (SELECT 1 FROM cl_sessions s "
+            f"WHERE s.session_id = j.session_id AND s.expires_at > {NOW}) "
+            "ORDER BY j.seq LIMIT ?",
+            (queue, int(limit)),
+        )
+        return [(r[0], bytes(r[1] or b"")) for r in rows]
+
+    def queue_jobs(self, queue: str, limit: int | None = None) -> list[QueuedJob]:
+        sql = (
+            self._SELECT.replace(" FROM cl_jobs j", ", j.payload, j.seq FROM cl_jobs j")
+            + " WHERE j.queue = ? ORDER BY j.seq"
+        )
+        params: tuple[Any, ...] = (queue,)
+        if limit is not None:
+            sql += " LIMIT ?"
+            params = (queue, int(limit))
+        return [
+            QueuedJob(queue, self._to_record(row[:7]), bytes(row[7] or b""), int(row[8]))
+            for row in self._read(sql, params)
+        ]
+
+    def wait_for_queue(self, queue: str, timeout_s: float) -> None:
+        time.sleep(max(0.0, min(timeout_s, self.poll_interval_s)))
+
+    def purge(self, queue: str) -> int:
+        with self._transaction() as db:
+            return db.execute(
+                "DELETE FROM cl_jobs WHERE queue = ? AND completed_at IS NOT NULL", (queue,)
+            ).rowcount
 
     # -- reading -----------------------------------------------------------------------
 

@@ -49,6 +49,7 @@ from ..errors import (
     LeaseLost,
     SessionExpired,
     StaleLeaseError,
+    UnsupportedOperation,
 )
 from ..record import JobState
 from ..session import Session
@@ -622,3 +623,138 @@ class BackendConformance:
             record = store.get(job_id)
             assert record is not None and record.state is JobState.COMPLETED
             assert record.result == job_id.encode("utf-8", "surrogatepass")
+
+    # -- work queues -----------------------------------------------------------------
+
+    def _queues_or_declared_absent(self, store: LeaseStore) -> bool:
+        """True if the backend has queues; otherwise checks that it says so explicitly."""
+        if store.capabilities.queues:
+            return True
+        with pytest.raises(UnsupportedOperation):
+            store.enqueue("q", "job")
+        return False
+
+    def test_queue_claims_each_job_once_with_payload(
+        self, store: LeaseStore, sessions: list[Session]
+    ) -> None:
+        if not self._queues_or_declared_absent(store):
+            return
+        for i in range(3):
+            assert store.enqueue("emails", f"mail-{i}", f"payload-{i}".encode()) is True
+        assert store.enqueue("emails", "mail-0", b"other") is False  # idempotent
+        a = self.open(store, "A")
+        got = [a.claim_next("emails") for _ in range(3)]
+        assert all(lease is not None for lease in got)
+        names = sorted(lease.job_id for lease in got if lease is not None)
+        assert names == ["mail-0", "mail-1", "mail-2"]
+        for lease in got:
+            assert lease is not None
+            assert lease.payload == f"payload-{lease.job_id[-1]}".encode()
+        assert a.claim_next("emails") is None
+        assert self.open(store, "B").claim_next("emails") is None
+        assert a.claim_next("no-such-queue") is None
+
+    def test_queue_released_job_comes_back_completed_never(
+        self, store: LeaseStore, sessions: list[Session]
+    ) -> None:
+        if not self._queues_or_declared_absent(store):
+            return
+        store.enqueue("q", "j1")
+        store.enqueue("q", "j2")
+        a, b = self.open(store, "A"), self.open(store, "B")
+        first = a.claim_next("q")
+        second = a.claim_next("q")
+        assert first is not None and second is not None
+        first.release()
+        second.complete(b"done")
+        again = b.claim_next("q")
+        assert again is not None and again.job_id == first.job_id
+        self._assert_newer(store, first.generation, again.generation)
+        assert b.claim_next("q") is None  # the completed one never comes back
+        stats = store.queue_stats("q")
+        assert (stats.available, stats.held, stats.completed) == (0, 1, 1)
+        assert store.purge("q") == 1
+        assert [j.record.job_id for j in store.queue_jobs("q")] == [again.job_id]
+        assert store.queue_stats("q").completed == 0
+
+    def test_queue_expired_holder_job_is_claimable(
+        self, store: LeaseStore, sessions: list[Session]
+    ) -> None:
+        if not self._queues_or_declared_absent(store):
+            return
+        store.enqueue("q", "j")
+        a = self.open(store, "A", self.short_ttl_s, keepalive=False)
+        b = self.open(store, "B")
+        held = a.claim_next("q")
+        assert held is not None
+        self.expire(store, a)
+        taken = b.claim_next("q", wait_s=10 * self.short_ttl_s + 5)
+        assert taken is not None and taken.job_id == "j"
+        self._assert_newer(store, held.generation, taken.generation)
+
+    def test_queue_workers_race_every_job_done_once(
+        self, store: LeaseStore, sessions: list[Session]
+    ) -> None:
+        if not self._queues_or_declared_absent(store):
+            return
+        jobs = [f"job-{i:02d}" for i in range(24)]
+        for job in jobs:
+            store.enqueue("race", job)
+        workers = [self.open(store, f"W{i}") for i in range(4)]
+        done: dict[str, list[str]] = {w.owner: [] for w in workers}
+        errors: list[BaseException] = []
+
+        def work(session: Session) -> None:
+            try:
+                for _ in range(len(jobs) + 5):  # bounded
+                    lease = session.claim_next("race")
+                    if lease is None:
+                        return
+                    lease.complete(session.owner.encode())
+                    done[session.owner].append(lease.job_id)
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(w,)) for w in workers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not errors, errors
+        completed = sorted(j for got in done.values() for j in got)
+        assert completed == jobs  # every job exactly once
+        for job in jobs:
+            record = store.get(job)
+            assert record is not None and record.state is JobState.COMPLETED
+
+    def test_queue_waiter_is_woken_by_enqueue(
+        self, store: LeaseStore, sessions: list[Session]
+    ) -> None:
+        if not self._queues_or_declared_absent(store):
+            return
+        a = self.open(store, "A")
+        got: list[Any] = []
+        waiter = threading.Thread(target=lambda: got.append(a.claim_next("later", wait_s=30)))
+        waiter.start()
+        store.enqueue("later", "j", b"p")
+        waiter.join(timeout=40)
+        assert got and got[0] is not None and got[0].payload == b"p"
+        with pytest.raises(ClaimTimeout):
+            a.claim_next("later", wait_s=0.2)
+
+    def test_queue_bad_input(self, store: LeaseStore, sessions: list[Session]) -> None:
+        if not self._queues_or_declared_absent(store):
+            return
+        too_big = b"x" * (store.capabilities.max_payload_bytes + 1)
+        with pytest.raises(InvalidArgument):
+            store.enqueue("q", "big", too_big)
+        with pytest.raises(InvalidArgument):
+            store.enqueue("q", "str-payload", "text")  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgument):
+            store.enqueue("", "j")
+        assert store.queue_jobs("q") == []
+        store.enqueue("q1", "shared")
+        with pytest.raises(InvalidArgument):
+            store.enqueue("q2", "shared")
+        empty = store.queue_stats("nothing-here")
+        assert (empty.available, empty.held, empty.completed) == (0, 0, 0)
