@@ -30,6 +30,7 @@ nothing.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import threading
@@ -758,3 +759,42 @@ class BackendConformance:
             store.enqueue("q2", "shared")
         empty = store.queue_stats("nothing-here")
         assert (empty.available, empty.held, empty.completed) == (0, 0, 0)
+
+    # -- asyncio ---------------------------------------------------------------------
+
+    def test_async_claim_complete(self, store: LeaseStore) -> None:
+        from ..aio import AsyncLeaseStore
+
+        async def main() -> None:
+            astore = AsyncLeaseStore(store)
+            async with astore.session("A", self.long_ttl_s) as a:
+                lease = await a.claim("async-job", wait_s=5)
+                assert lease is not None
+                async with astore.session("B", self.long_ttl_s) as b:
+                    assert await b.claim("async-job") is None
+                async with lease.guard():
+                    record = await lease.complete(b"async")
+                assert record.state is JobState.COMPLETED
+
+        asyncio.run(asyncio.wait_for(main(), 60))
+
+    def test_async_work_cancelled_when_store_expires_session(self, store: LeaseStore) -> None:
+        """The store expires the session while guarded work runs: the keepalive learns
+        it, and the work is cancelled with LeaseLost — without the work ever checking."""
+        from ..aio import AsyncLeaseStore
+
+        async def main() -> None:
+            astore = AsyncLeaseStore(store)
+            session = await astore.session("A", self.short_ttl_s)
+            lease = await session.claim("guarded")
+            assert lease is not None
+            finished = False
+            with pytest.raises(LeaseLost):
+                async with lease.guard():
+                    await asyncio.to_thread(self.expire, store, session.sync)
+                    await asyncio.sleep(10 * self.short_ttl_s + 30)  # never checks the lease
+                    finished = True
+            assert not finished
+            await session.close()
+
+        asyncio.run(asyncio.wait_for(main(), 10 * self.short_ttl_s + 60))

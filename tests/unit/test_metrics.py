@@ -35,9 +35,18 @@ def test_takeover_shows_in_metrics(tmp_path: Path) -> None:
         a.close()
         b.close()
 
+    # Scrape the exposition text, as Prometheus would.
+    from prometheus_client.parser import text_string_to_metric_families
+
+    scraped = prometheus_client.generate_latest(registry).decode()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(scraped)
+        for s in family.samples
+    }
+
     def value(name: str, **labels: str) -> float:
-        v = registry.get_sample_value(name, labels)
-        return 0.0 if v is None else v
+        return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
     assert value("consensus_lease_claims_total", store="sqlite") == 2
     assert value("consensus_lease_completions_total", store="sqlite") == 1
