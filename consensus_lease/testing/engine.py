@@ -86,9 +86,7 @@ def engine_answers(socket_path: Path = DOCKER_SOCKET, timeout_s: float = 2.0) ->
     return status == 200 and body.strip() == b"OK"
 
 
-def missing_images(
-    names: list[str] | None = None, socket_path: Path = DOCKER_SOCKET
-) -> list[str]:
+def missing_images(names: list[str] | None = None, socket_path: Path = DOCKER_SOCKET) -> list[str]:
     """The image names among ``names`` (default: both kit images) the engine lacks."""
     wanted = names if names is not None else [etcd_image(), zookeeper_image()]
     missing = []

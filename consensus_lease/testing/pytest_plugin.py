@@ -1,0 +1,247 @@
+"""pytest plugin: real etcd and ZooKeeper clusters in containers.
+
+Loaded automatically when consensus_lease is installed (entry point
+``pytest11``), or with ``-p consensus_lease.testing.pytest_plugin``. It imports
+neither docker nor testcontainers until a fixture below is used.
+
+Fixtures:
+
+=========================== ======== ===============================================
+``docker_engine``           session  starts the Docker engine if none answers and
+                                     builds missing images (from a source checkout)
+``etcd_cluster``            session  a shared 3-member etcd cluster
+``zookeeper_cluster``       session  a shared 3-member ZooKeeper ensemble
+``fresh_etcd_cluster``      function a cluster of its own, for tests that break it
+``fresh_zookeeper_cluster`` function
+``key_prefix``              function a unique key prefix / chroot, e.g. ``t-test-x-1a2b3c4d``
+=========================== ======== ===============================================
+
+After every test that used a shared cluster, its partitions are healed and
+its members thawed, restarted and waited for, so one test's faults never
+leak into the next. Tests using a cluster fixture get the ``containers``
+marker; when one fails, each member's log is attached to its report.
+
+No engine (not root, no ``dockerd``, images not buildable): the tests are
+skipped with the reason -- except when ``CI=true``, where that is an error.
+At session end the plugin checks that no container or iptables rule of this
+process is left, and fails the run if one is.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import pytest
+
+if TYPE_CHECKING:
+    from consensus_lease.testing.cluster import Cluster, EtcdCluster, ZooKeeperCluster
+
+_SHARED = ("etcd_cluster", "zookeeper_cluster")
+_FRESH = ("fresh_etcd_cluster", "fresh_zookeeper_cluster")
+_CLUSTERS_KEY = pytest.StashKey[list["Cluster"]]()
+_STARTED_KEY = pytest.StashKey[bool]()
+_LOG_TAIL_LINES = 300
+_BUILD_TIMEOUT_S = 900.0
+
+
+@dataclass(frozen=True)
+class KitImages:
+    """The image names the cluster fixtures run."""
+
+    etcd: str
+    zookeeper: str
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+def _unavailable(reason: str) -> NoReturn:
+    if _in_ci():
+        pytest.fail(f"{reason} (CI=true: a missing container engine is an error)", pytrace=False)
+    pytest.skip(reason)
+
+
+def _repo_build_script() -> Path | None:
+    script = Path(__file__).resolve().parents[2] / "docker" / "build-images.sh"
+    return script if script.is_file() else None
+
+
+def _ensure_images(missing: list[str]) -> None:
+    script = _repo_build_script()
+    if script is None:
+        _unavailable(
+            f"cluster images {missing} are missing; build them with docker/build-images.sh "
+            "from a consensus_lease source checkout, or point CONSENSUS_LEASE_ETCD_IMAGE / "
+            "CONSENSUS_LEASE_ZOOKEEPER_IMAGE at images you have"
+        )
+    try:
+        done = subprocess.run(
+            ["bash", str(script)], capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S
+        )
+        output = done.stdout + done.stderr if done.returncode != 0 else None
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        output = str(exc)
+    if output is not None:
+        tail = "\n".join(output.splitlines()[-20:])
+        _unavailable(f"building cluster images with {script} failed:\n{tail}")
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> KitImages:
+    """A Docker engine that answers, and the cluster images present on it."""
+    reason = _engine_missing()
+    if reason is not None:
+        _unavailable(reason)
+    from consensus_lease.testing import engine
+
+    missing = engine.missing_images()
+    if missing:
+        _ensure_images(missing)
+        still = engine.missing_images()
+        if still:
+            _unavailable(f"cluster images {still} still missing after docker/build-images.sh")
+    return KitImages(etcd=engine.etcd_image(), zookeeper=engine.zookeeper_image())
+
+
+def _engine_missing() -> str | None:
+    """Why the kit cannot run here, or None when it can (starting the engine if needed)."""
+    from consensus_lease.testing import engine
+
+    try:
+        engine.ensure_engine(timeout_s=60.0)
+    except engine.EngineUnavailable as exc:
+        return str(exc)
+    try:
+        import testcontainers.core.container  # noqa: F401  (imports docker-py too)
+    except ImportError as exc:
+        return f"{exc.name} is not installed (pip install 'consensus_lease[testing]')"
+    if os.geteuid() != 0 or shutil.which("iptables") is None:
+        return "fault injection needs root and iptables (apt-get install -y iptables)"
+    return None
+
+
+def _run_cluster(cluster: Cluster, config: pytest.Config) -> Iterator[Any]:
+    config.stash[_STARTED_KEY] = True
+    cluster.start(timeout_s=90.0)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def etcd_cluster(docker_engine: KitImages, pytestconfig: pytest.Config) -> Iterator[EtcdCluster]:
+    """A 3-member etcd cluster shared by the session; restored after each test."""
+    from consensus_lease.testing.cluster import EtcdCluster
+
+    yield from _run_cluster(EtcdCluster(image=docker_engine.etcd), pytestconfig)
+
+
+@pytest.fixture(scope="session")
+def zookeeper_cluster(
+    docker_engine: KitImages, pytestconfig: pytest.Config
+) -> Iterator[ZooKeeperCluster]:
+    """A 3-member ZooKeeper ensemble shared by the session; restored after each test."""
+    from consensus_lease.testing.cluster import ZooKeeperCluster
+
+    yield from _run_cluster(ZooKeeperCluster(image=docker_engine.zookeeper), pytestconfig)
+
+
+@pytest.fixture
+def fresh_etcd_cluster(
+    docker_engine: KitImages, request: pytest.FixtureRequest
+) -> Iterator[EtcdCluster]:
+    """A 3-member etcd cluster for this test only (on its own addresses)."""
+    from consensus_lease.testing.cluster import EtcdCluster
+
+    cluster = EtcdCluster(image=docker_engine.etcd)
+    request.node.stash.setdefault(_CLUSTERS_KEY, []).append(cluster)
+    yield from _run_cluster(cluster, request.config)
+
+
+@pytest.fixture
+def fresh_zookeeper_cluster(
+    docker_engine: KitImages, request: pytest.FixtureRequest
+) -> Iterator[ZooKeeperCluster]:
+    """A 3-member ZooKeeper ensemble for this test only (on its own addresses)."""
+    from consensus_lease.testing.cluster import ZooKeeperCluster
+
+    cluster = ZooKeeperCluster(image=docker_engine.zookeeper)
+    request.node.stash.setdefault(_CLUSTERS_KEY, []).append(cluster)
+    yield from _run_cluster(cluster, request.config)
+
+
+@pytest.fixture
+def key_prefix(request: pytest.FixtureRequest) -> str:
+    """A prefix unique to this test, valid as an etcd key prefix and a znode name.
+
+    Lower-case letters, digits and dashes, without slashes; pass it to
+    ``cluster.url_with_prefix()``.
+    """
+    name = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40]
+    return f"t-{name}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(autouse=True)
+def _consensus_lease_restore_shared(request: pytest.FixtureRequest) -> Iterator[None]:
+    names = [name for name in _SHARED if name in request.fixturenames]
+    if not names:
+        yield
+        return
+    shared: list[Cluster] = [request.getfixturevalue(name) for name in names]
+    request.node.stash.setdefault(_CLUSTERS_KEY, []).extend(shared)
+    yield
+    for cluster in shared:
+        cluster.restore(timeout_s=60.0)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "containers: needs a Docker engine and the cluster images (real etcd / ZooKeeper)",
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if set(getattr(item, "fixturenames", ())) & {*_SHARED, *_FRESH}:
+            item.add_marker(pytest.mark.containers)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    if report.failed:
+        for cluster in item.stash.get(_CLUSTERS_KEY, []):
+            for member in cluster.members:
+                if member.container is None:
+                    continue
+                try:
+                    text = cluster.logs(member, tail=_LOG_TAIL_LINES)
+                except Exception as exc:
+                    text = f"(log unavailable: {exc!r})"
+                report.sections.append((f"{member.name} log ({report.when})", text))
+    return report
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if not session.config.stash.get(_STARTED_KEY, False):
+        return
+    from consensus_lease.testing.cluster import leftovers
+
+    left = leftovers()
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = "consensus_lease kit left these behind:\n  " + "\n  ".join(left)
+        if reporter is not None:
+            reporter.write_line(message, red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
