@@ -7,12 +7,14 @@
 #   iptables     partitions (consensus_lease/testing/faults.py)
 #   util-linux   setpriv, to run a worker under its own gid
 #   python3      docker/start-engine.sh when no virtualenv exists yet
+#   etcd-server  local etcd members for the etcd backend tests (tests/backends/etcd_local.py)
+#   openssl      certificates for the TLS tests
 #
 # Usage: docker/install-deps.sh [--with-compose]
 #   --with-compose  also docker-compose, for docker/docker-compose.yml (local dev only)
 set -eu
 [ "$(id -u)" = 0 ] || { echo "install-deps.sh: must run as root" >&2; exit 1; }
-packages="docker.io debootstrap iptables util-linux python3"
+packages="docker.io debootstrap iptables util-linux python3 etcd-server openssl"
 [ "${1:-}" = "--with-compose" ] && packages="$packages docker-compose"
 
 missing=""

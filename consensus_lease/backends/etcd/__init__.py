@@ -1,0 +1,74 @@
+"""etcd v3 backend: ``open_store("etcd://127.0.0.11:2379,127.0.0.12:2379/prefix")``.
+
+A worker session is one etcd **lease**; every job it claims is an *owner key* attached
+to that lease, so one keepalive renews them all and a revoked or expired lease drops
+them all at once. Claim, complete and release are each **one transaction** in which
+etcd compares the owner key; the fencing token (generation) is the owner key's
+``create_revision``, i.e. the claim transaction's revision: strictly increasing per job
+(and across the whole cluster), but not consecutive (``consecutive_generations=False``).
+
+URL and options (query string or keyword arguments of ``open_store``; keyword
+arguments win; anything else is ``InvalidArgument``):
+
+=====================  ===================  ===============================================
+option                 default              meaning
+=====================  ===================  ===============================================
+hosts                  (required)           ``h1:port,h2:port,...`` members tried in order
+                                            on failure; port defaults to 2379
+``/prefix``            ``/consensus_lease`` key prefix; every key lives under
+                                            ``PREFIX/``. Prefixes must not nest.
+``timeout_s``          5.0                  deadline of one gRPC request, seconds
+                                            (keepalives wait ``min(timeout_s, TTL/3)``)
+``connect_timeout_s``  10.0                 how long to keep trying members (connect,
+                                            fail over, read back after a lost answer)
+                                            before ``BackendUnavailable`` /
+                                            ``OutcomeUnknown``, seconds
+``user``, ``password`` none                 etcd RBAC credentials (also as
+                                            ``etcd://user:password@hosts/...``); needs
+                                            read/write on the prefix
+``ca_cert``            none                 PEM CA file: use TLS to every member
+``cert_key``,          none                 PEM client key and certificate for TLS
+``cert_cert``                               client-certificate auth (both or neither)
+=====================  ===================  ===============================================
+
+Keys (see :mod:`._keys`): ``PREFIX/HEX/o`` owner (leased), ``PREFIX/HEX/h`` history,
+``PREFIX/HEX/c`` completion record, where ``HEX`` is the hex of the job id's UTF-8
+bytes, so no id can collide with another or escape the prefix.
+
+etcd guarantees relied on (etcd 3.4 docs):
+
+* Transactions are atomic and serializable; every write is linearizable, and a
+  transaction's writes share one revision, which only ever grows
+  (https://etcd.io/docs/v3.4/learning/api_guarantees/,
+  https://etcd.io/docs/v3.4/learning/api/#transaction). Hence one winner per claim and
+  a strictly increasing token.
+* ``create_revision`` of a key is the revision that created it and changes only when
+  the key is deleted and created again (https://etcd.io/docs/v3.4/learning/data_model/).
+  Hence ``create_revision == generation`` names exactly one claim.
+* A lease's TTL runs on the leader; when it ends, etcd deletes every key attached, in
+  one revision; a keepalive on a lease that is gone answers TTL 0; etcd grants at
+  least its minimum TTL (1.5 x election timeout, 2 s by default) and a new leader only
+  ever extends leases (https://etcd.io/docs/v3.4/learning/api/#lease-api).
+* Linearizable reads (the default) reflect every write that completed before them.
+* A watch from revision ``r`` delivers every later event in order, none skipped
+  (https://etcd.io/docs/v3.4/learning/api/#watch-api), so ``wait_for_change`` learns of
+  a takeover when etcd deletes the key, not at the next poll.
+
+Lost answers: writes are never re-sent blindly. After a timeout or a member failure
+mid-request the driver reads the job's keys back; each write is recognisable afterwards
+(a claim by the nonce in its owner value, a completion by its record, a release by its
+history marker) and guarded by a compare its own success makes false, so re-sending it
+after "not applied yet" cannot apply it twice. ``OutcomeUnknown`` only when reading back
+fails within ``connect_timeout_s``. Idempotent reads are retried over the members with
+``tenacity`` for at most ``connect_timeout_s``.
+
+Limitation: a claim whose answer was lost and that is still in flight when read back
+may land later; it then holds the job under this session until this session claims the
+job again (it is adopted: its nonce is remembered) or the session ends.
+"""
+
+from __future__ import annotations
+
+from .driver import EtcdBackend, EtcdSession
+
+__all__ = ["EtcdBackend", "EtcdSession"]

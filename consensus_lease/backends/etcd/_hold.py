@@ -1,0 +1,129 @@
+"""Operations on a held job: renew's check, complete and release.
+
+Each starts with the ownership compare (:meth:`Ops.holds`): the owner key's create
+revision is the generation and its value is ours. Then::
+
+    renew:     (nothing)                    else get o, get c
+    complete:  put c = record, delete o, h  else get o, get c
+    release:   delete o, put h = marker     else get o, get c
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...record import JobState, LeaseRecord
+from . import _requests as rq
+from ._keys import Completion, History, Owner
+from ._ops import Ops, Settled
+from ._session import EtcdSession
+
+__all__ = ["check_held", "complete", "release"]
+
+
+def check_held(ops: Ops, handle: EtcdSession, job_id: str, generation: int) -> None:
+    """One read-only transaction: raise unless ``handle`` holds the job at
+    ``generation``. Idempotent, so retried over the members within ``timeout_s``."""
+    keys = ops.layout.job(job_id)
+    what = f"renewal of {job_id!r} generation {generation}"
+    answer = ops.transport.call(
+        "kv", "Txn",
+        rq.txn(compare=ops.holds(handle, keys, generation),
+               failure=[rq.get(keys.owner), rq.get(keys.completion)]),
+        what=what, budget_s=ops.config.timeout_s, job_id=job_id, generation=generation,
+    )
+    if not answer.succeeded:
+        owner_kv, completion_kv = (rq.kv_of(r) for r in answer.responses)
+        raise ops.not_held(handle, keys, generation, owner_kv, completion_kv, what)
+
+
+def complete(ops: Ops, handle: EtcdSession, job_id: str, generation: int,
+             result: bytes) -> LeaseRecord:
+    """See :meth:`EtcdBackend.complete <consensus_lease.backends.etcd.EtcdBackend.complete>`."""
+    keys = ops.layout.job(job_id)
+    record = Completion(handle.owner, handle.session_id, generation, result)
+    what = f"completion of {job_id!r} generation {generation}"
+    request = rq.txn(
+        compare=ops.holds(handle, keys, generation),
+        success=[
+            rq.put(keys.completion, record.encode()),
+            rq.delete(keys.owner),
+            rq.delete(keys.history),
+        ],
+        failure=[rq.get(keys.owner), rq.get(keys.completion)],
+    )
+
+    def ours(completion_kv: Any) -> Completion | None:
+        """The completion record if this session made it at this generation."""
+        if completion_kv is None:
+            return None
+        done = Completion.decode(completion_kv.value, completion_kv.key)
+        same = done.session == handle.session_id and done.generation == generation
+        return done if same else None
+
+    def decide(kvs: list[Any]) -> Settled | None:
+        owner_kv, completion_kv = kvs
+        done = ours(completion_kv)
+        if done is not None:
+            return Settled(done)
+        if ops.held_by(handle, keys, owner_kv, generation):
+            return None  # not applied: send again (the compare cannot pass twice)
+        raise ops.not_held(handle, keys, generation, owner_kv, completion_kv, what)
+
+    answer = ops.send_guarded(
+        request, what, job_id=job_id, generation=generation,
+        read_back=(keys.owner, keys.completion), decide=decide,
+    )
+    if isinstance(answer, Settled):
+        done: Completion = answer.value
+    elif answer.succeeded:
+        done = record
+    else:
+        owner_kv, completion_kv = (rq.kv_of(r) for r in answer.responses)
+        repeat = ours(completion_kv)  # a retry of a completion that already landed
+        if repeat is None:
+            raise ops.not_held(handle, keys, generation, owner_kv, completion_kv, what)
+        done = repeat
+    handle.forget(job_id, generation)
+    return LeaseRecord(job_id, done.owner, None, done.generation, JobState.COMPLETED, done.result)
+
+
+def release(ops: Ops, handle: EtcdSession, job_id: str, generation: int) -> None:
+    """See :meth:`EtcdBackend.release <consensus_lease.backends.etcd.EtcdBackend.release>`."""
+    keys = ops.layout.job(job_id)
+    value = handle.owner_value(job_id, generation)
+    nonce = "" if value is None else Owner.decode(value, keys.owner).nonce
+    marker = History(None, handle.session_id, nonce, generation, released=True)
+    what = f"release of {job_id!r} generation {generation}"
+    request = rq.txn(
+        compare=ops.holds(handle, keys, generation),
+        success=[rq.delete(keys.owner), rq.put(keys.history, marker.encode())],
+        failure=[rq.get(keys.owner), rq.get(keys.history), rq.get(keys.completion)],
+    )
+    resent = False
+
+    def is_marker(history_kv: Any) -> bool:
+        return history_kv is not None and History.decode(history_kv.value, history_kv.key) == marker
+
+    def decide(kvs: list[Any]) -> Settled | None:
+        nonlocal resent
+        owner_kv, history_kv, completion_kv = kvs
+        if is_marker(history_kv):
+            return Settled(None)
+        if ops.held_by(handle, keys, owner_kv, generation):
+            resent = True
+            return None  # not applied: send again
+        raise ops.not_held(handle, keys, generation, owner_kv, completion_kv, what)
+
+    answer = ops.send_guarded(
+        request, what, job_id=job_id, generation=generation,
+        read_back=(keys.owner, keys.history, keys.completion), decide=decide,
+    )
+    if isinstance(answer, Settled) or answer.succeeded:
+        handle.forget(job_id, generation)
+        return
+    owner_kv, history_kv, completion_kv = (rq.kv_of(r) for r in answer.responses)
+    if resent and is_marker(history_kv):  # the first copy landed before the re-send
+        handle.forget(job_id, generation)
+        return
+    raise ops.not_held(handle, keys, generation, owner_kv, completion_kv, what)

@@ -1,0 +1,222 @@
+"""Key layout under the prefix, and the values stored at each key.
+
+Each job owns three keys under ``PREFIX/HEX/``, where ``HEX`` is the lowercase hex of
+the job id's UTF-8 bytes. Hex cannot contain ``/``, so no id (``/``, ``..``, spaces,
+any Unicode) can collide with another or reach outside its own directory, and hex
+keeps the byte order of the ids: a key-ordered range read lists jobs in job-id order,
+so ``records(limit)`` can stop early.
+
+=======  ==========  ==========================================================
+key      lease       meaning
+=======  ==========  ==========================================================
+``o``    session's   the OWNER key: exists iff a live session holds the job. Its
+                     ``create_revision`` is the fencing token. etcd deletes it
+                     when the session's lease ends (expiry or revoke).
+``h``    none        HISTORY: written by every claim (same value as ``o``, so
+                     its ``mod_revision`` is the generation) and by release
+                     (explicit generation, ``released``). Lets ``get`` tell
+                     "released / expired at generation N" from "never seen".
+``c``    none        COMPLETION record; once written the job is never claimed
+                     again. Written together with deleting ``o`` and ``h``.
+=======  ==========  ==========================================================
+
+The suffixes sort ``c < h < o``, so one watch on ``[c, o\\0)`` sees all three.
+Values are compact JSON (UTF-8), ``result`` base64; anything that does not parse is
+reported as corrupt instead of guessed at.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ...errors import BackendUnavailable
+
+__all__ = [
+    "Completion",
+    "History",
+    "JobKeys",
+    "Layout",
+    "Owner",
+    "prefix_range_end",
+]
+
+OWNER = b"o"
+HISTORY = b"h"
+COMPLETION = b"c"
+
+
+def prefix_range_end(prefix: bytes) -> bytes:
+    """The etcd ``range_end`` that selects every key starting with ``prefix``."""
+    end = bytearray(prefix)
+    for i in reversed(range(len(end))):
+        if end[i] < 0xFF:
+            end[i] += 1
+            return bytes(end[: i + 1])
+    return b"\x00"  # all 0xff: to the end of the keyspace
+
+
+@dataclass(frozen=True, slots=True)
+class JobKeys:
+    """The keys of one job."""
+
+    job_id: str
+    base: bytes
+
+    @property
+    def owner(self) -> bytes:
+        return self.base + OWNER
+
+    @property
+    def history(self) -> bytes:
+        return self.base + HISTORY
+
+    @property
+    def completion(self) -> bytes:
+        return self.base + COMPLETION
+
+    @property
+    def watch_range(self) -> tuple[bytes, bytes]:
+        """``(key, range_end)`` covering the completion, history and owner keys."""
+        return self.completion, self.owner + b"\x00"
+
+
+class Layout:
+    """Maps job ids to keys under one prefix (``b"/jobs"`` -> ``/jobs/<hex>/o``)."""
+
+    def __init__(self, prefix: bytes) -> None:
+        self.root = prefix.rstrip(b"/") + b"/"
+
+    def job(self, job_id: str) -> JobKeys:
+        return JobKeys(job_id, self.root + job_id.encode("utf-8").hex().encode("ascii") + b"/")
+
+    @property
+    def range_end(self) -> bytes:
+        return prefix_range_end(self.root)
+
+    def parse(self, key: bytes) -> tuple[str, bytes] | None:
+        """``(job_id, kind)`` for one of our keys, ``None`` for anything else under the
+        prefix (e.g. a nested prefix's keys)."""
+        if not key.startswith(self.root):
+            return None
+        hex_id, sep, kind = key[len(self.root) :].partition(b"/")
+        if not sep or kind not in (OWNER, HISTORY, COMPLETION) or not hex_id:
+            return None
+        try:
+            raw = bytes.fromhex(hex_id.decode("ascii"))
+            if raw.hex().encode("ascii") != hex_id:  # only our canonical lowercase hex
+                return None
+            return raw.decode("utf-8"), kind
+        except (UnicodeDecodeError, ValueError):
+            return None
+
+
+def _dump(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _load(raw: bytes, what: str, key: bytes) -> dict[str, Any]:
+    try:
+        obj = json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise BackendUnavailable(f"corrupt {what} record at etcd key {key!r}: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise BackendUnavailable(f"corrupt {what} record at etcd key {key!r}: not an object")
+    return obj
+
+
+def session_text(lease_id: int) -> str:
+    """A lease id as etcdctl prints it (lowercase hex): the session id."""
+    return f"{lease_id:x}"
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """The owner key's value: who claimed, under which lease, with which request."""
+
+    owner: str
+    session: str
+    nonce: str
+
+    def encode(self) -> bytes:
+        return _dump({"nonce": self.nonce, "owner": self.owner, "session": self.session})
+
+    @classmethod
+    def decode(cls, raw: bytes, key: bytes) -> Owner:
+        obj = _load(raw, "owner", key)
+        try:
+            return cls(str(obj["owner"]), str(obj["session"]), str(obj["nonce"]))
+        except KeyError as exc:
+            raise BackendUnavailable(f"corrupt owner record at etcd key {key!r}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    """The history key's value. ``generation is None`` means "the claim that wrote
+    this": the generation is then the key's ``mod_revision``."""
+
+    owner: str | None
+    session: str
+    nonce: str
+    generation: int | None = None
+    released: bool = False
+
+    def encode(self) -> bytes:
+        obj: dict[str, Any] = {"nonce": self.nonce, "owner": self.owner, "session": self.session}
+        if self.generation is not None:
+            obj["generation"] = self.generation
+        if self.released:
+            obj["released"] = True
+        return _dump(obj)
+
+    @classmethod
+    def decode(cls, raw: bytes, key: bytes) -> History:
+        obj = _load(raw, "history", key)
+        try:
+            owner = obj["owner"]
+            generation = obj.get("generation")
+            return cls(
+                None if owner is None else str(owner),
+                str(obj["session"]),
+                str(obj["nonce"]),
+                None if generation is None else int(generation),
+                bool(obj.get("released", False)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BackendUnavailable(f"corrupt history record at etcd key {key!r}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """The completion record's value."""
+
+    owner: str
+    session: str
+    generation: int
+    result: bytes
+
+    def encode(self) -> bytes:
+        return _dump(
+            {
+                "generation": self.generation,
+                "owner": self.owner,
+                "result": base64.b64encode(self.result).decode("ascii"),
+                "session": self.session,
+            }
+        )
+
+    @classmethod
+    def decode(cls, raw: bytes, key: bytes) -> Completion:
+        obj = _load(raw, "completion", key)
+        try:
+            return cls(
+                str(obj["owner"]),
+                str(obj["session"]),
+                int(obj["generation"]),
+                base64.b64decode(obj["result"], validate=True),
+            )
+        except (KeyError, TypeError, ValueError, binascii.Error) as exc:
+            raise BackendUnavailable(f"corrupt completion record at etcd key {key!r}") from exc

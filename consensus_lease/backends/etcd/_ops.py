@@ -1,0 +1,179 @@
+"""What every job operation shares: linearizable reads of a job's keys, the ownership
+compare, the "not held" diagnosis, and the guarded write with read-back.
+
+The write protocol (:meth:`Ops.send_guarded`): send once; if the answer is lost
+(timeout, member died mid-request), read the job's keys back and let the operation
+decide from them: done (the write landed), not held (it cannot land), or not applied
+yet, in which case the *same* request is sent again. Re-sending is safe because each
+write is guarded by a compare that its own success makes false (the owner key absent;
+the owner key at our create revision and value), and recognisable afterwards (claim
+nonce, completion record, release marker), so a first copy that lands late fails its
+compare instead of applying twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pyetcd import etcdrpc
+
+from ...errors import (
+    BackendUnavailable,
+    LeaseError,
+    OutcomeUnknown,
+    SessionExpired,
+    StaleLeaseError,
+)
+from . import _requests as rq
+from ._config import EtcdConfig
+from ._keys import Completion, JobKeys, Layout
+from ._session import EtcdSession
+from ._transport import Failure, Transport
+
+__all__ = ["Ops", "Settled"]
+
+log = logging.getLogger("consensus_lease.etcd")
+
+
+class Settled:
+    """A final answer reached by reading back, as opposed to a transaction response."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+class Ops:
+    """The driver's shared context: config, transport and key layout."""
+
+    def __init__(self, config: EtcdConfig, transport: Transport, layout: Layout) -> None:
+        self.config = config
+        self.transport = transport
+        self.layout = layout
+
+    # -- reading --------------------------------------------------------------------------
+
+    def read(self, request: Any, what: str, budget_s: float | None = None,
+             job_id: str | None = None) -> Any:
+        """An idempotent KV request (Txn of reads, or Range), retried over the members."""
+        method = "Txn" if isinstance(request, etcdrpc.TxnRequest) else "Range"
+        return self.transport.call("kv", method, request, what=what, budget_s=budget_s,
+                                   job_id=job_id)
+
+    def read_keys(self, keys: Sequence[bytes], what: str, deadline: float,
+                  job_id: str) -> list[Any]:
+        """``keys`` read in one linearizable transaction (a snapshot at one revision);
+        ``None`` for each absent key. Gives up at ``deadline`` (monotonic)."""
+        answer = self.read(
+            rq.txn(success=[rq.get(k) for k in keys]), what,
+            budget_s=max(0.05, deadline - time.monotonic()), job_id=job_id,
+        )
+        return [rq.kv_of(r) for r in answer.responses]
+
+    def lease_ttl(self, lease_id: int) -> int | None:
+        """The lease's remaining TTL in seconds (<= 0: gone), or ``None`` if etcd did not
+        answer within ``timeout_s``."""
+        try:
+            answer = self.transport.call(
+                "lease", "LeaseTimeToLive", etcdrpc.LeaseTimeToLiveRequest(ID=lease_id),
+                what="lease lookup", budget_s=self.config.timeout_s,
+            )
+        except LeaseError:
+            return None
+        return int(answer.TTL)
+
+    # -- ownership ------------------------------------------------------------------------
+
+    def holds(self, handle: EtcdSession, keys: JobKeys, generation: int) -> list[Any]:
+        """Compares that pass iff ``handle`` holds the job at ``generation``: the owner
+        key's create revision is the generation, and its value is exactly the one this
+        session wrote (for a claim this process did not record: its lease is ours)."""
+        value = handle.owner_value(keys.job_id, generation)
+        same = (
+            rq.value_is(keys.owner, value) if value is not None
+            else rq.lease_is(keys.owner, handle.lease_id)
+        )
+        return [rq.create_is(keys.owner, generation), same]
+
+    def held_by(self, handle: EtcdSession, keys: JobKeys, owner_kv: Any, generation: int) -> bool:
+        """The read-back twin of :meth:`holds`."""
+        if owner_kv is None or owner_kv.create_revision != generation:
+            return False
+        value = handle.owner_value(keys.job_id, generation)
+        if value is not None:
+            return bool(owner_kv.value == value)
+        return bool(owner_kv.lease == handle.lease_id)
+
+    def not_held(self, handle: EtcdSession, keys: JobKeys, generation: int,
+                 owner_kv: Any, completion_kv: Any, what: str) -> LeaseError:
+        """The error for a failed ownership compare: ``SessionExpired`` if the owner key is
+        gone and etcd says our lease is gone too, else ``StaleLeaseError`` with the
+        generation the store has now."""
+        handle.forget(keys.job_id, generation)
+        if owner_kv is None:
+            ttl = self.lease_ttl(handle.lease_id)
+            if ttl is not None and ttl <= 0:
+                return SessionExpired(
+                    f"{what}: session {handle.session_id} (etcd lease) has expired",
+                    job_id=keys.job_id, generation=generation,
+                )
+        current = None
+        if owner_kv is not None:
+            current = int(owner_kv.create_revision)
+        elif completion_kv is not None:
+            current = Completion.decode(completion_kv.value, completion_kv.key).generation
+        return StaleLeaseError(
+            f"{what}: session {handle.session_id} does not hold {keys.job_id!r} at generation "
+            f"{generation} (store has generation {current})",
+            job_id=keys.job_id, generation=generation, current_generation=current,
+        )
+
+    # -- writing --------------------------------------------------------------------------
+
+    def send_guarded(
+        self,
+        request: Any,
+        what: str,
+        *,
+        job_id: str,
+        generation: int | None,
+        read_back: Sequence[bytes],
+        decide: Callable[[list[Any]], Settled | None],
+    ) -> Any:
+        """Send the transaction ``request``; return its response, or the :class:`Settled`
+        answer ``decide`` reached from the keys ``read_back`` after a lost answer
+        (``decide`` returns ``None`` for "not applied yet: send again", or raises).
+
+        Raises:
+            OutcomeUnknown: reading back failed, or still not applied when
+                ``connect_timeout_s`` ran out.
+            Translated definite refusals (SessionExpired, InvalidArgument, ...).
+        """
+        deadline = time.monotonic() + self.config.connect_timeout_s
+        while True:
+            try:
+                return self.transport.send(
+                    "kv", "Txn", request, what=what, job_id=job_id, generation=generation
+                )
+            except Failure as failure:
+                log.warning("etcd: %s: no answer (%s); reading back", what, failure)
+                try:
+                    kvs = self.read_keys(read_back, f"reading back {what}", deadline, job_id)
+                except BackendUnavailable as exc:
+                    raise OutcomeUnknown(
+                        f"{what}: sent but not answered ({failure}), and reading back "
+                        f"failed: {exc}",
+                        job_id=job_id, generation=generation,
+                    ) from exc
+                settled = decide(kvs)
+                if settled is not None:
+                    return settled
+                if time.monotonic() >= deadline:
+                    raise OutcomeUnknown(
+                        f"{what}: not applied when read back, and no time left to re-send",
+                        job_id=job_id, generation=generation,
+                    ) from failure.__cause__

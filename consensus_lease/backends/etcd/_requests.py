@@ -1,0 +1,64 @@
+"""Builders for the etcd transaction pieces the driver uses (thin :mod:`pyetcd.etcdrpc`
+wrappers), and readers for their answers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyetcd import etcdrpc
+
+__all__ = [
+    "create_is",
+    "delete",
+    "get",
+    "kv_of",
+    "lease_is",
+    "put",
+    "txn",
+    "value_is",
+]
+
+
+def create_is(key: bytes, revision: int) -> Any:
+    """Compare: the key's ``create_revision`` equals ``revision`` (0: the key is absent)."""
+    return etcdrpc.Compare(
+        key=key,
+        target=etcdrpc.Compare.CREATE,
+        result=etcdrpc.Compare.EQUAL,
+        create_revision=revision,
+    )
+
+
+def value_is(key: bytes, value: bytes) -> Any:
+    return etcdrpc.Compare(
+        key=key, target=etcdrpc.Compare.VALUE, result=etcdrpc.Compare.EQUAL, value=value
+    )
+
+
+def lease_is(key: bytes, lease_id: int) -> Any:
+    return etcdrpc.Compare(
+        key=key, target=etcdrpc.Compare.LEASE, result=etcdrpc.Compare.EQUAL, lease=lease_id
+    )
+
+
+def put(key: bytes, value: bytes, lease_id: int = 0) -> Any:
+    return etcdrpc.RequestOp(request_put=etcdrpc.PutRequest(key=key, value=value, lease=lease_id))
+
+
+def get(key: bytes) -> Any:
+    return etcdrpc.RequestOp(request_range=etcdrpc.RangeRequest(key=key))
+
+
+def delete(key: bytes) -> Any:
+    return etcdrpc.RequestOp(request_delete_range=etcdrpc.DeleteRangeRequest(key=key))
+
+
+def txn(compare: list[Any] | None = None, success: list[Any] | None = None,
+        failure: list[Any] | None = None) -> Any:
+    return etcdrpc.TxnRequest(compare=compare or [], success=success or [], failure=failure or [])
+
+
+def kv_of(response_op: Any) -> Any | None:
+    """The single key-value of a ``get`` answer inside a transaction, or ``None``."""
+    kvs = response_op.response_range.kvs
+    return kvs[0] if kvs else None

@@ -1,0 +1,337 @@
+"""gRPC transport to an etcd cluster: members, failover, auth token, error translation.
+
+pyetcd supplies the channels (:class:`pyetcd.Endpoint`, TLS credentials) and the raw
+gRPC stubs and messages (:mod:`pyetcd.etcdrpc`). Its ``MultiEndpointEtcd3Client`` is not
+used for requests because (a) its endpoint switching is not thread-safe, (b) it
+quarantines a failed endpoint for ``time_retry`` (300 s), and (c) it turns gRPC errors
+into exception classes without the etcd message, which is what separates "requested
+lease not found" (the session is gone) from "request timed out" (the outcome is unknown).
+
+Requests go to one *current* member; a transport failure (UNAVAILABLE, DEADLINE_EXCEEDED,
+...) moves the current member to the next one in URL order. Every request carries
+``hasleader=true`` metadata, so a member cut off from the leader refuses at once
+("etcdserver: no leader") instead of timing out (etcd's ``WithRequireLeader``).
+
+Idempotent requests go through :meth:`Transport.call`, which retries on the next member
+(``tenacity``) for at most ``connect_timeout_s``. Writes go through :meth:`Transport.send`,
+which tries once and hands an ambiguous failure back to the caller to settle by reading
+back (see the driver).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+import pyetcd
+import tenacity
+from pyetcd import etcdrpc
+
+from ...errors import (
+    AuthenticationFailed,
+    BackendUnavailable,
+    InvalidArgument,
+    LeaseError,
+    SessionExpired,
+)
+from ._config import EtcdConfig
+
+__all__ = ["Failure", "Member", "Transport", "translate"]
+
+log = logging.getLogger("consensus_lease.etcd")
+
+CHANNEL_OPTIONS: list[tuple[str, int]] = [
+    # Reconnect to a restarted member within about a second (gRPC's default backoff
+    # grows to 120 s, which would keep a healthy member out of rotation).
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    # Notice a dead connection under a long-lived stream. etcd's default
+    # --grpc-keepalive-min-time is 5 s: pinging more often gets the connection closed.
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    # Completion results may be up to etcd's request limit; a records() page holds many.
+    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+]
+
+# A write that failed with one of these may or may not have been applied: the request
+# may have reached the leader and been committed before the answer was lost, or still
+# be in the raft log ("etcdserver: request timed out" / "leader changed").
+_AMBIGUOUS = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.DATA_LOSS,
+    }
+)
+_TOKEN_REJECTED = ("invalid auth token", "revision of auth store is old")
+_AUTH_MESSAGES = (
+    "authentication failed",
+    "authentication is not enabled",
+    "user name is empty",
+    "permission denied",
+)
+_TLS_MESSAGES = ("handshake", "ssl", "certificate", "tsi_")  # TSI: gRPC's TLS layer
+
+
+class Failure(Exception):
+    """One failed attempt of one request on one member (internal; never escapes).
+
+    Attributes:
+        endpoint: the member's ``host:port``.
+        code: the gRPC status code, or ``None`` for a non-gRPC failure.
+        details: the status message (etcd's error text).
+    """
+
+    def __init__(self, endpoint: str, code: grpc.StatusCode | None, details: str) -> None:
+        super().__init__(f"{endpoint}: {getattr(code, 'name', code)}: {details}")
+        self.endpoint = endpoint
+        self.code = code
+        self.details = details
+
+    @classmethod
+    def from_rpc(cls, endpoint: str, exc: grpc.RpcError) -> Failure:
+        code = exc.code() if hasattr(exc, "code") else None
+        details = exc.details() if hasattr(exc, "details") else str(exc)
+        return cls(endpoint, code, str(details or ""))
+
+    @property
+    def ambiguous(self) -> bool:
+        """A write that failed like this may have been applied."""
+        return self.code is None or self.code in _AMBIGUOUS
+
+    @property
+    def transient(self) -> bool:
+        """Worth trying again, on another member. Writes use :attr:`ambiguous` instead."""
+        return self.ambiguous or (
+            self.code is grpc.StatusCode.RESOURCE_EXHAUSTED and "too many requests" in self.details
+        )
+
+    @property
+    def token_rejected(self) -> bool:
+        return any(m in self.details for m in _TOKEN_REJECTED)
+
+    @property
+    def tls(self) -> bool:
+        text = self.details.lower()
+        return any(m in text for m in _TLS_MESSAGES)
+
+
+def translate(
+    failure: Failure,
+    what: str,
+    tried: Sequence[Failure] = (),
+    *,
+    job_id: str | None = None,
+    generation: int | None = None,
+) -> LeaseError:
+    """The library error for a failed request. Raise it ``from`` the gRPC error."""
+    code, details = failure.code, failure.details
+    ids: dict[str, Any] = {"job_id": job_id, "generation": generation}
+    if (
+        code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+        or any(m in details for m in _AUTH_MESSAGES)
+        or failure.tls
+    ):
+        return AuthenticationFailed(f"etcd refused {what} at {failure.endpoint}: {details}", **ids)
+    if code is grpc.StatusCode.NOT_FOUND and "lease not found" in details:
+        return SessionExpired(f"etcd {what}: the session's lease is gone ({details})", **ids)
+    if code is grpc.StatusCode.INVALID_ARGUMENT or (
+        code is grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in details
+    ):
+        return InvalidArgument(f"etcd rejected {what}; nothing was written: {details}", **ids)
+    attempts = list(tried) or [failure]
+    seen = sorted({f.endpoint for f in attempts})
+    last = "; ".join(dict.fromkeys(str(f) for f in attempts[-3:]))
+    return BackendUnavailable(
+        f"etcd {what}: no answer after {len(attempts)} attempt(s) on {', '.join(seen)} "
+        f"(last: {last})",
+        **ids,
+    )
+
+
+class Member:
+    """One cluster member: its channel and the stubs on it."""
+
+    def __init__(self, target: str, config: EtcdConfig, creds: Any) -> None:
+        self.target = target
+        host, _, port = target.rpartition(":")
+        self.endpoint = pyetcd.Endpoint(
+            host, int(port), secure=config.tls, creds=creds, opts=CHANNEL_OPTIONS
+        )
+        channel = self.endpoint.channel
+        self.kv = etcdrpc.KVStub(channel)
+        self.lease = etcdrpc.LeaseStub(channel)
+        self.watch = etcdrpc.WatchStub(channel)
+        self.auth = etcdrpc.AuthStub(channel)
+
+    def close(self) -> None:
+        self.endpoint.close()
+
+
+def _credentials(config: EtcdConfig) -> Any:
+    if not config.tls:
+        return None
+    assert config.ca_cert is not None
+    try:
+        return pyetcd.MultiEndpointEtcd3Client.get_secure_creds(
+            config.ca_cert, config.cert_key, config.cert_cert
+        )
+    except OSError as exc:
+        raise InvalidArgument(f"etcd TLS file unreadable: {exc}") from exc
+
+
+class Transport:
+    """Thread-safe access to the cluster; see the module docstring."""
+
+    def __init__(self, config: EtcdConfig) -> None:
+        self.config = config
+        creds = _credentials(config)
+        self.members = [Member(target, config, creds) for target in config.endpoints]
+        self._lock = threading.Lock()
+        self._current = random.randrange(len(self.members))  # spread clients over members
+        self._token: str | None = None
+        self._closed = False
+
+    # -- member selection ---------------------------------------------------------------
+
+    def member(self) -> Member:
+        with self._lock:
+            if self._closed:
+                raise BackendUnavailable(f"{self.config.describe()}: the store is closed")
+            return self.members[self._current]
+
+    def rotate(self, failed: Member) -> None:
+        """Move off ``failed`` to the next member (no-op if another thread already did)."""
+        with self._lock:
+            if self.members[self._current] is failed and len(self.members) > 1:
+                self._current = (self._current + 1) % len(self.members)
+                log.info(
+                    "etcd: switching member",
+                    extra={"failed": failed.target, "now": self.members[self._current].target},
+                )
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        md: tuple[tuple[str, str], ...] = (("hasleader", "true"),)
+        with self._lock:
+            token = self._token
+        return md if token is None else (*md, ("token", token))
+
+    # -- requests -----------------------------------------------------------------------
+
+    def attempt(self, stub: str, method: str, request: Any, timeout_s: float) -> Any:
+        """One request on the current member. Raises :class:`Failure`."""
+        for retry_auth in (True, False):
+            member = self.member()
+            rpc = getattr(getattr(member, stub), method)
+            metadata = self.metadata() if method != "Authenticate" else (("hasleader", "true"),)
+            try:
+                return rpc(request, timeout=timeout_s, metadata=metadata)
+            except grpc.RpcError as exc:
+                failure = Failure.from_rpc(member.target, exc)
+                if failure.transient:
+                    self.rotate(member)
+                if retry_auth and failure.token_rejected and self.config.user is not None:
+                    # Rejected before anything was applied: safe to re-send once.
+                    self.authenticate()
+                    continue
+                raise failure from exc
+            except ValueError as exc:  # grpc: "Cannot invoke RPC on closed channel!"
+                raise Failure(member.target, None, str(exc)) from exc
+        raise AssertionError("unreachable")
+
+    def call(
+        self,
+        stub: str,
+        method: str,
+        request: Any,
+        *,
+        what: str,
+        budget_s: float | None = None,
+        job_id: str | None = None,
+        generation: int | None = None,
+    ) -> Any:
+        """An idempotent request: on a transient failure, retried on the next member
+        until ``budget_s`` (default ``connect_timeout_s``) has passed.
+
+        Raises:
+            BackendUnavailable (naming every member tried), AuthenticationFailed,
+            SessionExpired, InvalidArgument: translated, chained to the gRPC error.
+        """
+        budget = self.config.connect_timeout_s if budget_s is None else budget_s
+        deadline = time.monotonic() + budget
+        failures: list[Failure] = []
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(lambda e: isinstance(e, Failure) and e.transient),
+            stop=tenacity.stop_after_delay(budget),
+            wait=tenacity.wait_exponential(multiplier=0.02, max=0.5)
+            + tenacity.wait_random(0, 0.02),
+            reraise=True,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    left = deadline - time.monotonic()
+                    timeout = max(0.05, min(self.config.timeout_s, left))
+                    try:
+                        return self.attempt(stub, method, request, timeout)
+                    except Failure as failure:
+                        failures.append(failure)
+                        raise
+        except Failure as failure:
+            raise translate(
+                failure, what, failures, job_id=job_id, generation=generation
+            ) from failure.__cause__
+        raise AssertionError("unreachable")
+
+    def send(
+        self,
+        stub: str,
+        method: str,
+        request: Any,
+        *,
+        what: str,
+        job_id: str | None = None,
+        generation: int | None = None,
+    ) -> Any:
+        """One attempt of a write. A definite refusal is raised translated; an
+        ambiguous failure is raised as :class:`Failure` for the caller to settle."""
+        try:
+            return self.attempt(stub, method, request, self.config.timeout_s)
+        except Failure as failure:
+            if failure.ambiguous:
+                raise
+            raise translate(
+                failure, what, job_id=job_id, generation=generation
+            ) from failure.__cause__
+
+    def authenticate(self) -> None:
+        """Get a fresh token for ``user``/``password`` (no-op without credentials).
+
+        Raises:
+            AuthenticationFailed: wrong credentials, or auth not enabled on the cluster.
+            BackendUnavailable: no member answered.
+        """
+        if self.config.user is None:
+            return
+        request = etcdrpc.AuthenticateRequest(name=self.config.user, password=self.config.password)
+        response = self.call("auth", "Authenticate", request, what="authentication")
+        with self._lock:
+            self._token = str(response.token)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for member in self.members:
+            member.close()

@@ -1,0 +1,315 @@
+"""The etcd driver: sessions are etcd leases, claims are compare-and-put transactions.
+
+This module is the glue: sessions and waiting live here; the job operations live in
+:mod:`._claim`, :mod:`._hold` and :mod:`._records`, on the shared machinery of
+:mod:`._ops`. See the package docstring for the design, the URL options and the etcd
+guarantees relied on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import threading
+import time
+from collections.abc import Mapping, Sequence
+
+from pyetcd import etcdrpc
+
+from ...backend import Backend, Capabilities, SessionHandle, StateListener
+from ...errors import BackendUnavailable, InvalidArgument, LeaseError, SessionExpired
+from ...record import ClaimResult, LeaseRecord
+from . import _claim, _hold, _records
+from . import _requests as rq
+from ._config import EtcdConfig, parse_url
+from ._keepalive import KeepAliveStreams
+from ._keys import Layout, session_text
+from ._ops import Ops
+from ._session import EtcdSession
+from ._transport import Failure, Transport, translate
+from ._watch import wait_for_event
+
+__all__ = ["EtcdBackend", "EtcdSession"]
+
+log = logging.getLogger("consensus_lease.etcd")
+
+MAX_LEASE_TTL_S = 9_000_000_000.0
+"""etcd's largest lease TTL (``MaxLeaseTTL``), in seconds."""
+
+
+class EtcdBackend(Backend):
+    """Job leases on etcd v3. Build it with ``open_store("etcd://...")``; see the package
+    docstring for the options. Thread-safe."""
+
+    scheme = "etcd"
+    capabilities = Capabilities(
+        cross_process=True,
+        store_watch=True,
+        consecutive_generations=False,
+        min_ttl_s=1.0,  # requests round up to whole seconds; etcd may grant more
+        max_ttl_s=MAX_LEASE_TTL_S,
+        max_batch_claim=_claim.MAX_BATCH_CLAIM,
+        description="etcd v3: a lease per session, one transaction per claim/complete/release",
+    )
+
+    def __init__(self, config: EtcdConfig) -> None:
+        self.config = config
+        self._transport = Transport(config)
+        self._layout = Layout(config.prefix)
+        self._ops = Ops(config, self._transport, self._layout)
+        self._keepalives = KeepAliveStreams(self._transport)
+        self._lock = threading.Lock()
+        self._sessions: dict[int, EtcdSession] = {}
+
+    def __repr__(self) -> str:
+        return f"EtcdBackend({self.config.describe()!r})"
+
+    @classmethod
+    def from_url(cls, url: str, options: Mapping[str, object]) -> EtcdBackend:
+        """Parse the URL and connect: authenticate if credentials are given, then one
+        linearizable read of the prefix, retried over the members for at most
+        ``connect_timeout_s``.
+
+        Raises:
+            UnsupportedBackend / InvalidArgument: malformed URL, unknown or bad option,
+                unreadable TLS file.
+            AuthenticationFailed: credentials or certificates refused, or no read access.
+            BackendUnavailable: no member answered (the message names every one tried).
+        """
+        backend = cls(parse_url(url, options))
+        try:
+            backend._transport.authenticate()
+            backend._ops.read(
+                etcdrpc.RangeRequest(key=backend._layout.root, range_end=backend._layout.range_end,
+                                     limit=1, keys_only=True),
+                f"connecting to {backend.config.describe()}",
+            )
+        except BaseException:
+            backend.close()
+            raise
+        return backend
+
+    @staticmethod
+    def _handle(session: SessionHandle) -> EtcdSession:
+        if not isinstance(session, EtcdSession):
+            raise InvalidArgument(f"not an etcd session: {session!r}")
+        return session
+
+    # -- sessions -----------------------------------------------------------------------
+
+    def open_session(
+        self, owner: str, ttl_s: float, on_event: StateListener | None = None
+    ) -> SessionHandle:
+        """Grant an etcd lease of ``ceil(ttl_s)`` seconds. etcd raises a TTL below its
+        minimum (1.5 x election timeout, 2 s by default): ``granted_ttl_s`` is what the
+        server granted. ``on_event`` is not used: etcd has no SUSPENDED state; a
+        keepalive without an answer is a risk only until the session's local deadline.
+
+        A LeaseGrant whose answer is lost is retried on another member; the orphan lease
+        holds no keys and expires after its TTL.
+
+        Raises:
+            BackendUnavailable / AuthenticationFailed: no session was created.
+        """
+        answer = self._transport.call(
+            "lease", "LeaseGrant", etcdrpc.LeaseGrantRequest(TTL=max(1, math.ceil(ttl_s))),
+            what="opening a session (LeaseGrant)",
+        )
+        if answer.error:
+            raise BackendUnavailable(f"etcd refused LeaseGrant: {answer.error}")
+        handle = EtcdSession(int(answer.ID), owner, float(answer.TTL))
+        with self._lock:
+            self._sessions[handle.lease_id] = handle
+        return handle
+
+    def keepalive(self, session: SessionHandle) -> float:
+        """One LeaseKeepAlive on the driver's shared stream; returns the TTL etcd granted,
+        in seconds. Waits at most ``min(timeout_s, granted TTL / 3)``.
+
+        Raises:
+            SessionExpired: etcd answered TTL <= 0: the lease is gone, with all its keys.
+            BackendUnavailable: no answer; the lease may still be alive.
+        """
+        handle = self._handle(session)
+        timeout = min(self.config.timeout_s, max(0.2, handle.granted_ttl_s / 3))
+        what = f"keepalive of session {handle.session_id}"
+        try:
+            ttl = self._keepalives.keepalive(handle.lease_id, timeout)
+        except Failure as failure:
+            raise translate(failure, what) from failure.__cause__
+        if ttl <= 0:
+            raise SessionExpired(f"{what}: etcd says the lease expired or was revoked")
+        return float(ttl)
+
+    def close_session(self, session: SessionHandle) -> None:
+        """Revoke the lease: etcd deletes every owner key attached to it in one revision,
+        so its jobs are claimable at once. Idempotent (a lease already gone is fine).
+
+        Raises:
+            BackendUnavailable: no member answered within ``timeout_s``; the lease then
+                ends by its TTL.
+        """
+        handle = self._handle(session)
+        with self._lock:
+            self._sessions.pop(handle.lease_id, None)
+        self._revoke(handle.lease_id, budget_s=self.config.timeout_s)
+
+    def expire_session(self, session_id: str) -> None:
+        """Test hook: make etcd end a session now, as its TTL running out would (revoke
+        the lease ``session_id``, hex). Its owner finds out at its next keepalive (TTL 0)
+        or store operation."""
+        self._revoke(int(session_id, 16), budget_s=self.config.connect_timeout_s)
+
+    def _revoke(self, lease_id: int, budget_s: float) -> None:
+        with contextlib.suppress(SessionExpired):  # already gone: fine
+            self._transport.call(
+                "lease", "LeaseRevoke", etcdrpc.LeaseRevokeRequest(ID=lease_id),
+                what=f"revoking lease {session_text(lease_id)}", budget_s=budget_s,
+            )
+
+    # -- jobs ---------------------------------------------------------------------------
+
+    def claim(self, session: SessionHandle, job_id: str) -> ClaimResult | None:
+        """One transaction: if neither the owner key nor the completion record exists,
+        put the owner key (attached to the session's lease) and the history key. The
+        generation is the transaction's revision (= the owner key's create revision).
+
+        After a lost answer the owner key is read back; the per-claim nonce in its value
+        tells whether this request created it. If nothing is there yet, the same request
+        (same nonce) is sent again, so a first copy that lands meanwhile is recognised,
+        never doubled.
+
+        Returns ``None`` when a live session holds the job. A dead session is noticed
+        when the compare passes (etcd refuses the put: lease not found); when the job is
+        held elsewhere a dead session may still get ``None``.
+
+        Raises:
+            JobCompleted: the completion record exists (its generation attached).
+            SessionExpired: the session's lease is gone.
+            OutcomeUnknown: sent, no answer, and reading back failed; if the claim landed
+                it holds the job under this session, and this session's next claim of the
+                job adopts it.
+            BackendUnavailable / AuthenticationFailed.
+        """
+        return _claim.claim_one(self._ops, self._handle(session), job_id)
+
+    def claim_many(
+        self, session: SessionHandle, job_ids: Sequence[str]
+    ) -> list[ClaimResult | None]:
+        """All claims in ONE transaction of nested claim transactions (up to
+        ``max_batch_claim``); every successful claim of the batch gets the batch's
+        revision as its generation. A held or completed job yields ``None``. Falls back
+        to one transaction per job if the server's ``--max-txn-ops`` is too low.
+
+        Raises:
+            SessionExpired: the lease is gone (nothing was claimed).
+            OutcomeUnknown / BackendUnavailable / AuthenticationFailed.
+        """
+        if 1 < len(job_ids) <= _claim.MAX_BATCH_CLAIM:
+            results = _claim.claim_batch(self._ops, self._handle(session), job_ids)
+            if results is not None:
+                return results
+        return super().claim_many(session, job_ids)
+
+    def renew(self, session: SessionHandle, job_id: str, generation: int) -> float:
+        """A read-only transaction comparing the owner key's create revision and value,
+        then one keepalive of the session's lease. Returns the granted TTL (seconds).
+
+        Raises:
+            StaleLeaseError: not held at ``generation`` (the lease is lost).
+            SessionExpired: the session's lease is gone.
+            BackendUnavailable: no answer; still held until the local deadline.
+        """
+        handle = self._handle(session)
+        _hold.check_held(self._ops, handle, job_id, generation)
+        return self.keepalive(handle)
+
+    def complete(
+        self, session: SessionHandle, job_id: str, generation: int, result: bytes
+    ) -> LeaseRecord:
+        """One transaction: if the owner key still has create revision ``generation`` and
+        our value, put the completion record and delete the owner and history keys. A
+        repeat (the record exists with this session and generation) returns the record.
+        After a lost answer: read back; the completion record settles it; an owner key
+        still ours means "not applied" and the request is sent again (its compare cannot
+        pass twice).
+
+        Raises:
+            StaleLeaseError / SessionExpired: not held; nothing written.
+            InvalidArgument: ``result`` exceeds etcd's request size; still held.
+            OutcomeUnknown: sent, no answer, reading back failed.
+            BackendUnavailable: nothing applied; still held.
+        """
+        return _hold.complete(self._ops, self._handle(session), job_id, generation,
+                              bytes(result))
+
+    def release(self, session: SessionHandle, job_id: str, generation: int) -> None:
+        """One transaction: if held at ``generation`` by this session, delete the owner
+        key and put a release marker (this session, this generation) in the history key,
+        by which a lost answer is settled.
+
+        Raises:
+            StaleLeaseError / SessionExpired: not held; nothing written.
+            OutcomeUnknown / BackendUnavailable: as for :meth:`complete`.
+        """
+        _hold.release(self._ops, self._handle(session), job_id, generation)
+
+    # -- reading and waiting ------------------------------------------------------------
+
+    def get(self, job_id: str) -> LeaseRecord | None:
+        """The job's record from one linearizable read of its keys. ``lease_until``
+        (HELD only): local wall clock + the holder lease's remaining TTL (one more
+        request; ``None`` if it fails).
+
+        Raises:
+            BackendUnavailable / AuthenticationFailed.
+        """
+        return _records.read_record(self._ops, job_id)
+
+    def records(self, limit: int | None = None) -> list[LeaseRecord]:
+        """Every job under the prefix in job-id order, from key-ordered range reads of
+        the prefix at one revision; stops after ``limit`` jobs. ``lease_until`` is looked
+        up for the first 64 holder leases, ``None`` beyond.
+
+        Raises:
+            BackendUnavailable / AuthenticationFailed.
+        """
+        return _records.list_records(self._ops, limit)
+
+    def wait_for_change(self, job_id: str, timeout_s: float) -> None:
+        """Read the job's keys; if it is held, watch them from the next revision until an
+        event (the owner key deleted by release, completion or lease expiry; a new claim)
+        or ``timeout_s``. The watch is cancelled on every way out. A failure returns
+        early, after a pause of at most 0.2 s so a caller's retry loop does not spin."""
+        deadline = time.monotonic() + timeout_s
+        keys = self._layout.job(job_id)
+        try:
+            answer = self._ops.read(
+                rq.txn(success=[rq.get(keys.owner), rq.get(keys.completion)]),
+                f"reading {job_id!r}", budget_s=min(timeout_s, self.config.timeout_s),
+            )
+            owner_kv, completion_kv = (rq.kv_of(r) for r in answer.responses)
+            if owner_kv is None or completion_kv is not None:
+                return
+            key, range_end = keys.watch_range
+            wait_for_event(self._transport, key, range_end, int(answer.header.revision) + 1,
+                           max(0.0, deadline - time.monotonic()))
+        except (Failure, BackendUnavailable) as exc:
+            log.info("etcd: waiting on %r failed: %s", job_id, exc)
+            time.sleep(max(0.0, min(0.2, deadline - time.monotonic())))
+
+    def close(self) -> None:
+        """Revoke the leases of sessions still open (best effort: the first failure stops
+        it, their TTL then ends them), then close the keepalive stream and channels."""
+        with self._lock:
+            handles = list(self._sessions.values())
+            self._sessions.clear()
+        for handle in handles:
+            try:
+                self._revoke(handle.lease_id, budget_s=self.config.timeout_s)
+            except LeaseError as exc:
+                log.warning("etcd: could not revoke lease %s on close: %s", handle.session_id, exc)
+                break
+        self._keepalives.close()
+        self._transport.close()

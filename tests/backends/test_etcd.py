@@ -1,0 +1,389 @@
+"""Focused tests of the etcd backend: URL parsing and key encoding (no server), then the
+etcd mapping on one local member (keys, tokens, lease TTLs, watches, batching, records).
+
+Fault tests (failover, lost answers, auth, TLS) are in ``test_etcd_faults.py``; the
+conformance suite in ``test_etcd_conformance.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import grpc
+import pytest
+from etcd_local import LocalEtcd, available
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pyetcd import etcdrpc
+
+from consensus_lease import (
+    BackendUnavailable,
+    InvalidArgument,
+    JobCompleted,
+    JobState,
+    LeaseStore,
+    SessionExpired,
+    UnsupportedBackend,
+    open_store,
+)
+from consensus_lease.backends.etcd import EtcdBackend
+from consensus_lease.backends.etcd._config import DEFAULT_PREFIX, parse_url
+from consensus_lease.backends.etcd._keys import Layout
+from consensus_lease.testing.conformance import poll_until
+from consensus_lease.validation import MAX_JOB_ID_BYTES
+
+_HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+# -- URL and options (no server) ------------------------------------------------------------
+
+
+def test_url_hosts_prefix_and_defaults() -> None:
+    config = parse_url("etcd://127.0.0.11:2379,127.0.0.12,[::1]:2381/jobs/team-a/", {})
+    assert config.endpoints == ("127.0.0.11:2379", "127.0.0.12:2379", "[::1]:2381")
+    assert config.prefix == b"/jobs/team-a"
+    assert (config.timeout_s, config.connect_timeout_s) == (5.0, 10.0)
+    assert parse_url("etcd://h", {}).prefix == DEFAULT_PREFIX.encode()
+    assert parse_url("etcd://h/%C3%A9t%C3%A9", {}).prefix == "/été".encode()
+
+
+def test_url_options_query_and_kwargs() -> None:
+    config = parse_url(
+        "etcd://u%40x:p%3Aw@h:1/p", {"timeout_s": "0.5", "connect_timeout_s": 2, "user": "kw"}
+    )
+    assert (config.timeout_s, config.connect_timeout_s) == (0.5, 2.0)
+    assert (config.user, config.password) == ("kw", "p:w")  # keyword arguments win
+    assert "p:w" not in repr(config)
+
+
+@pytest.mark.parametrize(
+    ("url", "options", "error"),
+    [
+        ("etcd:///p", {}, UnsupportedBackend),
+        ("etcd://h:0/p", {}, UnsupportedBackend),
+        ("etcd://h:99999/p", {}, UnsupportedBackend),
+        ("etcd://h:x/p", {}, UnsupportedBackend),
+        ("etcd://h,,g/p", {}, UnsupportedBackend),
+        ("etcd://h/p", {"bogus": "1"}, InvalidArgument),
+        ("etcd://h/p", {"timeout_s": "0"}, InvalidArgument),
+        ("etcd://h/p", {"timeout_s": "nan"}, InvalidArgument),
+        ("etcd://h/p", {"connect_timeout_s": True}, InvalidArgument),
+        ("etcd://h/p", {"user": "root"}, InvalidArgument),
+        ("etcd://h/p", {"cert_key": "k", "cert_cert": "c"}, InvalidArgument),
+        ("etcd://h/p", {"ca_cert": "a", "cert_key": "k"}, InvalidArgument),
+    ],
+)
+def test_bad_urls_and_options(url: str, options: dict[str, Any], error: type[Exception]) -> None:
+    with pytest.raises(error):
+        parse_url(url, options)
+
+
+def test_unreadable_tls_file_is_invalid_argument() -> None:
+    with pytest.raises(InvalidArgument):
+        open_store("etcd://127.0.251.99:1/p", ca_cert="/nonexistent/ca.pem")
+
+
+# -- key encoding (no server) -----------------------------------------------------------------
+
+_SURROGATES: tuple[Literal["Cs"]] = ("Cs",)
+_job_ids = st.text(
+    alphabet=st.characters(blacklist_categories=_SURROGATES, blacklist_characters="\x00"),
+    min_size=1,
+).filter(lambda s: len(s.encode()) <= MAX_JOB_ID_BYTES)
+
+
+@settings(max_examples=300)
+@given(a=_job_ids, b=_job_ids)
+def test_job_keys_round_trip_never_collide_and_keep_order(a: str, b: str) -> None:
+    layout = Layout(b"/p")
+    ka, kb = layout.job(a), layout.job(b)
+    for keys, job in ((ka, a), (kb, b)):
+        assert keys.owner.startswith(b"/p/") and keys.owner.count(b"/") == 3
+        assert layout.parse(keys.owner) == (job, b"o")
+        assert layout.parse(keys.completion) == (job, b"c")
+    assert (ka.owner == kb.owner) == (a == b)
+    assert (ka.owner < kb.owner) == (a < b)  # records() relies on key order == id order
+
+
+@pytest.mark.parametrize("job", ["../../x", "/", "a/b", " ", "..", "ü/..", "x" * 256])
+def test_hostile_ids_stay_inside_their_directory(job: str) -> None:
+    layout = Layout(b"/jobs")
+    keys = layout.job(job)
+    assert keys.base.startswith(b"/jobs/") and b"/" not in keys.base[len(b"/jobs/") : -1]
+    assert layout.parse(keys.history) == (job, b"h")
+
+
+def test_foreign_keys_under_the_prefix_are_ignored() -> None:
+    layout = Layout(b"/a")
+    assert layout.parse(b"/a/62/6a6f62/o") is None  # a nested prefix /a/62's key
+    assert layout.parse(b"/a/6A/o") is None  # not our canonical hex
+    assert layout.parse(b"/a/61 62/o") is None
+    assert layout.parse(b"/a/6162/x") is None
+    assert layout.parse(b"/b/6162/o") is None
+
+
+# -- one local member ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def etcd_server() -> Iterator[LocalEtcd]:
+    """One member (metrics are then exact). To run these on the container kit instead:
+    ``return request.getfixturevalue("etcd_cluster")``."""
+    reason = available()
+    if reason is not None:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    with LocalEtcd(size=1, base=20) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def url(etcd_server: LocalEtcd) -> str:
+    return etcd_server.url_with_prefix(f"t-{uuid.uuid4().hex[:12]}")
+
+
+@pytest.fixture
+def store(url: str) -> Iterator[LeaseStore]:
+    with open_store(url) as store:
+        yield store
+
+
+def _raw(store: LeaseStore) -> Any:
+    """A raw KV stub on the store's member, to look at keys as etcd has them."""
+    backend = store.backend
+    assert isinstance(backend, EtcdBackend)
+    return backend._transport.member().kv
+
+
+def _keys_under(store: LeaseStore) -> dict[bytes, Any]:
+    backend = store.backend
+    assert isinstance(backend, EtcdBackend)
+    root = backend._layout.root
+    answer = _raw(store).Range(
+        etcdrpc.RangeRequest(key=root, range_end=backend._layout.range_end), timeout=5
+    )
+    return {bytes(kv.key): kv for kv in answer.kvs}
+
+
+def _metric(etcd_server: LocalEtcd, name: str, method: str | None = None) -> float:
+    member = etcd_server.members[0]
+    with _HTTP.open(f"{member.metrics_url}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and (method is None or f'grpc_method="{method}"' in line):
+            if method is None and not re.match(rf"{name}(\s|\{{)", line):
+                continue
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_generation_is_the_owner_keys_create_revision(store: LeaseStore) -> None:
+    with store.session("A", ttl_s=5) as a:
+        lease = a.claim("job/../x y")
+        assert lease is not None
+        keys = _keys_under(store)
+        owners = [kv for k, kv in keys.items() if k.endswith(b"/o")]
+        assert len(owners) == 1 and len(keys) == 2  # owner + history
+        (owner,) = owners
+        assert owner.create_revision == lease.generation
+        assert owner.lease == int(a.session_id, 16)
+        lease.release()
+        again = a.claim("job/../x y")
+        assert again is not None and again.generation > lease.generation
+
+
+def test_granted_ttl_is_what_etcd_granted(store: LeaseStore) -> None:
+    with store.session("A", ttl_s=1.2) as a, store.session("B", ttl_s=7) as b:
+        assert a.granted_ttl_s == 2.0  # whole seconds, rounded up
+        assert b.granted_ttl_s == 7.0
+        assert a.keepalive() == 2.0
+
+
+def test_claim_with_a_dead_lease_is_session_expired(store: LeaseStore) -> None:
+    backend = store.backend
+    assert isinstance(backend, EtcdBackend)
+    handle = backend.open_session("A", 5)
+    backend.expire_session(handle.session_id)
+    with pytest.raises(SessionExpired):
+        backend.claim(handle, "job")
+    with pytest.raises(SessionExpired):
+        backend.keepalive(handle)
+    assert store.get("job") is None
+    backend.close_session(handle)  # idempotent on a lease already gone
+
+
+def test_expiry_and_close_free_jobs_at_once(store: LeaseStore) -> None:
+    with store.session("A", ttl_s=60) as a, store.session("B", ttl_s=60) as b:
+        for job in ("j1", "j2"):
+            assert a.claim(job) is not None
+        start = time.monotonic()
+        store.backend.expire_session(a.session_id)  # type: ignore[attr-defined]
+        assert b.claim("j1") is not None  # no 60 s TTL to wait out: etcd deleted the keys
+        assert time.monotonic() - start < 5
+        record = store.get("j2")
+        assert record is not None and record.state is JobState.AVAILABLE
+        assert record.owner == "A"  # expired, not released: the last holder stays on record
+        with pytest.raises(SessionExpired):
+            a.keepalive()
+    with store.session("C", ttl_s=60) as c:
+        assert c.claim("j3") is not None
+    with store.session("D", ttl_s=60) as d:
+        assert d.claim("j3") is not None  # closing C revoked its lease
+
+
+def test_get_after_release_expiry_and_completion(store: LeaseStore) -> None:
+    with store.session("A", ttl_s=10) as a:
+        lease = a.claim("job")
+        assert lease is not None
+        held = store.get("job")
+        assert held is not None and held.state is JobState.HELD
+        assert held.lease_until is not None and held.lease_until > time.time()
+        lease.release()
+        released = store.get("job")
+        assert released is not None
+        assert (released.state, released.owner, released.generation) == (
+            JobState.AVAILABLE, None, lease.generation,
+        )
+        second = a.claim("job")
+        assert second is not None
+        done = second.complete(b"r")
+        assert store.get("job") == done
+        assert done.generation == second.generation and done.lease_until is None
+
+
+def test_takeover_is_woken_by_the_store(store: LeaseStore, etcd_server: LocalEtcd) -> None:
+    """B waits 30 s; A's session ends in the store; B gets the job at once (a watch, not
+    the next poll)."""
+    with store.session("A", ttl_s=60) as a, store.session("B", ttl_s=60) as b:
+        assert a.claim("job") is not None
+        watchers = _metric(etcd_server, "etcd_debugging_mvcc_watcher_total")
+        got: list[Any] = []
+        waiter = threading.Thread(target=lambda: got.append(b.claim("job", wait_s=30)))
+        waiter.start()
+        poll_until(  # B is waiting on its watch
+            lambda: _metric(etcd_server, "etcd_debugging_mvcc_watcher_total") > watchers, 10
+        )
+        start = time.monotonic()
+        store.backend.expire_session(a.session_id)  # type: ignore[attr-defined]
+        waiter.join(timeout=30)
+        assert got and got[0] is not None
+        assert time.monotonic() - start < 3
+
+
+def test_takeover_after_ttl_runs_out(store: LeaseStore) -> None:
+    with store.session("A", ttl_s=1, keepalive=False) as a, store.session("B", 60) as b:
+        first = a.claim("job")
+        assert first is not None
+        start = time.monotonic()
+        second = b.claim("job", wait_s=30)
+        assert second is not None and second.generation > first.generation
+        waited = time.monotonic() - start
+        assert waited < a.granted_ttl_s + 3  # the lease's TTL plus etcd's expiry sweep
+
+
+def test_wait_for_change_cancels_its_watch(store: LeaseStore, etcd_server: LocalEtcd) -> None:
+    with store.session("A", ttl_s=30) as a:
+        assert a.claim("job") is not None
+        before = _metric(etcd_server, "etcd_debugging_mvcc_watcher_total")
+        for _ in range(5):
+            start = time.monotonic()
+            store.backend.wait_for_change("job", 0.3)
+            assert 0.2 < time.monotonic() - start < 5
+        poll_until(
+            lambda: _metric(etcd_server, "etcd_debugging_mvcc_watcher_total") <= before, 10
+        )
+
+
+def test_keepalives_share_one_stream_and_do_not_grow_with_jobs(
+    store: LeaseStore, etcd_server: LocalEtcd
+) -> None:
+    with store.session("A", ttl_s=60, keepalive=False) as a:
+        leases = a.claim_many([f"j{i}" for i in range(40)])
+        assert all(leases)
+        streams = _metric(etcd_server, "grpc_server_started_total", "LeaseKeepAlive")
+        messages = _metric(etcd_server, "grpc_server_msg_received_total", "LeaseKeepAlive")
+        for _ in range(10):
+            a.keepalive()
+        assert _metric(etcd_server, "grpc_server_msg_received_total", "LeaseKeepAlive") == (
+            messages + 10
+        )
+        assert _metric(etcd_server, "grpc_server_started_total", "LeaseKeepAlive") <= streams + 1
+
+
+def test_claim_many_is_one_transaction(store: LeaseStore) -> None:
+    with store.session("A", 30) as a, store.session("B", 30) as b:
+        first = a.claim("held")
+        assert first is not None
+        done = a.claim("done")
+        assert done is not None
+        done.complete(b"")
+        results = b.claim_many(["x", "held", "done", "y"])
+        assert results[1] is None and results[2] is None
+        x, y = results[0], results[3]
+        assert x is not None and y is not None
+        assert x.generation == y.generation > first.generation  # one revision for the batch
+
+
+def test_claim_many_falls_back_when_the_server_allows_fewer_ops() -> None:
+    with LocalEtcd(size=1, base=30, extra_args=("--max-txn-ops", "8")) as cluster:
+        with open_store(cluster.url_with_prefix("small")) as store, store.session("A", 30) as a:
+            leases = a.claim_many([f"j{i}" for i in range(10)])
+            assert all(leases)
+            assert len({lease.generation for lease in leases if lease}) == 10
+
+
+def test_records_in_id_order_across_pages_with_limit(store: LeaseStore) -> None:
+    ids = [f"job-{i:04d}" for i in range(300)] + ["é", "a/b", "Z", "zz"]  # > 512 keys
+    with store.session("A", 60) as a:
+        for start in range(0, len(ids), 64):
+            assert all(a.claim_many(ids[start : start + 64]))
+        records = store.records()
+        assert [r.job_id for r in records] == sorted(ids)
+        assert all(r.state is JobState.HELD and r.owner == "A" for r in records)
+        assert [r.job_id for r in store.records(limit=3)] == sorted(ids)[:3]
+        assert store.records(limit=0) == []
+
+
+def test_nested_prefixes_do_not_leak_into_each_other(etcd_server: LocalEtcd) -> None:
+    base = f"n-{uuid.uuid4().hex[:8]}"
+    with (
+        open_store(etcd_server.url_with_prefix(base)) as outer,
+        open_store(etcd_server.url_with_prefix(f"{base}/62")) as inner,
+        inner.session("I", 30) as i,
+        outer.session("O", 30) as o,
+    ):
+        assert i.claim("job") is not None
+        assert o.claim("b") is not None  # hex of "b" is 62, the inner prefix's last segment
+        assert [r.job_id for r in outer.records()] == ["b"]
+        assert [r.job_id for r in inner.records()] == ["job"]
+        record = outer.get("b")
+        assert record is not None and record.owner == "O"
+
+
+def test_result_too_large_is_invalid_argument_and_lease_still_held(store: LeaseStore) -> None:
+    with store.session("A", 30) as a:
+        lease = a.claim("big")
+        assert lease is not None
+        with pytest.raises(InvalidArgument):
+            lease.complete(b"x" * (3 * 1024 * 1024))
+        lease.ensure_held()
+        assert lease.complete(b"small").result == b"small"
+        with pytest.raises(JobCompleted):
+            a.claim("big")
+
+
+def test_unreachable_store_fails_in_bounded_time_naming_endpoints() -> None:
+    start = time.monotonic()
+    with pytest.raises(BackendUnavailable) as exc:
+        open_store("etcd://127.0.251.97:9,127.0.251.98:9/p?connect_timeout_s=1&timeout_s=0.5")
+    assert time.monotonic() - start < 5
+    assert "127.0.251.97:9" in str(exc.value) and "127.0.251.98:9" in str(exc.value)
+    assert isinstance(exc.value.__cause__, grpc.RpcError)

@@ -1,0 +1,344 @@
+"""Faults for the etcd backend on local members: lost answers, member failure and pause,
+no member at all, credentials and TLS.
+
+Lost answers are injected at the transport (the request is applied, then the answer is
+dropped; or dropped before it is sent), so each read-back path is exercised exactly.
+Member faults are real: SIGKILL / SIGSTOP of local etcd processes.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from etcd_local import LocalEtcd, LocalMember, available
+
+from consensus_lease import (
+    AuthenticationFailed,
+    BackendUnavailable,
+    JobState,
+    LeaseLost,
+    LeaseState,
+    LeaseStore,
+    OutcomeUnknown,
+    open_store,
+)
+from consensus_lease.backends.etcd import EtcdBackend
+from consensus_lease.backends.etcd._transport import Failure
+from consensus_lease.testing.conformance import poll_until
+
+
+def _require_etcd() -> None:
+    reason = available()
+    if reason is not None:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalEtcd]:
+    _require_etcd()
+    with LocalEtcd(size=3, base=40) as c:
+        yield c
+
+
+@pytest.fixture
+def healthy(cluster: LocalEtcd) -> Iterator[LocalEtcd]:
+    """The shared cluster, restored (thawed, restarted) after the test."""
+    cluster.wait_ready()
+    yield cluster
+    cluster.restore()
+
+
+def _backend(store: LeaseStore) -> EtcdBackend:
+    assert isinstance(store.backend, EtcdBackend)
+    return store.backend
+
+
+def _url(cluster: LocalEtcd, **options: object) -> str:
+    query = "&".join(f"{k}={v}" for k, v in options.items())
+    return cluster.url_with_prefix(f"f-{uuid.uuid4().hex[:12]}") + (f"?{query}" if query else "")
+
+
+def _use(store: LeaseStore, member: LocalMember) -> None:
+    """Point the store's transport at ``member`` (so the fault hits the member in use)."""
+    transport = _backend(store)._transport
+    transport._current = [m.target for m in transport.members].index(member.endpoint)
+
+
+# -- lost answers ---------------------------------------------------------------------------
+
+
+def _lose_answers(store: LeaseStore, monkeypatch: pytest.MonkeyPatch, *, applied: bool,
+                  times: int = 1) -> list[str]:
+    """Make the next ``times`` writes fail as if the answer was lost: after being applied
+    (``applied=True``) or before reaching etcd. Returns a log of what was dropped."""
+    transport = _backend(store)._transport
+    real = transport.send
+    dropped: list[str] = []
+
+    def send(*args: Any, **kwargs: Any) -> Any:
+        if len(dropped) < times:
+            if applied:
+                real(*args, **kwargs)
+            dropped.append(str(kwargs.get("what")))
+            raise Failure("injected", grpc.StatusCode.DEADLINE_EXCEEDED, "answer lost")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(transport, "send", send)
+    return dropped
+
+
+@pytest.mark.parametrize("applied", [True, False])
+def test_claim_with_a_lost_answer_is_read_back(
+    healthy: LocalEtcd, monkeypatch: pytest.MonkeyPatch, applied: bool
+) -> None:
+    with open_store(_url(healthy)) as store, store.session("A", 30) as a:
+        dropped = _lose_answers(store, monkeypatch, applied=applied)
+        lease = a.claim("job")
+        assert dropped and lease is not None
+        record = store.get("job")
+        assert record is not None and record.state is JobState.HELD
+        assert record.generation == lease.generation  # one claim, not two
+        lease.complete(b"ok")
+
+
+@pytest.mark.parametrize("applied", [True, False])
+def test_complete_with_a_lost_answer_is_read_back(
+    healthy: LocalEtcd, monkeypatch: pytest.MonkeyPatch, applied: bool
+) -> None:
+    with open_store(_url(healthy)) as store, store.session("A", 30) as a:
+        lease = a.claim("job")
+        assert lease is not None
+        dropped = _lose_answers(store, monkeypatch, applied=applied)
+        record = lease.complete(b"result")
+        assert dropped
+        assert (record.state, record.generation, record.result) == (
+            JobState.COMPLETED, lease.generation, b"result",
+        )
+        assert store.get("job") == record
+
+
+@pytest.mark.parametrize("applied", [True, False])
+def test_release_with_a_lost_answer_is_read_back(
+    healthy: LocalEtcd, monkeypatch: pytest.MonkeyPatch, applied: bool
+) -> None:
+    with open_store(_url(healthy)) as store, store.session("A", 30) as a:
+        lease = a.claim("job")
+        assert lease is not None
+        dropped = _lose_answers(store, monkeypatch, applied=applied)
+        lease.release()
+        assert dropped and lease.state is LeaseState.RELEASED
+        record = store.get("job")
+        assert record is not None and record.state is JobState.AVAILABLE
+
+
+def test_claim_batch_with_a_lost_answer_is_read_back(
+    healthy: LocalEtcd, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with open_store(_url(healthy)) as store, store.session("A", 30) as a:
+        _lose_answers(store, monkeypatch, applied=True)
+        leases = a.claim_many(["x", "y", "z"])
+        assert all(leases)
+        for lease in leases:
+            assert lease is not None
+            record = store.get(lease.job_id)
+            assert record is not None and record.generation == lease.generation
+
+
+def test_unsettled_claim_is_outcome_unknown_then_adopted(
+    healthy: LocalEtcd, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim lands, its answer is lost and reading back fails too: OutcomeUnknown.
+    The session's next claim of the job finds its own key and adopts it."""
+    with open_store(_url(healthy, connect_timeout_s=1)) as store, store.session("A", 30) as a:
+        transport = _backend(store)._transport
+        _lose_answers(store, monkeypatch, applied=True)
+        real_call = transport.call
+
+        def no_reads(*args: Any, **kwargs: Any) -> Any:
+            raise BackendUnavailable("injected: reads fail")
+
+        monkeypatch.setattr(transport, "call", no_reads)
+        with pytest.raises(OutcomeUnknown):
+            a.claim("job")
+        monkeypatch.setattr(transport, "call", real_call)
+        record = store.get("job")
+        assert record is not None and record.state is JobState.HELD and record.owner == "A"
+        with store.session("B", 30) as b:
+            assert b.claim("job") is None  # held, by A's landed claim
+        lease = a.claim("job")
+        assert lease is not None and lease.generation == record.generation
+        lease.complete(b"adopted")
+
+
+# -- member faults ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("role", ["leader", "follower"])
+def test_failover_when_the_member_in_use_dies(healthy: LocalEtcd, role: str) -> None:
+    with open_store(_url(healthy, timeout_s=1)) as store, store.session("A", 10) as a:
+        held = a.claim("held")
+        assert held is not None
+        leader = healthy.leader()
+        victim = leader if role == "leader" else next(m for m in healthy.members if m is not leader)
+        _use(store, victim)
+        healthy.kill(victim)
+        start = time.monotonic()
+        fresh = a.claim("fresh")  # fails over; during an election it reads back and re-sends
+        assert fresh is not None
+        record = store.get("fresh")
+        assert record is not None and record.generation == fresh.generation
+        assert held.complete(b"done").state is JobState.COMPLETED
+        a.keepalive()
+        assert time.monotonic() - start < 15
+        fresh.ensure_held()
+
+
+def test_paused_member_is_left_and_leases_stay_held(healthy: LocalEtcd) -> None:
+    """A member that stops answering (SIGSTOP: connection open, silence) costs one request
+    timeout, not the lease: keepalives and claims move to another member."""
+    with open_store(_url(healthy, timeout_s=1)) as store, store.session("A", 6) as a:
+        lease = a.claim("held")
+        assert lease is not None
+        follower = next(m for m in healthy.members if m is not healthy.leader())
+        _use(store, follower)
+        healthy.pause(follower)
+        start = time.monotonic()
+        fresh = a.claim("fresh")
+        assert fresh is not None
+        assert time.monotonic() - start < 10
+        end = time.monotonic() + 2 * a.granted_ttl_s  # the keepalive thread must fail over
+        while time.monotonic() < end:
+            lease.ensure_held()
+            time.sleep(0.2)
+        assert lease.state is LeaseState.HELD
+        record = store.get("fresh")
+        assert record is not None and record.generation == fresh.generation
+
+
+def test_no_member_left_is_backend_unavailable_then_lost(healthy: LocalEtcd) -> None:
+    with open_store(_url(healthy, timeout_s=0.5, connect_timeout_s=1.5)) as store:
+        a = store.session("A", 3)
+        lease = a.claim("job")
+        assert lease is not None
+        for member in healthy.members:
+            healthy.kill(member)
+        start = time.monotonic()
+        with pytest.raises(BackendUnavailable) as exc:
+            a.claim("other")
+        assert time.monotonic() - start < 6
+        assert isinstance(exc.value, (OutcomeUnknown, BackendUnavailable))
+        with pytest.raises(BackendUnavailable) as down:
+            store.get("job")
+        for member in healthy.members:
+            assert member.endpoint in str(down.value)
+        # Nobody answers keepalives: the session's local deadline passes; never swallowed.
+        poll_until(lambda: a.lost.is_set(), timeout_s=10)
+        with pytest.raises(LeaseLost):
+            lease.ensure_held()
+        a.close()  # best effort: the revoke cannot reach anyone; must not hang or raise
+
+
+# -- credentials --------------------------------------------------------------------------------
+
+
+def _enable_auth(member: LocalMember, user: str, password: str) -> None:
+    """What ``etcdctl user add root && etcdctl auth enable`` does, on the raw stubs."""
+    from pyetcd import etcdrpc as r
+
+    with grpc.insecure_channel(member.endpoint) as channel:
+        auth = r.AuthStub(channel)
+        auth.UserAdd(r.AuthUserAddRequest(name=user, password=password), timeout=10)
+        auth.RoleAdd(r.AuthRoleAddRequest(name="root"), timeout=10)
+        auth.UserGrantRole(r.AuthUserGrantRoleRequest(user=user, role="root"), timeout=10)
+        auth.AuthEnable(r.AuthEnableRequest(), timeout=10)
+
+
+@pytest.fixture(scope="module")
+def auth_cluster() -> Iterator[LocalEtcd]:
+    """One member with auth enabled (root / s3cret) and 1 s tokens."""
+    _require_etcd()
+    with LocalEtcd(size=1, base=50, extra_args=("--auth-token-ttl", "1")) as c:
+        _enable_auth(c.members[0], "root", "s3cret")
+        yield c
+
+
+def test_credentials(auth_cluster: LocalEtcd) -> None:
+    url = auth_cluster.url_with_prefix("auth")
+    with pytest.raises(AuthenticationFailed):
+        open_store(url, user="root", password="wrong")
+    with pytest.raises(AuthenticationFailed):
+        open_store(url)  # auth is on and we gave no user
+    with open_store(url, user="root", password="s3cret") as store, store.session("A", 5) as a:
+        lease = a.claim("job")
+        assert lease is not None
+        # Tokens last 1 s here; after one has expired, the driver authenticates again.
+        first_token = _backend(store)._transport.metadata()
+        time.sleep(2.5)  # real time must pass for the token TTL to matter
+        lease.renew()
+        assert _backend(store)._transport.metadata() != first_token  # re-authenticated
+        assert lease.complete(b"ok").state is JobState.COMPLETED
+
+
+# -- TLS ----------------------------------------------------------------------------------------
+
+TLS_ADDRESS = "127.0.251.61"
+
+
+def _make_certs(directory: Path) -> None:
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+    for ca in ("ca", "other-ca"):
+        run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", f"/CN={ca}",
+            "-keyout", str(directory / f"{ca}.key"), "-out", str(directory / f"{ca}.pem"))
+    for name, usage, san in (
+        ("server", "serverAuth", f"IP:{TLS_ADDRESS}"),
+        ("client", "clientAuth", "DNS:client"),
+    ):
+        ext = directory / f"{name}.ext"
+        ext.write_text(f"subjectAltName={san}\nextendedKeyUsage={usage}\n")
+        run("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
+            "-keyout", str(directory / f"{name}.key"), "-out", str(directory / f"{name}.csr"))
+        run("x509", "-req", "-in", str(directory / f"{name}.csr"), "-CA", str(directory / "ca.pem"),
+            "-CAkey", str(directory / "ca.key"), "-CAcreateserial", "-days", "1",
+            "-extfile", str(ext), "-out", str(directory / f"{name}.pem"))
+
+
+@pytest.fixture(scope="module")
+def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalEtcd, Path]]:
+    _require_etcd()
+    directory = tmp_path_factory.mktemp("tls")
+    _make_certs(directory)
+    with LocalEtcd(size=1, base=60, tls_dir=directory) as c:
+        yield c, directory
+
+
+def test_tls_with_client_certificates(tls_cluster: tuple[LocalEtcd, Path]) -> None:
+    cluster, certs = tls_cluster
+    url = cluster.url_with_prefix("tls")
+    good: dict[str, Any] = {
+        "ca_cert": str(certs / "ca.pem"),
+        "cert_key": str(certs / "client.key"),
+        "cert_cert": str(certs / "client.pem"),
+    }
+    with open_store(url, **good) as store, store.session("A", 5) as a:
+        lease = a.claim("job")
+        assert lease is not None
+        assert lease.complete(b"ok").result == b"ok"
+    fast: dict[str, Any] = {"connect_timeout_s": 1, "timeout_s": 0.5}
+    with pytest.raises(AuthenticationFailed):  # the server wants a client certificate
+        open_store(url, ca_cert=str(certs / "ca.pem"), **fast)
+    with pytest.raises(AuthenticationFailed):  # we do not trust the server's CA
+        open_store(url, **{**good, "ca_cert": str(certs / "other-ca.pem")}, **fast)
+    with pytest.raises(BackendUnavailable):  # plaintext to a TLS port
+        open_store(url, **fast)
