@@ -71,7 +71,7 @@ class WorkerProcess:
     def start(self) -> WorkerProcess:
         argv: Sequence[str] = [self._python, "-m", "consensus_lease.testing.worker_agent"]
         if self.gid is not None:
-            argv = ["setpriv", f"--regid={self.gid}", f"--egid={self.gid}", "--clear-groups",
+            argv = ["setpriv", f"--regid={self.gid}", "--clear-groups",
                     *argv]
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
