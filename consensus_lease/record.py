@@ -26,7 +26,8 @@ class LeaseRecord:
     Attributes:
         job_id: the job's id, exactly as given to ``claim``.
         owner: the owner label of the current or last holder, or ``None`` if never held
-            or released.
+            or released (ZooKeeper: still the last holder after a release, since clearing
+            it would bump the job znode's version, which is the generation).
         lease_until: when the holder's lease ends, in seconds since the epoch on the
             *store's* clock (SQLite: the database clock; etcd: now + the lease's remaining
             TTL as the store reports it; ZooKeeper: ``None``, the ensemble does not expose

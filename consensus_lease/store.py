@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import uuid
 from importlib.metadata import entry_points
 from types import TracebackType
 from urllib.parse import parse_qsl, urlsplit
 
-from .backend import Backend, Capabilities
+from .backend import Backend, Capabilities, SessionEvent
 from .clock import Clock, SystemClock
 from .errors import InvalidArgument, UnsupportedBackend, UnsupportedOperation
 from .observe import Observer
@@ -144,10 +145,16 @@ class LeaseStore:
         ttl = check_ttl(ttl_s, min_s=caps.min_ttl_s, max_s=caps.max_ttl_s)
         use_clock = clock or self.clock
         holder: list[Session] = []
+        early: list[SessionEvent] = []
+        relay_lock = threading.Lock()
 
-        def relay(event: object) -> None:
-            if holder:
-                holder[0]._on_backend_event(event)  # type: ignore[arg-type]
+        def relay(event: SessionEvent) -> None:
+            # Events that arrive before the Session exists are replayed once it does.
+            with relay_lock:
+                if not holder:
+                    early.append(event)
+                    return
+            holder[0]._on_backend_event(event)
 
         send = use_clock.monotonic()
         handle = self.backend.open_session(owner, ttl, relay)
@@ -164,7 +171,11 @@ class LeaseStore:
         except BaseException:
             self.backend.close_session(handle)
             raise
-        holder.append(session)
+        with relay_lock:
+            holder.append(session)
+            replay = list(early)
+        for event in replay:
+            session._on_backend_event(event)
         return session
 
     def get(self, job_id: str) -> LeaseRecord | None:

@@ -9,12 +9,14 @@
 #   python3      docker/start-engine.sh when no virtualenv exists yet
 #   etcd-server  local etcd members for the etcd backend tests (tests/backends/etcd_local.py)
 #   openssl      certificates for the TLS tests
+#   zookeeper, openjdk-17-jre-headless
+#                a local ZooKeeper for the TLS test (tests/backends/zk_local.py)
 #
 # Usage: docker/install-deps.sh [--with-compose]
 #   --with-compose  also docker-compose, for docker/docker-compose.yml (local dev only)
 set -eu
 [ "$(id -u)" = 0 ] || { echo "install-deps.sh: must run as root" >&2; exit 1; }
-packages="docker.io debootstrap iptables util-linux python3 etcd-server openssl"
+packages="docker.io debootstrap iptables util-linux python3 etcd-server openssl zookeeper openjdk-17-jre-headless"
 [ "${1:-}" = "--with-compose" ] && packages="$packages docker-compose"
 
 missing=""

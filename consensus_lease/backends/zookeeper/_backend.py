@@ -1,0 +1,420 @@
+"""The ZooKeeper driver: sessions and their lapse, and the public Backend methods.
+See the package docstring for the layout, the guarantees relied on and the options."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import ClassVar
+
+from ...backend import Backend, Capabilities, SessionHandle, StateListener
+from ...errors import BackendUnavailable, InvalidArgument, JobCompleted, LeaseError
+from ...record import ClaimResult, LeaseRecord
+from ._claims import Claims
+from ._errors import KAZOO_ERRORS, translate
+from ._holds import Holds
+from ._layout import JobPaths, decode_name, to_record
+from ._options import ZkConfig, parse_url
+from ._session import NegotiatedTimeouts, Status, ZkSession
+from ._watch import OwnerWatches
+from ._wire import Read, Wire
+
+__all__ = ["ZooKeeperBackend"]
+
+log = logging.getLogger("consensus_lease.backends.zookeeper")
+
+READ_CHUNK = 256
+"""Reads pipelined at once by records()."""
+
+_WAIT_ERRORS: tuple[type[BaseException], ...] = (LeaseError, *KAZOO_ERRORS)
+
+
+@contextmanager
+def _concerning(job_id: str, generation: int | None = None) -> Iterator[None]:
+    """Attach the job (and generation) to any library error raised without them."""
+    try:
+        yield
+    except LeaseError as exc:
+        if exc.job_id is None:
+            exc.job_id = job_id
+        if exc.generation is None:
+            exc.generation = generation
+        raise
+
+
+class ZooKeeperBackend(Backend):
+    """Leases on a ZooKeeper ensemble, through kazoo. See the package docstring.
+
+    Args:
+        config: parsed URL and options (use :func:`consensus_lease.open_store`).
+    """
+
+    scheme: ClassVar[str] = "zk"
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        cross_process=True,
+        store_watch=True,
+        consecutive_generations=True,
+        min_ttl_s=0.2,
+        max_ttl_s=24 * 3600.0,
+        max_batch_claim=100,
+        description="ZooKeeper (kazoo): session per worker, ephemeral owner znodes, "
+        "job znode version as fencing token",
+    )
+
+    def __init__(self, config: ZkConfig) -> None:
+        self.config = config
+        self.hosts = config.hosts_text
+        self._wire = Wire(config)
+        self._claims = Claims(
+            self._wire, self._paths, lambda h: self._ensure_base(h, again=True)
+        )
+        self._holds = Holds(self._wire)
+        self._watches = OwnerWatches()
+        self._cond = threading.Condition()
+        self._sessions: dict[str, ZkSession] = {}
+        self._closed = False
+        self._base_ready = False
+        self._lapse_thread: threading.Thread | None = None
+
+    @classmethod
+    def from_url(cls, url: str, options: Mapping[str, object]) -> ZooKeeperBackend:
+        """Parse the URL and options; connects lazily (first session or read).
+
+        Raises:
+            UnsupportedBackend: malformed URL. InvalidArgument: unknown or bad option.
+        """
+        return cls(parse_url(url, options))
+
+    def __repr__(self) -> str:
+        return f"ZooKeeperBackend(hosts={self.hosts!r}, chroot={self.config.chroot!r})"
+
+    def _handle(self, session: SessionHandle) -> ZkSession:
+        if not isinstance(session, ZkSession):
+            raise InvalidArgument(f"{session!r} is not a session of this ZooKeeper backend")
+        return session
+
+    def _paths(self, job_id: str) -> JobPaths:
+        return JobPaths.of(self.config.base, job_id)
+
+    # -- sessions --------------------------------------------------------------------------
+
+    def open_session(
+        self, owner: str, ttl_s: float, on_event: StateListener | None = None
+    ) -> SessionHandle:
+        """Open one ZooKeeper session (its own kazoo client) requesting ``ttl_s`` seconds
+        as session timeout. ``granted_ttl_s`` is what the server negotiated (clamped to
+        its [minSessionTimeout, maxSessionTimeout], by default 2-20 x tickTime).
+
+        Raises:
+            BackendUnavailable: no member answered within ``connect_timeout_s``; nothing
+                was created.
+            AuthenticationFailed: the credentials do not grant access to the chroot.
+        """
+        with self._cond:
+            if self._closed:
+                raise BackendUnavailable("this ZooKeeper backend is closed")
+        timeouts = NegotiatedTimeouts()
+        client = self.config.new_client(ttl_s, logger=timeouts)
+        h = ZkSession(owner, client, timeouts, on_event, self.hosts)
+        send = time.monotonic()
+        try:
+            client.start(timeout=self.config.connect_timeout_s)
+        except KAZOO_ERRORS as exc:  # kazoo stops and closes the client itself
+            h.mark_closed()
+            raise BackendUnavailable(
+                f"no ZooKeeper member of {self.hosts} answered within "
+                f"{self.config.connect_timeout_s} s"
+            ) from exc
+        try:
+            h.connected(ttl_s)
+            h.last_renewed = send
+            self._ensure_base(h)
+        except BaseException:
+            h.mark_closed()
+            h._stop_quietly()
+            raise
+        with self._cond:
+            self._sessions[h.session_id] = h
+            self._cond.notify_all()
+        self._start_lapse_thread()
+        return h
+
+    def _ensure_base(self, h: ZkSession, again: bool = False) -> None:
+        """Create ``{chroot}/jobs`` (and the chroot) with the configured ACL: once, or
+        ``again`` when a claim found it deleted."""
+        if self._base_ready and not again:
+            return
+        try:
+            h.client.ensure_path_async(self.config.base, acl=self.config.acl_list()).get(
+                timeout=self.config.op_timeout_s
+            )
+        except KAZOO_ERRORS as exc:
+            raise translate(exc, f"creating {self.config.base}", self.hosts) from exc
+        self._base_ready = True
+
+    def keepalive(self, session: SessionHandle) -> float:
+        """One ``sync`` round trip through the leader on the session's own connection;
+        its answer proves the session was alive when the server received it. Also hands
+        back owner znodes of claims whose outcome had been unknown.
+
+        Returns the negotiated session timeout (seconds).
+
+        Raises:
+            SessionExpired: the session expired or was ended. Final.
+            BackendUnavailable: disconnected or no answer; the session may still be alive.
+        """
+        h = self._handle(session)
+        h.check_alive()
+        if h.status is not Status.CONNECTED:
+            raise BackendUnavailable(f"ZooKeeper session {h.session_id} is disconnected "
+                                     f"from {self.hosts}")
+        send = time.monotonic()
+        deadline = send + min(self.config.op_timeout_s, max(1.0, h.granted_ttl_s))
+        self._wire.read(h.client, [("sync", self.config.base)], deadline, "keepalive")
+        h.check_alive()
+        h.renewed(send)
+        if h.uncertain:
+            self._claims.hand_back_uncertain(h, self.release)
+        return h.current_ttl_s()
+
+    def close_session(self, session: SessionHandle) -> None:
+        """Close the ZooKeeper session: the server deletes its owner znodes at once, so
+        its jobs are claimable immediately. Idempotent; if no member can be reached the
+        server expires the session after its timeout instead.
+
+        Raises:
+            BackendUnavailable: kazoo could not stop the client cleanly (the session
+                still ends, at the latest when its timeout passes).
+        """
+        h = self._handle(session)
+        with self._cond:
+            self._sessions.pop(h.session_id, None)
+        h.mark_closed()
+        h.stop_client()
+
+    def expire_session(self, session_id: str, timeout_s: float = 30.0) -> None:
+        """Test hook: make the ensemble expire a session now, as its timeout would.
+
+        kazoo's own testing approach: a second client connects with the same session id
+        and password and closes the session; the server deletes its ephemeral znodes and
+        the session's own client then finds it expired. Waits (bounded by ``timeout_s``)
+        until the session's client has seen the expiry, so the next call raises
+        ``SessionExpired``.
+        """
+        with self._cond:
+            h = self._sessions.get(session_id)
+        if h is None or h.status not in (Status.CONNECTED, Status.SUSPENDED):
+            return
+        impostor = self.config.new_client(h.granted_ttl_s, client_id=(h.sid, h.passwd))
+        try:
+            impostor.start(timeout=self.config.connect_timeout_s)
+            impostor.stop()  # closes the session: the server deletes its ephemerals
+            impostor.close()
+        except KAZOO_ERRORS as exc:
+            raise BackendUnavailable(f"expire_session: cannot reach {self.hosts}") from exc
+        give_up = time.monotonic() + timeout_s
+        while h.status in (Status.CONNECTED, Status.SUSPENDED) and time.monotonic() < give_up:
+            threading.Event().wait(0.01)
+        # The server has closed the session whatever its client noticed so far.
+        h.expire_locally("expired by expire_session()")
+        h.ended.wait(max(0.0, give_up - time.monotonic()))  # reported, client stopped
+
+    # -- lapse: a session nobody renews ends, as an etcd lease would ----------------------
+
+    def _start_lapse_thread(self) -> None:
+        with self._cond:
+            if self._lapse_thread is not None:
+                return
+            self._lapse_thread = threading.Thread(
+                target=self._lapse_loop, name="consensus-lease-zk-lapse", daemon=True
+            )
+            self._lapse_thread.start()
+
+    def _lapse_loop(self) -> None:
+        """End each session whose keepalive/renew has not succeeded for one granted TTL.
+
+        kazoo pings on its own, so without this a worker whose renewal stopped (its
+        keepalive thread stuck, or ``keepalive=False`` and no calls) would keep its jobs
+        for as long as the process lives. Its local deadline (send + TTL - margin) has
+        passed before this fires, so it has already stopped working on them."""
+        while True:
+            due: list[ZkSession] = []
+            with self._cond:
+                if self._closed:
+                    return
+                now = time.monotonic()
+                wake = now + 1.0
+                for h in self._sessions.values():
+                    at = h.lapse_at()
+                    if at is not None and at <= now:
+                        due.append(h)
+                    elif at is not None:
+                        wake = min(wake, at)
+                if not due:
+                    self._cond.wait(wake - now)
+                    continue
+            for h in due:
+                h.expire_locally(f"no keepalive or renew for the granted TTL of "
+                                 f"{h.granted_ttl_s} s")
+
+    # -- claiming --------------------------------------------------------------------------
+
+    def claim(self, session: SessionHandle, job_id: str) -> ClaimResult | None:
+        """Claim ``job_id`` in one multi: a versioned ``set_data`` on the job znode (the
+        version just read; the new version is the generation) plus the ephemeral owner
+        znode. Fails as a whole if anyone changed the job since the read — including a
+        completion — or a live session owns it.
+
+        Returns the generation, or ``None`` if a live session (maybe this one) holds it.
+
+        Raises:
+            JobCompleted: the job has a completion record (its generation attached).
+            SessionExpired: this session is over; nothing is held.
+            BackendUnavailable: nothing was applied.
+            OutcomeUnknown: the answer was lost and reading back failed; if it was applied,
+                a later claim of the job by this session adopts it, else keepalive hands it
+                back.
+        """
+        h = self._handle(session)
+        with _concerning(job_id):
+            outcome = self._claims.claim(h, [job_id])[0]
+        if isinstance(outcome, JobCompleted):
+            raise outcome
+        return outcome
+
+    def claim_many(
+        self, session: SessionHandle, job_ids: Sequence[str]
+    ) -> list[ClaimResult | None]:
+        """Claim several jobs, all candidates in one multi (split to stay far below
+        jute.maxbuffer); completed or held jobs yield ``None``. Raises as :meth:`claim`."""
+        h = self._handle(session)
+        out: list[ClaimResult | None] = []
+        for chunk in self._claims.size_chunks(h, list(job_ids)):
+            for outcome in self._claims.claim(h, chunk):
+                out.append(None if isinstance(outcome, JobCompleted) else outcome)
+        return out
+
+    # -- holding, completing, releasing -------------------------------------------------------
+
+    def renew(self, session: SessionHandle, job_id: str, generation: int) -> float:
+        """Check, after a ``sync``, that the job znode's version is ``generation`` and its
+        owner znode's ephemeralOwner is this session (one pipelined round trip). Success
+        also proves the session alive, like :meth:`keepalive`.
+
+        Raises:
+            StaleLeaseError: not held at that generation; the lease is lost.
+            SessionExpired: the session is over. BackendUnavailable: no answer (still held
+                until the local deadline).
+        """
+        h = self._handle(session)
+        send = time.monotonic()
+        with _concerning(job_id, generation):
+            self._holds.renew(h, self._paths(job_id), generation, send)
+        h.renewed(send)
+        return h.current_ttl_s()
+
+    def complete(
+        self, session: SessionHandle, job_id: str, generation: int, result: bytes
+    ) -> LeaseRecord:
+        """Record the completion in one multi: ``set_data`` of the completion record on the
+        job znode at version ``generation`` (bumping the version, so any claim prepared
+        against the held state fails) and delete of this session's owner znode. The
+        record keeps ``generation`` as the generation that completed the job.
+
+        A repeat of a completion this session made at this generation returns the
+        existing record, also after the session ended.
+
+        Raises:
+            InvalidArgument: ``result`` longer than ``max_result_bytes``; still held.
+            StaleLeaseError: not held at ``generation``; the lease is lost.
+            SessionExpired: the session is over (and it had not completed the job).
+            BackendUnavailable: nothing was applied; still held until the deadline.
+            OutcomeUnknown: the answer was lost and reading back failed.
+        """
+        h = self._handle(session)
+        if len(result) > self.config.max_result_bytes:
+            raise InvalidArgument(
+                f"result is {len(result)} bytes; this store takes at most "
+                f"{self.config.max_result_bytes} (option max_result_bytes; ZooKeeper's "
+                f"jute.maxbuffer bounds it)", job_id=job_id, generation=generation,
+            )
+        with _concerning(job_id, generation):
+            return self._holds.complete(h, self._paths(job_id), generation, result)
+
+    def release(self, session: SessionHandle, job_id: str, generation: int) -> None:
+        """End the hold in one multi: check the job znode's version is ``generation`` and
+        delete this session's owner znode. The job is claimable at once, and its next
+        claim gets ``generation + 1``.
+
+        Raises:
+            StaleLeaseError / SessionExpired: not held (any more); the lease is lost.
+            BackendUnavailable: nothing was applied. OutcomeUnknown: as for complete.
+        """
+        h = self._handle(session)
+        with _concerning(job_id, generation):
+            self._holds.release(h, self._paths(job_id), generation)
+
+    # -- reading and waiting ----------------------------------------------------------------
+
+    def get(self, job_id: str) -> LeaseRecord | None:
+        """The job's record after a ``sync`` (so as fresh as the leader's). ``lease_until``
+        is ``None``: ZooKeeper does not expose session deadlines.
+
+        Raises:
+            BackendUnavailable / AuthenticationFailed.
+        """
+        paths = self._paths(job_id)
+        _, job, owner = self._wire.reader_read(
+            [("sync", self.config.base), ("get", paths.job), ("get", paths.owner)], "get", job_id
+        )
+        return to_record(paths, job, owner)
+
+    def records(self, limit: int | None = None) -> list[LeaseRecord]:
+        """Every job (children of ``{chroot}/jobs``), ordered by job id, at most ``limit``."""
+        children = self._wire.reader_read(
+            [("sync", self.config.base), ("children", self.config.base)], "records"
+        )[1] or []
+        ids = sorted(job_id for job_id in map(decode_name, children) if job_id is not None)
+        ids = ids[:limit] if limit is not None else ids
+        out: list[LeaseRecord] = []
+        for start in range(0, len(ids), READ_CHUNK):
+            chunk = [self._paths(job_id) for job_id in ids[start : start + READ_CHUNK]]
+            reads: list[Read] = []
+            for paths in chunk:
+                reads += [("get", paths.job), ("get", paths.owner)]
+            answers = self._wire.reader_read(reads, "records")
+            for i, paths in enumerate(chunk):
+                record = to_record(paths, answers[2 * i], answers[2 * i + 1])
+                if record is not None:
+                    out.append(record)
+        return out
+
+    def wait_for_change(self, job_id: str, timeout_s: float) -> None:
+        """Wait on a ZooKeeper watch on the job's owner znode: returns when it is deleted
+        (release, completion, holder's session expired), when it does not exist, or after
+        ``timeout_s``. If the store cannot be asked, waits briefly and returns (the
+        caller's next claim reports the error)."""
+        read_timeout_s = min(self.config.op_timeout_s, max(timeout_s, 0.0) + 1.0)
+        try:
+            client = self._wire.reader()
+            self._watches.wait_gone(client, self._paths(job_id).owner, timeout_s, read_timeout_s)
+        except _WAIT_ERRORS as exc:
+            log.debug("wait_for_change could not watch", extra={"job_id": job_id,
+                                                                 "error": repr(exc)})
+            threading.Event().wait(min(max(timeout_s, 0.0), 0.25))
+
+    def close(self) -> None:
+        """Close every session still open (best effort) and the read client."""
+        with self._cond:
+            self._closed = True
+            sessions = list(self._sessions.values())
+            self._cond.notify_all()
+        for h in sessions:
+            try:
+                self.close_session(h)
+            except BackendUnavailable as exc:
+                log.warning("closing a session failed", extra={"error": str(exc)})
+        self._wire.close()

@@ -1,0 +1,78 @@
+"""kazoo's exceptions, translated into :mod:`consensus_lease.errors`.
+
+===================================================  ==========================================
+kazoo                                                consensus_lease
+===================================================  ==========================================
+``NoAuthError``, ``AuthFailedError``,                ``AuthenticationFailed``
+``SessionClosedRequireSaslError``
+``SessionExpiredError`` (and ``ConnectionClosedError``  ``SessionExpired`` for a worker session;
+on a stopped client)                                 ``BackendUnavailable`` for the read client
+``ConnectionLoss``, ``KazooTimeoutError``,           ``BackendUnavailable`` naming the hosts;
+``OperationTimeoutError``, ``SessionMovedError``,    for a write, the caller reads back first
+``ThrottledOpError``, ``RequestTimeoutError``
+any other kazoo or ZooKeeper error                   ``BackendUnavailable``
+===================================================  ==========================================
+
+Ambiguity (a write whose answer was lost) is not decided here: the backend reads back.
+"""
+
+from __future__ import annotations
+
+from kazoo.exceptions import (
+    AuthFailedError,
+    KazooException,
+    NoAuthError,
+    SessionClosedRequireSaslError,
+    SessionExpiredError,
+)
+from kazoo.handlers.threading import KazooTimeoutError
+
+from ...errors import AuthenticationFailed, BackendUnavailable, LeaseError, SessionExpired
+
+__all__ = ["KAZOO_ERRORS", "translate"]
+
+KAZOO_ERRORS: tuple[type[BaseException], ...] = (KazooException, KazooTimeoutError, RuntimeError)
+"""What a kazoo call can raise. kazoo fails a request with a bare ``RuntimeError("xids do
+not match ...")`` when a reply arrives out of order (python-zk/kazoo#254), then tears the
+connection down: treated like a lost connection."""
+
+
+def translate(
+    exc: BaseException,
+    what: str,
+    hosts: str,
+    *,
+    worker_session: bool = True,
+    job_id: str | None = None,
+    generation: int | None = None,
+) -> LeaseError:
+    """The library error for kazoo exception ``exc`` raised while doing ``what``.
+
+    ``worker_session`` says whether the client was a worker's session (whose expiry is
+    final: ``SessionExpired``) or the backend's shared read client (which reconnects)."""
+    where = f"ZooKeeper at {hosts}"
+    if isinstance(exc, LeaseError):
+        return exc
+    if isinstance(exc, (NoAuthError, AuthFailedError, SessionClosedRequireSaslError)):
+        return AuthenticationFailed(
+            f"{what}: {where} refused the credentials ({type(exc).__name__}); check the "
+            f"user/password options and the ACLs of the chroot",
+            job_id=job_id, generation=generation,
+        )
+    if isinstance(exc, SessionExpiredError) and worker_session:
+        return SessionExpired(
+            f"{what}: the ZooKeeper session expired ({where})", job_id=job_id, generation=generation
+        )
+    if isinstance(exc, RuntimeError):
+        return BackendUnavailable(
+            f"{what}: kazoo protocol error with {where} ({exc.args[0] if exc.args else exc}); "
+            f"the connection is being reset", job_id=job_id, generation=generation,
+        )
+    if isinstance(exc, KazooTimeoutError):
+        return BackendUnavailable(
+            f"{what}: no answer from {where} in time", job_id=job_id, generation=generation
+        )
+    detail = type(exc).__name__ + (f": {exc}" if str(exc) else "")
+    return BackendUnavailable(
+        f"{what}: {where} failed: {detail}", job_id=job_id, generation=generation
+    )

@@ -1,0 +1,251 @@
+"""The store URL and its options: parsed and checked once, before any connection.
+
+See the option table in :mod:`consensus_lease.backends.zookeeper`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote
+
+from kazoo.client import KazooClient
+from kazoo.retry import KazooRetry
+from kazoo.security import ACL, CREATOR_ALL_ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE
+
+from ...errors import InvalidArgument, UnsupportedBackend
+
+__all__ = ["DEFAULT_PORT", "ZkConfig", "parse_url"]
+
+DEFAULT_PORT = 2181
+SCHEMES = ("zk", "zookeeper")
+ACL_MODES = ("open", "creator", "creator_world_read")
+JOBS_NODE = "jobs"
+"""The znode under the chroot whose children are the job znodes."""
+
+_HOSTNAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
+_IPV6 = re.compile(r"^[0-9A-Fa-f:.]+$")
+# Characters ZooKeeper refuses in a path (PathUtils.validatePath), and control characters.
+_BAD_PATH_CHARS = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\uf8ff\ufff0-\uffff]")
+
+
+@dataclass(frozen=True, slots=True)
+class ZkConfig:
+    """Everything a :class:`~consensus_lease.backends.zookeeper.ZooKeeperBackend` needs
+    to build its kazoo clients. Times in seconds."""
+
+    hosts: tuple[tuple[str, int], ...]
+    chroot: str
+    user: str | None = None
+    password: str | None = None
+    acl: str = "open"
+    tls: bool = False
+    ca: str | None = None
+    certfile: str | None = None
+    keyfile: str | None = None
+    keyfile_password: str | None = None
+    verify_certs: bool = True
+    check_hostname: bool = False
+    connect_timeout_s: float = 10.0
+    op_timeout_s: float = 10.0
+    max_result_bytes: int = 1_000_000
+
+    @property
+    def hosts_text(self) -> str:
+        """``host:port,host:port`` as kazoo wants it (IPv6 in brackets)."""
+        return ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.hosts)
+
+    @property
+    def base(self) -> str:
+        """Absolute path of the znode whose children are the jobs."""
+        return f"{self.chroot}/{JOBS_NODE}"
+
+    def acl_list(self) -> list[ACL]:
+        if self.acl == "creator":
+            return list(CREATOR_ALL_ACL)
+        if self.acl == "creator_world_read":
+            return list(CREATOR_ALL_ACL) + list(READ_ACL_UNSAFE)
+        return list(OPEN_ACL_UNSAFE)
+
+    def new_client(
+        self,
+        session_timeout_s: float,
+        *,
+        client_id: tuple[int, bytes] | None = None,
+        logger: Any = None,
+    ) -> KazooClient:
+        """A kazoo client (not started) for these hosts, credentials and TLS settings.
+
+        Reconnection is retried forever with a short back-off capped at a quarter of
+        the session timeout (kazoo's default cap is an hour), so a client whose member
+        died reaches another member before its session can expire.
+        """
+        max_delay = min(1.0, max(0.05, session_timeout_s / 4))
+        retry = KazooRetry(
+            max_tries=-1, delay=0.02, backoff=1.5, max_jitter=0.3, max_delay=max_delay
+        )
+        auth = [("digest", f"{self.user}:{self.password}")] if self.user is not None else None
+        return KazooClient(
+            hosts=self.hosts_text,
+            timeout=session_timeout_s,
+            client_id=client_id,
+            default_acl=self.acl_list(),
+            auth_data=auth,
+            connection_retry=retry,
+            logger=logger,
+            use_ssl=self.tls,
+            ca=self.ca,
+            certfile=self.certfile,
+            keyfile=self.keyfile,
+            keyfile_password=self.keyfile_password,
+            verify_certs=self.verify_certs,
+            check_hostname=self.check_hostname,
+        )
+
+
+def parse_url(url: str, options: Mapping[str, object]) -> ZkConfig:
+    """Parse ``zk://host[:port][,host[:port]...][/chroot][?option=value&...]``.
+
+    ``options`` is the query string already merged with keyword arguments (see
+    :func:`consensus_lease.open_store`).
+
+    Raises:
+        UnsupportedBackend: not a zk:// or zookeeper:// URL, no host, bad host or chroot.
+        InvalidArgument: an unknown option or a bad option value.
+    """
+    if not isinstance(url, str) or "://" not in url:
+        raise UnsupportedBackend(f"not a ZooKeeper URL: {url!r}")
+    scheme, rest = url.split("://", 1)
+    if scheme.lower() not in SCHEMES:
+        raise UnsupportedBackend(f"the ZooKeeper backend serves zk:// and zookeeper://: {url!r}")
+    if "#" in rest:
+        raise UnsupportedBackend(f"a ZooKeeper URL has no #fragment: {url!r}")
+    rest = rest.split("?", 1)[0]
+    netloc, slash, path = rest.partition("/")
+    if "@" in netloc:
+        raise UnsupportedBackend(
+            "give ZooKeeper credentials as options (?user=...&password=...), not in the "
+            "host part of the URL"
+        )
+    if not netloc:
+        raise UnsupportedBackend(f"no ZooKeeper host in {url!r}; expected zk://host:port/chroot")
+    hosts = tuple(_parse_host(part, url) for part in netloc.split(","))
+    chroot = _parse_chroot(unquote(slash + path), url)
+    return _apply_options(ZkConfig(hosts=hosts, chroot=chroot), options)
+
+
+def _parse_host(part: str, url: str) -> tuple[str, int]:
+    part = part.strip()
+    port_text = ""
+    if part.startswith("["):
+        host, bracket, tail = part[1:].partition("]")
+        if not bracket or not _IPV6.match(host) or (tail and not tail.startswith(":")):
+            raise UnsupportedBackend(f"bad IPv6 host {part!r} in {url!r}")
+        port_text = tail[1:]
+    else:
+        host, _, port_text = part.partition(":")
+        if not _HOSTNAME.match(host):
+            raise UnsupportedBackend(f"bad host {part!r} in {url!r}")
+    if not port_text:
+        return host, DEFAULT_PORT
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise UnsupportedBackend(f"bad port in {part!r} of {url!r}")
+    return host, int(port_text)
+
+
+def _parse_chroot(path: str, url: str) -> str:
+    """``""`` (the root) or ``/a/b`` without a trailing slash."""
+    segments = [s for s in path.split("/")]
+    segments = segments[1:] if segments and segments[0] == "" else segments
+    if segments and segments[-1] == "":
+        segments.pop()
+    for segment in segments:
+        if segment in ("", ".", "..") or _BAD_PATH_CHARS.search(segment):
+            raise UnsupportedBackend(f"bad chroot path {path!r} in {url!r}")
+    if segments and segments[0] == "zookeeper":
+        raise UnsupportedBackend(f"/zookeeper is reserved by ZooKeeper itself: {url!r}")
+    return "".join(f"/{s}" for s in segments)
+
+
+def _text(name: str, value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidArgument(f"option {name} must be a non-empty string")
+    return value
+
+
+def _flag(name: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if isinstance(value, str) and value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise InvalidArgument(f"option {name} must be true or false, not {value!r}")
+
+
+def _seconds(name: str, value: object) -> float:
+    try:
+        number = float(value) if isinstance(value, (str, int, float)) else math.nan
+    except ValueError:
+        number = math.nan
+    if isinstance(value, bool) or not math.isfinite(number) or number <= 0:
+        raise InvalidArgument(f"option {name} must be a positive number of seconds, not {value!r}")
+    return number
+
+
+def _count(name: str, value: object) -> int:
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidArgument(f"option {name} must be a non-negative integer, not {value!r}")
+    return value
+
+
+_PARSERS: dict[str, Callable[[str, object], object]] = {
+    "user": _text,
+    "password": _text,
+    "acl": _text,
+    "tls": _flag,
+    "ca": _text,
+    "certfile": _text,
+    "keyfile": _text,
+    "keyfile_password": _text,
+    "verify_certs": _flag,
+    "check_hostname": _flag,
+    "connect_timeout_s": _seconds,
+    "op_timeout_s": _seconds,
+    "max_result_bytes": _count,
+}
+
+
+def _apply_options(config: ZkConfig, options: Mapping[str, object]) -> ZkConfig:
+    unknown = sorted(set(options) - set(_PARSERS))
+    if unknown:
+        raise InvalidArgument(
+            f"unknown zk:// option(s): {', '.join(unknown)}; known: {', '.join(sorted(_PARSERS))}"
+        )
+    values: dict[str, Any] = {name: _PARSERS[name](name, v) for name, v in options.items()}
+    user, password = values.get("user"), values.get("password")
+    if (user is None) != (password is None):
+        raise InvalidArgument("options user and password go together")
+    if user is not None and ":" in user:
+        raise InvalidArgument("a digest user name cannot contain ':'")
+    acl = values.setdefault("acl", "creator" if user is not None else "open")
+    if acl not in ACL_MODES:
+        raise InvalidArgument(f"option acl must be one of {', '.join(ACL_MODES)}, not {acl!r}")
+    if acl != "open" and user is None:
+        raise InvalidArgument(f"acl={acl} needs digest credentials (options user and password)")
+    for name in ("ca", "certfile", "keyfile"):
+        if name in values and not os.path.isfile(values[name]):
+            raise InvalidArgument(f"option {name}: no such file {values[name]!r}")
+    if any(values.get(k) for k in ("ca", "certfile", "keyfile")) and "tls" not in values:
+        values["tls"] = True
+    return ZkConfig(**{**_fields(config), **values})
+
+
+def _fields(config: ZkConfig) -> dict[str, Any]:
+    return {name: getattr(config, name) for name in ZkConfig.__dataclass_fields__}

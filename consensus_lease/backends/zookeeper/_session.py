@@ -1,0 +1,284 @@
+"""One worker session = one ZooKeeper session = one kazoo client.
+
+The handle tracks the session's connection state from kazoo's listener and relays it to
+the core as :class:`~consensus_lease.backend.SessionEvent`:
+
+=====================================  ===========================  ======================
+kazoo                                  handle status                reported
+=====================================  ===========================  ======================
+CONNECTED (first time)                 CONNECTED                    (nothing)
+SUSPENDED (connection lost)            SUSPENDED                    SUSPENDED
+CONNECTED again, *same* session id     CONNECTED                    RECONNECTED
+LOST (expired; or closed by us)        EXPIRED (or CLOSED)          EXPIRED (not on close)
+CONNECTED with a *new* session id      unchanged (never used)       (nothing)
+=====================================  ===========================  ======================
+
+After LOST kazoo would quietly open a new session on the same client; that would be
+retrying an expiry away, so the handle never uses it: the status stays EXPIRED, every
+call raises ``SessionExpired`` and the client is stopped.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from typing import Any
+
+from kazoo.client import KazooClient, KazooState
+
+from ...backend import SessionEvent, SessionHandle, StateListener
+from ...errors import BackendUnavailable, SessionExpired
+from ._errors import KAZOO_ERRORS
+
+__all__ = ["NegotiatedTimeouts", "Status", "ZkSession", "session_text"]
+
+log = logging.getLogger("consensus_lease.backends.zookeeper")
+
+
+def session_text(session_id: int) -> str:
+    """ZooKeeper's usual spelling of a session id: ``0x`` and 16 hex digits."""
+    return f"0x{session_id & 0xFFFF_FFFF_FFFF_FFFF:016x}"
+
+
+class NegotiatedTimeouts(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """The logger handed to a kazoo client, remembering each session's negotiated timeout.
+
+    kazoo learns the session timeout the server granted (ConnectResponse.timeOut, clamped
+    to [minSessionTimeout, maxSessionTimeout], by default 2-20 x tickTime) but keeps it
+    in a local variable; the only place it surfaces is the "Session created" debug log
+    call, made before kazoo reports CONNECTED. Everything else is logged unchanged to the
+    ``kazoo.client`` logger.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(logging.getLogger("kazoo.client"), {})
+        self.timeouts_ms: dict[int, int] = {}
+
+    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        if (
+            isinstance(msg, str)
+            and msg.startswith("Session created")
+            and len(args) >= 3
+            and isinstance(args[0], int)
+            and isinstance(args[2], int)
+        ):
+            self.timeouts_ms[args[0]] = args[2]
+        kwargs.setdefault("stacklevel", 2)  # report kazoo's line, not this one
+        super().log(level, msg, *args, **kwargs)
+
+
+class Status(enum.Enum):
+    CONNECTING = "connecting"
+    CONNECTED = "connected"
+    SUSPENDED = "suspended"
+    EXPIRED = "expired"
+    CLOSED = "closed"
+
+
+_LIVE = (Status.CONNECTING, Status.CONNECTED, Status.SUSPENDED)
+
+
+class ZkSession(SessionHandle):
+    """A worker's ZooKeeper session.
+
+    Attributes:
+        client (KazooClient): used for this session only.
+        sid (int): the ZooKeeper session id (``ephemeralOwner`` of its owner znodes).
+        last_renewed (float): ``time.monotonic()`` send time of the last successful
+            keepalive or renew (the backend ends the session one granted TTL after it).
+        uncertain (dict): job id -> (generation, nonce) of claims whose outcome could not
+            be read back; settled by a later claim of the job or by keepalive.
+    """
+
+    def __init__(
+        self, owner: str, client: KazooClient, timeouts: NegotiatedTimeouts,
+        on_event: StateListener | None, hosts: str,
+    ) -> None:
+        super().__init__("", owner, 0.0)
+        self.client = client
+        self.hosts = hosts
+        self.sid = 0
+        self.passwd = b""
+        self._timeouts = timeouts
+        self._on_event = on_event
+        self._cond = threading.Condition()
+        self._status = Status.CONNECTING
+        self.reason = ""
+        self.last_renewed = time.monotonic()
+        self.uncertain: dict[str, tuple[int, str]] = {}
+        self.uncertain_lock = threading.Lock()
+        self._stopping = threading.Lock()
+        self._stopped = False
+        self.ended = threading.Event()
+        """Set once an expiry has been reported to the listener and the client stopped."""
+        client.add_listener(self._on_state)
+
+    # -- state -------------------------------------------------------------------------
+
+    @property
+    def status(self) -> Status:
+        with self._cond:
+            return self._status
+
+    def connected(self, requested_ttl_s: float) -> None:
+        """Called once ``client.start()`` returned: record the session id and the TTL."""
+        with self._cond:
+            if self._status not in _LIVE or not self.sid:
+                raise BackendUnavailable(
+                    f"the ZooKeeper session was lost while opening it ({self.hosts})"
+                )
+        self.session_id = session_text(self.sid)
+        granted_ms = self._timeouts.timeouts_ms.get(self.sid)
+        if granted_ms is None:
+            # Never guess: a guess above what the server granted would be unsafe.
+            raise BackendUnavailable(
+                "could not learn the session timeout the ZooKeeper server negotiated "
+                "(kazoo no longer logs it?); refusing to guess the TTL"
+            )
+        self.granted_ttl_s = granted_ms / 1000.0
+        log.debug(
+            "zookeeper session opened",
+            extra={"session_id": self.session_id, "requested_ttl_s": requested_ttl_s,
+                   "granted_ttl_s": self.granted_ttl_s},
+        )
+
+    def current_ttl_s(self) -> float:
+        ms = self._timeouts.timeouts_ms.get(self.sid)
+        if ms is not None:
+            self.granted_ttl_s = ms / 1000.0
+        return self.granted_ttl_s
+
+    def _on_state(self, state: str) -> None:
+        """kazoo's listener, run in kazoo's connection thread: must not block."""
+        event: SessionEvent | None = None
+        with self._cond:
+            if state == KazooState.CONNECTED:
+                client_id = self.client.client_id
+                same = client_id is not None and client_id[0] == self.sid
+                if self._status is Status.CONNECTING and client_id is not None:
+                    self._status = Status.CONNECTED
+                    self.sid, self.passwd = client_id
+                elif self._status is Status.SUSPENDED and same:
+                    self._status = Status.CONNECTED
+                    event = SessionEvent.RECONNECTED
+            elif state == KazooState.SUSPENDED:
+                if self._status is Status.CONNECTED:
+                    self._status = Status.SUSPENDED
+                    event = SessionEvent.SUSPENDED
+            elif state == KazooState.LOST and self._status in _LIVE:
+                self._status = Status.EXPIRED
+                self.reason = "kazoo reported the session LOST (expired by the server)"
+                event = SessionEvent.EXPIRED
+            self._cond.notify_all()
+        if event is SessionEvent.EXPIRED:
+            # Report it and stop kazoo from living on with a fresh session, from another
+            # thread: neither may run in (or block) kazoo's connection thread.
+            threading.Thread(target=self._ended, name="zk-session-end", daemon=True).start()
+            return
+        if event is not None and self._on_event is not None and self.session_id:
+            try:
+                self._on_event(event)
+            except Exception:
+                log.exception("session event listener raised", extra={"event": event.value})
+
+    def expire_locally(self, reason: str) -> bool:
+        """Mark the session EXPIRED because the backend ended it (no keepalive for a TTL,
+        or ``expire_session``); then, in another thread, report it and stop the client so
+        ZooKeeper deletes its ephemeral znodes. Returns False if it was already over."""
+        with self._cond:
+            if self._status not in _LIVE:
+                return False
+            self._status = Status.EXPIRED
+            self.reason = reason
+            self._cond.notify_all()
+        log.warning("zookeeper session ended", extra={"session_id": self.session_id,
+                                                      "reason": reason})
+        threading.Thread(target=self._ended, name="zk-session-end", daemon=True).start()
+        return True
+
+    def _ended(self) -> None:
+        try:
+            if self._on_event is not None and self.session_id:
+                try:
+                    self._on_event(SessionEvent.EXPIRED)
+                except Exception:
+                    log.exception("session event listener raised")
+            self._stop_quietly()
+        finally:
+            self.ended.set()
+
+    def mark_closed(self) -> bool:
+        """Mark CLOSED (before stopping the client, so its LOST is not an expiry).
+        Returns False if already closed."""
+        with self._cond:
+            if self._status is Status.CLOSED:
+                return False
+            self._status = Status.CLOSED
+            self.reason = self.reason or "closed"
+            self._cond.notify_all()
+            return True
+
+    def stop_client(self) -> None:
+        """Stop and close the kazoo client once (closing the ZooKeeper session when the
+        server can be reached). Safe from any thread but kazoo's own.
+
+        Raises:
+            BackendUnavailable: kazoo could not stop its connection cleanly.
+        """
+        with self._stopping:
+            if self._stopped:
+                return
+            self._stopped = True
+            try:
+                self.client.stop()
+                self.client.close()
+            except KAZOO_ERRORS as exc:
+                raise BackendUnavailable(
+                    f"stopping the client of ZooKeeper session {self.session_id}: {exc!r}"
+                ) from exc
+
+    def _stop_quietly(self) -> None:
+        try:
+            self.stop_client()
+        except BackendUnavailable as exc:  # in a background thread: nobody to raise to
+            log.warning("stopping a zookeeper client failed",
+                        extra={"session_id": self.session_id, "error": str(exc)})
+
+    # -- checks used around every call ---------------------------------------------------
+
+    def check_alive(self) -> None:
+        """Raise SessionExpired unless the session may be used."""
+        with self._cond:
+            status, reason = self._status, self.reason
+        if status not in _LIVE:
+            raise SessionExpired(f"ZooKeeper session {self.session_id} is over: {reason}")
+
+    def wait_connected(self, deadline: float) -> None:
+        """Block until CONNECTED (through a SUSPENDED spell) or ``deadline`` (monotonic).
+
+        Raises:
+            SessionExpired: the session ended.
+            BackendUnavailable: still disconnected at the deadline; nothing was sent.
+        """
+        with self._cond:
+            while self._status in (Status.SUSPENDED, Status.CONNECTING):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise BackendUnavailable(
+                        f"ZooKeeper session {self.session_id} is disconnected from {self.hosts}"
+                    )
+                self._cond.wait(left)
+        self.check_alive()
+
+    def renewed(self, send_time: float) -> None:
+        with self._cond:
+            self.last_renewed = max(self.last_renewed, send_time)
+
+    def lapse_at(self) -> float | None:
+        """Monotonic time at which the backend ends the session for lack of renewal."""
+        with self._cond:
+            if self._status not in _LIVE:
+                return None
+            return self.last_renewed + self.granted_ttl_s

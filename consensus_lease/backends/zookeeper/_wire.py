@@ -1,0 +1,195 @@
+"""Round trips to ZooKeeper: pipelined reads, one multi with read-back on a lost answer,
+and the shared read client. Every kazoo exception is translated here."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import ConnectionLoss, NoNodeError
+from kazoo.handlers.threading import KazooTimeoutError
+
+from ...errors import AuthenticationFailed, BackendUnavailable, OutcomeUnknown, SessionExpired
+from ._errors import KAZOO_ERRORS, translate
+from ._options import ZkConfig
+from ._session import ZkSession
+
+__all__ = ["READER_SESSION_TIMEOUT_S", "Multi", "Read", "Wire"]
+
+log = logging.getLogger("consensus_lease.backends.zookeeper")
+
+READER_SESSION_TIMEOUT_S = 10.0
+"""Session timeout requested for the shared client used by get/records/wait_for_change."""
+
+Read = tuple[str, str]
+"""One read: ("sync" | "get" | "exists" | "children", path)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Multi:
+    """A multi's outcome: ``applied``, or the per-op results of the failure (empty when the
+    answer was lost and reading back showed it was not applied)."""
+
+    applied: bool
+    results: list[Any]
+
+
+class Wire:
+    """The backend's round trips. ``config.op_timeout_s`` bounds each of them."""
+
+    def __init__(self, config: ZkConfig) -> None:
+        self.config = config
+        self.hosts = config.hosts_text
+        self._reader: KazooClient | None = None
+        self._reader_lock = threading.Lock()
+        self._closed = False
+
+    def deadline(self) -> float:
+        return time.monotonic() + self.config.op_timeout_s
+
+    def read(
+        self, client: KazooClient, reads: Sequence[Read], deadline: float, what: str, *,
+        worker: bool = True, job_id: str | None = None,
+    ) -> list[Any]:
+        """Send every read at once, then collect the answers in order: one round trip of
+        latency. A missing node reads as ``None``. ZooKeeper answers one client's requests
+        in order, so reads after a ``sync`` see at least the leader's state at the sync."""
+        start = {
+            "sync": client.sync_async,
+            "get": client.get_async,
+            "exists": client.exists_async,
+            "children": client.get_children_async,
+        }
+        try:
+            pending = [start[kind](path) for kind, path in reads]
+            out: list[Any] = []
+            for result in pending:
+                try:
+                    out.append(result.get(timeout=max(0.0, deadline - time.monotonic())))
+                except NoNodeError:
+                    out.append(None)
+            return out
+        except KAZOO_ERRORS as exc:
+            raise translate(exc, what, self.hosts, worker_session=worker, job_id=job_id) from exc
+
+    def session_read(
+        self, h: ZkSession, reads: Sequence[Read], what: str, job_id: str | None = None,
+        deadline: float | None = None,
+    ) -> list[Any]:
+        """Reads on a worker session's client, riding out a connection loss until the
+        deadline (reads are safe to repeat)."""
+        deadline = self.deadline() if deadline is None else deadline
+        while True:
+            h.wait_connected(deadline)
+            try:
+                out = self.read(h.client, reads, deadline, what, job_id=job_id)
+            except BackendUnavailable as exc:
+                if not isinstance(exc.__cause__, ConnectionLoss) or time.monotonic() >= deadline:
+                    raise
+                continue
+            h.check_alive()
+            return out
+
+    def commit(
+        self, h: ZkSession, build: Callable[[Any], None], settle: Callable[[float], bool],
+        what: str, job_id: str | None, generation: int | None = None,
+    ) -> Multi:
+        """Send one multi (``build(transaction)`` adds its operations) on the session's
+        client. If its answer is lost (connection loss, timeout, kazoo protocol error) it
+        may or may not have been applied: read back with ``settle(deadline) -> applied``
+        once the session is connected again, never re-send blindly.
+
+        Raises:
+            SessionExpired: the session ended (before sending, or while reading back).
+            BackendUnavailable: not connected by the deadline; nothing was sent.
+            OutcomeUnknown: reading back could not settle it in time.
+        """
+        deadline = self.deadline()
+        h.wait_connected(deadline)
+        transaction = h.client.transaction()
+        build(transaction)
+        try:
+            results = transaction.commit_async().get(
+                timeout=max(0.0, deadline - time.monotonic())
+            )
+        except (ConnectionLoss, KazooTimeoutError, RuntimeError) as exc:
+            log.warning("answer to a %s was lost; reading back", what,
+                        extra={"job_id": job_id, "session_id": h.session_id})
+            return Multi(self._settle(h, settle, what, job_id, generation, exc), [])
+        except KAZOO_ERRORS as exc:
+            raise translate(exc, what, self.hosts, job_id=job_id, generation=generation) from exc
+        failed = any(isinstance(r, Exception) for r in results)
+        return Multi(not failed, list(results))
+
+    def _settle(
+        self, h: ZkSession, probe: Callable[[float], bool], what: str, job_id: str | None,
+        generation: int | None, cause: BaseException,
+    ) -> bool:
+        # Once reconnected with the same session, a request still in flight on the old
+        # connection is either ordered before our sync or rejected (the session moved to
+        # the new connection), so a read after the sync is the truth.
+        deadline = self.deadline()
+        while True:
+            try:
+                h.wait_connected(deadline)
+                return probe(deadline)
+            except (SessionExpired, AuthenticationFailed):
+                raise
+            except BackendUnavailable as exc:
+                if time.monotonic() >= deadline:
+                    raise OutcomeUnknown(
+                        f"{what}: the answer from ZooKeeper ({self.hosts}) was lost and "
+                        f"reading back failed too: {exc}",
+                        job_id=job_id, generation=generation,
+                    ) from cause
+                threading.Event().wait(0.05)  # back off before asking again
+
+    # -- the shared read client ---------------------------------------------------------------
+
+    def reader(self) -> KazooClient:
+        """The backend's one client for get/records/waits (started on first use; kazoo
+        opens a new session on it by itself if its session expires)."""
+        with self._reader_lock:
+            if self._closed:
+                raise BackendUnavailable("this ZooKeeper backend is closed")
+            if self._reader is None:
+                client = self.config.new_client(READER_SESSION_TIMEOUT_S)
+                try:
+                    client.start(timeout=self.config.connect_timeout_s)
+                except KAZOO_ERRORS as exc:
+                    raise BackendUnavailable(
+                        f"no ZooKeeper member of {self.hosts} answered within "
+                        f"{self.config.connect_timeout_s} s"
+                    ) from exc
+                self._reader = client
+            return self._reader
+
+    def reader_read(
+        self, reads: Sequence[Read], what: str, job_id: str | None = None
+    ) -> list[Any]:
+        """Reads on the shared client, retried while it reconnects, until the deadline."""
+        client = self.reader()
+        deadline = self.deadline()
+        while True:
+            try:
+                return self.read(client, reads, deadline, what, worker=False, job_id=job_id)
+            except BackendUnavailable as exc:
+                if isinstance(exc, AuthenticationFailed) or time.monotonic() >= deadline:
+                    raise
+                threading.Event().wait(0.05)  # the client is reconnecting
+
+    def close(self) -> None:
+        with self._reader_lock:
+            self._closed = True
+            reader, self._reader = self._reader, None
+        if reader is not None:
+            try:
+                reader.stop()
+                reader.close()
+            except KAZOO_ERRORS as exc:
+                raise BackendUnavailable(f"stopping the read client: {exc!r}") from exc

@@ -1,0 +1,179 @@
+"""ZooKeeper backend pieces that need no server: URL and options, job id encoding, the
+data written into znodes, the negotiated-timeout capture."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from consensus_lease import open_store
+from consensus_lease.backends.zookeeper import ZooKeeperBackend
+from consensus_lease.backends.zookeeper._layout import (
+    CorruptData,
+    JobPaths,
+    decode_name,
+    dump_claim,
+    dump_completed,
+    dump_owner,
+    encode_job_id,
+    parse_job,
+    parse_owner,
+    to_record,
+)
+from consensus_lease.backends.zookeeper._options import parse_url
+from consensus_lease.backends.zookeeper._session import NegotiatedTimeouts, session_text
+from consensus_lease.errors import BackendUnavailable, InvalidArgument, UnsupportedBackend
+from consensus_lease.record import JobState
+from consensus_lease.validation import MAX_JOB_ID_BYTES
+
+# -- URL and options -------------------------------------------------------------------
+
+
+def test_url_hosts_chroot_and_defaults() -> None:
+    config = parse_url("zk://127.0.0.21:2181,127.0.0.22,[::1]:2182/a/b/", {})
+    assert config.hosts == (("127.0.0.21", 2181), ("127.0.0.22", 2181), ("::1", 2182))
+    assert config.hosts_text == "127.0.0.21:2181,127.0.0.22:2181,[::1]:2182"
+    assert config.chroot == "/a/b" and config.base == "/a/b/jobs"
+    assert (config.acl, config.tls, config.connect_timeout_s, config.op_timeout_s) == (
+        "open", False, 10.0, 10.0,
+    )
+    assert parse_url("zookeeper://h", {}).chroot == ""
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "zk://", "zk:///chroot", "zk://h:0/x", "zk://h:99999/x", "zk://h:port/x",
+        "zk://bad!host/x", "zk://h/a/../b", "zk://h/a//b", "zk://h/./a", "zk://h/zookeeper/x",
+        "zk://u:p@h/x", "zk://h/x#frag", "zk://[::1/x", "etcd://h/x", "zk://h/a%00b",
+    ],
+)
+def test_bad_urls(url: str) -> None:
+    with pytest.raises(UnsupportedBackend):
+        parse_url(url, {})
+
+
+def test_options_from_query_and_kwargs() -> None:
+    store = open_store(
+        "zk://127.0.0.1:1/x?connect_timeout_s=2.5&user=svc&password=pw", op_timeout_s=3
+    )
+    try:
+        backend = store.backend
+        assert isinstance(backend, ZooKeeperBackend)
+        config = backend.config
+        assert (config.connect_timeout_s, config.op_timeout_s) == (2.5, 3.0)
+        assert (config.user, config.password, config.acl) == ("svc", "pw", "creator")
+        assert [a.perms for a in config.acl_list()] == [31]
+    finally:
+        store.close()
+    config = parse_url("zk://h/x", {"ca": __file__, "verify_certs": "false"})
+    assert config.tls is True and config.verify_certs is False
+    with pytest.raises(InvalidArgument):
+        parse_url("zk://h/x", {"certfile": "/nonexistent/client.crt"})
+    world_read = parse_url("zk://h/x", {"user": "u", "password": "p", "acl": "creator_world_read"})
+    assert len(world_read.acl_list()) == 2
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"nope": "1"}, {"user": "svc"}, {"user": "a:b", "password": "p"}, {"acl": "creator"},
+        {"acl": "everyone"}, {"tls": "maybe"}, {"connect_timeout_s": "-1"},
+        {"op_timeout_s": "nan"}, {"op_timeout_s": True}, {"max_result_bytes": "-5"},
+        {"user": ""},
+    ],
+)
+def test_bad_options(options: dict[str, object]) -> None:
+    with pytest.raises(InvalidArgument):
+        parse_url("zk://h/x", options)
+
+
+def test_open_store_is_lazy_and_both_schemes_resolve() -> None:
+    for scheme in ("zk", "zookeeper"):
+        store = open_store(f"{scheme}://127.0.0.1:1/lazy")  # nothing listens: no error yet
+        assert isinstance(store.backend, ZooKeeperBackend)
+        caps = store.capabilities
+        assert caps.cross_process and caps.store_watch and caps.consecutive_generations
+        store.close()
+
+
+# -- job ids -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "job_id", ["a", ".", "..", "../x", "a/b", "/", "%2E", " ", "é", "\u2028", "x" * 256, "~_-"]
+)
+def test_job_id_names_are_single_safe_znode_names(job_id: str) -> None:
+    name = encode_job_id(job_id)
+    assert "/" not in name and name not in (".", "..") and "." not in name
+    assert name.isascii() and name.isprintable()
+    assert decode_name(name) == job_id
+
+
+@given(st.lists(st.text(alphabet=st.characters(exclude_categories=["Cs"]), min_size=1,
+                        max_size=64), min_size=2, max_size=6, unique=True))
+def test_job_id_encoding_is_injective(job_ids: list[str]) -> None:
+    names = [encode_job_id(j) for j in job_ids]
+    assert len(set(names)) == len(names)
+    assert [decode_name(n) for n in names] == job_ids
+
+
+def test_longest_job_id_fits() -> None:
+    name = encode_job_id("\U0001f600" * (MAX_JOB_ID_BYTES // 4))
+    assert len(name) == 3 * MAX_JOB_ID_BYTES
+
+
+@pytest.mark.parametrize("name", ["a.b", "%zz", "%C3", "%41", "", "owner%2f"])
+def test_foreign_names_are_not_jobs(name: str) -> None:
+    assert decode_name(name) is None
+
+
+# -- data -----------------------------------------------------------------------------------
+
+
+def test_job_data_round_trips() -> None:
+    assert parse_job(b"", "/p").state == "new"
+    held = parse_job(dump_claim("A\nB", "0x1"), "/p")
+    assert (held.state, held.owner, held.session) == ("held", "A\nB", "0x1")
+    done = parse_job(dump_completed("A", "0x1", 7, "n", b"\x00\n{raw"), "/p")
+    assert (done.completed, done.generation, done.nonce, done.result) == (
+        True, 7, "n", b"\x00\n{raw",
+    )
+    owner = parse_owner(dump_owner("é", "0x2", "abc"), "/p/owner")
+    assert (owner.owner, owner.session, owner.nonce) == ("é", "0x2", "abc")
+
+
+@pytest.mark.parametrize("data", [b"garbage", b'{"format":9}\n', b'{"format":1,"state":"x"}\n'])
+def test_foreign_data_is_an_error_not_a_crash(data: bytes) -> None:
+    with pytest.raises(CorruptData) as info:
+        parse_job(data, "/p")
+    assert isinstance(info.value, BackendUnavailable)
+
+
+def test_records_from_znodes() -> None:
+    paths = JobPaths.of("/c/jobs", "j")
+    stat = SimpleNamespace(version=3)
+    assert to_record(paths, None, None) is None
+    held = to_record(paths, (dump_claim("A", "0x1"), stat), (dump_owner("A", "0x1", "n"), stat))
+    assert held is not None and (held.state, held.owner, held.generation) == (
+        JobState.HELD, "A", 3,
+    )
+    free = to_record(paths, (dump_claim("A", "0x1"), stat), None)
+    assert free is not None and (free.state, free.generation) == (JobState.AVAILABLE, 3)
+    done = to_record(paths, (dump_completed("A", "0x1", 2, "n", b"r"), stat), None)
+    assert done is not None and (done.state, done.generation, done.result) == (
+        JobState.COMPLETED, 2, b"r",
+    )
+    assert done.lease_until is None
+
+
+def test_negotiated_timeout_is_captured_from_kazoos_log_call() -> None:
+    capture = NegotiatedTimeouts()
+    capture.log(logging.DEBUG, "Session created, session_id: %r ...", 0x10, b"pw", 4000, 1, 2)
+    capture.log(logging.INFO, "unrelated %s", "x")
+    assert capture.timeouts_ms == {0x10: 4000}
+    assert session_text(0x10) == "0x0000000000000010"
