@@ -20,7 +20,10 @@ demo: install
 ## Everything: unit + conformance tests on memory/SQLite, then real 3-member etcd and
 ## ZooKeeper clusters in containers (set up by cluster-setup when run as root).
 test: install cluster-setup
-	$(BIN)/python -m pytest
+	eval "$$(bash scripts/start-postgres.sh || true)"; \
+	$(BIN)/python -m pytest; status=$$?; \
+	bash scripts/start-postgres.sh --stop >/dev/null 2>&1 || true; \
+	exit $$status
 
 ## Only what needs no containers.
 test-unit: install

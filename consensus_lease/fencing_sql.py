@@ -1,0 +1,460 @@
+"""Destination-side fencing in a real SQL database (PostgreSQL, SQLite, ...) via SQLAlchemy.
+
+The rule is the one :mod:`consensus_lease.fencing` explains: accept an effect on RESOURCE
+with TOKEN only if TOKEN >= the highest token accepted for RESOURCE, record TOKEN in the
+same transaction as the effect, and make a repeat of ``(resource, token, effect_id)`` a
+no-op. :class:`SqlFence` does it inside *your* transaction, so your own writes commit
+with the token check or not at all::
+
+    fence = SqlFence(engine)                     # creates its two tables if missing
+    with engine.begin() as conn:                 # one transaction
+        fence.apply(conn, "invoice-42", lease.generation, "charge", b"$10")
+        conn.execute(text("UPDATE accounts SET ..."))   # commits only if the token passed
+    # FenceRejected propagates out of the block: the transaction, your UPDATE included,
+    # is rolled back.
+
+or, when there is nothing else to write, ``fence.apply_now(resource, token, effect_id)``
+(its own transaction, retried on serialization failures and deadlocks).
+
+Why it is correct under concurrency, step by step (two appliers of one resource)::
+
+    A: INSERT token row ... ON CONFLICT (resource) DO UPDATE SET highest = :token
+       WHERE highest <= :token                          -> A holds the row lock
+    B: the same statement for the same resource           -> blocks on A's row lock
+    A: insert the effect row; COMMIT                      -> lock released
+    B: re-evaluated on A's committed row: a lower token fails the WHERE -> no row
+       returned -> FenceRejected; a higher one updates -> B goes on holding the lock
+
+The *first* insert race (no token row yet): PostgreSQL's ``ON CONFLICT`` makes the second
+inserter wait for the first one's transaction and then take the conflict path against
+the committed row (https://www.postgresql.org/docs/current/sql-insert.html#SQL-ON-CONFLICT);
+SQLite serialises writers on the database lock, and the upsert is the first statement
+of the fence's work, so the lock is held from the check to the commit. For dialects
+without ``ON CONFLICT`` the ``"lock"`` strategy inserts the row inside a SAVEPOINT
+(ignoring the unique-key error of a concurrent first insert), then ``SELECT ... FOR
+UPDATE``, compares, updates.
+
+Effects of one resource are totally ordered by ``seq`` (every applier of a resource holds
+its row lock while it takes a sequence number); across resources ``seq`` order is not
+commit order.
+
+Isolation: READ COMMITTED (PostgreSQL's default) is enough. Under REPEATABLE READ or
+SERIALIZABLE the database may abort a racing transaction; :class:`FenceRetryable` then
+says "roll back and run the whole transaction again" (``apply_now`` does so itself).
+
+SQLite: an engine made from a URL by :class:`SqlFence` opens every transaction with
+``BEGIN IMMEDIATE`` (WAL mode, busy timeout), so a transaction that reads before it
+calls ``apply`` cannot fail on a stale snapshot. Pass your own engine and you keep its
+behaviour: ``apply`` is still atomic (its first statement is a write), but SQLite may
+answer ``database is locked`` for a transaction that read first (``FenceRetryable``).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Connection,
+    Engine,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    UniqueConstraint,
+    case,
+    create_engine,
+    event,
+    exc,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+
+from .errors import BackendUnavailable, FenceRejected, InvalidArgument
+from .fencing import Effect, FenceOutcome
+from .validation import check_job_id
+
+__all__ = ["FenceRetryable", "SqlFence", "Strategy"]
+
+T = TypeVar("T")
+
+Strategy = Literal["auto", "upsert", "lock"]
+"""``upsert``: one ``INSERT ... ON CONFLICT DO UPDATE ... WHERE`` (PostgreSQL, SQLite).
+``lock``: insert-if-missing in a SAVEPOINT, then ``SELECT ... FOR UPDATE`` (any dialect
+with row locks or a database lock). ``auto``: ``upsert`` where supported, else ``lock``."""
+
+_UPSERT_DIALECTS = frozenset({"postgresql", "sqlite"})
+_RETRYABLE_SQLSTATES = {"40001", "40P01", "55P03"}  # serialization, deadlock, lock timeout
+MAX_EFFECT_ID_CHARS = 256
+
+
+class FenceRetryable(BackendUnavailable):
+    """The database aborted the transaction (serialization failure, deadlock, lock
+    timeout, SQLite busy). Nothing was applied: roll the transaction back and run it
+    again from the start."""
+
+
+class SqlFence:
+    """A fenced destination in a SQL database reached through SQLAlchemy.
+
+    Args:
+        engine: an :class:`sqlalchemy.Engine`, or a URL to build one from (e.g.
+            ``postgresql+psycopg://user:pw@127.0.0.1:5432/db``, ``sqlite:////abs/f.db``).
+            An engine built here is disposed by :meth:`close`.
+        table_prefix: the tables are ``<prefix>tokens`` and ``<prefix>effects``.
+        enforce_tokens: ``False`` turns the token check off (idempotency keys still
+            dedupe) — only to show what goes wrong without a fence.
+        create_tables: create the tables if missing (safe to race from several
+            processes: a concurrent creation is retried once).
+        strategy: see :data:`Strategy`.
+        max_attempts: attempts of :meth:`apply_now` on :class:`FenceRetryable`.
+        busy_timeout_s: SQLite only, engines built from a URL: how long a transaction
+            waits for another writer (seconds).
+
+    Raises:
+        InvalidArgument: bad arguments, or ``upsert`` on a dialect without it.
+        BackendUnavailable: the database cannot be reached or the tables created.
+    """
+
+    def __init__(
+        self,
+        engine: Engine | str,
+        *,
+        table_prefix: str = "cl_fence_",
+        enforce_tokens: bool = True,
+        create_tables: bool = True,
+        strategy: Strategy = "auto",
+        max_attempts: int = 5,
+        busy_timeout_s: float = 10.0,
+    ) -> None:
+        if max_attempts < 1:
+            raise InvalidArgument(f"max_attempts must be >= 1, got {max_attempts}")
+        self._owns_engine = isinstance(engine, str)
+        self.engine: Engine = (
+            _make_engine(engine, busy_timeout_s) if isinstance(engine, str) else engine
+        )
+        dialect = self.engine.dialect.name
+        if strategy == "auto":
+            strategy = "upsert" if dialect in _UPSERT_DIALECTS else "lock"
+        if strategy == "upsert" and dialect not in _UPSERT_DIALECTS:
+            raise InvalidArgument(
+                f"strategy 'upsert' needs ON CONFLICT (postgresql, sqlite); {dialect!r} "
+                "has no such statement: use strategy='lock'"
+            )
+        if strategy not in ("upsert", "lock"):
+            raise InvalidArgument(f"unknown strategy {strategy!r}")
+        self.strategy: Strategy = strategy
+        self.enforce_tokens = enforce_tokens
+        self.max_attempts = max_attempts
+        metadata = MetaData()
+        self.tokens = Table(
+            f"{table_prefix}tokens",
+            metadata,
+            Column("resource", String(1024), primary_key=True),
+            Column("highest", BigInteger, nullable=False),
+        )
+        self.effects_table = Table(
+            f"{table_prefix}effects",
+            metadata,
+            Column("seq", BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
+                   autoincrement=True),
+            Column("resource", String(1024), nullable=False),
+            Column("token", BigInteger, nullable=False),
+            Column("effect_id", String(MAX_EFFECT_ID_CHARS), nullable=False),
+            Column("payload", LargeBinary, nullable=False),
+            UniqueConstraint("resource", "token", "effect_id"),
+            sqlite_autoincrement=True,
+        )
+        self._metadata = metadata
+        if create_tables:
+            self.create_tables()
+
+    # -- set-up ---------------------------------------------------------------------
+
+    def create_tables(self) -> None:
+        """Create the two tables if missing. A creation racing another process's is
+        retried once (PostgreSQL reports such a race as a unique violation).
+
+        Raises:
+            BackendUnavailable: the database refused.
+        """
+        for attempt in (1, 2):
+            try:
+                self._metadata.create_all(self.engine, checkfirst=True)
+                return
+            except exc.SQLAlchemyError as error:
+                if attempt == 2:
+                    raise BackendUnavailable(f"creating fence tables: {error}") from error
+
+    # -- the fence ------------------------------------------------------------------
+
+    def apply(
+        self,
+        conn: Connection,
+        resource: str,
+        token: int,
+        effect_id: str,
+        payload: bytes = b"",
+    ) -> FenceOutcome:
+        """Inside the caller's open transaction on ``conn``: accept the effect iff
+        ``token`` >= the highest token accepted for ``resource``, recording the token
+        and the effect. Nothing is committed here: the caller's transaction commits
+        them together with its own writes (and a rollback undoes all of it).
+
+        Until that transaction ends it holds the resource's token row lock (SQLite: the
+        database write lock), so other appliers of the same resource wait.
+
+        A repeat of ``(resource, token, effect_id)`` that was applied before returns
+        ``DUPLICATE`` — even when a higher token has since been accepted (the effect
+        *was* applied; nothing changes).
+
+        Args:
+            conn: a connection in a transaction (``with engine.begin() as conn:``).
+            resource: what the effect changes, usually the job id (same rules as job ids).
+            token: the lease's generation, an int >= 1.
+            effect_id: the caller's name for the effect, 1-256 characters.
+            payload: bytes stored with the effect.
+
+        Returns:
+            ACCEPTED, or DUPLICATE.
+
+        Raises:
+            FenceRejected: a higher token was accepted (``highest_seen`` set). Let it
+                propagate so the transaction rolls back.
+            FenceRetryable: the database aborted the transaction; retry it whole.
+            InvalidArgument: bad arguments; nothing executed.
+            BackendUnavailable: any other database error (the transaction is unusable).
+        """
+        _check(resource, token, effect_id, payload)
+        try:
+            if self.strategy == "upsert":
+                highest = self._lock_upsert(conn, resource, token)
+            else:
+                highest = self._lock_select(conn, resource, token)
+            if self._is_duplicate(conn, resource, token, effect_id):
+                return FenceOutcome.DUPLICATE
+            if highest is not None and self.enforce_tokens and token < highest:
+                raise FenceRejected(
+                    f"fence rejected {effect_id!r} on {resource!r}: token {token} < highest "
+                    f"accepted {highest}",
+                    job_id=resource,
+                    generation=token,
+                    highest_seen=highest,
+                )
+            conn.execute(
+                insert(self.effects_table).values(
+                    resource=resource, token=token, effect_id=effect_id, payload=bytes(payload)
+                )
+            )
+        except exc.DBAPIError as error:
+            raise _translate(error, f"fence apply on {resource!r}") from error
+        return FenceOutcome.ACCEPTED
+
+    def _lock_upsert(self, conn: Connection, resource: str, token: int) -> int | None:
+        """Raise the token row to ``token`` (or create it) and lock it in one statement.
+        Returns ``None`` when accepted, else the (higher) highest token."""
+        tokens = self.tokens
+        stmt = _dialect_insert(conn.dialect.name, tokens).values(resource=resource, highest=token)
+        if self.enforce_tokens:
+            upsert = stmt.on_conflict_do_update(
+                index_elements=[tokens.c.resource],
+                set_={"highest": stmt.excluded.highest},
+                where=tokens.c.highest <= stmt.excluded.highest,
+            )
+        else:
+            upsert = stmt.on_conflict_do_update(
+                index_elements=[tokens.c.resource],
+                set_={"highest": _max(tokens.c.highest, stmt.excluded.highest)},
+            )
+        if conn.execute(upsert.returning(tokens.c.highest)).first() is not None:
+            return None
+        # WHERE was false: the row exists, is locked by us, and is higher than ``token``.
+        return int(conn.execute(select(tokens.c.highest).where(tokens.c.resource == resource))
+                   .scalar_one())
+
+    def _lock_select(self, conn: Connection, resource: str, token: int) -> int | None:
+        """Portable: lock the row (creating it if missing), compare, raise it.
+        Returns ``None`` when accepted, else the (higher) highest token."""
+        tokens = self.tokens
+        locked = select(tokens.c.highest).where(tokens.c.resource == resource).with_for_update()
+        row = conn.execute(locked).first()
+        if row is None:
+            try:
+                with conn.begin_nested():  # a racing first insert must not abort us
+                    conn.execute(insert(tokens).values(resource=resource, highest=0))
+            except exc.IntegrityError:
+                pass  # a concurrent transaction created it first and has committed
+            row = conn.execute(locked).first()
+        if row is None:  # committed concurrently but invisible to this snapshot
+            raise FenceRetryable(
+                f"token row of {resource!r} not visible to this transaction's snapshot"
+            )
+        highest = int(row[0])
+        if self.enforce_tokens and token < highest:
+            return highest
+        if token > highest:
+            conn.execute(
+                update(tokens).where(tokens.c.resource == resource).values(highest=token)
+            )
+        return None
+
+    def _is_duplicate(self, conn: Connection, resource: str, token: int, effect_id: str) -> bool:
+        effects = self.effects_table
+        found = conn.execute(
+            select(effects.c.seq).where(
+                effects.c.resource == resource,
+                effects.c.token == token,
+                effects.c.effect_id == effect_id,
+            )
+        ).first()
+        return found is not None
+
+    def apply_now(
+        self, resource: str, token: int, effect_id: str, payload: bytes = b""
+    ) -> FenceOutcome:
+        """:meth:`apply` in a transaction of its own, committed before returning;
+        retried (up to ``max_attempts``, jittered backoff) on :class:`FenceRetryable`.
+
+        Raises:
+            FenceRejected, InvalidArgument, BackendUnavailable: as :meth:`apply`;
+            FenceRetryable: still aborted after ``max_attempts``. Nothing applied.
+        """
+        _check(resource, token, effect_id, payload)
+        return self._retrying(lambda conn: self.apply(conn, resource, token, effect_id, payload))
+
+    def _retrying(self, work: Callable[[Connection], T]) -> T:
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                with self.engine.begin() as conn:
+                    return work(conn)
+            except FenceRetryable:
+                if attempt == self.max_attempts:
+                    raise
+            except exc.DBAPIError as error:  # raised by BEGIN or COMMIT
+                translated = _translate(error, "fence transaction")
+                if not isinstance(translated, FenceRetryable) or attempt == self.max_attempts:
+                    raise translated from error
+            time.sleep(random.uniform(0, 0.01 * 2**attempt))  # backoff before a retry
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def as_fence(self) -> _OwnTransactionFence:
+        """This fence as a :class:`consensus_lease.fencing.Fence`:
+        ``apply(resource, token, effect_id, payload)`` runs :meth:`apply_now`."""
+        return _OwnTransactionFence(self)
+
+    # -- reading ----------------------------------------------------------------------
+
+    def highest_token(self, resource: str) -> int | None:
+        """The highest token accepted for ``resource``, or ``None``.
+
+        Raises:
+            BackendUnavailable.
+        """
+        try:
+            with self.engine.connect() as conn:
+                value = conn.execute(
+                    select(self.tokens.c.highest).where(self.tokens.c.resource == resource)
+                ).scalar()
+        except exc.DBAPIError as error:
+            raise _translate(error, "reading the fence") from error
+        return None if value is None else int(value)
+
+    def effects(self, resource: str | None = None) -> list[Effect]:
+        """Accepted effects ordered by ``seq`` (acceptance order within a resource),
+        optionally only those of ``resource``.
+
+        Raises:
+            BackendUnavailable.
+        """
+        e = self.effects_table
+        query = select(e.c.seq, e.c.resource, e.c.token, e.c.effect_id, e.c.payload)
+        if resource is not None:
+            query = query.where(e.c.resource == resource)
+        try:
+            with self.engine.connect() as conn:
+                rows = conn.execute(query.order_by(e.c.seq)).all()
+        except exc.DBAPIError as error:
+            raise _translate(error, "reading the fence") from error
+        return [Effect(int(s), str(r), int(t), str(i), bytes(p)) for s, r, t, i, p in rows]
+
+    def drop_tables(self) -> None:
+        """Drop both tables (tests and throw-away runs)."""
+        self._metadata.drop_all(self.engine, checkfirst=True)
+
+    def close(self) -> None:
+        """Dispose the engine if this fence built it from a URL."""
+        if self._owns_engine:
+            self.engine.dispose()
+
+
+class _OwnTransactionFence:
+    """Adapter: the :class:`~consensus_lease.fencing.Fence` protocol over ``apply_now``."""
+
+    def __init__(self, fence: SqlFence) -> None:
+        self.fence = fence
+
+    def apply(
+        self, resource: str, token: int, effect_id: str, payload: bytes = b""
+    ) -> FenceOutcome:
+        return self.fence.apply_now(resource, token, effect_id, payload)
+
+
+def _dialect_insert(dialect: str, table: Table) -> postgresql.Insert | sqlite.Insert:
+    """``INSERT`` with ``ON CONFLICT`` support for the two dialects that have it."""
+    return postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
+
+
+def _max(a: Any, b: Any) -> Any:
+    """Portable ``GREATEST(a, b)`` (SQLite has ``max``, PostgreSQL ``GREATEST``)."""
+    return case((a > b, a), else_=b)
+
+
+def _check(resource: str, token: int, effect_id: str, payload: bytes) -> None:
+    check_job_id(resource)
+    if isinstance(token, bool) or not isinstance(token, int) or token < 1:
+        raise InvalidArgument(f"token must be an int >= 1, got {token!r}")
+    if not isinstance(effect_id, str) or not 0 < len(effect_id) <= MAX_EFFECT_ID_CHARS:
+        raise InvalidArgument(f"effect_id must be a str of 1-{MAX_EFFECT_ID_CHARS} characters")
+    if not isinstance(payload, (bytes, bytearray, memoryview)):
+        raise InvalidArgument(f"payload must be bytes, not {type(payload).__name__}")
+
+
+def _translate(error: exc.DBAPIError, what: str) -> BackendUnavailable:
+    """Map a driver error to FenceRetryable (transaction aborted, retry) or
+    BackendUnavailable."""
+    orig = error.orig
+    sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    message = str(orig)
+    if sqlstate in _RETRYABLE_SQLSTATES or "database is locked" in message:
+        return FenceRetryable(f"{what}: {message.strip()}")
+    return BackendUnavailable(f"{what}: {message.strip()}")
+
+
+def _make_engine(url: str, busy_timeout_s: float) -> Engine:
+    """An engine for ``url``; SQLite gets WAL, a busy timeout and BEGIN IMMEDIATE."""
+    try:
+        if not url.startswith("sqlite"):
+            return create_engine(url, pool_pre_ping=True)
+        engine = create_engine(url, connect_args={"timeout": busy_timeout_s})
+    except (exc.ArgumentError, ImportError) as error:
+        raise InvalidArgument(f"cannot build an engine for {url!r}: {error}") from error
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (pysqlite recipe)
+        cursor = dbapi_conn.cursor()
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine

@@ -1,0 +1,175 @@
+"""``consensus-lease verify``: prove zero stale effects under faults, on any backend.
+
+Registered through ``consensus_lease.cli.EXTRA_COMMANDS``: ``NAME``, ``add_parser``, ``run``.
+Exit status 0 only with zero violations; 1 with violations; 2 when the run was
+inconclusive (a worker crashed) or could not be set up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from .checker import COUNTS, VIOLATIONS
+from .nemesis import CLUSTER_FAULTS, FAULTS, WORKER_FAULTS, parse_faults
+from .runner import VerifyConfig, VerifyResult, run_verify
+
+__all__ = ["NAME", "add_parser", "config_from_args", "render", "run"]
+
+NAME = "verify"
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
+    return value
+
+
+def _faults(text: str) -> tuple[str, ...]:
+    try:
+        return parse_faults(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``verify`` subcommand to ``subparsers``."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        NAME,
+        help="check that no stale effect gets through under faults",
+        description="Worker processes claim and work jobs, writing every step to a fenced "
+        "destination with the lease's token, while a nemesis pauses, kills and skews "
+        "workers (and, with --cluster etcd|zookeeper, pauses, kills and partitions cluster "
+        "members). A checker then reads the history and the destination. Exit 0 only with "
+        "zero violations.",
+    )
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--backend", metavar="URL", help="store URL (default: --cluster sqlite)")
+    where.add_argument("--cluster", choices=("sqlite", "etcd", "zookeeper"), default="sqlite",
+                       help="a store the verifier creates: a SQLite file, or a 3-member "
+                       "etcd/ZooKeeper cluster in containers (default sqlite)")
+    parser.add_argument("--workers", type=_positive_int, default=4, help="worker processes (4)")
+    parser.add_argument("--jobs", type=_positive_int, default=100, help="jobs to complete (100)")
+    parser.add_argument("--steps", type=_positive_int, default=3, help="effects per job (3)")
+    parser.add_argument("--ttl-s", type=_seconds, default=1.0, help="session TTL, s (1)")
+    parser.add_argument("--duration-s", type=_seconds, default=30.0,
+                        help="fault period, s (30)")
+    parser.add_argument("--quiet-s", type=_seconds, default=20.0,
+                        help="longest quiet period after the faults, s (20)")
+    parser.add_argument("--seed", type=int, default=1, help="derives the fault schedule (1)")
+    parser.add_argument("--faults", type=_faults, default=None, metavar="LIST",
+                        help=f"comma-separated, from: {', '.join(FAULTS)} (default: "
+                        f"{','.join(WORKER_FAULTS)}, plus the cluster faults with "
+                        "--cluster etcd|zookeeper; '' for none)")
+    parser.add_argument("--history", metavar="PATH", help="history file (default: in the run "
+                        "directory)")
+    parser.add_argument("--destination", metavar="URL", help="SQLAlchemy URL of the fenced "
+                        "destination (default: a SqliteFence file in the run directory)")
+    parser.add_argument("--unfenced", action="store_true", help="the destination stops "
+                        "checking tokens: the run must then FAIL (proof the checker can)")
+    parser.add_argument("--think-s", type=_seconds, default=None,
+                        help="longest think time per step, s (default: spreads the work "
+                        "over the fault period, at most TTL/3)")
+    parser.add_argument("--run-dir", metavar="DIR", help="where the run's files go (default: "
+                        "a new temporary directory)")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> VerifyConfig:
+    """Build the run's configuration from parsed arguments."""
+    faults = args.faults
+    if faults is None:
+        faults = WORKER_FAULTS
+        if args.backend is None and args.cluster in ("etcd", "zookeeper"):
+            faults = WORKER_FAULTS + CLUSTER_FAULTS
+    return VerifyConfig(
+        backend=args.backend, cluster=args.cluster, workers=args.workers, jobs=args.jobs,
+        steps=args.steps, ttl_s=args.ttl_s, duration_s=args.duration_s, quiet_s=args.quiet_s,
+        seed=args.seed, faults=tuple(faults), history=args.history,
+        destination=args.destination, unfenced=args.unfenced, think_s=args.think_s,
+        run_dir=args.run_dir,
+    )
+
+
+def render(result: VerifyResult, console: Console, *, unfenced: bool = False) -> None:
+    """Print the summary tables, the history path and the verdict."""
+    report = result.report
+    verdict = Table(title="violations (each must be 0)")
+    for column in ("check", "count", ""):
+        verdict.add_column(column)
+    for name in VIOLATIONS:
+        n = report.violations[name]
+        verdict.add_row(name, str(n), "[green]ok[/]" if n == 0 else "[red]VIOLATED[/]")
+    console.print(verdict)
+
+    counts = Table(title="what happened")
+    counts.add_column("count")
+    counts.add_column("value", justify="right")
+    for name in COUNTS:
+        counts.add_row(name, str(report.counts[name]))
+    for kind, n in sorted(report.faults.items()):
+        counts.add_row(f"fault: {kind}", str(n))
+    console.print(counts)
+
+    bad = [j for j in report.jobs.values() if not j.ok]
+    if bad:
+        jobs = Table(title=f"jobs with violations ({len(bad)} of {len(report.jobs)})")
+        for column in ("job", "violations", "tokens accepted (in order)", "completed by"):
+            jobs.add_column(column, overflow="fold")
+        for job in bad[:20]:
+            jobs.add_row(job.job, ", ".join(f"{k}={v}" for k, v in job.violations.items() if v),
+                         " ".join(map(str, job.tokens)) or "-",
+                         "-" if job.completed_generation is None
+                         else str(job.completed_generation))
+        console.print(jobs)
+        for example in report.examples[:10]:
+            console.print(f"  [red]x[/] {example}", highlight=False)
+
+    console.print(f"[bold]store[/]       {result.store_url}", highlight=False)
+    console.print(f"[bold]destination[/] {result.destination}"
+                  f"{' (UNFENCED)' if unfenced else ''}", highlight=False)
+    console.print(f"[bold]history[/]     {result.history_path}", highlight=False)
+    console.print(f"[bold]run dir[/]     {result.run_dir}", highlight=False)
+    done = ("all jobs completed" if result.all_completed_at_s is not None
+            else "NOT all jobs completed")
+    console.print(f"[bold]duration[/]    {result.elapsed_s:.1f} s; {result.faults_injected} "
+                  f"faults; {report.counts['claims']} claims; {done}", highlight=False)
+    for note in result.notes:
+        console.print(f"[yellow]note:[/] {note}", highlight=False)
+    for crash in result.worker_crashes:
+        console.print(f"[red]worker crashed:[/] {crash}", highlight=False)
+    status = result.exit_status
+    if status == 0:
+        console.print("[bold green]PASS: zero violations: no stale effect got through.[/]")
+    elif status == 1:
+        console.print(f"[bold red]FAIL: {report.total_violations} violation(s).[/]")
+    else:
+        console.print("[bold yellow]INCONCLUSIVE: a worker crashed (no safety violation "
+                      "found).[/]")
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    """Run ``consensus-lease verify``; returns the exit status."""
+    config = config_from_args(args)
+    result = run_verify(config, progress=lambda m: console.print(f"[dim]{m}[/]",
+                                                                   highlight=False))
+    render(result, console, unfenced=config.unfenced)
+    return result.exit_status

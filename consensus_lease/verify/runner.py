@@ -1,0 +1,385 @@
+"""One verification run: workers + nemesis + quiet period + checker.
+
+::
+
+    result = run_verify(VerifyConfig(workers=4, jobs=60, duration_s=30, seed=7))
+    result.report.ok          # zero violations?
+    result.history_path       # the run's JSONL history
+
+Phases, every one bounded in time:
+
+1. set up: the store (``backend`` URL, or a SQLite file in the run directory, or a
+   cluster the verifier starts with the container kit), the destination, the jobs
+   (``v<run id>-j000``...), one history part per process;
+2. the fault period: ``workers`` worker processes work the jobs while the nemesis runs
+   the seed's schedule for ``duration_s``; every fault is healed at its end;
+3. the quiet period: no faults; ends when the store shows every job completed, or after
+   ``quiet_s``; then the workers are stopped (SIGTERM, SIGKILL after 15 s);
+4. the store's final record of each job is added to the history, the parts are merged
+   into one history file, and the checker reads it with the destination's effects.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..errors import BackendUnavailable, InvalidArgument, LeaseError
+from ..record import JobState, LeaseRecord
+from ..store import LeaseStore, open_store
+from .checker import Report, check
+from .destination import Destination, job_effects, open_destination
+from .history import HistoryWriter, read_parts, write_history
+from .kit import KitCluster
+from .nemesis import CLUSTER_FAULTS, WORKER_FAULTS, Nemesis, NemesisContext, plan
+from .pool import PausePoint, WorkerPool
+from .worker import WorkerConfig
+
+__all__ = ["DEFAULT_FAULTS", "VerifyConfig", "VerifyResult", "run_verify"]
+
+DEFAULT_FAULTS = WORKER_FAULTS
+STOP_GRACE_S = 15.0
+GID_BASE = 52_000
+MAX_WORKERS = 32
+_POLL_S = 0.2
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class VerifyConfig:
+    """A run's parameters (the ``consensus-lease verify`` options).
+
+    Attributes:
+        backend: store URL; ``None`` uses ``cluster``.
+        cluster: ``sqlite`` (a file in the run directory), ``etcd`` or ``zookeeper``
+            (a 3-member cluster started with the container kit), used when ``backend``
+            is ``None``.
+        workers: concurrent worker processes (1-32).
+        jobs: jobs to complete.
+        steps: effects per job.
+        ttl_s: session TTL, seconds.
+        duration_s: the fault period, seconds.
+        quiet_s: the longest quiet period after it, seconds.
+        seed: derives the fault schedule and each worker's choices.
+        faults: fault names (see :mod:`consensus_lease.verify.nemesis`).
+        history: the history file (default ``<run dir>/history.jsonl``).
+        destination: SQLAlchemy URL of the destination (default: a SqliteFence file in
+            the run directory).
+        unfenced: the destination does not check tokens (the control run).
+        think_s: longest think time; ``None`` picks one so the work spans about
+            ``duration_s``, at most TTL/3.
+        renew_probability: chance of an explicit ``renew()`` after each step.
+        run_dir: where the run's files go (default: a new temporary directory).
+    """
+
+    backend: str | None = None
+    cluster: str = "sqlite"
+    workers: int = 4
+    jobs: int = 100
+    steps: int = 3
+    ttl_s: float = 1.0
+    duration_s: float = 30.0
+    quiet_s: float = 20.0
+    seed: int = 1
+    faults: tuple[str, ...] = DEFAULT_FAULTS
+    history: str | None = None
+    destination: str | None = None
+    unfenced: bool = False
+    think_s: float | None = None
+    renew_probability: float = 0.3
+    run_dir: str | None = None
+
+    def validate(self, *, cluster_given: bool = False) -> None:
+        """Raises InvalidArgument naming the first bad parameter."""
+        if not 1 <= self.workers <= MAX_WORKERS:
+            raise InvalidArgument(f"workers must be 1-{MAX_WORKERS}, got {self.workers}")
+        if self.jobs < 1 or self.steps < 1:
+            raise InvalidArgument("jobs and steps must be >= 1")
+        for name in ("ttl_s", "duration_s", "quiet_s"):
+            value = getattr(self, name)
+            if not value >= 0 or (name == "ttl_s" and value <= 0):
+                raise InvalidArgument(f"{name} must be a number of seconds > 0, got {value}")
+        if self.think_s is not None and not self.think_s >= 0:
+            raise InvalidArgument(f"think_s must be >= 0, got {self.think_s}")
+        if self.backend is None and self.cluster not in ("sqlite", "etcd", "zookeeper"):
+            raise InvalidArgument(f"cluster must be sqlite, etcd or zookeeper: {self.cluster!r}")
+        cluster_faults = [f for f in self.faults if f in CLUSTER_FAULTS]
+        if cluster_faults and not cluster_given and (
+            self.backend is not None or self.cluster == "sqlite"
+        ):
+            raise InvalidArgument(
+                f"fault(s) {', '.join(cluster_faults)} need a cluster the verifier starts "
+                "itself: use --cluster etcd or --cluster zookeeper"
+            )
+        if "partition" in self.faults and os.geteuid() != 0:
+            raise InvalidArgument("the partition fault needs root (iptables, setpriv)")
+
+    def effective_think_s(self) -> float:
+        if self.think_s is not None:
+            return self.think_s
+        spread = self.duration_s * self.workers / (self.jobs * self.steps)
+        return round(min(self.ttl_s / 3, max(0.01, spread)), 4)
+
+
+@dataclass
+class VerifyResult:
+    """What a run produced.
+
+    Attributes:
+        report: the checker's report.
+        history_path: the run's history file.
+        run_dir: the run's directory (store, destination, parts, worker logs).
+        store_url / destination: where leases and effects lived.
+        elapsed_s: wall time of the whole run.
+        faults_injected: faults the nemesis injected and healed.
+        all_completed_at_s: seconds after the fault period began at which the store
+            showed every job completed (polled in the quiet period), or ``None``.
+        last_completion_s: seconds after the fault period began at which the last
+            successful ``complete()`` returned (from the history), or ``None``.
+        worker_crashes: workers that died on their own (``name (exit N): output``).
+        notes: remarks for the reader (e.g. jobs ran out before the faults ended).
+    """
+
+    report: Report
+    history_path: Path
+    run_dir: Path
+    store_url: str
+    destination: str
+    elapsed_s: float
+    faults_injected: int
+    all_completed_at_s: float | None
+    last_completion_s: float | None = None
+    worker_crashes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def exit_status(self) -> int:
+        """0: zero violations; 1: violations; 2: inconclusive — a worker crashed, and no
+        violation other than ``not_completed`` (which a crash explains) was found."""
+        safety = self.report.total_violations - self.report.violations["not_completed"]
+        if safety:
+            return 1
+        if self.worker_crashes:
+            return 2
+        return 0 if self.report.ok else 1
+
+
+def _all_completed(store: LeaseStore, jobs: list[str]) -> bool:
+    for job in jobs:
+        try:
+            record = store.get(job)
+        except LeaseError:
+            return False
+        if record is None or record.state is not JobState.COMPLETED:
+            return False
+    return True
+
+
+def _overtaken(store: LeaseStore, destination: Destination) -> Callable[[PausePoint], bool]:
+    """Is the action a worker stopped before now stale? (See ``NemesisContext``.)"""
+
+    def overtaken(point: PausePoint) -> bool:
+        try:
+            if point.before == "write":
+                highest = destination.highest_token(point.job)
+                return highest is not None and highest > point.generation
+            record = store.get(point.job)
+        except LeaseError:
+            return False
+        return (record is None or record.generation != point.generation
+                or record.state is not JobState.HELD)
+
+    return overtaken
+
+
+def _final_record(store: LeaseStore, job: str, attempts: int = 10) -> LeaseRecord | None:
+    """``store.get(job)``, retried (bounded) while the store is unavailable.
+
+    Raises:
+        BackendUnavailable: still unavailable after ``attempts`` tries.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            return store.get(job)
+        except BackendUnavailable:
+            if attempt == attempts:
+                raise
+            time.sleep(0.5)
+    return None  # pragma: no cover
+
+
+class _CrashWatch(threading.Thread):
+    """Ends the fault period early (sets ``abort``) when a worker crashes: the run is
+    inconclusive then, and waiting on would only waste time."""
+
+    def __init__(self, pool: WorkerPool, abort: threading.Event) -> None:
+        super().__init__(name="verify-crash-watch", daemon=True)
+        self.pool = pool
+        self.abort = abort
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(_POLL_S):
+            if self.pool.crashed():
+                self.abort.set()
+                return
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join(timeout=5)
+
+
+def run_verify(config: VerifyConfig, progress: Progress | None = None, *,
+               cluster: KitCluster | None = None) -> VerifyResult:
+    """Run one verification (see the module docstring).
+
+    Args:
+        config: the run's parameters.
+        progress: called with one line of text per phase.
+        cluster: a running cluster to use and fault (``KitCluster.adopt(...)``) instead
+            of ``config.cluster``/``config.backend``; left running afterwards.
+
+    Raises:
+        InvalidArgument: bad configuration.
+        UnsupportedBackend / BackendUnavailable: the store or destination cannot be used.
+        Exception: the container kit's errors when it cannot start the cluster.
+    """
+    say = progress or (lambda _message: None)
+    config.validate(cluster_given=cluster is not None)
+    started = time.monotonic()
+    run_id = f"{config.seed}-{uuid.uuid4().hex[:6]}"
+    run_dir = Path(config.run_dir or tempfile.mkdtemp(prefix=f"consensus-lease-verify-{run_id}-"))
+    parts_dir, logs_dir = run_dir / "parts", run_dir / "logs"
+    parts_dir.mkdir(parents=True, exist_ok=True)
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    jobs = [f"v{run_id}-j{i:03d}" for i in range(config.jobs)]
+    random.Random(config.seed).shuffle(jobs)  # the order every worker tries them in
+    think_s = config.effective_think_s()
+
+    pool: WorkerPool | None = None
+    store: LeaseStore | None = None
+    destination: Destination | None = None
+    recorder = HistoryWriter(parts_dir / "verifier.jsonl", "verifier")
+    nemesis_rec = HistoryWriter(parts_dir / "nemesis.jsonl", "nemesis")
+    try:
+        if config.backend is not None:
+            store_url = config.backend
+        elif cluster is not None:
+            store_url = cluster.url(f"verify-{run_id}")
+        elif config.cluster == "sqlite":
+            store_url = f"sqlite:///{run_dir / 'store.db'}"
+        else:
+            say(f"starting a 3-member {config.cluster} cluster (container kit)")
+            cluster = KitCluster(config.cluster).start()
+            store_url = cluster.url(f"verify-{run_id}")
+        destination_spec = config.destination or str(run_dir / "destination.db")
+        destination = open_destination(destination_spec, enforce_tokens=not config.unfenced)
+        store = open_store(store_url)
+        schedule = plan(config.seed, config.faults, duration_s=config.duration_s,
+                        ttl_s=config.ttl_s, slots=config.workers)
+        recorder.event("run", run_id=run_id, jobs=jobs, store=store_url,
+                       destination=destination_spec, think_s=think_s,
+                       config={k: v for k, v in asdict(config).items() if k != "faults"},
+                       faults=list(config.faults), schedule=[asdict(p) for p in schedule])
+
+        gids = None
+        if "partition" in config.faults:
+            base = GID_BASE + (os.getpid() % 500) * MAX_WORKERS
+            gids = [base + slot for slot in range(config.workers)]
+        template = WorkerConfig(
+            name="", store_url=store_url, destination=destination_spec, jobs=jobs,
+            history_path="", seed=config.seed, enforce_tokens=not config.unfenced,
+            ttl_s=config.ttl_s, steps=config.steps, think_s=think_s,
+            renew_probability=config.renew_probability, idle_s=min(0.2, config.ttl_s / 5),
+            # A bound only (the verifier stops them): the last fault may outlast the
+            # fault period by its longest hold plus a member restart.
+            stop_at=time.time() + config.duration_s + config.quiet_s + 10 * config.ttl_s
+            + STOP_GRACE_S + 120.0,
+        )
+        pool = WorkerPool(template, slots=config.workers, parts_dir=parts_dir,
+                          logs_dir=logs_dir, gids=gids)
+        say(f"{config.workers} workers, {config.jobs} jobs x {config.steps} steps, TTL "
+            f"{config.ttl_s} s, think <= {think_s} s; {len(schedule)} faults planned over "
+            f"{config.duration_s} s ({', '.join(config.faults) or 'none'})")
+        pool.start_all()
+        ctx = NemesisContext(workers=pool, ttl_s=config.ttl_s,
+                             overtaken=_overtaken(store, destination), cluster=cluster)
+        faults_from, faults_from_wall = time.monotonic(), time.time()
+        watchdog = _CrashWatch(pool, ctx.stop)
+        watchdog.start()
+        try:
+            faults_injected = Nemesis(ctx, nemesis_rec).run(schedule, config.duration_s)
+        finally:
+            watchdog.stop()
+        say(f"fault period over: {faults_injected} faults injected and healed; quiet period "
+            f"(at most {config.quiet_s} s)")
+
+        all_completed_at: float | None = None
+        quiet_until = time.monotonic() + (0.0 if pool.crashed() else config.quiet_s)
+        while True:
+            pool.resume_stopped()  # defensive: no worker may stay stopped now
+            if _all_completed(store, jobs):
+                all_completed_at = time.monotonic() - faults_from
+                break
+            if time.monotonic() >= quiet_until or pool.all_exited():
+                break
+            time.sleep(_POLL_S)
+        pool.stop_all(STOP_GRACE_S)
+        for job in jobs:
+            record = _final_record(store, job)
+            recorder.event(
+                "final", job=job, generation=None if record is None else record.generation,
+                state="unknown" if record is None else record.state.value,
+                owner=None if record is None else record.owner,
+            )
+        recorder.close()
+        nemesis_rec.close()
+        parts = [parts_dir / "verifier.jsonl", parts_dir / "nemesis.jsonl", *pool.part_files()]
+        ops = read_parts(parts)
+        history_path = write_history(ops, config.history or run_dir / "history.jsonl")
+        report = check(ops, job_effects(destination, jobs), jobs)
+        completions = [o.t_return for o in ops
+                       if o.op == "complete" and o.outcome == "ok" and o.t_return is not None]
+        result = VerifyResult(
+            report=report, history_path=history_path, run_dir=run_dir, store_url=store_url,
+            destination=destination_spec, elapsed_s=time.monotonic() - started,
+            faults_injected=faults_injected, all_completed_at_s=all_completed_at,
+            last_completion_s=max(completions) - faults_from_wall if completions else None,
+            worker_crashes=pool.crashes(),
+        )
+        _add_notes(result, config)
+        return result
+    finally:
+        if pool is not None:
+            pool.stop_all(STOP_GRACE_S)
+        recorder.close()
+        nemesis_rec.close()
+        if store is not None:
+            store.close()
+        if destination is not None:
+            destination.close()
+        if cluster is not None:
+            cluster.stop()
+
+
+def _add_notes(result: VerifyResult, config: VerifyConfig) -> None:
+    done = result.last_completion_s
+    all_done = result.report.violations["not_completed"] == 0
+    if done is not None and all_done and done < config.duration_s * 0.8:
+        result.notes.append(
+            f"the last job was completed {done:.1f} s into the {config.duration_s} s fault "
+            "period: later faults hit idle workers; raise --jobs"
+        )
+    if result.report.counts["claims"] == 0:
+        result.notes.append("no job was ever claimed: is the store reachable?")
+    if shutil.which("setpriv") is None and "partition" in config.faults:
+        result.notes.append("setpriv not found: workers could not get their own gid")

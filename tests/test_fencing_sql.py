@@ -1,0 +1,428 @@
+"""The SQL fence (consensus_lease.fencing_sql) on SQLite and on a real PostgreSQL server.
+
+PostgreSQL comes from ``CONSENSUS_LEASE_POSTGRES_URL`` (``eval "$(bash
+scripts/start-postgres.sh)"`` starts one on loopback and exports it). Without it the
+PostgreSQL cases are skipped with that reason — except under ``CI=true``, where they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, select, text
+
+from consensus_lease import FenceRejected, InvalidArgument
+from consensus_lease.fencing import FenceOutcome
+from consensus_lease.fencing_sql import SqlFence
+
+POSTGRES_ENV = "CONSENSUS_LEASE_POSTGRES_URL"
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+def postgres_url_or_skip() -> str:
+    """The PostgreSQL URL; skip (fail under CI=true) when none is configured."""
+    url = os.environ.get(POSTGRES_ENV, "").strip()
+    if not url:
+        reason = (
+            f"{POSTGRES_ENV} is not set: run `eval \"$(bash scripts/start-postgres.sh)\"` "
+            "to start PostgreSQL on 127.0.0.1 and export it"
+        )
+        if _in_ci():
+            pytest.fail(f"{reason} (CI=true: PostgreSQL tests must run)", pytrace=False)
+        pytest.skip(reason)
+    return url
+
+
+@dataclass
+class Db:
+    kind: str
+    url: str
+    prefix: str
+
+    def fence(self, **kwargs: object) -> SqlFence:
+        return SqlFence(self.url, table_prefix=self.prefix, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Db]:
+    prefix = f"t{uuid.uuid4().hex[:10]}_"
+    url = f"sqlite:///{tmp_path / 'fence.db'}" if request.param == "sqlite" else postgres_url_or_skip()
+    yield Db(request.param, url, prefix)
+    if request.param == "postgresql":
+        cleanup = SqlFence(url, table_prefix=prefix, create_tables=False)
+        cleanup.drop_tables()
+        cleanup.close()
+
+
+@pytest.fixture(params=["upsert", "lock"])
+def fence(request: pytest.FixtureRequest, db: Db) -> Iterator[SqlFence]:
+    f = db.fence(strategy=request.param)
+    yield f
+    f.close()
+
+
+# -- the rule --------------------------------------------------------------------------
+
+
+def test_accepts_equal_and_higher_rejects_lower(fence: SqlFence) -> None:
+    assert fence.apply_now("job", 7, "step-1") is FenceOutcome.ACCEPTED
+    assert fence.apply_now("job", 7, "step-2") is FenceOutcome.ACCEPTED
+    assert fence.apply_now("job", 8, "step-1") is FenceOutcome.ACCEPTED
+    with pytest.raises(FenceRejected) as rejected:
+        fence.apply_now("job", 7, "step-3")
+    assert rejected.value.highest_seen == 8 and rejected.value.generation == 7
+    assert rejected.value.job_id == "job"
+    assert fence.highest_token("job") == 8
+    assert [(e.token, e.effect_id) for e in fence.effects("job")] == [
+        (7, "step-1"), (7, "step-2"), (8, "step-1"),
+    ]
+
+
+def test_resources_are_independent_and_unknown_has_no_token(fence: SqlFence) -> None:
+    fence.apply_now("a", 9, "x")
+    assert fence.apply_now("b/ü 1", 1, "x") is FenceOutcome.ACCEPTED
+    assert fence.highest_token("never") is None
+    assert [e.resource for e in fence.effects()] == ["a", "b/ü 1"]
+
+
+def test_idempotency_key_makes_a_retry_a_no_op(fence: SqlFence) -> None:
+    assert fence.apply_now("job", 3, "charge", b"$10") is FenceOutcome.ACCEPTED
+    assert fence.apply_now("job", 3, "charge", b"$10") is FenceOutcome.DUPLICATE
+    fence.apply_now("job", 4, "charge")
+    # The effect *was* applied at 3: a late retry of it is a duplicate, not an error.
+    assert fence.apply_now("job", 3, "charge", b"$10") is FenceOutcome.DUPLICATE
+    assert [(e.token, e.payload) for e in fence.effects()] == [(3, b"$10"), (4, b"")]
+
+
+def test_rejected_effect_changes_nothing(fence: SqlFence) -> None:
+    fence.apply_now("job", 5, "a")
+    with pytest.raises(FenceRejected):
+        fence.apply_now("job", 4, "b")
+    assert [e.effect_id for e in fence.effects()] == ["a"]
+    assert fence.highest_token("job") == 5
+
+
+def test_unfenced_mode_lets_stale_tokens_through(db: Db) -> None:
+    fence = db.fence(enforce_tokens=False)
+    fence.apply_now("job", 5, "a")
+    assert fence.apply_now("job", 4, "b") is FenceOutcome.ACCEPTED
+    assert fence.highest_token("job") == 5  # still the maximum
+    fence.close()
+
+
+@pytest.mark.parametrize(
+    ("resource", "token", "effect_id", "payload"),
+    [("", 1, "e", b""), ("j", 0, "e", b""), ("j", True, "e", b""), ("j", 1, "", b""),
+     ("j", 1, "x" * 257, b""), ("j", 1, "e", "text"), ("j\x00", 1, "e", b"")],
+)
+def test_bad_arguments_are_rejected_before_any_sql(
+    fence: SqlFence, resource: str, token: int, effect_id: str, payload: bytes
+) -> None:
+    with pytest.raises(InvalidArgument):
+        fence.apply_now(resource, token, effect_id, payload)
+    assert fence.effects() == []
+
+
+def test_as_fence_is_the_plain_fence_protocol(fence: SqlFence) -> None:
+    plain = fence.as_fence()
+    assert plain.apply("job", 2, "a") is FenceOutcome.ACCEPTED
+    with pytest.raises(FenceRejected):
+        plain.apply("job", 1, "a")
+
+
+# -- inside the caller's transaction ------------------------------------------------------
+
+
+def _ledger(fence: SqlFence, prefix: str) -> Table:
+    table = Table(f"{prefix}ledger", MetaData(), Column("id", Integer, primary_key=True),
+                  Column("what", String(64), nullable=False))
+    table.metadata.create_all(fence.engine)
+    return table
+
+
+def test_callers_own_write_commits_with_the_token_check(fence: SqlFence, db: Db) -> None:
+    ledger = _ledger(fence, db.prefix)
+    with fence.engine.begin() as conn:
+        assert fence.apply(conn, "job", 2, "charge") is FenceOutcome.ACCEPTED
+        conn.execute(ledger.insert().values(what="charged by 2"))
+    with pytest.raises(FenceRejected), fence.engine.begin() as conn:
+        conn.execute(ledger.insert().values(what="charged by 1"))  # before the check
+        fence.apply(conn, "job", 1, "charge")
+    with fence.engine.connect() as conn:
+        assert conn.execute(select(ledger.c.what)).scalars().all() == ["charged by 2"]
+    ledger.metadata.drop_all(fence.engine)
+
+
+def test_a_rolled_back_transaction_records_no_token(fence: SqlFence) -> None:
+    class Abort(Exception):
+        pass
+
+    with pytest.raises(Abort), fence.engine.begin() as conn:
+        fence.apply(conn, "job", 9, "a")
+        raise Abort
+    assert fence.highest_token("job") is None and fence.effects() == []
+    assert fence.apply_now("job", 3, "a") is FenceOutcome.ACCEPTED
+
+
+def _postgres_lock_waiters(url: str) -> int:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(text(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database()")).scalar_one())
+    finally:
+        engine.dispose()
+
+
+def _wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("commit", [True, False])
+def test_an_open_transaction_holds_the_resource_lock(fence: SqlFence, db: Db, commit: bool) -> None:
+    """T1 applies token 5 and stays open; T2's token 4 must wait for T1 and is then
+    rejected if T1 committed, accepted if it rolled back."""
+    results: list[object] = []
+    t2_started = threading.Event()
+
+    def t2() -> None:
+        t2_started.set()
+        try:
+            results.append(fence.apply_now("job", 4, "late"))
+        except FenceRejected as exc:
+            results.append(exc)
+
+    conn = fence.engine.connect()
+    trans = conn.begin()
+    fence.apply(conn, "job", 5, "first")
+    thread = threading.Thread(target=t2)
+    thread.start()
+    t2_started.wait(10)
+    if db.kind == "postgresql":  # observe T2 blocked on T1's row lock
+        _wait_until(lambda: _postgres_lock_waiters(db.url) >= 1, 10, "T2 to wait for the lock")
+    assert not results
+    trans.commit() if commit else trans.rollback()
+    conn.close()
+    thread.join(30)
+    assert len(results) == 1
+    if commit:
+        assert isinstance(results[0], FenceRejected) and results[0].highest_seen == 5
+    else:
+        assert results[0] is FenceOutcome.ACCEPTED and fence.highest_token("job") == 4
+
+
+# -- concurrency ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Call:
+    resource: str
+    token: int
+    effect_id: str
+    t_invoke: float
+    t_return: float
+    outcome: str  # accepted | duplicate | rejected
+    highest_seen: int | None = None
+
+
+def check_linearizable(calls: list[Call], fence: SqlFence) -> None:
+    """What a correct fence guarantees, checked against the calls' outcomes and the
+    effects table:
+
+    * effects of one resource, in seq order, carry non-decreasing tokens;
+    * every accepted call is in the table, every rejected one is not;
+    * a rejection names a higher token that was accepted;
+    * a call invoked after an accepted call with a higher token returned is rejected;
+    * the recorded highest token is the highest accepted.
+    """
+    effects = fence.effects()
+    by_resource: dict[str, list[int]] = {}
+    for effect in effects:
+        by_resource.setdefault(effect.resource, []).append(effect.token)
+    for resource, tokens in by_resource.items():
+        assert tokens == sorted(tokens), f"{resource}: tokens out of order {tokens}"
+        assert fence.highest_token(resource) == max(tokens)
+    keys = {(e.resource, e.token, e.effect_id) for e in effects}
+    accepted = [c for c in calls if c.outcome == "accepted"]
+    for call in calls:
+        key = (call.resource, call.token, call.effect_id)
+        if call.outcome == "accepted":
+            assert key in keys
+        elif call.outcome == "rejected":
+            assert key not in keys
+            assert call.highest_seen is not None and call.highest_seen > call.token
+            assert call.highest_seen in by_resource[call.resource]
+    for call in calls:
+        if call.outcome != "accepted":
+            continue
+        for earlier in accepted:
+            if (earlier.resource == call.resource and earlier.token > call.token
+                    and earlier.t_return < call.t_invoke):
+                raise AssertionError(f"{call} accepted after {earlier} had returned")
+
+
+def _apply_timed(fence: SqlFence, resource: str, token: int, effect_id: str) -> Call:
+    t0 = time.monotonic()
+    try:
+        outcome = fence.apply_now(resource, token, effect_id).value
+        highest = None
+    except FenceRejected as exc:
+        outcome, highest = "rejected", exc.highest_seen
+    return Call(resource, token, effect_id, t0, time.monotonic(), outcome, highest)
+
+
+def test_first_insert_race_between_threads(fence: SqlFence) -> None:
+    """Eight threads apply distinct tokens to a resource nobody has seen, released
+    together by a barrier; repeated over fresh resources."""
+    threads_n, rounds = 8, 15
+    calls: list[Call] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(threads_n, timeout=30)
+
+    def run(index: int) -> None:
+        for r in range(rounds):
+            barrier.wait()
+            call = _apply_timed(fence, f"fresh-{r}", index + 1, "e")
+            with lock:
+                calls.append(call)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(threads_n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert len(calls) == threads_n * rounds
+    check_linearizable(calls, fence)
+    for r in range(rounds):
+        assert any(c.outcome == "accepted" for c in calls if c.resource == f"fresh-{r}")
+
+
+RACER = r"""
+import json, random, sys, time
+from consensus_lease.fencing_sql import SqlFence
+from consensus_lease.errors import FenceRejected
+url, prefix, strategy, seed, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+fence = SqlFence(url, table_prefix=prefix, strategy=strategy, create_tables=False)
+rng = random.Random(seed)
+for i in range(n):
+    resource = f"r{rng.randrange(3)}"
+    token = rng.randrange(1, 40) + i // 4   # drifts upwards, like generations
+    t0 = time.monotonic()
+    try:
+        outcome, highest = fence.apply_now(resource, token, f"p{seed}-{i}").value, None
+    except FenceRejected as exc:
+        outcome, highest = "rejected", exc.highest_seen
+    print(json.dumps([resource, token, f"p{seed}-{i}", t0, time.monotonic(), outcome, highest]))
+fence.close()
+"""
+
+
+@pytest.mark.slow
+def test_processes_racing_tokens(fence: SqlFence, db: Db) -> None:
+    """Four OS processes race random, drifting tokens on three resources."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACER, db.url, db.prefix, fence.strategy, str(seed), "150"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for seed in range(4)
+    ]
+    calls: list[Call] = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err
+        calls += [Call(*json.loads(line)) for line in out.splitlines()]
+    assert len(calls) == 600
+    outcomes = {c.outcome for c in calls}
+    assert outcomes >= {"accepted", "rejected"}, outcomes
+    check_linearizable(calls, fence)
+
+
+def test_postgres_is_really_used_when_configured() -> None:
+    """Guards against a silently wrong URL: the server must answer as PostgreSQL."""
+    url = postgres_url_or_skip()
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            assert "PostgreSQL" in conn.execute(text("SELECT version()")).scalar_one()
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def pg_db() -> Iterator[Db]:
+    """PostgreSQL only: for what only PostgreSQL's snapshots and isolation levels show."""
+    url = postgres_url_or_skip()
+    prefix = f"t{uuid.uuid4().hex[:10]}_"
+    yield Db("postgresql", url, prefix)
+    cleanup = SqlFence(url, table_prefix=prefix, create_tables=False)
+    cleanup.drop_tables()
+    cleanup.close()
+
+
+def test_serializable_transactions_are_retried_not_wrong(pg_db: Db) -> None:
+    """Under SERIALIZABLE the database aborts racing transactions; ``apply_now`` retries
+    them (FenceRetryable inside), and the outcome is still linearizable."""
+    db = pg_db
+    engine = create_engine(db.url, isolation_level="SERIALIZABLE")
+    fence = SqlFence(engine, table_prefix=db.prefix, max_attempts=100)
+    threads_n, rounds = 6, 10
+    calls: list[Call] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(threads_n, timeout=30)
+
+    def run(index: int) -> None:
+        for r in range(rounds):
+            barrier.wait()
+            call = _apply_timed(fence, f"ser-{r % 2}", index + 1 + r, f"e{index}-{r}")
+            with lock:
+                calls.append(call)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(threads_n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert len(calls) == threads_n * rounds
+    check_linearizable(calls, fence)
+    engine.dispose()
+
+
+@pytest.mark.parametrize("strategy", ["upsert", "lock"])
+def test_a_serialization_failure_in_the_callers_transaction_is_retryable(
+    pg_db: Db, strategy: str
+) -> None:
+    """The first-insert race seen from REPEATABLE READ: the second transaction cannot see
+    the row the first one committed after its snapshot began, and is told to retry."""
+    db = pg_db
+    from consensus_lease.fencing_sql import FenceRetryable
+
+    engine = create_engine(db.url, isolation_level="REPEATABLE READ")
+    fence = SqlFence(engine, table_prefix=db.prefix, strategy=strategy)  # type: ignore[arg-type]
+    with engine.connect() as late:
+        trans = late.begin()
+        late.execute(text("SELECT 1"))  # its snapshot starts here
+        fence.apply_now("job", 3, "first")  # committed after that snapshot
+        with pytest.raises(FenceRetryable):
+            fence.apply(late, "job", 4, "second")
+        trans.rollback()
+    assert fence.apply_now("job", 4, "second") is FenceOutcome.ACCEPTED
+    engine.dispose()
