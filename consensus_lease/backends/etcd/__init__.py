@@ -32,8 +32,20 @@ hosts                  (required)           ``h1:port,h2:port,...`` members trie
 =====================  ===================  ===============================================
 
 Keys (see :mod:`._keys`): ``PREFIX/HEX/o`` owner (leased), ``PREFIX/HEX/h`` history,
-``PREFIX/HEX/c`` completion record, where ``HEX`` is the hex of the job id's UTF-8
-bytes, so no id can collide with another or escape the prefix.
+``PREFIX/HEX/c`` completion record, ``PREFIX/HEX/q`` queue marker, where ``HEX`` is the
+hex of the job id's UTF-8 bytes, so no id can collide with another or escape the prefix.
+
+Work queues (see :mod:`._queue`): ``PREFIX/q/QHEX/j/HEX`` member key (value: the
+payload; its create revision is the job's ``seq``) and ``PREFIX/q/QHEX/p/HEX`` pending
+key (deleted by the completion transaction), ``QHEX`` the hex of the queue name.
+Enqueue is one transaction (the job must have no key yet). ``claim_next`` reads the
+pending keys sorted by create revision (FIFO), then the candidates' owner keys and
+payloads (two linearizable reads), then claims with the ordinary claim transaction,
+which also reads the job's queue marker so the completion can delete the pending key
+in its own transaction. Waiting is a watch (enqueues; owner keys deleted by release or
+expiry). Payloads are limited to 1 MiB (``max_payload_bytes``), under etcd's default
+``--max-request-bytes`` of 1.5 MiB, with room for the keys; a server configured lower
+refuses larger enqueues with ``InvalidArgument``.
 
 etcd guarantees relied on (etcd 3.4 docs):
 

@@ -5,13 +5,18 @@ The claim transaction::
     if create_revision(PREFIX/HEX/o) == 0 and create_revision(PREFIX/HEX/c) == 0:
         put PREFIX/HEX/o = {owner, session, nonce}   (attached to the session's lease)
         put PREFIX/HEX/h = the same value
+        get PREFIX/HEX/q
     else:
-        get PREFIX/HEX/o, get PREFIX/HEX/c
+        get PREFIX/HEX/o, get PREFIX/HEX/c, get PREFIX/HEX/q
 
 The generation is the transaction's revision, which is the owner key's create revision.
 The nonce (random per claim request) identifies the request: after a lost answer, an
 owner key carrying it is ours; a re-send carries the same nonce, so whichever copy lands
 first wins and the other finds our key in its ``else`` branch.
+
+The queue marker ``q`` is read in the same transaction: the session remembers the job's
+work queue with the claim, so the completion can delete the queue's pending key without
+another round trip (the marker cannot change while the job is held).
 """
 
 from __future__ import annotations
@@ -25,20 +30,20 @@ from pyetcd import etcdrpc
 from ...errors import InvalidArgument, JobCompleted, OutcomeUnknown
 from ...record import ClaimResult
 from . import _requests as rq
-from ._keys import Completion, JobKeys, Owner
+from ._keys import Completion, JobKeys, Owner, queue_of
 from ._ops import Ops, Settled
 from ._session import EtcdSession
 
 __all__ = ["MAX_BATCH_CLAIM", "claim_batch", "claim_one"]
 
 MAX_BATCH_CLAIM = 64
-"""Claims per batch transaction. Each is one nested transaction of 2 compares and 2 puts;
-etcd checks a nested transaction against ``--max-txn-ops`` (default 128) minus the outer
-transaction's size, so 64 leaves room under a default server's limit."""
+"""Claims per batch transaction. Each is one nested transaction of 2 compares, 2 puts
+and a get; etcd checks a nested transaction against ``--max-txn-ops`` (default 128)
+minus the outer transaction's size, so 64 leaves room under a default server's limit."""
 
 
 def _refused(handle: EtcdSession, keys: JobKeys, owner_kv: Any, completion_kv: Any,
-             nonce: str) -> ClaimResult | None:
+             marker_kv: Any, nonce: str) -> ClaimResult | None:
     """The answer when the compare failed (or after a lost answer, from a read-back)."""
     if completion_kv is not None:
         done = Completion.decode(completion_kv.value, completion_kv.key)
@@ -50,7 +55,7 @@ def _refused(handle: EtcdSession, keys: JobKeys, owner_kv: Any, completion_kv: A
         return None
     if handle.is_ours(keys.job_id, Owner.decode(owner_kv.value, owner_kv.key), nonce):
         generation = int(owner_kv.create_revision)  # this request, re-sent or landed late
-        handle.remember(keys.job_id, generation, bytes(owner_kv.value))
+        handle.remember(keys.job_id, generation, bytes(owner_kv.value), queue_of(marker_kv))
         return ClaimResult(generation)
     return None
 
@@ -62,21 +67,25 @@ def claim_one(ops: Ops, handle: EtcdSession, job_id: str) -> ClaimResult | None:
     value = Owner(handle.owner, handle.session_id, nonce).encode()
     request = rq.txn(
         compare=[rq.create_is(keys.owner, 0), rq.create_is(keys.completion, 0)],
-        success=[rq.put(keys.owner, value, handle.lease_id), rq.put(keys.history, value)],
-        failure=[rq.get(keys.owner), rq.get(keys.completion)],
+        success=[
+            rq.put(keys.owner, value, handle.lease_id),
+            rq.put(keys.history, value),
+            rq.get(keys.queue),
+        ],
+        failure=[rq.get(keys.owner), rq.get(keys.completion), rq.get(keys.queue)],
     )
 
     def decide(kvs: list[Any]) -> Settled | None:
         handle.unsettled(job_id, nonce)  # if still in flight it may land later
-        owner_kv, completion_kv = kvs
+        owner_kv, completion_kv, marker_kv = kvs
         if owner_kv is None and completion_kv is None:
             return None  # not applied (yet): send the same request again
-        return Settled(_refused(handle, keys, owner_kv, completion_kv, nonce))
+        return Settled(_refused(handle, keys, owner_kv, completion_kv, marker_kv, nonce))
 
     try:
         answer = ops.send_guarded(
             request, f"claim of {job_id!r}", job_id=job_id, generation=None,
-            read_back=(keys.owner, keys.completion), decide=decide,
+            read_back=(keys.owner, keys.completion, keys.queue), decide=decide,
         )
     except OutcomeUnknown:
         handle.unsettled(job_id, nonce)
@@ -86,10 +95,10 @@ def claim_one(ops: Ops, handle: EtcdSession, job_id: str) -> ClaimResult | None:
         return result
     if answer.succeeded:
         generation = int(answer.header.revision)
-        handle.remember(job_id, generation, value)
+        handle.remember(job_id, generation, value, queue_of(rq.kv_of(answer.responses[2])))
         return ClaimResult(generation)
-    owner_kv, completion_kv = (rq.kv_of(r) for r in answer.responses)
-    return _refused(handle, keys, owner_kv, completion_kv, nonce)
+    owner_kv, completion_kv, marker_kv = (rq.kv_of(r) for r in answer.responses)
+    return _refused(handle, keys, owner_kv, completion_kv, marker_kv, nonce)
 
 
 def claim_batch(ops: Ops, handle: EtcdSession,
@@ -106,7 +115,11 @@ def claim_batch(ops: Ops, handle: EtcdSession,
             etcdrpc.RequestOp(
                 request_txn=rq.txn(
                     compare=[rq.create_is(k.owner, 0), rq.create_is(k.completion, 0)],
-                    success=[rq.put(k.owner, value, handle.lease_id), rq.put(k.history, value)],
+                    success=[
+                        rq.put(k.owner, value, handle.lease_id),
+                        rq.put(k.history, value),
+                        rq.get(k.queue),
+                    ],
                 )
             )
             for k in all_keys
@@ -116,6 +129,8 @@ def claim_batch(ops: Ops, handle: EtcdSession,
     def decide(kvs: list[Any]) -> Settled | None:
         # One transaction: if none of its keys carries our nonce it was not applied
         # (or every compare failed): send it again.
+        # The queue markers are not read back (that could exceed --max-txn-ops): the
+        # completion looks the queue up instead.
         results: list[ClaimResult | None] = []
         for keys, kv in zip(all_keys, kvs, strict=True):
             handle.unsettled(keys.job_id, nonce)
@@ -123,7 +138,8 @@ def claim_batch(ops: Ops, handle: EtcdSession,
                 keys.job_id, Owner.decode(kv.value, kv.key), nonce
             )
             if mine:
-                handle.remember(keys.job_id, int(kv.create_revision), bytes(kv.value))
+                handle.remember(keys.job_id, int(kv.create_revision), bytes(kv.value), None,
+                                queue_known=False)
             results.append(ClaimResult(int(kv.create_revision)) if mine else None)
         return Settled(results) if any(results) else None
 
@@ -147,7 +163,8 @@ def claim_batch(ops: Ops, handle: EtcdSession,
     out: list[ClaimResult | None] = []
     for keys, sub in zip(all_keys, answer.responses, strict=True):
         if sub.response_txn.succeeded:
-            handle.remember(keys.job_id, generation, value)
+            marker_kv = rq.kv_of(sub.response_txn.responses[2])
+            handle.remember(keys.job_id, generation, value, queue_of(marker_kv))
             out.append(ClaimResult(generation))
         else:
             out.append(None)

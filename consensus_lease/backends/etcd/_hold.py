@@ -5,16 +5,24 @@ revision is the generation and its value is ours. Then::
 
     renew:     (nothing)                    else get o, get c
     complete:  put c = record, delete o, h  else get o, get c
+               (+ delete QDIR/p/HEX for a queued job)
     release:   delete o, put h = marker     else get o, get c
+
+A queued job's completion also deletes its pending key in the queue, in the same
+transaction, so ``queue_candidates`` never sees completed jobs. The queue comes from the
+claim transaction's read of the job's queue marker (remembered by the session); when
+the session did not record it (a batch claim settled by reading back, or a claim this
+process did not make), it is read first: one more round trip.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ...record import JobState, LeaseRecord
 from . import _requests as rq
-from ._keys import Completion, History, Owner
+from ._keys import Completion, History, Owner, queue_of
 from ._ops import Ops, Settled
 from ._session import EtcdSession
 
@@ -43,13 +51,23 @@ def complete(ops: Ops, handle: EtcdSession, job_id: str, generation: int,
     keys = ops.layout.job(job_id)
     record = Completion(handle.owner, handle.session_id, generation, result)
     what = f"completion of {job_id!r} generation {generation}"
+    known, queue = handle.queue_of(job_id, generation)
+    if not known:
+        (marker_kv,) = ops.read_keys(
+            [keys.queue], f"reading the queue of {job_id!r}",
+            time.monotonic() + ops.config.timeout_s, job_id,
+        )
+        queue = queue_of(marker_kv)
+    success = [
+        rq.put(keys.completion, record.encode()),
+        rq.delete(keys.owner),
+        rq.delete(keys.history),
+    ]
+    if queue is not None:
+        success.append(rq.delete(ops.layout.queue(queue).pending(job_id)))
     request = rq.txn(
         compare=ops.holds(handle, keys, generation),
-        success=[
-            rq.put(keys.completion, record.encode()),
-            rq.delete(keys.owner),
-            rq.delete(keys.history),
-        ],
+        success=success,
         failure=[rq.get(keys.owner), rq.get(keys.completion)],
     )
 

@@ -1,6 +1,6 @@
 """Key layout under the prefix, and the values stored at each key.
 
-Each job owns three keys under ``PREFIX/HEX/``, where ``HEX`` is the lowercase hex of
+Each job owns up to four keys under ``PREFIX/HEX/``, where ``HEX`` is the lowercase hex of
 the job id's UTF-8 bytes. Hex cannot contain ``/``, so no id (``/``, ``..``, spaces,
 any Unicode) can collide with another or reach outside its own directory, and hex
 keeps the byte order of the ids: a key-ordered range read lists jobs in job-id order,
@@ -18,11 +18,34 @@ key      lease       meaning
                      "released / expired at generation N" from "never seen".
 ``c``    none        COMPLETION record; once written the job is never claimed
                      again. Written together with deleting ``o`` and ``h``.
+``q``    none        QUEUE marker: the work queue the job was enqueued in
+                     (:class:`QueueMarker`). Written by ``enqueue`` only while
+                     the job has no other key, so it never changes while the
+                     job exists; deleted by ``purge``.
 =======  ==========  ==========================================================
 
-The suffixes sort ``c < h < o``, so one watch on ``[c, o\\0)`` sees all three.
-Values are compact JSON (UTF-8), ``result`` base64; anything that does not parse is
-reported as corrupt instead of guessed at.
+The suffixes sort ``c < h < o < q``, so one watch on ``[c, o\\0)`` sees the first
+three. Job directories are hex, so every job key sorts before ``PREFIX/g``.
+
+Work queues live after them, in ``QDIR`` = ``PREFIX/q/QHEX/`` (``QHEX``: hex of the
+queue name, so queue directories cannot nest either):
+
+===============  ======  ====================================================
+key              value   meaning
+===============  ======  ====================================================
+``QDIR/j/HEX``   payload MEMBER: the job belongs to the queue. Its
+                         ``create_revision`` (the enqueue transaction's
+                         revision) is the job's ``seq``, the FIFO order. Kept
+                         until ``purge``.
+``QDIR/p/HEX``   empty   PENDING: the job is not completed. Same create
+                         revision as the member key; deleted by the completion
+                         transaction. A range read of ``QDIR/p/`` sorted by
+                         create revision lists the open jobs oldest first,
+                         without payloads and without completed jobs.
+===============  ======  ====================================================
+
+Values other than payloads are compact JSON (UTF-8), ``result`` base64; anything that
+does not parse is reported as corrupt instead of guessed at.
 """
 
 from __future__ import annotations
@@ -41,12 +64,34 @@ __all__ = [
     "JobKeys",
     "Layout",
     "Owner",
+    "QueueKeys",
+    "QueueMarker",
     "prefix_range_end",
+    "queue_of",
 ]
 
 OWNER = b"o"
 HISTORY = b"h"
 COMPLETION = b"c"
+QUEUE = b"q"
+MEMBER = b"j/"
+PENDING = b"p/"
+JOBS_END = b"g"  # after every hex digit: [root, root + "g") holds exactly the job keys
+
+
+def _hex(text: str) -> bytes:
+    return text.encode("utf-8").hex().encode("ascii")
+
+
+def _unhex(raw: bytes) -> str | None:
+    """The text whose canonical (lowercase) hex is ``raw``, else ``None``."""
+    try:
+        text = bytes.fromhex(raw.decode("ascii"))
+        if not raw or text.hex().encode("ascii") != raw:
+            return None
+        return text.decode("utf-8")
+    except (UnicodeDecodeError, ValueError):
+        return None
 
 
 def prefix_range_end(prefix: bytes) -> bytes:
@@ -79,9 +124,45 @@ class JobKeys:
         return self.base + COMPLETION
 
     @property
+    def queue(self) -> bytes:
+        """The queue marker (see :class:`QueueMarker`)."""
+        return self.base + QUEUE
+
+    @property
     def watch_range(self) -> tuple[bytes, bytes]:
         """``(key, range_end)`` covering the completion, history and owner keys."""
         return self.completion, self.owner + b"\x00"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueKeys:
+    """The keys of one work queue: ``base`` is ``PREFIX/q/QHEX/``."""
+
+    queue: str
+    base: bytes
+
+    def member(self, job_id: str) -> bytes:
+        return self.base + MEMBER + _hex(job_id)
+
+    def pending(self, job_id: str) -> bytes:
+        return self.base + PENDING + _hex(job_id)
+
+    @property
+    def members(self) -> tuple[bytes, bytes]:
+        """``(key, range_end)`` of every member key."""
+        return self.base + MEMBER, prefix_range_end(self.base + MEMBER)
+
+    @property
+    def pendings(self) -> tuple[bytes, bytes]:
+        """``(key, range_end)`` of every pending key."""
+        return self.base + PENDING, prefix_range_end(self.base + PENDING)
+
+    def job_of(self, key: bytes) -> str | None:
+        """The job id of a member or pending key of this queue, else ``None``."""
+        for kind in (MEMBER, PENDING):
+            if key.startswith(self.base + kind):
+                return _unhex(key[len(self.base) + len(kind) :])
+        return None
 
 
 class Layout:
@@ -91,27 +172,31 @@ class Layout:
         self.root = prefix.rstrip(b"/") + b"/"
 
     def job(self, job_id: str) -> JobKeys:
-        return JobKeys(job_id, self.root + job_id.encode("utf-8").hex().encode("ascii") + b"/")
+        return JobKeys(job_id, self.root + _hex(job_id) + b"/")
+
+    def queue(self, queue: str) -> QueueKeys:
+        return QueueKeys(queue, self.root + QUEUE + b"/" + _hex(queue) + b"/")
 
     @property
     def range_end(self) -> bytes:
         return prefix_range_end(self.root)
 
+    @property
+    def jobs_range_end(self) -> bytes:
+        """``range_end`` of ``[root, ...)`` covering every job key and nothing of the
+        queues (``PREFIX/q/...``)."""
+        return self.root + JOBS_END
+
     def parse(self, key: bytes) -> tuple[str, bytes] | None:
-        """``(job_id, kind)`` for one of our keys, ``None`` for anything else under the
-        prefix (e.g. a nested prefix's keys)."""
+        """``(job_id, kind)`` for one of our job keys, ``None`` for anything else under
+        the prefix (queue keys, a nested prefix's keys)."""
         if not key.startswith(self.root):
             return None
         hex_id, sep, kind = key[len(self.root) :].partition(b"/")
-        if not sep or kind not in (OWNER, HISTORY, COMPLETION) or not hex_id:
+        if not sep or kind not in (OWNER, HISTORY, COMPLETION, QUEUE):
             return None
-        try:
-            raw = bytes.fromhex(hex_id.decode("ascii"))
-            if raw.hex().encode("ascii") != hex_id:  # only our canonical lowercase hex
-                return None
-            return raw.decode("utf-8"), kind
-        except (UnicodeDecodeError, ValueError):
-            return None
+        job_id = _unhex(hex_id)  # only our canonical lowercase hex
+        return None if job_id is None else (job_id, kind)
 
 
 def _dump(obj: dict[str, Any]) -> bytes:
@@ -220,3 +305,30 @@ class Completion:
             )
         except (KeyError, TypeError, ValueError, binascii.Error) as exc:
             raise BackendUnavailable(f"corrupt completion record at etcd key {key!r}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class QueueMarker:
+    """The queue marker's value: the job's queue, and the enqueue request that wrote it
+    (its nonce settles a lost answer)."""
+
+    queue: str
+    nonce: str
+
+    def encode(self) -> bytes:
+        return _dump({"nonce": self.nonce, "queue": self.queue})
+
+    @classmethod
+    def decode(cls, raw: bytes, key: bytes) -> QueueMarker:
+        obj = _load(raw, "queue marker", key)
+        try:
+            return cls(str(obj["queue"]), str(obj["nonce"]))
+        except KeyError as exc:
+            raise BackendUnavailable(f"corrupt queue marker at etcd key {key!r}") from exc
+
+
+def queue_of(marker_kv: Any) -> str | None:
+    """The work queue named by a queue marker's key-value (``None``: absent, not queued)."""
+    if marker_kv is None:
+        return None
+    return QueueMarker.decode(marker_kv.value, marker_kv.key).queue

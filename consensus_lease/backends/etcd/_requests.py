@@ -8,8 +8,10 @@ from typing import Any
 from pyetcd import etcdrpc
 
 __all__ = [
+    "count",
     "create_is",
     "delete",
+    "exists",
     "get",
     "kv_of",
     "lease_is",
@@ -26,6 +28,16 @@ def create_is(key: bytes, revision: int) -> Any:
         target=etcdrpc.Compare.CREATE,
         result=etcdrpc.Compare.EQUAL,
         create_revision=revision,
+    )
+
+
+def exists(key: bytes) -> Any:
+    """Compare: the key exists (its ``create_revision`` is above 0)."""
+    return etcdrpc.Compare(
+        key=key,
+        target=etcdrpc.Compare.CREATE,
+        result=etcdrpc.Compare.GREATER,
+        create_revision=0,
     )
 
 
@@ -47,6 +59,11 @@ def put(key: bytes, value: bytes, lease_id: int = 0) -> Any:
 
 def get(key: bytes) -> Any:
     return etcdrpc.RequestOp(request_range=etcdrpc.RangeRequest(key=key))
+
+
+def count(key: bytes) -> Any:
+    """A get that answers only whether the key exists (``response_range.count``)."""
+    return etcdrpc.RequestOp(request_range=etcdrpc.RangeRequest(key=key, count_only=True))
 
 
 def delete(key: bytes) -> Any:

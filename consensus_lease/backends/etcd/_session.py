@@ -15,8 +15,10 @@ class EtcdSession(SessionHandle):
     lease list`` prints it).
 
     Besides the lease it keeps, per claim, the exact owner-key value written (renew,
-    complete and release compare against it), and the nonces of claims whose answer was
-    lost and not settled by reading back (so a late-landing one can be adopted).
+    complete and release compare against it) and the job's work queue as the claim
+    transaction read it (complete deletes the queue's pending key), and the nonces of
+    claims whose answer was lost and not settled by reading back (so a late-landing one
+    can be adopted).
 
     Attributes:
         lease_id: the etcd lease id (int).
@@ -26,17 +28,29 @@ class EtcdSession(SessionHandle):
         super().__init__(session_text(lease_id), owner, granted_ttl_s)
         self.lease_id = lease_id
         self._lock = threading.Lock()
-        self._held: dict[tuple[str, int], bytes] = {}
+        self._held: dict[tuple[str, int], tuple[bytes, bool, str | None]] = {}
         self._unsettled: dict[str, set[str]] = {}
 
-    def remember(self, job_id: str, generation: int, owner_value: bytes) -> None:
-        """Record the owner-key value of a claim; later compares require exactly it."""
+    def remember(self, job_id: str, generation: int, owner_value: bytes, queue: str | None,
+                 *, queue_known: bool = True) -> None:
+        """Record the owner-key value of a claim (later compares require exactly it) and
+        the job's work queue (``None``: not queued) as the claim read it; ``queue_known``
+        is false when the claim did not read it. A job's queue never changes while it is
+        held: enqueue only marks a job that has no other key."""
         with self._lock:
-            self._held[(job_id, generation)] = owner_value
+            self._held[(job_id, generation)] = (owner_value, queue_known, queue)
 
     def owner_value(self, job_id: str, generation: int) -> bytes | None:
         with self._lock:
-            return self._held.get((job_id, generation))
+            held = self._held.get((job_id, generation))
+        return None if held is None else held[0]
+
+    def queue_of(self, job_id: str, generation: int) -> tuple[bool, str | None]:
+        """``(known, queue)``: whether the claim's read of the job's work queue is
+        recorded, and that queue (``None``: not queued)."""
+        with self._lock:
+            held = self._held.get((job_id, generation))
+        return (False, None) if held is None else (held[1], held[2])
 
     def forget(self, job_id: str, generation: int) -> None:
         with self._lock:

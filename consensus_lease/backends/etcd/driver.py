@@ -1,9 +1,9 @@
 """The etcd driver: sessions are etcd leases, claims are compare-and-put transactions.
 
 This module is the glue: sessions and waiting live here; the job operations live in
-:mod:`._claim`, :mod:`._hold` and :mod:`._records`, on the shared machinery of
-:mod:`._ops`. See the package docstring for the design, the URL options and the etcd
-guarantees relied on.
+:mod:`._claim`, :mod:`._hold` and :mod:`._records`, the work queues in :mod:`._queue`
+and :mod:`._queue_wait`, on the shared machinery of :mod:`._ops`. See the package
+docstring for the design, the URL options and the etcd guarantees relied on.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pyetcd import etcdrpc
 
 from ...backend import Backend, Capabilities, SessionHandle, StateListener
 from ...errors import BackendUnavailable, InvalidArgument, LeaseError, SessionExpired
-from ...record import ClaimResult, LeaseRecord
-from . import _claim, _hold, _records
+from ...record import ClaimResult, LeaseRecord, QueuedJob
+from . import _claim, _hold, _queue, _queue_wait, _records
 from . import _requests as rq
 from ._config import EtcdConfig, parse_url
 from ._keepalive import KeepAliveStreams
@@ -50,6 +50,8 @@ class EtcdBackend(Backend):
         min_ttl_s=1.0,  # requests round up to whole seconds; etcd may grant more
         max_ttl_s=MAX_LEASE_TTL_S,
         max_batch_claim=_claim.MAX_BATCH_CLAIM,
+        queues=True,
+        max_payload_bytes=_queue.MAX_PAYLOAD_BYTES,  # under --max-request-bytes (1.5 MiB)
         description="etcd v3: a lease per session, one transaction per claim/complete/release",
     )
 
@@ -254,6 +256,70 @@ class EtcdBackend(Backend):
             OutcomeUnknown / BackendUnavailable: as for :meth:`complete`.
         """
         _hold.release(self._ops, self._handle(session), job_id, generation)
+
+    # -- work queues --------------------------------------------------------------------
+
+    def enqueue(self, queue: str, job_id: str, payload: bytes) -> bool:
+        """One transaction: if the job has no key at all (owner, history, completion,
+        queue marker), put its queue marker, the queue's member key (value: ``payload``;
+        its create revision is the job's ``seq``) and pending key. A lost answer is
+        settled by reading the job's keys back (the marker carries a per-request nonce).
+
+        ``payload`` is at most ``capabilities.max_payload_bytes`` (1 MiB, under etcd's
+        default ``--max-request-bytes`` of 1.5 MiB; the core checks it before sending).
+
+        Raises:
+            InvalidArgument: the job exists outside this queue (in another queue, or as a
+                job claimed by name), or etcd refused the request's size.
+            OutcomeUnknown / BackendUnavailable / AuthenticationFailed.
+        """
+        return _queue.enqueue(self._ops, queue, job_id, payload)
+
+    def queue_candidates(self, queue: str, limit: int) -> list[tuple[str, bytes]]:
+        """Two linearizable reads per page of 42 open jobs: the queue's pending keys
+        sorted by create revision (oldest enqueued first; completed jobs have none), then
+        one read-only transaction with each job's owner key (held?) and payload. Stops
+        once ``limit`` unheld jobs are found or the queue is exhausted. A hint: the
+        claim decides.
+
+        Raises:
+            BackendUnavailable / AuthenticationFailed.
+        """
+        return _queue.candidates(self._ops, queue, limit)
+
+    def queue_jobs(self, queue: str, limit: int | None = None) -> list[QueuedJob]:
+        """Every job of the queue, oldest enqueued first, at one revision: the queue's
+        member keys (key-ordered pages, sorted here by create revision), then one read
+        transaction per 32 jobs for payload and lease keys. ``lease_until`` as in
+        :meth:`records`.
+
+        Raises:
+            BackendUnavailable / AuthenticationFailed.
+        """
+        return _queue.list_jobs(self._ops, queue, limit)
+
+    def wait_for_queue(self, queue: str, timeout_s: float) -> None:
+        """Read the queue's open jobs; return at once if one is not held. Otherwise watch,
+        on one stream from the next revision, the queue's pending keys for PUTs (an
+        enqueue) and the job keys for DELETEs: an owner key of a job held at the read
+        going away without its history key in the same revision (release, lease expiry
+        or revoke; not a completion) wakes it. The watches are cancelled on every way
+        out; a failure returns early after a pause of at most 0.2 s. Spurious returns
+        are possible (e.g. over 1024 held jobs: any owner key deleted wakes it)."""
+        _queue_wait.wait(self._ops, queue, timeout_s)
+
+    def purge(self, queue: str) -> int:
+        """Delete the keys of the queue's completed jobs (completion record, queue
+        marker, member key): list the member and pending keys at one revision (those
+        without a pending key are completed), then one transaction per 64 jobs, each job
+        a nested transaction guarded by its completion record existing. Returns how many
+        were deleted; after a lost answer, jobs whose record is gone when read back are
+        counted (a concurrent purge may have deleted them).
+
+        Raises:
+            OutcomeUnknown / BackendUnavailable / AuthenticationFailed: some may be purged.
+        """
+        return _queue.purge(self._ops, queue)
 
     # -- reading and waiting ------------------------------------------------------------
 

@@ -1,0 +1,287 @@
+"""Work queues: enqueue, the claimable candidates, the listing, and purge (waiting is in
+:mod:`._queue_wait`).
+
+Keys (see :mod:`._keys`): the job's queue marker ``PREFIX/HEX/q``, and in the queue's
+directory ``QDIR = PREFIX/q/QHEX/`` a member key ``QDIR/j/HEX`` (value: the payload;
+its create revision is ``seq``) and a pending key ``QDIR/p/HEX`` (empty; deleted by the
+completion transaction). The enqueue transaction::
+
+    if create_revision(o) == 0 and create_revision(h) == 0
+            and create_revision(c) == 0 and create_revision(q) == 0:
+        put PREFIX/HEX/q = {queue, nonce}, put QDIR/j/HEX = payload, put QDIR/p/HEX = ""
+    else:
+        get PREFIX/HEX/q
+
+A queued job is otherwise an ordinary job: ``claim_next`` claims it with the ordinary
+claim transaction (:mod:`._claim`), with the same compares and fencing token.
+
+``queue_candidates`` is two linearizable reads: the queue's pending keys sorted by create
+revision (FIFO), keys only, then one read-only transaction asking, per job, whether its
+owner key and pending key exist, and its payload. etcd sorts a range by create revision
+by reading every key of the range and truncating afterwards, so one call costs the
+server O(open jobs of the queue) small-key reads; the pending keys are empty, and
+completed jobs are not among them.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from pyetcd import etcdrpc
+
+from ...errors import BackendUnavailable, InvalidArgument, OutcomeUnknown
+from ...record import LeaseRecord, QueuedJob
+from . import _requests as rq
+from ._keys import QueueKeys, QueueMarker, queue_of
+from ._ops import Ops, Settled
+from ._records import job_record
+from ._transport import Failure
+
+__all__ = [
+    "MAX_PAYLOAD_BYTES",
+    "candidates",
+    "enqueue",
+    "list_jobs",
+    "page_jobs",
+    "purge",
+    "sorted_pending",
+]
+
+log = logging.getLogger("consensus_lease.etcd")
+
+MAX_PAYLOAD_BYTES = 1024 * 1024
+"""Largest payload: 1 MiB. etcd refuses requests over ``--max-request-bytes`` (1.5 MiB by
+default); the enqueue transaction also carries three keys of up to ~1 KiB each, the
+marker and the framing. A server configured lower refuses larger enqueues with
+``InvalidArgument``; nothing is written then."""
+
+CANDIDATES_PAGE = 42
+"""Pending keys per candidates page: the check transaction makes 3 gets per job and
+etcd allows 128 operations per transaction (``--max-txn-ops``)."""
+
+LISTING_JOBS = 32
+"""Jobs per read transaction in ``queue_jobs`` (4 gets each)."""
+
+KEYS_PAGE = 512
+"""Keys per range read when listing a queue's member or pending keys."""
+
+PURGE_BATCH = 64
+"""Completed jobs deleted per purge transaction: each is a nested transaction of one
+compare and five deletes; etcd checks a nested transaction against ``--max-txn-ops``
+(128) minus the outer transaction's size."""
+
+
+def sorted_pending(qkeys: QueueKeys, limit: int, min_create: int) -> Any:
+    """A range read of the queue's pending keys (keys only) in create-revision order,
+    from ``min_create`` on."""
+    key, end = qkeys.pendings
+    return etcdrpc.RangeRequest(
+        key=key, range_end=end, limit=limit, keys_only=True,
+        sort_order=etcdrpc.RangeRequest.ASCEND, sort_target=etcdrpc.RangeRequest.CREATE,
+        min_create_revision=min_create,
+    )
+
+
+def page_jobs(qkeys: QueueKeys, kvs: Sequence[Any]) -> list[tuple[str, int]]:
+    """``(job_id, create_revision)`` of each queue key in ``kvs`` (foreign keys skipped)."""
+    out = []
+    for kv in kvs:
+        job_id = qkeys.job_of(bytes(kv.key))
+        if job_id is not None:
+            out.append((job_id, int(kv.create_revision)))
+    return out
+
+
+# -- enqueue ----------------------------------------------------------------------------
+
+
+def enqueue(ops: Ops, queue: str, job_id: str, payload: bytes) -> bool:
+    """See :meth:`EtcdBackend.enqueue <consensus_lease.backends.etcd.EtcdBackend.enqueue>`."""
+    keys = ops.layout.job(job_id)
+    qkeys = ops.layout.queue(queue)
+    marker = QueueMarker(queue, secrets.token_hex(8))
+    job_keys = (keys.owner, keys.history, keys.completion, keys.queue)
+    request = rq.txn(
+        compare=[rq.create_is(k, 0) for k in job_keys],
+        success=[
+            rq.put(keys.queue, marker.encode()),
+            rq.put(qkeys.member(job_id), payload),
+            rq.put(qkeys.pending(job_id), b""),
+        ],
+        failure=[rq.get(keys.queue)],
+    )
+    what = f"enqueue of {job_id!r} in queue {queue!r}"
+
+    def exists(marker_kv: Any) -> bool:
+        """``False`` if the job is already in this queue; else the job exists elsewhere."""
+        found = queue_of(marker_kv)
+        if found == queue:
+            return False
+        where = "a job claimed by name" if found is None else f"in queue {found!r}"
+        raise InvalidArgument(
+            f"{what}: {job_id!r} already exists outside this queue ({where})", job_id=job_id
+        )
+
+    def decide(kvs: list[Any]) -> Settled | None:
+        marker_kv = kvs[3]
+        if marker_kv is not None:
+            if QueueMarker.decode(marker_kv.value, marker_kv.key) == marker:
+                return Settled(True)  # ours landed
+            return Settled(exists(marker_kv))
+        if any(kv is not None for kv in kvs[:3]):
+            return Settled(exists(None))
+        return None  # not applied (yet): the same request again (its compare is guarded)
+
+    answer = ops.send_guarded(request, what, job_id=job_id, generation=None,
+                              read_back=job_keys, decide=decide)
+    if isinstance(answer, Settled):
+        added: bool = answer.value
+        return added
+    if answer.succeeded:
+        return True
+    return exists(rq.kv_of(answer.responses[0]))
+
+
+# -- claimable candidates ----------------------------------------------------------------
+
+
+def candidates(ops: Ops, queue: str, limit: int) -> list[tuple[str, bytes]]:
+    """See :meth:`EtcdBackend.queue_candidates
+    <consensus_lease.backends.etcd.EtcdBackend.queue_candidates>`."""
+    qkeys = ops.layout.queue(queue)
+    out: list[tuple[str, bytes]] = []
+    min_create = 0
+    what = f"listing the candidates of queue {queue!r}"
+    while len(out) < limit:
+        page = ops.read(sorted_pending(qkeys, CANDIDATES_PAGE, min_create), what)
+        jobs = page_jobs(qkeys, page.kvs)
+        if jobs:
+            checks = []
+            for job_id, _ in jobs:
+                checks += [
+                    rq.count(ops.layout.job(job_id).owner),
+                    rq.count(qkeys.pending(job_id)),
+                    rq.get(qkeys.member(job_id)),
+                ]
+            found = ops.read(rq.txn(success=checks), what).responses
+            for i, (job_id, _) in enumerate(jobs):
+                owner, pending, member = found[3 * i : 3 * i + 3]
+                member_kv = rq.kv_of(member)
+                if (owner.response_range.count == 0 and pending.response_range.count > 0
+                        and member_kv is not None):
+                    out.append((job_id, bytes(member_kv.value)))
+        if not page.more or not page.kvs:
+            break
+        min_create = int(page.kvs[-1].create_revision) + 1
+    return out[:limit]
+
+
+# -- listing ---------------------------------------------------------------------------
+
+
+def _all_keys(ops: Ops, span: tuple[bytes, bytes], revision: int,
+              what: str) -> tuple[int, list[Any]]:
+    """Every key (keys only) of ``span`` at ``revision`` (0: now), in key order; returns
+    the revision read and the key-values."""
+    start, end = span
+    out: list[Any] = []
+    while True:
+        page = ops.read(
+            etcdrpc.RangeRequest(key=start, range_end=end, limit=KEYS_PAGE, keys_only=True,
+                                 revision=revision),
+            what,
+        )
+        revision = revision or int(page.header.revision)
+        out.extend(page.kvs)
+        if not page.more or not page.kvs:
+            return revision, out
+        start = bytes(page.kvs[-1].key) + b"\x00"
+
+
+def list_jobs(ops: Ops, queue: str, limit: int | None) -> list[QueuedJob]:
+    """See :meth:`EtcdBackend.queue_jobs <consensus_lease.backends.etcd.EtcdBackend.queue_jobs>`."""
+    qkeys = ops.layout.queue(queue)
+    what = f"listing queue {queue!r}"
+    revision, members = _all_keys(ops, qkeys.members, 0, what)
+    jobs = sorted(page_jobs(qkeys, members), key=lambda job: job[1])[:limit]
+    out: list[QueuedJob] = []
+    lease_until: dict[int, float | None] = {}
+    for start in range(0, len(jobs), LISTING_JOBS):
+        chunk = jobs[start : start + LISTING_JOBS]
+        gets = []
+        for job_id, _ in chunk:
+            keys = ops.layout.job(job_id)
+            gets += [rq.get(k) for k in (qkeys.member(job_id), keys.owner, keys.history,
+                                         keys.completion)]
+        for op in gets:
+            op.request_range.revision = revision  # the members' snapshot
+        answer = ops.read(rq.txn(success=gets), what)
+        kvs = [rq.kv_of(r) for r in answer.responses]
+        for i, (job_id, seq) in enumerate(chunk):
+            member_kv, owner_kv, history_kv, completion_kv = kvs[4 * i : 4 * i + 4]
+            record: LeaseRecord | None = job_record(ops, job_id, owner_kv, history_kv,
+                                                    completion_kv, lease_until, True)
+            if member_kv is None or record is None:
+                continue  # cannot happen at one revision; never invent a job
+            out.append(QueuedJob(queue, record, bytes(member_kv.value), seq))
+    return out
+
+
+# -- purge -----------------------------------------------------------------------------
+
+
+def purge(ops: Ops, queue: str) -> int:
+    """See :meth:`EtcdBackend.purge <consensus_lease.backends.etcd.EtcdBackend.purge>`."""
+    qkeys = ops.layout.queue(queue)
+    what = f"purging queue {queue!r}"
+    revision, members = _all_keys(ops, qkeys.members, 0, what)
+    _, pendings = _all_keys(ops, qkeys.pendings, revision, what)
+    open_jobs = {job_id for job_id, _ in page_jobs(qkeys, pendings)}
+    done = [job_id for job_id, _ in sorted(page_jobs(qkeys, members), key=lambda j: j[1])
+            if job_id not in open_jobs]
+    purged = 0
+    for start in range(0, len(done), PURGE_BATCH):
+        purged += _purge_batch(ops, qkeys, done[start : start + PURGE_BATCH], what)
+    return purged
+
+
+def _purge_batch(ops: Ops, qkeys: QueueKeys, job_ids: list[str], what: str) -> int:
+    """Delete the keys of those of ``job_ids`` that are completed, in one transaction
+    (a nested one per job, guarded by its completion record existing); return how many.
+    After a lost answer the completion records are read back: those gone were purged
+    (by this request, or a concurrent purge), the rest are sent again."""
+    purged = 0
+    deadline = time.monotonic() + ops.config.connect_timeout_s
+    while job_ids:
+        nested = []
+        for job_id in job_ids:
+            keys = ops.layout.job(job_id)
+            doomed = (keys.completion, keys.history, keys.queue, qkeys.member(job_id),
+                      qkeys.pending(job_id))
+            nested.append(etcdrpc.RequestOp(request_txn=rq.txn(
+                compare=[rq.exists(keys.completion)], success=[rq.delete(k) for k in doomed],
+            )))
+        try:
+            answer = ops.transport.send("kv", "Txn", rq.txn(success=nested), what=what,
+                                        job_id=job_ids[0])
+        except Failure as failure:
+            log.warning("etcd: %s: no answer (%s); reading back", what, failure)
+            try:
+                kvs = ops.read_keys([ops.layout.job(j).completion for j in job_ids],
+                                    f"reading back {what}", deadline, job_ids[0])
+            except BackendUnavailable as exc:
+                raise OutcomeUnknown(f"{what}: sent but not answered ({failure}), and reading "
+                                     f"back failed: {exc}", job_id=job_ids[0]) from exc
+            left = [j for j, kv in zip(job_ids, kvs, strict=True) if kv is not None]
+            purged += len(job_ids) - len(left)
+            job_ids = left
+            if job_ids and time.monotonic() >= deadline:
+                raise OutcomeUnknown(f"{what}: not applied when read back, and no time left",
+                                     job_id=job_ids[0]) from failure.__cause__
+            continue
+        return purged + sum(bool(r.response_txn.succeeded) for r in answer.responses)
+    return purged

@@ -1,0 +1,103 @@
+"""Waiting for a job of a work queue to become claimable: a read, then etcd watches.
+
+First the queue's open jobs (its pending keys, oldest first) and their owner keys are
+read: if one is not held, there is nothing to wait for. Otherwise two watches on one
+stream, from the revision after that read, wake the waiter:
+
+* PUTs under the queue's pending keys: an enqueue;
+* DELETEs of the owner key of a job held at the read, without a DELETE of its history key
+  in the same revision: a release, a lease expiry or revoke. A completion also deletes
+  the history key, and frees nothing.
+
+A watch from revision ``r`` delivers every later event in order, and the events of one
+revision together, so nothing that happens after the read is missed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ...errors import BackendUnavailable
+from . import _requests as rq
+from ._keys import HISTORY, OWNER, QueueKeys
+from ._ops import Ops
+from ._queue import page_jobs, sorted_pending
+from ._transport import Failure
+from ._watch import NODELETE, NOPUT, WatchRange, wait_for_events
+
+__all__ = ["WAIT_TRACKED", "wait"]
+
+log = logging.getLogger("consensus_lease.etcd")
+
+WAIT_TRACKED = 1024
+"""Most held jobs ``wait_for_queue`` tracks by name; beyond, any owner key deleted
+anywhere under the prefix wakes it (spuriously, mostly)."""
+
+
+def _held_snapshot(ops: Ops, qkeys: QueueKeys,
+                   budget_s: float) -> tuple[int, set[str] | None, bool]:
+    """``(revision, held, complete)``: the open jobs of the queue as of ``revision``
+    (or later), if every one is held (``held``: their ids), else ``None`` (one looked
+    claimable). ``complete`` is false when more than :data:`WAIT_TRACKED` were held."""
+    what = f"reading queue {qkeys.queue!r} before waiting"
+    held: set[str] = set()
+    revision, min_create = 0, 0
+    while True:
+        page = ops.read(sorted_pending(qkeys, 128, min_create), what, budget_s=budget_s)
+        revision = revision or int(page.header.revision)
+        jobs = page_jobs(qkeys, page.kvs)
+        if jobs:
+            answer = ops.read(
+                rq.txn(success=[rq.count(ops.layout.job(j).owner) for j, _ in jobs]), what,
+                budget_s=budget_s,
+            )
+            for (job_id, _), owner in zip(jobs, answer.responses, strict=True):
+                if owner.response_range.count == 0:
+                    return revision, None, True
+                held.add(job_id)
+        if not page.more or not page.kvs:
+            return revision, held, True
+        if len(held) >= WAIT_TRACKED:
+            return revision, held, False
+        min_create = int(page.kvs[-1].create_revision) + 1
+
+
+def wait(ops: Ops, queue: str, timeout_s: float) -> None:
+    """See :meth:`EtcdBackend.wait_for_queue
+    <consensus_lease.backends.etcd.EtcdBackend.wait_for_queue>`."""
+    deadline = time.monotonic() + timeout_s
+    qkeys = ops.layout.queue(queue)
+    try:
+        revision, held, complete = _held_snapshot(
+            ops, qkeys, min(timeout_s, ops.config.timeout_s)
+        )
+        if held is None:
+            return  # something looked claimable already
+        ranges = [WatchRange(*qkeys.pendings, filters=(NODELETE,))]  # enqueues
+        if held or not complete:
+            # Owner keys deleted by release or lease expiry; a completion deletes the
+            # history key in the same revision, and does not make anything claimable.
+            ranges.append(WatchRange(ops.layout.root, ops.layout.jobs_range_end, (NOPUT,)))
+
+        def wake(index: int, events: Sequence[Any]) -> bool:
+            if index != 1:
+                return True  # an enqueue (or a watch we cannot place: spurious is fine)
+            owners: set[str] = set()
+            histories: set[str] = set()
+            for event in events:
+                parsed = ops.layout.parse(bytes(event.kv.key))
+                if parsed is not None and parsed[1] == OWNER:
+                    owners.add(parsed[0])
+                elif parsed is not None and parsed[1] == HISTORY:
+                    histories.add(parsed[0])
+            freed = owners - histories
+            return bool(freed if not complete else freed & held)
+
+        wait_for_events(ops.transport, ranges, revision + 1,
+                        max(0.0, deadline - time.monotonic()), wake)
+    except (Failure, BackendUnavailable) as exc:
+        log.info("etcd: waiting on queue %r failed: %s", queue, exc)
+        time.sleep(max(0.0, min(0.2, deadline - time.monotonic())))

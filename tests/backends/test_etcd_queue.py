@@ -1,0 +1,441 @@
+"""Work queues on the etcd backend, on one local member (metrics are then exact): the key
+layout, waking by watch, the payload limit, purge in batches, and lost answers.
+
+The behaviour every backend shares is in the conformance suite (``test_queue_*``, run on
+etcd by ``test_etcd_conformance.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+from etcd_local import LocalEtcd, available
+from pyetcd import etcdrpc
+
+from consensus_lease import InvalidArgument, JobState, LeaseStore, open_store
+from consensus_lease.backends.etcd import EtcdBackend
+from consensus_lease.backends.etcd._transport import Failure
+from consensus_lease.testing.conformance import poll_until
+from consensus_lease.validation import MAX_JOB_ID_BYTES
+
+_HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+@pytest.fixture(scope="module")
+def etcd_server() -> Iterator[LocalEtcd]:
+    reason = available()
+    if reason is not None:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    with LocalEtcd(size=1, base=70) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def store(etcd_server: LocalEtcd) -> Iterator[LeaseStore]:
+    with open_store(etcd_server.url_with_prefix(f"q-{uuid.uuid4().hex[:12]}")) as store:
+        yield store
+
+
+def _backend(store: LeaseStore) -> EtcdBackend:
+    assert isinstance(store.backend, EtcdBackend)
+    return store.backend
+
+
+def _keys_under(store: LeaseStore) -> dict[bytes, Any]:
+    backend = _backend(store)
+    answer = backend._transport.member().kv.Range(
+        etcdrpc.RangeRequest(key=backend._layout.root, range_end=backend._layout.range_end),
+        timeout=5,
+    )
+    return {bytes(kv.key)[len(backend._layout.root) :]: kv for kv in answer.kvs}
+
+
+def _hex(text: str) -> str:
+    return text.encode().hex()
+
+
+def _watchers(etcd_server: LocalEtcd | str) -> float:
+    """Watchers open on the (first) member; or on the member whose metrics are served at
+    the base URL given."""
+    base = etcd_server if isinstance(etcd_server, str) else etcd_server.members[0].metrics_url
+    with _HTTP.open(f"{base}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    for line in text.splitlines():
+        if line.startswith("etcd_debugging_mvcc_watcher_total "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("no watcher metric")
+
+
+def _count_sends(store: LeaseStore, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record every request the transport makes (reads and writes)."""
+    transport = _backend(store)._transport
+    real = transport.attempt
+    sent: list[str] = []
+
+    def attempt(stub: str, method: str, request: Any, timeout_s: float) -> Any:
+        sent.append(method)
+        return real(stub, method, request, timeout_s)
+
+    monkeypatch.setattr(transport, "attempt", attempt)
+    return sent
+
+
+def _lose_answers(store: LeaseStore, monkeypatch: pytest.MonkeyPatch, *, applied: bool,
+                  times: int = 1) -> list[str]:
+    """The next ``times`` writes fail as if the answer was lost, after being applied or
+    before reaching etcd."""
+    transport = _backend(store)._transport
+    real = transport.send
+    dropped: list[str] = []
+
+    def send(*args: Any, **kwargs: Any) -> Any:
+        if len(dropped) < times:
+            if applied:
+                real(*args, **kwargs)
+            dropped.append(str(kwargs.get("what")))
+            raise Failure("injected", grpc.StatusCode.DEADLINE_EXCEEDED, "answer lost")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(transport, "send", send)
+    return dropped
+
+
+# -- the key layout ---------------------------------------------------------------------------
+
+
+def test_enqueue_writes_marker_member_and_pending_in_one_revision(store: LeaseStore) -> None:
+    assert store.enqueue("mail", "m1", b"hello") is True
+    keys = _keys_under(store)
+    job, qdir = _hex("m1"), f"q/{_hex('mail')}/"
+    assert set(keys) == {f"{job}/q".encode(), f"{qdir}j/{job}".encode(),
+                         f"{qdir}p/{job}".encode()}
+    assert keys[f"{qdir}j/{job}".encode()].value == b"hello"
+    assert keys[f"{qdir}p/{job}".encode()].value == b""
+    assert len({kv.create_revision for kv in keys.values()}) == 1  # one transaction
+    (queued,) = store.queue_jobs("mail")
+    assert queued.seq == keys[f"{qdir}j/{job}".encode()].create_revision
+    assert queued.record.state is JobState.AVAILABLE and queued.record.generation == 0
+    # An enqueued, never-claimed job is a known job everywhere.
+    assert store.get("m1") == queued.record
+    assert store.records() == [queued.record]
+
+
+def test_completion_deletes_the_pending_key_and_keeps_the_payload(store: LeaseStore) -> None:
+    store.enqueue("q", "a", b"pa")
+    store.enqueue("q", "b", b"pb")
+    with store.session("W", ttl_s=30) as w:
+        lease = w.claim("a")  # claim_next would start at a random one of the oldest
+        assert lease is not None
+        lease.complete(b"ra")
+        pending = [k for k in _keys_under(store) if b"/p/" in k]
+        assert pending == [f"q/{_hex('q')}/p/{_hex('b')}".encode()]
+        assert _backend(store).queue_candidates("q", 10) == [("b", b"pb")]
+        jobs = store.queue_jobs("q")
+        assert [(j.record.job_id, j.record.state, j.payload, j.record.result) for j in jobs] == [
+            ("a", JobState.COMPLETED, b"pa", b"ra"),
+            ("b", JobState.AVAILABLE, b"pb", None),
+        ]
+
+
+def test_claim_by_name_of_a_queued_job_completes_it_in_the_queue(store: LeaseStore) -> None:
+    store.enqueue("q", "named")
+    with store.session("W", ttl_s=30) as w:
+        lease = w.claim("named")
+        assert lease is not None
+        lease.complete(b"")
+    assert _backend(store).queue_candidates("q", 10) == []
+    assert store.queue_stats("q").completed == 1
+    assert store.purge("q") == 1
+    assert store.get("named") is None and _keys_under(store) == {}
+
+
+def test_candidates_are_fifo_skip_held_and_a_released_job_keeps_its_place(
+    store: LeaseStore,
+) -> None:
+    for i in range(5):
+        store.enqueue("q", f"j{i}", str(i).encode())
+    backend = _backend(store)
+    with store.session("A", ttl_s=30) as a:
+        first = a.claim("j0")
+        third = a.claim("j2")
+        assert first is not None and third is not None
+        assert [j for j, _ in backend.queue_candidates("q", 10)] == ["j1", "j3", "j4"]
+        assert [j for j, _ in backend.queue_candidates("q", 2)] == ["j1", "j3"]
+        first.release()
+        assert [j for j, _ in backend.queue_candidates("q", 10)] == ["j0", "j1", "j3", "j4"]
+    seqs = [j.seq for j in store.queue_jobs("q")]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 5
+
+
+def test_candidates_page_past_many_held_jobs(store: LeaseStore) -> None:
+    """More held jobs at the head of the queue than one page of candidates."""
+    jobs = [f"j{i:03d}" for i in range(100)]
+    for job in jobs:
+        store.enqueue("q", job)
+    with store.session("A", ttl_s=30) as a:
+        assert all(a.claim_many(jobs[:90]))
+        assert [j for j, _ in _backend(store).queue_candidates("q", 32)] == jobs[90:]
+
+
+def test_enqueue_conflicts(store: LeaseStore) -> None:
+    with store.session("A", ttl_s=30) as a:
+        assert a.claim("by-name") is not None
+    with pytest.raises(InvalidArgument, match="claimed by name"):
+        store.enqueue("q", "by-name")
+    store.enqueue("q1", "x", b"first")
+    with pytest.raises(InvalidArgument, match="in queue 'q1'"):
+        store.enqueue("q2", "x")
+    assert store.enqueue("q1", "x", b"second") is False
+    assert store.queue_jobs("q1")[0].payload == b"first"
+    assert store.queue_jobs("q2") == []
+
+
+def test_queue_names_do_not_nest(store: LeaseStore) -> None:
+    """Queue "a" must not see the jobs of queue "ab" (hex directories end with "/")."""
+    store.enqueue("ab", "j1")
+    store.enqueue("a", "j2")
+    assert [j.record.job_id for j in store.queue_jobs("a")] == ["j2"]
+    assert [j for j, _ in _backend(store).queue_candidates("a", 10)] == ["j2"]
+
+
+# -- the payload limit ------------------------------------------------------------------------
+
+
+def test_payload_over_the_limit_is_refused_before_sending(
+    store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    limit = store.capabilities.max_payload_bytes
+    assert limit == 1024 * 1024
+    sent = _count_sends(store, monkeypatch)
+    with pytest.raises(InvalidArgument, match="at most"):
+        store.enqueue("q", "big", b"x" * (limit + 1))
+    assert sent == []
+
+
+def test_payload_at_the_limit_fits_etcds_default_request_size(store: LeaseStore) -> None:
+    """The largest ids and payload in one enqueue, under --max-request-bytes (1.5 MiB)."""
+    limit = store.capabilities.max_payload_bytes
+    job = "é" * (MAX_JOB_ID_BYTES // 2)  # 256 bytes of UTF-8, 512 hex digits in keys
+    queue = "q" * MAX_JOB_ID_BYTES
+    payload = os.urandom(limit)
+    assert store.enqueue(queue, job, payload) is True
+    with store.session("W", ttl_s=30) as w:
+        lease = w.claim_next(queue)
+        assert lease is not None and lease.payload == payload
+        lease.complete(b"")
+    assert store.queue_jobs(queue)[0].payload == payload
+
+
+# -- waiting ----------------------------------------------------------------------------------
+
+
+def _wait_in_thread(store: LeaseStore, etcd_server: LocalEtcd, session: Any,
+                    wait_s: float) -> tuple[threading.Thread, list[Any], float]:
+    watchers = _watchers(etcd_server)
+    got: list[Any] = []
+    waiter = threading.Thread(target=lambda: got.append(session.claim_next("q", wait_s=wait_s)))
+    waiter.start()
+    poll_until(lambda: _watchers(etcd_server) > watchers, 10)  # B waits on its watch
+    return waiter, got, watchers
+
+
+@pytest.mark.parametrize("how", ["release", "expiry"])
+def test_waiter_is_woken_by_a_release_or_expiry_elsewhere(
+    store: LeaseStore, etcd_server: LocalEtcd, how: str
+) -> None:
+    store.enqueue("q", "only", b"p")
+    with store.session("A", ttl_s=60) as a, store.session("B", ttl_s=60) as b:
+        held = a.claim_next("q")
+        assert held is not None
+        waiter, got, watchers = _wait_in_thread(store, etcd_server, b, 30)
+        start = time.monotonic()
+        if how == "release":
+            held.release()
+        else:
+            _backend(store).expire_session(a.session_id)
+        waiter.join(timeout=30)
+        assert got and got[0] is not None and got[0].job_id == "only"
+        assert got[0].generation > held.generation
+        assert time.monotonic() - start < 2  # woken by the watch, far before 30 s
+    poll_until(lambda: _watchers(etcd_server) <= watchers, 10)  # the watches are cancelled
+
+
+def test_completion_does_not_wake_waiters(store: LeaseStore, etcd_server: LocalEtcd) -> None:
+    """A completion frees nothing: the waiter sleeps on to its timeout."""
+    store.enqueue("q", "only")
+    with store.session("A", ttl_s=60) as a:
+        held = a.claim_next("q")
+        assert held is not None
+        watchers = _watchers(etcd_server)
+        done = threading.Timer(0.3, lambda: held.complete(b""))
+        done.start()
+        start = time.monotonic()
+        _backend(store).wait_for_queue("q", 1.5)
+        assert time.monotonic() - start >= 1.4
+        done.join()
+    poll_until(lambda: _watchers(etcd_server) <= watchers, 10)
+
+
+def test_waiter_is_woken_by_an_enqueue_and_returns_at_once_if_claimable(
+    store: LeaseStore, etcd_server: LocalEtcd
+) -> None:
+    backend = _backend(store)
+    timer = threading.Timer(0.3, lambda: store.enqueue("q", "new"))
+    timer.start()
+    start = time.monotonic()
+    backend.wait_for_queue("q", 20)
+    assert 0.2 < time.monotonic() - start < 3
+    timer.join()
+    start = time.monotonic()
+    backend.wait_for_queue("q", 20)  # "new" is claimable: no waiting
+    assert time.monotonic() - start < 1
+    start = time.monotonic()
+    backend.wait_for_queue("q", 0.3)
+    backend.wait_for_queue("other", 0.3)  # an empty queue: the timeout bounds it
+    assert time.monotonic() - start < 3
+
+
+def test_enqueue_into_another_queue_does_not_wake(
+    store: LeaseStore, etcd_server: LocalEtcd
+) -> None:
+    timer = threading.Timer(0.2, lambda: store.enqueue("other", "x"))
+    timer.start()
+    start = time.monotonic()
+    _backend(store).wait_for_queue("q", 1.0)
+    assert time.monotonic() - start >= 0.9
+    timer.join()
+
+
+# -- purge ------------------------------------------------------------------------------------
+
+
+def test_purge_beyond_one_transaction(store: LeaseStore) -> None:
+    """More completed jobs than etcd's 128 operations per transaction."""
+    jobs = [f"j{i:03d}" for i in range(300)]
+    for job in jobs:
+        store.enqueue("q", job, job.encode())
+    with store.session("W", ttl_s=60) as w:
+        for start in range(0, 200, 50):
+            for lease in w.claim_many(jobs[start : start + 50]):
+                assert lease is not None
+                lease.complete(b"done")
+        held = w.claim("j250")
+        assert held is not None
+        stats = store.queue_stats("q")
+        assert (stats.available, stats.held, stats.completed) == (99, 1, 200)
+        assert store.purge("q") == 200
+        assert store.purge("q") == 0
+        left = store.queue_jobs("q")
+        assert [j.record.job_id for j in left] == jobs[200:]
+        assert all(store.get(job) is None for job in jobs[:200:37])
+        assert not any(k.startswith(_hex("j000").encode()) for k in _keys_under(store))
+
+
+@pytest.mark.parametrize("applied", [True, False])
+def test_purge_with_a_lost_answer_counts_once(
+    store: LeaseStore, monkeypatch: pytest.MonkeyPatch, applied: bool
+) -> None:
+    for i in range(3):
+        store.enqueue("q", f"j{i}")
+    with store.session("W", ttl_s=30) as w:
+        for _ in range(2):
+            lease = w.claim_next("q")
+            assert lease is not None
+            lease.complete(b"")
+    dropped = _lose_answers(store, monkeypatch, applied=applied)
+    assert store.purge("q") == 2
+    assert dropped
+    assert [j.record.state for j in store.queue_jobs("q")] == [JobState.AVAILABLE]
+
+
+# -- lost answers -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("applied", [True, False])
+def test_enqueue_with_a_lost_answer_is_read_back(
+    store: LeaseStore, monkeypatch: pytest.MonkeyPatch, applied: bool
+) -> None:
+    dropped = _lose_answers(store, monkeypatch, applied=applied)
+    assert store.enqueue("q", "j", b"p") is True  # ours, whether the first copy landed or not
+    assert dropped
+    assert store.enqueue("q", "j", b"p") is False
+    assert [(j.record.job_id, j.payload) for j in store.queue_jobs("q")] == [("j", b"p")]
+
+
+def test_batch_claim_read_back_still_completes_in_the_queue(
+    store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch claim settled by reading back does not learn the jobs' queue: the
+    completion reads it, and still deletes the pending key."""
+    store.enqueue("q", "x")
+    store.enqueue("q", "y")
+    with store.session("W", ttl_s=30) as w:
+        _lose_answers(store, monkeypatch, applied=True)
+        leases = w.claim_many(["x", "y"])
+        assert all(leases)
+        for lease in leases:
+            assert lease is not None
+            lease.complete(b"")
+    assert _backend(store).queue_candidates("q", 10) == []
+    assert store.purge("q") == 2
+
+
+# -- the container kit: three members ---------------------------------------------------------
+
+
+def _use(store: LeaseStore, endpoint: str) -> None:
+    transport = _backend(store)._transport
+    transport._current = [m.target for m in transport.members].index(endpoint)
+
+
+@pytest.mark.parametrize("how", ["release", "expiry"])
+def test_waiter_on_another_member_is_woken(etcd_cluster: Any, key_prefix: str, how: str) -> None:
+    """The waiter watches through one member, the holder releases (or its lease is
+    revoked) through another: the watch still wakes the waiter at once."""
+    url = etcd_cluster.url_with_prefix(key_prefix)
+    members = [m.endpoint for m in etcd_cluster.members]
+    with open_store(url) as store_a, open_store(url) as store_b:
+        _use(store_a, members[0])
+        _use(store_b, members[1])
+        store_a.enqueue("q", "only")
+        with store_a.session("A", ttl_s=60) as a, store_b.session("B", ttl_s=60) as b:
+            held = a.claim_next("q")
+            assert held is not None
+            metrics = f"http://{members[1]}"
+            watchers = _watchers(metrics)
+            got: list[Any] = []
+            waiter = threading.Thread(target=lambda: got.append(b.claim_next("q", wait_s=30)))
+            waiter.start()
+            poll_until(lambda: _watchers(metrics) > watchers, 10)  # B waits on its watch
+            start = time.monotonic()
+            if how == "release":
+                held.release()
+            else:
+                _backend(store_a).expire_session(a.session_id)
+            waiter.join(timeout=30)
+            assert got and got[0] is not None and got[0].generation > held.generation
+            assert time.monotonic() - start < 3
+
+
+def test_purge_beyond_one_transaction_on_the_cluster(etcd_cluster: Any, key_prefix: str) -> None:
+    with open_store(etcd_cluster.url_with_prefix(key_prefix)) as store:
+        jobs = [f"j{i:03d}" for i in range(150)]
+        for job in jobs:
+            store.enqueue("q", job)
+        with store.session("W", ttl_s=60) as w:
+            for start in range(0, 150, 50):
+                for lease in w.claim_many(jobs[start : start + 50]):
+                    assert lease is not None
+                    lease.complete(b"")
+        assert store.purge("q") == 150
+        assert store.queue_jobs("q") == [] and store.records() == []
