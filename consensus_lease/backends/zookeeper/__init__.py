@@ -38,6 +38,35 @@ How leases map onto ZooKeeper
   release, completion or the session. Never delete job znodes by hand: their version is
   the generation history, and a re-created znode would start again at 0.
 
+Work queues (``capabilities.queues``; layout in ``_layout``, operations in ``_queues``)
+-------------------------------------------------------------------------------------
+* ``enqueue`` is one multi on the backend's shared client: it creates the job znode
+  (version 0, as a never-claimed job: the first claim makes generation 1), a ``queue``
+  tag under it (queue, member name, a nonce), the member
+  ``{chroot}/queues/{q}/jobs/{seq:010d}-{name}`` holding the payload and the open marker
+  ``{chroot}/queues/{q}/open/{seq:010d}-{name}``, and bumps the version of
+  ``{chroot}/queues/{q}``, which issues ``seq``. If the job exists its tag decides:
+  this queue -> ``False``, anything else -> ``InvalidArgument``. A lost answer is read
+  back through the tag's nonce, never re-sent blindly.
+* Claim, renew, release and completion of a queued job are those of any job, plus one
+  marker each: the claim multi also creates the EPHEMERAL held marker
+  ``{chroot}/queues/{q}/held/{member}`` (same session as the owner znode, so it goes
+  with the session too), release and completion delete it, and completion also deletes
+  the open marker. Claimable = children of ``open`` - children of ``held``:
+  ``queue_candidates`` is one round trip of two listings (plus payloads not yet cached),
+  and ``wait_for_queue`` waits on two child watches shared by every waiter.
+* ``purge`` deletes each completed job's tag, job znode (at its completed version) and
+  member, up to 100 jobs per multi. **A purged job id must not be enqueued (or claimed)
+  again**: its job znode would be made anew at version 0 and its generations (fencing
+  tokens) would repeat. Each queue keeps its four znodes (``{q}``, ``jobs``, ``open``,
+  ``held``).
+* ``max_payload_bytes`` is 1,000,000: ZooKeeper refuses requests over ``jute.maxbuffer``
+  (0xfffff, 1 MiB - 1, by default) and the enqueue multi also carries five paths, the
+  tag, ACLs and framing (up to ~10 KB with the longest names). The backend also checks
+  the whole request's estimated size before sending (a very long chroot). A server
+  configured with a smaller ``jute.maxbuffer`` closes the connection on a too large
+  enqueue: after reading back, ``BackendUnavailable`` within ``op_timeout_s``.
+
 ZooKeeper guarantees relied on (`ZooKeeper Programmer's Guide
 <https://zookeeper.apache.org/doc/r3.8.0/zookeeperProgrammers.html>`_):
 sessions and their timeout negotiation ("ZooKeeper Sessions"); an ephemeral znode lives
@@ -88,9 +117,23 @@ Limits worth knowing:
   release stops making it, opening a session fails loudly rather than guess a TTL.
 * A released job's record still names its last holder as ``owner`` (only a write to the
   job znode could clear it, and that would bump the version, which is the generation).
-* Versions are 32-bit: about 2**31 claims per job.
-* Sessions shorter than about 1 s see spurious SUSPENDED spells on a loaded machine:
-  kazoo declares a connection dead after 2/3 of the session timeout without a reply.
+* Versions are 32-bit: about 2**31 claims per job, and 2**31 enqueues per queue.
+* Enqueues into one queue are serialised by the store (each takes the next ``seq`` with a
+  versioned write): producers in several processes retry on collisions, so one queue
+  takes roughly one enqueue per round trip to the leader however many producers it has.
+* ``queue_candidates`` reads the payload of every candidate it returns that it has not
+  seen (up to the ``limit`` asked, 32 from ``claim_next``; 8 MiB are cached per
+  backend): with payloads near the limit, keep large data elsewhere and enqueue a
+  reference to it.
+* ``queue_candidates`` and ``wait_for_queue`` list every open and every held job's name
+  (``queue_jobs`` and ``purge`` every member's): one round trip, but its size grows with
+  the queue (about 30 bytes a job with short ids). Purge completed jobs; keep a queue's
+  backlog within some 100,000 jobs.
+* A waiter is also woken (spuriously) by every claim and completion in its queue; it
+  looks again and waits again. ZooKeeper watches fire once and kazoo cannot remove one:
+  a watch whose waiters all timed out stays registered (one per path) until it fires.
+* Claim and release read the job's ``queue`` tag with the job (one more read in the same
+  round trip, also for jobs claimed by name).
 """
 
 from ._backend import ZooKeeperBackend

@@ -12,12 +12,13 @@ from typing import ClassVar
 
 from ...backend import Backend, Capabilities, SessionHandle, StateListener
 from ...errors import BackendUnavailable, InvalidArgument, JobCompleted, LeaseError
-from ...record import ClaimResult, LeaseRecord
+from ...record import ClaimResult, LeaseRecord, QueuedJob
 from ._claims import Claims
 from ._errors import KAZOO_ERRORS, translate
 from ._holds import Holds
 from ._layout import JobPaths, decode_name, to_record
 from ._options import ZkConfig, parse_url
+from ._queues import MAX_PAYLOAD_BYTES, Queues
 from ._session import NegotiatedTimeouts, Status, ZkSession
 from ._watch import OwnerWatches
 from ._wire import Read, Wire
@@ -60,6 +61,8 @@ class ZooKeeperBackend(Backend):
         min_ttl_s=0.2,
         max_ttl_s=24 * 3600.0,
         max_batch_claim=100,
+        queues=True,
+        max_payload_bytes=MAX_PAYLOAD_BYTES,
         description="ZooKeeper (kazoo): session per worker, ephemeral owner znodes, "
         "job znode version as fencing token",
     )
@@ -72,6 +75,7 @@ class ZooKeeperBackend(Backend):
             self._wire, self._paths, lambda h: self._ensure_base(h, again=True)
         )
         self._holds = Holds(self._wire)
+        self._queues = Queues(self._wire, self._paths)
         self._watches = OwnerWatches()
         self._cond = threading.Condition()
         self._sessions: dict[str, ZkSession] = {}
@@ -405,6 +409,83 @@ class ZooKeeperBackend(Backend):
             log.debug("wait_for_change could not watch", extra={"job_id": job_id,
                                                                  "error": repr(exc)})
             threading.Event().wait(min(max(timeout_s, 0.0), 0.25))
+
+    # -- work queues -------------------------------------------------------------------------
+
+    def enqueue(self, queue: str, job_id: str, payload: bytes) -> bool:
+        """Add ``job_id`` to ``queue`` in one multi on the shared client: create the job
+        znode (version 0, as a never-claimed job), its ``queue`` tag, the queue member
+        (``{seq}-{name}``, the payload as data) and its open marker, and bump the queue
+        node's version, which issues ``seq``. A lost answer is read back (the tag's
+        nonce), never re-sent blindly. See :mod:`._queues`.
+
+        Do not enqueue the id of a purged job again: its job znode would start again at
+        version 0, so its generations would repeat.
+
+        Returns ``True`` if added, ``False`` if the job is already in this queue.
+
+        Raises:
+            InvalidArgument: the job exists outside this queue (claimed by name, or in
+                another queue), or the request would exceed jute.maxbuffer (a very long
+                chroot); nothing was written.
+            BackendUnavailable: nothing was applied (also when other enqueues into the
+                same queue kept winning the race for ``seq`` for ``op_timeout_s``).
+            OutcomeUnknown: the answer was lost and reading back the tag failed.
+        """
+        return self._queues.enqueue(queue, job_id, payload)
+
+    def queue_candidates(self, queue: str, limit: int) -> list[tuple[str, bytes]]:
+        """Up to ``limit`` ``(job_id, payload)`` of ``queue``'s jobs not completed and
+        not held, oldest ``seq`` first: one round trip (after a ``sync``) listing the
+        queue's ``open`` markers and its ``held`` markers (made with the owner znodes),
+        then one pipelined read of the payloads not cached yet. A hint: the claim
+        decides. An unknown queue has none.
+
+        Raises:
+            BackendUnavailable.
+        """
+        return self._queues.candidates(queue, limit)
+
+    def queue_jobs(self, queue: str, limit: int | None = None) -> list[QueuedJob]:
+        """Every job of ``queue`` (at most ``limit``), oldest first, with its record,
+        payload and ``seq``; an unknown queue is empty. One listing, then pipelined reads
+        of each job's znode, owner znode and member.
+
+        Raises:
+            BackendUnavailable.
+        """
+        return self._queues.jobs(queue, limit)
+
+    def wait_for_queue(self, queue: str, timeout_s: float) -> None:
+        """Wait on ZooKeeper watches, not polling: child watches on the queue's ``open``
+        znode (an enqueue) and ``held`` znode (a release, the holder's session ending;
+        also a completion or a claim, which wake it spuriously). Returns at once if a
+        job looks claimable, and after ``timeout_s`` at the latest. The watches are
+        shared by every waiter of this backend, one per path, so waiters timing out
+        leave nothing to pile up. If the store cannot be asked, waits briefly and
+        returns."""
+        try:
+            self._queues.wait(queue, timeout_s)
+        except _WAIT_ERRORS as exc:
+            log.debug("wait_for_queue could not watch", extra={"queue": queue,
+                                                               "error": repr(exc)})
+            threading.Event().wait(min(max(timeout_s, 0.0), 0.25))
+
+    def purge(self, queue: str) -> int:
+        """Delete ``queue``'s completed jobs: each one's tag, job znode (at its completed
+        version) and member, in multis of up to 100 jobs (far below jute.maxbuffer).
+        Jobs without an open marker are read first and deleted only if their record says
+        COMPLETED. Returns how many this call deleted (a job another purge deleted first
+        is not counted, except in a batch whose answer was lost and which reading back
+        found gone). The queue's own four znodes stay.
+
+        A purged job id must not be enqueued again: its job znode would be made anew at
+        version 0, so its generations (fencing tokens) would repeat.
+
+        Raises:
+            BackendUnavailable / OutcomeUnknown (some batches may have been deleted).
+        """
+        return self._queues.purge(queue)
 
     def close(self) -> None:
         """Close every session still open (best effort) and the read client."""

@@ -12,6 +12,10 @@ The race this closes, step by step::
 A completion always bumps the version, so even a claim prepared while the job was held
 (version 8) fails once it is completed. Two claims prepared against the same version: one
 multi wins, the other fails on the version (or on the owner znode's existence).
+
+A queued job (its ``queue`` tag is read with it, in the same round trip) also gets its
+EPHEMERAL held marker in the queue, in the same multi and by the same session as the
+owner znode, so the two come and go together (see :mod:`._queues`).
 """
 
 from __future__ import annotations
@@ -31,8 +35,16 @@ from kazoo.exceptions import (
 
 from ...errors import JobCompleted, LeaseError, OutcomeUnknown, StaleLeaseError
 from ...record import ClaimResult
-from ._errors import translate
-from ._layout import JobPaths, dump_claim, dump_owner, new_nonce, parse_job, parse_owner
+from ._errors import KAZOO_ERRORS, translate
+from ._layout import (
+    JobPaths,
+    QueueTag,
+    dump_claim,
+    dump_owner,
+    new_nonce,
+    parse_job,
+    parse_owner,
+)
 from ._session import ZkSession
 from ._wire import Read, Wire
 
@@ -55,10 +67,20 @@ class Plan:
     paths: JobPaths
     version: int | None
     nonce: str
+    held: str | None = None  # a queued job's held marker
 
     @property
     def generation(self) -> int:
         return 1 if self.version is None else self.version + 1
+
+    @property
+    def owner_op(self) -> int:
+        """Index of the owner znode's create among this plan's operations."""
+        return 1 if self.version is not None else 2
+
+    @property
+    def op_count(self) -> int:
+        return self.owner_op + 1 + (self.held is not None)
 
 
 class Claims:
@@ -84,7 +106,8 @@ class Claims:
         chunks: list[list[str]] = []
         size = 0
         for job_id in job_ids:
-            cost = fixed + 4 * len(self.paths(job_id).owner.encode())
+            # owner path x4, and room for a queued job's held marker (up to ~2x as long)
+            cost = fixed + 6 * len(self.paths(job_id).owner.encode())
             if chunks and size + cost <= MAX_MULTI_BYTES:
                 chunks[-1].append(job_id)
                 size += cost
@@ -107,11 +130,11 @@ class Claims:
             reads: list[Read] = [("sync", base)] if synced else []
             for job_id in todo:
                 paths = self.paths(job_id)
-                reads += [("get", paths.job), ("get", paths.owner)]
+                reads += [("get", paths.job), ("get", paths.owner), ("get", paths.tag)]
             answers = self.wire.session_read(h, reads, "claim", todo[0])[1 if synced else 0 :]
             plans: list[Plan] = []
             for i, job_id in enumerate(todo):
-                decided = self._plan(h, self.paths(job_id), answers[2 * i], answers[2 * i + 1])
+                decided = self._plan(h, self.paths(job_id), *answers[3 * i : 3 * i + 3])
                 if isinstance(decided, Plan):
                     plans.append(decided)
                 else:
@@ -125,7 +148,7 @@ class Claims:
 
     def _plan(
         self, h: ZkSession, paths: JobPaths, job: tuple[bytes, Any] | None,
-        owner: tuple[bytes, Any] | None,
+        owner: tuple[bytes, Any] | None, tag: tuple[bytes, Any] | None,
     ) -> Plan | Outcome:
         if job is not None:
             parsed = parse_job(job[0], paths.job)
@@ -138,7 +161,9 @@ class Claims:
             if owner[1].ephemeralOwner == h.sid:
                 return self._adopt_uncertain(h, paths, job, owner)
             return None  # a live session holds it
-        return Plan(paths, None if job is None else job[1].version, new_nonce())
+        held = None if tag is None or job is None else \
+            QueueTag.parse(tag[0], paths.tag).held(self.wire.config.queues_base)
+        return Plan(paths, None if job is None else job[1].version, new_nonce(), held)
 
     def _adopt_uncertain(
         self, h: ZkSession, paths: JobPaths, job: tuple[bytes, Any] | None,
@@ -171,6 +196,8 @@ class Claims:
                     plan.paths.owner, dump_owner(h.owner, h.session_id, plan.nonce),
                     ephemeral=True,
                 )
+                if plan.held is not None:
+                    tx.create(plan.held, b"", ephemeral=True)
 
         landed: set[str] = set()
 
@@ -210,23 +237,32 @@ class Claims:
         retry: list[str] = []
         offset = 0
         for plan in plans:
-            count = 2 if plan.version is not None else 3
-            mine = results[offset : offset + count]
-            offset += count
+            mine = results[offset : offset + plan.op_count]
+            offset += plan.op_count
             errors = [r for r in mine if isinstance(r, Exception)
                       and not isinstance(r, (RolledBackError, RuntimeInconsistency))]
             if not errors:
                 retry.append(plan.paths.job_id)  # innocent: rolled back for another job
-            elif isinstance(mine[-1], NodeExistsError):
+            elif isinstance(mine[plan.owner_op], NodeExistsError):
                 outcome[plan.paths.job_id] = None  # the owner znode exists: held
             elif isinstance(errors[0], (BadVersionError, NodeExistsError)):
                 retry.append(plan.paths.job_id)  # changed since our read: read again
             elif isinstance(errors[0], NoNodeError):
                 self.ensure_base(h)  # {chroot}/jobs was deleted under us
+                if plan.held is not None:  # or the queue's held container
+                    self.ensure_path(h, plan.held.rsplit("/", 1)[0])
                 retry.append(plan.paths.job_id)
             else:
                 raise translate(errors[0], "claim", self.wire.hosts, job_id=plan.paths.job_id)
         return retry
+
+    def ensure_path(self, h: ZkSession, path: str) -> None:
+        try:
+            h.client.ensure_path_async(path, acl=self.wire.config.acl_list()).get(
+                timeout=self.wire.config.op_timeout_s
+            )
+        except KAZOO_ERRORS as exc:
+            raise translate(exc, f"creating {path}", self.wire.hosts) from exc
 
     def hand_back_uncertain(
         self, h: ZkSession, release: Callable[[ZkSession, str, int], None]

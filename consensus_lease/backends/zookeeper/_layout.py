@@ -11,6 +11,24 @@
     {chroot}/jobs/{name}/owner          EPHEMERAL, exists while a live session holds the job
         ephemeralOwner = the holder's session id
         data      = {"owner":..., "session":..., "nonce":...}  (nonce: one per claim)
+    {chroot}/jobs/{name}/queue          persistent, queued jobs only (made by enqueue)
+        data      = {"format":1,"queue":{qname},"member":{member},"nonce":...}
+
+Work queues (``qname``: the queue name, encoded as job ids are)::
+
+    {chroot}/queues                     persistent container
+    {chroot}/queues/{qname}             persistent, data b""
+        version   = the last ``seq`` issued in this queue: each enqueue bumps it
+    {chroot}/queues/{qname}/jobs/{member}   persistent, one per job enqueued (until purged)
+        data      = the payload
+    {chroot}/queues/{qname}/open/{member}   persistent, empty; deleted by the completion
+                                        multi, so its children are the jobs not completed
+    {chroot}/queues/{qname}/held/{member}   EPHEMERAL, empty, made by the claim multi with
+                                        the owner znode, by the same session; deleted with
+                                        it (release, completion multis; session end)
+
+``member`` is ``{seq:010d}-{name}``: sorting names sorts by ``seq`` (FIFO). The claimable
+jobs of a queue are the children of ``open`` less those of ``held``: two listings.
 
 ``name`` is the job id percent-encoded from UTF-8 with every byte outside
 ``[A-Za-z0-9_~-]`` escaped (``.`` too), so ``/``, ``.``, ``..``, spaces, control or
@@ -33,19 +51,27 @@ __all__ = [
     "JobData",
     "JobPaths",
     "OwnerData",
+    "QueuePaths",
+    "QueueTag",
     "decode_name",
     "dump_claim",
     "dump_completed",
     "dump_owner",
     "encode_job_id",
+    "member_name",
     "new_nonce",
     "parse_job",
+    "parse_member",
     "parse_owner",
     "to_record",
 ]
 
 FORMAT = 1
 OWNER_NODE = "owner"
+TAG_NODE = "queue"
+MEMBERS_DIR, OPEN_DIR, HELD_DIR = "jobs", "open", "held"
+SEQ_DIGITS = 10
+"""A znode version is a signed 32-bit int: at most 2**31 - 1, ten digits."""
 
 
 class CorruptData(BackendUnavailable):
@@ -71,11 +97,87 @@ class JobPaths:
     job_id: str
     job: str
     owner: str
+    tag: str  # the queue tag of a queued job
 
     @classmethod
     def of(cls, base: str, job_id: str) -> JobPaths:
         job = f"{base}/{encode_job_id(job_id)}"
-        return cls(job_id, job, f"{job}/{OWNER_NODE}")
+        return cls(job_id, job, f"{job}/{OWNER_NODE}", f"{job}/{TAG_NODE}")
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePaths:
+    """A work queue's znodes (see the module docstring)."""
+
+    queue: str
+    name: str  # the encoded queue name
+    node: str  # its version counts the seqs issued
+    members: str
+    open: str
+    held: str
+
+    @classmethod
+    def of(cls, queues_base: str, queue: str) -> QueuePaths:
+        name = encode_job_id(queue)
+        node = f"{queues_base}/{name}"
+        return cls(queue, name, node, f"{node}/{MEMBERS_DIR}", f"{node}/{OPEN_DIR}",
+                   f"{node}/{HELD_DIR}")
+
+    def member(self, member: str) -> str:
+        return f"{self.members}/{member}"
+
+    def marker(self, member: str) -> str:
+        """The member's open marker: exists until the job is completed."""
+        return f"{self.open}/{member}"
+
+
+def member_name(seq: int, job_id: str) -> str:
+    return f"{seq:0{SEQ_DIGITS}d}-{encode_job_id(job_id)}"
+
+
+def parse_member(member: str) -> tuple[int, str] | None:
+    """``(seq, job_id)`` from a member znode's name, or ``None`` for a name we never make."""
+    seq, dash, name = member.partition("-")
+    if not dash or len(seq) != SEQ_DIGITS or not seq.isdigit():
+        return None
+    job_id = decode_name(name)
+    return None if job_id is None else (int(seq), job_id)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueTag:
+    """A queued job's tag (``{job}/queue``): its queue, its member name, and the nonce of
+    the enqueue that made it (how a lost answer is read back)."""
+
+    queue: str  # encoded, as QueuePaths.name
+    member: str
+    nonce: str
+
+    def marker(self, queues_base: str) -> str:
+        """The path of this job's open marker (deleted by its completion)."""
+        return f"{queues_base}/{self.queue}/{OPEN_DIR}/{self.member}"
+
+    def held(self, queues_base: str) -> str:
+        """The path of this job's held marker (ephemeral, with the owner znode)."""
+        return f"{queues_base}/{self.queue}/{HELD_DIR}/{self.member}"
+
+    def dump(self) -> bytes:
+        fields = {"format": FORMAT, "queue": self.queue, "member": self.member,
+                  "nonce": self.nonce}
+        return json.dumps(fields, separators=(",", ":")).encode()
+
+    @classmethod
+    def parse(cls, data: bytes | None, path: str) -> QueueTag:
+        try:
+            fields = json.loads(data or b"")
+            if fields["format"] != FORMAT:
+                raise ValueError(fields["format"])
+            tag = cls(str(fields["queue"]), str(fields["member"]), str(fields["nonce"]))
+        except (ValueError, KeyError, TypeError):
+            raise CorruptData(f"{path} holds data consensus_lease did not write") from None
+        if parse_member(tag.member) is None:
+            raise CorruptData(f"{path} names a queue member we never make: {tag.member!r}")
+        return tag
 
 
 def new_nonce() -> str:

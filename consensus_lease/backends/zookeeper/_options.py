@@ -26,6 +26,8 @@ SCHEMES = ("zk", "zookeeper")
 ACL_MODES = ("open", "creator", "creator_world_read")
 JOBS_NODE = "jobs"
 """The znode under the chroot whose children are the job znodes."""
+QUEUES_NODE = "queues"
+"""The znode under the chroot whose children are the work queues."""
 
 _HOSTNAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
 _IPV6 = re.compile(r"^[0-9A-Fa-f:.]+$")
@@ -63,6 +65,11 @@ class ZkConfig:
     def base(self) -> str:
         """Absolute path of the znode whose children are the jobs."""
         return f"{self.chroot}/{JOBS_NODE}"
+
+    @property
+    def queues_base(self) -> str:
+        """Absolute path of the znode whose children are the work queues."""
+        return f"{self.chroot}/{QUEUES_NODE}"
 
     def acl_list(self) -> list[ACL]:
         if self.acl == "creator":

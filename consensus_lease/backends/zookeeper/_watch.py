@@ -12,8 +12,9 @@ import threading
 from typing import Any
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
 
-__all__ = ["OwnerWatches"]
+__all__ = ["OwnerWatches", "SharedWatches"]
 
 
 class OwnerWatches:
@@ -44,3 +45,105 @@ class OwnerWatches:
                 if not event.is_set():
                     event = self._armed.setdefault(path, event)
         event.wait(timeout_s)
+
+
+class SharedWatches:
+    """One-shot ZooKeeper watches shared by many waiters, each waiting on several at once.
+
+    A watch is *armed* per ``(kind, path)`` by the first waiter that needs it; later
+    waiters join it instead of registering another callback with kazoo. When ZooKeeper
+    fires it (or kazoo drops it on a lost connection, which kazoo reports as a fired
+    watch), every waiter that joined is woken and the entry goes. A waiter that times out
+    only leaves: the armed watch stays until it fires, one per path however many waiters
+    come and go, which is all kazoo allows (it has no call to remove a watch).
+
+    Kinds: ``"children"`` (``get_children`` watch: a child added or removed; armed while
+    the path exists), ``"deleted"`` (``exists`` watch, armed while the path exists) and
+    ``"created"`` (``exists`` watch, armed while the path is absent).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._armed: dict[tuple[str, str], set[threading.Event]] = {}
+
+    def armed(self) -> int:
+        """How many watches are armed now (for tests)."""
+        with self._lock:
+            return len(self._armed)
+
+    def _fire(self, key: tuple[str, str], but: threading.Event | None = None) -> None:
+        with self._lock:
+            waiters = self._armed.pop(key, set())
+        if but is not None:
+            waiters.discard(but)  # the caller itself knows: it is not woken
+        for event in waiters:
+            event.set()
+
+    def join(
+        self, client: KazooClient, kind: str, paths: list[str], event: threading.Event,
+        read_timeout_s: float,
+    ) -> list[Any]:
+        """Join ``event`` to the watch ``kind`` on each of ``paths``, arming those not
+        armed yet with one pipelined round trip. Element ``i`` answers ``paths[i]``:
+
+        * ``True``: joined a watch that is armed (the condition it waits on still held
+          when it was armed, and nothing fired since);
+        * for a watch this call armed, the read's answer (children names or a stat; ``True``
+          for a ``"created"`` watch);
+        * ``None``: the condition is not met (a ``"children"`` or ``"deleted"`` path that
+          does not exist, a ``"created"`` path that does); nothing is joined then.
+
+        Raises kazoo's exceptions from the reads; watches it armed are then dropped (and
+        their waiters woken: spurious).
+        """
+        keys = [(kind, path) for path in paths]
+        answers: list[Any] = [True] * len(paths)
+        mine: list[int] = []
+        with self._lock:
+            for i, key in enumerate(keys):
+                waiters = self._armed.get(key)
+                if waiters is not None:
+                    waiters.add(event)
+                else:
+                    self._armed[key] = {event}
+                    mine.append(i)
+        pending = []
+        try:
+            for i in mine:
+                key = keys[i]
+
+                def fire(_watched: Any, key: tuple[str, str] = key) -> None:
+                    self._fire(key)
+
+                if kind == "children":
+                    pending.append(client.get_children_async(paths[i], watch=fire))
+                else:
+                    pending.append(client.exists_async(paths[i], watch=fire))
+            for i, result in zip(mine, pending, strict=False):
+                try:
+                    answers[i] = result.get(timeout=read_timeout_s)
+                except NoNodeError:
+                    answers[i] = None  # get_children of a missing path: no watch registered
+        except BaseException:
+            for i in mine:
+                self._fire(keys[i], but=event)
+            raise
+        for i in mine:
+            exists = answers[i] is not None
+            if exists == (kind == "created"):
+                # Condition not met. An exists watch stays registered with kazoo until the
+                # path is created or deleted; when it fires it wakes whoever joined this
+                # key meanwhile: a spurious return, which waiters allow.
+                answers[i] = None
+                self._fire(keys[i], but=event)
+            elif not exists:
+                answers[i] = True  # a "created" watch armed on an absent path
+        return answers
+
+    def leave(self, keys: list[tuple[str, str]], event: threading.Event) -> None:
+        """Stop waking ``event`` for ``keys``; the armed watches stay until they fire."""
+        with self._lock:
+            for key in keys:
+                waiters = self._armed.get(key)
+                if waiters is not None:
+                    waiters.discard(event)

@@ -183,6 +183,55 @@ class Wire:
                     raise
                 threading.Event().wait(0.05)  # the client is reconnecting
 
+    def reader_commit(
+        self, build: Callable[[Any], None], settle: Callable[[float], bool], what: str,
+        job_id: str | None = None,
+    ) -> Multi:
+        """One multi on the shared client (writes no session owns: enqueue, purge). A lost
+        answer is settled as in :meth:`commit`: ``settle(deadline) -> applied``, with reads
+        on the shared client (which reconnects, or opens a new session, by itself).
+
+        Raises:
+            BackendUnavailable: nothing was applied (or the store refused the multi as a
+                whole). OutcomeUnknown: reading back could not settle it in time.
+        """
+        client = self.reader()
+        deadline = self.deadline()
+        transaction = client.transaction()
+        build(transaction)
+        try:
+            results = transaction.commit_async().get(
+                timeout=max(0.0, deadline - time.monotonic())
+            )
+        except (ConnectionLoss, KazooTimeoutError, RuntimeError) as exc:
+            log.warning("answer to a %s was lost; reading back", what, extra={"job_id": job_id})
+            return Multi(self._settle_shared(settle, what, job_id, exc), [])
+        except KAZOO_ERRORS as exc:
+            raise translate(exc, what, self.hosts, worker_session=False, job_id=job_id) from exc
+        failed = any(isinstance(r, Exception) for r in results)
+        return Multi(not failed, list(results))
+
+    def _settle_shared(
+        self, probe: Callable[[float], bool], what: str, job_id: str | None,
+        cause: BaseException,
+    ) -> bool:
+        # A request in flight on a lost connection is ordered before the sync the probe
+        # sends after reconnecting, or rejected (session moved, or expired: an expired
+        # session's requests are never applied after its expiry).
+        deadline = self.deadline()
+        while True:
+            try:
+                return probe(deadline)
+            except AuthenticationFailed:
+                raise
+            except BackendUnavailable as exc:
+                if time.monotonic() >= deadline:
+                    raise OutcomeUnknown(
+                        f"{what}: the answer from ZooKeeper ({self.hosts}) was lost and "
+                        f"reading back failed too: {exc}", job_id=job_id,
+                    ) from cause
+                threading.Event().wait(0.05)  # the client is reconnecting
+
     def close(self) -> None:
         with self._reader_lock:
             self._closed = True
