@@ -298,7 +298,7 @@ class Session:
                     try:
                         result = self._call(lambda j=job_id: self.backend.claim(self.handle, j))  # type: ignore[misc]
                     except JobCompleted:
-                        continue
+                        break  # the list is stale: read a fresh one rather than walk it
                     if result is not None:
                         return self._adopt(job_id, result.generation, payload)
                 races += 1
