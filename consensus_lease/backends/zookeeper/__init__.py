@@ -34,6 +34,12 @@ How leases map onto ZooKeeper
 * ``get``/``records``/``wait_for_change`` use one shared client; ``wait_for_change`` waits
   on a watch on the owner znode. ``lease_until`` is always ``None``: ZooKeeper does not
   expose when a session will expire.
+* ``get`` and ``records`` read after a write barrier on the shared client (a multi of one
+  ``check`` of ``{chroot}/jobs`` at any version: it changes nothing, costs one quorum
+  write): they see every claim, release or completion completed before the call. A
+  ``sync`` is not enough on a client connected to the leader, which answers it at once —
+  possibly before it has applied a write its followers already applied and answered, or
+  while it is deposed and does not know it yet.
 * Nothing but the job znodes (and ``{chroot}/jobs``) stays behind: owner znodes go with
   release, completion or the session. Never delete job znodes by hand: their version is
   the generation history, and a re-created znode would start again at 0.

@@ -160,8 +160,11 @@ class ZooKeeperBackend(Backend):
         self._base_ready = True
 
     def keepalive(self, session: SessionHandle) -> float:
-        """One ``sync`` round trip through the leader on the session's own connection;
-        its answer proves the session was alive when the server received it. Also hands
+        """One write barrier (a multi of one ``check``, changing nothing) on the session's
+        own connection: it must commit through the quorum, so its answer proves the
+        *current* leader had the session alive. (A ``sync`` would not: a deposed leader
+        that has not noticed yet answers it from its old state, and the local deadline
+        would be extended past an expiry the ensemble already decided.) Also hands
         back owner znodes of claims whose outcome had been unknown.
 
         Returns the negotiated session timeout (seconds).
@@ -177,7 +180,7 @@ class ZooKeeperBackend(Backend):
                                      f"from {self.hosts}")
         send = time.monotonic()
         deadline = send + min(self.config.op_timeout_s, max(1.0, h.granted_ttl_s))
-        self._wire.read(h.client, [("sync", self.config.base)], deadline, "keepalive")
+        self._wire.read(h.client, [("barrier", self.config.base)], deadline, "keepalive")
         h.check_alive()
         h.renewed(send)
         if h.uncertain:
@@ -364,22 +367,28 @@ class ZooKeeperBackend(Backend):
     # -- reading and waiting ----------------------------------------------------------------
 
     def get(self, job_id: str) -> LeaseRecord | None:
-        """The job's record after a ``sync`` (so as fresh as the leader's). ``lease_until``
-        is ``None``: ZooKeeper does not expose session deadlines.
+        """The job's record, read after a write barrier on the shared client (a multi of
+        one ``check``, which changes nothing), so it reflects every operation any client
+        completed before the call, whichever member the shared client is connected to. A
+        ``sync`` would not: a leader answers it at once, possibly before applying a claim
+        its followers already answered (or while deposed). ``lease_until`` is ``None``:
+        ZooKeeper does not expose session deadlines.
 
         Raises:
             BackendUnavailable / AuthenticationFailed.
         """
         paths = self._paths(job_id)
         _, job, owner = self._wire.reader_read(
-            [("sync", self.config.base), ("get", paths.job), ("get", paths.owner)], "get", job_id
+            [("barrier", self.config.base), ("get", paths.job), ("get", paths.owner)], "get",
+            job_id,
         )
         return to_record(paths, job, owner)
 
     def records(self, limit: int | None = None) -> list[LeaseRecord]:
-        """Every job (children of ``{chroot}/jobs``), ordered by job id, at most ``limit``."""
+        """Every job (children of ``{chroot}/jobs``), ordered by job id, at most ``limit``;
+        read after a write barrier, as :meth:`get`."""
         children = self._wire.reader_read(
-            [("sync", self.config.base), ("children", self.config.base)], "records"
+            [("barrier", self.config.base), ("children", self.config.base)], "records"
         )[1] or []
         ids = sorted(job_id for job_id in map(decode_name, children) if job_id is not None)
         ids = ids[:limit] if limit is not None else ids

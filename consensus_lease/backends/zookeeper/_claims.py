@@ -202,7 +202,7 @@ class Claims:
         landed: set[str] = set()
 
         def settle(deadline: float) -> bool:
-            reads: list[Read] = [("sync", self.wire.config.base)]
+            reads: list[Read] = [("barrier", self.wire.config.base)]
             reads += [("get", p.paths.owner) for p in plans]
             answers = self.wire.read(h.client, reads, deadline, "claim (reading back)")[1:]
             landed.update(

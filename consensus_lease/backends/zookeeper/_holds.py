@@ -78,11 +78,12 @@ class Holds:
         return job, owner_stat, tag
 
     def renew(self, h: ZkSession, paths: JobPaths, generation: int, send: float) -> None:
-        """After a ``sync``, read the job znode's version and the owner znode's
-        ephemeralOwner in one pipelined round trip. Raises unless held."""
+        """After a write barrier (see ``keepalive``: it proves the current leader has the
+        session), read the job znode's version and the owner znode's ephemeralOwner in
+        one pipelined round trip. Raises unless held."""
         deadline = send + min(self.wire.config.op_timeout_s, max(1.0, h.granted_ttl_s))
         _, job_stat, owner_stat = self.wire.session_read(
-            h, [("sync", self.base), ("exists", paths.job), ("exists", paths.owner)],
+            h, [("barrier", self.base), ("exists", paths.job), ("exists", paths.owner)],
             "renew", paths.job_id, deadline,
         )
         if (
@@ -108,7 +109,7 @@ class Holds:
         except SessionExpired as expired:
             # The completion record outlives the session: a retry is still recognised.
             try:
-                job = self.wire.reader_read([("sync", self.base), ("get", paths.job)],
+                job = self.wire.reader_read([("barrier", self.base), ("get", paths.job)],
                                             "complete", paths.job_id)[1]
             except BackendUnavailable:
                 raise expired from None
@@ -161,7 +162,7 @@ class Holds:
                     tx.delete(marker)
 
             def landed(deadline: float, nonce: str = nonce) -> bool:
-                answer = self.wire.read(h.client, [("sync", self.base), ("get", paths.job)],
+                answer = self.wire.read(h.client, [("barrier", self.base), ("get", paths.job)],
                                         deadline, "complete (reading back)", job_id=job_id)[1]
                 parsed = None if answer is None else parse_job(answer[0], paths.job)
                 return parsed is not None and parsed.completed and parsed.nonce == nonce
@@ -195,7 +196,7 @@ class Holds:
                     tx.delete(marker)
 
             def landed(deadline: float) -> bool:
-                owner = self.wire.read(h.client, [("sync", self.base), ("exists", paths.owner)],
+                owner = self.wire.read(h.client, [("barrier", self.base), ("exists", paths.owner)],
                                        deadline, "release (reading back)", job_id=job_id)[1]
                 return owner is None or owner.ephemeralOwner != h.sid
 

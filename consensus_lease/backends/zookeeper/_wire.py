@@ -27,7 +27,23 @@ READER_SESSION_TIMEOUT_S = 10.0
 """Session timeout requested for the shared client used by get/records/wait_for_change."""
 
 Read = tuple[str, str]
-"""One read: ("sync" | "get" | "exists" | "children", path)."""
+"""One read: ("sync" | "barrier" | "get" | "exists" | "children", path)."""
+
+
+def _barrier_async(client: KazooClient, path: str) -> Any:
+    """Start a write barrier: a multi of one ``check`` of ``path`` at any version.
+
+    It changes no znode, but like any write it is ordered by the leader and applied
+    through the quorum (a failing check too: a failed multi is still a transaction), and
+    ZooKeeper answers this client's later requests only after applying it. So reads sent
+    after it see every write committed before it was ordered, wherever the client is
+    connected. A ``sync`` is no such barrier on a client connected to the leader: the
+    leader answers it at once, possibly before it has applied a write its followers have
+    already applied and answered, or while it is deposed without knowing it yet (then it
+    answers from its old state; a barrier there never commits)."""
+    transaction = client.transaction()
+    transaction.check(path, -1)
+    return transaction.commit_async()
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,9 +74,12 @@ class Wire:
     ) -> list[Any]:
         """Send every read at once, then collect the answers in order: one round trip of
         latency. A missing node reads as ``None``. ZooKeeper answers one client's requests
-        in order, so reads after a ``sync`` see at least the leader's state at the sync."""
+        in order, so reads see this client's own earlier writes. Reads after a ``barrier``
+        also see every other client's write committed before it; after a ``sync`` only
+        on a follower, not on the leader (see :func:`_barrier_async`)."""
         start = {
             "sync": client.sync_async,
+            "barrier": lambda path: _barrier_async(client, path),
             "get": client.get_async,
             "exists": client.exists_async,
             "children": client.get_children_async,

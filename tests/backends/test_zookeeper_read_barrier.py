@@ -1,0 +1,89 @@
+"""Regression: ``store.get`` right after a claim must see it, whichever member the shared
+read client is connected to.
+
+A ``sync`` on a client connected to the leader is answered at once: by a leader that has
+not yet applied a write its followers already applied and answered, or by a deposed
+leader (frozen past syncLimit: the others elected a new one) that thaws and answers
+from its old tree before it notices. Then ``get`` returned ``None`` for a job the store
+had granted (the flaky ``test_any_valid_job_id_round_trips``). The deposed-leader case is
+made here on purpose: shared read client pinned to the leader, worker session to a
+follower, leader paused, claim through the new leader, ``get`` sent to the paused leader,
+leader thawed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+
+from consensus_lease import open_store
+from consensus_lease.backends.zookeeper import _options
+from consensus_lease.errors import BackendUnavailable, LeaseSuspended
+from consensus_lease.record import JobState
+from consensus_lease.testing.conformance import poll_until
+
+pytestmark = pytest.mark.slow
+
+
+def _pin(monkeypatch: pytest.MonkeyPatch, reader: str, sessions: str) -> None:
+    """The backend's shared read client talks only to ``reader`` (with a 60 s session, so
+    it keeps its connection through the pause), worker sessions only to ``sessions``."""
+    new_client = _options.ZkConfig.new_client
+
+    def pinned(self: Any, session_timeout_s: float, *, client_id: Any = None,
+               logger: Any = None) -> KazooClient:
+        is_reader = logger is None and client_id is None
+        client = new_client(self, 60.0 if is_reader else session_timeout_s,
+                            client_id=client_id, logger=logger)
+        client.hosts = [(reader if is_reader else sessions, 2181)]
+        return client
+
+    monkeypatch.setattr(_options.ZkConfig, "new_client", pinned)
+
+
+def test_get_after_claim_sees_it_when_the_read_client_is_on_a_deposed_leader(
+    zookeeper_cluster: Any, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cluster = zookeeper_cluster
+    leader = cluster.leader(timeout_s=60)
+    follower = next(m for m in cluster.members if m is not leader)
+    _pin(monkeypatch, reader=leader.address, sessions=follower.address)
+    store = open_store(cluster.url_with_prefix(key_prefix), connect_timeout_s=30,
+                       op_timeout_s=30)
+    session = store.session("A", 30.0)
+    got: list[Any] = []
+    try:
+        assert store.get("job") is None  # the read client is now connected to the leader
+        reader = store.backend._wire.reader()
+        cluster.pause(leader)
+        try:
+            give_up = time.monotonic() + 60
+            lease = None
+            while lease is None:  # the follower rejoins the new leader meanwhile
+                try:
+                    lease = session.claim("job")
+                except (BackendUnavailable, LeaseSuspended):
+                    assert time.monotonic() < give_up, "no claim through the new leader"
+                    time.sleep(0.1)
+            assert lease.generation == 1
+            getter = threading.Thread(target=lambda: got.append(store.get("job")))
+            getter.start()
+            # the get's requests are sent and unanswered: they wait on the frozen leader
+            poll_until(lambda: len(reader._pending) >= 3, 10)
+        finally:
+            cluster.unpause(leader)
+        getter.join(60)
+        assert got, "get did not return"
+        record = got[0]
+        assert record is not None, "get missed a claim completed before it was called"
+        assert record.state is JobState.HELD and record.generation == lease.generation
+        lease.complete(b"done")
+        record = store.get("job")
+        assert record is not None and record.state is JobState.COMPLETED
+    finally:
+        session.close()
+        store.close()
