@@ -105,7 +105,13 @@ class SqliteFence:
             self._db = sqlite3.connect(
                 path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
             )
-            self._db.execute("PRAGMA journal_mode = WAL")
+            if str(self._db.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                self._db.execute("PRAGMA journal_mode = WAL")
+            present = {
+                row[0] for row in self._db.execute("SELECT name FROM sqlite_master")
+            }
+            if {"fence_tokens", "fence_effects"} <= present:
+                return
             with self._transaction() as db:
                 db.execute(
                     "CREATE TABLE IF NOT EXISTS fence_tokens ("

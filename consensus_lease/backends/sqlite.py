@@ -82,6 +82,10 @@ CREATE INDEX IF NOT EXISTS cl_jobs_by_queue ON cl_jobs(queue, completed_at, seq)
 CREATE TABLE IF NOT EXISTS cl_seq (id INTEGER PRIMARY KEY CHECK (id = 1), last INTEGER NOT NULL);
 """
 
+SCHEMA_OBJECTS = frozenset(
+    {"cl_sessions", "cl_jobs", "cl_jobs_by_session", "cl_jobs_by_queue", "cl_seq"}
+)
+
 ALIVE = f"EXISTS (SELECT 1 FROM cl_sessions s WHERE s.session_id = ? AND s.expires_at > {NOW})"
 
 
@@ -135,11 +139,21 @@ class SqliteBackend(Backend):
             raise BackendUnavailable(f"cannot open SQLite database {path!r}: {exc}") from exc
         with self._translate():
             self._db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-            if path != ":memory:":
+            # Opening an existing store takes no write lock: another process may hold it
+            # (even a paused one) and opening must not wait for it.
+            mode = self._db.execute("PRAGMA journal_mode").fetchone()[0]
+            if path != ":memory:" and str(mode).lower() != "wal":
                 self._db.execute("PRAGMA journal_mode = WAL")
-            with self._transaction() as db:
-                for statement in filter(str.strip, SCHEMA.split(";")):
-                    db.execute(statement)
+            present = {
+                row[0]
+                for row in self._db.execute(
+                    "SELECT name FROM sqlite_master WHERE type IN ('table', 'index')"
+                )
+            }
+            if not SCHEMA_OBJECTS.issubset(present):
+                with self._transaction() as db:
+                    for statement in filter(str.strip, SCHEMA.split(";")):
+                        db.execute(statement)
 
     @classmethod
     def from_url(cls, url: str, options: Mapping[str, object]) -> SqliteBackend:

@@ -332,7 +332,7 @@ class Worker:
         index = self.rec.invoke("renew", job=lease.job_id, generation=lease.generation)
         try:
             lease.renew()
-        except BackendUnavailable as error:  # not a loss: the deadline decides
+        except (BackendUnavailable, LeaseSuspended) as error:  # not a loss: the deadline decides
             self.rec.ret(index, outcome_of(error), error=str(error))
             return True
         except LeaseError as error:
@@ -342,7 +342,15 @@ class Worker:
         return True
 
     def _abandon(self, lease: Lease) -> None:
-        """Stop working ``lease``: hand it back if still held; drop a lost session."""
+        """Stop working ``lease``: hand it back if still held; drop a lost session.
+
+        A SUSPENDED lease may come back HELD (and then stay held by this session with
+        nobody working it), so wait, bounded by the lease's own deadline, until it is
+        HELD again (then release it) or LOST."""
+        give_up = time.monotonic() + max(0.0, lease.remaining_s()) + 1.0
+        while lease.state is LeaseState.SUSPENDED and time.monotonic() < give_up:
+            if self.stop.wait(self.config.ttl_s / 10):
+                break
         if lease.state is LeaseState.HELD:
             index = self.rec.invoke("release", job=lease.job_id, generation=lease.generation)
             try:
