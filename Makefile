@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install demo test test-unit cluster-setup lint clean
+.PHONY: install demo test test-unit cluster-setup lint bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,10 @@ cluster-setup: install
 	else \
 		echo "cluster-setup: not root or no apt-get: container tests will report what is missing"; \
 	fi
+
+## Quick benchmark run of every backend (clusters in containers): results in ./bench-out.
+bench: install cluster-setup
+	$(BIN)/consensus-lease bench --quick --out bench-out
 
 lint: install
 	$(BIN)/ruff check consensus_lease tests benchmarks

@@ -18,7 +18,7 @@ from .store import open_store
 
 __all__ = ["main"]
 
-EXTRA_COMMANDS: list[str] = ["consensus_lease.verify.command"]
+EXTRA_COMMANDS: list[str] = ["consensus_lease.verify.command", "consensus_lease.bench.command"]
 """Modules providing further subcommands (see ``_command_modules``)."""
 
 

@@ -1,0 +1,123 @@
+"""The worker-process side of W1: run claim+complete cycles on command.
+
+A worker is started by :class:`~consensus_lease.bench.pool.WorkerPool` with the
+multiprocessing *spawn* context (a fresh interpreter: nothing inherited, so no gRPC or
+kazoo client crosses a fork) and serves requests from its pipe, one at a time:
+
+* ``{"op": "prepare", "kind": "ours"|"raw", "url": .., "raw": {..}, "prefix": .., "warmup": n}``
+  opens the client and runs ``warmup`` untimed cycles;
+* ``{"op": "run", "start_at": t, "duration_s": d, "max_cycles": m}`` waits until the
+  monotonic time ``t`` (``CLOCK_MONOTONIC`` is one clock for every process of the
+  machine, so this is a start barrier), then cycles until ``t + d`` or ``m`` cycles;
+  replies ``cycles``, ``start``, ``end`` and ``cpu_s``;
+* ``{"op": "close"}``, ``{"op": "exit"}``.
+
+Every reply has ``ok``; a failure replies ``ok: false`` with the error instead of dying.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+from .raw import Cycler, raw_cycler
+
+__all__ = ["OursCycler", "serve"]
+
+
+class OursCycler:
+    """``session.claim(job)`` then ``lease.complete()``: one claim+complete cycle."""
+
+    def __init__(self, url: str, ttl_s: float = 10.0, owner: str = "bench") -> None:
+        self.url, self.ttl_s, self.owner = url, ttl_s, owner
+        self._store: Any = None
+        self._session: Any = None
+
+    def open(self) -> None:
+        from ..store import open_store
+
+        self._store = open_store(self.url)
+        self._session = self._store.session(self.owner, self.ttl_s)
+
+    def cycle(self, job_id: str) -> None:
+        lease = self._session.claim(job_id)
+        if lease is None:
+            raise RuntimeError(f"{job_id!r} was not claimable: the workload is not uncontended")
+        lease.complete(b"")
+
+    def close(self) -> None:
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+
+def make_cycler(request: dict[str, Any]) -> Cycler:
+    if request["kind"] == "ours":
+        return OursCycler(str(request["url"]), float(request.get("ttl_s", 10.0)),
+                          owner=str(request.get("owner", "bench")))
+    return raw_cycler(request["raw"])
+
+
+def run_cycles(cycler: Cycler, prefix: str, start_at: float, duration_s: float,
+               max_cycles: int) -> dict[str, Any]:
+    delay = start_at - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
+    cpu0 = time.process_time()
+    start = time.monotonic()
+    stop_at = start_at + duration_s
+    cycles = 0
+    for i in range(max_cycles):
+        cycler.cycle(f"{prefix}-{i}")
+        cycles += 1
+        if time.monotonic() >= stop_at:
+            break
+    end = time.monotonic()
+    return {"cycles": cycles, "start": start, "end": end, "cpu_s": time.process_time() - cpu0}
+
+
+def serve(conn: Any, index: int) -> None:
+    """Entry point of a spawned worker: answer requests on ``conn`` until ``exit``."""
+    cycler: Cycler | None = None
+    prefix = f"w{index}"
+    while True:
+        try:
+            request: dict[str, Any] = conn.recv()
+        except EOFError:
+            break
+        op = request.get("op")
+        reply: dict[str, Any] = {"ok": True, "worker": index}
+        try:
+            if op == "prepare":
+                if cycler is not None:
+                    cycler.close()
+                cycler = make_cycler(request)
+                cycler.open()
+                prefix = str(request["prefix"])
+                for i in range(int(request.get("warmup", 0))):
+                    cycler.cycle(f"{prefix}-warm-{i}")
+            elif op == "run":
+                assert cycler is not None, "prepare first"
+                reply.update(run_cycles(cycler, prefix, float(request["start_at"]),
+                                        float(request["duration_s"]),
+                                        int(request["max_cycles"])))
+            elif op == "close":
+                if cycler is not None:
+                    cycler.close()
+                    cycler = None
+            elif op == "exit":
+                conn.send(reply)
+                break
+            else:
+                raise ValueError(f"unknown op {op!r}")
+        except Exception as exc:  # report, do not die: the parent decides
+            reply = {"ok": False, "worker": index, "error": f"{type(exc).__name__}: {exc}"}
+        conn.send(reply)
+    if cycler is not None:
+        # Exiting anyway; the store's TTL ends what close could not.
+        with contextlib.suppress(Exception):
+            cycler.close()

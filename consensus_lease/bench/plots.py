@@ -1,0 +1,207 @@
+"""PNG plots of a run (matplotlib, Agg backend: no display needed).
+
+Every plot is written even when a workload was not measured anywhere (it then says
+so), so the set of files does not depend on which backends ran.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+__all__ = ["PLOTS", "write_plots"]
+
+PLOTS = ("w1_throughput.png", "w2_latency.png", "w3_keepalive.png", "w4_takeover.png",
+         "w5_batch.png", "w6_peers.png")
+
+OURS, RAW, PEER = "#1f77b4", "#aaaaaa", "#ff7f0e"
+
+
+def _ok(results: dict[str, Any], key: str) -> list[tuple[str, dict[str, Any]]]:
+    found = []
+    for backend, entry in results["backends"].items():
+        data = entry.get("workloads", {}).get(key)
+        if data is not None and data.get("status") == "ok":
+            found.append((backend, data))
+    return found
+
+
+def _num(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else 0.0
+
+
+def _figure(panels: int, title: str) -> tuple[Any, list[Any]]:
+    import matplotlib.pyplot as plt
+
+    width = max(7.5, 4.6 * max(1, panels))
+    fig, axes = plt.subplots(1, max(1, panels), figsize=(width, 4.0), squeeze=False)
+    fig.suptitle(title, fontsize="medium")
+    return fig, list(axes[0])
+
+
+def _empty(path: Path, title: str) -> None:
+    fig, (ax,) = _figure(1, title)
+    ax.text(0.5, 0.5, "not measured in this run", ha="center", va="center")
+    ax.set_axis_off()
+    _save(fig, path)
+
+
+def _save(fig: Any, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _w1(results: dict[str, Any], path: Path) -> None:
+    found = _ok(results, "w1_throughput")
+    title = "W1 claim+complete cycles/s: ours vs raw client (same run)"
+    if not found:
+        _empty(path, title)
+        return
+    fig, axes = _figure(len(found), title)
+    for ax, (backend, data) in zip(axes, found, strict=True):
+        labels, ours, raw = [], [], []
+        for workers, row in data["workers"].items():
+            labels.append(f"{workers} worker{'s' if workers != '1' else ''}\n"
+                          f"ratio {_num(row['ratio']):.2f}x")
+            ours.append(_num(row["ours_cycles_per_s"]))
+            raw.append(_num(row["raw_cycles_per_s"]))
+        x = range(len(labels))
+        ax.bar([i - 0.2 for i in x], ours, 0.4, label="consensus_lease", color=OURS)
+        ax.bar([i + 0.2 for i in x], raw, 0.4, label="raw client", color=RAW)
+        ax.set_xticks(list(x), labels)
+        ax.set_title(backend)
+        ax.set_ylabel("cycles/s")
+        ax.legend(fontsize="small")
+    _save(fig, path)
+
+
+def _w2(results: dict[str, Any], path: Path) -> None:
+    found = _ok(results, "w2_latency")
+    title = "W2 latency per operation (p50 bar, p99 whisker)"
+    if not found:
+        _empty(path, title)
+        return
+    fig, axes = _figure(len(found), title)
+    for ax, (backend, data) in zip(axes, found, strict=True):
+        ops = ["claim", "renew", "complete"]
+        p50 = [_num(data[f"{op}_ms"]["p50"]) for op in ops]
+        p99 = [_num(data[f"{op}_ms"]["p99"]) for op in ops]
+        ax.bar(ops, p50, color=OURS, yerr=[[0.0] * 3, [b - a for a, b in zip(p50, p99,
+                                                                         strict=True)]],
+               capsize=6)
+        ax.set_title(backend)
+        ax.set_ylabel("ms")
+    _save(fig, path)
+
+
+def _w3(results: dict[str, Any], path: Path) -> None:
+    found = _ok(results, "w3_keepalive")
+    title = "W3 one worker holding N jobs"
+    if not found:
+        _empty(path, title)
+        return
+    fig, axes = _figure(3, title)
+    for backend, data in found:
+        held = [r["held"] for r in data["rows"]]
+        axes[0].plot(held, [_num(r["renewal_requests_per_s"]) for r in data["rows"]], "o-",
+                     label=backend)
+        axes[1].plot(held, [_num(r["cpu_ms_per_s"]) for r in data["rows"]], "o-",
+                     label=backend)
+        axes[2].plot(held, [_num(r["bytes_per_lease"]) for r in data["rows"]], "o-",
+                     label=backend)
+    for ax, ylabel in zip(axes, ("renewal requests/s", "client CPU ms per s",
+                                 "client bytes per held lease"), strict=True):
+        ax.set_xscale("log")
+        ax.set_xlabel("held jobs")
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize="small")
+    axes[2].axhline(2048, color="red", linestyle="--", linewidth=1)
+    _save(fig, path)
+
+
+def _w4(results: dict[str, Any], path: Path) -> None:
+    found = _ok(results, "w4_takeover")
+    title = "W4 takeover: after SIGKILL (s) and graceful handover (ms)"
+    if not found:
+        _empty(path, title)
+        return
+    fig, axes = _figure(2, title)
+    names = [b for b, _ in found]
+    x = range(len(found))
+    kill50 = [_num(d["kill_s"]["p50"]) for _, d in found]
+    kill99 = [_num(d["kill_s"]["p99"]) for _, d in found]
+    axes[0].bar([i - 0.2 for i in x], kill50, 0.4, label="p50", color=OURS)
+    axes[0].bar([i + 0.2 for i in x], kill99, 0.4, label="p99", color=PEER)
+    for i, (_, d) in enumerate(found):
+        axes[0].hlines(_num(d["granted_ttl_s"]), i - 0.45, i + 0.45, colors="black",
+                       linestyles="dotted", label="TTL" if i == 0 else None)
+    axes[0].set_xticks(list(x), names)
+    axes[0].set_ylabel("s from SIGKILL to next holder's fenced write")
+    axes[0].legend(fontsize="small")
+    g50 = [_num(d["graceful_ms"]["p50"]) for _, d in found]
+    g99 = [_num(d["graceful_ms"]["p99"]) for _, d in found]
+    axes[1].bar([i - 0.2 for i in x], g50, 0.4, label="p50", color=OURS)
+    axes[1].bar([i + 0.2 for i in x], g99, 0.4, label="p99", color=PEER)
+    axes[1].axhline(20, color="red", linestyle="--", linewidth=1, label="goal 20 ms")
+    axes[1].set_xticks(list(x), names)
+    axes[1].set_ylabel("ms from release to next claim")
+    axes[1].legend(fontsize="small")
+    _save(fig, path)
+
+
+def _w5(results: dict[str, Any], path: Path) -> None:
+    found = _ok(results, "w5_batch")
+    title = "W5 claiming a batch: 128 single claims vs claim_many"
+    if not found:
+        _empty(path, title)
+        return
+    fig, (ax,) = _figure(1, title)
+    x = range(len(found))
+    single = [_num(d["single_ms"]["p50"]) for _, d in found]
+    batch = [_num(d["batch_ms"]["p50"]) if d["supported"] else 0.0 for _, d in found]
+    ax.bar([i - 0.2 for i in x], single, 0.4, label="single claims", color=RAW)
+    ax.bar([i + 0.2 for i in x], batch, 0.4, label="claim_many", color=OURS)
+    for i, (_, d) in enumerate(found):
+        text = f"{_num(d.get('speedup')):.1f}x" if d["supported"] else "not\nsupported"
+        ax.text(i + 0.2, max(batch[i], 0.0), text, ha="center", va="bottom", fontsize="small")
+    ax.set_xticks(list(x), [b for b, _ in found])
+    ax.set_ylabel("ms (median)")
+    ax.legend(fontsize="small")
+    _save(fig, path)
+
+
+def _w6(results: dict[str, Any], path: Path) -> None:
+    found = [(b, d) for b, d in _ok(results, "w6_peers") if d.get("peers")]
+    title = "W6 acquire+release cycles/s on the same store (hatched: no fencing token)"
+    if not found:
+        _empty(path, title)
+        return
+    fig, axes = _figure(len(found), title)
+    for ax, (backend, data) in zip(axes, found, strict=True):
+        peers = data["peers"]
+        for i, peer in enumerate(peers):
+            value = _num(peer["cycles_per_s"])
+            ax.bar(i, value, color=OURS if peer["fencing"] else PEER,
+                   hatch=None if peer["fencing"] else "//")
+            ax.text(i, value, "failed" if peer["error"] else f"{value:.0f}", ha="center",
+                    va="bottom", fontsize="small")
+        ax.set_xticks(range(len(peers)), [p["name"].replace(" (", "\n(") for p in peers],
+                      fontsize="x-small", rotation=15)
+        ax.set_title(backend)
+        ax.set_ylabel("cycles/s")
+    _save(fig, path)
+
+
+def write_plots(results: dict[str, Any], out: Path) -> list[str]:
+    """Write every plot in :data:`PLOTS` into ``out``; return their file names."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    for name, draw in zip(PLOTS, (_w1, _w2, _w3, _w4, _w5, _w6), strict=True):
+        draw(results, out / name)
+    return list(PLOTS)

@@ -1,0 +1,270 @@
+"""Writing a run's results: ``results.json`` (everything) and ``results.md`` (tables)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .goals import Goal
+
+__all__ = ["JSON_NAME", "MARKDOWN_NAME", "markdown", "write_json", "write_markdown"]
+
+JSON_NAME = "results.json"
+MARKDOWN_NAME = "results.md"
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN/Infinity: write them as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def write_json(results: dict[str, Any], out: Path) -> Path:
+    path = out / JSON_NAME
+    path.write_text(json.dumps(_clean(results), indent=2, sort_keys=False) + "\n")
+    return path
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |")
+    return [*lines, ""]
+
+
+def _f(value: Any, spec: str = ".1f", unit: str = "") -> str:
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return f"{value:{spec}}{unit}"
+    return "-"
+
+
+def _ok_workloads(results: dict[str, Any], key: str) -> list[tuple[str, dict[str, Any]]]:
+    found = []
+    for backend, entry in results["backends"].items():
+        data = entry.get("workloads", {}).get(key)
+        if data is not None and data.get("status") == "ok":
+            found.append((backend, data))
+    return found
+
+
+def _errors(results: dict[str, Any], key: str) -> list[str]:
+    lines = []
+    for backend, entry in results["backends"].items():
+        data = entry.get("workloads", {}).get(key)
+        if data is not None and data.get("status") != "ok":
+            lines.append(f"*{backend}: not measured — {data.get('error')}*")
+    return [*lines, ""] if lines else []
+
+
+def _w1(results: dict[str, Any]) -> list[str]:
+    rows = []
+    for backend, data in _ok_workloads(results, "w1_throughput"):
+        for workers, row in data["workers"].items():
+            rows.append([backend, workers, _f(row["ours_cycles_per_s"], ".0f"),
+                         _f(row["raw_cycles_per_s"], ".0f"), _f(row["ratio"], ".2f", "x"),
+                         ", ".join(f"{r:.2f}" for r in row["ratios"]),
+                         _f(row["ours_cpu_ms_per_cycle"], ".2f"),
+                         _f(row["raw_cpu_ms_per_cycle"], ".2f")])
+    return _table(["backend", "workers", "ours cycles/s", "raw client cycles/s", "ratio",
+                   "per-repeat ratios", "ours client CPU ms/cycle",
+                   "raw client CPU ms/cycle"], rows) + _errors(results, "w1_throughput")
+
+
+def _w2(results: dict[str, Any]) -> list[str]:
+    rows = []
+    for backend, data in _ok_workloads(results, "w2_latency"):
+        for op in ("claim", "renew", "complete"):
+            s = data[f"{op}_ms"]
+            rows.append([backend, op, _f(s["p50"], ".2f"), _f(s["p99"], ".2f"),
+                         _f(s["mean"], ".2f"), s["n"]])
+    return _table(["backend", "operation", "p50 ms", "p99 ms", "mean ms", "samples"], rows) + \
+        _errors(results, "w2_latency")
+
+
+def _w3(results: dict[str, Any]) -> list[str]:
+    rows = []
+    for backend, data in _ok_workloads(results, "w3_keepalive"):
+        for r in data["rows"]:
+            rows.append([backend, f"{r['held']:,}", r["claim_mode"],
+                         _f(r["claims_per_s"], ".0f"),
+                         _f(r["renewal_requests_per_s"], ".2f"),
+                         f"{r['keepalive_calls']} + {r['renew_calls']}",
+                         _f(r["cpu_ms_per_s"], ".1f"), _f(r["bytes_per_lease"], ",.0f"),
+                         "yes" if r["ok"] else f"NO ({r['held_at_end']} held)"])
+    return _table(["backend", "held jobs", "claimed with", "claims/s", "renewal requests/s",
+                   "keepalive + renew calls in window", "client CPU ms/s", "bytes per lease",
+                   "all held at end"], rows) + _errors(results, "w3_keepalive")
+
+
+def _w4(results: dict[str, Any]) -> list[str]:
+    rows = []
+    for backend, data in _ok_workloads(results, "w4_takeover"):
+        k, g = data["kill_s"], data["graceful_ms"]
+        tick = data.get("tick_s")
+        rows.append([backend, _f(data["granted_ttl_s"], "g", " s"),
+                     _f(tick, "g", " s") if tick else "-", data["trials"],
+                     _f(k["p50"], ".2f"), _f(k["p99"], ".2f"), _f(k["max"], ".2f"),
+                     _f(g["p50"], ".1f"), _f(g["p99"], ".1f"),
+                     f"{data['stale_writes_rejected']}/{data['trials']}"])
+    return _table(["backend", "TTL / session timeout", "tick", "trials",
+                   "kill->fenced write p50 s", "p99 s", "max s",
+                   "graceful p50 ms", "graceful p99 ms", "stale writes rejected"], rows) + \
+        _errors(results, "w4_takeover")
+
+
+def _discarded(results: dict[str, Any]) -> list[str]:
+    lines = []
+    for backend, data in _ok_workloads(results, "w4_takeover"):
+        for reason in data.get("discarded_trials", []):
+            lines.append(f"- {backend}: discarded and re-run: {reason}")
+    if not lines:
+        return []
+    return ["Trials whose holder failed before the measured moment (not counted):", "",
+            *lines, ""]
+
+
+def _w5(results: dict[str, Any]) -> list[str]:
+    rows = []
+    for backend, data in _ok_workloads(results, "w5_batch"):
+        if data["supported"]:
+            rows.append([backend, data["max_batch_claim"], _f(data["single_ms"]["p50"], ".1f"),
+                         _f(data["batch_ms"]["p50"], ".1f"), data["store_requests_per_batch"],
+                         _f(data["speedup"], ".1f", "x")])
+        else:
+            rows.append([backend, data["max_batch_claim"], _f(data["single_ms"]["p50"], ".1f"),
+                         "not supported", "-", "-"])
+    return _table(["backend", "max_batch_claim", f"{_batch(results)} single claims ms (median)",
+                   "claim_many ms (median)", "store requests per claim_many", "speedup"],
+                  rows) + _errors(results, "w5_batch")
+
+
+def _batch(results: dict[str, Any]) -> int:
+    return int(results["meta"]["sizes"]["w5_batch"])
+
+
+def _w6(results: dict[str, Any]) -> list[str]:
+    rows = []
+    for backend, data in _ok_workloads(results, "w6_peers"):
+        for peer in data.get("peers", []):
+            rows.append([backend, peer["name"], "yes" if peer["fencing"] else "no",
+                         _f(peer["cycles_per_s"], ".0f"),
+                         _f(peer["ours_over_peer"], ".2f", "x"),
+                         peer["error"] or ""])
+    notes = [f"*{backend}: {data['note']}*" for backend, data in
+             _ok_workloads(results, "w6_peers") if data.get("note")]
+    return _table(["store", "library", "fencing token", "acquire+release cycles/s",
+                   "ours / this", "error"], rows) + _errors(results, "w6_peers") + \
+        ([*notes, ""] if notes else [])
+
+
+def markdown(results: dict[str, Any], goals: list[Goal], plots: list[str]) -> str:
+    meta = results["meta"]
+    m = meta["machine"]
+    lines = [
+        "# consensus_lease benchmark results",
+        "",
+        f"{'Quick' if meta['quick'] else 'Full'} run of {meta['started_utc']} "
+        f"({meta['duration_s']:.0f} s). Reproduce with:",
+        "",
+        "```sh",
+        meta["command"],
+        "```",
+        "",
+        "Every ratio below compares two figures measured in this run on the same store.",
+        "",
+        "## Machine",
+        "",
+        f"- CPU: {m['cpu']}, {m['cores']} cores; memory {m['memory_gib']} GiB",
+        f"- {m['os']}, kernel {m['kernel']}, Python {m['python']}, SQLite {m['sqlite']}",
+        f"- load average (1, 5, 15 min) at start {m['load_average_at_start']}, at end "
+        f"{meta['load_average_at_end']}: other processes shared these cores",
+        "- libraries: " + ", ".join(f"{k} {v}" for k, v in m["libraries"].items() if v),
+        "",
+        "## Stores",
+        "",
+    ]
+    store_rows = []
+    for backend, entry in results["backends"].items():
+        if entry["available"]:
+            role = entry.get("member_role")
+            origin = entry["origin"] + (f" (a {role} at the start)" if role else "")
+            store_rows.append([backend, entry.get("server") or "-", origin,
+                               f"`{entry['url']}`"])
+        else:
+            store_rows.append([backend, "-", f"**not measured**: {entry['reason']}", "-"])
+    lines += _table(["backend", "server", "where", "our store URL"], store_rows)
+    lines += ["## Goals: measured against target", ""]
+    lines += _table(["backend", "workload", "goal", "target", "measured", "result", "note"],
+                    ([g.backend, g.workload, g.goal, g.target, g.measured,
+                      f"**{g.status}**" if g.status == "miss" else g.status, g.note]
+                     for g in goals))
+    s = meta["sizes"]
+    lines += [
+        "## W1 — claim+complete cycles/s against the raw client",
+        "",
+        f"Worker processes (spawned) each cycle on their own fresh jobs for "
+        f"{s['w1_duration_s']} s after a common start; {s['w1_repeats']} alternating "
+        "ours/raw pair(s), medians shown. Raw client: the same two store operations "
+        "(sqlite3: two write transactions; pyetcd: a compare-create txn, then a "
+        "compare-delete+put txn; kazoo: two multis).",
+        "",
+        *_w1(results),
+        "## W2 — latency of one operation (one in-process worker)",
+        "",
+        "`lease.renew()` compares owner and generation in the store and extends the "
+        "session (etcd: a read-only compare txn plus a keepalive).",
+        "",
+        *_w2(results),
+        "## W3 — one worker holding many jobs",
+        "",
+        f"Session TTL {s['w3_ttl_s']} s (keepalive every TTL/3); an idle window of "
+        f"{s['w3_window_s']} s after claiming. Renewal requests = calls of the backend's "
+        "`keepalive` and `renew` (wrapped on the instance), per second from their spacing. "
+        "Client CPU: the whole bench process while idle (keepalive, client library threads, "
+        "progress bar). Memory: Python heap allocated by the claims (tracemalloc) / held "
+        "jobs; C-level allocations (gRPC core) are not seen.",
+        "",
+        *_w3(results),
+        "## W4 — takeover",
+        "",
+        "Kill: holder A (a worker process) holds the job and wrote a fenced effect; "
+        "waiter B is blocked in `claim(wait_s=...)`; from A's SIGKILL to B's first write "
+        "accepted by a `SqliteFence` with B's generation. A's late write with its old "
+        "token is then tried: it must be rejected. Graceful: from A's release request to "
+        "B's claim returning. The kill or release comes 0-100 ms (at random) after B started "
+        "waiting. SQLite has no watch: B polls every 50 ms (the default "
+        "`poll_interval_s`).",
+        "",
+        *_w4(results),
+        *_discarded(results),
+        f"## W5 — claim_many of {_batch(results)} jobs",
+        "",
+        *_w5(results),
+        "## W6 — peers on the same store",
+        "",
+        "One client, one lock name, acquire+release (ours: claim+release) in a loop. "
+        "No peer hands out a fencing token.",
+        "",
+        *_w6(results),
+    ]
+    if plots:
+        lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
+    profiles = meta.get("profiles") or []
+    if profiles:
+        lines += ["## Profiles", ""] + [f"- [{p}]({p})" for p in profiles] + [""]
+    return "\n".join(lines)
+
+
+def write_markdown(results: dict[str, Any], goals: list[Goal], plots: list[str],
+                   out: Path) -> Path:
+    path = out / MARKDOWN_NAME
+    path.write_text(markdown(results, goals, plots))
+    return path
