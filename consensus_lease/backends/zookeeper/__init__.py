@@ -19,7 +19,14 @@ How leases map onto ZooKeeper
   generation that completed it) at version == generation, and ``delete`` of the owner
   znode. It bumps the version, so a claim prepared against the held state fails.
   Release is one multi: ``check`` version == generation and ``delete`` of the owner znode.
-  Both first verify that the owner znode's ``ephemeralOwner`` is the caller's session.
+  Neither reads first: the session handle remembers what its own claims made (generation,
+  owner znode and its version, a queued job's markers) and sends the multi at once, and
+  the store checks generation and holder in it (the versioned ``set_data``/``check``
+  fails after any other claim or completion, the versioned ``delete`` once the owner
+  znode is gone, e.g. with the session). A ``(job, generation)`` the handle did not
+  claim (or already released or completed) writes nothing. Only a failed multi is
+  followed by a read (owner znode's ``ephemeralOwner``, after a ``sync``) to say why,
+  and to recognise a retry of this session's own completion.
 * ``renew`` reads, after a ``sync``, the job znode's version and the owner znode's
   ``ephemeralOwner`` in one pipelined round trip.
 * Connection states reach the core as session events: kazoo SUSPENDED -> SUSPENDED,
@@ -138,8 +145,12 @@ Limits worth knowing:
 * A waiter is also woken (spuriously) by every claim and completion in its queue; it
   looks again and waits again. ZooKeeper watches fire once and kazoo cannot remove one:
   a watch whose waiters all timed out stays registered (one per path) until it fires.
-* Claim and release read the job's ``queue`` tag with the job (one more read in the same
-  round trip, also for jobs claimed by name).
+* A claim reads the job's ``queue`` tag with the job (one more read in the same round
+  trip, also for jobs claimed by name); release and completion use the markers it named.
+* A claim reads the job before its multi (one round trip on the session's own member,
+  with no quorum): its version alone would not tell a completed job from a claimable
+  one. So a claim+complete cycle is a read and two multis, where the bare minimum for a
+  job known to be new is two multis.
 """
 
 from ._backend import ZooKeeperBackend

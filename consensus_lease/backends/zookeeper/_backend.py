@@ -328,8 +328,11 @@ class ZooKeeperBackend(Backend):
     ) -> LeaseRecord:
         """Record the completion in one multi: ``set_data`` of the completion record on the
         job znode at version ``generation`` (bumping the version, so any claim prepared
-        against the held state fails) and delete of this session's owner znode. The
-        record keeps ``generation`` as the generation that completed the job.
+        against the held state fails) and delete of this session's owner znode at the
+        version its claim created it with (and a queued job's markers). Sent without
+        reading first, from what this session's claim made; a ``(job, generation)`` it
+        did not claim writes nothing. The record keeps ``generation`` as the generation
+        that completed the job.
 
         A repeat of a completion this session made at this generation returns the
         existing record, also after the session ended.
@@ -353,8 +356,9 @@ class ZooKeeperBackend(Backend):
 
     def release(self, session: SessionHandle, job_id: str, generation: int) -> None:
         """End the hold in one multi: check the job znode's version is ``generation`` and
-        delete this session's owner znode. The job is claimable at once, and its next
-        claim gets ``generation + 1``.
+        delete this session's owner znode (at its version; and a queued job's held
+        marker). Sent without reading first, as :meth:`complete`. The job is claimable
+        at once, and its next claim gets ``generation + 1``.
 
         Raises:
             StaleLeaseError / SessionExpired: not held (any more); the lease is lost.

@@ -16,6 +16,20 @@ multi wins, the other fails on the version (or on the owner znode's existence).
 A queued job (its ``queue`` tag is read with it, in the same round trip) also gets its
 EPHEMERAL held marker in the queue, in the same multi and by the same session as the
 owner znode, so the two come and go together (see :mod:`._queues`).
+
+Every claim the store applied is remembered on the session handle (``ZkSession.remember``:
+generation, owner znode, markers), so completion and release send their multi without
+reading first (see :mod:`._holds`).
+
+Why the claim itself still reads first: the version alone does not say whether the job
+may be claimed. A completed job's version is as current as a held one's, and a blind
+``set_data`` at it would overwrite the completion record; what the job znode held at that
+version (and its queue tag, for the held marker) comes from the read. A version
+remembered from an earlier read (a claim that found the job held, a watch) would be
+exact while it stands (a znode's data at a given version never changes) but would turn
+each poll of a held job, today a read any member answers, into a failing multi that
+ZooKeeper still orders and logs through the quorum; and the common case, a job this
+session has not seen, has nothing to remember.
 """
 
 from __future__ import annotations
@@ -45,7 +59,7 @@ from ._layout import (
     parse_job,
     parse_owner,
 )
-from ._session import ZkSession
+from ._session import Hold, ZkSession
 from ._wire import Read, Wire
 
 __all__ = ["CLAIM_ATTEMPTS", "Claims", "Outcome", "Plan"]
@@ -68,6 +82,7 @@ class Plan:
     version: int | None
     nonce: str
     held: str | None = None  # a queued job's held marker
+    open: str | None = None  # a queued job's open marker (its completion deletes it)
 
     @property
     def generation(self) -> int:
@@ -81,6 +96,10 @@ class Plan:
     @property
     def op_count(self) -> int:
         return self.owner_op + 1 + (self.held is not None)
+
+    def hold(self) -> Hold:
+        """What this claim makes, once applied (its owner znode is new: version 0)."""
+        return Hold(self.generation, self.paths.owner, 0, self.held, self.open)
 
 
 class Claims:
@@ -157,17 +176,26 @@ class Claims:
                     f"{paths.job_id!r} was completed at generation {parsed.generation}",
                     job_id=paths.job_id, generation=parsed.generation,
                 )
+        held, open_ = self._markers(paths, tag) if job is not None else (None, None)
         if owner is not None:
             if owner[1].ephemeralOwner == h.sid:
-                return self._adopt_uncertain(h, paths, job, owner)
+                return self._adopt_uncertain(h, paths, job, owner, held, open_)
             return None  # a live session holds it
-        held = None if tag is None or job is None else \
-            QueueTag.parse(tag[0], paths.tag).held(self.wire.config.queues_base)
-        return Plan(paths, None if job is None else job[1].version, new_nonce(), held)
+        return Plan(paths, None if job is None else job[1].version, new_nonce(), held, open_)
+
+    def _markers(
+        self, paths: JobPaths, tag: tuple[bytes, Any] | None
+    ) -> tuple[str | None, str | None]:
+        """A queued job's held and open markers, from its tag (``None``: not queued)."""
+        if tag is None:
+            return None, None
+        parsed = QueueTag.parse(tag[0], paths.tag)
+        queues_base = self.wire.config.queues_base
+        return parsed.held(queues_base), parsed.marker(queues_base)
 
     def _adopt_uncertain(
         self, h: ZkSession, paths: JobPaths, job: tuple[bytes, Any] | None,
-        owner: tuple[bytes, Any],
+        owner: tuple[bytes, Any], held: str | None, open_: str | None,
     ) -> ClaimResult | None:
         """Our own owner znode: if it is the one a claim with an unknown outcome would
         have made (same nonce, version = its generation), that claim did apply."""
@@ -179,6 +207,7 @@ class Claims:
             if job[1].version != pending[0]:
                 return None
             del h.uncertain[paths.job_id]
+            h.remember(paths.job_id, Hold(pending[0], paths.owner, owner[1].version, held, open_))
         return ClaimResult(pending[0])
 
     def send(self, h: ZkSession, plans: list[Plan], outcome: dict[str, Outcome]) -> list[str]:
@@ -223,6 +252,7 @@ class Claims:
         if multi.applied:
             for plan in plans:
                 if multi.results or plan.paths.job_id in landed:
+                    h.remember(plan.paths.job_id, plan.hold())
                     outcome[plan.paths.job_id] = ClaimResult(plan.generation)
             return [p.paths.job_id for p in plans if p.paths.job_id not in outcome]
         if not multi.results:  # answer lost; reading back showed it was not applied
@@ -274,13 +304,17 @@ class Claims:
             for job_id, (generation, nonce) in list(h.uncertain.items()):
                 paths = self.paths(job_id)
                 try:
-                    owner = self.wire.session_read(
-                        h, [("get", paths.owner)], "keepalive", job_id
-                    )[0]
+                    owner, tag = self.wire.session_read(
+                        h, [("get", paths.owner), ("get", paths.tag)], "keepalive", job_id
+                    )
                     if (
                         owner is not None and owner[1].ephemeralOwner == h.sid
                         and parse_owner(owner[0], paths.owner).nonce == nonce
                     ):
+                        # Its owner znode, with the nonce: that claim made ``generation``.
+                        held, open_ = self._markers(paths, tag)
+                        h.remember(job_id, Hold(generation, paths.owner, owner[1].version,
+                                                held, open_))
                         release(h, job_id, generation)
                         log.warning("handed back a claim whose outcome had been unknown",
                                     extra={"job_id": job_id, "generation": generation})

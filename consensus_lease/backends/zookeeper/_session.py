@@ -24,6 +24,7 @@ import enum
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
@@ -32,7 +33,7 @@ from ...backend import SessionEvent, SessionHandle, StateListener
 from ...errors import BackendUnavailable, SessionExpired
 from ._errors import KAZOO_ERRORS
 
-__all__ = ["NegotiatedTimeouts", "Status", "ZkSession", "session_text"]
+__all__ = ["Hold", "NegotiatedTimeouts", "Status", "ZkSession", "session_text"]
 
 log = logging.getLogger("consensus_lease.backends.zookeeper")
 
@@ -69,6 +70,21 @@ class NegotiatedTimeouts(logging.LoggerAdapter):  # type: ignore[type-arg]
         super().log(level, msg, *args, **kwargs)
 
 
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """What this session's own claim of a job made, remembered so that completion and
+    release need not read it back: the generation (the job znode's version that claim
+    set), the owner znode it created (``owner_version``: 0 at creation, nothing of ours
+    writes it later) and, for a queued job, its markers (from the job's queue tag, which
+    never changes while the job exists)."""
+
+    generation: int
+    owner: str  # the owner znode's path
+    owner_version: int
+    held: str | None = None  # a queued job's held marker (ephemeral, made with the owner)
+    open: str | None = None  # a queued job's open marker (deleted by the completion)
+
+
 class Status(enum.Enum):
     CONNECTING = "connecting"
     CONNECTED = "connected"
@@ -90,6 +106,12 @@ class ZkSession(SessionHandle):
             keepalive or renew (the backend ends the session one granted TTL after it).
         uncertain (dict): job id -> (generation, nonce) of claims whose outcome could not
             be read back; settled by a later claim of the job or by keepalive.
+
+    Its holds (job id -> :class:`Hold`, see :meth:`remember`) are the jobs this session's
+    own claims took and it has not released or completed since: only the session whose
+    atomic claim set a job znode's version to ``generation`` can have ``(job,
+    generation)`` recorded. At most one per job id (a later claim of the job replaces
+    it), so they never outnumber the distinct jobs the session claimed.
     """
 
     def __init__(
@@ -109,6 +131,8 @@ class ZkSession(SessionHandle):
         self.last_renewed = time.monotonic()
         self.uncertain: dict[str, tuple[int, str]] = {}
         self.uncertain_lock = threading.Lock()
+        self._holds: dict[str, Hold] = {}
+        self._holds_lock = threading.Lock()
         self._stopping = threading.Lock()
         self._stopped = False
         self.ended = threading.Event()
@@ -245,6 +269,30 @@ class ZkSession(SessionHandle):
         except BackendUnavailable as exc:  # in a background thread: nobody to raise to
             log.warning("stopping a zookeeper client failed",
                         extra={"session_id": self.session_id, "error": str(exc)})
+
+    # -- what this session's own claims made -----------------------------------------------
+
+    def remember(self, job_id: str, hold: Hold) -> None:
+        """Record a claim of this session that the store applied (its multi answered, was
+        read back, or was adopted): ``hold.generation`` is the version it gave the job
+        znode, ``hold.owner`` the owner znode it created in the same multi."""
+        with self._holds_lock:
+            self._holds[job_id] = hold
+
+    def hold(self, job_id: str, generation: int) -> Hold | None:
+        """This session's own claim of ``job_id`` at ``generation``, if it made one and
+        has not released or completed it (nor learned it lost) since."""
+        with self._holds_lock:
+            hold = self._holds.get(job_id)
+        return hold if hold is not None and hold.generation == generation else None
+
+    def forget(self, job_id: str, generation: int) -> None:
+        """The hold of ``job_id`` at ``generation`` is over (released, completed, or the
+        store said it is no longer held); a later claim's hold is kept."""
+        with self._holds_lock:
+            hold = self._holds.get(job_id)
+            if hold is not None and hold.generation == generation:
+                del self._holds[job_id]
 
     # -- checks used around every call ---------------------------------------------------
 

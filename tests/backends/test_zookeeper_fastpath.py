@@ -1,0 +1,339 @@
+"""Completion and release without a read round trip: the session handle remembers what
+its own claims made, and the multi is sent at once; the store checks generation (the job
+znode's version) and holder (the owner znode, its version) atomically with the writes.
+
+Each test counts the requests the session's own kazoo client sends (every request but
+pings goes through ``KazooClient._call``): the common path is exactly one
+``Transaction``; reads only ever come after a failed multi, to say why. Like the other
+ZooKeeper tests these run on the 3-member container ensemble unless
+``CONSENSUS_LEASE_ZK=local`` (see ``zk_local.py``).
+"""
+
+# ruff: noqa: F811  (tests take the zk_target / zk_url fixtures imported from zk_local)
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+from kazoo.exceptions import ConnectionLoss
+from zk_local import zk_target, zk_url  # noqa: F401
+
+from consensus_lease import LeaseStore, open_store
+from consensus_lease.backends.zookeeper import ZooKeeperBackend
+from consensus_lease.backends.zookeeper._layout import JobPaths
+from consensus_lease.backends.zookeeper._session import ZkSession
+from consensus_lease.errors import (
+    BackendUnavailable,
+    OutcomeUnknown,
+    SessionExpired,
+    StaleLeaseError,
+)
+from consensus_lease.record import ClaimResult, JobState
+from consensus_lease.session import Session
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def store(zk_url: str) -> Iterator[LeaseStore]:
+    store = open_store(zk_url, connect_timeout_s=30)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+@pytest.fixture
+def backend(store: LeaseStore) -> ZooKeeperBackend:
+    assert isinstance(store.backend, ZooKeeperBackend)
+    return store.backend
+
+
+@pytest.fixture
+def opened(store: LeaseStore) -> Iterator[Callable[..., Session]]:
+    sessions: list[Session] = []
+
+    def open_(owner: str, ttl_s: float = 10.0) -> Session:
+        session = store.session(owner, ttl_s)
+        sessions.append(session)
+        return session
+
+    yield open_
+    for session in sessions:
+        session.close()
+
+
+@pytest.fixture
+def raw(zk_url: str) -> Iterator[KazooClient]:
+    """A plain kazoo client on the ensemble (no chroot), to change znodes by hand."""
+    client = KazooClient(hosts=zk_url.split("://", 1)[1].split("/", 1)[0])
+    client.start(timeout=30)
+    try:
+        yield client
+    finally:
+        client.stop()
+        client.close()
+
+
+def handle(session: Session) -> ZkSession:
+    assert isinstance(session.handle, ZkSession)
+    return session.handle
+
+
+def requests(h: ZkSession) -> list[str]:
+    """From now on, the type of each request ``h``'s client sends (``Transaction`` for a
+    multi, ``GetData``/``Exists``/``Sync`` for reads)."""
+    sent: list[str] = []
+    real = h.client._call
+
+    def counting(request: Any, async_object: Any) -> Any:
+        sent.append(type(request).__name__)
+        return real(request, async_object)
+
+    h.client._call = counting
+    return sent
+
+
+def paths(backend: ZooKeeperBackend, job_id: str) -> JobPaths:
+    return JobPaths.of(backend.config.base, job_id)
+
+
+# -- the common path: one multi, nothing read ----------------------------------------------
+
+
+def test_complete_and_release_send_one_multi_and_read_nothing(
+    store: LeaseStore, opened: Callable[..., Session]
+) -> None:
+    a = opened("A")
+    done, free = a.claim("done"), a.claim("free")
+    assert done is not None and free is not None
+    sent = requests(handle(a))
+    record = done.complete(b"r")
+    assert (record.state, record.generation, record.result) == (JobState.COMPLETED, 1, b"r")
+    free.release()
+    assert sent == ["Transaction", "Transaction"]
+    assert handle(a).hold("done", 1) is None and handle(a).hold("free", 1) is None
+    stored = store.get("done")
+    assert stored is not None and stored.state is JobState.COMPLETED and stored.result == b"r"
+    stored = store.get("free")
+    assert stored is not None and stored.state is JobState.AVAILABLE and stored.generation == 1
+    again = opened("B").claim("free")
+    assert again is not None and again.generation == 2
+
+
+def test_queued_job_markers_go_in_the_same_multi(
+    store: LeaseStore, backend: ZooKeeperBackend, opened: Callable[..., Session], raw: KazooClient
+) -> None:
+    store.enqueue("q", "j1")
+    store.enqueue("q", "j2")
+    a = opened("A")
+    first, second = a.claim_next("q"), a.claim_next("q")
+    assert first is not None and second is not None
+    queue = f"{backend.config.queues_base}/q"
+    assert len(raw.get_children(f"{queue}/held")) == 2
+    sent = requests(handle(a))
+    first.complete(b"")
+    second.release()
+    assert sent == ["Transaction", "Transaction"]
+    assert raw.get_children(f"{queue}/held") == []
+    assert len(raw.get_children(f"{queue}/open")) == 1  # the released one is still open
+    assert [job_id for job_id, _ in backend.queue_candidates("q", 10)] == [second.job_id]
+
+
+def test_marker_deleted_by_hand_is_dropped_without_reading(
+    store: LeaseStore, backend: ZooKeeperBackend, opened: Callable[..., Session], raw: KazooClient
+) -> None:
+    store.enqueue("q", "j")
+    a = opened("A")
+    lease = a.claim_next("q")
+    assert lease is not None
+    (held,) = raw.get_children(f"{backend.config.queues_base}/q/held")
+    raw.delete(f"{backend.config.queues_base}/q/held/{held}")
+    sent = requests(handle(a))
+    lease.complete(b"ok")
+    assert sent == ["Transaction", "Transaction"]  # failed on the marker; again without it
+    assert raw.get_children(f"{backend.config.queues_base}/q/open") == []
+
+
+# -- what the session did not claim: nothing is written ----------------------------------
+
+
+def test_a_generation_this_handle_did_not_claim_writes_nothing(
+    backend: ZooKeeperBackend, opened: Callable[..., Session]
+) -> None:
+    a, b = opened("A"), opened("B")
+    first = a.claim("job")
+    assert first is not None
+    first.release()
+    second = b.claim("job")
+    assert second is not None and second.generation == 2
+    sent = requests(handle(a))
+    for call in (
+        lambda: backend.release(a.handle, "job", 1),  # released already
+        lambda: backend.complete(a.handle, "job", 1, b"x"),
+        lambda: backend.complete(a.handle, "job", 2, b"x"),  # B's
+        lambda: backend.release(a.handle, "job", 2),
+        lambda: backend.release(a.handle, "never-claimed", 1),
+    ):
+        with pytest.raises(StaleLeaseError):
+            call()
+    assert "Transaction" not in sent  # diagnosed by reading only
+    second.complete(b"B's")
+
+
+def test_a_hold_the_handle_does_not_remember_is_not_released(
+    store: LeaseStore, backend: ZooKeeperBackend, opened: Callable[..., Session]
+) -> None:
+    """Even when the store shows this session's own owner znode at that generation, a
+    (job, generation) the handle has no claim of is refused locally."""
+    a = opened("A")
+    lease = a.claim("job")
+    assert lease is not None
+    handle(a).forget("job", lease.generation)
+    sent = requests(handle(a))
+    with pytest.raises(StaleLeaseError):
+        backend.release(a.handle, "job", lease.generation)
+    assert "Transaction" not in sent
+    record = store.get("job")
+    assert record is not None and record.state is JobState.HELD
+
+
+def test_retried_completion_returns_the_record_without_a_multi(
+    backend: ZooKeeperBackend, opened: Callable[..., Session]
+) -> None:
+    a = opened("A")
+    assert backend.claim(a.handle, "job") == ClaimResult(1)
+    first = backend.complete(a.handle, "job", 1, b"r")
+    sent = requests(handle(a))
+    again = backend.complete(a.handle, "job", 1, b"r")
+    assert again == first
+    assert "Transaction" not in sent
+
+
+# -- the fast multi failing: read to say why ----------------------------------------------
+
+
+def test_a_newer_claim_fails_the_multi_and_is_diagnosed(
+    store: LeaseStore, backend: ZooKeeperBackend, opened: Callable[..., Session], raw: KazooClient
+) -> None:
+    """A's owner znode is deleted by hand and B claims: A's remembered hold is stale; its
+    completion multi fails on the version, one read says why, nothing is written."""
+    a, b = opened("A"), opened("B")
+    lease = a.claim("job")
+    assert lease is not None
+    raw.delete(paths(backend, "job").owner)
+    taken = b.claim("job")
+    assert taken is not None and taken.generation == 2
+    sent = requests(handle(a))
+    with pytest.raises(StaleLeaseError) as stale:
+        backend.complete(a.handle, "job", 1, b"late")
+    assert stale.value.current_generation == 2
+    assert sent.count("Transaction") == 1
+    assert handle(a).hold("job", 1) is None  # final: forgotten
+    record = store.get("job")
+    assert record is not None and record.state is JobState.HELD and record.owner == "B"
+
+
+def test_owner_znode_gone_with_the_same_version_is_stale(
+    store: LeaseStore, backend: ZooKeeperBackend, opened: Callable[..., Session], raw: KazooClient
+) -> None:
+    """The version still stands but the owner znode is gone: the delete fails the multi
+    (and with it the versioned set_data); nothing is written."""
+    a = opened("A")
+    lease = a.claim("job")
+    assert lease is not None
+    raw.delete(paths(backend, "job").owner)
+    with pytest.raises(StaleLeaseError):
+        backend.complete(a.handle, "job", 1, b"x")
+    record = store.get("job")
+    assert record is not None and record.state is JobState.AVAILABLE and record.generation == 1
+
+
+def test_owner_znode_rewritten_is_read_and_still_completed(
+    store: LeaseStore, backend: ZooKeeperBackend, opened: Callable[..., Session], raw: KazooClient
+) -> None:
+    """The owner znode's version moved (written by hand): the remembered version fails the
+    delete; the read shows it still this session's at the generation; the multi is sent
+    again with the version read."""
+    a = opened("A")
+    lease = a.claim("job")
+    assert lease is not None
+    owner = paths(backend, "job").owner
+    raw.set(owner, raw.get(owner)[0])
+    sent = requests(handle(a))
+    record = lease.complete(b"ok")
+    assert record.state is JobState.COMPLETED
+    assert sent.count("Transaction") == 2
+    assert raw.exists(owner) is None
+
+
+def test_expired_session_completes_nothing(
+    store: LeaseStore, backend: ZooKeeperBackend, opened: Callable[..., Session]
+) -> None:
+    a = opened("A")
+    assert backend.claim(a.handle, "job") == ClaimResult(1)
+    backend.expire_session(a.session_id)
+    with pytest.raises(SessionExpired):
+        backend.complete(a.handle, "job", 1, b"x")
+    with pytest.raises(SessionExpired):
+        backend.release(a.handle, "job", 1)
+    record = store.get("job")
+    assert record is not None and record.state is JobState.AVAILABLE
+
+
+class _LostAnswer:
+    """Stands in for a kazoo transaction: the multi is applied, its answer lost."""
+
+    def __init__(self, real: Any) -> None:
+        self._tx = real()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tx, name)
+
+    def commit_async(self) -> Any:
+        self._tx.commit_async().get(timeout=30)
+        return self
+
+    def get(self, timeout: float | None = None) -> Any:
+        raise ConnectionLoss()
+
+
+def test_adopted_and_handed_back_claims_are_remembered(zk_url: str) -> None:
+    """Claims whose answer was lost and could not be read back (OutcomeUnknown): one is
+    adopted by a later claim of the job, then completed with one multi; keepalive hands
+    the other back (remembered, then released)."""
+    store = open_store(zk_url, op_timeout_s=1.0, connect_timeout_s=30)
+    backend = store.backend
+    assert isinstance(backend, ZooKeeperBackend)
+    try:
+        h = backend.open_session("A", 10.0)
+        assert isinstance(h, ZkSession)
+        real_read, real_tx = backend._wire.read, h.client.transaction
+
+        def failing(*args: Any, **kwargs: Any) -> Any:
+            if "reading back" in args[3]:
+                raise BackendUnavailable("reading back fails in this test")
+            return real_read(*args, **kwargs)
+
+        backend._wire.read = failing  # type: ignore[method-assign]
+        for job in ("adopted", "handed-back"):
+            h.client.transaction = lambda: _LostAnswer(real_tx)
+            with pytest.raises(OutcomeUnknown):
+                backend.claim(h, job)
+            h.client.transaction = real_tx
+            assert h.hold(job, 1) is None
+        backend._wire.read = real_read  # type: ignore[method-assign]
+        assert backend.claim(h, "adopted") == ClaimResult(1)  # its own claim, found again
+        assert h.hold("adopted", 1) is not None
+        sent = requests(h)
+        assert backend.complete(h, "adopted", 1, b"r").state is JobState.COMPLETED
+        assert sent == ["Transaction"]
+        backend.keepalive(h)
+        record = store.get("handed-back")
+        assert record is not None and record.state is JobState.AVAILABLE
+        assert h.uncertain == {} and h.hold("handed-back", 1) is None
+    finally:
+        store.close()
