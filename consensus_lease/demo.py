@@ -22,7 +22,7 @@ from typing import Any
 
 from rich.console import Console
 
-from .errors import LeaseError
+from .errors import LeaseError, UnsupportedOperation
 from .record import JobState
 from .store import LeaseStore, open_store
 from .testing.workers import WorkerProcess
@@ -93,6 +93,12 @@ def run_demo(backend_url: str | None, ttl_s: float, *, unfenced: bool = False,
                       f"({'UNFENCED: tokens not checked' if unfenced else 'fenced by token'})")
         console.print(f"[bold]TTL[/]         {ttl_s} s (times: since start; the store's clock)\n")
         store = open_store(url)
+        if not store.capabilities.cross_process:
+            store.close()
+            raise UnsupportedOperation(
+                f"the demo runs two worker processes, but {url!r} is a store of one process "
+                "only; use sqlite:///..., etcd://... or zk://..."
+            )
         timeline = _Timeline(console, store)
         a, b = WorkerProcess("A"), WorkerProcess("B")
         try:

@@ -81,3 +81,11 @@ def test_inspect_queue_counts(tmp_path: pytest.TempPathFactory) -> None:
     assert result.returncode == 0, result.stderr
     row = next(line for line in result.stdout.splitlines() if "mail" in line and "│" in line)
     assert [c.strip() for c in row.split("│")[1:5]] == ["mail", "1", "1", "1"]
+
+
+def test_demo_refuses_an_in_process_store() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "consensus_lease.cli", "demo", "--backend", "memory://"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2 and "UnsupportedOperation" in result.stdout
