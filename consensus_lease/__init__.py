@@ -30,6 +30,7 @@ from .errors import (
     OutcomeUnknown,
     SessionExpired,
     StaleLeaseError,
+    StoreClosed,
     UnsupportedBackend,
     UnsupportedOperation,
 )
@@ -73,6 +74,7 @@ __all__ = [
     "SessionState",
     "SkewedClock",
     "StaleLeaseError",
+    "StoreClosed",
     "SystemClock",
     "UnsupportedBackend",
     "UnsupportedOperation",

@@ -21,19 +21,45 @@ worker cannot keep producing effects by forgetting to check.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+import contextlib
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any
 
-from .errors import LeaseLost
+from .errors import LeaseError, LeaseLost
 from .lease import Lease
-from .record import LeaseRecord
+from .record import LeaseRecord, QueueStats
 from .session import Session
 from .states import LeaseState
 from .store import LeaseStore, open_store
 
 __all__ = ["AsyncLease", "AsyncLeaseStore", "AsyncSession"]
+
+
+def _release_quietly(lease: Lease) -> None:
+    with contextlib.suppress(LeaseError):
+        lease.release()  # best effort: if it fails, the TTL frees the job
+
+
+async def _in_thread_or_release(claim: Callable[[], Lease | None]) -> Lease | None:
+    """Run a claim in a worker thread. If the awaiting task is cancelled first, release
+    whatever lease the thread still obtains (a claim cannot be stopped mid-request)."""
+    future = asyncio.get_running_loop().run_in_executor(None, claim)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+
+        def release_orphan(done: asyncio.Future[Lease | None]) -> None:
+            if done.cancelled() or done.exception() is not None:
+                return
+            orphan = done.result()
+            if orphan is not None:  # release off the event loop: it is a store round trip
+                threading.Thread(target=_release_quietly, args=(orphan,), daemon=True).start()
+
+        future.add_done_callback(release_orphan)
+        raise
 
 
 class AsyncLease:
@@ -138,8 +164,17 @@ class AsyncSession:
         return self.sync.state
 
     async def claim(self, job_id: str, *, wait_s: float | None = None) -> AsyncLease | None:
-        """See :meth:`Session.claim` (same arguments and errors)."""
-        lease = await asyncio.to_thread(self.sync.claim, job_id, wait_s=wait_s)
+        """See :meth:`Session.claim` (same arguments and errors).
+
+        If this coroutine is cancelled while the claim is still running in its thread,
+        a lease the thread obtains afterwards is released at once: nobody holds a job
+        that no caller received."""
+        lease = await _in_thread_or_release(lambda: self.sync.claim(job_id, wait_s=wait_s))
+        return None if lease is None else AsyncLease(lease)
+
+    async def claim_next(self, queue: str, *, wait_s: float | None = None) -> AsyncLease | None:
+        """See :meth:`Session.claim_next`; cancellation as for :meth:`claim`."""
+        lease = await _in_thread_or_release(lambda: self.sync.claim_next(queue, wait_s=wait_s))
         return None if lease is None else AsyncLease(lease)
 
     async def claim_many(self, job_ids: Sequence[str]) -> list[AsyncLease | None]:
@@ -209,6 +244,16 @@ class AsyncLeaseStore:
 
     async def get(self, job_id: str) -> LeaseRecord | None:
         return await asyncio.to_thread(self.sync.get, job_id)
+
+    async def enqueue(self, queue: str, job_id: str, payload: bytes = b"") -> bool:
+        """See :meth:`LeaseStore.enqueue`."""
+        return await asyncio.to_thread(self.sync.enqueue, queue, job_id, payload)
+
+    async def queue_stats(self, queue: str) -> QueueStats:
+        return await asyncio.to_thread(self.sync.queue_stats, queue)
+
+    async def purge(self, queue: str) -> int:
+        return await asyncio.to_thread(self.sync.purge, queue)
 
     async def records(self, limit: int | None = None) -> list[LeaseRecord]:
         return await asyncio.to_thread(self.sync.records, limit)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import sys
 import time
@@ -37,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
         prog="consensus-lease",
         description="Expiring job leases with fencing tokens on etcd, ZooKeeper and SQLite.",
     )
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser(
@@ -121,6 +125,9 @@ def _inspect(url: str, jobs: Sequence[str], limit: int, console: Console) -> int
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    # Client libraries (kazoo, grpc) log every reconnect attempt; the command reports
+    # failures itself, as typed errors.
+    logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     # Wide enough for the demo's timeline when the output is a pipe or a CI log.
     console = Console() if sys.stdout.isatty() else Console(width=150)
     try:
@@ -137,6 +144,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.command == module.NAME:
                 return int(module.run(args, console))
     except LeaseError as exc:
+        console.print(f"[red]error:[/] {type(exc).__name__}: {exc}")
+        return 2
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/]")
+        return 130
+    except (OSError, ValueError) as exc:  # bad paths or URLs given to verify/bench
         console.print(f"[red]error:[/] {type(exc).__name__}: {exc}")
         return 2
     return 2

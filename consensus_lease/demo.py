@@ -16,20 +16,21 @@ from __future__ import annotations
 
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-from .errors import LeaseError, UnsupportedOperation
+from .errors import InvalidArgument, LeaseError, UnsupportedOperation
 from .record import JobState
 from .store import LeaseStore, open_store
 from .testing.workers import WorkerProcess
 
 __all__ = ["DemoStep", "run_demo"]
 
-JOB = "invoice-42"
+JOB_PREFIX = "invoice-42"
 
 
 @dataclass
@@ -99,6 +100,15 @@ def run_demo(backend_url: str | None, ttl_s: float, *, unfenced: bool = False,
                 f"the demo runs two worker processes, but {url!r} is a store of one process "
                 "only; use sqlite:///..., etcd://... or zk://..."
             )
+        caps = store.capabilities
+        if not caps.min_ttl_s <= ttl_s <= caps.max_ttl_s:
+            store.close()
+            raise InvalidArgument(
+                f"--ttl-s {ttl_s} is outside this store's range [{caps.min_ttl_s}, "
+                f"{caps.max_ttl_s}] s"
+            )
+        job = f"{JOB_PREFIX}-{uuid.uuid4().hex[:6]}"  # a fresh job: the demo can run again
+        console.print(f"[bold]job[/]         {job}\n")
         timeline = _Timeline(console, store)
         a, b = WorkerProcess("A"), WorkerProcess("B")
         try:
@@ -109,11 +119,11 @@ def run_demo(backend_url: str | None, ttl_s: float, *, unfenced: bool = False,
                 if not reply["ok"]:
                     timeline.add(w.name, None, "open session", reply, "ok", False)
                     return False
-            fence: dict[str, Any] = {"path": fence_path, "job": JOB, "enforce": not unfenced}
+            fence: dict[str, Any] = {"path": fence_path, "job": job, "enforce": not unfenced}
 
-            r = a.request("claim", job=JOB, wait_s=ttl_s * 5)
+            r = a.request("claim", job=job, wait_s=ttl_s * 5)
             gen_a = r.get("generation")
-            timeline.add("A", gen_a, f"claim {JOB}", r, "claimed", bool(r.get("claimed")))
+            timeline.add("A", gen_a, "claim", r, "claimed", bool(r.get("claimed")))
             if not r.get("claimed"):
                 return False
             r = a.request("fence", effect="step-1", **fence)
@@ -123,19 +133,19 @@ def run_demo(backend_url: str | None, ttl_s: float, *, unfenced: bool = False,
             a.pause()
             timeline.add("A", gen_a, "SIGSTOP (paused past its TTL)", "paused", "paused", True)
             give_up = time.monotonic() + 10 * ttl_s + 10
-            record = store.get(JOB)
+            record = store.get(job)
             while record is not None and record.state is JobState.HELD:
                 if time.monotonic() > give_up:
                     break
                 time.sleep(min(0.05, ttl_s / 10))  # waiting for the store's TTL to run out
-                record = store.get(JOB)
+                record = store.get(job)
             expired = record is not None and record.state is JobState.AVAILABLE
             timeline.add("store", gen_a, "expires A's lease (store clock)",
                          f"state={record.state.value if record else None}", "available", expired)
 
-            r = b.request("claim", job=JOB, wait_s=ttl_s * 5)
+            r = b.request("claim", job=job, wait_s=ttl_s * 5)
             gen_b = r.get("generation")
-            timeline.add("B", gen_b, f"claim {JOB}", r, "claimed a newer generation",
+            timeline.add("B", gen_b, "claim", r, "claimed a newer generation",
                          bool(r.get("claimed")) and gen_b is not None and gen_a is not None
                          and gen_b > gen_a)
             r = b.request("fence", effect="step-1", **fence)
@@ -144,10 +154,10 @@ def run_demo(backend_url: str | None, ttl_s: float, *, unfenced: bool = False,
 
             a.resume()
             timeline.add("A", gen_a, "SIGCONT (resumes)", "running", "running", True)
-            r = a.request("ensure_held", job=JOB)
+            r = a.request("ensure_held", job=job)
             timeline.add("A", gen_a, "ensure_held()", r, "LeaseLost",
                          not r["ok"] and r.get("error") == "LeaseLost")
-            r = a.request("complete", job=JOB, result="from A")
+            r = a.request("complete", job=job, result="from A")
             timeline.add("A", gen_a, "complete() (store compares gen)", r,
                          "rejected by store", not r["ok"] and r.get("error") in (
                              "StaleLeaseError", "SessionExpired"))
@@ -158,10 +168,10 @@ def run_demo(backend_url: str | None, ttl_s: float, *, unfenced: bool = False,
             r = b.request("fence", effect="step-2", **fence)
             timeline.add("B", gen_b, "write step-2 (token B)", r, "accepted",
                          r.get("outcome") == "accepted")
-            r = b.request("complete", job=JOB, result="from B")
+            r = b.request("complete", job=job, result="from B")
             timeline.add("B", gen_b, "complete()", r, "completed",
                          r["ok"] and r.get("generation") == gen_b)
-            final = store.get(JOB)
+            final = store.get(job)
             timeline.add("store", final.generation if final else None, "final record",
                          f"state={final.state.value if final else None} owner="
                          f"{final.owner if final else None}", "completed by B",

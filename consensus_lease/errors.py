@@ -17,6 +17,7 @@
     │   └── UnsupportedBackend      unknown or malformed store URL
     ├── UnsupportedOperation        the backend declares (in its Capabilities) that it
     │                               cannot do this
+    ├── StoreClosed                 the LeaseStore was closed; open a new one
     ├── BackendUnavailable          the store cannot be reached or refused service
     │   ├── AuthenticationFailed    wrong credentials / certificates
     │   └── OutcomeUnknown          a request may or may not have been applied and reading
@@ -46,6 +47,7 @@ __all__ = [
     "OutcomeUnknown",
     "SessionExpired",
     "StaleLeaseError",
+    "StoreClosed",
     "UnsupportedBackend",
     "UnsupportedOperation",
 ]
@@ -134,6 +136,11 @@ class UnsupportedBackend(InvalidArgument):
 class UnsupportedOperation(LeaseError):
     """The backend's :class:`~consensus_lease.Capabilities` say it cannot do this
     (e.g. work queues on a third-party backend). Nothing was sent."""
+
+
+class StoreClosed(LeaseError):
+    """The :class:`~consensus_lease.LeaseStore` was closed (its sessions were closed with
+    it, and their leases are LOST). Not retryable: open a new store."""
 
 
 class BackendUnavailable(LeaseError):

@@ -162,6 +162,10 @@ class SqliteFence:
             raise InvalidArgument(f"token must be an int >= 1, got {token!r}")
         if not isinstance(effect_id, str) or not effect_id:
             raise InvalidArgument("effect_id must be a non-empty str")
+        if token >= 2**63:
+            raise InvalidArgument(f"token {token} does not fit a signed 64-bit integer")
+        if not isinstance(payload, (bytes, bytearray, memoryview)):
+            raise InvalidArgument(f"payload must be bytes, not {type(payload).__name__}")
         try:
             with self._transaction() as db:
                 row = db.execute(

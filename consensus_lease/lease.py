@@ -196,8 +196,9 @@ class Lease:
         The store, not the local deadline, decides: the request is sent even when this
         worker already believes the lease lost, so a stale holder learns the truth
         (``StaleLeaseError``) instead of guessing. Calling it again after success returns
-        the same record without a round trip; a retry that reaches the store after an
-        ambiguous failure is recognised by the store, not applied twice.
+        the same record without a round trip (the first result wins); a retry that
+        reaches the store after an ambiguous failure is recognised by the store, not
+        applied twice.
 
         Args:
             result: bytes to store with the completion record.
@@ -206,7 +207,9 @@ class Lease:
             The COMPLETED record.
 
         Raises:
-            InvalidArgument: ``result`` is not bytes; nothing sent, lease still held.
+            InvalidArgument: ``result`` is not bytes or is larger than the store accepts
+                in one request (``capabilities.max_payload_bytes``); nothing sent, lease
+                still held.
             StaleLeaseError: another generation holds or completed the job, or it was
                 released; this lease is LOST.
             SessionExpired: the session is gone; this lease is LOST.
@@ -218,6 +221,14 @@ class Lease:
         if not isinstance(result, (bytes, bytearray, memoryview)):
             raise InvalidArgument(
                 f"result must be bytes, not {type(result).__name__}",
+                job_id=self.job_id,
+                generation=self.generation,
+            )
+        limit = self.session.backend.capabilities.max_payload_bytes
+        if limit and len(result) > limit:
+            raise InvalidArgument(
+                f"result is {len(result)} bytes; the {self.session.backend.scheme} store "
+                f"accepts at most {limit} in one request",
                 job_id=self.job_id,
                 generation=self.generation,
             )

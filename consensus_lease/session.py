@@ -196,6 +196,8 @@ class Session:
         Returns:
             A function that unregisters the callback (a no-op once it ran).
         """
+        if not callable(callback):
+            raise InvalidArgument(f"on_lost needs a callable, not {callback!r}")
         with self._lock:
             reason = self._lost_reason
             if reason is None:
@@ -327,6 +329,10 @@ class Session:
             InvalidArgument: a bad or duplicate id, or one this session already holds.
             LeaseLost / LeaseSuspended / BackendUnavailable / OutcomeUnknown: as ``claim``.
         """
+        if isinstance(job_ids, (str, bytes)) or not isinstance(job_ids, Sequence):
+            raise InvalidArgument(
+                f"job_ids must be a sequence of job ids, not {type(job_ids).__name__}"
+            )
         ids = [check_job_id(j) for j in job_ids]
         if len(set(ids)) != len(ids):
             raise InvalidArgument("job_ids contains duplicates")

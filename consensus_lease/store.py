@@ -6,17 +6,18 @@ import os
 import socket
 import threading
 import uuid
+import weakref
 from importlib.metadata import entry_points
 from types import TracebackType
 from urllib.parse import parse_qsl, urlsplit
 
 from .backend import Backend, Capabilities, SessionEvent
 from .clock import Clock, SystemClock
-from .errors import InvalidArgument, UnsupportedBackend, UnsupportedOperation
+from .errors import InvalidArgument, StoreClosed, UnsupportedBackend, UnsupportedOperation
 from .observe import Observer
 from .record import JobState, LeaseRecord, QueuedJob, QueueStats
 from .session import Session
-from .validation import check_job_id, check_owner, check_ttl
+from .validation import check_job_id, check_limit, check_owner, check_ttl
 
 __all__ = ["DEFAULT_TTL_S", "ENTRY_POINT_GROUP", "LeaseStore", "default_owner", "open_store"]
 
@@ -106,9 +107,22 @@ class LeaseStore:
     def __init__(
         self, backend: Backend, *, clock: Clock | None = None, observer: Observer | None = None
     ) -> None:
+        if clock is not None and not isinstance(clock, Clock):
+            raise InvalidArgument(f"clock must be a consensus_lease.Clock, not {clock!r}")
+        if observer is not None and not isinstance(observer, Observer):
+            raise InvalidArgument(
+                f"observer must be a consensus_lease.observe.Observer, not {observer!r}"
+            )
         self.backend = backend
         self.clock: Clock = clock or SystemClock()
         self.observer = observer
+        self._closed = False
+        self._sessions: weakref.WeakSet[Session] = weakref.WeakSet()
+        self._sessions_lock = threading.Lock()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosed("this LeaseStore is closed; open a new one")
 
     @property
     def capabilities(self) -> Capabilities:
@@ -140,6 +154,9 @@ class LeaseStore:
             InvalidArgument: bad owner, TTL or margin; nothing created.
             BackendUnavailable / AuthenticationFailed: no session was created.
         """
+        self._check_open()
+        if clock is not None and not isinstance(clock, Clock):
+            raise InvalidArgument(f"clock must be a consensus_lease.Clock, not {clock!r}")
         owner = default_owner() if owner is None else check_owner(owner)
         caps = self.backend.capabilities
         ttl = check_ttl(ttl_s, min_s=caps.min_ttl_s, max_s=caps.max_ttl_s)
@@ -174,6 +191,8 @@ class LeaseStore:
         with relay_lock:
             holder.append(session)
             replay = list(early)
+        with self._sessions_lock:
+            self._sessions.add(session)
         for event in replay:
             session._on_backend_event(event)
         return session
@@ -185,15 +204,19 @@ class LeaseStore:
             InvalidArgument: bad job id.
             BackendUnavailable.
         """
+        self._check_open()
         return self.backend.get(check_job_id(job_id))
 
     def records(self, limit: int | None = None) -> list[LeaseRecord]:
-        """Every job's record, ordered by job id (at most ``limit``), for inspection."""
-        return self.backend.records(limit)
+        """Every job's record, ordered by job id (at most ``limit``, an int >= 0), for
+        inspection."""
+        self._check_open()
+        return self.backend.records(check_limit(limit))
 
     # -- work queues ---------------------------------------------------------------
 
     def _require_queues(self) -> None:
+        self._check_open()
         if not self.backend.capabilities.queues:
             raise UnsupportedOperation(f"the {self.backend.scheme} backend has no work queues")
 
@@ -238,7 +261,7 @@ class LeaseStore:
         """The jobs of ``queue``, oldest enqueued first (an unknown queue is empty)."""
         check_job_id(queue)
         self._require_queues()
-        return self.backend.queue_jobs(queue, limit)
+        return self.backend.queue_jobs(queue, check_limit(limit))
 
     def queue_stats(self, queue: str) -> QueueStats:
         """Counts of ``queue``'s jobs by state, and the earliest lease end among held
@@ -267,7 +290,16 @@ class LeaseStore:
         return self.backend.purge(queue)
 
     def close(self) -> None:
-        """Close the driver; sessions still open are closed best-effort."""
+        """Close every session opened from this store (their jobs are handed back and
+        their leases become LOST), then the driver. Later calls raise ``StoreClosed``.
+        Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._sessions_lock:
+            sessions = list(self._sessions)
+        for session in sessions:
+            session.close()
         self.backend.close()
 
     def __enter__(self) -> LeaseStore:

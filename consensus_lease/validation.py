@@ -6,7 +6,14 @@ import math
 
 from .errors import InvalidArgument
 
-__all__ = ["MAX_JOB_ID_BYTES", "check_job_id", "check_owner", "check_ttl", "check_wait"]
+__all__ = [
+    "MAX_JOB_ID_BYTES",
+    "check_job_id",
+    "check_limit",
+    "check_owner",
+    "check_ttl",
+    "check_wait",
+]
 
 MAX_JOB_ID_BYTES = 256
 """Longest job id accepted, in UTF-8 bytes."""
@@ -55,7 +62,10 @@ def check_owner(owner: object) -> str:
 def _finite_number(value: object, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidArgument(f"{name} must be a number of seconds, not {type(value).__name__}")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:
+        raise InvalidArgument(f"{name} must be finite, got an int that large") from None
     if not math.isfinite(number):
         raise InvalidArgument(f"{name} must be finite, got {value!r}")
     return number
@@ -71,6 +81,15 @@ def check_ttl(ttl_s: object, *, min_s: float, max_s: float) -> float:
     if not (min_s <= ttl <= max_s):
         raise InvalidArgument(f"ttl_s={ttl!r} is outside this backend's range [{min_s}, {max_s}] s")
     return ttl
+
+
+def check_limit(limit: object) -> int | None:
+    """Return ``limit`` if it is ``None`` or an int >= 0."""
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise InvalidArgument(f"limit must be None or an int >= 0, got {limit!r}")
+    return limit
 
 
 def check_wait(wait_s: object, name: str = "wait_s") -> float:

@@ -71,3 +71,29 @@ def test_unrelated_cancellation_is_not_turned_into_loss(url: str) -> None:
         await store.close()
 
     asyncio.run(asyncio.wait_for(main(), 20))
+
+
+def test_cancelled_waiting_claim_does_not_leak_a_lease(url: str) -> None:
+    from consensus_lease.testing.conformance import poll_until
+
+    async def main() -> None:
+        store = await AsyncLeaseStore.open(url)
+        async with store.session("A", ttl_s=10) as a, store.session("B", ttl_s=10) as b:
+            held = await b.claim("k")
+            assert held is not None
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(a.claim("k", wait_s=5), timeout=0.2)
+            await held.release()  # the abandoned claim's thread now gets it ...
+            # ... and hands it straight back: nobody holds a job no caller received.
+            def handed_back() -> bool:
+                record = store.sync.get("k")
+                assert record is not None
+                return (record.generation > held.generation  # the orphan claim happened
+                        and record.state is JobState.AVAILABLE and not a.sync.leases())
+
+            await asyncio.to_thread(poll_until, handed_back, 10)
+            again = await b.claim("k")
+            assert again is not None
+        await store.close()
+
+    asyncio.run(asyncio.wait_for(main(), 30))

@@ -67,3 +67,15 @@ def test_bad_input(fence: SqliteFence, resource: str, token: int, effect: str) -
     with pytest.raises(InvalidArgument):
         fence.apply(resource, token, effect)
     assert fence.effects() == []
+
+
+@pytest.mark.parametrize("payload", [5, [1, 2, 3], "text", None])
+def test_non_bytes_payload_rejected(fence: SqliteFence, payload: object) -> None:
+    with pytest.raises(InvalidArgument):
+        fence.apply("job", 1, "e", payload)  # type: ignore[arg-type]
+    assert fence.effects() == []
+
+
+def test_token_beyond_int64_rejected(fence: SqliteFence) -> None:
+    with pytest.raises(InvalidArgument):
+        fence.apply("job", 2**63, "e")

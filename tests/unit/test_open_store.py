@@ -92,3 +92,53 @@ def test_package_all_is_sorted_and_importable() -> None:
     assert consensus_lease.__all__ == sorted(consensus_lease.__all__, key=lambda n: (not n.isupper(), n))
     for name in consensus_lease.__all__:
         assert hasattr(consensus_lease, name)
+
+
+def test_closing_a_store_closes_its_sessions_and_refuses_later_use() -> None:
+    from consensus_lease import LeaseLost, StoreClosed
+
+    store = open_store("memory://")
+    session = store.session("A", 30)
+    lease = session.claim("j")
+    assert lease is not None
+    store.close()
+    with pytest.raises(LeaseLost):
+        lease.ensure_held()
+    for call in (lambda: store.session("B", 30), lambda: store.get("j"), store.records,
+                 lambda: store.enqueue("q", "x")):
+        with pytest.raises(StoreClosed):
+            call()
+    store.close()  # idempotent
+
+
+@pytest.mark.parametrize("bad", [10**400, -(10**400)])
+def test_huge_ints_are_invalid_not_overflow(bad: int) -> None:
+    with open_store("memory://") as store:
+        with pytest.raises(InvalidArgument):
+            store.session("A", bad)
+        with store.session("A", 30) as session, pytest.raises(InvalidArgument):
+            session.claim("j", wait_s=bad)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "2", True])
+def test_bad_limits(bad: object) -> None:
+    with open_store("memory://") as store, pytest.raises(InvalidArgument):
+        store.records(limit=bad)  # type: ignore[arg-type]
+
+
+def test_bad_keyword_objects_and_callbacks() -> None:
+    with pytest.raises(InvalidArgument):
+        open_store("memory://", clock="not a clock")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument):
+        open_store("memory://", observer=5)  # type: ignore[arg-type]
+    with open_store("memory://") as store, store.session("A", 30) as session:
+        with pytest.raises(InvalidArgument):
+            session.on_lost(None)  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgument):
+            session.claim_many("abc")
+        lease = session.claim("j")
+        assert lease is not None
+        too_big = b"x" * (store.capabilities.max_payload_bytes + 1)
+        with pytest.raises(InvalidArgument):
+            lease.complete(too_big)
+        lease.ensure_held()
