@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..errors import BackendUnavailable, InvalidArgument, LeaseError
+from ..errors import BackendUnavailable, InvalidArgument, LeaseError, UnsupportedOperation
 from ..record import JobState, LeaseRecord
 from ..store import LeaseStore, open_store
 from .checker import Report, check
@@ -284,6 +284,17 @@ def run_verify(config: VerifyConfig, progress: Progress | None = None, *,
         destination_spec = config.destination or str(run_dir / "destination.db")
         destination = open_destination(destination_spec, enforce_tokens=not config.unfenced)
         store = open_store(store_url)
+        caps = store.capabilities
+        if not caps.cross_process:
+            raise UnsupportedOperation(
+                f"verify runs workers as separate processes, but {store_url!r} is a store of "
+                "one process only; use sqlite:///..., etcd://... or zk://..."
+            )
+        if not caps.min_ttl_s <= config.ttl_s <= caps.max_ttl_s:
+            raise InvalidArgument(
+                f"--ttl-s {config.ttl_s} is outside this store's range "
+                f"[{caps.min_ttl_s}, {caps.max_ttl_s}] s"
+            )
         schedule = plan(config.seed, config.faults, duration_s=config.duration_s,
                         ttl_s=config.ttl_s, slots=config.workers)
         recorder.event("run", run_id=run_id, jobs=jobs, store=store_url,
