@@ -193,7 +193,7 @@ def _wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> N
     while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.01)
+        time.sleep(0.01)  # poll interval inside a deadline loop
 
 
 @pytest.mark.parametrize("commit", [True, False])

@@ -185,7 +185,7 @@ class LocalEtcd:
             if time.monotonic() > give_up:
                 tails = "\n".join(f"--- {m.name}\n{m.log_tail()}" for m in live)
                 raise TimeoutError(f"etcd not ready within {timeout_s} s\n{tails}")
-            time.sleep(0.05)
+            time.sleep(0.05)  # poll interval inside a deadline loop
 
     def leader(self, timeout_s: float = 10.0) -> LocalMember:
         give_up = time.monotonic() + timeout_s
@@ -202,7 +202,7 @@ class LocalEtcd:
                         status = json.loads(response.read())
                     if status.get("leader") and status["leader"] == status["header"]["member_id"]:
                         return m
-            time.sleep(0.05)
+            time.sleep(0.05)  # poll interval inside a deadline loop
         raise TimeoutError("no etcd leader")
 
     def _signal(self, member: LocalMember, sig: signal.Signals) -> None:

@@ -59,7 +59,7 @@ def test_isolated_member_in_use_is_left(etcd_cluster: Any, key_prefix: str, role
             end = time.monotonic() + 3 * a.granted_ttl_s
             while time.monotonic() < end:
                 fresh.ensure_held()
-                time.sleep(0.2)
+                time.sleep(0.2)  # real time must pass: the lease must outlive its TTL
             poll_until(lambda: _keepalive_ok(a), timeout_s=10)
             assert fresh.state is LeaseState.HELD
 

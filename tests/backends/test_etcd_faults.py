@@ -219,7 +219,7 @@ def test_paused_member_is_left_and_leases_stay_held(healthy: LocalEtcd) -> None:
         end = time.monotonic() + 2 * a.granted_ttl_s  # the keepalive thread must fail over
         while time.monotonic() < end:
             lease.ensure_held()
-            time.sleep(0.2)
+            time.sleep(0.2)  # real time must pass: the lease must outlive its TTL
         assert lease.state is LeaseState.HELD
         record = store.get("fresh")
         assert record is not None and record.generation == fresh.generation

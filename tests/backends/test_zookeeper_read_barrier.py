@@ -68,7 +68,7 @@ def test_get_after_claim_sees_it_when_the_read_client_is_on_a_deposed_leader(
                     lease = session.claim("job")
                 except (BackendUnavailable, LeaseSuspended):
                     assert time.monotonic() < give_up, "no claim through the new leader"
-                    time.sleep(0.1)
+                    time.sleep(0.1)  # poll interval inside a deadline loop
             assert lease.generation == 1
             getter = threading.Thread(target=lambda: got.append(store.get("job")))
             getter.start()

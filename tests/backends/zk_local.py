@@ -173,7 +173,7 @@ class LocalZooKeeper:
             if time.monotonic() >= give_up:
                 self.kill()
                 raise TimeoutError(f"ZooKeeper not ready within {timeout_s} s: {self.log_tail()}")
-            time.sleep(0.05)
+            time.sleep(0.05)  # poll interval inside a deadline loop
 
     def log_tail(self, lines: int = 20) -> str:
         try:

@@ -45,7 +45,7 @@ def eventually(action: Callable[[], T], timeout_s: float = RECOVERY_S) -> T:
         except Exception:
             if time.monotonic() >= deadline:
                 raise
-            time.sleep(0.2)
+            time.sleep(0.2)  # poll interval inside a deadline loop
 
 
 @contextmanager
