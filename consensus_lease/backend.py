@@ -192,9 +192,13 @@ class Backend(abc.ABC):
         return results
 
     @abc.abstractmethod
-    def renew(self, session: SessionHandle, job_id: str, generation: int) -> float:
-        """Confirm in the store that ``session`` still holds ``job_id`` at ``generation``
-        and extend the session's TTL; return the TTL granted.
+    def renew(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> float:
+        """Confirm in the store that ``session`` still holds ``job_id`` at
+        ``claim.generation`` and extend the session's TTL; return the TTL granted.
+
+        ``claim`` is what :meth:`claim` returned (or a ``ClaimResult`` with ``handle``
+        ``None`` for a claim this process did not make); the same holds for
+        :meth:`complete` and :meth:`release`.
 
         Raises:
             StaleLeaseError: owner or generation no longer match (or job completed).
@@ -203,9 +207,9 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def complete(
-        self, session: SessionHandle, job_id: str, generation: int, result: bytes
+        self, session: SessionHandle, job_id: str, claim: ClaimResult, result: bytes
     ) -> LeaseRecord:
-        """Record completion iff ``session`` holds ``job_id`` at ``generation``; the
+        """Record completion iff ``session`` holds ``job_id`` at ``claim.generation``; the
         owner hold ends in the same atomic step. Returns the COMPLETED record.
 
         A repeat of a completion this session already made at this generation returns
@@ -218,8 +222,8 @@ class Backend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def release(self, session: SessionHandle, job_id: str, generation: int) -> None:
-        """End the hold iff ``session`` holds ``job_id`` at ``generation``; the job is
+    def release(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> None:
+        """End the hold iff ``session`` holds ``job_id`` at ``claim.generation``; the job is
         claimable at once.
 
         Raises:

@@ -16,7 +16,7 @@ from .errors import (
     StaleLeaseError,
 )
 from .observe import safe_call
-from .record import LeaseRecord
+from .record import ClaimResult, LeaseRecord
 from .states import LeaseState, SessionState
 
 if TYPE_CHECKING:
@@ -58,15 +58,19 @@ class Lease:
     """
 
     __slots__ = (
-        "_lock", "_lost_reason", "_record", "_state", "generation", "job_id", "payload", "session",
+        "_lock", "_lost_reason", "_record", "_state", "claim_result", "generation", "job_id",
+        "payload", "session",
     )
 
     def __init__(
-        self, session: Session, job_id: str, generation: int, payload: bytes | None = None
+        self, session: Session, job_id: str, claim: ClaimResult, payload: bytes | None = None
     ) -> None:
         self.session = session
         self.job_id = job_id
-        self.generation = generation
+        self.claim_result = claim
+        """The store's answer to the claim, with the backend's opaque per-claim handle,
+        passed back to the backend with every operation on this lease."""
+        self.generation = claim.generation
         self.payload = payload
         """The queue payload, for leases from ``claim_next``; ``None`` otherwise."""
         self._lock = threading.Lock()
@@ -182,7 +186,7 @@ class Lease:
         self.ensure_held()
         send = self.session.clock.monotonic()
         try:
-            ttl = self.session.backend.renew(self.session.handle, self.job_id, self.generation)
+            ttl = self.session.backend.renew(self.session.handle, self.job_id, self.claim_result)
         except LeaseLost as exc:
             self._failed(exc)
             raise
@@ -237,7 +241,7 @@ class Lease:
                 return self._record
         try:
             record = self.session.backend.complete(
-                self.session.handle, self.job_id, self.generation, bytes(result)
+                self.session.handle, self.job_id, self.claim_result, bytes(result)
             )
         except (LeaseLost, OutcomeUnknown) as exc:
             self._failed(exc)
@@ -268,7 +272,7 @@ class Lease:
             if self._state in (LeaseState.RELEASED, LeaseState.COMPLETED):
                 return
         try:
-            self.session.backend.release(self.session.handle, self.job_id, self.generation)
+            self.session.backend.release(self.session.handle, self.job_id, self.claim_result)
         except (LeaseLost, OutcomeUnknown) as exc:
             self._failed(exc)
             raise

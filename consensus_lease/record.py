@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["ClaimResult", "JobState", "LeaseRecord", "QueueStats", "QueuedJob"]
 
@@ -47,16 +47,28 @@ class LeaseRecord:
 
 @dataclass(frozen=True, slots=True)
 class ClaimResult:
-    """What a backend returns for a successful claim.
+    """What a backend returns for a successful claim, and hands back to the backend
+    with every later operation on that claim.
+
+    Like etcd's ``Mutex`` (key + revision) or redis-py's ``Lock`` (token), the claim is
+    carried by its holder, not looked up in a per-session table: the core's
+    :class:`~consensus_lease.Lease` stores this object and passes it to the backend's
+    ``renew``, ``complete`` and ``release``.
 
     Attributes:
         generation: the new fencing token, strictly greater than every earlier one for
             this job.
         lease_until: as in :class:`LeaseRecord`.
+        handle: the backend's opaque per-claim state (etcd: the exact owner-key value
+            written and the job's queue as the claim read it; ZooKeeper: the owner znode
+            the claim created). ``None`` means "not known to this process": the backend
+            then checks ownership by the session alone, which is slower but equally
+            safe. Not compared by ``==``.
     """
 
     generation: int
     lease_until: float | None = None
+    handle: object = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ from .errors import (
 )
 from .lease import Lease
 from .observe import Observer, safe_call
+from .record import ClaimResult
 from .states import SessionState
 from .validation import check_job_id, check_wait
 
@@ -253,7 +254,7 @@ class Session:
             self.ensure_alive()
             result = self._call(lambda: self.backend.claim(self.handle, job_id))
             if result is not None:
-                return self._adopt(job_id, result.generation)
+                return self._adopt(job_id, result)
             if give_up_at is None:
                 return None
             left = give_up_at - self.clock.monotonic()
@@ -302,7 +303,7 @@ class Session:
                     except JobCompleted:
                         break  # the list is stale: read a fresh one rather than walk it
                     if result is not None:
-                        return self._adopt(job_id, result.generation, payload)
+                        return self._adopt(job_id, result, payload)
                 races += 1
                 if races < QUEUE_RETRIES:
                     continue  # every candidate was taken meanwhile: look again at once
@@ -347,11 +348,12 @@ class Session:
             self.ensure_alive()
             results = self._call(lambda c=chunk: self.backend.claim_many(self.handle, c))  # type: ignore[misc]
             for job_id, result in zip(chunk, results, strict=True):
-                out.append(None if result is None else self._adopt(job_id, result.generation))
+                out.append(None if result is None else self._adopt(job_id, result))
         return out
 
-    def _adopt(self, job_id: str, generation: int, payload: bytes | None = None) -> Lease:
-        lease = Lease(self, job_id, generation, payload)
+    def _adopt(self, job_id: str, result: ClaimResult, payload: bytes | None = None) -> Lease:
+        lease = Lease(self, job_id, result, payload)
+        generation = result.generation
         with self._lock:
             self._leases[job_id] = lease
         log.info(
@@ -481,7 +483,7 @@ class Session:
             ttl = self.backend.keepalive(self.handle)
             for lease in leases:
                 try:
-                    self.backend.renew(self.handle, lease.job_id, lease.generation)
+                    self.backend.renew(self.handle, lease.job_id, lease.claim_result)
                 except LeaseLost as exc:
                     if isinstance(exc, SessionExpired):
                         raise

@@ -195,15 +195,17 @@ class MemoryBackend(Backend):
             job.owner = session.owner
             return ClaimResult(job.generation, self._sessions[session.session_id].expires_at)
 
-    def renew(self, session: SessionHandle, job_id: str, generation: int) -> float:
+    def renew(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> float:
+        generation = claim.generation
         with self._cond:
             job = self._holds(session, job_id, generation)
             del job
             return self.keepalive(session)
 
     def complete(
-        self, session: SessionHandle, job_id: str, generation: int, result: bytes
+        self, session: SessionHandle, job_id: str, claim: ClaimResult, result: bytes
     ) -> LeaseRecord:
+        generation = claim.generation
         with self._cond:
             job = self._jobs.get(job_id)
             if (
@@ -219,7 +221,8 @@ class MemoryBackend(Backend):
             self._cond.notify_all()
             return self._record(job_id, job)
 
-    def release(self, session: SessionHandle, job_id: str, generation: int) -> None:
+    def release(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> None:
+        generation = claim.generation
         with self._cond:
             job = self._holds(session, job_id, generation)
             job.session_id = None

@@ -309,7 +309,8 @@ class SqliteBackend(Backend):
             )
         return None
 
-    def renew(self, session: SessionHandle, job_id: str, generation: int) -> float:
+    def renew(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> float:
+        generation = claim.generation
         with self._transaction(job_id) as db:
             row = db.execute(
                 f"UPDATE cl_sessions SET expires_at = {NOW} + ttl_s "
@@ -323,8 +324,9 @@ class SqliteBackend(Backend):
         return float(row[0])
 
     def complete(
-        self, session: SessionHandle, job_id: str, generation: int, result: bytes
+        self, session: SessionHandle, job_id: str, claim: ClaimResult, result: bytes
     ) -> LeaseRecord:
+        generation = claim.generation
         with self._transaction(job_id) as db:
             done = db.execute(
                 f"UPDATE cl_jobs SET completed_at = {NOW}, completed_session = session_id, "
@@ -345,7 +347,8 @@ class SqliteBackend(Backend):
         assert record is not None
         return record
 
-    def release(self, session: SessionHandle, job_id: str, generation: int) -> None:
+    def release(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> None:
+        generation = claim.generation
         with self._transaction(job_id) as db:
             row = db.execute(
                 "UPDATE cl_jobs SET session_id = NULL, owner = NULL "

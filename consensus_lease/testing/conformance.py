@@ -52,7 +52,7 @@ from ..errors import (
     StaleLeaseError,
     UnsupportedOperation,
 )
-from ..record import JobState
+from ..record import ClaimResult, JobState
 from ..session import Session
 from ..states import LeaseState, SessionState
 from ..store import LeaseStore
@@ -323,15 +323,15 @@ class BackendConformance:
         # Straight to the backend, as a holder that ignored its local deadline would.
         backend = store.backend
         for call in (
-            lambda: backend.renew(a.handle, "job", old.generation),
-            lambda: backend.release(a.handle, "job", old.generation),
-            lambda: backend.complete(a.handle, "job", old.generation, b"stale"),
+            lambda: backend.renew(a.handle, "job", old.claim_result),
+            lambda: backend.release(a.handle, "job", old.claim_result),
+            lambda: backend.complete(a.handle, "job", old.claim_result, b"stale"),
         ):
             with pytest.raises(LeaseLost):
                 call()
         # The new holder's generation presented by the old session: owner mismatch.
         with pytest.raises(StaleLeaseError):
-            backend.complete(b.handle, "job", old.generation, b"wrong generation")
+            backend.complete(b.handle, "job", ClaimResult(old.generation), b"wrong generation")
         record = store.get("job")
         assert record is not None and record.state is JobState.HELD
         assert record.generation == new.generation and record.owner == "B"
@@ -350,7 +350,7 @@ class BackendConformance:
         second = a.claim("job")
         assert second is not None and second.generation > first.generation
         with pytest.raises(StaleLeaseError) as exc:
-            store.backend.complete(a.handle, "job", first.generation, b"stale")
+            store.backend.complete(a.handle, "job", first.claim_result, b"stale")
         assert exc.value.generation == first.generation
         record = store.get("job")
         assert record is not None and record.state is JobState.HELD
@@ -386,7 +386,7 @@ class BackendConformance:
         first = lease.complete(b"r1")
         assert lease.complete(b"r1") == first  # local: no second round trip
         # A retry that reaches the store (the first answer was lost in transit).
-        again = store.backend.complete(a.handle, "retry", lease.generation, b"r1")
+        again = store.backend.complete(a.handle, "retry", lease.claim_result, b"r1")
         assert again.state is JobState.COMPLETED and again.generation == lease.generation
         assert again.result == b"r1"
 

@@ -152,7 +152,7 @@ def test_reconnect_finds_lease_taken_marks_it_lost(
         notify = backend.listeners[a.session_id]
         notify(SessionEvent.SUSPENDED)
         # While A is disconnected, the job is released behind its back and taken.
-        backend.release(a.handle, "job", lease.generation)
+        backend.release(a.handle, "job", lease.claim_result)
         assert b.claim("job") is not None
         notify(SessionEvent.RECONNECTED)
         poll_until(lambda: a.state is SessionState.ACTIVE, 5)
