@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .errors import BackendUnavailable, FenceRejected, InvalidArgument
-from .observe import Observer, safe_call
+from .observe import Observer, notify
 from .validation import check_job_id
 
 __all__ = ["Effect", "Fence", "FenceOutcome", "SqliteFence"]
@@ -193,7 +193,7 @@ class SqliteFence:
         except sqlite3.Error as exc:
             raise BackendUnavailable(f"fence database {self.path!r}: {exc}") from exc
         except FenceRejected:
-            safe_call(self.observer, "stale_rejected", self.name, "fence", resource, token)
+            notify(self.observer, lambda o: o.stale_rejected(self.name, "fence", resource, token))
             raise
         return FenceOutcome.ACCEPTED if inserted is not None else FenceOutcome.DUPLICATE
 

@@ -13,13 +13,12 @@ from .errors import (
     LeaseLost,
     LeaseNotHeld,
     OutcomeUnknown,
-    StaleLeaseError,
 )
-from .observe import safe_call
 from .record import ClaimResult, LeaseRecord
 from .states import LeaseState, SessionState
 
 if TYPE_CHECKING:
+    from ._holdings import Holdings
     from .session import Session
 
 __all__ = ["Lease"]
@@ -55,17 +54,23 @@ class Lease:
         generation (int): the fencing token; strictly increasing per job across claims.
         owner (str): the owner label of the holding session.
         session (Session): the worker session the lease lives under.
+        claim_result (ClaimResult): the store's answer to the claim, carrying the
+            backend's opaque per-claim handle (for drivers and tests).
+
+    Leases are made by :meth:`Session.claim` and its siblings, never directly.
     """
 
     __slots__ = (
-        "_lock", "_lost_reason", "_record", "_state", "claim_result", "generation", "job_id",
-        "payload", "session",
+        "_holdings", "_lock", "_lost_reason", "_record", "_state", "claim_result",
+        "generation", "job_id", "payload", "session",
     )
 
     def __init__(
-        self, session: Session, job_id: str, claim: ClaimResult, payload: bytes | None = None
+        self, session: Session, holdings: Holdings, job_id: str, claim: ClaimResult,
+        payload: bytes | None = None,
     ) -> None:
         self.session = session
+        self._holdings = holdings
         self.job_id = job_id
         self.claim_result = claim
         """The store's answer to the claim, with the backend's opaque per-claim handle,
@@ -183,14 +188,7 @@ class Lease:
             LeaseSuspended: the session is SUSPENDED; nothing was sent.
             BackendUnavailable: no answer; the lease is still held until its deadline.
         """
-        self.ensure_held()
-        send = self.session.clock.monotonic()
-        try:
-            ttl = self.session.backend.renew(self.session.handle, self.job_id, self.claim_result)
-        except LeaseLost as exc:
-            self._failed(exc)
-            raise
-        self.session._renewed(send, ttl)
+        self._holdings.renew(self)
 
     def complete(self, result: bytes = b"") -> LeaseRecord:
         """Record the job as completed at this generation and end the hold, in one atomic
@@ -239,24 +237,7 @@ class Lease:
         with self._lock:
             if self._state is LeaseState.COMPLETED and self._record is not None:
                 return self._record
-        try:
-            record = self.session.backend.complete(
-                self.session.handle, self.job_id, self.claim_result, bytes(result)
-            )
-        except (LeaseLost, OutcomeUnknown) as exc:
-            self._failed(exc)
-            raise
-        with self._lock:
-            self._state = LeaseState.COMPLETED
-            self._record = record
-        self.session._forget(self)
-        safe_call(self.session.observer, "completed", self.session.backend.scheme, self.job_id,
-                  self.generation, self.owner)
-        log.info(
-            "completed",
-            extra={"job_id": self.job_id, "generation": self.generation, "owner": self.owner},
-        )
-        return record
+        return self._holdings.complete(self, bytes(result))
 
     def release(self) -> None:
         """Hand the job back: end the hold iff this session still holds it at this
@@ -271,18 +252,7 @@ class Lease:
         with self._lock:
             if self._state in (LeaseState.RELEASED, LeaseState.COMPLETED):
                 return
-        try:
-            self.session.backend.release(self.session.handle, self.job_id, self.claim_result)
-        except (LeaseLost, OutcomeUnknown) as exc:
-            self._failed(exc)
-            raise
-        with self._lock:
-            self._state = LeaseState.RELEASED
-        self.session._forget(self)
-        log.info(
-            "released",
-            extra={"job_id": self.job_id, "generation": self.generation, "owner": self.owner},
-        )
+        self._holdings.release(self)
 
     # -- context manager -------------------------------------------------------------
 
@@ -313,17 +283,15 @@ class Lease:
         except (LeaseLost, BackendUnavailable) as release_exc:
             exc.add_note(f"consensus_lease: releasing {self.job_id!r} failed: {release_exc!r}")
 
-    # -- called by the session -------------------------------------------------------
+    # -- state changes, made by the session's holdings only --------------------------
 
-    def _failed(self, exc: LeaseLost | OutcomeUnknown) -> None:
-        """The store refused (or could not confirm) an operation on this lease."""
-        if isinstance(exc, StaleLeaseError):
-            safe_call(self.session.observer, "stale_rejected", self.session.backend.scheme,
-                      "store", self.job_id, self.generation)
-        self._mark_lost(exc)
-        self.session._lease_failed(self, exc)
+    def _finish(self, state: LeaseState, record: LeaseRecord | None) -> None:
+        with self._lock:
+            self._state = state
+            self._record = record
 
-    def _mark_lost(self, reason: LeaseLost | OutcomeUnknown) -> bool:
+    def _lose(self, reason: LeaseLost | OutcomeUnknown) -> bool:
+        """HELD -> LOST; returns False if the lease was already over."""
         with self._lock:
             if self._state is not LeaseState.HELD:
                 return False
@@ -333,15 +301,4 @@ class Lease:
                 if isinstance(reason, LeaseLost)
                 else LeaseLost(str(reason), job_id=self.job_id, generation=self.generation)
             )
-        safe_call(self.session.observer, "lost", self.session.backend.scheme, self.job_id,
-                  self.generation, str(reason))
-        log.warning(
-            "lease lost",
-            extra={
-                "job_id": self.job_id,
-                "generation": self.generation,
-                "owner": self.owner,
-                "reason": str(reason),
-            },
-        )
         return True

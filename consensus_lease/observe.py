@@ -15,14 +15,18 @@ pauses, an overloaded machine) before it does.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
-__all__ = ["Observer", "safe_call"]
+__all__ = ["Observer", "notify"]
 
 log = logging.getLogger("consensus_lease")
 
 
 class Observer:
     """Receives lease events. Every method is a no-op here; override what you need.
+
+    The core calls these methods directly (through :func:`notify`), so their signatures
+    are checked by mypy at every call site: an override must keep them.
 
     ``store`` is the backend's scheme (``"sqlite"``, ``"etcd"``, ...).
     """
@@ -45,11 +49,12 @@ class Observer:
         ``"fence"`` (a destination saw a higher token)."""
 
 
-def safe_call(observer: Observer | None, method: str, *args: object) -> None:
-    """Call ``observer.method(*args)``; log and drop any exception."""
+def notify(observer: Observer | None, event: Callable[[Observer], None]) -> None:
+    """Deliver one event: ``event(observer)``, e.g. ``notify(obs, lambda o: o.claimed(...))``.
+    Any exception is logged and dropped, so metrics can never break lease handling."""
     if observer is None:
         return
     try:
-        getattr(observer, method)(*args)
+        event(observer)
     except Exception:
-        log.exception("observer %s.%s raised", type(observer).__name__, method)
+        log.exception("observer %s raised", type(observer).__name__)

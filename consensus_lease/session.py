@@ -1,64 +1,42 @@
-"""A worker session: the unit of liveness, owning one store-side session and its keepalive.
+"""A worker session: the unit of liveness, owning one store-side session.
 
 Many job leases live under one session, so renewal traffic grows with workers, not with
-jobs: the background keepalive sends one request per ``granted TTL / 3`` whatever the
-number of leases held (etcd: one LeaseKeepAlive; ZooKeeper: the session's own pings plus
-one sync; SQLite: one UPDATE of the session row). The ZooKeeper backend also ends a
-session whose keepalive/renew has not succeeded for one granted TTL, so
-``keepalive=False`` behaves the same on every store.
+jobs: one keepalive every ``granted TTL / 3`` whatever the number of leases held (each
+backend's docstring says what that request is). The session is composed of two parts, one
+concept each: :mod:`._liveness` (deadline, state, keepalive and watchdog threads: the same
+for every backend) and :mod:`._holdings` (the leases held and the one path every lease
+operation takes). Claiming from a work queue is in :mod:`._queue_claim`.
 """
 
 from __future__ import annotations
 
 import logging
-import random
 import threading
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import TypeVar
 
+from . import _queue_claim
+from ._holdings import Holdings
+from ._liveness import EventRelay, Liveness
 from .backend import Backend, SessionEvent, SessionHandle
 from .clock import Clock
 from .errors import (
-    BackendUnavailable,
     ClaimTimeout,
     InvalidArgument,
-    JobCompleted,
-    LeaseError,
     LeaseLost,
-    LeaseSuspended,
     SessionExpired,
 )
 from .lease import Lease
-from .observe import Observer, safe_call
-from .record import ClaimResult
+from .observe import Observer
 from .states import SessionState
 from .validation import check_job_id, check_wait
 
 __all__ = ["LossCallback", "Session"]
 
-T = TypeVar("T")
-
 log = logging.getLogger("consensus_lease")
 
 LossCallback = Callable[["Session", LeaseLost], None]
 """``callback(session, reason)``, called once when the session is lost."""
-
-KEEPALIVE_FRACTION = 1 / 3
-"""A keepalive is sent every ``granted TTL * KEEPALIVE_FRACTION`` seconds."""
-
-QUEUE_CANDIDATES = 32
-"""How many claimable-looking jobs ``claim_next`` asks the store for at a time."""
-
-QUEUE_SPREAD = 8
-"""``claim_next`` starts at a random one of the oldest this-many candidates."""
-
-QUEUE_RETRIES = 3
-"""Immediate re-reads when every candidate was taken by others before waiting."""
-
-DEFAULT_MARGIN_FRACTION = 0.1
-"""Default safety margin: this fraction of the granted TTL is taken off the local deadline
-to cover clock-rate drift between worker and store and scheduling delay."""
 
 
 class Session:
@@ -87,39 +65,22 @@ class Session:
         safety_margin_s: float | None = None,
         keepalive: bool = True,
         observer: Observer | None = None,
+        events: EventRelay | None = None,
     ) -> None:
         self.backend = backend
         self.observer = observer
         self.handle = handle
         self.clock = clock
-        ttl = handle.granted_ttl_s
-        margin = ttl * DEFAULT_MARGIN_FRACTION if safety_margin_s is None else safety_margin_s
-        if not 0 <= margin < ttl:
-            raise InvalidArgument(
-                f"safety_margin_s={margin} must be >= 0 and below the granted TTL {ttl} s"
-            )
-        self.safety_margin_s = margin
-        self._lock = threading.RLock()
-        self._deadline = send_time + ttl - margin
-        self._state = SessionState.ACTIVE
-        self._lost_reason: LeaseLost | None = None
-        self._leases: dict[str, Lease] = {}
-        self._callbacks: list[LossCallback] = []
-        self.lost = threading.Event()
-        """Set once the session is LOST."""
-        self._stop = threading.Event()
-        self._deadline_moved = threading.Event()
-        self._threads: list[threading.Thread] = []
-        if keepalive:
-            self._start_thread(self._keepalive_loop, "keepalive")
-        self._start_thread(self._watchdog_loop, "deadline")
-
-    def _start_thread(self, target: Callable[[], None], what: str) -> None:
-        thread = threading.Thread(
-            target=target, name=f"consensus-lease-{what}-{self.session_id}", daemon=True
+        self._liveness = Liveness(
+            backend, handle, clock=clock, send_time=send_time,
+            safety_margin_s=safety_margin_s, observer=observer,
         )
-        self._threads.append(thread)
-        thread.start()
+        self._holdings = Holdings(self._liveness)
+        self.lost = self._liveness.lost
+        """Set once the session is LOST."""
+        self._liveness.start(keepalive=keepalive)
+        if events is not None:
+            events.bind(self._on_backend_event)
 
     # -- introspection --------------------------------------------------------------
 
@@ -133,36 +94,34 @@ class Session:
 
     @property
     def granted_ttl_s(self) -> float:
-        return self.handle.granted_ttl_s
+        """The TTL the store granted, in seconds (updated by each renewal)."""
+        return self._liveness.granted_ttl_s
+
+    @property
+    def safety_margin_s(self) -> float:
+        """Seconds taken off the local deadline (see ``LeaseStore.session``)."""
+        return self._liveness.safety_margin_s
 
     @property
     def deadline(self) -> float:
         """Monotonic time after which the session must be assumed lost."""
-        with self._lock:
-            return self._deadline
+        return self._liveness.deadline
 
     def remaining_s(self) -> float:
         """Seconds left before :attr:`deadline` (negative once passed)."""
-        return self.deadline - self.clock.monotonic()
+        return self._liveness.remaining_s()
 
     @property
     def state(self) -> SessionState:
-        with self._lock:
-            state = self._state
-        if state in (SessionState.ACTIVE, SessionState.SUSPENDED) and self.remaining_s() <= 0:
-            self._mark_lost(self._deadline_passed())
-            return SessionState.LOST
-        return state
+        return self._liveness.state
 
     @property
     def lost_reason(self) -> LeaseLost | None:
-        with self._lock:
-            return self._lost_reason
+        return self._liveness.lost_reason
 
     def leases(self) -> list[Lease]:
         """The leases this session currently holds (claimed, not completed/released)."""
-        with self._lock:
-            return list(self._leases.values())
+        return self._holdings.leases()
 
     def __repr__(self) -> str:
         return (
@@ -177,17 +136,7 @@ class Session:
             LeaseLost (or SessionExpired): LOST or CLOSED, or past the local deadline.
             LeaseSuspended: SUSPENDED.
         """
-        state = self.state
-        if state is SessionState.ACTIVE:
-            return
-        if state is SessionState.SUSPENDED:
-            raise LeaseSuspended(f"session {self.session_id} is suspended")
-        if state is SessionState.CLOSED:
-            raise LeaseLost(f"session {self.session_id} is closed")
-        reason = self.lost_reason
-        if isinstance(reason, SessionExpired):
-            raise SessionExpired(str(reason)) from reason
-        raise LeaseLost(f"session {self.session_id} is lost: {reason}") from reason
+        self._liveness.ensure_alive()
 
     def on_lost(self, callback: LossCallback) -> Callable[[], None]:
         """Register ``callback(session, reason)``, called once, from the thread that
@@ -199,18 +148,21 @@ class Session:
         """
         if not callable(callback):
             raise InvalidArgument(f"on_lost needs a callable, not {callback!r}")
-        with self._lock:
-            reason = self._lost_reason
-            if reason is None:
-                self._callbacks.append(callback)
-                return lambda: self._remove_callback(callback)
+
+        def listener(reason: LeaseLost) -> None:
+            self._run_callback(callback, reason)
+
+        reason = self._liveness.on_loss(listener)
+        if reason is None:
+            return lambda: self._liveness.remove_listener(listener)
         self._run_callback(callback, reason)
         return lambda: None
 
-    def _remove_callback(self, callback: LossCallback) -> None:
-        with self._lock:
-            if callback in self._callbacks:
-                self._callbacks.remove(callback)
+    def _run_callback(self, callback: LossCallback, reason: LeaseLost) -> None:
+        try:
+            callback(self, reason)
+        except Exception:
+            log.exception("on_lost callback raised", extra={"session_id": self.session_id})
 
     # -- claiming --------------------------------------------------------------------
 
@@ -241,20 +193,13 @@ class Session:
         """
         check_job_id(job_id)
         wait = None if wait_s is None else check_wait(wait_s)
-        with self._lock:
-            held = self._leases.get(job_id)
-        if held is not None:
-            raise InvalidArgument(
-                f"this session already holds {job_id!r} at generation {held.generation}",
-                job_id=job_id,
-                generation=held.generation,
-            )
+        self._holdings.check_not_held([job_id])
         give_up_at = None if wait is None else self.clock.monotonic() + wait
         while True:
             self.ensure_alive()
-            result = self._call(lambda: self.backend.claim(self.handle, job_id))
+            result = self._liveness.call(lambda: self.backend.claim(self.handle, job_id))
             if result is not None:
-                return self._adopt(job_id, result)
+                return self._holdings.adopt(self, job_id, result)
             if give_up_at is None:
                 return None
             left = give_up_at - self.clock.monotonic()
@@ -285,41 +230,7 @@ class Session:
             ClaimTimeout, InvalidArgument, LeaseLost, LeaseSuspended, BackendUnavailable,
             OutcomeUnknown: as for :meth:`claim`.
         """
-        check_job_id(queue)
-        wait = None if wait_s is None else check_wait(wait_s)
-        self._require_queues()
-        give_up_at = None if wait is None else self.clock.monotonic() + wait
-        races = 0
-        while True:
-            self.ensure_alive()
-            candidates = self.backend.queue_candidates(queue, QUEUE_CANDIDATES)
-            with self._lock:
-                candidates = [c for c in candidates if c[0] not in self._leases]
-            if candidates:
-                start = random.randrange(min(len(candidates), QUEUE_SPREAD))
-                for job_id, payload in candidates[start:] + candidates[:start]:
-                    try:
-                        result = self._call(lambda j=job_id: self.backend.claim(self.handle, j))  # type: ignore[misc]
-                    except JobCompleted:
-                        break  # the list is stale: read a fresh one rather than walk it
-                    if result is not None:
-                        return self._adopt(job_id, result, payload)
-                races += 1
-                if races < QUEUE_RETRIES:
-                    continue  # every candidate was taken meanwhile: look again at once
-            races = 0
-            if give_up_at is None:
-                return None
-            left = give_up_at - self.clock.monotonic()
-            if left <= 0:
-                raise ClaimTimeout(f"no job of queue {queue!r} became claimable in {wait} s")
-            self.backend.wait_for_queue(queue, left)
-
-    def _require_queues(self) -> None:
-        if not self.backend.capabilities.queues:
-            from .errors import UnsupportedOperation
-
-            raise UnsupportedOperation(f"the {self.backend.scheme} backend has no work queues")
+        return _queue_claim.claim_next(self, self._holdings, queue, wait_s)
 
     def claim_many(self, job_ids: Sequence[str]) -> list[Lease | None]:
         """Try to claim each of ``job_ids`` (no waiting); in as few store round trips as
@@ -337,39 +248,16 @@ class Session:
         ids = [check_job_id(j) for j in job_ids]
         if len(set(ids)) != len(ids):
             raise InvalidArgument("job_ids contains duplicates")
-        with self._lock:
-            already = [j for j in ids if j in self._leases]
-        if already:
-            raise InvalidArgument(f"this session already holds {already[0]!r}", job_id=already[0])
+        self._holdings.check_not_held(ids)
         out: list[Lease | None] = []
         step = max(1, self.backend.capabilities.max_batch_claim)
         for start in range(0, len(ids), step):
             chunk = ids[start : start + step]
             self.ensure_alive()
-            results = self._call(lambda c=chunk: self.backend.claim_many(self.handle, c))  # type: ignore[misc]
+            results = self._liveness.call(lambda c=chunk: self.backend.claim_many(self.handle, c))  # type: ignore[misc]
             for job_id, result in zip(chunk, results, strict=True):
-                out.append(None if result is None else self._adopt(job_id, result))
+                out.append(None if result is None else self._holdings.adopt(self, job_id, result))
         return out
-
-    def _adopt(self, job_id: str, result: ClaimResult, payload: bytes | None = None) -> Lease:
-        lease = Lease(self, job_id, result, payload)
-        generation = result.generation
-        with self._lock:
-            self._leases[job_id] = lease
-        log.info(
-            "claimed",
-            extra={"job_id": job_id, "generation": generation, "owner": self.owner},
-        )
-        safe_call(self.observer, "claimed", self.backend.scheme, job_id, generation, self.owner)
-        return lease
-
-    def _call(self, fn: Callable[[], T]) -> T:
-        """Run a store call; a SessionExpired from the store loses the whole session."""
-        try:
-            return fn()
-        except SessionExpired as exc:
-            self._mark_lost(exc)
-            raise
 
     # -- renewal ---------------------------------------------------------------------
 
@@ -384,159 +272,25 @@ class Session:
             LeaseLost: the session was already lost or closed.
             BackendUnavailable: no answer; the session stays usable until its deadline.
         """
-        self.ensure_alive_or_suspended()
-        send = self.clock.monotonic()
-        ttl = self._call(lambda: self.backend.keepalive(self.handle))
-        self._renewed(send, ttl)
-        return ttl
-
-    def ensure_alive_or_suspended(self) -> None:
         if self.state in (SessionState.LOST, SessionState.CLOSED):
             self.ensure_alive()
+        return self._liveness.keepalive()
 
-    def _renewed(self, send_time: float, granted_ttl_s: float) -> None:
-        now = self.clock.monotonic()
-        with self._lock:
-            if self._state is not SessionState.ACTIVE:
-                return
-            headroom = self._deadline - now
-            self.handle.granted_ttl_s = granted_ttl_s
-            new_deadline = send_time + granted_ttl_s - self.safety_margin_s
-            if new_deadline > self._deadline and send_time < self._deadline:
-                self._deadline = new_deadline
-        self._deadline_moved.set()
-        safe_call(self.observer, "renewed", self.backend.scheme, now - send_time, headroom)
-
-    def _keepalive_loop(self) -> None:
-        last_send = self.clock.monotonic()
-        retry_s = None
-        while not self._stop.is_set():
-            interval = self.granted_ttl_s * KEEPALIVE_FRACTION
-            next_at = last_send + (interval if retry_s is None else retry_s)
-            if self.clock.wait(self._stop, next_at - self.clock.monotonic()):
-                return
-            if self.state in (SessionState.LOST, SessionState.CLOSED):
-                return
-            if self.state is SessionState.SUSPENDED:
-                last_send, retry_s = self.clock.monotonic(), min(interval, 0.2)
-                continue
-            last_send = self.clock.monotonic()
-            try:
-                self._renewed(last_send, self._call(lambda: self.backend.keepalive(self.handle)))
-                retry_s = None
-            except SessionExpired:
-                return  # _call marked the session lost
-            except BackendUnavailable as exc:
-                # Keep trying, faster, until the watchdog declares the deadline passed.
-                retry_s = max(0.05, min(interval / 3, self.remaining_s() / 4))
-                log.warning(
-                    "keepalive failed, retrying",
-                    extra={"session_id": self.session_id, "error": str(exc)},
-                )
-            except Exception as exc:  # a driver bug: do not pretend the lease is safe
-                self._mark_lost(LeaseLost(f"keepalive failed unexpectedly: {exc!r}"))
-                log.exception("keepalive crashed", extra={"session_id": self.session_id})
-                return
-
-    def _watchdog_loop(self) -> None:
-        while not self._stop.is_set():
-            self._deadline_moved.clear()
-            left = self.remaining_s()
-            if left <= 0:
-                if self.state is not SessionState.CLOSED:
-                    self._mark_lost(self._deadline_passed())
-                return
-            if self.clock.wait(self._stop, left):
-                return
-
-    def _deadline_passed(self) -> LeaseLost:
-        return LeaseLost(
-            f"session {self.session_id}: local deadline passed without a successful renewal "
-            f"(granted TTL {self.granted_ttl_s} s, margin {self.safety_margin_s} s)"
-        )
-
-    # -- state changes ---------------------------------------------------------------
+    # -- store events ----------------------------------------------------------------
 
     def _on_backend_event(self, event: SessionEvent) -> None:
-        """Listener given to the backend; must not block."""
+        """The backend's listener (through the store's relay); must not block."""
         if event is SessionEvent.EXPIRED:
-            self._mark_lost(SessionExpired(f"session {self.session_id} expired in the store"))
+            self._liveness.mark_lost(
+                SessionExpired(f"session {self.session_id} expired in the store")
+            )
         elif event is SessionEvent.SUSPENDED:
-            with self._lock:
-                if self._state is SessionState.ACTIVE:
-                    self._state = SessionState.SUSPENDED
-                    log.warning("session suspended", extra={"session_id": self.session_id})
+            self._liveness.suspend()
         elif event is SessionEvent.RECONNECTED:
             threading.Thread(
-                target=self._reconfirm, name=f"consensus-lease-reconfirm-{self.session_id}",
-                daemon=True,
+                target=self._holdings.reconfirm,
+                name=f"consensus-lease-reconfirm-{self.session_id}", daemon=True,
             ).start()
-
-    def _reconfirm(self) -> None:
-        """After a reconnect, re-confirm every lease in the store before resuming."""
-        with self._lock:
-            if self._state is not SessionState.SUSPENDED:
-                return
-            leases = list(self._leases.values())
-        try:
-            send = self.clock.monotonic()
-            ttl = self.backend.keepalive(self.handle)
-            for lease in leases:
-                try:
-                    self.backend.renew(self.handle, lease.job_id, lease.claim_result)
-                except LeaseLost as exc:
-                    if isinstance(exc, SessionExpired):
-                        raise
-                    lease._mark_lost(exc)
-                    self._forget(lease)
-        except SessionExpired as exc:
-            self._mark_lost(exc)
-            return
-        except LeaseError as exc:
-            log.warning("re-confirming leases failed", extra={"error": str(exc)})
-            return  # still SUSPENDED; the deadline decides
-        with self._lock:
-            if self._state is SessionState.SUSPENDED:
-                self._state = SessionState.ACTIVE
-        self._renewed(send, ttl)
-
-    def _lease_failed(self, lease: Lease, exc: LeaseError) -> None:
-        self._forget(lease)
-        if isinstance(exc, SessionExpired):
-            self._mark_lost(exc)
-
-    def _forget(self, lease: Lease) -> None:
-        with self._lock:
-            if self._leases.get(lease.job_id) is lease:
-                del self._leases[lease.job_id]
-
-    def _mark_lost(self, reason: LeaseLost) -> None:
-        with self._lock:
-            if self._state in (SessionState.LOST, SessionState.CLOSED):
-                return
-            self._state = SessionState.LOST
-            self._lost_reason = reason
-            leases = list(self._leases.values())
-            self._leases.clear()
-            callbacks = list(self._callbacks)
-            self._callbacks.clear()
-        for lease in leases:
-            lease._mark_lost(reason)
-        self.lost.set()
-        safe_call(self.observer, "lost", self.backend.scheme, None, None, str(reason))
-        self._stop.set()
-        log.error(
-            "session lost",
-            extra={"session_id": self.session_id, "owner": self.owner, "reason": str(reason)},
-        )
-        for callback in callbacks:
-            self._run_callback(callback, reason)
-
-    def _run_callback(self, callback: LossCallback, reason: LeaseLost) -> None:
-        try:
-            callback(self, reason)
-        except Exception:
-            log.exception("on_lost callback raised", extra={"session_id": self.session_id})
 
     # -- closing ---------------------------------------------------------------------
 
@@ -545,28 +299,10 @@ class Session:
         holds (claimable at once). Idempotent. If the store cannot be reached, the jobs
         become claimable when the store expires the session's TTL.
         """
-        with self._lock:
-            already = self._state is SessionState.CLOSED
-            was_lost = self._state is SessionState.LOST
-            if not was_lost:
-                self._state = SessionState.CLOSED
-            leases = list(self._leases.values())
-            self._leases.clear()
-        self._stop.set()
-        for thread in self._threads:
-            if thread is not threading.current_thread():
-                thread.join(timeout=5)
-        if already:
+        if not self._liveness.close():
             return
-        for lease in leases:
-            lease._mark_lost(LeaseLost("session closed", job_id=lease.job_id))
-        try:
-            self.backend.close_session(self.handle)
-        except BackendUnavailable as exc:
-            log.warning(
-                "closing session failed; the store will expire it after its TTL",
-                extra={"session_id": self.session_id, "error": str(exc)},
-            )
+        self._holdings.lose_all(LeaseLost("session closed"))
+        self._liveness.end_store_session()
 
     def __enter__(self) -> Session:
         return self

@@ -11,7 +11,8 @@ from importlib.metadata import entry_points
 from types import TracebackType
 from urllib.parse import parse_qsl, urlsplit
 
-from .backend import Backend, Capabilities, SessionEvent
+from ._liveness import EventRelay
+from .backend import Backend, Capabilities
 from .clock import Clock, SystemClock
 from .errors import InvalidArgument, StoreClosed, UnsupportedBackend, UnsupportedOperation
 from .observe import Observer
@@ -161,20 +162,9 @@ class LeaseStore:
         caps = self.backend.capabilities
         ttl = check_ttl(ttl_s, min_s=caps.min_ttl_s, max_s=caps.max_ttl_s)
         use_clock = clock or self.clock
-        holder: list[Session] = []
-        early: list[SessionEvent] = []
-        relay_lock = threading.Lock()
-
-        def relay(event: SessionEvent) -> None:
-            # Events that arrive before the Session exists are replayed once it does.
-            with relay_lock:
-                if not holder:
-                    early.append(event)
-                    return
-            holder[0]._on_backend_event(event)
-
+        events = EventRelay()  # events before the Session exists are replayed to it
         send = use_clock.monotonic()
-        handle = self.backend.open_session(owner, ttl, relay)
+        handle = self.backend.open_session(owner, ttl, events)
         try:
             session = Session(
                 self.backend,
@@ -184,17 +174,13 @@ class LeaseStore:
                 safety_margin_s=safety_margin_s,
                 keepalive=keepalive,
                 observer=self.observer,
+                events=events,
             )
         except BaseException:
             self.backend.close_session(handle)
             raise
-        with relay_lock:
-            holder.append(session)
-            replay = list(early)
         with self._sessions_lock:
             self._sessions.add(session)
-        for event in replay:
-            session._on_backend_event(event)
         return session
 
     def get(self, job_id: str) -> LeaseRecord | None:

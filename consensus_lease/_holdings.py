@@ -1,0 +1,187 @@
+"""The leases a session holds, and the one path every operation on them takes.
+
+A :class:`~consensus_lease.Lease` never talks to the backend or to its session's
+internals: ``renew``, ``complete`` and ``release`` come here, where each becomes one
+backend call (through :meth:`Liveness.call`, so a ``SessionExpired`` loses the whole
+session), and where the store's answer is turned into the lease's new state, the
+observer events and the log lines. Loss of a lease (the store refused it, or could not
+say) and loss of the session (every lease at once) are handled here and only here.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
+
+from .errors import (
+    InvalidArgument,
+    LeaseError,
+    LeaseLost,
+    OutcomeUnknown,
+    SessionExpired,
+    StaleLeaseError,
+)
+from .observe import notify
+from .record import ClaimResult, LeaseRecord
+from .states import LeaseState
+
+if TYPE_CHECKING:
+    from ._liveness import Liveness
+    from .lease import Lease
+    from .session import Session
+
+__all__ = ["Holdings"]
+
+T = TypeVar("T")
+
+log = logging.getLogger("consensus_lease")
+
+
+class Holdings:
+    """Job id -> :class:`Lease` for one session, and the operations on those leases."""
+
+    def __init__(self, liveness: Liveness) -> None:
+        self.liveness = liveness
+        self._lock = threading.Lock()
+        self._leases: dict[str, Lease] = {}
+        liveness.on_loss(self.lose_all)
+
+    @property
+    def scheme(self) -> str:
+        return self.liveness.backend.scheme
+
+    # -- the registry ----------------------------------------------------------------
+
+    def leases(self) -> list[Lease]:
+        with self._lock:
+            return list(self._leases.values())
+
+    def check_not_held(self, job_ids: list[str]) -> None:
+        """Raise ``InvalidArgument`` if this session already holds one of ``job_ids``."""
+        with self._lock:
+            held = [self._leases[j] for j in job_ids if j in self._leases]
+        if held:
+            lease = held[0]
+            raise InvalidArgument(
+                f"this session already holds {lease.job_id!r} at generation "
+                f"{lease.generation}",
+                job_id=lease.job_id, generation=lease.generation,
+            )
+
+    def holds(self, job_id: str) -> bool:
+        with self._lock:
+            return job_id in self._leases
+
+    def adopt(self, session: Session, job_id: str, result: ClaimResult,
+              payload: bytes | None = None) -> Lease:
+        """Wrap a claim the store granted in a HELD lease and register it."""
+        from .lease import Lease
+
+        lease = Lease(session, self, job_id, result, payload)
+        with self._lock:
+            self._leases[job_id] = lease
+        owner, generation = session.owner, result.generation
+        log.info("claimed", extra={"job_id": job_id, "generation": generation, "owner": owner})
+        notify(self.liveness.observer, lambda o: o.claimed(self.scheme, job_id, generation, owner))
+        return lease
+
+    def _forget(self, lease: Lease) -> None:
+        with self._lock:
+            if self._leases.get(lease.job_id) is lease:
+                del self._leases[lease.job_id]
+
+    # -- operations on one lease -------------------------------------------------------
+
+    def renew(self, lease: Lease) -> None:
+        """See :meth:`Lease.renew`."""
+        lease.ensure_held()
+        live = self.liveness
+        send = live.clock.monotonic()
+        ttl = self._guarded(lease, lambda: live.backend.renew(
+            live.handle, lease.job_id, lease.claim_result))
+        live.renewed(send, ttl)
+
+    def complete(self, lease: Lease, result: bytes) -> LeaseRecord:
+        """See :meth:`Lease.complete`: ``result`` is already checked."""
+        live = self.liveness
+        record = self._guarded(lease, lambda: live.backend.complete(
+            live.handle, lease.job_id, lease.claim_result, result))
+        lease._finish(LeaseState.COMPLETED, record)
+        self._forget(lease)
+        job_id, generation, owner = lease.job_id, lease.generation, lease.owner
+        notify(live.observer, lambda o: o.completed(self.scheme, job_id, generation, owner))
+        log.info("completed", extra={"job_id": job_id, "generation": generation, "owner": owner})
+        return record
+
+    def release(self, lease: Lease) -> None:
+        """See :meth:`Lease.release`."""
+        live = self.liveness
+        self._guarded(lease, lambda: live.backend.release(
+            live.handle, lease.job_id, lease.claim_result))
+        lease._finish(LeaseState.RELEASED, None)
+        self._forget(lease)
+        log.info("released", extra={"job_id": lease.job_id, "generation": lease.generation,
+                                    "owner": lease.owner})
+
+    def _guarded(self, lease: Lease, call: Callable[[], T]) -> T:
+        """Run a store call on ``lease``: a refusal (or an outcome nobody can tell)
+        loses the lease, a ``SessionExpired`` loses the session too."""
+        try:
+            return self.liveness.call(call)
+        except (LeaseLost, OutcomeUnknown) as exc:
+            self.lease_failed(lease, exc)
+            raise
+
+    def lease_failed(self, lease: Lease, exc: LeaseLost | OutcomeUnknown) -> None:
+        """The store refused (or could not confirm) an operation on ``lease``."""
+        if isinstance(exc, StaleLeaseError):
+            job_id, generation = lease.job_id, lease.generation
+            notify(self.liveness.observer,
+                   lambda o: o.stale_rejected(self.scheme, "store", job_id, generation))
+        self._lose(lease, exc)
+
+    def _lose(self, lease: Lease, reason: LeaseLost | OutcomeUnknown) -> None:
+        self._forget(lease)
+        if not lease._lose(reason):
+            return
+        job_id, generation = lease.job_id, lease.generation
+        notify(self.liveness.observer,
+               lambda o: o.lost(self.scheme, job_id, generation, str(reason)))
+        log.warning("lease lost", extra={"job_id": job_id, "generation": generation,
+                                         "owner": lease.owner, "reason": str(reason)})
+
+    # -- the whole session -------------------------------------------------------------
+
+    def lose_all(self, reason: LeaseLost) -> None:
+        """The session is lost or closed: every lease with it."""
+        for lease in self.leases():
+            self._lose(lease, reason)
+
+    def reconfirm(self) -> None:
+        """After a reconnect, re-confirm every lease in the store, then resume the
+        session (SUSPENDED -> ACTIVE). A lease the store no longer gives us is LOST; if
+        the store cannot be asked, the session stays SUSPENDED and its deadline decides.
+        """
+        live = self.liveness
+        if not live.is_suspended():
+            return
+        try:
+            send = live.clock.monotonic()
+            ttl = live.backend.keepalive(live.handle)
+            for lease in self.leases():
+                try:
+                    live.backend.renew(live.handle, lease.job_id, lease.claim_result)
+                except SessionExpired:
+                    raise
+                except LeaseLost as exc:
+                    self._lose(lease, exc)
+        except SessionExpired as exc:
+            live.mark_lost(exc)
+            return
+        except LeaseError as exc:
+            log.warning("re-confirming leases failed", extra={"error": str(exc)})
+            return
+        live.resume(send, ttl)
+

@@ -1,0 +1,349 @@
+"""A session's liveness: the local deadline, its state, the keepalive and the watchdog.
+
+One implementation for every backend. The deadline is ``send time of the last successful
+renewal + granted TTL - safety margin`` on the worker's monotonic clock (never the
+receive time: the store started its TTL no earlier than it received the request). The
+keepalive thread renews every ``granted TTL / 3``; the watchdog thread declares the
+session LOST the moment the deadline passes, whatever the backend does or fails to do.
+When the session is lost, the store-side session is ended as well (best effort, from a
+background thread), so that a client library which keeps its connection alive by itself
+(kazoo's pings) cannot keep this worker's jobs held after it has given them up.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+from .backend import Backend, SessionEvent, SessionHandle
+from .clock import Clock
+from .errors import (
+    BackendUnavailable,
+    InvalidArgument,
+    LeaseLost,
+    LeaseSuspended,
+    SessionExpired,
+)
+from .observe import Observer, notify
+from .states import SessionState
+
+__all__ = ["EventRelay", "Liveness"]
+
+T = TypeVar("T")
+
+log = logging.getLogger("consensus_lease")
+
+KEEPALIVE_FRACTION = 1 / 3
+"""A keepalive is sent every ``granted TTL * KEEPALIVE_FRACTION`` seconds."""
+
+DEFAULT_MARGIN_FRACTION = 0.1
+"""Default safety margin: this fraction of the granted TTL is taken off the local deadline
+to cover clock-rate drift between worker and store and scheduling delay."""
+
+LossListener = Callable[[LeaseLost], None]
+
+
+class EventRelay:
+    """The listener a backend is given when a session is opened. Events that arrive
+    before the session object exists are queued and replayed once it is bound."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._target: Callable[[SessionEvent], None] | None = None
+        self._early: list[SessionEvent] = []
+
+    def __call__(self, event: SessionEvent) -> None:
+        with self._lock:
+            target = self._target
+            if target is None:
+                self._early.append(event)
+                return
+        target(event)
+
+    def bind(self, target: Callable[[SessionEvent], None]) -> None:
+        with self._lock:
+            self._target = target
+            early, self._early = self._early, []
+        for event in early:
+            target(event)
+
+
+class Liveness:
+    """Deadline and state of one session, and the threads that keep it alive.
+
+    Thread-safe. ``call`` is the one path by which the core makes a store call on the
+    session's behalf: a ``SessionExpired`` from the store loses the whole session.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        handle: SessionHandle,
+        *,
+        clock: Clock,
+        send_time: float,
+        safety_margin_s: float | None,
+        observer: Observer | None,
+    ) -> None:
+        self.backend = backend
+        self.handle = handle
+        self.clock = clock
+        self.observer = observer
+        ttl = handle.granted_ttl_s
+        margin = ttl * DEFAULT_MARGIN_FRACTION if safety_margin_s is None else safety_margin_s
+        if not 0 <= margin < ttl:
+            raise InvalidArgument(
+                f"safety_margin_s={margin} must be >= 0 and below the granted TTL {ttl} s"
+            )
+        self.safety_margin_s = margin
+        self._granted_ttl_s = ttl
+        self._lock = threading.RLock()
+        self._deadline = send_time + ttl - margin
+        self._state = SessionState.ACTIVE
+        self._lost_reason: LeaseLost | None = None
+        self._listeners: list[LossListener] = []
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self, *, keepalive: bool) -> None:
+        """Start the watchdog, and the keepalive thread unless ``keepalive`` is false."""
+        if keepalive:
+            self._start_thread(self._keepalive_loop, "keepalive")
+        self._start_thread(self._watchdog_loop, "deadline")
+
+    def _start_thread(self, target: Callable[[], None], what: str) -> None:
+        name = f"consensus-lease-{what}-{self.handle.session_id}"
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    # -- reading ---------------------------------------------------------------------
+
+    @property
+    def granted_ttl_s(self) -> float:
+        with self._lock:
+            return self._granted_ttl_s
+
+    @property
+    def deadline(self) -> float:
+        with self._lock:
+            return self._deadline
+
+    def remaining_s(self) -> float:
+        return self.deadline - self.clock.monotonic()
+
+    @property
+    def state(self) -> SessionState:
+        with self._lock:
+            state = self._state
+        if state in (SessionState.ACTIVE, SessionState.SUSPENDED) and self.remaining_s() <= 0:
+            self.mark_lost(self._deadline_passed())
+            return SessionState.LOST
+        return state
+
+    @property
+    def lost_reason(self) -> LeaseLost | None:
+        with self._lock:
+            return self._lost_reason
+
+    def ensure_alive(self) -> None:
+        """Raise unless the session may be used (see :meth:`Session.ensure_alive`)."""
+        state = self.state
+        if state is SessionState.ACTIVE:
+            return
+        sid = self.handle.session_id
+        if state is SessionState.SUSPENDED:
+            raise LeaseSuspended(f"session {sid} is suspended")
+        if state is SessionState.CLOSED:
+            raise LeaseLost(f"session {sid} is closed")
+        reason = self.lost_reason
+        if isinstance(reason, SessionExpired):
+            raise SessionExpired(str(reason)) from reason
+        raise LeaseLost(f"session {sid} is lost: {reason}") from reason
+
+    # -- the one path for store calls ------------------------------------------------
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """Run a store call; a ``SessionExpired`` from the store loses the session."""
+        try:
+            return fn()
+        except SessionExpired as exc:
+            self.mark_lost(exc)
+            raise
+
+    def keepalive(self) -> float:
+        """One keepalive round trip; moves the deadline on success. Returns the TTL."""
+        send = self.clock.monotonic()
+        ttl = self.call(lambda: self.backend.keepalive(self.handle))
+        self.renewed(send, ttl)
+        return ttl
+
+    def renewed(self, send_time: float, granted_ttl_s: float) -> None:
+        """The store confirmed the session for a request sent at ``send_time``."""
+        now = self.clock.monotonic()
+        with self._lock:
+            if self._state is not SessionState.ACTIVE:
+                return
+            headroom = self._deadline - now
+            self._granted_ttl_s = granted_ttl_s
+            new_deadline = send_time + granted_ttl_s - self.safety_margin_s
+            if new_deadline > self._deadline and send_time < self._deadline:
+                self._deadline = new_deadline
+        scheme = self.backend.scheme
+        notify(self.observer, lambda o: o.renewed(scheme, now - send_time, headroom))
+
+    # -- state changes ---------------------------------------------------------------
+
+    def suspend(self) -> bool:
+        """ACTIVE -> SUSPENDED; returns whether it changed."""
+        with self._lock:
+            if self._state is not SessionState.ACTIVE:
+                return False
+            self._state = SessionState.SUSPENDED
+        log.warning("session suspended", extra={"session_id": self.handle.session_id})
+        return True
+
+    def is_suspended(self) -> bool:
+        with self._lock:
+            return self._state is SessionState.SUSPENDED
+
+    def resume(self, send_time: float, granted_ttl_s: float) -> None:
+        """SUSPENDED -> ACTIVE after every lease was re-confirmed by a request sent at
+        ``send_time``."""
+        with self._lock:
+            if self._state is SessionState.SUSPENDED:
+                self._state = SessionState.ACTIVE
+        self.renewed(send_time, granted_ttl_s)
+
+    def on_loss(self, listener: LossListener) -> LeaseLost | None:
+        """Register ``listener(reason)`` for the loss; returns the reason instead (and
+        registers nothing) if the session is already lost."""
+        with self._lock:
+            if self._lost_reason is None:
+                self._listeners.append(listener)
+                return None
+            return self._lost_reason
+
+    def remove_listener(self, listener: LossListener) -> None:
+        with self._lock:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+    def mark_lost(self, reason: LeaseLost) -> bool:
+        """Make the session LOST (final), run the loss listeners once, stop the threads
+        and end the store-side session in the background. False if already over."""
+        with self._lock:
+            if self._state in (SessionState.LOST, SessionState.CLOSED):
+                return False
+            self._state = SessionState.LOST
+            self._lost_reason = reason
+            listeners, self._listeners = self._listeners, []
+        self.lost.set()
+        self._stop.set()
+        scheme = self.backend.scheme
+        notify(self.observer, lambda o: o.lost(scheme, None, None, str(reason)))
+        log.error(
+            "session lost",
+            extra={"session_id": self.handle.session_id, "owner": self.handle.owner,
+                   "reason": str(reason)},
+        )
+        threading.Thread(
+            target=self._end_store_session, daemon=True,
+            name=f"consensus-lease-end-{self.handle.session_id}",
+        ).start()
+        for listener in listeners:
+            try:
+                listener(reason)
+            except Exception:
+                log.exception("session loss listener raised",
+                              extra={"session_id": self.handle.session_id})
+        return True
+
+    def close(self) -> bool:
+        """Make the session CLOSED and stop the threads (joined, unless called from one
+        of them). Returns False if it was already closed."""
+        with self._lock:
+            already = self._state is SessionState.CLOSED
+            if self._state is not SessionState.LOST:
+                self._state = SessionState.CLOSED
+            self._listeners = []
+        self._stop.set()
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout=5)
+        return not already
+
+    def end_store_session(self) -> None:
+        """End the session in the store (its jobs become claimable at once); best
+        effort: if the store cannot be reached, its TTL ends the session."""
+        try:
+            self.backend.close_session(self.handle)
+        except BackendUnavailable as exc:
+            log.warning(
+                "closing session failed; the store will expire it after its TTL",
+                extra={"session_id": self.handle.session_id, "error": str(exc)},
+            )
+
+    def _end_store_session(self) -> None:
+        try:
+            self.end_store_session()
+        except Exception:  # a driver bug, in a background thread: nobody to raise to
+            log.exception("ending a lost session failed",
+                          extra={"session_id": self.handle.session_id})
+
+    # -- threads ---------------------------------------------------------------------
+
+    def _keepalive_loop(self) -> None:
+        last_send = self.clock.monotonic()
+        retry_s: float | None = None
+        while not self._stop.is_set():
+            interval = self.granted_ttl_s * KEEPALIVE_FRACTION
+            next_at = last_send + (interval if retry_s is None else retry_s)
+            if self.clock.wait(self._stop, next_at - self.clock.monotonic()):
+                return
+            state = self.state
+            if state in (SessionState.LOST, SessionState.CLOSED):
+                return
+            last_send = self.clock.monotonic()
+            if state is SessionState.SUSPENDED:
+                retry_s = min(interval, 0.2)
+                continue
+            retry_s = self._keepalive_once(interval)
+            if self._stop.is_set():
+                return
+
+    def _keepalive_once(self, interval: float) -> float | None:
+        """One keepalive; returns the retry delay after a failure, ``None`` on success."""
+        try:
+            self.keepalive()
+            return None
+        except SessionExpired:
+            return None  # call() marked the session lost; the loop ends
+        except BackendUnavailable as exc:
+            # Keep trying, faster, until the watchdog declares the deadline passed.
+            log.warning("keepalive failed, retrying",
+                        extra={"session_id": self.handle.session_id, "error": str(exc)})
+            return max(0.05, min(interval / 3, self.remaining_s() / 4))
+        except Exception as exc:  # a driver bug: do not pretend the lease is safe
+            self.mark_lost(LeaseLost(f"keepalive failed unexpectedly: {exc!r}"))
+            log.exception("keepalive crashed", extra={"session_id": self.handle.session_id})
+            return None
+
+    def _watchdog_loop(self) -> None:
+        while not self._stop.is_set():
+            left = self.remaining_s()
+            if left <= 0:
+                if self.state is not SessionState.CLOSED:
+                    self.mark_lost(self._deadline_passed())
+                return
+            if self.clock.wait(self._stop, left):
+                return
+
+    def _deadline_passed(self) -> LeaseLost:
+        return LeaseLost(
+            f"session {self.handle.session_id}: local deadline passed without a successful "
+            f"renewal (granted TTL {self.granted_ttl_s} s, margin {self.safety_margin_s} s)"
+        )

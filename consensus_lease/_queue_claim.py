@@ -1,0 +1,84 @@
+"""Claiming from a work queue: :meth:`Session.claim_next`.
+
+The claim itself is the same atomic store operation as a named claim; this module only
+chooses which job to try. Candidates come oldest-enqueued first; each claimer starts at a
+random one of the oldest :data:`QUEUE_SPREAD`, so concurrent workers do not all collide
+on the head of the queue.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING
+
+from .errors import ClaimTimeout, JobCompleted, UnsupportedOperation
+from .validation import check_job_id, check_wait
+
+if TYPE_CHECKING:
+    from ._holdings import Holdings
+    from .lease import Lease
+    from .session import Session
+
+__all__ = ["QUEUE_CANDIDATES", "QUEUE_RETRIES", "QUEUE_SPREAD", "claim_next"]
+
+QUEUE_CANDIDATES = 32
+"""How many claimable-looking jobs ``claim_next`` asks the store for at a time."""
+
+QUEUE_SPREAD = 8
+"""``claim_next`` starts at a random one of the oldest this-many candidates."""
+
+QUEUE_RETRIES = 3
+"""Immediate re-reads when every candidate was taken by others before waiting."""
+
+
+def claim_next(
+    session: Session, holdings: Holdings, queue: str, wait_s: float | None
+) -> Lease | None:
+    """See :meth:`Session.claim_next`."""
+    check_job_id(queue)
+    wait = None if wait_s is None else check_wait(wait_s)
+    backend = session.backend
+    if not backend.capabilities.queues:
+        raise UnsupportedOperation(f"the {backend.scheme} backend has no work queues")
+    give_up_at = None if wait is None else session.clock.monotonic() + wait
+    races = 0
+    while True:
+        session.ensure_alive()
+        lease, tried = _try_candidates(session, holdings, queue)
+        if lease is not None:
+            return lease
+        if tried:
+            races += 1
+            if races < QUEUE_RETRIES:
+                continue  # every candidate was taken meanwhile: look again at once
+        races = 0
+        if give_up_at is None:
+            return None
+        left = give_up_at - session.clock.monotonic()
+        if left <= 0:
+            raise ClaimTimeout(f"no job of queue {queue!r} became claimable in {wait} s")
+        backend.wait_for_queue(queue, left)
+
+
+def _try_candidates(
+    session: Session, holdings: Holdings, queue: str
+) -> tuple[Lease | None, bool]:
+    """Try the queue's current candidates once: ``(lease, False)`` on success,
+    ``(None, True)`` if there were candidates but none could be claimed, ``(None,
+    False)`` if there were none."""
+    backend, handle = session.backend, session.handle
+    candidates = [
+        c for c in backend.queue_candidates(queue, QUEUE_CANDIDATES)
+        if not holdings.holds(c[0])
+    ]
+    if not candidates:
+        return None, False
+    start = random.randrange(min(len(candidates), QUEUE_SPREAD))
+    for job_id, payload in candidates[start:] + candidates[:start]:
+        try:
+            result = holdings.liveness.call(lambda j=job_id: backend.claim(handle, j))  # type: ignore[misc]
+        except JobCompleted:
+            break  # the list is stale: read a fresh one rather than walk it
+        if result is not None:
+            return holdings.adopt(session, job_id, result, payload), False
+    return None, True
