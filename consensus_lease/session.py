@@ -32,7 +32,7 @@ from .errors import (
 from .lease import Lease
 from .observe import Observer, safe_call
 from .states import SessionState
-from .validation import check_job_id, check_wait
+from .validation import check_job_id, check_queue_name, check_wait
 
 __all__ = ["LossCallback", "Session"]
 
@@ -284,7 +284,7 @@ class Session:
             ClaimTimeout, InvalidArgument, LeaseLost, LeaseSuspended, BackendUnavailable,
             OutcomeUnknown: as for :meth:`claim`.
         """
-        check_job_id(queue)
+        check_queue_name(queue)
         wait = None if wait_s is None else check_wait(wait_s)
         self._require_queues()
         give_up_at = None if wait is None else self.clock.monotonic() + wait
