@@ -12,7 +12,7 @@ import random
 from typing import TYPE_CHECKING
 
 from .errors import ClaimTimeout, JobCompleted, UnsupportedOperation
-from .validation import check_job_id, check_wait
+from .validation import check_queue_name, check_wait
 
 if TYPE_CHECKING:
     from ._holdings import Holdings
@@ -35,7 +35,7 @@ def claim_next(
     session: Session, holdings: Holdings, queue: str, wait_s: float | None
 ) -> Lease | None:
     """See :meth:`Session.claim_next`."""
-    check_job_id(queue)
+    check_queue_name(queue)
     wait = None if wait_s is None else check_wait(wait_s)
     backend = session.backend
     if not backend.capabilities.queues:

@@ -9,16 +9,16 @@ import uuid
 import weakref
 from importlib.metadata import entry_points
 from types import TracebackType
-from urllib.parse import parse_qsl, urlsplit
 
 from ._liveness import EventRelay
 from .backend import Backend, Capabilities
 from .clock import Clock, SystemClock
 from .errors import InvalidArgument, StoreClosed, UnsupportedBackend, UnsupportedOperation
 from .observe import Observer
+from .options import merge_options
 from .record import JobState, LeaseRecord, QueuedJob, QueueStats
 from .session import Session
-from .validation import check_job_id, check_limit, check_owner, check_ttl
+from .validation import check_job_id, check_limit, check_owner, check_queue_name, check_ttl
 
 __all__ = ["DEFAULT_TTL_S", "ENTRY_POINT_GROUP", "LeaseStore", "default_owner", "open_store"]
 
@@ -53,7 +53,9 @@ def open_store(
     Backends are found through the ``consensus_lease.backends`` entry-point group, keyed
     by scheme, so a third-party package can add one. Options come from the URL's query
     string and from keyword arguments (keyword arguments win); each backend documents
-    its own and rejects unknown ones.
+    its own in its module docstring. Backends share one vocabulary (``timeout_s``,
+    ``connect_timeout_s``, ``ca_file``, ``cert_file``, ``key_file``, ``user``,
+    ``password``) and one parser: see :mod:`consensus_lease.options`.
 
     Args:
         url: the store URL.
@@ -65,7 +67,9 @@ def open_store(
     Raises:
         UnsupportedBackend: malformed URL or unknown scheme (the message lists the
             installed schemes).
-        InvalidArgument: a bad or unknown option.
+        InvalidArgument: an unknown or renamed option (the message lists the accepted
+            names, or names the new one), a bad value, or a name given twice in the
+            query string.
         BackendUnavailable / AuthenticationFailed: the store cannot be reached or used.
     """
     if not isinstance(url, str) or "://" not in url:
@@ -87,12 +91,7 @@ def open_store(
             f"the {scheme!r} backend needs a client library that is not installed: {exc}. "
             f"Install consensus_lease[{'zookeeper' if scheme in ('zk', 'zookeeper') else scheme}]"
         ) from exc
-    try:
-        query = dict(parse_qsl(urlsplit(url).query, keep_blank_values=True, strict_parsing=False))
-    except ValueError as exc:
-        raise UnsupportedBackend(f"malformed store URL {url!r}: {exc}") from exc
-    merged: dict[str, object] = {**query, **options}
-    backend = backend_cls.from_url(url, merged)
+    backend = backend_cls.from_url(url, merge_options(url, options))
     return LeaseStore(backend, clock=clock, observer=observer)
 
 
@@ -229,7 +228,7 @@ class LeaseStore:
             UnsupportedOperation: the backend has no work queues.
             BackendUnavailable / OutcomeUnknown.
         """
-        check_job_id(queue)
+        check_queue_name(queue)
         check_job_id(job_id)
         if not isinstance(payload, (bytes, bytearray, memoryview)):
             raise InvalidArgument(f"payload must be bytes, not {type(payload).__name__}")
@@ -245,7 +244,7 @@ class LeaseStore:
 
     def queue_jobs(self, queue: str, limit: int | None = None) -> list[QueuedJob]:
         """The jobs of ``queue``, oldest enqueued first (an unknown queue is empty)."""
-        check_job_id(queue)
+        check_queue_name(queue)
         self._require_queues()
         return self.backend.queue_jobs(queue, check_limit(limit))
 
@@ -271,7 +270,7 @@ class LeaseStore:
         Raises:
             UnsupportedOperation, BackendUnavailable.
         """
-        check_job_id(queue)
+        check_queue_name(queue)
         self._require_queues()
         return self.backend.purge(queue)
 

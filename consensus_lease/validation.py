@@ -11,6 +11,7 @@ __all__ = [
     "check_job_id",
     "check_limit",
     "check_owner",
+    "check_queue_name",
     "check_ttl",
     "check_wait",
 ]
@@ -28,22 +29,36 @@ def check_job_id(job_id: object) -> str:
     Raises:
         InvalidArgument: with the reason, before anything is sent.
     """
-    if not isinstance(job_id, str):
-        raise InvalidArgument(f"job id must be a str, not {type(job_id).__name__}")
-    if not job_id:
-        raise InvalidArgument("job id must not be empty")
-    if "\x00" in job_id:
-        raise InvalidArgument("job id must not contain NUL", job_id=job_id)
+    return _check_name(job_id, "job id", is_job=True)
+
+
+def check_queue_name(queue: object) -> str:
+    """Return ``queue`` if it is a valid queue name: the rules of :func:`check_job_id`
+    (a non-empty str of at most 256 UTF-8 bytes with no NUL).
+
+    Raises:
+        InvalidArgument: with the reason (naming the queue name), before anything is sent.
+    """
+    return _check_name(queue, "queue name", is_job=False)
+
+
+def _check_name(name: object, what: str, *, is_job: bool) -> str:
+    if not isinstance(name, str):
+        raise InvalidArgument(f"{what} must be a str, not {type(name).__name__}")
+    if not name:
+        raise InvalidArgument(f"{what} must not be empty")
+    if "\x00" in name:
+        raise InvalidArgument(f"{what} must not contain NUL", job_id=name if is_job else None)
     try:
-        size = len(job_id.encode("utf-8"))
+        size = len(name.encode("utf-8"))
     except UnicodeEncodeError as exc:  # lone surrogates
-        raise InvalidArgument(f"job id is not valid Unicode text: {exc.reason}") from None
+        raise InvalidArgument(f"{what} is not valid Unicode text: {exc.reason}") from None
     if size > MAX_JOB_ID_BYTES:
         raise InvalidArgument(
-            f"job id is {size} UTF-8 bytes; at most {MAX_JOB_ID_BYTES} are allowed",
-            job_id=job_id[:32] + "...",
+            f"{what} is {size} UTF-8 bytes; at most {MAX_JOB_ID_BYTES} are allowed",
+            job_id=name[:32] + "..." if is_job else None,
         )
-    return job_id
+    return name
 
 
 def check_owner(owner: object) -> str:

@@ -7,7 +7,8 @@ Its store clock is injectable (``open_store("memory://", store_clock=FakeClock()
 test can expire a session by advancing time instead of sleeping. One lock makes every
 operation atomic, as one etcd transaction or ZooKeeper multi would be.
 
-Options:
+Options (keyword arguments of ``open_store``; anything else is ``InvalidArgument``, see
+:mod:`consensus_lease.options`):
 
 =============  ===========================  ==========================================
 option         default                      meaning
@@ -28,9 +29,19 @@ from dataclasses import dataclass
 from ..backend import Backend, Capabilities, SessionHandle, StateListener
 from ..clock import Clock, SystemClock
 from ..errors import InvalidArgument, JobCompleted, SessionExpired, StaleLeaseError
+from ..options import Option, OptionTable
 from ..record import ClaimResult, JobState, LeaseRecord, QueuedJob
 
 __all__ = ["MemoryBackend"]
+
+OPTIONS = OptionTable(
+    "memory://",
+    [
+        Option("store_clock", "object", None, "the store's clock (keyword argument only)",
+               instance_of=Clock),
+    ],
+)
+"""The options of ``memory://`` (see the module docstring)."""
 
 
 @dataclass
@@ -81,15 +92,11 @@ class MemoryBackend(Backend):
 
     @classmethod
     def from_url(cls, url: str, options: Mapping[str, object]) -> MemoryBackend:
-        rest = url.split("://", 1)[1]
+        rest = url.split("://", 1)[1].split("?", 1)[0]
         if rest.strip("/"):
             raise InvalidArgument(f"memory:// takes no host or path, got {url!r}")
-        unknown = set(options) - {"store_clock"}
-        if unknown:
-            raise InvalidArgument(f"unknown memory:// option(s): {', '.join(sorted(unknown))}")
-        clock = options.get("store_clock")
-        if clock is not None and not isinstance(clock, Clock):
-            raise InvalidArgument("store_clock must be a consensus_lease.Clock")
+        clock = OPTIONS.parse(options).value("store_clock")
+        assert clock is None or isinstance(clock, Clock)
         return cls(clock)
 
     # -- helpers (call with the lock held) -----------------------------------------

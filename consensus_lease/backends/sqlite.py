@@ -17,7 +17,10 @@ How the protocol maps onto SQLite:
   (SQLite serialises writers: https://www.sqlite.org/lang_transaction.html). The file
   uses WAL mode and a busy timeout so processes wait for each other instead of failing.
 
-Options (URL query string or keyword arguments):
+Options (URL query string or keyword arguments of ``open_store``; keyword arguments win;
+parsed as every backend's, see :mod:`consensus_lease.options`: an unknown name, a name
+given twice in the query string or a value that is not a finite number of seconds > 0 is
+``InvalidArgument``):
 
 ================  =======  ==========================================================
 option            default  meaning
@@ -34,7 +37,6 @@ A locked, unreadable or corrupt file raises ``BackendUnavailable``, never a raw
 
 from __future__ import annotations
 
-import math
 import sqlite3
 import threading
 import time
@@ -51,6 +53,7 @@ from ..errors import (
     SessionExpired,
     StaleLeaseError,
 )
+from ..options import Option, OptionTable
 from ..record import ClaimResult, JobState, LeaseRecord, QueuedJob
 
 __all__ = ["SqliteBackend"]
@@ -89,15 +92,16 @@ SCHEMA_OBJECTS = frozenset(
 ALIVE = f"EXISTS (SELECT 1 FROM cl_sessions s WHERE s.session_id = ? AND s.expires_at > {NOW})"
 
 
-def _seconds_option(options: Mapping[str, object], name: str, default: float) -> float:
-    raw = options.get(name, default)
-    try:
-        value = float(raw)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise InvalidArgument(f"sqlite option {name}={raw!r} is not a number") from None
-    if not math.isfinite(value) or value <= 0:
-        raise InvalidArgument(f"sqlite option {name}={raw!r} must be a finite number > 0")
-    return value
+OPTIONS = OptionTable(
+    "SQLite",
+    [
+        Option("busy_timeout_s", "seconds", 5.0,
+               "how long a statement waits for another process's write lock"),
+        Option("poll_interval_s", "seconds", 0.05,
+               "interval between re-checks while claim(..., wait_s=) waits"),
+    ],
+)
+"""The options of ``sqlite://`` URLs (see the module docstring)."""
 
 
 class SqliteBackend(Backend):
@@ -163,13 +167,11 @@ class SqliteBackend(Backend):
                 f"SQLite URL must be sqlite:///relative.db or sqlite:////absolute.db, got {url!r}"
             )
         path = rest[1:]
-        unknown = set(options) - {"busy_timeout_s", "poll_interval_s"}
-        if unknown:
-            raise InvalidArgument(f"unknown sqlite option(s): {', '.join(sorted(unknown))}")
+        parsed = OPTIONS.parse(options)
         return cls(
             path,
-            busy_timeout_s=_seconds_option(options, "busy_timeout_s", 5.0),
-            poll_interval_s=_seconds_option(options, "poll_interval_s", 0.05),
+            busy_timeout_s=parsed.seconds("busy_timeout_s"),
+            poll_interval_s=parsed.seconds("poll_interval_s"),
         )
 
     # -- plumbing --------------------------------------------------------------------

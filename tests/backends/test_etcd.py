@@ -75,8 +75,10 @@ def test_url_options_query_and_kwargs() -> None:
         ("etcd://h/p", {"timeout_s": "nan"}, InvalidArgument),
         ("etcd://h/p", {"connect_timeout_s": True}, InvalidArgument),
         ("etcd://h/p", {"user": "root"}, InvalidArgument),
-        ("etcd://h/p", {"cert_key": "k", "cert_cert": "c"}, InvalidArgument),
-        ("etcd://h/p", {"ca_cert": "a", "cert_key": "k"}, InvalidArgument),
+        ("etcd://h/p", {"key_file": __file__, "cert_file": __file__}, InvalidArgument),
+        ("etcd://h/p", {"ca_file": __file__, "key_file": __file__}, InvalidArgument),
+        ("etcd://h/p", {"ca_file": "/nonexistent/ca.pem"}, InvalidArgument),
+        ("etcd://h/p", {"ca_cert": __file__}, InvalidArgument),
     ],
 )
 def test_bad_urls_and_options(url: str, options: dict[str, Any], error: type[Exception]) -> None:
@@ -86,7 +88,7 @@ def test_bad_urls_and_options(url: str, options: dict[str, Any], error: type[Exc
 
 def test_unreadable_tls_file_is_invalid_argument() -> None:
     with pytest.raises(InvalidArgument):
-        open_store("etcd://127.0.251.99:1/p", ca_cert="/nonexistent/ca.pem")
+        open_store("etcd://127.0.251.99:1/p", ca_file="/nonexistent/ca.pem")
 
 
 # -- key encoding (no server) -----------------------------------------------------------------

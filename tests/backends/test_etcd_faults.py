@@ -327,9 +327,9 @@ def test_tls_with_client_certificates(tls_cluster: tuple[LocalEtcd, Path]) -> No
     cluster, certs = tls_cluster
     url = cluster.url_with_prefix("tls")
     good: dict[str, Any] = {
-        "ca_cert": str(certs / "ca.pem"),
-        "cert_key": str(certs / "client.key"),
-        "cert_cert": str(certs / "client.pem"),
+        "ca_file": str(certs / "ca.pem"),
+        "key_file": str(certs / "client.key"),
+        "cert_file": str(certs / "client.pem"),
     }
     with open_store(url, **good) as store, store.session("A", 5) as a:
         lease = a.claim("job")
@@ -337,8 +337,8 @@ def test_tls_with_client_certificates(tls_cluster: tuple[LocalEtcd, Path]) -> No
         assert lease.complete(b"ok").result == b"ok"
     fast: dict[str, Any] = {"connect_timeout_s": 1, "timeout_s": 0.5}
     with pytest.raises(AuthenticationFailed):  # the server wants a client certificate
-        open_store(url, ca_cert=str(certs / "ca.pem"), **fast)
+        open_store(url, ca_file=str(certs / "ca.pem"), **fast)
     with pytest.raises(AuthenticationFailed):  # we do not trust the server's CA
-        open_store(url, **{**good, "ca_cert": str(certs / "other-ca.pem")}, **fast)
+        open_store(url, **{**good, "ca_file": str(certs / "other-ca.pem")}, **fast)
     with pytest.raises(BackendUnavailable):  # plaintext to a TLS port
         open_store(url, **fast)

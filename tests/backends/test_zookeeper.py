@@ -271,7 +271,7 @@ def test_deleted_jobs_container_is_recreated(
 def test_session_events(zk_url: str, zk_target: ZkTarget) -> None:
     """SUSPENDED when the connection is lost, RECONNECTED when the same session is back,
     EXPIRED when the store expires it; the expired session's client is never reused."""
-    store = open_store(zk_url, connect_timeout_s=30, op_timeout_s=30)
+    store = open_store(zk_url, connect_timeout_s=30, timeout_s=30)
     backend = store.backend
     assert isinstance(backend, ZooKeeperBackend)
     events: list[SessionEvent] = []
@@ -513,7 +513,7 @@ def test_lost_completion_and_release_answers_are_read_back(
 def test_unsettled_claim_is_adopted_or_handed_back(
     zk_url: str, opened: Callable[..., Session]
 ) -> None:
-    store = open_store(zk_url, op_timeout_s=1.0)
+    store = open_store(zk_url, timeout_s=1.0)
     backend = store.backend
     assert isinstance(backend, ZooKeeperBackend)
     try:
@@ -579,8 +579,8 @@ def tls_server() -> Iterator[LocalZooKeeper]:
 
 def test_tls_with_client_certificate(tls_server: LocalZooKeeper) -> None:
     d = tls_server.dir
-    url = f"zk://{tls_server.tls_endpoint}/tls?ca={d / 'ca.pem'}"
-    store = open_store(url, certfile=str(d / "client.crt"), keyfile=str(d / "client.key"))
+    url = f"zk://{tls_server.tls_endpoint}/tls?ca_file={d / 'ca.pem'}"
+    store = open_store(url, cert_file=str(d / "client.crt"), key_file=str(d / "client.key"))
     try:
         assert isinstance(store.backend, ZooKeeperBackend) and store.backend.config.tls
         with store.session("A", ttl_s=5.0) as a:

@@ -305,7 +305,7 @@ def test_adopted_and_handed_back_claims_are_remembered(zk_url: str) -> None:
     """Claims whose answer was lost and could not be read back (OutcomeUnknown): one is
     adopted by a later claim of the job, then completed with one multi; keepalive hands
     the other back (remembered, then released)."""
-    store = open_store(zk_url, op_timeout_s=1.0, connect_timeout_s=30)
+    store = open_store(zk_url, timeout_s=1.0, connect_timeout_s=30)
     backend = store.backend
     assert isinstance(backend, ZooKeeperBackend)
     try:

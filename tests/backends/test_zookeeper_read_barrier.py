@@ -53,7 +53,7 @@ def test_get_after_claim_sees_it_when_the_read_client_is_on_a_deposed_leader(
     follower = next(m for m in cluster.members if m is not leader)
     _pin(monkeypatch, reader=leader.address, sessions=follower.address)
     store = open_store(cluster.url_with_prefix(key_prefix), connect_timeout_s=30,
-                       op_timeout_s=30)
+                       timeout_s=30)
     session = store.session("A", 30.0)
     got: list[Any] = []
     try:

@@ -38,7 +38,7 @@ def test_url_hosts_chroot_and_defaults() -> None:
     assert config.hosts == (("127.0.0.21", 2181), ("127.0.0.22", 2181), ("::1", 2182))
     assert config.hosts_text == "127.0.0.21:2181,127.0.0.22:2181,[::1]:2182"
     assert config.chroot == "/a/b" and config.base == "/a/b/jobs"
-    assert (config.acl, config.tls, config.connect_timeout_s, config.op_timeout_s) == (
+    assert (config.acl, config.tls, config.connect_timeout_s, config.timeout_s) == (
         "open", False, 10.0, 10.0,
     )
     assert parse_url("zookeeper://h", {}).chroot == ""
@@ -59,21 +59,21 @@ def test_bad_urls(url: str) -> None:
 
 def test_options_from_query_and_kwargs() -> None:
     store = open_store(
-        "zk://127.0.0.1:1/x?connect_timeout_s=2.5&user=svc&password=pw", op_timeout_s=3
+        "zk://127.0.0.1:1/x?connect_timeout_s=2.5&user=svc&password=pw", timeout_s=3
     )
     try:
         backend = store.backend
         assert isinstance(backend, ZooKeeperBackend)
         config = backend.config
-        assert (config.connect_timeout_s, config.op_timeout_s) == (2.5, 3.0)
+        assert (config.connect_timeout_s, config.timeout_s) == (2.5, 3.0)
         assert (config.user, config.password, config.acl) == ("svc", "pw", "creator")
         assert [a.perms for a in config.acl_list()] == [31]
     finally:
         store.close()
-    config = parse_url("zk://h/x", {"ca": __file__, "verify_certs": "false"})
+    config = parse_url("zk://h/x", {"ca_file": __file__, "verify_certs": "false"})
     assert config.tls is True and config.verify_certs is False
     with pytest.raises(InvalidArgument):
-        parse_url("zk://h/x", {"certfile": "/nonexistent/client.crt"})
+        parse_url("zk://h/x", {"cert_file": "/nonexistent/client.crt"})
     world_read = parse_url("zk://h/x", {"user": "u", "password": "p", "acl": "creator_world_read"})
     assert len(world_read.acl_list()) == 2
 
@@ -83,7 +83,7 @@ def test_options_from_query_and_kwargs() -> None:
     [
         {"nope": "1"}, {"user": "svc"}, {"user": "a:b", "password": "p"}, {"acl": "creator"},
         {"acl": "everyone"}, {"tls": "maybe"}, {"connect_timeout_s": "-1"},
-        {"op_timeout_s": "nan"}, {"op_timeout_s": True}, {"max_result_bytes": "-5"},
+        {"timeout_s": "nan"}, {"timeout_s": True}, {"max_result_bytes": "-5"},
         {"user": ""},
     ],
 )

@@ -8,7 +8,9 @@ etcd compares the owner key; the fencing token (generation) is the owner key's
 (and across the whole cluster), but not consecutive (``consecutive_generations=False``).
 
 URL and options (query string or keyword arguments of ``open_store``; keyword
-arguments win; anything else is ``InvalidArgument``):
+arguments win; names and value rules shared with the other backends, see
+:mod:`consensus_lease.options`; anything else, a name given twice in the query string or
+an old name such as ``ca_cert`` is ``InvalidArgument``):
 
 =====================  ===================  ===============================================
 option                 default              meaning
@@ -24,12 +26,16 @@ hosts                  (required)           ``h1:port,h2:port,...`` members trie
                                             before ``BackendUnavailable`` /
                                             ``OutcomeUnknown``, seconds
 ``user``, ``password`` none                 etcd RBAC credentials (also as
-                                            ``etcd://user:password@hosts/...``); needs
-                                            read/write on the prefix
-``ca_cert``            none                 PEM CA file: use TLS to every member
-``cert_key``,          none                 PEM client key and certificate for TLS
-``cert_cert``                               client-certificate auth (both or neither)
+                                            ``etcd://user:password@hosts/...``; options
+                                            win); needs read/write on the prefix
+``ca_file``            none                 PEM CA file: use TLS to every member
+``cert_file``,         none                 PEM client certificate and key files for TLS
+``key_file``                                client-certificate auth (both or neither;
+                                            they need ``ca_file``)
 =====================  ===================  ===============================================
+
+Renamed: ``ca_cert`` -> ``ca_file``, ``cert_cert`` -> ``cert_file``, ``cert_key`` ->
+``key_file``. TLS files must exist when the store is opened.
 
 Keys (see :mod:`._keys`): ``PREFIX/HEX/o`` owner (leased), ``PREFIX/HEX/h`` history,
 ``PREFIX/HEX/c`` completion record, ``PREFIX/HEX/q`` queue marker, where ``HEX`` is the

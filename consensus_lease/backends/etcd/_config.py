@@ -6,23 +6,34 @@ The option table (names, defaults, meaning) lives in the package docstring,
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
 
 from ...errors import InvalidArgument, UnsupportedBackend
+from ...options import Option, OptionTable
 
-__all__ = ["DEFAULT_PREFIX", "EtcdConfig", "parse_url"]
+__all__ = ["DEFAULT_PREFIX", "OPTIONS", "EtcdConfig", "parse_url"]
 
 DEFAULT_PORT = 2379
 DEFAULT_PREFIX = "/consensus_lease"
 DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 
-_FLOAT_OPTIONS = ("timeout_s", "connect_timeout_s")
-_TEXT_OPTIONS = ("user", "password", "ca_cert", "cert_key", "cert_cert")
-KNOWN_OPTIONS = frozenset(_FLOAT_OPTIONS + _TEXT_OPTIONS)
+OPTIONS = OptionTable(
+    "etcd",
+    [
+        Option("timeout_s", "seconds", DEFAULT_TIMEOUT_S, "deadline of one gRPC request"),
+        Option("connect_timeout_s", "seconds", DEFAULT_CONNECT_TIMEOUT_S,
+               "how long to keep trying members before giving up"),
+        Option("user", "str", None, "etcd RBAC user (with password)"),
+        Option("password", "str", None, "etcd RBAC password (with user)", secret=True),
+        Option("ca_file", "path", None, "PEM CA file: use TLS"),
+        Option("cert_file", "path", None, "PEM client certificate (with key_file)"),
+        Option("key_file", "path", None, "PEM client key (with cert_file)"),
+    ],
+)
+"""The options of ``etcd://`` URLs (see the package docstring)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +47,7 @@ class EtcdConfig:
         connect_timeout_s: how long, in seconds, to keep trying members (connecting,
             failing over, reading back after an ambiguous write) before giving up.
         user / password: etcd RBAC credentials, or ``None``.
-        ca_cert / cert_key / cert_cert: PEM file paths for TLS, or ``None``.
+        ca_file / cert_file / key_file: PEM file paths for TLS, or ``None``.
     """
 
     endpoints: tuple[str, ...]
@@ -45,13 +56,13 @@ class EtcdConfig:
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
     user: str | None = None
     password: str | None = field(default=None, repr=False)
-    ca_cert: str | None = None
-    cert_key: str | None = None
-    cert_cert: str | None = None
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
 
     @property
     def tls(self) -> bool:
-        return self.ca_cert is not None
+        return self.ca_file is not None
 
     def describe(self) -> str:
         """Endpoints and prefix for messages (no secrets)."""
@@ -86,51 +97,26 @@ def _parse_hosts(netloc: str, url: str) -> tuple[str, ...]:
     return tuple(hosts)
 
 
-def _positive_seconds(name: str, value: object) -> float:
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            raise InvalidArgument(f"etcd option {name}={value!r} is not a number") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidArgument(f"etcd option {name} must be seconds, not {type(value).__name__}")
-    number = float(value)
-    if not math.isfinite(number) or number <= 0:
-        raise InvalidArgument(f"etcd option {name}={value!r} must be finite and > 0")
-    return number
-
-
-def _text(name: str, value: object) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise InvalidArgument(f"etcd option {name} must be a str, not {type(value).__name__}")
-    return value
-
-
 def parse_url(url: str, options: Mapping[str, object]) -> EtcdConfig:
     """Build the config from ``etcd://[user:password@]h1:p1,h2:p2/prefix`` and options
-    (already merged: query string and keyword arguments, keyword arguments win).
+    (already merged: query string and keyword arguments, keyword arguments win; see
+    :func:`consensus_lease.options.merge_options`). Options override credentials given
+    in the URL.
 
     Raises:
         UnsupportedBackend: malformed URL (no host, bad port).
-        InvalidArgument: unknown option, bad value, or half-given credentials/certificates.
+        InvalidArgument: unknown or renamed option, bad value, missing TLS file, or
+            half-given credentials/certificates.
     """
     parts = urlsplit(url)
     if parts.scheme.lower() != "etcd":
         raise UnsupportedBackend(f"not an etcd:// URL: {url!r}")
-    unknown = set(options) - KNOWN_OPTIONS
-    if unknown:
-        raise InvalidArgument(
-            f"unknown etcd option(s): {', '.join(sorted(unknown))}; "
-            f"known: {', '.join(sorted(KNOWN_OPTIONS))}"
-        )
     netloc = parts.netloc
     userinfo: dict[str, str] = {}
     if "@" in netloc:
         creds, _, netloc = netloc.rpartition("@")
-        user, _, password = creds.partition(":")
-        userinfo = {"user": unquote(user), "password": unquote(password)}
+        url_user, _, url_password = creds.partition(":")
+        userinfo = {"user": unquote(url_user), "password": unquote(url_password)}
     if not netloc:
         raise UnsupportedBackend(f"no etcd host in {url!r}; expected etcd://host:port/prefix")
     endpoints = _parse_hosts(netloc, url)
@@ -141,25 +127,23 @@ def parse_url(url: str, options: Mapping[str, object]) -> EtcdConfig:
     if "\x00" in path:
         raise InvalidArgument("etcd prefix must not contain NUL")
 
-    merged: dict[str, object] = {**userinfo, **options}
-    timeouts = {
-        name: _positive_seconds(name, merged[name]) for name in _FLOAT_OPTIONS if name in merged
-    }
-    text = {name: _text(name, merged.get(name)) for name in _TEXT_OPTIONS}
-    if (text["user"] is None) != (text["password"] is None):
+    parsed = OPTIONS.parse({**userinfo, **options})
+    user, password = parsed.text("user"), parsed.text("password")
+    ca_file, cert_file, key_file = (parsed.text(n) for n in ("ca_file", "cert_file", "key_file"))
+    if (user is None) != (password is None):
         raise InvalidArgument("etcd options user and password must be given together")
-    if (text["cert_key"] is None) != (text["cert_cert"] is None):
-        raise InvalidArgument("etcd options cert_key and cert_cert must be given together")
-    if text["cert_key"] is not None and text["ca_cert"] is None:
-        raise InvalidArgument("etcd client certificates (cert_key/cert_cert) need ca_cert")
+    if (cert_file is None) != (key_file is None):
+        raise InvalidArgument("etcd options cert_file and key_file must be given together")
+    if cert_file is not None and ca_file is None:
+        raise InvalidArgument("etcd client certificates (cert_file/key_file) need ca_file")
     return EtcdConfig(
         endpoints=endpoints,
         prefix=path.encode("utf-8"),
-        timeout_s=timeouts.get("timeout_s", DEFAULT_TIMEOUT_S),
-        connect_timeout_s=timeouts.get("connect_timeout_s", DEFAULT_CONNECT_TIMEOUT_S),
-        user=text["user"],
-        password=text["password"],
-        ca_cert=text["ca_cert"],
-        cert_key=text["cert_key"],
-        cert_cert=text["cert_cert"],
+        timeout_s=parsed.seconds("timeout_s"),
+        connect_timeout_s=parsed.seconds("connect_timeout_s"),
+        user=user,
+        password=password,
+        ca_file=ca_file,
+        cert_file=cert_file,
+        key_file=key_file,
     )

@@ -181,10 +181,10 @@ class Member:
 def _credentials(config: EtcdConfig) -> Any:
     if not config.tls:
         return None
-    assert config.ca_cert is not None
+    assert config.ca_file is not None
     try:
         return pyetcd.MultiEndpointEtcd3Client.get_secure_creds(
-            config.ca_cert, config.cert_key, config.cert_cert
+            config.ca_file, config.key_file, config.cert_file
         )
     except OSError as exc:
         raise InvalidArgument(f"etcd TLS file unreadable: {exc}") from exc

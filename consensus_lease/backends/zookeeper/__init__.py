@@ -78,7 +78,7 @@ Work queues (``capabilities.queues``; layout in ``_layout``, operations in ``_qu
   tag, ACLs and framing (up to ~10 KB with the longest names). The backend also checks
   the whole request's estimated size before sending (a very long chroot). A server
   configured with a smaller ``jute.maxbuffer`` closes the connection on a too large
-  enqueue: after reading back, ``BackendUnavailable`` within ``op_timeout_s``.
+  enqueue: after reading back, ``BackendUnavailable`` within ``timeout_s``.
 
 ZooKeeper guarantees relied on (`ZooKeeper Programmer's Guide
 <https://zookeeper.apache.org/doc/r3.8.0/zookeeperProgrammers.html>`_):
@@ -90,7 +90,10 @@ applied and answered in order and ``sync`` makes the next read at least as new a
 leader ("ZooKeeper consistency guarantees"); watches fire once on change ("ZooKeeper
 Watches").
 
-Options (URL query string or keyword arguments of ``open_store``; keywords win):
+Options (URL query string or keyword arguments of ``open_store``; keywords win; names
+and value rules shared with the other backends, see :mod:`consensus_lease.options`;
+anything else, a name given twice in the query string or an old name is
+``InvalidArgument``):
 
 ====================  ==============================  ============================================
 option                default                         meaning
@@ -99,21 +102,25 @@ user, password        none                            digest authentication (``a
 acl                   ``creator`` with a user,        ACL of every znode created: ``open``
                       else ``open``                   (world:anyone), ``creator`` (only this
                                                       digest identity), ``creator_world_read``
-tls                   false (true if ca/certfile/     TLS to the client port (kazoo ``use_ssl``)
-                      keyfile is given)
-ca                    none                            CA bundle file to verify the servers
-certfile, keyfile     none                            client certificate and key files
-keyfile_password      none                            password of ``keyfile``
+tls                   false (true if ca_file,         TLS to the client port (kazoo ``use_ssl``)
+                      cert_file or key_file is given)
+ca_file               none                            CA bundle file to verify the servers
+cert_file, key_file   none                            client certificate and key files
+key_file_password     none                            password of ``key_file``
 verify_certs          true                            verify the server certificate
 check_hostname        false                           check the certificate's host name
 connect_timeout_s     10.0                            seconds to wait for a session to open
                                                       (then ``BackendUnavailable``)
-op_timeout_s          10.0                            seconds to wait for an answer or for a lost
+timeout_s             10.0                            seconds to wait for an answer or for a lost
                                                       connection to come back (then
                                                       ``BackendUnavailable`` / ``OutcomeUnknown``)
 max_result_bytes      1000000                         largest completion result (jute.maxbuffer
                                                       is 1 MiB by default)
 ====================  ==============================  ============================================
+
+Renamed: ``op_timeout_s`` -> ``timeout_s``, ``ca`` -> ``ca_file``, ``certfile`` ->
+``cert_file``, ``keyfile`` -> ``key_file``, ``keyfile_password`` -> ``key_file_password``.
+TLS files must exist when the store is opened.
 
 ``capabilities.min_ttl_s`` / ``max_ttl_s`` (0.2 s / 24 h) bound what may be *requested*;
 the server clamps the request to its own range and the granted timeout is what counts.

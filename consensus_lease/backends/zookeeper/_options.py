@@ -5,11 +5,9 @@ See the option table in :mod:`consensus_lease.backends.zookeeper`.
 
 from __future__ import annotations
 
-import math
-import os
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import unquote
 
@@ -18,8 +16,9 @@ from kazoo.retry import KazooRetry
 from kazoo.security import ACL, CREATOR_ALL_ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE
 
 from ...errors import InvalidArgument, UnsupportedBackend
+from ...options import Option, OptionTable
 
-__all__ = ["DEFAULT_PORT", "ZkConfig", "parse_url"]
+__all__ = ["DEFAULT_PORT", "OPTIONS", "ZkConfig", "parse_url"]
 
 DEFAULT_PORT = 2181
 SCHEMES = ("zk", "zookeeper")
@@ -28,6 +27,34 @@ JOBS_NODE = "jobs"
 """The znode under the chroot whose children are the job znodes."""
 QUEUES_NODE = "queues"
 """The znode under the chroot whose children are the work queues."""
+
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_MAX_RESULT_BYTES = 1_000_000
+
+OPTIONS = OptionTable(
+    "ZooKeeper",
+    [
+        Option("user", "str", None, "digest user name (with password)"),
+        Option("password", "str", None, "digest password (with user)", secret=True),
+        Option("acl", "str", None, "ACL of created znodes (default: creator with a user)",
+               choices=ACL_MODES),
+        Option("tls", "bool", False, "TLS to the client port (default: on with a TLS file)"),
+        Option("ca_file", "path", None, "CA bundle file to verify the servers"),
+        Option("cert_file", "path", None, "client certificate file"),
+        Option("key_file", "path", None, "client key file"),
+        Option("key_file_password", "str", None, "password of key_file", secret=True),
+        Option("verify_certs", "bool", True, "verify the server certificate"),
+        Option("check_hostname", "bool", False, "check the certificate's host name"),
+        Option("connect_timeout_s", "seconds", DEFAULT_CONNECT_TIMEOUT_S,
+               "time to open a session"),
+        Option("timeout_s", "seconds", DEFAULT_TIMEOUT_S,
+               "time to wait for an answer or for a lost connection to come back"),
+        Option("max_result_bytes", "int", DEFAULT_MAX_RESULT_BYTES,
+               "largest completion result, bytes", minimum=0),
+    ],
+)
+"""The options of ``zk://`` URLs (see the package docstring)."""
 
 _HOSTNAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
 _IPV6 = re.compile(r"^[0-9A-Fa-f:.]+$")
@@ -43,18 +70,24 @@ class ZkConfig:
     hosts: tuple[tuple[str, int], ...]
     chroot: str
     user: str | None = None
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)
     acl: str = "open"
     tls: bool = False
-    ca: str | None = None
-    certfile: str | None = None
-    keyfile: str | None = None
-    keyfile_password: str | None = None
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    key_file_password: str | None = field(default=None, repr=False)
     verify_certs: bool = True
     check_hostname: bool = False
-    connect_timeout_s: float = 10.0
-    op_timeout_s: float = 10.0
-    max_result_bytes: int = 1_000_000
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES
+
+    @property
+    def op_timeout_s(self) -> float:
+        """Old name of :attr:`timeout_s`, read by modules not yet updated; do not use
+        in new code."""
+        return self.timeout_s
 
     @property
     def hosts_text(self) -> str:
@@ -105,10 +138,10 @@ class ZkConfig:
             connection_retry=retry,
             logger=logger,
             use_ssl=self.tls,
-            ca=self.ca,
-            certfile=self.certfile,
-            keyfile=self.keyfile,
-            keyfile_password=self.keyfile_password,
+            ca=self.ca_file,
+            certfile=self.cert_file,
+            keyfile=self.key_file,
+            keyfile_password=self.key_file_password,
             verify_certs=self.verify_certs,
             check_hostname=self.check_hostname,
         )
@@ -122,7 +155,8 @@ def parse_url(url: str, options: Mapping[str, object]) -> ZkConfig:
 
     Raises:
         UnsupportedBackend: not a zk:// or zookeeper:// URL, no host, bad host or chroot.
-        InvalidArgument: an unknown option or a bad option value.
+        InvalidArgument: an unknown or renamed option, a bad option value, a missing TLS
+            file, or half-given credentials.
     """
     if not isinstance(url, str) or "://" not in url:
         raise UnsupportedBackend(f"not a ZooKeeper URL: {url!r}")
@@ -178,81 +212,31 @@ def _parse_chroot(path: str, url: str) -> str:
     return "".join(f"/{s}" for s in segments)
 
 
-def _text(name: str, value: object) -> str:
-    if not isinstance(value, str) or not value:
-        raise InvalidArgument(f"option {name} must be a non-empty string")
-    return value
-
-
-def _flag(name: str, value: object) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on"):
-        return True
-    if isinstance(value, str) and value.lower() in ("0", "false", "no", "off"):
-        return False
-    raise InvalidArgument(f"option {name} must be true or false, not {value!r}")
-
-
-def _seconds(name: str, value: object) -> float:
-    try:
-        number = float(value) if isinstance(value, (str, int, float)) else math.nan
-    except ValueError:
-        number = math.nan
-    if isinstance(value, bool) or not math.isfinite(number) or number <= 0:
-        raise InvalidArgument(f"option {name} must be a positive number of seconds, not {value!r}")
-    return number
-
-
-def _count(name: str, value: object) -> int:
-    if isinstance(value, str) and value.isdigit():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidArgument(f"option {name} must be a non-negative integer, not {value!r}")
-    return value
-
-
-_PARSERS: dict[str, Callable[[str, object], object]] = {
-    "user": _text,
-    "password": _text,
-    "acl": _text,
-    "tls": _flag,
-    "ca": _text,
-    "certfile": _text,
-    "keyfile": _text,
-    "keyfile_password": _text,
-    "verify_certs": _flag,
-    "check_hostname": _flag,
-    "connect_timeout_s": _seconds,
-    "op_timeout_s": _seconds,
-    "max_result_bytes": _count,
-}
-
-
 def _apply_options(config: ZkConfig, options: Mapping[str, object]) -> ZkConfig:
-    unknown = sorted(set(options) - set(_PARSERS))
-    if unknown:
-        raise InvalidArgument(
-            f"unknown zk:// option(s): {', '.join(unknown)}; known: {', '.join(sorted(_PARSERS))}"
-        )
-    values: dict[str, Any] = {name: _PARSERS[name](name, v) for name, v in options.items()}
-    user, password = values.get("user"), values.get("password")
+    parsed = OPTIONS.parse(options)
+    user, password = parsed.text("user"), parsed.text("password")
     if (user is None) != (password is None):
-        raise InvalidArgument("options user and password go together")
+        raise InvalidArgument("ZooKeeper options user and password go together")
     if user is not None and ":" in user:
         raise InvalidArgument("a digest user name cannot contain ':'")
-    acl = values.setdefault("acl", "creator" if user is not None else "open")
-    if acl not in ACL_MODES:
-        raise InvalidArgument(f"option acl must be one of {', '.join(ACL_MODES)}, not {acl!r}")
+    acl = parsed.text("acl") or ("creator" if user is not None else "open")
     if acl != "open" and user is None:
         raise InvalidArgument(f"acl={acl} needs digest credentials (options user and password)")
-    for name in ("ca", "certfile", "keyfile"):
-        if name in values and not os.path.isfile(values[name]):
-            raise InvalidArgument(f"option {name}: no such file {values[name]!r}")
-    if any(values.get(k) for k in ("ca", "certfile", "keyfile")) and "tls" not in values:
-        values["tls"] = True
-    return ZkConfig(**{**_fields(config), **values})
-
-
-def _fields(config: ZkConfig) -> dict[str, Any]:
-    return {name: getattr(config, name) for name in ZkConfig.__dataclass_fields__}
+    files = {name: parsed.text(name) for name in ("ca_file", "cert_file", "key_file")}
+    tls = parsed.flag("tls") if "tls" in parsed.given else any(files.values())
+    return replace(
+        config,
+        user=user,
+        password=password,
+        acl=acl,
+        tls=tls,
+        ca_file=files["ca_file"],
+        cert_file=files["cert_file"],
+        key_file=files["key_file"],
+        key_file_password=parsed.text("key_file_password"),
+        verify_certs=parsed.flag("verify_certs"),
+        check_hostname=parsed.flag("check_hostname"),
+        connect_timeout_s=parsed.seconds("connect_timeout_s"),
+        timeout_s=parsed.seconds("timeout_s"),
+        max_result_bytes=parsed.integer("max_result_bytes"),
+    )

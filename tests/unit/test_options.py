@@ -1,0 +1,250 @@
+"""The shared option parser: one vocabulary and the same errors on every backend (no
+server needed: etcd is parsed without connecting, ZooKeeper connects lazily)."""
+
+from __future__ import annotations
+
+import importlib
+import math
+from pathlib import Path
+
+import pytest
+
+from consensus_lease import InvalidArgument, UnsupportedBackend, open_store
+from consensus_lease.backends import memory, sqlite
+from consensus_lease.backends.etcd import _config as etcd_config
+from consensus_lease.backends.zookeeper import ZooKeeperBackend
+from consensus_lease.backends.zookeeper import _options as zk_options
+from consensus_lease.clock import SystemClock
+from consensus_lease.options import (
+    RENAMED,
+    Option,
+    OptionTable,
+    merge_options,
+    query_options,
+)
+from consensus_lease.validation import check_job_id, check_queue_name
+
+SHARED = ("timeout_s", "connect_timeout_s", "ca_file", "cert_file", "key_file", "user",
+          "password")
+TABLES = {
+    "sqlite": sqlite.OPTIONS,
+    "memory": memory.OPTIONS,
+    "etcd": etcd_config.OPTIONS,
+    "zk": zk_options.OPTIONS,
+}
+BAD_SECONDS: list[object] = [
+    0, -1, 0.0, -0.5, math.nan, math.inf, -math.inf, True, False, None, [1], 10**400,
+    "0", "-1", "nan", "inf", "-inf", "abc", "", "1s",
+]
+
+
+def _etcd(url: str, **kwargs: object) -> etcd_config.EtcdConfig:
+    return etcd_config.parse_url(url, merge_options(url, kwargs))
+
+
+def _zk(url: str, **kwargs: object) -> zk_options.ZkConfig:
+    return zk_options.parse_url(url, merge_options(url, kwargs))
+
+
+# -- one vocabulary --------------------------------------------------------------------------
+
+
+def test_etcd_and_zookeeper_share_the_names() -> None:
+    for table in (etcd_config.OPTIONS, zk_options.OPTIONS):
+        assert set(SHARED) <= set(table.names)
+        kinds = {name: table.options[name].kind for name in SHARED}
+        assert kinds == {
+            "timeout_s": "seconds", "connect_timeout_s": "seconds", "ca_file": "path",
+            "cert_file": "path", "key_file": "path", "user": "str", "password": "str",
+        }
+
+
+def test_zookeeper_url_with_the_shared_names_opens() -> None:
+    store = open_store("zk://127.0.0.1:2181/x?timeout_s=2&connect_timeout_s=1")
+    try:
+        backend = store.backend
+        assert isinstance(backend, ZooKeeperBackend)
+        assert (backend.config.timeout_s, backend.config.connect_timeout_s) == (2.0, 1.0)
+    finally:
+        store.close()
+
+
+def test_etcd_url_with_the_shared_names_parses() -> None:
+    config = _etcd("etcd://127.0.0.1:2379/x?timeout_s=2&connect_timeout_s=1")
+    assert (config.timeout_s, config.connect_timeout_s) == (2.0, 1.0)
+
+
+def test_tls_files_and_credentials_on_etcd_and_zookeeper() -> None:
+    files = {"ca_file": __file__, "cert_file": __file__, "key_file": Path(__file__)}
+    etcd = _etcd("etcd://h/p?user=u", password="pw", **files)
+    assert (etcd.ca_file, etcd.cert_file, etcd.key_file) == (__file__,) * 3
+    assert etcd.tls and (etcd.user, etcd.password) == ("u", "pw")
+    zk = _zk("zk://h/p?user=u", password="pw", **files)
+    assert (zk.ca_file, zk.cert_file, zk.key_file) == (__file__,) * 3
+    assert zk.tls and (zk.user, zk.password) == ("u", "pw")
+    assert "pw" not in repr(etcd) and "pw" not in repr(zk)
+
+
+def test_sqlite_and_memory_options(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/x.db?busy_timeout_s=0.5"
+    with open_store(url, poll_interval_s="0.01") as store:
+        backend = store.backend
+        assert isinstance(backend, sqlite.SqliteBackend)
+        assert backend.poll_interval_s == 0.01
+    with open_store("memory://", store_clock=SystemClock()):
+        pass
+    with pytest.raises(InvalidArgument, match="Clock"):
+        open_store("memory://?store_clock=system")
+
+
+@pytest.mark.parametrize("module", ["sqlite", "memory", "etcd", "zookeeper"])
+def test_every_option_is_in_its_backends_docstring(module: str) -> None:
+    package = importlib.import_module(f"consensus_lease.backends.{module}")
+    table = TABLES["zk" if module == "zookeeper" else module]
+    assert package.__doc__ is not None
+    for name in table.names:
+        assert name in package.__doc__, f"{name} missing from {module}'s option table"
+
+
+# -- merging and duplicates ------------------------------------------------------------------
+
+
+def test_keyword_arguments_override_the_query_string() -> None:
+    assert _etcd("etcd://h/p?timeout_s=1", timeout_s=3).timeout_s == 3.0
+    assert _zk("zk://h/p?timeout_s=1&connect_timeout_s=4", timeout_s="3").timeout_s == 3.0
+    assert merge_options("x://h?a=1&b=2", {"b": 5}) == {"a": "1", "b": 5}
+    assert query_options("x://h/p?a=%20b&c=") == {"a": " b", "c": ""}
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "zk://127.0.0.1:2181/x?timeout_s=1&timeout_s=2",
+        "etcd://127.0.0.1:2379/x?connect_timeout_s=1&connect_timeout_s=1",
+        "sqlite:///x.db?busy_timeout_s=1&busy_timeout_s=1",
+        "memory://?a=1&a=1",
+    ],
+)
+def test_a_name_twice_in_the_query_string_is_refused(url: str) -> None:
+    with pytest.raises(InvalidArgument, match="given twice") as exc:
+        open_store(url)
+    assert not isinstance(exc.value, UnsupportedBackend)
+
+
+# -- unknown and renamed names ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", sorted(TABLES))
+def test_unknown_option_lists_the_accepted_names(backend: str) -> None:
+    table = TABLES[backend]
+    with pytest.raises(InvalidArgument) as exc:
+        table.parse({"colour": "blue"})
+    message = str(exc.value)
+    assert "colour" in message
+    for name in table.names:
+        assert name in message
+
+
+@pytest.mark.parametrize(
+    ("url", "old", "new"),
+    [
+        ("zk://127.0.0.1:2181/x", "op_timeout_s", "timeout_s"),
+        ("zk://127.0.0.1:2181/x", "ca", "ca_file"),
+        ("zk://127.0.0.1:2181/x", "certfile", "cert_file"),
+        ("zk://127.0.0.1:2181/x", "keyfile", "key_file"),
+        ("zk://127.0.0.1:2181/x", "keyfile_password", "key_file_password"),
+        ("etcd://127.0.0.1:1/x", "ca_cert", "ca_file"),
+        ("etcd://127.0.0.1:1/x", "cert_cert", "cert_file"),
+        ("etcd://127.0.0.1:1/x", "cert_key", "key_file"),
+    ],
+)
+def test_an_old_name_names_the_new_one(url: str, old: str, new: str) -> None:
+    assert RENAMED[old] == new
+    for given in (f"{url}?{old}=2", url):
+        with pytest.raises(InvalidArgument, match=f"'{old}' was renamed to '{new}'"):
+            open_store(given, **({} if "?" in given else {old: "2"}))
+
+
+def test_an_old_name_is_merely_unknown_where_the_new_one_is_not_accepted() -> None:
+    with pytest.raises(InvalidArgument, match="unknown") as exc:
+        open_store("memory://", op_timeout_s=1)
+    assert "renamed" not in str(exc.value)
+
+
+# -- values ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", BAD_SECONDS, ids=repr)
+@pytest.mark.parametrize("name", ["timeout_s", "connect_timeout_s"])
+def test_bad_seconds_are_refused_on_etcd_and_zookeeper(name: str, bad: object) -> None:
+    for parse in (_etcd, _zk):
+        with pytest.raises(InvalidArgument, match=name):
+            parse(f"{'etcd' if parse is _etcd else 'zk'}://h/p", **{name: bad})
+
+
+@pytest.mark.parametrize("bad", BAD_SECONDS, ids=repr)
+def test_bad_seconds_are_refused_on_sqlite(bad: object, tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgument, match="busy_timeout_s"):
+        open_store(f"sqlite:///{tmp_path}/x.db", busy_timeout_s=bad)
+
+
+@pytest.mark.parametrize("good", [0.25, 1, "2", " 3.5 ", "1e-3", 10**6])
+def test_good_seconds(good: object) -> None:
+    assert _etcd("etcd://h/p", timeout_s=good).timeout_s == float(good)  # type: ignore[arg-type]
+
+
+def test_other_kinds() -> None:
+    table = OptionTable(
+        "test",
+        [
+            Option("n", "int", 3, minimum=0, maximum=10),
+            Option("f", "bool", False),
+            Option("mode", "str", "a", choices=("a", "b")),
+            Option("secret", "str", None, secret=True),
+            Option("file", "path", None),
+        ],
+    )
+    parsed = table.parse({"n": "7", "f": "Yes", "mode": "b", "file": __file__})
+    assert (parsed.integer("n"), parsed.flag("f"), parsed.text("mode")) == (7, True, "b")
+    assert parsed.text("file") == __file__ and parsed.text("secret") is None
+    assert parsed.given == {"n", "f", "mode", "file"}
+    defaults = table.parse({})
+    assert (defaults.integer("n"), defaults.flag("f"), defaults.text("mode")) == (3, False, "a")
+    for bad in ({"n": "1.5"}, {"n": True}, {"n": 11}, {"n": "-1"}, {"f": "maybe"}, {"f": 1},
+                {"mode": "c"}, {"mode": ""}, {"file": "/nonexistent"}, {"file": 5},
+                {"secret": 5}):
+        with pytest.raises(InvalidArgument):
+            table.parse(bad)
+    with pytest.raises(InvalidArgument) as exc:
+        table.parse({"secret": ""})
+    assert "(hidden)" in str(exc.value)
+    with pytest.raises(TypeError):
+        parsed.seconds("mode")
+    with pytest.raises(ValueError, match="twice"):
+        OptionTable("test", [Option("n", "int", 1), Option("n", "int", 2)])
+
+
+def test_none_for_an_unset_option_leaves_it_unset() -> None:
+    config = _etcd("etcd://h/p", user=None, password=None, ca_file=None)
+    assert (config.user, config.password, config.ca_file) == (None, None, None)
+    with pytest.raises(InvalidArgument):
+        _etcd("etcd://h/p", timeout_s=None)
+
+
+# -- queue names -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", ["", "a\x00b", "x" * 257, 5, "\ud800"])
+def test_queue_names_say_queue_name(bad: object) -> None:
+    with pytest.raises(InvalidArgument, match="queue name"):
+        check_queue_name(bad)
+    with pytest.raises(InvalidArgument, match="job id"):
+        check_job_id(bad)
+    with open_store("memory://") as store:
+        with pytest.raises(InvalidArgument, match="queue name"):
+            store.enqueue(bad, "job")  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgument, match="queue name"):
+            store.queue_jobs(bad)  # type: ignore[arg-type]
+        with store.session("A", 30) as session, pytest.raises(InvalidArgument, match="queue name"):
+            session.claim_next(bad)  # type: ignore[arg-type]
+    assert check_queue_name("q") == "q"
