@@ -3,7 +3,8 @@
 Many job leases live under one session, so renewal traffic grows with workers, not with
 jobs: the background keepalive sends one request per ``granted TTL / 3`` whatever the
 number of leases held (etcd: one LeaseKeepAlive; ZooKeeper: the session's own pings plus
-one sync; SQLite: one UPDATE of the session row). The ZooKeeper backend also ends a
+one write barrier, a multi of one ``check`` that changes nothing; SQLite: one UPDATE of the
+session row). The ZooKeeper backend also ends a
 session whose keepalive/renew has not succeeded for one granted TTL, so
 ``keepalive=False`` behaves the same on every store.
 """
