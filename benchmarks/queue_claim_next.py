@@ -1,7 +1,7 @@
 """Work-queue throughput: worker processes drain one queue with ``claim_next`` +
 ``complete`` until it is empty; jobs completed per second of wall time, on any backend.
 
-    python benchmarks/queue_claim_next.py sqlite:///tmp/q.db
+    python benchmarks/queue_claim_next.py sqlite:////tmp/q.db
     python benchmarks/queue_claim_next.py etcd://127.0.0.11:2379,127.0.0.12:2379,127.0.0.13:2379
     python benchmarks/queue_claim_next.py --kit etcd        # starts the container kit's cluster
 

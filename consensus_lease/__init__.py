@@ -2,20 +2,33 @@
 
 ::
 
-    from consensus_lease import open_store
+    from consensus_lease import SqliteFence, open_store
 
-    with open_store("sqlite:///var/lib/jobs.db") as store, store.session(ttl_s=10) as session:
+    fence = SqliteFence("/var/lib/effects.db")
+    with open_store("sqlite:////var/lib/jobs.db") as store, store.session(ttl_s=10) as session:
         with session.claim("invoice-42", wait_s=30) as lease:
             lease.ensure_held()                         # before every effect
-            destination.write(..., token=lease.generation)
+            fence.apply("invoice-42", lease.generation, "charge")
             lease.complete(b"done")
+
+(``sqlite:////abs/path.db`` is an absolute path, ``sqlite:///rel.db`` a relative one.)
 
 A lease is temporary ownership, not exactly-once: destinations must fence effects with
 the generation (see :mod:`consensus_lease.fencing`).
+
+This namespace is the user API: the store, sessions, leases, records, states, every
+error, clocks, the :class:`Observer` base and the fences. ``SqlFence`` and
+``FenceRetryable`` need SQLAlchemy (``pip install consensus_lease[sql]``) and are
+imported on first use. The driver interface for writing a backend is in
+:mod:`consensus_lease.backend`; test doubles (``FakeClock``, ``SkewedClock``, worker
+processes, the conformance suite) are in :mod:`consensus_lease.testing`.
 """
 
-from .backend import Backend, Capabilities, SessionEvent, SessionHandle
-from .clock import Clock, FakeClock, SkewedClock, SystemClock
+import logging as _logging
+from importlib.util import find_spec as _find_spec
+from typing import TYPE_CHECKING
+
+from .clock import Clock, SystemClock
 from .errors import (
     AuthenticationFailed,
     BackendUnavailable,
@@ -34,25 +47,30 @@ from .errors import (
     UnsupportedBackend,
     UnsupportedOperation,
 )
+from .fencing import Effect, Fence, FenceOutcome, SqliteFence
 from .lease import Lease
-from .record import ClaimResult, JobState, LeaseRecord, QueuedJob, QueueStats
+from .observe import Observer
+from .record import JobState, LeaseRecord, QueuedJob, QueueStats
 from .session import Session
 from .states import LeaseState, SessionState
 from .store import DEFAULT_TTL_S, LeaseStore, open_store
+
+if TYPE_CHECKING:
+    from .fencing_sql import FenceRetryable, SqlFence
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_TTL_S",
     "AuthenticationFailed",
-    "Backend",
     "BackendUnavailable",
-    "Capabilities",
-    "ClaimResult",
     "ClaimTimeout",
     "Clock",
-    "FakeClock",
+    "Effect",
+    "Fence",
+    "FenceOutcome",
     "FenceRejected",
+    "FenceRetryable",
     "InvalidArgument",
     "JobCompleted",
     "JobState",
@@ -64,15 +82,15 @@ __all__ = [
     "LeaseState",
     "LeaseStore",
     "LeaseSuspended",
+    "Observer",
     "OutcomeUnknown",
     "QueueStats",
     "QueuedJob",
     "Session",
-    "SessionEvent",
     "SessionExpired",
-    "SessionHandle",
     "SessionState",
-    "SkewedClock",
+    "SqlFence",
+    "SqliteFence",
     "StaleLeaseError",
     "StoreClosed",
     "SystemClock",
@@ -81,6 +99,36 @@ __all__ = [
     "open_store",
 ]
 
-import logging as _logging
+_SQL_NAMES = ("FenceRetryable", "SqlFence")
+"""Exported from :mod:`consensus_lease.fencing_sql` on first access (needs SQLAlchemy)."""
+
+# Hidden from mypy, which sees the imports under TYPE_CHECKING above: it would apply the
+# removals unconditionally, and a module __getattr__ would make it accept any name.
+if not TYPE_CHECKING:
+    if _find_spec("sqlalchemy") is None:
+        # Listed only where importable, so ``from consensus_lease import *`` works without
+        # the extra; naming them still raises the ImportError below, which says what to do.
+        __all__.remove("FenceRetryable")
+        __all__.remove("SqlFence")
+
+    def __getattr__(name: str) -> object:
+        if name not in _SQL_NAMES:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        try:
+            from . import fencing_sql
+        except ModuleNotFoundError as exc:
+            if exc.name is None or exc.name.partition(".")[0] != "sqlalchemy":
+                raise
+            raise ImportError(
+                f"consensus_lease.{name} needs SQLAlchemy, an optional extra: "
+                "pip install consensus_lease[sql]"
+            ) from exc
+        value = getattr(fencing_sql, name)
+        globals()[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(globals()) | set(__all__))
+
 
 _logging.getLogger("consensus_lease").addHandler(_logging.NullHandler())

@@ -134,7 +134,7 @@ class UnsupportedBackend(InvalidArgument):
 
 
 class UnsupportedOperation(LeaseError):
-    """The backend's :class:`~consensus_lease.Capabilities` say it cannot do this
+    """The backend's :class:`~consensus_lease.backend.Capabilities` say it cannot do this
     (e.g. work queues on a third-party backend). Nothing was sent."""
 
 

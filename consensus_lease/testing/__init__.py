@@ -1,5 +1,9 @@
 """Test kit for consensus_lease and for services built on it.
 
+* :class:`FakeClock` (time moves only when you :meth:`~FakeClock.advance` it) and
+  :class:`SkewedClock` (the system clock off by a fixed offset) — clocks to inject with
+  ``open_store(url, clock=...)`` or ``store.session(..., clock=...)``; defined in
+  :mod:`consensus_lease.clock`.
 * :mod:`consensus_lease.testing.conformance` — ``BackendConformance``, the suite every
   backend passes; subclass it to test your own backend (needs pytest).
 * :mod:`consensus_lease.testing.workers` — workers as OS processes you can pause, resume,
@@ -11,6 +15,7 @@
 This package does not import pytest or Docker clients until you use the parts needing them.
 """
 
+from ..clock import FakeClock, SkewedClock
 from .workers import WorkerError, WorkerProcess
 
-__all__ = ["WorkerError", "WorkerProcess"]
+__all__ = ["FakeClock", "SkewedClock", "WorkerError", "WorkerProcess"]

@@ -23,9 +23,9 @@ Hooks a subclass provides:
   TTL run out in real time (bounded by ``10 x short_ttl_s``).
 * ``short_ttl_s``: a TTL the store grants and that tests may wait out (default 1.0 s).
 
-What a backend cannot do is declared in its :class:`~consensus_lease.Capabilities`; tests
-check the declaration is true instead of skipping, so a backend never passes by doing
-nothing.
+What a backend cannot do is declared in its
+:class:`~consensus_lease.backend.Capabilities`; tests check the declaration is true
+instead of skipping, so a backend never passes by doing nothing.
 """
 
 from __future__ import annotations

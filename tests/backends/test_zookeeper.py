@@ -22,7 +22,8 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss
 from zk_local import LocalZooKeeper, ZkTarget, available, zk_target, zk_url  # noqa: F401
 
-from consensus_lease import LeaseStore, SessionEvent, open_store
+from consensus_lease import LeaseStore, open_store
+from consensus_lease.backend import SessionEvent
 from consensus_lease.backends.zookeeper import ZooKeeperBackend
 from consensus_lease.backends.zookeeper._claims import Plan
 from consensus_lease.backends.zookeeper._layout import JobPaths, new_nonce

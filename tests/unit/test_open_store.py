@@ -86,14 +86,6 @@ def test_error_module_all_is_sorted_complete_and_drawn() -> None:
         assert name in errors_module.__doc__, f"{name} missing from the error tree"
 
 
-def test_package_all_is_sorted_and_importable() -> None:
-    import consensus_lease
-
-    assert consensus_lease.__all__ == sorted(consensus_lease.__all__, key=lambda n: (not n.isupper(), n))
-    for name in consensus_lease.__all__:
-        assert hasattr(consensus_lease, name)
-
-
 def test_closing_a_store_closes_its_sessions_and_refuses_later_use() -> None:
     from consensus_lease import LeaseLost, StoreClosed
 

@@ -9,17 +9,16 @@ import pytest
 
 from consensus_lease import (
     BackendUnavailable,
-    FakeClock,
     LeaseLost,
     LeaseState,
     LeaseStore,
     LeaseSuspended,
-    SessionEvent,
     SessionExpired,
     SessionState,
 )
-from consensus_lease.backend import SessionHandle, StateListener
+from consensus_lease.backend import SessionEvent, SessionHandle, StateListener
 from consensus_lease.backends.memory import MemoryBackend
+from consensus_lease.testing import FakeClock
 from consensus_lease.testing.conformance import poll_until
 
 

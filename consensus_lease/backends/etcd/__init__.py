@@ -6,6 +6,8 @@ them all at once. Claim, complete and release are each **one transaction** in wh
 etcd compares the owner key; the fencing token (generation) is the owner key's
 ``create_revision``, i.e. the claim transaction's revision: strictly increasing per job
 (and across the whole cluster), but not consecutive (``consecutive_generations=False``).
+``renew`` is two round trips, not one atomic step: a read-only transaction comparing the
+owner key, then one keepalive of the session's lease.
 
 URL and options (query string or keyword arguments of ``open_store``; keyword
 arguments win; names and value rules shared with the other backends, see

@@ -10,7 +10,9 @@ How leases map onto ZooKeeper
 * A worker session is one ZooKeeper session, on its own kazoo client. Its TTL is the
   session timeout the server *negotiated* (clamped to [minSessionTimeout,
   maxSessionTimeout], by default 2-20 x tickTime): ``granted_ttl_s`` reports it and the
-  local deadline uses it. ``keepalive()`` is one ``sync`` on the session's connection.
+  local deadline uses it. ``keepalive()`` is one write barrier (a multi of one ``check``
+  of ``{chroot}/jobs`` at any version, changing nothing) on the session's connection: it
+  commits through the quorum, so its answer proves the current leader has the session.
 * Each job is a persistent znode ``{chroot}/jobs/{percent-encoded id}`` whose **version is
   the generation** (fencing token). A claim is one multi: ``set_data`` at the version just
   read (or ``create`` + ``set_data`` the first time) and ``create`` of the EPHEMERAL owner
@@ -27,8 +29,9 @@ How leases map onto ZooKeeper
   claim (or already released or completed) writes nothing. Only a failed multi is
   followed by a read (owner znode's ``ephemeralOwner``, after a ``sync``) to say why,
   and to recognise a retry of this session's own completion.
-* ``renew`` reads, after a ``sync``, the job znode's version and the owner znode's
-  ``ephemeralOwner`` in one pipelined round trip.
+* ``renew`` sends a write barrier and reads the job znode's version and the owner znode's
+  ``ephemeralOwner`` after it, in one pipelined round trip (a second read, after a
+  ``sync``, only to say why when it is not held).
 * Connection states reach the core as session events: kazoo SUSPENDED -> SUSPENDED,
   CONNECTED again with the same session -> RECONNECTED, LOST -> EXPIRED. An expired
   session's client is never reused (kazoo would open a new session on it).
@@ -86,9 +89,11 @@ sessions and their timeout negotiation ("ZooKeeper Sessions"); an ephemeral znod
 exactly as long as the session that created it ("Ephemeral Nodes"); conditional updates
 on a znode's version ("ZooKeeper Stat Structure", ``setData``/``delete`` with a version);
 ``multi`` applies all its operations or none ("Multi-op"); one client's requests are
-applied and answered in order and ``sync`` makes the next read at least as new as the
-leader ("ZooKeeper consistency guarantees"); watches fire once on change ("ZooKeeper
-Watches").
+applied and answered in order, and a write (the barrier's multi too) is answered only once
+the quorum has committed it, so reads sent after a barrier see every write committed
+before it ("ZooKeeper consistency guarantees"); ``sync``, before the reads that need no
+barrier, makes the next read at least as new as the leader's view (same section); watches
+fire once on change ("ZooKeeper Watches").
 
 Options (URL query string or keyword arguments of ``open_store``; keywords win; names
 and value rules shared with the other backends, see :mod:`consensus_lease.options`;

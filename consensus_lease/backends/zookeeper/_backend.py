@@ -311,9 +311,10 @@ class ZooKeeperBackend(Backend):
     # -- holding, completing, releasing -------------------------------------------------------
 
     def renew(self, session: SessionHandle, job_id: str, generation: int) -> float:
-        """Check, after a ``sync``, that the job znode's version is ``generation`` and its
-        owner znode's ephemeralOwner is this session (one pipelined round trip). Success
-        also proves the session alive, like :meth:`keepalive`.
+        """Check, after a write barrier (as in :meth:`keepalive`), that the job znode's
+        version is ``generation`` and its owner znode's ephemeralOwner is this session
+        (one pipelined round trip). Success also proves the session alive, like
+        :meth:`keepalive`.
 
         Raises:
             StaleLeaseError: not held at that generation; the lease is lost.

@@ -150,8 +150,9 @@ class Wire:
         generation: int | None, cause: BaseException,
     ) -> bool:
         # Once reconnected with the same session, a request still in flight on the old
-        # connection is either ordered before our sync or rejected (the session moved to
-        # the new connection), so a read after the sync is the truth.
+        # connection is either ordered before the write barrier the probe sends or
+        # rejected (the session moved to the new connection), so a read after the
+        # barrier is the truth.
         deadline = self.deadline()
         while True:
             try:
