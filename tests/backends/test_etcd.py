@@ -30,12 +30,14 @@ from consensus_lease import (
     JobState,
     LeaseStore,
     SessionExpired,
+    StaleLeaseError,
     UnsupportedBackend,
     open_store,
 )
-from consensus_lease.backends.etcd import EtcdBackend
+from consensus_lease.backends.etcd import EtcdBackend, EtcdClaim
 from consensus_lease.backends.etcd._config import DEFAULT_PREFIX, parse_url
 from consensus_lease.backends.etcd._keys import Layout
+from consensus_lease.record import ClaimResult
 from consensus_lease.testing.conformance import poll_until
 from consensus_lease.validation import MAX_JOB_ID_BYTES
 
@@ -220,6 +222,39 @@ def test_claim_with_a_dead_lease_is_session_expired(store: LeaseStore) -> None:
         backend.keepalive(handle)
     assert store.get("job") is None
     backend.close_session(handle)  # idempotent on a lease already gone
+
+
+def test_a_claim_carries_its_owner_value_and_is_checked_without_it(store: LeaseStore) -> None:
+    """The claim's handle (an ``EtcdClaim``) carries the owner value that renew, complete
+    and release compare; a claim without one is checked by the session's lease; a claim
+    presented by another session proves nothing; a handle of another kind is refused."""
+    backend = store.backend
+    assert isinstance(backend, EtcdBackend)
+    a, b = backend.open_session("A", 10), backend.open_session("B", 10)
+    try:
+        claim = backend.claim(a, "job")
+        assert claim is not None and isinstance(claim.handle, EtcdClaim)
+        assert (claim.handle.job_id, claim.handle.queue_known, claim.handle.queue) == (
+            "job", True, None,
+        )
+        bare = ClaimResult(claim.generation)
+        assert bare == claim  # the handle is not compared
+        assert backend.renew(a, "job", claim) > 0
+        assert backend.renew(a, "job", bare) > 0  # by the session's lease
+        with pytest.raises(StaleLeaseError):
+            backend.complete(b, "job", claim, b"A's claim presented by B")
+        with pytest.raises(InvalidArgument):
+            backend.release(a, "job", ClaimResult(claim.generation, handle="not an etcd claim"))
+        record = store.get("job")
+        assert record is not None and record.state is JobState.HELD and record.owner == "A"
+        done = backend.complete(a, "job", bare, b"r")
+        assert (done.state, done.generation, done.result) == (
+            JobState.COMPLETED, claim.generation, b"r",
+        )
+        assert backend.complete(a, "job", claim, b"r") == done  # a repeat, with the handle
+    finally:
+        backend.close_session(a)
+        backend.close_session(b)
 
 
 def test_expiry_and_close_free_jobs_at_once(store: LeaseStore) -> None:

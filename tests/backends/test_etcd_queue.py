@@ -23,6 +23,7 @@ from pyetcd import etcdrpc
 from consensus_lease import InvalidArgument, JobState, LeaseStore, open_store
 from consensus_lease.backends.etcd import EtcdBackend
 from consensus_lease.backends.etcd._transport import Failure
+from consensus_lease.record import ClaimResult
 from consensus_lease.testing.conformance import poll_until
 from consensus_lease.validation import MAX_JOB_ID_BYTES
 
@@ -157,6 +158,31 @@ def test_claim_by_name_of_a_queued_job_completes_it_in_the_queue(store: LeaseSto
     assert store.queue_stats("q").completed == 1
     assert store.purge("q") == 1
     assert store.get("named") is None and _keys_under(store) == {}
+
+
+def test_completion_reads_the_queue_only_for_a_claim_without_a_handle(
+    store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim's handle carries the job's queue as the claim transaction read it: one
+    transaction completes. A claim rebuilt from its generation alone reads the queue
+    marker first, and still deletes the pending key."""
+    store.enqueue("q", "a")
+    store.enqueue("q", "b")
+    backend = _backend(store)
+    handle = backend.open_session("W", 30)
+    try:
+        first, second = backend.claim(handle, "a"), backend.claim(handle, "b")
+        assert first is not None and second is not None
+        sent = _count_sends(store, monkeypatch)
+        backend.complete(handle, "a", first, b"")
+        assert sent == ["Txn"]
+        sent.clear()
+        backend.complete(handle, "b", ClaimResult(second.generation), b"")
+        assert sent == ["Txn", "Txn"]  # the queue marker, then the completion
+    finally:
+        backend.close_session(handle)
+    assert backend.queue_candidates("q", 10) == []
+    assert store.queue_stats("q").completed == 2
 
 
 def test_candidates_are_fifo_skip_held_and_a_released_job_keeps_its_place(

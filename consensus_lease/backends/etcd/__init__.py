@@ -8,6 +8,11 @@ etcd compares the owner key; the fencing token (generation) is the owner key's
 (and across the whole cluster), but not consecutive (``consecutive_generations=False``).
 ``renew`` is two round trips, not one atomic step: a read-only transaction comparing the
 owner key, then one keepalive of the session's lease.
+Each claim returns its own state as ``ClaimResult.handle`` (an :class:`EtcdClaim`: the
+exact owner value written and the job's work queue), which the lease hands back with
+renew, complete and release; the driver keeps no table of claims. Without it (a claim
+this process did not make) the compare is on the owner key's lease instead of its
+value, and completing a queued job first reads its queue marker.
 
 URL and options (query string or keyword arguments of ``open_store``; keyword
 arguments win; names and value rules shared with the other backends, see
@@ -84,11 +89,12 @@ fails within ``connect_timeout_s``. Idempotent reads are retried over the member
 
 Limitation: a claim whose answer was lost and that is still in flight when read back
 may land later; it then holds the job under this session until this session claims the
-job again (it is adopted: its nonce is remembered) or the session ends.
+job again (it is adopted: the session remembers the nonces of its unsettled claims, its
+only per-claim state) or the session ends.
 """
 
 from __future__ import annotations
 
-from .driver import EtcdBackend, EtcdSession
+from .driver import EtcdBackend, EtcdClaim, EtcdSession
 
-__all__ = ["EtcdBackend", "EtcdSession"]
+__all__ = ["EtcdBackend", "EtcdClaim", "EtcdSession"]

@@ -14,9 +14,11 @@ The nonce (random per claim request) identifies the request: after a lost answer
 owner key carrying it is ours; a re-send carries the same nonce, so whichever copy lands
 first wins and the other finds our key in its ``else`` branch.
 
-The queue marker ``q`` is read in the same transaction: the session remembers the job's
-work queue with the claim, so the completion can delete the queue's pending key without
-another round trip (the marker cannot change while the job is held).
+Each claim returns an :class:`~._session.EtcdClaim` as ``ClaimResult.handle``: the
+exact owner value written, which renew, complete and release compare against, and the
+job's work queue from the queue marker ``q`` read in the same transaction, so the
+completion can delete the queue's pending key without another round trip (the marker
+cannot change while the job is held).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from ...record import ClaimResult
 from . import _requests as rq
 from ._keys import Completion, JobKeys, Owner, queue_of
 from ._ops import Ops, Settled
-from ._session import EtcdSession
+from ._session import EtcdClaim, EtcdSession
 
 __all__ = ["MAX_BATCH_CLAIM", "claim_batch", "claim_one"]
 
@@ -40,6 +42,18 @@ MAX_BATCH_CLAIM = 64
 """Claims per batch transaction. Each is one nested transaction of 2 compares, 2 puts
 and a get; etcd checks a nested transaction against ``--max-txn-ops`` (default 128)
 minus the outer transaction's size, so 64 leaves room under a default server's limit."""
+
+
+def _unclaimed(keys: JobKeys) -> list[Any]:
+    """The claim's compares: neither the owner key nor the completion record exists."""
+    return [rq.create_is(keys.owner, 0), rq.create_is(keys.completion, 0)]
+
+
+def _claiming(keys: JobKeys, value: bytes, lease_id: int) -> list[Any]:
+    """The claim's writes: the owner key (on the lease) and the history key, both
+    ``value``; then the queue marker read."""
+    return [rq.put(keys.owner, value, lease_id), rq.put(keys.history, value),
+            rq.get(keys.queue)]
 
 
 def _refused(handle: EtcdSession, keys: JobKeys, owner_kv: Any, completion_kv: Any,
@@ -55,8 +69,9 @@ def _refused(handle: EtcdSession, keys: JobKeys, owner_kv: Any, completion_kv: A
         return None
     if handle.is_ours(keys.job_id, Owner.decode(owner_kv.value, owner_kv.key), nonce):
         generation = int(owner_kv.create_revision)  # this request, re-sent or landed late
-        handle.remember(keys.job_id, generation, bytes(owner_kv.value), queue_of(marker_kv))
-        return ClaimResult(generation)
+        known = EtcdClaim(handle.lease_id, keys.job_id, bytes(owner_kv.value), True,
+                          queue_of(marker_kv))
+        return ClaimResult(generation, handle=known)
     return None
 
 
@@ -66,12 +81,8 @@ def claim_one(ops: Ops, handle: EtcdSession, job_id: str) -> ClaimResult | None:
     nonce = secrets.token_hex(8)
     value = Owner(handle.owner, handle.session_id, nonce).encode()
     request = rq.txn(
-        compare=[rq.create_is(keys.owner, 0), rq.create_is(keys.completion, 0)],
-        success=[
-            rq.put(keys.owner, value, handle.lease_id),
-            rq.put(keys.history, value),
-            rq.get(keys.queue),
-        ],
+        compare=_unclaimed(keys),
+        success=_claiming(keys, value, handle.lease_id),
         failure=[rq.get(keys.owner), rq.get(keys.completion), rq.get(keys.queue)],
     )
 
@@ -94,9 +105,9 @@ def claim_one(ops: Ops, handle: EtcdSession, job_id: str) -> ClaimResult | None:
         result: ClaimResult | None = answer.value
         return result
     if answer.succeeded:
-        generation = int(answer.header.revision)
-        handle.remember(job_id, generation, value, queue_of(rq.kv_of(answer.responses[2])))
-        return ClaimResult(generation)
+        known = EtcdClaim(handle.lease_id, job_id, value, True,
+                          queue_of(rq.kv_of(answer.responses[2])))
+        return ClaimResult(int(answer.header.revision), handle=known)
     owner_kv, completion_kv, marker_kv = (rq.kv_of(r) for r in answer.responses)
     return _refused(handle, keys, owner_kv, completion_kv, marker_kv, nonce)
 
@@ -110,21 +121,12 @@ def claim_batch(ops: Ops, handle: EtcdSession,
     all_keys = [ops.layout.job(j) for j in job_ids]
     nonce = secrets.token_hex(8)
     value = Owner(handle.owner, handle.session_id, nonce).encode()
-    request = rq.txn(
-        success=[
-            etcdrpc.RequestOp(
-                request_txn=rq.txn(
-                    compare=[rq.create_is(k.owner, 0), rq.create_is(k.completion, 0)],
-                    success=[
-                        rq.put(k.owner, value, handle.lease_id),
-                        rq.put(k.history, value),
-                        rq.get(k.queue),
-                    ],
-                )
-            )
-            for k in all_keys
-        ]
-    )
+    request = rq.txn(success=[
+        etcdrpc.RequestOp(request_txn=rq.txn(
+            compare=_unclaimed(k), success=_claiming(k, value, handle.lease_id),
+        ))
+        for k in all_keys
+    ])
 
     def decide(kvs: list[Any]) -> Settled | None:
         # One transaction: if none of its keys carries our nonce it was not applied
@@ -138,9 +140,10 @@ def claim_batch(ops: Ops, handle: EtcdSession,
                 keys.job_id, Owner.decode(kv.value, kv.key), nonce
             )
             if mine:
-                handle.remember(keys.job_id, int(kv.create_revision), bytes(kv.value), None,
-                                queue_known=False)
-            results.append(ClaimResult(int(kv.create_revision)) if mine else None)
+                known = EtcdClaim(handle.lease_id, keys.job_id, bytes(kv.value), False, None)
+                results.append(ClaimResult(int(kv.create_revision), handle=known))
+            else:
+                results.append(None)
         return Settled(results) if any(results) else None
 
     try:
@@ -164,8 +167,8 @@ def claim_batch(ops: Ops, handle: EtcdSession,
     for keys, sub in zip(all_keys, answer.responses, strict=True):
         if sub.response_txn.succeeded:
             marker_kv = rq.kv_of(sub.response_txn.responses[2])
-            handle.remember(keys.job_id, generation, value, queue_of(marker_kv))
-            out.append(ClaimResult(generation))
+            known = EtcdClaim(handle.lease_id, keys.job_id, value, True, queue_of(marker_kv))
+            out.append(ClaimResult(generation, handle=known))
         else:
             out.append(None)
     return out

@@ -10,9 +10,10 @@ revision is the generation and its value is ours. Then::
 
 A queued job's completion also deletes its pending key in the queue, in the same
 transaction, so ``queue_candidates`` never sees completed jobs. The queue comes from the
-claim transaction's read of the job's queue marker (remembered by the session); when
-the session did not record it (a batch claim settled by reading back, or a claim this
-process did not make), it is read first: one more round trip.
+claim transaction's read of the job's queue marker, carried by the claim's
+:class:`~._session.EtcdClaim`; when the claim has none (a claim this process did not
+make) or did not read it (a batch claim settled by reading back), it is read first: one
+more round trip.
 """
 
 from __future__ import annotations
@@ -20,23 +21,25 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ...record import JobState, LeaseRecord
+from ...record import ClaimResult, JobState, LeaseRecord
 from . import _requests as rq
 from ._keys import Completion, History, Owner, queue_of
 from ._ops import Ops, Settled
-from ._session import EtcdSession
+from ._session import EtcdClaim, EtcdSession
 
 __all__ = ["check_held", "complete", "release"]
 
 
-def check_held(ops: Ops, handle: EtcdSession, job_id: str, generation: int) -> None:
+def check_held(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult) -> None:
     """One read-only transaction: raise unless ``handle`` holds the job at
-    ``generation``. Idempotent, so retried over the members within ``timeout_s``."""
+    ``claim.generation``. Idempotent, so retried over the members within ``timeout_s``."""
+    known = EtcdClaim.of(claim, handle, job_id)
+    generation = claim.generation
     keys = ops.layout.job(job_id)
     what = f"renewal of {job_id!r} generation {generation}"
     answer = ops.transport.call(
         "kv", "Txn",
-        rq.txn(compare=ops.holds(handle, keys, generation),
+        rq.txn(compare=ops.holds(handle, keys, generation, known),
                failure=[rq.get(keys.owner), rq.get(keys.completion)]),
         what=what, budget_s=ops.config.timeout_s, job_id=job_id, generation=generation,
     )
@@ -45,14 +48,16 @@ def check_held(ops: Ops, handle: EtcdSession, job_id: str, generation: int) -> N
         raise ops.not_held(handle, keys, generation, owner_kv, completion_kv, what)
 
 
-def complete(ops: Ops, handle: EtcdSession, job_id: str, generation: int,
+def complete(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult,
              result: bytes) -> LeaseRecord:
     """See :meth:`EtcdBackend.complete <consensus_lease.backends.etcd.EtcdBackend.complete>`."""
+    known = EtcdClaim.of(claim, handle, job_id)
+    generation = claim.generation
     keys = ops.layout.job(job_id)
     record = Completion(handle.owner, handle.session_id, generation, result)
     what = f"completion of {job_id!r} generation {generation}"
-    known, queue = handle.queue_of(job_id, generation)
-    if not known:
+    queue = None if known is None else known.queue
+    if known is None or not known.queue_known:
         (marker_kv,) = ops.read_keys(
             [keys.queue], f"reading the queue of {job_id!r}",
             time.monotonic() + ops.config.timeout_s, job_id,
@@ -66,7 +71,7 @@ def complete(ops: Ops, handle: EtcdSession, job_id: str, generation: int,
     if queue is not None:
         success.append(rq.delete(ops.layout.queue(queue).pending(job_id)))
     request = rq.txn(
-        compare=ops.holds(handle, keys, generation),
+        compare=ops.holds(handle, keys, generation, known),
         success=success,
         failure=[rq.get(keys.owner), rq.get(keys.completion)],
     )
@@ -84,7 +89,7 @@ def complete(ops: Ops, handle: EtcdSession, job_id: str, generation: int,
         done = ours(completion_kv)
         if done is not None:
             return Settled(done)
-        if ops.held_by(handle, keys, owner_kv, generation):
+        if ops.held_by(handle, owner_kv, generation, known):
             return None  # not applied: send again (the compare cannot pass twice)
         raise ops.not_held(handle, keys, generation, owner_kv, completion_kv, what)
 
@@ -102,19 +107,19 @@ def complete(ops: Ops, handle: EtcdSession, job_id: str, generation: int,
         if repeat is None:
             raise ops.not_held(handle, keys, generation, owner_kv, completion_kv, what)
         done = repeat
-    handle.forget(job_id, generation)
     return LeaseRecord(job_id, done.owner, None, done.generation, JobState.COMPLETED, done.result)
 
 
-def release(ops: Ops, handle: EtcdSession, job_id: str, generation: int) -> None:
+def release(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult) -> None:
     """See :meth:`EtcdBackend.release <consensus_lease.backends.etcd.EtcdBackend.release>`."""
+    known = EtcdClaim.of(claim, handle, job_id)
+    generation = claim.generation
     keys = ops.layout.job(job_id)
-    value = handle.owner_value(job_id, generation)
-    nonce = "" if value is None else Owner.decode(value, keys.owner).nonce
+    nonce = "" if known is None else Owner.decode(known.owner_value, keys.owner).nonce
     marker = History(None, handle.session_id, nonce, generation, released=True)
     what = f"release of {job_id!r} generation {generation}"
     request = rq.txn(
-        compare=ops.holds(handle, keys, generation),
+        compare=ops.holds(handle, keys, generation, known),
         success=[rq.delete(keys.owner), rq.put(keys.history, marker.encode())],
         failure=[rq.get(keys.owner), rq.get(keys.history), rq.get(keys.completion)],
     )
@@ -128,7 +133,7 @@ def release(ops: Ops, handle: EtcdSession, job_id: str, generation: int) -> None
         owner_kv, history_kv, completion_kv = kvs
         if is_marker(history_kv):
             return Settled(None)
-        if ops.held_by(handle, keys, owner_kv, generation):
+        if ops.held_by(handle, owner_kv, generation, known):
             resent = True
             return None  # not applied: send again
         raise ops.not_held(handle, keys, generation, owner_kv, completion_kv, what)
@@ -138,10 +143,8 @@ def release(ops: Ops, handle: EtcdSession, job_id: str, generation: int) -> None
         read_back=(keys.owner, keys.history, keys.completion), decide=decide,
     )
     if isinstance(answer, Settled) or answer.succeeded:
-        handle.forget(job_id, generation)
         return
     owner_kv, history_kv, completion_kv = (rq.kv_of(r) for r in answer.responses)
     if resent and is_marker(history_kv):  # the first copy landed before the re-send
-        handle.forget(job_id, generation)
         return
     raise ops.not_held(handle, keys, generation, owner_kv, completion_kv, what)

@@ -30,7 +30,7 @@ from ...errors import (
 from . import _requests as rq
 from ._config import EtcdConfig
 from ._keys import Completion, JobKeys, Layout
-from ._session import EtcdSession
+from ._session import EtcdClaim, EtcdSession
 from ._transport import Failure, Transport
 
 __all__ = ["Ops", "Settled"]
@@ -88,24 +88,25 @@ class Ops:
 
     # -- ownership ------------------------------------------------------------------------
 
-    def holds(self, handle: EtcdSession, keys: JobKeys, generation: int) -> list[Any]:
+    def holds(self, handle: EtcdSession, keys: JobKeys, generation: int,
+              known: EtcdClaim | None) -> list[Any]:
         """Compares that pass iff ``handle`` holds the job at ``generation``: the owner
-        key's create revision is the generation, and its value is exactly the one this
-        session wrote (for a claim this process did not record: its lease is ours)."""
-        value = handle.owner_value(keys.job_id, generation)
+        key's create revision is the generation, and its value is exactly the one the
+        claim ``known`` wrote (without it, for a claim this process did not make: its
+        lease is ours)."""
         same = (
-            rq.value_is(keys.owner, value) if value is not None
+            rq.value_is(keys.owner, known.owner_value) if known is not None
             else rq.lease_is(keys.owner, handle.lease_id)
         )
         return [rq.create_is(keys.owner, generation), same]
 
-    def held_by(self, handle: EtcdSession, keys: JobKeys, owner_kv: Any, generation: int) -> bool:
+    def held_by(self, handle: EtcdSession, owner_kv: Any, generation: int,
+                known: EtcdClaim | None) -> bool:
         """The read-back twin of :meth:`holds`."""
         if owner_kv is None or owner_kv.create_revision != generation:
             return False
-        value = handle.owner_value(keys.job_id, generation)
-        if value is not None:
-            return bool(owner_kv.value == value)
+        if known is not None:
+            return bool(owner_kv.value == known.owner_value)
         return bool(owner_kv.lease == handle.lease_id)
 
     def not_held(self, handle: EtcdSession, keys: JobKeys, generation: int,
@@ -113,7 +114,6 @@ class Ops:
         """The error for a failed ownership compare: ``SessionExpired`` if the owner key is
         gone and etcd says our lease is gone too, else ``StaleLeaseError`` with the
         generation the store has now."""
-        handle.forget(keys.job_id, generation)
         if owner_kv is None:
             ttl = self.lease_ttl(handle.lease_id)
             if ttl is not None and ttl <= 0:

@@ -1,24 +1,30 @@
-"""The etcd session handle: one lease, plus what this process knows about its claims."""
+"""The etcd session handle (one lease) and the claim handle (what one claim wrote)."""
 
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 from ...backend import SessionHandle
+from ...errors import InvalidArgument
+from ...record import ClaimResult
 from ._keys import Owner, session_text
 
-__all__ = ["EtcdSession"]
+__all__ = ["EtcdClaim", "EtcdSession"]
 
 
 class EtcdSession(SessionHandle):
     """A session: one etcd lease. ``session_id`` is the lease id in hex (as ``etcdctl
     lease list`` prints it).
 
-    Besides the lease it keeps, per claim, the exact owner-key value written (renew,
-    complete and release compare against it) and the job's work queue as the claim
-    transaction read it (complete deletes the queue's pending key), and the nonces of
-    claims whose answer was lost and not settled by reading back (so a late-landing one
-    can be adopted).
+    What each claim wrote is not kept here: it travels with the claim, as the
+    :class:`EtcdClaim` in ``ClaimResult.handle``. The only per-claim state of a session
+    is the nonces of its claims whose answer was lost and not settled by reading back:
+    such a claim may still land after the read-back, and then nothing holds its
+    ``ClaimResult``; the nonces let this session's next claim of the job recognise the
+    owner key as its own and adopt it (see :meth:`is_ours`), instead of finding the job
+    held by itself under a claim nobody can complete or release. They are kept until
+    the session ends (a handful of short strings per lost answer).
 
     Attributes:
         lease_id: the etcd lease id (int).
@@ -28,33 +34,7 @@ class EtcdSession(SessionHandle):
         super().__init__(session_text(lease_id), owner, granted_ttl_s)
         self.lease_id = lease_id
         self._lock = threading.Lock()
-        self._held: dict[tuple[str, int], tuple[bytes, bool, str | None]] = {}
         self._unsettled: dict[str, set[str]] = {}
-
-    def remember(self, job_id: str, generation: int, owner_value: bytes, queue: str | None,
-                 *, queue_known: bool = True) -> None:
-        """Record the owner-key value of a claim (later compares require exactly it) and
-        the job's work queue (``None``: not queued) as the claim read it; ``queue_known``
-        is false when the claim did not read it. A job's queue never changes while it is
-        held: enqueue only marks a job that has no other key."""
-        with self._lock:
-            self._held[(job_id, generation)] = (owner_value, queue_known, queue)
-
-    def owner_value(self, job_id: str, generation: int) -> bytes | None:
-        with self._lock:
-            held = self._held.get((job_id, generation))
-        return None if held is None else held[0]
-
-    def queue_of(self, job_id: str, generation: int) -> tuple[bool, str | None]:
-        """``(known, queue)``: whether the claim's read of the job's work queue is
-        recorded, and that queue (``None``: not queued)."""
-        with self._lock:
-            held = self._held.get((job_id, generation))
-        return (False, None) if held is None else (held[1], held[2])
-
-    def forget(self, job_id: str, generation: int) -> None:
-        with self._lock:
-            self._held.pop((job_id, generation), None)
 
     def unsettled(self, job_id: str, nonce: str) -> None:
         """A claim with ``nonce`` was sent but its fate is not known: if it lands later,
@@ -69,3 +49,54 @@ class EtcdSession(SessionHandle):
             return owner.session == self.session_id and (
                 owner.nonce == nonce or owner.nonce in self._unsettled.get(job_id, ())
             )
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdClaim:
+    """What one claim wrote: the etcd backend's ``ClaimResult.handle``, handed back with
+    renew, complete and release of that claim.
+
+    Renew, complete and release compare the owner key's value with ``owner_value``
+    (without it: its lease with the session's); complete deletes the queue's pending key
+    of ``queue`` (without it: the job's queue marker is read first, one more round
+    trip). A job's queue never changes while it is held: enqueue only marks a job that
+    has no other key.
+
+    Attributes:
+        lease_id: the lease (int) of the session that made the claim.
+        job_id: the job claimed.
+        owner_value: the exact owner-key value the claim wrote (bytes).
+        queue_known: whether the claim read the job's queue marker (a batch claim
+            settled by reading back did not).
+        queue: the job's work queue as the claim read it (``None``: not queued, or not
+            known).
+    """
+
+    lease_id: int
+    job_id: str
+    owner_value: bytes
+    queue_known: bool
+    queue: str | None
+
+    @staticmethod
+    def of(claim: ClaimResult, session: EtcdSession, job_id: str) -> EtcdClaim | None:
+        """The handle ``claim`` carries, if ``session`` made it for ``job_id``; ``None``
+        for a claim without one (made elsewhere, or rebuilt from its generation) or made
+        by another session or for another job: its ownership is then checked by the
+        session's lease alone, so a claim cannot lend one session's owner value to
+        another.
+
+        Raises:
+            InvalidArgument: ``claim`` is not a ``ClaimResult``, or carries a handle that
+                is not an etcd claim (nothing was sent).
+        """
+        if not isinstance(claim, ClaimResult):
+            raise InvalidArgument(f"not a ClaimResult: {claim!r}", job_id=job_id)
+        handle = claim.handle
+        if handle is None:
+            return None
+        if not isinstance(handle, EtcdClaim):
+            raise InvalidArgument(f"not an etcd claim: {handle!r}", job_id=job_id)
+        if handle.lease_id != session.lease_id or handle.job_id != job_id:
+            return None
+        return handle

@@ -26,11 +26,11 @@ from ._config import EtcdConfig, parse_url
 from ._keepalive import KeepAliveStreams
 from ._keys import Layout, session_text
 from ._ops import Ops
-from ._session import EtcdSession
+from ._session import EtcdClaim, EtcdSession
 from ._transport import Failure, Transport, translate
 from ._watch import wait_for_event
 
-__all__ = ["EtcdBackend", "EtcdSession"]
+__all__ = ["EtcdBackend", "EtcdClaim", "EtcdSession"]
 
 log = logging.getLogger("consensus_lease.etcd")
 
@@ -182,9 +182,11 @@ class EtcdBackend(Backend):
         (same nonce) is sent again, so a first copy that lands meanwhile is recognised,
         never doubled.
 
-        Returns ``None`` when a live session holds the job. A dead session is noticed
-        when the compare passes (etcd refuses the put: lease not found); when the job is
-        held elsewhere a dead session may still get ``None``.
+        Returns the claim with an :class:`EtcdClaim` as its ``handle`` (the owner value
+        written and the job's queue, read in the same transaction), or ``None`` when a
+        live session holds the job. A dead session is noticed when the compare passes
+        (etcd refuses the put: lease not found); when the job is held elsewhere a dead
+        session may still get ``None``.
 
         Raises:
             JobCompleted: the completion record exists (its generation attached).
@@ -201,7 +203,8 @@ class EtcdBackend(Backend):
     ) -> list[ClaimResult | None]:
         """All claims in ONE transaction of nested claim transactions (up to
         ``max_batch_claim``); every successful claim of the batch gets the batch's
-        revision as its generation. A held or completed job yields ``None``. Falls back
+        revision as its generation, and an :class:`EtcdClaim` handle as from
+        :meth:`claim`. A held or completed job yields ``None``. Falls back
         to one transaction per job if the server's ``--max-txn-ops`` is too low.
 
         Raises:
@@ -214,24 +217,31 @@ class EtcdBackend(Backend):
                 return results
         return super().claim_many(session, job_ids)
 
-    def renew(self, session: SessionHandle, job_id: str, generation: int) -> float:
-        """A read-only transaction comparing the owner key's create revision and value,
-        then one keepalive of the session's lease. Returns the granted TTL (seconds).
+    def renew(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> float:
+        """A read-only transaction comparing the owner key's create revision with
+        ``claim.generation`` and its value with the one the claim wrote (its
+        :class:`EtcdClaim` handle; with ``handle`` ``None``, or one made by another
+        session or for another job: its lease with the session's), then one keepalive of
+        the session's lease. Returns the granted TTL (seconds).
 
         Raises:
-            StaleLeaseError: not held at ``generation`` (the lease is lost).
+            StaleLeaseError: not held at ``claim.generation`` (the lease is lost).
             SessionExpired: the session's lease is gone.
             BackendUnavailable: no answer; still held until the local deadline.
+            InvalidArgument: ``claim.handle`` is not an :class:`EtcdClaim`.
         """
         handle = self._handle(session)
-        _hold.check_held(self._ops, handle, job_id, generation)
+        _hold.check_held(self._ops, handle, job_id, claim)
         return self.keepalive(handle)
 
     def complete(
-        self, session: SessionHandle, job_id: str, generation: int, result: bytes
+        self, session: SessionHandle, job_id: str, claim: ClaimResult, result: bytes
     ) -> LeaseRecord:
-        """One transaction: if the owner key still has create revision ``generation`` and
-        our value, put the completion record and delete the owner and history keys. A
+        """One transaction: if the owner key still has create revision
+        ``claim.generation`` and our value (as for :meth:`renew`), put the completion
+        record and delete the owner and history keys, and the queue's pending key for a
+        queued job (the queue as the claim read it; with ``handle`` ``None`` or after a
+        batch claim settled by reading back, the job's queue marker is read first). A
         repeat (the record exists with this session and generation) returns the record.
         After a lost answer: read back; the completion record settles it; an owner key
         still ours means "not applied" and the request is sent again (its compare cannot
@@ -239,23 +249,24 @@ class EtcdBackend(Backend):
 
         Raises:
             StaleLeaseError / SessionExpired: not held; nothing written.
-            InvalidArgument: ``result`` exceeds etcd's request size; still held.
+            InvalidArgument: ``result`` exceeds etcd's request size, or ``claim.handle``
+                is not an :class:`EtcdClaim`; still held.
             OutcomeUnknown: sent, no answer, reading back failed.
             BackendUnavailable: nothing applied; still held.
         """
-        return _hold.complete(self._ops, self._handle(session), job_id, generation,
-                              bytes(result))
+        return _hold.complete(self._ops, self._handle(session), job_id, claim, bytes(result))
 
-    def release(self, session: SessionHandle, job_id: str, generation: int) -> None:
-        """One transaction: if held at ``generation`` by this session, delete the owner
-        key and put a release marker (this session, this generation) in the history key,
-        by which a lost answer is settled.
+    def release(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> None:
+        """One transaction: if held at ``claim.generation`` by this session (as for
+        :meth:`renew`), delete the owner key and put a release marker (this session, this
+        generation, the claim's nonce) in the history key, by which a lost answer is
+        settled.
 
         Raises:
             StaleLeaseError / SessionExpired: not held; nothing written.
-            OutcomeUnknown / BackendUnavailable: as for :meth:`complete`.
+            OutcomeUnknown / BackendUnavailable / InvalidArgument: as for :meth:`complete`.
         """
-        _hold.release(self._ops, self._handle(session), job_id, generation)
+        _hold.release(self._ops, self._handle(session), job_id, claim)
 
     # -- work queues --------------------------------------------------------------------
 
