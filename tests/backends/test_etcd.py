@@ -195,7 +195,7 @@ def test_generation_is_the_owner_keys_create_revision(store: LeaseStore) -> None
         assert lease is not None
         keys = _keys_under(store)
         owners = [kv for k, kv in keys.items() if k.endswith(b"/o")]
-        assert len(owners) == 1 and len(keys) == 2  # owner + history
+        assert len(owners) == 1 and len(keys) == 3  # owner, history, attempts
         (owner,) = owners
         assert owner.create_revision == lease.generation
         assert owner.lease == int(a.session_id, 16)
@@ -237,7 +237,8 @@ def test_a_claim_carries_its_owner_value_and_is_checked_without_it(store: LeaseS
         assert (claim.handle.job_id, claim.handle.queue_known, claim.handle.queue) == (
             "job", True, None,
         )
-        bare = ClaimResult(claim.generation)
+        assert claim.attempt == claim.handle.attempt == 1
+        bare = ClaimResult(claim.generation, attempt=1)
         assert bare == claim  # the handle is not compared
         assert backend.renew(a, "job", claim) > 0
         assert backend.renew(a, "job", bare) > 0  # by the session's lease

@@ -2,17 +2,18 @@
 
 A worker session is one etcd **lease**; every job it claims is an *owner key* attached
 to that lease, so one keepalive renews them all and a revoked or expired lease drops
-them all at once. Claim, complete and release are each **one transaction** in which
-etcd compares the owner key; the fencing token (generation) is the owner key's
+them all at once. Claim, complete, release and fail are each **one transaction** in
+which etcd compares the owner key; the fencing token (generation) is the owner key's
 ``create_revision``, i.e. the claim transaction's revision: strictly increasing per job
 (and across the whole cluster), but not consecutive (``consecutive_generations=False``).
 ``renew`` is two round trips, not one atomic step: a read-only transaction comparing the
 owner key, then one keepalive of the session's lease.
 Each claim returns its own state as ``ClaimResult.handle`` (an :class:`EtcdClaim`: the
-exact owner value written and the job's work queue), which the lease hands back with
-renew, complete and release; the driver keeps no table of claims. Without it (a claim
-this process did not make) the compare is on the owner key's lease instead of its
-value, and completing a queued job first reads its queue marker.
+exact owner value written, the job's work queue, the attempt and the attempt limit),
+which the lease hands back with renew, complete, release and fail; the driver keeps no
+table of claims. Without it (a claim this process did not make) the compare is on the
+owner key's lease instead of its value, and completing or failing a queued job first
+reads its queue marker (and attempts).
 
 URL and options (query string or keyword arguments of ``open_store``; keyword
 arguments win; names and value rules shared with the other backends, see
@@ -45,20 +46,51 @@ Renamed: ``ca_cert`` -> ``ca_file``, ``cert_cert`` -> ``cert_file``, ``cert_key`
 ``key_file``. TLS files must exist when the store is opened.
 
 Keys (see :mod:`._keys`): ``PREFIX/HEX/o`` owner (leased), ``PREFIX/HEX/h`` history,
-``PREFIX/HEX/c`` completion record, ``PREFIX/HEX/q`` queue marker, where ``HEX`` is the
+``PREFIX/HEX/c`` completion record, ``PREFIX/HEX/q`` queue marker, ``PREFIX/HEX/a``
+attempts, ``PREFIX/HEX/e`` last error, ``PREFIX/HEX/f`` FAILED record, ``PREFIX/HEX/l``
+attempt limit, ``PREFIX/HEX/n`` not-before (on a lease of its own), where ``HEX`` is the
 hex of the job id's UTF-8 bytes, so no id can collide with another or escape the prefix.
 
 Work queues (see :mod:`._queue`): ``PREFIX/q/QHEX/j/HEX`` member key (value: the
 payload; its create revision is the job's ``seq``) and ``PREFIX/q/QHEX/p/HEX`` pending
-key (deleted by the completion transaction), ``QHEX`` the hex of the queue name.
-Enqueue is one transaction (the job must have no key yet). ``claim_next`` reads the
-pending keys sorted by create revision (FIFO), then the candidates' owner keys and
-payloads (two linearizable reads), then claims with the ordinary claim transaction,
-which also reads the job's queue marker so the completion can delete the pending key
-in its own transaction. Waiting is a watch (enqueues; owner keys deleted by release or
-expiry). Payloads are limited to 1 MiB (``max_payload_bytes``), under etcd's default
-``--max-request-bytes`` of 1.5 MiB, with room for the keys; a server configured lower
-refuses larger enqueues with ``InvalidArgument``.
+key (deleted by the completion transaction and by the one making the job FAILED, put
+back by requeue), ``QHEX`` the hex of the queue name. Enqueue is one transaction (the
+job must have no key yet). ``claim_next`` reads the pending keys sorted by create
+revision (FIFO), then the candidates' owner and not-before keys and payloads (two
+linearizable reads), then claims with the ordinary claim transaction, which also reads
+the job's queue marker so the completion can delete the pending key in its own
+transaction. Waiting is a watch (enqueues and requeues; owner keys deleted by release,
+fail or expiry; not-before keys deleted by their lease's expiry). Payloads are limited
+to 1 MiB (``max_payload_bytes``), under etcd's default ``--max-request-bytes`` of
+1.5 MiB, with room for the keys; a server configured lower refuses larger enqueues with
+``InvalidArgument``.
+
+Job lifecycle (attempts, ``fail``, retry delays, FAILED, ``requeue``; see
+:mod:`._attempts` and :mod:`._failure`):
+
+* ``attempt``: every claim transaction also puts the attempts key ``a`` (empty value);
+  etcd adds 1 to a key's ``version`` on every put, so the version is the number of
+  claims, counted by the store in the claim's own transaction (the put answers the
+  previous version: no read). Its ``mod_revision`` is the last claim's generation.
+* ``max_attempts`` is the limit key ``l`` (``{max_attempts, base}``), written by
+  ``enqueue``. The common claim compares ``l`` absent, so jobs without a limit pay
+  nothing but a compare and a put; a job with one is claimed in two round trips: the
+  first transaction's ``else`` branch answers the job's keys, the second compares
+  ``mod_revision(l)`` and ``version(a)`` as read, and either claims or, if
+  ``version(a) - base >= max_attempts`` (the last attempt ended without completion or
+  fail), puts the FAILED record ``f`` and deletes the pending key: ``JobFailed``.
+* ``fail`` is one transaction comparing as release: delete ``o``, put the release
+  marker in ``h`` and the error in ``e``; then either the FAILED record ``f`` (attempts
+  used up; the pending key deleted) or, for ``retry_in_s > 0``, the not-before key ``n``
+  attached to a lease of its own of ``ceil(retry_in_s)`` whole seconds (at least 1;
+  etcd raises it to its minimum TTL, 2 s by default), granted just before. Claims
+  compare ``n`` absent; etcd deletes it when the lease runs out (within about 0.5 s of
+  the TTL; a new leader extends leases), which wakes waiting claims. ``not_before`` in
+  records is local wall clock + the lease's remaining TTL (display only).
+* A FAILED job has ``f``, which every claim's compares refuse (the common claim through
+  ``l``, which a FAILED job always has), and no pending key, so no candidate list
+  offers it. ``requeue`` is one transaction comparing ``mod_revision(f)``: delete ``f``,
+  rewrite ``l`` with ``base`` = the attempts so far, put the pending key back.
 
 etcd guarantees relied on (etcd 3.4 docs):
 
@@ -82,10 +114,13 @@ etcd guarantees relied on (etcd 3.4 docs):
 Lost answers: writes are never re-sent blindly. After a timeout or a member failure
 mid-request the driver reads the job's keys back; each write is recognisable afterwards
 (a claim by the nonce in its owner value, a completion by its record, a release by its
-history marker) and guarded by a compare its own success makes false, so re-sending it
-after "not applied yet" cannot apply it twice. ``OutcomeUnknown`` only when reading back
-fails within ``connect_timeout_s``. Idempotent reads are retried over the members with
-``tenacity`` for at most ``connect_timeout_s``.
+history marker, a fail by the nonce in its error record, a claim that made the job
+FAILED by the FAILED record, a requeue by the nonce in its limit record, an enqueue by
+the nonce in its queue marker) and guarded by a compare its own success makes false, so
+re-sending it after "not applied yet" cannot apply it twice. ``OutcomeUnknown`` only when
+reading back fails within ``connect_timeout_s``. Idempotent reads are retried over the
+members with ``tenacity`` for at most ``connect_timeout_s``. A ``LeaseGrant`` (session,
+retry delay) whose answer is lost is retried; the orphan lease holds no key and expires.
 
 Limitation: a claim whose answer was lost and that is still in flight when read back
 may land later; it then holds the job under this session until this session claims the

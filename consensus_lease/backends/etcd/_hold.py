@@ -6,7 +6,10 @@ revision is the generation and its value is ours. Then::
     renew:     (nothing)                    else get o, get c
     complete:  put c = record, delete o, h  else get o, get c
                (+ delete QDIR/p/HEX for a queued job)
+               get a, e, l (for the record it returns)
     release:   delete o, put h = marker     else get o, get c
+
+``fail`` is in :mod:`._failure`.
 
 A queued job's completion also deletes its pending key in the queue, in the same
 transaction, so ``queue_candidates`` never sees completed jobs. The queue comes from the
@@ -23,8 +26,9 @@ from typing import Any
 
 from ...record import ClaimResult, JobState, LeaseRecord
 from . import _requests as rq
-from ._keys import Completion, History, Owner, queue_of
+from ._keys import Completion, History, JobKeys, Owner, queue_of
 from ._ops import Ops, Settled
+from ._records import Lifecycle
 from ._session import EtcdClaim, EtcdSession
 
 __all__ = ["check_held", "complete", "release"]
@@ -70,6 +74,7 @@ def complete(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult,
     ]
     if queue is not None:
         success.append(rq.delete(ops.layout.queue(queue).pending(job_id)))
+    success += [rq.get(keys.attempts), rq.get(keys.error), rq.get(keys.limit)]
     request = rq.txn(
         compare=ops.holds(handle, keys, generation, known),
         success=success,
@@ -100,14 +105,28 @@ def complete(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult,
     if isinstance(answer, Settled):
         done: Completion = answer.value
     elif answer.succeeded:
-        done = record
+        life = Lifecycle.of(*(rq.kv_of(r) for r in answer.responses[-3:]))
+        return _completed(job_id, record, life)
     else:
         owner_kv, completion_kv = (rq.kv_of(r) for r in answer.responses)
         repeat = ours(completion_kv)  # a retry of a completion that already landed
         if repeat is None:
             raise ops.not_held(handle, keys, generation, owner_kv, completion_kv, what)
         done = repeat
-    return LeaseRecord(job_id, done.owner, None, done.generation, JobState.COMPLETED, done.result)
+    return _completed(job_id, done, _lifecycle(ops, keys))
+
+
+def _completed(job_id: str, done: Completion, life: Lifecycle) -> LeaseRecord:
+    return LeaseRecord(job_id, done.owner, None, done.generation, JobState.COMPLETED,
+                       done.result, *life)
+
+
+def _lifecycle(ops: Ops, keys: JobKeys) -> Lifecycle:
+    """The job's attempt, error and limit, read (after a completion settled by reading
+    back: one more round trip, on that rare path only)."""
+    kvs = ops.read_keys((keys.attempts, keys.error, keys.limit), f"reading {keys.job_id!r}",
+                        time.monotonic() + ops.config.connect_timeout_s, keys.job_id)
+    return Lifecycle.of(*kvs)
 
 
 def release(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult) -> None:

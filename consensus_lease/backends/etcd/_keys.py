@@ -1,6 +1,6 @@
 """Key layout under the prefix, and the values stored at each key.
 
-Each job owns up to four keys under ``PREFIX/HEX/``, where ``HEX`` is the lowercase hex of
+Each job owns up to nine keys under ``PREFIX/HEX/``, where ``HEX`` is the lowercase hex of
 the job id's UTF-8 bytes. Hex cannot contain ``/``, so no id (``/``, ``..``, spaces,
 any Unicode) can collide with another or reach outside its own directory, and hex
 keeps the byte order of the ids: a key-ordered range read lists jobs in job-id order,
@@ -9,23 +9,38 @@ so ``records(limit)`` can stop early.
 =======  ==========  ==========================================================
 key      lease       meaning
 =======  ==========  ==========================================================
+``a``    none        ATTEMPTS: put (empty) by every claim, so its ``version``
+                     is the number of claims so far (the attempt of the last
+                     one) and its ``mod_revision`` the last claim's generation.
+``c``    none        COMPLETION record; once written the job is never claimed
+                     again. Written together with deleting ``o`` and ``h``.
+``e``    none        LAST ERROR (:class:`LastError`): written by ``fail`` (and
+                     by a claim that finds the attempts used up, if there was
+                     none); kept across claims and requeues.
+``f``    none        FAILED record (:class:`DeadLetter`): the job is a dead
+                     letter, claimed again only after ``requeue`` deletes it.
+``h``    none        HISTORY: written by every claim (same value as ``o``, so
+                     its ``mod_revision`` is the generation) and by release and
+                     fail (explicit generation, ``released``). Lets ``get`` tell
+                     "released / expired at generation N" from "never seen".
+``l``    none        LIMIT (:class:`Limit`): ``max_attempts`` and the attempt
+                     count at the last requeue; written by ``enqueue`` only for
+                     a job with a limit, rewritten by ``requeue``.
+``n``    its own     NOT-BEFORE: exists while a retry delay of ``fail`` runs;
+                     attached to a lease of its own, whose expiry deletes it.
 ``o``    session's   the OWNER key: exists iff a live session holds the job. Its
                      ``create_revision`` is the fencing token. etcd deletes it
                      when the session's lease ends (expiry or revoke).
-``h``    none        HISTORY: written by every claim (same value as ``o``, so
-                     its ``mod_revision`` is the generation) and by release
-                     (explicit generation, ``released``). Lets ``get`` tell
-                     "released / expired at generation N" from "never seen".
-``c``    none        COMPLETION record; once written the job is never claimed
-                     again. Written together with deleting ``o`` and ``h``.
 ``q``    none        QUEUE marker: the work queue the job was enqueued in
                      (:class:`QueueMarker`). Written by ``enqueue`` only while
                      the job has no other key, so it never changes while the
                      job exists; deleted by ``purge``.
 =======  ==========  ==========================================================
 
-The suffixes sort ``c < h < o < q``, so one watch on ``[c, o\\0)`` sees the first
-three. Job directories are hex, so every job key sorts before ``PREFIX/g``.
+The suffixes sort ``a < c < e < f < h < l < n < o < q``, so one watch on ``[c, o\\0)``
+sees every change that can make a job claimable (owner and not-before deleted,
+completion, failure, requeue). Job directories are hex, so every job key sorts before
+``PREFIX/g``.
 
 Work queues live after them, in ``QDIR`` = ``PREFIX/q/QHEX/`` (``QHEX``: hex of the
 queue name, so queue directories cannot nest either):
@@ -37,11 +52,14 @@ key              value   meaning
                          ``create_revision`` (the enqueue transaction's
                          revision) is the job's ``seq``, the FIFO order. Kept
                          until ``purge``.
-``QDIR/p/HEX``   empty   PENDING: the job is not completed. Same create
-                         revision as the member key; deleted by the completion
-                         transaction. A range read of ``QDIR/p/`` sorted by
-                         create revision lists the open jobs oldest first,
-                         without payloads and without completed jobs.
+``QDIR/p/HEX``   empty   PENDING: the job is neither completed nor FAILED.
+                         Created with the member key (same create revision);
+                         deleted by the completion transaction and by the one
+                         that makes the job FAILED; created again by
+                         ``requeue`` (so a requeued job is claimed after the
+                         jobs pending before it). A range read of ``QDIR/p/``
+                         sorted by create revision lists the open jobs oldest
+                         first, without payloads and without finished jobs.
 ===============  ======  ====================================================
 
 Values other than payloads are compact JSON (UTF-8), ``result`` base64; anything that
@@ -60,20 +78,32 @@ from ...errors import BackendUnavailable
 
 __all__ = [
     "Completion",
+    "DeadLetter",
     "History",
     "JobKeys",
+    "LastError",
     "Layout",
+    "Limit",
     "Owner",
     "QueueKeys",
     "QueueMarker",
+    "attempts_of",
+    "limit_of",
     "prefix_range_end",
     "queue_of",
 ]
 
-OWNER = b"o"
-HISTORY = b"h"
+ATTEMPTS = b"a"
 COMPLETION = b"c"
+ERROR = b"e"
+FAILED = b"f"
+HISTORY = b"h"
+LIMIT = b"l"
+NOT_BEFORE = b"n"
+OWNER = b"o"
 QUEUE = b"q"
+JOB_KINDS = frozenset({ATTEMPTS, COMPLETION, ERROR, FAILED, HISTORY, LIMIT, NOT_BEFORE, OWNER,
+                       QUEUE})
 MEMBER = b"j/"
 PENDING = b"p/"
 JOBS_END = b"g"  # after every hex digit: [root, root + "g") holds exactly the job keys
@@ -129,8 +159,36 @@ class JobKeys:
         return self.base + QUEUE
 
     @property
+    def attempts(self) -> bytes:
+        return self.base + ATTEMPTS
+
+    @property
+    def error(self) -> bytes:
+        return self.base + ERROR
+
+    @property
+    def failed(self) -> bytes:
+        return self.base + FAILED
+
+    @property
+    def limit(self) -> bytes:
+        return self.base + LIMIT
+
+    @property
+    def not_before(self) -> bytes:
+        return self.base + NOT_BEFORE
+
+    @property
+    def directory(self) -> tuple[bytes, bytes]:
+        """``(key, range_end)`` covering every key of the job, ``a`` to ``q``. (Were a
+        prefix nested in ours against the rules, it would also hold that prefix's job
+        keys, which :meth:`Layout.parse` leaves out, but none of its queue keys.)"""
+        return self.base + ATTEMPTS, self.base + QUEUE + b"\x00"
+
+    @property
     def watch_range(self) -> tuple[bytes, bytes]:
-        """``(key, range_end)`` covering the completion, history and owner keys."""
+        """``(key, range_end)`` covering the completion, error, failed, history, limit,
+        not-before and owner keys."""
         return self.completion, self.owner + b"\x00"
 
 
@@ -193,7 +251,7 @@ class Layout:
         if not key.startswith(self.root):
             return None
         hex_id, sep, kind = key[len(self.root) :].partition(b"/")
-        if not sep or kind not in (OWNER, HISTORY, COMPLETION, QUEUE):
+        if not sep or kind not in JOB_KINDS:
             return None
         job_id = _unhex(hex_id)  # only our canonical lowercase hex
         return None if job_id is None else (job_id, kind)
@@ -332,3 +390,92 @@ def queue_of(marker_kv: Any) -> str | None:
     if marker_kv is None:
         return None
     return QueueMarker.decode(marker_kv.value, marker_kv.key).queue
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """The limit key's value: the job's ``max_attempts`` and ``base``, the attempt count
+    when the current budget began (0, or the attempts made before the last requeue);
+    ``nonce`` names the request that wrote it (enqueue or requeue)."""
+
+    max_attempts: int
+    base: int
+    nonce: str
+
+    def exhausted(self, attempts: int) -> bool:
+        """Every attempt of the current budget was made."""
+        return attempts - self.base >= self.max_attempts
+
+    def encode(self) -> bytes:
+        return _dump({"base": self.base, "max_attempts": self.max_attempts, "nonce": self.nonce})
+
+    @classmethod
+    def decode(cls, raw: bytes, key: bytes) -> Limit:
+        obj = _load(raw, "limit", key)
+        try:
+            return cls(int(obj["max_attempts"]), int(obj["base"]), str(obj["nonce"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BackendUnavailable(f"corrupt limit record at etcd key {key!r}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class LastError:
+    """The last-error key's value: the error text, and the attempt it ended (``session``
+    empty and ``generation`` the last claim's when a claim found the attempts used up);
+    ``nonce`` names the request that wrote it, which settles a lost answer."""
+
+    error: str
+    session: str
+    generation: int
+    attempt: int
+    nonce: str
+
+    def encode(self) -> bytes:
+        return _dump({"attempt": self.attempt, "error": self.error,
+                      "generation": self.generation, "nonce": self.nonce,
+                      "session": self.session})
+
+    @classmethod
+    def decode(cls, raw: bytes, key: bytes) -> LastError:
+        obj = _load(raw, "error", key)
+        try:
+            return cls(str(obj["error"]), str(obj["session"]), int(obj["generation"]),
+                       int(obj["attempt"]), str(obj["nonce"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BackendUnavailable(f"corrupt error record at etcd key {key!r}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """The FAILED record's value: the last attempt (its generation and number) and the
+    error that ended the job; ``nonce`` names the request that wrote it."""
+
+    generation: int
+    attempt: int
+    error: str
+    nonce: str
+
+    def encode(self) -> bytes:
+        return _dump({"attempt": self.attempt, "error": self.error,
+                      "generation": self.generation, "nonce": self.nonce})
+
+    @classmethod
+    def decode(cls, raw: bytes, key: bytes) -> DeadLetter:
+        obj = _load(raw, "failed", key)
+        try:
+            return cls(int(obj["generation"]), int(obj["attempt"]), str(obj["error"]),
+                       str(obj["nonce"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BackendUnavailable(f"corrupt failed record at etcd key {key!r}") from exc
+
+
+def limit_of(limit_kv: Any) -> Limit | None:
+    """The job's attempt limit from its limit key (``None``: absent, unlimited)."""
+    if limit_kv is None:
+        return None
+    return Limit.decode(limit_kv.value, limit_kv.key)
+
+
+def attempts_of(attempts_kv: Any) -> int:
+    """The number of claims so far: the attempts key's version (0: absent)."""
+    return 0 if attempts_kv is None else int(attempts_kv.version)

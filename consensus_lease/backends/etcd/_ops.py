@@ -86,6 +86,33 @@ class Ops:
             return None
         return int(answer.TTL)
 
+    def grant(self, ttl_s: int, what: str) -> tuple[int, int]:
+        """A new etcd lease of ``ttl_s`` whole seconds: ``(lease id, granted TTL)``
+        (etcd raises a TTL below its minimum). A lost answer is retried on another
+        member; the orphan lease holds no key and expires after its TTL.
+
+        Raises:
+            BackendUnavailable / AuthenticationFailed: no lease was granted.
+        """
+        answer = self.transport.call(
+            "lease", "LeaseGrant", etcdrpc.LeaseGrantRequest(TTL=ttl_s), what=what,
+            budget_s=self.config.timeout_s,
+        )
+        if answer.error:
+            raise BackendUnavailable(f"etcd refused {what}: {answer.error}")
+        return int(answer.ID), int(answer.TTL)
+
+    def revoke(self, lease_id: int) -> None:
+        """Revoke a lease, best effort: a failure is logged and the lease left to expire."""
+        try:
+            self.transport.call(
+                "lease", "LeaseRevoke", etcdrpc.LeaseRevokeRequest(ID=lease_id),
+                what=f"revoking lease {lease_id:x}", budget_s=self.config.timeout_s,
+            )
+        except LeaseError as exc:
+            log.info("etcd: could not revoke lease %x (it expires by its TTL): %s",
+                     lease_id, exc)
+
     # -- ownership ------------------------------------------------------------------------
 
     def holds(self, handle: EtcdSession, keys: JobKeys, generation: int,

@@ -4,11 +4,13 @@
 Keys (see :mod:`._keys`): the job's queue marker ``PREFIX/HEX/q``, and in the queue's
 directory ``QDIR = PREFIX/q/QHEX/`` a member key ``QDIR/j/HEX`` (value: the payload;
 its create revision is ``seq``) and a pending key ``QDIR/p/HEX`` (empty; deleted by the
-completion transaction). The enqueue transaction::
+completion transaction and by the one making the job FAILED, put back by requeue). The
+enqueue transaction::
 
     if create_revision(o) == 0 and create_revision(h) == 0
             and create_revision(c) == 0 and create_revision(q) == 0:
         put PREFIX/HEX/q = {queue, nonce}, put QDIR/j/HEX = payload, put QDIR/p/HEX = ""
+        put PREFIX/HEX/l = {max_attempts, base 0, nonce}   (only with max_attempts)
     else:
         get PREFIX/HEX/q
 
@@ -17,10 +19,10 @@ claim transaction (:mod:`._claim`), with the same compares and fencing token.
 
 ``queue_candidates`` is two linearizable reads: the queue's pending keys sorted by create
 revision (FIFO), keys only, then one read-only transaction asking, per job, whether its
-owner key and pending key exist, and its payload. etcd sorts a range by create revision
-by reading every key of the range and truncating afterwards, so one call costs the
-server O(open jobs of the queue) small-key reads; the pending keys are empty, and
-completed jobs are not among them.
+owner key, not-before key (a retry delay runs) and pending key exist, and its payload.
+etcd sorts a range by create revision by reading every key of the range and truncating
+afterwards, so one call costs the server O(open jobs of the queue) small-key reads; the
+pending keys are empty, and completed and FAILED jobs are not among them.
 """
 
 from __future__ import annotations
@@ -36,9 +38,9 @@ from pyetcd import etcdrpc
 from ...errors import BackendUnavailable, InvalidArgument, OutcomeUnknown
 from ...record import LeaseRecord, QueuedJob
 from . import _requests as rq
-from ._keys import QueueKeys, QueueMarker, queue_of
+from ._keys import Limit, QueueKeys, QueueMarker, queue_of
 from ._ops import Ops, Settled
-from ._records import job_record
+from ._records import job_record, kinds_of
 from ._transport import Failure
 
 __all__ = [
@@ -59,19 +61,20 @@ default); the enqueue transaction also carries three keys of up to ~1 KiB each, 
 marker and the framing. A server configured lower refuses larger enqueues with
 ``InvalidArgument``; nothing is written then."""
 
-CANDIDATES_PAGE = 42
-"""Pending keys per candidates page: the check transaction makes 3 gets per job and
+CANDIDATES_PAGE = 32
+"""Pending keys per candidates page: the check transaction makes 4 gets per job and
 etcd allows 128 operations per transaction (``--max-txn-ops``)."""
 
 LISTING_JOBS = 32
-"""Jobs per read transaction in ``queue_jobs`` (4 gets each)."""
+"""Jobs per read transaction in ``queue_jobs`` (2 range reads each: the payload and
+the job's keys)."""
 
 KEYS_PAGE = 512
 """Keys per range read when listing a queue's member or pending keys."""
 
 PURGE_BATCH = 64
 """Completed jobs deleted per purge transaction: each is a nested transaction of one
-compare and five deletes; etcd checks a nested transaction against ``--max-txn-ops``
+compare and eight deletes; etcd checks a nested transaction against ``--max-txn-ops``
 (128) minus the outer transaction's size."""
 
 
@@ -99,19 +102,22 @@ def page_jobs(qkeys: QueueKeys, kvs: Sequence[Any]) -> list[tuple[str, int]]:
 # -- enqueue ----------------------------------------------------------------------------
 
 
-def enqueue(ops: Ops, queue: str, job_id: str, payload: bytes) -> bool:
+def enqueue(ops: Ops, queue: str, job_id: str, payload: bytes,
+            max_attempts: int | None = None) -> bool:
     """See :meth:`EtcdBackend.enqueue <consensus_lease.backends.etcd.EtcdBackend.enqueue>`."""
     keys = ops.layout.job(job_id)
     qkeys = ops.layout.queue(queue)
     marker = QueueMarker(queue, secrets.token_hex(8))
     job_keys = (keys.owner, keys.history, keys.completion, keys.queue)
+    success = [
+        rq.put(keys.queue, marker.encode()),
+        rq.put(qkeys.member(job_id), payload),
+        rq.put(qkeys.pending(job_id), b""),
+    ]
+    if max_attempts is not None:
+        success.append(rq.put(keys.limit, Limit(max_attempts, 0, marker.nonce).encode()))
     request = rq.txn(
-        compare=[rq.create_is(k, 0) for k in job_keys],
-        success=[
-            rq.put(keys.queue, marker.encode()),
-            rq.put(qkeys.member(job_id), payload),
-            rq.put(qkeys.pending(job_id), b""),
-        ],
+        compare=[rq.create_is(k, 0) for k in job_keys], success=success,
         failure=[rq.get(keys.queue)],
     )
     what = f"enqueue of {job_id!r} in queue {queue!r}"
@@ -162,17 +168,19 @@ def candidates(ops: Ops, queue: str, limit: int) -> list[tuple[str, bytes]]:
         if jobs:
             checks = []
             for job_id, _ in jobs:
+                keys = ops.layout.job(job_id)
                 checks += [
-                    rq.count(ops.layout.job(job_id).owner),
+                    rq.count(keys.owner),
+                    rq.count(keys.not_before),
                     rq.count(qkeys.pending(job_id)),
                     rq.get(qkeys.member(job_id)),
                 ]
             found = ops.read(rq.txn(success=checks), what).responses
             for i, (job_id, _) in enumerate(jobs):
-                owner, pending, member = found[3 * i : 3 * i + 3]
+                owner, delay, pending, member = found[4 * i : 4 * i + 4]
                 member_kv = rq.kv_of(member)
-                if (owner.response_range.count == 0 and pending.response_range.count > 0
-                        and member_kv is not None):
+                if (owner.response_range.count == 0 and delay.response_range.count == 0
+                        and pending.response_range.count > 0 and member_kv is not None):
                     out.append((job_id, bytes(member_kv.value)))
         if not page.more or not page.kvs:
             break
@@ -213,18 +221,14 @@ def list_jobs(ops: Ops, queue: str, limit: int | None) -> list[QueuedJob]:
     for start in range(0, len(jobs), LISTING_JOBS):
         chunk = jobs[start : start + LISTING_JOBS]
         gets = []
-        for job_id, _ in chunk:
-            keys = ops.layout.job(job_id)
-            gets += [rq.get(k) for k in (qkeys.member(job_id), keys.owner, keys.history,
-                                         keys.completion)]
-        for op in gets:
-            op.request_range.revision = revision  # the members' snapshot
+        for job_id, _ in chunk:  # at the members' snapshot
+            gets += [rq.span(qkeys.member(job_id), qkeys.member(job_id) + b"\x00", revision),
+                     rq.span(*ops.layout.job(job_id).directory, revision=revision)]
         answer = ops.read(rq.txn(success=gets), what)
-        kvs = [rq.kv_of(r) for r in answer.responses]
         for i, (job_id, seq) in enumerate(chunk):
-            member_kv, owner_kv, history_kv, completion_kv = kvs[4 * i : 4 * i + 4]
-            record: LeaseRecord | None = job_record(ops, job_id, owner_kv, history_kv,
-                                                    completion_kv, lease_until, True)
+            member_kv = rq.kv_of(answer.responses[2 * i])
+            kinds = kinds_of(ops, answer.responses[2 * i + 1].response_range.kvs)
+            record: LeaseRecord | None = job_record(ops, job_id, kinds, lease_until)
             if member_kv is None or record is None:
                 continue  # cannot happen at one revision; never invent a job
             out.append(QueuedJob(queue, record, bytes(member_kv.value), seq))
@@ -251,17 +255,18 @@ def purge(ops: Ops, queue: str) -> int:
 
 def _purge_batch(ops: Ops, qkeys: QueueKeys, job_ids: list[str], what: str) -> int:
     """Delete the keys of those of ``job_ids`` that are completed, in one transaction
-    (a nested one per job, guarded by its completion record existing); return how many.
-    After a lost answer the completion records are read back: those gone were purged
-    (by this request, or a concurrent purge), the rest are sent again."""
+    (a nested one per job, guarded by its completion record existing: a FAILED job, also
+    without a pending key, is left alone); return how many. After a lost answer the
+    member keys are read back: those gone were purged (by this request, or a concurrent
+    purge), the rest are sent again (a FAILED job's nested compare fails again)."""
     purged = 0
     deadline = time.monotonic() + ops.config.connect_timeout_s
     while job_ids:
         nested = []
         for job_id in job_ids:
             keys = ops.layout.job(job_id)
-            doomed = (keys.completion, keys.history, keys.queue, qkeys.member(job_id),
-                      qkeys.pending(job_id))
+            doomed = (keys.completion, keys.history, keys.queue, keys.attempts, keys.error,
+                      keys.limit, qkeys.member(job_id), qkeys.pending(job_id))
             nested.append(etcdrpc.RequestOp(request_txn=rq.txn(
                 compare=[rq.exists(keys.completion)], success=[rq.delete(k) for k in doomed],
             )))
@@ -271,12 +276,14 @@ def _purge_batch(ops: Ops, qkeys: QueueKeys, job_ids: list[str], what: str) -> i
         except Failure as failure:
             log.warning("etcd: %s: no answer (%s); reading back", what, failure)
             try:
-                kvs = ops.read_keys([ops.layout.job(j).completion for j in job_ids],
-                                    f"reading back {what}", deadline, job_ids[0])
+                found = ops.read(rq.txn(success=[rq.count(qkeys.member(j)) for j in job_ids]),
+                                 f"reading back {what}",
+                                 budget_s=max(0.05, deadline - time.monotonic()),
+                                 job_id=job_ids[0]).responses
             except BackendUnavailable as exc:
                 raise OutcomeUnknown(f"{what}: sent but not answered ({failure}), and reading "
                                      f"back failed: {exc}", job_id=job_ids[0]) from exc
-            left = [j for j, kv in zip(job_ids, kvs, strict=True) if kv is not None]
+            left = [j for j, r in zip(job_ids, found, strict=True) if r.response_range.count]
             purged += len(job_ids) - len(left)
             job_ids = left
             if job_ids and time.monotonic() >= deadline:

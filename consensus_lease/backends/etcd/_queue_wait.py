@@ -1,13 +1,15 @@
 """Waiting for a job of a work queue to become claimable: a read, then etcd watches.
 
-First the queue's open jobs (its pending keys, oldest first) and their owner keys are
-read: if one is not held, there is nothing to wait for. Otherwise two watches on one
-stream, from the revision after that read, wake the waiter:
+First the queue's open jobs (its pending keys, oldest first) and their owner and
+not-before keys are read: if one is neither held nor in a retry delay, there is nothing
+to wait for. Otherwise two watches on one stream, from the revision after that read, wake
+the waiter:
 
-* PUTs under the queue's pending keys: an enqueue;
-* DELETEs of the owner key of a job held at the read, without a DELETE of its history key
-  in the same revision: a release, a lease expiry or revoke. A completion also deletes
-  the history key, and frees nothing.
+* PUTs under the queue's pending keys: an enqueue (or a requeue);
+* DELETEs of job keys of a job held or delayed at the read: its owner key without its
+  history key in the same revision (a release, a lease expiry or revoke, a fail; a
+  completion also deletes the history key, and frees nothing), or its not-before key
+  (the retry delay's lease ran out).
 
 A watch from revision ``r`` delivers every later event in order, and the events of one
 revision together, so nothing that happens after the read is missed.
@@ -22,7 +24,7 @@ from typing import Any
 
 from ...errors import BackendUnavailable
 from . import _requests as rq
-from ._keys import HISTORY, OWNER, QueueKeys
+from ._keys import HISTORY, NOT_BEFORE, OWNER, QueueKeys
 from ._ops import Ops
 from ._queue import page_jobs, sorted_pending
 from ._transport import Failure
@@ -33,29 +35,32 @@ __all__ = ["WAIT_TRACKED", "wait"]
 log = logging.getLogger("consensus_lease.etcd")
 
 WAIT_TRACKED = 1024
-"""Most held jobs ``wait_for_queue`` tracks by name; beyond, any owner key deleted
-anywhere under the prefix wakes it (spuriously, mostly)."""
+"""Most held or delayed jobs ``wait_for_queue`` tracks by name; beyond, any owner or
+not-before key deleted anywhere under the prefix wakes it (spuriously, mostly)."""
 
 
 def _held_snapshot(ops: Ops, qkeys: QueueKeys,
                    budget_s: float) -> tuple[int, set[str] | None, bool]:
     """``(revision, held, complete)``: the open jobs of the queue as of ``revision``
-    (or later), if every one is held (``held``: their ids), else ``None`` (one looked
-    claimable). ``complete`` is false when more than :data:`WAIT_TRACKED` were held."""
+    (or later), if every one is held or delayed (``held``: their ids), else ``None``
+    (one looked claimable). ``complete`` is false when more than :data:`WAIT_TRACKED`
+    were held."""
     what = f"reading queue {qkeys.queue!r} before waiting"
     held: set[str] = set()
     revision, min_create = 0, 0
     while True:
-        page = ops.read(sorted_pending(qkeys, 128, min_create), what, budget_s=budget_s)
+        page = ops.read(sorted_pending(qkeys, 64, min_create), what, budget_s=budget_s)
         revision = revision or int(page.header.revision)
         jobs = page_jobs(qkeys, page.kvs)
         if jobs:
-            answer = ops.read(
-                rq.txn(success=[rq.count(ops.layout.job(j).owner) for j, _ in jobs]), what,
-                budget_s=budget_s,
-            )
-            for (job_id, _), owner in zip(jobs, answer.responses, strict=True):
-                if owner.response_range.count == 0:
+            checks = []
+            for job_id, _ in jobs:
+                checks += [rq.count(ops.layout.job(job_id).owner),
+                           rq.count(ops.layout.job(job_id).not_before)]
+            answer = ops.read(rq.txn(success=checks), what, budget_s=budget_s)
+            for i, (job_id, _) in enumerate(jobs):
+                owner, delay = answer.responses[2 * i : 2 * i + 2]
+                if owner.response_range.count == 0 and delay.response_range.count == 0:
                     return revision, None, True
                 held.add(job_id)
         if not page.more or not page.kvs:
@@ -63,6 +68,16 @@ def _held_snapshot(ops: Ops, qkeys: QueueKeys,
         if len(held) >= WAIT_TRACKED:
             return revision, held, False
         min_create = int(page.kvs[-1].create_revision) + 1
+
+
+def _freed(ops: Ops, events: Sequence[Any]) -> set[str]:
+    """The jobs that DELETE ``events`` (of one revision) may have made claimable."""
+    kinds: dict[bytes, set[str]] = {OWNER: set(), HISTORY: set(), NOT_BEFORE: set()}
+    for event in events:
+        parsed = ops.layout.parse(bytes(event.kv.key))
+        if parsed is not None and parsed[1] in kinds:
+            kinds[parsed[1]].add(parsed[0])
+    return (kinds[OWNER] - kinds[HISTORY]) | kinds[NOT_BEFORE]
 
 
 def wait(ops: Ops, queue: str, timeout_s: float) -> None:
@@ -78,22 +93,15 @@ def wait(ops: Ops, queue: str, timeout_s: float) -> None:
             return  # something looked claimable already
         ranges = [WatchRange(*qkeys.pendings, filters=(NODELETE,))]  # enqueues
         if held or not complete:
-            # Owner keys deleted by release or lease expiry; a completion deletes the
-            # history key in the same revision, and does not make anything claimable.
+            # Owner keys deleted by release or lease expiry (a completion deletes the
+            # history key in the same revision, and does not make anything claimable);
+            # not-before keys deleted when their lease runs out.
             ranges.append(WatchRange(ops.layout.root, ops.layout.jobs_range_end, (NOPUT,)))
 
         def wake(index: int, events: Sequence[Any]) -> bool:
             if index != 1:
                 return True  # an enqueue (or a watch we cannot place: spurious is fine)
-            owners: set[str] = set()
-            histories: set[str] = set()
-            for event in events:
-                parsed = ops.layout.parse(bytes(event.kv.key))
-                if parsed is not None and parsed[1] == OWNER:
-                    owners.add(parsed[0])
-                elif parsed is not None and parsed[1] == HISTORY:
-                    histories.add(parsed[0])
-            freed = owners - histories
+            freed = _freed(ops, events)
             return bool(freed if not complete else freed & held)
 
         wait_for_events(ops.transport, ranges, revision + 1,

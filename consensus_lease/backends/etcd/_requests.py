@@ -15,9 +15,12 @@ __all__ = [
     "get",
     "kv_of",
     "lease_is",
+    "mod_is",
     "put",
+    "span",
     "txn",
     "value_is",
+    "version_is",
 ]
 
 
@@ -41,6 +44,21 @@ def exists(key: bytes) -> Any:
     )
 
 
+def mod_is(key: bytes, revision: int) -> Any:
+    """Compare: the key's ``mod_revision`` equals ``revision`` (0: the key is absent)."""
+    return etcdrpc.Compare(
+        key=key, target=etcdrpc.Compare.MOD, result=etcdrpc.Compare.EQUAL, mod_revision=revision
+    )
+
+
+def version_is(key: bytes, version: int) -> Any:
+    """Compare: the key's ``version`` (puts since it was created) equals ``version`` (0:
+    the key is absent)."""
+    return etcdrpc.Compare(
+        key=key, target=etcdrpc.Compare.VERSION, result=etcdrpc.Compare.EQUAL, version=version
+    )
+
+
 def value_is(key: bytes, value: bytes) -> Any:
     return etcdrpc.Compare(
         key=key, target=etcdrpc.Compare.VALUE, result=etcdrpc.Compare.EQUAL, value=value
@@ -53,12 +71,22 @@ def lease_is(key: bytes, lease_id: int) -> Any:
     )
 
 
-def put(key: bytes, value: bytes, lease_id: int = 0) -> Any:
-    return etcdrpc.RequestOp(request_put=etcdrpc.PutRequest(key=key, value=value, lease=lease_id))
+def put(key: bytes, value: bytes, lease_id: int = 0, prev_kv: bool = False) -> Any:
+    """A put; with ``prev_kv`` the answer carries the key's previous key-value."""
+    return etcdrpc.RequestOp(
+        request_put=etcdrpc.PutRequest(key=key, value=value, lease=lease_id, prev_kv=prev_kv)
+    )
 
 
 def get(key: bytes) -> Any:
     return etcdrpc.RequestOp(request_range=etcdrpc.RangeRequest(key=key))
+
+
+def span(key: bytes, range_end: bytes, revision: int = 0) -> Any:
+    """A get of every key in ``[key, range_end)`` (at ``revision``; 0: now)."""
+    return etcdrpc.RequestOp(
+        request_range=etcdrpc.RangeRequest(key=key, range_end=range_end, revision=revision)
+    )
 
 
 def count(key: bytes) -> Any:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from ...backend import SessionHandle
 from ...errors import InvalidArgument
 from ...record import ClaimResult
-from ._keys import Owner, session_text
+from ._keys import Limit, Owner, session_text
 
 __all__ = ["EtcdClaim", "EtcdSession"]
 
@@ -60,7 +60,9 @@ class EtcdClaim:
     (without it: its lease with the session's); complete deletes the queue's pending key
     of ``queue`` (without it: the job's queue marker is read first, one more round
     trip). A job's queue never changes while it is held: enqueue only marks a job that
-    has no other key.
+    has no other key. ``fail`` decides from ``attempt`` and ``limit`` whether the job's
+    attempts are used up; its limit cannot change while it is held either (requeue
+    rewrites it only for a FAILED job, which nobody holds).
 
     Attributes:
         lease_id: the lease (int) of the session that made the claim.
@@ -70,6 +72,9 @@ class EtcdClaim:
             settled by reading back did not).
         queue: the job's work queue as the claim read it (``None``: not queued, or not
             known).
+        attempt: the claim's attempt number (the attempts key's version it wrote).
+        limit: the job's attempt limit as the claim saw it (``None``: unlimited; a claim
+            only succeeds without a limit key, or comparing the one it read).
     """
 
     lease_id: int
@@ -77,6 +82,8 @@ class EtcdClaim:
     owner_value: bytes
     queue_known: bool
     queue: str | None
+    attempt: int = 0
+    limit: Limit | None = None
 
     @staticmethod
     def of(claim: ClaimResult, session: EtcdSession, job_id: str) -> EtcdClaim | None:

@@ -1,8 +1,9 @@
 """The etcd driver: sessions are etcd leases, claims are compare-and-put transactions.
 
 This module is the glue: sessions and waiting live here; the job operations live in
-:mod:`._claim`, :mod:`._hold` and :mod:`._records`, the work queues in :mod:`._queue`
-and :mod:`._queue_wait`, on the shared machinery of :mod:`._ops`. See the package
+:mod:`._claim` (with :mod:`._attempts` for jobs with an attempt limit), :mod:`._hold`,
+:mod:`._failure` and :mod:`._records`, the work queues in :mod:`._queue` and
+:mod:`._queue_wait`, on the shared machinery of :mod:`._ops`. See the package
 docstring for the design, the URL options and the etcd guarantees relied on.
 """
 
@@ -20,7 +21,7 @@ from pyetcd import etcdrpc
 from ...backend import Backend, Capabilities, SessionHandle, StateListener
 from ...errors import BackendUnavailable, InvalidArgument, LeaseError, SessionExpired
 from ...record import ClaimResult, LeaseRecord, QueuedJob
-from . import _claim, _hold, _queue, _queue_wait, _records
+from . import _claim, _failure, _hold, _queue, _queue_wait, _records
 from . import _requests as rq
 from ._config import EtcdConfig, parse_url
 from ._keepalive import KeepAliveStreams
@@ -173,23 +174,30 @@ class EtcdBackend(Backend):
     # -- jobs ---------------------------------------------------------------------------
 
     def claim(self, session: SessionHandle, job_id: str) -> ClaimResult | None:
-        """One transaction: if neither the owner key nor the completion record exists,
-        put the owner key (attached to the session's lease) and the history key. The
-        generation is the transaction's revision (= the owner key's create revision).
+        """One transaction: if neither the owner key, the completion record, a retry
+        delay (not-before key) nor an attempt limit exists, put the owner key (attached
+        to the session's lease), the history key and the attempts key. The generation is
+        the transaction's revision (= the owner key's create revision); the attempt is
+        the attempts key's new version. A job with an attempt limit (``enqueue(...,
+        max_attempts)``) takes a second transaction, comparing the limit and the
+        attempt count the first one answered: it claims, or (attempts used up and the
+        last one ended without completion or fail) makes the job FAILED.
 
         After a lost answer the owner key is read back; the per-claim nonce in its value
         tells whether this request created it. If nothing is there yet, the same request
         (same nonce) is sent again, so a first copy that lands meanwhile is recognised,
         never doubled.
 
-        Returns the claim with an :class:`EtcdClaim` as its ``handle`` (the owner value
-        written and the job's queue, read in the same transaction), or ``None`` when a
-        live session holds the job. A dead session is noticed when the compare passes
+        Returns the claim (generation, attempt) with an :class:`EtcdClaim` as its
+        ``handle`` (the owner value written, the job's queue read in the same
+        transaction, the attempt and limit), or ``None`` when a live session holds the
+        job or a retry delay runs. A dead session is noticed when the compare passes
         (etcd refuses the put: lease not found); when the job is held elsewhere a dead
         session may still get ``None``.
 
         Raises:
             JobCompleted: the completion record exists (its generation attached).
+            JobFailed: the job is FAILED (now, or by this claim).
             SessionExpired: the session's lease is gone.
             OutcomeUnknown: sent, no answer, and reading back failed; if the claim landed
                 it holds the job under this session, and this session's next claim of the
@@ -204,8 +212,10 @@ class EtcdBackend(Backend):
         """All claims in ONE transaction of nested claim transactions (up to
         ``max_batch_claim``); every successful claim of the batch gets the batch's
         revision as its generation, and an :class:`EtcdClaim` handle as from
-        :meth:`claim`. A held or completed job yields ``None``. Falls back
-        to one transaction per job if the server's ``--max-txn-ops`` is too low.
+        :meth:`claim`. A held, delayed, completed or FAILED job yields ``None``; a job
+        with an attempt limit is refused by the batch and then claimed on its own, as by
+        :meth:`claim`. Falls back to one transaction per job if the server's
+        ``--max-txn-ops`` is too low.
 
         Raises:
             SessionExpired: the lease is gone (nothing was claimed).
@@ -268,13 +278,60 @@ class EtcdBackend(Backend):
         """
         _hold.release(self._ops, self._handle(session), job_id, claim)
 
+    def fail(
+        self, session: SessionHandle, job_id: str, claim: ClaimResult, error: str,
+        retry_in_s: float,
+    ) -> LeaseRecord:
+        """One transaction with the ownership compare of :meth:`release`: delete the
+        owner key, put the release marker (history key) and the error (error key, with a
+        per-request nonce by which a lost answer is settled); then, if the claim's
+        attempt used up the job's ``max_attempts`` (counted since the last requeue),
+        put the FAILED record and delete the queue's pending key; else, for
+        ``retry_in_s > 0``, put the not-before key on a lease of its own granted first
+        (``LeaseGrant``: one more round trip) with a TTL of ``ceil(retry_in_s)``
+        seconds, at least 1, which etcd raises to its minimum TTL (2 s by default): the
+        job becomes claimable when etcd deletes the key, never earlier than
+        ``retry_in_s``, up to about 0.5 s after the TTL (longer across a leader change).
+        A claim without a handle (or a batch claim settled by reading back) reads the
+        job's queue, attempts and limit first.
+
+        Returns the record after it: FAILED, or AVAILABLE with ``not_before`` = local
+        wall clock + the granted TTL (display only; ``None`` without a delay).
+
+        Raises:
+            StaleLeaseError / SessionExpired: not held; nothing written (the delay's
+                lease is revoked).
+            OutcomeUnknown: sent, no answer, reading back failed.
+            BackendUnavailable: nothing applied; still held.
+            InvalidArgument: ``claim.handle`` is not an :class:`EtcdClaim`, or etcd
+                refused the request's size; still held.
+        """
+        return _failure.fail(self._ops, self._handle(session), job_id, claim, error,
+                             float(retry_in_s))
+
+    def requeue(self, job_id: str) -> LeaseRecord:
+        """Read the job's keys; if it is FAILED, one transaction comparing the FAILED
+        record's mod revision: delete it, rewrite the limit key with ``base`` = the
+        attempts so far (a fresh budget of ``max_attempts``) and put the queue's pending
+        key back (the job then comes after the jobs already pending). A lost answer is
+        settled by the nonce in the limit key. Returns the AVAILABLE record.
+
+        Raises:
+            InvalidArgument: the job is unknown or not FAILED; nothing changed.
+            OutcomeUnknown / BackendUnavailable / AuthenticationFailed.
+        """
+        return _failure.requeue(self._ops, job_id)
+
     # -- work queues --------------------------------------------------------------------
 
-    def enqueue(self, queue: str, job_id: str, payload: bytes) -> bool:
+    def enqueue(
+        self, queue: str, job_id: str, payload: bytes, max_attempts: int | None = None
+    ) -> bool:
         """One transaction: if the job has no key at all (owner, history, completion,
         queue marker), put its queue marker, the queue's member key (value: ``payload``;
-        its create revision is the job's ``seq``) and pending key. A lost answer is
-        settled by reading the job's keys back (the marker carries a per-request nonce).
+        its create revision is the job's ``seq``) and pending key, and with
+        ``max_attempts`` the limit key. A lost answer is settled by reading the job's
+        keys back (the marker carries a per-request nonce).
 
         ``payload`` is at most ``capabilities.max_payload_bytes`` (1 MiB, under etcd's
         default ``--max-request-bytes`` of 1.5 MiB; the core checks it before sending).
@@ -284,12 +341,13 @@ class EtcdBackend(Backend):
                 job claimed by name), or etcd refused the request's size.
             OutcomeUnknown / BackendUnavailable / AuthenticationFailed.
         """
-        return _queue.enqueue(self._ops, queue, job_id, payload)
+        return _queue.enqueue(self._ops, queue, job_id, payload, max_attempts)
 
     def queue_candidates(self, queue: str, limit: int) -> list[tuple[str, bytes]]:
-        """Two linearizable reads per page of 42 open jobs: the queue's pending keys
-        sorted by create revision (oldest enqueued first; completed jobs have none), then
-        one read-only transaction with each job's owner key (held?) and payload. Stops
+        """Two linearizable reads per page of 32 open jobs: the queue's pending keys
+        sorted by create revision (oldest enqueued first; completed and FAILED jobs have
+        none), then one read-only transaction with each job's owner key (held?),
+        not-before key (retry delay?) and payload. Stops
         once ``limit`` unheld jobs are found or the queue is exhausted. A hint: the
         claim decides.
 
@@ -301,8 +359,8 @@ class EtcdBackend(Backend):
     def queue_jobs(self, queue: str, limit: int | None = None) -> list[QueuedJob]:
         """Every job of the queue, oldest enqueued first, at one revision: the queue's
         member keys (key-ordered pages, sorted here by create revision), then one read
-        transaction per 32 jobs for payload and lease keys. ``lease_until`` as in
-        :meth:`records`.
+        transaction per 32 jobs for payload and job keys. ``lease_until`` and
+        ``not_before`` as in :meth:`records`.
 
         Raises:
             BackendUnavailable / AuthenticationFailed.
@@ -310,21 +368,24 @@ class EtcdBackend(Backend):
         return _queue.list_jobs(self._ops, queue, limit)
 
     def wait_for_queue(self, queue: str, timeout_s: float) -> None:
-        """Read the queue's open jobs; return at once if one is not held. Otherwise watch,
-        on one stream from the next revision, the queue's pending keys for PUTs (an
-        enqueue) and the job keys for DELETEs: an owner key of a job held at the read
-        going away without its history key in the same revision (release, lease expiry
-        or revoke; not a completion) wakes it. The watches are cancelled on every way
-        out; a failure returns early after a pause of at most 0.2 s. Spurious returns
-        are possible (e.g. over 1024 held jobs: any owner key deleted wakes it)."""
+        """Read the queue's open jobs; return at once if one is neither held nor in a
+        retry delay. Otherwise watch, on one stream from the next revision, the queue's
+        pending keys for PUTs (an enqueue or requeue) and the job keys for DELETEs: an
+        owner key of a job held at the read going away without its history key in the
+        same revision (release, fail, lease expiry or revoke; not a completion), or the
+        not-before key of a delayed job (its lease ran out), wakes it. The watches are
+        cancelled on every way out; a failure returns early after a pause of at most
+        0.2 s. Spurious returns are possible (e.g. over 1024 held jobs: any owner key
+        deleted wakes it)."""
         _queue_wait.wait(self._ops, queue, timeout_s)
 
     def purge(self, queue: str) -> int:
         """Delete the keys of the queue's completed jobs (completion record, queue
-        marker, member key): list the member and pending keys at one revision (those
-        without a pending key are completed), then one transaction per 64 jobs, each job
-        a nested transaction guarded by its completion record existing. Returns how many
-        were deleted; after a lost answer, jobs whose record is gone when read back are
+        marker, member key, history, attempts, error and limit keys): list the member and
+        pending keys at one revision (those without a pending key are completed or
+        FAILED), then one transaction per 64 jobs, each job a nested transaction guarded
+        by its completion record existing (FAILED jobs stay). Returns how many were
+        deleted; after a lost answer, jobs whose member key is gone when read back are
         counted (a concurrent purge may have deleted them).
 
         Raises:
@@ -335,9 +396,10 @@ class EtcdBackend(Backend):
     # -- reading and waiting ------------------------------------------------------------
 
     def get(self, job_id: str) -> LeaseRecord | None:
-        """The job's record from one linearizable read of its keys. ``lease_until``
+        """The job's record from one linearizable range read of its keys. ``lease_until``
         (HELD only): local wall clock + the holder lease's remaining TTL (one more
-        request; ``None`` if it fails).
+        request; ``None`` if it fails); ``not_before`` (a retry delay runs) likewise from
+        the not-before key's lease.
 
         Raises:
             BackendUnavailable / AuthenticationFailed.
@@ -346,8 +408,8 @@ class EtcdBackend(Backend):
 
     def records(self, limit: int | None = None) -> list[LeaseRecord]:
         """Every job under the prefix in job-id order, from key-ordered range reads of
-        the prefix at one revision; stops after ``limit`` jobs. ``lease_until`` is looked
-        up for the first 64 holder leases, ``None`` beyond.
+        the prefix at one revision; stops after ``limit`` jobs. ``lease_until`` and
+        ``not_before`` are looked up for the first 64 leases, ``None`` beyond.
 
         Raises:
             BackendUnavailable / AuthenticationFailed.
@@ -355,19 +417,22 @@ class EtcdBackend(Backend):
         return _records.list_records(self._ops, limit)
 
     def wait_for_change(self, job_id: str, timeout_s: float) -> None:
-        """Read the job's keys; if it is held, watch them from the next revision until an
-        event (the owner key deleted by release, completion or lease expiry; a new claim)
-        or ``timeout_s``. The watch is cancelled on every way out. A failure returns
-        early, after a pause of at most 0.2 s so a caller's retry loop does not spin."""
+        """Read the job's keys; if it is held or a retry delay runs, watch them from the
+        next revision until an event (the owner key deleted by release, completion, fail
+        or lease expiry; the not-before key deleted when its lease runs out; a new
+        claim) or ``timeout_s``. The watch is cancelled on every way out. A failure
+        returns early, after a pause of at most 0.2 s so a caller's retry loop does not
+        spin."""
         deadline = time.monotonic() + timeout_s
         keys = self._layout.job(job_id)
         try:
             answer = self._ops.read(
-                rq.txn(success=[rq.get(keys.owner), rq.get(keys.completion)]),
+                rq.txn(success=[rq.count(keys.owner), rq.count(keys.not_before),
+                                rq.count(keys.completion), rq.count(keys.failed)]),
                 f"reading {job_id!r}", budget_s=min(timeout_s, self.config.timeout_s),
             )
-            owner_kv, completion_kv = (rq.kv_of(r) for r in answer.responses)
-            if owner_kv is None or completion_kv is not None:
+            owner, delay, done, dead = (r.response_range.count for r in answer.responses)
+            if done or dead or not (owner or delay):
                 return
             key, range_end = keys.watch_range
             wait_for_event(self._transport, key, range_end, int(answer.header.revision) + 1,

@@ -1,0 +1,200 @@
+"""Attempts: what a claim learns from a job's keys, and the claims of jobs with a limit.
+
+Every claim puts the job's attempts key ``a`` in its own transaction, so the key's
+``version`` counts the claims (the attempt number) without a read, and its
+``mod_revision`` is the last claim's generation. A job enqueued with ``max_attempts``
+has a limit key ``l`` (:class:`~._keys.Limit`: the limit and ``base``, the attempt
+count at the last requeue); the common claim compares ``l`` absent, so a job without a
+limit costs nothing more. A job with one fails that compare, and the claim's ``else``
+branch answers with the job's :class:`Snapshot`; from it the claim sends one of::
+
+    LIMITED (attempts - base < max_attempts):
+        if o, c, n, f absent and mod_revision(l) == seen and version(a) == seen:
+            the claim's puts (o, h, a) and get q
+    EXHAUSTED (attempts - base >= max_attempts, nobody holds it):
+        if o, c, n, f absent and mod_revision(l), version(a), mod_revision(e) == seen:
+            put f = {generation, attempt, error, nonce}   -> JobFailed
+            put e (if there was no error yet), delete QDIR/p/HEX
+
+Both compare exactly what the decision was made from, so a claim or requeue in between
+makes them fail (and answer a fresh snapshot to decide again) instead of acting on a
+stale count. A lost answer is settled by reading the snapshot's keys back: our own owner
+key (nonce) or a FAILED record means it landed; an unchanged snapshot means "not
+applied", and the same request is sent again (its compares cannot pass twice).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ...errors import JobCompleted, JobFailed
+from ...record import ClaimResult
+from . import _requests as rq
+from ._keys import (
+    Completion,
+    DeadLetter,
+    JobKeys,
+    LastError,
+    Layout,
+    Owner,
+    attempts_of,
+    limit_of,
+    queue_of,
+)
+from ._session import EtcdClaim, EtcdSession
+
+__all__ = [
+    "Plan",
+    "Snapshot",
+    "assess",
+    "claimed_attempt",
+    "claiming",
+    "dead_letter",
+    "job_failed",
+    "plan_request",
+    "unlimited",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A job's keys as one claim sees them (key-values, ``None`` when absent), read in
+    one transaction: the claim's ``else`` branch or a read-back."""
+
+    owner: Any
+    completion: Any
+    marker: Any
+    not_before: Any
+    limit: Any
+    attempts: Any
+    dead: Any
+    error: Any
+
+    @staticmethod
+    def keys(keys: JobKeys) -> tuple[bytes, ...]:
+        """The keys, in field order."""
+        return (keys.owner, keys.completion, keys.queue, keys.not_before, keys.limit,
+                keys.attempts, keys.failed, keys.error)
+
+    @staticmethod
+    def reads(keys: JobKeys) -> list[Any]:
+        """The gets that answer a snapshot inside a transaction."""
+        return [rq.get(k) for k in Snapshot.keys(keys)]
+
+    @classmethod
+    def of(cls, responses: Any) -> Snapshot:
+        """From the responses of :meth:`reads`."""
+        return cls(*(rq.kv_of(r) for r in responses))
+
+    @property
+    def attempt(self) -> int:
+        return attempts_of(self.attempts)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The claim transaction to send: without a limit (``snapshot is None``: the
+    common one), or comparing the limit and attempts of ``snapshot``, then claiming or
+    (``exhausted``) making the job FAILED."""
+
+    snapshot: Snapshot | None = None
+    exhausted: bool = False
+
+
+def job_failed(job_id: str, dead: DeadLetter) -> JobFailed:
+    return JobFailed(
+        f"{job_id!r} FAILED after {dead.attempt} attempt(s): {dead.error}",
+        job_id=job_id, generation=dead.generation, attempt=dead.attempt, error=dead.error,
+    )
+
+
+def assess(handle: EtcdSession, keys: JobKeys, snap: Snapshot,
+           nonce: str) -> ClaimResult | Plan | None:
+    """What a claim with ``nonce`` makes of ``snap``: its own claim (landed), ``None``
+    (held, or a retry delay runs), or the :class:`Plan` to send.
+
+    Raises:
+        JobCompleted / JobFailed: the job is finished.
+    """
+    if snap.completion is not None:
+        done = Completion.decode(snap.completion.value, snap.completion.key)
+        raise JobCompleted(f"{keys.job_id!r} was completed at generation {done.generation}",
+                           job_id=keys.job_id, generation=done.generation)
+    if snap.dead is not None:
+        raise job_failed(keys.job_id, DeadLetter.decode(snap.dead.value, snap.dead.key))
+    limit = limit_of(snap.limit)
+    if snap.owner is not None:
+        if not handle.is_ours(keys.job_id, Owner.decode(snap.owner.value, snap.owner.key),
+                              nonce):
+            return None
+        # This request (re-sent or landed late) or an unsettled one of this session.
+        known = EtcdClaim(handle.lease_id, keys.job_id, bytes(snap.owner.value), True,
+                          queue_of(snap.marker), snap.attempt, limit)
+        return ClaimResult(int(snap.owner.create_revision), attempt=snap.attempt, handle=known)
+    if snap.not_before is not None:
+        return None
+    if limit is None:
+        return Plan()
+    return Plan(snap, limit.exhausted(snap.attempt))
+
+
+def claiming(keys: JobKeys, value: bytes, lease_id: int) -> list[Any]:
+    """The claim's writes: the owner key (on the lease) and the history key, both
+    ``value``, the attempts key (answering its previous version); then the queue marker
+    read."""
+    return [rq.put(keys.owner, value, lease_id), rq.put(keys.history, value),
+            rq.put(keys.attempts, b"", prev_kv=True), rq.get(keys.queue)]
+
+
+def claimed_attempt(put_response: Any) -> int:
+    """The attempt number from the answer to the attempts key's put in :func:`claiming`."""
+    return int(put_response.response_put.prev_kv.version) + 1
+
+
+def unlimited(keys: JobKeys) -> list[Any]:
+    """The common claim's compares: not held, completed, delayed or limited (a job with a
+    limit key takes a :class:`Plan` with a snapshot instead; it cannot be FAILED without
+    one)."""
+    return [rq.create_is(k, 0) for k in (keys.owner, keys.completion, keys.not_before,
+                                         keys.limit)]
+
+
+def dead_letter(snap: Snapshot, nonce: str) -> tuple[DeadLetter, bool]:
+    """The FAILED record a claim writes when the attempts are used up, and whether it
+    must write the error too (there was none)."""
+    attempt = snap.attempt
+    generation = 0 if snap.attempts is None else int(snap.attempts.mod_revision)
+    if snap.error is not None:
+        error = LastError.decode(snap.error.value, snap.error.key).error
+    else:
+        error = f"attempts exhausted: attempt {attempt} ended without completion"
+    return DeadLetter(generation, attempt, error, nonce), snap.error is None
+
+
+def plan_request(layout: Layout, keys: JobKeys, plan: Plan, value: bytes, lease_id: int,
+                 nonce: str) -> Any:
+    """The transaction of ``plan`` (see the module docstring); its ``else`` branch
+    answers a fresh :class:`Snapshot`."""
+    snap = plan.snapshot
+    if snap is None:
+        return rq.txn(compare=unlimited(keys), success=claiming(keys, value, lease_id),
+                      failure=Snapshot.reads(keys))
+    free = (keys.owner, keys.completion, keys.not_before, keys.failed)
+    compare = [rq.create_is(k, 0) for k in free]
+    compare += [rq.mod_is(keys.limit, int(snap.limit.mod_revision)),
+                rq.version_is(keys.attempts, snap.attempt)]
+    if not plan.exhausted:
+        return rq.txn(compare=compare, success=claiming(keys, value, lease_id),
+                      failure=Snapshot.reads(keys))
+    compare.append(rq.mod_is(keys.error, 0 if snap.error is None else
+                             int(snap.error.mod_revision)))
+    dead, with_error = dead_letter(snap, nonce)
+    success = [rq.put(keys.failed, dead.encode())]
+    if with_error:
+        note = LastError(dead.error, "", dead.generation, dead.attempt, nonce)
+        success.append(rq.put(keys.error, note.encode()))
+    queue = queue_of(snap.marker)
+    if queue is not None:
+        success.append(rq.delete(layout.queue(queue).pending(keys.job_id)))
+    return rq.txn(compare=compare, success=success, failure=Snapshot.reads(keys))
