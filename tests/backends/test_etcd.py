@@ -36,8 +36,9 @@ from consensus_lease import (
 )
 from consensus_lease.backends.etcd import EtcdBackend, EtcdClaim
 from consensus_lease.backends.etcd._config import DEFAULT_PREFIX, parse_url
+from consensus_lease.backends.etcd._failure import delay_ttl_s
 from consensus_lease.backends.etcd._keys import Layout
-from consensus_lease.record import ClaimResult
+from consensus_lease.record import ClaimResult, LeaseRecord
 from consensus_lease.testing.conformance import poll_until
 from consensus_lease.validation import MAX_JOB_ID_BYTES
 
@@ -164,6 +165,13 @@ def _raw(store: LeaseStore) -> Any:
     backend = store.backend
     assert isinstance(backend, EtcdBackend)
     return backend._transport.member().kv
+
+
+def _raw_lease(store: LeaseStore) -> Any:
+    """A raw Lease stub on the store's member."""
+    backend = store.backend
+    assert isinstance(backend, EtcdBackend)
+    return backend._transport.member().lease
 
 
 def _keys_under(store: LeaseStore) -> dict[bytes, Any]:
@@ -425,3 +433,80 @@ def test_unreachable_store_fails_in_bounded_time_naming_endpoints() -> None:
     assert time.monotonic() - start < 5
     assert "127.0.251.97:9" in str(exc.value) and "127.0.251.98:9" in str(exc.value)
     assert isinstance(exc.value.__cause__, grpc.RpcError)
+
+
+# -- job lifecycle: the retry delay's lease -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("retry_in_s", "ttl_s"), [(0.001, 1), (0.5, 1), (1.0, 1), (1.2, 2), (299.5, 300)]
+)
+def test_retry_delay_rounds_up_to_whole_seconds(retry_in_s: float, ttl_s: int) -> None:
+    assert delay_ttl_s(retry_in_s) == ttl_s
+
+
+def test_retry_delay_is_a_key_on_its_own_lease(store: LeaseStore) -> None:
+    """fail(retry_in_s=1.2) puts the not-before key on a new lease of ceil(1.2) = 2 s
+    (this member's minimum TTL is 1 s); claims get None until etcd deletes it, and the
+    record shows when (local clock + the lease's TTL)."""
+    with store.session("A", ttl_s=30) as a:
+        lease = a.claim("job")
+        assert lease is not None
+        sent = time.monotonic()
+        record = lease.fail("try later", retry_in_s=1.2)
+        assert record.state is JobState.AVAILABLE and record.attempt == 1
+        assert record.not_before is not None and 1.0 < record.not_before - time.time() <= 2.5
+        keys = _keys_under(store)
+        (delay,) = [kv for k, kv in keys.items() if k.endswith(b"/n")]
+        assert delay.lease not in (0, int(a.session_id, 16))
+        ttl = _raw_lease(store).LeaseTimeToLive(
+            etcdrpc.LeaseTimeToLiveRequest(ID=delay.lease), timeout=5
+        )
+        assert ttl.grantedTTL == 2
+        shown = store.get("job")
+        assert shown is not None and shown.not_before is not None
+        assert (shown.state, shown.error, shown.attempt) == (JobState.AVAILABLE, "try later", 1)
+        assert a.claim("job") is None  # the delay runs: held-like
+        again = a.claim("job", wait_s=30)  # woken by the key's deletion
+        assert again is not None and again.attempt == 2
+        assert 1.2 <= time.monotonic() - sent < 2 + 3  # the TTL plus etcd's expiry sweep
+        assert not any(k.endswith(b"/n") for k in _keys_under(store))
+        again.release()
+        third = a.claim("job")
+        assert third is not None and third.attempt == 3
+        assert third.fail("at once", retry_in_s=0).not_before is None
+        assert not any(k.endswith(b"/n") for k in _keys_under(store))  # no delay, no key
+        assert store.get("job") == LeaseRecord(
+            "job", None, None, third.generation, JobState.AVAILABLE, None, 3, "at once"
+        )
+
+
+def test_stale_fail_revokes_the_delay_lease(
+    store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = store.backend
+    assert isinstance(backend, EtcdBackend)
+    granted: list[int] = []
+    real_grant = backend._ops.grant
+
+    def grant(ttl_s: int, what: str) -> tuple[int, int]:
+        granted.append(real_grant(ttl_s, what)[0])
+        return granted[-1], ttl_s
+
+    monkeypatch.setattr(backend._ops, "grant", grant)
+    a = backend.open_session("A", 10)
+    try:
+        claim = backend.claim(a, "job")
+        assert claim is not None
+        stale = ClaimResult(claim.generation - 1)  # never held at that generation
+        with pytest.raises(StaleLeaseError):
+            backend.fail(a, "job", stale, "late", 30.0)
+        (lease_id,) = granted
+        ttl = _raw_lease(store).LeaseTimeToLive(
+            etcdrpc.LeaseTimeToLiveRequest(ID=lease_id), timeout=5
+        )
+        assert ttl.TTL == -1  # revoked, not left to run for 30 s
+        record = store.get("job")
+        assert record is not None and record.state is JobState.HELD and record.error is None
+    finally:
+        backend.close_session(a)

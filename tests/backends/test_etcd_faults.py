@@ -19,10 +19,12 @@ from typing import Any
 import grpc
 import pytest
 from etcd_local import LocalEtcd, LocalMember, available
+from pyetcd import etcdrpc
 
 from consensus_lease import (
     AuthenticationFailed,
     BackendUnavailable,
+    InvalidArgument,
     JobState,
     LeaseLost,
     LeaseState,
@@ -32,6 +34,7 @@ from consensus_lease import (
 )
 from consensus_lease.backends.etcd import EtcdBackend
 from consensus_lease.backends.etcd._transport import Failure
+from consensus_lease.errors import JobFailed
 from consensus_lease.testing.conformance import poll_until
 
 
@@ -178,6 +181,106 @@ def test_unsettled_claim_is_outcome_unknown_then_adopted(
         lease = a.claim("job")
         assert lease is not None and lease.generation == record.generation
         lease.complete(b"adopted")
+
+
+def _version(store: LeaseStore, job_id: str, kind: bytes) -> int:
+    """How many times the job's key of ``kind`` was written (0: absent)."""
+    backend = _backend(store)
+    answer = backend._transport.member().kv.Range(
+        etcdrpc.RangeRequest(key=backend._layout.job(job_id).base + kind), timeout=5
+    )
+    return int(answer.kvs[0].version) if answer.kvs else 0
+
+
+@pytest.mark.parametrize("applied", [True, False])
+@pytest.mark.parametrize("final", [True, False])
+def test_fail_with_a_lost_answer_is_read_back(
+    healthy: LocalEtcd, monkeypatch: pytest.MonkeyPatch, applied: bool, final: bool
+) -> None:
+    """The fail lands (or not) and its answer is lost: reading back finds the error
+    record with this request's nonce (or the hold still ours, and sends it again). One
+    error record either way; FAILED (the last attempt) or delayed."""
+    with open_store(_url(healthy)) as store, store.session("A", 30) as a:
+        store.enqueue("q", "job", max_attempts=1 if final else 5)
+        lease = a.claim_next("q")
+        assert lease is not None
+        dropped = _lose_answers(store, monkeypatch, applied=applied)
+        record = lease.fail("boom", retry_in_s=30)
+        assert dropped and lease.state is LeaseState.FAILED
+        expected = JobState.FAILED if final else JobState.AVAILABLE
+        assert (record.state, record.error, record.attempt) == (expected, "boom", 1)
+        stored = store.get("job")
+        assert stored is not None and (stored.state, stored.error) == (expected, "boom")
+        assert _version(store, "job", b"e") == 1  # written once
+        assert _version(store, "job", b"f") == (1 if final else 0)
+        assert (stored.not_before is None) == final
+        if final:
+            with pytest.raises(JobFailed):
+                a.claim("job")
+        else:
+            assert a.claim("job") is None  # the 30 s delay runs
+        assert _backend(store).queue_candidates("q", 10) == []
+
+
+@pytest.mark.parametrize("applied", [True, False])
+def test_requeue_with_a_lost_answer_is_read_back(
+    healthy: LocalEtcd, monkeypatch: pytest.MonkeyPatch, applied: bool
+) -> None:
+    with open_store(_url(healthy)) as store, store.session("A", 30) as a:
+        store.enqueue("q", "job", max_attempts=1)
+        lease = a.claim_next("q")
+        assert lease is not None
+        assert lease.fail("boom", retry_in_s=0).state is JobState.FAILED
+        dropped = _lose_answers(store, monkeypatch, applied=applied)
+        record = store.requeue("job")
+        assert dropped
+        assert (record.state, record.attempt, record.error) == (JobState.AVAILABLE, 1, "boom")
+        assert _version(store, "job", b"l") == 2  # enqueue, then one requeue
+        with pytest.raises(InvalidArgument):
+            store.requeue("job")  # not FAILED any more
+        again = a.claim_next("q")
+        assert again is not None and again.attempt == 2  # a fresh budget of one attempt
+        again.complete(b"ok")
+
+
+@pytest.mark.parametrize("applied", [True, False])
+def test_claim_that_fails_the_job_with_a_lost_answer_is_read_back(
+    healthy: LocalEtcd, monkeypatch: pytest.MonkeyPatch, applied: bool
+) -> None:
+    """The attempts are used up (the one attempt was released): the claim's second
+    transaction makes the job FAILED; its answer is lost; reading back finds the FAILED
+    record: JobFailed, written once."""
+    with open_store(_url(healthy)) as store, store.session("A", 30) as a:
+        store.enqueue("q", "job", max_attempts=1)
+        lease = a.claim_next("q")
+        assert lease is not None
+        lease.release()
+        dropped = _lose_answers(store, monkeypatch, applied=applied, times=2)
+        with pytest.raises(JobFailed) as refused:
+            a.claim("job")
+        assert len(dropped) == 2  # the limit-refused claim, then the FAILED transaction
+        assert refused.value.attempt == 1 and refused.value.error is not None
+        assert "without completion" in refused.value.error
+        assert _version(store, "job", b"f") == 1
+        record = store.get("job")
+        assert record is not None and record.state is JobState.FAILED
+        assert _backend(store).queue_candidates("q", 10) == []
+
+
+@pytest.mark.parametrize("applied", [True, False])
+def test_claim_of_a_limited_job_with_a_lost_answer_is_read_back(
+    healthy: LocalEtcd, monkeypatch: pytest.MonkeyPatch, applied: bool
+) -> None:
+    with open_store(_url(healthy)) as store, store.session("A", 30) as a:
+        store.enqueue("q", "job", max_attempts=3)
+        dropped = _lose_answers(store, monkeypatch, applied=applied, times=2)
+        lease = a.claim("job")
+        assert len(dropped) == 2 and lease is not None and lease.attempt == 1
+        record = store.get("job")
+        assert record is not None and record.state is JobState.HELD
+        assert (record.generation, record.attempt) == (lease.generation, 1)  # one claim
+        assert _version(store, "job", b"a") == 1
+        lease.complete(b"ok")
 
 
 # -- member faults ------------------------------------------------------------------------------

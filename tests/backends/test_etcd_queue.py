@@ -416,6 +416,89 @@ def test_batch_claim_read_back_still_completes_in_the_queue(
     assert store.purge("q") == 2
 
 
+# -- job lifecycle ------------------------------------------------------------------------------
+
+
+def test_a_claim_without_a_limit_is_one_transaction_with_a_limit_two(
+    store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The common claim compares the limit key absent: one transaction. A job with a
+    limit is refused by it, and claimed by a second one comparing what the first read."""
+    store.enqueue("q", "free")
+    store.enqueue("q", "limited", max_attempts=2)
+    backend = _backend(store)
+    handle = backend.open_session("W", 30)
+    try:
+        sent = _count_sends(store, monkeypatch)
+        free = backend.claim(handle, "free")
+        assert free is not None and free.attempt == 1 and sent == ["Txn"]
+        sent.clear()
+        backend.complete(handle, "free", free, b"")
+        assert sent == ["Txn"]
+        sent.clear()
+        limited = backend.claim(handle, "limited")
+        assert limited is not None and limited.attempt == 1
+        assert sent == ["Txn", "Txn"]
+        sent.clear()
+        record = backend.fail(handle, "limited", limited, "x", 0.0)
+        assert sent == ["Txn"]
+        assert (record.state, record.max_attempts, record.attempt) == (JobState.AVAILABLE, 2, 1)
+    finally:
+        backend.close_session(handle)
+
+
+def test_failed_job_leaves_the_pending_keys_until_requeued(store: LeaseStore) -> None:
+    store.enqueue("q", "dead", b"p", max_attempts=1)
+    store.enqueue("q", "done", b"d")
+    job = _hex("dead")
+
+    def pending() -> list[bytes]:
+        return sorted(k for k in _keys_under(store) if b"/p/" in k)
+
+    with store.session("W", ttl_s=30) as w:
+        lease = w.claim("dead")
+        assert lease is not None
+        record = lease.fail("broken", retry_in_s=0)
+        assert (record.state, record.attempt, record.error) == (JobState.FAILED, 1, "broken")
+        keys = _keys_under(store)
+        assert f"{job}/f".encode() in keys and f"{job}/e".encode() in keys
+        assert pending() == [f"q/{_hex('q')}/p/{_hex('done')}".encode()]
+        assert _backend(store).queue_candidates("q", 10) == [("done", b"d")]
+        done = w.claim("done")
+        assert done is not None
+        done.complete(b"")
+        assert store.purge("q") == 1  # the completed job; FAILED ones stay
+        assert store.queue_stats("q").failed == 1
+        again = store.requeue("dead")
+        assert (again.state, again.attempt, again.error, again.max_attempts) == (
+            JobState.AVAILABLE, 1, "broken", 1,
+        )
+        assert store.get("dead") == again
+        assert pending() == [f"q/{_hex('q')}/p/{job}".encode()]
+        assert _backend(store).queue_candidates("q", 10) == [("dead", b"p")]
+        second = w.claim_next("q")
+        assert second is not None and second.attempt == 2
+        assert second.fail("still broken", retry_in_s=0).state is JobState.FAILED  # budget 1
+        assert pending() == []
+
+
+def test_waiter_is_woken_when_a_retry_delay_runs_out(
+    store: LeaseStore, etcd_server: LocalEtcd
+) -> None:
+    store.enqueue("q", "later", b"p")
+    with store.session("A", ttl_s=60) as a, store.session("B", ttl_s=60) as b:
+        lease = a.claim_next("q")
+        assert lease is not None
+        sent = time.monotonic()
+        lease.fail("not yet", retry_in_s=1)
+        assert _backend(store).queue_candidates("q", 10) == []
+        waiter, got, watchers = _wait_in_thread(store, etcd_server, b, 30)
+        waiter.join(timeout=30)
+        assert got and got[0] is not None and got[0].attempt == 2
+        assert 1 <= time.monotonic() - sent < 1 + 3  # the TTL plus etcd's expiry sweep
+    poll_until(lambda: _watchers(etcd_server) <= watchers, 10)  # the watches are cancelled
+
+
 # -- the container kit: three members ---------------------------------------------------------
 
 
