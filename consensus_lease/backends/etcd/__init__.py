@@ -86,7 +86,10 @@ Job lifecycle (attempts, ``fail``, retry delays, FAILED, ``requeue``; see
   etcd raises it to its minimum TTL, 2 s by default), granted just before. Claims
   compare ``n`` absent; etcd deletes it when the lease runs out (within about 0.5 s of
   the TTL; a new leader extends leases), which wakes waiting claims. ``not_before`` in
-  records is local wall clock + the lease's remaining TTL (display only).
+  records is local wall clock + the lease's remaining TTL (display only). Without a
+  delay (``retry_in_s == 0``) or when the job becomes FAILED, no lease is granted.
+* The completion transaction also gets ``a``, ``e`` and ``l`` (for the record it
+  returns): three reads in the same round trip.
 * A FAILED job has ``f``, which every claim's compares refuse (the common claim through
   ``l``, which a FAILED job always has), and no pending key, so no candidate list
   offers it. ``requeue`` is one transaction comparing ``mod_revision(f)``: delete ``f``,
@@ -101,7 +104,8 @@ etcd guarantees relied on (etcd 3.4 docs):
   a strictly increasing token.
 * ``create_revision`` of a key is the revision that created it and changes only when
   the key is deleted and created again (https://etcd.io/docs/v3.4/learning/data_model/).
-  Hence ``create_revision == generation`` names exactly one claim.
+  Hence ``create_revision == generation`` names exactly one claim. A key's ``version``
+  is the number of puts since it was created (same page), hence the attempt count.
 * A lease's TTL runs on the leader; when it ends, etcd deletes every key attached, in
   one revision; a keepalive on a lease that is gone answers TTL 0; etcd grants at
   least its minimum TTL (1.5 x election timeout, 2 s by default) and a new leader only
