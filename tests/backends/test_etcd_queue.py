@@ -447,6 +447,25 @@ def test_a_claim_without_a_limit_is_one_transaction_with_a_limit_two(
         backend.close_session(handle)
 
 
+def test_batch_claims_jobs_with_a_limit_on_their_own(store: LeaseStore) -> None:
+    """A job with a limit is refused by the batch's nested compare and claimed on its
+    own; one whose attempts are used up becomes FAILED there and yields None."""
+    store.enqueue("q", "free")
+    store.enqueue("q", "limited", max_attempts=2)
+    store.enqueue("q", "spent", max_attempts=1)
+    with store.session("W", ttl_s=30) as w:
+        first = w.claim("spent")
+        assert first is not None
+        first.release()  # its only attempt, ended without completion
+        free, limited, spent = w.claim_many(["free", "limited", "spent"])
+        assert free is not None and limited is not None and spent is None
+        assert (free.attempt, limited.attempt) == (1, 1)
+        assert free.generation != limited.generation  # the limited one: its own transaction
+        record = store.get("spent")
+        assert record is not None and record.state is JobState.FAILED
+        assert record.error == "attempts exhausted: attempt 1 ended without completion"
+
+
 def test_failed_job_leaves_the_pending_keys_until_requeued(store: LeaseStore) -> None:
     store.enqueue("q", "dead", b"p", max_attempts=1)
     store.enqueue("q", "done", b"d")
