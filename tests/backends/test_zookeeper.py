@@ -3,12 +3,14 @@ specific to ZooKeeper (negotiated TTL, session events, multi-op races, lost answ
 ACLs, no stray znodes).
 
 Where the server comes from is decided in ONE place, the ``zk_target`` fixture in
-``zk_local.py``: a local standalone ZooKeeper by default, the 3-member container ensemble
-(``zookeeper_cluster``) with ``CONSENSUS_LEASE_ZK=cluster``. Every test reaches the server
-through ``zk_url`` (a fresh chroot per test) or, for faults, the ``zk_target`` adapter. Nothing sleeps to synchronise: waits poll with deadlines.
+``zk_local.py``: the 3-member container ensemble (``zookeeper_cluster``) by default, a
+local standalone ZooKeeper with ``CONSENSUS_LEASE_ZK=local``. Every test reaches the server
+through ``zk_url`` (a fresh chroot per test) or, for faults, the ``zk_target`` adapter; the
+fixtures and helpers the ZooKeeper test modules share are in ``zk_local.py`` too. Nothing
+sleeps to synchronise: waits poll with deadlines.
 """
 
-# ruff: noqa: F811  (tests take the zk_target / zk_url fixtures imported from zk_local)
+# ruff: noqa: F811  (tests take the fixtures imported from zk_local)
 
 from __future__ import annotations
 
@@ -18,9 +20,20 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from kazoo.client import KazooClient
-from kazoo.exceptions import ConnectionLoss
-from zk_local import LocalZooKeeper, ZkTarget, available, zk_target, zk_url  # noqa: F401
+from zk_local import (  # noqa: F401  (fixtures)
+    LocalZooKeeper,
+    ZkTarget,
+    available,
+    backend,
+    handle,
+    lose_next_answer,
+    opened,
+    raw_client,
+    session_ttl_s,
+    store,
+    zk_target,
+    zk_url,
+)
 
 from consensus_lease import LeaseStore, open_store
 from consensus_lease.backend import SessionEvent
@@ -44,14 +57,6 @@ from consensus_lease.states import LeaseState, SessionState
 from consensus_lease.testing.conformance import BackendConformance, poll_until
 
 pytestmark = pytest.mark.slow
-
-
-def raw_client(url: str) -> KazooClient:
-    """A plain kazoo client on the server of ``url`` (no chroot), for inspection."""
-    hosts = url.split("://", 1)[1].split("/", 1)[0]
-    client = KazooClient(hosts=hosts)
-    client.start(timeout=30)
-    return client
 
 
 def znodes_under(url: str) -> dict[str, list[str]]:
@@ -84,40 +89,6 @@ class TestZooKeeperConformance(BackendConformance):
 
 
 # -- ZooKeeper-specific behaviour ------------------------------------------------------------
-
-
-@pytest.fixture
-def store(zk_url: str) -> Iterator[LeaseStore]:
-    store = open_store(zk_url, connect_timeout_s=30)
-    try:
-        yield store
-    finally:
-        store.close()
-
-
-@pytest.fixture
-def backend(store: LeaseStore) -> ZooKeeperBackend:
-    assert isinstance(store.backend, ZooKeeperBackend)
-    return store.backend
-
-
-@pytest.fixture
-def opened(store: LeaseStore) -> Iterator[Callable[..., Session]]:
-    sessions: list[Session] = []
-
-    def open_(owner: str, ttl_s: float = 10.0, **kw: Any) -> Session:
-        session = store.session(owner, ttl_s, **kw)
-        sessions.append(session)
-        return session
-
-    yield open_
-    for session in sessions:
-        session.close()
-
-
-def handle(session: Session) -> ZkSession:
-    assert isinstance(session.handle, ZkSession)
-    return session.handle
 
 
 def test_granted_ttl_is_the_negotiated_session_timeout(
@@ -446,41 +417,12 @@ def test_result_size_is_checked_before_sending(opened: Callable[..., Session], z
 # -- lost answers: read back, never re-send blindly ---------------------------------------
 
 
-class _LostAnswer:
-    """Stands in for a kazoo transaction: sends the multi (or not), then loses its answer."""
-
-    def __init__(self, real: Any, apply: bool) -> None:
-        self._real, self._apply = real, apply
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._real, name)
-
-    def commit_async(self) -> Any:
-        if self._apply:
-            self._real.commit_async().get(timeout=30)
-        return self
-
-    def get(self, timeout: float | None = None) -> Any:
-        raise ConnectionLoss()
-
-
-def lose_next_answer(h: ZkSession, apply: bool) -> None:
-    real = h.client.transaction
-    calls: list[int] = []
-
-    def transaction() -> Any:
-        calls.append(1)
-        return _LostAnswer(real(), apply) if len(calls) == 1 else real()
-
-    h.client.transaction = transaction
-
-
 @pytest.mark.parametrize("apply", [True, False], ids=["applied", "not-applied"])
 def test_lost_claim_answer_is_read_back(
     store: LeaseStore, opened: Callable[..., Session], zk_url: str, apply: bool
 ) -> None:
     a, b = opened("A"), opened("B")
-    lose_next_answer(handle(a), apply)
+    lose_next_answer(handle(a).client, apply)
     lease = a.claim("job")
     assert lease is not None and lease.generation == 1  # no double bump either way
     assert b.claim("job") is None
@@ -498,14 +440,14 @@ def test_lost_completion_and_release_answers_are_read_back(
     a = opened("A")
     lease = a.claim("done")
     assert lease is not None
-    lose_next_answer(handle(a), apply)
+    lose_next_answer(handle(a).client, apply)
     record = lease.complete(b"r")
     assert (record.state, record.generation, record.result) == (JobState.COMPLETED, 1, b"r")
     stored = store.get("done")
     assert stored is not None and stored.state is JobState.COMPLETED and stored.generation == 1
     other = a.claim("free")
     assert other is not None
-    lose_next_answer(handle(a), apply)
+    lose_next_answer(handle(a).client, apply)
     other.release()
     free = store.get("free")
     assert free is not None and free.state is JobState.AVAILABLE and free.generation == 1
@@ -529,7 +471,7 @@ def test_unsettled_claim_is_adopted_or_handed_back(
 
         backend._wire.read = failing  # type: ignore[method-assign]
         for job in ("adopted", "handed-back"):
-            lose_next_answer(h, apply=True)
+            lose_next_answer(h.client, apply=True)
             with pytest.raises(OutcomeUnknown):
                 backend.claim(h, job)
         backend._wire.read = real_read  # type: ignore[method-assign]

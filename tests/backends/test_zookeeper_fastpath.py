@@ -9,7 +9,7 @@ ZooKeeper tests these run on the 3-member container ensemble unless
 ``CONSENSUS_LEASE_ZK=local`` (see ``zk_local.py``).
 """
 
-# ruff: noqa: F811  (tests take the zk_target / zk_url fixtures imported from zk_local)
+# ruff: noqa: F811  (tests take the fixtures imported from zk_local)
 
 from __future__ import annotations
 
@@ -18,8 +18,17 @@ from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
-from kazoo.exceptions import ConnectionLoss
-from zk_local import zk_target, zk_url  # noqa: F401
+from zk_local import (  # noqa: F401  (fixtures)
+    LostAnswer,
+    backend,
+    handle,
+    opened,
+    raw_client,
+    session_ttl_s,
+    store,
+    zk_target,
+    zk_url,
+)
 
 from consensus_lease import LeaseStore, open_store
 from consensus_lease.backends.zookeeper import ZooKeeperBackend
@@ -38,49 +47,14 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def store(zk_url: str) -> Iterator[LeaseStore]:
-    store = open_store(zk_url, connect_timeout_s=30)
-    try:
-        yield store
-    finally:
-        store.close()
-
-
-@pytest.fixture
-def backend(store: LeaseStore) -> ZooKeeperBackend:
-    assert isinstance(store.backend, ZooKeeperBackend)
-    return store.backend
-
-
-@pytest.fixture
-def opened(store: LeaseStore) -> Iterator[Callable[..., Session]]:
-    sessions: list[Session] = []
-
-    def open_(owner: str, ttl_s: float = 10.0) -> Session:
-        session = store.session(owner, ttl_s)
-        sessions.append(session)
-        return session
-
-    yield open_
-    for session in sessions:
-        session.close()
-
-
-@pytest.fixture
 def raw(zk_url: str) -> Iterator[KazooClient]:
     """A plain kazoo client on the ensemble (no chroot), to change znodes by hand."""
-    client = KazooClient(hosts=zk_url.split("://", 1)[1].split("/", 1)[0])
-    client.start(timeout=30)
+    client = raw_client(zk_url)
     try:
         yield client
     finally:
         client.stop()
         client.close()
-
-
-def handle(session: Session) -> ZkSession:
-    assert isinstance(session.handle, ZkSession)
-    return session.handle
 
 
 def requests(h: ZkSession) -> list[str]:
@@ -284,23 +258,6 @@ def test_expired_session_completes_nothing(
     assert record is not None and record.state is JobState.AVAILABLE
 
 
-class _LostAnswer:
-    """Stands in for a kazoo transaction: the multi is applied, its answer lost."""
-
-    def __init__(self, real: Any) -> None:
-        self._tx = real()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._tx, name)
-
-    def commit_async(self) -> Any:
-        self._tx.commit_async().get(timeout=30)
-        return self
-
-    def get(self, timeout: float | None = None) -> Any:
-        raise ConnectionLoss()
-
-
 def test_adopted_and_handed_back_claims_are_remembered(zk_url: str) -> None:
     """Claims whose answer was lost and could not be read back (OutcomeUnknown): one is
     adopted by a later claim of the job, then completed with one multi; keepalive hands
@@ -320,7 +277,7 @@ def test_adopted_and_handed_back_claims_are_remembered(zk_url: str) -> None:
 
         backend._wire.read = failing  # type: ignore[method-assign]
         for job in ("adopted", "handed-back"):
-            h.client.transaction = lambda: _LostAnswer(real_tx)
+            h.client.transaction = lambda: LostAnswer(real_tx())  # applied, answer lost
             with pytest.raises(OutcomeUnknown):
                 backend.claim(h, job)
             h.client.transaction = real_tx
