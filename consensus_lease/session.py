@@ -525,12 +525,27 @@ class Session:
         self.lost.set()
         safe_call(self.observer, "lost", self.backend.scheme, None, None, str(reason))
         self._stop.set()
+        threading.Thread(
+            target=self._end_store_session, daemon=True,
+            name=f"consensus-lease-end-{self.session_id}",
+        ).start()
         log.error(
             "session lost",
             extra={"session_id": self.session_id, "owner": self.owner, "reason": str(reason)},
         )
         for callback in callbacks:
             self._run_callback(callback, reason)
+
+    def _end_store_session(self) -> None:
+        """End the store-side session of a LOST session (best effort): a store that keeps
+        sessions alive by itself (ZooKeeper: kazoo pings) would otherwise keep its jobs."""
+        try:
+            self.backend.close_session(self.handle)
+        except BackendUnavailable as exc:
+            log.warning(
+                "ending the lost session in the store failed; the store expires it",
+                extra={"session_id": self.session_id, "error": str(exc)},
+            )
 
     def _run_callback(self, callback: LossCallback, reason: LeaseLost) -> None:
         try:
