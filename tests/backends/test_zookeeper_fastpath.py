@@ -71,7 +71,8 @@ def opened(store: LeaseStore) -> Iterator[Callable[..., Session]]:
 
 @pytest.fixture
 def raw(zk_url: str) -> Iterator[KazooClient]:
-    """A plain kazoo client on the ensemble (no chroot), to change znodes by hand."""
+    """A plain kazoo client on the ensemble (no chroot), to change znodes by hand. It may
+    be connected to another member than the worker: read through :func:`synced`."""
     client = KazooClient(hosts=zk_url.split("://", 1)[1].split("/", 1)[0])
     client.start(timeout=30)
     try:
@@ -79,6 +80,12 @@ def raw(zk_url: str) -> Iterator[KazooClient]:
     finally:
         client.stop()
         client.close()
+
+
+def synced(raw: KazooClient) -> KazooClient:
+    """``raw`` after a ``sync``: its member has applied every write answered before."""
+    raw.sync("/")
+    return raw
 
 
 def handle(session: Session) -> ZkSession:
@@ -142,13 +149,13 @@ def test_queued_job_markers_go_in_the_same_multi(
     first, second = a.claim_next("q"), a.claim_next("q")
     assert first is not None and second is not None
     queue = f"{backend.config.queues_base}/q"
-    assert len(raw.get_children(f"{queue}/held")) == 2
+    assert len(synced(raw).get_children(f"{queue}/held")) == 2
     sent = requests(handle(a))
     first.complete(b"")
     second.release()
     assert sent == ["Transaction", "Transaction"]
-    assert raw.get_children(f"{queue}/held") == []
-    assert len(raw.get_children(f"{queue}/open")) == 1  # the released one is still open
+    assert synced(raw).get_children(f"{queue}/held") == []
+    assert len(synced(raw).get_children(f"{queue}/open")) == 1  # the released one is still open
     assert [job_id for job_id, _ in backend.queue_candidates("q", 10)] == [second.job_id]
 
 
@@ -159,12 +166,12 @@ def test_marker_deleted_by_hand_is_dropped_without_reading(
     a = opened("A")
     lease = a.claim_next("q")
     assert lease is not None
-    (held,) = raw.get_children(f"{backend.config.queues_base}/q/held")
+    (held,) = synced(raw).get_children(f"{backend.config.queues_base}/q/held")
     raw.delete(f"{backend.config.queues_base}/q/held/{held}")
     sent = requests(handle(a))
     lease.complete(b"ok")
     assert sent == ["Transaction", "Transaction"]  # failed on the marker; again without it
-    assert raw.get_children(f"{backend.config.queues_base}/q/open") == []
+    assert synced(raw).get_children(f"{backend.config.queues_base}/q/open") == []
 
 
 # -- what the session does not hold: nothing is written ----------------------------------
@@ -283,12 +290,12 @@ def test_owner_znode_rewritten_is_read_and_still_completed(
     lease = a.claim("job")
     assert lease is not None
     owner = paths(backend, "job").owner
-    raw.set(owner, raw.get(owner)[0])
+    raw.set(owner, synced(raw).get(owner)[0])
     sent = requests(handle(a))
     record = lease.complete(b"ok")
     assert record.state is JobState.COMPLETED
     assert sent.count("Transaction") == 2
-    assert raw.exists(owner) is None
+    assert synced(raw).exists(owner) is None
 
 
 def test_expired_session_completes_nothing(
