@@ -30,6 +30,11 @@ log = logging.getLogger("consensus_lease.backends.zookeeper")
 READ_CHUNK = 256
 """Reads pipelined at once by records()."""
 
+EXPIRY_NOTICE_S = 0.25
+"""How long ``expire_session`` waits for the session's client to see the server close
+the session before ending it from that client itself: well inside the shortest local
+deadline tests use (a 1 s TTL less its margin)."""
+
 _WAIT_ERRORS: tuple[type[BaseException], ...] = (LeaseError, *KAZOO_ERRORS)
 
 
@@ -221,7 +226,8 @@ class ZooKeeperBackend(Backend):
         """
         with self._lock:
             h = self._sessions.get(session_id)
-        if h is None or h.status not in (Status.CONNECTED, Status.SUSPENDED):
+        live = h is not None and h.status in (Status.CONNECTED, Status.SUSPENDED)
+        if h is None or not live:
             return
         impostor = self.config.new_client(h.granted_ttl_s, client_id=(h.sid, h.passwd))
         try:
@@ -231,7 +237,7 @@ class ZooKeeperBackend(Backend):
         except KAZOO_ERRORS as exc:
             raise BackendUnavailable(f"expire_session: cannot reach {self.hosts}") from exc
         give_up = time.monotonic() + timeout_s
-        notice_by = time.monotonic() + min(1.0, timeout_s)
+        notice_by = time.monotonic() + min(EXPIRY_NOTICE_S, timeout_s)
         while h.status in (Status.CONNECTED, Status.SUSPENDED) and time.monotonic() < notice_by:
             threading.Event().wait(0.01)
         # Usually the server has closed the session by now. But if the session's own client
@@ -239,7 +245,8 @@ class ZooKeeperBackend(Backend):
         # the server; ending the session from its own client (which expire_locally does)
         # closes it either way, so the hook is deterministic.
         h.expire_locally("expired by expire_session()")
-        h.ended.wait(max(0.0, give_up - time.monotonic()))  # reported, client stopped
+        if h.status is not Status.CLOSED:  # closed meanwhile (the core, on loss): no report
+            h.ended.wait(max(0.0, give_up - time.monotonic()))  # reported, client stopped
 
     # -- claiming --------------------------------------------------------------------------
 
