@@ -97,7 +97,7 @@ def own_hold(h: ZkSession, paths: JobPaths, claim: ClaimResult) -> Hold | None:
     return None
 
 
-def _ended(hold: Hold | None) -> None:
+def _mark_ended(hold: Hold | None) -> None:
     if hold is not None:
         hold.ended = True
 
@@ -173,7 +173,7 @@ class Holds:
                     job_id=paths.job_id, generation=generation, current_generation=generation,
                 )
         except StaleLeaseError:
-            _ended(own_hold(h, paths, claim))  # final: no complete/release will follow
+            _mark_ended(own_hold(h, paths, claim))  # final: no complete/release will follow
             raise
 
     def complete(
@@ -264,10 +264,10 @@ class Holds:
                 try:
                     reread = self._reread(h, paths, generation, what, completing, missing)
                 except StaleLeaseError:
-                    _ended(hold)  # final: not held at generation any more
+                    _mark_ended(hold)  # final: not held at generation any more
                     raise
                 if isinstance(reread, LeaseRecord):
-                    _ended(hold)
+                    _mark_ended(hold)
                     return reread
                 owner_version, markers = reread
 
@@ -280,7 +280,7 @@ class Holds:
 
             multi = self.wire.commit(h, build, landed, what, job_id, generation)
             if multi.applied:
-                _ended(hold)
+                _mark_ended(hold)
                 return None
             lost = self._missing(multi.results, 2, markers)
             missing |= lost

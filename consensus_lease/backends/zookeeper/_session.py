@@ -101,8 +101,9 @@ class ZkSession(SessionHandle):
     settled.
 
     The session's lifetime is the core's to decide: kazoo pings the server by itself, so
-    this session never lapses while its process lives; the core ends it with
-    ``close_session`` when its local deadline passes without a successful renewal.
+    this session does not lapse while its process lives. The core ends it with
+    ``close_session`` when its local deadline passes without a successful renewal (or it
+    is lost otherwise); a handle used without the core lives until ``close_session``.
     """
 
     def __init__(
