@@ -193,10 +193,11 @@ def test_stale_holder_is_rejected_with_the_current_generation(
     second = b.claim("job")
     assert second is not None and second.generation == first.generation + 1
     for call in (
-        lambda: backend.renew(a.handle, "job", first.generation),
-        lambda: backend.release(a.handle, "job", first.generation),
-        lambda: backend.complete(a.handle, "job", first.generation, b"x"),
-        lambda: backend.complete(a.handle, "job", second.generation, b"x"),  # not A's znode
+        lambda: backend.renew(a.handle, "job", first.claim_result),
+        lambda: backend.release(a.handle, "job", first.claim_result),
+        lambda: backend.complete(a.handle, "job", first.claim_result, b"x"),
+        lambda: backend.complete(a.handle, "job", ClaimResult(second.generation), b"x"),
+        lambda: backend.complete(a.handle, "job", second.claim_result, b"x"),  # B's handle
     ):
         with pytest.raises(StaleLeaseError) as stale:
             call()
@@ -204,7 +205,7 @@ def test_stale_holder_is_rejected_with_the_current_generation(
     second.renew()
     second.complete(b"ok")
     with pytest.raises(StaleLeaseError):
-        backend.renew(b.handle, "job", second.generation)
+        backend.renew(b.handle, "job", second.claim_result)
 
 
 def test_no_stray_znodes(store: LeaseStore, opened: Callable[..., Session], zk_url: str) -> None:
@@ -250,7 +251,8 @@ def test_session_events(zk_url: str, zk_target: ZkTarget) -> None:
     h = backend.open_session("A", 8.0, events.append)
     assert isinstance(h, ZkSession)
     try:
-        assert backend.claim(h, "job") == ClaimResult(1)
+        claim = backend.claim(h, "job")
+        assert claim == ClaimResult(1)
         zk_target.stop()
         try:
             poll_until(lambda: SessionEvent.SUSPENDED in events, 30)
@@ -259,7 +261,7 @@ def test_session_events(zk_url: str, zk_target: ZkTarget) -> None:
         finally:
             zk_target.start()
         poll_until(lambda: SessionEvent.RECONNECTED in events, 30)
-        backend.renew(h, "job", 1)  # the same session still holds it
+        backend.renew(h, "job", claim)  # the same session still holds it
         backend.expire_session(h.session_id)
         assert events[-1] is SessionEvent.EXPIRED and h.status is Status.EXPIRED
         with pytest.raises(SessionExpired):
@@ -493,19 +495,44 @@ def test_unsettled_claim_is_adopted_or_handed_back(
 def test_unrenewed_session_ends_and_frees_its_jobs(
     store: LeaseStore, opened: Callable[..., Session]
 ) -> None:
+    """kazoo keeps pinging, so the ZooKeeper session would live on: the core ends it
+    (close_session) once its local deadline passed with no renewal."""
     a = opened("A", ttl_s=1.0, keepalive=False)
     b = opened("B")
     lease = a.claim("job")
     assert lease is not None
     taken = b.claim("job", wait_s=20)
     assert taken is not None and taken.generation == 2
-    # The worker's local deadline (send + TTL - margin) passed first, as designed...
-    poll_until(lambda: a.state is SessionState.LOST, 10)
-    # ...then the backend ended the ZooKeeper session itself, one TTL after the last renewal.
-    poll_until(lambda: handle(a).status is Status.EXPIRED, 10)
+    # The worker's local deadline (send + TTL - margin) passed, the session is LOST...
+    assert a.state is SessionState.LOST and lease.state is LeaseState.LOST
+    # ...and the core closed its ZooKeeper session, which is what freed the job.
+    poll_until(lambda: handle(a).status is Status.CLOSED, 10)
     with pytest.raises(SessionExpired):
         store.backend.keepalive(a.handle)
     poll_until(lambda: not handle(a).client.connected, 10)
+
+
+def test_backend_session_without_the_core_does_not_lapse(
+    store: LeaseStore, backend: ZooKeeperBackend
+) -> None:
+    """The backend no longer ends sessions by itself: a handle used without the core's
+    Session, never renewed, keeps its job past its granted TTL until closed."""
+    h = backend.open_session("A", 1.0)
+    assert isinstance(h, ZkSession)
+    try:
+        claim = backend.claim(h, "job")
+        assert claim == ClaimResult(1)
+        past = time.monotonic() + 2 * h.granted_ttl_s + 1.0
+        while time.monotonic() < past:
+            assert h.status is Status.CONNECTED
+            time.sleep(0.2)  # real time must pass: the session must outlive its TTL
+        record = store.get("job")
+        assert record is not None and record.state is JobState.HELD
+        backend.renew(h, "job", claim)
+    finally:
+        backend.close_session(h)
+    record = store.get("job")
+    assert record is not None and record.state is JobState.AVAILABLE
 
 
 # -- TLS (a local server of its own: the container ensemble serves plain TCP) ----------------
