@@ -250,16 +250,16 @@ class Liveness:
             extra={"session_id": self.handle.session_id, "owner": self.handle.owner,
                    "reason": str(reason)},
         )
-        threading.Thread(
-            target=self._end_store_session, daemon=True,
-            name=f"consensus-lease-end-{self.handle.session_id}",
-        ).start()
         for listener in listeners:
             try:
                 listener(reason)
             except Exception:
                 log.exception("session loss listener raised",
                               extra={"session_id": self.handle.session_id})
+        threading.Thread(
+            target=self._end_store_session, daemon=True,
+            name=f"consensus-lease-end-{self.handle.session_id}",
+        ).start()
         return True
 
     def close(self) -> bool:

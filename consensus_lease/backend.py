@@ -161,7 +161,7 @@ class Backend(abc.ABC):
         Best effort when the store is unreachable (the TTL then ends it). Idempotent.
         """
 
-    # -- per-job operations, each one atomic in the store -----------------------------
+    # -- per-job operations: each decided by one atomic compare in the store ----------
 
     @abc.abstractmethod
     def claim(self, session: SessionHandle, job_id: str) -> ClaimResult | None:

@@ -23,10 +23,10 @@ from typing import Any
 
 from rich.console import Console
 
+from ._workerproc import WorkerProcess
 from .errors import InvalidArgument, LeaseError, UnsupportedOperation
 from .record import JobState
 from .store import LeaseStore, open_store
-from .testing.workers import WorkerProcess
 
 __all__ = ["DemoStep", "run_demo"]
 
@@ -93,90 +93,22 @@ def run_demo(backend_url: str | None, ttl_s: float, *, unfenced: bool = False,
         console.print(f"[bold]destination[/] {fence_path} "
                       f"({'UNFENCED: tokens not checked' if unfenced else 'fenced by token'})")
         console.print(f"[bold]TTL[/]         {ttl_s} s (times: since start; the store's clock)\n")
-        store = open_store(url)
-        if not store.capabilities.cross_process:
-            store.close()
-            raise UnsupportedOperation(
-                f"the demo runs two worker processes, but {url!r} is a store of one process "
-                "only; use sqlite:///..., etcd://... or zk://..."
-            )
-        caps = store.capabilities
-        if not caps.min_ttl_s <= ttl_s <= caps.max_ttl_s:
-            store.close()
-            raise InvalidArgument(
-                f"--ttl-s {ttl_s} is outside this store's range [{caps.min_ttl_s}, "
-                f"{caps.max_ttl_s}] s"
-            )
+        store = _open_demo_store(url, ttl_s)
         job = f"{JOB_PREFIX}-{uuid.uuid4().hex[:6]}"  # a fresh job: the demo can run again
         console.print(f"[bold]job[/]         {job}\n")
         timeline = _Timeline(console, store)
         a, b = WorkerProcess("A"), WorkerProcess("B")
+        fence: dict[str, Any] = {"path": fence_path, "job": job, "enforce": not unfenced}
+        scenario = _Scenario(timeline, store, a, b, job, ttl_s, fence)
         try:
             a.start()
             b.start()
-            for w in (a, b):
-                reply = w.request("open", url=url, owner=f"worker-{w.name}", ttl_s=ttl_s)
-                if not reply["ok"]:
-                    timeline.add(w.name, None, "open session", reply, "ok", False)
-                    return False
-            fence: dict[str, Any] = {"path": fence_path, "job": job, "enforce": not unfenced}
-
-            r = a.request("claim", job=job, wait_s=ttl_s * 5)
-            gen_a = r.get("generation")
-            timeline.add("A", gen_a, "claim", r, "claimed", bool(r.get("claimed")))
-            if not r.get("claimed"):
+            if not scenario.open_sessions(url) or not scenario.a_claims_and_writes():
                 return False
-            r = a.request("fence", effect="step-1", **fence)
-            timeline.add("A", gen_a, "write step-1 (token A)", r, "accepted",
-                         r.get("outcome") == "accepted")
-
-            a.pause()
-            timeline.add("A", gen_a, "SIGSTOP (paused past its TTL)", "paused", "paused", True)
-            give_up = time.monotonic() + 10 * ttl_s + 10
-            record = store.get(job)
-            while record is not None and record.state is JobState.HELD:
-                if time.monotonic() > give_up:
-                    break
-                time.sleep(min(0.05, ttl_s / 10))  # waiting for the store's TTL to run out
-                record = store.get(job)
-            expired = record is not None and record.state is JobState.AVAILABLE
-            timeline.add("store", gen_a, "expires A's lease (store clock)",
-                         f"state={record.state.value if record else None}", "available", expired)
-
-            r = b.request("claim", job=job, wait_s=ttl_s * 5)
-            gen_b = r.get("generation")
-            timeline.add("B", gen_b, "claim", r, "claimed a newer generation",
-                         bool(r.get("claimed")) and gen_b is not None and gen_a is not None
-                         and gen_b > gen_a)
-            r = b.request("fence", effect="step-1", **fence)
-            timeline.add("B", gen_b, "write step-1 (token B)", r, "accepted",
-                         r.get("outcome") == "accepted")
-
-            a.resume()
-            timeline.add("A", gen_a, "SIGCONT (resumes)", "running", "running", True)
-            r = a.request("ensure_held", job=job)
-            timeline.add("A", gen_a, "ensure_held()", r, "LeaseLost",
-                         not r["ok"] and r.get("error") == "LeaseLost")
-            r = a.request("complete", job=job, result="from A")
-            timeline.add("A", gen_a, "complete() (store compares gen)", r,
-                         "rejected by store", not r["ok"] and r.get("error") in (
-                             "StaleLeaseError", "SessionExpired"))
-            r = a.request("fence", effect="step-2", **fence)
-            timeline.add("A", gen_a, "late write step-2 (token A)", r, "FenceRejected",
-                         not r["ok"] and r.get("error") == "FenceRejected")
-
-            r = b.request("fence", effect="step-2", **fence)
-            timeline.add("B", gen_b, "write step-2 (token B)", r, "accepted",
-                         r.get("outcome") == "accepted")
-            r = b.request("complete", job=job, result="from B")
-            timeline.add("B", gen_b, "complete()", r, "completed",
-                         r["ok"] and r.get("generation") == gen_b)
-            final = store.get(job)
-            timeline.add("store", final.generation if final else None, "final record",
-                         f"state={final.state.value if final else None} owner="
-                         f"{final.owner if final else None}", "completed by B",
-                         final is not None and final.state is JobState.COMPLETED
-                         and final.generation == gen_b)
+            scenario.a_paused_until_the_store_expires_it()
+            scenario.b_claims_and_writes()
+            scenario.a_resumes_and_is_rejected()
+            scenario.b_completes()
         finally:
             for w in (a, b):
                 if w.alive():
@@ -186,6 +118,124 @@ def run_demo(backend_url: str | None, ttl_s: float, *, unfenced: bool = False,
         ok = all(step.ok for step in timeline.steps)
         _summary(console, timeline.steps, ok)
         return ok
+
+
+def _open_demo_store(url: str, ttl_s: float) -> LeaseStore:
+    """The store at ``url``, checked to serve several processes and to accept ``ttl_s``.
+
+    Raises:
+        UnsupportedOperation: the store serves one process only.
+        InvalidArgument: ``ttl_s`` is outside the store's TTL range.
+    """
+    store = open_store(url)
+    if not store.capabilities.cross_process:
+        store.close()
+        raise UnsupportedOperation(
+            f"the demo runs two worker processes, but {url!r} is a store of one process "
+            "only; use sqlite:///..., etcd://... or zk://..."
+        )
+    caps = store.capabilities
+    if not caps.min_ttl_s <= ttl_s <= caps.max_ttl_s:
+        store.close()
+        raise InvalidArgument(
+            f"--ttl-s {ttl_s} is outside this store's range [{caps.min_ttl_s}, "
+            f"{caps.max_ttl_s}] s"
+        )
+    return store
+
+
+@dataclass
+class _Scenario:
+    """The worked example's steps, each recorded on the timeline with what was expected."""
+
+    timeline: _Timeline
+    store: LeaseStore
+    a: WorkerProcess
+    b: WorkerProcess
+    job: str
+    ttl_s: float
+    fence: dict[str, Any]
+    gen_a: int | None = None
+    gen_b: int | None = None
+
+    def open_sessions(self, url: str) -> bool:
+        """Open a session in each worker; False (recorded) if one could not."""
+        for w in (self.a, self.b):
+            reply = w.request("open", url=url, owner=f"worker-{w.name}", ttl_s=self.ttl_s)
+            if not reply["ok"]:
+                self.timeline.add(w.name, None, "open session", reply, "ok", False)
+                return False
+        return True
+
+    def a_claims_and_writes(self) -> bool:
+        """Step 1: A claims the job and writes step 1; False if A could not claim it."""
+        r = self.a.request("claim", job=self.job, wait_s=self.ttl_s * 5)
+        self.gen_a = r.get("generation")
+        self.timeline.add("A", self.gen_a, "claim", r, "claimed", bool(r.get("claimed")))
+        if not r.get("claimed"):
+            return False
+        r = self.a.request("fence", effect="step-1", **self.fence)
+        self.timeline.add("A", self.gen_a, "write step-1 (token A)", r, "accepted",
+                          r.get("outcome") == "accepted")
+        return True
+
+    def a_paused_until_the_store_expires_it(self) -> None:
+        """Step 2: A is stopped; wait (bounded) until the store has expired its lease."""
+        ttl_s, job, gen_a = self.ttl_s, self.job, self.gen_a
+        self.a.pause()
+        self.timeline.add("A", gen_a, "SIGSTOP (paused past its TTL)", "paused", "paused", True)
+        give_up = time.monotonic() + 10 * ttl_s + 10
+        record = self.store.get(job)
+        while record is not None and record.state is JobState.HELD:
+            if time.monotonic() > give_up:
+                break
+            time.sleep(min(0.05, ttl_s / 10))  # waiting for the store's TTL to run out
+            record = self.store.get(job)
+        expired = record is not None and record.state is JobState.AVAILABLE
+        self.timeline.add("store", gen_a, "expires A's lease (store clock)",
+                          f"state={record.state.value if record else None}", "available",
+                          expired)
+
+    def b_claims_and_writes(self) -> None:
+        """Step 3: B claims a newer generation and writes step 1 with its token."""
+        gen_a = self.gen_a
+        r = self.b.request("claim", job=self.job, wait_s=self.ttl_s * 5)
+        gen_b = self.gen_b = r.get("generation")
+        self.timeline.add("B", gen_b, "claim", r, "claimed a newer generation",
+                          bool(r.get("claimed")) and gen_b is not None and gen_a is not None
+                          and gen_b > gen_a)
+        r = self.b.request("fence", effect="step-1", **self.fence)
+        self.timeline.add("B", gen_b, "write step-1 (token B)", r, "accepted",
+                          r.get("outcome") == "accepted")
+
+    def a_resumes_and_is_rejected(self) -> None:
+        """Step 4: A resumes; its check, its completion and its late write all fail."""
+        a, gen_a, add = self.a, self.gen_a, self.timeline.add
+        a.resume()
+        add("A", gen_a, "SIGCONT (resumes)", "running", "running", True)
+        r = a.request("ensure_held", job=self.job)
+        add("A", gen_a, "ensure_held()", r, "LeaseLost",
+            not r["ok"] and r.get("error") == "LeaseLost")
+        r = a.request("complete", job=self.job, result="from A")
+        add("A", gen_a, "complete() (store compares gen)", r, "rejected by store",
+            not r["ok"] and r.get("error") in ("StaleLeaseError", "SessionExpired"))
+        r = a.request("fence", effect="step-2", **self.fence)
+        add("A", gen_a, "late write step-2 (token A)", r, "FenceRejected",
+            not r["ok"] and r.get("error") == "FenceRejected")
+
+    def b_completes(self) -> None:
+        """Step 5: B writes step 2 and completes; the final record is B's."""
+        b, gen_b, add = self.b, self.gen_b, self.timeline.add
+        r = b.request("fence", effect="step-2", **self.fence)
+        add("B", gen_b, "write step-2 (token B)", r, "accepted", r.get("outcome") == "accepted")
+        r = b.request("complete", job=self.job, result="from B")
+        add("B", gen_b, "complete()", r, "completed", r["ok"] and r.get("generation") == gen_b)
+        final = self.store.get(self.job)
+        add("store", final.generation if final else None, "final record",
+            f"state={final.state.value if final else None} owner="
+            f"{final.owner if final else None}", "completed by B",
+            final is not None and final.state is JobState.COMPLETED
+            and final.generation == gen_b)
 
 
 def _summary(console: Console, steps: list[DemoStep], ok: bool) -> None:

@@ -185,8 +185,12 @@ class Lease:
 
     def renew(self) -> None:
         """Confirm in the store that this session still holds the job at this generation
-        and extend the session's TTL, in one atomic store operation. The session's
-        deadline moves to the *send* time of this request + granted TTL - margin.
+        and extend the session's TTL. SQLite, memory and ZooKeeper do both in one atomic
+        store operation; etcd in two round trips (a read-only transaction comparing the
+        owner key, then a keepalive of the session's lease), which is safe because the
+        first proves ownership and the second can only extend the session that owns it.
+        The session's deadline moves to the *send* time of the request + granted TTL -
+        margin.
 
         The session's background keepalive already renews every lease it holds; call
         this to re-check one lease explicitly (e.g. before a long effect).

@@ -50,7 +50,7 @@ def open_store(
     ==========================================================  =====================
     URL                                                          backend
     ==========================================================  =====================
-    ``sqlite:///path/to/jobs.db``                                embedded (default)
+    ``sqlite:////abs/path/jobs.db`` (``sqlite:///rel.db``)       embedded (default)
     ``memory://``                                                in-process, tests
     ``etcd://127.0.0.1:2379,127.0.0.2:2379/prefix``              etcd v3
     ``zk://127.0.0.1:2181,127.0.0.2:2181/chroot``                ZooKeeper

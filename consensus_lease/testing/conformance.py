@@ -487,6 +487,9 @@ class BackendConformance(LifecycleConformance):
         with pytest.raises(SessionExpired):
             poll_until(lambda: a.keepalive() and False, timeout_s=10 * self.short_ttl_s + 5)
         assert a.state is SessionState.LOST and a.lost.is_set()
+        # The callback runs in whichever thread saw the loss first (a store event may
+        # beat our keepalive): wait for it, then make sure it ran exactly once.
+        poll_until(lambda: called, timeout_s=5.0)
         assert len(called) == 1
         assert lease.state is LeaseState.LOST
         with pytest.raises(LeaseLost):

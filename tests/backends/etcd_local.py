@@ -12,12 +12,17 @@ It offers the part of :class:`~consensus_lease.testing.cluster.EtcdCluster` the 
 
 Raft timing is fast (heartbeat 50 ms, election timeout 500 ms), so etcd's minimum lease
 TTL is 1 s and a failed leader is replaced in about a second.
+
+The end of the module holds what the etcd test modules share: starting members for a
+module's fixture (skipped when etcd is missing), pointing a store at one member, and
+answers lost after (or before) a write is applied.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import signal
 import socket
@@ -25,9 +30,18 @@ import subprocess
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Any
+
+import grpc
+import pytest
+
+from consensus_lease import LeaseStore
+from consensus_lease.backends.etcd import EtcdBackend
+from consensus_lease.backends.etcd._transport import Failure
 
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 _HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -257,3 +271,55 @@ class LocalEtcd:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+# -- what the etcd backend test modules share ---------------------------------------------------
+
+
+def require_local_etcd() -> None:
+    """Skip the test when local members cannot be started; fail instead under ``CI=true``."""
+    reason = available()
+    if reason is not None:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+
+
+def local_members(size: int, base: int) -> Iterator[LocalEtcd]:
+    """For a module's fixture (``yield from local_members(...)``): ``size`` members on
+    127.0.251.(base+1 ...), stopped at teardown; see :func:`require_local_etcd`."""
+    require_local_etcd()
+    with LocalEtcd(size=size, base=base) as cluster:
+        yield cluster
+
+
+def backend_of(store: LeaseStore) -> EtcdBackend:
+    assert isinstance(store.backend, EtcdBackend)
+    return store.backend
+
+
+def use_member(store: LeaseStore, endpoint: str) -> None:
+    """Point the store's transport at the member ``endpoint`` (``host:port``), so a fault
+    hits the member in use."""
+    transport = backend_of(store)._transport
+    transport._current = [m.target for m in transport.members].index(endpoint)
+
+
+def lose_answers(store: LeaseStore, monkeypatch: pytest.MonkeyPatch, *, applied: bool,
+                 times: int = 1) -> list[str]:
+    """Make the next ``times`` writes fail as if the answer was lost: after being applied
+    (``applied=True``) or before reaching etcd. Returns a log of what was dropped."""
+    transport = backend_of(store)._transport
+    real = transport.send
+    dropped: list[str] = []
+
+    def send(*args: Any, **kwargs: Any) -> Any:
+        if len(dropped) < times:
+            if applied:
+                real(*args, **kwargs)
+            dropped.append(str(kwargs.get("what")))
+            raise Failure("injected", grpc.StatusCode.DEADLINE_EXCEEDED, "answer lost")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(transport, "send", send)
+    return dropped

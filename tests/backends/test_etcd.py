@@ -7,7 +7,6 @@ conformance suite in ``test_etcd_conformance.py``.
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 import time
@@ -18,7 +17,7 @@ from typing import Any, Literal
 
 import grpc
 import pytest
-from etcd_local import LocalEtcd, available
+from etcd_local import LocalEtcd, backend_of, local_members
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyetcd import etcdrpc
@@ -140,13 +139,7 @@ def test_foreign_keys_under_the_prefix_are_ignored() -> None:
 def etcd_server() -> Iterator[LocalEtcd]:
     """One member (metrics are then exact). To run these on the container kit instead:
     ``return request.getfixturevalue("etcd_cluster")``."""
-    reason = available()
-    if reason is not None:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    with LocalEtcd(size=1, base=20) as cluster:
-        yield cluster
+    yield from local_members(size=1, base=20)
 
 
 @pytest.fixture
@@ -162,9 +155,7 @@ def store(url: str) -> Iterator[LeaseStore]:
 
 def _raw(store: LeaseStore) -> Any:
     """A raw KV stub on the store's member, to look at keys as etcd has them."""
-    backend = store.backend
-    assert isinstance(backend, EtcdBackend)
-    return backend._transport.member().kv
+    return backend_of(store)._transport.member().kv
 
 
 def _raw_lease(store: LeaseStore) -> Any:
@@ -175,8 +166,7 @@ def _raw_lease(store: LeaseStore) -> Any:
 
 
 def _keys_under(store: LeaseStore) -> dict[bytes, Any]:
-    backend = store.backend
-    assert isinstance(backend, EtcdBackend)
+    backend = backend_of(store)
     root = backend._layout.root
     answer = _raw(store).Range(
         etcdrpc.RangeRequest(key=root, range_end=backend._layout.range_end), timeout=5

@@ -8,12 +8,11 @@ gets a fresh key prefix on the shared cluster.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 
 import pytest
-from etcd_local import LocalEtcd, available
+from etcd_local import LocalEtcd, local_members
 
 from consensus_lease import LeaseStore, open_store
 from consensus_lease.testing.conformance import BackendConformance
@@ -21,13 +20,7 @@ from consensus_lease.testing.conformance import BackendConformance
 
 @pytest.fixture(scope="module")
 def local_etcd() -> Iterator[LocalEtcd]:
-    reason = available()
-    if reason is not None:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    with LocalEtcd(size=3, base=10) as cluster:
-        yield cluster
+    yield from local_members(size=3, base=10)
 
 
 class TestEtcdConformance(BackendConformance):

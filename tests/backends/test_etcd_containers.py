@@ -11,25 +11,16 @@ import time
 from typing import Any
 
 import pytest
+from etcd_local import use_member
 
 from consensus_lease import (
     BackendUnavailable,
     JobState,
     LeaseError,
     LeaseState,
-    LeaseStore,
     open_store,
 )
-from consensus_lease.backends.etcd import EtcdBackend
 from consensus_lease.testing.conformance import poll_until
-
-
-def _use(store: LeaseStore, endpoint: str) -> None:
-    """Point the store's transport at the member ``endpoint``."""
-    backend = store.backend
-    assert isinstance(backend, EtcdBackend)
-    transport = backend._transport
-    transport._current = [m.target for m in transport.members].index(endpoint)
 
 
 @pytest.mark.parametrize("role", ["leader", "follower"])
@@ -45,7 +36,7 @@ def test_isolated_member_in_use_is_left(etcd_cluster: Any, key_prefix: str, role
         member = leader if role == "leader" else next(
             m for m in etcd_cluster.members if m is not leader
         )
-        _use(store, member.endpoint)
+        use_member(store, member.endpoint)
         with etcd_cluster.isolate(member):
             start = time.monotonic()
             fresh = a.claim("fresh")
@@ -78,7 +69,7 @@ def test_paused_leader_lost_answers_are_settled(etcd_cluster: Any, key_prefix: s
     url = etcd_cluster.url_with_prefix(key_prefix) + "?timeout_s=1&connect_timeout_s=20"
     with open_store(url) as store, store.session("A", 15) as a:
         leader = etcd_cluster.leader()
-        _use(store, leader.endpoint)
+        use_member(store, leader.endpoint)
         etcd_cluster.pause(leader)
         leases = [a.claim(f"job-{i}") for i in range(3)]
         assert all(leases)

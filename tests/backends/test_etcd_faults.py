@@ -8,7 +8,6 @@ Member faults are real: SIGKILL / SIGSTOP of local etcd processes.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 import uuid
@@ -18,7 +17,15 @@ from typing import Any
 
 import grpc
 import pytest
-from etcd_local import LocalEtcd, LocalMember, available
+from etcd_local import (
+    LocalEtcd,
+    LocalMember,
+    backend_of,
+    local_members,
+    lose_answers,
+    require_local_etcd,
+    use_member,
+)
 from pyetcd import etcdrpc
 
 from consensus_lease import (
@@ -32,25 +39,13 @@ from consensus_lease import (
     OutcomeUnknown,
     open_store,
 )
-from consensus_lease.backends.etcd import EtcdBackend
-from consensus_lease.backends.etcd._transport import Failure
 from consensus_lease.errors import JobFailed
 from consensus_lease.testing.conformance import poll_until
 
 
-def _require_etcd() -> None:
-    reason = available()
-    if reason is not None:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalEtcd]:
-    _require_etcd()
-    with LocalEtcd(size=3, base=40) as c:
-        yield c
+    yield from local_members(size=3, base=40)
 
 
 @pytest.fixture
@@ -61,43 +56,12 @@ def healthy(cluster: LocalEtcd) -> Iterator[LocalEtcd]:
     cluster.restore()
 
 
-def _backend(store: LeaseStore) -> EtcdBackend:
-    assert isinstance(store.backend, EtcdBackend)
-    return store.backend
-
-
 def _url(cluster: LocalEtcd, **options: object) -> str:
     query = "&".join(f"{k}={v}" for k, v in options.items())
     return cluster.url_with_prefix(f"f-{uuid.uuid4().hex[:12]}") + (f"?{query}" if query else "")
 
 
-def _use(store: LeaseStore, member: LocalMember) -> None:
-    """Point the store's transport at ``member`` (so the fault hits the member in use)."""
-    transport = _backend(store)._transport
-    transport._current = [m.target for m in transport.members].index(member.endpoint)
-
-
 # -- lost answers ---------------------------------------------------------------------------
-
-
-def _lose_answers(store: LeaseStore, monkeypatch: pytest.MonkeyPatch, *, applied: bool,
-                  times: int = 1) -> list[str]:
-    """Make the next ``times`` writes fail as if the answer was lost: after being applied
-    (``applied=True``) or before reaching etcd. Returns a log of what was dropped."""
-    transport = _backend(store)._transport
-    real = transport.send
-    dropped: list[str] = []
-
-    def send(*args: Any, **kwargs: Any) -> Any:
-        if len(dropped) < times:
-            if applied:
-                real(*args, **kwargs)
-            dropped.append(str(kwargs.get("what")))
-            raise Failure("injected", grpc.StatusCode.DEADLINE_EXCEEDED, "answer lost")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(transport, "send", send)
-    return dropped
 
 
 @pytest.mark.parametrize("applied", [True, False])
@@ -105,7 +69,7 @@ def test_claim_with_a_lost_answer_is_read_back(
     healthy: LocalEtcd, monkeypatch: pytest.MonkeyPatch, applied: bool
 ) -> None:
     with open_store(_url(healthy)) as store, store.session("A", 30) as a:
-        dropped = _lose_answers(store, monkeypatch, applied=applied)
+        dropped = lose_answers(store, monkeypatch, applied=applied)
         lease = a.claim("job")
         assert dropped and lease is not None
         record = store.get("job")
@@ -121,7 +85,7 @@ def test_complete_with_a_lost_answer_is_read_back(
     with open_store(_url(healthy)) as store, store.session("A", 30) as a:
         lease = a.claim("job")
         assert lease is not None
-        dropped = _lose_answers(store, monkeypatch, applied=applied)
+        dropped = lose_answers(store, monkeypatch, applied=applied)
         record = lease.complete(b"result")
         assert dropped
         assert (record.state, record.generation, record.result) == (
@@ -137,7 +101,7 @@ def test_release_with_a_lost_answer_is_read_back(
     with open_store(_url(healthy)) as store, store.session("A", 30) as a:
         lease = a.claim("job")
         assert lease is not None
-        dropped = _lose_answers(store, monkeypatch, applied=applied)
+        dropped = lose_answers(store, monkeypatch, applied=applied)
         lease.release()
         assert dropped and lease.state is LeaseState.RELEASED
         record = store.get("job")
@@ -148,7 +112,7 @@ def test_claim_batch_with_a_lost_answer_is_read_back(
     healthy: LocalEtcd, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with open_store(_url(healthy)) as store, store.session("A", 30) as a:
-        _lose_answers(store, monkeypatch, applied=True)
+        lose_answers(store, monkeypatch, applied=True)
         leases = a.claim_many(["x", "y", "z"])
         assert all(leases)
         for lease in leases:
@@ -163,8 +127,8 @@ def test_unsettled_claim_is_outcome_unknown_then_adopted(
     """The claim lands, its answer is lost and reading back fails too: OutcomeUnknown.
     The session's next claim of the job finds its own key and adopts it."""
     with open_store(_url(healthy, connect_timeout_s=1)) as store, store.session("A", 30) as a:
-        transport = _backend(store)._transport
-        _lose_answers(store, monkeypatch, applied=True)
+        transport = backend_of(store)._transport
+        lose_answers(store, monkeypatch, applied=True)
         real_call = transport.call
 
         def no_reads(*args: Any, **kwargs: Any) -> Any:
@@ -185,7 +149,7 @@ def test_unsettled_claim_is_outcome_unknown_then_adopted(
 
 def _version(store: LeaseStore, job_id: str, kind: bytes) -> int:
     """How many times the job's key of ``kind`` was written (0: absent)."""
-    backend = _backend(store)
+    backend = backend_of(store)
     answer = backend._transport.member().kv.Range(
         etcdrpc.RangeRequest(key=backend._layout.job(job_id).base + kind), timeout=5
     )
@@ -204,7 +168,7 @@ def test_fail_with_a_lost_answer_is_read_back(
         store.enqueue("q", "job", max_attempts=1 if final else 5)
         lease = a.claim_next("q")
         assert lease is not None
-        dropped = _lose_answers(store, monkeypatch, applied=applied)
+        dropped = lose_answers(store, monkeypatch, applied=applied)
         record = lease.fail("boom", retry_in_s=30)
         assert dropped and lease.state is LeaseState.FAILED
         expected = JobState.FAILED if final else JobState.AVAILABLE
@@ -219,7 +183,7 @@ def test_fail_with_a_lost_answer_is_read_back(
                 a.claim("job")
         else:
             assert a.claim("job") is None  # the 30 s delay runs
-        assert _backend(store).queue_candidates("q", 10) == []
+        assert backend_of(store).queue_candidates("q", 10) == []
 
 
 @pytest.mark.parametrize("applied", [True, False])
@@ -231,7 +195,7 @@ def test_requeue_with_a_lost_answer_is_read_back(
         lease = a.claim_next("q")
         assert lease is not None
         assert lease.fail("boom", retry_in_s=0).state is JobState.FAILED
-        dropped = _lose_answers(store, monkeypatch, applied=applied)
+        dropped = lose_answers(store, monkeypatch, applied=applied)
         record = store.requeue("job")
         assert dropped
         assert (record.state, record.attempt, record.error) == (JobState.AVAILABLE, 1, "boom")
@@ -255,7 +219,7 @@ def test_claim_that_fails_the_job_with_a_lost_answer_is_read_back(
         lease = a.claim_next("q")
         assert lease is not None
         lease.release()
-        dropped = _lose_answers(store, monkeypatch, applied=applied, times=2)
+        dropped = lose_answers(store, monkeypatch, applied=applied, times=2)
         with pytest.raises(JobFailed) as refused:
             a.claim("job")
         assert len(dropped) == 2  # the limit-refused claim, then the FAILED transaction
@@ -264,7 +228,7 @@ def test_claim_that_fails_the_job_with_a_lost_answer_is_read_back(
         assert _version(store, "job", b"f") == 1
         record = store.get("job")
         assert record is not None and record.state is JobState.FAILED
-        assert _backend(store).queue_candidates("q", 10) == []
+        assert backend_of(store).queue_candidates("q", 10) == []
 
 
 @pytest.mark.parametrize("applied", [True, False])
@@ -273,7 +237,7 @@ def test_claim_of_a_limited_job_with_a_lost_answer_is_read_back(
 ) -> None:
     with open_store(_url(healthy)) as store, store.session("A", 30) as a:
         store.enqueue("q", "job", max_attempts=3)
-        dropped = _lose_answers(store, monkeypatch, applied=applied, times=2)
+        dropped = lose_answers(store, monkeypatch, applied=applied, times=2)
         lease = a.claim("job")
         assert len(dropped) == 2 and lease is not None and lease.attempt == 1
         record = store.get("job")
@@ -293,7 +257,7 @@ def test_failover_when_the_member_in_use_dies(healthy: LocalEtcd, role: str) -> 
         assert held is not None
         leader = healthy.leader()
         victim = leader if role == "leader" else next(m for m in healthy.members if m is not leader)
-        _use(store, victim)
+        use_member(store, victim.endpoint)
         healthy.kill(victim)
         start = time.monotonic()
         fresh = a.claim("fresh")  # fails over; during an election it reads back and re-sends
@@ -313,7 +277,7 @@ def test_paused_member_is_left_and_leases_stay_held(healthy: LocalEtcd) -> None:
         lease = a.claim("held")
         assert lease is not None
         follower = next(m for m in healthy.members if m is not healthy.leader())
-        _use(store, follower)
+        use_member(store, follower.endpoint)
         healthy.pause(follower)
         start = time.monotonic()
         fresh = a.claim("fresh")
@@ -369,7 +333,7 @@ def _enable_auth(member: LocalMember, user: str, password: str) -> None:
 @pytest.fixture(scope="module")
 def auth_cluster() -> Iterator[LocalEtcd]:
     """One member with auth enabled (root / s3cret) and 1 s tokens."""
-    _require_etcd()
+    require_local_etcd()
     with LocalEtcd(size=1, base=50, extra_args=("--auth-token-ttl", "1")) as c:
         _enable_auth(c.members[0], "root", "s3cret")
         yield c
@@ -385,10 +349,10 @@ def test_credentials(auth_cluster: LocalEtcd) -> None:
         lease = a.claim("job")
         assert lease is not None
         # Tokens last 1 s here; after one has expired, the driver authenticates again.
-        first_token = _backend(store)._transport.metadata()
+        first_token = backend_of(store)._transport.metadata()
         time.sleep(2.5)  # real time must pass for the token TTL to matter
         lease.renew()
-        assert _backend(store)._transport.metadata() != first_token  # re-authenticated
+        assert backend_of(store)._transport.metadata() != first_token  # re-authenticated
         assert lease.complete(b"ok").state is JobState.COMPLETED
 
 
@@ -419,7 +383,7 @@ def _make_certs(directory: Path) -> None:
 
 @pytest.fixture(scope="module")
 def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalEtcd, Path]]:
-    _require_etcd()
+    require_local_etcd()
     directory = tmp_path_factory.mktemp("tls")
     _make_certs(directory)
     with LocalEtcd(size=1, base=60, tls_dir=directory) as c:

@@ -15,14 +15,11 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import grpc
 import pytest
-from etcd_local import LocalEtcd, available
+from etcd_local import LocalEtcd, backend_of, local_members, lose_answers, use_member
 from pyetcd import etcdrpc
 
 from consensus_lease import InvalidArgument, JobState, LeaseStore, open_store
-from consensus_lease.backends.etcd import EtcdBackend
-from consensus_lease.backends.etcd._transport import Failure
 from consensus_lease.record import ClaimResult
 from consensus_lease.testing.conformance import poll_until
 from consensus_lease.validation import MAX_JOB_ID_BYTES
@@ -32,13 +29,7 @@ _HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 @pytest.fixture(scope="module")
 def etcd_server() -> Iterator[LocalEtcd]:
-    reason = available()
-    if reason is not None:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    with LocalEtcd(size=1, base=70) as cluster:
-        yield cluster
+    yield from local_members(size=1, base=70)
 
 
 @pytest.fixture
@@ -47,13 +38,8 @@ def store(etcd_server: LocalEtcd) -> Iterator[LeaseStore]:
         yield store
 
 
-def _backend(store: LeaseStore) -> EtcdBackend:
-    assert isinstance(store.backend, EtcdBackend)
-    return store.backend
-
-
 def _keys_under(store: LeaseStore) -> dict[bytes, Any]:
-    backend = _backend(store)
+    backend = backend_of(store)
     answer = backend._transport.member().kv.Range(
         etcdrpc.RangeRequest(key=backend._layout.root, range_end=backend._layout.range_end),
         timeout=5,
@@ -79,7 +65,7 @@ def _watchers(etcd_server: LocalEtcd | str) -> float:
 
 def _count_sends(store: LeaseStore, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Record every request the transport makes (reads and writes)."""
-    transport = _backend(store)._transport
+    transport = backend_of(store)._transport
     real = transport.attempt
     sent: list[str] = []
 
@@ -89,26 +75,6 @@ def _count_sends(store: LeaseStore, monkeypatch: pytest.MonkeyPatch) -> list[str
 
     monkeypatch.setattr(transport, "attempt", attempt)
     return sent
-
-
-def _lose_answers(store: LeaseStore, monkeypatch: pytest.MonkeyPatch, *, applied: bool,
-                  times: int = 1) -> list[str]:
-    """The next ``times`` writes fail as if the answer was lost, after being applied or
-    before reaching etcd."""
-    transport = _backend(store)._transport
-    real = transport.send
-    dropped: list[str] = []
-
-    def send(*args: Any, **kwargs: Any) -> Any:
-        if len(dropped) < times:
-            if applied:
-                real(*args, **kwargs)
-            dropped.append(str(kwargs.get("what")))
-            raise Failure("injected", grpc.StatusCode.DEADLINE_EXCEEDED, "answer lost")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(transport, "send", send)
-    return dropped
 
 
 # -- the key layout ---------------------------------------------------------------------------
@@ -140,7 +106,7 @@ def test_completion_deletes_the_pending_key_and_keeps_the_payload(store: LeaseSt
         lease.complete(b"ra")
         pending = [k for k in _keys_under(store) if b"/p/" in k]
         assert pending == [f"q/{_hex('q')}/p/{_hex('b')}".encode()]
-        assert _backend(store).queue_candidates("q", 10) == [("b", b"pb")]
+        assert backend_of(store).queue_candidates("q", 10) == [("b", b"pb")]
         jobs = store.queue_jobs("q")
         assert [(j.record.job_id, j.record.state, j.payload, j.record.result) for j in jobs] == [
             ("a", JobState.COMPLETED, b"pa", b"ra"),
@@ -154,7 +120,7 @@ def test_claim_by_name_of_a_queued_job_completes_it_in_the_queue(store: LeaseSto
         lease = w.claim("named")
         assert lease is not None
         lease.complete(b"")
-    assert _backend(store).queue_candidates("q", 10) == []
+    assert backend_of(store).queue_candidates("q", 10) == []
     assert store.queue_stats("q").completed == 1
     assert store.purge("q") == 1
     assert store.get("named") is None and _keys_under(store) == {}
@@ -168,7 +134,7 @@ def test_completion_reads_the_queue_only_for_a_claim_without_a_handle(
     marker first, and still deletes the pending key."""
     store.enqueue("q", "a")
     store.enqueue("q", "b")
-    backend = _backend(store)
+    backend = backend_of(store)
     handle = backend.open_session("W", 30)
     try:
         first, second = backend.claim(handle, "a"), backend.claim(handle, "b")
@@ -190,7 +156,7 @@ def test_candidates_are_fifo_skip_held_and_a_released_job_keeps_its_place(
 ) -> None:
     for i in range(5):
         store.enqueue("q", f"j{i}", str(i).encode())
-    backend = _backend(store)
+    backend = backend_of(store)
     with store.session("A", ttl_s=30) as a:
         first = a.claim("j0")
         third = a.claim("j2")
@@ -210,7 +176,7 @@ def test_candidates_page_past_many_held_jobs(store: LeaseStore) -> None:
         store.enqueue("q", job)
     with store.session("A", ttl_s=30) as a:
         assert all(a.claim_many(jobs[:90]))
-        assert [j for j, _ in _backend(store).queue_candidates("q", 32)] == jobs[90:]
+        assert [j for j, _ in backend_of(store).queue_candidates("q", 32)] == jobs[90:]
 
 
 def test_enqueue_conflicts(store: LeaseStore) -> None:
@@ -231,7 +197,7 @@ def test_queue_names_do_not_nest(store: LeaseStore) -> None:
     store.enqueue("ab", "j1")
     store.enqueue("a", "j2")
     assert [j.record.job_id for j in store.queue_jobs("a")] == ["j2"]
-    assert [j for j, _ in _backend(store).queue_candidates("a", 10)] == ["j2"]
+    assert [j for j, _ in backend_of(store).queue_candidates("a", 10)] == ["j2"]
 
 
 # -- the payload limit ------------------------------------------------------------------------
@@ -288,7 +254,7 @@ def test_waiter_is_woken_by_a_release_or_expiry_elsewhere(
         if how == "release":
             held.release()
         else:
-            _backend(store).expire_session(a.session_id)
+            backend_of(store).expire_session(a.session_id)
         waiter.join(timeout=30)
         assert got and got[0] is not None and got[0].job_id == "only"
         assert got[0].generation > held.generation
@@ -306,7 +272,7 @@ def test_completion_does_not_wake_waiters(store: LeaseStore, etcd_server: LocalE
         done = threading.Timer(0.3, lambda: held.complete(b""))
         done.start()
         start = time.monotonic()
-        _backend(store).wait_for_queue("q", 1.5)
+        backend_of(store).wait_for_queue("q", 1.5)
         assert time.monotonic() - start >= 1.4
         done.join()
     poll_until(lambda: _watchers(etcd_server) <= watchers, 10)
@@ -315,7 +281,7 @@ def test_completion_does_not_wake_waiters(store: LeaseStore, etcd_server: LocalE
 def test_waiter_is_woken_by_an_enqueue_and_returns_at_once_if_claimable(
     store: LeaseStore, etcd_server: LocalEtcd
 ) -> None:
-    backend = _backend(store)
+    backend = backend_of(store)
     timer = threading.Timer(0.3, lambda: store.enqueue("q", "new"))
     timer.start()
     start = time.monotonic()
@@ -337,7 +303,7 @@ def test_enqueue_into_another_queue_does_not_wake(
     timer = threading.Timer(0.2, lambda: store.enqueue("other", "x"))
     timer.start()
     start = time.monotonic()
-    _backend(store).wait_for_queue("q", 1.0)
+    backend_of(store).wait_for_queue("q", 1.0)
     assert time.monotonic() - start >= 0.9
     timer.join()
 
@@ -378,7 +344,7 @@ def test_purge_with_a_lost_answer_counts_once(
             lease = w.claim_next("q")
             assert lease is not None
             lease.complete(b"")
-    dropped = _lose_answers(store, monkeypatch, applied=applied)
+    dropped = lose_answers(store, monkeypatch, applied=applied)
     assert store.purge("q") == 2
     assert dropped
     assert [j.record.state for j in store.queue_jobs("q")] == [JobState.AVAILABLE]
@@ -391,7 +357,7 @@ def test_purge_with_a_lost_answer_counts_once(
 def test_enqueue_with_a_lost_answer_is_read_back(
     store: LeaseStore, monkeypatch: pytest.MonkeyPatch, applied: bool
 ) -> None:
-    dropped = _lose_answers(store, monkeypatch, applied=applied)
+    dropped = lose_answers(store, monkeypatch, applied=applied)
     assert store.enqueue("q", "j", b"p") is True  # ours, whether the first copy landed or not
     assert dropped
     assert store.enqueue("q", "j", b"p") is False
@@ -406,13 +372,13 @@ def test_batch_claim_read_back_still_completes_in_the_queue(
     store.enqueue("q", "x")
     store.enqueue("q", "y")
     with store.session("W", ttl_s=30) as w:
-        _lose_answers(store, monkeypatch, applied=True)
+        lose_answers(store, monkeypatch, applied=True)
         leases = w.claim_many(["x", "y"])
         assert all(leases)
         for lease in leases:
             assert lease is not None
             lease.complete(b"")
-    assert _backend(store).queue_candidates("q", 10) == []
+    assert backend_of(store).queue_candidates("q", 10) == []
     assert store.purge("q") == 2
 
 
@@ -521,11 +487,6 @@ def test_waiter_is_woken_when_a_retry_delay_runs_out(
 # -- the container kit: three members ---------------------------------------------------------
 
 
-def _use(store: LeaseStore, endpoint: str) -> None:
-    transport = _backend(store)._transport
-    transport._current = [m.target for m in transport.members].index(endpoint)
-
-
 @pytest.mark.parametrize("how", ["release", "expiry"])
 def test_waiter_on_another_member_is_woken(etcd_cluster: Any, key_prefix: str, how: str) -> None:
     """The waiter watches through one member, the holder releases (or its lease is
@@ -533,8 +494,8 @@ def test_waiter_on_another_member_is_woken(etcd_cluster: Any, key_prefix: str, h
     url = etcd_cluster.url_with_prefix(key_prefix)
     members = [m.endpoint for m in etcd_cluster.members]
     with open_store(url) as store_a, open_store(url) as store_b:
-        _use(store_a, members[0])
-        _use(store_b, members[1])
+        use_member(store_a, members[0])
+        use_member(store_b, members[1])
         store_a.enqueue("q", "only")
         with store_a.session("A", ttl_s=60) as a, store_b.session("B", ttl_s=60) as b:
             held = a.claim_next("q")
@@ -549,7 +510,7 @@ def test_waiter_on_another_member_is_woken(etcd_cluster: Any, key_prefix: str, h
             if how == "release":
                 held.release()
             else:
-                _backend(store_a).expire_session(a.session_id)
+                backend_of(store_a).expire_session(a.session_id)
             waiter.join(timeout=30)
             assert got and got[0] is not None and got[0].generation > held.generation
             assert time.monotonic() - start < 3

@@ -3,12 +3,14 @@ specific to ZooKeeper (negotiated TTL, session events, multi-op races, lost answ
 ACLs, no stray znodes).
 
 Where the server comes from is decided in ONE place, the ``zk_target`` fixture in
-``zk_local.py``: a local standalone ZooKeeper by default, the 3-member container ensemble
-(``zookeeper_cluster``) with ``CONSENSUS_LEASE_ZK=cluster``. Every test reaches the server
-through ``zk_url`` (a fresh chroot per test) or, for faults, the ``zk_target`` adapter. Nothing sleeps to synchronise: waits poll with deadlines.
+``zk_local.py``: the 3-member container ensemble (``zookeeper_cluster``) by default, a
+local standalone ZooKeeper with ``CONSENSUS_LEASE_ZK=local``. Every test reaches the server
+through ``zk_url`` (a fresh chroot per test) or, for faults, the ``zk_target`` adapter; the
+fixtures and helpers the ZooKeeper test modules share are in ``zk_local.py`` too. Nothing
+sleeps to synchronise: waits poll with deadlines.
 """
 
-# ruff: noqa: F811  (tests take the zk_target / zk_url fixtures imported from zk_local)
+# ruff: noqa: F811  (tests take the fixtures imported from zk_local)
 
 from __future__ import annotations
 
@@ -18,9 +20,20 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from kazoo.client import KazooClient
-from kazoo.exceptions import ConnectionLoss
-from zk_local import LocalZooKeeper, ZkTarget, available, zk_target, zk_url  # noqa: F401
+from zk_local import (  # noqa: F401  (fixtures)
+    LocalZooKeeper,
+    ZkTarget,
+    available,
+    backend,
+    handle,
+    lose_next_answer,
+    opened,
+    raw_client,
+    session_ttl_s,
+    store,
+    zk_target,
+    zk_url,
+)
 
 from consensus_lease import LeaseStore, open_store
 from consensus_lease.backend import SessionEvent
@@ -44,14 +57,6 @@ from consensus_lease.states import LeaseState, SessionState
 from consensus_lease.testing.conformance import BackendConformance, poll_until
 
 pytestmark = pytest.mark.slow
-
-
-def raw_client(url: str) -> KazooClient:
-    """A plain kazoo client on the server of ``url`` (no chroot), for inspection."""
-    hosts = url.split("://", 1)[1].split("/", 1)[0]
-    client = KazooClient(hosts=hosts)
-    client.start(timeout=30)
-    return client
 
 
 def znodes_under(url: str) -> dict[str, list[str]]:
@@ -84,40 +89,6 @@ class TestZooKeeperConformance(BackendConformance):
 
 
 # -- ZooKeeper-specific behaviour ------------------------------------------------------------
-
-
-@pytest.fixture
-def store(zk_url: str) -> Iterator[LeaseStore]:
-    store = open_store(zk_url, connect_timeout_s=30)
-    try:
-        yield store
-    finally:
-        store.close()
-
-
-@pytest.fixture
-def backend(store: LeaseStore) -> ZooKeeperBackend:
-    assert isinstance(store.backend, ZooKeeperBackend)
-    return store.backend
-
-
-@pytest.fixture
-def opened(store: LeaseStore) -> Iterator[Callable[..., Session]]:
-    sessions: list[Session] = []
-
-    def open_(owner: str, ttl_s: float = 10.0, **kw: Any) -> Session:
-        session = store.session(owner, ttl_s, **kw)
-        sessions.append(session)
-        return session
-
-    yield open_
-    for session in sessions:
-        session.close()
-
-
-def handle(session: Session) -> ZkSession:
-    assert isinstance(session.handle, ZkSession)
-    return session.handle
 
 
 def test_granted_ttl_is_the_negotiated_session_timeout(
@@ -222,10 +193,11 @@ def test_stale_holder_is_rejected_with_the_current_generation(
     second = b.claim("job")
     assert second is not None and second.generation == first.generation + 1
     for call in (
-        lambda: backend.renew(a.handle, "job", first.generation),
-        lambda: backend.release(a.handle, "job", first.generation),
-        lambda: backend.complete(a.handle, "job", first.generation, b"x"),
-        lambda: backend.complete(a.handle, "job", second.generation, b"x"),  # not A's znode
+        lambda: backend.renew(a.handle, "job", first.claim_result),
+        lambda: backend.release(a.handle, "job", first.claim_result),
+        lambda: backend.complete(a.handle, "job", first.claim_result, b"x"),
+        lambda: backend.complete(a.handle, "job", ClaimResult(second.generation), b"x"),
+        lambda: backend.complete(a.handle, "job", second.claim_result, b"x"),  # B's handle
     ):
         with pytest.raises(StaleLeaseError) as stale:
             call()
@@ -233,7 +205,7 @@ def test_stale_holder_is_rejected_with_the_current_generation(
     second.renew()
     second.complete(b"ok")
     with pytest.raises(StaleLeaseError):
-        backend.renew(b.handle, "job", second.generation)
+        backend.renew(b.handle, "job", second.claim_result)
 
 
 def test_no_stray_znodes(store: LeaseStore, opened: Callable[..., Session], zk_url: str) -> None:
@@ -279,7 +251,8 @@ def test_session_events(zk_url: str, zk_target: ZkTarget) -> None:
     h = backend.open_session("A", 8.0, events.append)
     assert isinstance(h, ZkSession)
     try:
-        assert backend.claim(h, "job") == ClaimResult(1)
+        claim = backend.claim(h, "job")
+        assert claim == ClaimResult(1)
         zk_target.stop()
         try:
             poll_until(lambda: SessionEvent.SUSPENDED in events, 30)
@@ -288,7 +261,7 @@ def test_session_events(zk_url: str, zk_target: ZkTarget) -> None:
         finally:
             zk_target.start()
         poll_until(lambda: SessionEvent.RECONNECTED in events, 30)
-        backend.renew(h, "job", 1)  # the same session still holds it
+        backend.renew(h, "job", claim)  # the same session still holds it
         backend.expire_session(h.session_id)
         assert events[-1] is SessionEvent.EXPIRED and h.status is Status.EXPIRED
         with pytest.raises(SessionExpired):
@@ -446,41 +419,12 @@ def test_result_size_is_checked_before_sending(opened: Callable[..., Session], z
 # -- lost answers: read back, never re-send blindly ---------------------------------------
 
 
-class _LostAnswer:
-    """Stands in for a kazoo transaction: sends the multi (or not), then loses its answer."""
-
-    def __init__(self, real: Any, apply: bool) -> None:
-        self._real, self._apply = real, apply
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._real, name)
-
-    def commit_async(self) -> Any:
-        if self._apply:
-            self._real.commit_async().get(timeout=30)
-        return self
-
-    def get(self, timeout: float | None = None) -> Any:
-        raise ConnectionLoss()
-
-
-def lose_next_answer(h: ZkSession, apply: bool) -> None:
-    real = h.client.transaction
-    calls: list[int] = []
-
-    def transaction() -> Any:
-        calls.append(1)
-        return _LostAnswer(real(), apply) if len(calls) == 1 else real()
-
-    h.client.transaction = transaction
-
-
 @pytest.mark.parametrize("apply", [True, False], ids=["applied", "not-applied"])
 def test_lost_claim_answer_is_read_back(
     store: LeaseStore, opened: Callable[..., Session], zk_url: str, apply: bool
 ) -> None:
     a, b = opened("A"), opened("B")
-    lose_next_answer(handle(a), apply)
+    lose_next_answer(handle(a).client, apply)
     lease = a.claim("job")
     assert lease is not None and lease.generation == 1  # no double bump either way
     assert b.claim("job") is None
@@ -498,14 +442,14 @@ def test_lost_completion_and_release_answers_are_read_back(
     a = opened("A")
     lease = a.claim("done")
     assert lease is not None
-    lose_next_answer(handle(a), apply)
+    lose_next_answer(handle(a).client, apply)
     record = lease.complete(b"r")
     assert (record.state, record.generation, record.result) == (JobState.COMPLETED, 1, b"r")
     stored = store.get("done")
     assert stored is not None and stored.state is JobState.COMPLETED and stored.generation == 1
     other = a.claim("free")
     assert other is not None
-    lose_next_answer(handle(a), apply)
+    lose_next_answer(handle(a).client, apply)
     other.release()
     free = store.get("free")
     assert free is not None and free.state is JobState.AVAILABLE and free.generation == 1
@@ -529,7 +473,7 @@ def test_unsettled_claim_is_adopted_or_handed_back(
 
         backend._wire.read = failing  # type: ignore[method-assign]
         for job in ("adopted", "handed-back"):
-            lose_next_answer(h, apply=True)
+            lose_next_answer(h.client, apply=True)
             with pytest.raises(OutcomeUnknown):
                 backend.claim(h, job)
         backend._wire.read = real_read  # type: ignore[method-assign]
@@ -551,19 +495,44 @@ def test_unsettled_claim_is_adopted_or_handed_back(
 def test_unrenewed_session_ends_and_frees_its_jobs(
     store: LeaseStore, opened: Callable[..., Session]
 ) -> None:
+    """kazoo keeps pinging, so the ZooKeeper session would live on: the core ends it
+    (close_session) once its local deadline passed with no renewal."""
     a = opened("A", ttl_s=1.0, keepalive=False)
     b = opened("B")
     lease = a.claim("job")
     assert lease is not None
     taken = b.claim("job", wait_s=20)
     assert taken is not None and taken.generation == 2
-    # The worker's local deadline (send + TTL - margin) passed first, as designed...
-    poll_until(lambda: a.state is SessionState.LOST, 10)
-    # ...then the backend ended the ZooKeeper session itself, one TTL after the last renewal.
-    poll_until(lambda: handle(a).status is Status.EXPIRED, 10)
+    # The worker's local deadline (send + TTL - margin) passed, the session is LOST...
+    assert a.state is SessionState.LOST and lease.state is LeaseState.LOST
+    # ...and the core closed its ZooKeeper session, which is what freed the job.
+    poll_until(lambda: handle(a).status is Status.CLOSED, 10)
     with pytest.raises(SessionExpired):
         store.backend.keepalive(a.handle)
     poll_until(lambda: not handle(a).client.connected, 10)
+
+
+def test_backend_session_without_the_core_does_not_lapse(
+    store: LeaseStore, backend: ZooKeeperBackend
+) -> None:
+    """The backend no longer ends sessions by itself: a handle used without the core's
+    Session, never renewed, keeps its job past its granted TTL until closed."""
+    h = backend.open_session("A", 1.0)
+    assert isinstance(h, ZkSession)
+    try:
+        claim = backend.claim(h, "job")
+        assert claim == ClaimResult(1)
+        past = time.monotonic() + 2 * h.granted_ttl_s + 1.0
+        while time.monotonic() < past:
+            assert h.status is Status.CONNECTED
+            time.sleep(0.2)  # real time must pass: the session must outlive its TTL
+        record = store.get("job")
+        assert record is not None and record.state is JobState.HELD
+        backend.renew(h, "job", claim)
+    finally:
+        backend.close_session(h)
+    record = store.get("job")
+    assert record is not None and record.state is JobState.AVAILABLE
 
 
 # -- TLS (a local server of its own: the container ensemble serves plain TCP) ----------------

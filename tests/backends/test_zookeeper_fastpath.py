@@ -1,6 +1,8 @@
-"""Completion and release without a read round trip: the session handle remembers what
-its own claims made, and the multi is sent at once; the store checks generation (the job
-znode's version) and holder (the owner znode, its version) atomically with the writes.
+"""Completion and release without a read round trip: a claim returns what it made as its
+``ClaimResult.handle`` (a ``Hold``), the lease hands it back, and the multi is sent at
+once; the store checks generation (the job znode's version) and holder (the owner znode,
+its version) atomically with the writes. A claim without a hold of this session
+(``ClaimResult(generation)``) is read first.
 
 Each test counts the requests the session's own kazoo client sends (every request but
 pings goes through ``KazooClient._call``): the common path is exactly one
@@ -9,7 +11,7 @@ ZooKeeper tests these run on the 3-member container ensemble unless
 ``CONSENSUS_LEASE_ZK=local`` (see ``zk_local.py``).
 """
 
-# ruff: noqa: F811  (tests take the zk_target / zk_url fixtures imported from zk_local)
+# ruff: noqa: F811  (tests take the fixtures imported from zk_local)
 
 from __future__ import annotations
 
@@ -18,11 +20,21 @@ from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
-from kazoo.exceptions import ConnectionLoss
-from zk_local import zk_target, zk_url  # noqa: F401
+from zk_local import (  # noqa: F401  (fixtures)
+    LostAnswer,
+    backend,
+    handle,
+    opened,
+    raw_client,
+    session_ttl_s,
+    store,
+    zk_target,
+    zk_url,
+)
 
 from consensus_lease import LeaseStore, open_store
 from consensus_lease.backends.zookeeper import ZooKeeperBackend
+from consensus_lease.backends.zookeeper._holds import Hold
 from consensus_lease.backends.zookeeper._layout import JobPaths
 from consensus_lease.backends.zookeeper._session import ZkSession
 from consensus_lease.errors import (
@@ -38,39 +50,10 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def store(zk_url: str) -> Iterator[LeaseStore]:
-    store = open_store(zk_url, connect_timeout_s=30)
-    try:
-        yield store
-    finally:
-        store.close()
-
-
-@pytest.fixture
-def backend(store: LeaseStore) -> ZooKeeperBackend:
-    assert isinstance(store.backend, ZooKeeperBackend)
-    return store.backend
-
-
-@pytest.fixture
-def opened(store: LeaseStore) -> Iterator[Callable[..., Session]]:
-    sessions: list[Session] = []
-
-    def open_(owner: str, ttl_s: float = 10.0) -> Session:
-        session = store.session(owner, ttl_s)
-        sessions.append(session)
-        return session
-
-    yield open_
-    for session in sessions:
-        session.close()
-
-
-@pytest.fixture
 def raw(zk_url: str) -> Iterator[KazooClient]:
-    """A plain kazoo client on the ensemble (no chroot), to change znodes by hand."""
-    client = KazooClient(hosts=zk_url.split("://", 1)[1].split("/", 1)[0])
-    client.start(timeout=30)
+    """A plain kazoo client on the ensemble (no chroot), to change znodes by hand. It may
+    be connected to another member than the worker: read through :func:`synced`."""
+    client = raw_client(zk_url)
     try:
         yield client
     finally:
@@ -78,9 +61,10 @@ def raw(zk_url: str) -> Iterator[KazooClient]:
         client.close()
 
 
-def handle(session: Session) -> ZkSession:
-    assert isinstance(session.handle, ZkSession)
-    return session.handle
+def synced(raw: KazooClient) -> KazooClient:
+    """``raw`` after a ``sync``: its member has applied every write answered before."""
+    raw.sync("/")
+    return raw
 
 
 def requests(h: ZkSession) -> list[str]:
@@ -101,6 +85,12 @@ def paths(backend: ZooKeeperBackend, job_id: str) -> JobPaths:
     return JobPaths.of(backend.config.base, job_id)
 
 
+def hold(claim: ClaimResult) -> Hold:
+    """The hold a claim of this backend returned as its handle."""
+    assert isinstance(claim.handle, Hold)
+    return claim.handle
+
+
 # -- the common path: one multi, nothing read ----------------------------------------------
 
 
@@ -115,7 +105,7 @@ def test_complete_and_release_send_one_multi_and_read_nothing(
     assert (record.state, record.generation, record.result) == (JobState.COMPLETED, 1, b"r")
     free.release()
     assert sent == ["Transaction", "Transaction"]
-    assert handle(a).hold("done", 1) is None and handle(a).hold("free", 1) is None
+    assert hold(done.claim_result).ended and hold(free.claim_result).ended
     stored = store.get("done")
     assert stored is not None and stored.state is JobState.COMPLETED and stored.result == b"r"
     stored = store.get("free")
@@ -133,13 +123,13 @@ def test_queued_job_markers_go_in_the_same_multi(
     first, second = a.claim_next("q"), a.claim_next("q")
     assert first is not None and second is not None
     queue = f"{backend.config.queues_base}/q"
-    assert len(raw.get_children(f"{queue}/held")) == 2
+    assert len(synced(raw).get_children(f"{queue}/held")) == 2
     sent = requests(handle(a))
     first.complete(b"")
     second.release()
     assert sent == ["Transaction", "Transaction"]
-    assert raw.get_children(f"{queue}/held") == []
-    assert len(raw.get_children(f"{queue}/open")) == 1  # the released one is still open
+    assert synced(raw).get_children(f"{queue}/held") == []
+    assert len(synced(raw).get_children(f"{queue}/open")) == 1  # the released one is still open
     assert [job_id for job_id, _ in backend.queue_candidates("q", 10)] == [second.job_id]
 
 
@@ -150,18 +140,18 @@ def test_marker_deleted_by_hand_is_dropped_without_reading(
     a = opened("A")
     lease = a.claim_next("q")
     assert lease is not None
-    (held,) = raw.get_children(f"{backend.config.queues_base}/q/held")
+    (held,) = synced(raw).get_children(f"{backend.config.queues_base}/q/held")
     raw.delete(f"{backend.config.queues_base}/q/held/{held}")
     sent = requests(handle(a))
     lease.complete(b"ok")
     assert sent == ["Transaction", "Transaction"]  # failed on the marker; again without it
-    assert raw.get_children(f"{backend.config.queues_base}/q/open") == []
+    assert synced(raw).get_children(f"{backend.config.queues_base}/q/open") == []
 
 
-# -- what the session did not claim: nothing is written ----------------------------------
+# -- what the session does not hold: nothing is written ----------------------------------
 
 
-def test_a_generation_this_handle_did_not_claim_writes_nothing(
+def test_a_claim_this_session_does_not_hold_writes_nothing(
     backend: ZooKeeperBackend, opened: Callable[..., Session]
 ) -> None:
     a, b = opened("A"), opened("B")
@@ -172,44 +162,54 @@ def test_a_generation_this_handle_did_not_claim_writes_nothing(
     assert second is not None and second.generation == 2
     sent = requests(handle(a))
     for call in (
-        lambda: backend.release(a.handle, "job", 1),  # released already
-        lambda: backend.complete(a.handle, "job", 1, b"x"),
-        lambda: backend.complete(a.handle, "job", 2, b"x"),  # B's
-        lambda: backend.release(a.handle, "job", 2),
-        lambda: backend.release(a.handle, "never-claimed", 1),
+        lambda: backend.release(a.handle, "job", first.claim_result),  # released already
+        lambda: backend.complete(a.handle, "job", first.claim_result, b"x"),
+        lambda: backend.complete(a.handle, "job", ClaimResult(1), b"x"),
+        lambda: backend.complete(a.handle, "job", ClaimResult(2), b"x"),  # B's
+        lambda: backend.complete(a.handle, "job", second.claim_result, b"x"),  # B's hold
+        lambda: backend.release(a.handle, "job", second.claim_result),
+        lambda: backend.release(a.handle, "never-claimed", ClaimResult(1)),
     ):
         with pytest.raises(StaleLeaseError):
             call()
     assert "Transaction" not in sent  # diagnosed by reading only
+    assert not hold(second.claim_result).ended  # A's calls say nothing about B's claim
     second.complete(b"B's")
 
 
-def test_a_hold_the_handle_does_not_remember_is_not_released(
+def test_a_claim_without_a_hold_is_read_then_written(
     store: LeaseStore, backend: ZooKeeperBackend, opened: Callable[..., Session]
 ) -> None:
-    """Even when the store shows this session's own owner znode at that generation, a
-    (job, generation) the handle has no claim of is refused locally."""
+    """A claim presented without its hold (``ClaimResult(generation)``: not made by this
+    process) is checked by the session alone: one read shows this session's owner znode
+    at that generation, then the one multi."""
     a = opened("A")
-    lease = a.claim("job")
-    assert lease is not None
-    handle(a).forget("job", lease.generation)
+    done, free = a.claim("done"), a.claim("free")
+    assert done is not None and free is not None
     sent = requests(handle(a))
-    with pytest.raises(StaleLeaseError):
-        backend.release(a.handle, "job", lease.generation)
-    assert "Transaction" not in sent
-    record = store.get("job")
-    assert record is not None and record.state is JobState.HELD
+    record = backend.complete(a.handle, "done", ClaimResult(done.generation), b"r")
+    assert (record.state, record.generation, record.result) == (JobState.COMPLETED, 1, b"r")
+    assert sent.count("Transaction") == 1 and sent[-1] == "Transaction"
+    assert "Sync" in sent[: sent.index("Transaction")]  # read first
+    del sent[:]
+    backend.release(a.handle, "free", ClaimResult(free.generation))
+    assert sent.count("Transaction") == 1 and sent[-1] == "Transaction"
+    stored = store.get("free")
+    assert stored is not None and stored.state is JobState.AVAILABLE
+    stored = store.get("done")
+    assert stored is not None and stored.state is JobState.COMPLETED and stored.result == b"r"
 
 
 def test_retried_completion_returns_the_record_without_a_multi(
     backend: ZooKeeperBackend, opened: Callable[..., Session]
 ) -> None:
     a = opened("A")
-    assert backend.claim(a.handle, "job") == ClaimResult(1)
-    first = backend.complete(a.handle, "job", 1, b"r")
+    claim = backend.claim(a.handle, "job")
+    assert claim == ClaimResult(1)
+    first = backend.complete(a.handle, "job", claim, b"r")
     sent = requests(handle(a))
-    again = backend.complete(a.handle, "job", 1, b"r")
-    assert again == first
+    assert backend.complete(a.handle, "job", claim, b"r") == first  # the hold is ended
+    assert backend.complete(a.handle, "job", ClaimResult(1), b"r") == first
     assert "Transaction" not in sent
 
 
@@ -219,7 +219,7 @@ def test_retried_completion_returns_the_record_without_a_multi(
 def test_a_newer_claim_fails_the_multi_and_is_diagnosed(
     store: LeaseStore, backend: ZooKeeperBackend, opened: Callable[..., Session], raw: KazooClient
 ) -> None:
-    """A's owner znode is deleted by hand and B claims: A's remembered hold is stale; its
+    """A's owner znode is deleted by hand and B claims: A's hold is stale; its
     completion multi fails on the version, one read says why, nothing is written."""
     a, b = opened("A"), opened("B")
     lease = a.claim("job")
@@ -229,10 +229,10 @@ def test_a_newer_claim_fails_the_multi_and_is_diagnosed(
     assert taken is not None and taken.generation == 2
     sent = requests(handle(a))
     with pytest.raises(StaleLeaseError) as stale:
-        backend.complete(a.handle, "job", 1, b"late")
+        backend.complete(a.handle, "job", lease.claim_result, b"late")
     assert stale.value.current_generation == 2
     assert sent.count("Transaction") == 1
-    assert handle(a).hold("job", 1) is None  # final: forgotten
+    assert hold(lease.claim_result).ended  # final: later calls read first
     record = store.get("job")
     assert record is not None and record.state is JobState.HELD and record.owner == "B"
 
@@ -246,8 +246,10 @@ def test_owner_znode_gone_with_the_same_version_is_stale(
     lease = a.claim("job")
     assert lease is not None
     raw.delete(paths(backend, "job").owner)
+    sent = requests(handle(a))
     with pytest.raises(StaleLeaseError):
-        backend.complete(a.handle, "job", 1, b"x")
+        backend.complete(a.handle, "job", lease.claim_result, b"x")
+    assert sent.count("Transaction") == 1
     record = store.get("job")
     assert record is not None and record.state is JobState.AVAILABLE and record.generation == 1
 
@@ -255,56 +257,42 @@ def test_owner_znode_gone_with_the_same_version_is_stale(
 def test_owner_znode_rewritten_is_read_and_still_completed(
     store: LeaseStore, backend: ZooKeeperBackend, opened: Callable[..., Session], raw: KazooClient
 ) -> None:
-    """The owner znode's version moved (written by hand): the remembered version fails the
+    """The owner znode's version moved (written by hand): the hold's version fails the
     delete; the read shows it still this session's at the generation; the multi is sent
     again with the version read."""
     a = opened("A")
     lease = a.claim("job")
     assert lease is not None
     owner = paths(backend, "job").owner
-    raw.set(owner, raw.get(owner)[0])
+    raw.set(owner, synced(raw).get(owner)[0])
     sent = requests(handle(a))
     record = lease.complete(b"ok")
     assert record.state is JobState.COMPLETED
     assert sent.count("Transaction") == 2
-    assert raw.exists(owner) is None
+    assert synced(raw).exists(owner) is None
 
 
 def test_expired_session_completes_nothing(
     store: LeaseStore, backend: ZooKeeperBackend, opened: Callable[..., Session]
 ) -> None:
     a = opened("A")
-    assert backend.claim(a.handle, "job") == ClaimResult(1)
+    claim = backend.claim(a.handle, "job")
+    assert claim == ClaimResult(1)
     backend.expire_session(a.session_id)
-    with pytest.raises(SessionExpired):
-        backend.complete(a.handle, "job", 1, b"x")
-    with pytest.raises(SessionExpired):
-        backend.release(a.handle, "job", 1)
+    for unknown in (claim, ClaimResult(1)):
+        with pytest.raises(SessionExpired):
+            backend.complete(a.handle, "job", unknown, b"x")
+        with pytest.raises(SessionExpired):
+            backend.release(a.handle, "job", unknown)
     record = store.get("job")
     assert record is not None and record.state is JobState.AVAILABLE
 
 
-class _LostAnswer:
-    """Stands in for a kazoo transaction: the multi is applied, its answer lost."""
-
-    def __init__(self, real: Any) -> None:
-        self._tx = real()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._tx, name)
-
-    def commit_async(self) -> Any:
-        self._tx.commit_async().get(timeout=30)
-        return self
-
-    def get(self, timeout: float | None = None) -> Any:
-        raise ConnectionLoss()
-
-
-def test_adopted_and_handed_back_claims_are_remembered(zk_url: str) -> None:
-    """Claims whose answer was lost and could not be read back (OutcomeUnknown): one is
-    adopted by a later claim of the job, then completed with one multi; keepalive hands
-    the other back (remembered, then released)."""
+def test_adopted_and_handed_back_claims_carry_their_hold(zk_url: str) -> None:
+    """Claims whose answer was lost and could not be read back (OutcomeUnknown) stay on
+    the session as uncertain: one is adopted by a later claim of the job, which returns
+    its hold, then completed with one multi; keepalive hands the other back (released
+    with the hold it read)."""
     store = open_store(zk_url, timeout_s=1.0, connect_timeout_s=30)
     backend = store.backend
     assert isinstance(backend, ZooKeeperBackend)
@@ -320,20 +308,20 @@ def test_adopted_and_handed_back_claims_are_remembered(zk_url: str) -> None:
 
         backend._wire.read = failing  # type: ignore[method-assign]
         for job in ("adopted", "handed-back"):
-            h.client.transaction = lambda: _LostAnswer(real_tx)
+            h.client.transaction = lambda: LostAnswer(real_tx())  # applied, answer lost
             with pytest.raises(OutcomeUnknown):
                 backend.claim(h, job)
             h.client.transaction = real_tx
-            assert h.hold(job, 1) is None
+        assert set(h.uncertain) == {"adopted", "handed-back"}
         backend._wire.read = real_read  # type: ignore[method-assign]
-        assert backend.claim(h, "adopted") == ClaimResult(1)  # its own claim, found again
-        assert h.hold("adopted", 1) is not None
+        claim = backend.claim(h, "adopted")  # its own claim, found again
+        assert claim == ClaimResult(1) and hold(claim).session is h
         sent = requests(h)
-        assert backend.complete(h, "adopted", 1, b"r").state is JobState.COMPLETED
+        assert backend.complete(h, "adopted", claim, b"r").state is JobState.COMPLETED
         assert sent == ["Transaction"]
         backend.keepalive(h)
         record = store.get("handed-back")
         assert record is not None and record.state is JobState.AVAILABLE
-        assert h.uncertain == {} and h.hold("handed-back", 1) is None
+        assert h.uncertain == {}
     finally:
         store.close()

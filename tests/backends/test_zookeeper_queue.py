@@ -8,22 +8,30 @@ ensemble unless ``CONSENSUS_LEASE_ZK=local`` (see ``zk_local.py``). Nothing slee
 synchronise: waits poll with deadlines.
 """
 
-# ruff: noqa: F811  (tests take the zk_target / zk_url fixtures imported from zk_local)
+# ruff: noqa: F811  (tests take the fixtures imported from zk_local)
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss
-from zk_local import ZkTarget, zk_target, zk_url  # noqa: F401
+from zk_local import (  # noqa: F401  (fixtures)
+    ZkTarget,
+    backend_of,
+    chroot_of,
+    lose_next_answer,
+    opened,
+    raw_client,
+    store,
+    zk_target,
+    zk_url,
+)
 
 from consensus_lease import LeaseStore, open_store
-from consensus_lease.backends.zookeeper import ZooKeeperBackend
 from consensus_lease.backends.zookeeper._layout import encode_job_id
 from consensus_lease.backends.zookeeper._queues import JUTE_MAXBUFFER, MAX_PAYLOAD_BYTES
 from consensus_lease.errors import (
@@ -43,20 +51,9 @@ pytestmark = pytest.mark.slow
 # -- helpers --------------------------------------------------------------------------------
 
 
-def _chroot(url: str) -> str:
-    return "/" + url.split("://", 1)[1].split("/", 1)[1].split("?")[0]
-
-
-def raw_client(url: str) -> KazooClient:
-    """A plain kazoo client on the server of ``url`` (no chroot), for inspection."""
-    client = KazooClient(hosts=url.split("://", 1)[1].split("/", 1)[0])
-    client.start(timeout=30)
-    return client
-
-
 def tree(url: str) -> dict[str, bytes]:
     """Every znode under the chroot of ``url`` (relative path -> data)."""
-    root = _chroot(url)
+    root = chroot_of(url)
     client = raw_client(url)
     out: dict[str, bytes] = {}
     try:
@@ -76,15 +73,10 @@ def tree(url: str) -> dict[str, bytes]:
 def version_of(url: str, relative: str) -> int:
     client = raw_client(url)
     try:
-        return int(client.exists(f"{_chroot(url)}/{relative}").version)
+        return int(client.exists(f"{chroot_of(url)}/{relative}").version)
     finally:
         client.stop()
         client.close()
-
-
-def backend_of(store: LeaseStore) -> ZooKeeperBackend:
-    assert isinstance(store.backend, ZooKeeperBackend)
-    return store.backend
 
 
 def count_multis(store: LeaseStore) -> list[int]:
@@ -108,36 +100,6 @@ def count_multis(store: LeaseStore) -> list[int]:
     return sent
 
 
-class _LostAnswer:
-    """Stands in for a kazoo transaction: sends the multi (or not), then loses its answer."""
-
-    def __init__(self, real: Any, apply: bool) -> None:
-        self._real, self._apply = real, apply
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._real, name)
-
-    def commit_async(self) -> Any:
-        if self._apply:
-            self._real.commit_async().get(timeout=30)
-        return self
-
-    def get(self, timeout: float | None = None) -> Any:
-        raise ConnectionLoss()
-
-
-def lose_next_answer(client: KazooClient, apply: bool) -> list[int]:
-    real = client.transaction
-    calls: list[int] = []
-
-    def transaction() -> Any:
-        calls.append(1)
-        return _LostAnswer(real(), apply) if len(calls) == 1 else real()
-
-    client.transaction = transaction
-    return calls
-
-
 def member(seq: int, job_id: str) -> str:
     return f"{seq:010d}-{encode_job_id(job_id)}"
 
@@ -146,26 +108,9 @@ def member(seq: int, job_id: str) -> str:
 
 
 @pytest.fixture
-def store(zk_url: str) -> Iterator[LeaseStore]:
-    store = open_store(zk_url, connect_timeout_s=30)
-    try:
-        yield store
-    finally:
-        store.close()
-
-
-@pytest.fixture
-def opened(store: LeaseStore) -> Iterator[Callable[..., Session]]:
-    sessions: list[Session] = []
-
-    def open_(owner: str, ttl_s: float = 30.0, **kw: Any) -> Session:
-        session = store.session(owner, ttl_s, **kw)
-        sessions.append(session)
-        return session
-
-    yield open_
-    for session in sessions:
-        session.close()
+def session_ttl_s() -> float:
+    """``opened`` (from zk_local) opens sessions of 30 s here unless told otherwise."""
+    return 30.0
 
 
 # -- layout ---------------------------------------------------------------------------------
@@ -208,7 +153,7 @@ def test_claim_and_completion_of_a_queued_job(
     a = opened("A")
     first = a.claim_next("q")
     assert first is not None and (first.job_id, first.generation, first.payload) == ("j", 1, b"p")
-    held = f"{_chroot(zk_url)}/queues/q/held/{member(1, 'j')}"
+    held = f"{chroot_of(zk_url)}/queues/q/held/{member(1, 'j')}"
     client = raw_client(zk_url)
     try:  # the held marker is the claiming session's ephemeral, like the owner znode
         assert client.exists(held).ephemeralOwner == a.handle.sid  # type: ignore[attr-defined]
@@ -244,7 +189,7 @@ def test_release_and_completion_survive_markers_deleted_by_hand(
     assert first is not None and second is not None
     client = raw_client(zk_url)
     try:
-        base = f"{_chroot(zk_url)}/queues/q"
+        base = f"{chroot_of(zk_url)}/queues/q"
         for job in (first.job_id, second.job_id):
             client.delete(f"{base}/held/{member(1 if job == 'j' else 2, job)}")
         client.delete(f"{base}/open/{member(1 if first.job_id == 'j' else 2, first.job_id)}")

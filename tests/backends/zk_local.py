@@ -1,9 +1,11 @@
 """Where the ZooKeeper backend tests find a server: the ``zk_target`` and ``zk_url``
-fixtures, and a local standalone ZooKeeper started as a subprocess.
+fixtures, and a local standalone ZooKeeper started as a subprocess; and what the test
+modules share: the ``store``, ``backend`` and ``opened`` fixtures, raw kazoo clients and a
+transaction whose answer is lost.
 
 Every ZooKeeper test runs on the containerised 3-member ensemble of the pytest plugin
 (``zookeeper_cluster``) unless ``CONSENSUS_LEASE_ZK=local`` asks for the local server
-(one line: the default in :func:`zk_target`). Test modules import the two fixtures.
+(one line: the default in :func:`zk_target`). Test modules import the fixtures they use.
 
 Stand-in for the containerised ensemble (``zookeeper_cluster`` in
 :mod:`consensus_lease.testing.pytest_plugin`) on machines where only the Debian
@@ -26,11 +28,18 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
+from kazoo.client import KazooClient
+from kazoo.exceptions import ConnectionLoss
+
+from consensus_lease import LeaseStore, open_store
+from consensus_lease.backends.zookeeper import ZooKeeperBackend
+from consensus_lease.backends.zookeeper._session import ZkSession
+from consensus_lease.session import Session
 
 ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
 ZOOKEEPER_CONF_DIR = Path("/etc/zookeeper/conf")
@@ -278,3 +287,104 @@ def zk_target(request: pytest.FixtureRequest) -> Iterator[ZkTarget]:
 def zk_url(zk_target: ZkTarget, key_prefix: str) -> str:
     """A zk:// URL on a chroot no other test uses."""
     return zk_target.url(key_prefix)
+
+
+# -- what the ZooKeeper backend test modules share ------------------------------------------
+# Import the fixtures you use (``store``, ``backend``, ``opened`` and ``session_ttl_s``,
+# which ``opened`` needs) next to ``zk_target`` and ``zk_url``.
+
+
+@pytest.fixture
+def store(zk_url: str) -> Iterator[LeaseStore]:
+    """A store on a fresh chroot; closed after the test."""
+    store = open_store(zk_url, connect_timeout_s=30)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+@pytest.fixture
+def backend(store: LeaseStore) -> ZooKeeperBackend:
+    """The ``store``'s backend."""
+    return backend_of(store)
+
+
+@pytest.fixture
+def session_ttl_s() -> float:
+    """The TTL, in seconds, of the sessions ``opened`` opens unless told otherwise; a test
+    module overrides it by defining a fixture of the same name."""
+    return 10.0
+
+
+@pytest.fixture
+def opened(store: LeaseStore, session_ttl_s: float) -> Iterator[Callable[..., Session]]:
+    """``opened(owner, ttl_s=session_ttl_s, **options)``: a session on ``store``, closed
+    after the test."""
+    sessions: list[Session] = []
+
+    def open_(owner: str, ttl_s: float = session_ttl_s, **kw: Any) -> Session:
+        session = store.session(owner, ttl_s, **kw)
+        sessions.append(session)
+        return session
+
+    yield open_
+    for session in sessions:
+        session.close()
+
+
+def backend_of(store: LeaseStore) -> ZooKeeperBackend:
+    assert isinstance(store.backend, ZooKeeperBackend)
+    return store.backend
+
+
+def handle(session: Session) -> ZkSession:
+    """The session's ZooKeeper handle."""
+    assert isinstance(session.handle, ZkSession)
+    return session.handle
+
+
+def chroot_of(url: str) -> str:
+    """The chroot path of a zk:// URL, e.g. ``/t-1234``."""
+    return "/" + url.split("://", 1)[1].split("/", 1)[1].split("?")[0]
+
+
+def raw_client(url: str) -> KazooClient:
+    """A plain kazoo client on the server of ``url`` (no chroot), for inspection; the
+    caller stops and closes it."""
+    client = KazooClient(hosts=url.split("://", 1)[1].split("/", 1)[0])
+    client.start(timeout=30)
+    return client
+
+
+class LostAnswer:
+    """Stands in for a kazoo transaction: sends the multi (if ``apply``) or not, then
+    loses its answer (``ConnectionLoss``)."""
+
+    def __init__(self, real: Any, apply: bool = True) -> None:
+        self._real, self._apply = real, apply
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def commit_async(self) -> Any:
+        if self._apply:
+            self._real.commit_async().get(timeout=30)
+        return self
+
+    def get(self, timeout: float | None = None) -> Any:
+        raise ConnectionLoss()
+
+
+def lose_next_answer(client: KazooClient, apply: bool) -> list[int]:
+    """The next multi ``client`` starts loses its answer, after being applied if ``apply``;
+    later ones go through. Returns a list that grows by one per multi started."""
+    real = client.transaction
+    calls: list[int] = []
+
+    def transaction() -> Any:
+        calls.append(1)
+        return LostAnswer(real(), apply) if len(calls) == 1 else real()
+
+    client.transaction = transaction
+    return calls

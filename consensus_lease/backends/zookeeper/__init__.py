@@ -10,9 +10,8 @@ How leases map onto ZooKeeper
 * A worker session is one ZooKeeper session, on its own kazoo client. Its TTL is the
   session timeout the server *negotiated* (clamped to [minSessionTimeout,
   maxSessionTimeout], by default 2-20 x tickTime): ``granted_ttl_s`` reports it and the
-  local deadline uses it. ``keepalive()`` is one write barrier (a multi of one ``check``
-  of ``{chroot}/jobs`` at any version, changing nothing) on the session's connection: it
-  commits through the quorum, so its answer proves the current leader has the session.
+  local deadline uses it. ``keepalive()`` is one write barrier on the session's
+  connection (a multi of one ``check``, changing nothing: see ``get`` below).
 * Each job is a persistent znode ``{chroot}/jobs/{percent-encoded id}`` whose **version is
   the generation** (fencing token). A claim is one multi: ``set_data`` at the version just
   read (or ``create`` + ``set_data`` the first time) and ``create`` of the EPHEMERAL owner
@@ -21,26 +20,33 @@ How leases map onto ZooKeeper
   generation that completed it) at version == generation, and ``delete`` of the owner
   znode. It bumps the version, so a claim prepared against the held state fails.
   Release is one multi: ``check`` version == generation and ``delete`` of the owner znode.
-  Neither reads first: the session handle remembers what its own claims made (generation,
-  owner znode and its version, a queued job's markers) and sends the multi at once, and
-  the store checks generation and holder in it (the versioned ``set_data``/``check``
-  fails after any other claim or completion, the versioned ``delete`` once the owner
-  znode is gone, e.g. with the session). A ``(job, generation)`` the handle did not
-  claim (or already released or completed) writes nothing. Only a failed multi is
-  followed by a read (owner znode's ``ephemeralOwner``, after a ``sync``) to say why,
-  and to recognise a retry of this session's own completion.
-* ``renew`` sends a write barrier and reads the job znode's version and the owner znode's
-  ``ephemeralOwner`` after it, in one pipelined round trip (a second read, after a
-  ``sync``, only to say why when it is not held).
+  Neither reads first: a claim returns what it made (generation, owner znode and its
+  version, a queued job's markers) as its ``ClaimResult.handle``, the core hands it back
+  with the lease's complete or release, and the multi is sent at once; the store checks
+  generation and holder in it (the versioned ``set_data``/``check`` fails after any
+  other claim or completion, the versioned ``delete`` once the owner znode is gone, e.g.
+  with the session). A claim without such a handle (``handle`` ``None``: not made by
+  this process) is read first (owner znode's ``ephemeralOwner``, after a ``sync``) and
+  written only if this session holds the job at that generation. A failed multi is
+  followed by the same read, to say why, and to recognise a retry of this session's own
+  completion. No table of claims is kept per session (only claims whose outcome is
+  unknown, until settled: see below).
+* ``renew`` reads, after a write barrier, the job znode's version and the owner znode's
+  ``ephemeralOwner`` in one pipelined round trip.
 * Connection states reach the core as session events: kazoo SUSPENDED -> SUSPENDED,
   CONNECTED again with the same session -> RECONNECTED, LOST -> EXPIRED. An expired
   session's client is never reused (kazoo would open a new session on it).
-* kazoo pings on its own, so the backend ends a session itself when neither keepalive nor
-  renew succeeded for one granted TTL (as an etcd lease would lapse): a worker whose
-  renewal stopped does not keep its jobs for as long as its process lives.
+* kazoo pings on its own, so a ZooKeeper session does not lapse when the worker stops
+  renewing: it lives as long as its process. The core ends it: when a session's local
+  deadline passes without a successful renewal (or it is lost otherwise) the core calls
+  ``close_session``, which closes the ZooKeeper session, and the server deletes its
+  owner znodes at once. A handle used without the core's ``Session`` lives until
+  ``close_session`` or ``close``.
 * A lost answer to a multi is settled by reading back after reconnecting (owner znode's
   nonce and ephemeralOwner, completion record): never re-sent blindly, no orphaned owner
-  znode, no double version bump. ``OutcomeUnknown`` only if reading back fails in time.
+  znode, no double version bump. ``OutcomeUnknown`` only if reading back fails in time;
+  such a claim stays on the session handle (``uncertain``) until a later claim of the
+  job adopts it or ``keepalive`` releases it.
 * ``get``/``records``/``wait_for_change`` use one shared client; ``wait_for_change`` waits
   on a watch on the owner znode. ``lease_until`` is always ``None``: ZooKeeper does not
   expose when a session will expire.

@@ -1,5 +1,5 @@
-"""The ZooKeeper driver: sessions and their lapse, and the public Backend methods.
-See the package docstring for the layout, the guarantees relied on and the options."""
+"""The ZooKeeper driver: sessions and the public Backend methods. See the package
+docstring for the layout, the guarantees relied on and the options."""
 
 from __future__ import annotations
 
@@ -30,6 +30,11 @@ log = logging.getLogger("consensus_lease.backends.zookeeper")
 READ_CHUNK = 256
 """Reads pipelined at once by records()."""
 
+EXPIRY_NOTICE_S = 0.25
+"""How long ``expire_session`` waits for the session's client to see the server close
+the session before ending it from that client itself: well inside the shortest local
+deadline tests use (a 1 s TTL less its margin)."""
+
 _WAIT_ERRORS: tuple[type[BaseException], ...] = (LeaseError, *KAZOO_ERRORS)
 
 
@@ -44,6 +49,16 @@ def _concerning(job_id: str, generation: int | None = None) -> Iterator[None]:
         if exc.generation is None:
             exc.generation = generation
         raise
+
+
+def _checked(claim: object) -> ClaimResult:
+    """``claim`` as given to renew/complete/release, refused unless a ClaimResult."""
+    if not isinstance(claim, ClaimResult):
+        raise InvalidArgument(
+            f"expected the ClaimResult a claim returned (or ClaimResult(generation) for a "
+            f"claim this process did not make), got {claim!r}"
+        )
+    return claim
 
 
 class ZooKeeperBackend(Backend):
@@ -77,11 +92,10 @@ class ZooKeeperBackend(Backend):
         self._holds = Holds(self._wire)
         self._queues = Queues(self._wire, self._paths)
         self._watches = OwnerWatches()
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._sessions: dict[str, ZkSession] = {}
         self._closed = False
         self._base_ready = False
-        self._lapse_thread: threading.Thread | None = None
 
     @classmethod
     def from_url(cls, url: str, options: Mapping[str, object]) -> ZooKeeperBackend:
@@ -117,13 +131,12 @@ class ZooKeeperBackend(Backend):
                 was created.
             AuthenticationFailed: the credentials do not grant access to the chroot.
         """
-        with self._cond:
+        with self._lock:
             if self._closed:
                 raise BackendUnavailable("this ZooKeeper backend is closed")
         timeouts = NegotiatedTimeouts()
         client = self.config.new_client(ttl_s, logger=timeouts)
         h = ZkSession(owner, client, timeouts, on_event, self.hosts)
-        send = time.monotonic()
         try:
             client.start(timeout=self.config.connect_timeout_s)
         except KAZOO_ERRORS as exc:  # kazoo stops and closes the client itself
@@ -134,16 +147,13 @@ class ZooKeeperBackend(Backend):
             ) from exc
         try:
             h.connected(ttl_s)
-            h.last_renewed = send
             self._ensure_base(h)
         except BaseException:
             h.mark_closed()
             h._stop_quietly()
             raise
-        with self._cond:
+        with self._lock:
             self._sessions[h.session_id] = h
-            self._cond.notify_all()
-        self._start_lapse_thread()
         return h
 
     def _ensure_base(self, h: ZkSession, again: bool = False) -> None:
@@ -153,7 +163,7 @@ class ZooKeeperBackend(Backend):
             return
         try:
             h.client.ensure_path_async(self.config.base, acl=self.config.acl_list()).get(
-                timeout=self.config.op_timeout_s
+                timeout=self.config.timeout_s
             )
         except KAZOO_ERRORS as exc:
             raise translate(exc, f"creating {self.config.base}", self.hosts) from exc
@@ -179,10 +189,9 @@ class ZooKeeperBackend(Backend):
             raise BackendUnavailable(f"ZooKeeper session {h.session_id} is disconnected "
                                      f"from {self.hosts}")
         send = time.monotonic()
-        deadline = send + min(self.config.op_timeout_s, max(1.0, h.granted_ttl_s))
+        deadline = send + min(self.config.timeout_s, max(1.0, h.granted_ttl_s))
         self._wire.read(h.client, [("barrier", self.config.base)], deadline, "keepalive")
         h.check_alive()
-        h.renewed(send)
         if h.uncertain:
             self._claims.hand_back_uncertain(h, self.release)
         return h.current_ttl_s()
@@ -192,12 +201,16 @@ class ZooKeeperBackend(Backend):
         its jobs are claimable immediately. Idempotent; if no member can be reached the
         server expires the session after its timeout instead.
 
+        kazoo pings on its own, so a session nobody closes lives as long as its process:
+        the core calls this when a session's local deadline passes without a successful
+        renewal (or the session is lost otherwise), as well as on ``Session.close()``.
+
         Raises:
             BackendUnavailable: kazoo could not stop the client cleanly (the session
                 still ends, at the latest when its timeout passes).
         """
         h = self._handle(session)
-        with self._cond:
+        with self._lock:
             self._sessions.pop(h.session_id, None)
         h.mark_closed()
         h.stop_client()
@@ -211,9 +224,10 @@ class ZooKeeperBackend(Backend):
         until the session's client has seen the expiry, so the next call raises
         ``SessionExpired``.
         """
-        with self._cond:
+        with self._lock:
             h = self._sessions.get(session_id)
-        if h is None or h.status not in (Status.CONNECTED, Status.SUSPENDED):
+        live = h is not None and h.status in (Status.CONNECTED, Status.SUSPENDED)
+        if h is None or not live:
             return
         impostor = self.config.new_client(h.granted_ttl_s, client_id=(h.sid, h.passwd))
         try:
@@ -223,7 +237,7 @@ class ZooKeeperBackend(Backend):
         except KAZOO_ERRORS as exc:
             raise BackendUnavailable(f"expire_session: cannot reach {self.hosts}") from exc
         give_up = time.monotonic() + timeout_s
-        notice_by = time.monotonic() + min(1.0, timeout_s)
+        notice_by = time.monotonic() + min(EXPIRY_NOTICE_S, timeout_s)
         while h.status in (Status.CONNECTED, Status.SUSPENDED) and time.monotonic() < notice_by:
             threading.Event().wait(0.01)
         # Usually the server has closed the session by now. But if the session's own client
@@ -231,45 +245,8 @@ class ZooKeeperBackend(Backend):
         # the server; ending the session from its own client (which expire_locally does)
         # closes it either way, so the hook is deterministic.
         h.expire_locally("expired by expire_session()")
-        h.ended.wait(max(0.0, give_up - time.monotonic()))  # reported, client stopped
-
-    # -- lapse: a session nobody renews ends, as an etcd lease would ----------------------
-
-    def _start_lapse_thread(self) -> None:
-        with self._cond:
-            if self._lapse_thread is not None:
-                return
-            self._lapse_thread = threading.Thread(
-                target=self._lapse_loop, name="consensus-lease-zk-lapse", daemon=True
-            )
-            self._lapse_thread.start()
-
-    def _lapse_loop(self) -> None:
-        """End each session whose keepalive/renew has not succeeded for one granted TTL.
-
-        kazoo pings on its own, so without this a worker whose renewal stopped (its
-        keepalive thread stuck, or ``keepalive=False`` and no calls) would keep its jobs
-        for as long as the process lives. Its local deadline (send + TTL - margin) has
-        passed before this fires, so it has already stopped working on them."""
-        while True:
-            due: list[ZkSession] = []
-            with self._cond:
-                if self._closed:
-                    return
-                now = time.monotonic()
-                wake = now + 1.0
-                for h in self._sessions.values():
-                    at = h.lapse_at()
-                    if at is not None and at <= now:
-                        due.append(h)
-                    elif at is not None:
-                        wake = min(wake, at)
-                if not due:
-                    self._cond.wait(wake - now)
-                    continue
-            for h in due:
-                h.expire_locally(f"no keepalive or renew for the granted TTL of "
-                                 f"{h.granted_ttl_s} s")
+        if h.status is not Status.CLOSED:  # closed meanwhile (the core, on loss): no report
+            h.ended.wait(max(0.0, give_up - time.monotonic()))  # reported, client stopped
 
     # -- claiming --------------------------------------------------------------------------
 
@@ -279,7 +256,9 @@ class ZooKeeperBackend(Backend):
         znode. Fails as a whole if anyone changed the job since the read — including a
         completion — or a live session owns it.
 
-        Returns the generation, or ``None`` if a live session (maybe this one) holds it.
+        Returns the generation (its ``handle`` is the claim's hold: pass the result back
+        to renew/complete/release), or ``None`` if a live session (maybe this one) holds
+        it.
 
         Raises:
             JobCompleted: the job has a completion record (its generation attached).
@@ -310,68 +289,76 @@ class ZooKeeperBackend(Backend):
 
     # -- holding, completing, releasing -------------------------------------------------------
 
-    def renew(self, session: SessionHandle, job_id: str, generation: int) -> float:
-        """Check, after a write barrier (as in :meth:`keepalive`), that the job znode's
-        version is ``generation`` and its owner znode's ephemeralOwner is this session
-        (one pipelined round trip). Success also proves the session alive, like
+    def renew(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> float:
+        """Check, after a write barrier, that the job znode's version is
+        ``claim.generation`` and its owner znode's ephemeralOwner is this session (one
+        pipelined round trip). Success also proves the session alive, like
         :meth:`keepalive`.
 
         Raises:
+            InvalidArgument: ``claim`` is not a ClaimResult.
             StaleLeaseError: not held at that generation; the lease is lost.
             SessionExpired: the session is over. BackendUnavailable: no answer (still held
                 until the local deadline).
         """
         h = self._handle(session)
+        claim = _checked(claim)
         send = time.monotonic()
-        with _concerning(job_id, generation):
-            self._holds.renew(h, self._paths(job_id), generation, send)
-        h.renewed(send)
+        with _concerning(job_id, claim.generation):
+            self._holds.renew(h, self._paths(job_id), claim, send)
         return h.current_ttl_s()
 
     def complete(
-        self, session: SessionHandle, job_id: str, generation: int, result: bytes
+        self, session: SessionHandle, job_id: str, claim: ClaimResult, result: bytes
     ) -> LeaseRecord:
         """Record the completion in one multi: ``set_data`` of the completion record on the
-        job znode at version ``generation`` (bumping the version, so any claim prepared
-        against the held state fails) and delete of this session's owner znode at the
-        version its claim created it with (and a queued job's markers). Sent without
-        reading first, from what this session's claim made; a ``(job, generation)`` it
-        did not claim writes nothing. The record keeps ``generation`` as the generation
-        that completed the job.
+        job znode at version ``claim.generation`` (bumping the version, so any claim
+        prepared against the held state fails) and delete of this session's owner znode
+        at the version its claim created it with (and a queued job's markers). Sent
+        without reading first when ``claim.handle`` is the hold this session's claim
+        made; any other claim (``handle`` ``None``: not made by this process) is read
+        first, after a ``sync``, and completed only if this session holds the job at
+        ``claim.generation``. The record keeps that generation as the one that completed
+        the job.
 
         A repeat of a completion this session made at this generation returns the
         existing record, also after the session ended.
 
         Raises:
-            InvalidArgument: ``result`` longer than ``max_result_bytes``; still held.
-            StaleLeaseError: not held at ``generation``; the lease is lost.
+            InvalidArgument: ``result`` longer than ``max_result_bytes``, or ``claim`` not
+                a ClaimResult; still held.
+            StaleLeaseError: not held at ``claim.generation``; the lease is lost.
             SessionExpired: the session is over (and it had not completed the job).
             BackendUnavailable: nothing was applied; still held until the deadline.
             OutcomeUnknown: the answer was lost and reading back failed.
         """
         h = self._handle(session)
+        claim = _checked(claim)
         if len(result) > self.config.max_result_bytes:
             raise InvalidArgument(
                 f"result is {len(result)} bytes; this store takes at most "
                 f"{self.config.max_result_bytes} (option max_result_bytes; ZooKeeper's "
-                f"jute.maxbuffer bounds it)", job_id=job_id, generation=generation,
+                f"jute.maxbuffer bounds it)", job_id=job_id, generation=claim.generation,
             )
-        with _concerning(job_id, generation):
-            return self._holds.complete(h, self._paths(job_id), generation, result)
+        with _concerning(job_id, claim.generation):
+            return self._holds.complete(h, self._paths(job_id), claim, result)
 
-    def release(self, session: SessionHandle, job_id: str, generation: int) -> None:
-        """End the hold in one multi: check the job znode's version is ``generation`` and
-        delete this session's owner znode (at its version; and a queued job's held
-        marker). Sent without reading first, as :meth:`complete`. The job is claimable
-        at once, and its next claim gets ``generation + 1``.
+    def release(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> None:
+        """End the hold in one multi: check the job znode's version is
+        ``claim.generation`` and delete this session's owner znode (at its version; and a
+        queued job's held marker). Sent without reading first, or read first, as
+        :meth:`complete`. The job is claimable at once, and its next claim gets
+        ``claim.generation + 1``.
 
         Raises:
+            InvalidArgument: ``claim`` is not a ClaimResult.
             StaleLeaseError / SessionExpired: not held (any more); the lease is lost.
             BackendUnavailable: nothing was applied. OutcomeUnknown: as for complete.
         """
         h = self._handle(session)
-        with _concerning(job_id, generation):
-            self._holds.release(h, self._paths(job_id), generation)
+        claim = _checked(claim)
+        with _concerning(job_id, claim.generation):
+            self._holds.release(h, self._paths(job_id), claim)
 
     # -- reading and waiting ----------------------------------------------------------------
 
@@ -419,7 +406,7 @@ class ZooKeeperBackend(Backend):
         (release, completion, holder's session expired), when it does not exist, or after
         ``timeout_s``. If the store cannot be asked, waits briefly and returns (the
         caller's next claim reports the error)."""
-        read_timeout_s = min(self.config.op_timeout_s, max(timeout_s, 0.0) + 1.0)
+        read_timeout_s = min(self.config.timeout_s, max(timeout_s, 0.0) + 1.0)
         try:
             client = self._wire.reader()
             self._watches.wait_gone(client, self._paths(job_id).owner, timeout_s, read_timeout_s)
@@ -447,7 +434,7 @@ class ZooKeeperBackend(Backend):
                 another queue), or the request would exceed jute.maxbuffer (a very long
                 chroot); nothing was written.
             BackendUnavailable: nothing was applied (also when other enqueues into the
-                same queue kept winning the race for ``seq`` for ``op_timeout_s``).
+                same queue kept winning the race for ``seq`` for ``timeout_s``).
             OutcomeUnknown: the answer was lost and reading back the tag failed.
         """
         return self._queues.enqueue(queue, job_id, payload)
@@ -507,10 +494,9 @@ class ZooKeeperBackend(Backend):
 
     def close(self) -> None:
         """Close every session still open (best effort) and the read client."""
-        with self._cond:
+        with self._lock:
             self._closed = True
             sessions = list(self._sessions.values())
-            self._cond.notify_all()
         for h in sessions:
             try:
                 self.close_session(h)

@@ -17,9 +17,12 @@ A queued job (its ``queue`` tag is read with it, in the same round trip) also ge
 EPHEMERAL held marker in the queue, in the same multi and by the same session as the
 owner znode, so the two come and go together (see :mod:`._queues`).
 
-Every claim the store applied is remembered on the session handle (``ZkSession.remember``:
-generation, owner znode, markers), so completion and release send their multi without
-reading first (see :mod:`._holds`).
+Every claim the store applied returns a :class:`._holds.Hold` (generation, owner znode,
+markers) as its ``ClaimResult.handle``; the core keeps it with the lease and hands it
+back, so completion and release send their multi without reading first (see
+:mod:`._holds`). A claim whose outcome is unknown returns nothing: it stays in
+``ZkSession.uncertain`` until a later claim adopts it (returning its hold) or keepalive
+hands it back.
 
 Why the claim itself still reads first: the version alone does not say whether the job
 may be claimed. A completed job's version is as current as a held one's, and a blind
@@ -50,6 +53,7 @@ from kazoo.exceptions import (
 from ...errors import JobCompleted, LeaseError, OutcomeUnknown, StaleLeaseError
 from ...record import ClaimResult
 from ._errors import KAZOO_ERRORS, translate
+from ._holds import Hold
 from ._layout import (
     JobPaths,
     QueueTag,
@@ -59,7 +63,7 @@ from ._layout import (
     parse_job,
     parse_owner,
 )
-from ._session import Hold, ZkSession
+from ._session import ZkSession
 from ._wire import Read, Wire
 
 __all__ = ["CLAIM_ATTEMPTS", "Claims", "Outcome", "Plan"]
@@ -97,9 +101,11 @@ class Plan:
     def op_count(self) -> int:
         return self.owner_op + 1 + (self.held is not None)
 
-    def hold(self) -> Hold:
-        """What this claim makes, once applied (its owner znode is new: version 0)."""
-        return Hold(self.generation, self.paths.owner, 0, self.held, self.open)
+    def result(self, h: ZkSession) -> ClaimResult:
+        """What this claim returns once applied: the generation, and as handle the hold it
+        made (its owner znode is new: version 0)."""
+        hold = Hold(h, self.generation, self.paths.owner, 0, self.held, self.open)
+        return ClaimResult(self.generation, None, hold)
 
 
 class Claims:
@@ -198,7 +204,8 @@ class Claims:
         owner: tuple[bytes, Any], held: str | None, open_: str | None,
     ) -> ClaimResult | None:
         """Our own owner znode: if it is the one a claim with an unknown outcome would
-        have made (same nonce, version = its generation), that claim did apply."""
+        have made (same nonce, version = its generation), that claim did apply: it is
+        adopted, its hold carrying the owner znode's version as read."""
         nonce = parse_owner(owner[0], paths.owner).nonce
         with h.uncertain_lock:
             pending = h.uncertain.get(paths.job_id)
@@ -207,8 +214,8 @@ class Claims:
             if job[1].version != pending[0]:
                 return None
             del h.uncertain[paths.job_id]
-            h.remember(paths.job_id, Hold(pending[0], paths.owner, owner[1].version, held, open_))
-        return ClaimResult(pending[0])
+        hold = Hold(h, pending[0], paths.owner, owner[1].version, held, open_)
+        return ClaimResult(pending[0], None, hold)
 
     def send(self, h: ZkSession, plans: list[Plan], outcome: dict[str, Outcome]) -> list[str]:
         """One multi carrying every plan. Fills ``outcome``; returns the job ids to retry."""
@@ -252,8 +259,7 @@ class Claims:
         if multi.applied:
             for plan in plans:
                 if multi.results or plan.paths.job_id in landed:
-                    h.remember(plan.paths.job_id, plan.hold())
-                    outcome[plan.paths.job_id] = ClaimResult(plan.generation)
+                    outcome[plan.paths.job_id] = plan.result(h)
             return [p.paths.job_id for p in plans if p.paths.job_id not in outcome]
         if not multi.results:  # answer lost; reading back showed it was not applied
             return [p.paths.job_id for p in plans]
@@ -289,13 +295,13 @@ class Claims:
     def ensure_path(self, h: ZkSession, path: str) -> None:
         try:
             h.client.ensure_path_async(path, acl=self.wire.config.acl_list()).get(
-                timeout=self.wire.config.op_timeout_s
+                timeout=self.wire.config.timeout_s
             )
         except KAZOO_ERRORS as exc:
             raise translate(exc, f"creating {path}", self.wire.hosts) from exc
 
     def hand_back_uncertain(
-        self, h: ZkSession, release: Callable[[ZkSession, str, int], None]
+        self, h: ZkSession, release: Callable[[ZkSession, str, ClaimResult], None]
     ) -> None:
         """Release owner znodes left by claims whose outcome was unknown and that no later
         claim adopted (best effort; called from keepalive). Holds the session's uncertain
@@ -313,9 +319,8 @@ class Claims:
                     ):
                         # Its owner znode, with the nonce: that claim made ``generation``.
                         held, open_ = self._markers(paths, tag)
-                        h.remember(job_id, Hold(generation, paths.owner, owner[1].version,
-                                                held, open_))
-                        release(h, job_id, generation)
+                        hold = Hold(h, generation, paths.owner, owner[1].version, held, open_)
+                        release(h, job_id, ClaimResult(generation, None, hold))
                         log.warning("handed back a claim whose outcome had been unknown",
                                     extra={"job_id": job_id, "generation": generation})
                 except StaleLeaseError:

@@ -84,12 +84,6 @@ class ZkConfig:
     max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES
 
     @property
-    def op_timeout_s(self) -> float:
-        """Old name of :attr:`timeout_s`, read by modules not yet updated; do not use
-        in new code."""
-        return self.timeout_s
-
-    @property
     def hosts_text(self) -> str:
         """``host:port,host:port`` as kazoo wants it (IPv6 in brackets)."""
         return ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.hosts)

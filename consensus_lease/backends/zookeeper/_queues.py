@@ -140,7 +140,7 @@ class Queues:
                 if time.monotonic() >= deadline:
                     raise BackendUnavailable(
                         f"{what}: other enqueues into the queue kept taking the next seq "
-                        f"for {self.config.op_timeout_s} s; nothing was applied", job_id=job_id,
+                        f"for {self.config.timeout_s} s; nothing was applied", job_id=job_id,
                     )
 
     def _enqueue_once(
@@ -216,7 +216,7 @@ class Queues:
             client = self.wire.reader()
             try:
                 for path in (self.config.base, q.members, q.open, q.held):
-                    client.ensure_path_async(path, acl=acl).get(timeout=self.config.op_timeout_s)
+                    client.ensure_path_async(path, acl=acl).get(timeout=self.config.timeout_s)
             except KAZOO_ERRORS as exc:
                 raise translate(exc, what, self.wire.hosts, worker_session=False) from exc
         stat = self.wire.reader_read([("sync", self.config.base), ("exists", q.node)], what)[1]
@@ -337,7 +337,7 @@ class Queues:
         <consensus_lease.backends.zookeeper.ZooKeeperBackend.wait_for_queue>`.
         Raises kazoo's and the library's exceptions (the backend handles them)."""
         deadline = time.monotonic() + max(timeout_s, 0.0)
-        read_timeout_s = min(self.config.op_timeout_s, max(timeout_s, 0.0) + 1.0)
+        read_timeout_s = min(self.config.timeout_s, max(timeout_s, 0.0) + 1.0)
         client = self.wire.reader()
         q = self.paths(queue)
         woken = threading.Event()

@@ -24,7 +24,6 @@ import enum
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
@@ -33,7 +32,7 @@ from ...backend import SessionEvent, SessionHandle, StateListener
 from ...errors import BackendUnavailable, SessionExpired
 from ._errors import KAZOO_ERRORS
 
-__all__ = ["Hold", "NegotiatedTimeouts", "Status", "ZkSession", "session_text"]
+__all__ = ["NegotiatedTimeouts", "Status", "ZkSession", "session_text"]
 
 log = logging.getLogger("consensus_lease.backends.zookeeper")
 
@@ -70,21 +69,6 @@ class NegotiatedTimeouts(logging.LoggerAdapter):  # type: ignore[type-arg]
         super().log(level, msg, *args, **kwargs)
 
 
-@dataclass(frozen=True, slots=True)
-class Hold:
-    """What this session's own claim of a job made, remembered so that completion and
-    release need not read it back: the generation (the job znode's version that claim
-    set), the owner znode it created (``owner_version``: 0 at creation, nothing of ours
-    writes it later) and, for a queued job, its markers (from the job's queue tag, which
-    never changes while the job exists)."""
-
-    generation: int
-    owner: str  # the owner znode's path
-    owner_version: int
-    held: str | None = None  # a queued job's held marker (ephemeral, made with the owner)
-    open: str | None = None  # a queued job's open marker (deleted by the completion)
-
-
 class Status(enum.Enum):
     CONNECTING = "connecting"
     CONNECTED = "connected"
@@ -102,16 +86,24 @@ class ZkSession(SessionHandle):
     Attributes:
         client (KazooClient): used for this session only.
         sid (int): the ZooKeeper session id (``ephemeralOwner`` of its owner znodes).
-        last_renewed (float): ``time.monotonic()`` send time of the last successful
-            keepalive or renew (the backend ends the session one granted TTL after it).
         uncertain (dict): job id -> (generation, nonce) of claims whose outcome could not
-            be read back; settled by a later claim of the job or by keepalive.
+            be read back (``OutcomeUnknown``); settled by a later claim of the job, which
+            adopts it, or by keepalive, which hands it back. Guarded by
+            ``uncertain_lock``.
 
-    Its holds (job id -> :class:`Hold`, see :meth:`remember`) are the jobs this session's
-    own claims took and it has not released or completed since: only the session whose
-    atomic claim set a job znode's version to ``generation`` can have ``(job,
-    generation)`` recorded. At most one per job id (a later claim of the job replaces
-    it), so they never outnumber the distinct jobs the session claimed.
+    ``uncertain`` is the only claim state a session keeps. What a claim made (its owner
+    znode, its markers) travels with the claim instead, as the ``handle`` of the
+    ``ClaimResult`` it returned (see :class:`._holds.Hold`). An unanswered claim returned
+    nothing for anyone to carry, so only the session can remember it: if the store did
+    apply it, the session holds the job (an ephemeral owner znode with the claim's nonce)
+    while no caller knows, and the session is what must either adopt it on the next claim
+    or release it. It holds at most one entry per job id, and entries only live until
+    settled.
+
+    The session's lifetime is the core's to decide: kazoo pings the server by itself, so
+    this session does not lapse while its process lives. The core ends it with
+    ``close_session`` when its local deadline passes without a successful renewal (or it
+    is lost otherwise); a handle used without the core lives until ``close_session``.
     """
 
     def __init__(
@@ -128,11 +120,8 @@ class ZkSession(SessionHandle):
         self._cond = threading.Condition()
         self._status = Status.CONNECTING
         self.reason = ""
-        self.last_renewed = time.monotonic()
         self.uncertain: dict[str, tuple[int, str]] = {}
         self.uncertain_lock = threading.Lock()
-        self._holds: dict[str, Hold] = {}
-        self._holds_lock = threading.Lock()
         self._stopping = threading.Lock()
         self._stopped = False
         self.ended = threading.Event()
@@ -208,9 +197,9 @@ class ZkSession(SessionHandle):
                 log.exception("session event listener raised", extra={"event": event.value})
 
     def expire_locally(self, reason: str) -> bool:
-        """Mark the session EXPIRED because the backend ended it (no keepalive for a TTL,
-        or ``expire_session``); then, in another thread, report it and stop the client so
-        ZooKeeper deletes its ephemeral znodes. Returns False if it was already over."""
+        """Mark the session EXPIRED because the backend ended it (the ``expire_session``
+        test hook); then, in another thread, report it and stop the client so ZooKeeper
+        deletes its ephemeral znodes. Returns False if it was already over."""
         with self._cond:
             if self._status not in _LIVE:
                 return False
@@ -270,30 +259,6 @@ class ZkSession(SessionHandle):
             log.warning("stopping a zookeeper client failed",
                         extra={"session_id": self.session_id, "error": str(exc)})
 
-    # -- what this session's own claims made -----------------------------------------------
-
-    def remember(self, job_id: str, hold: Hold) -> None:
-        """Record a claim of this session that the store applied (its multi answered, was
-        read back, or was adopted): ``hold.generation`` is the version it gave the job
-        znode, ``hold.owner`` the owner znode it created in the same multi."""
-        with self._holds_lock:
-            self._holds[job_id] = hold
-
-    def hold(self, job_id: str, generation: int) -> Hold | None:
-        """This session's own claim of ``job_id`` at ``generation``, if it made one and
-        has not released or completed it (nor learned it lost) since."""
-        with self._holds_lock:
-            hold = self._holds.get(job_id)
-        return hold if hold is not None and hold.generation == generation else None
-
-    def forget(self, job_id: str, generation: int) -> None:
-        """The hold of ``job_id`` at ``generation`` is over (released, completed, or the
-        store said it is no longer held); a later claim's hold is kept."""
-        with self._holds_lock:
-            hold = self._holds.get(job_id)
-            if hold is not None and hold.generation == generation:
-                del self._holds[job_id]
-
     # -- checks used around every call ---------------------------------------------------
 
     def check_alive(self) -> None:
@@ -319,14 +284,3 @@ class ZkSession(SessionHandle):
                     )
                 self._cond.wait(left)
         self.check_alive()
-
-    def renewed(self, send_time: float) -> None:
-        with self._cond:
-            self.last_renewed = max(self.last_renewed, send_time)
-
-    def lapse_at(self) -> float | None:
-        """Monotonic time at which the backend ends the session for lack of renewal."""
-        with self._cond:
-            if self._status not in _LIVE:
-                return None
-            return self.last_renewed + self.granted_ttl_s

@@ -56,7 +56,7 @@ class Multi:
 
 
 class Wire:
-    """The backend's round trips. ``config.op_timeout_s`` bounds each of them."""
+    """The backend's round trips. ``config.timeout_s`` bounds each of them."""
 
     def __init__(self, config: ZkConfig) -> None:
         self.config = config
@@ -66,7 +66,7 @@ class Wire:
         self._closed = False
 
     def deadline(self) -> float:
-        return time.monotonic() + self.config.op_timeout_s
+        return time.monotonic() + self.config.timeout_s
 
     def read(
         self, client: KazooClient, reads: Sequence[Read], deadline: float, what: str, *,

@@ -1,0 +1,112 @@
+"""A real ZooKeeper ensemble in containers: :class:`ZooKeeperCluster`.
+
+Readiness and leadership are read from outside the containers over loopback,
+with ZooKeeper's ``srvr`` four-letter word.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+from collections.abc import Mapping
+
+from consensus_lease.testing import engine
+from consensus_lease.testing._cluster_base import PROBE_TIMEOUT_S, Cluster, Member
+
+__all__ = ["ZooKeeperCluster", "four_letter_word"]
+
+
+def four_letter_word(
+    address: str, port: int, word: str, timeout_s: float = PROBE_TIMEOUT_S
+) -> str:
+    """Send a ZooKeeper four-letter word and return the reply (the server closes after it)."""
+    deadline = time.monotonic() + timeout_s
+    chunks = []
+    with socket.create_connection((address, port), timeout=timeout_s) as sock:
+        sock.sendall(word.encode())
+        while True:
+            sock.settimeout(max(0.01, deadline - time.monotonic()))
+            data = sock.recv(4096)
+            if not data:
+                break
+            chunks.append(data)
+    return b"".join(chunks).decode(errors="replace")
+
+
+class ZooKeeperCluster(Cluster):
+    """ZooKeeper 3.8 members on 127.0.k.21-23:2181 (quorum :2888, election :3888).
+
+    Args:
+        tick_ms, init_limit, sync_limit: zoo.cfg timing; a lost leader is
+            noticed after about ``sync_limit * tick_ms``.
+        heap_mb: JVM maximum heap per member.
+        extra_config: more zoo.cfg ``key: value`` lines for every member.
+    """
+
+    kind = "zookeeper"
+    scheme = "zk"
+    host_base = 20
+    client_port = 2181
+    peer_ports = (2888, 3888)
+
+    def __init__(
+        self,
+        *,
+        slot: int | None = None,
+        size: int = 3,
+        image: str | None = None,
+        tick_ms: int = 250,
+        init_limit: int = 20,
+        sync_limit: int = 6,
+        heap_mb: int = 256,
+        extra_config: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(slot=slot, size=size, image=image)
+        self.config = {
+            "tickTime": str(tick_ms),
+            "initLimit": str(init_limit),
+            "syncLimit": str(sync_limit),
+            "maxSessionTimeout": "60000",
+            "admin.enableServer": "false",
+            "4lw.commands.whitelist": "srvr,mntr,ruok",
+            "standaloneEnabled": "false",
+            "cnxTimeout": "1000",  # becomes -Dzookeeper.cnxTimeout: election connect timeout
+            **(extra_config or {}),
+        }
+        self.heap_mb = heap_mb
+
+    def _default_image(self) -> str:
+        return engine.zookeeper_image()
+
+    def _command(self, member: Member) -> list[str]:
+        quorum, election = self.peer_ports
+        lines = [f"{key}={value}" for key, value in self.config.items()]
+        lines += [f"clientPortAddress={member.address}", f"clientPort={self.client_port}"]
+        lines += [f"server.{m.index}={m.address}:{quorum}:{election}" for m in self.members]
+        return [str(member.index), *lines]
+
+    def _env(self, member: Member) -> dict[str, str]:
+        return {"JVMFLAGS": f"-Xms32m -Xmx{self.heap_mb}m -XX:+UseSerialGC -XX:TieredStopAtLevel=1"}
+
+    def _srvr(self, member: Member) -> str:
+        return four_letter_word(member.address, member.client_port, "srvr")
+
+    def _probe_ready(self, member: Member) -> tuple[bool, str]:
+        try:
+            reply = self._srvr(member)
+        except OSError as exc:
+            return False, repr(exc)
+        mode = re.search(r"^Mode: (\w+)", reply, re.MULTILINE)
+        ok = mode is not None and mode.group(1) in ("leader", "follower", "observer")
+        return ok, mode.group(0) if mode else reply.strip()[:120]
+
+    def _probe_leader_term(self, member: Member) -> int | None:
+        try:
+            reply = self._srvr(member)
+        except OSError:
+            return None
+        zxid = re.search(r"^Zxid: 0x([0-9a-f]+)", reply, re.MULTILINE)
+        if "Mode: leader" in reply and zxid:
+            return int(zxid.group(1), 16) >> 32  # the epoch
+        return None
