@@ -392,7 +392,7 @@ def test_a_claim_without_a_limit_is_one_transaction_with_a_limit_two(
     limit is refused by it, and claimed by a second one comparing what the first read."""
     store.enqueue("q", "free")
     store.enqueue("q", "limited", max_attempts=2)
-    backend = _backend(store)
+    backend = backend_of(store)
     handle = backend.open_session("W", 30)
     try:
         sent = _count_sends(store, monkeypatch)
@@ -448,7 +448,7 @@ def test_failed_job_leaves_the_pending_keys_until_requeued(store: LeaseStore) ->
         keys = _keys_under(store)
         assert f"{job}/f".encode() in keys and f"{job}/e".encode() in keys
         assert pending() == [f"q/{_hex('q')}/p/{_hex('done')}".encode()]
-        assert _backend(store).queue_candidates("q", 10) == [("done", b"d")]
+        assert backend_of(store).queue_candidates("q", 10) == [("done", b"d")]
         done = w.claim("done")
         assert done is not None
         done.complete(b"")
@@ -460,7 +460,7 @@ def test_failed_job_leaves_the_pending_keys_until_requeued(store: LeaseStore) ->
         )
         assert store.get("dead") == again
         assert pending() == [f"q/{_hex('q')}/p/{job}".encode()]
-        assert _backend(store).queue_candidates("q", 10) == [("dead", b"p")]
+        assert backend_of(store).queue_candidates("q", 10) == [("dead", b"p")]
         second = w.claim_next("q")
         assert second is not None and second.attempt == 2
         assert second.fail("still broken", retry_in_s=0).state is JobState.FAILED  # budget 1
@@ -476,7 +476,7 @@ def test_waiter_is_woken_when_a_retry_delay_runs_out(
         assert lease is not None
         sent = time.monotonic()
         lease.fail("not yet", retry_in_s=1)
-        assert _backend(store).queue_candidates("q", 10) == []
+        assert backend_of(store).queue_candidates("q", 10) == []
         waiter, got, watchers = _wait_in_thread(store, etcd_server, b, 30)
         waiter.join(timeout=30)
         assert got and got[0] is not None and got[0].attempt == 2
