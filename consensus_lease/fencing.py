@@ -76,8 +76,9 @@ class FenceOutcome(enum.Enum):
     DUPLICATE = "duplicate"
     """Already applied with this ``(resource, token, effect_id)``; nothing changed."""
     ALREADY_APPLIED = "already_applied"
-    """``once_per_job``: this ``(resource, effect_id)`` was applied before, with this
-    token or an older one; the effect is not applied again (the token is recorded)."""
+    """``once_per_job``: this ``(resource, effect_id)`` was applied before, with any
+    token (this holder's or an earlier one's); it is not applied again, and the token is
+    recorded as the highest."""
 
 
 @dataclass(frozen=True, slots=True)
