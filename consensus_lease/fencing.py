@@ -10,9 +10,47 @@ it was paused. The destination must fence it::
 and should dedupe retries with an idempotency key ``(resource, token, effect_id)`` so a
 write retried after a timeout is applied once. The token is the lease's ``generation``.
 
-:class:`SqliteFence` implements both in one SQLite transaction per effect. Other
+Once per job
+------------
+
+That key contains the token, so it dedupes one holder's retries but not a *takeover*:
+the next holder of the job has a new token, and its ``(job, step)`` is a new key — it
+redoes the steps the lost holder already did (a second charge). ``apply(...,
+once_per_job=True)`` keys the effect by ``(resource, effect_id)`` across all tokens
+instead, and still rejects stale tokens. The race it closes, step by step::
+
+    A: claims the job, token 7
+    A: apply(job, 7, "step-1", once_per_job=True)  -> ACCEPTED
+    A: apply(job, 7, "step-2", once_per_job=True)  -> ACCEPTED
+    A: paused (GC, VM migration); its lease expires
+    B: claims the job, token 8; starts from the first step
+    B: apply(job, 8, "step-1", once_per_job=True)  -> ALREADY_APPLIED (and highest := 8)
+    B: apply(job, 8, "step-2", once_per_job=True)  -> ALREADY_APPLIED
+    B: apply(job, 8, "step-3", once_per_job=True)  -> ACCEPTED
+    A: resumes; its late apply(job, 7, "step-3", once_per_job=True)
+                                                  -> FenceRejected (7 < 8), nothing applied
+
+Each step is applied exactly once, whoever held the job when. Without ``once_per_job``
+B's step-1 and step-2 would be ACCEPTED a second time.
+
+A once-per-job repeat *records its token* (raises the resource's highest token to it)
+exactly as an accepted effect does: the new holder has acted on the resource, so the old
+holder is fenced out from that moment even if the new one only found work already done.
+(Otherwise A could slip step-3 in with token 7 after B's two ALREADY_APPLIED answers.)
+The token check comes first: a stale token is rejected even when the effect was applied —
+``FenceRejected`` tells the caller it no longer holds the job, not whether the effect
+exists. A worker that takes a job over can read :meth:`SqliteFence.applied` to see where
+the last holder stopped, but need not: ``apply(..., once_per_job=True)`` on every step
+skips the done ones atomically.
+
+Mixing the two modes for one ``effect_id`` is allowed but rarely meant: a once-per-job
+apply finds an effect applied in either mode; a default apply looks only for its own
+``(resource, token, effect_id)``.
+
+:class:`SqliteFence` implements all of this in one SQLite transaction per effect. Other
 destinations implement :class:`Fence` the same way: compare-and-record inside the
-destination's own transaction.
+destination's own transaction (:class:`consensus_lease.fencing_sql.SqlFence` does it in
+any SQL database).
 """
 
 from __future__ import annotations
@@ -20,7 +58,7 @@ from __future__ import annotations
 import enum
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
@@ -36,7 +74,11 @@ class FenceOutcome(enum.Enum):
     ACCEPTED = "accepted"
     """Applied now."""
     DUPLICATE = "duplicate"
-    """Already applied with this idempotency key; nothing changed."""
+    """Already applied with this ``(resource, token, effect_id)``; nothing changed."""
+    ALREADY_APPLIED = "already_applied"
+    """``once_per_job``: this ``(resource, effect_id)`` was applied before, with any
+    token (this holder's or an earlier one's); it is not applied again, and the token is
+    recorded as the highest."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +89,8 @@ class Effect:
         seq: acceptance order (1, 2, ...), across all resources.
         resource: what the effect changed (usually the job id).
         token: the fencing token it carried.
-        effect_id: the caller's name for the effect (idempotency key with resource, token).
+        effect_id: the caller's name for the effect (idempotency key with resource and
+            token, or with resource alone for ``once_per_job`` effects).
         payload: bytes the caller attached.
     """
 
@@ -62,13 +105,31 @@ class Fence(Protocol):
     """A destination that fences effects by token."""
 
     def apply(
-        self, resource: str, token: int, effect_id: str, payload: bytes = b""
+        self,
+        resource: str,
+        token: int,
+        effect_id: str,
+        payload: bytes = b"",
+        *,
+        once_per_job: bool = False,
     ) -> FenceOutcome:
-        """Apply an effect iff ``token`` >= the highest accepted for ``resource``.
+        """Apply an effect iff ``token`` >= the highest accepted for ``resource``,
+        recording the token in the same atomic step.
+
+        Args:
+            once_per_job: ``False``: a repeat of ``(resource, token, effect_id)`` is
+                DUPLICATE. ``True``: a repeat of ``(resource, effect_id)`` with *any*
+                token is ALREADY_APPLIED (nothing applied, the token still recorded).
 
         Raises:
             FenceRejected: a higher token was already accepted; nothing applied.
+            InvalidArgument: bad arguments; nothing applied.
         """
+        ...
+
+    def applied(self, resource: str) -> dict[str, Effect]:
+        """``effect_id`` -> the first accepted :class:`Effect` of that id on
+        ``resource``, in acceptance order: where a new holder of the job resumes."""
         ...
 
 
@@ -138,25 +199,43 @@ class SqliteFence:
             self._db.execute("COMMIT")
 
     def apply(
-        self, resource: str, token: int, effect_id: str, payload: bytes = b""
+        self,
+        resource: str,
+        token: int,
+        effect_id: str,
+        payload: bytes = b"",
+        *,
+        once_per_job: bool = False,
     ) -> FenceOutcome:
         """Apply an effect iff ``token`` >= the highest token accepted for ``resource``;
         record the token and the effect in the same transaction.
+
+        The token check comes first in both modes: a stale token is rejected even for
+        an effect that was applied before.
 
         Args:
             resource: what the effect changes (usually the job id); same rules as job ids.
             token: the lease's generation (int >= 1).
             effect_id: the caller's name for this effect (non-empty str).
             payload: bytes to store with the effect.
+            once_per_job: ``True``: apply at most once per ``(resource, effect_id)``
+                across all tokens, so the next holder of a job skips the steps a lost
+                holder did (see the module docstring). A repeat still records ``token``
+                as the highest, fencing out older holders.
 
         Returns:
-            ACCEPTED, or DUPLICATE if ``(resource, token, effect_id)`` was applied before.
+            ACCEPTED; DUPLICATE if ``(resource, token, effect_id)`` was applied before
+            (default mode); ALREADY_APPLIED if ``(resource, effect_id)`` was applied
+            before with any token (``once_per_job``).
 
         Raises:
-            FenceRejected: a higher token was already accepted (``highest_seen`` set).
-            InvalidArgument: bad arguments; nothing applied.
+            FenceRejected: a higher token was already accepted (``highest_seen`` set);
+                nothing applied or recorded.
+            InvalidArgument: bad arguments (``once_per_job`` not a bool, ...); nothing
+                applied.
             BackendUnavailable: the file is locked or unusable; nothing applied.
         """
+        check_once_per_job(once_per_job)
         check_job_id(resource)
         if isinstance(token, bool) or not isinstance(token, int) or token < 1:
             raise InvalidArgument(f"token must be an int >= 1, got {token!r}")
@@ -180,11 +259,21 @@ class SqliteFence:
                         generation=token,
                         highest_seen=highest,
                     )
-                inserted = db.execute(
-                    "INSERT INTO fence_effects (resource, token, effect_id, payload) "
-                    "VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING seq",
-                    (resource, token, effect_id, bytes(payload)),
-                ).fetchone()
+                done_before = once_per_job and db.execute(
+                    "SELECT 1 FROM fence_effects WHERE resource = ? AND effect_id = ? LIMIT 1",
+                    (resource, effect_id),
+                ).fetchone() is not None
+                if done_before:
+                    outcome = FenceOutcome.ALREADY_APPLIED
+                else:
+                    inserted = db.execute(
+                        "INSERT INTO fence_effects (resource, token, effect_id, payload) "
+                        "VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING seq",
+                        (resource, token, effect_id, bytes(payload)),
+                    ).fetchone()
+                    outcome = (FenceOutcome.ACCEPTED if inserted is not None
+                               else FenceOutcome.DUPLICATE)
+                # Recorded on ALREADY_APPLIED too: the new holder fences the old one out.
                 db.execute(
                     "INSERT INTO fence_tokens VALUES (?, ?) ON CONFLICT (resource) DO UPDATE "
                     "SET highest = max(highest, excluded.highest)",
@@ -195,7 +284,7 @@ class SqliteFence:
         except FenceRejected:
             notify(self.observer, lambda o: o.stale_rejected(self.name, "fence", resource, token))
             raise
-        return FenceOutcome.ACCEPTED if inserted is not None else FenceOutcome.DUPLICATE
+        return outcome
 
     def highest_token(self, resource: str) -> int | None:
         """The highest token accepted for ``resource``, or ``None``."""
@@ -204,6 +293,21 @@ class SqliteFence:
                 "SELECT highest FROM fence_tokens WHERE resource = ?", (resource,)
             ).fetchone()
         return None if row is None else int(row[0])
+
+    def applied(self, resource: str) -> dict[str, Effect]:
+        """What was applied to ``resource``: ``effect_id`` -> the first accepted
+        :class:`Effect` with that id, in acceptance order (iterate it to see where the
+        last holder stopped; ``step in applied`` to test one step).
+
+        Raises:
+            InvalidArgument: bad ``resource``.
+            BackendUnavailable: the file is unusable.
+        """
+        check_job_id(resource)
+        try:
+            return first_by_effect_id(self.effects(resource))
+        except sqlite3.Error as exc:
+            raise BackendUnavailable(f"fence database {self.path!r}: {exc}") from exc
 
     def effects(self, resource: str | None = None) -> list[Effect]:
         """Accepted effects in acceptance order, optionally for one resource."""
@@ -219,3 +323,20 @@ class SqliteFence:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def check_once_per_job(once_per_job: object) -> None:
+    """Raise InvalidArgument unless ``once_per_job`` is a bool (shared by the fences)."""
+    if not isinstance(once_per_job, bool):
+        raise InvalidArgument(
+            f"once_per_job must be a bool, not {type(once_per_job).__name__}"
+        )
+
+
+def first_by_effect_id(effects: Iterable[Effect]) -> dict[str, Effect]:
+    """``effect_id`` -> its first effect, keeping the order of ``effects`` (shared by
+    the fences' ``applied``)."""
+    found: dict[str, Effect] = {}
+    for effect in effects:
+        found.setdefault(effect.effect_id, effect)
+    return found

@@ -16,6 +16,12 @@ with the token check or not at all::
 or, when there is nothing else to write, ``fence.apply_now(resource, token, effect_id)``
 (its own transaction, retried on serialization failures and deadlocks).
 
+Once per job: ``apply(conn, resource, token, effect_id, once_per_job=True)`` applies an
+effect at most once per ``(resource, effect_id)`` across all tokens, so the next holder
+of a job skips the steps a lost holder already did (ALREADY_APPLIED) instead of doing
+them again, while a stale token is still rejected; the takeover race it closes is told
+step by step in :mod:`consensus_lease.fencing`. ``applied(resource)`` shows what was done.
+
 Why it is correct under concurrency, step by step (two appliers of one resource)::
 
     A: INSERT token row ... ON CONFLICT (resource) DO UPDATE SET highest = :token
@@ -33,6 +39,15 @@ of the fence's work, so the lock is held from the check to the commit. For diale
 without ``ON CONFLICT`` the ``"lock"`` strategy inserts the row inside a SAVEPOINT
 (ignoring the unique-key error of a concurrent first insert), then ``SELECT ... FOR
 UPDATE``, compares, updates.
+
+Once per job, under the same lock: the "applied before?" query on ``(resource,
+effect_id)`` runs after the token statement, so it waits for any concurrent applier of
+the resource and then (READ COMMITTED: a fresh snapshot per statement) sees the effect
+row it committed; the second of two racers gets ALREADY_APPLIED. The token statement
+always writes the row in this mode (even for an equal token), so under REPEATABLE READ
+or SERIALIZABLE a racer whose snapshot predates the other's commit is aborted
+(:class:`FenceRetryable`) rather than answered from a stale snapshot. On SQLite the
+database write lock serialises the same way.
 
 Effects of one resource are totally ordered by ``seq`` (every applier of a resource holds
 its row lock while it takes a sequence number); across resources ``seq`` order is not
@@ -78,7 +93,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 
 from .errors import BackendUnavailable, FenceRejected, InvalidArgument
-from .fencing import Effect, FenceOutcome
+from .fencing import Effect, FenceOutcome, check_once_per_job, first_by_effect_id
 from .validation import check_job_id
 
 __all__ = ["FenceRetryable", "SqlFence", "Strategy"]
@@ -202,6 +217,8 @@ class SqlFence:
         token: int,
         effect_id: str,
         payload: bytes = b"",
+        *,
+        once_per_job: bool = False,
     ) -> FenceOutcome:
         """Inside the caller's open transaction on ``conn``: accept the effect iff
         ``token`` >= the highest token accepted for ``resource``, recording the token
@@ -215,30 +232,40 @@ class SqlFence:
         ``DUPLICATE`` — even when a higher token has since been accepted (the effect
         *was* applied; nothing changes).
 
+        With ``once_per_job=True`` the key is ``(resource, effect_id)`` across all
+        tokens and the token check comes first: a stale token raises FenceRejected
+        (even for an effect that was applied: the caller no longer holds the job); a
+        current one whose effect was applied before, by this token or an older one,
+        returns ``ALREADY_APPLIED`` and records ``token`` as the highest (fencing out
+        older holders: the new holder has acted on the resource).
+
         Args:
             conn: a connection in a transaction (``with engine.begin() as conn:``).
             resource: what the effect changes, usually the job id (same rules as job ids).
             token: the lease's generation, an int >= 1.
             effect_id: the caller's name for the effect, 1-256 characters.
             payload: bytes stored with the effect.
+            once_per_job: apply at most once per ``(resource, effect_id)`` (see above).
 
         Returns:
-            ACCEPTED, or DUPLICATE.
+            ACCEPTED; DUPLICATE (default mode); ALREADY_APPLIED (``once_per_job``).
 
         Raises:
             FenceRejected: a higher token was accepted (``highest_seen`` set). Let it
                 propagate so the transaction rolls back.
             FenceRetryable: the database aborted the transaction; retry it whole.
-            InvalidArgument: bad arguments; nothing executed.
+            InvalidArgument: bad arguments (``once_per_job`` not a bool, ...); nothing
+                executed.
             BackendUnavailable: any other database error (the transaction is unusable).
         """
-        _check(resource, token, effect_id, payload)
+        _check(resource, token, effect_id, payload, once_per_job)
         try:
             if self.strategy == "upsert":
                 highest = self._lock_upsert(conn, resource, token)
             else:
-                highest = self._lock_select(conn, resource, token)
-            if self._is_duplicate(conn, resource, token, effect_id):
+                highest = self._lock_select(conn, resource, token, always_write=once_per_job)
+            # Default mode: a repeat of the exact key is DUPLICATE even with a stale token.
+            if not once_per_job and self._is_duplicate(conn, resource, token, effect_id):
                 return FenceOutcome.DUPLICATE
             if highest is not None and self.enforce_tokens and token < highest:
                 raise FenceRejected(
@@ -248,6 +275,8 @@ class SqlFence:
                     generation=token,
                     highest_seen=highest,
                 )
+            if once_per_job and self._applied_before(conn, resource, effect_id):
+                return FenceOutcome.ALREADY_APPLIED
             conn.execute(
                 insert(self.effects_table).values(
                     resource=resource, token=token, effect_id=effect_id, payload=bytes(payload)
@@ -279,9 +308,13 @@ class SqlFence:
         return int(conn.execute(select(tokens.c.highest).where(tokens.c.resource == resource))
                    .scalar_one())
 
-    def _lock_select(self, conn: Connection, resource: str, token: int) -> int | None:
+    def _lock_select(
+        self, conn: Connection, resource: str, token: int, *, always_write: bool = False
+    ) -> int | None:
         """Portable: lock the row (creating it if missing), compare, raise it.
-        Returns ``None`` when accepted, else the (higher) highest token."""
+        ``always_write``: write the row even when its value does not change (so a
+        concurrent applier under REPEATABLE READ conflicts instead of reading a stale
+        snapshot). Returns ``None`` when accepted, else the (higher) highest token."""
         tokens = self.tokens
         locked = select(tokens.c.highest).where(tokens.c.resource == resource).with_for_update()
         row = conn.execute(locked).first()
@@ -299,10 +332,9 @@ class SqlFence:
         highest = int(row[0])
         if self.enforce_tokens and token < highest:
             return highest
-        if token > highest:
-            conn.execute(
-                update(tokens).where(tokens.c.resource == resource).values(highest=token)
-            )
+        if token > highest or always_write:
+            conn.execute(update(tokens).where(tokens.c.resource == resource)
+                         .values(highest=max(token, highest)))
         return None
 
     def _is_duplicate(self, conn: Connection, resource: str, token: int, effect_id: str) -> bool:
@@ -316,8 +348,23 @@ class SqlFence:
         ).first()
         return found is not None
 
+    def _applied_before(self, conn: Connection, resource: str, effect_id: str) -> bool:
+        effects = self.effects_table
+        found = conn.execute(
+            select(effects.c.seq)
+            .where(effects.c.resource == resource, effects.c.effect_id == effect_id)
+            .limit(1)
+        ).first()
+        return found is not None
+
     def apply_now(
-        self, resource: str, token: int, effect_id: str, payload: bytes = b""
+        self,
+        resource: str,
+        token: int,
+        effect_id: str,
+        payload: bytes = b"",
+        *,
+        once_per_job: bool = False,
     ) -> FenceOutcome:
         """:meth:`apply` in a transaction of its own, committed before returning;
         retried (up to ``max_attempts``, jittered backoff) on :class:`FenceRetryable`.
@@ -326,8 +373,12 @@ class SqlFence:
             FenceRejected, InvalidArgument, BackendUnavailable: as :meth:`apply`;
             FenceRetryable: still aborted after ``max_attempts``. Nothing applied.
         """
-        _check(resource, token, effect_id, payload)
-        return self._retrying(lambda conn: self.apply(conn, resource, token, effect_id, payload))
+        _check(resource, token, effect_id, payload, once_per_job)
+        return self._retrying(
+            lambda conn: self.apply(
+                conn, resource, token, effect_id, payload, once_per_job=once_per_job
+            )
+        )
 
     def _retrying(self, work: Callable[[Connection], T]) -> T:
         for attempt in range(1, self.max_attempts + 1):
@@ -346,7 +397,8 @@ class SqlFence:
 
     def as_fence(self) -> _OwnTransactionFence:
         """This fence as a :class:`consensus_lease.fencing.Fence`:
-        ``apply(resource, token, effect_id, payload)`` runs :meth:`apply_now`."""
+        ``apply(resource, token, effect_id, payload, *, once_per_job)`` runs
+        :meth:`apply_now`."""
         return _OwnTransactionFence(self)
 
     # -- reading ----------------------------------------------------------------------
@@ -365,6 +417,20 @@ class SqlFence:
         except exc.DBAPIError as error:
             raise _translate(error, "reading the fence") from error
         return None if value is None else int(value)
+
+    def applied(self, resource: str) -> dict[str, Effect]:
+        """What was applied to ``resource``: ``effect_id`` -> the first accepted
+        :class:`Effect` with that id, in acceptance order (iterate it to see where the
+        last holder stopped; ``step in applied`` to test one step). Read in a
+        transaction of its own: :meth:`apply` with ``once_per_job`` is the atomic
+        check, this is for showing progress and choosing where to resume.
+
+        Raises:
+            InvalidArgument: bad ``resource``.
+            BackendUnavailable.
+        """
+        check_job_id(resource)
+        return first_by_effect_id(self.effects(resource))
 
     def effects(self, resource: str | None = None) -> list[Effect]:
         """Accepted effects ordered by ``seq`` (acceptance order within a resource),
@@ -401,9 +467,20 @@ class _OwnTransactionFence:
         self.fence = fence
 
     def apply(
-        self, resource: str, token: int, effect_id: str, payload: bytes = b""
+        self,
+        resource: str,
+        token: int,
+        effect_id: str,
+        payload: bytes = b"",
+        *,
+        once_per_job: bool = False,
     ) -> FenceOutcome:
-        return self.fence.apply_now(resource, token, effect_id, payload)
+        return self.fence.apply_now(
+            resource, token, effect_id, payload, once_per_job=once_per_job
+        )
+
+    def applied(self, resource: str) -> dict[str, Effect]:
+        return self.fence.applied(resource)
 
 
 def _dialect_insert(dialect: str, table: Table) -> postgresql.Insert | sqlite.Insert:
@@ -416,7 +493,10 @@ def _max(a: Any, b: Any) -> Any:
     return case((a > b, a), else_=b)
 
 
-def _check(resource: str, token: int, effect_id: str, payload: bytes) -> None:
+def _check(
+    resource: str, token: int, effect_id: str, payload: bytes, once_per_job: bool
+) -> None:
+    check_once_per_job(once_per_job)
     check_job_id(resource)
     if isinstance(token, bool) or not isinstance(token, int) or token < 1:
         raise InvalidArgument(f"token must be an int >= 1, got {token!r}")

@@ -14,16 +14,20 @@ import sys
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, select, text
 
+import consensus_lease
 from consensus_lease import FenceRejected, InvalidArgument
-from consensus_lease.fencing import FenceOutcome
-from consensus_lease.fencing_sql import SqlFence
+from consensus_lease.fencing import Fence, FenceOutcome
+from consensus_lease.fencing_sql import FenceRetryable, SqlFence
 
 POSTGRES_ENV = "CONSENSUS_LEASE_POSTGRES_URL"
 
@@ -413,8 +417,6 @@ def test_a_serialization_failure_in_the_callers_transaction_is_retryable(
     """The first-insert race seen from REPEATABLE READ: the second transaction cannot see
     the row the first one committed after its snapshot began, and is told to retry."""
     db = pg_db
-    from consensus_lease.fencing_sql import FenceRetryable
-
     engine = create_engine(db.url, isolation_level="REPEATABLE READ")
     fence = SqlFence(engine, table_prefix=db.prefix, strategy=strategy)  # type: ignore[arg-type]
     with engine.connect() as late:
@@ -425,4 +427,239 @@ def test_a_serialization_failure_in_the_callers_transaction_is_retryable(
             fence.apply(late, "job", 4, "second")
         trans.rollback()
     assert fence.apply_now("job", 4, "second") is FenceOutcome.ACCEPTED
+    engine.dispose()
+
+
+# -- once per job ------------------------------------------------------------------------
+
+STEPS = ("step-1", "step-2", "step-3")
+
+
+def test_once_per_job_takeover_applies_each_effect_once(fence: SqlFence, db: Db) -> None:
+    """A (token 1) applies 2 of 3 steps, each with its own write, and is paused; B (token
+    2) runs all 3: one new effect, two ALREADY_APPLIED; A's late write is rejected. The
+    caller's ledger, written only on ACCEPTED in the same transaction, has each step once."""
+    ledger = _ledger(fence, db.prefix)
+
+    def run_step(token: int, step: str) -> FenceOutcome:
+        with fence.engine.begin() as conn:
+            outcome = fence.apply(conn, "job", token, step, once_per_job=True)
+            if outcome is FenceOutcome.ACCEPTED:
+                conn.execute(ledger.insert().values(what=f"{step} by {token}"))
+            return outcome
+
+    assert [run_step(1, step) for step in STEPS[:2]] == [FenceOutcome.ACCEPTED] * 2
+    assert [run_step(2, step) for step in STEPS] == [
+        FenceOutcome.ALREADY_APPLIED, FenceOutcome.ALREADY_APPLIED, FenceOutcome.ACCEPTED,
+    ]
+    with pytest.raises(FenceRejected) as rejected:
+        run_step(1, "step-3")
+    assert rejected.value.highest_seen == 2 and rejected.value.generation == 1
+    with fence.engine.connect() as conn:
+        assert sorted(conn.execute(select(ledger.c.what)).scalars()) == [
+            "step-1 by 1", "step-2 by 1", "step-3 by 2",
+        ]
+    assert Counter(e.effect_id for e in fence.effects("job")) == dict.fromkeys(STEPS, 1)
+    assert [(i, e.token) for i, e in fence.applied("job").items()] == [
+        ("step-1", 1), ("step-2", 1), ("step-3", 2),
+    ]
+    assert fence.highest_token("job") == 2
+    ledger.metadata.drop_all(fence.engine)
+
+
+def test_default_mode_redoes_steps_after_takeover(fence: SqlFence) -> None:
+    """The problem once_per_job solves: keyed with the token, B's steps are new effects."""
+    fence.apply_now("job", 1, "charge")
+    assert fence.apply_now("job", 2, "charge") is FenceOutcome.ACCEPTED
+    assert [e.token for e in fence.effects("job")] == [1, 2]
+
+
+def test_once_per_job_repeat_records_the_newer_token(fence: SqlFence) -> None:
+    fence.apply_now("job", 1, "step-1", once_per_job=True)
+    assert fence.apply_now("job", 2, "step-1", once_per_job=True) is FenceOutcome.ALREADY_APPLIED
+    assert fence.highest_token("job") == 2
+    with pytest.raises(FenceRejected):  # A is fenced out by B's repeat alone
+        fence.apply_now("job", 1, "step-2", once_per_job=True)
+    with pytest.raises(FenceRejected):  # stale and applied: still told it lost the job
+        fence.apply_now("job", 1, "step-1", once_per_job=True)
+    assert list(fence.applied("job")) == ["step-1"]
+
+
+def test_once_per_job_retry_and_mixed_modes(fence: SqlFence) -> None:
+    assert fence.apply_now("job", 3, "charge", once_per_job=True) is FenceOutcome.ACCEPTED
+    assert fence.apply_now("job", 3, "charge", once_per_job=True) is FenceOutcome.ALREADY_APPLIED
+    fence.apply_now("job", 3, "email")  # default mode
+    assert fence.apply_now("job", 4, "email", once_per_job=True) is FenceOutcome.ALREADY_APPLIED
+    assert fence.apply_now("other", 1, "charge", once_per_job=True) is FenceOutcome.ACCEPTED
+    assert fence.applied("never") == {}
+    assert [(e.resource, e.effect_id) for e in fence.effects()] == [
+        ("job", "charge"), ("job", "email"), ("other", "charge"),
+    ]
+
+
+def test_applied_keeps_the_first_of_repeated_ids(fence: SqlFence) -> None:
+    fence.apply_now("job", 1, "b")
+    fence.apply_now("job", 1, "a")
+    fence.apply_now("job", 2, "b")  # default mode: a second "b"
+    assert [(i, e.token) for i, e in fence.applied("job").items()] == [("b", 1), ("a", 1)]
+
+
+def test_unfenced_once_per_job_still_dedupes(db: Db) -> None:
+    fence = db.fence(enforce_tokens=False)
+    fence.apply_now("job", 5, "a", once_per_job=True)
+    assert fence.apply_now("job", 4, "a", once_per_job=True) is FenceOutcome.ALREADY_APPLIED
+    assert fence.apply_now("job", 4, "b", once_per_job=True) is FenceOutcome.ACCEPTED
+    assert fence.highest_token("job") == 5
+    fence.close()
+
+
+def test_a_rolled_back_once_per_job_effect_can_be_applied_again(fence: SqlFence) -> None:
+    class Abort(Exception):
+        pass
+
+    with pytest.raises(Abort), fence.engine.begin() as conn:
+        assert fence.apply(conn, "job", 1, "charge", once_per_job=True) is FenceOutcome.ACCEPTED
+        raise Abort
+    assert fence.applied("job") == {} and fence.highest_token("job") is None
+    assert fence.apply_now("job", 2, "charge", once_per_job=True) is FenceOutcome.ACCEPTED
+
+
+@pytest.mark.parametrize("flag", [1, 0, "yes", None])
+def test_non_bool_once_per_job_is_rejected_before_any_sql(fence: SqlFence, flag: object) -> None:
+    with pytest.raises(InvalidArgument, match="once_per_job"):
+        fence.apply_now("job", 1, "e", once_per_job=flag)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="once_per_job"), fence.engine.begin() as conn:
+        fence.apply(conn, "job", 1, "e", once_per_job=flag)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument):
+        fence.applied("")
+    assert fence.effects() == [] and fence.highest_token("job") is None
+
+
+def test_as_fence_passes_once_per_job_and_applied(fence: SqlFence) -> None:
+    plain: Fence = fence.as_fence()  # mypy checks the structural match
+    assert plain.apply("job", 1, "a", once_per_job=True) is FenceOutcome.ACCEPTED
+    assert plain.apply("job", 2, "a", once_per_job=True) is FenceOutcome.ALREADY_APPLIED
+    assert list(plain.applied("job")) == ["a"]
+
+
+@pytest.mark.parametrize("commit", [True, False])
+def test_a_racing_once_per_job_apply_waits_for_the_open_transaction(
+    fence: SqlFence, db: Db, commit: bool
+) -> None:
+    """T1 applies step-1 with token 5 and stays open; T2 (the next holder, token 6)
+    applies step-1 once-per-job: it waits for T1, then finds the effect if T1 committed
+    (ALREADY_APPLIED) or applies it if T1 rolled back (ACCEPTED)."""
+    results: list[FenceOutcome] = []
+    conn = fence.engine.connect()
+    trans = conn.begin()
+    fence.apply(conn, "job", 5, "step-1", once_per_job=True)
+    thread = threading.Thread(
+        target=lambda: results.append(fence.apply_now("job", 6, "step-1", once_per_job=True))
+    )
+    thread.start()
+    if db.kind == "postgresql":  # observe T2 blocked on T1's row lock
+        _wait_until(lambda: _postgres_lock_waiters(db.url) >= 1, 10, "T2 to wait for the lock")
+    assert not results
+    trans.commit() if commit else trans.rollback()
+    conn.close()
+    thread.join(30)
+    expected = FenceOutcome.ALREADY_APPLIED if commit else FenceOutcome.ACCEPTED
+    assert results == [expected]
+    assert [e.token for e in fence.effects("job")] == ([5] if commit else [6])
+    assert fence.highest_token("job") == 6
+
+
+ONCE_RACER = r"""
+import sys
+from consensus_lease.fencing_sql import SqlFence
+url, prefix, strategy = sys.argv[1:4]
+fence = SqlFence(url, table_prefix=prefix, strategy=strategy, create_tables=False)
+print("ready", flush=True)
+for line in sys.stdin:
+    print(fence.apply_now("job", 1, line.strip(), once_per_job=True).value, flush=True)
+fence.close()
+"""
+
+
+def _child_env() -> dict[str, str]:
+    """The children import the consensus_lease under test, not an installed one."""
+    root = str(Path(consensus_lease.__file__).resolve().parents[1])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+
+
+def test_processes_racing_one_once_per_job_effect(fence: SqlFence, db: Db) -> None:
+    """Two OS processes, released together each round, apply the same once-per-job
+    effect with the same token: exactly one ACCEPTED, one ALREADY_APPLIED per round."""
+    rounds = 30
+    procs = [
+        subprocess.Popen([sys.executable, "-c", ONCE_RACER, db.url, db.prefix, fence.strategy],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=_child_env())
+        for _ in range(2)
+    ]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        for r in range(rounds):
+            for proc in procs:  # release both children back to back
+                assert proc.stdin is not None
+                proc.stdin.write(f"effect-{r}\n")
+                proc.stdin.flush()
+            outcomes = sorted(proc.stdout.readline().strip() for proc in procs if proc.stdout)
+            assert outcomes == ["accepted", "already_applied"], (r, outcomes)
+    finally:
+        for proc in procs:
+            _, err = proc.communicate(timeout=60)
+            assert proc.returncode == 0, err
+    counts = Counter(e.effect_id for e in fence.effects("job"))
+    assert counts == {f"effect-{r}": 1 for r in range(rounds)}
+
+
+@settings(max_examples=20, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(1, 5), st.sampled_from("abcd")), max_size=12))
+def test_once_per_job_matches_a_model(fence: SqlFence, ops: list[tuple[int, str]]) -> None:
+    """Random interleavings of holders' once-per-job effects agree with the rule: stale
+    token -> rejected; else applied iff never applied before; highest = max token seen.
+    (One fence for all examples: each example gets a resource of its own.)"""
+    resource = f"prop-{uuid.uuid4().hex}"
+    highest: int | None = None
+    done: list[tuple[str, int]] = []
+    for token, effect in ops:
+        if highest is not None and token < highest:
+            with pytest.raises(FenceRejected):
+                fence.apply_now(resource, token, effect, once_per_job=True)
+            continue
+        outcome = fence.apply_now(resource, token, effect, once_per_job=True)
+        highest = token
+        if effect in {e for e, _ in done}:
+            assert outcome is FenceOutcome.ALREADY_APPLIED
+        else:
+            assert outcome is FenceOutcome.ACCEPTED
+            done.append((effect, token))
+    assert [(i, e.token) for i, e in fence.applied(resource).items()] == done
+    assert len(fence.effects(resource)) == len(done)
+    assert fence.highest_token(resource) == highest
+
+
+@pytest.mark.parametrize("strategy", ["upsert", "lock"])
+def test_once_per_job_under_repeatable_read_is_retryable_not_doubled(
+    pg_db: Db, strategy: str
+) -> None:
+    """REPEATABLE READ: a transaction whose snapshot predates another's once-per-job
+    apply of the same effect cannot see that effect row; it must be told to retry, never
+    apply the effect a second time — also when the other apply left the token unchanged."""
+    db = pg_db
+    engine = create_engine(db.url, isolation_level="REPEATABLE READ")
+    fence = SqlFence(engine, table_prefix=db.prefix, strategy=strategy)  # type: ignore[arg-type]
+    fence.apply_now("job", 8, "step-0", once_per_job=True)  # highest is 8 from here on
+    with engine.connect() as late:
+        trans = late.begin()
+        late.execute(text("SELECT 1"))  # its snapshot starts here
+        fence.apply_now("job", 8, "step-1", once_per_job=True)  # same token: 8 stays 8
+        with pytest.raises(FenceRetryable):
+            fence.apply(late, "job", 9, "step-1", once_per_job=True)
+        trans.rollback()
+    assert fence.apply_now("job", 9, "step-1", once_per_job=True) is FenceOutcome.ALREADY_APPLIED
+    assert [e.effect_id for e in fence.effects("job")] == ["step-0", "step-1"]
     engine.dispose()
