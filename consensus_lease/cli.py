@@ -21,6 +21,7 @@ EXTRA_COMMANDS: list[str] = [
     "consensus_lease.admin.requeue",
     "consensus_lease.verify.command",
     "consensus_lease.bench.command",
+    "consensus_lease.runcmd.command",
 ]
 """Modules providing further subcommands (see ``_command_modules``)."""
 
