@@ -59,7 +59,8 @@ def test_inspect_bad_url_is_a_clear_error() -> None:
         [sys.executable, "-m", "consensus_lease.cli", "inspect", "--backend", "nope://x"],
         capture_output=True, text=True, timeout=60,
     )
-    assert result.returncode == 2 and "UnsupportedBackend" in result.stdout
+    assert result.returncode == 2 and "UnsupportedBackend" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_inspect_queue_counts(tmp_path: pytest.TempPathFactory) -> None:

@@ -1,0 +1,91 @@
+"""Operator subcommands: ``inspect``, ``enqueue`` and ``requeue`` (one module each,
+registered through ``consensus_lease.cli.EXTRA_COMMANDS``).
+
+Results go to stdout, messages and errors to stderr (one line each, never a traceback).
+Exit status, the same for each::
+
+    0   done
+    1   some of the jobs named were refused, each reported on stderr (requeue: the job
+        is not FAILED, or unknown; enqueue: the id exists outside this queue); the others
+        were done
+    2   usage error or bad input (option, URL, job id, payload, payload file): nothing
+        was changed
+    69  the store could not be reached, refused service, or could not tell whether a
+        request was applied (OutcomeUnknown); jobs reported before the error were done
+
+(``consensus-lease run`` has codes of its own, from sysexits: it passes on its command's
+status, which is often a small number like these.)
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable
+from typing import TextIO
+
+from ..errors import (
+    BackendUnavailable,
+    InvalidArgument,
+    LeaseError,
+    UnsupportedOperation,
+)
+from ..validation import check_job_id
+
+__all__ = [
+    "EXIT_CODES_HELP", "EXIT_OK", "EXIT_REFUSED", "EXIT_UNAVAILABLE", "EXIT_USAGE",
+    "guarded", "job_ids", "say",
+]
+
+EXIT_OK = 0
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 69
+
+EXIT_CODES_HELP = """\
+exit status: 0 done; 1 some jobs refused (each reported); 2 usage error or bad input,
+nothing changed; 69 store unreachable or outcome unknown"""
+
+
+def say(message: str) -> None:
+    """Print one message line to stderr."""
+    print(f"consensus-lease: {message}", file=sys.stderr, flush=True)
+
+
+def guarded(action: Callable[[], int]) -> int:
+    """Run ``action``; turn typed errors into a one-line message and an exit status."""
+    try:
+        return action()
+    except (InvalidArgument, UnsupportedOperation) as exc:
+        say(f"error: {type(exc).__name__}: {exc}")
+        return EXIT_USAGE
+    except BackendUnavailable as exc:
+        say(f"error: {type(exc).__name__}: {exc}")
+        return EXIT_UNAVAILABLE
+    except LeaseError as exc:
+        say(f"error: {type(exc).__name__}: {exc}")
+        return EXIT_UNAVAILABLE
+    except OSError as exc:  # a payload file or stdin that cannot be read
+        say(f"error: {exc}")
+        return EXIT_USAGE
+
+
+def job_ids(named: Iterable[str], stdin: TextIO | None = None) -> list[str]:
+    """The job ids named on the command line; ``-`` stands for the ids read from
+    ``stdin`` (default ``sys.stdin``), one per line (line ends stripped, empty lines
+    skipped).
+
+    Raises:
+        InvalidArgument: an id is not a valid job id, or none was given.
+    """
+    ids: list[str] = []
+    for name in named:
+        if name != "-":
+            ids.append(name)
+            continue
+        for line in stdin or sys.stdin:
+            job = line.rstrip("\r\n")
+            if job:
+                ids.append(job)
+    if not ids:
+        raise InvalidArgument("no job ids given")
+    return [check_job_id(job) for job in ids]

@@ -1,0 +1,195 @@
+"""``consensus-lease inspect``: show lease records or work queue counts, as a table or as
+JSON (see :mod:`consensus_lease.admin` for the exit status).
+
+``--json`` prints one JSON array to stdout. Each lease record is an object::
+
+    {"job_id": str, "state": "available"|"held"|"completed"|"failed"|null (never seen),
+     "owner": str|null, "generation": int, "attempt": int, "max_attempts": int|null,
+     "error": str|null, "lease_until": float|null, "not_before": float|null,
+     "result": str|null, "result_encoding": "base64"|"utf-8"|null}
+
+plus ``"queue"``, ``"payload"`` and ``"payload_encoding"`` for jobs listed from a queue
+(``--queue Q --state S``). Times are seconds since the epoch on the *store's* clock.
+Bytes (result, payload) are base64 by default; with ``--bytes utf-8`` they are text when
+they are valid UTF-8 and base64 otherwise, and the ``*_encoding`` field says which, so no
+byte is ever lost. Queue counts (``--queue`` without ``--state``) are objects with
+``queue``, ``available``, ``held``, ``completed``, ``failed`` and
+``oldest_held_lease_until``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+import time
+from dataclasses import asdict
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from ..record import JobState, LeaseRecord, QueuedJob
+from ..store import LeaseStore, open_store
+from . import EXIT_CODES_HELP, EXIT_OK, guarded
+
+__all__ = ["NAME", "add_parser", "encode_bytes", "record_json", "run"]
+
+NAME = "inspect"
+
+Row = tuple[str, LeaseRecord | None, QueuedJob | None]
+"""A job id, its record (``None``: never seen) and its queue entry (listed by queue)."""
+
+
+def _limit(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``inspect`` subcommand to ``subparsers``."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        NAME,
+        help="show lease records, or work queue counts",
+        description="Show the lease records of JOBs (default: every job, by id), with "
+        "attempts and last errors; or, with --queue, the queue's counts by state (with "
+        "--state: its jobs in those states).",
+        epilog=EXIT_CODES_HELP,
+    )
+    parser.add_argument("--backend", metavar="URL", required=True, help="store URL")
+    parser.add_argument("jobs", nargs="*", metavar="JOB", help="only these jobs")
+    parser.add_argument("--limit", type=_limit, default=1000,
+                        help="at most this many records (default 1000)")
+    parser.add_argument("--queue", action="append", default=[], metavar="QUEUE",
+                        help="show this work queue's counts instead (repeatable)")
+    parser.add_argument("--state", action="append", default=[],
+                        choices=[s.value for s in JobState],
+                        help="only jobs in this state (repeatable)")
+    parser.add_argument("--json", action="store_true",
+                        help="print JSON instead of a table (fields: see the module docs)")
+    parser.add_argument("--bytes", choices=("base64", "utf-8"), default="base64",
+                        help="JSON encoding of results and payloads (default base64; utf-8 "
+                        "falls back to base64 per value that is not valid UTF-8)")
+    return parser
+
+
+def encode_bytes(data: bytes | None, encoding: str) -> tuple[str | None, str | None]:
+    """``(text, encoding used)`` for ``data``: UTF-8 text if asked for and valid, else
+    base64; ``(None, None)`` for ``None``."""
+    if data is None:
+        return None, None
+    if encoding == "utf-8":
+        try:
+            return data.decode("utf-8"), "utf-8"
+        except UnicodeDecodeError:
+            pass
+    return base64.b64encode(data).decode("ascii"), "base64"
+
+
+def record_json(row: Row, encoding: str) -> dict[str, Any]:
+    """One row as the JSON object described in the module docstring."""
+    job_id, record, queued = row
+    if record is None:
+        return {"job_id": job_id, "state": None}
+    out: dict[str, Any] = {
+        "job_id": record.job_id, "state": record.state.value, "owner": record.owner,
+        "generation": record.generation, "attempt": record.attempt,
+        "max_attempts": record.max_attempts, "error": record.error,
+        "lease_until": record.lease_until, "not_before": record.not_before,
+    }
+    out["result"], out["result_encoding"] = encode_bytes(record.result, encoding)
+    if queued is not None:
+        out["queue"] = queued.queue
+        out["payload"], out["payload_encoding"] = encode_bytes(queued.payload, encoding)
+    return out
+
+
+def _rows(store: LeaseStore, args: argparse.Namespace) -> list[Row]:
+    states = {JobState(s) for s in args.state}
+    rows: list[Row]
+    if args.queue:
+        rows = [(j.record.job_id, j.record, j) for q in args.queue for j in store.queue_jobs(q)]
+    elif args.jobs:
+        rows = [(job, store.get(job), None) for job in args.jobs]
+    else:
+        rows = [(r.job_id, r, None) for r in store.records(None if states else args.limit)]
+    if states:
+        rows = [row for row in rows if row[1] is not None and row[1].state in states]
+    return rows[: args.limit]
+
+
+def _cell(record: LeaseRecord, now: float) -> tuple[str, str, str, str]:
+    """attempt, expires in, retry in, error: display only (store-clock times vs ours)."""
+    attempt = str(record.attempt)
+    if record.max_attempts is not None:
+        attempt += f"/{record.max_attempts}"
+    expires = "-"
+    if record.lease_until is not None and record.state is JobState.HELD:
+        expires = f"{record.lease_until - now:.1f}"
+    retry = "-"
+    if record.not_before is not None and record.not_before > now:
+        retry = f"{record.not_before - now:.1f}"
+    lines = (record.error or "").splitlines()
+    error = lines[0] if lines else "-"
+    if len(error) > 60:
+        error = error[:59] + "…"
+    return attempt, expires, retry, error
+
+
+def _records_table(url: str, rows: list[Row], console: Console) -> None:
+    table = Table(title=f"lease records in {url}")
+    for col in ("job", "owner", "generation", "state", "attempt", "expires in (s)",
+                "retry in (s)", "error"):
+        table.add_column(col, overflow="fold")
+    now = time.time()  # display only: lease_until and not_before are on the store's clock
+    for job_id, record, _ in rows:
+        if record is None:
+            table.add_row(job_id, "-", "-", "unknown", "-", "-", "-", "-")
+            continue
+        attempt, expires, retry, error = _cell(record, now)
+        table.add_row(record.job_id, record.owner or "-", str(record.generation),
+                      record.state.value, attempt, expires, retry, error)
+    console.print(table)
+
+
+def _counts(store: LeaseStore, args: argparse.Namespace, console: Console) -> int:
+    stats = [store.queue_stats(q) for q in args.queue]
+    if args.json:
+        print(json.dumps([asdict(s) for s in stats], indent=2))
+        return EXIT_OK
+    table = Table(title=f"work queues in {args.backend}")
+    for col in ("queue", "available", "held", "completed", "failed",
+                "oldest held lease ends in (s)"):
+        table.add_column(col)
+    now = time.time()  # display only: lease_until is on the store's clock
+    for s in stats:
+        end = s.oldest_held_lease_until
+        table.add_row(s.queue, str(s.available), str(s.held), str(s.completed),
+                      str(s.failed), "-" if end is None else f"{end - now:.1f}")
+    console.print(table)
+    return EXIT_OK
+
+
+def _inspect(args: argparse.Namespace, console: Console) -> int:
+    with open_store(args.backend) as store:
+        if args.queue and not args.state:
+            return _counts(store, args, console)
+        rows = _rows(store, args)
+    if args.json:
+        print(json.dumps([record_json(row, args.bytes) for row in rows], indent=2,
+                         ensure_ascii=False))
+        sys.stdout.flush()
+    else:
+        _records_table(args.backend, rows, console)
+    return EXIT_OK
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    """Show the records or counts; return the exit status (see :mod:`..admin`)."""
+    return guarded(lambda: _inspect(args, console))
