@@ -19,7 +19,11 @@ from .store import open_store
 
 __all__ = ["main"]
 
-EXTRA_COMMANDS: list[str] = ["consensus_lease.verify.command", "consensus_lease.bench.command"]
+EXTRA_COMMANDS: list[str] = [
+    "consensus_lease.verify.command",
+    "consensus_lease.bench.command",
+    "consensus_lease.worker.command",
+]
 """Modules providing further subcommands (see ``_command_modules``)."""
 
 
