@@ -1,0 +1,160 @@
+"""``consensus-lease worker``: run a handler on every job of a work queue.
+
+Registered through ``consensus_lease.cli.EXTRA_COMMANDS`` (``NAME``, ``add_parser``,
+``run``). Every setting can also come from an environment variable (see
+:data:`~consensus_lease.worker.config.ENVIRONMENT`); a command-line flag wins over its
+variable. Exit status: 0 after a normal stop (SIGTERM, or the queue drained with
+``--until-empty``); 1 on an error (the store cannot be opened, the handler cannot be
+imported, a worker slot or process failed, or one had to be killed after the grace
+period); 2 for a bad flag or variable; 130 after SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from rich.console import Console
+
+from ..errors import InvalidArgument, LeaseError
+from ..retry import RetryPolicy
+from ..store import DEFAULT_TTL_S
+from .config import (
+    ENVIRONMENT,
+    from_environment,
+    parse_attempts,
+    parse_count,
+    parse_positive_seconds,
+    parse_seconds,
+)
+from .logs import configure_logging, parse_level
+from .runner import run_worker
+
+__all__ = ["NAME", "add_parser", "run", "settings", "worker_arguments"]
+
+NAME = "worker"
+
+T = TypeVar("T")
+
+_EPILOG = "environment variables (a flag wins over its variable):\n" + "\n".join(
+    f"  {variable:34} --{name.replace('_', '-')}" if name != "handler"
+    else f"  {variable:34} MODULE:FUNCTION"
+    for name, (variable, _) in ENVIRONMENT.items()
+) + """
+
+exit status: 0 stopped (SIGTERM, or drained with --until-empty); 1 error (store, handler
+import, a failed or killed worker); 2 bad flag or variable; 130 stopped by SIGINT.
+A second SIGTERM/SIGINT skips the grace period."""
+
+
+def _flag(parse: Callable[[str], T]) -> Callable[[str], T]:
+    def convert(text: str) -> T:
+        try:
+            return parse(text)
+        except InvalidArgument as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    convert.__name__ = parse.__name__
+    return convert
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``worker`` subcommand to ``subparsers``."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        NAME, help="run a handler on every job of a work queue",
+        description="Claim jobs of a work queue and call MODULE:FUNCTION(lease, payload) on\n"
+        "each: complete the job with the bytes it returns, fail the attempt if it raises\n"
+        "(retried after the retry policy's delay until the job's max_attempts are used\n"
+        "up). SIGTERM/SIGINT: stop claiming, let jobs in flight finish within --grace-s,\n"
+        "release the rest, exit.",
+        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("handler", nargs="?", metavar="MODULE:FUNCTION",
+                        help="the handler, importable from the current directory")
+    parser.add_argument("--backend", metavar="URL", help="store URL")
+    parser.add_argument("--queue", metavar="QUEUE", help="work queue name")
+    parser.add_argument("--concurrency", type=_flag(parse_count), metavar="N",
+                        help="jobs worked at once: threads, or processes (default 1)")
+    parser.add_argument("--processes", action=argparse.BooleanOptionalAction, default=None,
+                        help="one worker process per slot (spawned) instead of threads")
+    parser.add_argument("--ttl-s", type=_flag(parse_positive_seconds), metavar="S",
+                        help=f"session TTL, seconds (default {DEFAULT_TTL_S:g})")
+    parser.add_argument("--grace-s", type=_flag(parse_seconds), metavar="S",
+                        help="time jobs in flight get after SIGTERM, seconds (default 30)")
+    parser.add_argument("--until-empty", action=argparse.BooleanOptionalAction, default=None,
+                        help="exit once nothing is available or held (retry delays are "
+                        "waited for; FAILED jobs are not)")
+    parser.add_argument("--claim-wait-s", type=_flag(parse_positive_seconds), metavar="S",
+                        help="one claim's wait, seconds (default 1)")
+    parser.add_argument("--max-attempts", type=_flag(parse_attempts), metavar="N",
+                        help="the queue's RetryPolicy.max_attempts (recorded per job by "
+                        "enqueue: set it where jobs are enqueued too)")
+    parser.add_argument("--retry-initial-s", type=_flag(parse_seconds), metavar="S",
+                        help="delay after a first failed attempt (default 1, doubling)")
+    parser.add_argument("--retry-max-s", type=_flag(parse_seconds), metavar="S",
+                        help="longest retry delay (default 300)")
+    parser.add_argument("--owner", help="sessions' owner label: OWNER/slot (default "
+                        "host:pid:random)")
+    parser.add_argument("--log-level", metavar="LEVEL", help="worker log level (info)")
+    return parser
+
+
+def settings(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, object]:
+    """The environment's settings overridden by the flags given.
+
+    Raises:
+        InvalidArgument: a malformed variable, or no store, queue or handler.
+    """
+    values = from_environment(environ)
+    for name in ENVIRONMENT:
+        flag = getattr(args, name, None)
+        if flag is not None:
+            values[name] = flag
+    missing = [("MODULE:FUNCTION" if name == "handler" else f"--{name}")
+               + f" (or {ENVIRONMENT[name][0]})"
+               for name in ("backend", "queue", "handler") if name not in values]
+    if missing:
+        raise InvalidArgument(f"missing: {', '.join(missing)}")
+    return values
+
+
+def _get(values: Mapping[str, object], name: str, default: T) -> T:
+    value = values.get(name, default)
+    return value  # type: ignore[return-value]  # parsed by ENVIRONMENT's parser / argparse
+
+
+def worker_arguments(values: Mapping[str, object]) -> dict[str, Any]:
+    """``run_worker`` keyword arguments from :func:`settings`."""
+    retry = None
+    if {"max_attempts", "retry_initial_s", "retry_max_s"} & values.keys():
+        retry = RetryPolicy(max_attempts=_get(values, "max_attempts", None),
+                            initial_s=_get(values, "retry_initial_s", 1.0),
+                            max_s=_get(values, "retry_max_s", 300.0))
+    return {
+        "store": values["backend"], "queue": values["queue"], "handler": values["handler"],
+        "concurrency": _get(values, "concurrency", 1),
+        "mode": "process" if _get(values, "processes", False) else "thread",
+        "ttl_s": _get(values, "ttl_s", DEFAULT_TTL_S), "owner": _get(values, "owner", None),
+        "retry": retry, "grace_s": _get(values, "grace_s", 30.0),
+        "until_empty": _get(values, "until_empty", False),
+        "claim_wait_s": _get(values, "claim_wait_s", 1.0),
+    }
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    """Run ``consensus-lease worker``; returns the exit status."""
+    try:
+        values = settings(args, os.environ)
+        level = parse_level(_get(values, "log_level", "info"))
+        arguments = worker_arguments(values)
+    except (InvalidArgument, ValueError) as exc:
+        console.print(f"[red]error:[/] {exc}", highlight=False)
+        return 2
+    configure_logging(level)
+    try:
+        stats = run_worker(**arguments, handle_signals=True)
+    except LeaseError as exc:
+        console.print(f"[red]error:[/] {type(exc).__name__}: {exc}", highlight=False)
+        return 1
+    console.print(f"worker stopped: {stats.summary()}", highlight=False, soft_wrap=True)
+    return stats.exit_status

@@ -1,0 +1,154 @@
+"""A worker's settings, checked; and how the command reads them from the environment."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from ..errors import InvalidArgument
+from ..retry import RetryPolicy, check_max_attempts, check_policy
+from ..store import DEFAULT_TTL_S
+from ..validation import check_owner, check_queue_name
+
+__all__ = ["ENVIRONMENT", "MAX_CONCURRENCY", "WorkerConfig", "from_environment"]
+
+MAX_CONCURRENCY = 1024
+"""Most worker slots (threads, or processes) one ``run_worker`` runs."""
+
+Mode = Literal["thread", "process"]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """How a worker runs (see :func:`~consensus_lease.worker.run_worker` for each field).
+
+    Raises:
+        InvalidArgument: a value out of range, naming the field.
+    """
+
+    queue: str
+    concurrency: int = 1
+    mode: Mode = "thread"
+    ttl_s: float = DEFAULT_TTL_S
+    owner: str | None = None
+    retry: RetryPolicy | None = None
+    grace_s: float = 30.0
+    until_empty: bool = False
+    claim_wait_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_queue_name(self.queue)
+        if (isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int)
+                or not 1 <= self.concurrency <= MAX_CONCURRENCY):
+            raise InvalidArgument(
+                f"concurrency must be an int from 1 to {MAX_CONCURRENCY}, not "
+                f"{self.concurrency!r}")
+        if self.mode not in ("thread", "process"):
+            raise InvalidArgument(f"mode must be 'thread' or 'process', not {self.mode!r}")
+        seconds("ttl_s", self.ttl_s, positive=True)
+        seconds("grace_s", self.grace_s)
+        seconds("claim_wait_s", self.claim_wait_s, positive=True)
+        if self.owner is not None:
+            check_owner(self.owner)
+        if self.retry is not None:
+            check_policy(self.retry)
+        if not isinstance(self.until_empty, bool):
+            raise InvalidArgument(f"until_empty must be a bool, not {self.until_empty!r}")
+
+    def single(self) -> WorkerConfig:
+        """This configuration for one worker process: one slot, in a thread."""
+        return replace(self, concurrency=1, mode="thread")
+
+
+def seconds(name: str, value: object, *, positive: bool = False) -> float:
+    """``value`` as finite seconds, >= 0 (> 0 with ``positive``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidArgument(f"{name} must be a number of seconds, not {value!r}")
+    number = float(value)
+    if not math.isfinite(number) or number < 0 or (positive and number == 0):
+        raise InvalidArgument(f"{name} must be a finite number {'>' if positive else '>='} 0 "
+                              f"of seconds, not {value!r}")
+    return number
+
+
+# -- text (command-line flags and environment variables) -----------------------------
+
+def parse_seconds(text: str) -> float:
+    try:
+        return seconds("value", float(text))
+    except ValueError:
+        raise InvalidArgument(f"not a number of seconds: {text!r}") from None
+
+
+def parse_positive_seconds(text: str) -> float:
+    value = parse_seconds(text)
+    if value == 0:
+        raise InvalidArgument(f"must be > 0 seconds, not {text!r}")
+    return value
+
+
+def parse_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise InvalidArgument(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise InvalidArgument(f"must be >= 1, not {text!r}")
+    return value
+
+
+def parse_attempts(text: str) -> int:
+    return check_max_attempts(parse_count(text))
+
+
+def parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise InvalidArgument(f"not a boolean (1/0, true/false, yes/no, on/off): {text!r}")
+
+
+def parse_text(text: str) -> str:
+    if not text:
+        raise InvalidArgument("must not be empty")
+    return text
+
+
+ENVIRONMENT: dict[str, tuple[str, Callable[[str], object]]] = {
+    "backend": ("CONSENSUS_LEASE_URL", parse_text),
+    "queue": ("CONSENSUS_LEASE_QUEUE", parse_text),
+    "handler": ("CONSENSUS_LEASE_HANDLER", parse_text),
+    "concurrency": ("CONSENSUS_LEASE_CONCURRENCY", parse_count),
+    "processes": ("CONSENSUS_LEASE_PROCESSES", parse_bool),
+    "ttl_s": ("CONSENSUS_LEASE_TTL_S", parse_positive_seconds),
+    "grace_s": ("CONSENSUS_LEASE_GRACE_S", parse_seconds),
+    "until_empty": ("CONSENSUS_LEASE_UNTIL_EMPTY", parse_bool),
+    "claim_wait_s": ("CONSENSUS_LEASE_CLAIM_WAIT_S", parse_positive_seconds),
+    "max_attempts": ("CONSENSUS_LEASE_MAX_ATTEMPTS", parse_attempts),
+    "retry_initial_s": ("CONSENSUS_LEASE_RETRY_INITIAL_S", parse_seconds),
+    "retry_max_s": ("CONSENSUS_LEASE_RETRY_MAX_S", parse_seconds),
+    "owner": ("CONSENSUS_LEASE_OWNER", parse_text),
+    "log_level": ("CONSENSUS_LEASE_LOG_LEVEL", parse_text),
+}
+"""Setting name -> (environment variable, parser). Command-line flags win."""
+
+
+def from_environment(environ: Mapping[str, str]) -> dict[str, object]:
+    """The settings ``environ`` gives (only those whose variable is set), parsed.
+
+    Raises:
+        InvalidArgument: a variable's value is malformed (the message names it).
+    """
+    found: dict[str, object] = {}
+    for name, (variable, parse) in ENVIRONMENT.items():
+        if variable not in environ:
+            continue
+        try:
+            found[name] = parse(environ[variable])
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"environment variable {variable}: {exc}") from None
+    return found

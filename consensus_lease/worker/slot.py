@@ -1,0 +1,283 @@
+"""One worker slot: a thread with its own session, claiming and working one job at a time.
+
+Each slot owns one session (so a lost session costs one job in flight, never the whole
+process's), opens a new one when it is found LOST (counted and logged, never hidden), and
+loops: ``claim_next(queue, wait_s=claim_wait_s)`` -> ``lease.ensure_held()`` -> handler ->
+``complete`` / ``fail`` (see :mod:`.handler` for the contract). Every log line is on the
+``consensus_lease.worker`` logger with ``slot``, ``job_id``, ``generation`` and ``attempt``
+as record attributes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from ..errors import (
+    BackendUnavailable,
+    ClaimTimeout,
+    InvalidArgument,
+    JobCompleted,
+    JobFailed,
+    LeaseLost,
+    LeaseSuspended,
+    OutcomeUnknown,
+)
+from ..lease import Lease
+from ..record import JobState, LeaseRecord
+from ..session import Session
+from ..states import LeaseState, SessionState
+from ..store import LeaseStore
+from .config import WorkerConfig
+from .control import StopControl
+from .handler import HandlerCall, Retry
+from .stats import WorkerStats
+
+__all__ = ["Slot"]
+
+log = logging.getLogger("consensus_lease.worker")
+
+SETTLE_ATTEMPTS = 5
+"""Tries of a completion, failure or release that the store did not answer, before the
+slot gives up and closes its session (which hands the job back, or lets the TTL do so)."""
+BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+"""Waits after consecutive store errors (the last one repeats)."""
+
+Settle = Callable[[], "LeaseRecord | None"]
+
+_STILL_HELD = (LeaseState.HELD, LeaseState.SUSPENDED)
+
+
+class Slot:
+    """One worker thread's loop (see the module docstring). ``run`` is the thread's
+    target; :meth:`abandon` is called by the runner, from its own thread, when the grace
+    period ends with this slot still working."""
+
+    def __init__(self, name: str, store: LeaseStore, config: WorkerConfig,
+                 call: HandlerCall, control: StopControl) -> None:
+        self.name = name
+        self.store = store
+        self.config = config
+        self.call = call
+        self.control = control
+        self.stats = WorkerStats()
+        self._lock = threading.Lock()
+        self._session: Session | None = None
+        self._current: Lease | None = None
+        self._abandoned = False
+        self._store_errors = 0
+
+    def run(self) -> None:
+        """Claim and work jobs until the worker stops."""
+        try:
+            while not self.control.stopping:
+                try:
+                    lease = self._claim()
+                    if lease is not None:
+                        self._work(lease)
+                except Exception:  # a bug below the handler: say so, start afresh
+                    self.stats.errors += 1
+                    log.exception("unexpected error in a worker slot; opening a new "
+                                  "session", extra={"slot": self.name})
+                    self._close_session()
+                    self.control.wait(BACKOFF_S[-1])
+        finally:
+            self.call.close()
+            self._close_session()
+
+    def abandon(self) -> None:
+        """The grace period is over: hand back the job in flight (if any) and end the
+        session. The handler keeps running in its thread; whatever it does next is
+        refused (its lease is released, the session closed)."""
+        with self._lock:
+            lease, self._current = self._current, None
+            self._abandoned = True
+        if lease is not None:
+            self.stats.released += 1
+            log.warning("grace period over: releasing the job in flight",
+                        extra=self._fields(lease))
+            try:
+                lease.release()
+            except (LeaseLost, BackendUnavailable) as exc:
+                log.warning("releasing failed; the session's end or TTL hands it back",
+                            extra={**self._fields(lease), "error": repr(exc)})
+        self._close_session()
+
+    # -- the session -------------------------------------------------------------------
+
+    def _open_session(self) -> Session | None:
+        """This slot's session: a new one if there is none or it was lost."""
+        with self._lock:
+            session = self._session
+        if session is not None and session.state is SessionState.LOST:
+            self.stats.sessions_lost += 1
+            log.warning("session lost; opening a new one", extra={
+                "slot": self.name, "session_id": session.session_id,
+                "reason": str(session.lost_reason)})
+            self._close_session()
+            session = None
+        if session is None:
+            try:
+                session = self.store.session(self._owner(), self.config.ttl_s)
+            except BackendUnavailable as exc:
+                self._store_error("opening a session", exc)
+                return None
+            with self._lock:
+                self._session = session
+            log.info("session opened", extra={"slot": self.name, "owner": session.owner,
+                                              "session_id": session.session_id})
+        return session
+
+    def _owner(self) -> str | None:
+        """``None`` (the store's default, ``host:pid:random``) or ``OWNER/slot``."""
+        return None if self.config.owner is None else f"{self.config.owner}/{self.name}"
+
+    def _close_session(self) -> None:
+        with self._lock:
+            session, self._session = self._session, None
+        if session is not None:
+            session.close()
+
+    # -- claiming ------------------------------------------------------------------------
+
+    def _claim(self) -> Lease | None:
+        session = self._open_session()
+        if session is None:
+            return None
+        try:
+            lease = session.claim_next(self.config.queue, wait_s=self.config.claim_wait_s)
+        except ClaimTimeout:
+            self._store_errors = 0
+            if self.config.until_empty and self._drained():
+                self.control.request("drained")
+            return None
+        except LeaseSuspended:
+            self.control.wait(max(0.05, session.granted_ttl_s / 10))
+            return None
+        except LeaseLost:
+            return None  # the session is lost: the next _open_session replaces it
+        except (JobCompleted, JobFailed):
+            self.stats.skipped += 1
+            return None
+        except BackendUnavailable as exc:
+            self._store_error("claiming", exc)
+            return None
+        self._store_errors = 0
+        return lease
+
+    def _drained(self) -> bool:
+        """Nothing available (retry delays running count as available), nothing held:
+        nothing more will come unless someone enqueues. FAILED jobs do not count."""
+        try:
+            stats = self.store.queue_stats(self.config.queue)
+        except BackendUnavailable as exc:
+            self._store_error("reading the queue's counts", exc)
+            return False
+        return stats.available == 0 and stats.held == 0
+
+    def _store_error(self, what: str, exc: BackendUnavailable) -> None:
+        wait = BACKOFF_S[min(self._store_errors, len(BACKOFF_S) - 1)]
+        self._store_errors += 1
+        log.warning("store unavailable while %s; retrying in %.1f s", what, wait,
+                    extra={"slot": self.name, "error": repr(exc)})
+        self.control.wait(wait)
+
+    # -- working a job -------------------------------------------------------------------
+
+    def _work(self, lease: Lease) -> None:
+        self.stats.claimed += 1
+        if self.control.stopping:
+            log.info("stopping: handing back a job claimed as the stop came",
+                     extra=self._fields(lease))
+            if self._settle(lease, "release", lambda: _release(lease))[0]:
+                self.stats.released += 1
+            return
+        with self._lock:
+            self._current = lease
+        outcome: bytes | Exception
+        try:
+            lease.ensure_held()
+            log.info("job started", extra=self._fields(lease))
+            outcome = self.call(lease, b"" if lease.payload is None else lease.payload)
+        except Exception as exc:
+            outcome = exc
+        with self._lock:
+            abandoned = self._abandoned
+            self._current = None
+        if abandoned:
+            log.warning("handler returned after the grace period; its job was released",
+                        extra=self._fields(lease))
+        elif isinstance(outcome, Exception):
+            self._handler_failed(lease, outcome)
+        else:
+            self._complete(lease, outcome)
+
+    def _complete(self, lease: Lease, result: bytes) -> None:
+        try:
+            done, _ = self._settle(lease, "complete", lambda: lease.complete(result))
+        except InvalidArgument as exc:  # the result is too large for the store
+            self._handler_failed(lease, exc)
+            return
+        if done:
+            self.stats.completed += 1
+            log.info("job completed", extra=self._fields(lease))
+
+    def _handler_failed(self, lease: Lease, exc: Exception) -> None:
+        if isinstance(exc, LeaseLost) and lease.state not in _STILL_HELD:
+            self._lost(lease, exc)
+            return
+        if isinstance(exc, Retry):
+            error, delay = exc.error, exc.delay_s
+            log.info("handler asked for a retry in %.3f s", delay, extra=self._fields(lease))
+        else:
+            error, delay = exc, None
+            log.warning("handler raised", exc_info=exc, extra=self._fields(lease))
+        done, record = self._settle(lease, "fail", lambda: lease.fail(error, delay))
+        if not done or record is None:
+            return
+        if record.state is JobState.FAILED:
+            self.stats.dead_lettered += 1
+            log.error("job FAILED: no attempts left (dead letter; store.requeue to retry)",
+                      extra={**self._fields(lease), "error": record.error})
+        else:
+            self.stats.retried += 1
+            log.info("job will be retried", extra={**self._fields(lease),
+                                                   "not_before": record.not_before})
+
+    def _settle(self, lease: Lease, what: str, op: Settle) -> tuple[bool, LeaseRecord | None]:
+        """Run ``op`` (complete / fail / release); ``(True, record)`` if the store applied
+        it. Retries what the store did not answer; a lost lease or a race is logged and
+        counted, never raised. ``InvalidArgument`` propagates (nothing was sent)."""
+        for attempt in range(1, SETTLE_ATTEMPTS + 1):
+            try:
+                return True, op()
+            except (LeaseLost, OutcomeUnknown) as exc:  # OutcomeUnknown: treated as lost
+                self._lost(lease, exc)
+                return False, None
+            except (JobCompleted, JobFailed) as exc:
+                self.stats.skipped += 1
+                log.info("job settled elsewhere", extra={**self._fields(lease),
+                                                         "error": repr(exc)})
+                return False, None
+            except BackendUnavailable as exc:
+                log.warning("store unavailable during %s (try %d of %d)", what, attempt,
+                            SETTLE_ATTEMPTS, extra={**self._fields(lease), "error": repr(exc)})
+                self.control.wait_hurry(BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)])
+        log.error("giving up on %s; closing the session so the job is handed back", what,
+                  extra=self._fields(lease))
+        self._close_session()
+        return False, None
+
+    def _lost(self, lease: Lease, exc: Exception) -> None:
+        self.stats.leases_lost += 1
+        log.warning("lease lost; job not completed by this worker",
+                    extra={**self._fields(lease), "reason": repr(exc)})
+
+    def _fields(self, lease: Lease) -> dict[str, object]:
+        return {"slot": self.name, "job_id": lease.job_id, "generation": lease.generation,
+                "attempt": lease.attempt, "queue": self.config.queue}
+
+
+def _release(lease: Lease) -> None:
+    lease.release()

@@ -1,0 +1,70 @@
+"""What a worker did: counts per outcome, summed over its slots and processes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+__all__ = ["WorkerStats"]
+
+_COUNTS = (
+    "claimed", "completed", "retried", "dead_lettered", "leases_lost", "sessions_lost",
+    "released", "skipped", "errors", "restarts",
+)
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    """Counts of what a worker did (returned by :func:`run_worker`).
+
+    Attributes:
+        claimed: leases obtained with ``claim_next``.
+        completed: jobs this worker completed (the store recorded the completion).
+        retried: failed attempts handed back for a later attempt (``lease.fail``).
+        dead_lettered: failed attempts that made the job FAILED (its last attempt).
+        leases_lost: leases lost before the job could be settled: the handler saw
+            ``LeaseLost``, or the store refused the completion/failure (another holder
+            took the job, the session expired) or could not say (``OutcomeUnknown``).
+        sessions_lost: sessions found LOST (expired in the store or past their local
+            deadline); each was replaced by a new one. Never silent: also logged.
+        released: jobs handed back unworked or unfinished when stopping (claimed as the
+            stop came, or still running when the grace period ended).
+        skipped: claims that raced with a completion or a dead letter (``JobCompleted``,
+            ``JobFailed``).
+        errors: unexpected exceptions below the handler (a bug: logged with its
+            traceback; the slot opens a new session and goes on), and worker processes
+            that exited with an error or had to be killed after the grace period.
+        restarts: worker processes replaced after a signal the runner did not send
+            (``mode="process"``).
+        stopped_by: why the worker stopped: ``"drained"`` (``until_empty``),
+            ``"stop_event"``, ``"SIGTERM"``, ``"SIGINT"``, ``"error"``; ``None`` if
+            every slot ended by itself.
+    """
+
+    claimed: int = 0
+    completed: int = 0
+    retried: int = 0
+    dead_lettered: int = 0
+    leases_lost: int = 0
+    sessions_lost: int = 0
+    released: int = 0
+    skipped: int = 0
+    errors: int = 0
+    restarts: int = 0
+    stopped_by: str | None = None
+
+    def add(self, other: WorkerStats) -> None:
+        """Add ``other``'s counts to this one's (``stopped_by`` is left as is)."""
+        for name in _COUNTS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def summary(self) -> str:
+        """One line, ``name=value`` pairs: for logs and the command's last line."""
+        return " ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
+
+    @property
+    def exit_status(self) -> int:
+        """The ``consensus-lease worker`` exit status: 1 if there were errors, 130 if
+        stopped by SIGINT, else 0."""
+        if self.errors:
+            return 1
+        return 130 if self.stopped_by == "SIGINT" else 0

@@ -1,0 +1,121 @@
+"""``consensus-lease worker`` as a process: graceful stop on SIGTERM/SIGINT within the
+grace period, exit statuses, settings from the environment."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from worker_kit import wait_for
+
+from consensus_lease import JobState, open_store
+
+MARGIN_S = 10.0
+"""Slack for a busy 2-core machine on top of what the worker promises."""
+
+
+def _enqueue(url: str, *jobs: str) -> None:
+    with open_store(url) as store:
+        for job in jobs:
+            store.enqueue("q", job, b"")
+
+
+def _record(url: str, job: str) -> Any:
+    with open_store(url) as store:
+        return store.get(job)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("processes", [False, True], ids=["threads", "processes"])
+def test_sigterm_lets_the_job_in_flight_finish(tmp_path: Path, worker_command: Any,
+                                               processes: bool) -> None:
+    url = f"sqlite:///{tmp_path}/store.db"
+    _enqueue(url, "slow", "next")
+    grace_s = 20.0
+    worker = worker_command(
+        "--backend", url, "--queue", "q", "--ttl-s", "2", "--grace-s", str(grace_s),
+        *(["--processes", "--concurrency", "2"] if processes else []),
+        "worker_handlers:wait_for_go")
+    started = wait_for(lambda: sorted(tmp_path.glob("started-*")), 60, "a job started")
+    job = started[0].name.removeprefix("started-")
+    worker.proc.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    # The stop is under way (the worker says so) before the handler may finish.
+    wait_for(lambda: "reason=SIGTERM" in worker.log(), 30, "the worker noticed SIGTERM")
+    (tmp_path / "go").touch()
+    status = worker.wait(timeout_s=grace_s + MARGIN_S)
+    assert time.monotonic() - signalled < grace_s + MARGIN_S
+    assert status == 0, worker.log()[-3000:]
+    record = _record(url, job)
+    assert record.state is JobState.COMPLETED and record.result == b"finished"
+    summary = worker.summary()
+    assert summary["stopped_by"] == "SIGTERM" and summary["errors"] == "0"
+    if not processes:  # one slot: the other job was never claimed after the stop
+        other = _record(url, "next" if job == "slow" else "slow")
+        assert other.state is JobState.AVAILABLE and other.attempt == 0
+
+
+@pytest.mark.slow
+def test_sigint_releases_what_outlives_the_grace_period(tmp_path: Path,
+                                                        worker_command: Any) -> None:
+    url = f"sqlite:///{tmp_path}/store.db"
+    _enqueue(url, "stuck")
+    grace_s = 1.0
+    worker = worker_command("--backend", url, "--queue", "q", "--ttl-s", "30",
+                            "--grace-s", str(grace_s), "worker_handlers:wait_for_go")
+    wait_for((tmp_path / "started-stuck").exists, 60, "the job started")
+    worker.proc.send_signal(signal.SIGINT)
+    signalled = time.monotonic()
+    status = worker.wait(timeout_s=grace_s + MARGIN_S)
+    elapsed = time.monotonic() - signalled
+    assert status == 130, worker.log()[-3000:]
+    assert grace_s * 0.9 <= elapsed < grace_s + MARGIN_S
+    # Released (claimable at once), not completed, and not left to the 30 s TTL.
+    record = _record(url, "stuck")
+    assert record.state is JobState.AVAILABLE, record
+    summary = worker.summary()
+    assert summary["released"] == "1" and summary["completed"] == "0"
+
+
+def test_unimportable_handler_exits_1(tmp_path: Path, worker_command: Any) -> None:
+    url = f"sqlite:///{tmp_path}/store.db"
+    worker = worker_command("--backend", url, "--queue", "q", "no_such_module:handler")
+    assert worker.wait(timeout_s=60) == 1
+    assert "cannot import" in worker.output()
+
+
+def test_settings_come_from_the_environment(tmp_path: Path, worker_command: Any) -> None:
+    url = f"sqlite:///{tmp_path}/store.db"
+    _enqueue(url, "a", "b")
+    worker = worker_command(env={
+        "CONSENSUS_LEASE_URL": url, "CONSENSUS_LEASE_QUEUE": "q",
+        "CONSENSUS_LEASE_HANDLER": "worker_handlers:fenced_steps",
+        "CONSENSUS_LEASE_UNTIL_EMPTY": "yes", "CONSENSUS_LEASE_CONCURRENCY": "2",
+        "CONSENSUS_LEASE_TTL_S": "5"})
+    assert worker.wait(timeout_s=60) == 0, worker.log()[-3000:]
+    assert worker.summary()["completed"] == "2"
+    assert _record(url, "a").state is JobState.COMPLETED
+
+
+@pytest.mark.parametrize(("args", "env", "message"), [
+    (["--backend", "memory://", "x:y"], {}, "--queue (or CONSENSUS_LEASE_QUEUE)"),
+    (["--backend", "memory://", "--queue", "q", "x:y"], {"CONSENSUS_LEASE_TTL_S": "-1"},
+     "CONSENSUS_LEASE_TTL_S"),
+    (["--backend", "memory://", "--queue", "q", "x:y"],
+     {"CONSENSUS_LEASE_PROCESSES": "maybe"}, "not a boolean"),
+])
+def test_bad_settings_exit_2(tmp_path: Path, worker_command: Any, args: list[str],
+                             env: dict[str, str], message: str) -> None:
+    worker = worker_command(*args, env=env)
+    assert worker.wait(timeout_s=60) == 2
+    assert message in worker.output()
+
+
+def test_bad_flag_exits_2(tmp_path: Path, worker_command: Any) -> None:
+    worker = worker_command("--backend", "memory://", "--queue", "q", "--concurrency", "0",
+                            "x:y")
+    assert worker.wait(timeout_s=60) == 2
+    assert "must be >= 1" in worker.log()
