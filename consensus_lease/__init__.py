@@ -36,6 +36,7 @@ from .errors import (
     FenceRejected,
     InvalidArgument,
     JobCompleted,
+    JobFailed,
     LeaseError,
     LeaseLost,
     LeaseNotHeld,
@@ -51,6 +52,7 @@ from .fencing import Effect, Fence, FenceOutcome, SqliteFence
 from .lease import Lease
 from .observe import Observer
 from .record import JobState, LeaseRecord, QueuedJob, QueueStats
+from .retry import RetryPolicy
 from .session import Session
 from .states import LeaseState, SessionState
 from .store import DEFAULT_TTL_S, LeaseStore, open_store
@@ -73,6 +75,7 @@ __all__ = [
     "FenceRetryable",
     "InvalidArgument",
     "JobCompleted",
+    "JobFailed",
     "JobState",
     "Lease",
     "LeaseError",
@@ -86,6 +89,7 @@ __all__ = [
     "OutcomeUnknown",
     "QueueStats",
     "QueuedJob",
+    "RetryPolicy",
     "Session",
     "SessionExpired",
     "SessionState",

@@ -19,6 +19,8 @@ USER_API = {
     "DEFAULT_TTL_S", "LeaseStore", "open_store", "Session", "Lease",
     # records and states
     "JobState", "LeaseRecord", "QueuedJob", "QueueStats", "LeaseState", "SessionState",
+    # job lifecycle
+    "RetryPolicy",
     # clocks users inject, the metrics hook
     "Clock", "SystemClock", "Observer",
     # destination-side fencing
