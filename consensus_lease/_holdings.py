@@ -25,6 +25,7 @@ from .errors import (
 )
 from .observe import notify
 from .record import ClaimResult, LeaseRecord
+from .retry import RetryPolicies, RetryPolicy
 from .states import LeaseState
 
 if TYPE_CHECKING:
@@ -42,8 +43,9 @@ log = logging.getLogger("consensus_lease")
 class Holdings:
     """Job id -> :class:`Lease` for one session, and the operations on those leases."""
 
-    def __init__(self, liveness: Liveness) -> None:
+    def __init__(self, liveness: Liveness, policies: RetryPolicies) -> None:
         self.liveness = liveness
+        self.policies = policies
         self._lock = threading.Lock()
         self._leases: dict[str, Lease] = {}
         liveness.on_loss(self.lose_all)
@@ -75,11 +77,11 @@ class Holdings:
             return job_id in self._leases
 
     def adopt(self, session: Session, job_id: str, result: ClaimResult,
-              payload: bytes | None = None) -> Lease:
+              payload: bytes | None = None, queue: str | None = None) -> Lease:
         """Wrap a claim the store granted in a HELD lease and register it."""
         from .lease import Lease
 
-        lease = Lease(session, self, job_id, result, payload)
+        lease = Lease(session, self, job_id, result, payload, queue)
         with self._lock:
             self._leases[job_id] = lease
         owner, generation = session.owner, result.generation
@@ -124,6 +126,21 @@ class Holdings:
         self._forget(lease)
         log.info("released", extra={"job_id": lease.job_id, "generation": lease.generation,
                                     "owner": lease.owner})
+
+    def retry_policy(self, queue: str | None) -> RetryPolicy:
+        return self.policies.get(queue)
+
+    def fail(self, lease: Lease, error: str, retry_in_s: float) -> LeaseRecord:
+        """See :meth:`Lease.fail`: ``error`` and ``retry_in_s`` are already checked."""
+        live = self.liveness
+        record = self._guarded(lease, lambda: live.backend.fail(
+            live.handle, lease.job_id, lease.claim_result, error, retry_in_s))
+        lease._finish(LeaseState.FAILED, record)
+        self._forget(lease)
+        log.warning("failed", extra={"job_id": lease.job_id, "generation": lease.generation,
+                                     "owner": lease.owner, "attempt": lease.attempt,
+                                     "error": error[:200], "state": record.state.value})
+        return record
 
     def _guarded(self, lease: Lease, call: Callable[[], T]) -> T:
         """Run a store call on ``lease``: a refusal (or an outcome nobody can tell)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING
 
-from .errors import ClaimTimeout, JobCompleted, UnsupportedOperation
+from .errors import ClaimTimeout, JobCompleted, JobFailed, UnsupportedOperation
 from .validation import check_queue_name, check_wait
 
 if TYPE_CHECKING:
@@ -77,8 +77,8 @@ def _try_candidates(
     for job_id, payload in candidates[start:] + candidates[:start]:
         try:
             result = holdings.liveness.call(lambda j=job_id: backend.claim(handle, j))  # type: ignore[misc]
-        except JobCompleted:
+        except (JobCompleted, JobFailed):
             break  # the list is stale: read a fresh one rather than walk it
         if result is not None:
-            return holdings.adopt(session, job_id, result, payload), False
+            return holdings.adopt(session, job_id, result, payload, queue), False
     return None, True

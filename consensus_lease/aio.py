@@ -79,6 +79,16 @@ class AsyncLease:
     deadline = property(lambda self: self.sync.deadline)
 
     @property
+    def attempt(self) -> int:
+        """See :attr:`Lease.attempt`."""
+        return self.sync.attempt
+
+    @property
+    def payload(self) -> bytes | None:
+        """See :attr:`Lease.payload`."""
+        return self.sync.payload
+
+    @property
     def state(self) -> LeaseState:
         return self.sync.state
 
@@ -100,6 +110,12 @@ class AsyncLease:
     async def release(self) -> None:
         """See :meth:`Lease.release` (same errors)."""
         await asyncio.to_thread(self.sync.release)
+
+    async def fail(
+        self, error: str | BaseException, retry_in_s: float | None = None
+    ) -> LeaseRecord:
+        """See :meth:`Lease.fail` (same arguments and errors)."""
+        return await asyncio.to_thread(self.sync.fail, error, retry_in_s)
 
     @asynccontextmanager
     async def guard(self) -> AsyncIterator[AsyncLease]:
@@ -245,9 +261,17 @@ class AsyncLeaseStore:
     async def get(self, job_id: str) -> LeaseRecord | None:
         return await asyncio.to_thread(self.sync.get, job_id)
 
-    async def enqueue(self, queue: str, job_id: str, payload: bytes = b"") -> bool:
+    async def enqueue(
+        self, queue: str, job_id: str, payload: bytes = b"", *, max_attempts: int | None = None
+    ) -> bool:
         """See :meth:`LeaseStore.enqueue`."""
-        return await asyncio.to_thread(self.sync.enqueue, queue, job_id, payload)
+        return await asyncio.to_thread(
+            lambda: self.sync.enqueue(queue, job_id, payload, max_attempts=max_attempts)
+        )
+
+    async def requeue(self, job_id: str) -> LeaseRecord:
+        """See :meth:`LeaseStore.requeue`."""
+        return await asyncio.to_thread(self.sync.requeue, job_id)
 
     async def queue_stats(self, queue: str) -> QueueStats:
         return await asyncio.to_thread(self.sync.queue_stats, queue)

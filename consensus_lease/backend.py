@@ -166,11 +166,17 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def claim(self, session: SessionHandle, job_id: str) -> ClaimResult | None:
         """Claim ``job_id`` for ``session`` if it is unowned or its holder's session
-        expired, and it is not completed. Returns the new generation, or ``None`` if a
-        live session holds it (including this one).
+        expired, it is not completed or FAILED, and no retry delay (``fail``) is running.
+        Returns the new generation and attempt, or ``None`` if a live session holds it
+        (including this one) or its retry delay has not passed on the store's clock.
+
+        If the job has a ``max_attempts`` and that many attempts were already made since
+        the last requeue (the last one ended without completion: its lease expired or it
+        was released), the job becomes FAILED in the same atomic step instead.
 
         Raises:
             JobCompleted: the job has a completion record (its generation attached).
+            JobFailed: the job is FAILED (now or before).
             SessionExpired: ``session`` is gone in the store.
             BackendUnavailable / OutcomeUnknown.
         """
@@ -179,15 +185,15 @@ class Backend(abc.ABC):
         self, session: SessionHandle, job_ids: Sequence[str]
     ) -> list[ClaimResult | None]:
         """Claim several jobs; element ``i`` answers ``job_ids[i]`` as :meth:`claim`
-        would, except that a completed job yields ``None``. Drivers whose store can do
+        would, except that a completed or FAILED job yields ``None``. Drivers whose store can do
         it in one round trip override this (see ``Capabilities.max_batch_claim``)."""
         results: list[ClaimResult | None] = []
-        from .errors import JobCompleted
+        from .errors import JobCompleted, JobFailed
 
         for job_id in job_ids:
             try:
                 results.append(self.claim(session, job_id))
-            except JobCompleted:
+            except (JobCompleted, JobFailed):
                 results.append(None)
         return results
 
@@ -230,6 +236,32 @@ class Backend(abc.ABC):
             StaleLeaseError / SessionExpired / BackendUnavailable / OutcomeUnknown.
         """
 
+    @abc.abstractmethod
+    def fail(
+        self, session: SessionHandle, job_id: str, claim: ClaimResult, error: str,
+        retry_in_s: float,
+    ) -> LeaseRecord:
+        """End the hold iff ``session`` holds ``job_id`` at ``claim.generation`` and record
+        ``error``, in one atomic step. If the job has a ``max_attempts`` and this was
+        attempt ``max_attempts`` (counted since the last requeue) or later, the job
+        becomes FAILED; otherwise it is AVAILABLE but not claimable before ``retry_in_s``
+        seconds (>= 0) of *store* time have passed. Returns the record after it.
+
+        Raises:
+            StaleLeaseError / SessionExpired / BackendUnavailable / OutcomeUnknown: as
+                :meth:`release`.
+        """
+
+    @abc.abstractmethod
+    def requeue(self, job_id: str) -> LeaseRecord:
+        """FAILED -> AVAILABLE at once, with a fresh budget of ``max_attempts`` attempts
+        (``attempt`` keeps counting; ``error`` is kept). Returns the record after it.
+
+        Raises:
+            InvalidArgument: the job is unknown or not FAILED; nothing changed.
+            BackendUnavailable / OutcomeUnknown.
+        """
+
     # -- reading and waiting --------------------------------------------------------
 
     @abc.abstractmethod
@@ -243,15 +275,18 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def wait_for_change(self, job_id: str, timeout_s: float) -> None:
         """Block until ``job_id`` may have become claimable (its holder released,
-        completed or expired), or ``timeout_s`` passed. Spurious returns are allowed;
-        the caller always re-tries the claim."""
+        completed or expired, or its retry delay passed), or ``timeout_s`` passed.
+        Spurious returns are allowed; the caller always re-tries the claim."""
 
     # -- work queues (Capabilities.queues) ----------------------------------------------
 
-    def enqueue(self, queue: str, job_id: str, payload: bytes) -> bool:
-        """Add ``job_id`` to ``queue`` with ``payload`` if the store has never seen the
-        job; return ``True`` if added, ``False`` if it is already in this queue (payload
-        unchanged). Atomic.
+    def enqueue(
+        self, queue: str, job_id: str, payload: bytes, max_attempts: int | None = None
+    ) -> bool:
+        """Add ``job_id`` to ``queue`` with ``payload`` and its attempt limit
+        (``None``: unlimited) if the store has never seen the job; return ``True`` if
+        added, ``False`` if it is already in this queue (payload and limit unchanged).
+        Atomic.
 
         Raises:
             InvalidArgument: the job exists outside this queue.
@@ -261,7 +296,8 @@ class Backend(abc.ABC):
 
     def queue_candidates(self, queue: str, limit: int) -> list[tuple[str, bytes]]:
         """Up to ``limit`` ``(job_id, payload)`` of ``queue`` that looked claimable
-        (not held by a live session, not completed), oldest enqueued first. A hint only:
+        (not held by a live session, not completed or FAILED, no retry delay running),
+        oldest enqueued first. A hint only:
         the claim itself decides."""
         raise UnsupportedOperation(f"the {self.scheme} backend has no work queues")
 
@@ -272,7 +308,7 @@ class Backend(abc.ABC):
 
     def wait_for_queue(self, queue: str, timeout_s: float) -> None:
         """Block until a job of ``queue`` may have become claimable (enqueued, released,
-        expired) or ``timeout_s`` passed. Spurious returns are allowed."""
+        expired, retry delay passed) or ``timeout_s`` passed. Spurious returns are allowed."""
         raise UnsupportedOperation(f"the {self.scheme} backend has no work queues")
 
     def purge(self, queue: str) -> int:

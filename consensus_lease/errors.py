@@ -13,6 +13,8 @@
     │                               claimed a newer generation, or the job was released
     ├── ClaimTimeout                ``claim(..., wait_s=...)`` ran out of time; nothing held
     ├── JobCompleted                the job has a completion record and is never claimed again
+    ├── JobFailed                   the job used up its attempts (dead letter); claimed again
+    │                               only after ``store.requeue(job_id)``
     ├── InvalidArgument             bad input (also a ``ValueError``); nothing was written
     │   └── UnsupportedBackend      unknown or malformed store URL
     ├── UnsupportedOperation        the backend declares (in its Capabilities) that it
@@ -40,6 +42,7 @@ __all__ = [
     "FenceRejected",
     "InvalidArgument",
     "JobCompleted",
+    "JobFailed",
     "LeaseError",
     "LeaseLost",
     "LeaseNotHeld",
@@ -122,6 +125,31 @@ class JobCompleted(LeaseError):
     Attributes:
         generation: the generation that completed it.
     """
+
+
+class JobFailed(LeaseError):
+    """The job is FAILED: its attempts ran out (``max_attempts``) with a failure or a
+    lease that ended without completion. It is not claimed again until an operator calls
+    ``store.requeue(job_id)``.
+
+    Attributes:
+        generation: the generation of the last attempt.
+        attempt: the number of attempts made.
+        error: the last recorded error, if any.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        job_id: str | None = None,
+        generation: int | None = None,
+        attempt: int | None = None,
+        error: str | None = None,
+    ) -> None:
+        super().__init__(message, job_id=job_id, generation=generation)
+        self.attempt = attempt
+        self.error = error
 
 
 class InvalidArgument(LeaseError, ValueError):

@@ -16,6 +16,7 @@ from .errors import (
 )
 from .record import ClaimResult, LeaseRecord
 from .states import LeaseState, SessionState
+from .validation import check_retry_in, error_text
 
 if TYPE_CHECKING:
     from ._holdings import Holdings
@@ -62,12 +63,12 @@ class Lease:
 
     __slots__ = (
         "_holdings", "_lock", "_lost_reason", "_record", "_state", "claim_result",
-        "generation", "job_id", "payload", "session",
+        "generation", "job_id", "payload", "queue", "session",
     )
 
     def __init__(
         self, session: Session, holdings: Holdings, job_id: str, claim: ClaimResult,
-        payload: bytes | None = None,
+        payload: bytes | None = None, queue: str | None = None,
     ) -> None:
         self.session = session
         self._holdings = holdings
@@ -78,6 +79,8 @@ class Lease:
         self.generation = claim.generation
         self.payload = payload
         """The queue payload, for leases from ``claim_next``; ``None`` otherwise."""
+        self.queue = queue
+        """The work queue, for leases from ``claim_next``; ``None`` otherwise."""
         self._lock = threading.Lock()
         self._state = LeaseState.HELD
         self._lost_reason: LeaseLost | None = None
@@ -89,6 +92,12 @@ class Lease:
     def fencing_token(self) -> int:
         """Alias of :attr:`generation`: the token to send with every effect."""
         return self.generation
+
+    @property
+    def attempt(self) -> int:
+        """This claim's attempt number: 1 for the job's first claim, +1 per claim (also
+        after a requeue). Use it to give up on, or log, jobs that keep failing."""
+        return self.claim_result.attempt
 
     @property
     def owner(self) -> str:
@@ -157,7 +166,7 @@ class Lease:
                 job_id=self.job_id,
                 generation=self.generation,
             ) from reason
-        if state in (LeaseState.RELEASED, LeaseState.COMPLETED):
+        if state in (LeaseState.RELEASED, LeaseState.COMPLETED, LeaseState.FAILED):
             raise LeaseLost(
                 f"lease on {self.job_id!r} generation {self.generation} was {state.value}",
                 job_id=self.job_id,
@@ -243,6 +252,39 @@ class Lease:
                 return self._record
         return self._holdings.complete(self, bytes(result))
 
+    def fail(self, error: str | BaseException, retry_in_s: float | None = None) -> LeaseRecord:
+        """Give the job up as failed: end the hold and record ``error``, in one atomic
+        store operation that first compares owner and generation (as :meth:`release`).
+
+        If the job was enqueued with ``max_attempts`` and this was its last attempt, the
+        job becomes FAILED (dead letter: never claimed again until
+        ``store.requeue(job_id)``). Otherwise it becomes claimable again once
+        ``retry_in_s`` seconds of the *store's* time have passed (never decided by this
+        worker's clock).
+
+        Args:
+            error: what went wrong: text (at most 64 KiB of UTF-8), or an exception
+                (recorded as ``"TypeName: message"``, cut to 64 KiB).
+            retry_in_s: seconds (float >= 0) before the next attempt; ``None`` takes the
+                delay for this attempt from the queue's :class:`~consensus_lease.RetryPolicy`
+                (``open_store(..., retry=...)``, ``store.set_retry_policy``).
+
+        Returns:
+            The job's record after the operation (AVAILABLE with ``not_before``, or FAILED).
+
+        Raises:
+            InvalidArgument: bad ``error`` or ``retry_in_s``; nothing sent, still held.
+            StaleLeaseError / SessionExpired: it was no longer held; the lease is LOST.
+            OutcomeUnknown: as for :meth:`complete`.
+            BackendUnavailable: nothing applied; still held until the deadline.
+        """
+        text = error_text(error, job_id=self.job_id, generation=self.generation)
+        if retry_in_s is None:
+            delay = self._holdings.retry_policy(self.queue).delay_s(self.attempt)
+        else:
+            delay = check_retry_in(retry_in_s)
+        return self._holdings.fail(self, text, delay)
+
     def release(self) -> None:
         """Hand the job back: end the hold iff this session still holds it at this
         generation (one atomic store operation). The job is claimable at once, at a
@@ -254,7 +296,7 @@ class Lease:
             BackendUnavailable: nothing applied; still held until the deadline.
         """
         with self._lock:
-            if self._state in (LeaseState.RELEASED, LeaseState.COMPLETED):
+            if self._state in (LeaseState.RELEASED, LeaseState.COMPLETED, LeaseState.FAILED):
                 return
         self._holdings.release(self)
 
@@ -275,7 +317,7 @@ class Lease:
         lost at some point: its effects must have been fenced)."""
         with self._lock:
             state = self._state
-        if state is LeaseState.COMPLETED or state is LeaseState.RELEASED:
+        if state in (LeaseState.COMPLETED, LeaseState.RELEASED, LeaseState.FAILED):
             return
         if exc is None:
             if state is LeaseState.LOST:

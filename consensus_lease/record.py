@@ -17,6 +17,9 @@ class JobState(enum.Enum):
     """A live session holds it at ``generation``."""
     COMPLETED = "completed"
     """Completed at ``generation``; never claimed again."""
+    FAILED = "failed"
+    """Dead letter: its attempts ran out (``max_attempts``). Never claimed again until
+    ``store.requeue(job_id)``; ``error`` holds the last recorded failure."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,8 +36,16 @@ class LeaseRecord:
             TTL as the store reports it; ZooKeeper: ``None``, the ensemble does not expose
             session deadlines). For display only: ownership is decided by the store.
         generation: the fencing token of the current or last claim; 0 if never claimed.
-        state: AVAILABLE, HELD or COMPLETED.
+        state: AVAILABLE, HELD, COMPLETED or FAILED.
         result: the completion result (bytes) once COMPLETED, else ``None``.
+        attempt: how many times the job was claimed (0: never); the current or last
+            holder's attempt number.
+        error: the last error recorded by ``lease.fail()`` (or why the job FAILED), else
+            ``None``.
+        not_before: while a failed attempt's retry delay runs, the time (store clock,
+            seconds since the epoch) before which the job is not claimable, where the
+            store can express it; else ``None``.
+        max_attempts: the job's attempt limit from ``enqueue``, or ``None`` (unlimited).
     """
 
     job_id: str
@@ -43,6 +54,10 @@ class LeaseRecord:
     generation: int
     state: JobState
     result: bytes | None = None
+    attempt: int = 0
+    error: str | None = None
+    not_before: float | None = None
+    max_attempts: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +74,7 @@ class ClaimResult:
         generation: the new fencing token, strictly greater than every earlier one for
             this job.
         lease_until: as in :class:`LeaseRecord`.
+        attempt: this claim's attempt number (1 for the job's first claim, +1 per claim).
         handle: the backend's opaque per-claim state (etcd: the exact owner-key value
             written and the job's queue as the claim read it; ZooKeeper: the owner znode
             the claim created). ``None`` means "not known to this process": the backend
@@ -68,6 +84,7 @@ class ClaimResult:
 
     generation: int
     lease_until: float | None = None
+    attempt: int = 0
     handle: object = field(default=None, compare=False)
 
 
@@ -93,7 +110,7 @@ class QueueStats:
     """Counts of a work queue's jobs by state.
 
     Attributes:
-        available / held / completed: job counts.
+        available / held / completed / failed: job counts.
         oldest_held_lease_until: the earliest ``lease_until`` among held jobs (store
             clock, seconds since the epoch), or ``None``.
     """
@@ -103,3 +120,4 @@ class QueueStats:
     held: int
     completed: int
     oldest_held_lease_until: float | None
+    failed: int = 0

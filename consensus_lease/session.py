@@ -28,6 +28,7 @@ from .errors import (
 )
 from .lease import Lease
 from .observe import Observer
+from .retry import RetryPolicies
 from .states import SessionState
 from .validation import check_job_id, check_wait
 
@@ -66,6 +67,7 @@ class Session:
         keepalive: bool = True,
         observer: Observer | None = None,
         events: EventRelay | None = None,
+        retry: RetryPolicies | None = None,
     ) -> None:
         self.backend = backend
         self.observer = observer
@@ -75,7 +77,7 @@ class Session:
             backend, handle, clock=clock, send_time=send_time,
             safety_margin_s=safety_margin_s, observer=observer,
         )
-        self._holdings = Holdings(self._liveness)
+        self._holdings = Holdings(self._liveness, retry or RetryPolicies())
         self.lost = self._liveness.lost
         """Set once the session is LOST."""
         self._liveness.start(keepalive=keepalive)
@@ -173,7 +175,8 @@ class Session:
 
         Args:
             job_id: non-empty str, at most 256 UTF-8 bytes, no NUL.
-            wait_s: ``None`` tries once and returns ``None`` if the job is held. A number
+            wait_s: ``None`` tries once and returns ``None`` if the job is held (or its
+                retry delay after a failed attempt has not passed yet). A number
                 (seconds, >= 0) waits up to that long, woken by the store where it can
                 watch (etcd, ZooKeeper), and raises ``ClaimTimeout`` instead of returning
                 ``None`` — so ``with session.claim(job, wait_s=10) as lease:`` never runs
@@ -185,6 +188,8 @@ class Session:
         Raises:
             InvalidArgument: bad job id or wait, or this session already holds the job.
             JobCompleted: the job is completed; it is never claimed again.
+            JobFailed: the job is FAILED (its attempts ran out, possibly just now); it is
+                not claimed again until ``store.requeue(job_id)``.
             ClaimTimeout: ``wait_s`` passed with the job still held elsewhere.
             LeaseLost / SessionExpired: this session is lost; open a new one.
             LeaseSuspended: this session is suspended; nothing was sent.

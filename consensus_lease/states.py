@@ -58,6 +58,10 @@ class LeaseState(enum.Enum):
     """Final: expired, reassigned, rejected by the store, or past the local deadline.
     Produce no more effects; late ones must be stopped by the destination's fence."""
 
+    FAILED = "failed"
+    """Final: this worker gave the job up with ``fail()``; the store recorded the error
+    and decides when (or whether) the job runs again."""
+
     RELEASED = "released"
     """Final: handed back by this worker; the job is claimable again."""
 

@@ -17,6 +17,7 @@ from .errors import InvalidArgument, StoreClosed, UnsupportedBackend, Unsupporte
 from .observe import Observer
 from .options import merge_options
 from .record import JobState, LeaseRecord, QueuedJob, QueueStats
+from .retry import DEFAULT_RETRY, RetryPolicies, RetryPolicy, check_max_attempts
 from .session import Session
 from .validation import check_job_id, check_limit, check_owner, check_queue_name, check_ttl
 
@@ -37,7 +38,12 @@ def available_schemes() -> list[str]:
 
 
 def open_store(
-    url: str, *, clock: Clock | None = None, observer: Observer | None = None, **options: object
+    url: str,
+    *,
+    clock: Clock | None = None,
+    observer: Observer | None = None,
+    retry: RetryPolicy | None = None,
+    **options: object,
 ) -> LeaseStore:
     """Open a lease store from a URL.
 
@@ -92,7 +98,7 @@ def open_store(
             f"Install consensus_lease[{'zookeeper' if scheme in ('zk', 'zookeeper') else scheme}]"
         ) from exc
     backend = backend_cls.from_url(url, merge_options(url, options))
-    return LeaseStore(backend, clock=clock, observer=observer)
+    return LeaseStore(backend, clock=clock, observer=observer, retry=retry)
 
 
 class LeaseStore:
@@ -102,10 +108,17 @@ class LeaseStore:
         backend: the driver (usually made by :func:`open_store`).
         clock: default clock for sessions' local deadlines and waits.
         observer: receives lease events of every session of this store.
+        retry: the default :class:`~consensus_lease.RetryPolicy` of this store's work
+            queues and named jobs (per queue: :meth:`set_retry_policy`).
     """
 
     def __init__(
-        self, backend: Backend, *, clock: Clock | None = None, observer: Observer | None = None
+        self,
+        backend: Backend,
+        *,
+        clock: Clock | None = None,
+        observer: Observer | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
         if clock is not None and not isinstance(clock, Clock):
             raise InvalidArgument(f"clock must be a consensus_lease.Clock, not {clock!r}")
@@ -116,6 +129,7 @@ class LeaseStore:
         self.backend = backend
         self.clock: Clock = clock or SystemClock()
         self.observer = observer
+        self.retry_policies = RetryPolicies(DEFAULT_RETRY if retry is None else retry)
         self._closed = False
         self._sessions: weakref.WeakSet[Session] = weakref.WeakSet()
         self._sessions_lock = threading.Lock()
@@ -174,6 +188,7 @@ class LeaseStore:
                 keepalive=keepalive,
                 observer=self.observer,
                 events=events,
+                retry=self.retry_policies,
             )
         except BaseException:
             self.backend.close_session(handle)
@@ -205,7 +220,36 @@ class LeaseStore:
         if not self.backend.capabilities.queues:
             raise UnsupportedOperation(f"the {self.backend.scheme} backend has no work queues")
 
-    def enqueue(self, queue: str, job_id: str, payload: bytes = b"") -> bool:
+    def set_retry_policy(self, queue: str, policy: RetryPolicy) -> None:
+        """Use ``policy`` for ``queue`` in this process: its ``max_attempts`` for jobs
+        enqueued here from now on (recorded with each job, so every worker applies the
+        same limit), and its delays for ``lease.fail()`` without ``retry_in_s`` on leases
+        from ``claim_next(queue)``. Set the same policy in producers and workers.
+
+        Raises:
+            InvalidArgument: bad queue name or policy.
+        """
+        check_queue_name(queue)
+        self.retry_policies.set(queue, policy)
+
+    def requeue(self, job_id: str) -> LeaseRecord:
+        """Put a FAILED job back: claimable at once, with a fresh budget of
+        ``max_attempts`` attempts (``attempt`` keeps counting, so the next claim is
+        attempt + 1; the last error is kept for inspection). One atomic store operation.
+
+        Returns:
+            The job's record after the requeue (AVAILABLE).
+
+        Raises:
+            InvalidArgument: bad id, or the job is unknown or not FAILED; nothing changed.
+            BackendUnavailable / OutcomeUnknown.
+        """
+        self._check_open()
+        return self.backend.requeue(check_job_id(job_id))
+
+    def enqueue(
+        self, queue: str, job_id: str, payload: bytes = b"", *, max_attempts: int | None = None
+    ) -> bool:
         """Add a job to a work queue, to be claimed with ``session.claim_next(queue)``.
 
         Idempotent: enqueueing a job already in the queue changes nothing and returns
@@ -218,6 +262,10 @@ class LeaseStore:
                 start again, and a destination fenced by that id would (safely) reject
                 the new holder's effects.
             payload: bytes, at most ``capabilities.max_payload_bytes``.
+            max_attempts: how many claims the job may get before a failed attempt (or
+                one whose lease ended without completion) makes it FAILED (int >= 1);
+                ``None`` takes the queue's :class:`RetryPolicy` (unlimited by default).
+                Recorded with the job.
 
         Returns:
             ``True`` if added, ``False`` if already queued.
@@ -240,7 +288,11 @@ class LeaseStore:
                 f"most {limit} in one request",
                 job_id=job_id,
             )
-        return self.backend.enqueue(queue, job_id, bytes(payload))
+        if max_attempts is None:
+            max_attempts = self.retry_policies.get(queue).max_attempts
+        else:
+            check_max_attempts(max_attempts)
+        return self.backend.enqueue(queue, job_id, bytes(payload), max_attempts)
 
     def queue_jobs(self, queue: str, limit: int | None = None) -> list[QueuedJob]:
         """The jobs of ``queue``, oldest enqueued first (an unknown queue is empty)."""
@@ -259,6 +311,7 @@ class LeaseStore:
             available=sum(j.record.state is JobState.AVAILABLE for j in jobs),
             held=len(held),
             completed=sum(j.record.state is JobState.COMPLETED for j in jobs),
+            failed=sum(j.record.state is JobState.FAILED for j in jobs),
             oldest_held_lease_until=min(ends) if ends else None,
         )
 

@@ -113,3 +113,45 @@ def check_wait(wait_s: object, name: str = "wait_s") -> float:
     if wait < 0:
         raise InvalidArgument(f"{name} must be >= 0, got {wait_s!r}")
     return wait
+
+
+MAX_ERROR_BYTES = 64 * 1024
+"""Largest error text ``lease.fail()`` records."""
+
+MAX_RETRY_IN_S = 366 * 24 * 3600.0
+"""Longest retry delay ``lease.fail()`` accepts (a year)."""
+
+
+def check_retry_in(retry_in_s: object) -> float:
+    """Return a retry delay: finite seconds from 0 to :data:`MAX_RETRY_IN_S`."""
+    delay = check_wait(retry_in_s, "retry_in_s")
+    if delay > MAX_RETRY_IN_S:
+        raise InvalidArgument(f"retry_in_s={delay!r} is over the limit of {MAX_RETRY_IN_S} s")
+    return delay
+
+
+def error_text(
+    error: object, *, job_id: str | None = None, generation: int | None = None
+) -> str:
+    """The text ``fail()`` records: a str as given (at most :data:`MAX_ERROR_BYTES` of
+    UTF-8, no NUL), an exception as ``"TypeName: message"`` cut to that size."""
+    if isinstance(error, BaseException):
+        text = f"{type(error).__name__}: {error}".replace("\0", "\\0")
+        data = text.encode("utf-8", "replace")[:MAX_ERROR_BYTES]
+        return data.decode("utf-8", "ignore")
+    if not isinstance(error, str):
+        raise InvalidArgument(
+            f"error must be a str or an exception, not {type(error).__name__}",
+            job_id=job_id, generation=generation,
+        )
+    if "\0" in error or len(error.encode("utf-8", "surrogatepass")) > MAX_ERROR_BYTES:
+        raise InvalidArgument(
+            f"error text must have no NUL and be at most {MAX_ERROR_BYTES} bytes of UTF-8",
+            job_id=job_id, generation=generation,
+        )
+    try:
+        error.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgument("error text is not valid Unicode (lone surrogate)",
+                              job_id=job_id, generation=generation) from None
+    return error

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from ..backend import Backend, Capabilities, SessionHandle, StateListener
 from ..clock import Clock, SystemClock
-from ..errors import InvalidArgument, JobCompleted, SessionExpired, StaleLeaseError
+from ..errors import InvalidArgument, JobCompleted, JobFailed, SessionExpired, StaleLeaseError
 from ..options import Option, OptionTable
 from ..record import ClaimResult, JobState, LeaseRecord, QueuedJob
 
@@ -61,10 +61,22 @@ class _Job:
     queue: str | None = None
     payload: bytes = b""
     seq: int = 0
+    attempt: int = 0
+    attempt_base: int = 0
+    max_attempts: int | None = None
+    error: str | None = None
+    not_before: float | None = None
+    failed: bool = False
 
     @property
     def completed(self) -> bool:
         return self.completed_by is not None
+
+    def exhausted(self) -> bool:
+        """Every attempt of the current budget was made."""
+        return self.max_attempts is not None and (
+            self.attempt - self.attempt_base >= self.max_attempts
+        )
 
 
 class MemoryBackend(Backend):
@@ -137,6 +149,8 @@ class MemoryBackend(Backend):
     def _record(self, job_id: str, job: _Job) -> LeaseRecord:
         if job.completed:
             state = JobState.COMPLETED
+        elif job.failed:
+            state = JobState.FAILED
         elif self._alive(job.session_id):
             state = JobState.HELD
         else:
@@ -149,7 +163,29 @@ class MemoryBackend(Backend):
             generation=job.generation,
             state=state,
             result=job.result,
+            attempt=job.attempt,
+            error=job.error,
+            not_before=job.not_before if state is JobState.AVAILABLE else None,
+            max_attempts=job.max_attempts,
         )
+
+    def _waiting(self, job: _Job) -> bool:
+        """A retry delay is still running."""
+        return job.not_before is not None and job.not_before > self._now()
+
+    def _refuse_final(self, job_id: str, job: _Job) -> None:
+        if job.completed:
+            raise JobCompleted(
+                f"{job_id!r} was completed at generation {job.generation}",
+                job_id=job_id,
+                generation=job.generation,
+            )
+        if job.failed:
+            raise JobFailed(
+                f"{job_id!r} FAILED after {job.attempt} attempt(s): {job.error}",
+                job_id=job_id, generation=job.generation, attempt=job.attempt,
+                error=job.error,
+            )
 
     # -- sessions ------------------------------------------------------------------
 
@@ -189,18 +225,22 @@ class MemoryBackend(Backend):
         with self._cond:
             self._require_alive(session, job_id)
             job = self._jobs.setdefault(job_id, _Job())
-            if job.completed:
-                raise JobCompleted(
-                    f"{job_id!r} was completed at generation {job.generation}",
-                    job_id=job_id,
-                    generation=job.generation,
-                )
-            if self._alive(job.session_id):
+            self._refuse_final(job_id, job)
+            if self._alive(job.session_id) or self._waiting(job):
                 return None
+            if job.exhausted():
+                job.failed, job.session_id = True, None
+                job.error = job.error or (
+                    f"attempts exhausted: attempt {job.attempt} ended without completion"
+                )
+                self._refuse_final(job_id, job)
             job.generation += 1
+            job.attempt += 1
+            job.not_before = None
             job.session_id = session.session_id
             job.owner = session.owner
-            return ClaimResult(job.generation, self._sessions[session.session_id].expires_at)
+            expires = self._sessions[session.session_id].expires_at
+            return ClaimResult(job.generation, expires, job.attempt)
 
     def renew(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> float:
         generation = claim.generation
@@ -236,9 +276,40 @@ class MemoryBackend(Backend):
             job.owner = None
             self._cond.notify_all()
 
+    def fail(
+        self, session: SessionHandle, job_id: str, claim: ClaimResult, error: str,
+        retry_in_s: float,
+    ) -> LeaseRecord:
+        with self._cond:
+            job = self._holds(session, job_id, claim.generation)
+            job.session_id = None
+            job.error = error
+            if job.exhausted():
+                job.failed = True
+            else:
+                job.not_before = self._now() + retry_in_s if retry_in_s > 0 else None
+            self._cond.notify_all()
+            return self._record(job_id, job)
+
+    def requeue(self, job_id: str) -> LeaseRecord:
+        with self._cond:
+            job = self._jobs.get(job_id)
+            if job is None or not job.failed:
+                state = "unknown" if job is None else self._record(job_id, job).state.value
+                raise InvalidArgument(
+                    f"only a FAILED job can be requeued; {job_id!r} is {state}", job_id=job_id
+                )
+            job.failed = False
+            job.attempt_base = job.attempt
+            job.not_before = None
+            self._cond.notify_all()
+            return self._record(job_id, job)
+
     # -- work queues ---------------------------------------------------------------
 
-    def enqueue(self, queue: str, job_id: str, payload: bytes) -> bool:
+    def enqueue(
+        self, queue: str, job_id: str, payload: bytes, max_attempts: int | None = None
+    ) -> bool:
         with self._cond:
             job = self._jobs.get(job_id)
             if job is not None:
@@ -247,7 +318,9 @@ class MemoryBackend(Backend):
                         f"{job_id!r} already exists outside queue {queue!r}", job_id=job_id
                     )
                 return False
-            self._jobs[job_id] = _Job(queue=queue, payload=payload, seq=next(self._seq))
+            self._jobs[job_id] = _Job(
+                queue=queue, payload=payload, seq=next(self._seq), max_attempts=max_attempts
+            )
             self._cond.notify_all()
             return True
 
@@ -262,7 +335,8 @@ class MemoryBackend(Backend):
             free = [
                 (j, job.payload)
                 for j, job in self._queued(queue)
-                if not job.completed and not self._alive(job.session_id)
+                if not (job.completed or job.failed or self._waiting(job))
+                and not self._alive(job.session_id)
             ]
             return free[:limit]
 
@@ -280,6 +354,11 @@ class MemoryBackend(Backend):
                 self._sessions[job.session_id].expires_at - self._now()
                 for _, job in self._queued(queue)
                 if job.session_id in self._sessions
+            ]
+            expiries += [
+                job.not_before - self._now()
+                for _, job in self._queued(queue)
+                if job.not_before is not None
             ]
             if expiries:
                 wait = min(wait, max(min(expiries), 0.001))
@@ -311,6 +390,8 @@ class MemoryBackend(Backend):
             if job is not None and job.session_id in self._sessions:
                 until_expiry = self._sessions[job.session_id].expires_at - self._now()
                 wait = min(wait, max(until_expiry, 0.001))
+            if job is not None and job.not_before is not None:
+                wait = min(wait, max(job.not_before - self._now(), 0.001))
             if not isinstance(self._clock, SystemClock):
                 wait = min(wait, 0.01)  # an injected clock can jump: look again soon
             self._cond.wait(wait)

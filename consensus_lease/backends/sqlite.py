@@ -12,6 +12,12 @@ How the protocol maps onto SQLite:
 * A job is a row in ``cl_jobs``: ``generation`` (the fencing token, +1 per claim),
   ``session_id`` of the holder, and the completion record (``completed_at``,
   ``completed_session``, ``result``). A job is held iff its session row is alive.
+* Job lifecycle: ``attempt`` (+1 in the claim's own ``UPDATE``), ``max_attempts`` and
+  ``attempt_base`` (moved to ``attempt`` by ``requeue``) are columns of the job row. A
+  claim's ``WHERE`` refuses a job whose budget is used up, which the same transaction then
+  marks FAILED (``failed_at``). ``fail()`` sets ``not_before = now + retry_in_s`` on the
+  database clock, and every claim compares ``not_before <= now`` inside its statement,
+  so the retry delay is the store's, never a worker's. Waiting claims poll.
 * Every operation runs in one ``BEGIN IMMEDIATE`` transaction whose ``UPDATE ... WHERE``
   does the owner + generation comparison, so the check and the write are one atomic step
   (SQLite serialises writers: https://www.sqlite.org/lang_transaction.html). The file
@@ -50,6 +56,8 @@ from ..errors import (
     BackendUnavailable,
     InvalidArgument,
     JobCompleted,
+    JobFailed,
+    LeaseError,
     SessionExpired,
     StaleLeaseError,
 )
@@ -78,7 +86,13 @@ CREATE TABLE IF NOT EXISTS cl_jobs (
     result            BLOB,
     queue             TEXT,
     payload           BLOB,
-    seq               INTEGER
+    seq               INTEGER,
+    attempt           INTEGER NOT NULL DEFAULT 0,
+    attempt_base      INTEGER NOT NULL DEFAULT 0,
+    max_attempts      INTEGER,
+    error             TEXT,
+    not_before        REAL,
+    failed_at         REAL
 );
 CREATE INDEX IF NOT EXISTS cl_jobs_by_session ON cl_jobs(session_id);
 CREATE INDEX IF NOT EXISTS cl_jobs_by_queue ON cl_jobs(queue, completed_at, seq);
@@ -88,6 +102,19 @@ CREATE TABLE IF NOT EXISTS cl_seq (id INTEGER PRIMARY KEY CHECK (id = 1), last I
 SCHEMA_OBJECTS = frozenset(
     {"cl_sessions", "cl_jobs", "cl_jobs_by_session", "cl_jobs_by_queue", "cl_seq"}
 )
+
+LIFECYCLE_COLUMNS = {
+    "attempt": "INTEGER NOT NULL DEFAULT 0",
+    "attempt_base": "INTEGER NOT NULL DEFAULT 0",
+    "max_attempts": "INTEGER",
+    "error": "TEXT",
+    "not_before": "REAL",
+    "failed_at": "REAL",
+}
+"""Columns added by the job lifecycle (attempts, failure, retry delay); a store file
+written by an earlier version gets them on first open (``ALTER TABLE ... ADD COLUMN``)."""
+
+EXHAUSTED = "(max_attempts IS NOT NULL AND attempt - attempt_base >= max_attempts)"
 
 ALIVE = f"EXISTS (SELECT 1 FROM cl_sessions s WHERE s.session_id = ? AND s.expires_at > {NOW})"
 
@@ -158,6 +185,19 @@ class SqliteBackend(Backend):
                 with self._transaction() as db:
                     for statement in filter(str.strip, SCHEMA.split(";")):
                         db.execute(statement)
+            self._migrate()
+
+    def _migrate(self) -> None:
+        """Add the lifecycle columns to a store written by an earlier version."""
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(cl_jobs)")}
+        missing = [name for name in LIFECYCLE_COLUMNS if name not in columns]
+        if not missing:
+            return
+        with self._transaction() as db:
+            columns = {row[1] for row in db.execute("PRAGMA table_info(cl_jobs)")}
+            for name in missing:
+                if name not in columns:
+                    db.execute(f"ALTER TABLE cl_jobs ADD COLUMN {name} {LIFECYCLE_COLUMNS[name]}")
 
     @classmethod
     def from_url(cls, url: str, options: Mapping[str, object]) -> SqliteBackend:
@@ -288,26 +328,56 @@ class SqliteBackend(Backend):
                     f"session {session.session_id} expired in the store", job_id=job_id
                 )
             row = db.execute(
-                "INSERT INTO cl_jobs (job_id, generation, owner, session_id) VALUES (?, 1, ?, ?) "
+                "INSERT INTO cl_jobs (job_id, generation, owner, session_id, attempt) "
+                "VALUES (?, 1, ?, ?, 1) "
                 "ON CONFLICT (job_id) DO UPDATE SET generation = cl_jobs.generation + 1, "
+                "attempt = cl_jobs.attempt + 1, not_before = NULL, "
                 "owner = excluded.owner, session_id = excluded.session_id "
-                "WHERE cl_jobs.completed_at IS NULL AND NOT EXISTS (SELECT 1 FROM cl_sessions s "
+                "WHERE cl_jobs.completed_at IS NULL AND cl_jobs.failed_at IS NULL "
+                f"AND NOT {EXHAUSTED} "
+                f"AND (cl_jobs.not_before IS NULL OR cl_jobs.not_before <= {NOW}) "
+                "AND NOT EXISTS (SELECT 1 FROM cl_sessions s "
                 f"WHERE s.session_id = cl_jobs.session_id AND s.expires_at > {NOW}) "
                 "RETURNING generation, "
-                "(SELECT expires_at FROM cl_sessions WHERE session_id = cl_jobs.session_id)",
+                "(SELECT expires_at FROM cl_sessions WHERE session_id = cl_jobs.session_id), "
+                "attempt",
                 (job_id, session.owner, session.session_id),
             ).fetchone()
             if row is not None:
-                return ClaimResult(int(row[0]), float(row[1]))
-            done = db.execute(
-                "SELECT generation FROM cl_jobs WHERE job_id = ? AND completed_at IS NOT NULL",
-                (job_id,),
-            ).fetchone()
-        if done is not None:
-            raise JobCompleted(
-                f"{job_id!r} was completed at generation {done[0]}",
-                job_id=job_id,
-                generation=int(done[0]),
+                return ClaimResult(int(row[0]), float(row[1]), int(row[2]))
+            refusal = self._refusal(db, job_id)  # raised after COMMIT: it may have written
+        if refusal is not None:
+            raise refusal
+        return None
+
+    def _refusal(self, db: sqlite3.Connection, job_id: str) -> LeaseError | None:
+        """After a claim did not apply: JobCompleted / JobFailed if that is why (else
+        ``None``); moves a job whose attempts are used up, and which nobody holds, to
+        FAILED first."""
+        db.execute(
+            f"UPDATE cl_jobs SET failed_at = {NOW}, session_id = NULL, error = coalesce(error, "
+            "'attempts exhausted: attempt ' || attempt || ' ended without completion') "
+            f"WHERE job_id = ? AND completed_at IS NULL AND failed_at IS NULL AND {EXHAUSTED} "
+            "AND NOT EXISTS (SELECT 1 FROM cl_sessions s "
+            f"WHERE s.session_id = cl_jobs.session_id AND s.expires_at > {NOW})",
+            (job_id,),
+        )
+        row = db.execute(
+            "SELECT generation, completed_at, failed_at, attempt, error FROM cl_jobs "
+            "WHERE job_id = ?", (job_id,),
+        ).fetchone()
+        if row is None:
+            return None
+        generation, completed_at, failed_at, attempt, error = row
+        if completed_at is not None:
+            return JobCompleted(
+                f"{job_id!r} was completed at generation {generation}",
+                job_id=job_id, generation=int(generation),
+            )
+        if failed_at is not None:
+            return JobFailed(
+                f"{job_id!r} FAILED after {attempt} attempt(s): {error}",
+                job_id=job_id, generation=int(generation), attempt=int(attempt), error=error,
             )
         return None
 
@@ -361,9 +431,47 @@ class SqliteBackend(Backend):
             if row is None:
                 raise self._reject(db, session, job_id, generation)
 
+    def fail(
+        self, session: SessionHandle, job_id: str, claim: ClaimResult, error: str,
+        retry_in_s: float,
+    ) -> LeaseRecord:
+        generation = claim.generation
+        with self._transaction(job_id) as db:
+            row = db.execute(
+                f"UPDATE cl_jobs SET session_id = NULL, error = ?, "
+                f"failed_at = CASE WHEN {EXHAUSTED} THEN {NOW} END, "
+                f"not_before = CASE WHEN NOT {EXHAUSTED} AND ? > 0 THEN {NOW} + ? END "
+                "WHERE job_id = ? AND session_id = ? AND generation = ? AND completed_at IS NULL "
+                f"AND {ALIVE} RETURNING 1",
+                (error, retry_in_s, retry_in_s, job_id, session.session_id, generation,
+                 session.session_id),
+            ).fetchone()
+            if row is None:
+                raise self._reject(db, session, job_id, generation)
+            record = self._get(db, job_id)
+        assert record is not None
+        return record
+
+    def requeue(self, job_id: str) -> LeaseRecord:
+        with self._transaction(job_id) as db:
+            row = db.execute(
+                "UPDATE cl_jobs SET failed_at = NULL, not_before = NULL, attempt_base = attempt "
+                "WHERE job_id = ? AND failed_at IS NOT NULL RETURNING 1",
+                (job_id,),
+            ).fetchone()
+            record = self._get(db, job_id)
+        if row is None or record is None:
+            state = "unknown" if record is None else record.state.value
+            raise InvalidArgument(
+                f"only a FAILED job can be requeued; {job_id!r} is {state}", job_id=job_id
+            )
+        return record
+
     # -- work queues -------------------------------------------------------------------
 
-    def enqueue(self, queue: str, job_id: str, payload: bytes) -> bool:
+    def enqueue(
+        self, queue: str, job_id: str, payload: bytes, max_attempts: int | None = None
+    ) -> bool:
         with self._transaction(job_id) as db:
             row = db.execute("SELECT queue FROM cl_jobs WHERE job_id = ?", (job_id,)).fetchone()
             if row is not None:
@@ -377,16 +485,18 @@ class SqliteBackend(Backend):
                 "RETURNING last"
             ).fetchone()[0]
             db.execute(
-                "INSERT INTO cl_jobs (job_id, generation, queue, payload, seq) "
-                "VALUES (?, 0, ?, ?, ?)",
-                (job_id, queue, payload, seq),
+                "INSERT INTO cl_jobs (job_id, generation, queue, payload, seq, max_attempts) "
+                "VALUES (?, 0, ?, ?, ?, ?)",
+                (job_id, queue, payload, seq, max_attempts),
             )
             return True
 
     def queue_candidates(self, queue: str, limit: int) -> list[tuple[str, bytes]]:
         rows = self._read(
             "SELECT j.job_id, j.payload FROM cl_jobs j WHERE j.queue = ? "
-            "AND j.completed_at IS NULL AND NOT EXISTS (SELECT 1 FROM cl_sessions s "
+            "AND j.completed_at IS NULL AND j.failed_at IS NULL "
+            f"AND (j.not_before IS NULL OR j.not_before <= {NOW}) "
+            "AND NOT EXISTS (SELECT 1 FROM cl_sessions s "
             f"WHERE s.session_id = j.session_id AND s.expires_at > {NOW}) "
             "ORDER BY j.seq LIMIT ?",
             (queue, int(limit)),
@@ -403,7 +513,7 @@ class SqliteBackend(Backend):
             sql += " LIMIT ?"
             params = (queue, int(limit))
         return [
-            QueuedJob(queue, self._to_record(row[:7]), bytes(row[7] or b""), int(row[8]))
+            QueuedJob(queue, self._to_record(row[:-2]), bytes(row[-2] or b""), int(row[-1]))
             for row in self._read(sql, params)
         ]
 
@@ -420,15 +530,19 @@ class SqliteBackend(Backend):
 
     _SELECT = (
         "SELECT j.job_id, j.owner, s.expires_at, j.generation, j.completed_at, j.result, "
-        f"(s.expires_at > {NOW}) FROM cl_jobs j "
+        f"(s.expires_at > {NOW}), j.failed_at, j.attempt, j.error, "
+        f"CASE WHEN j.not_before > {NOW} THEN j.not_before END, j.max_attempts FROM cl_jobs j "
         "LEFT JOIN cl_sessions s ON s.session_id = j.session_id"
     )
 
     @staticmethod
     def _to_record(row: tuple[Any, ...]) -> LeaseRecord:
-        job_id, owner, expires_at, generation, completed_at, result, alive = row
+        (job_id, owner, expires_at, generation, completed_at, result, alive, failed_at,
+         attempt, error, not_before, max_attempts) = row
         if completed_at is not None:
             state = JobState.COMPLETED
+        elif failed_at is not None:
+            state = JobState.FAILED
         elif alive:
             state = JobState.HELD
         else:
@@ -440,6 +554,10 @@ class SqliteBackend(Backend):
             generation=int(generation),
             state=state,
             result=None if result is None else bytes(result),
+            attempt=int(attempt),
+            error=error,
+            not_before=float(not_before) if state is JobState.AVAILABLE and not_before else None,
+            max_attempts=None if max_attempts is None else int(max_attempts),
         )
 
     def _get(self, db: sqlite3.Connection, job_id: str) -> LeaseRecord | None:

@@ -1,0 +1,182 @@
+"""The job-lifecycle part of the conformance suite: attempts, ``fail()``, retry delays
+on the store's clock, FAILED (dead letter) and ``requeue``.
+
+Mixed into :class:`~consensus_lease.testing.conformance.BackendConformance`, so every
+backend runs it; it uses that class's hooks (``open``, ``expire``, fixtures).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from ..errors import InvalidArgument, JobFailed, LeaseLost, StaleLeaseError
+from ..record import JobState
+from ..retry import RetryPolicy
+from ..session import Session
+from ..states import LeaseState
+from ..store import LeaseStore
+
+__all__ = ["LifecycleConformance"]
+
+RETRY_IN_S = 0.5
+"""The retry delay the tests ask for; a store may round it up (etcd: whole seconds)."""
+
+WAIT_S = 30.0
+"""Upper bound for any wait in these tests (they poll the store, never sleep blindly)."""
+
+
+class LifecycleConformance:
+    """Attempts, failure and dead letters, on every backend."""
+
+    open: Any
+    expire: Any
+    short_ttl_s: float
+
+    def test_fail_retries_after_store_delay_then_dead_letters(
+        self, store: LeaseStore, sessions: list[Session]
+    ) -> None:
+        """A handler that always fails, max_attempts=3, retry_in_s=0.5: exactly three
+        claims, each at least 0.5 s (worker-measured from the fail's send to the next
+        claim's answer) after the previous failure; then FAILED with the last error and
+        attempt 3; claim refuses it with JobFailed; requeue makes it attempt 4."""
+        worker = self.open(store, "W")
+        assert store.enqueue("lq", "always-fails", b"p", max_attempts=3)
+        failed_sent_at: float | None = None
+        for attempt in (1, 2, 3):
+            lease = worker.claim_next("lq", wait_s=WAIT_S)
+            claimed_at = time.monotonic()
+            assert lease is not None and lease.attempt == attempt
+            assert lease.payload == b"p"
+            if failed_sent_at is not None:
+                assert claimed_at - failed_sent_at >= RETRY_IN_S
+            failed_sent_at = time.monotonic()
+            record = lease.fail(f"boom {attempt}", retry_in_s=RETRY_IN_S)
+            assert lease.state is LeaseState.FAILED
+            with pytest.raises(LeaseLost):
+                lease.ensure_held()
+            expected = JobState.FAILED if attempt == 3 else JobState.AVAILABLE
+            assert record.state is expected and record.attempt == attempt
+            assert record.error == f"boom {attempt}"
+        assert worker.claim_next("lq") is None
+        with pytest.raises(JobFailed) as refused:
+            worker.claim("always-fails")
+        assert refused.value.attempt == 3 and refused.value.error == "boom 3"
+        record = store.get("always-fails")
+        assert record is not None and record.state is JobState.FAILED
+        assert record.max_attempts == 3 and record.error == "boom 3"
+        assert store.queue_stats("lq").failed == 1
+        again = store.requeue("always-fails")
+        assert again.state is JobState.AVAILABLE and again.attempt == 3
+        lease = worker.claim_next("lq", wait_s=WAIT_S)
+        assert lease is not None and lease.job_id == "always-fails" and lease.attempt == 4
+        lease.complete(b"finally")
+
+    def test_expired_attempts_count_and_dead_letter(
+        self, store: LeaseStore, sessions: list[Session]
+    ) -> None:
+        """Leases that end without completion use up attempts: with max_attempts=2 and
+        two expired holders, the next claim moves the job to FAILED (JobFailed)."""
+        store.enqueue("lq", "keeps-dying", max_attempts=2)
+        for attempt in (1, 2):
+            dying = self.open(store, f"dying-{attempt}", self.short_ttl_s, keepalive=False)
+            lease = dying.claim_next("lq", wait_s=WAIT_S)
+            assert lease is not None and lease.attempt == attempt
+            self.expire(store, dying)
+        survivor = self.open(store, "survivor")
+        deadline = time.monotonic() + WAIT_S
+        with pytest.raises(JobFailed):
+            while time.monotonic() < deadline:
+                claimed = survivor.claim("keeps-dying")
+                assert claimed is None, "a job whose attempts ran out was claimed again"
+                time.sleep(0.05)  # poll interval while the store's TTL runs out
+        record = store.get("keeps-dying")
+        assert record is not None and record.state is JobState.FAILED
+        assert record.attempt == 2 and record.error is not None
+        assert "without completion" in record.error
+        assert survivor.claim_next("lq") is None
+
+    def test_retry_delay_is_on_the_store_and_waiting_claim_gets_it(
+        self, store: LeaseStore, sessions: list[Session]
+    ) -> None:
+        a = self.open(store, "A")
+        lease = a.claim("delayed")
+        assert lease is not None and lease.attempt == 1
+        sent = time.monotonic()
+        record = lease.fail(ValueError("bad input row 7"), retry_in_s=RETRY_IN_S)
+        assert record.state is JobState.AVAILABLE
+        assert record.error == "ValueError: bad input row 7"
+        b = self.open(store, "B")
+        early = b.claim("delayed")
+        if early is not None:  # only possible if the delay already passed
+            assert time.monotonic() - sent >= RETRY_IN_S
+            early.release()
+        later = b.claim("delayed", wait_s=WAIT_S)
+        assert later is not None and later.attempt >= 2
+        assert time.monotonic() - sent >= RETRY_IN_S
+        assert later.generation > lease.generation
+
+    def test_zero_delay_and_unlimited_attempts(
+        self, store: LeaseStore, sessions: list[Session]
+    ) -> None:
+        a = self.open(store, "A")
+        for attempt in range(1, 5):
+            lease = a.claim("unlimited", wait_s=WAIT_S)
+            assert lease is not None and lease.attempt == attempt
+            assert lease.fail("again", retry_in_s=0).state is JobState.AVAILABLE
+
+    def test_policy_decides_delay_and_limit(
+        self, store: LeaseStore, sessions: list[Session]
+    ) -> None:
+        store.set_retry_policy("pq", RetryPolicy(max_attempts=1, initial_s=0.0))
+        store.enqueue("pq", "one-shot")
+        record = store.get("one-shot")
+        assert record is not None and record.max_attempts == 1
+        lease = self.open(store, "A").claim_next("pq", wait_s=WAIT_S)
+        assert lease is not None
+        assert lease.fail("no retries").state is JobState.FAILED
+
+    def test_stale_fail_rejected_by_store(
+        self, store: LeaseStore, sessions: list[Session]
+    ) -> None:
+        a = self.open(store, "A", self.short_ttl_s, keepalive=False)
+        old = a.claim("stale-fail")
+        assert old is not None
+        self.expire(store, a)
+        b = self.open(store, "B")
+        new = b.claim("stale-fail", wait_s=WAIT_S)
+        assert new is not None
+        with pytest.raises(LeaseLost):
+            old.fail("too late", retry_in_s=0)
+        record = store.get("stale-fail")
+        assert record is not None and record.state is JobState.HELD
+        assert record.generation == new.generation and record.error is None
+        with pytest.raises(StaleLeaseError):
+            store.backend.fail(b.handle, "stale-fail", old.claim_result, "x", 0.0)
+
+    def test_lifecycle_bad_input_changes_nothing(
+        self, store: LeaseStore, sessions: list[Session]
+    ) -> None:
+        a = self.open(store, "A")
+        lease = a.claim("bad-input")
+        assert lease is not None
+        for error, retry in ((b"bytes", 0), (None, 0), ("nul\0", 0), ("x", -1),
+                             ("x", float("nan")), ("x", True), ("x" * 70_000, 0)):
+            with pytest.raises(InvalidArgument):
+                lease.fail(error, retry_in_s=retry)
+        lease.ensure_held()
+        with pytest.raises(InvalidArgument):
+            store.requeue("bad-input")  # held, not FAILED
+        with pytest.raises(InvalidArgument):
+            store.requeue("never-seen-job")
+        bad: Any
+        for bad in (0, -1, 1.5, True, "3", 2**40):
+            with pytest.raises(InvalidArgument):
+                store.enqueue("lq", "bad-limit", max_attempts=bad)
+        assert store.get("bad-limit") is None
+        for policy in ({"max_attempts": 0}, {"initial_s": -1.0}, {"multiplier": 0.5}):
+            with pytest.raises(InvalidArgument):
+                RetryPolicy(**policy)
+        lease.complete(b"ok")
