@@ -12,6 +12,12 @@ How the protocol maps onto SQLite:
 * A job is a row in ``cl_jobs``: ``generation`` (the fencing token, +1 per claim),
   ``session_id`` of the holder, and the completion record (``completed_at``,
   ``completed_session``, ``result``). A job is held iff its session row is alive.
+* Job lifecycle: ``attempt`` (+1 in the claim's own ``UPDATE``), ``max_attempts`` and
+  ``attempt_base`` (moved to ``attempt`` by ``requeue``) are columns of the job row. A
+  claim's ``WHERE`` refuses a job whose budget is used up, which the same transaction then
+  marks FAILED (``failed_at``). ``fail()`` sets ``not_before = now + retry_in_s`` on the
+  database clock, and every claim compares ``not_before <= now`` inside its statement,
+  so the retry delay is the store's, never a worker's. Waiting claims poll.
 * Every operation runs in one ``BEGIN IMMEDIATE`` transaction whose ``UPDATE ... WHERE``
   does the owner + generation comparison, so the check and the write are one atomic step
   (SQLite serialises writers: https://www.sqlite.org/lang_transaction.html). The file

@@ -134,7 +134,8 @@ def test_completion_beats_a_claim_prepared_before_it(
     assert version_read_by_b == lease.generation
     lease.complete(b"done")  # commits between B's read and B's write
     outcome: dict[str, Any] = {}
-    retry = backend._claims.send(handle(b), [Plan(paths, version_read_by_b, new_nonce())], outcome)
+    retry = backend._claims.send(handle(b), [Plan(paths, version_read_by_b, new_nonce())],
+                                 outcome, set())
     assert outcome == {} and retry == ["raced"]  # BadVersion: read again
     with pytest.raises(JobCompleted) as done:
         b.claim("raced")
@@ -252,7 +253,7 @@ def test_session_events(zk_url: str, zk_target: ZkTarget) -> None:
     assert isinstance(h, ZkSession)
     try:
         claim = backend.claim(h, "job")
-        assert claim == ClaimResult(1)
+        assert claim == ClaimResult(1, attempt=1)
         zk_target.stop()
         try:
             poll_until(lambda: SessionEvent.SUSPENDED in events, 30)
@@ -270,7 +271,7 @@ def test_session_events(zk_url: str, zk_target: ZkTarget) -> None:
             backend.claim(h, "other")
         poll_until(lambda: not h.client.connected, 30)  # stopped, not living on
         other = backend.open_session("B", 8.0)
-        assert backend.claim(other, "job") == ClaimResult(2)
+        assert backend.claim(other, "job") == ClaimResult(2, attempt=2)
     finally:
         store.close()
 
@@ -477,7 +478,7 @@ def test_unsettled_claim_is_adopted_or_handed_back(
             with pytest.raises(OutcomeUnknown):
                 backend.claim(h, job)
         backend._wire.read = real_read  # type: ignore[method-assign]
-        assert backend.claim(h, "adopted") == ClaimResult(1)  # its own claim, found again
+        assert backend.claim(h, "adopted") == ClaimResult(1, attempt=1)  # its own claim, found again
         backend.keepalive(h)  # hands back the one nobody asked for again
         record = store.get("handed-back")
         assert record is not None and record.state is JobState.AVAILABLE
@@ -521,7 +522,7 @@ def test_backend_session_without_the_core_does_not_lapse(
     assert isinstance(h, ZkSession)
     try:
         claim = backend.claim(h, "job")
-        assert claim == ClaimResult(1)
+        assert claim == ClaimResult(1, attempt=1)
         past = time.monotonic() + 2 * h.granted_ttl_s + 1.0
         while time.monotonic() < past:
             assert h.status is Status.CONNECTED

@@ -205,7 +205,7 @@ def test_retried_completion_returns_the_record_without_a_multi(
 ) -> None:
     a = opened("A")
     claim = backend.claim(a.handle, "job")
-    assert claim == ClaimResult(1)
+    assert claim == ClaimResult(1, attempt=1)
     first = backend.complete(a.handle, "job", claim, b"r")
     sent = requests(handle(a))
     assert backend.complete(a.handle, "job", claim, b"r") == first  # the hold is ended
@@ -277,7 +277,7 @@ def test_expired_session_completes_nothing(
 ) -> None:
     a = opened("A")
     claim = backend.claim(a.handle, "job")
-    assert claim == ClaimResult(1)
+    assert claim == ClaimResult(1, attempt=1)
     backend.expire_session(a.session_id)
     for unknown in (claim, ClaimResult(1)):
         with pytest.raises(SessionExpired):
@@ -315,7 +315,7 @@ def test_adopted_and_handed_back_claims_carry_their_hold(zk_url: str) -> None:
         assert set(h.uncertain) == {"adopted", "handed-back"}
         backend._wire.read = real_read  # type: ignore[method-assign]
         claim = backend.claim(h, "adopted")  # its own claim, found again
-        assert claim == ClaimResult(1) and hold(claim).session is h
+        assert claim == ClaimResult(1, attempt=1) and hold(claim).session is h
         sent = requests(h)
         assert backend.complete(h, "adopted", claim, b"r").state is JobState.COMPLETED
         assert sent == ["Transaction"]

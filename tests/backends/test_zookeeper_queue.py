@@ -273,11 +273,11 @@ def test_candidates_are_fifo_skip_held_and_a_released_job_keeps_its_place(
     assert [j for j, _ in backend.queue_candidates("q", 10)] == ["j0", "j2", "j3", "j4"]
 
 
-def test_candidates_are_two_listings_and_cached_payloads(
+def test_candidates_are_three_listings_and_cached_payloads(
     store: LeaseStore, opened: Callable[..., Session]
 ) -> None:
-    """One round trip lists the queue's open and held markers; payloads are read once
-    (a member's data never changes), later calls take them from the cache."""
+    """One round trip lists the queue's open, held and delayed markers; payloads are read
+    once (a member's data never changes), later calls take them from the cache."""
     backend = backend_of(store)
     for i in range(40):
         store.enqueue("q", f"j{i:02d}", f"p{i}".encode())
@@ -290,12 +290,12 @@ def test_candidates_are_two_listings_and_cached_payloads(
 
     backend._wire.reader_read = counting  # type: ignore[method-assign]
     first = backend.queue_candidates("q", 32)
-    assert trips == [4, 32]  # sync + queue node + two listings; then 32 payloads
+    assert trips == [5, 32]  # sync + queue node + three listings; then 32 payloads
     trips.clear()
     lease = opened("A").claim("j00")
     assert lease is not None
     again = backend.queue_candidates("q", 32)
-    assert trips == [4, 1]  # only the one payload not seen before (j32)
+    assert trips == [5, 1]  # only the one payload not seen before (j32)
     assert again == [*first[1:], ("j32", b"p32")]
 
 

@@ -9,21 +9,29 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, RolledBackError
 
 from consensus_lease import open_store
 from consensus_lease.backends.zookeeper import ZooKeeperBackend
 from consensus_lease.backends.zookeeper._layout import (
     CorruptData,
+    Failure,
     JobPaths,
     decode_name,
     dump_claim,
     dump_completed,
+    dump_delayed,
+    dump_failure,
+    dump_new,
     dump_owner,
     encode_job_id,
+    parse_delayed,
+    parse_failure,
     parse_job,
     parse_owner,
     to_record,
 )
+from consensus_lease.backends.zookeeper._ops import marker_trouble
 from consensus_lease.backends.zookeeper._options import parse_url
 from consensus_lease.backends.zookeeper._session import NegotiatedTimeouts, session_text
 from consensus_lease.errors import BackendUnavailable, InvalidArgument, UnsupportedBackend
@@ -177,3 +185,59 @@ def test_negotiated_timeout_is_captured_from_kazoos_log_call() -> None:
     capture.log(logging.INFO, "unrelated %s", "x")
     assert capture.timeouts_ms == {0x10: 4000}
     assert session_text(0x10) == "0x0000000000000010"
+
+
+# -- the job lifecycle ------------------------------------------------------------------------
+
+
+def test_lifecycle_data_round_trips() -> None:
+    assert dump_new(None) == b""
+    assert parse_job(dump_new(3), "/p").max_attempts == 3
+    held = parse_job(dump_claim("A", "0x1", 4, 5), "/p")
+    assert (held.attempt, held.max_attempts) == (4, 5)
+    done = parse_job(dump_completed("A", "0x1", 7, "n", b"r", 2, None), "/p")
+    assert (done.attempt, done.max_attempts, done.result) == (2, None, b"r")
+    stat = SimpleNamespace(version=3, mtime=1_700_000_000_123)
+    for error in ("line 1\nline 2 \u00e9", None):
+        written = Failure(False, 9, 2, 0.25, error, "n")
+        read = parse_failure((dump_failure(written), stat), "/p/failure")
+        assert read == Failure(False, 9, 2, 0.25, error, "n", 3, 1_700_000_000_123)
+        assert read.not_before_ms == 1_700_000_000_373
+        assert read.delaying(9) and not read.delaying(10)
+    assert parse_delayed((dump_delayed(0.0011), stat), "/p") == 1_700_000_000_125
+    with pytest.raises(CorruptData):
+        parse_failure((b'{"format":1,"failed":false}\n', stat), "/p/failure")
+    with pytest.raises(CorruptData):
+        parse_job(b'{"format":1,"state":"held","attempt":-1}\n', "/p")
+
+
+def test_lifecycle_records() -> None:
+    paths = JobPaths.of("/c/jobs", "j")
+    job = (dump_claim("A", "0x1", 2, 3), SimpleNamespace(version=2))
+    stat = SimpleNamespace(version=1, mtime=10_000)
+    retry = (dump_failure(Failure(False, 2, 0, 1.5, "boom", "n")), stat)
+    record = to_record(paths, job, None, retry)
+    assert record is not None and (record.state, record.attempt, record.max_attempts) == (
+        JobState.AVAILABLE, 2, 3,
+    )
+    assert (record.error, record.not_before) == ("boom", 11.5)
+    claimed_since = (dump_claim("B", "0x2", 3, 3), SimpleNamespace(version=3))
+    record = to_record(paths, claimed_since, None, retry)
+    assert record is not None and record.not_before is None and record.error == "boom"
+    dead = (dump_failure(Failure(True, 2, 0, 0.0, "boom", "n")), stat)
+    record = to_record(paths, job, None, dead)
+    assert record is not None and record.state is JobState.FAILED and record.not_before is None
+
+
+def test_marker_trouble_tells_markers_from_core_operations() -> None:
+    markers = [("delete", "/q/held/m", b"", -1), ("create", "/q/delayed/m", b"", -1)]
+    rolled = RolledBackError()
+    missing = marker_trouble([rolled, rolled, NoNodeError(), rolled], 2, markers)
+    assert (missing.only, missing.skip) == (True, {"/q/held/m"})
+    exists = marker_trouble([rolled, rolled, rolled, NodeExistsError()], 2, markers)
+    assert (exists.only, exists.skip) == (True, {"/q/delayed/m"})
+    parent = marker_trouble([rolled, rolled, rolled, NoNodeError()], 2, markers)
+    assert (parent.only, parent.skip, parent.parents) == (True, set(), {"/q/delayed"})
+    core = marker_trouble([BadVersionError(), rolled, rolled, rolled], 2, markers)
+    assert not core.only and not core.skip
+    assert not marker_trouble([], 2, markers).only  # a lost answer says nothing

@@ -57,8 +57,70 @@ How leases map onto ZooKeeper
   possibly before it has applied a write its followers already applied and answered, or
   while it is deposed and does not know it yet.
 * Nothing but the job znodes (and ``{chroot}/jobs``) stays behind: owner znodes go with
-  release, completion or the session. Never delete job znodes by hand: their version is
-  the generation history, and a re-created znode would start again at 0.
+  release, completion or the session (a job that ever failed also keeps its failure
+  znode, below). Never delete job znodes by hand: their version is the generation
+  history, and a re-created znode would start again at 0.
+
+Job lifecycle: attempts, ``fail``, retry delays, FAILED, ``requeue`` (``_lifecycle``)
+-------------------------------------------------------------------------------------
+* ``attempt`` is in the job znode's data: each claim's versioned ``set_data`` writes the
+  attempt read + 1 (named, batch and queue claims alike), and the completion record
+  keeps it. ``max_attempts`` is written into the job znode by ``enqueue`` (version 0)
+  and carried by every claim; a job never enqueued has none.
+* Everything else lives in the persistent **failure znode** ``{job}/failure``, made by the
+  job's first ``fail()``: the last error, the FAILED flag, the generation it was written
+  at, the retry delay and the attempt base (``requeue`` sets it to the attempt then; the
+  budget is ``attempt - base < max_attempts``), and a nonce. It is always written at the
+  version read, and **never bumps the job znode's version**: claims alone (and a
+  completion) move the generation, so generations stay consecutive and a claim's token
+  is still the job znode's version.
+* ``fail()`` is one multi with the checks of a release: ``check`` of the job znode at
+  version == generation, ``delete`` of the owner znode at the claim's version, the
+  failure znode's versioned ``set_data`` (``create`` + ``set_data`` the first time), and
+  for a queued job the held marker's delete, plus the open marker's delete if the job
+  becomes FAILED (so ``queue_candidates`` never offers it) or the creation of the
+  persistent **delayed marker** ``{q}/delayed/{member}`` for a retry delay (a retrying
+  job stays open). Sent from the claim's hold without reading, as completion is; whether
+  the attempt was the last is decided from what the claim read (attempt, limit, base),
+  which nobody else can change while the job is held.
+* **The retry delay is on the store's clock.** ZooKeeper has no call that reads its
+  clock, but every write's ``Stat.mtime`` is the time the leader ordered it (whole ms),
+  applied unchanged by every member. The delay runs from the failure znode's mtime (the
+  ``fail()`` write itself). A claim that finds a delay recorded since the job's last
+  claim (failure znode's generation == the job znode's version) first writes
+  ``{chroot}/jobs`` (``set_data``, any version; its data is unused) and claims only if
+  that write's mtime is past the failure znode's mtime + the delay; the claim multi,
+  sent after that answer, lands later still, and it deletes the delayed marker. A
+  worker's clock never takes part (it only times how long a waiter sleeps: a wall clock
+  an hour off changes nothing). That write costs one more round trip, only for a job
+  whose delay was recorded and not yet claimed past. ``LeaseRecord.not_before`` is the
+  failure znode's mtime + the delay, shown until the next claim (even once passed:
+  telling would take a write). TTL znodes (``extendedTypesEnabled``) could expire a
+  marker on the server's clock, but they are off by default, so they are not used.
+* A claim that finds the job unheld with its attempts used up (its last lease expired
+  or was released) does not claim: one multi (``check`` of the version read, the failure
+  znode's versioned write with FAILED and the last error, or "attempts exhausted:
+  attempt N ended without completion", and the open marker's delete) makes it FAILED,
+  and the claim raises ``JobFailed``, as it does for any FAILED job. ``claim_many``
+  yields ``None`` for both.
+* ``requeue`` (shared client): read after a write barrier, then one multi: the failure
+  znode at its version (not FAILED, no delay, base = attempt, error kept), a ``check``
+  of the job znode's version, and the open marker made again. Not FAILED (or unknown):
+  ``InvalidArgument``.
+* Lost answers of all three multis are read back (the failure znode's nonce, after a
+  write barrier), never re-sent blindly; not applied, they are sent again after the
+  usual read (``fail``), or the job is read again (the claim, ``requeue``).
+* Waiting: ZooKeeper has no timer event. ``wait_for_change`` on a job whose claim by this
+  backend was refused for a running delay sleeps until that delay ends (as measured
+  from the store's clock by that claim); ``queue_candidates`` leaves out delayed
+  members whose delay is running, timing the delays it has not seen with one round trip
+  (the markers, plus a write of ``{chroot}/jobs`` for the store's "now"), and
+  ``wait_for_queue``, when every job not held has a delay running, sleeps until the
+  soonest ends (also woken by a child watch on ``delayed``). A waiter thus wakes once
+  per delay, not in a loop.
+* ``get``/``records``/``queue_jobs`` read the failure znode with the job (same round
+  trip): state FAILED, ``attempt``, ``error``, ``not_before``, ``max_attempts``.
+  ``purge`` deletes a completed job's failure znode with it.
 
 Work queues (``capabilities.queues``; layout in ``_layout``, operations in ``_queues``)
 -------------------------------------------------------------------------------------
@@ -74,14 +136,17 @@ Work queues (``capabilities.queues``; layout in ``_layout``, operations in ``_qu
   marker each: the claim multi also creates the EPHEMERAL held marker
   ``{chroot}/queues/{q}/held/{member}`` (same session as the owner znode, so it goes
   with the session too), release and completion delete it, and completion also deletes
-  the open marker. Claimable = children of ``open`` - children of ``held``:
-  ``queue_candidates`` is one round trip of two listings (plus payloads not yet cached),
-  and ``wait_for_queue`` waits on two child watches shared by every waiter.
-* ``purge`` deletes each completed job's tag, job znode (at its completed version) and
-  member, up to 100 jobs per multi. **A purged job id must not be enqueued (or claimed)
+  the open marker. Claimable = children of ``open`` - children of ``held`` - children of
+  ``delayed`` whose retry delay runs (see the job lifecycle above):
+  ``queue_candidates`` is one round trip of three listings (plus payloads not yet
+  cached, and delays not yet timed), and ``wait_for_queue`` waits on three child
+  watches shared by every waiter.
+* ``purge`` deletes each completed job's tag, failure znode, job znode (at its completed
+  version) and member, up to 100 jobs per multi. **A purged job id must not be enqueued (or claimed)
   again**: its job znode would be made anew at version 0 and its generations (fencing
   tokens) would repeat. Each queue keeps its four znodes (``{q}``, ``jobs``, ``open``,
-  ``held``).
+  ``held``; a fifth, ``delayed``, is made by the queue's first ``fail()`` with a
+  retry delay).
 * ``max_payload_bytes`` is 1,000,000: ZooKeeper refuses requests over ``jute.maxbuffer``
   (0xfffff, 1 MiB - 1, by default) and the enqueue multi also carries five paths, the
   tag, ACLs and framing (up to ~10 KB with the longest names). The backend also checks
@@ -163,8 +228,13 @@ Limits worth knowing:
 * A waiter is also woken (spuriously) by every claim and completion in its queue; it
   looks again and waits again. ZooKeeper watches fire once and kazoo cannot remove one:
   a watch whose waiters all timed out stays registered (one per path) until it fires.
-* A claim reads the job's ``queue`` tag with the job (one more read in the same round
-  trip, also for jobs claimed by name); release and completion use the markers it named.
+* A claim reads the job's ``queue`` tag and failure znode with the job (two more reads in
+  the same round trip, also for jobs claimed by name); release, completion and fail use
+  the markers it named. A claim+complete cycle of a job that has no retry delay
+  recorded costs no more round trips than without the job lifecycle.
+* The retry delay's end is compared between two mtimes possibly set by two leaders (a
+  change of leader between the ``fail()`` and the claim): keep the members' clocks
+  synchronised (NTP), as any deployment of ZooKeeper should. Resolution is 1 ms.
 * A claim reads the job before its multi (one round trip on the session's own member,
   with no quorum): its version alone would not tell a completed job from a claimable
   one. So a claim+complete cycle is a read and two multis, where the bare minimum for a

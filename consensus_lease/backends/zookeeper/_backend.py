@@ -11,12 +11,13 @@ from contextlib import contextmanager
 from typing import ClassVar
 
 from ...backend import Backend, Capabilities, SessionHandle, StateListener
-from ...errors import BackendUnavailable, InvalidArgument, JobCompleted, LeaseError
+from ...errors import BackendUnavailable, InvalidArgument, JobCompleted, JobFailed, LeaseError
 from ...record import ClaimResult, LeaseRecord, QueuedJob
 from ._claims import Claims
 from ._errors import KAZOO_ERRORS, translate
 from ._holds import Holds
 from ._layout import JobPaths, decode_name, to_record
+from ._lifecycle import Lifecycle
 from ._options import ZkConfig, parse_url
 from ._queues import MAX_PAYLOAD_BYTES, Queues
 from ._session import NegotiatedTimeouts, Status, ZkSession
@@ -86,11 +87,13 @@ class ZooKeeperBackend(Backend):
         self.config = config
         self.hosts = config.hosts_text
         self._wire = Wire(config)
+        self._lifecycle = Lifecycle(self._wire, self._paths)
         self._claims = Claims(
-            self._wire, self._paths, lambda h: self._ensure_base(h, again=True)
+            self._wire, self._paths, lambda h: self._ensure_base(h, again=True),
+            self._lifecycle,
         )
         self._holds = Holds(self._wire)
-        self._queues = Queues(self._wire, self._paths)
+        self._queues = Queues(self._wire, self._paths, self._lifecycle.hints)
         self._watches = OwnerWatches()
         self._lock = threading.Lock()
         self._sessions: dict[str, ZkSession] = {}
@@ -256,12 +259,20 @@ class ZooKeeperBackend(Backend):
         znode. Fails as a whole if anyone changed the job since the read — including a
         completion — or a live session owns it.
 
-        Returns the generation (its ``handle`` is the claim's hold: pass the result back
-        to renew/complete/release), or ``None`` if a live session (maybe this one) holds
-        it.
+        The same ``set_data`` writes the attempt number (the one read + 1). The job's
+        failure znode is read with it: a FAILED job is refused; a job whose attempts are
+        used up (``attempt - base >= max_attempts``) becomes FAILED instead, in a multi
+        of its own that checks the version read; a job with a retry delay recorded since
+        its last claim is claimed only if a fresh write's mtime (the store's clock) is
+        past the delay's end: one more round trip, only then. See :mod:`._lifecycle`.
+
+        Returns the generation and attempt (its ``handle`` is the claim's hold: pass the
+        result back to renew/complete/release/fail), or ``None`` if a live session (maybe
+        this one) holds it or its retry delay has not passed.
 
         Raises:
             JobCompleted: the job has a completion record (its generation attached).
+            JobFailed: the job is FAILED (now or before).
             SessionExpired: this session is over; nothing is held.
             BackendUnavailable: nothing was applied.
             OutcomeUnknown: the answer was lost and reading back failed; if it was applied,
@@ -271,7 +282,7 @@ class ZooKeeperBackend(Backend):
         h = self._handle(session)
         with _concerning(job_id):
             outcome = self._claims.claim(h, [job_id])[0]
-        if isinstance(outcome, JobCompleted):
+        if isinstance(outcome, (JobCompleted, JobFailed)):
             raise outcome
         return outcome
 
@@ -279,12 +290,13 @@ class ZooKeeperBackend(Backend):
         self, session: SessionHandle, job_ids: Sequence[str]
     ) -> list[ClaimResult | None]:
         """Claim several jobs, all candidates in one multi (split to stay far below
-        jute.maxbuffer); completed or held jobs yield ``None``. Raises as :meth:`claim`."""
+        jute.maxbuffer); completed, FAILED or held jobs (and those whose retry delay has
+        not passed) yield ``None``. Raises as :meth:`claim`."""
         h = self._handle(session)
         out: list[ClaimResult | None] = []
         for chunk in self._claims.size_chunks(h, list(job_ids)):
             for outcome in self._claims.claim(h, chunk):
-                out.append(None if isinstance(outcome, JobCompleted) else outcome)
+                out.append(None if isinstance(outcome, (JobCompleted, JobFailed)) else outcome)
         return out
 
     # -- holding, completing, releasing -------------------------------------------------------
@@ -360,6 +372,55 @@ class ZooKeeperBackend(Backend):
         with _concerning(job_id, claim.generation):
             self._holds.release(h, self._paths(job_id), claim)
 
+    def fail(
+        self, session: SessionHandle, job_id: str, claim: ClaimResult, error: str,
+        retry_in_s: float,
+    ) -> LeaseRecord:
+        """End the hold and record ``error`` in one multi: ``check`` of the job znode's
+        version == ``claim.generation``, ``delete`` of this session's owner znode (at its
+        version) and the versioned write of the job's failure znode (made by the first
+        fail: ``create`` + ``set_data``), plus a queued job's markers (held deleted; open
+        deleted if FAILED; delayed made for a retry delay). Sent without reading first,
+        or read first, as :meth:`complete`.
+
+        If this attempt (counted since the last requeue) reached the job's
+        ``max_attempts`` the job becomes FAILED; otherwise it is AVAILABLE, and claimable
+        once ``retry_in_s`` seconds have passed on the store's clock from the mtime of
+        this very write (the leader's time of it: see :mod:`._lifecycle`). The job
+        znode's version (the generation) does not move: the next claim gets
+        ``claim.generation + 1``. A lost answer is read back (the failure znode's nonce).
+
+        Returns:
+            The record after it: FAILED, or AVAILABLE with ``not_before`` (the write's
+            mtime + ``retry_in_s``, store clock; ``None`` for no delay).
+
+        Raises:
+            InvalidArgument: ``claim`` is not a ClaimResult; still held.
+            StaleLeaseError / SessionExpired: not held (any more); the lease is lost.
+            BackendUnavailable: nothing was applied. OutcomeUnknown: as for complete.
+        """
+        h = self._handle(session)
+        claim = _checked(claim)
+        with _concerning(job_id, claim.generation):
+            return self._holds.fail(h, self._paths(job_id), claim, error, retry_in_s)
+
+    def requeue(self, job_id: str) -> LeaseRecord:
+        """FAILED -> AVAILABLE at once, on the shared client: read the job (after a write
+        barrier), then one multi: the failure znode's versioned write (not FAILED, no
+        delay, attempt base = the attempt now, error kept), a ``check`` of the job
+        znode's version, and a queued job's open marker made again. A lost answer is
+        read back (the failure znode's nonce). The job znode's version does not move.
+
+        Returns:
+            The record after it (AVAILABLE).
+
+        Raises:
+            InvalidArgument: the job is unknown or not FAILED; nothing changed.
+            BackendUnavailable: nothing was applied. OutcomeUnknown: reading back failed.
+        """
+        with _concerning(job_id):
+            return self._lifecycle.requeue(job_id)
+
     # -- reading and waiting ----------------------------------------------------------------
 
     def get(self, job_id: str) -> LeaseRecord | None:
@@ -374,11 +435,11 @@ class ZooKeeperBackend(Backend):
             BackendUnavailable / AuthenticationFailed.
         """
         paths = self._paths(job_id)
-        _, job, owner = self._wire.reader_read(
-            [("barrier", self.config.base), ("get", paths.job), ("get", paths.owner)], "get",
-            job_id,
+        _, job, owner, failure = self._wire.reader_read(
+            [("barrier", self.config.base), ("get", paths.job), ("get", paths.owner),
+             ("get", paths.failure)], "get", job_id,
         )
-        return to_record(paths, job, owner)
+        return to_record(paths, job, owner, failure)
 
     def records(self, limit: int | None = None) -> list[LeaseRecord]:
         """Every job (children of ``{chroot}/jobs``), ordered by job id, at most ``limit``;
@@ -393,10 +454,10 @@ class ZooKeeperBackend(Backend):
             chunk = [self._paths(job_id) for job_id in ids[start : start + READ_CHUNK]]
             reads: list[Read] = []
             for paths in chunk:
-                reads += [("get", paths.job), ("get", paths.owner)]
+                reads += [("get", paths.job), ("get", paths.owner), ("get", paths.failure)]
             answers = self._wire.reader_read(reads, "records")
             for i, paths in enumerate(chunk):
-                record = to_record(paths, answers[2 * i], answers[2 * i + 1])
+                record = to_record(paths, *answers[3 * i : 3 * i + 3])
                 if record is not None:
                     out.append(record)
         return out
@@ -405,7 +466,15 @@ class ZooKeeperBackend(Backend):
         """Wait on a ZooKeeper watch on the job's owner znode: returns when it is deleted
         (release, completion, holder's session expired), when it does not exist, or after
         ``timeout_s``. If the store cannot be asked, waits briefly and returns (the
-        caller's next claim reports the error)."""
+        caller's next claim reports the error).
+
+        A job whose last claim by this backend was refused for a running retry delay is
+        not watched: ZooKeeper has no timer event, so this sleeps until that delay ends
+        (as measured from the store's clock by that claim), then returns."""
+        delay_s = self._lifecycle.hints.remaining(job_id)
+        if delay_s:
+            threading.Event().wait(min(max(timeout_s, 0.0), delay_s))
+            return
         read_timeout_s = min(self.config.timeout_s, max(timeout_s, 0.0) + 1.0)
         try:
             client = self._wire.reader()
@@ -417,9 +486,12 @@ class ZooKeeperBackend(Backend):
 
     # -- work queues -------------------------------------------------------------------------
 
-    def enqueue(self, queue: str, job_id: str, payload: bytes) -> bool:
+    def enqueue(
+        self, queue: str, job_id: str, payload: bytes, max_attempts: int | None = None
+    ) -> bool:
         """Add ``job_id`` to ``queue`` in one multi on the shared client: create the job
-        znode (version 0, as a never-claimed job), its ``queue`` tag, the queue member
+        znode (version 0, as a never-claimed job; its data holds ``max_attempts`` unless
+        ``None``), its ``queue`` tag, the queue member
         (``{seq}-{name}``, the payload as data) and its open marker, and bump the queue
         node's version, which issues ``seq``. A lost answer is read back (the tag's
         nonce), never re-sent blindly. See :mod:`._queues`.
@@ -437,14 +509,16 @@ class ZooKeeperBackend(Backend):
                 same queue kept winning the race for ``seq`` for ``timeout_s``).
             OutcomeUnknown: the answer was lost and reading back the tag failed.
         """
-        return self._queues.enqueue(queue, job_id, payload)
+        return self._queues.enqueue(queue, job_id, payload, max_attempts)
 
     def queue_candidates(self, queue: str, limit: int) -> list[tuple[str, bytes]]:
-        """Up to ``limit`` ``(job_id, payload)`` of ``queue``'s jobs not completed and
-        not held, oldest ``seq`` first: one round trip (after a ``sync``) listing the
-        queue's ``open`` markers and its ``held`` markers (made with the owner znodes),
-        then one pipelined read of the payloads not cached yet. A hint: the claim
-        decides. An unknown queue has none.
+        """Up to ``limit`` ``(job_id, payload)`` of ``queue``'s jobs neither completed nor
+        FAILED, not held, and without a running retry delay, oldest ``seq`` first: one
+        round trip (after a ``sync``) listing the queue's ``open`` markers, its ``held``
+        markers (made with the owner znodes) and its ``delayed`` markers, then one
+        pipelined read of the payloads not cached yet (and, for delayed markers not seen
+        yet, one of those markers with a write whose mtime is the store's "now"). A hint:
+        the claim decides. An unknown queue has none.
 
         Raises:
             BackendUnavailable.
@@ -463,9 +537,12 @@ class ZooKeeperBackend(Backend):
 
     def wait_for_queue(self, queue: str, timeout_s: float) -> None:
         """Wait on ZooKeeper watches, not polling: child watches on the queue's ``open``
-        znode (an enqueue) and ``held`` znode (a release, the holder's session ending;
-        also a completion or a claim, which wake it spuriously). Returns at once if a
-        job looks claimable, and after ``timeout_s`` at the latest. The watches are
+        znode (an enqueue, a requeue), ``held`` znode (a release, a fail, the holder's
+        session ending; also a completion or a claim, which wake it spuriously) and
+        ``delayed`` znode. Returns at once if a job looks claimable, and after
+        ``timeout_s`` at the latest. While every job neither held nor completed has a
+        retry delay running, returns when the soonest ends (timed from the store's clock:
+        ZooKeeper has no timer event). The watches are
         shared by every waiter of this backend, one per path, so waiters timing out
         leave nothing to pile up. If the store cannot be asked, waits briefly and
         returns."""
@@ -477,12 +554,13 @@ class ZooKeeperBackend(Backend):
             threading.Event().wait(min(max(timeout_s, 0.0), 0.25))
 
     def purge(self, queue: str) -> int:
-        """Delete ``queue``'s completed jobs: each one's tag, job znode (at its completed
-        version) and member, in multis of up to 100 jobs (far below jute.maxbuffer).
-        Jobs without an open marker are read first and deleted only if their record says
-        COMPLETED. Returns how many this call deleted (a job another purge deleted first
+        """Delete ``queue``'s completed jobs: each one's tag (and failure znode), job znode
+        (at its completed version) and member, in multis of up to 100 jobs (far below
+        jute.maxbuffer). Jobs without an open marker (completed or FAILED) are read first
+        and deleted only if their record says COMPLETED (FAILED jobs stay until
+        requeued). Returns how many this call deleted (a job another purge deleted first
         is not counted, except in a batch whose answer was lost and which reading back
-        found gone). The queue's own four znodes stay.
+        found gone). The queue's own znodes stay.
 
         A purged job id must not be enqueued again: its job znode would be made anew at
         version 0, so its generations (fencing tokens) would repeat.

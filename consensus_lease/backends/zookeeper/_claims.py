@@ -17,6 +17,17 @@ A queued job (its ``queue`` tag is read with it, in the same round trip) also ge
 EPHEMERAL held marker in the queue, in the same multi and by the same session as the
 owner znode, so the two come and go together (see :mod:`._queues`).
 
+The claim also carries the job lifecycle (:mod:`._lifecycle`): its ``set_data`` writes
+the attempt number (the one read + 1) and the job's limit; the job's failure znode is read
+in the same round trip. A FAILED job raises JobFailed; a job whose attempts are used up
+becomes FAILED in a multi of its own (check of the version read + the failure znode's
+versioned write) instead of being claimed; a job with a retry delay recorded since its
+last claim is claimed only once a fresh write's mtime (the store's clock) is past the
+delay's end, and its claim multi also deletes its delayed marker. Nothing else writes
+the failure znode while the job znode stays at the version read without an owner znode
+(only a claim makes an owner znode, and it bumps the version), so the claim multi needs
+no check of it.
+
 Every claim the store applied returns a :class:`._holds.Hold` (generation, owner znode,
 markers) as its ``ClaimResult.handle``; the core keeps it with the lease and hands it
 back, so completion and release send their multi without reading first (see
@@ -38,6 +49,7 @@ session has not seen, has nothing to remember.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -50,19 +62,23 @@ from kazoo.exceptions import (
     RuntimeInconsistency,
 )
 
-from ...errors import JobCompleted, LeaseError, OutcomeUnknown, StaleLeaseError
+from ...errors import JobCompleted, JobFailed, LeaseError, OutcomeUnknown, StaleLeaseError
 from ...record import ClaimResult
-from ._errors import KAZOO_ERRORS, translate
-from ._holds import Hold
+from ._errors import translate
+from ._holds import Hold, make_hold
 from ._layout import (
+    Failure,
+    JobData,
     JobPaths,
     QueueTag,
     dump_claim,
     dump_owner,
     new_nonce,
+    parse_failure,
     parse_job,
     parse_owner,
 )
+from ._lifecycle import Exhausted, Lifecycle, job_failed
 from ._session import ZkSession
 from ._wire import Read, Wire
 
@@ -75,7 +91,9 @@ CLAIM_ATTEMPTS = 8
 MAX_MULTI_BYTES = 512 * 1024
 """Largest claim multi sent (estimated), well under ZooKeeper's jute.maxbuffer (1 MiB)."""
 
-Outcome = ClaimResult | JobCompleted | None
+Outcome = ClaimResult | JobCompleted | JobFailed | None
+
+NEVER_CLAIMED = JobData("new")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,10 +105,19 @@ class Plan:
     nonce: str
     held: str | None = None  # a queued job's held marker
     open: str | None = None  # a queued job's open marker (its completion deletes it)
+    delayed: str | None = None  # a queued job's delayed marker (a fail with a delay makes it)
+    job: JobData = NEVER_CLAIMED  # what the job znode held at that version
+    failure: Failure | None = None
+    drop_delayed: bool = False  # the claim deletes the delayed marker (a delay was recorded)
+    not_before_ms: int | None = None  # a retry delay recorded since the last claim ends then
 
     @property
     def generation(self) -> int:
         return 1 if self.version is None else self.version + 1
+
+    @property
+    def attempt(self) -> int:
+        return self.job.attempt + 1
 
     @property
     def owner_op(self) -> int:
@@ -98,14 +125,20 @@ class Plan:
         return 1 if self.version is not None else 2
 
     @property
-    def op_count(self) -> int:
+    def delayed_op(self) -> int:
+        """Index of the delayed marker's delete (if ``drop_delayed``)."""
         return self.owner_op + 1 + (self.held is not None)
 
+    @property
+    def op_count(self) -> int:
+        return self.delayed_op + self.drop_delayed
+
     def result(self, h: ZkSession) -> ClaimResult:
-        """What this claim returns once applied: the generation, and as handle the hold it
-        made (its owner znode is new: version 0)."""
-        hold = Hold(h, self.generation, self.paths.owner, 0, self.held, self.open)
-        return ClaimResult(self.generation, None, hold)
+        """What this claim returns once applied: the generation and attempt, and as handle
+        the hold it made (its owner znode is new: version 0)."""
+        hold = Hold(h, self.generation, self.paths.owner, 0, self.held, self.open, self.delayed,
+                    self.attempt, self.job.max_attempts, self.failure)
+        return ClaimResult(self.generation, None, self.attempt, hold)
 
 
 class Claims:
@@ -115,24 +148,28 @@ class Claims:
         wire: the round trips.
         paths: job id -> its znode paths.
         ensure_base: (re)creates ``{chroot}/jobs`` with the session's client.
+        lifecycle: the FAILED transition, the store's clock and the delay hints.
     """
 
     def __init__(
         self, wire: Wire, paths: Callable[[str], JobPaths],
-        ensure_base: Callable[[ZkSession], None],
+        ensure_base: Callable[[ZkSession], None], lifecycle: Lifecycle,
     ) -> None:
         self.wire = wire
         self.paths = paths
         self.ensure_base = ensure_base
+        self.lifecycle = lifecycle
+        self.queues_base = wire.config.queues_base
 
     def size_chunks(self, h: ZkSession, job_ids: list[str]) -> list[list[str]]:
         """Split ``job_ids`` so no multi comes near jute.maxbuffer."""
-        fixed = 2 * len(dump_claim(h.owner, h.session_id)) + 200
+        fixed = 2 * len(dump_claim(h.owner, h.session_id, 2**31, 2**31)) + 200
         chunks: list[list[str]] = []
         size = 0
         for job_id in job_ids:
-            # owner path x4, and room for a queued job's held marker (up to ~2x as long)
-            cost = fixed + 6 * len(self.paths(job_id).owner.encode())
+            # owner path x4, and room for a queued job's held and delayed markers (up to
+            # ~2x as long each)
+            cost = fixed + 10 * len(self.paths(job_id).owner.encode())
             if chunks and size + cost <= MAX_MULTI_BYTES:
                 chunks[-1].append(job_id)
                 size += cost
@@ -143,65 +180,111 @@ class Claims:
 
     def claim(self, h: ZkSession, job_ids: list[str]) -> list[Outcome]:
         """Claim every job of ``job_ids`` it can, all in one multi per round; element ``i``
-        answers ``job_ids[i]``: the new generation, JobCompleted, or ``None`` (held)."""
+        answers ``job_ids[i]``: the new generation, JobCompleted, JobFailed, or ``None``
+        (held, or its retry delay has not passed)."""
         h.check_alive()
-        base = self.wire.config.base
         outcome: dict[str, Outcome] = {}
         todo = list(job_ids)
-        synced = False
-        for _round in range(CLAIM_ATTEMPTS):
+        skip: set[str] = set()  # delayed markers found missing (deleted by hand)
+        for round_ in range(CLAIM_ATTEMPTS):
             if not todo:
                 break
-            reads: list[Read] = [("sync", base)] if synced else []
-            for job_id in todo:
-                paths = self.paths(job_id)
-                reads += [("get", paths.job), ("get", paths.owner), ("get", paths.tag)]
-            answers = self.wire.session_read(h, reads, "claim", todo[0])[1 if synced else 0 :]
-            plans: list[Plan] = []
-            for i, job_id in enumerate(todo):
-                decided = self._plan(h, self.paths(job_id), *answers[3 * i : 3 * i + 3])
-                if isinstance(decided, Plan):
-                    plans.append(decided)
-                else:
-                    outcome[job_id] = decided
-            if not plans:
-                break
-            todo = self.send(h, plans, outcome)
-            synced = True  # whatever changed under us, the next read must see it
+            todo = self._round(h, todo, round_ > 0, outcome, skip)
         h.check_alive()  # a claim applied as the session ended is no claim
         return [outcome.get(job_id) for job_id in job_ids]  # still contended: None
+
+    def _round(
+        self, h: ZkSession, todo: list[str], synced: bool, outcome: dict[str, Outcome],
+        skip: set[str],
+    ) -> list[str]:
+        """Read every job of ``todo`` (after a ``sync`` if ``synced``: whatever changed
+        under an earlier round must be seen), then decide and send. Returns the job ids
+        to try again."""
+        reads: list[Read] = [("sync", self.wire.config.base)] if synced else []
+        for job_id in todo:
+            paths = self.paths(job_id)
+            reads += [("get", paths.job), ("get", paths.owner), ("get", paths.tag),
+                      ("get", paths.failure)]
+        answers = self.wire.session_read(h, reads, "claim", todo[0])[1 if synced else 0 :]
+        plans: list[Plan] = []
+        again: list[str] = []
+        for i, job_id in enumerate(todo):
+            job, owner, tag, failure = answers[4 * i : 4 * i + 4]
+            decided = self._plan(h, self.paths(job_id), job, owner, tag, failure, skip)
+            if isinstance(decided, Plan):
+                plans.append(decided)
+            elif isinstance(decided, Exhausted):
+                failed = self.lifecycle.exhaust(h, decided)
+                if failed is None:
+                    again.append(job_id)  # changed meanwhile: read again
+                else:
+                    outcome[job_id] = failed
+            else:
+                outcome[job_id] = decided
+        plans = self._due(h, plans, outcome)
+        return again + (self.send(h, plans, outcome, skip) if plans else [])
 
     def _plan(
         self, h: ZkSession, paths: JobPaths, job: tuple[bytes, Any] | None,
         owner: tuple[bytes, Any] | None, tag: tuple[bytes, Any] | None,
-    ) -> Plan | Outcome:
-        if job is not None:
-            parsed = parse_job(job[0], paths.job)
-            if parsed.completed:
-                return JobCompleted(
-                    f"{paths.job_id!r} was completed at generation {parsed.generation}",
-                    job_id=paths.job_id, generation=parsed.generation,
-                )
-        held, open_ = self._markers(paths, tag) if job is not None else (None, None)
+        failure_answer: tuple[bytes, Any] | None, skip: set[str],
+    ) -> Plan | Exhausted | Outcome:
+        if job is None:
+            return None if owner is not None else Plan(paths, None, new_nonce())
+        parsed = parse_job(job[0], paths.job)
+        version = job[1].version
+        if parsed.completed:
+            return JobCompleted(
+                f"{paths.job_id!r} was completed at generation {parsed.generation}",
+                job_id=paths.job_id, generation=parsed.generation,
+            )
+        failure = parse_failure(failure_answer, paths.failure)
+        if failure is not None and failure.failed:
+            return job_failed(paths.job_id, version, parsed.attempt, failure.error)
+        queue_tag = None if tag is None else QueueTag.parse(tag[0], paths.tag)
         if owner is not None:
             if owner[1].ephemeralOwner == h.sid:
-                return self._adopt_uncertain(h, paths, job, owner, held, open_)
+                return self._adopt_uncertain(h, paths, job, owner, queue_tag, failure)
             return None  # a live session holds it
-        return Plan(paths, None if job is None else job[1].version, new_nonce(), held, open_)
+        base = 0 if failure is None else failure.base
+        if parsed.max_attempts is not None and parsed.attempt - base >= parsed.max_attempts:
+            open_ = None if queue_tag is None else queue_tag.marker(self.queues_base)
+            return Exhausted(paths, version, parsed.attempt, failure, open_)
+        held = open_ = delayed = None
+        if queue_tag is not None:
+            held, open_ = queue_tag.held(self.queues_base), queue_tag.marker(self.queues_base)
+            delayed = queue_tag.delayed(self.queues_base)
+        delaying = failure is not None and failure.delaying(version)
+        return Plan(
+            paths, version, new_nonce(), held, open_, delayed, parsed, failure,
+            drop_delayed=delaying and delayed is not None and delayed not in skip,
+            not_before_ms=failure.not_before_ms if failure is not None and delaying else None,
+        )
 
-    def _markers(
-        self, paths: JobPaths, tag: tuple[bytes, Any] | None
-    ) -> tuple[str | None, str | None]:
-        """A queued job's held and open markers, from its tag (``None``: not queued)."""
-        if tag is None:
-            return None, None
-        parsed = QueueTag.parse(tag[0], paths.tag)
-        queues_base = self.wire.config.queues_base
-        return parsed.held(queues_base), parsed.marker(queues_base)
+    def _due(self, h: ZkSession, plans: list[Plan], outcome: dict[str, Outcome]) -> list[Plan]:
+        """The plans whose retry delay (if one was recorded since the job's last claim)
+        has passed on the store's clock: one write's mtime (see :mod:`._lifecycle`), only
+        if some plan has such a delay. The others answer ``None`` (not claimable now)."""
+        timed = [plan for plan in plans if plan.not_before_ms is not None]
+        if not timed:
+            return plans
+        now_ms = self.lifecycle.store_now_ms(h, "claim")
+        answered = time.monotonic()
+        due: list[Plan] = []
+        for plan in plans:
+            job_id = plan.paths.job_id
+            if plan.not_before_ms is not None and now_ms <= plan.not_before_ms:
+                outcome[job_id] = None
+                left_s = (plan.not_before_ms + 1 - now_ms) / 1000
+                self.lifecycle.hints.note(job_id, left_s - (time.monotonic() - answered))
+            else:
+                self.lifecycle.hints.forget(job_id)
+                due.append(plan)
+        return due
 
     def _adopt_uncertain(
-        self, h: ZkSession, paths: JobPaths, job: tuple[bytes, Any] | None,
-        owner: tuple[bytes, Any], held: str | None, open_: str | None,
+        self, h: ZkSession, paths: JobPaths, job: tuple[bytes, Any],
+        owner: tuple[bytes, Any], tag: QueueTag | None, failure: Failure | None,
     ) -> ClaimResult | None:
         """Our own owner znode: if it is the one a claim with an unknown outcome would
         have made (same nonce, version = its generation), that claim did apply: it is
@@ -209,20 +292,21 @@ class Claims:
         nonce = parse_owner(owner[0], paths.owner).nonce
         with h.uncertain_lock:
             pending = h.uncertain.get(paths.job_id)
-            if pending is None or pending[1] != nonce or job is None:
-                return None
-            if job[1].version != pending[0]:
+            if pending is None or pending[1] != nonce or job[1].version != pending[0]:
                 return None
             del h.uncertain[paths.job_id]
-        hold = Hold(h, pending[0], paths.owner, owner[1].version, held, open_)
-        return ClaimResult(pending[0], None, hold)
+        parsed = parse_job(job[0], paths.job)
+        hold = make_hold(h, pending[0], paths, owner[1].version, parsed.attempt,
+                         parsed.max_attempts, failure, tag, self.queues_base)
+        return ClaimResult(pending[0], None, parsed.attempt, hold)
 
-    def send(self, h: ZkSession, plans: list[Plan], outcome: dict[str, Outcome]) -> list[str]:
+    def send(
+        self, h: ZkSession, plans: list[Plan], outcome: dict[str, Outcome], skip: set[str]
+    ) -> list[str]:
         """One multi carrying every plan. Fills ``outcome``; returns the job ids to retry."""
-        held = dump_claim(h.owner, h.session_id)
-
         def build(tx: Any) -> None:
             for plan in plans:
+                held = dump_claim(h.owner, h.session_id, plan.attempt, plan.job.max_attempts)
                 if plan.version is None:  # first claim: create, then bump to version 1
                     tx.create(plan.paths.job, b"")
                     tx.set_data(plan.paths.job, held, 0)
@@ -234,6 +318,8 @@ class Claims:
                 )
                 if plan.held is not None:
                     tx.create(plan.held, b"", ephemeral=True)
+                if plan.drop_delayed and plan.delayed is not None:
+                    tx.delete(plan.delayed)
 
         landed: set[str] = set()
 
@@ -263,10 +349,11 @@ class Claims:
             return [p.paths.job_id for p in plans if p.paths.job_id not in outcome]
         if not multi.results:  # answer lost; reading back showed it was not applied
             return [p.paths.job_id for p in plans]
-        return self._failures(h, plans, multi.results, outcome)
+        return self._failures(h, plans, multi.results, outcome, skip)
 
     def _failures(
-        self, h: ZkSession, plans: list[Plan], results: list[Any], outcome: dict[str, Outcome]
+        self, h: ZkSession, plans: list[Plan], results: list[Any], outcome: dict[str, Outcome],
+        skip: set[str],
     ) -> list[str]:
         """A failed multi: ZooKeeper reports the first failing op; the others are rolled
         back (before it) or not run (after it)."""
@@ -283,22 +370,18 @@ class Claims:
                 outcome[plan.paths.job_id] = None  # the owner znode exists: held
             elif isinstance(errors[0], (BadVersionError, NodeExistsError)):
                 retry.append(plan.paths.job_id)  # changed since our read: read again
+            elif plan.drop_delayed and isinstance(mine[plan.delayed_op], NoNodeError):
+                assert plan.delayed is not None
+                skip.add(plan.delayed)  # deleted by hand: claim without deleting it
+                retry.append(plan.paths.job_id)
             elif isinstance(errors[0], NoNodeError):
                 self.ensure_base(h)  # {chroot}/jobs was deleted under us
                 if plan.held is not None:  # or the queue's held container
-                    self.ensure_path(h, plan.held.rsplit("/", 1)[0])
+                    self.wire.ensure_path(h.client, plan.held.rsplit("/", 1)[0], "claim")
                 retry.append(plan.paths.job_id)
             else:
                 raise translate(errors[0], "claim", self.wire.hosts, job_id=plan.paths.job_id)
         return retry
-
-    def ensure_path(self, h: ZkSession, path: str) -> None:
-        try:
-            h.client.ensure_path_async(path, acl=self.wire.config.acl_list()).get(
-                timeout=self.wire.config.timeout_s
-            )
-        except KAZOO_ERRORS as exc:
-            raise translate(exc, f"creating {path}", self.wire.hosts) from exc
 
     def hand_back_uncertain(
         self, h: ZkSession, release: Callable[[ZkSession, str, ClaimResult], None]
@@ -318,9 +401,10 @@ class Claims:
                         and parse_owner(owner[0], paths.owner).nonce == nonce
                     ):
                         # Its owner znode, with the nonce: that claim made ``generation``.
-                        held, open_ = self._markers(paths, tag)
-                        hold = Hold(h, generation, paths.owner, owner[1].version, held, open_)
-                        release(h, job_id, ClaimResult(generation, None, hold))
+                        queue_tag = None if tag is None else QueueTag.parse(tag[0], paths.tag)
+                        hold = make_hold(h, generation, paths, owner[1].version, 0, None, None,
+                                         queue_tag, self.queues_base)
+                        release(h, job_id, ClaimResult(generation, None, 0, hold))
                         log.warning("handed back a claim whose outcome had been unknown",
                                     extra={"job_id": job_id, "generation": generation})
                 except StaleLeaseError:

@@ -1,5 +1,5 @@
-"""Holding a claimed job: renew (a read), complete and release (one multi each, sent
-without reading first for a claim this session made).
+"""Holding a claimed job: renew (a read), complete, release and fail (one multi each,
+sent without reading first for a claim this session made).
 
 Each claim of a session that the store applied returns a :class:`Hold` as its
 ``ClaimResult.handle`` (the generation, the owner znode and its version, a queued job's
@@ -11,6 +11,11 @@ made, the multi is sent at once::
                delete(owner, version=the hold's)  [+ delete held marker, open marker]
     release:   check(job, version=generation)
                delete(owner, version=the hold's)  [+ delete held marker]
+    fail:      check(job, version=generation)
+               delete(owner, version=the hold's)
+               set_data(failure, ..., version=the hold's)  (create + set_data the first time)
+               [+ delete held marker; FAILED: delete open marker;
+                  a retry delay: create delayed marker]
 
 and the store checks both conditions atomically with the writes. The versioned
 ``set_data``/``check`` fails if anyone claimed or completed the job since (each bumps the
@@ -35,7 +40,16 @@ multi failing only on it is sent again without it, still without reading.
 For a queued job (one with a ``queue`` tag) the release multi also deletes the job's held
 marker, and the completion multi its held and open markers, so a queue's ``held`` and
 ``open`` children stay exactly its held jobs and its jobs not completed (see
-:mod:`._queues`).
+:mod:`._queues`). A ``fail()`` that makes the job FAILED deletes its open marker too; one
+that sets a retry delay makes its delayed marker.
+
+``fail()`` writes the failure znode, not the job znode: the job znode's version (the
+generation) moves only with claims and completions, so generations stay consecutive.
+Whether it makes the job FAILED (its attempts, counted since the last requeue, reached
+``max_attempts``) is decided from what the claim read (attempt, limit, attempt base),
+which no one else can change while the job is held; the failure znode's versioned write
+in the same multi would fail otherwise. A lost answer is read back through the failure
+znode's nonce.
 """
 
 from __future__ import annotations
@@ -44,18 +58,30 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kazoo.exceptions import NoNodeError, RolledBackError
-
 from ...errors import BackendUnavailable, SessionExpired, StaleLeaseError
 from ...record import ClaimResult, JobState, LeaseRecord
-from ._layout import JobPaths, QueueTag, dump_completed, new_nonce, parse_job, to_record
+from ._layout import (
+    Failure,
+    JobPaths,
+    QueueTag,
+    delay_ms,
+    dump_completed,
+    dump_delayed,
+    dump_failure,
+    new_nonce,
+    parse_failure,
+    parse_job,
+    to_record,
+    written_by,
+)
+from ._ops import Op, add_ops, marker_trouble
 from ._session import ZkSession
 from ._wire import Read, Wire
 
-__all__ = ["WRITE_ATTEMPTS", "Hold", "Holds"]
+__all__ = ["WRITE_ATTEMPTS", "Hold", "Holds", "make_hold"]
 
 WRITE_ATTEMPTS = 4
-"""Most multis one complete/release sends: the first (without reading, for a claim
+"""Most multis one complete/release/fail sends: the first (without reading, for a claim
 whose hold this session made), then one per failure that reading (or, for a marker
 deleted by hand, the failure itself) explained."""
 
@@ -63,7 +89,7 @@ deleted by hand, the failure itself) explained."""
 @dataclass(slots=True, eq=False)
 class Hold:
     """What one claim of this session made (the ``handle`` of the ``ClaimResult`` the
-    claim returned), so that its completion and release need not read it back.
+    claim returned), so that its completion, release and fail need not read it back.
 
     Attributes:
         session: the session whose claim it is; any other session reads first.
@@ -71,9 +97,14 @@ class Hold:
         owner: the owner znode's path the claim created in the same multi.
         owner_version: its version (0 at creation; nothing of ours writes it later).
         held: a queued job's held marker (ephemeral, made with the owner znode).
-        open: a queued job's open marker (deleted by the completion).
-        ended: released, completed, or found no longer held: later calls with this
-            claim read first, as for a claim without a hold.
+        open: a queued job's open marker (deleted by the completion, or when FAILED).
+        delayed: a queued job's delayed marker path (made by a fail with a delay).
+        attempt: this claim's attempt number.
+        max_attempts: the job's limit (``None``: unlimited).
+        failure: the failure znode as the claim read it (``None``: none yet); nobody
+            else writes it while the job is held.
+        ended: released, completed, failed, or found no longer held: later calls with
+            this claim read first, as for a claim without a hold.
     """
 
     session: ZkSession = field(repr=False)
@@ -82,7 +113,31 @@ class Hold:
     owner_version: int
     held: str | None = None
     open: str | None = None
+    delayed: str | None = None
+    attempt: int = 0
+    max_attempts: int | None = None
+    failure: Failure | None = None
     ended: bool = False
+
+    @property
+    def exhausted(self) -> bool:
+        """This attempt used up the budget (``attempt - base >= max_attempts``)."""
+        base = 0 if self.failure is None else self.failure.base
+        return self.max_attempts is not None and self.attempt - base >= self.max_attempts
+
+
+def make_hold(
+    h: ZkSession, generation: int, paths: JobPaths, owner_version: int, attempt: int,
+    max_attempts: int | None, failure: Failure | None, tag: QueueTag | None,
+    queues_base: str,
+) -> Hold:
+    """The hold of ``h``'s claim of a job at ``generation``; markers from its queue tag."""
+    if tag is None:
+        return Hold(h, generation, paths.owner, owner_version, attempt=attempt,
+                    max_attempts=max_attempts, failure=failure)
+    return Hold(h, generation, paths.owner, owner_version, tag.held(queues_base),
+                tag.marker(queues_base), tag.delayed(queues_base), attempt, max_attempts,
+                failure)
 
 
 def own_hold(h: ZkSession, paths: JobPaths, claim: ClaimResult) -> Hold | None:
@@ -102,6 +157,10 @@ def _mark_ended(hold: Hold | None) -> None:
         hold.ended = True
 
 
+Ops = Callable[[Hold], tuple[list[Op], list[Op]]]
+"""What an ending multi sends for a hold: its core operations and its marker ones."""
+
+
 class Holds:
     def __init__(self, wire: Wire) -> None:
         self.wire = wire
@@ -110,7 +169,7 @@ class Holds:
 
     def check(
         self, h: ZkSession, paths: JobPaths, generation: int, job: tuple[bytes, Any] | None,
-        owner_stat: Any, what: str,
+        owner_stat: Any, what: str, failure: tuple[bytes, Any] | None = None,
     ) -> LeaseRecord | None:
         """``None`` if ``h`` holds the job at ``generation``; the completion record if this
         session completed it at that generation; else raise StaleLeaseError (or
@@ -123,7 +182,7 @@ class Holds:
         parsed = parse_job(job[0], paths.job)
         if parsed.completed:
             if parsed.session == h.session_id and parsed.generation == generation:
-                return to_record(paths, job, None)
+                return to_record(paths, job, None, failure)
             raise StaleLeaseError(
                 f"{what}: {job_id!r} was completed at generation {parsed.generation}",
                 job_id=job_id, generation=generation, current_generation=parsed.generation,
@@ -139,15 +198,14 @@ class Holds:
             job_id=job_id, generation=generation, current_generation=version,
         )
 
-    def _read_holder(
-        self, h: ZkSession, paths: JobPaths, what: str, synced: bool
-    ) -> tuple[tuple[bytes, Any] | None, Any, tuple[bytes, Any] | None]:
-        """The job znode, the owner znode's stat and the queue tag (``None`` for a job
-        not queued), in one pipelined round trip (after a ``sync`` if ``synced``)."""
+    def _read_holder(self, h: ZkSession, paths: JobPaths, what: str, synced: bool) -> list[Any]:
+        """The job znode, the owner znode's stat, the queue tag (``None`` for a job not
+        queued) and the failure znode, in one pipelined round trip (after a ``sync`` if
+        ``synced``)."""
         reads: list[Read] = [("sync", self.base)] if synced else []
-        reads += [("get", paths.job), ("exists", paths.owner), ("get", paths.tag)]
-        job, owner_stat, tag = self.wire.session_read(h, reads, what, paths.job_id)[-3:]
-        return job, owner_stat, tag
+        reads += [("get", paths.job), ("exists", paths.owner), ("get", paths.tag),
+                  ("get", paths.failure)]
+        return self.wire.session_read(h, reads, what, paths.job_id)[-4:]
 
     def renew(self, h: ZkSession, paths: JobPaths, claim: ClaimResult, send: float) -> None:
         """After a write barrier (see ``keepalive``: it proves the current leader has the
@@ -165,7 +223,7 @@ class Holds:
             and owner_stat is not None and owner_stat.ephemeralOwner == h.sid
         ):
             return
-        job, owner_stat, _ = self._read_holder(h, paths, "renew", synced=True)  # to say why
+        job, owner_stat, _, _ = self._read_holder(h, paths, "renew", synced=True)  # to say why
         try:
             if self.check(h, paths, generation, job, owner_stat, "renew") is not None:
                 raise StaleLeaseError(
@@ -188,104 +246,80 @@ class Holds:
         except SessionExpired as expired:
             # The completion record outlives the session: a retry is still recognised.
             try:
-                job = self.wire.reader_read([("barrier", self.base), ("get", paths.job)],
-                                            "complete", paths.job_id)[1]
+                _, job, failure = self.wire.reader_read(
+                    [("barrier", self.base), ("get", paths.job), ("get", paths.failure)],
+                    "complete", paths.job_id)
             except BackendUnavailable:
                 raise expired from None
             parsed = None if job is None else parse_job(job[0], paths.job)
             if parsed is not None and parsed.completed and parsed.session == h.session_id \
                     and parsed.generation == generation:
-                record = to_record(paths, job, None)
+                record = to_record(paths, job, None, failure)
                 assert record is not None
                 return record
             raise
 
-    def _markers(self, paths: JobPaths, tag: tuple[bytes, Any] | None,
-                 completing: bool, missing: set[str]) -> list[str]:
-        """A queued job's markers its multi deletes: the held marker (ephemeral, made by
-        the claim with the owner znode) and, on completion, the open marker. Those found
-        missing before (deleted by hand) are left out."""
-        if tag is None:
-            return []
-        parsed = QueueTag.parse(tag[0], paths.tag)
-        markers = [parsed.held(self.queues_base)]
-        if completing:
-            markers.append(parsed.marker(self.queues_base))
-        return [m for m in markers if m not in missing]
-
-    @staticmethod
-    def _missing(results: list[Any], first: int, markers: list[str]) -> set[str]:
-        """The markers a failed multi found missing (its operations from ``first`` on)."""
-        return {m for m, r in zip(markers, results[first:], strict=False)
-                if isinstance(r, NoNodeError)}
-
-    @staticmethod
-    def _marker_only(results: list[Any], lost: set[str]) -> bool:
-        """Whether a failed multi failed on a missing marker alone: ZooKeeper reports the
-        first failing operation, the ones before it as rolled back."""
-        return bool(lost) and all(isinstance(r, RolledBackError) for r in results[:2])
-
     def _reread(
-        self, h: ZkSession, paths: JobPaths, generation: int, what: str, completing: bool,
-        missing: set[str],
-    ) -> LeaseRecord | tuple[int, list[str]]:
+        self, h: ZkSession, paths: JobPaths, generation: int, what: str
+    ) -> LeaseRecord | Hold:
         """Read the holder (after a ``sync``) and check it (see :meth:`check`, which raises
         unless held): this session's completion record at ``generation`` if it is one, else
-        the owner znode's version and the markers to send the multi with."""
-        job, owner_stat, tag = self._read_holder(h, paths, what, synced=True)
-        done = self.check(h, paths, generation, job, owner_stat, what)
+        the hold as the store has it (owner version, markers, attempt, failure znode)."""
+        job, owner_stat, tag, failure = self._read_holder(h, paths, what, synced=True)
+        done = self.check(h, paths, generation, job, owner_stat, what, failure)
         if done is not None:
             return done
-        return owner_stat.version, self._markers(paths, tag, completing, missing)
+        parsed = parse_job(job[0], paths.job)
+        queue_tag = None if tag is None else QueueTag.parse(tag[0], paths.tag)
+        return make_hold(h, generation, paths, owner_stat.version, parsed.attempt,
+                         parsed.max_attempts, parse_failure(failure, paths.failure),
+                         queue_tag, self.queues_base)
 
     def _end(
-        self, h: ZkSession, paths: JobPaths, claim: ClaimResult, what: str,
-        first: Callable[[Any], None], landed: Callable[[float], bool],
-    ) -> LeaseRecord | None:
-        """The completion (``first`` is its versioned ``set_data``) or release (a
-        versioned ``check``) multi, with the delete of the owner znode and the markers.
+        self, h: ZkSession, paths: JobPaths, claim: ClaimResult, what: str, ops: Ops,
+        landed: Callable[[float], bool],
+    ) -> LeaseRecord | tuple[Hold, list[Any]]:
+        """The completion, release or fail multi: ``ops(hold)`` (its core operations
+        check the generation, and delete the owner znode; then the markers).
 
         Sent at once from the claim's hold if this session made it (see :func:`own_hold`);
         otherwise, and after it failed for another reason than a marker deleted by hand,
         only once a read showed the job held by this session at ``claim.generation``.
-        Returns ``None`` once applied, or this session's completion record if the job
-        turned out to be completed by this session at that generation already."""
+        Returns the hold it was sent for and the results of the multi's core operations
+        (empty if its answer was lost and reading back showed it applied), or this
+        session's completion record if the job turned out to be completed by this session
+        at that generation already."""
         job_id, generation = paths.job_id, claim.generation
-        completing = what == "complete"
         hold = own_hold(h, paths, claim)
-        read = hold is None  # not a claim of ours we know: check ownership by reading
-        owner_version = 0 if hold is None else hold.owner_version
-        markers = [] if hold is None else [
-            m for m in (hold.held, hold.open if completing else None) if m is not None
-        ]
-        missing: set[str] = set()
+        current = hold  # None: not a claim of ours we know: check ownership by reading
+        skip: set[str] = set()
         for _attempt in range(WRITE_ATTEMPTS):
-            if read:
+            if current is None:
                 try:
-                    reread = self._reread(h, paths, generation, what, completing, missing)
+                    reread = self._reread(h, paths, generation, what)
                 except StaleLeaseError:
                     _mark_ended(hold)  # final: not held at generation any more
                     raise
                 if isinstance(reread, LeaseRecord):
                     _mark_ended(hold)
                     return reread
-                owner_version, markers = reread
+                current = reread
+            core, markers = ops(current)
+            markers = [m for m in markers if m[1] not in skip]
 
-            def build(tx: Any, owner_version: int = owner_version,
-                      markers: list[str] = markers) -> None:
-                first(tx)
-                tx.delete(paths.owner, owner_version)
-                for marker in markers:
-                    tx.delete(marker)
+            def build(tx: Any, todo: list[Op] = core + markers) -> None:
+                add_ops(tx, todo)
 
             multi = self.wire.commit(h, build, landed, what, job_id, generation)
             if multi.applied:
                 _mark_ended(hold)
-                return None
-            lost = self._missing(multi.results, 2, markers)
-            missing |= lost
-            markers = [m for m in markers if m not in lost]
-            read = not self._marker_only(multi.results, lost)
+                return current, multi.results[: len(core)]
+            trouble = marker_trouble(multi.results, len(core), markers)
+            skip |= trouble.skip
+            for parent in trouble.parents:
+                self.wire.ensure_path(h.client, parent, what)
+            if not trouble.only:
+                current = None
         raise BackendUnavailable(
             f"{what}: {job_id!r} kept changing under this session; nothing was applied",
             job_id=job_id, generation=generation,
@@ -296,10 +330,13 @@ class Holds:
     ) -> LeaseRecord:
         job_id, generation = paths.job_id, claim.generation
         nonce = new_nonce()  # one per call: at most one of its multis can apply
-        data = dump_completed(h.owner, h.session_id, generation, nonce, result)
 
-        def first(tx: Any) -> None:
-            tx.set_data(paths.job, data, generation)
+        def ops(hold: Hold) -> tuple[list[Op], list[Op]]:
+            data = dump_completed(h.owner, h.session_id, generation, nonce, result,
+                                  hold.attempt, hold.max_attempts)
+            core: list[Op] = [("set", paths.job, data, generation),
+                              ("delete", paths.owner, b"", hold.owner_version)]
+            return core, _deletes(hold.held, hold.open)
 
         def landed(deadline: float) -> bool:
             answer = self.wire.read(h.client, [("barrier", self.base), ("get", paths.job)],
@@ -307,24 +344,91 @@ class Holds:
             parsed = None if answer is None else parse_job(answer[0], paths.job)
             return parsed is not None and parsed.completed and parsed.nonce == nonce
 
-        done = self._end(h, paths, claim, "complete", first, landed)
-        if done is not None:
+        done = self._end(h, paths, claim, "complete", ops, landed)
+        if isinstance(done, LeaseRecord):
             return done
-        return LeaseRecord(job_id, h.owner, None, generation, JobState.COMPLETED, result)
+        hold = done[0]
+        return LeaseRecord(
+            job_id, h.owner, None, generation, JobState.COMPLETED, result, hold.attempt,
+            None if hold.failure is None else hold.failure.error, None, hold.max_attempts,
+        )
 
     def release(self, h: ZkSession, paths: JobPaths, claim: ClaimResult) -> None:
         """One multi: ``check`` version == generation + ``delete`` of the owner znode
         (and of a queued job's held marker)."""
         job_id, generation = paths.job_id, claim.generation
 
-        def first(tx: Any) -> None:
-            tx.check(paths.job, generation)
+        def ops(hold: Hold) -> tuple[list[Op], list[Op]]:
+            core: list[Op] = [("check", paths.job, b"", generation),
+                              ("delete", paths.owner, b"", hold.owner_version)]
+            return core, _deletes(hold.held)
 
         def landed(deadline: float) -> bool:
             owner = self.wire.read(h.client, [("barrier", self.base), ("exists", paths.owner)],
                                    deadline, "release (reading back)", job_id=job_id)[1]
             return owner is None or owner.ephemeralOwner != h.sid
 
-        if self._end(h, paths, claim, "release", first, landed) is not None:
+        if isinstance(self._end(h, paths, claim, "release", ops, landed), LeaseRecord):
             raise StaleLeaseError(f"release: {job_id!r} is completed", job_id=job_id,
                                   generation=generation, current_generation=generation)
+
+    def fail(
+        self, h: ZkSession, paths: JobPaths, claim: ClaimResult, error: str, retry_in_s: float
+    ) -> LeaseRecord:
+        """One multi (see the module docstring): end the hold and write the failure znode
+        (FAILED if this attempt used up the budget, else the retry delay, which runs from
+        this write's mtime on the store's clock). Returns the record after it."""
+        job_id, generation = paths.job_id, claim.generation
+        nonce = new_nonce()  # one per call: at most one of its multis can apply
+        written: list[Any] = []  # the failure znode's stat, however it became known
+
+        def ops(hold: Hold) -> tuple[list[Op], list[Op]]:
+            return _fail_ops(paths, hold, error, retry_in_s, nonce)
+
+        def landed(deadline: float) -> bool:
+            answer = self.wire.read(h.client, [("barrier", self.base), ("get", paths.failure)],
+                                    deadline, "fail (reading back)", job_id=job_id)[1]
+            if not written_by(answer, paths.failure, nonce):
+                return False
+            written.append(answer[1])
+            return True
+
+        done = self._end(h, paths, claim, "fail", ops, landed)
+        if isinstance(done, LeaseRecord):
+            raise StaleLeaseError(f"fail: {job_id!r} is completed", job_id=job_id,
+                                  generation=generation, current_generation=generation)
+        hold, results = done
+        stat = results[-1] if results else written[-1]  # the failure znode's write
+        failed = hold.exhausted
+        not_before = (stat.mtime + delay_ms(retry_in_s)) / 1000 \
+            if not failed and retry_in_s > 0 else None
+        return LeaseRecord(
+            job_id, h.owner, None, generation, JobState.FAILED if failed else JobState.AVAILABLE,
+            None, hold.attempt, error, not_before, hold.max_attempts,
+        )
+
+
+def _deletes(*markers: str | None) -> list[Op]:
+    return [("delete", m, b"", -1) for m in markers if m is not None]
+
+
+def _fail_ops(
+    paths: JobPaths, hold: Hold, error: str, retry_in_s: float, nonce: str
+) -> tuple[list[Op], list[Op]]:
+    """The fail multi for ``hold``: core (the last one writes the failure znode), markers."""
+    failed = hold.exhausted
+    base = 0 if hold.failure is None else hold.failure.base
+    data = dump_failure(Failure(failed, hold.generation, base,
+                                0.0 if failed else retry_in_s, error, nonce))
+    core: list[Op] = [("check", paths.job, b"", hold.generation),
+                      ("delete", paths.owner, b"", hold.owner_version)]
+    if hold.failure is None:
+        core += [("create", paths.failure, b"", -1), ("set", paths.failure, data, 0)]
+    else:
+        core.append(("set", paths.failure, data, hold.failure.version))
+    markers = _deletes(hold.held)
+    if failed:
+        markers += _deletes(hold.open)  # a FAILED job leaves the queue's listings
+    elif retry_in_s > 0 and hold.delayed is not None:
+        markers.append(("create", hold.delayed, dump_delayed(retry_in_s), -1))
+    return core, markers

@@ -2,17 +2,31 @@
 
 ::
 
-    {chroot}/jobs                       persistent container
+    {chroot}/jobs                       persistent container; its data is unused, and a
+                                        write to it (any version) reads the store's clock:
+                                        the Stat.mtime the leader gives it (see ``clock``)
     {chroot}/jobs/{name}                persistent job znode, one per job, never deleted
         version   = the generation (fencing token): +1 per claim; completion adds 1 more
-        data      = b""                            never claimed (version 0)
-                    {"format":1,"state":"held",...}\\n     last claim's owner and session
+        data      = b""                            never claimed (version 0), no limit
+                    {"format":1,"state":"new","max_attempts":m}\\n     enqueued with a limit
+                    {"format":1,"state":"held","attempt":n,...}\\n     last claim's owner,
+                                                   session, attempt number (and limit)
                     {"format":1,"state":"completed","generation":g,...}\\n<result bytes>
     {chroot}/jobs/{name}/owner          EPHEMERAL, exists while a live session holds the job
         ephemeralOwner = the holder's session id
         data      = {"owner":..., "session":..., "nonce":...}  (nonce: one per claim)
     {chroot}/jobs/{name}/queue          persistent, queued jobs only (made by enqueue)
         data      = {"format":1,"queue":{qname},"member":{member},"nonce":...}
+    {chroot}/jobs/{name}/failure        persistent, made by the job's first ``fail()`` (or
+                                        by the claim that found its attempts used up)
+        data      = {"format":1,"failed":bool,"generation":g,"base":b,"retry_in_s":d,
+                     "nonce":...,"has_error":bool}\\n<error, UTF-8>
+        mtime     = when it was last written, on the leader's clock: the start of the
+                    retry delay ``d`` recorded at generation ``g``
+        Written by ``fail`` (the last error; FAILED or a retry delay), by a claim that
+        finds the attempts used up (FAILED), by ``requeue`` (not FAILED any more, attempt
+        base ``b`` = the attempt then): never by anything else, always at the version
+        read, and never bumping the job znode's version.
 
 Work queues (``qname``: the queue name, encoded as job ids are)::
 
@@ -22,13 +36,21 @@ Work queues (``qname``: the queue name, encoded as job ids are)::
     {chroot}/queues/{qname}/jobs/{member}   persistent, one per job enqueued (until purged)
         data      = the payload
     {chroot}/queues/{qname}/open/{member}   persistent, empty; deleted by the completion
-                                        multi, so its children are the jobs not completed
+                                        multi (and by the multi that makes the job FAILED;
+                                        ``requeue`` makes it again), so its children are
+                                        the jobs neither completed nor FAILED
     {chroot}/queues/{qname}/held/{member}   EPHEMERAL, empty, made by the claim multi with
                                         the owner znode, by the same session; deleted with
-                                        it (release, completion multis; session end)
+                                        it (release, completion, fail multis; session end)
+    {chroot}/queues/{qname}/delayed/{member}  persistent, made by a ``fail()`` multi that
+                                        sets a retry delay (same mtime as the failure znode),
+                                        deleted by the job's next claim multi;
+                                        data = {"format":1,"retry_in_s":d}. The container is
+                                        made on the queue's first such ``fail()``.
 
 ``member`` is ``{seq:010d}-{name}``: sorting names sorts by ``seq`` (FIFO). The claimable
-jobs of a queue are the children of ``open`` less those of ``held``: two listings.
+jobs of a queue are the children of ``open`` less those of ``held``, and less those of
+``delayed`` whose delay has not passed on the store's clock.
 
 ``name`` is the job id percent-encoded from UTF-8 with every byte outside
 ``[A-Za-z0-9_~-]`` escaped (``.`` too), so ``/``, ``.``, ``..``, spaces, control or
@@ -38,6 +60,7 @@ non-ASCII characters can neither collide nor leave ``{chroot}/jobs``; decoding i
 from __future__ import annotations
 
 import json
+import math
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -48,28 +71,37 @@ from ...record import JobState, LeaseRecord
 
 __all__ = [
     "FORMAT",
+    "Failure",
     "JobData",
     "JobPaths",
     "OwnerData",
     "QueuePaths",
     "QueueTag",
     "decode_name",
+    "delay_ms",
     "dump_claim",
     "dump_completed",
+    "dump_delayed",
+    "dump_failure",
+    "dump_new",
     "dump_owner",
     "encode_job_id",
     "member_name",
     "new_nonce",
+    "parse_delayed",
+    "parse_failure",
     "parse_job",
     "parse_member",
     "parse_owner",
     "to_record",
+    "written_by",
 ]
 
 FORMAT = 1
 OWNER_NODE = "owner"
 TAG_NODE = "queue"
-MEMBERS_DIR, OPEN_DIR, HELD_DIR = "jobs", "open", "held"
+FAILURE_NODE = "failure"
+MEMBERS_DIR, OPEN_DIR, HELD_DIR, DELAYED_DIR = "jobs", "open", "held", "delayed"
 SEQ_DIGITS = 10
 """A znode version is a signed 32-bit int: at most 2**31 - 1, ten digits."""
 
@@ -98,11 +130,13 @@ class JobPaths:
     job: str
     owner: str
     tag: str  # the queue tag of a queued job
+    failure: str  # the last failure, FAILED flag and attempt base (made by the first fail)
 
     @classmethod
     def of(cls, base: str, job_id: str) -> JobPaths:
         job = f"{base}/{encode_job_id(job_id)}"
-        return cls(job_id, job, f"{job}/{OWNER_NODE}", f"{job}/{TAG_NODE}")
+        return cls(job_id, job, f"{job}/{OWNER_NODE}", f"{job}/{TAG_NODE}",
+                   f"{job}/{FAILURE_NODE}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,20 +149,25 @@ class QueuePaths:
     members: str
     open: str
     held: str
+    delayed: str  # made on the queue's first fail() with a retry delay
 
     @classmethod
     def of(cls, queues_base: str, queue: str) -> QueuePaths:
         name = encode_job_id(queue)
         node = f"{queues_base}/{name}"
         return cls(queue, name, node, f"{node}/{MEMBERS_DIR}", f"{node}/{OPEN_DIR}",
-                   f"{node}/{HELD_DIR}")
+                   f"{node}/{HELD_DIR}", f"{node}/{DELAYED_DIR}")
 
     def member(self, member: str) -> str:
         return f"{self.members}/{member}"
 
     def marker(self, member: str) -> str:
-        """The member's open marker: exists until the job is completed."""
+        """The member's open marker: exists until the job is completed (or FAILED)."""
         return f"{self.open}/{member}"
+
+    def delayed_marker(self, member: str) -> str:
+        """The member's delayed marker: exists while a retry delay may be running."""
+        return f"{self.delayed}/{member}"
 
 
 def member_name(seq: int, job_id: str) -> str:
@@ -154,8 +193,12 @@ class QueueTag:
     nonce: str
 
     def marker(self, queues_base: str) -> str:
-        """The path of this job's open marker (deleted by its completion)."""
+        """The path of this job's open marker (deleted by its completion, or FAILED)."""
         return f"{queues_base}/{self.queue}/{OPEN_DIR}/{self.member}"
+
+    def delayed(self, queues_base: str) -> str:
+        """The path of this job's delayed marker (a fail() with a retry delay makes it)."""
+        return f"{queues_base}/{self.queue}/{DELAYED_DIR}/{self.member}"
 
     def held(self, queues_base: str) -> str:
         """The path of this job's held marker (ephemeral, with the owner znode)."""
@@ -194,6 +237,8 @@ class JobData:
     generation: int | None = None  # completed only: the generation that completed it
     nonce: str | None = None  # completed only: the completing request's nonce
     result: bytes | None = None
+    attempt: int = 0  # the number of claims so far
+    max_attempts: int | None = None  # from enqueue; None: unlimited
 
     @property
     def completed(self) -> bool:
@@ -212,19 +257,35 @@ def _dump(header: dict[str, Any], payload: bytes = b"") -> bytes:
     return head + b"\n" + payload
 
 
-def dump_claim(owner: str, session: str) -> bytes:
-    return _dump({"state": "held", "owner": owner, "session": session})
+def _limit(max_attempts: int | None) -> dict[str, int]:
+    return {} if max_attempts is None else {"max_attempts": max_attempts}
 
 
-def dump_completed(owner: str, session: str, generation: int, nonce: str, result: bytes) -> bytes:
+def dump_new(max_attempts: int | None) -> bytes:
+    """A job znode as enqueue makes it: ``b""`` without a limit (as a job first claimed by
+    name is made), else the limit."""
+    return b"" if max_attempts is None else _dump({"state": "new", **_limit(max_attempts)})
+
+
+def dump_claim(owner: str, session: str, attempt: int = 0,
+               max_attempts: int | None = None) -> bytes:
+    header = {"state": "held", "owner": owner, "session": session, "attempt": attempt}
+    return _dump({**header, **_limit(max_attempts)})
+
+
+def dump_completed(
+    owner: str, session: str, generation: int, nonce: str, result: bytes, attempt: int = 0,
+    max_attempts: int | None = None,
+) -> bytes:
     header = {
         "state": "completed",
         "owner": owner,
         "session": session,
         "generation": generation,
         "nonce": nonce,
+        "attempt": attempt,
     }
-    return _dump(header, result)
+    return _dump({**header, **_limit(max_attempts)}, result)
 
 
 def dump_owner(owner: str, session: str, nonce: str) -> bytes:
@@ -242,13 +303,32 @@ def _header(data: bytes, path: str) -> tuple[dict[str, Any], bytes]:
     return header, payload
 
 
+def _count(header: dict[str, Any], name: str, path: str, default: int | None) -> int | None:
+    value = header.get(name, default)
+    if value is not None and (type(value) is not int or value < 0):
+        raise CorruptData(f"{path} holds a bad {name}: {value!r}")
+    return value
+
+
+def _required(header: dict[str, Any], name: str, path: str) -> int:
+    value = _count(header, name, path, None)
+    if value is None:
+        raise CorruptData(f"{path} lacks {name}")
+    return value
+
+
 def parse_job(data: bytes | None, path: str) -> JobData:
     if not data:
         return JobData("new")
     header, payload = _header(data, path)
     state = header.get("state")
+    attempt = _count(header, "attempt", path, 0) or 0
+    limit = _count(header, "max_attempts", path, None)
+    if state == "new":
+        return JobData("new", max_attempts=limit)
     if state == "held":
-        return JobData("held", owner=header.get("owner"), session=header.get("session"))
+        return JobData("held", owner=header.get("owner"), session=header.get("session"),
+                       attempt=attempt, max_attempts=limit)
     if state == "completed" and isinstance(header.get("generation"), int):
         return JobData(
             "completed",
@@ -257,8 +337,104 @@ def parse_job(data: bytes | None, path: str) -> JobData:
             generation=header["generation"],
             nonce=header.get("nonce"),
             result=payload,
+            attempt=attempt,
+            max_attempts=limit,
         )
     raise CorruptData(f"{path} holds an unknown job state {state!r}")
+
+
+def delay_ms(retry_in_s: float) -> int:
+    """A retry delay in whole ms (rounded up, as mtimes are whole ms)."""
+    return math.ceil(retry_in_s * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """The failure znode (``{job}/failure``), decoded, with its version and mtime.
+
+    Attributes:
+        failed: the job is FAILED (dead letter) until ``requeue``.
+        generation: the job znode's version when it was written; a retry delay runs only
+            while the job is still at that version (no claim since).
+        base: attempts counted before the last requeue (the budget is
+            ``attempt - base < max_attempts``).
+        retry_in_s: the retry delay recorded (0: none), from ``mtime_ms`` on.
+        error: the last recorded error, or ``None``.
+        nonce: the writing request's nonce (how a lost answer is read back).
+        version / mtime_ms: the znode's version and the leader's time of its last write.
+    """
+
+    failed: bool
+    generation: int
+    base: int
+    retry_in_s: float
+    error: str | None
+    nonce: str
+    version: int = 0
+    mtime_ms: int = 0
+
+    def delaying(self, version: int) -> bool:
+        """Whether a retry delay was recorded and the job was not claimed since (the job
+        znode is still at ``version`` == ``generation``); it may have passed already."""
+        return not self.failed and self.retry_in_s > 0 and self.generation == version
+
+    @property
+    def not_before_ms(self) -> int:
+        """End of the retry delay on the store's clock (ms since the epoch): claimable
+        once a fresh write's mtime is past it (mtimes are whole ms: "past" = ``>``)."""
+        return self.mtime_ms + delay_ms(self.retry_in_s)
+
+
+def dump_failure(failure: Failure) -> bytes:
+    header = {
+        "failed": failure.failed, "generation": failure.generation, "base": failure.base,
+        "retry_in_s": failure.retry_in_s, "nonce": failure.nonce,
+        "has_error": failure.error is not None,
+    }
+    return _dump(header, (failure.error or "").encode())
+
+
+def parse_failure(answer: tuple[bytes, Any] | None, path: str) -> Failure | None:
+    """The failure znode from its ``(data, stat)`` (``None`` if absent)."""
+    if answer is None:
+        return None
+    header, payload = _header(answer[0], path)
+    try:
+        retry = header["retry_in_s"]
+        if type(retry) not in (int, float) or not math.isfinite(retry) or retry < 0:
+            raise ValueError(retry)
+        return Failure(
+            header["failed"] is True, _required(header, "generation", path),
+            _count(header, "base", path, 0) or 0, float(retry),
+            payload.decode() if header["has_error"] else None, str(header["nonce"]),
+            answer[1].version, answer[1].mtime,
+        )
+    except (KeyError, ValueError, TypeError):
+        raise CorruptData(f"{path} holds data consensus_lease did not write") from None
+
+
+def written_by(answer: tuple[bytes, Any] | None, path: str, nonce: str) -> bool:
+    """Whether the failure znode ``(data, stat)`` was last written with ``nonce``."""
+    failure = parse_failure(answer, path)
+    return failure is not None and failure.nonce == nonce
+
+
+def dump_delayed(retry_in_s: float) -> bytes:
+    return json.dumps({"format": FORMAT, "retry_in_s": retry_in_s},
+                      separators=(",", ":")).encode()
+
+
+def parse_delayed(answer: tuple[bytes, Any], path: str) -> int:
+    """When a delayed marker's delay ends (store clock, ms since the epoch), from its
+    ``(data, stat)``: its mtime (the failing write's) + its delay."""
+    try:
+        fields = json.loads(answer[0] or b"")
+        retry = float(fields["retry_in_s"])
+        if fields["format"] != FORMAT or not math.isfinite(retry):
+            raise ValueError(fields)
+    except (ValueError, KeyError, TypeError):
+        raise CorruptData(f"{path} holds data consensus_lease did not write") from None
+    return int(answer[1].mtime) + delay_ms(retry)
 
 
 def parse_owner(data: bytes | None, path: str) -> OwnerData:
@@ -270,27 +446,40 @@ def parse_owner(data: bytes | None, path: str) -> OwnerData:
 
 
 def to_record(
-    paths: JobPaths, job: tuple[bytes, Any] | None, owner: tuple[bytes, Any] | None
+    paths: JobPaths, job: tuple[bytes, Any] | None, owner: tuple[bytes, Any] | None,
+    failure: tuple[bytes, Any] | None = None,
 ) -> LeaseRecord | None:
-    """The record for a job from ``(data, stat)`` of its job znode and owner znode
-    (``None`` where absent), read in that order.
+    """The record for a job from ``(data, stat)`` of its job znode, owner znode and
+    failure znode (``None`` where absent), read in that order.
 
     ``lease_until`` is always ``None``: ZooKeeper does not expose when a session will
     expire (the leader alone tracks it, from the holder's last contact).
     ``owner`` of an AVAILABLE job is the last holder's label, also after a release:
     a release only deletes the owner znode (writing the job znode would bump the
-    version, which is the generation).
+    version, which is the generation). ``not_before`` is the end of a retry delay
+    recorded since the last claim (failure znode mtime + delay, store clock), also once
+    it has passed: telling would take a write (see ``clock``).
     """
     if job is None:
         return None
     data, stat = job
     parsed = parse_job(data, paths.job)
-    if parsed.completed:
+    fail = parse_failure(failure, paths.failure)
+
+    def record(
+        label: str | None, generation: int, state: JobState, not_before: float | None = None
+    ) -> LeaseRecord:
         return LeaseRecord(
-            paths.job_id, parsed.owner, None, parsed.generation or 0, JobState.COMPLETED,
-            parsed.result,
+            paths.job_id, label, None, generation, state, parsed.result, parsed.attempt,
+            None if fail is None else fail.error, not_before, parsed.max_attempts,
         )
+
+    if parsed.completed:
+        return record(parsed.owner, parsed.generation or 0, JobState.COMPLETED)
     if owner is not None:
-        holder = parse_owner(owner[0], paths.owner)
-        return LeaseRecord(paths.job_id, holder.owner, None, stat.version, JobState.HELD)
-    return LeaseRecord(paths.job_id, parsed.owner, None, stat.version, JobState.AVAILABLE)
+        return record(parse_owner(owner[0], paths.owner).owner, stat.version, JobState.HELD)
+    if fail is not None and fail.failed:
+        return record(parsed.owner, stat.version, JobState.FAILED)
+    delaying = fail is not None and fail.delaying(stat.version)
+    not_before = fail.not_before_ms / 1000 if fail is not None and delaying else None
+    return record(parsed.owner, stat.version, JobState.AVAILABLE, not_before)

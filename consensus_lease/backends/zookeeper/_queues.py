@@ -2,7 +2,8 @@
 
 The znodes are in :mod:`._layout`. An enqueue is one multi::
 
-    create   {chroot}/jobs/{name}                 b""   the job, version 0: never claimed
+    create   {chroot}/jobs/{name}                 the job, version 0: never claimed
+                                                  (data: b"", or its max_attempts)
     create   {chroot}/jobs/{name}/queue           tag   queue, member name, nonce
     set_data {chroot}/queues/{qname}  b"" at version seq - 1     issues seq
     create   {chroot}/queues/{qname}/jobs/{member}  payload
@@ -17,13 +18,21 @@ A queued job is otherwise the ordinary job: a claim bumps the job znode's versio
 multis also maintain two markers per job, read from its tag in the same round trip
 (:mod:`._claims`, :mod:`._holds`): the claim creates the EPHEMERAL held marker
 ``{qname}/held/{member}`` next to the owner znode (same session: both go with it), the
-release and completion delete it, the completion also deletes the open marker. So
+release and completion delete it, the completion also deletes the open marker. The job
+lifecycle (:mod:`._lifecycle`) adds two: a ``fail()`` that makes the job FAILED deletes
+its open marker (``requeue`` makes it again); one that sets a retry delay makes its
+persistent delayed marker ``{qname}/delayed/{member}``, which the next claim deletes. So
 
-    claimable = children(open) - children(held)
+    claimable = children(open) - children(held) - children(delayed) whose delay runs
 
-and ``queue_candidates`` is one round trip of two listings, plus reads of payloads it
+and ``queue_candidates`` is one round trip of three listings, plus reads of payloads it
 has not seen yet (a member's data never changes: they are cached), whatever the number
-of held or completed jobs; ``wait_for_queue`` waits on two child watches.
+of held or completed jobs; ``wait_for_queue`` waits on three child watches. Whether a
+delay still runs is a question for the store's clock: the delayed markers not timed yet
+are read with one write of ``{chroot}/jobs`` in the same round trip (its mtime is "now",
+see :func:`._wire.clock_ms`), and when each delay ends is remembered as a monotonic
+deadline (:class:`._lifecycle.DelayHints`) to sleep until. A hint: the claim decides,
+with a write of its own.
 
 All of it runs on the backend's shared client (:meth:`._wire.Wire.reader`): no worker
 session is involved before the claim.
@@ -31,6 +40,7 @@ session is involved before the claim.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -55,15 +65,18 @@ from ._layout import (
     JobPaths,
     QueuePaths,
     QueueTag,
+    dump_new,
     member_name,
     new_nonce,
+    parse_delayed,
     parse_job,
     parse_member,
     to_record,
 )
+from ._lifecycle import DelayHints
 from ._options import ZkConfig
 from ._watch import SharedWatches
-from ._wire import Read, Wire
+from ._wire import Read, Wire, clock_ms
 
 __all__ = ["JUTE_MAXBUFFER", "MAX_PAYLOAD_BYTES", "Queues"]
 
@@ -91,7 +104,7 @@ PURGE_READ_CHUNK = 64
 """Completed jobs whose records (results included) purge reads at once."""
 
 PURGE_BATCH = 100
-"""Completed jobs deleted per purge multi (three deletes each), also kept under
+"""Completed jobs deleted per purge multi (three or four deletes each), also kept under
 ``PURGE_MULTI_BYTES``."""
 
 PURGE_MULTI_BYTES = 512 * 1024
@@ -104,12 +117,16 @@ class Queues:
     Args:
         wire: the round trips (the shared client).
         job_paths: job id -> its znode paths.
+        hints: when the retry delays seen end (shared with the claims).
     """
 
-    def __init__(self, wire: Wire, job_paths: Callable[[str], JobPaths]) -> None:
+    def __init__(
+        self, wire: Wire, job_paths: Callable[[str], JobPaths], hints: DelayHints
+    ) -> None:
         self.wire = wire
         self.config: ZkConfig = wire.config
         self.job_paths = job_paths
+        self.hints = hints
         self.watches = SharedWatches()
         self._lock = threading.Lock()
         self._queue_locks: dict[str, threading.Lock] = {}
@@ -123,7 +140,9 @@ class Queues:
 
     # -- enqueue ------------------------------------------------------------------------
 
-    def enqueue(self, queue: str, job_id: str, payload: bytes) -> bool:
+    def enqueue(
+        self, queue: str, job_id: str, payload: bytes, max_attempts: int | None = None
+    ) -> bool:
         """See :meth:`ZooKeeperBackend.enqueue
         <consensus_lease.backends.zookeeper.ZooKeeperBackend.enqueue>`."""
         q, paths = self.paths(queue), self.job_paths(job_id)
@@ -134,7 +153,7 @@ class Queues:
         deadline = self.wire.deadline()
         with queue_lock:  # this process's enqueues into one queue would only collide
             while True:
-                added = self._enqueue_once(q, paths, payload, what)
+                added = self._enqueue_once(q, paths, payload, max_attempts, what)
                 if added is not None:
                     return added
                 if time.monotonic() >= deadline:
@@ -144,14 +163,15 @@ class Queues:
                     )
 
     def _enqueue_once(
-        self, q: QueuePaths, paths: JobPaths, payload: bytes, what: str
+        self, q: QueuePaths, paths: JobPaths, payload: bytes, max_attempts: int | None,
+        what: str,
     ) -> bool | None:
         """One multi: ``True``/``False`` as enqueue returns, ``None`` to send again."""
         version = self._version(q, what)
         tag = QueueTag(q.name, member_name(version + 1, paths.job_id), new_nonce())
 
         def build(tx: Any) -> None:
-            tx.create(paths.job, b"")
+            tx.create(paths.job, dump_new(max_attempts))
             tx.create(paths.tag, tag.dump())
             tx.set_data(q.node, b"", version)
             tx.create(q.member(tag.member), payload)
@@ -261,21 +281,57 @@ class Queues:
         q = self.paths(queue)
         what = f"listing the candidates of queue {queue!r}"
         # open before held: a job claimed between the two reads is seen held.
-        _, node, open_names, held_names = self.wire.reader_read(
+        _, node, open_names, held_names, delayed_names = self.wire.reader_read(
             [("sync", self.config.base), ("exists", q.node), ("children", q.open),
-             ("children", q.held)], what,
+             ("children", q.held), ("children", q.delayed)], what,
         )
         if node is None or not open_names:
             return []
-        chosen: list[tuple[str, str]] = []  # (job_id, member)
-        for name in sorted(set(open_names).difference(held_names or ())):  # sorts as seq
-            parsed = parse_member(name)
-            if parsed is not None:
-                chosen.append((parsed[1], name))
-                if len(chosen) >= limit:
-                    break
+        free = sorted(set(open_names).difference(held_names or ()))  # sorts as seq
+        chosen = self._claimable(q, free, set(delayed_names or ()), limit, what)[0]
         payloads = self._payloads(q, node.czxid, [member for _, member in chosen], what)
         return [(job_id, payloads[member]) for job_id, member in chosen if member in payloads]
+
+    def _claimable(
+        self, q: QueuePaths, free: list[str], delayed: set[str], limit: int, what: str
+    ) -> tuple[list[tuple[str, str]], float | None]:
+        """Up to ``limit`` ``(job_id, member)`` of ``free`` (sorted open, not held
+        members) whose retry delay, if they have a delayed marker, is not known to be
+        running; and the seconds until the soonest running delay ends (``None``: none).
+        Delays not seen yet are timed first (:meth:`_time_delays`). A hint: the claim
+        decides, on the store's clock."""
+        members = [(parsed[1], name) for name in free
+                   if (parsed := parse_member(name)) is not None]
+        unseen = [(job_id, name) for job_id, name in members
+                  if name in delayed and self.hints.remaining(job_id) is None]
+        if unseen:
+            self._time_delays(q, unseen[:READ_CHUNK], what)
+        chosen: list[tuple[str, str]] = []
+        soonest: float | None = None
+        for job_id, name in members:
+            left = self.hints.remaining(job_id) if name in delayed else None
+            if left:  # its retry delay is running
+                soonest = left if soonest is None else min(soonest, left)
+            elif len(chosen) < limit:
+                chosen.append((job_id, name))
+        return chosen, soonest
+
+    def _time_delays(self, q: QueuePaths, members: list[tuple[str, str]], what: str) -> None:
+        """One round trip: the delayed markers of ``members`` and a write whose mtime is
+        the store's clock now (see :func:`._wire.clock_ms`); notes when each delay ends."""
+        reads: list[Read] = [("get", q.delayed_marker(name)) for _, name in members]
+        answers = self.wire.reader_read([*reads, ("clock", self.config.base)], what)
+        answered = time.monotonic()
+        if answers[-1] is None:
+            return  # {chroot}/jobs deleted by hand: the claims will tell
+        now_ms = clock_ms(answers[-1])
+        for (job_id, name), answer in zip(members, answers, strict=False):
+            if answer is None:
+                self.hints.note(job_id, 0.0)  # claimed since: no delay running
+                continue
+            end_ms = parse_delayed(answer, q.delayed_marker(name))
+            left_s = (end_ms + 1 - now_ms) / 1000 - (time.monotonic() - answered)
+            self.hints.note(job_id, left_s)
 
     def _payloads(self, q: QueuePaths, czxid: int, members: list[str],
                   what: str) -> dict[str, bytes]:
@@ -321,11 +377,12 @@ class Queues:
             reads: list[Read] = []
             for _, job_id, member in chunk:
                 paths = self.job_paths(job_id)
-                reads += [("get", paths.job), ("get", paths.owner), ("get", q.member(member))]
+                reads += [("get", paths.job), ("get", paths.owner), ("get", q.member(member)),
+                          ("get", paths.failure)]
             answers = self.wire.reader_read(reads, what)
             for i, (seq, job_id, _) in enumerate(chunk):
-                job, owner, payload = answers[3 * i : 3 * i + 3]
-                record = to_record(self.job_paths(job_id), job, owner)
+                job, owner, payload, failure = answers[4 * i : 4 * i + 4]
+                record = to_record(self.job_paths(job_id), job, owner, failure)
                 if record is not None and payload is not None:  # else purged meanwhile
                     out.append(QueuedJob(queue, record, bytes(payload[0]), seq))
         return out
@@ -343,38 +400,53 @@ class Queues:
         woken = threading.Event()
         joined: list[tuple[str, str]] = []
         try:
-            if self._watch(client, q, woken, joined, read_timeout_s):
-                woken.wait(max(0.0, deadline - time.monotonic()))
+            most_s = self._watch(client, q, woken, joined, read_timeout_s)
+            if most_s is not None:
+                woken.wait(max(0.0, min(deadline - time.monotonic(), most_s)))
         finally:
             self.watches.leave(joined, woken)
 
     def _watch(
         self, client: KazooClient, q: QueuePaths, woken: threading.Event,
         joined: list[tuple[str, str]], read_timeout_s: float,
-    ) -> bool:
-        """Join the child watches on the queue's ``open`` (an enqueue; a completion) and
-        ``held`` (a release, a completion, a holder's session ending; a claim): ``False``
-        if a job looks claimable already (no need to wait)."""
-        joined += [("children", q.open), ("children", q.held)]
-        open_names, held_names = self.watches.join(
-            client, "children", [q.open, q.held], woken, read_timeout_s
-        )
-        if open_names is None:  # no such queue yet: its first enqueue creates it
+    ) -> float | None:
+        """Join the child watches on the queue's ``open`` (an enqueue; a completion),
+        ``held`` (a release, a completion, a holder's session ending; a claim) and
+        ``delayed`` (a fail with a retry delay; the next claim): how long to wait at
+        most (``math.inf``: until a watch fires), or ``None`` if a job looks claimable
+        already (no need to wait). While every job that is neither held nor completed
+        has a retry delay running, that is until the soonest ends: ZooKeeper has no
+        timer event."""
+        paths = [q.open, q.held, q.delayed]
+        joined += [("children", path) for path in paths]
+        names = self.watches.join(client, "children", paths, woken, read_timeout_s)
+        if names[0] is None:  # no such queue yet: its first enqueue creates it
             joined.append(("created", q.open))
-            return self.watches.join(client, "created", [q.open], woken, read_timeout_s)[0] \
-                is not None
-        if held_names is None:
-            return False  # made by hand, or deleted: nothing to wait on
-        if open_names is True or held_names is True:
+            armed = self.watches.join(client, "created", [q.open], woken, read_timeout_s)[0]
+            return None if armed is None else math.inf
+        if names[1] is None:
+            return None  # made by hand, or deleted: nothing to wait on
+        if True in names:
             # joined watches armed earlier: read the names (any change since wakes us)
+            pending = [client.get_children_async(path) for path in paths]
             try:
-                open_names, held_names = (
-                    client.get_children_async(path).get(timeout=read_timeout_s)
-                    for path in (q.open, q.held)
-                )
+                names = [pending[0].get(timeout=read_timeout_s),
+                         pending[1].get(timeout=read_timeout_s)]
             except NoNodeError:
-                return False
-        return set(open_names) <= set(held_names)  # every job not completed is held
+                return None
+            try:
+                names.append(pending[2].get(timeout=read_timeout_s))
+            except NoNodeError:
+                names.append(None)
+        open_names, held_names, delayed_names = names
+        free = sorted(set(open_names).difference(held_names))
+        if not free:
+            return math.inf  # every job not completed is held
+        chosen, soonest = self._claimable(q, free, set(delayed_names or ()), 1,
+                                          f"waiting on queue {q.queue!r}")
+        if chosen:
+            return None
+        return math.inf if soonest is None else soonest
 
     # -- purge --------------------------------------------------------------------------
 
@@ -403,17 +475,18 @@ class Queues:
         reads: list[Read] = []
         for _, job_id, _ in chunk:
             paths = self.job_paths(job_id)
-            reads += [("get", paths.job), ("get", paths.tag)]
+            reads += [("get", paths.job), ("get", paths.tag), ("exists", paths.failure)]
         answers = self.wire.reader_read(reads, what)
         out: list[_Doomed] = []
         for i, (_, job_id, member) in enumerate(chunk):
-            job, tag = answers[2 * i], answers[2 * i + 1]
+            job, tag, failure = answers[3 * i : 3 * i + 3]
             paths = self.job_paths(job_id)
             if job is None or tag is None or not parse_job(job[0], paths.job).completed:
                 continue
             if QueueTag.parse(tag[0], paths.tag).member != member:
                 continue  # not this member's job (purged and enqueued again meanwhile)
-            out.append(_Doomed(paths, tag[1].version, job[1].version, q.member(member)))
+            out.append(_Doomed(paths, tag[1].version, job[1].version, q.member(member),
+                               None if failure is None else failure.version))
         return out
 
     @staticmethod
@@ -431,13 +504,15 @@ class Queues:
         return batches
 
     def _delete(self, batch: list[_Doomed], what: str) -> int:
-        """One multi deleting every job of ``batch`` (tag, then the job znode at its
-        completed version, then the member); if it fails, one multi per job. Returns how
-        many went (a job another purge deleted first is not counted)."""
+        """One multi deleting every job of ``batch`` (tag and failure znode, then the job
+        znode at its completed version, then the member); if it fails, one multi per job.
+        Returns how many went (a job another purge deleted first is not counted)."""
 
         def build(tx: Any) -> None:
             for job in batch:
                 tx.delete(job.paths.tag, job.tag_version)
+                if job.failure_version is not None:
+                    tx.delete(job.paths.failure, job.failure_version)
                 tx.delete(job.paths.job, job.job_version)
                 tx.delete(job.member)
 
@@ -469,9 +544,11 @@ class _Doomed:
     tag_version: int
     job_version: int
     member: str
+    failure_version: int | None = None  # its failure znode's, if it ever failed
 
     def request_bytes(self) -> int:
-        return sum(len(p.encode()) + 16 for p in (self.paths.tag, self.paths.job, self.member))
+        return sum(len(p.encode()) + 16
+                   for p in (self.paths.tag, self.paths.failure, self.paths.job, self.member))
 
 
 def _cost(key: tuple[str, int, str], payload: bytes) -> int:

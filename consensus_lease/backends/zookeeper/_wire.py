@@ -27,7 +27,24 @@ READER_SESSION_TIMEOUT_S = 10.0
 """Session timeout requested for the shared client used by get/records/wait_for_change."""
 
 Read = tuple[str, str]
-"""One read: ("sync" | "barrier" | "get" | "exists" | "children", path)."""
+"""One read: ("sync" | "barrier" | "get" | "exists" | "children" | "clock", path).
+
+``clock`` is a write: ``set_data`` of ``path`` (b"", any version), answered with its
+Stat, whose ``mtime`` is the leader's time of that write: the store's clock "now" (see
+:func:`clock_ms`). Used on ``{chroot}/jobs``, whose data is unused, and only while a
+retry delay may be running."""
+
+
+def clock_ms(stat: Any) -> int:
+    """The store's time (ms since the epoch) from a ``clock`` answer.
+
+    ZooKeeper has no call that reads its clock, but every write's ``mtime`` is set by
+    the leader that orders it (from its wall clock, in whole ms) and applied unchanged
+    by every member. So the mtime of a write sent now is "now" on the store's clock, as
+    the failure znode's mtime is the time of the ``fail()`` that wrote it; comparing the
+    two never involves a worker's clock. (After a change of leader it is the new
+    leader's clock: keep the members' clocks in sync, as for any server.)"""
+    return int(stat.mtime)
 
 
 def _barrier_async(client: KazooClient, path: str) -> Any:
@@ -83,6 +100,7 @@ class Wire:
             "get": client.get_async,
             "exists": client.exists_async,
             "children": client.get_children_async,
+            "clock": lambda path: client.set_async(path, b"", -1),
         }
         try:
             pending = [start[kind](path) for kind, path in reads]
@@ -95,6 +113,17 @@ class Wire:
             return out
         except KAZOO_ERRORS as exc:
             raise translate(exc, what, self.hosts, worker_session=worker, job_id=job_id) from exc
+
+    def ensure_path(self, client: KazooClient, path: str, what: str, *,
+                    worker: bool = True) -> None:
+        """Make ``path`` (and its parents) with the configured ACL if missing."""
+        try:
+            client.ensure_path_async(path, acl=self.config.acl_list()).get(
+                timeout=self.config.timeout_s
+            )
+        except KAZOO_ERRORS as exc:
+            raise translate(exc, f"{what}: creating {path}", self.hosts,
+                            worker_session=worker) from exc
 
     def session_read(
         self, h: ZkSession, reads: Sequence[Read], what: str, job_id: str | None = None,
