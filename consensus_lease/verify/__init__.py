@@ -6,10 +6,12 @@
 * :mod:`~consensus_lease.verify.nemesis` — the seeded fault schedule and the faults;
 * :mod:`~consensus_lease.verify.kit` — a container cluster as the nemesis sees it;
 * :mod:`~consensus_lease.verify.history` — the JSONL history;
-* :mod:`~consensus_lease.verify.checker` — ``check(history, effects)``, a pure function;
+* :mod:`~consensus_lease.verify.checker` — ``check(history, effects)``, a pure function
+  (violations, and why a run without any may still be inconclusive);
 * :mod:`~consensus_lease.verify.destination` — the fenced destination (SQLite file or SQL);
+* :mod:`~consensus_lease.verify.progress` — a run's progress as it runs (the terminal bar);
 * :mod:`~consensus_lease.verify.runner` — one run; :mod:`~consensus_lease.verify.command`
-  — the CLI subcommand.
+  — the CLI subcommand (exit status 0 PASS, 1 FAIL, 2 INCONCLUSIVE).
 
 Run one from Python with ``consensus_lease.verify.runner.run_verify(VerifyConfig(...))``.
 This package module imports only the pure parts (checker, history), so the worker
@@ -17,7 +19,7 @@ process (``python -m consensus_lease.verify.worker``) starts without the rest.
 Nothing here is imported by the library itself.
 """
 
-from .checker import COUNTS, VIOLATIONS, JobReport, Report, check
+from .checker import COUNTS, VIOLATIONS, JobReport, Report, check, inconclusive_reasons
 from .history import Op, read_history
 
 __all__ = [
@@ -27,5 +29,6 @@ __all__ = [
     "Op",
     "Report",
     "check",
+    "inconclusive_reasons",
     "read_history",
 ]

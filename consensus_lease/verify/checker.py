@@ -25,18 +25,31 @@ violation (must be 0)                 definition
 ====================================  ==================================================
 
 and, to show the faults did something, the counts listed in :data:`COUNTS`.
+
+Zero violations is not yet a pass: the run must also have tested what it claims to
+test. :func:`inconclusive_reasons` (a pure function too; its result is
+``Report.inconclusive``) lists why a run without violations proves nothing:
+
+* a fault kind asked for (the ``run`` operation's ``faults``) that never happened — not
+  scheduled (the fault period is too short), scheduled but never started (earlier faults
+  outlasted the fault period), or only ``skipped`` / ``error`` when tried;
+* the fence was never tested: no fault kind that puts a stale write in front of the
+  fence by design (:data:`~consensus_lease.verify.nemesis.STALE_FAULTS`:
+  ``pause-at-check``) was exercised, or it was and still no stale write was rejected by
+  the fence and no stale completion refused by the store.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..fencing import Effect
 from .history import INDETERMINATE, Op
 
-__all__ = ["COUNTS", "VIOLATIONS", "JobReport", "Report", "check"]
+__all__ = ["COUNTS", "STALE_FAULTS", "VIOLATIONS", "JobReport", "Report", "check",
+           "inconclusive_reasons"]
 
 VIOLATIONS = (
     "stale_effects",
@@ -68,6 +81,14 @@ COUNTS = (
 ``sessions_lost``: sessions that reported loss. ``stale_completions_rejected``:
 ``complete()`` calls the store refused. ``stale_writes_rejected``: writes the fence
 refused. ``writes_indeterminate``: writes whose worker died before seeing the answer."""
+
+STALE_FAULTS = ("pause-at-check",)
+"""Fault kinds that put a stale action in front of the fence by design: the worker is
+stopped between a passed check and its write (or completion) until that action is surely
+stale. A ``pause`` may do the same by chance (not reproducibly); ``kill`` never does (a
+killed worker sends nothing more); ``skew`` and the cluster faults must change nothing."""
+INJECTED = frozenset({"healed", "heal_error"})
+"""Outcomes of a ``fault`` operation that was injected."""
 
 _LOST = frozenset({"lost", "expired", "stale", "suspended"})
 _STORE_REFUSED = frozenset({"lost", "expired", "stale"})
@@ -106,6 +127,12 @@ class Report:
         violations / counts: totals over all jobs.
         faults: faults injected (and healed) per kind, from the ``fault`` operations.
         examples: human-readable explanations of the first violations found.
+        faults_requested: the fault kinds the run asked for.
+        faults_scheduled: planned faults per kind (the ``run`` operation's schedule).
+        fault_outcomes: per kind, how its ``fault`` operations ended (``healed``,
+            ``heal_error``, ``skipped``, ``error``, ``indeterminate``).
+        inconclusive: why the run proves nothing even without violations (see
+            :func:`inconclusive_reasons`); empty when it does.
     """
 
     jobs: dict[str, JobReport]
@@ -113,6 +140,10 @@ class Report:
     counts: Counter[str]
     faults: Counter[str]
     examples: list[str]
+    faults_requested: tuple[str, ...] = ()
+    faults_scheduled: Counter[str] = field(default_factory=Counter)
+    fault_outcomes: dict[str, Counter[str]] = field(default_factory=dict)
+    inconclusive: list[str] = field(default_factory=list)
 
     @property
     def total_violations(self) -> int:
@@ -120,8 +151,13 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        """True iff every violation count is zero."""
+        """True iff every violation count is zero (see also :attr:`conclusive`)."""
         return self.total_violations == 0
+
+    @property
+    def conclusive(self) -> bool:
+        """True iff every fault kind asked for happened and the fence was tested."""
+        return not self.inconclusive
 
 
 def _runs_report(job: JobReport, effects: Sequence[Effect], examples: list[str]) -> None:
@@ -217,6 +253,103 @@ def _counts(job: JobReport, ops: Sequence[Op], effects: Sequence[Effect]) -> Non
     c["effects_accepted"] += len(effects)
 
 
+def _fault_summary(
+    history: Sequence[Op],
+) -> tuple[tuple[str, ...], Counter[str], dict[str, Counter[str]]]:
+    """(kinds asked for, planned faults per kind, outcomes per kind) from the ``run``
+    and ``fault`` operations; without a ``run`` operation, the kinds tried stand for
+    both what was asked for and what was planned."""
+    requested: list[str] | None = None
+    scheduled: Counter[str] | None = None
+    for o in history:
+        if o.op != "run":
+            continue
+        if isinstance(o.detail.get("faults"), list):
+            requested = [str(kind) for kind in o.detail["faults"]]
+        if isinstance(o.detail.get("schedule"), list):
+            scheduled = Counter(str(p.get("kind")) for p in o.detail["schedule"]
+                                if isinstance(p, dict))
+    outcomes: dict[str, Counter[str]] = {}
+    for o in history:
+        if o.op == "fault":
+            outcomes.setdefault(str(o.detail.get("kind")), Counter())[o.outcome] += 1
+    if requested is None:
+        requested = list(outcomes)
+    if scheduled is None:
+        scheduled = Counter({kind: sum(c.values()) for kind, c in outcomes.items()})
+    return tuple(dict.fromkeys(requested)), scheduled, outcomes
+
+
+def _injected(outcomes: Counter[str]) -> int:
+    return sum(n for outcome, n in outcomes.items() if outcome in INJECTED)
+
+
+def _fault_missing(kind: str, scheduled: int, tried: Counter[str]) -> str | None:
+    """Why fault ``kind`` never happened, or ``None`` if it did."""
+    if _injected(tried):
+        return None
+    if not scheduled:
+        return (f"fault {kind!r} never happened: not scheduled (the fault period is too "
+                "short to reach it; raise --duration-s)")
+    if not tried:
+        return (f"fault {kind!r} never happened: scheduled {scheduled} time(s), but the "
+                "fault period ended before it started (earlier faults outlasted their "
+                "planned holds; raise --duration-s)")
+    how = ", ".join(f"{n} {outcome}" for outcome, n in sorted(tried.items()))
+    return (f"fault {kind!r} never happened: tried {sum(tried.values())} time(s), never "
+            f"injected ({how}; see the history's fault operations)")
+
+
+def _fence_untested(requested: Sequence[str], outcomes: Mapping[str, Counter[str]],
+                    counts: Mapping[str, int]) -> str | None:
+    """Why the fence was not tested, or ``None`` if it was."""
+    refused = counts["stale_writes_rejected"] + counts["stale_completions_rejected"]
+    ran = {kind: _injected(outcomes.get(kind, Counter())) for kind in STALE_FAULTS}
+    by_design = " or ".join(STALE_FAULTS)
+    if not any(ran.values()):
+        text = (f"no fault class that can produce a stale write was exercised (only "
+                f"{by_design} stops a worker between its check and its write by design; "
+                f"faults: {', '.join(requested) or 'none'})")
+        if refused:
+            return (f"{text}: the fence was not tested on purpose ({refused} stale "
+                    "action(s) refused by chance, which the seed does not reproduce)")
+        return f"{text}: the fence was never tested"
+    if refused:
+        return None
+    times = ", ".join(f"{kind} {n} time(s)" for kind, n in ran.items() if n)
+    return (f"{times} ran, but no stale write was rejected by the fence and no stale "
+            "completion refused by the store: the fence was never tested (no other "
+            "worker took the stopped worker's job over: too few workers?)")
+
+
+def inconclusive_reasons(requested: Sequence[str], scheduled: Mapping[str, int],
+                         outcomes: Mapping[str, Counter[str]],
+                         counts: Mapping[str, int]) -> list[str]:
+    """Why a run proves nothing even with zero violations; empty if it does.
+
+    Args:
+        requested: the fault kinds the run asked for.
+        scheduled: planned faults per kind.
+        outcomes: per kind, how its ``fault`` operations ended (``healed`` and
+            ``heal_error`` mean injected).
+        counts: the run's counts (:data:`COUNTS`; ``stale_writes_rejected`` and
+            ``stale_completions_rejected`` are read).
+
+    Returns:
+        One sentence per reason: each kind in ``requested`` never injected, then the
+        fence left untested (see the module docstring).
+    """
+    reasons = [
+        reason for kind in requested
+        if (reason := _fault_missing(kind, scheduled.get(kind, 0),
+                                     outcomes.get(kind, Counter()))) is not None
+    ]
+    fence = _fence_untested(requested, outcomes, counts)
+    if fence is not None:
+        reasons.append(fence)
+    return reasons
+
+
 def _run_jobs(history: Sequence[Op]) -> list[str] | None:
     for o in history:
         if o.op == "run" and isinstance(o.detail.get("jobs"), list):
@@ -237,7 +370,10 @@ def check(history: Sequence[Op], effects: Iterable[Effect],
             else every job seen).
 
     Returns:
-        A :class:`Report`; ``report.ok`` iff every violation count is zero.
+        A :class:`Report`; ``report.ok`` iff every violation count is zero;
+        ``report.conclusive`` iff, in addition, every fault kind asked for (the ``run``
+        operation's ``faults``) was injected and the fence was tested (see
+        :func:`inconclusive_reasons`).
     """
     all_effects = sorted(effects, key=lambda e: e.seq)
     job_ids = list(jobs) if jobs is not None else _run_jobs(history)
@@ -270,6 +406,9 @@ def check(history: Sequence[Op], effects: Iterable[Effect],
         violations.update(job.violations)
         counts.update(job.counts)
     counts["sessions_lost"] += sum(1 for o in history if o.op == "session_lost")
-    faults = Counter(str(o.detail.get("kind")) for o in history
-                     if o.op == "fault" and o.outcome in ("healed", "heal_error"))
-    return Report(reports, violations, counts, faults, examples[:MAX_EXAMPLES])
+    requested, scheduled, outcomes = _fault_summary(history)
+    faults = Counter({kind: _injected(c) for kind, c in outcomes.items() if _injected(c)})
+    return Report(reports, violations, counts, faults, examples[:MAX_EXAMPLES],
+                  faults_requested=requested, faults_scheduled=scheduled,
+                  fault_outcomes=outcomes,
+                  inconclusive=inconclusive_reasons(requested, scheduled, outcomes, counts))

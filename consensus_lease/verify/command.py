@@ -1,14 +1,23 @@
 """``consensus-lease verify``: prove zero stale effects under faults, on any backend.
 
 Registered through ``consensus_lease.cli.EXTRA_COMMANDS``: ``NAME``, ``add_parser``, ``run``.
-Exit status 0 only with zero violations; 1 with violations; 2 when the run was
-inconclusive (a worker crashed) or could not be set up.
+
+Exit status (:data:`EXIT_STATUSES`): 0 PASS only with zero violations in a conclusive
+run; 1 FAIL with violations; 2 INCONCLUSIVE when there was no violation but the run
+proves nothing — a worker crashed, a fault kind asked for never happened, or the fence
+was never tested (no ``pause-at-check`` ran, or none of them led to a stale write
+rejected by the fence or a stale completion refused by the store) — and also when the
+run could not be set up (bad options, unreachable store). On a terminal a progress bar
+shows the fault and quiet periods (elapsed / total seconds, faults injected,
+completions); otherwise only one line per phase is printed.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import sys
+from collections import Counter
 from typing import Any
 
 from rich.console import Console
@@ -16,11 +25,20 @@ from rich.table import Table
 
 from .checker import COUNTS, VIOLATIONS
 from .nemesis import CLUSTER_FAULTS, FAULTS, WORKER_FAULTS, parse_faults
+from .progress import ProgressBar
 from .runner import VerifyConfig, VerifyResult, run_verify
 
-__all__ = ["NAME", "add_parser", "config_from_args", "render", "run"]
+__all__ = ["EXIT_STATUSES", "NAME", "add_parser", "config_from_args", "render", "run"]
 
 NAME = "verify"
+
+EXIT_STATUSES = (
+    "exit status: 0 PASS: zero violations, every fault kind asked for happened and the "
+    "fence was tested (a stale write rejected by the fence, or a stale completion refused "
+    "by the store, after a pause-at-check); 1 FAIL: violations; 2 INCONCLUSIVE: no "
+    "violation, but a worker crashed, a fault kind never happened, or the fence was never "
+    "tested (e.g. --faults pause,skew) -- or the run could not be set up."
+)
 
 
 def _seconds(text: str) -> float:
@@ -59,7 +77,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "destination with the lease's token, while a nemesis pauses, kills and skews "
         "workers (and, with --cluster etcd|zookeeper, pauses, kills and partitions cluster "
         "members). A checker then reads the history and the destination. Exit 0 only with "
-        "zero violations.",
+        "zero violations in a run that exercised every fault kind asked for and tested the "
+        "fence. Every seed starts with pause-at-check, then one fault of each other kind.",
+        epilog=EXIT_STATUSES,
     )
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--backend", metavar="URL", help="store URL (default: --cluster sqlite)")
@@ -78,7 +98,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--faults", type=_faults, default=None, metavar="LIST",
                         help=f"comma-separated, from: {', '.join(FAULTS)} (default: "
                         f"{','.join(WORKER_FAULTS)}, plus the cluster faults with "
-                        "--cluster etcd|zookeeper; '' for none)")
+                        "--cluster etcd|zookeeper). Without pause-at-check the run can "
+                        "only be INCONCLUSIVE: nothing else tests the fence by design")
     parser.add_argument("--history", metavar="PATH", help="history file (default: in the run "
                         "directory)")
     parser.add_argument("--destination", metavar="URL", help="SQLAlchemy URL of the fenced "
@@ -125,24 +146,50 @@ def render(result: VerifyResult, console: Console, *, unfenced: bool = False) ->
     counts.add_column("value", justify="right")
     for name in COUNTS:
         counts.add_row(name, str(report.counts[name]))
-    for kind, n in sorted(report.faults.items()):
-        counts.add_row(f"fault: {kind}", str(n))
     console.print(counts)
+    _render_faults(result, console)
+    _render_bad_jobs(result, console)
+    _render_where(result, console, unfenced=unfenced)
+    _render_verdict(result, console)
 
+
+def _render_faults(result: VerifyResult, console: Console) -> None:
+    report = result.report
+    kinds = list(dict.fromkeys([*report.faults_requested, *report.fault_outcomes]))
+    if not kinds:
+        return
+    table = Table(title="faults (each kind asked for must have been injected)")
+    for column in ("fault", "scheduled", "injected", "not injected"):
+        table.add_column(column, justify="left" if column == "fault" else "right")
+    for kind in kinds:
+        outcomes = report.fault_outcomes.get(kind) or Counter()
+        other = ", ".join(f"{n} {outcome}" for outcome, n in sorted(outcomes.items())
+                          if outcome not in ("healed", "heal_error"))
+        injected = report.faults[kind]
+        table.add_row(kind, str(report.faults_scheduled[kind]),
+                      str(injected) if injected else "[yellow]0[/]", other or "-")
+    console.print(table)
+
+
+def _render_bad_jobs(result: VerifyResult, console: Console) -> None:
+    report = result.report
     bad = [j for j in report.jobs.values() if not j.ok]
-    if bad:
-        jobs = Table(title=f"jobs with violations ({len(bad)} of {len(report.jobs)})")
-        for column in ("job", "violations", "tokens accepted (in order)", "completed by"):
-            jobs.add_column(column, overflow="fold")
-        for job in bad[:20]:
-            jobs.add_row(job.job, ", ".join(f"{k}={v}" for k, v in job.violations.items() if v),
-                         " ".join(map(str, job.tokens)) or "-",
-                         "-" if job.completed_generation is None
-                         else str(job.completed_generation))
-        console.print(jobs)
-        for example in report.examples[:10]:
-            console.print(f"  [red]x[/] {example}", highlight=False)
+    if not bad:
+        return
+    jobs = Table(title=f"jobs with violations ({len(bad)} of {len(report.jobs)})")
+    for column in ("job", "violations", "tokens accepted (in order)", "completed by"):
+        jobs.add_column(column, overflow="fold")
+    for job in bad[:20]:
+        jobs.add_row(job.job, ", ".join(f"{k}={v}" for k, v in job.violations.items() if v),
+                     " ".join(map(str, job.tokens)) or "-",
+                     "-" if job.completed_generation is None else str(job.completed_generation))
+    console.print(jobs)
+    for example in report.examples[:10]:
+        console.print(f"  [red]x[/] {example}", highlight=False)
 
+
+def _render_where(result: VerifyResult, console: Console, *, unfenced: bool) -> None:
+    report = result.report
     console.print(f"[bold]store[/]       {result.store_url}", highlight=False)
     console.print(f"[bold]destination[/] {result.destination}"
                   f"{' (UNFENCED)' if unfenced else ''}", highlight=False)
@@ -156,20 +203,40 @@ def render(result: VerifyResult, console: Console, *, unfenced: bool = False) ->
         console.print(f"[yellow]note:[/] {note}", highlight=False)
     for crash in result.worker_crashes:
         console.print(f"[red]worker crashed:[/] {crash}", highlight=False)
+
+
+def _render_verdict(result: VerifyResult, console: Console) -> None:
     status = result.exit_status
     if status == 0:
-        console.print("[bold green]PASS: zero violations: no stale effect got through.[/]")
+        refused = (result.report.counts["stale_writes_rejected"]
+                   + result.report.counts["stale_completions_rejected"])
+        console.print(f"[bold green]PASS: zero violations: no stale effect got through "
+                      f"({refused} stale action(s) refused).[/]")
     elif status == 1:
-        console.print(f"[bold red]FAIL: {report.total_violations} violation(s).[/]")
+        console.print(f"[bold red]FAIL: {result.report.total_violations} violation(s).[/]")
     else:
-        console.print("[bold yellow]INCONCLUSIVE: a worker crashed (no safety violation "
-                      "found).[/]")
+        console.print("[bold yellow]INCONCLUSIVE: no safety violation found, but the run "
+                      "proves nothing:[/]")
+        for reason in result.inconclusive:
+            console.print(f"  [yellow]-[/] {reason}", highlight=False)
+
+
+def _wants_bar(console: Console) -> bool:
+    """A progress bar only on a terminal (standard output a TTY)."""
+    return console.is_terminal and sys.stdout.isatty()
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    """Run ``consensus-lease verify``; returns the exit status."""
+    """Run ``consensus-lease verify``; returns the exit status (:data:`EXIT_STATUSES`)."""
     config = config_from_args(args)
-    result = run_verify(config, progress=lambda m: console.print(f"[dim]{m}[/]",
-                                                                   highlight=False))
+
+    def say(message: str) -> None:
+        console.print(f"[dim]{message}[/]", highlight=False)
+
+    if _wants_bar(console):
+        with ProgressBar(console) as bar:
+            result = run_verify(config, progress=say, watch=bar)
+    else:
+        result = run_verify(config, progress=say)
     render(result, console, unfenced=config.unfenced)
     return result.exit_status

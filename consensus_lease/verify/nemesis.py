@@ -1,9 +1,14 @@
 """The nemesis: faults on a schedule derived from the seed, each healed before the next.
 
 The schedule is a pure function of (seed, fault menu, duration, TTL, slots):
-:func:`plan` returns :class:`PlannedFault` records. :class:`Nemesis` runs them one at a
-time: inject, hold, heal — and heals everything at the end. Each fault is one ``fault``
-operation in the history (invoked at injection, returned at healing).
+:func:`plan` returns :class:`PlannedFault` records. Whatever the seed, it starts with one
+fault of each kind asked for — ``pause-at-check`` first, the others in a seeded order —
+and draws kinds at random after that, so every kind is exercised once the fault period
+is at least :func:`coverage_s` long. :class:`Nemesis` runs them one at a time: inject,
+hold, heal — and heals everything at the end. Each fault is one ``fault`` operation in
+the history (invoked at injection, returned at healing: ``healed``, ``heal_error``, or
+``skipped`` / ``error`` when it could not be injected), which is how the checker knows
+what really happened.
 
 ========================  ============================================================
 fault                     what it does
@@ -40,12 +45,14 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
 from ..errors import InvalidArgument
+from .checker import STALE_FAULTS
 from .history import HistoryWriter
 from .pool import PausePoint
 
 __all__ = [
     "CLUSTER_FAULTS",
     "FAULTS",
+    "STALE_FAULTS",
     "WORKER_FAULTS",
     "Active",
     "ClusterControl",
@@ -54,6 +61,8 @@ __all__ = [
     "NemesisContext",
     "PlannedFault",
     "WorkerControl",
+    "coverage_order",
+    "coverage_s",
     "parse_faults",
     "plan",
 ]
@@ -102,21 +111,36 @@ def parse_faults(text: str) -> tuple[str, ...]:
     return names
 
 
+def coverage_order(rng: random.Random, kinds: Sequence[str]) -> list[str]:
+    """Each kind once: ``pause-at-check`` first (it is the fault that puts a stale write
+    in front of the fence, so it comes while every worker is busy), then the others in
+    an order drawn from ``rng``."""
+    distinct = list(dict.fromkeys(kinds))
+    lead = [k for k in distinct if k in STALE_FAULTS]
+    rest = [k for k in distinct if k not in STALE_FAULTS]
+    rng.shuffle(rest)
+    return lead + rest
+
+
 def plan(seed: int, kinds: Sequence[str], *, duration_s: float, ttl_s: float, slots: int,
          members: int = 3) -> list[PlannedFault]:
     """The fault schedule for a run: a pure function of its arguments.
 
-    Faults follow each other (never overlap); a gap of 0.3-1 TTL separates them. The
-    schedule covers ``duration_s`` assuming each fault takes its ``hold_s``; the
+    Coverage first: the first faults are one of each kind (:func:`coverage_order`:
+    ``pause-at-check`` first, at 0.5-1 TTL), then kinds are drawn at random. Faults
+    follow each other (never overlap); a gap of 0.3-1 TTL separates them. The schedule
+    covers ``duration_s`` assuming each fault takes its ``hold_s``, so a short
+    ``duration_s`` may cut the coverage short (see :func:`coverage_s`); the
     :class:`Nemesis` stops starting faults once ``duration_s`` has really passed.
     """
     if not kinds or duration_s <= 0:
         return []
     rng = random.Random(seed)
+    first = coverage_order(rng, kinds)
     out: list[PlannedFault] = []
     t = rng.uniform(0.5, 1.0) * ttl_s
     while t < duration_s and len(out) < MAX_FAULTS:
-        kind = rng.choice(list(kinds))
+        kind = first[len(out)] if len(out) < len(first) else rng.choice(first)
         spec = FAULTS[kind]
         low, high = spec.hold_ttl
         hold = rng.uniform(low, high) * ttl_s
@@ -127,6 +151,20 @@ def plan(seed: int, kinds: Sequence[str], *, duration_s: float, ttl_s: float, sl
         out.append(PlannedFault(round(t, 3), kind, target, round(hold, 3), round(value, 3)))
         t += hold + rng.uniform(0.3, 1.0) * ttl_s
     return out
+
+
+def coverage_s(seed: int, kinds: Sequence[str], *, ttl_s: float, slots: int,
+               members: int = 3) -> float:
+    """Seconds of fault period the schedule of these arguments needs to start and hold
+    one fault of each kind (as planned): a ``duration_s`` at least this long schedules
+    every kind. 0.0 without kinds."""
+    distinct = len(dict.fromkeys(kinds))
+    if not distinct:
+        return 0.0
+    horizon = ttl_s * 10.0 * distinct + 1.0  # longer than any coverage prefix
+    head = plan(seed, kinds, duration_s=horizon, ttl_s=ttl_s, slots=slots,
+                members=members)[:distinct]
+    return round(head[-1].at_s + head[-1].hold_s, 3)
 
 
 # -- what the nemesis acts on ---------------------------------------------------------
@@ -416,12 +454,14 @@ class Nemesis:
         self.ctx = ctx
         self.rec = recorder
         self.faults = FAULTS if faults is None else faults
+        self.injected = 0
+        """Faults injected so far (read it from another thread to show progress)."""
 
     def run(self, schedule: Sequence[PlannedFault], duration_s: float) -> int:
         """Inject, hold and heal each planned fault in order, starting none after
-        ``duration_s``; heal everything before returning. Returns faults injected."""
+        ``duration_s``; heal everything before returning. Returns faults injected
+        (:attr:`injected`, which counts each fault as soon as it is injected)."""
         start = time.monotonic()
-        injected = 0
         try:
             for planned in schedule:
                 now = time.monotonic() - start
@@ -431,12 +471,12 @@ class Nemesis:
                     break
                 if time.monotonic() - start >= duration_s:
                     break
-                injected += self._one(planned)
+                self._one(planned)
         finally:
             self.heal_all()
-        return injected
+        return self.injected
 
-    def _one(self, planned: PlannedFault) -> int:
+    def _one(self, planned: PlannedFault) -> None:
         """One ``fault`` operation: invoked at injection, returned once healed."""
         index = self.rec.invoke("fault", kind=planned.kind, target=planned.target,
                                 planned_hold_s=planned.hold_s, value=planned.value)
@@ -444,10 +484,11 @@ class Nemesis:
             active = self.faults[planned.kind].inject(self.ctx, planned)
         except Exception as error:  # a fault that cannot be injected is reported, not fatal
             self.rec.ret(index, "error", error=repr(error))
-            return 0
+            return
         if active is None:
             self.rec.ret(index, "skipped", reason="target not available")
-            return 0
+            return
+        self.injected += 1
         held_from = time.monotonic()
         try:
             if active.hold is not None:
@@ -463,7 +504,6 @@ class Nemesis:
                              held_s=held_s, error=repr(error))
             else:
                 self.rec.ret(index, "healed", description=active.description, held_s=held_s)
-        return 1
 
     def heal_all(self) -> None:
         """Thaw every worker and restore the cluster (healing partitions)."""

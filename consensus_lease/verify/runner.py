@@ -17,10 +17,20 @@ Phases, every one bounded in time:
    ``quiet_s``; then the workers are stopped (SIGTERM, SIGKILL after 15 s);
 4. the store's final record of each job is added to the history, the parts are merged
    into one history file, and the checker reads it with the destination's effects.
+
+The verdict (``result.exit_status``): 0 PASS — zero violations, and the run was
+conclusive: every fault kind asked for was injected, and the fence was tested
+(``pause-at-check`` ran and at least one stale write was rejected by the fence or a
+stale completion refused by the store); 1 FAIL — violations; 2 INCONCLUSIVE — no
+violation, but a worker crashed or the run did not test what it claims
+(``result.inconclusive`` says why). A ``duration_s`` too short to schedule every fault
+kind once is refused up front (``InvalidArgument``). ``watch`` receives the run's
+progress (:mod:`consensus_lease.verify.progress`).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import shutil
@@ -31,6 +41,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from ..errors import BackendUnavailable, InvalidArgument, LeaseError, UnsupportedOperation
 from ..record import JobState, LeaseRecord
@@ -39,8 +50,17 @@ from .checker import Report, check
 from .destination import Destination, job_effects, open_destination
 from .history import HistoryWriter, read_parts, write_history
 from .kit import KitCluster
-from .nemesis import CLUSTER_FAULTS, WORKER_FAULTS, Nemesis, NemesisContext, plan
+from .nemesis import (
+    CLUSTER_FAULTS,
+    WORKER_FAULTS,
+    Nemesis,
+    NemesisContext,
+    PlannedFault,
+    coverage_s,
+    plan,
+)
 from .pool import PausePoint, WorkerPool
+from .progress import CompletionCounter, RunStatus, StatusTicker
 from .worker import WorkerConfig
 
 __all__ = ["DEFAULT_FAULTS", "VerifyConfig", "VerifyResult", "run_verify"]
@@ -52,6 +72,7 @@ MAX_WORKERS = 32
 _POLL_S = 0.2
 
 Progress = Callable[[str], None]
+Watch = Callable[[RunStatus], None]
 
 
 @dataclass
@@ -122,6 +143,25 @@ class VerifyConfig:
             )
         if "partition" in self.faults and os.geteuid() != 0:
             raise InvalidArgument("the partition fault needs root (iptables, setpriv)")
+        self._validate_coverage()
+
+    def _validate_coverage(self) -> None:
+        """Every fault kind asked for must fit in the fault period at least once."""
+        planned = {p.kind for p in self.schedule()}
+        missing = [kind for kind in dict.fromkeys(self.faults) if kind not in planned]
+        if missing:
+            need_s = coverage_s(self.seed, self.faults, ttl_s=self.ttl_s, slots=self.workers)
+            raise InvalidArgument(
+                f"--duration-s {self.duration_s} is too short to schedule every fault kind "
+                f"once ({', '.join(missing)} would never run, and the run could only be "
+                f"inconclusive): with seed {self.seed} and TTL {self.ttl_s} s, use "
+                f"--duration-s {math.ceil(need_s)} or more, or fewer --faults"
+            )
+
+    def schedule(self) -> list[PlannedFault]:
+        """The run's fault schedule (:func:`~consensus_lease.verify.nemesis.plan`)."""
+        return plan(self.seed, self.faults, duration_s=self.duration_s, ttl_s=self.ttl_s,
+                    slots=self.workers)
 
     def effective_think_s(self) -> float:
         if self.think_s is not None:
@@ -162,15 +202,30 @@ class VerifyResult:
     notes: list[str] = field(default_factory=list)
 
     @property
+    def inconclusive(self) -> list[str]:
+        """Why the run proves nothing even without violations (empty: it does): a worker
+        crashed, a fault kind asked for never happened, or the fence was never tested
+        (``report.inconclusive``)."""
+        crashed = ([f"{len(self.worker_crashes)} worker(s) crashed"]
+                   if self.worker_crashes else [])
+        return crashed + list(self.report.inconclusive)
+
+    @property
     def exit_status(self) -> int:
-        """0: zero violations; 1: violations; 2: inconclusive — a worker crashed, and no
-        violation other than ``not_completed`` (which a crash explains) was found."""
+        """0: zero violations in a conclusive run; 1: violations; 2: inconclusive.
+
+        Violations other than ``not_completed`` always give 1. Then a worker crash gives
+        2 (a crash explains unfinished jobs); then ``not_completed`` gives 1; then
+        :attr:`inconclusive` (a fault kind asked for never happened, or the fence was
+        never tested) gives 2."""
         safety = self.report.total_violations - self.report.violations["not_completed"]
         if safety:
             return 1
         if self.worker_crashes:
             return 2
-        return 0 if self.report.ok else 1
+        if not self.report.ok:
+            return 1
+        return 2 if self.report.inconclusive else 0
 
 
 def _all_completed(store: LeaseStore, jobs: list[str]) -> bool:
@@ -239,7 +294,7 @@ class _CrashWatch(threading.Thread):
 
 
 def run_verify(config: VerifyConfig, progress: Progress | None = None, *,
-               cluster: KitCluster | None = None) -> VerifyResult:
+               cluster: KitCluster | None = None, watch: Watch | None = None) -> VerifyResult:
     """Run one verification (see the module docstring).
 
     Args:
@@ -247,43 +302,97 @@ def run_verify(config: VerifyConfig, progress: Progress | None = None, *,
         progress: called with one line of text per phase.
         cluster: a running cluster to use and fault (``KitCluster.adopt(...)``) instead
             of ``config.cluster``/``config.backend``; left running afterwards.
+        watch: called with a :class:`~consensus_lease.verify.progress.RunStatus` about
+            four times a second during the fault and quiet periods (from another
+            thread), e.g. a :class:`~consensus_lease.verify.progress.ProgressBar`.
+
+    Returns:
+        The result; ``result.exit_status`` is 0 only with zero violations in a
+        conclusive run (every fault kind asked for happened, the fence was tested).
 
     Raises:
-        InvalidArgument: bad configuration.
+        InvalidArgument: bad configuration (including a ``duration_s`` too short to
+            schedule every fault kind once).
         UnsupportedBackend / BackendUnavailable: the store or destination cannot be used.
         Exception: the container kit's errors when it cannot start the cluster.
     """
-    say = progress or (lambda _message: None)
     config.validate(cluster_given=cluster is not None)
-    started = time.monotonic()
-    run_id = f"{config.seed}-{uuid.uuid4().hex[:6]}"
-    run_dir = Path(config.run_dir or tempfile.mkdtemp(prefix=f"consensus-lease-verify-{run_id}-"))
-    parts_dir, logs_dir = run_dir / "parts", run_dir / "logs"
-    parts_dir.mkdir(parents=True, exist_ok=True)
-    logs_dir.mkdir(parents=True, exist_ok=True)
-    jobs = [f"v{run_id}-j{i:03d}" for i in range(config.jobs)]
-    random.Random(config.seed).shuffle(jobs)  # the order every worker tries them in
-    think_s = config.effective_think_s()
-
-    pool: WorkerPool | None = None
-    store: LeaseStore | None = None
-    destination: Destination | None = None
-    recorder = HistoryWriter(parts_dir / "verifier.jsonl", "verifier")
-    nemesis_rec = HistoryWriter(parts_dir / "nemesis.jsonl", "nemesis")
+    run = _Run(config, progress or (lambda _message: None), watch, cluster)
     try:
+        return run.execute()
+    finally:
+        run.close()
+
+
+class _Ends(NamedTuple):
+    """Where leases and effects live during a run."""
+
+    store: LeaseStore
+    destination: Destination
+    store_url: str
+    destination_spec: str
+
+
+class _Run:
+    """One run's resources and phases (:func:`run_verify`)."""
+
+    def __init__(self, config: VerifyConfig, say: Progress, watch: Watch | None,
+                 cluster: KitCluster | None) -> None:
+        self.config, self.say, self.watch, self.cluster = config, say, watch, cluster
+        self.run_id = f"{config.seed}-{uuid.uuid4().hex[:6]}"
+        self.run_dir = Path(config.run_dir or tempfile.mkdtemp(
+            prefix=f"consensus-lease-verify-{self.run_id}-"))
+        self.parts_dir, self.logs_dir = self.run_dir / "parts", self.run_dir / "logs"
+        self.parts_dir.mkdir(parents=True, exist_ok=True)
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        self.jobs = [f"v{self.run_id}-j{i:03d}" for i in range(config.jobs)]
+        random.Random(config.seed).shuffle(self.jobs)  # the order every worker tries them in
+        self.think_s = config.effective_think_s()
+        self.started = time.monotonic()
+        self.pool: WorkerPool | None = None
+        self.store: LeaseStore | None = None
+        self.destination: Destination | None = None
+        self.nemesis: Nemesis | None = None
+        self.schedule: list[PlannedFault] = []
+        self.phase: tuple[str, float, float] = ("faults", time.monotonic(), config.duration_s)
+        self.completions = CompletionCounter()
+        self.recorder = HistoryWriter(self.parts_dir / "verifier.jsonl", "verifier")
+        self.nemesis_rec = HistoryWriter(self.parts_dir / "nemesis.jsonl", "nemesis")
+
+    def execute(self) -> VerifyResult:
+        ends = self._open()
+        self.schedule = self.config.schedule()
+        self._record_run(ends)
+        pool = self._start_workers(ends)
+        ticker = StatusTicker(self._status, self.watch) if self.watch else None
+        if ticker is not None:
+            ticker.start()
+        try:
+            faults_from, faults_from_wall = self._fault_period(pool, ends)
+            all_completed_at = self._quiet_period(pool, ends.store, faults_from)
+        finally:
+            if ticker is not None:
+                ticker.stop()
+        pool.stop_all(STOP_GRACE_S)
+        return self._collect(pool, ends, faults_from_wall, all_completed_at)
+
+    def _open(self) -> _Ends:
+        """Open the store and the destination."""
+        config = self.config
         if config.backend is not None:
             store_url = config.backend
-        elif cluster is not None:
-            store_url = cluster.url(f"verify-{run_id}")
+        elif self.cluster is not None:
+            store_url = self.cluster.url(f"verify-{self.run_id}")
         elif config.cluster == "sqlite":
-            store_url = f"sqlite:///{run_dir / 'store.db'}"
+            store_url = f"sqlite:///{self.run_dir / 'store.db'}"
         else:
-            say(f"starting a 3-member {config.cluster} cluster (container kit)")
-            cluster = KitCluster(config.cluster).start()
-            store_url = cluster.url(f"verify-{run_id}")
-        destination_spec = config.destination or str(run_dir / "destination.db")
-        destination = open_destination(destination_spec, enforce_tokens=not config.unfenced)
-        store = open_store(store_url)
+            self.say(f"starting a 3-member {config.cluster} cluster (container kit)")
+            self.cluster = KitCluster(config.cluster).start()
+            store_url = self.cluster.url(f"verify-{self.run_id}")
+        destination_spec = config.destination or str(self.run_dir / "destination.db")
+        self.destination = destination = open_destination(
+            destination_spec, enforce_tokens=not config.unfenced)
+        self.store = store = open_store(store_url)
         caps = store.capabilities
         if not caps.cross_process:
             raise UnsupportedOperation(
@@ -295,91 +404,127 @@ def run_verify(config: VerifyConfig, progress: Progress | None = None, *,
                 f"--ttl-s {config.ttl_s} is outside this store's range "
                 f"[{caps.min_ttl_s}, {caps.max_ttl_s}] s"
             )
-        schedule = plan(config.seed, config.faults, duration_s=config.duration_s,
-                        ttl_s=config.ttl_s, slots=config.workers)
-        recorder.event("run", run_id=run_id, jobs=jobs, store=store_url,
-                       destination=destination_spec, think_s=think_s,
-                       config={k: v for k, v in asdict(config).items() if k != "faults"},
-                       faults=list(config.faults), schedule=[asdict(p) for p in schedule])
+        return _Ends(store, destination, store_url, destination_spec)
 
+    def _record_run(self, ends: _Ends) -> None:
+        config = self.config
+        self.recorder.event(
+            "run", run_id=self.run_id, jobs=self.jobs, store=ends.store_url,
+            destination=ends.destination_spec, think_s=self.think_s,
+            config={k: v for k, v in asdict(config).items() if k != "faults"},
+            faults=list(config.faults), schedule=[asdict(p) for p in self.schedule])
+
+    def _start_workers(self, ends: _Ends) -> WorkerPool:
+        config = self.config
         gids = None
         if "partition" in config.faults:
             base = GID_BASE + (os.getpid() % 500) * MAX_WORKERS
             gids = [base + slot for slot in range(config.workers)]
         template = WorkerConfig(
-            name="", store_url=store_url, destination=destination_spec, jobs=jobs,
+            name="", store_url=ends.store_url, destination=ends.destination_spec,
+            jobs=self.jobs,
             history_path="", seed=config.seed, enforce_tokens=not config.unfenced,
-            ttl_s=config.ttl_s, steps=config.steps, think_s=think_s,
+            ttl_s=config.ttl_s, steps=config.steps, think_s=self.think_s,
             renew_probability=config.renew_probability, idle_s=min(0.2, config.ttl_s / 5),
             # A bound only (the verifier stops them): the last fault may outlast the
             # fault period by its longest hold plus a member restart.
             stop_at=time.time() + config.duration_s + config.quiet_s + 10 * config.ttl_s
             + STOP_GRACE_S + 120.0,
         )
-        pool = WorkerPool(template, slots=config.workers, parts_dir=parts_dir,
-                          logs_dir=logs_dir, gids=gids)
-        say(f"{config.workers} workers, {config.jobs} jobs x {config.steps} steps, TTL "
-            f"{config.ttl_s} s, think <= {think_s} s; {len(schedule)} faults planned over "
-            f"{config.duration_s} s ({', '.join(config.faults) or 'none'})")
+        self.pool = pool = WorkerPool(template, slots=config.workers,
+                                      parts_dir=self.parts_dir, logs_dir=self.logs_dir,
+                                      gids=gids)
+        self.say(f"{config.workers} workers, {config.jobs} jobs x {config.steps} steps, TTL "
+                 f"{config.ttl_s} s, think <= {self.think_s} s; {len(self.schedule)} faults "
+                 f"planned over {config.duration_s} s "
+                 f"({', '.join(config.faults) or 'none'})")
         pool.start_all()
-        ctx = NemesisContext(workers=pool, ttl_s=config.ttl_s,
-                             overtaken=_overtaken(store, destination), cluster=cluster)
+        return pool
+
+    def _fault_period(self, pool: WorkerPool, ends: _Ends) -> tuple[float, float]:
+        """Run the schedule; returns when it began (monotonic and wall-clock time)."""
+        ctx = NemesisContext(workers=pool, ttl_s=self.config.ttl_s,
+                             overtaken=_overtaken(ends.store, ends.destination),
+                             cluster=self.cluster)
+        self.nemesis = Nemesis(ctx, self.nemesis_rec)
         faults_from, faults_from_wall = time.monotonic(), time.time()
+        self.phase = ("faults", faults_from, self.config.duration_s)
         watchdog = _CrashWatch(pool, ctx.stop)
         watchdog.start()
         try:
-            faults_injected = Nemesis(ctx, nemesis_rec).run(schedule, config.duration_s)
+            injected = self.nemesis.run(self.schedule, self.config.duration_s)
         finally:
             watchdog.stop()
-        say(f"fault period over: {faults_injected} faults injected and healed; quiet period "
-            f"(at most {config.quiet_s} s)")
+        self.say(f"fault period over: {injected} faults injected and healed; quiet period "
+                 f"(at most {self.config.quiet_s} s)")
+        return faults_from, faults_from_wall
 
-        all_completed_at: float | None = None
-        quiet_until = time.monotonic() + (0.0 if pool.crashed() else config.quiet_s)
+    def _quiet_period(self, pool: WorkerPool, store: LeaseStore,
+                      faults_from: float) -> float | None:
+        """Wait for every job to be completed (bounded); returns when they were, in
+        seconds after the fault period began, or ``None``."""
+        quiet_s = 0.0 if pool.crashed() else self.config.quiet_s
+        self.phase = ("quiet", time.monotonic(), quiet_s)
+        quiet_until = time.monotonic() + quiet_s
         while True:
             pool.resume_stopped()  # defensive: no worker may stay stopped now
-            if _all_completed(store, jobs):
-                all_completed_at = time.monotonic() - faults_from
-                break
+            if _all_completed(store, self.jobs):
+                return time.monotonic() - faults_from
             if time.monotonic() >= quiet_until or pool.all_exited():
-                break
+                return None
             time.sleep(_POLL_S)
-        pool.stop_all(STOP_GRACE_S)
-        for job in jobs:
-            record = _final_record(store, job)
-            recorder.event(
+
+    def _status(self) -> RunStatus:
+        phase, since, total_s = self.phase
+        pool = self.pool
+        done = self.completions.update(pool.part_files() if pool is not None else [])
+        return RunStatus(
+            phase=phase, elapsed_s=time.monotonic() - since, total_s=total_s,
+            faults_injected=self.nemesis.injected if self.nemesis is not None else 0,
+            faults_planned=len(self.schedule), completions=done, jobs=len(self.jobs))
+
+    def _collect(self, pool: WorkerPool, ends: _Ends, faults_from_wall: float,
+                 all_completed_at: float | None) -> VerifyResult:
+        """The store's final records into the history; merge the parts; check."""
+        for job in self.jobs:
+            record = _final_record(ends.store, job)
+            self.recorder.event(
                 "final", job=job, generation=None if record is None else record.generation,
                 state="unknown" if record is None else record.state.value,
                 owner=None if record is None else record.owner,
             )
-        recorder.close()
-        nemesis_rec.close()
-        parts = [parts_dir / "verifier.jsonl", parts_dir / "nemesis.jsonl", *pool.part_files()]
+        self.recorder.close()
+        self.nemesis_rec.close()
+        parts = [self.parts_dir / "verifier.jsonl", self.parts_dir / "nemesis.jsonl",
+                 *pool.part_files()]
         ops = read_parts(parts)
-        history_path = write_history(ops, config.history or run_dir / "history.jsonl")
-        report = check(ops, job_effects(destination, jobs), jobs)
+        history_path = write_history(ops, self.config.history or self.run_dir / "history.jsonl")
+        report = check(ops, job_effects(ends.destination, self.jobs), self.jobs)
         completions = [o.t_return for o in ops
                        if o.op == "complete" and o.outcome == "ok" and o.t_return is not None]
         result = VerifyResult(
-            report=report, history_path=history_path, run_dir=run_dir, store_url=store_url,
-            destination=destination_spec, elapsed_s=time.monotonic() - started,
-            faults_injected=faults_injected, all_completed_at_s=all_completed_at,
+            report=report, history_path=history_path, run_dir=self.run_dir,
+            store_url=ends.store_url, destination=ends.destination_spec,
+            elapsed_s=time.monotonic() - self.started,
+            faults_injected=self.nemesis.injected if self.nemesis is not None else 0,
+            all_completed_at_s=all_completed_at,
             last_completion_s=max(completions) - faults_from_wall if completions else None,
             worker_crashes=pool.crashes(),
         )
-        _add_notes(result, config)
+        _add_notes(result, self.config)
         return result
-    finally:
-        if pool is not None:
-            pool.stop_all(STOP_GRACE_S)
-        recorder.close()
-        nemesis_rec.close()
-        if store is not None:
-            store.close()
-        if destination is not None:
-            destination.close()
-        if cluster is not None:
-            cluster.stop()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.stop_all(STOP_GRACE_S)
+        self.recorder.close()
+        self.nemesis_rec.close()
+        if self.store is not None:
+            self.store.close()
+        if self.destination is not None:
+            self.destination.close()
+        if self.cluster is not None:
+            self.cluster.stop()
 
 
 def _add_notes(result: VerifyResult, config: VerifyConfig) -> None:

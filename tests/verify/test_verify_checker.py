@@ -1,16 +1,20 @@
-"""The checker on hand-made histories: each violation is found, and only when present."""
+"""The checker on hand-made histories: each violation is found, and only when present; a
+run is inconclusive when a fault kind asked for never happened or the fence was never
+tested."""
 
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from consensus_lease.fencing import Effect
-from consensus_lease.verify.checker import COUNTS, VIOLATIONS, check
+from consensus_lease.verify.checker import COUNTS, VIOLATIONS, check, inconclusive_reasons
 from consensus_lease.verify.history import INDETERMINATE, Op
 
 _index = itertools.count(1)
@@ -165,6 +169,120 @@ def test_faults_are_counted_only_when_injected() -> None:
               op("nemesis", "fault", "skipped", None, kind="pause"),
               op("nemesis", "fault", "error", None, kind="partition")]
     assert dict(check(h.ops, h.effects).faults) == {"kill": 1}
+
+
+# -- conclusive or not ---------------------------------------------------------------------
+
+
+def refused(writes: int = 0, completions: int = 0) -> Counter[str]:
+    return Counter({"stale_writes_rejected": writes, "stale_completions_rejected": completions})
+
+
+def injected(*kinds: str) -> dict[str, Counter[str]]:
+    return {kind: Counter({"healed": 1}) for kind in kinds}
+
+
+def test_a_run_that_did_every_fault_and_refused_a_stale_write_is_conclusive() -> None:
+    kinds = ("pause", "pause-at-check", "kill", "skew")
+    scheduled = Counter(kinds)
+    assert inconclusive_reasons(kinds, scheduled, injected(*kinds), refused(writes=1)) == []
+    # a stale completion the store refused tests the protocol just as well
+    assert inconclusive_reasons(kinds, scheduled, injected(*kinds), refused(completions=1)) == []
+    # a heal that failed still means the fault was injected
+    outcomes = {**injected(*kinds), "kill": Counter({"heal_error": 1, "skipped": 2})}
+    assert inconclusive_reasons(kinds, scheduled, outcomes, refused(writes=1)) == []
+
+
+@pytest.mark.parametrize(("scheduled", "outcomes", "expected"), [
+    (0, Counter(), "fault 'kill' never happened: not scheduled (the fault period is too short"),
+    (2, Counter(), "fault 'kill' never happened: scheduled 2 time(s), but the fault period "
+                   "ended before it started"),
+    (3, Counter({"skipped": 2, "error": 1}),
+     "fault 'kill' never happened: tried 3 time(s), never injected (1 error, 2 skipped"),
+])
+def test_a_fault_kind_that_never_happened_makes_the_run_inconclusive(
+    scheduled: int, outcomes: Counter[str], expected: str
+) -> None:
+    kinds = ("pause-at-check", "kill")
+    reasons = inconclusive_reasons(kinds, Counter({"pause-at-check": 1, "kill": scheduled}),
+                                   {**injected("pause-at-check"), "kill": outcomes},
+                                   refused(writes=3))
+    assert len(reasons) == 1 and reasons[0].startswith(expected), reasons
+
+
+def test_without_pause_at_check_the_fence_was_never_tested() -> None:
+    kinds = ("pause", "skew")
+    (reason,) = inconclusive_reasons(kinds, Counter(kinds), injected(*kinds), refused())
+    assert reason.startswith("no fault class that can produce a stale write was exercised")
+    assert reason.endswith("faults: pause, skew): the fence was never tested")
+    # a random pause may get a stale write refused, but not reproducibly: still inconclusive
+    (reason,) = inconclusive_reasons(kinds, Counter(kinds), injected(*kinds), refused(writes=2))
+    assert "the fence was not tested on purpose (2 stale action(s) refused by chance" in reason
+    # no faults at all
+    (reason,) = inconclusive_reasons((), Counter(), {}, refused())
+    assert "faults: none): the fence was never tested" in reason
+
+
+def test_pause_at_check_without_a_refused_stale_action_did_not_test_the_fence() -> None:
+    kinds = ("pause-at-check", "kill")
+    outcomes = {"pause-at-check": Counter({"healed": 2, "skipped": 1}),
+                "kill": Counter({"healed": 1})}
+    (reason,) = inconclusive_reasons(kinds, Counter(kinds), outcomes, refused())
+    assert reason.startswith("pause-at-check 2 time(s) ran, but no stale write was rejected by "
+                             "the fence and no stale completion refused by the store: the fence "
+                             "was never tested")
+    # asked for, never injected: both reasons
+    reasons = inconclusive_reasons(kinds, Counter(kinds),
+                                   {**outcomes, "pause-at-check": Counter({"skipped": 1})},
+                                   refused())
+    assert [r.split(" ")[0] for r in reasons] == ["fault", "no"]
+
+
+def _faulted_run(faults: list[str], fault_ops: list[tuple[str, str]], *,
+                 stale_write: bool) -> History:
+    h = History()
+    h.ops[0] = op("verifier", "run", "ok", job=None, jobs=["j"], faults=faults,
+                  schedule=[{"kind": kind, "at_s": 1.0} for kind, _ in fault_ops])
+    h.claim("A", 1).check("A", 1).write("A", 1, 0).claim("B", 2).check("B", 2).write("B", 2, 0)
+    if stale_write:
+        h.write("A", 1, 1, accepted=False)
+    h.check("B", 2).write("B", 2, 1).check("B", 2).write("B", 2, 2).complete("B", 2)
+    h.final("completed", 2)
+    h.ops += [op("nemesis", "fault", outcome, None, kind=kind) for kind, outcome in fault_ops]
+    return h
+
+
+def test_check_reads_what_was_asked_for_planned_and_done_from_the_history() -> None:
+    h = _faulted_run(["pause-at-check", "kill", "skew"],
+                     [("pause-at-check", "healed"), ("kill", "skipped"), ("kill", "healed")],
+                     stale_write=True)
+    report = check(h.ops, h.effects)
+    assert report.ok and not report.conclusive
+    assert report.faults_requested == ("pause-at-check", "kill", "skew")
+    assert report.faults_scheduled == Counter({"pause-at-check": 1, "kill": 2})
+    assert report.fault_outcomes["kill"] == Counter({"skipped": 1, "healed": 1})
+    assert dict(report.faults) == {"pause-at-check": 1, "kill": 1}
+    assert [r[:30] for r in report.inconclusive] == ["fault 'skew' never happened: n"]
+
+    h = _faulted_run(["pause-at-check", "kill"],
+                     [("pause-at-check", "healed"), ("kill", "healed")], stale_write=True)
+    report = check(h.ops, h.effects)
+    assert report.ok and report.conclusive and report.inconclusive == []
+    h = _faulted_run(["pause-at-check", "kill"],
+                     [("pause-at-check", "healed"), ("kill", "healed")], stale_write=False)
+    report = check(h.ops, h.effects)
+    assert report.ok and not report.conclusive
+    assert "the fence was never tested" in report.inconclusive[0]
+
+
+def test_without_a_run_operation_the_faults_tried_stand_for_those_asked_for() -> None:
+    h = History().claim("A", 1).write("A", 1, 0).claim("B", 2).write("B", 2, 0)
+    h.write("A", 1, 1, accepted=False).complete("B", 2).final("completed", 2)
+    h.ops = [*h.ops[1:], op("nemesis", "fault", "healed", None, kind="pause-at-check"),
+             op("nemesis", "fault", "skipped", None, kind="kill")]
+    report = check(h.ops, h.effects, jobs=["j"])
+    assert report.faults_requested == ("pause-at-check", "kill")
+    assert len(report.inconclusive) == 1 and "'kill' never happened: tried 1" in report.inconclusive[0]
 
 
 # -- properties ------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""The nemesis against fakes: the schedule is a pure function of the seed, every fault
-is healed, faults that do not apply are skipped, cluster faults go through the control."""
+"""The nemesis against fakes: the schedule is a pure function of the seed that starts
+with one fault of each kind (pause-at-check first), every fault is healed, faults that do
+not apply are skipped, cluster faults go through the control."""
 
 from __future__ import annotations
 
@@ -14,10 +15,13 @@ from consensus_lease.verify.history import HistoryWriter, Op, read_parts
 from consensus_lease.verify.nemesis import (
     CLUSTER_FAULTS,
     FAULTS,
+    STALE_FAULTS,
     WORKER_FAULTS,
+    Active,
     Nemesis,
     NemesisContext,
     PlannedFault,
+    coverage_s,
     parse_faults,
     plan,
 )
@@ -150,6 +154,43 @@ def test_the_schedule_is_a_pure_function_of_the_seed() -> None:
         assert after.at_s >= before.at_s + before.hold_s
 
 
+@pytest.mark.parametrize("kinds", [
+    WORKER_FAULTS, WORKER_FAULTS + CLUSTER_FAULTS, CLUSTER_FAULTS, ("skew", "kill"),
+    ("pause", "pause-at-check"), ("pause-at-check",),
+])
+def test_every_seed_starts_with_one_fault_of_each_kind_pause_at_check_first(
+    kinds: tuple[str, ...],
+) -> None:
+    ttl_s = 0.5
+    heads = set()
+    for seed in range(60):
+        schedule = plan(seed, kinds, duration_s=1000, ttl_s=ttl_s, slots=4)
+        head = [p.kind for p in schedule[:len(kinds)]]
+        assert sorted(head) == sorted(kinds), (seed, head)
+        if "pause-at-check" in kinds:
+            assert head[0] == "pause-at-check" and schedule[0].at_s <= ttl_s
+        assert {p.kind for p in schedule} == set(kinds)  # then random, from the same menu
+        heads.add(tuple(head))
+    others = [k for k in kinds if k not in STALE_FAULTS]
+    # the order of the others depends on the seed
+    assert (len(heads) > 1) if len(others) > 1 else (len(heads) == 1)
+
+
+def test_coverage_s_is_a_fault_period_long_enough_to_schedule_every_kind() -> None:
+    kinds = WORKER_FAULTS + CLUSTER_FAULTS
+    for seed in range(30):
+        need_s = coverage_s(seed, kinds, ttl_s=1.0, slots=4)
+        assert {p.kind for p in plan(seed, kinds, duration_s=need_s, ttl_s=1.0,
+                                     slots=4)} == set(kinds)
+        last = plan(seed, kinds, duration_s=1000, ttl_s=1.0, slots=4)[len(kinds) - 1]
+        assert need_s == pytest.approx(last.at_s + last.hold_s, abs=1e-3)
+        short = plan(seed, kinds, duration_s=last.at_s - 0.01, ttl_s=1.0, slots=4)
+        assert last.kind not in {p.kind for p in short}  # shorter: not every kind
+    assert coverage_s(1, (), ttl_s=1.0, slots=2) == 0.0
+    assert coverage_s(1, ("kill", "kill"), ttl_s=1.0, slots=2) == coverage_s(
+        1, ("kill",), ttl_s=1.0, slots=2)
+
+
 def test_no_faults_or_no_time_means_an_empty_schedule() -> None:
     assert plan(1, (), duration_s=60, ttl_s=1, slots=2) == []
     assert plan(1, WORKER_FAULTS, duration_s=0, ttl_s=1, slots=2) == []
@@ -236,3 +277,26 @@ def test_no_fault_starts_after_the_duration(tmp_path: Path) -> None:
               workers, duration_s=0.05)
     assert [o.detail["kind"] for o in ops if o.op == "fault"] == ["pause"]
     assert ("kill", 1) not in workers.calls
+
+
+def test_the_nemesis_counts_each_fault_as_it_is_injected(tmp_path: Path) -> None:
+    seen: list[int] = []
+
+    class Watched:
+        name = "watched"
+        hold_ttl = (0.0, 0.0)
+        targets_member = False
+        needs_cluster = False
+
+        def inject(self, ctx: NemesisContext, planned: PlannedFault) -> Active | None:
+            return Active("watched", heal=lambda: None, hold=lambda: seen.append(nemesis.injected))
+
+    rec = HistoryWriter(tmp_path / "nemesis.jsonl", "nemesis")
+    workers = FakeWorkers()
+    workers.live.discard(1)
+    ctx = NemesisContext(workers=workers, ttl_s=0.01, overtaken=lambda _p: True)
+    nemesis = Nemesis(ctx, rec, faults={**FAULTS, "watched": Watched()})
+    schedule = [PlannedFault(0, "watched", 0, 0), PlannedFault(0, "kill", 1, 0.001),
+                PlannedFault(0, "watched", 0, 0)]
+    assert nemesis.run(schedule, 30.0) == 2 == nemesis.injected
+    assert seen == [1, 2]  # counted while held, not once healed; the skipped kill not at all

@@ -1,11 +1,13 @@
 """Real verification runs: worker processes, a nemesis, the checker.
 
-* fenced, on SQLite, under worker pause + pause-at-check + kill + clock skew: zero
-  violations, and the faults demonstrably did something (losses, rejections);
+* the default schedule (default seed and faults), fenced, on SQLite: every worker fault
+  happens, at least one stale action is refused, zero violations: PASS;
 * the control: the same kind of faults with an unfenced destination must FAIL;
+* without pause-at-check (``--faults pause,skew``) the fence is never tested:
+  INCONCLUSIVE, exit status 2;
 * the SQL fence on PostgreSQL as the destination (skipped without
   ``CONSENSUS_LEASE_POSTGRES_URL``, failed under ``CI=true``);
-* the command line.
+* the command line, and the verdict's exit status (a pure decision).
 """
 
 from __future__ import annotations
@@ -17,21 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from consensus_lease.verify.history import read_history
-from consensus_lease.verify.nemesis import WORKER_FAULTS, plan
+from consensus_lease import InvalidArgument
+from consensus_lease.verify.checker import Report, check
+from consensus_lease.verify.history import Op, read_history
+from consensus_lease.verify.nemesis import WORKER_FAULTS
+from consensus_lease.verify.progress import RunStatus
 from consensus_lease.verify.runner import VerifyConfig, VerifyResult, run_verify
 
 POSTGRES_ENV = "CONSENSUS_LEASE_POSTGRES_URL"
-
-
-def seed_covering(kinds: tuple[str, ...], *, first: int, repeat: str, **plan_args: float) -> int:
-    """The smallest seed whose first ``first`` planned faults include every kind, and
-    ``repeat`` at least twice (the schedule is a pure function of the seed)."""
-    for seed in range(1, 500):
-        head = [p.kind for p in plan(seed, kinds, **plan_args)[:first]]  # type: ignore[arg-type]
-        if set(head) == set(kinds) and head.count(repeat) >= 2:
-            return seed
-    raise AssertionError("no seed covers every fault kind")
 
 
 def explain(result: VerifyResult) -> str:
@@ -42,18 +37,19 @@ def explain(result: VerifyResult) -> str:
 
 
 @pytest.mark.slow
-def test_fenced_run_under_worker_faults_has_zero_violations(tmp_path: Path) -> None:
-    ttl_s, duration_s, workers = 0.75, 25.0, 4
-    seed = seed_covering(WORKER_FAULTS, first=5, repeat="pause-at-check",
-                         duration_s=duration_s, ttl_s=ttl_s, slots=workers)
-    config = VerifyConfig(cluster="sqlite", workers=workers, jobs=80, steps=3, ttl_s=ttl_s,
-                          duration_s=duration_s, quiet_s=25.0, seed=seed, faults=WORKER_FAULTS,
+def test_the_default_schedule_tests_the_fence_and_passes(tmp_path: Path) -> None:
+    """Default seed and faults (the worker faults), a short fault period: every kind
+    happens, pause-at-check gets at least one stale action refused, zero violations."""
+    config = VerifyConfig(cluster="sqlite", workers=4, jobs=80, steps=3, ttl_s=0.75,
+                          duration_s=15.0, quiet_s=25.0,
                           run_dir=str(tmp_path / "run"), history=str(tmp_path / "history.jsonl"))
-    result = run_verify(config)
+    assert (config.seed, config.faults) == (1, WORKER_FAULTS)  # the defaults
+    statuses: list[RunStatus] = []
+    result = run_verify(config, watch=statuses.append)
     report = result.report
 
     assert result.exit_status == 0, explain(result)
-    assert report.ok and not result.worker_crashes, explain(result)
+    assert report.ok and report.conclusive and not result.worker_crashes, explain(result)
     assert result.all_completed_at_s is not None, explain(result)
     # The faults happened and did something.
     for kind in WORKER_FAULTS:
@@ -72,6 +68,12 @@ def test_fenced_run_under_worker_faults_has_zero_violations(tmp_path: Path) -> N
         "the skewed worker never claimed a job")
     assert any("." in o.process for o in ops if o.op == "worker_start")  # a replacement ran
     assert all(o.t_return is not None for o in ops if o.op == "fault")
+    # Progress was reported through the fault and the quiet period.
+    assert [s.phase for s in statuses][:1] == ["faults"] and statuses[-1].phase == "quiet"
+    injected = [s.faults_injected for s in statuses]
+    assert injected == sorted(injected) and injected[-1] == result.faults_injected
+    assert statuses[-1].completions == statuses[-1].jobs == config.jobs
+    assert all(s.faults_planned == len(config.schedule()) for s in statuses)
 
 
 @pytest.mark.slow
@@ -119,14 +121,79 @@ def _cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]
                           capture_output=True, text=True, timeout=timeout_s)
 
 
-def test_cli_without_faults_passes_and_prints_the_history(tmp_path: Path) -> None:
+def _words(text: str) -> str:
+    """The text with its line breaks (rich wraps long lines) turned into spaces."""
+    return " ".join(text.split())
+
+
+def test_cli_without_faults_is_inconclusive_and_prints_the_history(tmp_path: Path) -> None:
     history = tmp_path / "h.jsonl"
     done = _cli("--workers", "2", "--jobs", "4", "--steps", "2", "--duration-s", "0",
                 "--quiet-s", "30", "--faults", "", "--think-s", "0.01", "--history", str(history),
                 "--run-dir", str(tmp_path / "run"))
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "PASS" in done.stdout and str(history) in done.stdout.replace("\n", "")
+    assert done.returncode == 2, done.stdout + done.stderr
+    out = _words(done.stdout)
+    assert "INCONCLUSIVE" in out and "PASS" not in out, out
+    assert "faults: none): the fence was never tested" in out
+    assert str(history) in done.stdout.replace("\n", "")
     assert history.exists()
+    assert "completed 0/" not in out  # no progress bar: stdout is not a terminal
+
+
+@pytest.mark.slow
+def test_cli_without_pause_at_check_is_inconclusive(tmp_path: Path) -> None:
+    """``--faults pause,skew``: both happen and nothing is violated, but no fault put a
+    stale write in front of the fence on purpose: INCONCLUSIVE, exit status 2."""
+    done = _cli("--workers", "2", "--jobs", "40", "--steps", "2", "--ttl-s", "0.5",
+                "--duration-s", "6", "--quiet-s", "30", "--faults", "pause,skew",
+                "--run-dir", str(tmp_path / "run"))
+    out = _words(done.stdout)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "INCONCLUSIVE: no safety violation found" in out and "PASS" not in out, out
+    said = ("no fault class that can produce a stale write was exercised (only pause-at-check "
+            "stops a worker between its check and its write by design; faults: pause, skew): ")
+    # never tested -- or, if a random pause got a stale write refused, not on purpose
+    assert (said + "the fence was never tested" in out
+            or said + "the fence was not tested on purpose" in out), out
+    assert "never happened" not in out, out  # both kinds did happen
+    ops = read_history(tmp_path / "run" / "history.jsonl")
+    assert {o.detail["kind"] for o in ops if o.op == "fault" and o.outcome == "healed"} == {
+        "pause", "skew"}
+
+
+def test_a_fault_period_too_short_for_every_kind_is_refused() -> None:
+    config = VerifyConfig(duration_s=3.0, ttl_s=1.0, faults=WORKER_FAULTS)
+    with pytest.raises(InvalidArgument, match=r"--duration-s 3.0 is too short .*use "
+                       r"--duration-s 11 or more"):
+        config.validate()
+    VerifyConfig(duration_s=11.0, ttl_s=1.0, faults=WORKER_FAULTS).validate()
+    VerifyConfig(duration_s=0.0, faults=()).validate()
+
+
+def _result(report: Report, crashes: list[str] | None = None) -> VerifyResult:
+    return VerifyResult(report=report, history_path=Path("h"), run_dir=Path("r"),
+                        store_url="s", destination="d", elapsed_s=1.0, faults_injected=1,
+                        all_completed_at_s=None, worker_crashes=crashes or [])
+
+
+@pytest.mark.parametrize(("violations", "inconclusive", "crashed", "status"), [
+    ({}, [], False, 0),
+    ({}, ["the fence was never tested"], False, 2),
+    ({}, [], True, 2),
+    ({"stale_effects": 1}, [], True, 1),
+    ({"stale_effects": 1}, ["the fence was never tested"], False, 1),
+    ({"not_completed": 1}, ["the fence was never tested"], False, 1),
+    ({"not_completed": 1}, [], True, 2),
+])
+def test_the_exit_status_puts_violations_first_then_crashes_then_inconclusive(
+    violations: dict[str, int], inconclusive: list[str], crashed: bool, status: int
+) -> None:
+    report = check([Op("verifier", 1, "run", 0.0, 0.0, "ok", detail={"jobs": []})], [])
+    report.violations.update(violations)
+    report.inconclusive = inconclusive
+    result = _result(report, ["w1 (exit 1): boom"] if crashed else None)
+    assert result.exit_status == status
+    assert bool(result.inconclusive) == bool(inconclusive or crashed)
 
 
 def test_cli_rejects_bad_options() -> None:

@@ -1,0 +1,92 @@
+"""Progress while a run runs: completions counted from growing history parts, the ticker,
+and the terminal progress bar."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from consensus_lease.verify.history import HistoryWriter
+from consensus_lease.verify.progress import (
+    CompletionCounter,
+    ProgressBar,
+    RunStatus,
+    StatusTicker,
+)
+
+
+def status(phase: str = "faults", elapsed_s: float = 3.0, injected: int = 2,
+           completions: int = 5) -> RunStatus:
+    return RunStatus(phase=phase, elapsed_s=elapsed_s, total_s=20.0, faults_injected=injected,
+                     faults_planned=7, completions=completions, jobs=40)
+
+
+def test_completions_are_counted_as_the_parts_grow(tmp_path: Path) -> None:
+    a, b = tmp_path / "w0.jsonl", tmp_path / "w1.jsonl"
+    w0, w1 = HistoryWriter(a, "w0"), HistoryWriter(b, "w1")
+    counter = CompletionCounter()
+    assert counter.update([a, b, tmp_path / "not-yet.jsonl"]) == 0
+    first = w0.invoke("complete", job="j1", generation=1)
+    assert counter.update([a, b]) == 0  # not returned yet
+    w0.ret(first, "ok")
+    refused = w1.invoke("complete", job="j2", generation=1)
+    w1.ret(refused, "stale")
+    w1.event("write", job="j3", generation=2)  # an ok that is no completion
+    assert counter.update([a, b]) == 1
+    second = w1.invoke("complete", job="j3", generation=2)
+    w1.close()
+    with b.open("a", encoding="utf-8") as file:  # a line still being written
+        file.write(f'{{"p": "w1", "i": {second}, "ev": "return", "outcome": "ok"')
+    assert counter.update([a, b]) == 1
+    with b.open("a", encoding="utf-8") as file:
+        file.write(', "t": 1.0}\n')
+    assert counter.update([a, b]) == 2
+    assert counter.update([a, b]) == 2  # nothing read twice
+    w0.close()
+
+
+def test_the_ticker_reports_until_stopped_and_once_more_at_the_end() -> None:
+    seen: list[RunStatus] = []
+    got_two = threading.Event()
+
+    def watch(s: RunStatus) -> None:
+        seen.append(s)
+        if len(seen) >= 2:
+            got_two.set()
+
+    with StatusTicker(lambda: status(completions=len(seen)), watch, interval_s=0.01):
+        assert got_two.wait(10)
+    count = len(seen)
+    time.sleep(0.05)
+    assert len(seen) == count and seen[-1].completions == count - 1
+
+
+def test_a_failing_watch_stops_the_ticking_not_the_run() -> None:
+    calls: list[int] = []
+
+    def watch(_s: RunStatus) -> None:
+        calls.append(1)
+        raise RuntimeError("terminal gone")
+
+    ticker = StatusTicker(status, watch, interval_s=0.01).start()
+    deadline = time.monotonic() + 10
+    while not calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    ticker.stop()
+    assert calls == [1]
+
+
+def test_the_bar_shows_the_phase_its_clock_faults_and_completions() -> None:
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=120)
+    with ProgressBar(console) as bar:
+        bar(status())
+        bar(status(phase="quiet", elapsed_s=1.5, injected=3, completions=40))
+    text = out.getvalue()
+    assert "fault period" in text and "3.0 / 20.0 s" in text
+    assert "faults 2/7" in text and "completed 5/40" in text
+    assert "quiet period" in text and "faults 3/7" in text and "completed 40/40" in text
