@@ -150,7 +150,9 @@ class Worker:
             return
         self.rec.event("pause_point", job=lease.job_id, generation=lease.generation,
                        before=before, step=step, pid=os.getpid())
-        os.kill(os.getpid(), signal.SIGSTOP)
+        # Thread-directed, so it is delivered to this thread before pthread_kill returns:
+        # with os.kill another thread could take it and this one would run on for a moment.
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
 
     # -- the loop --------------------------------------------------------------------
 
