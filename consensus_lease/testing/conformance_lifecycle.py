@@ -33,7 +33,9 @@ class LifecycleConformance:
 
     open: Any
     expire: Any
+    process_url: Any
     short_ttl_s: float
+    long_ttl_s: float
 
     def test_fail_retries_after_store_delay_then_dead_letters(
         self, store: LeaseStore, sessions: list[Session]
@@ -180,3 +182,62 @@ class LifecycleConformance:
             with pytest.raises(InvalidArgument):
                 RetryPolicy(**policy)
         lease.complete(b"ok")
+
+    # -- the worker runner and ``consensus-lease run`` on this store -------------------
+
+    def test_worker_runner_drains_queue(self, store: LeaseStore) -> None:
+        """``run_worker`` (two thread slots) over a queue with one job that always fails:
+        every other job completed once, the failing one FAILED after its attempts."""
+        from ..worker import run_worker
+
+        for i in range(12):
+            store.enqueue("wq", f"w-{i}", str(i).encode(), max_attempts=2)
+        seen: list[tuple[str, int]] = []
+
+        def handler(lease: Any, payload: bytes) -> bytes:
+            lease.ensure_held()
+            seen.append((lease.job_id, lease.attempt))
+            if lease.job_id == "w-3":
+                from ..worker import Retry
+
+                raise Retry(0.0)
+            return payload
+
+        stats = run_worker(store, "wq", handler, concurrency=2, ttl_s=self.long_ttl_s,
+                           until_empty=True, claim_wait_s=0.2, grace_s=5.0)
+        assert stats.completed == 11 and stats.dead_lettered == 1
+        assert sorted(seen).count(("w-3", 1)) == 1 and ("w-3", 2) in seen
+        for i in range(12):
+            record = store.get(f"w-{i}")
+            assert record is not None
+            if i == 3:
+                assert record.state is JobState.FAILED and record.attempt == 2
+            else:
+                assert record.state is JobState.COMPLETED and record.result == str(i).encode()
+        stats_q = store.queue_stats("wq")
+        assert (stats_q.completed, stats_q.failed, stats_q.available) == (11, 1, 0)
+
+    def test_run_command_holds_the_lease(self, store: LeaseStore) -> None:
+        """``consensus-lease run --complete`` runs the command with the token in its
+        environment and completes the job; a second run exits 65 (completed)."""
+        url = self.process_url(store)
+        if not store.capabilities.cross_process:  # the declared capability, not a skip
+            assert url is None, "backend declares cross_process=False but gives a process URL"
+            return
+        assert url is not None, "backend declares cross_process=True: give process_url()"
+        import subprocess
+        import sys
+
+        child = ("import os; env = os.environ; "
+                 "print(env['CONSENSUS_LEASE_TOKEN'], env['CONSENSUS_LEASE_ATTEMPT'])")
+        command = [sys.executable, "-m", "consensus_lease.cli", "run", "--backend", url,
+                   "--job", "cron-1", "--ttl-s", str(self.long_ttl_s), "--complete", "--",
+                   sys.executable, "-c", child]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        token, attempt = done.stdout.split()
+        record = store.get("cron-1")
+        assert record is not None and record.state is JobState.COMPLETED
+        assert record.generation == int(token) and attempt == "1"
+        again = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert again.returncode == 65, again.stderr
