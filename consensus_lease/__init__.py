@@ -45,6 +45,7 @@ from .errors import (
     SessionExpired,
     StaleLeaseError,
     StoreClosed,
+    StoreRegressed,
     UnsupportedBackend,
     UnsupportedOperation,
 )
@@ -97,6 +98,7 @@ __all__ = [
     "SqliteFence",
     "StaleLeaseError",
     "StoreClosed",
+    "StoreRegressed",
     "SystemClock",
     "UnsupportedBackend",
     "UnsupportedOperation",

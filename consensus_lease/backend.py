@@ -316,6 +316,33 @@ class Backend(abc.ABC):
         available jobs are untouched."""
         raise UnsupportedOperation(f"the {self.scheme} backend has no work queues")
 
+    # -- the store epoch (tokens that survive a restore) ---------------------------------
+
+    epoch_shift: ClassVar[int] = 32
+    """Tokens are ``epoch * 2**epoch_shift + local`` where ``local`` is the store's own
+    counter (SQLite/memory generation, etcd create_revision, ZooKeeper version); epoch 0
+    (never bumped) leaves every token as the native counter."""
+
+    def epoch(self) -> int:
+        """The store's epoch now (0 if never bumped).
+
+        Raises:
+            BackendUnavailable.
+        """
+        raise UnsupportedOperation(f"the {self.scheme} backend has no store epoch")
+
+    def bump_epoch(self, above: int | None = None) -> int:
+        """Atomically set the epoch to ``max(epoch + 1, above // 2**epoch_shift + 1)`` and
+        return it: every token handed out afterwards exceeds every token handed out
+        before, and ``above``. For use after restoring the store from a backup, while no
+        worker runs.
+
+        Raises:
+            InvalidArgument: ``above`` < 0, or the epoch would leave the int64 token range.
+            BackendUnavailable / OutcomeUnknown.
+        """
+        raise UnsupportedOperation(f"the {self.scheme} backend has no store epoch")
+
     def store_time(self) -> float | None:
         """The store's clock now (seconds since the epoch), for display, or ``None`` if
         the store does not expose one (etcd, ZooKeeper)."""

@@ -8,7 +8,9 @@
     │   │                           may become HELD again after the store re-confirms it
     │   └── LeaseLost               final: the lease is gone and will not come back
     │       ├── SessionExpired      the store says the worker's session (etcd lease,
-    │       │                       ZooKeeper session, SQLite session row) has expired
+    │       │   │                   ZooKeeper session, SQLite session row) has expired
+    │       │   └── StoreRegressed  the store's history went back (restored or wiped):
+    │       │                       every session is over; bump the epoch
     │       └── StaleLeaseError     the store rejected owner/generation: another holder
     │                               claimed a newer generation, or the job was released
     ├── ClaimTimeout                ``claim(..., wait_s=...)`` ran out of time; nothing held
@@ -51,6 +53,7 @@ __all__ = [
     "SessionExpired",
     "StaleLeaseError",
     "StoreClosed",
+    "StoreRegressed",
     "UnsupportedBackend",
     "UnsupportedOperation",
 ]
@@ -94,6 +97,19 @@ class SessionExpired(LeaseLost):
     """The store reports the worker session expired (etcd lease TTL reached, ZooKeeper
     session expired, SQLite session row past its expiry). Every lease of the session is
     lost. Never retried away: open a new session."""
+
+
+class StoreRegressed(SessionExpired):
+    """The store's history went back: it was restored from an older backup or wiped
+    (etcd: a response at a lower revision than one already seen, or another cluster id;
+    ZooKeeper: a lower zxid, or its identity znode gone or changed). Tokens handed out
+    from now on could be *lower* than tokens already used, so every session of this store
+    is over, and a claim answered from the regressed history is handed back.
+
+    What the operator must do: stop the workers, run ``consensus-lease bump-epoch
+    --backend URL --above HIGHEST`` (the highest token any destination has accepted),
+    then restart them (README: "Restoring a store").
+    """
 
 
 class StaleLeaseError(LeaseLost):

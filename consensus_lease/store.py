@@ -232,6 +232,36 @@ class LeaseStore:
         check_queue_name(queue)
         self.retry_policies.set(queue, policy)
 
+    def epoch(self) -> int:
+        """The store's epoch (0 until ``bump_epoch`` was first run); every token is
+        ``epoch * 2**backend.epoch_shift + the store's own counter``.
+
+        Raises:
+            UnsupportedOperation / BackendUnavailable.
+        """
+        self._check_open()
+        return self.backend.epoch()
+
+    def bump_epoch(self, above: int | None = None) -> int:
+        """Raise the store's epoch so that every fencing token handed out from now on
+        exceeds every token handed out before — and ``above``, the highest token any of
+        your destinations has accepted (which also covers a store that lost its epoch in
+        a wipe). Run it after restoring the store from a backup, with every worker
+        stopped (README: "Restoring a store"). One atomic store operation; returns the
+        new epoch.
+
+        Raises:
+            InvalidArgument: ``above`` is not an int >= 0, or the epoch would leave the
+                int64 token range; nothing changed.
+            UnsupportedOperation / BackendUnavailable / OutcomeUnknown.
+        """
+        self._check_open()
+        if above is not None and (isinstance(above, bool) or not isinstance(above, int)
+                                  or not 0 <= above < 2**63):
+            raise InvalidArgument(f"above must be a token (an int from 0 to 2**63-1), not "
+                                  f"{above!r}")
+        return self.backend.bump_epoch(above)
+
     def requeue(self, job_id: str) -> LeaseRecord:
         """Put a FAILED job back: claimable at once, with a fresh budget of
         ``max_attempts`` attempts (``attempt`` keeps counting, so the next claim is
