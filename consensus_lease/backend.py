@@ -48,8 +48,9 @@ class Capabilities:
         cross_process: several OS processes (and machines, for servers) share the store.
         store_watch: ``wait_for_change`` is woken by the store (etcd watch, ZooKeeper
             watch); ``False`` means it polls.
-        consecutive_generations: each claim adds exactly 1 to the generation. ``False``
-            (etcd: the token is a revision) still guarantees strictly increasing tokens.
+        consecutive_generations: each claim adds exactly 1 to the generation (within
+            one store epoch). ``False`` (etcd: the token is a revision) still guarantees
+            strictly increasing tokens.
         min_ttl_s / max_ttl_s: the range of TTLs accepted by ``open_session``.
         max_batch_claim: most claims one round trip can carry; 1 means no batching.
         queues: implements the work-queue methods (``enqueue`` ...).
@@ -57,6 +58,9 @@ class Capabilities:
             (etcd's request size limit, ZooKeeper's jute.maxbuffer), checked before
             sending.
         description: one line for ``inspect`` and benchmarks.
+        epoch: the store keeps an epoch folded into every token (``epoch``,
+            ``bump_epoch``: tokens that keep increasing across a restore of the store).
+            ``False``: both raise ``UnsupportedOperation``.
     """
 
     cross_process: bool
@@ -68,6 +72,7 @@ class Capabilities:
     queues: bool = False
     max_payload_bytes: int = 0
     description: str = ""
+    epoch: bool = False
 
 
 class SessionEvent(enum.Enum):

@@ -7,6 +7,11 @@ Its store clock is injectable (``open_store("memory://", store_clock=FakeClock()
 test can expire a session by advancing time instead of sleeping. One lock makes every
 operation atomic, as one etcd transaction or ZooKeeper multi would be.
 
+Tokens are ``epoch * 2**32 + generation`` (``epoch_shift`` 32): ``generation`` +1 per
+claim of the job, ``epoch`` the store's epoch when the claim was made (0 until
+``bump_epoch``). A memory store has no history to regress: it never raises
+``StoreRegressed``.
+
 Options (keyword arguments of ``open_store``; anything else is ``InvalidArgument``, see
 :mod:`consensus_lease.options`):
 
@@ -26,6 +31,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .._epoch import compose, next_epoch, split
 from ..backend import Backend, Capabilities, SessionHandle, StateListener
 from ..clock import Clock, SystemClock
 from ..errors import InvalidArgument, JobCompleted, JobFailed, SessionExpired, StaleLeaseError
@@ -54,6 +60,7 @@ class _Session:
 @dataclass
 class _Job:
     generation: int = 0
+    epoch: int = 0  # the store's epoch at the current or last claim
     session_id: str | None = None
     owner: str | None = None
     completed_by: str | None = None
@@ -93,6 +100,7 @@ class MemoryBackend(Backend):
         queues=True,
         max_payload_bytes=16 * 1024 * 1024,
         description="in-process memory (tests; one process only)",
+        epoch=True,
     )
 
     def __init__(self, store_clock: Clock | None = None) -> None:
@@ -101,6 +109,7 @@ class MemoryBackend(Backend):
         self._sessions: dict[str, _Session] = {}
         self._jobs: dict[str, _Job] = {}
         self._seq = itertools.count(1)
+        self._epoch = 0
 
     @classmethod
     def from_url(cls, url: str, options: Mapping[str, object]) -> MemoryBackend:
@@ -132,10 +141,16 @@ class MemoryBackend(Backend):
                 generation=generation,
             )
 
+    def _token(self, job: _Job) -> int:
+        """The job's current or last token: its claim's epoch folded into its generation."""
+        return compose(job.epoch, job.generation, self.epoch_shift)
+
     def _holds(self, session: SessionHandle, job_id: str, generation: int) -> _Job:
         job = self._jobs.get(job_id)
-        if job is None or job.session_id != session.session_id or job.generation != generation:
-            current = None if job is None else job.generation
+        epoch, local = split(generation, self.epoch_shift)
+        if (job is None or job.session_id != session.session_id
+                or (job.epoch, job.generation) != (epoch, local)):
+            current = None if job is None else self._token(job)
             raise StaleLeaseError(
                 f"{job_id!r} is not held by session {session.session_id} at generation "
                 f"{generation} (store has generation {current})",
@@ -160,7 +175,7 @@ class MemoryBackend(Backend):
             job_id=job_id,
             owner=job.owner,
             lease_until=sess.expires_at if sess is not None and state is JobState.HELD else None,
-            generation=job.generation,
+            generation=self._token(job),
             state=state,
             result=job.result,
             attempt=job.attempt,
@@ -176,14 +191,14 @@ class MemoryBackend(Backend):
     def _refuse_final(self, job_id: str, job: _Job) -> None:
         if job.completed:
             raise JobCompleted(
-                f"{job_id!r} was completed at generation {job.generation}",
+                f"{job_id!r} was completed at generation {self._token(job)}",
                 job_id=job_id,
-                generation=job.generation,
+                generation=self._token(job),
             )
         if job.failed:
             raise JobFailed(
                 f"{job_id!r} FAILED after {job.attempt} attempt(s): {job.error}",
-                job_id=job_id, generation=job.generation, attempt=job.attempt,
+                job_id=job_id, generation=self._token(job), attempt=job.attempt,
                 error=job.error,
             )
 
@@ -235,12 +250,13 @@ class MemoryBackend(Backend):
                 )
                 self._refuse_final(job_id, job)
             job.generation += 1
+            job.epoch = self._epoch
             job.attempt += 1
             job.not_before = None
             job.session_id = session.session_id
             job.owner = session.owner
             expires = self._sessions[session.session_id].expires_at
-            return ClaimResult(job.generation, expires, job.attempt)
+            return ClaimResult(self._token(job), expires, job.attempt)
 
     def renew(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> float:
         generation = claim.generation
@@ -258,7 +274,7 @@ class MemoryBackend(Backend):
             if (
                 job is not None
                 and job.completed_by == session.session_id
-                and job.generation == generation
+                and self._token(job) == generation
             ):
                 return self._record(job_id, job)  # a retry of our own completion
             job = self._holds(session, job_id, generation)
@@ -398,6 +414,17 @@ class MemoryBackend(Backend):
 
     def store_time(self) -> float | None:
         return self._now()
+
+    # -- the store epoch -----------------------------------------------------------
+
+    def epoch(self) -> int:
+        with self._cond:
+            return self._epoch
+
+    def bump_epoch(self, above: int | None = None) -> int:
+        with self._cond:
+            self._epoch = next_epoch(self._epoch, above, self.epoch_shift)
+            return self._epoch
 
     def close(self) -> None:
         with self._cond:
