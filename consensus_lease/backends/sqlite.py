@@ -18,6 +18,16 @@ How the protocol maps onto SQLite:
   marks FAILED (``failed_at``). ``fail()`` sets ``not_before = now + retry_in_s`` on the
   database clock, and every claim compares ``not_before <= now`` inside its statement,
   so the retry delay is the store's, never a worker's. Waiting claims poll.
+* The store epoch (``bump_epoch``) is the ``epoch`` of the one-row table ``cl_meta``.
+  The claim statement reads it in a subquery and records it in the job row's ``epoch``
+  column, and every token is ``epoch * 2**32 + generation`` (``epoch_shift`` 32):
+  records, completions and errors report the same token later, and renew / complete /
+  release / fail compare both parts. Epoch 0 leaves tokens as they always were; a file
+  written by an earlier version gets ``cl_meta`` and the ``epoch`` column (default 0)
+  on first open.
+* A file restored from an older copy, replaced or wiped while workers run is noticed
+  (``StoreRegressed`` for every session of the store) where the file shows it: see
+  :mod:`consensus_lease.backends._sqlite_history` for what is and is not detected.
 * Every operation runs in one ``BEGIN IMMEDIATE`` transaction whose ``UPDATE ... WHERE``
   does the owner + generation comparison, so the check and the write are one atomic step
   (SQLite serialises writers: https://www.sqlite.org/lang_transaction.html). The file
@@ -51,6 +61,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from typing import Any
 
+from .._epoch import compose, next_epoch, split
 from ..backend import Backend, Capabilities, SessionHandle, StateListener
 from ..errors import (
     BackendUnavailable,
@@ -63,6 +74,7 @@ from ..errors import (
 )
 from ..options import Option, OptionTable
 from ..record import ClaimResult, JobState, LeaseRecord, QueuedJob
+from ._sqlite_history import SESSION_GC_S, History
 
 __all__ = ["SqliteBackend"]
 
@@ -92,16 +104,26 @@ CREATE TABLE IF NOT EXISTS cl_jobs (
     max_attempts      INTEGER,
     error             TEXT,
     not_before        REAL,
-    failed_at         REAL
+    failed_at         REAL,
+    epoch             INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS cl_jobs_by_session ON cl_jobs(session_id);
 CREATE INDEX IF NOT EXISTS cl_jobs_by_queue ON cl_jobs(queue, completed_at, seq);
 CREATE TABLE IF NOT EXISTS cl_seq (id INTEGER PRIMARY KEY CHECK (id = 1), last INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS cl_meta (
+    id       INTEGER PRIMARY KEY CHECK (id = 1),
+    epoch    INTEGER NOT NULL,
+    identity TEXT NOT NULL,
+    claims   INTEGER NOT NULL
+);
 """
 
 SCHEMA_OBJECTS = frozenset(
-    {"cl_sessions", "cl_jobs", "cl_jobs_by_session", "cl_jobs_by_queue", "cl_seq"}
+    {"cl_sessions", "cl_jobs", "cl_jobs_by_session", "cl_jobs_by_queue", "cl_seq", "cl_meta"}
 )
+
+META_INSERT = "INSERT OR IGNORE INTO cl_meta (id, epoch, identity, claims) VALUES (1, 0, ?, 0)"
+"""The store's one ``cl_meta`` row: epoch 0, a new random identity, no claims yet."""
 
 LIFECYCLE_COLUMNS = {
     "attempt": "INTEGER NOT NULL DEFAULT 0",
@@ -114,7 +136,17 @@ LIFECYCLE_COLUMNS = {
 """Columns added by the job lifecycle (attempts, failure, retry delay); a store file
 written by an earlier version gets them on first open (``ALTER TABLE ... ADD COLUMN``)."""
 
+ADDED_COLUMNS = {**LIFECYCLE_COLUMNS, "epoch": "INTEGER NOT NULL DEFAULT 0"}
+"""Every column added since the first version (lifecycle; the store epoch of the job's
+claim), added on first open the same way."""
+
 EXHAUSTED = "(max_attempts IS NOT NULL AND attempt - attempt_base >= max_attempts)"
+
+HISTORY_ROW = (
+    f"SELECT identity, claims, epoch, {NOW}, "
+    "(SELECT expires_at FROM cl_sessions WHERE session_id = ?) FROM cl_meta WHERE id = 1"
+)
+"""What the regression check compares (see :meth:`History.check`)."""
 
 ALIVE = f"EXISTS (SELECT 1 FROM cl_sessions s WHERE s.session_id = ? AND s.expires_at > {NOW})"
 
@@ -154,6 +186,7 @@ class SqliteBackend(Backend):
         queues=True,
         max_payload_bytes=16 * 1024 * 1024,
         description="embedded SQLite file (one machine, many processes)",
+        epoch=True,
     )
 
     def __init__(
@@ -162,6 +195,7 @@ class SqliteBackend(Backend):
         self.path = path
         self.poll_interval_s = poll_interval_s
         self._lock = threading.Lock()
+        self._history = History(path)
         try:
             self._db = sqlite3.connect(
                 path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
@@ -185,19 +219,26 @@ class SqliteBackend(Backend):
                 with self._transaction() as db:
                     for statement in filter(str.strip, SCHEMA.split(";")):
                         db.execute(statement)
+                    db.execute(META_INSERT, (uuid.uuid4().hex,))
             self._migrate()
+            identity, claims = self._db.execute(
+                "SELECT identity, claims FROM cl_meta WHERE id = 1").fetchone()
+            self._history.baseline(str(identity), int(claims))
 
     def _migrate(self) -> None:
-        """Add the lifecycle columns to a store written by an earlier version."""
+        """Add the columns and the ``cl_meta`` row a store written by an earlier version
+        lacks (one transaction; nothing to do, and no write lock taken, if up to date)."""
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(cl_jobs)")}
-        missing = [name for name in LIFECYCLE_COLUMNS if name not in columns]
-        if not missing:
+        missing = [name for name in ADDED_COLUMNS if name not in columns]
+        has_meta = self._db.execute("SELECT 1 FROM cl_meta WHERE id = 1").fetchone()
+        if not missing and has_meta is not None:
             return
         with self._transaction() as db:
             columns = {row[1] for row in db.execute("PRAGMA table_info(cl_jobs)")}
             for name in missing:
                 if name not in columns:
-                    db.execute(f"ALTER TABLE cl_jobs ADD COLUMN {name} {LIFECYCLE_COLUMNS[name]}")
+                    db.execute(f"ALTER TABLE cl_jobs ADD COLUMN {name} {ADDED_COLUMNS[name]}")
+            db.execute(META_INSERT, (uuid.uuid4().hex,))
 
     @classmethod
     def from_url(cls, url: str, options: Mapping[str, object]) -> SqliteBackend:
@@ -230,10 +271,15 @@ class SqliteBackend(Backend):
             ) from exc
 
     @contextmanager
-    def _transaction(self, job_id: str | None = None) -> Iterator[sqlite3.Connection]:
+    def _transaction(
+        self, job_id: str | None = None, *, check_file: bool = False
+    ) -> Iterator[sqlite3.Connection]:
         """One ``BEGIN IMMEDIATE`` transaction: takes the write lock up front, so the
-        compare and the write below cannot interleave with another process."""
+        compare and the write below cannot interleave with another process. With
+        ``check_file``, first StoreRegressed if the path now names another file."""
         with self._lock, self._translate(job_id):
+            if check_file:
+                self._history.check_file()
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
@@ -255,9 +301,10 @@ class SqliteBackend(Backend):
     ) -> Exception:
         """Explain why an owner+generation compare failed (inside the same transaction)."""
         row = db.execute(
-            "SELECT generation, session_id, completed_at FROM cl_jobs WHERE job_id = ?", (job_id,)
+            "SELECT generation, session_id, completed_at, epoch FROM cl_jobs WHERE job_id = ?",
+            (job_id,),
         ).fetchone()
-        current = None if row is None else int(row[0])
+        current = None if row is None else compose(int(row[3]), int(row[0]), self.epoch_shift)
         if (
             row is not None
             and current == generation
@@ -284,27 +331,44 @@ class SqliteBackend(Backend):
         self, owner: str, ttl_s: float, on_event: StateListener | None = None
     ) -> SessionHandle:
         session_id = uuid.uuid4().hex
-        with self._transaction() as db:
+        with self._transaction(check_file=True) as db:
+            self._history.check(db.execute(HISTORY_ROW, (None,)).fetchone(), None)
             # Sessions expired a minute ago hold nothing any more: drop their rows.
-            db.execute(f"DELETE FROM cl_sessions WHERE expires_at < {NOW} - 60")
-            db.execute(
-                f"INSERT INTO cl_sessions VALUES (?, ?, ?, {NOW} + ?)",
+            db.execute(f"DELETE FROM cl_sessions WHERE expires_at < {NOW} - {SESSION_GC_S}")
+            expires_at = db.execute(
+                f"INSERT INTO cl_sessions VALUES (?, ?, ?, {NOW} + ?) RETURNING expires_at",
                 (session_id, owner, ttl_s, ttl_s),
-            )
+            ).fetchone()[0]
+            self._history.note_session(session_id, float(expires_at))
         return SessionHandle(session_id, owner, ttl_s)
 
     def keepalive(self, session: SessionHandle) -> float:
-        with self._transaction() as db:
+        """Extend the session (see :meth:`Backend.keepalive`), first checking that the
+        store did not go back (:mod:`._sqlite_history`).
+
+        Raises:
+            StoreRegressed: the file was restored from an older copy, replaced or wiped.
+            SessionExpired / BackendUnavailable.
+        """
+        sid = session.session_id
+        with self._transaction(check_file=True) as db:
+            self._history.check(db.execute(HISTORY_ROW, (sid,)).fetchone(), sid)
             row = db.execute(
                 f"UPDATE cl_sessions SET expires_at = {NOW} + ttl_s "
-                f"WHERE session_id = ? AND expires_at > {NOW} RETURNING ttl_s",
-                (session.session_id,),
+                f"WHERE session_id = ? AND expires_at > {NOW} RETURNING ttl_s, expires_at",
+                (sid,),
             ).fetchone()
+            if row is None:
+                self._history.forget_session(sid)
+            else:
+                self._history.note_session(sid, float(row[1]))
         if row is None:
-            raise SessionExpired(f"session {session.session_id} expired in the store")
+            raise SessionExpired(f"session {sid} expired in the store")
         return float(row[0])
 
     def close_session(self, session: SessionHandle) -> None:
+        with self._lock:
+            self._history.forget_session(session.session_id)
         with self._transaction() as db:
             db.execute("DELETE FROM cl_sessions WHERE session_id = ?", (session.session_id,))
             db.execute(
@@ -322,16 +386,25 @@ class SqliteBackend(Backend):
     # -- jobs ------------------------------------------------------------------------
 
     def claim(self, session: SessionHandle, job_id: str) -> ClaimResult | None:
-        with self._transaction(job_id) as db:
+        """Claim ``job_id`` (see :meth:`Backend.claim`); the token carries the store's
+        epoch, read in the claim statement itself.
+
+        Raises:
+            StoreRegressed: the store went back (:mod:`._sqlite_history`); nothing claimed.
+            JobCompleted / JobFailed / SessionExpired / BackendUnavailable.
+        """
+        with self._transaction(job_id, check_file=True) as db:
+            if self._history.regressed:
+                self._history.check(db.execute(HISTORY_ROW, (None,)).fetchone(), None)
             if not self._alive(db, session.session_id):
                 raise SessionExpired(
                     f"session {session.session_id} expired in the store", job_id=job_id
                 )
             row = db.execute(
-                "INSERT INTO cl_jobs (job_id, generation, owner, session_id, attempt) "
-                "VALUES (?, 1, ?, ?, 1) "
+                "INSERT INTO cl_jobs (job_id, generation, owner, session_id, attempt, epoch) "
+                "VALUES (?, 1, ?, ?, 1, coalesce((SELECT epoch FROM cl_meta WHERE id = 1), 0)) "
                 "ON CONFLICT (job_id) DO UPDATE SET generation = cl_jobs.generation + 1, "
-                "attempt = cl_jobs.attempt + 1, not_before = NULL, "
+                "attempt = cl_jobs.attempt + 1, not_before = NULL, epoch = excluded.epoch, "
                 "owner = excluded.owner, session_id = excluded.session_id "
                 "WHERE cl_jobs.completed_at IS NULL AND cl_jobs.failed_at IS NULL "
                 f"AND NOT {EXHAUSTED} "
@@ -340,15 +413,27 @@ class SqliteBackend(Backend):
                 f"WHERE s.session_id = cl_jobs.session_id AND s.expires_at > {NOW}) "
                 "RETURNING generation, "
                 "(SELECT expires_at FROM cl_sessions WHERE session_id = cl_jobs.session_id), "
-                "attempt",
+                "attempt, epoch",
                 (job_id, session.owner, session.session_id),
             ).fetchone()
             if row is not None:
-                return ClaimResult(int(row[0]), float(row[1]), int(row[2]))
+                self._count_claim(db)  # raising here rolls the claim back
+                token = compose(int(row[3]), int(row[0]), self.epoch_shift)
+                return ClaimResult(token, float(row[1]), int(row[2]))
             refusal = self._refusal(db, job_id)  # raised after COMMIT: it may have written
         if refusal is not None:
             raise refusal
         return None
+
+    def _count_claim(self, db: sqlite3.Connection) -> None:
+        """+1 on the store's claim count; StoreRegressed if the store went back."""
+        meta = db.execute(
+            "UPDATE cl_meta SET claims = claims + 1 WHERE id = 1 RETURNING identity, claims, epoch"
+        ).fetchone()
+        if meta is None:
+            self._history.check(None, None)
+        else:
+            self._history.claimed(str(meta[0]), int(meta[1]), int(meta[2]))
 
     def _refusal(self, db: sqlite3.Connection, job_id: str) -> LeaseError | None:
         """After a claim did not apply: JobCompleted / JobFailed if that is why (else
@@ -363,12 +448,13 @@ class SqliteBackend(Backend):
             (job_id,),
         )
         row = db.execute(
-            "SELECT generation, completed_at, failed_at, attempt, error FROM cl_jobs "
+            "SELECT generation, completed_at, failed_at, attempt, error, epoch FROM cl_jobs "
             "WHERE job_id = ?", (job_id,),
         ).fetchone()
         if row is None:
             return None
-        generation, completed_at, failed_at, attempt, error = row
+        local, completed_at, failed_at, attempt, error, epoch = row
+        generation = compose(int(epoch), int(local), self.epoch_shift)
         if completed_at is not None:
             return JobCompleted(
                 f"{job_id!r} was completed at generation {generation}",
@@ -383,13 +469,14 @@ class SqliteBackend(Backend):
 
     def renew(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> float:
         generation = claim.generation
+        epoch, local = split(generation, self.epoch_shift)
         with self._transaction(job_id) as db:
             row = db.execute(
                 f"UPDATE cl_sessions SET expires_at = {NOW} + ttl_s "
                 f"WHERE session_id = ? AND expires_at > {NOW} AND EXISTS (SELECT 1 FROM cl_jobs j "
-                "WHERE j.job_id = ? AND j.session_id = ? AND j.generation = ? "
+                "WHERE j.job_id = ? AND j.session_id = ? AND j.generation = ? AND j.epoch = ? "
                 "AND j.completed_at IS NULL) RETURNING ttl_s",
-                (session.session_id, job_id, session.session_id, generation),
+                (session.session_id, job_id, session.session_id, local, epoch),
             ).fetchone()
             if row is None:
                 raise self._reject(db, session, job_id, generation)
@@ -399,19 +486,20 @@ class SqliteBackend(Backend):
         self, session: SessionHandle, job_id: str, claim: ClaimResult, result: bytes
     ) -> LeaseRecord:
         generation = claim.generation
+        epoch, local = split(generation, self.epoch_shift)
         with self._transaction(job_id) as db:
             done = db.execute(
                 f"UPDATE cl_jobs SET completed_at = {NOW}, completed_session = session_id, "
                 "result = ?, session_id = NULL "
-                f"WHERE job_id = ? AND session_id = ? AND generation = ? AND completed_at IS NULL "
-                f"AND {ALIVE} RETURNING owner",
-                (result, job_id, session.session_id, generation, session.session_id),
+                f"WHERE job_id = ? AND session_id = ? AND generation = ? AND epoch = ? "
+                f"AND completed_at IS NULL AND {ALIVE} RETURNING owner",
+                (result, job_id, session.session_id, local, epoch, session.session_id),
             ).fetchone()
             if done is None:
                 again = db.execute(
-                    "SELECT 1 FROM cl_jobs WHERE job_id = ? AND generation = ? "
+                    "SELECT 1 FROM cl_jobs WHERE job_id = ? AND generation = ? AND epoch = ? "
                     "AND completed_session = ?",
-                    (job_id, generation, session.session_id),
+                    (job_id, local, epoch, session.session_id),
                 ).fetchone()
                 if again is None:
                     raise self._reject(db, session, job_id, generation)
@@ -421,12 +509,13 @@ class SqliteBackend(Backend):
 
     def release(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> None:
         generation = claim.generation
+        epoch, local = split(generation, self.epoch_shift)
         with self._transaction(job_id) as db:
             row = db.execute(
                 "UPDATE cl_jobs SET session_id = NULL, owner = NULL "
-                "WHERE job_id = ? AND session_id = ? AND generation = ? AND completed_at IS NULL "
-                f"AND {ALIVE} RETURNING 1",
-                (job_id, session.session_id, generation, session.session_id),
+                "WHERE job_id = ? AND session_id = ? AND generation = ? AND epoch = ? "
+                f"AND completed_at IS NULL AND {ALIVE} RETURNING 1",
+                (job_id, session.session_id, local, epoch, session.session_id),
             ).fetchone()
             if row is None:
                 raise self._reject(db, session, job_id, generation)
@@ -436,14 +525,15 @@ class SqliteBackend(Backend):
         retry_in_s: float,
     ) -> LeaseRecord:
         generation = claim.generation
+        epoch, local = split(generation, self.epoch_shift)
         with self._transaction(job_id) as db:
             row = db.execute(
                 f"UPDATE cl_jobs SET session_id = NULL, error = ?, "
                 f"failed_at = CASE WHEN {EXHAUSTED} THEN {NOW} END, "
                 f"not_before = CASE WHEN NOT {EXHAUSTED} AND ? > 0 THEN {NOW} + ? END "
-                "WHERE job_id = ? AND session_id = ? AND generation = ? AND completed_at IS NULL "
-                f"AND {ALIVE} RETURNING 1",
-                (error, retry_in_s, retry_in_s, job_id, session.session_id, generation,
+                "WHERE job_id = ? AND session_id = ? AND generation = ? AND epoch = ? "
+                f"AND completed_at IS NULL AND {ALIVE} RETURNING 1",
+                (error, retry_in_s, retry_in_s, job_id, session.session_id, local, epoch,
                  session.session_id),
             ).fetchone()
             if row is None:
@@ -531,14 +621,14 @@ class SqliteBackend(Backend):
     _SELECT = (
         "SELECT j.job_id, j.owner, s.expires_at, j.generation, j.completed_at, j.result, "
         f"(s.expires_at > {NOW}), j.failed_at, j.attempt, j.error, "
-        f"CASE WHEN j.not_before > {NOW} THEN j.not_before END, j.max_attempts FROM cl_jobs j "
-        "LEFT JOIN cl_sessions s ON s.session_id = j.session_id"
+        f"CASE WHEN j.not_before > {NOW} THEN j.not_before END, j.max_attempts, j.epoch "
+        "FROM cl_jobs j LEFT JOIN cl_sessions s ON s.session_id = j.session_id"
     )
 
-    @staticmethod
-    def _to_record(row: tuple[Any, ...]) -> LeaseRecord:
+    @classmethod
+    def _to_record(cls, row: tuple[Any, ...]) -> LeaseRecord:
         (job_id, owner, expires_at, generation, completed_at, result, alive, failed_at,
-         attempt, error, not_before, max_attempts) = row
+         attempt, error, not_before, max_attempts, epoch) = row
         if completed_at is not None:
             state = JobState.COMPLETED
         elif failed_at is not None:
@@ -551,7 +641,7 @@ class SqliteBackend(Backend):
             job_id=job_id,
             owner=owner,
             lease_until=float(expires_at) if state is JobState.HELD else None,
-            generation=int(generation),
+            generation=compose(int(epoch), int(generation), cls.epoch_shift),
             state=state,
             result=None if result is None else bytes(result),
             attempt=int(attempt),
@@ -579,6 +669,32 @@ class SqliteBackend(Backend):
     def store_time(self) -> float | None:
         """The database clock now, seconds since the epoch."""
         return float(self._read(f"SELECT {NOW}")[0][0])
+
+    # -- the store epoch ---------------------------------------------------------------
+
+    def epoch(self) -> int:
+        rows = self._read("SELECT epoch FROM cl_meta WHERE id = 1")
+        return int(rows[0][0]) if rows else 0
+
+    def bump_epoch(self, above: int | None = None) -> int:
+        """Raise ``cl_meta.epoch`` in one ``BEGIN IMMEDIATE`` transaction (see
+        :meth:`Backend.bump_epoch`); sessions of this store object that saw the store go
+        back are trusted again afterwards (new ones may be opened).
+
+        Raises:
+            InvalidArgument: bad ``above``, or the epoch would leave the int64 range;
+                nothing changed.
+            StoreRegressed: the path now names another file than the one this object
+                opened: open the store again and bump through it.
+            BackendUnavailable.
+        """
+        with self._transaction(check_file=True) as db:
+            row = db.execute("SELECT epoch FROM cl_meta WHERE id = 1").fetchone()
+            new = next_epoch(0 if row is None else int(row[0]), above, self.epoch_shift)
+            if row is None:
+                db.execute(META_INSERT, (uuid.uuid4().hex,))
+            db.execute("UPDATE cl_meta SET epoch = ? WHERE id = 1", (new,))
+        return new
 
     def wait_for_change(self, job_id: str, timeout_s: float) -> None:
         # SQLite cannot notify another process: poll (capabilities.store_watch is False).
