@@ -1,5 +1,5 @@
-"""Operator subcommands: ``inspect``, ``enqueue`` and ``requeue`` (one module each,
-registered through ``consensus_lease.cli.EXTRA_COMMANDS``).
+"""Operator subcommands: ``inspect``, ``enqueue``, ``requeue`` and ``bump-epoch`` (one
+module each, registered through ``consensus_lease.cli.EXTRA_COMMANDS``).
 
 Results go to stdout, messages and errors to stderr (one line each, never a traceback).
 Exit status, the same for each::
@@ -8,8 +8,9 @@ Exit status, the same for each::
     1   some of the jobs named were refused, each reported on stderr (requeue: the job
         is not FAILED, or unknown; enqueue: the id exists outside this queue); the others
         were done
-    2   usage error or bad input (option, URL, job id, payload, payload file): nothing
-        was changed
+    2   usage error or bad input (option, URL, job id, payload, payload file, a
+        ``bump-epoch --above`` past the store's token range, a store without an
+        epoch): nothing was changed
     69  the store could not be reached, refused service, or could not tell whether a
         request was applied (OutcomeUnknown); jobs reported before the error were done
 

@@ -142,8 +142,11 @@ def _cell(record: LeaseRecord, now: float) -> tuple[str, str, str, str]:
     return attempt, expires, retry, error
 
 
-def _records_table(url: str, rows: list[Row], console: Console) -> None:
-    table = Table(title=f"lease records in {url}")
+def _records_table(url: str, rows: list[Row], console: Console, epoch: int | None) -> None:
+    title = f"lease records in {url}"
+    if epoch is not None:
+        title += f" (store epoch {epoch})"
+    table = Table(title=title)
     for col in ("job", "owner", "generation", "state", "attempt", "expires in (s)",
                 "retry in (s)", "error"):
         table.add_column(col, overflow="fold")
@@ -181,12 +184,14 @@ def _inspect(args: argparse.Namespace, console: Console) -> int:
         if args.queue and not args.state:
             return _counts(store, args, console)
         rows = _rows(store, args)
+        # One more read, for the table's title only (not part of the JSON output).
+        epoch = store.epoch() if store.capabilities.epoch and not args.json else None
     if args.json:
         print(json.dumps([record_json(row, args.bytes) for row in rows], indent=2,
                          ensure_ascii=False))
         sys.stdout.flush()
     else:
-        _records_table(args.backend, rows, console)
+        _records_table(args.backend, rows, console, epoch)
     return EXIT_OK
 
 
