@@ -51,6 +51,19 @@ apply finds an effect applied in either mode; a default apply looks only for its
 destinations implement :class:`Fence` the same way: compare-and-record inside the
 destination's own transaction (:class:`consensus_lease.fencing_sql.SqlFence` does it in
 any SQL database).
+
+After a restore of the lease store
+----------------------------------
+
+A lease store restored from an older backup, or wiped, hands out tokens that went back:
+the fence then rejects the honest new holder (its token is below one accepted before).
+``consensus-lease bump-epoch --above HIGHEST`` fixes that (README: "Restoring a store").
+When a rejected token looks like that case, the ``FenceRejected`` message says so and
+names the command with the resource's highest token: when the token's epoch part is
+below the highest token's (``token >> 32``: the fence assumes the 32-bit split of
+SQLite, memory and ZooKeeper tokens) or the token is more than ``2**31`` below the
+highest (which also covers etcd's 44-bit split). A stale holder from before a bump
+gets the same hint: it is a hint, not a diagnosis.
 """
 
 from __future__ import annotations
@@ -68,6 +81,11 @@ from .observe import Observer, notify
 from .validation import check_job_id
 
 __all__ = ["Effect", "Fence", "FenceOutcome", "SqliteFence"]
+
+HINT_EPOCH_SHIFT = 32
+"""The bit split the restore hint assumes (``token >> 32`` is the store epoch)."""
+FAR_BELOW = 2**31
+"""A token more than this below the highest gets the restore hint whatever the split."""
 
 
 class FenceOutcome(enum.Enum):
@@ -253,8 +271,7 @@ class SqliteFence:
                 highest = None if row is None else int(row[0])
                 if self.enforce_tokens and highest is not None and token < highest:
                     raise FenceRejected(
-                        f"fence rejected {effect_id!r} on {resource!r}: token {token} < "
-                        f"highest accepted {highest}",
+                        rejection_message(resource, token, effect_id, highest),
                         job_id=resource,
                         generation=token,
                         highest_seen=highest,
@@ -323,6 +340,23 @@ class SqliteFence:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def rejection_message(resource: str, token: int, effect_id: str, highest: int) -> str:
+    """The ``FenceRejected`` message for ``token`` < ``highest`` (shared by the fences):
+    with a hint to run ``bump-epoch`` when the token is from an earlier store epoch or far
+    below (see the module docstring)."""
+    message = (f"fence rejected {effect_id!r} on {resource!r}: token {token} < highest "
+               f"accepted {highest}")
+    earlier_epoch = token >> HINT_EPOCH_SHIFT < highest >> HINT_EPOCH_SHIFT
+    if earlier_epoch or highest - token > FAR_BELOW:
+        message += (
+            f". The token is {'from an earlier store epoch' if earlier_epoch else 'far below'}"
+            ": if it is the current holder's, the lease store may have been restored from "
+            "a backup or wiped; stop the workers and run `consensus-lease bump-epoch "
+            f"--backend URL --above {highest}` (README: Restoring a store)"
+        )
+    return message
 
 
 def check_once_per_job(once_per_job: object) -> None:

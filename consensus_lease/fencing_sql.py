@@ -93,7 +93,13 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 
 from .errors import BackendUnavailable, FenceRejected, InvalidArgument
-from .fencing import Effect, FenceOutcome, check_once_per_job, first_by_effect_id
+from .fencing import (
+    Effect,
+    FenceOutcome,
+    check_once_per_job,
+    first_by_effect_id,
+    rejection_message,
+)
 from .validation import check_job_id
 
 __all__ = ["FenceRetryable", "SqlFence", "Strategy"]
@@ -269,8 +275,7 @@ class SqlFence:
                 return FenceOutcome.DUPLICATE
             if highest is not None and self.enforce_tokens and token < highest:
                 raise FenceRejected(
-                    f"fence rejected {effect_id!r} on {resource!r}: token {token} < highest "
-                    f"accepted {highest}",
+                    rejection_message(resource, token, effect_id, highest),
                     job_id=resource,
                     generation=token,
                     highest_seen=highest,

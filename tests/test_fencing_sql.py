@@ -95,6 +95,19 @@ def test_accepts_equal_and_higher_rejects_lower(fence: SqlFence) -> None:
     ]
 
 
+def test_rejection_after_a_store_restore_names_bump_epoch(fence: SqlFence) -> None:
+    highest = (2 << 32) + 1  # epoch 2
+    fence.apply_now("job", highest, "x")
+    with pytest.raises(FenceRejected) as rejected:
+        fence.apply_now("job", (1 << 32) + 40, "y")  # epoch 1: restored from before a bump
+    assert f"bump-epoch --backend URL --above {highest}" in str(rejected.value)
+    assert rejected.value.highest_seen == highest
+    fence.apply_now("job", highest + 1, "z")
+    with pytest.raises(FenceRejected) as stale:
+        fence.apply_now("job", highest, "w")
+    assert "bump-epoch" not in str(stale.value)
+
+
 def test_resources_are_independent_and_unknown_has_no_token(fence: SqlFence) -> None:
     fence.apply_now("a", 9, "x")
     assert fence.apply_now("b/ü 1", 1, "x") is FenceOutcome.ACCEPTED

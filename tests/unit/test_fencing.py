@@ -36,6 +36,33 @@ def test_accepts_equal_and_higher_rejects_lower(fence: SqliteFence) -> None:
     ]
 
 
+def test_rejection_hints_at_a_store_restore_only_when_it_looks_like_one(
+    fence: SqliteFence,
+) -> None:
+    """A token of an earlier store epoch (token >> 32), or more than 2**31 below the
+    highest, gets a hint naming bump-epoch with the highest token; an ordinary stale
+    token does not."""
+    fence.apply("job", 9, "x")
+    with pytest.raises(FenceRejected) as plain:
+        fence.apply("job", 8, "x")
+    assert "bump-epoch" not in str(plain.value)
+    highest = (1 << 32) + 3  # epoch 1
+    fence.apply("job", highest, "y")
+    with pytest.raises(FenceRejected) as earlier_epoch:
+        fence.apply("job", 12, "z")  # epoch 0: e.g. a wiped store that lost its epoch
+    message = str(earlier_epoch.value)
+    assert "earlier store epoch" in message and "restored" in message
+    assert f"consensus-lease bump-epoch --backend URL --above {highest}" in message
+    far = (5 << 44) + 2**32 - 1  # an etcd token (44-bit split) of epoch 5
+    fence.apply("far", far, "x")
+    with pytest.raises(FenceRejected) as far_below:
+        fence.apply("far", far - 2**31 - 1, "y")
+    assert f"--above {far}" in str(far_below.value) and "far below" in str(far_below.value)
+    with pytest.raises(FenceRejected) as near:
+        fence.apply("far", far - 2**31, "y")
+    assert "bump-epoch" not in str(near.value)
+
+
 def test_resources_are_fenced_independently(fence: SqliteFence) -> None:
     fence.apply("a", 9, "x")
     assert fence.apply("b", 1, "x") is FenceOutcome.ACCEPTED
