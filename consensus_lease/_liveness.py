@@ -160,8 +160,8 @@ class Liveness:
         if state is SessionState.CLOSED:
             raise LeaseLost(f"session {sid} is closed")
         reason = self.lost_reason
-        if isinstance(reason, SessionExpired):
-            raise SessionExpired(str(reason)) from reason
+        if isinstance(reason, SessionExpired):  # keeps the subclass (StoreRegressed)
+            raise type(reason)(str(reason)) from reason
         raise LeaseLost(f"session {sid} is lost: {reason}") from reason
 
     # -- the one path for store calls ------------------------------------------------

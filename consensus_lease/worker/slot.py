@@ -23,6 +23,7 @@ from ..errors import (
     LeaseLost,
     LeaseSuspended,
     OutcomeUnknown,
+    StoreRegressed,
 )
 from ..lease import Lease
 from ..record import JobState, LeaseRecord
@@ -76,6 +77,12 @@ class Slot:
                     lease = self._claim()
                     if lease is not None:
                         self._work(lease)
+                except StoreRegressed as exc:  # an operator must act: never retried away
+                    self.stats.errors += 1
+                    log.error("the store's history went back (restored or wiped): stopping "
+                              "this worker; run consensus-lease bump-epoch before restarting",
+                              extra={"slot": self.name, "error": str(exc)})
+                    self.control.request(f"store regressed: {exc}")
                 except Exception:  # a bug below the handler: say so, start afresh
                     self.stats.errors += 1
                     log.exception("unexpected error in a worker slot; opening a new "

@@ -262,3 +262,25 @@ def test_flags_win_over_the_environment() -> None:
 def test_bad_environment_names_the_variable(variable: str, value: str) -> None:
     with pytest.raises(InvalidArgument, match=variable):
         from_environment({variable: value})
+
+
+def test_store_regression_stops_the_worker_with_an_error(
+    store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """StoreRegressed needs an operator (bump-epoch): the worker stops, exit status 1,
+    instead of opening sessions again and again."""
+    from consensus_lease import StoreRegressed
+
+    _enqueue(store, 3)
+    opened: list[int] = []
+
+    def regressed(*args: Any, **kwargs: Any) -> Any:
+        opened.append(1)
+        raise StoreRegressed("history went back")
+
+    monkeypatch.setattr(store, "session", regressed)
+    started = time.monotonic()
+    stats = run_worker(store, "q", lambda lease, payload: b"", concurrency=2, **FAST)
+    assert time.monotonic() - started < 10
+    assert stats.errors >= 1 and stats.exit_status == 1 and stats.completed == 0
+    assert len(opened) <= 2  # once per slot, not retried
