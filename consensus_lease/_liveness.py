@@ -361,6 +361,8 @@ class Liveness:
             return None
         except SessionExpired:
             return None  # call() marked the session lost; the loop ends
+        except StoreClosed:
+            return None  # the store is closing the session, which stops this loop
         except BackendUnavailable as exc:
             # Keep trying, faster, until the watchdog declares the deadline passed.
             log.warning("keepalive failed, retrying",
