@@ -96,8 +96,13 @@ class Holdings:
 
     # -- operations on one lease -------------------------------------------------------
 
+    def check_usable(self) -> None:
+        """``StoreInherited`` in a fork's child, ``StoreClosed`` once the store closed."""
+        self.liveness.check_usable()
+
     def renew(self, lease: Lease) -> None:
         """See :meth:`Lease.renew`."""
+        self.check_usable()
         lease.ensure_held()
         live = self.liveness
         send = live.clock.monotonic()
@@ -110,7 +115,7 @@ class Holdings:
         live = self.liveness
         record = self._guarded(lease, lambda: live.backend.complete(
             live.handle, lease.job_id, lease.claim_result, result))
-        lease._finish(LeaseState.COMPLETED, record)
+        lease._finish(LeaseState.COMPLETED, record, result)
         self._forget(lease)
         job_id, generation, owner = lease.job_id, lease.generation, lease.owner
         notify(live.observer, lambda o: o.completed(self.scheme, job_id, generation, owner))

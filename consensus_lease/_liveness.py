@@ -17,14 +17,17 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
+from ._fork import Origin
 from .backend import Backend, SessionEvent, SessionHandle
 from .clock import Clock
 from .errors import (
     BackendUnavailable,
     InvalidArgument,
+    LeaseError,
     LeaseLost,
     LeaseSuspended,
     SessionExpired,
+    StoreClosed,
 )
 from .observe import Observer, notify
 from .states import SessionState
@@ -75,6 +78,10 @@ class Liveness:
 
     Thread-safe. ``call`` is the one path by which the core makes a store call on the
     session's behalf: a ``SessionExpired`` from the store loses the whole session.
+
+    Not fork-safe (see :mod:`._fork`): in a fork's child every use raises
+    ``StoreInherited``, and nothing here ends the store-side session, which is the
+    parent's.
     """
 
     def __init__(
@@ -107,6 +114,10 @@ class Liveness:
         self.lost = threading.Event()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self.origin = Origin()
+        self.store_closed = False
+        """Set (before the session is closed) when its store is closed: every
+        operation then raises ``StoreClosed``."""
 
     def start(self, *, keepalive: bool) -> None:
         """Start the watchdog, and the keepalive thread unless ``keepalive`` is false."""
@@ -137,6 +148,8 @@ class Liveness:
 
     @property
     def state(self) -> SessionState:
+        if self.origin.inherited():
+            return self._state  # as at the fork; no lock (see check_usable)
         with self._lock:
             state = self._state
         if state in (SessionState.ACTIVE, SessionState.SUSPENDED) and self.remaining_s() <= 0:
@@ -149,8 +162,19 @@ class Liveness:
         with self._lock:
             return self._lost_reason
 
+    def check_usable(self) -> None:
+        """Raise ``StoreInherited`` in a fork's child, ``StoreClosed`` once the store
+        was closed; no lock taken (one held by a parent's thread at the fork would never
+        be released in the child)."""
+        self.origin.check(f"session {self.handle.session_id}")
+        if self.store_closed:
+            raise StoreClosed(
+                f"the store of session {self.handle.session_id} was closed; open a new one"
+            )
+
     def ensure_alive(self) -> None:
         """Raise unless the session may be used (see :meth:`Session.ensure_alive`)."""
+        self.check_usable()
         state = self.state
         if state is SessionState.ACTIVE:
             return
@@ -167,11 +191,20 @@ class Liveness:
     # -- the one path for store calls ------------------------------------------------
 
     def call(self, fn: Callable[[], T]) -> T:
-        """Run a store call; a ``SessionExpired`` from the store loses the session."""
+        """Run a store call; a ``SessionExpired`` from the store loses the session. Not
+        in a fork's child, nor once the store is closed (also while the call ran: its
+        error is then ``StoreClosed``)."""
+        self.check_usable()
         try:
             return fn()
-        except SessionExpired as exc:
-            self.mark_lost(exc)
+        except LeaseError as exc:
+            if self.store_closed:
+                raise StoreClosed(
+                    f"the store of session {self.handle.session_id} was closed: {exc}",
+                    job_id=exc.job_id, generation=exc.generation,
+                ) from exc
+            if isinstance(exc, SessionExpired):
+                self.mark_lost(exc)
             raise
 
     def keepalive(self) -> float:
@@ -234,7 +267,10 @@ class Liveness:
 
     def mark_lost(self, reason: LeaseLost) -> bool:
         """Make the session LOST (final), run the loss listeners once, stop the threads
-        and end the store-side session in the background. False if already over."""
+        and end the store-side session in the background. False if already over, and in
+        a fork's child (whose copy of the deadline stood still: the parent renews)."""
+        if self.origin.inherited():
+            return False
         with self._lock:
             if self._state in (SessionState.LOST, SessionState.CLOSED):
                 return False
@@ -278,7 +314,10 @@ class Liveness:
 
     def end_store_session(self) -> None:
         """End the session in the store (its jobs become claimable at once); best
-        effort: if the store cannot be reached, its TTL ends the session."""
+        effort: if the store cannot be reached, its TTL ends the session. Never in a
+        fork's child: the session is the parent's."""
+        if self.origin.inherited():
+            return
         try:
             self.backend.close_session(self.handle)
         except BackendUnavailable as exc:
@@ -322,6 +361,8 @@ class Liveness:
             return None
         except SessionExpired:
             return None  # call() marked the session lost; the loop ends
+        except StoreClosed:
+            return None  # the store is closing the session, which stops this loop
         except BackendUnavailable as exc:
             # Keep trying, faster, until the watchdog declares the deadline passed.
             log.warning("keepalive failed, retrying",

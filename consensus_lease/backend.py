@@ -132,7 +132,10 @@ class Backend(abc.ABC):
 
         Raises:
             UnsupportedBackend / InvalidArgument: malformed URL or unknown option.
-            BackendUnavailable: the store cannot be reached (drivers may connect lazily).
+            BackendUnavailable: the store cannot be reached. The built-in drivers
+                connect here (etcd and ZooKeeper within ``connect_timeout_s``), so that
+                ``open_store`` reports an unreachable store; a driver that cannot should
+                say so in its docstring.
         """
 
     # -- sessions -------------------------------------------------------------------

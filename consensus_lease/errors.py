@@ -22,6 +22,8 @@
     ├── UnsupportedOperation        the backend declares (in its Capabilities) that it
     │                               cannot do this
     ├── StoreClosed                 the LeaseStore was closed; open a new one
+    ├── StoreInherited              used in a process made by fork() from the one that
+    │                               opened the store; open a store in this process
     ├── BackendUnavailable          the store cannot be reached or refused service
     │   ├── AuthenticationFailed    wrong credentials / certificates
     │   └── OutcomeUnknown          a request may or may not have been applied and reading
@@ -53,6 +55,7 @@ __all__ = [
     "SessionExpired",
     "StaleLeaseError",
     "StoreClosed",
+    "StoreInherited",
     "StoreRegressed",
     "UnsupportedBackend",
     "UnsupportedOperation",
@@ -185,6 +188,20 @@ class UnsupportedOperation(LeaseError):
 class StoreClosed(LeaseError):
     """The :class:`~consensus_lease.LeaseStore` was closed (its sessions were closed with
     it, and their leases are LOST). Not retryable: open a new store."""
+
+
+class StoreInherited(LeaseError):
+    """The :class:`~consensus_lease.LeaseStore` (or a session or lease of it) was opened
+    by another process and inherited through ``fork()``: multiprocessing's ``fork`` start
+    method, Celery's prefork pool, gunicorn ``--preload``, PyTorch DataLoader workers.
+
+    Its store-side sessions (etcd lease, ZooKeeper session, SQLite session row) belong
+    to the parent, which still renews them: using them here would act for the parent,
+    and ending them would take the parent's jobs away. Nothing was sent. Open a store in
+    this process (e.g. in Celery's ``worker_process_init``, gunicorn's ``post_fork``, a
+    DataLoader's ``worker_init_fn``). ``close()`` of the inherited store or session is
+    allowed here and only forgets it: the parent's sessions are untouched.
+    """
 
 
 class BackendUnavailable(LeaseError):

@@ -13,6 +13,8 @@ from .errors import (
     LeaseLost,
     LeaseNotHeld,
     OutcomeUnknown,
+    StoreClosed,
+    StoreInherited,
 )
 from .record import ClaimResult, LeaseRecord
 from .states import LeaseState, SessionState
@@ -50,6 +52,14 @@ class Lease:
     Use it as a context manager: on exit without ``complete()`` the lease is released so
     the job is claimable at once.
 
+    A lease ends once, one way: :meth:`complete`, :meth:`release` or :meth:`fail`.
+    Repeating the same ending is harmless (``release`` again does nothing; ``complete``
+    again with the same result returns the record); ending it another way afterwards
+    (``release`` or ``fail`` after ``complete``, a ``complete`` with a different result,
+    ...) is a mistake and raises ``InvalidArgument``, sending nothing. After
+    ``store.close()`` every operation raises ``StoreClosed`` (``ensure_held``:
+    ``LeaseLost``); in a child made by ``fork()``, ``StoreInherited``.
+
     Attributes:
         job_id (str): the job.
         generation (int): the fencing token; strictly increasing per job across claims.
@@ -62,7 +72,7 @@ class Lease:
     """
 
     __slots__ = (
-        "_holdings", "_lock", "_lost_reason", "_record", "_state", "claim_result",
+        "_holdings", "_lock", "_lost_reason", "_record", "_result", "_state", "claim_result",
         "generation", "job_id", "payload", "queue", "session",
     )
 
@@ -85,6 +95,7 @@ class Lease:
         self._state = LeaseState.HELD
         self._lost_reason: LeaseLost | None = None
         self._record: LeaseRecord | None = None
+        self._result: bytes | None = None  # what complete() recorded
 
     # -- introspection --------------------------------------------------------------
 
@@ -154,9 +165,13 @@ class Lease:
         on its first instruction after resuming.
 
         Raises:
-            LeaseLost: the lease is lost, released or completed (final).
+            LeaseLost: the lease is lost, released or completed (final); also once the
+                store was closed.
             LeaseSuspended: the session cannot currently prove ownership (may recover).
+            StoreInherited: this is a child made by ``fork()``: the lease is the
+                parent's, not this process's.
         """
+        self._holdings.liveness.origin.check(f"lease on {self.job_id!r}")
         with self._lock:
             state, reason = self._state, self._lost_reason
         if state is LeaseState.LOST:
@@ -200,6 +215,8 @@ class Lease:
                 the lease is LOST.
             LeaseSuspended: the session is SUSPENDED; nothing was sent.
             BackendUnavailable: no answer; the lease is still held until its deadline.
+            StoreClosed / StoreInherited: the store was closed / this is a fork's child;
+                nothing was sent.
         """
         self._holdings.renew(self)
 
@@ -211,9 +228,9 @@ class Lease:
         The store, not the local deadline, decides: the request is sent even when this
         worker already believes the lease lost, so a stale holder learns the truth
         (``StaleLeaseError``) instead of guessing. Calling it again after success returns
-        the same record without a round trip (the first result wins); a retry that
-        reaches the store after an ambiguous failure is recognised by the store, not
-        applied twice.
+        the same record without a round trip; with a *different* result it raises
+        ``InvalidArgument`` (the first result stays). A retry that reaches the store
+        after an ambiguous failure is recognised by the store, not applied twice.
 
         Args:
             result: bytes to store with the completion record.
@@ -224,7 +241,8 @@ class Lease:
         Raises:
             InvalidArgument: ``result`` is not bytes or is larger than the store accepts
                 in one request (``capabilities.max_payload_bytes``); nothing sent, lease
-                still held.
+                still held. Also: this lease already completed with another result, or
+                was released or failed (by this process); nothing sent.
             StaleLeaseError: another generation holds or completed the job, or it was
                 released; this lease is LOST.
             SessionExpired: the session is gone; this lease is LOST.
@@ -232,7 +250,10 @@ class Lease:
                 could not tell; the lease is treated as LOST (read ``store.get``).
             BackendUnavailable: nothing was applied; the lease is still held until its
                 deadline and ``complete`` may be called again.
+            StoreClosed / StoreInherited: the store was closed / this is a fork's child;
+                nothing was sent.
         """
+        self._holdings.check_usable()
         if not isinstance(result, (bytes, bytearray, memoryview)):
             raise InvalidArgument(
                 f"result must be bytes, not {type(result).__name__}",
@@ -247,10 +268,16 @@ class Lease:
                 job_id=self.job_id,
                 generation=self.generation,
             )
+        data = bytes(result)
         with self._lock:
-            if self._state is LeaseState.COMPLETED and self._record is not None:
-                return self._record
-        return self._holdings.complete(self, bytes(result))
+            state, record, recorded = self._state, self._record, self._result
+        if state is LeaseState.COMPLETED and record is not None:
+            if recorded != data:
+                raise self._ended("completed with another result", "complete")
+            return record
+        if state in (LeaseState.RELEASED, LeaseState.FAILED):
+            raise self._ended(state.value, "complete")
+        return self._holdings.complete(self, data)
 
     def fail(self, error: str | BaseException, retry_in_s: float | None = None) -> LeaseRecord:
         """Give the job up as failed: end the hold and record ``error``, in one atomic
@@ -274,10 +301,17 @@ class Lease:
 
         Raises:
             InvalidArgument: bad ``error`` or ``retry_in_s``; nothing sent, still held.
+                Also: this lease already completed, was released or failed; nothing sent.
             StaleLeaseError / SessionExpired: it was no longer held; the lease is LOST.
             OutcomeUnknown: as for :meth:`complete`.
             BackendUnavailable: nothing applied; still held until the deadline.
+            StoreClosed / StoreInherited: as for :meth:`complete`.
         """
+        self._holdings.check_usable()
+        with self._lock:
+            state = self._state
+        if state in (LeaseState.COMPLETED, LeaseState.RELEASED, LeaseState.FAILED):
+            raise self._ended(state.value, "fail")
         text = error_text(error, job_id=self.job_id, generation=self.generation)
         if retry_in_s is None:
             delay = self._holdings.retry_policy(self.queue).delay_s(self.attempt)
@@ -291,14 +325,28 @@ class Lease:
         higher generation. Releasing twice is a no-op.
 
         Raises:
+            InvalidArgument: the lease already completed or failed (the job was not
+                handed back: it is completed, or waits for its retry); nothing sent.
             StaleLeaseError / SessionExpired: it was no longer held; the lease is LOST.
             OutcomeUnknown: as for :meth:`complete`.
             BackendUnavailable: nothing applied; still held until the deadline.
+            StoreClosed / StoreInherited: as for :meth:`complete`.
         """
+        self._holdings.check_usable()
         with self._lock:
-            if self._state in (LeaseState.RELEASED, LeaseState.COMPLETED, LeaseState.FAILED):
-                return
+            state = self._state
+        if state is LeaseState.RELEASED:
+            return
+        if state in (LeaseState.COMPLETED, LeaseState.FAILED):
+            raise self._ended(state.value, "release")
         self._holdings.release(self)
+
+    def _ended(self, how: str, call: str) -> InvalidArgument:
+        return InvalidArgument(
+            f"lease on {self.job_id!r} generation {self.generation} already {how}: "
+            f"{call}() cannot end it again; nothing was sent",
+            job_id=self.job_id, generation=self.generation,
+        )
 
     # -- context manager -------------------------------------------------------------
 
@@ -326,15 +374,18 @@ class Lease:
             return
         try:
             self.release()
-        except (LeaseLost, BackendUnavailable) as release_exc:
+        except (LeaseLost, BackendUnavailable, StoreClosed, StoreInherited) as release_exc:
             exc.add_note(f"consensus_lease: releasing {self.job_id!r} failed: {release_exc!r}")
 
     # -- state changes, made by the session's holdings only --------------------------
 
-    def _finish(self, state: LeaseState, record: LeaseRecord | None) -> None:
+    def _finish(
+        self, state: LeaseState, record: LeaseRecord | None, result: bytes | None = None
+    ) -> None:
         with self._lock:
             self._state = state
             self._record = record
+            self._result = result
 
     def _lose(self, reason: LeaseLost | OutcomeUnknown) -> bool:
         """HELD -> LOST; returns False if the lease was already over."""

@@ -11,11 +11,15 @@ operation takes). Claiming from a work queue is in :mod:`._queue_claim`.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from types import TracebackType
+from typing import overload
 
 from . import _queue_claim
+from ._callsite import entered_by_with
+from ._fork import abandon
 from ._holdings import Holdings
 from ._liveness import EventRelay, Liveness
 from .backend import Backend, SessionEvent, SessionHandle
@@ -49,6 +53,10 @@ class Session:
     Loss is never swallowed: when the store reports the session expired, or the local
     deadline passes with no successful renewal, the session becomes LOST, every lease it
     holds becomes LOST, :attr:`lost` is set and each registered callback runs once.
+
+    Once its store is closed, every method but :meth:`close` raises ``StoreClosed``; in
+    a child made by ``fork()``, ``StoreInherited`` (there :meth:`close` only forgets the
+    session, which stays the parent's).
 
     Attributes:
         backend (Backend): the driver.
@@ -137,6 +145,7 @@ class Session:
         Raises:
             LeaseLost (or SessionExpired): LOST or CLOSED, or past the local deadline.
             LeaseSuspended: SUSPENDED.
+            StoreClosed / StoreInherited: the store was closed / this is a fork's child.
         """
         self._liveness.ensure_alive()
 
@@ -147,7 +156,11 @@ class Session:
 
         Returns:
             A function that unregisters the callback (a no-op once it ran).
+
+        Raises:
+            InvalidArgument: not a callable. StoreClosed / StoreInherited.
         """
+        self._liveness.check_usable()
         if not callable(callback):
             raise InvalidArgument(f"on_lost needs a callable, not {callback!r}")
 
@@ -168,10 +181,29 @@ class Session:
 
     # -- claiming --------------------------------------------------------------------
 
+    @overload
+    def claim(self, job_id: str, *, wait_s: None = None) -> Lease | None: ...
+
+    @overload
+    def claim(self, job_id: str, *, wait_s: float) -> Lease: ...
+
     def claim(self, job_id: str, *, wait_s: float | None = None) -> Lease | None:
         """Claim ``job_id``: atomically in the store, only if it is unowned or its
         holder's session expired, and it is not completed. Each claim gets a generation
         strictly greater than every earlier one for the job (the fencing token).
+
+        Two forms (the type checker knows which returns what)::
+
+            lease = session.claim(job)                  # Lease | None: try once
+            if lease is None: ...                       # held elsewhere
+
+            with session.claim(job, wait_s=10) as lease:    # Lease, or ClaimTimeout
+                ...
+
+        ``with session.claim(job) as lease:`` (no ``wait_s``) cannot hand ``None`` to
+        the ``with``: when the job is held it raises ``ClaimTimeout`` saying so, as
+        ``wait_s=0`` would (on CPython, where the call site shows the ``with``; elsewhere
+        ``None`` is returned and the ``with`` raises ``TypeError``).
 
         Args:
             job_id: non-empty str, at most 256 UTF-8 bytes, no NUL.
@@ -190,12 +222,15 @@ class Session:
             JobCompleted: the job is completed; it is never claimed again.
             JobFailed: the job is FAILED (its attempts ran out, possibly just now); it is
                 not claimed again until ``store.requeue(job_id)``.
-            ClaimTimeout: ``wait_s`` passed with the job still held elsewhere.
+            ClaimTimeout: ``wait_s`` passed with the job still held elsewhere (or, see
+                above, the job is held and the call is the ``with`` statement's).
             LeaseLost / SessionExpired: this session is lost; open a new one.
             LeaseSuspended: this session is suspended; nothing was sent.
             BackendUnavailable / OutcomeUnknown: the store could not be asked, or a claim
                 may have been applied and reading back could not tell.
+            StoreClosed / StoreInherited: the store was closed / this is a fork's child.
         """
+        self._liveness.check_usable()
         check_job_id(job_id)
         wait = None if wait_s is None else check_wait(wait_s)
         self._holdings.check_not_held([job_id])
@@ -206,11 +241,24 @@ class Session:
             if result is not None:
                 return self._holdings.adopt(self, job_id, result)
             if give_up_at is None:
+                if entered_by_with(sys._getframe(1)):
+                    raise ClaimTimeout(
+                        f"{job_id!r} is held elsewhere, and claim() without wait_s does not "
+                        f"wait: `with session.claim(job_id, wait_s=...)` waits (wait_s=0: "
+                        f"not at all); or test `lease = session.claim(job_id)` for None",
+                        job_id=job_id,
+                    )
                 return None
             left = give_up_at - self.clock.monotonic()
             if left <= 0:
                 raise ClaimTimeout(f"{job_id!r} still held after waiting {wait} s", job_id=job_id)
             self.backend.wait_for_change(job_id, left)
+
+    @overload
+    def claim_next(self, queue: str, *, wait_s: None = None) -> Lease | None: ...
+
+    @overload
+    def claim_next(self, queue: str, *, wait_s: float) -> Lease: ...
 
     def claim_next(self, queue: str, *, wait_s: float | None = None) -> Lease | None:
         """Claim any claimable job of the work queue ``queue`` (enqueued with
@@ -228,14 +276,23 @@ class Session:
             queue: the queue's name (the rules of job ids). An unknown or empty queue
                 simply has nothing to claim.
             wait_s: as for :meth:`claim`: ``None`` tries once; a number waits and raises
-                ``ClaimTimeout``.
+                ``ClaimTimeout``. As there, ``with session.claim_next(queue)`` raises
+                ``ClaimTimeout`` instead of handing ``None`` to the ``with``.
 
         Raises:
             UnsupportedOperation: the backend has no work queues (``capabilities.queues``).
             ClaimTimeout, InvalidArgument, LeaseLost, LeaseSuspended, BackendUnavailable,
-            OutcomeUnknown: as for :meth:`claim`.
+            OutcomeUnknown, StoreClosed, StoreInherited: as for :meth:`claim`.
         """
-        return _queue_claim.claim_next(self, self._holdings, queue, wait_s)
+        self._liveness.check_usable()
+        lease = _queue_claim.claim_next(self, self._holdings, queue, wait_s)
+        if lease is None and entered_by_with(sys._getframe(1)):
+            raise ClaimTimeout(
+                f"no job of queue {queue!r} is claimable now, and claim_next() without "
+                f"wait_s does not wait: `with session.claim_next(queue, wait_s=...)` waits; "
+                f"or test `lease = session.claim_next(queue)` for None"
+            )
+        return lease
 
     def claim_many(self, job_ids: Sequence[str]) -> list[Lease | None]:
         """Try to claim each of ``job_ids`` (no waiting); in as few store round trips as
@@ -244,8 +301,10 @@ class Session:
 
         Raises:
             InvalidArgument: a bad or duplicate id, or one this session already holds.
-            LeaseLost / LeaseSuspended / BackendUnavailable / OutcomeUnknown: as ``claim``.
+            LeaseLost / LeaseSuspended / BackendUnavailable / OutcomeUnknown /
+            StoreClosed / StoreInherited: as ``claim``.
         """
+        self._liveness.check_usable()
         if isinstance(job_ids, (str, bytes)) or not isinstance(job_ids, Sequence):
             raise InvalidArgument(
                 f"job_ids must be a sequence of job ids, not {type(job_ids).__name__}"
@@ -276,7 +335,9 @@ class Session:
             SessionExpired: the store no longer has the session; it is LOST.
             LeaseLost: the session was already lost or closed.
             BackendUnavailable: no answer; the session stays usable until its deadline.
+            StoreClosed / StoreInherited: the store was closed / this is a fork's child.
         """
+        self._liveness.check_usable()
         if self.state in (SessionState.LOST, SessionState.CLOSED):
             self.ensure_alive()
         return self._liveness.keepalive()
@@ -303,10 +364,25 @@ class Session:
         """Stop renewing and end the session in the store, handing back every job it
         holds (claimable at once). Idempotent. If the store cannot be reached, the jobs
         become claimable when the store expires the session's TTL.
+
+        In a child made by ``fork()`` it only forgets the session: the store-side
+        session is the parent's and stays (see ``StoreInherited``).
         """
+        self._close(LeaseLost("session closed"))
+
+    def _close_with_store(self) -> None:
+        """Close, for ``LeaseStore.close()``: from now on every operation of the session
+        and its leases raises ``StoreClosed``."""
+        self._liveness.store_closed = True
+        self._close(LeaseLost("session closed: its store was closed"))
+
+    def _close(self, reason: LeaseLost) -> None:
+        if self._liveness.origin.inherited():
+            abandon(self.handle)  # the parent's session: never finalised here
+            return
         if not self._liveness.close():
             return
-        self._holdings.lose_all(LeaseLost("session closed"))
+        self._holdings.lose_all(reason)
         self._liveness.end_store_session()
 
     def __enter__(self) -> Session:

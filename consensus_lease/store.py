@@ -10,6 +10,7 @@ import weakref
 from importlib.metadata import entry_points
 from types import TracebackType
 
+from ._fork import Origin, abandon
 from ._liveness import EventRelay
 from .backend import Backend, Capabilities
 from .clock import Clock, SystemClock
@@ -76,7 +77,9 @@ def open_store(
         InvalidArgument: an unknown or renamed option (the message lists the accepted
             names, or names the new one), a bad value, or a name given twice in the
             query string.
-        BackendUnavailable / AuthenticationFailed: the store cannot be reached or used.
+        BackendUnavailable / AuthenticationFailed: the store cannot be reached or used:
+            ``open_store`` connects (SQLite opens the file; etcd and ZooKeeper answer
+            within ``connect_timeout_s``).
     """
     if not isinstance(url, str) or "://" not in url:
         raise UnsupportedBackend(
@@ -102,7 +105,10 @@ def open_store(
 
 
 class LeaseStore:
-    """A lease store: where job lease records live. Thread-safe.
+    """A lease store: where job lease records live. Thread-safe, not fork-safe: a store
+    belongs to the process that opened it. In a child made by ``fork()`` every use of it
+    (and of its sessions and leases) raises ``StoreInherited``, and ``close()`` only
+    forgets it, leaving the parent's sessions alone: open a store in the child.
 
     Args:
         backend: the driver (usually made by :func:`open_store`).
@@ -131,10 +137,13 @@ class LeaseStore:
         self.observer = observer
         self.retry_policies = RetryPolicies(DEFAULT_RETRY if retry is None else retry)
         self._closed = False
+        self._origin = Origin()
         self._sessions: weakref.WeakSet[Session] = weakref.WeakSet()
         self._sessions_lock = threading.Lock()
 
     def _check_open(self) -> None:
+        """Raise ``StoreInherited`` in a fork's child, ``StoreClosed`` once closed."""
+        self._origin.check("LeaseStore")
         if self._closed:
             raise StoreClosed("this LeaseStore is closed; open a new one")
 
@@ -167,6 +176,8 @@ class LeaseStore:
         Raises:
             InvalidArgument: bad owner, TTL or margin; nothing created.
             BackendUnavailable / AuthenticationFailed: no session was created.
+            StoreClosed / StoreInherited: the store is closed, or was opened by the
+                process this one was forked from.
         """
         self._check_open()
         if clock is not None and not isinstance(clock, Clock):
@@ -359,15 +370,24 @@ class LeaseStore:
 
     def close(self) -> None:
         """Close every session opened from this store (their jobs are handed back and
-        their leases become LOST), then the driver. Later calls raise ``StoreClosed``.
-        Idempotent."""
+        their leases become LOST), then the driver. Later operations on the store, its
+        sessions and their leases raise ``StoreClosed`` (``ensure_held`` raises
+        ``LeaseLost``). Idempotent.
+
+        In a child made by ``fork()`` it only forgets the store: no store request (the
+        sessions are the parent's), no call into the inherited client objects; see
+        :class:`~consensus_lease.errors.StoreInherited`.
+        """
         if self._closed:
             return
         self._closed = True
+        if self._origin.inherited():
+            abandon(self.backend)  # never finalised here: the parent still uses its twin
+            return
         with self._sessions_lock:
             sessions = list(self._sessions)
         for session in sessions:
-            session.close()
+            session._close_with_store()
         self.backend.close()
 
     def __enter__(self) -> LeaseStore:

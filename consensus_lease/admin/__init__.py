@@ -16,6 +16,10 @@ Exit status, the same for each::
 
 (``consensus-lease run`` has codes of its own, from sysexits: it passes on its command's
 status, which is often a small number like these.)
+
+Commands that read or repair an existing store (``inspect``, ``requeue``) open it with
+:func:`open_existing_store`: a SQLite URL naming a missing file (a typo) is refused
+(exit 2) instead of creating an empty store there.
 """
 
 from __future__ import annotations
@@ -30,11 +34,13 @@ from ..errors import (
     LeaseError,
     UnsupportedOperation,
 )
+from ..options import query_options
+from ..store import LeaseStore, open_store
 from ..validation import check_job_id
 
 __all__ = [
     "EXIT_CODES_HELP", "EXIT_OK", "EXIT_REFUSED", "EXIT_UNAVAILABLE", "EXIT_USAGE",
-    "guarded", "job_ids", "say",
+    "guarded", "job_ids", "open_existing_store", "say",
 ]
 
 EXIT_OK = 0
@@ -90,3 +96,18 @@ def job_ids(named: Iterable[str], stdin: TextIO | None = None) -> list[str]:
     if not ids:
         raise InvalidArgument("no job ids given")
     return [check_job_id(job) for job in ids]
+
+
+def open_existing_store(url: str) -> LeaseStore:
+    """:func:`~consensus_lease.open_store` for commands that need a store to exist: on
+    SQLite with ``create=false`` unless the URL's query string sets ``create`` (the
+    servers' stores exist with their cluster).
+
+    Raises:
+        InvalidArgument: the SQLite file does not exist, or holds no store.
+        UnsupportedBackend / BackendUnavailable / ...: as ``open_store``.
+    """
+    scheme = url.split("://", 1)[0].lower() if isinstance(url, str) and "://" in url else ""
+    if scheme == "sqlite" and "create" not in query_options(url):
+        return open_store(url, create=False)
+    return open_store(url)

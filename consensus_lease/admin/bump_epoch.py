@@ -19,8 +19,7 @@ from typing import Any
 
 from rich.console import Console
 
-from ..store import open_store
-from . import EXIT_CODES_HELP, EXIT_OK, guarded
+from . import EXIT_CODES_HELP, EXIT_OK, guarded, open_existing_store
 
 __all__ = ["NAME", "add_parser", "run"]
 
@@ -57,7 +56,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _bump(args: argparse.Namespace, console: Console) -> int:
-    with open_store(args.backend) as store:
+    with open_existing_store(args.backend) as store:
         old = store.epoch()
         new = store.bump_epoch(args.above)
         shift = store.backend.epoch_shift

@@ -31,8 +31,8 @@ from rich.console import Console
 from rich.table import Table
 
 from ..record import JobState, LeaseRecord, QueuedJob
-from ..store import LeaseStore, open_store
-from . import EXIT_CODES_HELP, EXIT_OK, guarded
+from ..store import LeaseStore
+from . import EXIT_CODES_HELP, EXIT_OK, guarded, open_existing_store
 
 __all__ = ["NAME", "add_parser", "encode_bytes", "record_json", "run"]
 
@@ -180,7 +180,7 @@ def _counts(store: LeaseStore, args: argparse.Namespace, console: Console) -> in
 
 
 def _inspect(args: argparse.Namespace, console: Console) -> int:
-    with open_store(args.backend) as store:
+    with open_existing_store(args.backend) as store:
         if args.queue and not args.state:
             return _counts(store, args, console)
         rows = _rows(store, args)

@@ -9,8 +9,15 @@ from typing import Any
 from rich.console import Console
 
 from ..errors import InvalidArgument
-from ..store import open_store
-from . import EXIT_CODES_HELP, EXIT_OK, EXIT_REFUSED, guarded, job_ids, say
+from . import (
+    EXIT_CODES_HELP,
+    EXIT_OK,
+    EXIT_REFUSED,
+    guarded,
+    job_ids,
+    open_existing_store,
+    say,
+)
 
 __all__ = ["NAME", "add_parser", "run"]
 
@@ -36,7 +43,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def _requeue(args: argparse.Namespace, console: Console) -> int:
     ids = job_ids(args.jobs)
     refused = 0
-    with open_store(args.backend) as store:
+    with open_existing_store(args.backend) as store:
         for job in ids:
             try:
                 record = store.requeue(job)

@@ -45,6 +45,12 @@ busy_timeout_s    5.0      how long a statement waits for another process's writ
                            lock before ``BackendUnavailable``
 poll_interval_s   0.05     ``claim(..., wait_s=)`` re-checks at this interval (SQLite
                            has no watches: ``capabilities.store_watch`` is False)
+create            true     create the file and the store's tables if missing. With
+                           ``false`` a missing file, or one without the tables, is
+                           ``InvalidArgument`` and nothing is created: the admin
+                           commands (``inspect``, ``requeue``) open stores so, and a
+                           typo in their URL is reported instead of creating an empty
+                           store
 ================  =======  ==========================================================
 
 A locked, unreadable or corrupt file raises ``BackendUnavailable``, never a raw
@@ -53,6 +59,7 @@ A locked, unreadable or corrupt file raises ``BackendUnavailable``, never a raw
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -60,6 +67,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from typing import Any
+from urllib.parse import quote
 
 from .._epoch import compose, next_epoch, split
 from ..backend import Backend, Capabilities, SessionHandle, StateListener
@@ -125,6 +133,9 @@ SCHEMA_OBJECTS = frozenset(
 META_INSERT = "INSERT OR IGNORE INTO cl_meta (id, epoch, identity, claims) VALUES (1, 0, ?, 0)"
 """The store's one ``cl_meta`` row: epoch 0, a new random identity, no claims yet."""
 
+STORE_TABLES = frozenset({"cl_sessions", "cl_jobs"})
+"""A file with these tables is a store (``create=false`` opens nothing else)."""
+
 LIFECYCLE_COLUMNS = {
     "attempt": "INTEGER NOT NULL DEFAULT 0",
     "attempt_base": "INTEGER NOT NULL DEFAULT 0",
@@ -158,6 +169,8 @@ OPTIONS = OptionTable(
                "how long a statement waits for another process's write lock"),
         Option("poll_interval_s", "seconds", 0.05,
                "interval between re-checks while claim(..., wait_s=) waits"),
+        Option("create", "bool", True,
+               "create the file and the store's tables if missing (false: refuse)"),
     ],
 )
 """The options of ``sqlite://`` URLs (see the module docstring)."""
@@ -167,11 +180,15 @@ class SqliteBackend(Backend):
     """A lease store in one SQLite file. See the module docstring.
 
     Args:
-        path: the database file (created if missing), or ``":memory:"``.
+        path: the database file, or ``":memory:"``.
         busy_timeout_s: seconds to wait for another writer.
         poll_interval_s: seconds between re-checks while waiting for a job.
+        create: create the file and the tables if missing; with ``False`` open only an
+            existing store.
 
     Raises:
+        InvalidArgument: ``create`` is false and the file does not exist or holds no
+            store; nothing was created.
         BackendUnavailable: the file cannot be opened, is not a database, or stays locked.
     """
 
@@ -190,40 +207,70 @@ class SqliteBackend(Backend):
     )
 
     def __init__(
-        self, path: str, *, busy_timeout_s: float = 5.0, poll_interval_s: float = 0.05
+        self, path: str, *, busy_timeout_s: float = 5.0, poll_interval_s: float = 0.05,
+        create: bool = True,
     ) -> None:
         self.path = path
         self.poll_interval_s = poll_interval_s
         self._lock = threading.Lock()
         self._history = History(path)
+        create = create or path == ":memory:"
+        self._db = self._connect(path, busy_timeout_s, create)
         try:
-            self._db = sqlite3.connect(
-                path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
-            )
+            with self._translate():
+                self._db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+                self._prepare(create)
+        except BaseException:
+            self.close()
+            raise
+
+    @staticmethod
+    def _connect(path: str, busy_timeout_s: float, create: bool) -> sqlite3.Connection:
+        """Open the file; without ``create`` only if it exists (``mode=rw``: SQLite
+        itself refuses to create it, so a file deleted meanwhile is not made either)."""
+        target, uri = path, False
+        if not create:
+            if not os.path.isfile(path):
+                raise InvalidArgument(
+                    f"no SQLite store at {path!r} ({os.path.abspath(path)}): the file does "
+                    f"not exist and create=false; check the URL (sqlite:////abs/path.db, "
+                    f"sqlite:///relative.db), or open it with create=true"
+                )
+            target, uri = f"file:{quote(os.path.abspath(path))}?mode=rw", True
+        try:
+            return sqlite3.connect(target, timeout=busy_timeout_s, isolation_level=None,
+                                   check_same_thread=False, uri=uri)
         except sqlite3.Error as exc:
             raise BackendUnavailable(f"cannot open SQLite database {path!r}: {exc}") from exc
-        with self._translate():
-            self._db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-            # Opening an existing store takes no write lock: another process may hold it
-            # (even a paused one) and opening must not wait for it.
-            mode = self._db.execute("PRAGMA journal_mode").fetchone()[0]
-            if path != ":memory:" and str(mode).lower() != "wal":
-                self._db.execute("PRAGMA journal_mode = WAL")
-            present = {
-                row[0]
-                for row in self._db.execute(
-                    "SELECT name FROM sqlite_master WHERE type IN ('table', 'index')"
-                )
-            }
-            if not SCHEMA_OBJECTS.issubset(present):
-                with self._transaction() as db:
-                    for statement in filter(str.strip, SCHEMA.split(";")):
-                        db.execute(statement)
-                    db.execute(META_INSERT, (uuid.uuid4().hex,))
-            self._migrate()
-            identity, claims = self._db.execute(
-                "SELECT identity, claims FROM cl_meta WHERE id = 1").fetchone()
-            self._history.baseline(str(identity), int(claims))
+
+    def _prepare(self, create: bool) -> None:
+        """WAL mode, and the schema: created if missing (``create``), else refused."""
+        # Opening an existing store takes no write lock: another process may hold it
+        # (even a paused one) and opening must not wait for it.
+        mode = self._db.execute("PRAGMA journal_mode").fetchone()[0]
+        present = {
+            row[0]
+            for row in self._db.execute(
+                "SELECT name FROM sqlite_master WHERE type IN ('table', 'index')"
+            )
+        }
+        if not create and not STORE_TABLES.issubset(present):
+            raise InvalidArgument(
+                f"{self.path!r} is not a consensus_lease store (no "
+                f"{' or '.join(sorted(STORE_TABLES - present))} table) and create=false; "
+                f"nothing was changed"
+            )
+        if self.path != ":memory:" and str(mode).lower() != "wal":
+            self._db.execute("PRAGMA journal_mode = WAL")
+        if not SCHEMA_OBJECTS.issubset(present):
+            with self._transaction() as db:
+                for statement in filter(str.strip, SCHEMA.split(";")):
+                    db.execute(statement)
+                db.execute(META_INSERT, (uuid.uuid4().hex,))
+        self._migrate()
+        identity, claims = self._db.execute(
+            "SELECT identity, claims FROM cl_meta WHERE id = 1").fetchone()
+        self._history.baseline(str(identity), int(claims))
 
     def _migrate(self) -> None:
         """Add the columns and the ``cl_meta`` row a store written by an earlier version
@@ -253,6 +300,7 @@ class SqliteBackend(Backend):
             path,
             busy_timeout_s=parsed.seconds("busy_timeout_s"),
             poll_interval_s=parsed.seconds("poll_interval_s"),
+            create=parsed.flag("create"),
         )
 
     # -- plumbing --------------------------------------------------------------------

@@ -59,6 +59,7 @@ from ..store import LeaseStore
 from ..validation import MAX_JOB_ID_BYTES
 from .conformance_epoch import EpochConformance
 from .conformance_lifecycle import LifecycleConformance
+from .conformance_usage import UsageConformance
 
 __all__ = ["BackendConformance", "poll_until"]
 
@@ -96,7 +97,7 @@ session.close()
 """
 
 
-class BackendConformance(LifecycleConformance, EpochConformance):
+class BackendConformance(LifecycleConformance, EpochConformance, UsageConformance):
     """The suite. See the module docstring for the hooks."""
 
     short_ttl_s: float = 1.0
@@ -427,20 +428,20 @@ class BackendConformance(LifecycleConformance, EpochConformance):
 
     def test_context_manager(self, store: LeaseStore, sessions: list[Session]) -> None:
         a, b = self.open(store, "A"), self.open(store, "B")
-        with a.claim("cm", wait_s=1) as lease:  # type: ignore[union-attr]
+        with a.claim("cm", wait_s=1) as lease:
             lease.ensure_held()
             ran = False
             with pytest.raises(ClaimTimeout):
-                with b.claim("cm", wait_s=0.2):  # type: ignore[union-attr]
+                with b.claim("cm", wait_s=0.2):
                     ran = True
             assert not ran, "the body ran without the lease"
         record = store.get("cm")
         assert record is not None and record.state is JobState.AVAILABLE  # released on exit
         with pytest.raises(RuntimeError):
-            with b.claim("cm", wait_s=1) as lease_b:  # type: ignore[union-attr]
+            with b.claim("cm", wait_s=1) as lease_b:
                 raise RuntimeError("work failed")
         assert lease_b.state is LeaseState.RELEASED
-        with b.claim("cm", wait_s=1) as lease_c:  # type: ignore[union-attr]
+        with b.claim("cm", wait_s=1) as lease_c:
             lease_c.complete(b"done")
         record = store.get("cm")
         assert record is not None and record.state is JobState.COMPLETED

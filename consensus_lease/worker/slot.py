@@ -221,6 +221,9 @@ class Slot:
             self._complete(lease, outcome)
 
     def _complete(self, lease: Lease, result: bytes) -> None:
+        if lease.state is LeaseState.COMPLETED:  # the handler completed it itself
+            self.stats.completed += 1
+            return
         try:
             done, _ = self._settle(lease, "complete", lambda: lease.complete(result))
         except InvalidArgument as exc:  # the result is too large for the store

@@ -4,6 +4,10 @@ data written into znodes, the negotiated-timeout capture."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
+import textwrap
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -35,6 +39,7 @@ from consensus_lease.backends.zookeeper._ops import marker_trouble
 from consensus_lease.backends.zookeeper._options import parse_url
 from consensus_lease.backends.zookeeper._session import NegotiatedTimeouts, session_text
 from consensus_lease.errors import BackendUnavailable, InvalidArgument, UnsupportedBackend
+from consensus_lease.options import merge_options
 from consensus_lease.record import JobState
 from consensus_lease.validation import MAX_JOB_ID_BYTES
 
@@ -66,18 +71,11 @@ def test_bad_urls(url: str) -> None:
 
 
 def test_options_from_query_and_kwargs() -> None:
-    store = open_store(
-        "zk://127.0.0.1:1/x?connect_timeout_s=2.5&user=svc&password=pw", timeout_s=3
-    )
-    try:
-        backend = store.backend
-        assert isinstance(backend, ZooKeeperBackend)
-        config = backend.config
-        assert (config.connect_timeout_s, config.timeout_s) == (2.5, 3.0)
-        assert (config.user, config.password, config.acl) == ("svc", "pw", "creator")
-        assert [a.perms for a in config.acl_list()] == [31]
-    finally:
-        store.close()
+    url = "zk://127.0.0.1:1/x?connect_timeout_s=2.5&user=svc&password=pw"
+    config = parse_url(url, merge_options(url, {"timeout_s": 3}))
+    assert (config.connect_timeout_s, config.timeout_s) == (2.5, 3.0)
+    assert (config.user, config.password, config.acl) == ("svc", "pw", "creator")
+    assert [a.perms for a in config.acl_list()] == [31]
     config = parse_url("zk://h/x", {"ca_file": __file__, "verify_certs": "false"})
     assert config.tls is True and config.verify_certs is False
     with pytest.raises(InvalidArgument):
@@ -100,13 +98,43 @@ def test_bad_options(options: dict[str, object]) -> None:
         parse_url("zk://h/x", options)
 
 
-def test_open_store_is_lazy_and_both_schemes_resolve() -> None:
+def test_open_store_connects_eagerly_and_both_schemes_resolve() -> None:
+    """Like etcd, open_store connects (within connect_timeout_s): nothing listens on
+    port 1, so the error comes from open_store itself, not from a later call."""
+    caps = ZooKeeperBackend.capabilities
+    assert caps.cross_process and caps.store_watch and caps.consecutive_generations
     for scheme in ("zk", "zookeeper"):
-        store = open_store(f"{scheme}://127.0.0.1:1/lazy")  # nothing listens: no error yet
-        assert isinstance(store.backend, ZooKeeperBackend)
-        caps = store.capabilities
-        assert caps.cross_process and caps.store_watch and caps.consecutive_generations
-        store.close()
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailable, match=r"no ZooKeeper member of 127\.0\.0\.1:1"):
+            open_store(f"{scheme}://127.0.0.1:1/eager", connect_timeout_s=0.5)
+        assert time.monotonic() - started < 10
+
+
+def test_refused_connection_is_quiet_by_default() -> None:
+    """With no logging configured, a refused open_store prints its one error and none
+    of kazoo's per-attempt "Connection dropped" warnings."""
+    code = textwrap.dedent(
+        """
+        from consensus_lease import BackendUnavailable, open_store
+        try:
+            open_store("zk://127.0.0.1:1/quiet", connect_timeout_s=0.5)
+        except BackendUnavailable as exc:
+            print("raised:", exc)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "raised: no ZooKeeper member" in done.stdout
+    assert done.stderr == ""
+
+
+def test_configured_logging_still_gets_kazoo_records(caplog: pytest.LogCaptureFixture) -> None:
+    """The NullHandler only stops Python's last-resort printing: an application that
+    configured logging (here pytest's handler on the root logger) sees kazoo's records."""
+    with caplog.at_level(logging.WARNING), pytest.raises(BackendUnavailable):
+        open_store("zk://127.0.0.1:1/logged", connect_timeout_s=0.5)
+    assert any(r.name.startswith("kazoo") for r in caplog.records)
 
 
 # -- job ids -------------------------------------------------------------------------------

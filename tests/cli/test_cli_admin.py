@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -162,8 +163,8 @@ def test_errors_are_one_line_with_their_exit_status(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["inspect", "--backend", "nope://x"]) == EXIT_USAGE
-    assert main(["requeue", "--backend", f"sqlite:///{tmp_path}/no/such/dir/x.db",
-                 "j"]) == EXIT_UNAVAILABLE
+    assert main(["enqueue", "--backend", f"sqlite:///{tmp_path}/no/such/dir/x.db",
+                 "--queue", "q", "j"]) == EXIT_UNAVAILABLE
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2 and "UnsupportedBackend" in err[0]
     assert "BackendUnavailable" in err[1]
@@ -171,3 +172,32 @@ def test_errors_are_one_line_with_their_exit_status(
         main(["enqueue", "--backend", "sqlite:///x.db", "--queue", "q", "--max-attempts", "0",
               "j"])
     assert exc.value.code == EXIT_USAGE
+
+
+@pytest.mark.parametrize("command", [["inspect"], ["inspect", "--json", "j"], ["requeue", "j"]])
+def test_admin_commands_refuse_a_missing_sqlite_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    """A typo in the URL is reported (exit 2, one line), and no empty store is created."""
+    typo = tmp_path / "typo.db"
+    assert main([command[0], "--backend", f"sqlite:///{typo}", *command[1:]]) == EXIT_USAGE
+    captured = capsys.readouterr()
+    err = captured.err.splitlines()
+    assert len(err) == 1 and "InvalidArgument: no SQLite store at" in err[0], err
+    assert "create=false" in err[0] and captured.out == ""
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_admin_commands_open_existing_stores_and_obey_an_explicit_create(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    not_a_store = tmp_path / "other.db"
+    sqlite3.connect(not_a_store).execute("CREATE TABLE t (x)").connection.close()
+    assert main(["inspect", "--backend", f"sqlite:///{not_a_store}"]) == EXIT_USAGE
+    assert "is not a consensus_lease store" in capsys.readouterr().err
+    fresh = tmp_path / "fresh.db"
+    assert main(["inspect", "--backend", f"sqlite:///{fresh}?create=true"]) == 0
+    assert fresh.exists()
+    with open_store(url) as store:
+        store.enqueue("q", "j")
+    assert inspect_json(url, capsys, "j")[0]["state"] == "available"

@@ -57,6 +57,20 @@ def test_all_is_the_user_api_and_every_name_imports() -> None:
     assert set(consensus_lease.__all__) <= set(dir(consensus_lease))
 
 
+def test_every_error_is_exported_and_drawn_in_both_trees() -> None:
+    readme = (Path(PACKAGE_ROOT) / "README.md").read_text()
+    tree = readme[readme.index("LeaseError\n"):]
+    tree = tree[: tree.index("```")]
+    assert errors.__doc__ is not None
+    for name in errors.__all__:
+        error = getattr(errors, name)
+        assert issubclass(error, errors.LeaseError) and getattr(consensus_lease, name) is error
+        assert name in errors.__doc__, name
+        assert name in tree, name
+    assert issubclass(errors.StoreInherited, errors.LeaseError)
+    assert not issubclass(errors.StoreInherited, (errors.StoreClosed, errors.LeaseNotHeld))
+
+
 def test_no_driver_interface_or_test_doubles_at_top_level() -> None:
     assert not set(consensus_lease.__all__) & NOT_TOP_LEVEL
     for name in NOT_TOP_LEVEL:

@@ -1,5 +1,5 @@
 """The shared option parser: one vocabulary and the same errors on every backend (no
-server needed: etcd is parsed without connecting, ZooKeeper connects lazily)."""
+server needed: etcd and ZooKeeper URLs are parsed without connecting)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import pytest
 from consensus_lease import InvalidArgument, UnsupportedBackend, open_store
 from consensus_lease.backends import memory, sqlite
 from consensus_lease.backends.etcd import _config as etcd_config
-from consensus_lease.backends.zookeeper import ZooKeeperBackend
 from consensus_lease.backends.zookeeper import _options as zk_options
 from consensus_lease.clock import SystemClock
 from consensus_lease.options import (
@@ -59,14 +58,9 @@ def test_etcd_and_zookeeper_share_the_names() -> None:
         }
 
 
-def test_zookeeper_url_with_the_shared_names_opens() -> None:
-    store = open_store("zk://127.0.0.1:2181/x?timeout_s=2&connect_timeout_s=1")
-    try:
-        backend = store.backend
-        assert isinstance(backend, ZooKeeperBackend)
-        assert (backend.config.timeout_s, backend.config.connect_timeout_s) == (2.0, 1.0)
-    finally:
-        store.close()
+def test_zookeeper_url_with_the_shared_names_parses() -> None:
+    config = _zk("zk://127.0.0.1:2181/x?timeout_s=2&connect_timeout_s=1")
+    assert (config.timeout_s, config.connect_timeout_s) == (2.0, 1.0)
 
 
 def test_etcd_url_with_the_shared_names_parses() -> None:
@@ -248,3 +242,18 @@ def test_queue_names_say_queue_name(bad: object) -> None:
         with store.session("A", 30) as session, pytest.raises(InvalidArgument, match="queue name"):
             session.claim_next(bad)  # type: ignore[arg-type]
     assert check_queue_name("q") == "q"
+
+
+def test_sqlite_create_false_opens_only_an_existing_store(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.db"
+    for given in ({"create": False}, {"create": "false"}, {}):
+        url = f"sqlite:///{missing}" + ("" if given else "?create=no")
+        with pytest.raises(InvalidArgument, match=r"no SQLite store at .*create=false"):
+            open_store(url, **given)
+    assert not missing.exists()
+    with pytest.raises(InvalidArgument, match="create must be true or false"):
+        open_store(f"sqlite:///{missing}", create="maybe")
+    with open_store(f"sqlite:///{missing}"):  # the default creates it
+        pass
+    with open_store(f"sqlite:///{missing}", create=False) as store:
+        assert store.records() == []

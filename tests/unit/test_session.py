@@ -194,6 +194,6 @@ def test_context_manager_surfaces_loss_after_body(
 ) -> None:
     with store.session("A", ttl_s=3.0, keepalive=False) as session:
         with pytest.raises(LeaseLost):
-            with session.claim("job", wait_s=0) as lease:  # type: ignore[union-attr]
+            with session.claim("job", wait_s=0) as lease:
                 backend.listeners[session.session_id](SessionEvent.EXPIRED)
         assert lease.state is LeaseState.LOST

@@ -45,6 +45,13 @@ __all__ = ["Failure", "Member", "Transport", "translate"]
 
 log = logging.getLogger("consensus_lease.etcd")
 
+if not logging.getLogger("grpc").handlers:
+    # grpc's Python loggers report failures this driver turns into typed errors; unless
+    # the application gave them handlers, nothing reaches stderr by default (records
+    # still propagate to handlers the application sets up). As the ZooKeeper backend
+    # does for kazoo.
+    logging.getLogger("grpc").addHandler(logging.NullHandler())
+
 CHANNEL_OPTIONS: list[tuple[str, int]] = [
     # Reconnect to a restarted member within about a second (gRPC's default backoff
     # grows to 120 s, which would keep a healthy member out of rotation).

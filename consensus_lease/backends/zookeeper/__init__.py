@@ -47,8 +47,10 @@ How leases map onto ZooKeeper
   znode, no double version bump. ``OutcomeUnknown`` only if reading back fails in time;
   such a claim stays on the session handle (``uncertain``) until a later claim of the
   job adopts it or ``keepalive`` releases it.
-* ``get``/``records``/``wait_for_change`` use one shared client; ``wait_for_change`` waits
-  on a watch on the owner znode. ``lease_until`` is always ``None``: ZooKeeper does not
+* ``get``/``records``/``wait_for_change`` use one shared client (a session of its own),
+  which ``open_store`` starts: like etcd's, the store connects when opened, within
+  ``connect_timeout_s``, else ``BackendUnavailable``. ``wait_for_change`` waits on a
+  watch on the owner znode. ``lease_until`` is always ``None``: ZooKeeper does not
   expose when a session will expire.
 * ``get`` and ``records`` read after a write barrier on the shared client (a multi of one
   ``check`` of ``{chroot}/jobs`` at any version: it changes nothing, costs one quorum
@@ -185,8 +187,9 @@ cert_file, key_file   none                            client certificate and key
 key_file_password     none                            password of ``key_file``
 verify_certs          true                            verify the server certificate
 check_hostname        false                           check the certificate's host name
-connect_timeout_s     10.0                            seconds to wait for a session to open
-                                                      (then ``BackendUnavailable``)
+connect_timeout_s     10.0                            seconds to wait for a session (or, in
+                                                      ``open_store``, the shared client) to
+                                                      open (then ``BackendUnavailable``)
 timeout_s             10.0                            seconds to wait for an answer or for a lost
                                                       connection to come back (then
                                                       ``BackendUnavailable`` / ``OutcomeUnknown``)
@@ -201,6 +204,11 @@ TLS files must exist when the store is opened.
 ``capabilities.min_ttl_s`` / ``max_ttl_s`` (0.2 s / 24 h) bound what may be *requested*;
 the server clamps the request to its own range and the granted timeout is what counts.
 ``max_batch_claim`` is 100 claims per multi (split further to stay far below 1 MiB).
+
+kazoo logs each failed connection attempt (a refused ``open_store`` makes some twenty
+"Connection dropped" warnings): unless the application configured the ``kazoo`` logger,
+the backend gives it a ``NullHandler``, so nothing is printed by default and handlers the
+application sets up still get every record.
 
 Limits worth knowing:
 

@@ -39,6 +39,21 @@ deadline tests use (a 1 s TTL less its margin)."""
 _WAIT_ERRORS: tuple[type[BaseException], ...] = (LeaseError, *KAZOO_ERRORS)
 
 
+def quiet_kazoo_by_default() -> None:
+    """kazoo logs each failed connection attempt at WARNING (a refused ``open_store``
+    makes some twenty "Connection dropped" lines), and with no logging configured Python
+    prints them on stderr (``logging.lastResort``). What matters reaches the caller as
+    ``BackendUnavailable``. So, unless the application gave the ``kazoo`` logger
+    handlers of its own, it gets a ``NullHandler``: nothing is printed by default, and
+    handlers the application sets up (on the root logger too) still get every record."""
+    kazoo_log = logging.getLogger("kazoo")
+    if not kazoo_log.handlers:
+        kazoo_log.addHandler(logging.NullHandler())
+
+
+quiet_kazoo_by_default()
+
+
 @contextmanager
 def _concerning(job_id: str, generation: int | None = None) -> Iterator[None]:
     """Attach the job (and generation) to any library error raised without them."""
@@ -102,12 +117,22 @@ class ZooKeeperBackend(Backend):
 
     @classmethod
     def from_url(cls, url: str, options: Mapping[str, object]) -> ZooKeeperBackend:
-        """Parse the URL and options; connects lazily (first session or read).
+        """Parse the URL and options, and connect: start the backend's shared client (a
+        ZooKeeper session of its own, used for reads and waits), waiting at most
+        ``connect_timeout_s``, as etcd's ``open_store`` does.
 
         Raises:
             UnsupportedBackend: malformed URL. InvalidArgument: unknown or bad option.
+            BackendUnavailable: no member answered within ``connect_timeout_s`` (or the
+                TLS handshake kept failing).
         """
-        return cls(parse_url(url, options))
+        backend = cls(parse_url(url, options))
+        try:
+            backend._wire.reader()
+        except BaseException:
+            backend.close()
+            raise
+        return backend
 
     def __repr__(self) -> str:
         return f"ZooKeeperBackend(hosts={self.hosts!r}, chroot={self.config.chroot!r})"
