@@ -19,7 +19,8 @@ from typing import Any
 
 from rich.console import Console
 
-from . import EXIT_CODES_HELP, EXIT_OK, guarded, open_existing_store
+from ..store import open_store
+from . import EXIT_CODES_HELP, EXIT_OK, guarded
 
 __all__ = ["NAME", "add_parser", "run"]
 
@@ -56,7 +57,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _bump(args: argparse.Namespace, console: Console) -> int:
-    with open_existing_store(args.backend) as store:
+    with open_store(args.backend) as store:  # creates a wiped store: the epoch is its floor
         old = store.epoch()
         new = store.bump_epoch(args.above)
         shift = store.backend.epoch_shift
