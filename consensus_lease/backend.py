@@ -57,6 +57,8 @@ class Capabilities:
             (etcd's request size limit, ZooKeeper's jute.maxbuffer), checked before
             sending.
         description: one line for ``inspect`` and benchmarks.
+        epoch: implements the store epoch (``epoch``, ``bump_epoch``; tokens are
+            ``epoch * 2**epoch_shift + the store's own counter``).
     """
 
     cross_process: bool
@@ -68,6 +70,7 @@ class Capabilities:
     queues: bool = False
     max_payload_bytes: int = 0
     description: str = ""
+    epoch: bool = False
 
 
 class SessionEvent(enum.Enum):
