@@ -160,8 +160,8 @@ class Liveness:
         if state is SessionState.CLOSED:
             raise LeaseLost(f"session {sid} is closed")
         reason = self.lost_reason
-        if isinstance(reason, SessionExpired):
-            raise SessionExpired(str(reason)) from reason
+        if isinstance(reason, SessionExpired):  # or StoreRegressed: keep the type
+            raise type(reason)(str(reason)) from reason
         raise LeaseLost(f"session {sid} is lost: {reason}") from reason
 
     # -- the one path for store calls ------------------------------------------------

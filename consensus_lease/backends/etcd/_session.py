@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from ...backend import SessionHandle
+from ...backend import SessionEvent, SessionHandle, StateListener
 from ...errors import InvalidArgument, StoreRegressed
 from ...record import ClaimResult
 from ._keys import Limit, Owner, session_text
@@ -28,23 +28,29 @@ class EtcdSession(SessionHandle):
     the session ends (a handful of short strings per lost answer).
 
     A session open when the driver noticed that the store's history went back is over
-    (:meth:`end_by_regression`): every later operation on it raises ``StoreRegressed``.
+    (:meth:`end_by_regression`): its listener is told (``SessionEvent.REGRESSED``) and
+    every later operation on it raises ``StoreRegressed``.
 
     Attributes:
         lease_id: the etcd lease id (int).
     """
 
-    def __init__(self, lease_id: int, owner: str, granted_ttl_s: float) -> None:
+    def __init__(self, lease_id: int, owner: str, granted_ttl_s: float,
+                 on_event: StateListener | None = None) -> None:
         super().__init__(session_text(lease_id), owner, granted_ttl_s)
         self.lease_id = lease_id
+        self._on_event = on_event
         self._lock = threading.Lock()
         self._unsettled: dict[str, set[str]] = {}
         self._regressed: str | None = None
 
     def end_by_regression(self, reason: str) -> None:
-        """The store's history went back while this session was open: it is over."""
+        """The store's history went back while this session was open: it is over. The
+        listener is told once, from the calling thread."""
         with self._lock:
-            self._regressed = self._regressed or reason
+            first, self._regressed = self._regressed is None, self._regressed or reason
+        if first and self._on_event is not None:
+            self._on_event(SessionEvent.REGRESSED)
 
     def check_history(self) -> None:
         """Raise ``StoreRegressed`` if the session ended by a regression.

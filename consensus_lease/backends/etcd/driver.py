@@ -152,12 +152,17 @@ class EtcdBackend(Backend):
     # -- the store's history ------------------------------------------------------------
 
     def _regressed(self, reason: str) -> None:
-        """The guard's listener: the history went back; every open session is over."""
+        """The guard's listener: the history went back; every open session is over (its
+        listener hears ``REGRESSED``)."""
         with self._lock:
             handles = list(self._sessions.values())
-        for handle in handles:
-            handle.end_by_regression(reason)
         log.error("etcd: %s (%d open session(s) ended)", reason, len(handles))
+        for handle in handles:
+            try:
+                handle.end_by_regression(reason)
+            except Exception:  # a listener's bug must not stop the others being told
+                log.exception("etcd: session %s: regression listener raised",
+                              handle.session_id)
 
     def _probe_history(self) -> None:
         """One linearizable read (the epoch key's count), whose header the transport
@@ -213,8 +218,9 @@ class EtcdBackend(Backend):
     ) -> SessionHandle:
         """Grant an etcd lease of ``ceil(ttl_s)`` seconds. etcd raises a TTL below its
         minimum (1.5 x election timeout, 2 s by default): ``granted_ttl_s`` is what the
-        server granted. ``on_event`` is not used: etcd has no SUSPENDED state; a
-        keepalive without an answer is a risk only until the session's local deadline.
+        server granted. ``on_event`` hears only ``REGRESSED`` (the store's history went
+        back; see :meth:`keepalive`): etcd has no SUSPENDED state; a keepalive without
+        an answer is a risk only until the session's local deadline.
 
         A LeaseGrant whose answer is lost is retried on another member; the orphan lease
         holds no keys and expires after its TTL.
@@ -228,7 +234,7 @@ class EtcdBackend(Backend):
         )
         if answer.error:
             raise BackendUnavailable(f"etcd refused LeaseGrant: {answer.error}")
-        handle = EtcdSession(int(answer.ID), owner, float(answer.TTL))
+        handle = EtcdSession(int(answer.ID), owner, float(answer.TTL), on_event)
         with self._lock:
             self._sessions[handle.lease_id] = handle
         return handle
