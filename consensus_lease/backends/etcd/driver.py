@@ -227,6 +227,8 @@ class EtcdBackend(Backend):
 
         Raises:
             BackendUnavailable / AuthenticationFailed: no session was created.
+            StoreRegressed: the answer showed the store's history went back (the sessions
+                open until then are over); a new session may be opened.
         """
         answer = self._transport.call(
             "lease", "LeaseGrant", etcdrpc.LeaseGrantRequest(TTL=max(1, math.ceil(ttl_s))),
@@ -321,6 +323,9 @@ class EtcdBackend(Backend):
             JobCompleted: the completion record exists (its generation attached).
             JobFailed: the job is FAILED (now, or by this claim).
             SessionExpired: the session's lease is gone.
+            StoreRegressed: the store's history went back while the session was open, or
+                the answer came from a history older than one seen (a claim it made is
+                handed back).
             OutcomeUnknown: sent, no answer, and reading back failed; if the claim landed
                 it holds the job under this session, and this session's next claim of the
                 job adopts it.
@@ -341,6 +346,7 @@ class EtcdBackend(Backend):
 
         Raises:
             SessionExpired: the lease is gone (nothing was claimed).
+            StoreRegressed: as for :meth:`claim` (every claim of the batch handed back).
             OutcomeUnknown / BackendUnavailable / AuthenticationFailed.
         """
         if 1 < len(job_ids) <= _claim.MAX_BATCH_CLAIM:
@@ -359,6 +365,7 @@ class EtcdBackend(Backend):
         Raises:
             StaleLeaseError: not held at ``claim.generation`` (the lease is lost).
             SessionExpired: the session's lease is gone.
+            StoreRegressed: the store's history went back while the session was open.
             BackendUnavailable: no answer; still held until the local deadline.
             InvalidArgument: ``claim.handle`` is not an :class:`EtcdClaim`.
         """
@@ -380,6 +387,8 @@ class EtcdBackend(Backend):
 
         Raises:
             StaleLeaseError / SessionExpired: not held; nothing written.
+            StoreRegressed: the store's history went back while the session was open
+                (what the answer says was written stays, in the new history).
             InvalidArgument: ``result`` exceeds etcd's request size, or ``claim.handle``
                 is not an :class:`EtcdClaim`; still held.
             OutcomeUnknown: sent, no answer, reading back failed.
@@ -396,6 +405,8 @@ class EtcdBackend(Backend):
 
         Raises:
             StaleLeaseError / SessionExpired: not held; nothing written.
+            StoreRegressed: the store's history went back while the session was open
+                (what the answer says was written stays, in the new history).
             OutcomeUnknown / BackendUnavailable / InvalidArgument: as for :meth:`complete`.
         """
         self._run(session, lambda h: _hold.release(self._ops, h, job_id, claim))
@@ -423,6 +434,7 @@ class EtcdBackend(Backend):
         Raises:
             StaleLeaseError / SessionExpired: not held; nothing written (the delay's
                 lease is revoked).
+            StoreRegressed: as for :meth:`complete`.
             OutcomeUnknown: sent, no answer, reading back failed.
             BackendUnavailable: nothing applied; still held.
             InvalidArgument: ``claim.handle`` is not an :class:`EtcdClaim`, or etcd
