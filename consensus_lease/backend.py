@@ -85,6 +85,9 @@ class SessionEvent(enum.Enum):
     re-confirms every lease before treating it as held again."""
     EXPIRED = "expired"
     """The store says the session expired. Final."""
+    REGRESSED = "regressed"
+    """The store's history went back (restored from an older backup, or wiped): the
+    session is over, lost with ``StoreRegressed``. Final."""
 
 
 StateListener = Callable[[SessionEvent], None]

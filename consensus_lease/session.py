@@ -29,6 +29,7 @@ from .errors import (
     InvalidArgument,
     LeaseLost,
     SessionExpired,
+    StoreRegressed,
 )
 from .lease import Lease
 from .observe import Observer
@@ -350,6 +351,11 @@ class Session:
             self._liveness.mark_lost(
                 SessionExpired(f"session {self.session_id} expired in the store")
             )
+        elif event is SessionEvent.REGRESSED:
+            self._liveness.mark_lost(StoreRegressed(
+                f"session {self.session_id}: the store's history went back (restored from "
+                f"an older backup, or wiped); run bump-epoch before restarting workers"
+            ))
         elif event is SessionEvent.SUSPENDED:
             self._liveness.suspend()
         elif event is SessionEvent.RECONNECTED:

@@ -8,6 +8,7 @@
 #   util-linux   setpriv, to run a worker under its own gid
 #   python3      docker/start-engine.sh when no virtualenv exists yet
 #   etcd-server  local etcd members for the etcd backend tests (tests/backends/etcd_local.py)
+#   etcd-client  etcdctl, to snapshot and restore them (the etcd store-epoch tests)
 #   openssl      certificates for the TLS tests
 #   zookeeper, openjdk-17-jre-headless
 #                a local ZooKeeper for the TLS test (tests/backends/zk_local.py)
@@ -16,7 +17,7 @@
 #   --with-compose  also docker-compose, for docker/docker-compose.yml (local dev only)
 set -eu
 [ "$(id -u)" = 0 ] || { echo "install-deps.sh: must run as root" >&2; exit 1; }
-packages="docker.io debootstrap iptables util-linux python3 etcd-server openssl zookeeper openjdk-17-jre-headless"
+packages="docker.io debootstrap iptables util-linux python3 etcd-server etcd-client openssl zookeeper openjdk-17-jre-headless"
 [ "${1:-}" = "--with-compose" ] && packages="$packages docker-compose"
 
 missing=""

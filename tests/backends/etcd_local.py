@@ -44,6 +44,7 @@ from consensus_lease.backends.etcd import EtcdBackend
 from consensus_lease.backends.etcd._transport import Failure
 
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
+ETCDCTL = shutil.which("etcdctl") or "/usr/bin/etcdctl"  # Debian package etcd-client
 _HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
@@ -101,6 +102,7 @@ class LocalEtcd:
         """``tls_dir``: serve clients over TLS with ``ca.pem``, ``server.pem`` and
         ``server.key`` from it, requiring client certificates signed by the CA."""
         self.root = Path(tempfile.mkdtemp(prefix="consensus-lease-etcd-"))
+        self.token = f"t-{id(self):x}"
         self.extra_args = extra_args
         self.tls_dir = tls_dir
         self.members = []
@@ -131,8 +133,12 @@ class LocalEtcd:
         return f"{self.client_url}/{prefix.strip('/')}"
 
     # -- lifecycle ------------------------------------------------------------------------
+    @property
+    def initial_cluster(self) -> str:
+        return ",".join(f"{m.name}=http://{m.address}:{m.peer_port}" for m in self.members)
+
     def _command(self, member: LocalMember, state: str) -> list[str]:
-        initial = ",".join(f"{m.name}=http://{m.address}:{m.peer_port}" for m in self.members)
+        initial = self.initial_cluster
         scheme = "http" if self.tls_dir is None else "https"
         client = f"{scheme}://{member.address}:{member.client_port}"
         peer = f"http://{member.address}:{member.peer_port}"
@@ -154,7 +160,7 @@ class LocalEtcd:
             "--initial-advertise-peer-urls", peer,
             "--initial-cluster", initial,
             "--initial-cluster-state", state,
-            "--initial-cluster-token", f"t-{id(self):x}",
+            "--initial-cluster-token", self.token,
             "--heartbeat-interval", "50",
             "--election-timeout", "500",
             "--listen-metrics-urls", f"http://{member.address}:{member.metrics_port}",
@@ -255,6 +261,39 @@ class LocalEtcd:
                 self._spawn(member)
         self.wait_ready()
 
+    def _etcdctl(self, *args: str) -> None:
+        done = subprocess.run([ETCDCTL, *args], capture_output=True, timeout=30,
+                              env={**os.environ, "ETCDCTL_API": "3"}, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"etcdctl {' '.join(args)} failed: {done.stderr.decode()}")
+
+    def save_snapshot(self, member: LocalMember, path: Path) -> None:
+        """``etcdctl snapshot save`` from ``member`` (plain-HTTP clients only)."""
+        self._etcdctl("--endpoints", f"http://{member.endpoint}", "snapshot", "save", str(path))
+
+    def restore_snapshot(self, path: Path, ready_timeout_s: float = 60.0) -> None:
+        """Put every member back to the snapshot ``path`` (``etcdctl snapshot restore``
+        with the same names, peer URLs and cluster token, so the cluster and member ids
+        stay the same) and start them again: the cluster's history goes back to the
+        snapshot's revision, as after restoring a backup."""
+        restored = {m.name: self.root / f"{m.name}.restored" for m in self.members}
+        for member in self.members:
+            shutil.rmtree(restored[member.name], ignore_errors=True)
+            self._etcdctl(
+                "snapshot", "restore", str(path), "--name", member.name,
+                "--data-dir", str(restored[member.name]),
+                "--initial-cluster", self.initial_cluster,
+                "--initial-cluster-token", self.token,
+                "--initial-advertise-peer-urls", f"http://{member.address}:{member.peer_port}",
+            )  # fmt: skip
+        for member in self.members:
+            self.kill(member)
+        for member in self.members:
+            shutil.rmtree(member.data_dir, ignore_errors=True)
+            restored[member.name].rename(member.data_dir)
+            self._spawn(member)
+        self.wait_ready(ready_timeout_s)
+
     def stop(self) -> None:
         for member in self.members:
             with contextlib.suppress(Exception):
@@ -276,9 +315,12 @@ class LocalEtcd:
 # -- what the etcd backend test modules share ---------------------------------------------------
 
 
-def require_local_etcd() -> None:
-    """Skip the test when local members cannot be started; fail instead under ``CI=true``."""
+def require_local_etcd(etcdctl: bool = False) -> None:
+    """Skip the test when local members cannot be started (or, with ``etcdctl``, etcdctl
+    is missing); fail instead under ``CI=true``."""
     reason = available()
+    if reason is None and etcdctl and not Path(ETCDCTL).exists():
+        reason = "etcdctl is not installed (apt-get install -y etcd-client)"
     if reason is not None:
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail(reason)

@@ -3,9 +3,13 @@
 A worker session is one etcd **lease**; every job it claims is an *owner key* attached
 to that lease, so one keepalive renews them all and a revoked or expired lease drops
 them all at once. Claim, complete, release and fail are each **one transaction** in
-which etcd compares the owner key; the fencing token (generation) is the owner key's
-``create_revision``, i.e. the claim transaction's revision: strictly increasing per job
-(and across the whole cluster), but not consecutive (``consecutive_generations=False``).
+which etcd compares the owner key; the fencing token (generation) is
+``epoch * 2**44 +`` the owner key's ``create_revision``, i.e. the claim transaction's
+revision: strictly increasing per job (and across the whole cluster), but not
+consecutive (``consecutive_generations=False``). The store epoch (key ``PREFIX/epoch``,
+0 until ``bump_epoch`` first runs, so tokens are plain revisions until then) is compared
+inside every claim transaction against the driver's cached copy and recorded in the
+owner value; see :mod:`._tokens` and :mod:`._epoch`.
 ``renew`` is two round trips, not one atomic step: a read-only transaction comparing the
 owner key, then one keepalive of the session's lease.
 Each claim returns its own state as ``ClaimResult.handle`` (an :class:`EtcdClaim`: the
@@ -45,11 +49,12 @@ hosts                  (required)           ``h1:port,h2:port,...`` members trie
 Renamed: ``ca_cert`` -> ``ca_file``, ``cert_cert`` -> ``cert_file``, ``cert_key`` ->
 ``key_file``. TLS files must exist when the store is opened.
 
-Keys (see :mod:`._keys`): ``PREFIX/HEX/o`` owner (leased), ``PREFIX/HEX/h`` history,
-``PREFIX/HEX/c`` completion record, ``PREFIX/HEX/q`` queue marker, ``PREFIX/HEX/a``
-attempts, ``PREFIX/HEX/e`` last error, ``PREFIX/HEX/f`` FAILED record, ``PREFIX/HEX/l``
-attempt limit, ``PREFIX/HEX/n`` not-before (on a lease of its own), where ``HEX`` is the
-hex of the job id's UTF-8 bytes, so no id can collide with another or escape the prefix.
+Keys (see :mod:`._keys`): ``PREFIX/epoch`` the store epoch, ``PREFIX/HEX/o`` owner
+(leased), ``PREFIX/HEX/h`` history, ``PREFIX/HEX/c`` completion record, ``PREFIX/HEX/q``
+queue marker, ``PREFIX/HEX/a`` attempts, ``PREFIX/HEX/e`` last error, ``PREFIX/HEX/f``
+FAILED record, ``PREFIX/HEX/l`` attempt limit, ``PREFIX/HEX/n`` not-before (on a lease
+of its own), where ``HEX`` is the hex of the job id's UTF-8 bytes, so no id can collide
+with another or escape the prefix.
 
 Work queues (see :mod:`._queue`): ``PREFIX/q/QHEX/j/HEX`` member key (value: the
 payload; its create revision is the job's ``seq``) and ``PREFIX/q/QHEX/p/HEX`` pending
@@ -125,6 +130,18 @@ re-sending it after "not applied yet" cannot apply it twice. ``OutcomeUnknown`` 
 reading back fails within ``connect_timeout_s``. Idempotent reads are retried over the
 members with ``tenacity`` for at most ``connect_timeout_s``. A ``LeaseGrant`` (session,
 retry delay) whose answer is lost is retried; the orphan lease holds no key and expires.
+
+Restores (see :mod:`._regression`): etcd's revisions only grow, so an answer whose
+header revision is below one already seen (every request is linearizable, compared with
+what was seen before it was sent) or that names another ``cluster_id`` means the
+cluster's history went back: it was restored from an older snapshot, or wiped. Tokens
+handed out from then on could be lower than tokens already used, so every session open
+at that moment is over (``SessionEvent.REGRESSED``; each later operation on it raises
+``StoreRegressed``), and a claim answered from that history is handed back (its owner
+key deleted) and raises ``StoreRegressed``. Keepalive answers are not linearizable: one
+below the revision seen is confirmed with a linearizable read, so an idle worker learns
+of a restore at its next keepalive. After a restore, run ``bump-epoch --above HIGHEST``
+before restarting the workers: every token is then above every earlier one.
 
 Limitation: a claim whose answer was lost and that is still in flight when read back
 may land later; it then holds the job under this session until this session claims the

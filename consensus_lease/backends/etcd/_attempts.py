@@ -16,6 +16,11 @@ branch answers with the job's :class:`Snapshot`; from it the claim sends one of:
             put f = {generation, attempt, error, nonce}   -> JobFailed
             put e (if there was no error yet), delete QDIR/p/HEX
 
+Claiming transactions also compare the store's epoch key with the driver's cached copy
+(see :mod:`._tokens`), and every ``else`` branch answers the job's keys with one range
+read of its directory and the epoch key with a get (two operations, whatever
+``--max-txn-ops`` is).
+
 Both compare exactly what the decision was made from, so a claim or requeue in between
 makes them fail (and answer a fresh snapshot to decide again) instead of acting on a
 stale count. A lost answer is settled by reading the snapshot's keys back: our own owner
@@ -32,19 +37,31 @@ from ...errors import JobCompleted, JobFailed
 from ...record import ClaimResult
 from . import _requests as rq
 from ._keys import (
+    ATTEMPTS,
+    COMPLETION,
+    ERROR,
+    FAILED,
+    LIMIT,
+    NOT_BEFORE,
+    OWNER,
+    QUEUE,
     Completion,
     DeadLetter,
     JobKeys,
     LastError,
     Layout,
     Owner,
+    attempts_epoch,
     attempts_of,
+    attempts_value,
     limit_of,
     queue_of,
 )
 from ._session import EtcdClaim, EtcdSession
+from ._tokens import compose
 
 __all__ = [
+    "Claimant",
     "Plan",
     "Snapshot",
     "assess",
@@ -57,10 +74,14 @@ __all__ = [
 ]
 
 
+_FIELD_KINDS = (OWNER, COMPLETION, QUEUE, NOT_BEFORE, LIMIT, ATTEMPTS, FAILED, ERROR)
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """A job's keys as one claim sees them (key-values, ``None`` when absent), read in
-    one transaction: the claim's ``else`` branch or a read-back."""
+    """A job's keys and the store's epoch key as one claim sees them (key-values,
+    ``None`` when absent), read in one transaction: the claim's ``else`` branch or a
+    read-back."""
 
     owner: Any
     completion: Any
@@ -70,22 +91,26 @@ class Snapshot:
     attempts: Any
     dead: Any
     error: Any
-
-    @staticmethod
-    def keys(keys: JobKeys) -> tuple[bytes, ...]:
-        """The keys, in field order."""
-        return (keys.owner, keys.completion, keys.queue, keys.not_before, keys.limit,
-                keys.attempts, keys.failed, keys.error)
+    epoch: Any
 
     @staticmethod
     def reads(keys: JobKeys) -> list[Any]:
-        """The gets that answer a snapshot inside a transaction."""
-        return [rq.get(k) for k in Snapshot.keys(keys)]
+        """The reads that answer a snapshot inside a transaction: the job's directory
+        (one range) and the epoch key."""
+        return [rq.span(*keys.directory), rq.get(keys.epoch)]
 
     @classmethod
-    def of(cls, responses: Any) -> Snapshot:
+    def of(cls, keys: JobKeys, responses: Any) -> Snapshot:
         """From the responses of :meth:`reads`."""
-        return cls(*(rq.kv_of(r) for r in responses))
+        kinds: dict[bytes, Any] = {}
+        for kv in responses[0].response_range.kvs:
+            kind = keys.kind_of(bytes(kv.key))
+            if kind is not None:
+                kinds[kind] = kv
+        owner, completion, marker, not_before, limit, attempts, dead, error = (
+            kinds.get(k) for k in _FIELD_KINDS)
+        return cls(owner, completion, marker, not_before, limit, attempts, dead, error,
+                   rq.kv_of(responses[1]))
 
     @property
     def attempt(self) -> int:
@@ -129,9 +154,11 @@ def assess(handle: EtcdSession, keys: JobKeys, snap: Snapshot,
                               nonce):
             return None
         # This request (re-sent or landed late) or an unsettled one of this session.
+        epoch = Owner.decode(snap.owner.value, snap.owner.key).epoch
         known = EtcdClaim(handle.lease_id, keys.job_id, bytes(snap.owner.value), True,
-                          queue_of(snap.marker), snap.attempt, limit)
-        return ClaimResult(int(snap.owner.create_revision), attempt=snap.attempt, handle=known)
+                          queue_of(snap.marker), snap.attempt, limit, epoch)
+        return ClaimResult(compose(epoch, int(snap.owner.create_revision)),
+                           attempt=snap.attempt, handle=known)
     if snap.not_before is not None:
         return None
     if limit is None:
@@ -139,12 +166,12 @@ def assess(handle: EtcdSession, keys: JobKeys, snap: Snapshot,
     return Plan(snap, limit.exhausted(snap.attempt))
 
 
-def claiming(keys: JobKeys, value: bytes, lease_id: int) -> list[Any]:
+def claiming(keys: JobKeys, value: bytes, lease_id: int, epoch: int) -> list[Any]:
     """The claim's writes: the owner key (on the lease) and the history key, both
-    ``value``, the attempts key (answering its previous version); then the queue marker
-    read."""
+    ``value``, the attempts key (``epoch``, answering its previous version); then the
+    queue marker read."""
     return [rq.put(keys.owner, value, lease_id), rq.put(keys.history, value),
-            rq.put(keys.attempts, b"", prev_kv=True), rq.get(keys.queue)]
+            rq.put(keys.attempts, attempts_value(epoch), prev_kv=True), rq.get(keys.queue)]
 
 
 def claimed_attempt(put_response: Any) -> int:
@@ -164,7 +191,8 @@ def dead_letter(snap: Snapshot, nonce: str) -> tuple[DeadLetter, bool]:
     """The FAILED record a claim writes when the attempts are used up, and whether it
     must write the error too (there was none)."""
     attempt = snap.attempt
-    generation = 0 if snap.attempts is None else int(snap.attempts.mod_revision)
+    generation = 0 if snap.attempts is None else compose(attempts_epoch(snap.attempts),
+                                                        int(snap.attempts.mod_revision))
     if snap.error is not None:
         error = LastError.decode(snap.error.value, snap.error.key).error
     else:
@@ -172,20 +200,32 @@ def dead_letter(snap: Snapshot, nonce: str) -> tuple[DeadLetter, bool]:
     return DeadLetter(generation, attempt, error, nonce), snap.error is None
 
 
-def plan_request(layout: Layout, keys: JobKeys, plan: Plan, value: bytes, lease_id: int,
+@dataclass(frozen=True, slots=True)
+class Claimant:
+    """What a claim transaction writes: the owner value (which records ``epoch``), on
+    the session's lease, while the epoch key passes ``same_epoch``."""
+
+    value: bytes
+    lease_id: int
+    epoch: int
+    same_epoch: Any
+
+
+def plan_request(layout: Layout, keys: JobKeys, plan: Plan, claimant: Claimant,
                  nonce: str) -> Any:
     """The transaction of ``plan`` (see the module docstring); its ``else`` branch
     answers a fresh :class:`Snapshot`."""
     snap = plan.snapshot
+    writes = claiming(keys, claimant.value, claimant.lease_id, claimant.epoch)
     if snap is None:
-        return rq.txn(compare=unlimited(keys), success=claiming(keys, value, lease_id),
+        return rq.txn(compare=[*unlimited(keys), claimant.same_epoch], success=writes,
                       failure=Snapshot.reads(keys))
     free = (keys.owner, keys.completion, keys.not_before, keys.failed)
     compare = [rq.create_is(k, 0) for k in free]
     compare += [rq.mod_is(keys.limit, int(snap.limit.mod_revision)),
                 rq.version_is(keys.attempts, snap.attempt)]
     if not plan.exhausted:
-        return rq.txn(compare=compare, success=claiming(keys, value, lease_id),
+        return rq.txn(compare=[*compare, claimant.same_epoch], success=writes,
                       failure=Snapshot.reads(keys))
     compare.append(rq.mod_is(keys.error, 0 if snap.error is None else
                              int(snap.error.mod_revision)))

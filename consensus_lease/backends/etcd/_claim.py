@@ -3,25 +3,34 @@
 The claim transaction::
 
     if create_revision(PREFIX/HEX/o) == 0 and create_revision(PREFIX/HEX/c) == 0
-            and create_revision(PREFIX/HEX/n) == 0 and create_revision(PREFIX/HEX/l) == 0:
-        put PREFIX/HEX/o = {owner, session, nonce}   (attached to the session's lease)
+            and create_revision(PREFIX/HEX/n) == 0 and create_revision(PREFIX/HEX/l) == 0
+            and PREFIX/epoch is as cached (absent, or the exact value seen):
+        put PREFIX/HEX/o = {owner, session, nonce, epoch}  (on the session's lease)
         put PREFIX/HEX/h = the same value
-        put PREFIX/HEX/a = ""                        (answering its previous version)
+        put PREFIX/HEX/a = epoch ("" for 0)                (answering its previous version)
         get PREFIX/HEX/q
     else:
-        get o, c, q, n, l, a, f, e                   (the job's Snapshot)
+        range PREFIX/HEX/a .. q, get PREFIX/epoch          (the job's Snapshot)
 
-The generation is the transaction's revision, which is the owner key's create revision;
-the attempt is the attempts key's new version (its previous one, answered by the put,
-plus 1). A retry delay (``n``) refuses the claim like a holder does. A job with an
-attempt limit (``l``) is refused by this compare, and the snapshot its ``else`` branch
-answers decides the next transaction (see :mod:`._attempts`): a claim comparing the
-limit and the attempt count, or making the job FAILED; so a job without a limit is
-claimed in one round trip, one with a limit in two.
+The generation (fencing token) is ``epoch * 2**44 + the transaction's revision``, the
+revision being the owner key's create revision; with epoch 0 it is the revision itself.
+A claim refused only because the epoch changed since it was cached (a ``bump_epoch``)
+caches the new one from its ``else`` branch and is sent again: one more round trip, once
+per driver after each bump. The attempt is the attempts key's new version (its previous
+one, answered by the put, plus 1). A retry delay (``n``) refuses the claim like a holder
+does. A job with an attempt limit (``l``) is refused by this compare, and the snapshot
+its ``else`` branch answers decides the next transaction (see :mod:`._attempts`): a
+claim comparing the limit and the attempt count, or making the job FAILED; so a job
+without a limit is claimed in one round trip, one with a limit in two.
 
 The nonce (random per claim request) identifies the request: after a lost answer, an
 owner key carrying it is ours; a re-send carries the same nonce, so whichever copy lands
 first wins and the other finds our key in its ``else`` branch.
+
+A claim answered from a history older than one this driver has seen (the store was
+restored from an older snapshot; :mod:`._regression`) is handed back (its owner key
+deleted, best effort) and raises ``StoreRegressed``; so is one whose revision reached
+2**44 (:class:`~._tokens.TokenOverflow`).
 
 Each claim returns an :class:`~._session.EtcdClaim` as ``ClaimResult.handle``: the
 exact owner value written, which renew, complete, release and fail compare against; the
@@ -33,6 +42,7 @@ decides whether the attempts are used up.
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from collections.abc import Sequence
@@ -40,10 +50,18 @@ from typing import Any
 
 from pyetcd import etcdrpc
 
-from ...errors import InvalidArgument, JobCompleted, JobFailed, OutcomeUnknown
+from ...errors import (
+    InvalidArgument,
+    JobCompleted,
+    JobFailed,
+    LeaseError,
+    OutcomeUnknown,
+    StoreRegressed,
+)
 from ...record import ClaimResult
 from . import _requests as rq
 from ._attempts import (
+    Claimant,
     Plan,
     Snapshot,
     assess,
@@ -57,8 +75,12 @@ from ._attempts import (
 from ._keys import JobKeys, Owner, attempts_of, limit_of, queue_of
 from ._ops import Ops, Settled
 from ._session import EtcdClaim, EtcdSession
+from ._tokens import TokenOverflow, compose
+from ._transport import Failure
 
-__all__ = ["MAX_BATCH_CLAIM", "MAX_PLANS", "claim_batch", "claim_one"]
+__all__ = ["MAX_BATCH_CLAIM", "MAX_PLANS", "claim_batch", "claim_one", "hand_back"]
+
+log = logging.getLogger("consensus_lease.etcd")
 
 MAX_BATCH_CLAIM = 64
 """Claims per batch transaction. Each is one nested transaction of 4 compares, 3 puts
@@ -68,57 +90,103 @@ under a default server's limit."""
 
 MAX_PLANS = 8
 """Most transactions one claim sends (not counting re-sends after a lost answer) while
-the job keeps changing under it; then it answers ``None``, as for a held job."""
+the job (or the store epoch) keeps changing under it; then it answers ``None``, as for
+a held job."""
 
 
 def claim_one(ops: Ops, handle: EtcdSession, job_id: str) -> ClaimResult | None:
     """See :meth:`EtcdBackend.claim <consensus_lease.backends.etcd.EtcdBackend.claim>`."""
     keys = ops.layout.job(job_id)
     nonce = secrets.token_hex(8)
-    value = Owner(handle.owner, handle.session_id, nonce).encode()
     plan = Plan()
     for _ in range(MAX_PLANS):
-        outcome = _send_plan(ops, handle, keys, plan, value, nonce)
+        outcome = _send_plan(ops, handle, keys, plan, nonce)
         if not isinstance(outcome, Plan):
             return outcome
         plan = outcome
     return None
 
 
-def _send_plan(ops: Ops, handle: EtcdSession, keys: JobKeys, plan: Plan, value: bytes,
+def _claimant(ops: Ops, handle: EtcdSession, nonce: str) -> Claimant:
+    """What a claim request writes, in the epoch cached now."""
+    epoch, same_epoch = ops.epochs.current()
+    value = Owner(handle.owner, handle.session_id, nonce, epoch).encode()
+    return Claimant(value, handle.lease_id, epoch, same_epoch)
+
+
+def _send_plan(ops: Ops, handle: EtcdSession, keys: JobKeys, plan: Plan,
                nonce: str) -> ClaimResult | Plan | None:
     """Send the transaction of ``plan``; answer the claim, or the next plan."""
     job_id = keys.job_id
-    request = plan_request(ops.layout, keys, plan, value, handle.lease_id, nonce)
+    claimant = _claimant(ops, handle, nonce)
+    request = plan_request(ops.layout, keys, plan, claimant, nonce)
 
-    def decide(kvs: list[Any]) -> Settled | None:
+    def read_back(deadline: float) -> list[Any]:
+        return ops.read_ops(Snapshot.reads(keys), f"reading back the claim of {job_id!r}",
+                            deadline, job_id)
+
+    def decide(responses: list[Any]) -> Settled | None:
         handle.unsettled(job_id, nonce)  # if still in flight it may land later
-        outcome = assess(handle, keys, Snapshot(*kvs), nonce)  # raises if it was FAILED
-        if outcome == plan:
+        snap = Snapshot.of(keys, responses)
+        changed = ops.epochs.update(snap.epoch)
+        outcome = assess(handle, keys, snap, nonce)  # raises if it was FAILED
+        if outcome == plan and not changed:
             return None  # nothing changed: not applied (yet): send the same request again
         return Settled(outcome)
 
     try:
-        answer = ops.send_guarded(
-            request, f"claim of {job_id!r}", job_id=job_id, generation=None,
-            read_back=Snapshot.keys(keys), decide=decide,
-        )
+        answer = ops.send_guarded(request, f"claim of {job_id!r}", job_id=job_id,
+                                  generation=None, read_back=read_back, decide=decide)
+        if isinstance(answer, Settled):
+            settled: ClaimResult | Plan | None = answer.value
+            return settled
+        if not answer.succeeded:
+            snap = Snapshot.of(keys, answer.responses)
+            ops.epochs.update(snap.epoch)  # refused for the epoch alone: the same plan again
+            return assess(handle, keys, snap, nonce)
+        if plan.exhausted:
+            assert plan.snapshot is not None
+            raise job_failed(job_id, dead_letter(plan.snapshot, nonce)[0])
+        return _claimed(handle, keys, plan, claimant, answer)
     except OutcomeUnknown:
         handle.unsettled(job_id, nonce)
         raise
-    if isinstance(answer, Settled):
-        settled: ClaimResult | Plan | None = answer.value
-        return settled
-    if not answer.succeeded:
-        return assess(handle, keys, Snapshot.of(answer.responses), nonce)
-    if plan.exhausted:
-        assert plan.snapshot is not None
-        raise job_failed(job_id, dead_letter(plan.snapshot, nonce)[0])
+    except (StoreRegressed, TokenOverflow):
+        hand_back(ops, [keys], claimant.value)
+        raise
+
+
+def _claimed(handle: EtcdSession, keys: JobKeys, plan: Plan, claimant: Claimant,
+             answer: Any) -> ClaimResult:
+    """The claim from the answer of a claiming transaction that applied.
+
+    Raises:
+        TokenOverflow: the revision reached 2**44.
+    """
     attempt = claimed_attempt(answer.responses[2])
     limit = None if plan.snapshot is None else limit_of(plan.snapshot.limit)
-    known = EtcdClaim(handle.lease_id, job_id, value, True,
-                      queue_of(rq.kv_of(answer.responses[3])), attempt, limit)
-    return ClaimResult(int(answer.header.revision), attempt=attempt, handle=known)
+    known = EtcdClaim(handle.lease_id, keys.job_id, claimant.value, True,
+                      queue_of(rq.kv_of(answer.responses[3])), attempt, limit, claimant.epoch)
+    token = compose(claimant.epoch, int(answer.header.revision))
+    return ClaimResult(token, attempt=attempt, handle=known)
+
+
+def hand_back(ops: Ops, all_keys: Sequence[JobKeys], value: bytes) -> None:
+    """Best effort, in one transaction: delete each owner key of ``all_keys`` whose value
+    is ``value`` (what one claim request wrote; its nonce makes it unique). Failures
+    are logged: the session is over, and ending it revokes its lease, which deletes
+    them too."""
+    request = rq.txn(success=[
+        etcdrpc.RequestOp(request_txn=rq.txn(compare=[rq.value_is(k.owner, value)],
+                                             success=[rq.delete(k.owner)]))
+        for k in all_keys
+    ])
+    what = f"handing back the claim of {all_keys[0].job_id!r}"
+    try:
+        ops.transport.send("kv", "Txn", request, what=what, job_id=all_keys[0].job_id)
+    except (LeaseError, Failure) as exc:
+        log.warning("etcd: %s failed (the session's lease takes it when it ends): %s",
+                    what, exc)
 
 
 def _claim_or_none(ops: Ops, handle: EtcdSession, job_id: str) -> ClaimResult | None:
@@ -129,53 +197,80 @@ def _claim_or_none(ops: Ops, handle: EtcdSession, job_id: str) -> ClaimResult | 
         return None
 
 
+Batch = tuple[list[ClaimResult | None], list[int]]
+"""A batch's claims, and the indexes of the jobs it refused for their attempt limit."""
+
+
 def claim_batch(ops: Ops, handle: EtcdSession,
                 job_ids: Sequence[str]) -> list[ClaimResult | None] | None:
     """Claim ``job_ids`` (at most :data:`MAX_BATCH_CLAIM`, no duplicates) in one
-    transaction of nested claim transactions; a held, delayed, completed or FAILED job
-    yields ``None``. A job with an attempt limit is refused by its nested compare and
-    then claimed on its own (:func:`claim_one`). Returns ``None`` when the server allows
-    fewer operations per transaction (the caller then claims one by one)."""
+    transaction of nested claim transactions, under one compare of the store epoch; a
+    held, delayed, completed or FAILED job yields ``None``. A job with an attempt limit
+    is refused by its nested compare and then claimed on its own (:func:`claim_one`).
+    Returns ``None`` when the server allows fewer operations per transaction, or the
+    epoch kept changing (the caller then claims one by one)."""
     all_keys = [ops.layout.job(j) for j in job_ids]
     nonce = secrets.token_hex(8)
-    value = Owner(handle.owner, handle.session_id, nonce).encode()
-    request = rq.txn(success=[
-        etcdrpc.RequestOp(request_txn=rq.txn(
-            compare=unlimited(k), success=claiming(k, value, handle.lease_id),
-            failure=[rq.count(k.limit)],
-        ))
-        for k in all_keys
-    ])
-    try:
-        answer = ops.send_guarded(
-            request, f"batch claim of {len(job_ids)} jobs", job_id=job_ids[0], generation=None,
-            read_back=[k.owner for k in all_keys],
-            decide=lambda kvs: _settle_batch(ops, handle, all_keys, nonce, kvs),
-        )
-    except OutcomeUnknown:
-        for keys in all_keys:
-            handle.unsettled(keys.job_id, nonce)
-        raise
-    except InvalidArgument as exc:
-        if "too many operations" in str(exc):
-            return None
-        raise
-    results: list[ClaimResult | None]
-    limited: list[int]
-    if isinstance(answer, Settled):
-        results, limited = answer.value
-    else:
-        results, limited = _batch_answer(handle, all_keys, value, answer)
+    outcome: Batch | None = None
+    for _ in range(MAX_PLANS):
+        try:
+            outcome = _send_batch(ops, handle, all_keys, _claimant(ops, handle, nonce), nonce)
+        except InvalidArgument as exc:
+            if "too many operations" in str(exc):
+                return None
+            raise
+        if outcome is not None:
+            break
+    if outcome is None:
+        return None
+    results, limited = outcome
     for i in limited:
         results[i] = _claim_or_none(ops, handle, job_ids[i])
     return results
 
 
-def _batch_answer(handle: EtcdSession, all_keys: list[JobKeys], value: bytes,
-                  answer: Any) -> tuple[list[ClaimResult | None], list[int]]:
+def _send_batch(ops: Ops, handle: EtcdSession, all_keys: list[JobKeys], claimant: Claimant,
+                nonce: str) -> Batch | None:
+    """Send one batch transaction; ``None`` if the epoch had changed (now cached)."""
+    request = rq.txn(
+        compare=[claimant.same_epoch],
+        success=[
+            etcdrpc.RequestOp(request_txn=rq.txn(
+                compare=unlimited(k),
+                success=claiming(k, claimant.value, claimant.lease_id, claimant.epoch),
+                failure=[rq.count(k.limit)],
+            ))
+            for k in all_keys
+        ],
+        failure=[rq.get(ops.layout.epoch)],
+    )
+    try:
+        answer = ops.send_guarded(
+            request, f"batch claim of {len(all_keys)} jobs", job_id=all_keys[0].job_id,
+            generation=None, read_back=[k.owner for k in all_keys],
+            decide=lambda kvs: _settle_batch(ops, handle, all_keys, nonce, kvs),
+        )
+        if isinstance(answer, Settled):
+            settled: Batch = answer.value
+            return settled
+        if not answer.succeeded:
+            ops.epochs.update(rq.kv_of(answer.responses[0]))
+            return None
+        return _batch_answer(handle, all_keys, claimant, answer)
+    except OutcomeUnknown:
+        for keys in all_keys:
+            handle.unsettled(keys.job_id, nonce)
+        raise
+    except (StoreRegressed, TokenOverflow):
+        hand_back(ops, all_keys, claimant.value)
+        raise
+
+
+def _batch_answer(handle: EtcdSession, all_keys: list[JobKeys], claimant: Claimant,
+                  answer: Any) -> Batch:
     """The claims of a batch's answer, and the indexes of the jobs it refused for their
     attempt limit."""
-    generation = int(answer.header.revision)
+    generation = compose(claimant.epoch, int(answer.header.revision))
     out: list[ClaimResult | None] = []
     limited: list[int] = []
     for i, (keys, sub) in enumerate(zip(all_keys, answer.responses, strict=True)):
@@ -187,8 +282,8 @@ def _batch_answer(handle: EtcdSession, all_keys: list[JobKeys], value: bytes,
             continue
         attempt = claimed_attempt(nested.responses[2])
         marker_kv = rq.kv_of(nested.responses[3])
-        known = EtcdClaim(handle.lease_id, keys.job_id, value, True, queue_of(marker_kv),
-                          attempt, None)
+        known = EtcdClaim(handle.lease_id, keys.job_id, claimant.value, True,
+                          queue_of(marker_kv), attempt, None, claimant.epoch)
         out.append(ClaimResult(generation, attempt=attempt, handle=known))
     return out, limited
 
@@ -201,11 +296,11 @@ def _settle_batch(ops: Ops, handle: EtcdSession, all_keys: list[JobKeys], nonce:
     each other one (refused for a limit: claimed on its own afterwards). The queue
     markers are not read back (that could exceed --max-txn-ops): the completion looks
     the queue up instead."""
+    owners = [None if kv is None else Owner.decode(kv.value, kv.key) for kv in owner_kvs]
     mine = []
-    for keys, kv in zip(all_keys, owner_kvs, strict=True):
+    for keys, owner in zip(all_keys, owners, strict=True):
         handle.unsettled(keys.job_id, nonce)
-        mine.append(kv is not None and handle.is_ours(
-            keys.job_id, Owner.decode(kv.value, kv.key), nonce))
+        mine.append(owner is not None and handle.is_ours(keys.job_id, owner, nonce))
     if not any(mine):
         return None
     extra = ops.read_keys(
@@ -215,16 +310,16 @@ def _settle_batch(ops: Ops, handle: EtcdSession, all_keys: list[JobKeys], nonce:
     )
     results: list[ClaimResult | None] = []
     limited: list[int] = []
-    for i, (keys, kv, ours, more) in enumerate(zip(all_keys, owner_kvs, mine, extra,
-                                                   strict=True)):
-        if not ours:
+    for i, (keys, kv, owner, more) in enumerate(zip(all_keys, owner_kvs, owners, extra,
+                                                    strict=True)):
+        if owner is None or not mine[i]:
             results.append(None)
             if more is not None:
                 limited.append(i)
             continue
         attempt = attempts_of(more)
         known = EtcdClaim(handle.lease_id, keys.job_id, bytes(kv.value), False, None,
-                          attempt, None)
-        results.append(ClaimResult(int(kv.create_revision), attempt=attempt, handle=known))
+                          attempt, None, owner.epoch)
+        token = compose(owner.epoch, int(kv.create_revision))
+        results.append(ClaimResult(token, attempt=attempt, handle=known))
     return Settled((results, limited))
-

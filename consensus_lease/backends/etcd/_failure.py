@@ -81,18 +81,21 @@ def delay_ttl_s(retry_in_s: float) -> int:
     return max(1, math.ceil(retry_in_s))
 
 
-def _facts(ops: Ops, keys: JobKeys,
-           known: EtcdClaim | None) -> tuple[str | None, int, Limit | None]:
+def _facts(ops: Ops, keys: JobKeys, generation: int, known: EtcdClaim | None,
+           what: str) -> tuple[str | None, int, Limit | None]:
     """``(queue, attempt, limit)`` of the claim: from its handle, else (a claim this
-    process did not make, or one settled without reading the queue) one read."""
+    process did not make, or one settled without reading the queue) one read, which
+    also checks the epoch of a claim without its handle (:meth:`Ops.check_epoch`)."""
     if known is not None and known.queue_known:
         return known.queue, known.attempt, known.limit
-    marker_kv, attempts_kv, limit_kv = ops.read_keys(
-        (keys.queue, keys.attempts, keys.limit), f"reading the attempts of {keys.job_id!r}",
+    marker_kv, attempts_kv, limit_kv, owner_kv = ops.read_keys(
+        (keys.queue, keys.attempts, keys.limit, keys.owner),
+        f"reading the attempts of {keys.job_id!r}",
         time.monotonic() + ops.config.timeout_s, keys.job_id,
     )
     if known is not None:
         return queue_of(marker_kv), known.attempt, known.limit
+    ops.check_epoch(keys, generation, owner_kv, what)
     return queue_of(marker_kv), attempts_of(attempts_kv), limit_of(limit_kv)
 
 
@@ -103,7 +106,7 @@ def fail(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult, error: 
     generation = claim.generation
     keys = ops.layout.job(job_id)
     what = f"failure of {job_id!r} generation {generation}"
-    queue, attempt, limit = _facts(ops, keys, known)
+    queue, attempt, limit = _facts(ops, keys, generation, known, what)
     exhausted = limit is not None and limit.exhausted(attempt)
     nonce = secrets.token_hex(8)
     claim_nonce = "" if known is None else Owner.decode(known.owner_value, keys.owner).nonce

@@ -1,7 +1,8 @@
 """Operations on a held job: renew's check, complete and release.
 
 Each starts with the ownership compare (:meth:`Ops.holds`): the owner key's create
-revision is the generation and its value is ours. Then::
+revision is the generation's (the token below its epoch bits) and its value is ours
+(which records the epoch). Then::
 
     renew:     (nothing)                    else get o, get c
     complete:  put c = record, delete o, h  else get o, get c
@@ -16,7 +17,9 @@ transaction, so ``queue_candidates`` never sees completed jobs. The queue comes 
 claim transaction's read of the job's queue marker, carried by the claim's
 :class:`~._session.EtcdClaim`; when the claim has none (a claim this process did not
 make) or did not read it (a batch claim settled by reading back), it is read first: one
-more round trip.
+more round trip. A claim without its handle has the epoch part of its token checked
+against the owner key's value: renew reads the key in its transaction, complete with the
+queue marker, release in one read first.
 """
 
 from __future__ import annotations
@@ -44,12 +47,15 @@ def check_held(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult) -
     answer = ops.transport.call(
         "kv", "Txn",
         rq.txn(compare=ops.holds(handle, keys, generation, known),
+               success=[] if known is not None else [rq.get(keys.owner)],
                failure=[rq.get(keys.owner), rq.get(keys.completion)]),
         what=what, budget_s=ops.config.timeout_s, job_id=job_id, generation=generation,
     )
     if not answer.succeeded:
         owner_kv, completion_kv = (rq.kv_of(r) for r in answer.responses)
         raise ops.not_held(handle, keys, generation, owner_kv, completion_kv, what)
+    if known is None:
+        ops.check_epoch(keys, generation, rq.kv_of(answer.responses[0]), what)
 
 
 def complete(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult,
@@ -62,11 +68,13 @@ def complete(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult,
     what = f"completion of {job_id!r} generation {generation}"
     queue = None if known is None else known.queue
     if known is None or not known.queue_known:
-        (marker_kv,) = ops.read_keys(
-            [keys.queue], f"reading the queue of {job_id!r}",
+        marker_kv, owner_kv = ops.read_keys(
+            [keys.queue, keys.owner], f"reading the queue of {job_id!r}",
             time.monotonic() + ops.config.timeout_s, job_id,
         )
         queue = queue_of(marker_kv)
+        if known is None:
+            ops.check_epoch(keys, generation, owner_kv, what)
     success = [
         rq.put(keys.completion, record.encode()),
         rq.delete(keys.owner),
@@ -137,6 +145,10 @@ def release(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult) -> N
     nonce = "" if known is None else Owner.decode(known.owner_value, keys.owner).nonce
     marker = History(None, handle.session_id, nonce, generation, released=True)
     what = f"release of {job_id!r} generation {generation}"
+    if known is None:
+        (owner_kv,) = ops.read_keys([keys.owner], f"reading {job_id!r}",
+                                    time.monotonic() + ops.config.timeout_s, job_id)
+        ops.check_epoch(keys, generation, owner_kv, what)
     request = rq.txn(
         compare=ops.holds(handle, keys, generation, known),
         success=[rq.delete(keys.owner), rq.put(keys.history, marker.encode())],

@@ -31,11 +31,12 @@ log = logging.getLogger("consensus_lease.etcd")
 
 
 class _Waiter:
-    __slots__ = ("done", "failure", "ttl")
+    __slots__ = ("done", "failure", "header", "ttl")
 
     def __init__(self) -> None:
         self.done = threading.Event()
         self.ttl = 0
+        self.header: Any = None
         self.failure: Failure | None = None
 
 
@@ -79,6 +80,7 @@ class _Stream:
                     waiter = pending.popleft() if pending else None
                 if waiter is not None:
                     waiter.ttl = int(response.TTL)
+                    waiter.header = response.header
                     waiter.done.set()
             failure = Failure(self.member.target, grpc.StatusCode.UNAVAILABLE, "stream ended")
         except grpc.RpcError as exc:
@@ -124,9 +126,10 @@ class KeepAliveStreams:
             if self._stream is stream:
                 self._stream = None
 
-    def keepalive(self, lease_id: int, timeout_s: float) -> int:
+    def keepalive(self, lease_id: int, timeout_s: float) -> tuple[int, Any]:
         """Send one keepalive for ``lease_id``; return the TTL etcd answered (<= 0: the
-        lease is gone).
+        lease is gone) and the answer's header (revision and cluster id of the member
+        that answered; not linearizable).
 
         Raises:
             Failure: no answer within ``timeout_s`` or the stream broke; the lease may
@@ -148,7 +151,7 @@ class KeepAliveStreams:
                 self._drop(stream, timed_out)
                 raise timed_out
             if waiter.failure is None:
-                return waiter.ttl
+                return waiter.ttl, waiter.header
             self._drop(stream, waiter.failure)
             if retry_auth and waiter.failure.token_rejected:
                 self._transport.authenticate()

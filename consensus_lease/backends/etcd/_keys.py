@@ -37,6 +37,15 @@ key      lease       meaning
                      job exists; deleted by ``purge``.
 =======  ==========  ==========================================================
 
+The claim that writes ``o`` and ``h`` records in their value the store epoch in
+effect (see :mod:`._tokens`; omitted when 0), and puts it as the value of ``a`` (empty
+for 0), so the token of that claim, ``epoch * 2**44 + create revision``, can be told
+from the keys later (records, errors, the FAILED record a claim writes).
+
+One key of the prefix is not a job's: ``PREFIX/epoch`` (:class:`StoreEpoch`), the
+store epoch, absent until ``bump_epoch`` first runs. It has no ``/`` after the prefix,
+so :meth:`Layout.parse` leaves it out.
+
 The suffixes sort ``a < c < e < f < h < l < n < o < q``, so one watch on ``[c, o\\0)``
 sees every change that can make a job claimable (owner and not-before deleted,
 completion, failure, requeue). Job directories are hex, so every job key sorts before
@@ -87,7 +96,10 @@ __all__ = [
     "Owner",
     "QueueKeys",
     "QueueMarker",
+    "StoreEpoch",
+    "attempts_epoch",
     "attempts_of",
+    "attempts_value",
     "limit_of",
     "prefix_range_end",
     "queue_of",
@@ -104,6 +116,7 @@ OWNER = b"o"
 QUEUE = b"q"
 JOB_KINDS = frozenset({ATTEMPTS, COMPLETION, ERROR, FAILED, HISTORY, LIMIT, NOT_BEFORE, OWNER,
                        QUEUE})
+EPOCH = b"epoch"
 MEMBER = b"j/"
 PENDING = b"p/"
 JOBS_END = b"g"  # after every hex digit: [root, root + "g") holds exactly the job keys
@@ -136,10 +149,11 @@ def prefix_range_end(prefix: bytes) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class JobKeys:
-    """The keys of one job."""
+    """The keys of one job, and the store's epoch key (read with them by claims)."""
 
     job_id: str
     base: bytes
+    epoch: bytes
 
     @property
     def owner(self) -> bytes:
@@ -184,6 +198,14 @@ class JobKeys:
         prefix nested in ours against the rules, it would also hold that prefix's job
         keys, which :meth:`Layout.parse` leaves out, but none of its queue keys.)"""
         return self.base + ATTEMPTS, self.base + QUEUE + b"\x00"
+
+    def kind_of(self, key: bytes) -> bytes | None:
+        """The kind (``a`` ... ``q``) of ``key`` if it is one of this job's keys, else
+        ``None`` (e.g. a nested prefix's key inside :attr:`directory`)."""
+        if not key.startswith(self.base):
+            return None
+        kind = key[len(self.base) :]
+        return kind if kind in JOB_KINDS else None
 
     @property
     def watch_range(self) -> tuple[bytes, bytes]:
@@ -230,7 +252,12 @@ class Layout:
         self.root = prefix.rstrip(b"/") + b"/"
 
     def job(self, job_id: str) -> JobKeys:
-        return JobKeys(job_id, self.root + _hex(job_id) + b"/")
+        return JobKeys(job_id, self.root + _hex(job_id) + b"/", self.epoch)
+
+    @property
+    def epoch(self) -> bytes:
+        """The store epoch's key, ``PREFIX/epoch``."""
+        return self.root + EPOCH
 
     def queue(self, queue: str) -> QueueKeys:
         return QueueKeys(queue, self.root + QUEUE + b"/" + _hex(queue) + b"/")
@@ -276,36 +303,53 @@ def session_text(lease_id: int) -> str:
     return f"{lease_id:x}"
 
 
+def _epoch_field(obj: dict[str, Any]) -> int:
+    """The optional ``epoch`` of a record (absent: 0)."""
+    epoch = int(obj.get("epoch", 0))
+    if epoch < 0:
+        raise ValueError(f"negative epoch {epoch}")
+    return epoch
+
+
 @dataclass(frozen=True, slots=True)
 class Owner:
-    """The owner key's value: who claimed, under which lease, with which request."""
+    """The owner key's value: who claimed, under which lease, with which request, in
+    which store epoch (0: the field is left out, as before epochs existed)."""
 
     owner: str
     session: str
     nonce: str
+    epoch: int = 0
 
     def encode(self) -> bytes:
-        return _dump({"nonce": self.nonce, "owner": self.owner, "session": self.session})
+        obj: dict[str, Any] = {"nonce": self.nonce, "owner": self.owner,
+                               "session": self.session}
+        if self.epoch:
+            obj["epoch"] = self.epoch
+        return _dump(obj)
 
     @classmethod
     def decode(cls, raw: bytes, key: bytes) -> Owner:
         obj = _load(raw, "owner", key)
         try:
-            return cls(str(obj["owner"]), str(obj["session"]), str(obj["nonce"]))
-        except KeyError as exc:
+            return cls(str(obj["owner"]), str(obj["session"]), str(obj["nonce"]),
+                       _epoch_field(obj))
+        except (KeyError, TypeError, ValueError) as exc:
             raise BackendUnavailable(f"corrupt owner record at etcd key {key!r}") from exc
 
 
 @dataclass(frozen=True, slots=True)
 class History:
     """The history key's value. ``generation is None`` means "the claim that wrote
-    this": the generation is then the key's ``mod_revision``."""
+    this" (the owner value, with its ``epoch``): the generation is then the token of
+    ``epoch`` and the key's ``mod_revision``."""
 
     owner: str | None
     session: str
     nonce: str
     generation: int | None = None
     released: bool = False
+    epoch: int = 0
 
     def encode(self) -> bytes:
         obj: dict[str, Any] = {"nonce": self.nonce, "owner": self.owner, "session": self.session}
@@ -327,6 +371,7 @@ class History:
                 str(obj["nonce"]),
                 None if generation is None else int(generation),
                 bool(obj.get("released", False)),
+                _epoch_field(obj),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BackendUnavailable(f"corrupt history record at etcd key {key!r}") from exc
@@ -467,6 +512,45 @@ class DeadLetter:
                        str(obj["nonce"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise BackendUnavailable(f"corrupt failed record at etcd key {key!r}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class StoreEpoch:
+    """The epoch key's value: the store epoch, and the ``bump_epoch`` request that
+    wrote it (its nonce settles a lost answer, and makes every value unique)."""
+
+    epoch: int
+    nonce: str
+
+    def encode(self) -> bytes:
+        return _dump({"epoch": self.epoch, "nonce": self.nonce})
+
+    @classmethod
+    def decode(cls, raw: bytes, key: bytes) -> StoreEpoch:
+        obj = _load(raw, "epoch", key)
+        try:
+            return cls(_epoch_field(obj), str(obj["nonce"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BackendUnavailable(f"corrupt epoch record at etcd key {key!r}") from exc
+
+
+def attempts_value(epoch: int) -> bytes:
+    """What a claim in ``epoch`` puts in the attempts key (empty for epoch 0)."""
+    return str(epoch).encode("ascii") if epoch else b""
+
+
+def attempts_epoch(attempts_kv: Any) -> int:
+    """The epoch of the last claim, from the attempts key's value (absent or empty: 0).
+
+    Raises:
+        BackendUnavailable: the value is not an epoch.
+    """
+    raw = b"" if attempts_kv is None else bytes(attempts_kv.value)
+    if not raw:
+        return 0
+    if not raw.isdigit():
+        raise BackendUnavailable(f"corrupt attempts key {attempts_kv.key!r}: {raw[:40]!r}")
+    return int(raw)
 
 
 def limit_of(limit_kv: Any) -> Limit | None:

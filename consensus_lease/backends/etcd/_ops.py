@@ -29,11 +29,12 @@ from ...errors import (
 )
 from . import _requests as rq
 from ._config import EtcdConfig
-from ._keys import Completion, JobKeys, Layout
+from ._keys import Completion, JobKeys, Layout, Owner
 from ._session import EtcdClaim, EtcdSession
+from ._tokens import EpochCache, compose, split
 from ._transport import Failure, Transport
 
-__all__ = ["Ops", "Settled"]
+__all__ = ["Ops", "ReadBack", "Settled"]
 
 log = logging.getLogger("consensus_lease.etcd")
 
@@ -47,13 +48,20 @@ class Settled:
         self.value = value
 
 
+ReadBack = Callable[[float], list[Any]]
+"""``read_back(deadline)``: a custom read-back for :meth:`Ops.send_guarded` (gives up at
+``deadline``, monotonic); what it returns is handed to ``decide``."""
+
+
 class Ops:
-    """The driver's shared context: config, transport and key layout."""
+    """The driver's shared context: config, transport, key layout and the cached store
+    epoch (:class:`~._tokens.EpochCache`)."""
 
     def __init__(self, config: EtcdConfig, transport: Transport, layout: Layout) -> None:
         self.config = config
         self.transport = transport
         self.layout = layout
+        self.epochs = EpochCache(layout.epoch)
 
     # -- reading --------------------------------------------------------------------------
 
@@ -64,15 +72,21 @@ class Ops:
         return self.transport.call("kv", method, request, what=what, budget_s=budget_s,
                                    job_id=job_id)
 
+    def read_ops(self, reads: Sequence[Any], what: str, deadline: float,
+                 job_id: str | None) -> list[Any]:
+        """The answers of the read operations ``reads`` (``get``, ``span``, ``count``), in
+        one linearizable transaction (a snapshot at one revision). Gives up at
+        ``deadline`` (monotonic)."""
+        answer = self.read(rq.txn(success=list(reads)), what,
+                           budget_s=max(0.05, deadline - time.monotonic()), job_id=job_id)
+        return list(answer.responses)
+
     def read_keys(self, keys: Sequence[bytes], what: str, deadline: float,
-                  job_id: str) -> list[Any]:
+                  job_id: str | None) -> list[Any]:
         """``keys`` read in one linearizable transaction (a snapshot at one revision);
         ``None`` for each absent key. Gives up at ``deadline`` (monotonic)."""
-        answer = self.read(
-            rq.txn(success=[rq.get(k) for k in keys]), what,
-            budget_s=max(0.05, deadline - time.monotonic()), job_id=job_id,
-        )
-        return [rq.kv_of(r) for r in answer.responses]
+        responses = self.read_ops([rq.get(k) for k in keys], what, deadline, job_id)
+        return [rq.kv_of(r) for r in responses]
 
     def lease_ttl(self, lease_id: int) -> int | None:
         """The lease's remaining TTL in seconds (<= 0: gone), or ``None`` if etcd did not
@@ -118,23 +132,50 @@ class Ops:
     def holds(self, handle: EtcdSession, keys: JobKeys, generation: int,
               known: EtcdClaim | None) -> list[Any]:
         """Compares that pass iff ``handle`` holds the job at ``generation``: the owner
-        key's create revision is the generation, and its value is exactly the one the
-        claim ``known`` wrote (without it, for a claim this process did not make: its
-        lease is ours)."""
+        key's create revision is the generation's (below the epoch bits), and its value
+        is exactly the one the claim ``known`` wrote, epoch included (without it, for a
+        claim this process did not make: its lease is ours; the epoch is checked by
+        :meth:`check_epoch` on a read of the owner key)."""
         same = (
             rq.value_is(keys.owner, known.owner_value) if known is not None
             else rq.lease_is(keys.owner, handle.lease_id)
         )
-        return [rq.create_is(keys.owner, generation), same]
+        return [rq.create_is(keys.owner, split(generation)[1]), same]
 
     def held_by(self, handle: EtcdSession, owner_kv: Any, generation: int,
                 known: EtcdClaim | None) -> bool:
-        """The read-back twin of :meth:`holds`."""
-        if owner_kv is None or owner_kv.create_revision != generation:
+        """The read-back twin of :meth:`holds` (with the epoch checked in both cases)."""
+        epoch, local = split(generation)
+        if owner_kv is None or owner_kv.create_revision != local:
             return False
         if known is not None:
             return bool(owner_kv.value == known.owner_value)
-        return bool(owner_kv.lease == handle.lease_id)
+        return bool(owner_kv.lease == handle.lease_id
+                    and Owner.decode(owner_kv.value, owner_kv.key).epoch == epoch)
+
+    def token_of(self, owner_kv: Any) -> int:
+        """The token of the claim that wrote the owner key ``owner_kv``."""
+        owner = Owner.decode(owner_kv.value, owner_kv.key)
+        return compose(owner.epoch, int(owner_kv.create_revision))
+
+    def check_epoch(self, keys: JobKeys, generation: int, owner_kv: Any, what: str) -> None:
+        """For a claim without its handle: raise if the owner key ``owner_kv`` (read
+        before the write) has the generation's create revision but was written in
+        another epoch (the token is not this claim's). Anything else is left to the
+        write's compare.
+
+        Raises:
+            StaleLeaseError: the epochs differ; nothing was written.
+        """
+        if owner_kv is None or owner_kv.create_revision != split(generation)[1]:
+            return
+        current = self.token_of(owner_kv)
+        if current != generation:
+            raise StaleLeaseError(
+                f"{what}: {keys.job_id!r} is held at generation {current}, not {generation} "
+                f"(same revision, another store epoch)",
+                job_id=keys.job_id, generation=generation, current_generation=current,
+            )
 
     def not_held(self, handle: EtcdSession, keys: JobKeys, generation: int,
                  owner_kv: Any, completion_kv: Any, what: str) -> LeaseError:
@@ -150,7 +191,7 @@ class Ops:
                 )
         current = None
         if owner_kv is not None:
-            current = int(owner_kv.create_revision)
+            current = self.token_of(owner_kv)
         elif completion_kv is not None:
             current = Completion.decode(completion_kv.value, completion_kv.key).generation
         return StaleLeaseError(
@@ -166,18 +207,20 @@ class Ops:
         request: Any,
         what: str,
         *,
-        job_id: str,
+        job_id: str | None,
         generation: int | None,
-        read_back: Sequence[bytes],
+        read_back: Sequence[bytes] | ReadBack,
         decide: Callable[[list[Any]], Settled | None],
     ) -> Any:
         """Send the transaction ``request``; return its response, or the :class:`Settled`
-        answer ``decide`` reached from the keys ``read_back`` after a lost answer
-        (``decide`` returns ``None`` for "not applied yet: send again", or raises).
+        answer ``decide`` reached after a lost answer from the keys ``read_back`` (their
+        key-values) or what the :data:`ReadBack` ``read_back`` read (``decide`` returns
+        ``None`` for "not applied yet: send again", or raises).
 
         Raises:
             OutcomeUnknown: reading back failed, or still not applied when
                 ``connect_timeout_s`` ran out.
+            StoreRegressed: the answer (or the read-back) came from an older history.
             Translated definite refusals (SessionExpired, InvalidArgument, ...).
         """
         deadline = time.monotonic() + self.config.connect_timeout_s
@@ -189,7 +232,10 @@ class Ops:
             except Failure as failure:
                 log.warning("etcd: %s: no answer (%s); reading back", what, failure)
                 try:
-                    kvs = self.read_keys(read_back, f"reading back {what}", deadline, job_id)
+                    if callable(read_back):
+                        kvs = read_back(deadline)
+                    else:
+                        kvs = self.read_keys(read_back, f"reading back {what}", deadline, job_id)
                 except BackendUnavailable as exc:
                     raise OutcomeUnknown(
                         f"{what}: sent but not answered ({failure}), and reading back "

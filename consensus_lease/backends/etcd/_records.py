@@ -3,7 +3,9 @@
 A job's state follows from which of its keys exist: the completion record wins, then
 the FAILED record, then the owner key (HELD), then the history key (AVAILABLE:
 released, failed with a retry, or its holder's lease ended), then the queue marker
-(AVAILABLE at generation 0: enqueued, never claimed); none means never seen. Every
+(AVAILABLE at generation 0: enqueued, never claimed); none means never seen. The
+generation is the claim's token: ``epoch * 2**44 +`` the owner key's create revision
+(or the history key's mod revision), the epoch from the value the claim wrote. Every
 state shows ``attempt`` (the attempts key's version), ``error`` (the last-error key)
 and ``max_attempts`` (the limit key).
 
@@ -42,6 +44,7 @@ from ._keys import (
     limit_of,
 )
 from ._ops import Ops
+from ._tokens import compose
 
 __all__ = [
     "LEASE_LOOKUPS",
@@ -102,13 +105,14 @@ def job_record(ops: Ops, job_id: str, kinds: Mapping[bytes, Any],
     if owner_kv is not None:
         held = Owner.decode(owner_kv.value, owner_kv.key)
         return LeaseRecord(job_id, held.owner, _until(ops, int(owner_kv.lease), lease_until),
-                           int(owner_kv.create_revision), JobState.HELD, None, *life)
+                           compose(held.epoch, int(owner_kv.create_revision)), JobState.HELD,
+                           None, *life)
     delay_kv = kinds.get(NOT_BEFORE)
     not_before = None if delay_kv is None else _until(ops, int(delay_kv.lease), lease_until)
     if history_kv is not None:
         past = History.decode(history_kv.value, history_kv.key)
-        # Written by a claim: its mod revision is that claim's generation.
-        generation = past.generation or int(history_kv.mod_revision)
+        # Written by a claim: its mod revision is that claim's (with its epoch).
+        generation = past.generation or compose(past.epoch, int(history_kv.mod_revision))
         return LeaseRecord(job_id, None if past.released else past.owner, None, generation,
                            JobState.AVAILABLE, None, life.attempt, life.error, not_before,
                            life.max_attempts)

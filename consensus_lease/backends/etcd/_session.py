@@ -5,10 +5,11 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from ...backend import SessionHandle
-from ...errors import InvalidArgument
+from ...backend import SessionEvent, SessionHandle, StateListener
+from ...errors import InvalidArgument, StoreRegressed
 from ...record import ClaimResult
 from ._keys import Limit, Owner, session_text
+from ._tokens import split
 
 __all__ = ["EtcdClaim", "EtcdSession"]
 
@@ -26,15 +27,41 @@ class EtcdSession(SessionHandle):
     held by itself under a claim nobody can complete or release. They are kept until
     the session ends (a handful of short strings per lost answer).
 
+    A session open when the driver noticed that the store's history went back is over
+    (:meth:`end_by_regression`): its listener is told (``SessionEvent.REGRESSED``) and
+    every later operation on it raises ``StoreRegressed``.
+
     Attributes:
         lease_id: the etcd lease id (int).
     """
 
-    def __init__(self, lease_id: int, owner: str, granted_ttl_s: float) -> None:
+    def __init__(self, lease_id: int, owner: str, granted_ttl_s: float,
+                 on_event: StateListener | None = None) -> None:
         super().__init__(session_text(lease_id), owner, granted_ttl_s)
         self.lease_id = lease_id
+        self._on_event = on_event
         self._lock = threading.Lock()
         self._unsettled: dict[str, set[str]] = {}
+        self._regressed: str | None = None
+
+    def end_by_regression(self, reason: str) -> None:
+        """The store's history went back while this session was open: it is over. The
+        listener is told once, from the calling thread."""
+        with self._lock:
+            first, self._regressed = self._regressed is None, self._regressed or reason
+        if first and self._on_event is not None:
+            self._on_event(SessionEvent.REGRESSED)
+
+    def check_history(self) -> None:
+        """Raise ``StoreRegressed`` if the session ended by a regression.
+
+        Raises:
+            StoreRegressed: see :meth:`end_by_regression`.
+        """
+        with self._lock:
+            reason = self._regressed
+        if reason is not None:
+            raise StoreRegressed(f"session {self.session_id}: {reason}")
 
     def unsettled(self, job_id: str, nonce: str) -> None:
         """A claim with ``nonce`` was sent but its fate is not known: if it lands later,
@@ -75,6 +102,8 @@ class EtcdClaim:
         attempt: the claim's attempt number (the attempts key's version it wrote).
         limit: the job's attempt limit as the claim saw it (``None``: unlimited; a claim
             only succeeds without a limit key, or comparing the one it read).
+        epoch: the store epoch the claim was made in (also in ``owner_value``); its
+            token is ``epoch * 2**44 + create revision``.
     """
 
     lease_id: int
@@ -84,14 +113,15 @@ class EtcdClaim:
     queue: str | None
     attempt: int = 0
     limit: Limit | None = None
+    epoch: int = 0
 
     @staticmethod
     def of(claim: ClaimResult, session: EtcdSession, job_id: str) -> EtcdClaim | None:
-        """The handle ``claim`` carries, if ``session`` made it for ``job_id``; ``None``
-        for a claim without one (made elsewhere, or rebuilt from its generation) or made
-        by another session or for another job: its ownership is then checked by the
-        session's lease alone, so a claim cannot lend one session's owner value to
-        another.
+        """The handle ``claim`` carries, if ``session`` made it for ``job_id`` with the
+        token ``claim.generation``; ``None`` for a claim without one (made elsewhere, or
+        rebuilt from its generation) or made by another session, for another job or in
+        another epoch: its ownership is then checked by the session's lease alone, so a
+        claim cannot lend one session's owner value to another.
 
         Raises:
             InvalidArgument: ``claim`` is not a ``ClaimResult``, or carries a handle that
@@ -105,5 +135,7 @@ class EtcdClaim:
         if not isinstance(handle, EtcdClaim):
             raise InvalidArgument(f"not an etcd claim: {handle!r}", job_id=job_id)
         if handle.lease_id != session.lease_id or handle.job_id != job_id:
+            return None
+        if split(claim.generation)[0] != handle.epoch:
             return None
         return handle

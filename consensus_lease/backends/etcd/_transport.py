@@ -16,6 +16,10 @@ Idempotent requests go through :meth:`Transport.call`, which retries on the next
 (``tenacity``) for at most ``connect_timeout_s``. Writes go through :meth:`Transport.send`,
 which tries once and hands an ambiguous failure back to the caller to settle by reading
 back (see the driver).
+
+Every answer's header goes through the driver's :class:`~._regression.RevisionGuard`
+(:meth:`Transport.attempt`); an answer from a history older than one already seen raises
+``StoreRegressed``, which is never retried.
 """
 
 from __future__ import annotations
@@ -38,8 +42,10 @@ from ...errors import (
     InvalidArgument,
     LeaseError,
     SessionExpired,
+    StoreRegressed,
 )
 from ._config import EtcdConfig
+from ._regression import RevisionGuard
 
 __all__ = ["Failure", "Member", "Transport", "translate"]
 
@@ -80,6 +86,11 @@ _AMBIGUOUS = frozenset(
         grpc.StatusCode.DATA_LOSS,
     }
 )
+# Answers that reflect every write completed before the request was sent (KV requests
+# are linearizable by default, and the driver never asks for serializable ones; lease
+# grants and revokes are applied through raft on the member that answers).
+_LINEARIZABLE = frozenset({("kv", "Range"), ("kv", "Txn"), ("lease", "LeaseGrant"),
+                           ("lease", "LeaseRevoke")})
 _TOKEN_REJECTED = ("invalid auth token", "revision of auth store is old")
 _AUTH_MESSAGES = (
     "authentication failed",
@@ -208,6 +219,7 @@ class Transport:
         self._current = random.randrange(len(self.members))  # spread clients over members
         self._token: str | None = None
         self._closed = False
+        self.guard = RevisionGuard()
 
     # -- member selection ---------------------------------------------------------------
 
@@ -236,13 +248,20 @@ class Transport:
     # -- requests -----------------------------------------------------------------------
 
     def attempt(self, stub: str, method: str, request: Any, timeout_s: float) -> Any:
-        """One request on the current member. Raises :class:`Failure`."""
+        """One request on the current member.
+
+        Raises:
+            Failure: no answer, or a refusal.
+            StoreRegressed: the answer comes from an older history than one already seen
+                (what the request wrote, if anything, stays).
+        """
         for retry_auth in (True, False):
             member = self.member()
             rpc = getattr(getattr(member, stub), method)
             metadata = self.metadata() if method != "Authenticate" else (("hasleader", "true"),)
+            mark = self.guard.mark() if (stub, method) in _LINEARIZABLE else None
             try:
-                return rpc(request, timeout=timeout_s, metadata=metadata)
+                response = rpc(request, timeout=timeout_s, metadata=metadata)
             except grpc.RpcError as exc:
                 failure = Failure.from_rpc(member.target, exc)
                 if failure.transient:
@@ -254,6 +273,10 @@ class Transport:
                 raise failure from exc
             except ValueError as exc:  # grpc: "Cannot invoke RPC on closed channel!"
                 raise Failure(member.target, None, str(exc)) from exc
+            reason = self.guard.observe(response.header, mark, member.target)
+            if reason is not None:
+                raise StoreRegressed(reason)
+            return response
         raise AssertionError("unreachable")
 
     def call(

@@ -4,7 +4,9 @@ This module is the glue: sessions and waiting live here; the job operations live
 :mod:`._claim` (with :mod:`._attempts` for jobs with an attempt limit), :mod:`._hold`,
 :mod:`._failure` and :mod:`._records`, the work queues in :mod:`._queue` and
 :mod:`._queue_wait`, on the shared machinery of :mod:`._ops`. See the package
-docstring for the design, the URL options and the etcd guarantees relied on.
+docstring for the design, the URL options and the etcd guarantees relied on. The
+store epoch is in :mod:`._tokens` and :mod:`._epoch`, the detection of a history that
+went back in :mod:`._regression`.
 """
 
 from __future__ import annotations
@@ -14,19 +16,27 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, TypeVar
 
 from pyetcd import etcdrpc
 
 from ...backend import Backend, Capabilities, SessionHandle, StateListener
-from ...errors import BackendUnavailable, InvalidArgument, LeaseError, SessionExpired
+from ...errors import (
+    BackendUnavailable,
+    InvalidArgument,
+    LeaseError,
+    SessionExpired,
+    StoreRegressed,
+)
 from ...record import ClaimResult, LeaseRecord, QueuedJob
-from . import _claim, _failure, _hold, _queue, _queue_wait, _records
+from . import _claim, _epoch, _failure, _hold, _queue, _queue_wait, _records, _tokens
 from . import _requests as rq
 from ._config import EtcdConfig, parse_url
 from ._keepalive import KeepAliveStreams
 from ._keys import Layout, session_text
 from ._ops import Ops
+from ._regression import Mark
 from ._session import EtcdClaim, EtcdSession
 from ._transport import Failure, Transport, translate
 from ._watch import wait_for_event
@@ -34,6 +44,8 @@ from ._watch import wait_for_event
 __all__ = ["EtcdBackend", "EtcdClaim", "EtcdSession"]
 
 log = logging.getLogger("consensus_lease.etcd")
+
+T = TypeVar("T")
 
 MAX_LEASE_TTL_S = 9_000_000_000.0
 """etcd's largest lease TTL (``MaxLeaseTTL``), in seconds."""
@@ -54,7 +66,9 @@ class EtcdBackend(Backend):
         queues=True,
         max_payload_bytes=_queue.MAX_PAYLOAD_BYTES,  # under --max-request-bytes (1.5 MiB)
         description="etcd v3: a lease per session, one transaction per claim/complete/release",
+        epoch=True,
     )
+    epoch_shift: ClassVar[int] = _tokens.EPOCH_SHIFT
 
     def __init__(self, config: EtcdConfig) -> None:
         self.config = config
@@ -64,6 +78,7 @@ class EtcdBackend(Backend):
         self._keepalives = KeepAliveStreams(self._transport)
         self._lock = threading.Lock()
         self._sessions: dict[int, EtcdSession] = {}
+        self._transport.guard.subscribe(self._regressed)
 
     def __repr__(self) -> str:
         return f"EtcdBackend({self.config.describe()!r})"
@@ -71,8 +86,8 @@ class EtcdBackend(Backend):
     @classmethod
     def from_url(cls, url: str, options: Mapping[str, object]) -> EtcdBackend:
         """Parse the URL and connect: authenticate if credentials are given, then one
-        linearizable read of the prefix, retried over the members for at most
-        ``connect_timeout_s``.
+        linearizable read of the prefix and the store epoch, retried over the members
+        for at most ``connect_timeout_s``.
 
         Raises:
             UnsupportedBackend / InvalidArgument: malformed URL, unknown or bad option,
@@ -83,21 +98,118 @@ class EtcdBackend(Backend):
         backend = cls(parse_url(url, options))
         try:
             backend._transport.authenticate()
-            backend._ops.read(
-                etcdrpc.RangeRequest(key=backend._layout.root, range_end=backend._layout.range_end,
-                                     limit=1, keys_only=True),
+            layout = backend._layout
+            answer = backend._ops.read(
+                rq.txn(success=[
+                    etcdrpc.RequestOp(request_range=etcdrpc.RangeRequest(
+                        key=layout.root, range_end=layout.range_end, limit=1, keys_only=True)),
+                    rq.get(layout.epoch),
+                ]),
                 f"connecting to {backend.config.describe()}",
             )
+            backend._ops.epochs.update(rq.kv_of(answer.responses[1]))
         except BaseException:
             backend.close()
             raise
         return backend
 
     @staticmethod
-    def _handle(session: SessionHandle) -> EtcdSession:
+    def _typed(session: SessionHandle) -> EtcdSession:
         if not isinstance(session, EtcdSession):
             raise InvalidArgument(f"not an etcd session: {session!r}")
         return session
+
+    def _handle(self, session: SessionHandle) -> EtcdSession:
+        """The etcd session, if it may still be used.
+
+        Raises:
+            InvalidArgument: not an etcd session.
+            StoreRegressed: the store's history went back while it was open.
+        """
+        handle = self._typed(session)
+        handle.check_history()
+        return handle
+
+    def _run(self, session: SessionHandle, op: Callable[[EtcdSession], T]) -> T:
+        """Run a job operation of ``session``. A ``SessionExpired`` (its lease is gone)
+        is checked against the store's history first (one linearizable read), so a lease
+        lost in a restore reports ``StoreRegressed``; so does any refusal once the
+        session is over by a regression noticed meanwhile."""
+        handle = self._handle(session)
+        try:
+            return op(handle)
+        except StoreRegressed:
+            raise
+        except SessionExpired:
+            with contextlib.suppress(BackendUnavailable):
+                self._probe_history()
+            handle.check_history()
+            raise
+        except LeaseError:
+            handle.check_history()
+            raise
+
+    # -- the store's history ------------------------------------------------------------
+
+    def _regressed(self, reason: str) -> None:
+        """The guard's listener: the history went back; every open session is over (its
+        listener hears ``REGRESSED``)."""
+        with self._lock:
+            handles = list(self._sessions.values())
+        log.error("etcd: %s (%d open session(s) ended)", reason, len(handles))
+        for handle in handles:
+            try:
+                handle.end_by_regression(reason)
+            except Exception:  # a listener's bug must not stop the others being told
+                log.exception("etcd: session %s: regression listener raised",
+                              handle.session_id)
+
+    def _probe_history(self) -> None:
+        """One linearizable read (the epoch key's count), whose header the transport
+        checks.
+
+        Raises:
+            StoreRegressed: the store's history went back.
+            BackendUnavailable: no answer.
+        """
+        self._ops.read(rq.txn(success=[rq.count(self._layout.epoch)]),
+                       "checking the store's history", budget_s=self.config.timeout_s)
+
+    def _check_keepalive_answer(self, header: Any, mark: Mark) -> None:
+        """A keepalive answer's header: another cluster id is final; a revision below
+        the one seen when it was sent may be a lagging member, or the history going
+        back, which one linearizable read tells apart.
+
+        Raises:
+            StoreRegressed / BackendUnavailable.
+        """
+        reason = self._transport.guard.observe(header, None, f"id {int(header.member_id):x}")
+        if reason is not None:
+            raise StoreRegressed(reason)
+        if int(header.revision) < mark.revision:
+            self._probe_history()
+
+    def epoch(self) -> int:
+        """The store epoch: one linearizable read of ``PREFIX/epoch`` (0 if absent).
+
+        Raises:
+            BackendUnavailable / AuthenticationFailed.
+        """
+        return _epoch.read(self._ops)
+
+    def bump_epoch(self, above: int | None = None) -> int:
+        """Read ``PREFIX/epoch``, then one compare-and-set transaction on its mod
+        revision putting ``max(epoch + 1, above // 2**44 + 1)`` (a concurrent bump makes
+        it decide again from the value it answers). A lost answer is settled by the
+        nonce in the value read back. Returns the new epoch; every claim afterwards gets
+        a token ``>= epoch * 2**44``, above every earlier token and ``above``.
+
+        Raises:
+            InvalidArgument: ``above`` < 0, or the epoch would exceed 2**19 - 1 (tokens
+                must stay below 2**63); nothing changed.
+            OutcomeUnknown / BackendUnavailable / AuthenticationFailed.
+        """
+        return _epoch.bump(self._ops, above)
 
     # -- sessions -----------------------------------------------------------------------
 
@@ -106,14 +218,17 @@ class EtcdBackend(Backend):
     ) -> SessionHandle:
         """Grant an etcd lease of ``ceil(ttl_s)`` seconds. etcd raises a TTL below its
         minimum (1.5 x election timeout, 2 s by default): ``granted_ttl_s`` is what the
-        server granted. ``on_event`` is not used: etcd has no SUSPENDED state; a
-        keepalive without an answer is a risk only until the session's local deadline.
+        server granted. ``on_event`` hears only ``REGRESSED`` (the store's history went
+        back; see :meth:`keepalive`): etcd has no SUSPENDED state; a keepalive without
+        an answer is a risk only until the session's local deadline.
 
         A LeaseGrant whose answer is lost is retried on another member; the orphan lease
         holds no keys and expires after its TTL.
 
         Raises:
             BackendUnavailable / AuthenticationFailed: no session was created.
+            StoreRegressed: the answer showed the store's history went back (the sessions
+                open until then are over); a new session may be opened.
         """
         answer = self._transport.call(
             "lease", "LeaseGrant", etcdrpc.LeaseGrantRequest(TTL=max(1, math.ceil(ttl_s))),
@@ -121,7 +236,7 @@ class EtcdBackend(Backend):
         )
         if answer.error:
             raise BackendUnavailable(f"etcd refused LeaseGrant: {answer.error}")
-        handle = EtcdSession(int(answer.ID), owner, float(answer.TTL))
+        handle = EtcdSession(int(answer.ID), owner, float(answer.TTL), on_event)
         with self._lock:
             self._sessions[handle.lease_id] = handle
         return handle
@@ -130,17 +245,26 @@ class EtcdBackend(Backend):
         """One LeaseKeepAlive on the driver's shared stream; returns the TTL etcd granted,
         in seconds. Waits at most ``min(timeout_s, granted TTL / 3)``.
 
+        The answer's header is checked (:mod:`._regression`): another cluster id, or a
+        revision below the highest seen that a linearizable read confirms, ends every
+        session open now with ``StoreRegressed``.
+
         Raises:
+            StoreRegressed: the store's history went back (now or earlier, while this
+                session was open).
             SessionExpired: etcd answered TTL <= 0: the lease is gone, with all its keys.
             BackendUnavailable: no answer; the lease may still be alive.
         """
         handle = self._handle(session)
         timeout = min(self.config.timeout_s, max(0.2, handle.granted_ttl_s / 3))
         what = f"keepalive of session {handle.session_id}"
+        mark = self._transport.guard.mark()
         try:
-            ttl = self._keepalives.keepalive(handle.lease_id, timeout)
+            ttl, header = self._keepalives.keepalive(handle.lease_id, timeout)
         except Failure as failure:
             raise translate(failure, what) from failure.__cause__
+        self._check_keepalive_answer(header, mark)
+        handle.check_history()
         if ttl <= 0:
             raise SessionExpired(f"{what}: etcd says the lease expired or was revoked")
         return float(ttl)
@@ -153,7 +277,7 @@ class EtcdBackend(Backend):
             BackendUnavailable: no member answered within ``timeout_s``; the lease then
                 ends by its TTL.
         """
-        handle = self._handle(session)
+        handle = self._typed(session)
         with self._lock:
             self._sessions.pop(handle.lease_id, None)
         self._revoke(handle.lease_id, budget_s=self.config.timeout_s)
@@ -199,12 +323,15 @@ class EtcdBackend(Backend):
             JobCompleted: the completion record exists (its generation attached).
             JobFailed: the job is FAILED (now, or by this claim).
             SessionExpired: the session's lease is gone.
+            StoreRegressed: the store's history went back while the session was open, or
+                the answer came from a history older than one seen (a claim it made is
+                handed back).
             OutcomeUnknown: sent, no answer, and reading back failed; if the claim landed
                 it holds the job under this session, and this session's next claim of the
                 job adopts it.
             BackendUnavailable / AuthenticationFailed.
         """
-        return _claim.claim_one(self._ops, self._handle(session), job_id)
+        return self._run(session, lambda h: _claim.claim_one(self._ops, h, job_id))
 
     def claim_many(
         self, session: SessionHandle, job_ids: Sequence[str]
@@ -219,10 +346,11 @@ class EtcdBackend(Backend):
 
         Raises:
             SessionExpired: the lease is gone (nothing was claimed).
+            StoreRegressed: as for :meth:`claim` (every claim of the batch handed back).
             OutcomeUnknown / BackendUnavailable / AuthenticationFailed.
         """
         if 1 < len(job_ids) <= _claim.MAX_BATCH_CLAIM:
-            results = _claim.claim_batch(self._ops, self._handle(session), job_ids)
+            results = self._run(session, lambda h: _claim.claim_batch(self._ops, h, job_ids))
             if results is not None:
                 return results
         return super().claim_many(session, job_ids)
@@ -237,12 +365,12 @@ class EtcdBackend(Backend):
         Raises:
             StaleLeaseError: not held at ``claim.generation`` (the lease is lost).
             SessionExpired: the session's lease is gone.
+            StoreRegressed: the store's history went back while the session was open.
             BackendUnavailable: no answer; still held until the local deadline.
             InvalidArgument: ``claim.handle`` is not an :class:`EtcdClaim`.
         """
-        handle = self._handle(session)
-        _hold.check_held(self._ops, handle, job_id, claim)
-        return self.keepalive(handle)
+        self._run(session, lambda h: _hold.check_held(self._ops, h, job_id, claim))
+        return self.keepalive(session)
 
     def complete(
         self, session: SessionHandle, job_id: str, claim: ClaimResult, result: bytes
@@ -259,12 +387,15 @@ class EtcdBackend(Backend):
 
         Raises:
             StaleLeaseError / SessionExpired: not held; nothing written.
+            StoreRegressed: the store's history went back while the session was open
+                (what the answer says was written stays, in the new history).
             InvalidArgument: ``result`` exceeds etcd's request size, or ``claim.handle``
                 is not an :class:`EtcdClaim`; still held.
             OutcomeUnknown: sent, no answer, reading back failed.
             BackendUnavailable: nothing applied; still held.
         """
-        return _hold.complete(self._ops, self._handle(session), job_id, claim, bytes(result))
+        return self._run(session, lambda h: _hold.complete(self._ops, h, job_id, claim,
+                                                             bytes(result)))
 
     def release(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> None:
         """One transaction: if held at ``claim.generation`` by this session (as for
@@ -274,9 +405,11 @@ class EtcdBackend(Backend):
 
         Raises:
             StaleLeaseError / SessionExpired: not held; nothing written.
+            StoreRegressed: the store's history went back while the session was open
+                (what the answer says was written stays, in the new history).
             OutcomeUnknown / BackendUnavailable / InvalidArgument: as for :meth:`complete`.
         """
-        _hold.release(self._ops, self._handle(session), job_id, claim)
+        self._run(session, lambda h: _hold.release(self._ops, h, job_id, claim))
 
     def fail(
         self, session: SessionHandle, job_id: str, claim: ClaimResult, error: str,
@@ -301,13 +434,14 @@ class EtcdBackend(Backend):
         Raises:
             StaleLeaseError / SessionExpired: not held; nothing written (the delay's
                 lease is revoked).
+            StoreRegressed: as for :meth:`complete`.
             OutcomeUnknown: sent, no answer, reading back failed.
             BackendUnavailable: nothing applied; still held.
             InvalidArgument: ``claim.handle`` is not an :class:`EtcdClaim`, or etcd
                 refused the request's size; still held.
         """
-        return _failure.fail(self._ops, self._handle(session), job_id, claim, error,
-                             float(retry_in_s))
+        return self._run(session, lambda h: _failure.fail(self._ops, h, job_id, claim, error,
+                                                            float(retry_in_s)))
 
     def requeue(self, job_id: str) -> LeaseRecord:
         """Read the job's keys; if it is FAILED, one transaction comparing the FAILED
