@@ -161,7 +161,7 @@ class Liveness:
             raise LeaseLost(f"session {sid} is closed")
         reason = self.lost_reason
         if isinstance(reason, SessionExpired):
-            raise SessionExpired(str(reason)) from reason
+            raise type(reason)(str(reason)) from reason
         raise LeaseLost(f"session {sid} is lost: {reason}") from reason
 
     # -- the one path for store calls ------------------------------------------------

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .errors import UnsupportedOperation
+from .errors import SessionExpired, UnsupportedOperation
 from .record import ClaimResult, LeaseRecord, QueuedJob
 
 __all__ = [
@@ -57,6 +57,8 @@ class Capabilities:
             (etcd's request size limit, ZooKeeper's jute.maxbuffer), checked before
             sending.
         description: one line for ``inspect`` and benchmarks.
+        epoch: implements the store epoch (``epoch``/``bump_epoch``: tokens folded with
+            it) and notices a store whose history went back (``StoreRegressed``).
     """
 
     cross_process: bool
@@ -68,6 +70,7 @@ class Capabilities:
     queues: bool = False
     max_payload_bytes: int = 0
     description: str = ""
+    epoch: bool = False
 
 
 class SessionEvent(enum.Enum):
@@ -97,7 +100,12 @@ class SessionHandle:
         owner: the owner label every claim of this session records.
         granted_ttl_s: the TTL the store granted (etcd may raise a small TTL; ZooKeeper
             clamps the session timeout to 2-20 x tickTime). The local deadline uses this.
+        expiry: set by the backend before it reports ``SessionEvent.EXPIRED`` when it
+            knows more than "expired" (``StoreRegressed``): the core loses the session
+            with this error. ``None`` otherwise.
     """
+
+    expiry: SessionExpired | None = None
 
     def __init__(self, session_id: str, owner: str, granted_ttl_s: float) -> None:
         self.session_id = session_id
