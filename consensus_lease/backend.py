@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .errors import UnsupportedOperation
+from .errors import SessionExpired, UnsupportedOperation
 from .record import ClaimResult, LeaseRecord, QueuedJob
 
 __all__ = [
@@ -59,8 +59,9 @@ class Capabilities:
             sending.
         description: one line for ``inspect`` and benchmarks.
         epoch: the store keeps an epoch folded into every token (``epoch``,
-            ``bump_epoch``: tokens that keep increasing across a restore of the store).
-            ``False``: both raise ``UnsupportedOperation``.
+            ``bump_epoch``: tokens that keep increasing across a restore of the store)
+            and notices a store whose history went back (``StoreRegressed``) where it
+            can. ``False``: both raise ``UnsupportedOperation``.
     """
 
     cross_process: bool
@@ -105,7 +106,12 @@ class SessionHandle:
         owner: the owner label every claim of this session records.
         granted_ttl_s: the TTL the store granted (etcd may raise a small TTL; ZooKeeper
             clamps the session timeout to 2-20 x tickTime). The local deadline uses this.
+        expiry: set by the backend before it reports ``SessionEvent.EXPIRED`` when it
+            knows more than "expired" (``StoreRegressed``): the core loses the session
+            with this error. ``None`` otherwise.
     """
+
+    expiry: SessionExpired | None = None
 
     def __init__(self, session_id: str, owner: str, granted_ttl_s: float) -> None:
         self.session_id = session_id

@@ -349,7 +349,8 @@ class Session:
         """The backend's listener (through the store's relay); must not block."""
         if event is SessionEvent.EXPIRED:
             self._liveness.mark_lost(
-                SessionExpired(f"session {self.session_id} expired in the store")
+                self.handle.expiry
+                or SessionExpired(f"session {self.session_id} expired in the store")
             )
         elif event is SessionEvent.REGRESSED:
             self._liveness.mark_lost(StoreRegressed(

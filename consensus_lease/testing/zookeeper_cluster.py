@@ -12,7 +12,13 @@ import time
 from collections.abc import Mapping
 
 from consensus_lease.testing import engine
-from consensus_lease.testing._cluster_base import PROBE_TIMEOUT_S, Cluster, Member
+from consensus_lease.testing._cluster_base import (
+    PROBE_TIMEOUT_S,
+    Cluster,
+    ClusterError,
+    Member,
+    MemberState,
+)
 
 __all__ = ["ZooKeeperCluster", "four_letter_word"]
 
@@ -110,3 +116,35 @@ class ZooKeeperCluster(Cluster):
         if "Mode: leader" in reply and zxid:
             return int(zxid.group(1), 16) >> 32  # the epoch
         return None
+
+    def wipe(self, timeout_s: float = 90.0) -> float:
+        """Lose the ensemble's whole history at once, as an operator deleting every
+        member's data directory would: every member is stopped, its data (which lives in
+        its container) deleted with it, and a new one started in its place with an empty
+        data directory; then waits until all serve. Partitions are healed first.
+
+        Clients then find a store with none of the old znodes, sessions or zxids: znode
+        versions (and so the tokens) start again, and ZooKeeper refuses every client that
+        saw a newer zxid than it has until its own zxids pass that one.
+
+        Returns the seconds from the call until every member served again.
+
+        Raises:
+            ClusterError: a member could not be removed or started again.
+            ClusterTimeout: not all members served within ``timeout_s`` seconds.
+        """
+        started = time.monotonic()
+        self.heal_all()
+        errors = self._remove_containers()  # every member at once: none can reseed the others
+        if errors:
+            raise ClusterError(f"{self.name}: wiping failed: {errors!r}")
+        for member in self.members:
+            if member.container is not None:
+                member.container.get_docker_client().client.close()
+            member.container = self._new_container(member)
+            member.state = MemberState.RUNNING
+        for member in self.members:
+            assert member.container is not None
+            member.container.start()
+        self.wait_ready(timeout_s)
+        return time.monotonic() - started

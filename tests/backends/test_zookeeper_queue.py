@@ -579,8 +579,8 @@ def test_purge_of_many_jobs_in_several_multis_leaves_no_stray_znodes(
     assert (stats.available, stats.held, stats.completed) == (6, 4, 0)
     left = ids[220:]
     assert [j.record.job_id for j in store.queue_jobs("bulk")] == left
-    expected = {"jobs", "queues", "queues/bulk", "queues/bulk/jobs", "queues/bulk/open",
-                "queues/bulk/held"}
+    expected = {"epoch", "identity", "jobs", "queues", "queues/bulk", "queues/bulk/jobs",
+                "queues/bulk/open", "queues/bulk/held"}
     for i, job in enumerate(left, start=221):
         expected |= {f"jobs/{job}", f"jobs/{job}/queue", f"queues/bulk/jobs/{member(i, job)}",
                      f"queues/bulk/open/{member(i, job)}"}
@@ -650,5 +650,5 @@ def test_the_whole_life_of_a_queue_leaves_only_its_four_znodes(
     while (lease := a.claim_next("life")) is not None:
         lease.complete(b"")
     assert store.purge("life") == 4
-    assert set(tree(zk_url)) == {"jobs", "queues", "queues/life", "queues/life/jobs",
-                                 "queues/life/open", "queues/life/held"}
+    assert set(tree(zk_url)) == {"epoch", "identity", "jobs", "queues", "queues/life",
+                                 "queues/life/jobs", "queues/life/open", "queues/life/held"}

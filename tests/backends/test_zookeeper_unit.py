@@ -1,5 +1,6 @@
 """ZooKeeper backend pieces that need no server: URL and options, job id encoding, the
-data written into znodes, the negotiated-timeout capture."""
+data written into znodes, the negotiated-timeout capture, the store epoch in tokens and
+what decides that the store's history went back."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, Roll
 
 from consensus_lease import open_store
 from consensus_lease.backends.zookeeper import ZooKeeperBackend
+from consensus_lease.backends.zookeeper._history import History
 from consensus_lease.backends.zookeeper._layout import (
     CorruptData,
     Failure,
@@ -25,20 +27,29 @@ from consensus_lease.backends.zookeeper._layout import (
     dump_claim,
     dump_completed,
     dump_delayed,
+    dump_epoch,
     dump_failure,
     dump_new,
     dump_owner,
     encode_job_id,
     parse_delayed,
+    parse_epoch,
     parse_failure,
     parse_job,
     parse_owner,
+    split_token,
     to_record,
+    token,
 )
 from consensus_lease.backends.zookeeper._ops import marker_trouble
 from consensus_lease.backends.zookeeper._options import parse_url
 from consensus_lease.backends.zookeeper._session import NegotiatedTimeouts, session_text
-from consensus_lease.errors import BackendUnavailable, InvalidArgument, UnsupportedBackend
+from consensus_lease.errors import (
+    BackendUnavailable,
+    InvalidArgument,
+    StoreRegressed,
+    UnsupportedBackend,
+)
 from consensus_lease.options import merge_options
 from consensus_lease.record import JobState
 from consensus_lease.validation import MAX_JOB_ID_BYTES
@@ -269,3 +280,81 @@ def test_marker_trouble_tells_markers_from_core_operations() -> None:
     core = marker_trouble([BadVersionError(), rolled, rolled, rolled], 2, markers)
     assert not core.only and not core.skip
     assert not marker_trouble([], 2, markers).only  # a lost answer says nothing
+
+
+# -- the store epoch and the store's history ---------------------------------------------------
+
+
+def test_tokens_fold_the_epoch_into_the_version() -> None:
+    assert token(0, 7) == 7 and split_token(7) == (0, 7)
+    assert token(3, 2**31 - 1) == 3 * 2**32 + 2**31 - 1
+    assert split_token(token(2**31 - 1, 5)) == (2**31 - 1, 5) and token(2**31 - 1, 2**31) < 2**63
+    assert parse_epoch(b"", "/e") == 0 and parse_epoch(b"0", "/e") == 0
+    assert parse_epoch(dump_epoch(12, "abc"), "/e") == 12
+    for bad in (b"x", b"-1", str(2**31).encode()):
+        with pytest.raises(CorruptData):
+            parse_epoch(bad, "/e")
+    assert dump_claim("A", "0x1", 1) == dump_claim("A", "0x1", 1, epoch=0)  # epoch 0: as ever
+    paths = JobPaths.of("/c/jobs", "j")
+    stat = SimpleNamespace(version=4)
+    held = to_record(paths, (dump_claim("A", "0x1", 2, epoch=3), stat), None)
+    assert held is not None and held.generation == 3 * 2**32 + 4
+    done = to_record(paths, (dump_completed("A", "0x1", 4, "n", b"", 2, None, 3),
+                             SimpleNamespace(version=5)), None)
+    assert done is not None and done.generation == 3 * 2**32 + 4
+
+
+def history() -> tuple[History, list[StoreRegressed]]:
+    told: list[StoreRegressed] = []
+    return History("h:1", told.append), told
+
+
+def test_a_write_answered_below_a_zxid_seen_before_is_a_regression() -> None:
+    seen, told = history()
+    seen.saw(100)
+    seen.saw(40)  # a read from a lagging follower: only noted
+    assert seen.highest() == 100 and not seen.regressed
+    seen.answered(101, seen.highest(), "keepalive")
+    assert not told
+    seen.answered(7, 101, "keepalive")
+    assert seen.regressed and len(told) == 1 and "0x7" in str(told[0])
+    seen.answered(3, 101, "claim")
+    assert len(told) == 1  # told once
+    error = seen.error()
+    assert isinstance(error, StoreRegressed) and error is not told[0]
+
+
+def test_identity_gone_or_changed_and_epoch_gone_back_are_regressions() -> None:
+    for found in (None, (b"other", None)):
+        seen, told = history()
+        seen.identity_seen((b"mine", None), "open")
+        seen.identity_seen((b"mine", None), "keepalive")
+        assert not told
+        seen.identity_seen(found, "keepalive")
+        assert len(told) == 1
+    seen, told = history()
+    seen.epoch_seen(2, 5, "open")
+    seen.epoch_seen(2, 4, "open")  # an older read of the same epoch: kept the newer
+    assert seen.epoch() == (2, 5) and not told
+    seen.epoch_seen(1, 9, "claim")
+    assert len(told) == 1
+    seen, told = history()
+    seen.epoch_seen(0, 0, "open")
+    assert seen.epoch_gone("claim") and seen.epoch() is None and not told
+    seen.epoch_seen(1, 1, "claim")
+    assert not seen.epoch_gone("claim") and len(told) == 1
+
+
+def test_a_regressed_history_recovers_only_once_the_epoch_was_raised() -> None:
+    seen, told = history()
+    seen.identity_seen((b"old", None), "open")
+    seen.epoch_seen(1, 3, "open")
+    seen.saw(500)
+    seen.identity_seen(None, "probe")
+    assert seen.regressed
+    assert not seen.recover((1, 0), (b"new", None), 9)  # same epoch: tokens could repeat
+    assert seen.recover((2, 1), (b"new", None), 9)
+    assert not seen.regressed and seen.highest() == 9 and seen.epoch() == (2, 1)
+    seen.identity_seen((b"new", None), "keepalive")
+    seen.answered(10, 9, "keepalive")
+    assert len(told) == 1

@@ -19,6 +19,7 @@ from consensus_lease.testing.cluster import (
     Cluster,
     EtcdCluster,
     Member,
+    MemberState,
     ZooKeeperCluster,
     leftovers,
 )
@@ -237,6 +238,26 @@ def test_zookeeper_isolated_leader_is_replaced(
         eventually(lambda: zk_put_get(a, b, f"/{key_prefix}/n", b"majority"))
     zookeeper_cluster.wait_ready(RECOVERY_S)
     eventually(lambda: zk_put_get(a, old, f"/{key_prefix}/n", b"healed"))
+
+
+def test_zookeeper_wipe_loses_the_whole_history(
+    fresh_zookeeper_cluster: ZooKeeperCluster, key_prefix: str
+) -> None:
+    cluster = fresh_zookeeper_cluster
+    first, *_ = cluster.members
+    with zk(*cluster.members) as client:
+        client.ensure_path(f"/{key_prefix}/n")
+        for i in range(20):
+            client.set(f"/{key_prefix}/n", b"%d" % i)
+        seen_zxid = client.last_zxid
+    assert cluster.wipe() > 0
+    assert [m.state for m in cluster.members] == [MemberState.RUNNING] * 3
+    with zk(first) as client:  # a fresh client: no newer zxid for the members to refuse
+        assert client.exists(f"/{key_prefix}") is None
+        client.ensure_path(f"/{key_prefix}/n")
+        assert client.exists(f"/{key_prefix}/n").version == 0
+        assert client.last_zxid < seen_zxid  # the history started again
+    assert cluster.leader() in cluster.members
 
 
 # -- partitions and cleanup --------------------------------------------------------------

@@ -13,7 +13,8 @@ How leases map onto ZooKeeper
   local deadline uses it. ``keepalive()`` is one write barrier on the session's
   connection (a multi of one ``check``, changing nothing: see ``get`` below).
 * Each job is a persistent znode ``{chroot}/jobs/{percent-encoded id}`` whose **version is
-  the generation** (fencing token). A claim is one multi: ``set_data`` at the version just
+  the generation** (fencing token; with a store epoch above 0, its low 32 bits: see
+  "Store epoch" below). A claim is one multi: ``set_data`` at the version just
   read (or ``create`` + ``set_data`` the first time) and ``create`` of the EPHEMERAL owner
   znode ``.../owner`` (owner label, session id, a nonce per claim). Tokens are consecutive.
 * Completion is one multi: ``set_data`` of the completion record (result bytes and the
@@ -31,7 +32,7 @@ How leases map onto ZooKeeper
   followed by the same read, to say why, and to recognise a retry of this session's own
   completion. No table of claims is kept per session (only claims whose outcome is
   unknown, until settled: see below).
-* ``renew`` reads, after a write barrier, the job znode's version and the owner znode's
+* ``renew`` reads, after a write barrier, the job znode (version, epoch) and the owner znode's
   ``ephemeralOwner`` in one pipelined round trip.
 * Connection states reach the core as session events: kazoo SUSPENDED -> SUSPENDED,
   CONNECTED again with the same session -> RECONNECTED, LOST -> EXPIRED. An expired
@@ -58,10 +59,43 @@ How leases map onto ZooKeeper
   ``sync`` is not enough on a client connected to the leader, which answers it at once —
   possibly before it has applied a write its followers already applied and answered, or
   while it is deposed and does not know it yet.
-* Nothing but the job znodes (and ``{chroot}/jobs``) stays behind: owner znodes go with
-  release, completion or the session (a job that ever failed also keeps its failure
-  znode, below). Never delete job znodes by hand: their version is the generation
-  history, and a re-created znode would start again at 0.
+* Nothing but the job znodes (and ``{chroot}/jobs``, ``epoch``, ``identity``) stays
+  behind: owner znodes go with release, completion or the session (a job that ever
+  failed also keeps its failure znode, below). Never delete job znodes by hand: their
+  version is the generation history, and a re-created znode would start again at 0.
+
+Store epoch and history regression (``capabilities.epoch``; ``_epoch``, ``_history``)
+-------------------------------------------------------------------------------------
+* A wiped ensemble (or one restored from an older backup) starts its znode versions
+  again, so its tokens would go back: the fence would reject the honest next holder and
+  could accept a paused old one. The **store epoch** moves tokens on again: every token
+  is ``epoch * 2**32 + the job znode's version`` (``epoch_shift`` 32: a version is a
+  signed 32-bit int), with the epoch held in ``{chroot}/epoch`` (made at 0 when a backend
+  first opens a session on the store; a store never bumped keeps every token as it was).
+* Every claim multi begins with ``check({chroot}/epoch, version=V)``, ``V`` and the epoch
+  cached per backend (read when a session opens): no extra round trip. The claim writes
+  the epoch into the job znode's data with the attempt, so records, completions and
+  errors give the same token later. A multi that failed on that check alone is sent
+  once more after reading the epoch again. Renew, complete, release and fail compare the
+  version with the token's low 32 bits; without a hold, the epoch the claim recorded too.
+* ``bump_epoch(above)`` sets the epoch to ``max(epoch + 1, above // 2**32 + 1)``: one
+  versioned ``set_data`` (``create`` if absent) on the shared client, read back through
+  its nonce if its answer is lost. Run it (``consensus-lease bump-epoch --above
+  HIGHEST``) after a wipe or restore, with the workers stopped.
+* **Noticing a regression** (details in ``_history``): the backend keeps the highest zxid
+  any of its clients was answered with, and the store's identity ``{chroot}/identity``
+  (a random id made with the epoch znode), read when a session opens, in the keepalive
+  round trip at most once per keepalive interval, and after a reconnect. A write
+  answered below a zxid seen before it was sent, the identity gone or changed, or the
+  epoch gone back means the history went back. ZooKeeper refuses a client that has seen
+  newer zxids than it has, which after a wipe keeps every client of the backend
+  reconnecting in vain: so while a session stays disconnected (from 1 s, or half its
+  keepalive interval), the backend probes the store with a fresh client every 2 s (or
+  half the keepalive interval) and compares its identity and zxid; an expiry ZooKeeper
+  reports is probed for too before it is passed on. Then every session of the backend
+  ends with ``StoreRegressed`` (reported to the core as an expiry, raised by every later
+  call) and its client is stopped, handing its jobs back; opening a session raises
+  ``StoreRegressed`` until the epoch has been raised (here or in another process).
 
 Job lifecycle: attempts, ``fail``, retry delays, FAILED, ``requeue`` (``_lifecycle``)
 -------------------------------------------------------------------------------------

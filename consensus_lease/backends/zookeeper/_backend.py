@@ -11,12 +11,22 @@ from contextlib import contextmanager
 from typing import ClassVar
 
 from ...backend import Backend, Capabilities, SessionHandle, StateListener
-from ...errors import BackendUnavailable, InvalidArgument, JobCompleted, JobFailed, LeaseError
+from ...errors import (
+    BackendUnavailable,
+    InvalidArgument,
+    JobCompleted,
+    JobFailed,
+    LeaseError,
+    SessionExpired,
+    StoreRegressed,
+)
 from ...record import ClaimResult, LeaseRecord, QueuedJob
 from ._claims import Claims
+from ._epoch import Epochs
 from ._errors import KAZOO_ERRORS, translate
+from ._history import KEEPALIVE_FRACTION, History, Prober, new_identity
 from ._holds import Holds
-from ._layout import JobPaths, decode_name, to_record
+from ._layout import EPOCH_SHIFT, JobPaths, decode_name, to_record
 from ._lifecycle import Lifecycle
 from ._options import ZkConfig, parse_url
 from ._queues import MAX_PAYLOAD_BYTES, Queues
@@ -85,6 +95,7 @@ class ZooKeeperBackend(Backend):
     """
 
     scheme: ClassVar[str] = "zk"
+    epoch_shift: ClassVar[int] = EPOCH_SHIFT
     capabilities: ClassVar[Capabilities] = Capabilities(
         cross_process=True,
         store_watch=True,
@@ -96,16 +107,20 @@ class ZooKeeperBackend(Backend):
         max_payload_bytes=MAX_PAYLOAD_BYTES,
         description="ZooKeeper (kazoo): session per worker, ephemeral owner znodes, "
         "job znode version as fencing token",
+        epoch=True,
     )
 
     def __init__(self, config: ZkConfig) -> None:
         self.config = config
         self.hosts = config.hosts_text
-        self._wire = Wire(config)
+        self._history = History(self.hosts, self._on_regressed)
+        self._wire = Wire(config, self._history)
+        self._epochs = Epochs(self._wire, self._history)
+        self._prober = Prober(self._wire, self._history, self._disconnected)
         self._lifecycle = Lifecycle(self._wire, self._paths)
         self._claims = Claims(
             self._wire, self._paths, lambda h: self._ensure_base(h, again=True),
-            self._lifecycle,
+            self._lifecycle, self._epochs,
         )
         self._holds = Holds(self._wire)
         self._queues = Queues(self._wire, self._paths, self._lifecycle.hints)
@@ -165,6 +180,8 @@ class ZooKeeperBackend(Backend):
         timeouts = NegotiatedTimeouts()
         client = self.config.new_client(ttl_s, logger=timeouts)
         h = ZkSession(owner, client, timeouts, on_event, self.hosts)
+        h.on_disconnected = self._prober.wake
+        h.explain_loss = self._explain_loss
         try:
             client.start(timeout=self.config.connect_timeout_s)
         except KAZOO_ERRORS as exc:  # kazoo stops and closes the client itself
@@ -175,14 +192,91 @@ class ZooKeeperBackend(Backend):
             ) from exc
         try:
             h.connected(ttl_s)
-            self._ensure_base(h)
+            self._open_store(h)
         except BaseException:
             h.mark_closed()
             h._stop_quietly()
             raise
         with self._lock:
             self._sessions[h.session_id] = h
+        regressed = self._history.error()  # noticed while it was being opened
+        if regressed is not None:
+            self.close_session(h)
+            raise regressed
         return h
+
+    def _open_store(self, h: ZkSession) -> None:
+        """Read the store's identity and epoch after a write barrier, in one round trip
+        (see :mod:`._history`).
+        On the backend's first session (and after a regression) make sure of
+        ``{chroot}/jobs`` first, and make ``identity`` and ``epoch`` (at 0) if the store
+        has none yet.
+
+        Raises:
+            StoreRegressed: the identity is gone or another one, the epoch went back; or
+                the backend had found the history gone back and the epoch has not been
+                raised since (``bump_epoch``).
+        """
+        what = "opening a session"
+        config = self.config
+        # After a write barrier: a member lagging behind the identity's creation (or a
+        # bump) must not look like a store that lost them.
+        reads: list[Read] = [("barrier", config.base), ("get", config.identity_node),
+                             ("get", config.epoch_node)]
+        first = not self._base_ready or self._history.regressed
+        if first:
+            self._wire.ensure_path(h.client, config.base, what)
+        identity, epoch = self._wire.session_read(h, reads, what)[1:]
+        if first and (identity is None or epoch is None):  # a store never used: make them
+            missing = [(config.identity_node, new_identity())] if identity is None else []
+            missing += [(config.epoch_node, b"0")] if epoch is None else []
+            self._wire.create_missing(h.client, missing, what)
+            identity, epoch = self._wire.session_read(h, reads, what)[1:]
+        self._base_ready = True
+        if self._history.regressed:
+            now = self._epochs.parse(epoch)
+            if now is None or not self._history.recover(now, identity, h.client.last_zxid):
+                raise self._regressed_error()
+            return
+        self._history.identity_seen(identity, what)
+        if epoch is None:
+            self._history.epoch_gone(what)  # deleted since: a claim makes it again at 0
+        else:
+            self._epochs.learned(epoch, what)
+        if self._history.regressed:
+            raise self._regressed_error()
+
+    def _regressed_error(self) -> StoreRegressed:
+        error = self._history.error()
+        assert error is not None
+        return error
+
+    def _on_regressed(self, error: StoreRegressed) -> None:
+        """The store's history went back: end every session with it (each reports it to
+        the core as an expiry; its client is stopped, which hands its jobs back), and
+        drop the shared client (it has seen zxids the store no longer has)."""
+        with self._lock:
+            sessions = list(self._sessions.values())
+        for h in sessions:
+            h.expire_locally(str(error), StoreRegressed(str(error)))
+        self._wire.reset_reader()
+
+    def _disconnected(self) -> list[tuple[float, float]]:
+        """``(since, granted_ttl_s)`` of each session now disconnected (for the prober)."""
+        with self._lock:
+            sessions = list(self._sessions.values())
+        out: list[tuple[float, float]] = []
+        for h in sessions:
+            since = h.disconnected_since
+            if since is not None and h.status is Status.SUSPENDED:
+                out.append((since, h.granted_ttl_s))
+        return out
+
+    def _explain_loss(self) -> SessionExpired | None:
+        """Before an expiry ZooKeeper reported is passed on: did the store's history go
+        back (then the session could not but expire)? One probe."""
+        self._prober.probe(time.monotonic())
+        return self._history.error()
 
     def _ensure_base(self, h: ZkSession, again: bool = False) -> None:
         """Create ``{chroot}/jobs`` (and the chroot) with the configured ACL: once, or
@@ -205,10 +299,15 @@ class ZooKeeperBackend(Backend):
         would be extended past an expiry the ensemble already decided.) Also hands
         back owner znodes of claims whose outcome had been unknown.
 
+        In the same round trip, at most once per keepalive interval per backend and
+        after a reconnect, it reads the store's identity; the barrier's answer is also
+        compared with the highest zxid seen (see :mod:`._history`).
+
         Returns the negotiated session timeout (seconds).
 
         Raises:
             SessionExpired: the session expired or was ended. Final.
+            StoreRegressed: the store's history went back (wiped or restored). Final.
             BackendUnavailable: disconnected or no answer; the session may still be alive.
         """
         h = self._handle(session)
@@ -218,7 +317,15 @@ class ZooKeeperBackend(Backend):
                                      f"from {self.hosts}")
         send = time.monotonic()
         deadline = send + min(self.config.timeout_s, max(1.0, h.granted_ttl_s))
-        self._wire.read(h.client, [("barrier", self.config.base)], deadline, "keepalive")
+        reads: list[Read] = [("barrier", self.config.base)]
+        identity = h.recheck_identity or self._history.identity_due(
+            h.granted_ttl_s * KEEPALIVE_FRACTION)
+        if identity:
+            reads.append(("get", self.config.identity_node))
+        answers = self._wire.read(h.client, reads, deadline, "keepalive")
+        if identity:
+            h.recheck_identity = False
+            self._history.identity_seen(answers[1], "keepalive")
         h.check_alive()
         if h.uncertain:
             self._claims.hand_back_uncertain(h, self.release)
@@ -595,8 +702,47 @@ class ZooKeeperBackend(Backend):
         """
         return self._queues.purge(queue)
 
+    # -- the store epoch -----------------------------------------------------------------------
+
+    def epoch(self) -> int:
+        """The store epoch: ``{chroot}/epoch`` read after a write barrier on the shared
+        client (0 if it was never made). Every token is ``epoch * 2**32 + the job znode's
+        version``, with the epoch in effect when it was claimed.
+
+        Raises:
+            BackendUnavailable.
+        """
+        return self._epochs.current()
+
+    def bump_epoch(self, above: int | None = None) -> int:
+        """Raise the store epoch to ``max(epoch + 1, above // 2**32 + 1)`` (see
+        :meth:`Backend.bump_epoch <consensus_lease.backend.Backend.bump_epoch>`): read it
+        after a write barrier on the shared client, then one multi, a versioned
+        ``set_data`` of ``{chroot}/epoch`` (``create`` if absent, with ``{chroot}`` and
+        ``{chroot}/identity``), sent again if another bump came first. A lost answer is
+        read back (the nonce written with the value). Claims in flight fail their check
+        of the epoch znode and are sent again with the new epoch, so every token handed
+        out afterwards exceeds every one before. A backend that had found the store's
+        history gone back is usable again afterwards (see :mod:`._history`).
+
+        Returns:
+            The new epoch.
+
+        Raises:
+            InvalidArgument: ``above`` < 0, or the epoch would pass 2**31 - 1 (tokens
+                beyond 2**63 - 1); nothing changed.
+            BackendUnavailable: nothing was applied. OutcomeUnknown: reading back failed.
+        """
+        epoch = self._epochs.bump(above)
+        if self._history.regressed:
+            identity = self._wire.reader_read([("get", self.config.identity_node)],
+                                              "bump_epoch")[0]
+            self._history.recover(epoch, identity, self._wire.reader().last_zxid)
+        return epoch[0]
+
     def close(self) -> None:
         """Close every session still open (best effort) and the read client."""
+        self._prober.close()
         with self._lock:
             self._closed = True
             sessions = list(self._sessions.values())

@@ -28,6 +28,12 @@ the failure znode while the job znode stays at the version read without an owner
 (only a claim makes an owner znode, and it bumps the version), so the claim multi needs
 no check of it.
 
+The multi begins with a ``check`` of ``{chroot}/epoch`` at the version cached with the
+epoch (:mod:`._epoch`): the token of each claim is ``epoch * 2**32 + the job znode's new
+version``, and the epoch is also written into the job znode's data, so records,
+completions and errors give the same token later. A multi that failed on that check
+alone (its per-op results say which) is sent once more after reading the epoch again.
+
 Every claim the store applied returns a :class:`._holds.Hold` (generation, owner znode,
 markers) as its ``ClaimResult.handle``; the core keeps it with the lease and hands it
 back, so completion and release send their multi without reading first (see
@@ -64,9 +70,11 @@ from kazoo.exceptions import (
 
 from ...errors import JobCompleted, JobFailed, LeaseError, OutcomeUnknown, StaleLeaseError
 from ...record import ClaimResult
+from ._epoch import Epochs
 from ._errors import translate
 from ._holds import Hold, make_hold
 from ._layout import (
+    MAX_EPOCH,
     Failure,
     JobData,
     JobPaths,
@@ -77,17 +85,22 @@ from ._layout import (
     parse_failure,
     parse_job,
     parse_owner,
+    token,
 )
 from ._lifecycle import Exhausted, Lifecycle, job_failed
+from ._ops import first_error
 from ._session import ZkSession
-from ._wire import Read, Wire
+from ._wire import Multi, Read, Wire
 
-__all__ = ["CLAIM_ATTEMPTS", "Claims", "Outcome", "Plan"]
+__all__ = ["CLAIM_ATTEMPTS", "EPOCH_SENDS", "Claims", "Outcome", "Plan"]
 
 log = logging.getLogger("consensus_lease.backends.zookeeper")
 
 CLAIM_ATTEMPTS = 8
 """Rounds of read + multi a claim makes while other clients keep changing the job."""
+EPOCH_SENDS = 2
+"""Times one round's multi is sent when its check of the epoch znode fails: once with the
+epoch cached, once more after reading it again."""
 MAX_MULTI_BYTES = 512 * 1024
 """Largest claim multi sent (estimated), well under ZooKeeper's jute.maxbuffer (1 MiB)."""
 
@@ -113,6 +126,7 @@ class Plan:
 
     @property
     def generation(self) -> int:
+        """The job znode's version once claimed (the token's local part)."""
         return 1 if self.version is None else self.version + 1
 
     @property
@@ -121,7 +135,8 @@ class Plan:
 
     @property
     def owner_op(self) -> int:
-        """Index of the owner znode's create among this plan's operations."""
+        """Index of the owner znode's create among this plan's operations (the multi's
+        first operation, the epoch check, not counted)."""
         return 1 if self.version is not None else 2
 
     @property
@@ -133,12 +148,13 @@ class Plan:
     def op_count(self) -> int:
         return self.delayed_op + self.drop_delayed
 
-    def result(self, h: ZkSession) -> ClaimResult:
-        """What this claim returns once applied: the generation and attempt, and as handle
-        the hold it made (its owner znode is new: version 0)."""
-        hold = Hold(h, self.generation, self.paths.owner, 0, self.held, self.open, self.delayed,
+    def result(self, h: ZkSession, epoch: int = 0) -> ClaimResult:
+        """What this claim returns once applied in store epoch ``epoch``: the token and
+        attempt, and as handle the hold it made (its owner znode is new: version 0)."""
+        generation = token(epoch, self.generation)
+        hold = Hold(h, generation, self.paths.owner, 0, self.held, self.open, self.delayed,
                     self.attempt, self.job.max_attempts, self.failure)
-        return ClaimResult(self.generation, None, self.attempt, hold)
+        return ClaimResult(generation, None, self.attempt, hold)
 
 
 class Claims:
@@ -149,21 +165,23 @@ class Claims:
         paths: job id -> its znode paths.
         ensure_base: (re)creates ``{chroot}/jobs`` with the session's client.
         lifecycle: the FAILED transition, the store's clock and the delay hints.
+        epochs: the store epoch, cached.
     """
 
     def __init__(
         self, wire: Wire, paths: Callable[[str], JobPaths],
-        ensure_base: Callable[[ZkSession], None], lifecycle: Lifecycle,
+        ensure_base: Callable[[ZkSession], None], lifecycle: Lifecycle, epochs: Epochs,
     ) -> None:
         self.wire = wire
         self.paths = paths
         self.ensure_base = ensure_base
         self.lifecycle = lifecycle
+        self.epochs = epochs
         self.queues_base = wire.config.queues_base
 
     def size_chunks(self, h: ZkSession, job_ids: list[str]) -> list[list[str]]:
         """Split ``job_ids`` so no multi comes near jute.maxbuffer."""
-        fixed = 2 * len(dump_claim(h.owner, h.session_id, 2**31, 2**31)) + 200
+        fixed = 2 * len(dump_claim(h.owner, h.session_id, 2**31, 2**31, MAX_EPOCH)) + 200
         chunks: list[list[str]] = []
         size = 0
         for job_id in job_ids:
@@ -234,13 +252,13 @@ class Claims:
         parsed = parse_job(job[0], paths.job)
         version = job[1].version
         if parsed.completed:
-            return JobCompleted(
-                f"{paths.job_id!r} was completed at generation {parsed.generation}",
-                job_id=paths.job_id, generation=parsed.generation,
-            )
+            done = parsed.token(version)
+            return JobCompleted(f"{paths.job_id!r} was completed at generation {done}",
+                                job_id=paths.job_id, generation=done)
         failure = parse_failure(failure_answer, paths.failure)
         if failure is not None and failure.failed:
-            return job_failed(paths.job_id, version, parsed.attempt, failure.error)
+            return job_failed(paths.job_id, parsed.token(version), parsed.attempt,
+                              failure.error)
         queue_tag = None if tag is None else QueueTag.parse(tag[0], paths.tag)
         if owner is not None:
             if owner[1].ephemeralOwner == h.sid:
@@ -249,7 +267,7 @@ class Claims:
         base = 0 if failure is None else failure.base
         if parsed.max_attempts is not None and parsed.attempt - base >= parsed.max_attempts:
             open_ = None if queue_tag is None else queue_tag.marker(self.queues_base)
-            return Exhausted(paths, version, parsed.attempt, failure, open_)
+            return Exhausted(paths, version, parsed.attempt, failure, open_, parsed.epoch)
         held = open_ = delayed = None
         if queue_tag is not None:
             held, open_ = queue_tag.held(self.queues_base), queue_tag.marker(self.queues_base)
@@ -290,12 +308,13 @@ class Claims:
         have made (same nonce, version = its generation), that claim did apply: it is
         adopted, its hold carrying the owner znode's version as read."""
         nonce = parse_owner(owner[0], paths.owner).nonce
+        parsed = parse_job(job[0], paths.job)
         with h.uncertain_lock:
             pending = h.uncertain.get(paths.job_id)
-            if pending is None or pending[1] != nonce or job[1].version != pending[0]:
+            if pending is None or pending[1] != nonce or parsed.token(job[1].version) \
+                    != pending[0]:
                 return None
             del h.uncertain[paths.job_id]
-        parsed = parse_job(job[0], paths.job)
         hold = make_hold(h, pending[0], paths, owner[1].version, parsed.attempt,
                          parsed.max_attempts, failure, tag, self.queues_base)
         return ClaimResult(pending[0], None, parsed.attempt, hold)
@@ -303,10 +322,37 @@ class Claims:
     def send(
         self, h: ZkSession, plans: list[Plan], outcome: dict[str, Outcome], skip: set[str]
     ) -> list[str]:
-        """One multi carrying every plan. Fills ``outcome``; returns the job ids to retry."""
+        """One multi carrying every plan, headed by the check of the epoch znode at the
+        version cached; if that check alone failed (a bump since), the epoch is read again
+        and the multi sent once more. Fills ``outcome``; returns the job ids to retry."""
+        for _ in range(EPOCH_SENDS):
+            epoch = self.epochs.cached(h)
+            multi, landed = self._commit(h, plans, epoch)
+            if multi.applied:
+                for plan in plans:
+                    if multi.results or plan.paths.job_id in landed:
+                        outcome[plan.paths.job_id] = plan.result(h, epoch[0])
+                return [p.paths.job_id for p in plans if p.paths.job_id not in outcome]
+            if not multi.results:  # answer lost; reading back showed it was not applied
+                return [p.paths.job_id for p in plans]
+            if first_error(multi.results)[0] != 0:  # not the epoch check: a job's operation
+                return self._failures(h, plans, multi.results[1:], outcome, skip)
+            log.info("the store epoch changed since it was read; reading it again",
+                     extra={"job_id": plans[0].paths.job_id, "session_id": h.session_id})
+            self.epochs.refresh(h)
+        return [p.paths.job_id for p in plans]
+
+    def _commit(
+        self, h: ZkSession, plans: list[Plan], epoch: tuple[int, int]
+    ) -> tuple[Multi, set[str]]:
+        """Send the claim multi of ``plans`` in store epoch ``epoch[0]`` (its znode at
+        version ``epoch[1]``). Returns its outcome and, if its answer was lost, the job
+        ids reading back found claimed."""
         def build(tx: Any) -> None:
+            tx.check(self.epochs.node, epoch[1])
             for plan in plans:
-                held = dump_claim(h.owner, h.session_id, plan.attempt, plan.job.max_attempts)
+                held = dump_claim(h.owner, h.session_id, plan.attempt, plan.job.max_attempts,
+                                  epoch[0])
                 if plan.version is None:  # first claim: create, then bump to version 1
                     tx.create(plan.paths.job, b"")
                     tx.set_data(plan.paths.job, held, 0)
@@ -340,16 +386,10 @@ class Claims:
         except OutcomeUnknown:
             with h.uncertain_lock:  # a later claim adopts them, or keepalive hands them back
                 for plan in plans:
-                    h.uncertain[plan.paths.job_id] = (plan.generation, plan.nonce)
+                    h.uncertain[plan.paths.job_id] = (token(epoch[0], plan.generation),
+                                                      plan.nonce)
             raise
-        if multi.applied:
-            for plan in plans:
-                if multi.results or plan.paths.job_id in landed:
-                    outcome[plan.paths.job_id] = plan.result(h)
-            return [p.paths.job_id for p in plans if p.paths.job_id not in outcome]
-        if not multi.results:  # answer lost; reading back showed it was not applied
-            return [p.paths.job_id for p in plans]
-        return self._failures(h, plans, multi.results, outcome, skip)
+        return multi, landed
 
     def _failures(
         self, h: ZkSession, plans: list[Plan], results: list[Any], outcome: dict[str, Outcome],

@@ -43,6 +43,11 @@ marker, and the completion multi its held and open markers, so a queue's ``held`
 :mod:`._queues`). A ``fail()`` that makes the job FAILED deletes its open marker too; one
 that sets a retry delay makes its delayed marker.
 
+``generation`` below is the token: ``epoch * 2**32 + version`` (see :mod:`._layout`); the
+multis compare the job znode's version with its low part (:func:`local`), and the
+completion record keeps both parts. A claim without a hold is checked against the whole
+token: the job znode's version and the epoch its claim recorded.
+
 ``fail()`` writes the failure znode, not the job znode: the job znode's version (the
 generation) moves only with claims and completions, so generations stay consecutive.
 Whether it makes the job FAILED (its attempts, counted since the last requeue, reached
@@ -71,6 +76,7 @@ from ._layout import (
     new_nonce,
     parse_failure,
     parse_job,
+    split_token,
     to_record,
     written_by,
 )
@@ -78,7 +84,7 @@ from ._ops import Op, add_ops, marker_trouble
 from ._session import ZkSession
 from ._wire import Read, Wire
 
-__all__ = ["WRITE_ATTEMPTS", "Hold", "Holds", "make_hold"]
+__all__ = ["WRITE_ATTEMPTS", "Hold", "Holds", "local", "make_hold"]
 
 WRITE_ATTEMPTS = 4
 """Most multis one complete/release/fail sends: the first (without reading, for a claim
@@ -93,7 +99,8 @@ class Hold:
 
     Attributes:
         session: the session whose claim it is; any other session reads first.
-        generation: the job znode's version that claim set.
+        generation: the claim's token: the job znode's version that claim set, with the
+            store epoch it was made in (see :func:`local`).
         owner: the owner znode's path the claim created in the same multi.
         owner_version: its version (0 at creation; nothing of ours writes it later).
         held: a queued job's held marker (ephemeral, made with the owner znode).
@@ -124,6 +131,11 @@ class Hold:
         """This attempt used up the budget (``attempt - base >= max_attempts``)."""
         base = 0 if self.failure is None else self.failure.base
         return self.max_attempts is not None and self.attempt - base >= self.max_attempts
+
+
+def local(generation: int) -> int:
+    """The job znode's version a token stands for (its low 32 bits)."""
+    return split_token(generation)[1]
 
 
 def make_hold(
@@ -180,22 +192,22 @@ class Holds:
             raise StaleLeaseError(f"{what}: {job_id!r} does not exist in the store",
                                   job_id=job_id, generation=generation)
         parsed = parse_job(job[0], paths.job)
+        current = parsed.token(job[1].version)
         if parsed.completed:
-            if parsed.session == h.session_id and parsed.generation == generation:
+            if parsed.session == h.session_id and current == generation:
                 return to_record(paths, job, None, failure)
             raise StaleLeaseError(
-                f"{what}: {job_id!r} was completed at generation {parsed.generation}",
-                job_id=job_id, generation=generation, current_generation=parsed.generation,
+                f"{what}: {job_id!r} was completed at generation {current}",
+                job_id=job_id, generation=generation, current_generation=current,
             )
-        version = job[1].version
-        if version == generation and owner_stat is not None and owner_stat.ephemeralOwner == h.sid:
+        if current == generation and owner_stat is not None and owner_stat.ephemeralOwner == h.sid:
             return None
         h.check_alive()
         holder = "nobody" if owner_stat is None else f"session 0x{owner_stat.ephemeralOwner:x}"
         raise StaleLeaseError(
             f"{what}: {job_id!r} is not held by session {h.session_id} at generation "
-            f"{generation} (store: generation {version}, held by {holder})",
-            job_id=job_id, generation=generation, current_generation=version,
+            f"{generation} (store: generation {current}, held by {holder})",
+            job_id=job_id, generation=generation, current_generation=current,
         )
 
     def _read_holder(self, h: ZkSession, paths: JobPaths, what: str, synced: bool) -> list[Any]:
@@ -209,17 +221,17 @@ class Holds:
 
     def renew(self, h: ZkSession, paths: JobPaths, claim: ClaimResult, send: float) -> None:
         """After a write barrier (see ``keepalive``: it proves the current leader has the
-        session), read the job znode's version and the owner znode's ephemeralOwner in
-        one pipelined round trip. Raises unless held (and then marks the claim's hold
-        ended: no complete/release will follow)."""
+        session), read the job znode (its version, and the epoch its claim recorded) and
+        the owner znode's ephemeralOwner in one pipelined round trip. Raises unless held
+        (and then marks the claim's hold ended: no complete/release will follow)."""
         generation = claim.generation
         deadline = send + min(self.wire.config.timeout_s, max(1.0, h.granted_ttl_s))
-        _, job_stat, owner_stat = self.wire.session_read(
-            h, [("barrier", self.base), ("exists", paths.job), ("exists", paths.owner)],
+        _, job, owner_stat = self.wire.session_read(
+            h, [("barrier", self.base), ("get", paths.job), ("exists", paths.owner)],
             "renew", paths.job_id, deadline,
         )
         if (
-            job_stat is not None and job_stat.version == generation
+            job is not None and parse_job(job[0], paths.job).token(job[1].version) == generation
             and owner_stat is not None and owner_stat.ephemeralOwner == h.sid
         ):
             return
@@ -253,7 +265,7 @@ class Holds:
                 raise expired from None
             parsed = None if job is None else parse_job(job[0], paths.job)
             if parsed is not None and parsed.completed and parsed.session == h.session_id \
-                    and parsed.generation == generation:
+                    and parsed.token(job[1].version) == generation:
                 record = to_record(paths, job, None, failure)
                 assert record is not None
                 return record
@@ -331,10 +343,12 @@ class Holds:
         job_id, generation = paths.job_id, claim.generation
         nonce = new_nonce()  # one per call: at most one of its multis can apply
 
+        epoch, version = split_token(generation)
+
         def ops(hold: Hold) -> tuple[list[Op], list[Op]]:
-            data = dump_completed(h.owner, h.session_id, generation, nonce, result,
-                                  hold.attempt, hold.max_attempts)
-            core: list[Op] = [("set", paths.job, data, generation),
+            data = dump_completed(h.owner, h.session_id, version, nonce, result,
+                                  hold.attempt, hold.max_attempts, epoch)
+            core: list[Op] = [("set", paths.job, data, version),
                               ("delete", paths.owner, b"", hold.owner_version)]
             return core, _deletes(hold.held, hold.open)
 
@@ -359,7 +373,7 @@ class Holds:
         job_id, generation = paths.job_id, claim.generation
 
         def ops(hold: Hold) -> tuple[list[Op], list[Op]]:
-            core: list[Op] = [("check", paths.job, b"", generation),
+            core: list[Op] = [("check", paths.job, b"", local(generation)),
                               ("delete", paths.owner, b"", hold.owner_version)]
             return core, _deletes(hold.held)
 
@@ -418,9 +432,10 @@ def _fail_ops(
     """The fail multi for ``hold``: core (the last one writes the failure znode), markers."""
     failed = hold.exhausted
     base = 0 if hold.failure is None else hold.failure.base
-    data = dump_failure(Failure(failed, hold.generation, base,
-                                0.0 if failed else retry_in_s, error, nonce))
-    core: list[Op] = [("check", paths.job, b"", hold.generation),
+    version = local(hold.generation)
+    data = dump_failure(Failure(failed, version, base, 0.0 if failed else retry_in_s, error,
+                                nonce))
+    core: list[Op] = [("check", paths.job, b"", version),
                       ("delete", paths.owner, b"", hold.owner_version)]
     if hold.failure is None:
         core += [("create", paths.failure, b"", -1), ("set", paths.failure, data, 0)]

@@ -5,13 +5,25 @@
     {chroot}/jobs                       persistent container; its data is unused, and a
                                         write to it (any version) reads the store's clock:
                                         the Stat.mtime the leader gives it (see ``clock``)
+    {chroot}/epoch                      persistent, made (data b"0") when a backend first
+                                        opens a session on the store
+        data      = the store epoch in ASCII decimal (absent or empty: 0), then a space
+                    and the nonce of the ``bump_epoch`` that wrote it
+        version   = checked by every claim multi (the epoch each claim folds into its token)
+    {chroot}/identity                   persistent, made once (a random uuid4 in hex, ASCII):
+                                        a wiped or replaced store has none, or another one
     {chroot}/jobs/{name}                persistent job znode, one per job, never deleted
-        version   = the generation (fencing token): +1 per claim; completion adds 1 more
+        version   = the job's counter: +1 per claim; completion adds 1 more. The
+                    generation (fencing token) is ``epoch * 2**32 + version``, with the
+                    epoch the claim recorded in the data (0 if none)
         data      = b""                            never claimed (version 0), no limit
                     {"format":1,"state":"new","max_attempts":m}\\n     enqueued with a limit
                     {"format":1,"state":"held","attempt":n,...}\\n     last claim's owner,
-                                                   session, attempt number (and limit)
+                                                   session, attempt number (and limit),
+                                                   and ``"epoch":e`` unless 0
                     {"format":1,"state":"completed","generation":g,...}\\n<result bytes>
+                                                   (``g``: the version it completed at;
+                                                   ``"epoch":e`` unless 0)
     {chroot}/jobs/{name}/owner          EPHEMERAL, exists while a live session holds the job
         ephemeralOwner = the holder's session id
         data      = {"owner":..., "session":..., "nonce":...}  (nonce: one per claim)
@@ -70,7 +82,9 @@ from ...errors import BackendUnavailable
 from ...record import JobState, LeaseRecord
 
 __all__ = [
+    "EPOCH_SHIFT",
     "FORMAT",
+    "MAX_EPOCH",
     "Failure",
     "JobData",
     "JobPaths",
@@ -82,6 +96,7 @@ __all__ = [
     "dump_claim",
     "dump_completed",
     "dump_delayed",
+    "dump_epoch",
     "dump_failure",
     "dump_new",
     "dump_owner",
@@ -89,15 +104,22 @@ __all__ = [
     "member_name",
     "new_nonce",
     "parse_delayed",
+    "parse_epoch",
     "parse_failure",
     "parse_job",
     "parse_member",
     "parse_owner",
+    "split_token",
     "to_record",
+    "token",
     "written_by",
 ]
 
 FORMAT = 1
+EPOCH_SHIFT = 32
+"""Tokens are ``epoch * 2**EPOCH_SHIFT + version``: a znode version is a signed 32-bit int."""
+MAX_EPOCH = 2 ** (63 - EPOCH_SHIFT) - 1
+"""The highest epoch: tokens stay below 2**63 (fences keep them as int64)."""
 OWNER_NODE = "owner"
 TAG_NODE = "queue"
 FAILURE_NODE = "failure"
@@ -227,6 +249,33 @@ def new_nonce() -> str:
     return secrets.token_hex(8)
 
 
+def token(epoch: int, version: int) -> int:
+    """The fencing token of a job znode ``version`` claimed in store epoch ``epoch``."""
+    return (epoch << EPOCH_SHIFT) | version
+
+
+def split_token(generation: int) -> tuple[int, int]:
+    """``(epoch, version)`` of a token (see :func:`token`)."""
+    return generation >> EPOCH_SHIFT, generation & ((1 << EPOCH_SHIFT) - 1)
+
+
+def dump_epoch(epoch: int, nonce: str) -> bytes:
+    return f"{epoch} {nonce}".encode()
+
+
+def parse_epoch(data: bytes | None, path: str) -> int:
+    """The epoch ``{chroot}/epoch`` holds (empty: 0)."""
+    text = (data or b"").split(maxsplit=1)
+    try:
+        epoch = int(text[0].decode("ascii")) if text else 0
+    except (ValueError, UnicodeDecodeError):
+        epoch = -1
+    if not 0 <= epoch <= MAX_EPOCH:
+        raise CorruptData(f"{path} holds data consensus_lease did not write: "
+                          f"{(data or b'')[:80]!r}")
+    return epoch
+
+
 @dataclass(frozen=True, slots=True)
 class JobData:
     """The job znode's data, decoded."""
@@ -239,10 +288,17 @@ class JobData:
     result: bytes | None = None
     attempt: int = 0  # the number of claims so far
     max_attempts: int | None = None  # from enqueue; None: unlimited
+    epoch: int = 0  # the store epoch the last claim folded into its token
 
     @property
     def completed(self) -> bool:
         return self.state == "completed"
+
+    def token(self, version: int) -> int:
+        """The token of the claim that set the job znode to ``version`` or, once
+        completed, of the claim that completed it."""
+        local = self.generation if self.completed else None
+        return token(self.epoch, version if local is None else local)
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,8 +313,11 @@ def _dump(header: dict[str, Any], payload: bytes = b"") -> bytes:
     return head + b"\n" + payload
 
 
-def _limit(max_attempts: int | None) -> dict[str, int]:
-    return {} if max_attempts is None else {"max_attempts": max_attempts}
+def _limit(max_attempts: int | None, epoch: int = 0) -> dict[str, int]:
+    """The optional fields: the limit unless ``None``, the epoch unless 0 (so that a
+    store never bumped keeps the data it always had)."""
+    limit = {} if max_attempts is None else {"max_attempts": max_attempts}
+    return limit if epoch == 0 else {**limit, "epoch": epoch}
 
 
 def dump_new(max_attempts: int | None) -> bytes:
@@ -268,15 +327,17 @@ def dump_new(max_attempts: int | None) -> bytes:
 
 
 def dump_claim(owner: str, session: str, attempt: int = 0,
-               max_attempts: int | None = None) -> bytes:
+               max_attempts: int | None = None, epoch: int = 0) -> bytes:
     header = {"state": "held", "owner": owner, "session": session, "attempt": attempt}
-    return _dump({**header, **_limit(max_attempts)})
+    return _dump({**header, **_limit(max_attempts, epoch)})
 
 
 def dump_completed(
     owner: str, session: str, generation: int, nonce: str, result: bytes, attempt: int = 0,
-    max_attempts: int | None = None,
+    max_attempts: int | None = None, epoch: int = 0,
 ) -> bytes:
+    """The completion record; ``generation`` is the job znode's version it completed at
+    (the token's local part), ``epoch`` the claim's epoch."""
     header = {
         "state": "completed",
         "owner": owner,
@@ -285,7 +346,7 @@ def dump_completed(
         "nonce": nonce,
         "attempt": attempt,
     }
-    return _dump({**header, **_limit(max_attempts)}, result)
+    return _dump({**header, **_limit(max_attempts, epoch)}, result)
 
 
 def dump_owner(owner: str, session: str, nonce: str) -> bytes:
@@ -324,11 +385,12 @@ def parse_job(data: bytes | None, path: str) -> JobData:
     state = header.get("state")
     attempt = _count(header, "attempt", path, 0) or 0
     limit = _count(header, "max_attempts", path, None)
+    epoch = _count(header, "epoch", path, 0) or 0
     if state == "new":
         return JobData("new", max_attempts=limit)
     if state == "held":
         return JobData("held", owner=header.get("owner"), session=header.get("session"),
-                       attempt=attempt, max_attempts=limit)
+                       attempt=attempt, max_attempts=limit, epoch=epoch)
     if state == "completed" and isinstance(header.get("generation"), int):
         return JobData(
             "completed",
@@ -339,6 +401,7 @@ def parse_job(data: bytes | None, path: str) -> JobData:
             result=payload,
             attempt=attempt,
             max_attempts=limit,
+            epoch=epoch,
         )
     raise CorruptData(f"{path} holds an unknown job state {state!r}")
 
@@ -452,6 +515,8 @@ def to_record(
     """The record for a job from ``(data, stat)`` of its job znode, owner znode and
     failure znode (``None`` where absent), read in that order.
 
+    ``generation`` is the token: the job znode's version (the completing one, once
+    completed) with the epoch the claim recorded (see :func:`token`).
     ``lease_until`` is always ``None``: ZooKeeper does not expose when a session will
     expire (the leader alone tracks it, from the holder's last contact).
     ``owner`` of an AVAILABLE job is the last holder's label, also after a release:
@@ -474,12 +539,13 @@ def to_record(
             None if fail is None else fail.error, not_before, parsed.max_attempts,
         )
 
+    generation = parsed.token(stat.version)
     if parsed.completed:
-        return record(parsed.owner, parsed.generation or 0, JobState.COMPLETED)
+        return record(parsed.owner, generation, JobState.COMPLETED)
     if owner is not None:
-        return record(parse_owner(owner[0], paths.owner).owner, stat.version, JobState.HELD)
+        return record(parse_owner(owner[0], paths.owner).owner, generation, JobState.HELD)
     if fail is not None and fail.failed:
-        return record(parsed.owner, stat.version, JobState.FAILED)
+        return record(parsed.owner, generation, JobState.FAILED)
     delaying = fail is not None and fail.delaying(stat.version)
     not_before = fail.not_before_ms / 1000 if fail is not None and delaying else None
-    return record(parsed.owner, stat.version, JobState.AVAILABLE, not_before)
+    return record(parsed.owner, generation, JobState.AVAILABLE, not_before)

@@ -35,6 +35,7 @@ from ._layout import (
     parse_failure,
     parse_job,
     to_record,
+    token,
     written_by,
 )
 from ._ops import Op, add_ops, marker_trouble
@@ -96,6 +97,7 @@ class Exhausted:
     attempt: int
     failure: Failure | None
     open: str | None  # a queued job's open marker
+    epoch: int = 0  # the epoch of the job's last claim (its token's high part)
 
     def ops(self, nonce: str) -> tuple[list[Op], list[Op], str]:
         """The multi (core, markers) and the error it records."""
@@ -160,9 +162,10 @@ class Lifecycle:
             def build(tx: Any, todo: list[Op] = core + markers) -> None:
                 add_ops(tx, todo)
 
-            multi = self.wire.commit(h, build, landed, "claim", job_id, job.version)
+            multi = self.wire.commit(h, build, landed, "claim", job_id,
+                                    token(job.epoch, job.version))
             if multi.applied:
-                return job_failed(job_id, job.version, job.attempt, error)
+                return job_failed(job_id, token(job.epoch, job.version), job.attempt, error)
             trouble = marker_trouble(multi.results, len(core), markers)
             if not trouble.only:
                 return None

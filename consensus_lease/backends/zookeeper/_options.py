@@ -27,6 +27,10 @@ JOBS_NODE = "jobs"
 """The znode under the chroot whose children are the job znodes."""
 QUEUES_NODE = "queues"
 """The znode under the chroot whose children are the work queues."""
+EPOCH_NODE = "epoch"
+"""The znode under the chroot holding the store epoch (see ``_layout``)."""
+IDENTITY_NODE = "identity"
+"""The znode under the chroot holding the store's identity (see ``_history``)."""
 
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 DEFAULT_TIMEOUT_S = 10.0
@@ -97,6 +101,16 @@ class ZkConfig:
     def queues_base(self) -> str:
         """Absolute path of the znode whose children are the work queues."""
         return f"{self.chroot}/{QUEUES_NODE}"
+
+    @property
+    def epoch_node(self) -> str:
+        """Absolute path of the znode holding the store epoch."""
+        return f"{self.chroot}/{EPOCH_NODE}"
+
+    @property
+    def identity_node(self) -> str:
+        """Absolute path of the znode holding the store's identity."""
+        return f"{self.chroot}/{IDENTITY_NODE}"
 
     def acl_list(self) -> list[ACL]:
         if self.acl == "creator":

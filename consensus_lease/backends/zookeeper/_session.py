@@ -16,6 +16,10 @@ CONNECTED with a *new* session id      unchanged (never used)       (nothing)
 After LOST kazoo would quietly open a new session on the same client; that would be
 retrying an expiry away, so the handle never uses it: the status stays EXPIRED, every
 call raises ``SessionExpired`` and the client is stopped.
+
+When the backend finds that the store's history went back (:mod:`._history`) it ends
+every session with :meth:`ZkSession.expire_locally` and a ``StoreRegressed``: that error
+is what every later call raises, and what the core is told (``SessionHandle.expiry``).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import enum
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
@@ -79,6 +84,9 @@ class Status(enum.Enum):
 
 _LIVE = (Status.CONNECTING, Status.CONNECTED, Status.SUSPENDED)
 
+LISTENER_WAIT_S = 5.0
+"""Most time ``connected`` waits for kazoo to run the CONNECTED listener."""
+
 
 class ZkSession(SessionHandle):
     """A worker's ZooKeeper session.
@@ -104,6 +112,11 @@ class ZkSession(SessionHandle):
     this session does not lapse while its process lives. The core ends it with
     ``close_session`` when its local deadline passes without a successful renewal (or it
     is lost otherwise); a handle used without the core lives until ``close_session``.
+
+    Hooks (set by the backend; called from kazoo's or a background thread):
+        on_disconnected: called when the connection is lost (must not block).
+        explain_loss: called before an expiry ZooKeeper reported is passed on; returns
+            the error that explains it better (``StoreRegressed``) or ``None``.
     """
 
     def __init__(
@@ -120,6 +133,14 @@ class ZkSession(SessionHandle):
         self._cond = threading.Condition()
         self._status = Status.CONNECTING
         self.reason = ""
+        self.error: SessionExpired | None = None
+        """What ended the session, if more than an expiry (``StoreRegressed``)."""
+        self.disconnected_since: float | None = None
+        """``time.monotonic()`` when the connection was lost; ``None`` while connected."""
+        self.recheck_identity = False
+        """Set on a reconnect: the next keepalive reads the store's identity."""
+        self.on_disconnected: Callable[[], None] | None = None
+        self.explain_loss: Callable[[], SessionExpired | None] | None = None
         self.uncertain: dict[str, tuple[int, str]] = {}
         self.uncertain_lock = threading.Lock()
         self._stopping = threading.Lock()
@@ -136,8 +157,13 @@ class ZkSession(SessionHandle):
             return self._status
 
     def connected(self, requested_ttl_s: float) -> None:
-        """Called once ``client.start()`` returned: record the session id and the TTL."""
+        """Called once ``client.start()`` returned: record the session id and the TTL.
+
+        kazoo lets ``start()`` return before it runs the listeners of CONNECTED (in its
+        connection thread, right after): wait for ours, briefly."""
         with self._cond:
+            self._cond.wait_for(lambda: self._status is not Status.CONNECTING,
+                                timeout=LISTENER_WAIT_S)
             if self._status not in _LIVE or not self.sid:
                 raise BackendUnavailable(
                     f"the ZooKeeper session was lost while opening it ({self.hosts})"
@@ -175,10 +201,13 @@ class ZkSession(SessionHandle):
                     self.sid, self.passwd = client_id
                 elif self._status is Status.SUSPENDED and same:
                     self._status = Status.CONNECTED
+                    self.disconnected_since = None
+                    self.recheck_identity = True
                     event = SessionEvent.RECONNECTED
             elif state == KazooState.SUSPENDED:
                 if self._status is Status.CONNECTED:
                     self._status = Status.SUSPENDED
+                    self.disconnected_since = time.monotonic()
                     event = SessionEvent.SUSPENDED
             elif state == KazooState.LOST and self._status in _LIVE:
                 self._status = Status.EXPIRED
@@ -190,21 +219,26 @@ class ZkSession(SessionHandle):
             # thread: neither may run in (or block) kazoo's connection thread.
             threading.Thread(target=self._ended, name="zk-session-end", daemon=True).start()
             return
+        if event is SessionEvent.SUSPENDED and self.on_disconnected is not None:
+            self.on_disconnected()
         if event is not None and self._on_event is not None and self.session_id:
             try:
                 self._on_event(event)
             except Exception:
                 log.exception("session event listener raised", extra={"event": event.value})
 
-    def expire_locally(self, reason: str) -> bool:
+    def expire_locally(self, reason: str, error: SessionExpired | None = None) -> bool:
         """Mark the session EXPIRED because the backend ended it (the ``expire_session``
-        test hook); then, in another thread, report it and stop the client so ZooKeeper
-        deletes its ephemeral znodes. Returns False if it was already over."""
+        test hook; a regression, with ``error`` for every later call to raise); then, in
+        another thread, report it and stop the client so ZooKeeper deletes its ephemeral
+        znodes. Returns False if it was already over."""
         with self._cond:
             if self._status not in _LIVE:
                 return False
             self._status = Status.EXPIRED
             self.reason = reason
+            self.error = error
+            self.expiry = error
             self._cond.notify_all()
         log.warning("zookeeper session ended", extra={"session_id": self.session_id,
                                                       "reason": reason})
@@ -213,6 +247,11 @@ class ZkSession(SessionHandle):
 
     def _ended(self) -> None:
         try:
+            if self.error is None and self.explain_loss is not None:
+                try:
+                    self.error = self.expiry = self.explain_loss()
+                except Exception:
+                    log.exception("explaining a session expiry failed")
             if self._on_event is not None and self.session_id:
                 try:
                     self._on_event(SessionEvent.EXPIRED)
@@ -262,9 +301,12 @@ class ZkSession(SessionHandle):
     # -- checks used around every call ---------------------------------------------------
 
     def check_alive(self) -> None:
-        """Raise SessionExpired unless the session may be used."""
+        """Raise SessionExpired (``StoreRegressed`` if that ended it) unless the session
+        may be used."""
         with self._cond:
-            status, reason = self._status, self.reason
+            status, reason, error = self._status, self.reason, self.error
+        if error is not None:
+            raise type(error)(f"ZooKeeper session {self.session_id} is over: {error}")
         if status not in _LIVE:
             raise SessionExpired(f"ZooKeeper session {self.session_id} is over: {reason}")
 

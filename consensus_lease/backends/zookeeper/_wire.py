@@ -1,23 +1,29 @@
 """Round trips to ZooKeeper: pipelined reads, one multi with read-back on a lost answer,
-and the shared read client. Every kazoo exception is translated here."""
+and the shared read client. Every kazoo exception is translated here, and every answer's
+zxid is shown to the backend's :class:`._history.History` (a write answered below a zxid
+seen before it was sent is a store whose history went back)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import ConnectionLoss, NoNodeError
+from kazoo.exceptions import ConnectionLoss, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
 from ...errors import AuthenticationFailed, BackendUnavailable, OutcomeUnknown, SessionExpired
 from ._errors import KAZOO_ERRORS, translate
 from ._options import ZkConfig
 from ._session import ZkSession
+
+if TYPE_CHECKING:
+    from ._history import History
 
 __all__ = ["READER_SESSION_TIMEOUT_S", "Multi", "Read", "Wire"]
 
@@ -33,6 +39,9 @@ Read = tuple[str, str]
 Stat, whose ``mtime`` is the leader's time of that write: the store's clock "now" (see
 :func:`clock_ms`). Used on ``{chroot}/jobs``, whose data is unused, and only while a
 retry delay may be running."""
+
+WRITES = ("barrier", "clock")
+"""The kinds of :data:`Read` that are writes (ordered by the leader, with a new zxid)."""
 
 
 def clock_ms(stat: Any) -> int:
@@ -73,10 +82,16 @@ class Multi:
 
 
 class Wire:
-    """The backend's round trips. ``config.timeout_s`` bounds each of them."""
+    """The backend's round trips. ``config.timeout_s`` bounds each of them.
 
-    def __init__(self, config: ZkConfig) -> None:
+    Args:
+        config: the parsed URL and options.
+        history: shown the zxid of every answer (see :meth:`_answered`).
+    """
+
+    def __init__(self, config: ZkConfig, history: History) -> None:
         self.config = config
+        self.history = history
         self.hosts = config.hosts_text
         self._reader: KazooClient | None = None
         self._reader_lock = threading.Lock()
@@ -102,6 +117,7 @@ class Wire:
             "children": client.get_children_async,
             "clock": lambda path: client.set_async(path, b"", -1),
         }
+        floor = self.history.highest() if any(k in WRITES for k, _ in reads) else None
         try:
             pending = [start[kind](path) for kind, path in reads]
             out: list[Any] = []
@@ -110,9 +126,35 @@ class Wire:
                     out.append(result.get(timeout=max(0.0, deadline - time.monotonic())))
                 except NoNodeError:
                     out.append(None)
-            return out
         except KAZOO_ERRORS as exc:
             raise translate(exc, what, self.hosts, worker_session=worker, job_id=job_id) from exc
+        self._answered(client, floor, what)
+        return out
+
+    def _answered(self, client: KazooClient, floor: int | None, what: str) -> None:
+        """``client`` was answered: show the history its zxid (the answer to a write sent
+        when the highest zxid seen was ``floor``, or ``None`` for reads alone). kazoo
+        sets ``last_zxid`` before it hands out an answer, and a later answer on the same
+        connection (same member, applied in order) only raises it."""
+        zxid = int(client.last_zxid or 0)
+        if floor is None:
+            self.history.saw(zxid)
+        else:
+            self.history.answered(zxid, floor, what)
+
+    def create_missing(self, client: KazooClient, nodes: Sequence[tuple[str, bytes]],
+                       what: str) -> None:
+        """Create each ``(path, data)`` with the configured ACL unless it exists, in one
+        pipelined round trip (a node made meanwhile by someone else is fine)."""
+        acl = self.config.acl_list()
+        deadline = self.deadline()
+        try:
+            pending = [client.create_async(path, data, acl=acl) for path, data in nodes]
+            for result in pending:
+                with contextlib.suppress(NodeExistsError):
+                    result.get(timeout=max(0.0, deadline - time.monotonic()))
+        except KAZOO_ERRORS as exc:
+            raise translate(exc, what, self.hosts) from exc
 
     def ensure_path(self, client: KazooClient, path: str, what: str, *,
                     worker: bool = True) -> None:
@@ -161,6 +203,7 @@ class Wire:
         h.wait_connected(deadline)
         transaction = h.client.transaction()
         build(transaction)
+        floor = self.history.highest()
         try:
             results = transaction.commit_async().get(
                 timeout=max(0.0, deadline - time.monotonic())
@@ -171,6 +214,7 @@ class Wire:
             return Multi(self._settle(h, settle, what, job_id, generation, exc), [])
         except KAZOO_ERRORS as exc:
             raise translate(exc, what, self.hosts, job_id=job_id, generation=generation) from exc
+        self._answered(h.client, floor, what)
         failed = any(isinstance(r, Exception) for r in results)
         return Multi(not failed, list(results))
 
@@ -248,6 +292,7 @@ class Wire:
         deadline = self.deadline()
         transaction = client.transaction()
         build(transaction)
+        floor = self.history.highest()
         try:
             results = transaction.commit_async().get(
                 timeout=max(0.0, deadline - time.monotonic())
@@ -257,6 +302,7 @@ class Wire:
             return Multi(self._settle_shared(settle, what, job_id, exc), [])
         except KAZOO_ERRORS as exc:
             raise translate(exc, what, self.hosts, worker_session=False, job_id=job_id) from exc
+        self._answered(client, floor, what)
         failed = any(isinstance(r, Exception) for r in results)
         return Multi(not failed, list(results))
 
@@ -281,6 +327,16 @@ class Wire:
                     ) from cause
                 threading.Event().wait(0.05)  # the client is reconnecting
 
+    def reset_reader(self) -> None:
+        """Drop the shared client (stopped in the background): the next use starts a
+        fresh one. After a regression: the old one has seen zxids the store no longer
+        has, and ZooKeeper would refuse it."""
+        with self._reader_lock:
+            reader, self._reader = self._reader, None
+        if reader is not None:
+            threading.Thread(target=_stop_quietly, args=(reader,), daemon=True,
+                             name="zk-reader-stop").start()
+
     def close(self) -> None:
         with self._reader_lock:
             self._closed = True
@@ -291,3 +347,11 @@ class Wire:
                 reader.close()
             except KAZOO_ERRORS as exc:
                 raise BackendUnavailable(f"stopping the read client: {exc!r}") from exc
+
+
+def _stop_quietly(client: KazooClient) -> None:
+    try:
+        client.stop()
+        client.close()
+    except KAZOO_ERRORS as exc:
+        log.debug("stopping a dropped read client failed", extra={"error": repr(exc)})
