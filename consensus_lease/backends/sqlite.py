@@ -31,8 +31,9 @@ given twice in the query string or a value that is not a finite number of second
 ================  =======  ==========================================================
 option            default  meaning
 ================  =======  ==========================================================
-busy_timeout_s    5.0      how long a statement waits for another process's write
-                           lock before ``BackendUnavailable``
+busy_timeout_s    5.0      how long an operation waits for the write lock (another
+                           process's, or this process's other threads') before
+                           ``BackendUnavailable``
 poll_interval_s   0.05     ``claim(..., wait_s=)`` re-checks at this interval (SQLite
                            has no watches: ``capabilities.store_watch`` is False)
 ================  =======  ==========================================================
@@ -161,7 +162,9 @@ class SqliteBackend(Backend):
     ) -> None:
         self.path = path
         self.poll_interval_s = poll_interval_s
+        self.busy_timeout_s = busy_timeout_s
         self._lock = threading.Lock()
+        self._busy_ms = int(busy_timeout_s * 1000)  # the connection's busy_timeout now
         try:
             self._db = sqlite3.connect(
                 path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
@@ -169,7 +172,7 @@ class SqliteBackend(Backend):
         except sqlite3.Error as exc:
             raise BackendUnavailable(f"cannot open SQLite database {path!r}: {exc}") from exc
         with self._translate():
-            self._db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+            self._db.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
             # Opening an existing store takes no write lock: another process may hold it
             # (even a paused one) and opening must not wait for it.
             mode = self._db.execute("PRAGMA journal_mode").fetchone()[0]
@@ -230,10 +233,31 @@ class SqliteBackend(Backend):
             ) from exc
 
     @contextmanager
+    def _turn(self, job_id: str | None = None) -> Iterator[None]:
+        """This process's turn on the connection, within one ``busy_timeout_s`` budget:
+        waiting for the other threads of this process, then (SQLite's busy timeout, set
+        to what is left) for other processes' locks."""
+        deadline = time.monotonic() + self.busy_timeout_s
+        if not self._lock.acquire(timeout=self.busy_timeout_s):
+            raise BackendUnavailable(
+                f"SQLite database {self.path!r}: other threads of this process kept it busy "
+                f"for busy_timeout_s ({self.busy_timeout_s:g} s)", job_id=job_id,
+            )
+        try:
+            with self._translate(job_id):
+                left_ms = max(1, int((deadline - time.monotonic()) * 1000))
+                if abs(left_ms - self._busy_ms) > 50:  # waited for a thread: less is left
+                    self._db.execute(f"PRAGMA busy_timeout = {left_ms}")
+                    self._busy_ms = left_ms
+                yield
+        finally:
+            self._lock.release()
+
+    @contextmanager
     def _transaction(self, job_id: str | None = None) -> Iterator[sqlite3.Connection]:
         """One ``BEGIN IMMEDIATE`` transaction: takes the write lock up front, so the
         compare and the write below cannot interleave with another process."""
-        with self._lock, self._translate(job_id):
+        with self._turn(job_id), self._translate(job_id):
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
@@ -243,7 +267,7 @@ class SqliteBackend(Backend):
             self._db.execute("COMMIT")
 
     def _read(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        with self._lock, self._translate():
+        with self._turn(), self._translate():
             return self._db.execute(sql, params).fetchall()
 
     @staticmethod
