@@ -116,7 +116,9 @@ def _timed(call: Callable[[], Any], server: LocalZooKeeper) -> Outcome:
     return _timed_all({"call": call}, server)["call"]
 
 
-def _kill_on_read(store: LeaseStore, server: LocalZooKeeper, nth: int) -> None:
+def _kill_on_read(
+    store: LeaseStore, server: LocalZooKeeper, nth: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """SIGKILL the server as the store's ``nth`` batch of reads is about to be sent."""
     wire = backend_of(store)._wire
     real = wire.read
@@ -128,7 +130,7 @@ def _kill_on_read(store: LeaseStore, server: LocalZooKeeper, nth: int) -> None:
             server.stop()
         return real(*args, **kwargs)
 
-    wire.read = read  # type: ignore[method-assign]
+    monkeypatch.setattr(wire, "read", read)
 
 
 LISTINGS: dict[str, Callable[[LeaseStore], Any]] = {
@@ -140,11 +142,11 @@ LISTINGS: dict[str, Callable[[LeaseStore], Any]] = {
 
 @pytest.mark.parametrize("name", sorted(LISTINGS))
 def test_a_listing_ends_by_its_deadline_when_the_server_is_killed_during_it(
-    server: LocalZooKeeper, store: LeaseStore, name: str
+    server: LocalZooKeeper, store: LeaseStore, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The second batch is the first chunk of the job reads (after the listing): hundreds
     # of requests sent while kazoo reconnects.
-    _kill_on_read(store, server, nth=2)
+    _kill_on_read(store, server, 2, monkeypatch)
     elapsed, raised = _timed(lambda: LISTINGS[name](store), server)
     assert isinstance(raised, BackendUnavailable), raised
     assert "timeout_s" in str(raised)
@@ -202,7 +204,7 @@ def test_every_call_on_a_dead_server_ends_by_its_deadline(
 
 
 def test_a_write_whose_answer_is_lost_is_read_back_by_the_deadline_and_grace(
-    server: LocalZooKeeper, store: LeaseStore
+    server: LocalZooKeeper, store: LeaseStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The server dies with the enqueue's multi in flight: reading back cannot reach it
     (OutcomeUnknown, within timeout_s + SETTLE_GRACE_S), unless its answer came first."""
@@ -221,11 +223,8 @@ def test_a_write_whose_answer_is_lost_is_read_back_by_the_deadline_and_grace(
         tx.commit_async = commit_async
         return tx
 
-    client.transaction = transaction
-    try:
-        elapsed, raised = _timed(lambda: store.enqueue("w", "lost", b""), server)
-    finally:
-        client.transaction = real
+    monkeypatch.setattr(client, "transaction", transaction)
+    elapsed, raised = _timed(lambda: store.enqueue("w", "lost", b""), server)
     assert raised is None or isinstance(raised, OutcomeUnknown), raised
     assert elapsed <= TIMEOUT_S + SETTLE_GRACE_S + SLACK_S
 
