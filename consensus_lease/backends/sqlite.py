@@ -41,8 +41,9 @@ given twice in the query string or a value that is not a finite number of second
 ================  =======  ==========================================================
 option            default  meaning
 ================  =======  ==========================================================
-busy_timeout_s    5.0      how long a statement waits for another process's write
-                           lock before ``BackendUnavailable``
+busy_timeout_s    5.0      how long an operation waits for the write lock (another
+                           process's, or this process's other threads') before
+                           ``BackendUnavailable``
 poll_interval_s   0.05     ``claim(..., wait_s=)`` re-checks at this interval (SQLite
                            has no watches: ``capabilities.store_watch`` is False)
 create            true     create the file and the store's tables if missing. With
@@ -212,10 +213,12 @@ class SqliteBackend(Backend):
     ) -> None:
         self.path = path
         self.poll_interval_s = poll_interval_s
+        self.busy_timeout_s = busy_timeout_s
         self._lock = threading.Lock()
         self._history = History(path)
         create = create or path == ":memory:"
         self._db = self._connect(path, busy_timeout_s, create)
+        self._busy_ms = int(busy_timeout_s * 1000)  # the connection's busy_timeout now
         try:
             with self._translate():
                 self._db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
@@ -319,13 +322,34 @@ class SqliteBackend(Backend):
             ) from exc
 
     @contextmanager
+    def _turn(self, job_id: str | None = None) -> Iterator[None]:
+        """This process's turn on the connection, within one ``busy_timeout_s`` budget:
+        waiting for the other threads of this process, then (SQLite's busy timeout, set
+        to what is left) for other processes' locks."""
+        deadline = time.monotonic() + self.busy_timeout_s
+        if not self._lock.acquire(timeout=self.busy_timeout_s):
+            raise BackendUnavailable(
+                f"SQLite database {self.path!r}: other threads of this process kept it busy "
+                f"for busy_timeout_s ({self.busy_timeout_s:g} s)", job_id=job_id,
+            )
+        try:
+            with self._translate(job_id):
+                left_ms = max(1, int((deadline - time.monotonic()) * 1000))
+                if abs(left_ms - self._busy_ms) > 50:  # waited for a thread: less is left
+                    self._db.execute(f"PRAGMA busy_timeout = {left_ms}")
+                    self._busy_ms = left_ms
+                yield
+        finally:
+            self._lock.release()
+
+    @contextmanager
     def _transaction(
         self, job_id: str | None = None, *, check_file: bool = False
     ) -> Iterator[sqlite3.Connection]:
         """One ``BEGIN IMMEDIATE`` transaction: takes the write lock up front, so the
         compare and the write below cannot interleave with another process. With
         ``check_file``, first StoreRegressed if the path now names another file."""
-        with self._lock, self._translate(job_id):
+        with self._turn(job_id), self._translate(job_id):
             if check_file:
                 self._history.check_file()
             self._db.execute("BEGIN IMMEDIATE")
@@ -337,7 +361,7 @@ class SqliteBackend(Backend):
             self._db.execute("COMMIT")
 
     def _read(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        with self._lock, self._translate():
+        with self._turn(), self._translate():
             return self._db.execute(sql, params).fetchall()
 
     @staticmethod

@@ -36,7 +36,11 @@ hosts                  (required)           ``h1:port,h2:port,...`` members trie
 ``connect_timeout_s``  10.0                 how long to keep trying members (connect,
                                             fail over, read back after a lost answer)
                                             before ``BackendUnavailable`` /
-                                            ``OutcomeUnknown``, seconds
+                                            ``OutcomeUnknown``, seconds. ``get``,
+                                            ``records``, ``queue_jobs``,
+                                            ``queue_candidates`` and ``purge`` end, all
+                                            their pages included, by
+                                            ``max(timeout_s, connect_timeout_s)``
 ``user``, ``password`` none                 etcd RBAC credentials (also as
                                             ``etcd://user:password@hosts/...``; options
                                             win); needs read/write on the prefix

@@ -86,9 +86,9 @@ def wait(ops: Ops, queue: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     qkeys = ops.layout.queue(queue)
     try:
-        revision, held, complete = _held_snapshot(
-            ops, qkeys, min(timeout_s, ops.config.timeout_s)
-        )
+        budget_s = min(timeout_s, ops.config.timeout_s)
+        with ops.transport.bounded(budget_s):  # every page read by one deadline
+            revision, held, complete = _held_snapshot(ops, qkeys, budget_s)
         if held is None:
             return  # something looked claimable already
         ranges = [WatchRange(*qkeys.pendings, filters=(NODELETE,))]  # enqueues

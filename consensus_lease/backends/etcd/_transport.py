@@ -20,6 +20,10 @@ back (see the driver).
 Every answer's header goes through the driver's :class:`~._regression.RevisionGuard`
 (:meth:`Transport.attempt`); an answer from a history older than one already seen raises
 ``StoreRegressed``, which is never retried.
+
+A public call that makes many requests (a listing, a purge) runs inside
+:meth:`Transport.bounded`: one deadline, fixed at its start, caps every request's budget,
+so the call as a whole ends by it however many pages or chunks it has left.
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import grpc
@@ -91,6 +97,11 @@ _AMBIGUOUS = frozenset(
 # grants and revokes are applied through raft on the member that answers).
 _LINEARIZABLE = frozenset({("kv", "Range"), ("kv", "Txn"), ("lease", "LeaseGrant"),
                            ("lease", "LeaseRevoke")})
+_CALL: ContextVar[tuple[Transport, float] | None] = ContextVar(
+    "consensus_lease_etcd_call", default=None
+)
+"""The transport and deadline of the bounded call this thread (or task) is in, if any."""
+
 _TOKEN_REJECTED = ("invalid auth token", "revision of auth store is old")
 _AUTH_MESSAGES = (
     "authentication failed",
@@ -245,6 +256,45 @@ class Transport:
             token = self._token
         return md if token is None else (*md, ("token", token))
 
+    # -- time ---------------------------------------------------------------------------
+
+    @contextmanager
+    def bounded(self, budget_s: float | None = None) -> Iterator[float]:
+        """Run a public call: every request inside (on this thread) ends by one deadline,
+        ``budget_s`` seconds from now (default ``max(timeout_s, connect_timeout_s)``:
+        what one request may take), which it yields (``time.monotonic()`` seconds). In
+        a call already, the outer deadline stays."""
+        outer = _CALL.get()
+        if outer is not None and outer[0] is self:
+            yield outer[1]
+            return
+        if budget_s is None:
+            budget_s = max(self.config.timeout_s, self.config.connect_timeout_s)
+        deadline = time.monotonic() + budget_s
+        token = _CALL.set((self, deadline))
+        try:
+            yield deadline
+        finally:
+            _CALL.reset(token)
+
+    def _left(self, what: str, job_id: str | None, generation: int | None) -> float | None:
+        """Seconds left to the current call's deadline (``None`` outside a bounded call).
+
+        Raises:
+            BackendUnavailable: none left; the request is not sent.
+        """
+        call = _CALL.get()
+        if call is None or call[0] is not self:
+            return None
+        left = call[1] - time.monotonic()
+        if left <= 0:
+            raise BackendUnavailable(
+                f"etcd {what}: not sent, the call's time ran out (timeout_s="
+                f"{self.config.timeout_s:g} s, connect_timeout_s="
+                f"{self.config.connect_timeout_s:g} s)", job_id=job_id, generation=generation,
+            )
+        return left
+
     # -- requests -----------------------------------------------------------------------
 
     def attempt(self, stub: str, method: str, request: Any, timeout_s: float) -> Any:
@@ -291,13 +341,16 @@ class Transport:
         generation: int | None = None,
     ) -> Any:
         """An idempotent request: on a transient failure, retried on the next member
-        until ``budget_s`` (default ``connect_timeout_s``) has passed.
+        until ``budget_s`` (default ``connect_timeout_s``; at most what is left of a
+        bounded call) has passed.
 
         Raises:
             BackendUnavailable (naming every member tried), AuthenticationFailed,
             SessionExpired, InvalidArgument: translated, chained to the gRPC error.
         """
         budget = self.config.connect_timeout_s if budget_s is None else budget_s
+        remaining = self._left(what, job_id, generation)
+        budget = budget if remaining is None else min(budget, remaining)
         deadline = time.monotonic() + budget
         failures: list[Failure] = []
         retrying = tenacity.Retrying(
@@ -333,10 +386,18 @@ class Transport:
         job_id: str | None = None,
         generation: int | None = None,
     ) -> Any:
-        """One attempt of a write. A definite refusal is raised translated; an
-        ambiguous failure is raised as :class:`Failure` for the caller to settle."""
+        """One attempt of a write (``timeout_s``, at most what is left of a bounded
+        call). A definite refusal is raised translated; an ambiguous failure is raised as
+        :class:`Failure` for the caller to settle.
+
+        Raises:
+            BackendUnavailable: no time left in the bounded call; not sent.
+        """
+        remaining = self._left(what, job_id, generation)
+        timeout = self.config.timeout_s if remaining is None else min(self.config.timeout_s,
+                                                                       remaining)
         try:
-            return self.attempt(stub, method, request, self.config.timeout_s)
+            return self.attempt(stub, method, request, timeout)
         except Failure as failure:
             if failure.ambiguous:
                 raise

@@ -488,7 +488,8 @@ class EtcdBackend(Backend):
         Raises:
             BackendUnavailable / AuthenticationFailed.
         """
-        return _queue.candidates(self._ops, queue, limit)
+        with self._transport.bounded():
+            return _queue.candidates(self._ops, queue, limit)
 
     def queue_jobs(self, queue: str, limit: int | None = None) -> list[QueuedJob]:
         """Every job of the queue, oldest enqueued first, at one revision: the queue's
@@ -499,7 +500,8 @@ class EtcdBackend(Backend):
         Raises:
             BackendUnavailable / AuthenticationFailed.
         """
-        return _queue.list_jobs(self._ops, queue, limit)
+        with self._transport.bounded():
+            return _queue.list_jobs(self._ops, queue, limit)
 
     def wait_for_queue(self, queue: str, timeout_s: float) -> None:
         """Read the queue's open jobs; return at once if one is neither held nor in a
@@ -525,7 +527,8 @@ class EtcdBackend(Backend):
         Raises:
             OutcomeUnknown / BackendUnavailable / AuthenticationFailed: some may be purged.
         """
-        return _queue.purge(self._ops, queue)
+        with self._transport.bounded():
+            return _queue.purge(self._ops, queue)
 
     # -- reading and waiting ------------------------------------------------------------
 
@@ -538,7 +541,8 @@ class EtcdBackend(Backend):
         Raises:
             BackendUnavailable / AuthenticationFailed.
         """
-        return _records.read_record(self._ops, job_id)
+        with self._transport.bounded():
+            return _records.read_record(self._ops, job_id)
 
     def records(self, limit: int | None = None) -> list[LeaseRecord]:
         """Every job under the prefix in job-id order, from key-ordered range reads of
@@ -548,7 +552,8 @@ class EtcdBackend(Backend):
         Raises:
             BackendUnavailable / AuthenticationFailed.
         """
-        return _records.list_records(self._ops, limit)
+        with self._transport.bounded():
+            return _records.list_records(self._ops, limit)
 
     def wait_for_change(self, job_id: str, timeout_s: float) -> None:
         """Read the job's keys; if it is held or a retry delay runs, watch them from the

@@ -224,9 +224,11 @@ check_hostname        false                           check the certificate's ho
 connect_timeout_s     10.0                            seconds to wait for a session (or, in
                                                       ``open_store``, the shared client) to
                                                       open (then ``BackendUnavailable``)
-timeout_s             10.0                            seconds to wait for an answer or for a lost
-                                                      connection to come back (then
-                                                      ``BackendUnavailable`` / ``OutcomeUnknown``)
+timeout_s             10.0                            seconds one call may take, waiting for
+                                                      answers or for a lost connection to come
+                                                      back included (then ``BackendUnavailable``;
+                                                      a write's read-back may add 1 s, then
+                                                      ``OutcomeUnknown``)
 max_result_bytes      1000000                         largest completion result (jute.maxbuffer
                                                       is 1 MiB by default)
 ====================  ==============================  ============================================
@@ -263,6 +265,12 @@ Limits worth knowing:
   seen (up to the ``limit`` asked, 32 from ``claim_next``; 8 MiB are cached per
   backend): with payloads near the limit, keep large data elsewhere and enqueue a
   reference to it.
+* ``timeout_s`` bounds each call as a whole (one deadline from its start, however many
+  round trips it makes; see ``_wire``): ``queue_jobs``, ``queue_stats``, ``records`` and
+  ``purge`` of a very large queue must finish within it (a few thousand reads a second
+  with kazoo), or fail with ``BackendUnavailable``: raise ``timeout_s`` for them. At most
+  100 requests per client are in flight at once, so kazoo never blocks a caller while it
+  reconnects (``_gate``).
 * ``queue_candidates`` and ``wait_for_queue`` list every open and every held job's name
   (``queue_jobs`` and ``purge`` every member's): one round trip, but its size grows with
   the queue (about 30 bytes a job with short ids). Purge completed jobs; keep a queue's

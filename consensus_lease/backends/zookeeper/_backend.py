@@ -3,12 +3,13 @@ docstring for the layout, the guarantees relied on and the options."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import ClassVar
+from typing import ClassVar, Concatenate, ParamSpec, TypeVar
 
 from ...backend import Backend, Capabilities, SessionHandle, StateListener
 from ...errors import (
@@ -23,7 +24,7 @@ from ...errors import (
 from ...record import ClaimResult, LeaseRecord, QueuedJob
 from ._claims import Claims
 from ._epoch import Epochs
-from ._errors import KAZOO_ERRORS, translate
+from ._errors import KAZOO_ERRORS
 from ._history import KEEPALIVE_FRACTION, History, Prober, new_identity
 from ._holds import Holds
 from ._layout import EPOCH_SHIFT, JobPaths, decode_name, to_record
@@ -47,6 +48,24 @@ the session before ending it from that client itself: well inside the shortest l
 deadline tests use (a 1 s TTL less its margin)."""
 
 _WAIT_ERRORS: tuple[type[BaseException], ...] = (LeaseError, *KAZOO_ERRORS)
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _bounded(
+    method: Callable[Concatenate[ZooKeeperBackend, _P], _R],
+) -> Callable[Concatenate[ZooKeeperBackend, _P], _R]:
+    """A public call: every round trip it makes ends by one deadline, ``timeout_s`` from
+    its start (reading back a lost answer, ``SETTLE_GRACE_S`` later); see
+    :meth:`._wire.Wire.bounded`."""
+
+    @functools.wraps(method)
+    def call(self: ZooKeeperBackend, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with self._wire.bounded():
+            return method(self, *args, **kwargs)
+
+    return call
 
 
 def quiet_kazoo_by_default() -> None:
@@ -283,14 +302,10 @@ class ZooKeeperBackend(Backend):
         ``again`` when a claim found it deleted."""
         if self._base_ready and not again:
             return
-        try:
-            h.client.ensure_path_async(self.config.base, acl=self.config.acl_list()).get(
-                timeout=self.config.timeout_s
-            )
-        except KAZOO_ERRORS as exc:
-            raise translate(exc, f"creating {self.config.base}", self.hosts) from exc
+        self._wire.ensure_path(h.client, self.config.base, "claim" if again else "open_session")
         self._base_ready = True
 
+    @_bounded
     def keepalive(self, session: SessionHandle) -> float:
         """One write barrier (a multi of one ``check``, changing nothing) on the session's
         own connection: it must commit through the quorum, so its answer proves the
@@ -385,6 +400,7 @@ class ZooKeeperBackend(Backend):
 
     # -- claiming --------------------------------------------------------------------------
 
+    @_bounded
     def claim(self, session: SessionHandle, job_id: str) -> ClaimResult | None:
         """Claim ``job_id`` in one multi: a versioned ``set_data`` on the job znode (the
         version just read; the new version is the generation) plus the ephemeral owner
@@ -418,6 +434,7 @@ class ZooKeeperBackend(Backend):
             raise outcome
         return outcome
 
+    @_bounded
     def claim_many(
         self, session: SessionHandle, job_ids: Sequence[str]
     ) -> list[ClaimResult | None]:
@@ -433,6 +450,7 @@ class ZooKeeperBackend(Backend):
 
     # -- holding, completing, releasing -------------------------------------------------------
 
+    @_bounded
     def renew(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> float:
         """Check, after a write barrier, that the job znode's version is
         ``claim.generation`` and its owner znode's ephemeralOwner is this session (one
@@ -452,6 +470,7 @@ class ZooKeeperBackend(Backend):
             self._holds.renew(h, self._paths(job_id), claim, send)
         return h.current_ttl_s()
 
+    @_bounded
     def complete(
         self, session: SessionHandle, job_id: str, claim: ClaimResult, result: bytes
     ) -> LeaseRecord:
@@ -487,6 +506,7 @@ class ZooKeeperBackend(Backend):
         with _concerning(job_id, claim.generation):
             return self._holds.complete(h, self._paths(job_id), claim, result)
 
+    @_bounded
     def release(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> None:
         """End the hold in one multi: check the job znode's version is
         ``claim.generation`` and delete this session's owner znode (at its version; and a
@@ -504,6 +524,7 @@ class ZooKeeperBackend(Backend):
         with _concerning(job_id, claim.generation):
             self._holds.release(h, self._paths(job_id), claim)
 
+    @_bounded
     def fail(
         self, session: SessionHandle, job_id: str, claim: ClaimResult, error: str,
         retry_in_s: float,
@@ -536,6 +557,7 @@ class ZooKeeperBackend(Backend):
         with _concerning(job_id, claim.generation):
             return self._holds.fail(h, self._paths(job_id), claim, error, retry_in_s)
 
+    @_bounded
     def requeue(self, job_id: str) -> LeaseRecord:
         """FAILED -> AVAILABLE at once, on the shared client: read the job (after a write
         barrier), then one multi: the failure znode's versioned write (not FAILED, no
@@ -555,6 +577,7 @@ class ZooKeeperBackend(Backend):
 
     # -- reading and waiting ----------------------------------------------------------------
 
+    @_bounded
     def get(self, job_id: str) -> LeaseRecord | None:
         """The job's record, read after a write barrier on the shared client (a multi of
         one ``check``, which changes nothing), so it reflects every operation any client
@@ -564,7 +587,8 @@ class ZooKeeperBackend(Backend):
         ZooKeeper does not expose session deadlines.
 
         Raises:
-            BackendUnavailable / AuthenticationFailed.
+            BackendUnavailable: no answer within ``timeout_s`` of the call's start.
+            AuthenticationFailed.
         """
         paths = self._paths(job_id)
         _, job, owner, failure = self._wire.reader_read(
@@ -573,9 +597,15 @@ class ZooKeeperBackend(Backend):
         )
         return to_record(paths, job, owner, failure)
 
+    @_bounded
     def records(self, limit: int | None = None) -> list[LeaseRecord]:
         """Every job (children of ``{chroot}/jobs``), ordered by job id, at most ``limit``;
-        read after a write barrier, as :meth:`get`."""
+        read after a write barrier, as :meth:`get`.
+
+        Raises:
+            BackendUnavailable: not done within ``timeout_s`` of the call's start (every
+                read included). AuthenticationFailed.
+        """
         children = self._wire.reader_read(
             [("barrier", self.config.base), ("children", self.config.base)], "records"
         )[1] or []
@@ -607,10 +637,11 @@ class ZooKeeperBackend(Backend):
         if delay_s:
             threading.Event().wait(min(max(timeout_s, 0.0), delay_s))
             return
-        read_timeout_s = min(self.config.timeout_s, max(timeout_s, 0.0) + 1.0)
+        read_budget_s = min(self.config.timeout_s, max(timeout_s, 0.0) + 1.0)
         try:
-            client = self._wire.reader()
-            self._watches.wait_gone(client, self._paths(job_id).owner, timeout_s, read_timeout_s)
+            with self._wire.bounded(read_budget_s) as read_deadline:
+                gate = self._wire.gate(self._wire.reader())
+            self._watches.wait_gone(gate, self._paths(job_id).owner, timeout_s, read_deadline)
         except _WAIT_ERRORS as exc:
             log.debug("wait_for_change could not watch", extra={"job_id": job_id,
                                                                  "error": repr(exc)})
@@ -618,6 +649,7 @@ class ZooKeeperBackend(Backend):
 
     # -- work queues -------------------------------------------------------------------------
 
+    @_bounded
     def enqueue(
         self, queue: str, job_id: str, payload: bytes, max_attempts: int | None = None
     ) -> bool:
@@ -643,6 +675,7 @@ class ZooKeeperBackend(Backend):
         """
         return self._queues.enqueue(queue, job_id, payload, max_attempts)
 
+    @_bounded
     def queue_candidates(self, queue: str, limit: int) -> list[tuple[str, bytes]]:
         """Up to ``limit`` ``(job_id, payload)`` of ``queue``'s jobs neither completed nor
         FAILED, not held, and without a running retry delay, oldest ``seq`` first: one
@@ -653,17 +686,20 @@ class ZooKeeperBackend(Backend):
         the claim decides. An unknown queue has none.
 
         Raises:
-            BackendUnavailable.
+            BackendUnavailable: not done within ``timeout_s`` of the call's start (every
+                read of the listing included: raise it for a very large queue).
         """
         return self._queues.candidates(queue, limit)
 
+    @_bounded
     def queue_jobs(self, queue: str, limit: int | None = None) -> list[QueuedJob]:
         """Every job of ``queue`` (at most ``limit``), oldest first, with its record,
         payload and ``seq``; an unknown queue is empty. One listing, then pipelined reads
         of each job's znode, owner znode and member.
 
         Raises:
-            BackendUnavailable.
+            BackendUnavailable: not done within ``timeout_s`` of the call's start (every
+                read of the listing included: raise it for a very large queue).
         """
         return self._queues.jobs(queue, limit)
 
@@ -685,6 +721,7 @@ class ZooKeeperBackend(Backend):
                                                                "error": repr(exc)})
             threading.Event().wait(min(max(timeout_s, 0.0), 0.25))
 
+    @_bounded
     def purge(self, queue: str) -> int:
         """Delete ``queue``'s completed jobs: each one's tag (and failure znode), job znode
         (at its completed version) and member, in multis of up to 100 jobs (far below
@@ -698,7 +735,9 @@ class ZooKeeperBackend(Backend):
         version 0, so its generations (fencing tokens) would repeat.
 
         Raises:
-            BackendUnavailable / OutcomeUnknown (some batches may have been deleted).
+            BackendUnavailable / OutcomeUnknown (some batches may have been deleted): not
+                done within ``timeout_s`` of the call's start (a lost answer read back
+                within ``SETTLE_GRACE_S`` more).
         """
         return self._queues.purge(queue)
 

@@ -7,8 +7,9 @@ kazoo                                                consensus_lease
 ``SessionClosedRequireSaslError``
 ``SessionExpiredError`` (and ``ConnectionClosedError``  ``SessionExpired`` for a worker session;
 on a stopped client)                                 ``BackendUnavailable`` for the read client
-``ConnectionLoss``, ``KazooTimeoutError``,           ``BackendUnavailable`` naming the hosts;
-``OperationTimeoutError``, ``SessionMovedError``,    for a write, the caller reads back first
+``ConnectionLoss``, ``KazooTimeoutError``,           ``BackendUnavailable`` naming the hosts
+``OperationTimeoutError``, ``SessionMovedError``,    (and ``timeout_s``); for a write, the
+                                                     caller reads back first
 ``ThrottledOpError``, ``RequestTimeoutError``
 any other kazoo or ZooKeeper error                   ``BackendUnavailable``
 ===================================================  ==========================================
@@ -28,6 +29,7 @@ from kazoo.exceptions import (
 from kazoo.handlers.threading import KazooTimeoutError
 
 from ...errors import AuthenticationFailed, BackendUnavailable, LeaseError, SessionExpired
+from ._gate import IN_FLIGHT, NotSent
 
 __all__ = ["KAZOO_ERRORS", "translate"]
 
@@ -45,11 +47,13 @@ def translate(
     worker_session: bool = True,
     job_id: str | None = None,
     generation: int | None = None,
+    timeout_s: float | None = None,
 ) -> LeaseError:
     """The library error for kazoo exception ``exc`` raised while doing ``what``.
 
     ``worker_session`` says whether the client was a worker's session (whose expiry is
-    final: ``SessionExpired``) or the backend's shared read client (which reconnects)."""
+    final: ``SessionExpired``) or the backend's shared read client (which reconnects).
+    ``timeout_s``, if given, is named in the message of a deadline that passed."""
     where = f"ZooKeeper at {hosts}"
     if isinstance(exc, LeaseError):
         return exc
@@ -68,9 +72,16 @@ def translate(
             f"{what}: kazoo protocol error with {where} ({exc.args[0] if exc.args else exc}); "
             f"the connection is being reset", job_id=job_id, generation=generation,
         )
+    within = "in time" if timeout_s is None else f"within timeout_s ({timeout_s:g} s)"
+    if isinstance(exc, NotSent):
+        return BackendUnavailable(
+            f"{what}: could not send to {where} {within}: not connected (or {IN_FLIGHT} "
+            f"requests already unanswered); nothing was sent", job_id=job_id,
+            generation=generation,
+        )
     if isinstance(exc, KazooTimeoutError):
         return BackendUnavailable(
-            f"{what}: no answer from {where} in time", job_id=job_id, generation=generation
+            f"{what}: no answer from {where} {within}", job_id=job_id, generation=generation
         )
     detail = type(exc).__name__ + (f": {exc}" if str(exc) else "")
     return BackendUnavailable(

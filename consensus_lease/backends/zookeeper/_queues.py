@@ -48,7 +48,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kazoo.client import KazooClient
 from kazoo.exceptions import (
     BadVersionError,
     NodeExistsError,
@@ -60,7 +59,8 @@ from kazoo.exceptions import (
 
 from ...errors import BackendUnavailable, InvalidArgument
 from ...record import QueuedJob
-from ._errors import KAZOO_ERRORS, translate
+from ._errors import translate
+from ._gate import Gate
 from ._layout import (
     JobPaths,
     QueuePaths,
@@ -178,10 +178,10 @@ class Queues:
             tx.create(q.marker(tag.member), b"")
 
         def settle(deadline: float) -> bool:
-            answer = self.wire.read(
-                self.wire.reader(), [("sync", self.config.base), ("get", paths.tag)], deadline,
-                f"{what} (reading back)", worker=False, job_id=paths.job_id,
-            )[1]
+            reads: list[Read] = [("sync", self.config.base), ("get", paths.tag)]
+            answer = self.wire.read(self.wire.reader(deadline), reads, deadline,
+                                    f"{what} (reading back)", worker=False,
+                                    job_id=paths.job_id)[1]
             return answer is not None and QueueTag.parse(answer[0], paths.tag) == tag
 
         multi = self.wire.reader_commit(build, settle, what, paths.job_id)
@@ -232,13 +232,9 @@ class Queues:
         if known is not None and ready:
             return known
         if not ready:
-            acl = self.config.acl_list()
             client = self.wire.reader()
-            try:
-                for path in (self.config.base, q.members, q.open, q.held):
-                    client.ensure_path_async(path, acl=acl).get(timeout=self.config.timeout_s)
-            except KAZOO_ERRORS as exc:
-                raise translate(exc, what, self.wire.hosts, worker_session=False) from exc
+            for path in (self.config.base, q.members, q.open, q.held):
+                self.wire.ensure_path(client, path, what, worker=False)
         stat = self.wire.reader_read([("sync", self.config.base), ("exists", q.node)], what)[1]
         if stat is None:
             return 0  # deleted by hand meanwhile: the multi fails on it and makes it again
@@ -392,23 +388,26 @@ class Queues:
     def wait(self, queue: str, timeout_s: float) -> None:
         """See :meth:`ZooKeeperBackend.wait_for_queue
         <consensus_lease.backends.zookeeper.ZooKeeperBackend.wait_for_queue>`.
+        Its reads end by the option ``timeout_s`` or this wait's ``timeout_s`` + 1 s,
+        whichever is shorter, from the start.
         Raises kazoo's and the library's exceptions (the backend handles them)."""
         deadline = time.monotonic() + max(timeout_s, 0.0)
-        read_timeout_s = min(self.config.timeout_s, max(timeout_s, 0.0) + 1.0)
-        client = self.wire.reader()
+        read_budget_s = min(self.config.timeout_s, max(timeout_s, 0.0) + 1.0)
         q = self.paths(queue)
         woken = threading.Event()
         joined: list[tuple[str, str]] = []
         try:
-            most_s = self._watch(client, q, woken, joined, read_timeout_s)
+            with self.wire.bounded(read_budget_s) as read_deadline:
+                gate = self.wire.gate(self.wire.reader())
+                most_s = self._watch(gate, q, woken, joined, read_deadline)
             if most_s is not None:
                 woken.wait(max(0.0, min(deadline - time.monotonic(), most_s)))
         finally:
             self.watches.leave(joined, woken)
 
     def _watch(
-        self, client: KazooClient, q: QueuePaths, woken: threading.Event,
-        joined: list[tuple[str, str]], read_timeout_s: float,
+        self, gate: Gate, q: QueuePaths, woken: threading.Event,
+        joined: list[tuple[str, str]], read_deadline: float,
     ) -> float | None:
         """Join the child watches on the queue's ``open`` (an enqueue; a completion),
         ``held`` (a release, a completion, a holder's session ending; a claim) and
@@ -419,31 +418,25 @@ class Queues:
         timer event."""
         paths = [q.open, q.held, q.delayed]
         joined += [("children", path) for path in paths]
-        names = self.watches.join(client, "children", paths, woken, read_timeout_s)
+        names = self.watches.join(gate, "children", paths, woken, read_deadline)
         if names[0] is None:  # no such queue yet: its first enqueue creates it
             joined.append(("created", q.open))
-            armed = self.watches.join(client, "created", [q.open], woken, read_timeout_s)[0]
+            armed = self.watches.join(gate, "created", [q.open], woken, read_deadline)[0]
             return None if armed is None else math.inf
         if names[1] is None:
             return None  # made by hand, or deleted: nothing to wait on
+        what = f"waiting on queue {q.queue!r}"
         if True in names:
             # joined watches armed earlier: read the names (any change since wakes us)
-            pending = [client.get_children_async(path) for path in paths]
-            try:
-                names = [pending[0].get(timeout=read_timeout_s),
-                         pending[1].get(timeout=read_timeout_s)]
-            except NoNodeError:
+            names = self.wire.read(gate.client, [("children", path) for path in paths],
+                                   read_deadline, what, worker=False)
+            if names[0] is None or names[1] is None:
                 return None
-            try:
-                names.append(pending[2].get(timeout=read_timeout_s))
-            except NoNodeError:
-                names.append(None)
         open_names, held_names, delayed_names = names
         free = sorted(set(open_names).difference(held_names))
         if not free:
             return math.inf  # every job not completed is held
-        chosen, soonest = self._claimable(q, free, set(delayed_names or ()), 1,
-                                          f"waiting on queue {q.queue!r}")
+        chosen, soonest = self._claimable(q, free, set(delayed_names or ()), 1, what)
         if chosen:
             return None
         return math.inf if soonest is None else soonest
@@ -519,7 +512,7 @@ class Queues:
         def settle(deadline: float) -> bool:
             reads: list[Read] = [("sync", self.config.base)]
             reads += [("exists", job.paths.job) for job in batch]
-            gone = self.wire.read(self.wire.reader(), reads, deadline,
+            gone = self.wire.read(self.wire.reader(deadline), reads, deadline,
                                   f"{what} (reading back)", worker=False)[1:]
             return all(stat is None for stat in gone)
 

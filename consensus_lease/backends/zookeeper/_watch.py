@@ -9,10 +9,13 @@ spurious return, which the caller's claim loop allows.
 from __future__ import annotations
 
 import threading
+import time
+from functools import partial
 from typing import Any
 
-from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
+
+from ._gate import Gate
 
 __all__ = ["OwnerWatches", "SharedWatches"]
 
@@ -22,11 +25,11 @@ class OwnerWatches:
         self._lock = threading.Lock()
         self._armed: dict[str, threading.Event] = {}
 
-    def wait_gone(
-        self, client: KazooClient, path: str, timeout_s: float, read_timeout_s: float
-    ) -> None:
+    def wait_gone(self, gate: Gate, path: str, timeout_s: float, read_deadline: float) -> None:
         """Return once ``path`` does not exist, was deleted or changed, or after
-        ``timeout_s`` seconds. Raises kazoo's exceptions from the ``exists`` read."""
+        ``timeout_s`` seconds. The ``exists`` read goes through ``gate`` and ends by
+        ``read_deadline`` (``time.monotonic()`` seconds). Raises kazoo's exceptions
+        from it."""
         with self._lock:
             event = self._armed.get(path)
         if event is None:
@@ -38,7 +41,11 @@ class OwnerWatches:
                     if self._armed.get(path) is event:
                         del self._armed[path]
 
-            if client.exists_async(path, watch=fire).get(timeout=read_timeout_s) is None:
+            arm = partial(gate.client.exists_async, path, watch=fire)
+            answer = gate.start(arm, read_deadline).get(
+                timeout=max(0.0, read_deadline - time.monotonic())
+            )
+            if answer is None:
                 return  # no holder now (the watch left behind fires on the next claim)
             with self._lock:
                 # Armed only while the node exists: an unfired watch then means "still there".
@@ -80,11 +87,12 @@ class SharedWatches:
             event.set()
 
     def join(
-        self, client: KazooClient, kind: str, paths: list[str], event: threading.Event,
-        read_timeout_s: float,
+        self, gate: Gate, kind: str, paths: list[str], event: threading.Event,
+        read_deadline: float,
     ) -> list[Any]:
         """Join ``event`` to the watch ``kind`` on each of ``paths``, arming those not
-        armed yet with one pipelined round trip. Element ``i`` answers ``paths[i]``:
+        armed yet with one pipelined round trip (through ``gate``, by ``read_deadline``,
+        ``time.monotonic()`` seconds). Element ``i`` answers ``paths[i]``:
 
         * ``True``: joined a watch that is armed (the condition it waits on still held
           when it was armed, and nothing fired since);
@@ -115,13 +123,12 @@ class SharedWatches:
                 def fire(_watched: Any, key: tuple[str, str] = key) -> None:
                     self._fire(key)
 
-                if kind == "children":
-                    pending.append(client.get_children_async(paths[i], watch=fire))
-                else:
-                    pending.append(client.exists_async(paths[i], watch=fire))
+                read = (gate.client.get_children_async if kind == "children"
+                        else gate.client.exists_async)
+                pending.append(gate.start(partial(read, paths[i], watch=fire), read_deadline))
             for i, result in zip(mine, pending, strict=False):
                 try:
-                    answers[i] = result.get(timeout=read_timeout_s)
+                    answers[i] = result.get(timeout=max(0.0, read_deadline - time.monotonic()))
                 except NoNodeError:
                     answers[i] = None  # get_children of a missing path: no watch registered
         except BaseException:

@@ -1,7 +1,15 @@
 """Round trips to ZooKeeper: pipelined reads, one multi with read-back on a lost answer,
 and the shared read client. Every kazoo exception is translated here, and every answer's
 zxid is shown to the backend's :class:`._history.History` (a write answered below a zxid
-seen before it was sent is a store whose history went back)."""
+seen before it was sent is a store whose history went back).
+
+Time: a public call of the backend runs inside :meth:`Wire.bounded`, which fixes one
+deadline, ``timeout_s`` from its start; every round trip it makes (however many chunks a
+listing takes, a retry after a lost connection, waiting for a reconnection) ends by it,
+and reading back a write whose answer was lost by :data:`SETTLE_GRACE_S` after it. Every
+request is started through the client's :class:`._gate.Gate`, so that kazoo itself never
+blocks the caller while it reconnects.
+"""
 
 from __future__ import annotations
 
@@ -9,28 +17,47 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
-from ...errors import AuthenticationFailed, BackendUnavailable, OutcomeUnknown, SessionExpired
+from ...errors import (
+    AuthenticationFailed,
+    BackendUnavailable,
+    LeaseError,
+    OutcomeUnknown,
+    SessionExpired,
+)
 from ._errors import KAZOO_ERRORS, translate
+from ._gate import Gate
 from ._options import ZkConfig
 from ._session import ZkSession
 
 if TYPE_CHECKING:
     from ._history import History
 
-__all__ = ["READER_SESSION_TIMEOUT_S", "Multi", "Read", "Wire"]
+__all__ = ["READER_SESSION_TIMEOUT_S", "SETTLE_GRACE_S", "Multi", "Read", "Wire"]
 
 log = logging.getLogger("consensus_lease.backends.zookeeper")
 
 READER_SESSION_TIMEOUT_S = 10.0
 """Session timeout requested for the shared client used by get/records/wait_for_change."""
+
+SETTLE_GRACE_S = 1.0
+"""How long past a call's deadline reading back a write whose answer was lost may go on
+(the answer may have been lost just before the deadline). A public call that writes thus
+returns or raises within ``timeout_s`` + this."""
+
+_CALL: ContextVar[tuple[Wire, float] | None] = ContextVar("consensus_lease_zk_call", default=None)
+"""The wire and deadline of the public call this thread (or task) is in, if any."""
 
 Read = tuple[str, str]
 """One read: ("sync" | "barrier" | "get" | "exists" | "children" | "clock", path).
@@ -82,7 +109,7 @@ class Multi:
 
 
 class Wire:
-    """The backend's round trips. ``config.timeout_s`` bounds each of them.
+    """The backend's round trips. One deadline bounds each public call (:meth:`bounded`).
 
     Args:
         config: the parsed URL and options.
@@ -96,30 +123,74 @@ class Wire:
         self._reader: KazooClient | None = None
         self._reader_lock = threading.Lock()
         self._closed = False
+        self._gates: weakref.WeakKeyDictionary[KazooClient, Gate] = weakref.WeakKeyDictionary()
+        self._gates_lock = threading.Lock()
+
+    # -- time -----------------------------------------------------------------------------
+
+    @contextmanager
+    def bounded(self, budget_s: float | None = None) -> Iterator[float]:
+        """Run a public call: every round trip inside (on this thread) ends by one
+        deadline, ``budget_s`` (default ``timeout_s``) seconds from now, which it yields
+        (``time.monotonic()`` seconds). Inside a call already (a call made by another),
+        the outer deadline stays."""
+        outer = _CALL.get()
+        if outer is not None and outer[0] is self:
+            yield outer[1]
+            return
+        budget = self.config.timeout_s if budget_s is None else budget_s
+        deadline = time.monotonic() + budget
+        token = _CALL.set((self, deadline))
+        try:
+            yield deadline
+        finally:
+            _CALL.reset(token)
 
     def deadline(self) -> float:
+        """The current call's deadline (see :meth:`bounded`); outside one, ``timeout_s``
+        from now."""
+        call = _CALL.get()
+        if call is not None and call[0] is self:
+            return call[1]
         return time.monotonic() + self.config.timeout_s
+
+    def gate(self, client: KazooClient) -> Gate:
+        """The gate every request to ``client`` is started through."""
+        with self._gates_lock:
+            gate = self._gates.get(client)
+            if gate is None:
+                gate = self._gates[client] = Gate(client)
+            return gate
+
+    def _error(self, exc: BaseException, what: str, *, worker: bool = True,
+               job_id: str | None = None, generation: int | None = None) -> LeaseError:
+        return translate(exc, what, self.hosts, worker_session=worker, job_id=job_id,
+                         generation=generation, timeout_s=self.config.timeout_s)
+
+    # -- round trips ------------------------------------------------------------------------
 
     def read(
         self, client: KazooClient, reads: Sequence[Read], deadline: float, what: str, *,
         worker: bool = True, job_id: str | None = None,
     ) -> list[Any]:
-        """Send every read at once, then collect the answers in order: one round trip of
-        latency. A missing node reads as ``None``. ZooKeeper answers one client's requests
-        in order, so reads see this client's own earlier writes. Reads after a ``barrier``
-        also see every other client's write committed before it; after a ``sync`` only
-        on a follower, not on the leader (see :func:`_barrier_async`)."""
-        start = {
+        """Send every read at once (at most :data:`._gate.IN_FLIGHT` unanswered), then
+        collect the answers in order: one round trip of latency. Ends by ``deadline``. A
+        missing node reads as ``None``. ZooKeeper answers one client's requests in order,
+        so reads see this client's own earlier writes. Reads after a ``barrier`` also see
+        every other client's write committed before it; after a ``sync`` only on a
+        follower, not on the leader (see :func:`_barrier_async`)."""
+        start: dict[str, Callable[[str], Any]] = {
             "sync": client.sync_async,
-            "barrier": lambda path: _barrier_async(client, path),
+            "barrier": partial(_barrier_async, client),
             "get": client.get_async,
             "exists": client.exists_async,
             "children": client.get_children_async,
             "clock": lambda path: client.set_async(path, b"", -1),
         }
         floor = self.history.highest() if any(k in WRITES for k, _ in reads) else None
+        gate = self.gate(client)
         try:
-            pending = [start[kind](path) for kind, path in reads]
+            pending = [gate.start(partial(start[kind], path), deadline) for kind, path in reads]
             out: list[Any] = []
             for result in pending:
                 try:
@@ -127,7 +198,7 @@ class Wire:
                 except NoNodeError:
                     out.append(None)
         except KAZOO_ERRORS as exc:
-            raise translate(exc, what, self.hosts, worker_session=worker, job_id=job_id) from exc
+            raise self._error(exc, what, worker=worker, job_id=job_id) from exc
         self._answered(client, floor, what)
         return out
 
@@ -149,30 +220,33 @@ class Wire:
         acl = self.config.acl_list()
         deadline = self.deadline()
         try:
-            pending = [client.create_async(path, data, acl=acl) for path, data in nodes]
+            gate = self.gate(client)
+            pending = [gate.start(partial(client.create_async, path, data, acl=acl), deadline)
+                       for path, data in nodes]
             for result in pending:
                 with contextlib.suppress(NodeExistsError):
                     result.get(timeout=max(0.0, deadline - time.monotonic()))
         except KAZOO_ERRORS as exc:
-            raise translate(exc, what, self.hosts) from exc
+            raise self._error(exc, what, worker=False) from exc
 
     def ensure_path(self, client: KazooClient, path: str, what: str, *,
                     worker: bool = True) -> None:
-        """Make ``path`` (and its parents) with the configured ACL if missing."""
+        """Make ``path`` (and its parents) with the configured ACL if missing, by the
+        current call's deadline."""
+        deadline = self.deadline()
         try:
-            client.ensure_path_async(path, acl=self.config.acl_list()).get(
-                timeout=self.config.timeout_s
-            )
+            self.gate(client).start(
+                partial(client.ensure_path_async, path, acl=self.config.acl_list()), deadline
+            ).get(timeout=max(0.0, deadline - time.monotonic()))
         except KAZOO_ERRORS as exc:
-            raise translate(exc, f"{what}: creating {path}", self.hosts,
-                            worker_session=worker) from exc
+            raise self._error(exc, f"{what}: creating {path}", worker=worker) from exc
 
     def session_read(
         self, h: ZkSession, reads: Sequence[Read], what: str, job_id: str | None = None,
         deadline: float | None = None,
     ) -> list[Any]:
         """Reads on a worker session's client, riding out a connection loss until the
-        deadline (reads are safe to repeat)."""
+        deadline (default: the call's; reads are safe to repeat)."""
         deadline = self.deadline() if deadline is None else deadline
         while True:
             h.wait_connected(deadline)
@@ -192,7 +266,8 @@ class Wire:
         """Send one multi (``build(transaction)`` adds its operations) on the session's
         client. If its answer is lost (connection loss, timeout, kazoo protocol error) it
         may or may not have been applied: read back with ``settle(deadline) -> applied``
-        once the session is connected again, never re-send blindly.
+        once the session is connected again, never re-send blindly. Sent by the call's
+        deadline; read back by :data:`SETTLE_GRACE_S` after it.
 
         Raises:
             SessionExpired: the session ended (before sending, or while reading back).
@@ -205,28 +280,31 @@ class Wire:
         build(transaction)
         floor = self.history.highest()
         try:
-            results = transaction.commit_async().get(
-                timeout=max(0.0, deadline - time.monotonic())
-            )
+            pending = self.gate(h.client).start(transaction.commit_async, deadline)
+        except KAZOO_ERRORS as exc:
+            raise self._error(exc, what, job_id=job_id, generation=generation) from exc
+        try:
+            results = pending.get(timeout=max(0.0, deadline - time.monotonic()))
         except (ConnectionLoss, KazooTimeoutError, RuntimeError) as exc:
             log.warning("answer to a %s was lost; reading back", what,
                         extra={"job_id": job_id, "session_id": h.session_id})
-            return Multi(self._settle(h, settle, what, job_id, generation, exc), [])
+            applied = self._settle(h, settle, what, job_id, generation, exc,
+                                   deadline + SETTLE_GRACE_S)
+            return Multi(applied, [])
         except KAZOO_ERRORS as exc:
-            raise translate(exc, what, self.hosts, job_id=job_id, generation=generation) from exc
+            raise self._error(exc, what, job_id=job_id, generation=generation) from exc
         self._answered(h.client, floor, what)
         failed = any(isinstance(r, Exception) for r in results)
         return Multi(not failed, list(results))
 
     def _settle(
         self, h: ZkSession, probe: Callable[[float], bool], what: str, job_id: str | None,
-        generation: int | None, cause: BaseException,
+        generation: int | None, cause: BaseException, deadline: float,
     ) -> bool:
         # Once reconnected with the same session, a request still in flight on the old
         # connection is either ordered before the write barrier the probe sends or
         # rejected (the session moved to the new connection), so a read after the
         # barrier is the truth.
-        deadline = self.deadline()
         while True:
             try:
                 h.wait_connected(deadline)
@@ -237,44 +315,59 @@ class Wire:
                 if time.monotonic() >= deadline:
                     raise OutcomeUnknown(
                         f"{what}: the answer from ZooKeeper ({self.hosts}) was lost and "
-                        f"reading back failed too: {exc}",
+                        f"reading back failed too within timeout_s "
+                        f"({self.config.timeout_s:g} s): {exc}",
                         job_id=job_id, generation=generation,
                     ) from cause
                 threading.Event().wait(0.05)  # back off before asking again
 
     # -- the shared read client ---------------------------------------------------------------
 
-    def reader(self) -> KazooClient:
-        """The backend's one client for get/records/waits (started on first use; kazoo
-        opens a new session on it by itself if its session expires)."""
-        with self._reader_lock:
+    def reader(self, deadline: float | None = None) -> KazooClient:
+        """The backend's one client for get/records/waits, started on first use (by
+        ``deadline``, default the call's; kazoo opens a new session on it by itself if
+        its session expires)."""
+        deadline = self.deadline() if deadline is None else deadline
+        if not self._reader_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise BackendUnavailable(
+                f"the ZooKeeper read client ({self.hosts}) was still connecting at the "
+                f"deadline (timeout_s={self.config.timeout_s:g} s)"
+            )
+        try:
             if self._closed:
                 raise BackendUnavailable("this ZooKeeper backend is closed")
             if self._reader is None:
+                wait_s = min(self.config.connect_timeout_s, deadline - time.monotonic())
                 client = self.config.new_client(READER_SESSION_TIMEOUT_S)
                 try:
-                    client.start(timeout=self.config.connect_timeout_s)
+                    client.start(timeout=max(0.0, wait_s))
                 except KAZOO_ERRORS as exc:
                     raise BackendUnavailable(
                         f"no ZooKeeper member of {self.hosts} answered within "
-                        f"{self.config.connect_timeout_s} s"
+                        f"{max(0.0, wait_s):.3g} s (connect_timeout_s="
+                        f"{self.config.connect_timeout_s:g}, timeout_s={self.config.timeout_s:g})"
                     ) from exc
                 self._reader = client
             return self._reader
+        finally:
+            self._reader_lock.release()
 
     def reader_read(
-        self, reads: Sequence[Read], what: str, job_id: str | None = None
+        self, reads: Sequence[Read], what: str, job_id: str | None = None,
+        deadline: float | None = None,
     ) -> list[Any]:
-        """Reads on the shared client, retried while it reconnects, until the deadline."""
-        client = self.reader()
-        deadline = self.deadline()
+        """Reads on the shared client, retried while it reconnects, until the deadline
+        (default: the call's)."""
+        deadline = self.deadline() if deadline is None else deadline
+        client = self.reader(deadline)
         while True:
             try:
                 return self.read(client, reads, deadline, what, worker=False, job_id=job_id)
             except BackendUnavailable as exc:
-                if isinstance(exc, AuthenticationFailed) or time.monotonic() >= deadline:
+                left = deadline - time.monotonic()
+                if isinstance(exc, AuthenticationFailed) or left <= 0:
                     raise
-                threading.Event().wait(0.05)  # the client is reconnecting
+                threading.Event().wait(min(left, 0.05))  # the client is reconnecting
 
     def reader_commit(
         self, build: Callable[[Any], None], settle: Callable[[float], bool], what: str,
@@ -288,32 +381,34 @@ class Wire:
             BackendUnavailable: nothing was applied (or the store refused the multi as a
                 whole). OutcomeUnknown: reading back could not settle it in time.
         """
-        client = self.reader()
         deadline = self.deadline()
+        client = self.reader(deadline)
         transaction = client.transaction()
         build(transaction)
         floor = self.history.highest()
         try:
-            results = transaction.commit_async().get(
-                timeout=max(0.0, deadline - time.monotonic())
-            )
+            pending = self.gate(client).start(transaction.commit_async, deadline)
+        except KAZOO_ERRORS as exc:
+            raise self._error(exc, what, worker=False, job_id=job_id) from exc
+        try:
+            results = pending.get(timeout=max(0.0, deadline - time.monotonic()))
         except (ConnectionLoss, KazooTimeoutError, RuntimeError) as exc:
             log.warning("answer to a %s was lost; reading back", what, extra={"job_id": job_id})
-            return Multi(self._settle_shared(settle, what, job_id, exc), [])
+            applied = self._settle_shared(settle, what, job_id, exc, deadline + SETTLE_GRACE_S)
+            return Multi(applied, [])
         except KAZOO_ERRORS as exc:
-            raise translate(exc, what, self.hosts, worker_session=False, job_id=job_id) from exc
+            raise self._error(exc, what, worker=False, job_id=job_id) from exc
         self._answered(client, floor, what)
         failed = any(isinstance(r, Exception) for r in results)
         return Multi(not failed, list(results))
 
     def _settle_shared(
         self, probe: Callable[[float], bool], what: str, job_id: str | None,
-        cause: BaseException,
+        cause: BaseException, deadline: float,
     ) -> bool:
         # A request in flight on a lost connection is ordered before the sync the probe
         # sends after reconnecting, or rejected (session moved, or expired: an expired
         # session's requests are never applied after its expiry).
-        deadline = self.deadline()
         while True:
             try:
                 return probe(deadline)
@@ -323,7 +418,8 @@ class Wire:
                 if time.monotonic() >= deadline:
                     raise OutcomeUnknown(
                         f"{what}: the answer from ZooKeeper ({self.hosts}) was lost and "
-                        f"reading back failed too: {exc}", job_id=job_id,
+                        f"reading back failed too within timeout_s "
+                        f"({self.config.timeout_s:g} s): {exc}", job_id=job_id,
                     ) from cause
                 threading.Event().wait(0.05)  # the client is reconnecting
 
