@@ -9,6 +9,18 @@ before reading the next), so answers are matched to waiters first-in first-out p
 id. A waiter that times out tears the whole stream down, so a late answer can never be
 taken for a later request: an answer always proves the lease was alive *after* its
 waiter's send time, which is what the session's local deadline assumes.
+
+One keepalive is several short attempts, not one long wait (:meth:`KeepAliveStreams.
+keepalive`): an attempt that fails or gets no answer within ``attempt_s`` drops the
+stream, which moves the transport to the next member, and is retried on a stream
+reopened there. During a leader election no member answers (a follower refuses a new
+stream at once with "no leader", or holds a forwarded renewal until a new leader takes
+it), and a member can keep a renewal for seconds after the election; short attempts that
+move on reach a member that answers within about ``attempt_s`` of the election's end.
+Reopening is paced for the whole driver, not per session: the first reopen after a
+stream that carried answers is immediate; after a stream that died without answering,
+the next waits 25 ms, doubling up to 100 ms, so all sessions retrying together during
+an outage open about ten streams a second.
 """
 
 from __future__ import annotations
@@ -17,6 +29,7 @@ import collections
 import logging
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,6 +41,12 @@ from ._transport import Failure, Member, Transport
 __all__ = ["KeepAliveStreams"]
 
 log = logging.getLogger("consensus_lease.etcd")
+
+FIRST_REOPEN_PAUSE_S = 0.025
+"""Pause before reopening after a stream that died without answering; doubled after
+each such stream in a row."""
+MAX_REOPEN_PAUSE_S = 0.1
+"""Longest pause before reopening a stream."""
 
 
 class _Waiter:
@@ -48,6 +67,7 @@ class _Stream:
         self._lock = threading.Lock()
         self._waiters: dict[int, collections.deque[_Waiter]] = {}
         self.failure: Failure | None = None
+        self.answered = False  # carried at least one answer
         self._call = member.lease.LeaseKeepAlive(self._request_iter(), metadata=metadata)
         self._reader = threading.Thread(
             target=self._read, name=f"consensus-lease-etcd-keepalive-{member.target}", daemon=True
@@ -75,6 +95,7 @@ class _Stream:
         try:
             for response in self._call:
                 with self._lock:
+                    self.answered = True
                     pending = self._waiters.get(response.ID)
                     waiter = pending.popleft() if pending else None
                 if waiter is not None:
@@ -103,35 +124,86 @@ class _Stream:
 
 
 class KeepAliveStreams:
-    """Keepalives over one shared stream, reopened on the current member after a failure."""
+    """Keepalives over one shared stream, reopened on the next member after a failure."""
 
     def __init__(self, transport: Transport) -> None:
         self._transport = transport
         self._lock = threading.Lock()
         self._stream: _Stream | None = None
+        self._closed = threading.Event()
+        self._pause_s = 0.0  # before the next reopen, after streams that never answered
+        self._open_at = 0.0  # monotonic time before which no stream is opened
 
     def _current(self) -> _Stream:
-        with self._lock:
-            if self._stream is None or self._stream.failure is not None:
-                self._stream = _Stream(self._transport.member(), self._transport.metadata())
-            return self._stream
+        """The open stream, or a new one on the transport's current member once the
+        reopen pause has passed. Raises :class:`Failure` if closed."""
+        while True:
+            with self._lock:
+                stream = self._stream
+                if stream is not None and stream.failure is not None:
+                    self._retire(stream, stream.failure)
+                    stream = None
+                if stream is not None:
+                    return stream
+                wait_s = self._open_at - time.monotonic()
+                if wait_s <= 0 and not self._closed.is_set():
+                    self._stream = _Stream(self._transport.member(), self._transport.metadata())
+                    return self._stream
+            if self._closed.is_set() or self._closed.wait(wait_s):
+                raise Failure(self._transport.config.describe(), grpc.StatusCode.CANCELLED,
+                              "the store is closed")
+
+    def _retire(self, stream: _Stream, failure: Failure) -> None:
+        """Forget a dead current stream (with ``_lock`` held): move to the next member
+        and set the pause before the next reopen."""
+        if self._stream is not stream:
+            return  # another thread already did
+        self._stream = None
+        if failure.transient:
+            self._transport.rotate(stream.member)
+        if stream.answered:
+            self._pause_s = 0.0
+        else:
+            self._pause_s = min(max(2 * self._pause_s, FIRST_REOPEN_PAUSE_S), MAX_REOPEN_PAUSE_S)
+        self._open_at = time.monotonic() + self._pause_s
 
     def _drop(self, stream: _Stream, failure: Failure) -> None:
         stream.fail(failure)
-        if failure.transient:
-            self._transport.rotate(stream.member)
         with self._lock:
-            if self._stream is stream:
-                self._stream = None
+            self._retire(stream, stream.failure or failure)
 
-    def keepalive(self, lease_id: int, timeout_s: float) -> int:
-        """Send one keepalive for ``lease_id``; return the TTL etcd answered (<= 0: the
-        lease is gone).
+    def keepalive(
+        self,
+        lease_id: int,
+        budget_s: float,
+        attempt_s: float,
+        tried: list[Failure] | None = None,
+    ) -> int:
+        """Keep ``lease_id`` alive: attempts on the shared stream, each waiting at most
+        ``attempt_s`` seconds for its answer, retried on the next member while less than
+        ``budget_s`` seconds have passed (so it returns within about ``budget_s +
+        attempt_s``; see the module docstring). Returns the TTL etcd answered, in seconds
+        (<= 0: the lease is gone). Every failed attempt is appended to ``tried``.
 
         Raises:
-            Failure: no answer within ``timeout_s`` or the stream broke; the lease may
-                still be alive.
+            Failure: the last attempt's failure once the budget is spent or the store is
+                closed (at once if it is not worth retrying); the lease may still be
+                alive.
         """
+        deadline = time.monotonic() + budget_s
+        while True:
+            try:
+                return self._attempt(lease_id, attempt_s)
+            except Failure as exc:
+                failure = exc
+            if tried is not None:
+                tried.append(failure)
+            if not failure.transient or self._closed.is_set() or time.monotonic() >= deadline:
+                raise failure
+
+    def _attempt(self, lease_id: int, timeout_s: float) -> int:
+        """One keepalive on the current stream. Raises :class:`Failure`: no answer
+        within ``timeout_s`` or the stream broke (the stream is then dropped)."""
         for retry_auth in (True, False):
             stream = self._current()
             try:
@@ -157,6 +229,7 @@ class KeepAliveStreams:
         raise AssertionError("unreachable")
 
     def close(self) -> None:
+        self._closed.set()
         with self._lock:
             stream, self._stream = self._stream, None
         if stream is not None:

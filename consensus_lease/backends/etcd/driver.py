@@ -128,19 +128,26 @@ class EtcdBackend(Backend):
 
     def keepalive(self, session: SessionHandle) -> float:
         """One LeaseKeepAlive on the driver's shared stream; returns the TTL etcd granted,
-        in seconds. Waits at most ``min(timeout_s, granted TTL / 3)``.
+        in seconds. Short attempts, each moving to the next member after a failure or
+        ``granted TTL / 10`` seconds without an answer (within 0.2 s .. ``timeout_s``),
+        are retried for ``granted TTL / 3`` seconds (at most ``timeout_s``): a leader
+        election costs a keepalive about its own length, not a long wait on a member
+        that does not answer (see :mod:`._keepalive`).
 
         Raises:
             SessionExpired: etcd answered TTL <= 0: the lease is gone, with all its keys.
             BackendUnavailable: no answer; the lease may still be alive.
         """
         handle = self._handle(session)
-        timeout = min(self.config.timeout_s, max(0.2, handle.granted_ttl_s / 3))
+        ttl_s = handle.granted_ttl_s
+        budget = min(self.config.timeout_s, max(0.2, ttl_s / 3))
+        attempt = min(budget, max(0.2, ttl_s / 10))
         what = f"keepalive of session {handle.session_id}"
+        tried: list[Failure] = []
         try:
-            ttl = self._keepalives.keepalive(handle.lease_id, timeout)
+            ttl = self._keepalives.keepalive(handle.lease_id, budget, attempt, tried)
         except Failure as failure:
-            raise translate(failure, what) from failure.__cause__
+            raise translate(failure, what, tried) from failure.__cause__
         if ttl <= 0:
             raise SessionExpired(f"{what}: etcd says the lease expired or was revoked")
         return float(ttl)
