@@ -32,6 +32,7 @@ from ._config import EtcdConfig
 from ._keys import Completion, JobKeys, Layout
 from ._session import EtcdClaim, EtcdSession
 from ._transport import Failure, Transport
+from ._txn_limit import TxnLimit
 
 __all__ = ["Ops", "Settled"]
 
@@ -48,12 +49,14 @@ class Settled:
 
 
 class Ops:
-    """The driver's shared context: config, transport and key layout."""
+    """The driver's shared context: config, transport, key layout, and what is known of
+    the server's ``--max-txn-ops`` (:mod:`._txn_limit`)."""
 
     def __init__(self, config: EtcdConfig, transport: Transport, layout: Layout) -> None:
         self.config = config
         self.transport = transport
         self.layout = layout
+        self.txn_limit = TxnLimit()
 
     # -- reading --------------------------------------------------------------------------
 
