@@ -565,6 +565,7 @@ def test_queue_of_100_jobs_on_a_server_allowing_16_operations_per_transaction(
         assert [j.record.job_id for j in jobs] == ids
         stats = store.queue_stats("work")
         assert (stats.completed, stats.held, stats.available) == (60, 1, 39)
+        assert [r.job_id for r in store.records()] == ids
         assert store.purge("work") == 60
         assert [j.record.job_id for j in store.queue_jobs("work")] == [
             i for i in ids if i not in done]
