@@ -3,8 +3,10 @@
 One implementation for every backend. The deadline is ``send time of the last successful
 renewal + granted TTL - safety margin`` on the worker's monotonic clock (never the
 receive time: the store started its TTL no earlier than it received the request). The
-keepalive thread renews every ``granted TTL / 3``; the watchdog thread declares the
-session LOST the moment the deadline passes, whatever the backend does or fails to do.
+keepalive thread renews every ``granted TTL / 3``, and after a failed renewal retries
+50 ms later, doubling the delay up to a third of that interval (never waiting for the
+next regular tick); the watchdog thread declares the session LOST the moment the
+deadline passes, whatever the backend does or fails to do.
 When the session is lost, the store-side session is ended as well (best effort, from a
 background thread), so that a client library which keeps its connection alive by itself
 (kazoo's pings) cannot keep this worker's jobs held after it has given them up.
@@ -44,6 +46,10 @@ KEEPALIVE_FRACTION = 1 / 3
 DEFAULT_MARGIN_FRACTION = 0.1
 """Default safety margin: this fraction of the granted TTL is taken off the local deadline
 to cover clock-rate drift between worker and store and scheduling delay."""
+
+FIRST_RETRY_S = 0.05
+"""Delay before retrying a failed keepalive; doubled after each further failure, up to a
+third of the keepalive interval and a quarter of the time left before the deadline."""
 
 LossListener = Callable[[LeaseLost], None]
 
@@ -338,6 +344,7 @@ class Liveness:
     def _keepalive_loop(self) -> None:
         last_send = self.clock.monotonic()
         retry_s: float | None = None
+        failures = 0  # in a row
         while not self._stop.is_set():
             interval = self.granted_ttl_s * KEEPALIVE_FRACTION
             next_at = last_send + (interval if retry_s is None else retry_s)
@@ -350,12 +357,14 @@ class Liveness:
             if state is SessionState.SUSPENDED:
                 retry_s = min(interval, 0.2)
                 continue
-            retry_s = self._keepalive_once(interval)
+            retry_s = self._keepalive_once(interval, failures)
+            failures = 0 if retry_s is None else failures + 1
             if self._stop.is_set():
                 return
 
-    def _keepalive_once(self, interval: float) -> float | None:
-        """One keepalive; returns the retry delay after a failure, ``None`` on success."""
+    def _keepalive_once(self, interval: float, failures: int) -> float | None:
+        """One keepalive; returns the retry delay after a failure (``failures``: the
+        failures just before this one), ``None`` on success."""
         try:
             self.keepalive()
             return None
@@ -364,10 +373,12 @@ class Liveness:
         except StoreClosed:
             return None  # the store is closing the session, which stops this loop
         except BackendUnavailable as exc:
-            # Keep trying, faster, until the watchdog declares the deadline passed.
+            # Retry soon, then backing off, until the watchdog declares the deadline
+            # passed: the store may answer again any moment (a new leader, a reconnect).
             log.warning("keepalive failed, retrying",
                         extra={"session_id": self.handle.session_id, "error": str(exc)})
-            return max(0.05, min(interval / 3, self.remaining_s() / 4))
+            cap = max(FIRST_RETRY_S, min(interval / 3, self.remaining_s() / 4))
+            return min(cap, FIRST_RETRY_S * (1 << min(failures, 16)))
         except Exception as exc:  # a driver bug: do not pretend the lease is safe
             self.mark_lost(LeaseLost(f"keepalive failed unexpectedly: {exc!r}"))
             log.exception("keepalive crashed", extra={"session_id": self.handle.session_id})

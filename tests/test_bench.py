@@ -70,6 +70,7 @@ def check_measured(data: dict[str, Any], backend: str) -> None:
     w3 = loads["w3_keepalive"]
     assert [r["held"] for r in w3["rows"]] == sizes["w3_sizes"]
     assert all(r["ok"] and r["bytes_per_lease"] > 0 for r in w3["rows"])
+    assert all(r["min_headroom_s"] is None or r["min_headroom_s"] > 0 for r in w3["rows"])
     w4 = loads["w4_takeover"]
     assert w4["kill_s"]["n"] == w4["graceful_ms"]["n"] == sizes["w4_trials"]
     assert w4["stale_writes_rejected"] == sizes["w4_trials"]  # the fence did its job

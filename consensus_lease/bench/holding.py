@@ -15,6 +15,9 @@ session's own keepalive thread renews. Reported per N:
 * ``bytes_per_lease``: Python heap still allocated after the claims (``tracemalloc``,
   after ``gc.collect()``) / N: the Lease objects plus the driver's per-job state. Memory
   held by C libraries (gRPC core) is not seen by tracemalloc.
+* ``min_headroom_s``: the smallest renewal headroom in the window (time left before the
+  session's local deadline when a renewal succeeded, from the store's observer; ``None``
+  if nothing renewed): how close the holder came to losing its jobs.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import time
 import tracemalloc
 from typing import Any
 
+from ..observe import Observer
 from ..states import SessionState
 from ..store import open_store
 from .config import Sizes, Target
@@ -33,9 +37,26 @@ from .stats import CallLog, rate_from_times
 __all__ = ["w3_keepalive"]
 
 
+class _Headroom(Observer):
+    """Renewal headrooms (seconds) with their monotonic times."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: list[tuple[float, float]] = []
+
+    def renewed(self, store: str, latency_s: float, headroom_s: float) -> None:
+        with self._lock:
+            self._seen.append((time.monotonic(), headroom_s))
+
+    def smallest(self, start: float, end: float) -> float | None:
+        with self._lock:
+            return min((h for t, h in self._seen if start <= t <= end), default=None)
+
+
 def _hold(target: Target, sizes: Sizes, n: int, prefix: str) -> dict[str, Any]:
     assert target.url is not None
-    with open_store(target.url) as store:
+    headroom = _Headroom()
+    with open_store(target.url, observer=headroom) as store:
         calls = CallLog(store.backend, ("keepalive", "renew"))
         max_batch = store.capabilities.max_batch_claim
         with store.session(f"bench-w3-{n}", sizes.w3_ttl_s) as session:
@@ -77,6 +98,7 @@ def _hold(target: Target, sizes: Sizes, n: int, prefix: str) -> dict[str, Any]:
         "renewal_requests_per_s": rate_from_times(requests, window),
         "cpu_ms_per_s": 1000.0 * (cpu1 - cpu0) / window,
         "bytes_per_lease": (after - before) / n,
+        "min_headroom_s": headroom.smallest(t_start, t_end),
         "held_at_end": held_at_end,
         "session_state_at_end": state.value,
         "ok": held_at_end == n and state is SessionState.ACTIVE,

@@ -98,10 +98,12 @@ def _w3(results: dict[str, Any]) -> list[str]:
                          _f(r["renewal_requests_per_s"], ".2f"),
                          f"{r['keepalive_calls']} + {r['renew_calls']}",
                          _f(r["cpu_ms_per_s"], ".1f"), _f(r["bytes_per_lease"], ",.0f"),
+                         _f(r.get("min_headroom_s"), ".2f"),
                          "yes" if r["ok"] else f"NO ({r['held_at_end']} held)"])
     return _table(["backend", "held jobs", "claimed with", "claims/s", "renewal requests/s",
                    "keepalive + renew calls in window", "client CPU ms/s", "bytes per lease",
-                   "all held at end"], rows) + _errors(results, "w3_keepalive")
+                   "smallest renewal headroom s", "all held at end"], rows) + \
+        _errors(results, "w3_keepalive")
 
 
 def _w4(results: dict[str, Any]) -> list[str]:
@@ -230,7 +232,9 @@ def markdown(results: dict[str, Any], goals: list[Goal], plots: list[str]) -> st
         "`keepalive` and `renew` (wrapped on the instance), per second from their spacing. "
         "Client CPU: the whole bench process while idle (keepalive, client library threads, "
         "progress bar). Memory: Python heap allocated by the claims (tracemalloc) / held "
-        "jobs; C-level allocations (gRPC core) are not seen.",
+        "jobs; C-level allocations (gRPC core) are not seen. Smallest renewal headroom: "
+        "the least time left before the session's local deadline when a renewal "
+        "succeeded in the window.",
         "",
         *_w3(results),
         "## W4 — takeover",

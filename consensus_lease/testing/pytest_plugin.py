@@ -160,10 +160,16 @@ def zookeeper_cluster(
 def fresh_etcd_cluster(
     docker_engine: KitImages, request: pytest.FixtureRequest
 ) -> Iterator[EtcdCluster]:
-    """A 3-member etcd cluster for this test only (on its own addresses)."""
+    """A 3-member etcd cluster for this test only (on its own addresses).
+
+    Parametrize it indirectly with a dict of :class:`EtcdCluster` keyword arguments to
+    change its raft timing or flags, e.g. ``@pytest.mark.parametrize("fresh_etcd_cluster",
+    [{"election_timeout_ms": 500}], indirect=True)``.
+    """
     from consensus_lease.testing.cluster import EtcdCluster
 
-    cluster = EtcdCluster(image=docker_engine.etcd)
+    options: dict[str, Any] = getattr(request, "param", None) or {}
+    cluster = EtcdCluster(image=docker_engine.etcd, **options)
     request.node.stash.setdefault(_CLUSTERS_KEY, []).append(cluster)
     yield from _run_cluster(cluster, request.config)
 

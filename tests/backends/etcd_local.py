@@ -327,11 +327,12 @@ def require_local_etcd(etcdctl: bool = False) -> None:
         pytest.skip(reason)
 
 
-def local_members(size: int, base: int) -> Iterator[LocalEtcd]:
+def local_members(size: int, base: int, extra_args: tuple[str, ...] = ()) -> Iterator[LocalEtcd]:
     """For a module's fixture (``yield from local_members(...)``): ``size`` members on
-    127.0.251.(base+1 ...), stopped at teardown; see :func:`require_local_etcd`."""
+    127.0.251.(base+1 ...), each started with ``extra_args`` (more ``etcd`` flags, e.g.
+    ``("--max-txn-ops", "16")``), stopped at teardown; see :func:`require_local_etcd`."""
     require_local_etcd()
-    with LocalEtcd(size=size, base=base) as cluster:
+    with LocalEtcd(size=size, base=base, extra_args=extra_args) as cluster:
         yield cluster
 
 

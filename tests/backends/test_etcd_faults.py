@@ -40,6 +40,7 @@ from consensus_lease import (
     open_store,
 )
 from consensus_lease.errors import JobFailed
+from consensus_lease.observe import Observer
 from consensus_lease.testing.conformance import poll_until
 
 
@@ -290,6 +291,35 @@ def test_paused_member_is_left_and_leases_stay_held(healthy: LocalEtcd) -> None:
         assert lease.state is LeaseState.HELD
         record = store.get("fresh")
         assert record is not None and record.generation == fresh.generation
+
+
+class _Headroom(Observer):
+    def __init__(self) -> None:
+        self.headrooms: list[float] = []
+
+    def renewed(self, store: str, latency_s: float, headroom_s: float) -> None:
+        self.headrooms.append(headroom_s)
+
+
+def test_silent_member_costs_a_keepalive_one_short_attempt(healthy: LocalEtcd) -> None:
+    """A keepalive stream on a member that falls silent (SIGSTOP) is left after a short
+    attempt (TTL/10), not after a whole TTL/3 request timeout followed by a pause: the
+    renewal lands with most of the TTL still left."""
+    observer = _Headroom()
+    follower = next(m for m in healthy.members if m is not healthy.leader())
+    with open_store(_url(healthy), observer=observer) as store:
+        use_member(store, follower.endpoint)  # the keepalive stream opens on it
+        with store.session("A", 5) as a:
+            lease = a.claim("held")
+            assert lease is not None
+            poll_until(lambda: observer.headrooms, 2 * a.granted_ttl_s)
+            healthy.pause(follower)
+            poll_until(lambda: len(observer.headrooms) >= 3, 2 * a.granted_ttl_s)
+            lease.ensure_held()
+    smallest = min(observer.headrooms)
+    # Renewed every 1.67 s, so 2.83 s are left when all is well; a silent member may
+    # cost one 0.5 s attempt. (Waiting out a 1.67 s timeout left under 1.2 s.)
+    assert smallest >= 0.35 * a.granted_ttl_s, observer.headrooms
 
 
 def test_no_member_left_is_backend_unavailable_then_lost(healthy: LocalEtcd) -> None:

@@ -528,3 +528,70 @@ def test_purge_beyond_one_transaction_on_the_cluster(etcd_cluster: Any, key_pref
                     lease.complete(b"")
         assert store.purge("q") == 150
         assert store.queue_jobs("q") == [] and store.records() == []
+
+
+# -- a server that allows few operations per transaction -------------------------------------
+
+
+SMALL_TXN_OPS = 16
+
+
+@pytest.fixture(scope="module")
+def small_txn_server() -> Iterator[LocalEtcd]:
+    yield from local_members(size=1, base=80, extra_args=("--max-txn-ops", str(SMALL_TXN_OPS)))
+
+
+def test_queue_of_100_jobs_on_a_server_allowing_16_operations_per_transaction(
+    small_txn_server: LocalEtcd,
+) -> None:
+    """Reads that scale with the queue are split to the server's limit, learnt from its
+    first refusal; purge is split into smaller batches (each job still deleted in one
+    nested transaction)."""
+    url = small_txn_server.url_with_prefix(f"small-{uuid.uuid4().hex[:8]}")
+    with open_store(url) as store, store.session("A", 30) as a:
+        ids = [f"job-{i:03d}" for i in range(100)]
+        for job_id in ids:
+            assert store.enqueue("work", job_id, job_id.encode())
+        done = []
+        for _ in range(60):
+            lease = a.claim_next("work")
+            assert lease is not None and lease.payload is not None
+            done.append(lease.job_id)
+            lease.complete(b"ok")
+        assert len(set(done)) == 60 and set(done) <= set(ids[:68])  # from the oldest 8
+        held = a.claim_next("work")
+        assert held is not None and held.job_id not in done
+        jobs = store.queue_jobs("work")
+        assert [j.record.job_id for j in jobs] == ids
+        stats = store.queue_stats("work")
+        assert (stats.completed, stats.held, stats.available) == (60, 1, 39)
+        assert [r.job_id for r in store.records()] == ids
+        assert store.purge("work") == 60
+        assert [j.record.job_id for j in store.queue_jobs("work")] == [
+            i for i in ids if i not in done]
+        assert backend_of(store)._ops.txn_limit.max_ops == SMALL_TXN_OPS
+
+
+def test_a_job_too_large_for_the_servers_txn_limit_names_the_flag() -> None:
+    """Splitting cannot help when one job's transaction is over the limit: the error
+    names --max-txn-ops, the server's limit and what is needed; nothing is written."""
+    with LocalEtcd(size=1, base=85, extra_args=("--max-txn-ops", "3")) as server:
+        with open_store(server.url_with_prefix("tiny")) as store:
+            for _ in range(2):  # learnt from the refusal, then refused before sending
+                with pytest.raises(InvalidArgument) as exc:
+                    store.enqueue("work", "job", b"payload")
+                message = str(exc.value)
+                assert "--max-txn-ops" in message and "allows 3" in message, message
+                assert "needs 4" in message, message
+            assert store.queue_jobs("work") == [] and store.get("job") is None
+
+
+def test_needed_ops_counts_nested_transactions_against_the_rest() -> None:
+    from consensus_lease.backends.etcd import _requests as rq
+    from consensus_lease.backends.etcd._txn_limit import needed_ops
+
+    nested = rq.txn(compare=[rq.exists(b"c")], success=[rq.delete(b"k")] * 8)
+    outer = rq.txn(success=[etcdrpc.RequestOp(request_txn=nested)] * 3)
+    assert needed_ops(nested) == 8
+    assert needed_ops(outer) == 3 + 8  # etcd: nested against --max-txn-ops minus 3
+    assert needed_ops(rq.txn(compare=[rq.exists(b"a")] * 5, success=[rq.get(b"a")])) == 5

@@ -197,3 +197,25 @@ def test_context_manager_surfaces_loss_after_body(
             with session.claim("job", wait_s=0) as lease:
                 backend.listeners[session.session_id](SessionEvent.EXPIRED)
         assert lease.state is LeaseState.LOST
+
+
+def test_failed_keepalive_is_retried_promptly(
+    store: LeaseStore, backend: ScriptedBackend, clock: FakeClock
+) -> None:
+    """A failed renewal is retried 50 ms later (then backing off), not at the next tick:
+    a store that answers again right after the failure renews the lease at once."""
+    with store.session("A", ttl_s=3.0) as session:
+        lease = session.claim("job")
+        assert lease is not None
+        backend.fail_keepalive = BackendUnavailable("leader election")
+        clock.advance(1.0)
+        poll_until(lambda: backend.keepalives >= 1, 5)
+        clock.advance(0.05)
+        poll_until(lambda: backend.keepalives >= 2, 5)  # first retry: 50 ms
+        clock.advance(0.1)
+        poll_until(lambda: backend.keepalives >= 3, 5)  # second retry: 100 ms later
+        backend.fail_keepalive = None
+        clock.advance(0.2)
+        poll_until(lambda: backend.keepalives >= 4, 5)  # third: 200 ms later, renews
+        poll_until(lambda: lease.remaining_s() > 2.5, 5)
+        lease.ensure_held()

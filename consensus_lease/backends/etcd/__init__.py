@@ -32,7 +32,9 @@ hosts                  (required)           ``h1:port,h2:port,...`` members trie
 ``/prefix``            ``/consensus_lease`` key prefix; every key lives under
                                             ``PREFIX/``. Prefixes must not nest.
 ``timeout_s``          5.0                  deadline of one gRPC request, seconds
-                                            (keepalives wait ``min(timeout_s, TTL/3)``)
+                                            (a keepalive tries members for
+                                            ``min(timeout_s, TTL/3)``, moving on after
+                                            ``TTL/10`` without an answer)
 ``connect_timeout_s``  10.0                 how long to keep trying members (connect,
                                             fail over, read back after a lost answer)
                                             before ``BackendUnavailable`` /

@@ -33,6 +33,7 @@ from ._keys import Completion, JobKeys, Layout, Owner
 from ._session import EtcdClaim, EtcdSession
 from ._tokens import EpochCache, compose, split
 from ._transport import Failure, Transport
+from ._txn_limit import TxnLimit
 
 __all__ = ["Ops", "ReadBack", "Settled"]
 
@@ -54,14 +55,16 @@ ReadBack = Callable[[float], list[Any]]
 
 
 class Ops:
-    """The driver's shared context: config, transport, key layout and the cached store
-    epoch (:class:`~._tokens.EpochCache`)."""
+    """The driver's shared context: config, transport, key layout, the cached store
+    epoch (:class:`~._tokens.EpochCache`) and what is known of the server's
+    ``--max-txn-ops`` (:mod:`._txn_limit`)."""
 
     def __init__(self, config: EtcdConfig, transport: Transport, layout: Layout) -> None:
         self.config = config
         self.transport = transport
         self.layout = layout
         self.epochs = EpochCache(layout.epoch)
+        self.txn_limit = TxnLimit()
 
     # -- reading --------------------------------------------------------------------------
 

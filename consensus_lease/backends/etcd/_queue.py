@@ -23,6 +23,11 @@ owner key, not-before key (a retry delay runs) and pending key exist, and its pa
 etcd sorts a range by create revision by reading every key of the range and truncating
 afterwards, so one call costs the server O(open jobs of the queue) small-key reads; the
 pending keys are empty, and completed and FAILED jobs are not among them.
+
+The transactions whose size grows with the jobs (the candidates' check, the listing's
+reads, purge) are built for etcd's default ``--max-txn-ops`` (128) and split to a
+smaller server limit once a refusal taught it (:mod:`._txn_limit`); purge splits only
+between jobs, each job's deletion stays one nested transaction.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from ._keys import Limit, QueueKeys, QueueMarker, queue_of
 from ._ops import Ops, Settled
 from ._records import job_record, kinds_of
 from ._transport import Failure
+from ._txn_limit import needed_ops, too_many_ops
 
 __all__ = [
     "MAX_PAYLOAD_BYTES",
@@ -63,7 +69,8 @@ marker and the framing. A server configured lower refuses larger enqueues with
 
 CANDIDATES_PAGE = 32
 """Pending keys per candidates page: the check transaction makes 4 gets per job and
-etcd allows 128 operations per transaction (``--max-txn-ops``)."""
+etcd allows 128 operations per transaction by default (``--max-txn-ops``; split further
+on a server that allows fewer)."""
 
 LISTING_JOBS = 32
 """Jobs per read transaction in ``queue_jobs`` (2 range reads each: the payload and
@@ -75,7 +82,8 @@ KEYS_PAGE = 512
 PURGE_BATCH = 64
 """Completed jobs deleted per purge transaction: each is a nested transaction of one
 compare and eight deletes; etcd checks a nested transaction against ``--max-txn-ops``
-(128) minus the outer transaction's size."""
+(128 by default) minus the outer transaction's size (fewer jobs per transaction on a
+server that allows fewer)."""
 
 
 def sorted_pending(qkeys: QueueKeys, limit: int, min_create: int) -> Any:
@@ -142,8 +150,15 @@ def enqueue(ops: Ops, queue: str, job_id: str, payload: bytes,
             return Settled(exists(None))
         return None  # not applied (yet): the same request again (its compare is guarded)
 
-    answer = ops.send_guarded(request, what, job_id=job_id, generation=None,
-                              read_back=job_keys, decide=decide)
+    ops.txn_limit.check(request, what)
+    try:
+        answer = ops.send_guarded(request, what, job_id=job_id, generation=None,
+                                  read_back=job_keys, decide=decide)
+    except InvalidArgument as exc:
+        if not too_many_ops(exc):
+            raise
+        ops.txn_limit.refused(ops, request, what)
+        raise ops.txn_limit.too_large(needed_ops(request), what) from exc
     if isinstance(answer, Settled):
         added: bool = answer.value
         return added
@@ -165,18 +180,12 @@ def candidates(ops: Ops, queue: str, limit: int) -> list[tuple[str, bytes]]:
     while len(out) < limit:
         page = ops.read(sorted_pending(qkeys, CANDIDATES_PAGE, min_create), what)
         jobs = page_jobs(qkeys, page.kvs)
-        if jobs:
-            checks = []
-            for job_id, _ in jobs:
-                keys = ops.layout.job(job_id)
-                checks += [
-                    rq.count(keys.owner),
-                    rq.count(keys.not_before),
-                    rq.count(qkeys.pending(job_id)),
-                    rq.get(qkeys.member(job_id)),
-                ]
-            found = ops.read(rq.txn(success=checks), what).responses
-            for i, (job_id, _) in enumerate(jobs):
+        checked = ops.txn_limit.read_split(
+            ops, jobs, CANDIDATES_PAGE, lambda chunk: _candidate_checks(ops, qkeys, chunk), what
+        )
+        for chunk, answer in checked:
+            found = answer.responses
+            for i, (job_id, _) in enumerate(chunk):
                 owner, delay, pending, member = found[4 * i : 4 * i + 4]
                 member_kv = rq.kv_of(member)
                 if (owner.response_range.count == 0 and delay.response_range.count == 0
@@ -186,6 +195,21 @@ def candidates(ops: Ops, queue: str, limit: int) -> list[tuple[str, bytes]]:
             break
         min_create = int(page.kvs[-1].create_revision) + 1
     return out[:limit]
+
+
+def _candidate_checks(ops: Ops, qkeys: QueueKeys, jobs: Sequence[tuple[str, int]]) -> Any:
+    """The read-only transaction asking, per job, whether its owner, not-before and
+    pending keys exist, and its payload (4 operations per job)."""
+    checks = []
+    for job_id, _ in jobs:
+        keys = ops.layout.job(job_id)
+        checks += [
+            rq.count(keys.owner),
+            rq.count(keys.not_before),
+            rq.count(qkeys.pending(job_id)),
+            rq.get(qkeys.member(job_id)),
+        ]
+    return rq.txn(success=checks)
 
 
 # -- listing ---------------------------------------------------------------------------
@@ -218,13 +242,15 @@ def list_jobs(ops: Ops, queue: str, limit: int | None) -> list[QueuedJob]:
     jobs = sorted(page_jobs(qkeys, members), key=lambda job: job[1])[:limit]
     out: list[QueuedJob] = []
     lease_until: dict[int, float | None] = {}
-    for start in range(0, len(jobs), LISTING_JOBS):
-        chunk = jobs[start : start + LISTING_JOBS]
+
+    def reads(chunk: Sequence[tuple[str, int]]) -> Any:
         gets = []
         for job_id, _ in chunk:  # at the members' snapshot
             gets += [rq.span(qkeys.member(job_id), qkeys.member(job_id) + b"\x00", revision),
                      rq.span(*ops.layout.job(job_id).directory, revision=revision)]
-        answer = ops.read(rq.txn(success=gets), what)
+        return rq.txn(success=gets)
+
+    for chunk, answer in ops.txn_limit.read_split(ops, jobs, LISTING_JOBS, reads, what):
         for i, (job_id, seq) in enumerate(chunk):
             member_kv = rq.kv_of(answer.responses[2 * i])
             kinds = kinds_of(ops, answer.responses[2 * i + 1].response_range.kvs)
@@ -247,10 +273,34 @@ def purge(ops: Ops, queue: str) -> int:
     open_jobs = {job_id for job_id, _ in page_jobs(qkeys, pendings)}
     done = [job_id for job_id, _ in sorted(page_jobs(qkeys, members), key=lambda j: j[1])
             if job_id not in open_jobs]
-    purged = 0
-    for start in range(0, len(done), PURGE_BATCH):
-        purged += _purge_batch(ops, qkeys, done[start : start + PURGE_BATCH], what)
+    purged, start = 0, 0
+    while start < len(done):
+        window = done[start : start + PURGE_BATCH]
+        batch = window[: ops.txn_limit.fitting(
+            window, lambda ids: _purge_request(ops, qkeys, ids), what)]
+        try:
+            purged += _purge_batch(ops, qkeys, batch, what)
+        except InvalidArgument as exc:  # refused as a whole: nothing of it was written
+            if not too_many_ops(exc):
+                raise
+            ops.txn_limit.refused(ops, _purge_request(ops, qkeys, batch), what)
+            continue
+        start += len(batch)
     return purged
+
+
+def _purge_request(ops: Ops, qkeys: QueueKeys, job_ids: Sequence[str]) -> Any:
+    """One transaction with a nested one per job: if its completion record exists,
+    delete its keys."""
+    nested = []
+    for job_id in job_ids:
+        keys = ops.layout.job(job_id)
+        doomed = (keys.completion, keys.history, keys.queue, keys.attempts, keys.error,
+                  keys.limit, qkeys.member(job_id), qkeys.pending(job_id))
+        nested.append(etcdrpc.RequestOp(request_txn=rq.txn(
+            compare=[rq.exists(keys.completion)], success=[rq.delete(k) for k in doomed],
+        )))
+    return rq.txn(success=nested)
 
 
 def _purge_batch(ops: Ops, qkeys: QueueKeys, job_ids: list[str], what: str) -> int:
@@ -262,17 +312,9 @@ def _purge_batch(ops: Ops, qkeys: QueueKeys, job_ids: list[str], what: str) -> i
     purged = 0
     deadline = time.monotonic() + ops.config.connect_timeout_s
     while job_ids:
-        nested = []
-        for job_id in job_ids:
-            keys = ops.layout.job(job_id)
-            doomed = (keys.completion, keys.history, keys.queue, keys.attempts, keys.error,
-                      keys.limit, qkeys.member(job_id), qkeys.pending(job_id))
-            nested.append(etcdrpc.RequestOp(request_txn=rq.txn(
-                compare=[rq.exists(keys.completion)], success=[rq.delete(k) for k in doomed],
-            )))
         try:
-            answer = ops.transport.send("kv", "Txn", rq.txn(success=nested), what=what,
-                                        job_id=job_ids[0])
+            answer = ops.transport.send("kv", "Txn", _purge_request(ops, qkeys, job_ids),
+                                        what=what, job_id=job_ids[0])
         except Failure as failure:
             log.warning("etcd: %s: no answer (%s); reading back", what, failure)
             try:

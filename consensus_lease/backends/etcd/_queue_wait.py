@@ -38,6 +38,10 @@ WAIT_TRACKED = 1024
 """Most held or delayed jobs ``wait_for_queue`` tracks by name; beyond, any owner or
 not-before key deleted anywhere under the prefix wakes it (spuriously, mostly)."""
 
+SNAPSHOT_PAGE = 64
+"""Open jobs read per page before waiting: 2 operations each, within etcd's default
+``--max-txn-ops`` (128; split further on a server that allows fewer)."""
+
 
 def _held_snapshot(ops: Ops, qkeys: QueueKeys,
                    budget_s: float) -> tuple[int, set[str] | None, bool]:
@@ -49,16 +53,14 @@ def _held_snapshot(ops: Ops, qkeys: QueueKeys,
     held: set[str] = set()
     revision, min_create = 0, 0
     while True:
-        page = ops.read(sorted_pending(qkeys, 64, min_create), what, budget_s=budget_s)
+        page = ops.read(sorted_pending(qkeys, SNAPSHOT_PAGE, min_create), what,
+                        budget_s=budget_s)
         revision = revision or int(page.header.revision)
         jobs = page_jobs(qkeys, page.kvs)
-        if jobs:
-            checks = []
-            for job_id, _ in jobs:
-                checks += [rq.count(ops.layout.job(job_id).owner),
-                           rq.count(ops.layout.job(job_id).not_before)]
-            answer = ops.read(rq.txn(success=checks), what, budget_s=budget_s)
-            for i, (job_id, _) in enumerate(jobs):
+        checked = ops.txn_limit.read_split(ops, jobs, SNAPSHOT_PAGE, lambda c: _checks(ops, c),
+                                           what, budget_s=budget_s)
+        for chunk, answer in checked:
+            for i, (job_id, _) in enumerate(chunk):
                 owner, delay = answer.responses[2 * i : 2 * i + 2]
                 if owner.response_range.count == 0 and delay.response_range.count == 0:
                     return revision, None, True
@@ -68,6 +70,15 @@ def _held_snapshot(ops: Ops, qkeys: QueueKeys,
         if len(held) >= WAIT_TRACKED:
             return revision, held, False
         min_create = int(page.kvs[-1].create_revision) + 1
+
+
+def _checks(ops: Ops, jobs: Sequence[tuple[str, int]]) -> Any:
+    """A read-only transaction: does each job's owner key, and not-before key, exist?"""
+    checks = []
+    for job_id, _ in jobs:
+        keys = ops.layout.job(job_id)
+        checks += [rq.count(keys.owner), rq.count(keys.not_before)]
+    return rq.txn(success=checks)
 
 
 def _freed(ops: Ops, events: Sequence[Any]) -> set[str]:

@@ -243,7 +243,11 @@ class EtcdBackend(Backend):
 
     def keepalive(self, session: SessionHandle) -> float:
         """One LeaseKeepAlive on the driver's shared stream; returns the TTL etcd granted,
-        in seconds. Waits at most ``min(timeout_s, granted TTL / 3)``.
+        in seconds. Short attempts, each moving to the next member after a failure or
+        ``granted TTL / 10`` seconds without an answer (within 0.2 s .. ``timeout_s``),
+        are retried for ``granted TTL / 3`` seconds (at most ``timeout_s``): a leader
+        election costs a keepalive about its own length, not a long wait on a member
+        that does not answer (see :mod:`._keepalive`).
 
         The answer's header is checked (:mod:`._regression`): another cluster id, or a
         revision below the highest seen that a linearizable read confirms, ends every
@@ -256,13 +260,16 @@ class EtcdBackend(Backend):
             BackendUnavailable: no answer; the lease may still be alive.
         """
         handle = self._handle(session)
-        timeout = min(self.config.timeout_s, max(0.2, handle.granted_ttl_s / 3))
+        ttl_s = handle.granted_ttl_s
+        budget = min(self.config.timeout_s, max(0.2, ttl_s / 3))
+        attempt = min(budget, max(0.2, ttl_s / 10))
         what = f"keepalive of session {handle.session_id}"
+        tried: list[Failure] = []
         mark = self._transport.guard.mark()
         try:
-            ttl, header = self._keepalives.keepalive(handle.lease_id, timeout)
+            ttl, header = self._keepalives.keepalive(handle.lease_id, budget, attempt, tried)
         except Failure as failure:
-            raise translate(failure, what) from failure.__cause__
+            raise translate(failure, what, tried) from failure.__cause__
         self._check_keepalive_answer(header, mark)
         handle.check_history()
         if ttl <= 0:
@@ -472,7 +479,9 @@ class EtcdBackend(Backend):
 
         Raises:
             InvalidArgument: the job exists outside this queue (in another queue, or as a
-                job claimed by name), or etcd refused the request's size.
+                job claimed by name), or etcd refused the request's size, or its
+                ``--max-txn-ops`` is below the 4 operations the transaction needs (the
+                message names the flag and the limit); nothing was written.
             OutcomeUnknown / BackendUnavailable / AuthenticationFailed.
         """
         return _queue.enqueue(self._ops, queue, job_id, payload, max_attempts)
@@ -483,7 +492,8 @@ class EtcdBackend(Backend):
         none), then one read-only transaction with each job's owner key (held?),
         not-before key (retry delay?) and payload. Stops
         once ``limit`` unheld jobs are found or the queue is exhausted. A hint: the
-        claim decides.
+        claim decides. On a server whose ``--max-txn-ops`` is below 128 the check is
+        split to it (learnt from its first refusal, see :mod:`._txn_limit`).
 
         Raises:
             BackendUnavailable / AuthenticationFailed.
@@ -494,8 +504,8 @@ class EtcdBackend(Backend):
     def queue_jobs(self, queue: str, limit: int | None = None) -> list[QueuedJob]:
         """Every job of the queue, oldest enqueued first, at one revision: the queue's
         member keys (key-ordered pages, sorted here by create revision), then one read
-        transaction per 32 jobs for payload and job keys. ``lease_until`` and
-        ``not_before`` as in :meth:`records`.
+        transaction per 32 jobs for payload and job keys (fewer under a lower
+        ``--max-txn-ops``). ``lease_until`` and ``not_before`` as in :meth:`records`.
 
         Raises:
             BackendUnavailable / AuthenticationFailed.
@@ -519,13 +529,16 @@ class EtcdBackend(Backend):
         """Delete the keys of the queue's completed jobs (completion record, queue
         marker, member key, history, attempts, error and limit keys): list the member and
         pending keys at one revision (those without a pending key are completed or
-        FAILED), then one transaction per 64 jobs, each job a nested transaction guarded
-        by its completion record existing (FAILED jobs stay). Returns how many were
+        FAILED), then one transaction per 64 jobs (fewer under a lower
+        ``--max-txn-ops``), each job a nested transaction guarded by its completion
+        record existing (FAILED jobs stay). Returns how many were
         deleted; after a lost answer, jobs whose member key is gone when read back are
         counted (a concurrent purge may have deleted them).
 
         Raises:
             OutcomeUnknown / BackendUnavailable / AuthenticationFailed: some may be purged.
+            InvalidArgument: the server's ``--max-txn-ops`` is below what one job's
+                nested transaction needs (9); the message names the limit.
         """
         with self._transport.bounded():
             return _queue.purge(self._ops, queue)
