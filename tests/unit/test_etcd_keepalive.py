@@ -94,7 +94,7 @@ def test_a_silent_member_costs_one_short_attempt(closing: list[Any]) -> None:
     closing.append((streams, transport))
     tried: list[Failure] = []
     start = time.monotonic()
-    assert streams.keepalive(7, budget_s=2.0, attempt_s=0.2, tried=tried) == 5
+    assert streams.keepalive(7, budget_s=2.0, attempt_s=0.2, tried=tried)[0] == 5
     assert time.monotonic() - start < 1.0
     assert [f.code for f in tried] == [grpc.StatusCode.DEADLINE_EXCEEDED]
     assert (silent.opened, healthy.opened) == (1, 1)
@@ -105,8 +105,8 @@ def test_a_slow_cluster_still_renews(closing: list[Any]) -> None:
     the next one is waited on longer (twice), instead of timing out forever."""
     streams, transport = _streams(_LeaseStub(0.3), _LeaseStub(0.3))
     closing.append((streams, transport))
-    assert streams.keepalive(7, budget_s=1.0, attempt_s=0.2) == 5
-    assert streams.keepalive(7, budget_s=1.0, attempt_s=0.2) == 5  # same stream, patient
+    assert streams.keepalive(7, budget_s=1.0, attempt_s=0.2)[0] == 5
+    assert streams.keepalive(7, budget_s=1.0, attempt_s=0.2)[0] == 5  # same stream, patient
 
 
 def test_reopening_is_paced_while_every_member_refuses(closing: list[Any]) -> None:
