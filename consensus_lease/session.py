@@ -18,6 +18,7 @@ from types import TracebackType
 from . import _queue_claim
 from ._holdings import Holdings
 from ._liveness import EventRelay, Liveness
+from ._waiting import Waiters, wait_and_claim
 from .backend import Backend, SessionEvent, SessionHandle
 from .clock import Clock
 from .errors import (
@@ -78,6 +79,9 @@ class Session:
             safety_margin_s=safety_margin_s, observer=observer,
         )
         self._holdings = Holdings(self._liveness, retry or RetryPolicies())
+        self._waiters = Waiters()
+        """The session's waiting claims: woken when it is closed or lost."""
+        self._liveness.on_loss(lambda _reason: self._waiters.wake_all())
         self.lost = self._liveness.lost
         """Set once the session is LOST."""
         self._liveness.start(keepalive=keepalive)
@@ -180,7 +184,9 @@ class Session:
                 (seconds, >= 0) waits up to that long, woken by the store where it can
                 watch (etcd, ZooKeeper), and raises ``ClaimTimeout`` instead of returning
                 ``None`` — so ``with session.claim(job, wait_s=10) as lease:`` never runs
-                its body without the lease.
+                its body without the lease. The wait holds no store request open
+                (:meth:`Backend.subscribe_job`); closing the session ends it at once
+                with ``LeaseLost``.
 
         Returns:
             A HELD :class:`Lease`, or ``None`` (only when ``wait_s`` is ``None``).
@@ -191,7 +197,8 @@ class Session:
             JobFailed: the job is FAILED (its attempts ran out, possibly just now); it is
                 not claimed again until ``store.requeue(job_id)``.
             ClaimTimeout: ``wait_s`` passed with the job still held elsewhere.
-            LeaseLost / SessionExpired: this session is lost; open a new one.
+            LeaseLost / SessionExpired: this session is lost or closed (also while the
+                claim waited); open a new one.
             LeaseSuspended: this session is suspended; nothing was sent.
             BackendUnavailable / OutcomeUnknown: the store could not be asked, or a claim
                 may have been applied and reading back could not tell.
@@ -199,18 +206,20 @@ class Session:
         check_job_id(job_id)
         wait = None if wait_s is None else check_wait(wait_s)
         self._holdings.check_not_held([job_id])
-        give_up_at = None if wait is None else self.clock.monotonic() + wait
-        while True:
+        if wait is None:
             self.ensure_alive()
-            result = self._liveness.call(lambda: self.backend.claim(self.handle, job_id))
-            if result is not None:
-                return self._holdings.adopt(self, job_id, result)
-            if give_up_at is None:
-                return None
-            left = give_up_at - self.clock.monotonic()
-            if left <= 0:
-                raise ClaimTimeout(f"{job_id!r} still held after waiting {wait} s", job_id=job_id)
-            self.backend.wait_for_change(job_id, left)
+            return self._claim_once(job_id)
+        return wait_and_claim(
+            self, lambda wake: self.backend.subscribe_job(job_id, wake),
+            lambda: self._claim_once(job_id), wait,
+            lambda: ClaimTimeout(f"{job_id!r} still held after waiting {wait} s",
+                                 job_id=job_id),
+        )
+
+    def _claim_once(self, job_id: str) -> Lease | None:
+        """One claim round trip: the lease, or ``None`` if the job is held."""
+        result = self._liveness.call(lambda: self.backend.claim(self.handle, job_id))
+        return None if result is None else self._holdings.adopt(self, job_id, result)
 
     def claim_next(self, queue: str, *, wait_s: float | None = None) -> Lease | None:
         """Claim any claimable job of the work queue ``queue`` (enqueued with
@@ -304,6 +313,7 @@ class Session:
         holds (claimable at once). Idempotent. If the store cannot be reached, the jobs
         become claimable when the store expires the session's TTL.
         """
+        self._waiters.close()
         if not self._liveness.close():
             return
         self._holdings.lose_all(LeaseLost("session closed"))
