@@ -20,12 +20,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from ._subscriptions import Unsubscribe, WakeCallback
-from .errors import ClaimTimeout, LeaseLost
+from .errors import ClaimTimeout, LeaseLost, SessionExpired
 
 if TYPE_CHECKING:
     from .session import Session
 
-__all__ = ["Subscribe", "Waiters", "wait_and_claim"]
+__all__ = ["Subscribe", "Waiters", "check_usable", "closing_aware", "wait_and_claim"]
 
 T = TypeVar("T")
 
@@ -90,6 +90,21 @@ def check_usable(session: Session) -> None:
         raise LeaseLost(f"session {session.session_id} is closed")
 
 
+def closing_aware(session: Session, attempt: Callable[[], T]) -> Callable[[], T]:
+    """``attempt``, except that the store's ``SessionExpired`` for a session that was
+    closed meanwhile is reported as what happened: ``LeaseLost`` (session closed)."""
+
+    def run() -> T:
+        try:
+            return attempt()
+        except SessionExpired as exc:
+            if session._waiters.closed:
+                raise LeaseLost(f"session {session.session_id} is closed") from exc
+            raise
+
+    return run
+
+
 def wait_and_claim(
     session: Session, subscribe: Subscribe, attempt: Callable[[], T | None], wait_s: float,
     timed_out: Callable[[], ClaimTimeout],
@@ -99,6 +114,7 @@ def wait_and_claim(
     ``timed_out()`` after ``wait_s`` seconds of the session's clock."""
     clock = session.clock
     give_up_at = clock.monotonic() + wait_s
+    attempt = closing_aware(session, attempt)
     check_usable(session)
     found = attempt()
     if found is not None:

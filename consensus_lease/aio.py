@@ -43,7 +43,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from ._subscriptions import Unsubscribe
-from ._waiting import Subscribe, check_usable
+from ._waiting import Subscribe, check_usable, closing_aware
 from .backend import Capabilities
 from .clock import Clock
 from .errors import ClaimTimeout, InvalidArgument, LeaseError, LeaseLost, StoreClosed
@@ -192,6 +192,7 @@ async def _wait_and_claim(
     workers, sync = session.store._workers, session.sync
     loop = asyncio.get_running_loop()
     give_up_at = loop.time() + wait_s
+    attempt = closing_aware(sync, attempt)
     check_usable(sync)
     lease = await workers.limited(attempt, workers.release_later)
     if lease is not None:

@@ -57,6 +57,7 @@ from ..session import Session
 from ..states import LeaseState, SessionState
 from ..store import LeaseStore
 from ..validation import MAX_JOB_ID_BYTES
+from .conformance_async import AsyncConformance
 from .conformance_lifecycle import LifecycleConformance
 
 __all__ = ["BackendConformance", "poll_until"]
@@ -95,7 +96,7 @@ session.close()
 """
 
 
-class BackendConformance(LifecycleConformance):
+class BackendConformance(LifecycleConformance, AsyncConformance):
     """The suite. See the module docstring for the hooks."""
 
     short_ttl_s: float = 1.0
