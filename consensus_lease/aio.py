@@ -36,7 +36,7 @@ import contextlib
 import contextvars
 import threading
 from collections.abc import AsyncIterator, Callable, Generator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from functools import partial
 from types import TracebackType
@@ -105,32 +105,42 @@ class _Workers:
         self._claim_slots = asyncio.Semaphore(max(1, size - RESERVED_THREADS))
         self._shut = False
 
-    def _submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
+    def _submit(self, fn: Callable[[], T]) -> Future[T]:
         if self._shut:
             raise StoreClosed("this AsyncLeaseStore is closed; open a new one")
-        context = contextvars.copy_context()
-        return asyncio.get_running_loop().run_in_executor(self._executor, context.run, fn)
+        return self._executor.submit(contextvars.copy_context().run, fn)
 
     async def run(self, fn: Callable[[], T]) -> T:
         """Run one round trip (a lease operation, a read ...) on the pool."""
-        return await self._submit(fn)
+        return await asyncio.wrap_future(self._submit(fn))
 
     async def limited(self, fn: Callable[[], T], orphan: Callable[[T], None]) -> T:
         """Run a claim step on one of the claim slots. The slot stays taken until the
-        thread is done, also when the caller is cancelled first: then ``orphan`` gets
-        what the thread still returns (a claim cannot be stopped mid-request)."""
+        thread is done, also when the caller is cancelled first: then ``orphan`` gets,
+        on the pool's thread, what the thread still returns (a claim cannot be stopped
+        mid-request)."""
         await self._claim_slots.acquire()
         try:
             future = self._submit(fn)
+            result = await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            loop = asyncio.get_running_loop()
+            future.add_done_callback(partial(self._late, loop, orphan))
+            raise
         except BaseException:
             self._claim_slots.release()
             raise
-        future.add_done_callback(lambda _done: self._claim_slots.release())
-        try:
-            return await asyncio.shield(future)
-        except asyncio.CancelledError:
-            future.add_done_callback(partial(_hand_to, orphan))
-            raise
+        self._claim_slots.release()
+        return result
+
+    def _late(self, loop: asyncio.AbstractEventLoop, orphan: Callable[[T], None],
+              done: Future[T]) -> None:
+        """A claim step whose caller was cancelled ended: free its slot, hand over what
+        it obtained."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed: no slot to free
+            loop.call_soon_threadsafe(self._claim_slots.release)
+        if not done.cancelled() and done.exception() is None:
+            orphan(done.result())
 
     def release_later(self, lease: Lease | None) -> None:
         """Release a lease nobody received, off the event loop."""
@@ -145,11 +155,6 @@ class _Workers:
         """Refuse new work; idle threads end (running round trips finish first)."""
         self._shut = True
         self._executor.shutdown(wait=False)
-
-
-def _hand_to(orphan: Callable[[T], None], done: asyncio.Future[T]) -> None:
-    if not done.cancelled() and done.exception() is None:
-        orphan(done.result())
 
 
 class _Wake:

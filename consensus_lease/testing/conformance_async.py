@@ -202,9 +202,12 @@ class AsyncConformance:
             self._end_while_waiting(waiter, wait, waiter.close)
 
     def test_store_close_ends_a_waiting_claim_at_once(self, store: LeaseStore) -> None:
-        """store.close() ends a sync waiting claim of one of its sessions within 1 s."""
-        _holder, job, queue = self._held_job_and_queue(store)
-        self._end_while_waiting(self.open(store, "waiter"), self._waits(job, queue)[-1],
+        """store.close() ends a sync waiting claim of one of its sessions within 1 s.
+        The job waits out a retry delay, so closing the other sessions frees nothing."""
+        lease = self.open(store, "holder").claim("delayed")
+        assert lease is not None
+        lease.fail("later", retry_in_s=600)
+        self._end_while_waiting(self.open(store, "waiter"), self._waits("delayed", None)[0],
                                 store.close)
 
     def test_async_close_ends_a_waiting_claim_at_once(self, store: LeaseStore) -> None:
