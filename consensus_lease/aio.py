@@ -20,8 +20,9 @@ job or queue (:meth:`Backend.subscribe_job`) and awaits a future that the subscr
 callback, the session's end or the deadline completes; only its claim attempts run on the
 pool, one at a time per waiting claim. Claim attempts use at most ``pool_size - 2`` (at
 least 1) threads at once, so ``renew``, ``complete``, ``release`` and ``fail`` always find
-a free one, however many claims wait: thousands of waiting claims cost no thread and do
-not delay lease operations.
+a free one, however many claims wait; and the re-tries of woken waiting claims use at most
+half of those, so a new claim does not queue behind them. Thousands of waiting claims
+cost no thread and do not delay lease operations.
 
 Loss. If the session is lost while the body of ``guard()`` runs (the store expired it,
 or the local deadline passed without renewal), the body is cancelled at its next
@@ -102,7 +103,9 @@ class _Workers:
     def __init__(self, size: int) -> None:
         self.size = size
         self._executor = ThreadPoolExecutor(size, thread_name_prefix="consensus-lease-aio")
-        self._claim_slots = asyncio.Semaphore(max(1, size - RESERVED_THREADS))
+        claim_slots = max(1, size - RESERVED_THREADS)
+        self._claim_slots = asyncio.Semaphore(claim_slots)
+        self._retry_slots = asyncio.Semaphore(max(1, claim_slots // 2))
         self._shut = False
 
     def _submit(self, fn: Callable[[], T]) -> Future[T]:
@@ -113,6 +116,13 @@ class _Workers:
     async def run(self, fn: Callable[[], T]) -> T:
         """Run one round trip (a lease operation, a read ...) on the pool."""
         return await asyncio.wrap_future(self._submit(fn))
+
+    async def retry(self, fn: Callable[[], T], orphan: Callable[[T], None]) -> T:
+        """As :meth:`limited`, for a waiting claim's re-try: at most half the claim
+        slots re-try at once, so that new claims never queue behind a crowd of woken
+        waiters (a store without change notification wakes them all at every poll)."""
+        async with self._retry_slots:
+            return await self.limited(fn, orphan)
 
     async def limited(self, fn: Callable[[], T], orphan: Callable[[T], None]) -> T:
         """Run a claim step on one of the claim slots. The slot stays taken until the
@@ -212,7 +222,7 @@ async def _wait_and_claim(
             while True:
                 wake.clear()
                 check_usable(sync)
-                lease = await workers.limited(attempt, workers.release_later)
+                lease = await workers.retry(attempt, workers.release_later)
                 if lease is not None:
                     return lease
                 left = give_up_at - loop.time()
