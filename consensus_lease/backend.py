@@ -52,8 +52,8 @@ class Capabilities:
 
     Attributes:
         cross_process: several OS processes (and machines, for servers) share the store.
-        store_watch: ``wait_for_change`` is woken by the store (etcd watch, ZooKeeper
-            watch); ``False`` means it polls.
+        store_watch: waiting claims are woken by the store (etcd watch, ZooKeeper
+            watch); ``False`` means they poll (see :meth:`Backend.subscribe_job`).
         consecutive_generations: each claim adds exactly 1 to the generation. ``False``
             (etcd: the token is a revision) still guarantees strictly increasing tokens.
         min_ttl_s / max_ttl_s: the range of TTLs accepted by ``open_session``.
@@ -389,7 +389,9 @@ class Backend(abc.ABC):
 
     def wait_for_queue(self, queue: str, timeout_s: float) -> None:
         """Block until a job of ``queue`` may have become claimable (enqueued, released,
-        expired, retry delay passed) or ``timeout_s`` passed. Spurious returns are allowed."""
+        expired, retry delay passed) or ``timeout_s`` passed. Spurious returns are allowed.
+
+        For synchronous users and tests: the core waits through :meth:`subscribe_queue`."""
         raise UnsupportedOperation(f"the {self.scheme} backend has no work queues")
 
     def purge(self, queue: str) -> int:
