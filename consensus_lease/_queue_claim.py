@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING
 
+from ._waiting import wait_and_claim
 from .errors import ClaimTimeout, JobCompleted, JobFailed, UnsupportedOperation
 from .validation import check_queue_name, check_wait
 
@@ -28,7 +29,8 @@ QUEUE_SPREAD = 8
 """``claim_next`` starts at a random one of the oldest this-many candidates."""
 
 QUEUE_RETRIES = 3
-"""Immediate re-reads when every candidate was taken by others before waiting."""
+"""Reads of the candidates, one after the other, while others take every candidate
+first, before the claim waits (or returns ``None``)."""
 
 
 def claim_next(
@@ -40,24 +42,24 @@ def claim_next(
     backend = session.backend
     if not backend.capabilities.queues:
         raise UnsupportedOperation(f"the {backend.scheme} backend has no work queues")
-    give_up_at = None if wait is None else session.clock.monotonic() + wait
-    races = 0
-    while True:
+    if wait is None:
+        return _claim_once(session, holdings, queue)
+    return wait_and_claim(
+        session, lambda wake: backend.subscribe_queue(queue, wake),
+        lambda: _claim_once(session, holdings, queue), wait,
+        lambda: ClaimTimeout(f"no job of queue {queue!r} became claimable in {wait} s"),
+    )
+
+
+def _claim_once(session: Session, holdings: Holdings, queue: str) -> Lease | None:
+    """Claim a job of ``queue`` without waiting: read the candidates and try them,
+    reading again (up to :data:`QUEUE_RETRIES` times) while others take every one."""
+    for _ in range(QUEUE_RETRIES):
         session.ensure_alive()
         lease, tried = _try_candidates(session, holdings, queue)
-        if lease is not None:
+        if lease is not None or not tried:
             return lease
-        if tried:
-            races += 1
-            if races < QUEUE_RETRIES:
-                continue  # every candidate was taken meanwhile: look again at once
-        races = 0
-        if give_up_at is None:
-            return None
-        left = give_up_at - session.clock.monotonic()
-        if left <= 0:
-            raise ClaimTimeout(f"no job of queue {queue!r} became claimable in {wait} s")
-        backend.wait_for_queue(queue, left)
+    return None
 
 
 def _try_candidates(

@@ -1,41 +1,95 @@
 """asyncio API over the same protocol core.
 
-Nothing here re-implements the protocol: each coroutine runs the synchronous method of
-:class:`~consensus_lease.Session` / :class:`~consensus_lease.Lease` in a worker thread
-(``asyncio.to_thread``), so the checks, deadlines and error translation are exactly those
-of the sync API. What asyncio adds is delivering lease loss as **cancellation**::
+Nothing here re-implements the protocol: each store round trip is the synchronous method
+of :class:`~consensus_lease.Session` / :class:`~consensus_lease.Lease` run on a worker
+thread, so the checks, deadlines and error translation are exactly those of the sync API.
+What asyncio adds is waiting without threads, and delivering lease loss as
+**cancellation**::
 
-    async with await AsyncLeaseStore.open("etcd://127.0.0.1:2379/jobs") as store:
+    async with await open_store("etcd://127.0.0.1:2379/jobs") as store:
         async with store.session(ttl_s=10) as session:
             lease = await session.claim("invoice-42", wait_s=30)
             async with lease.guard():           # cancelled if the lease is lost
                 await do_the_work(token=lease.generation)
                 await lease.complete(b"done")
 
-If the session is lost while the body of ``guard()`` runs (the store expired it, or the
-local deadline passed without renewal), the body is cancelled at its next ``await`` and
-``guard()`` raises :class:`~consensus_lease.LeaseLost` instead of ``CancelledError``, so a
-worker cannot keep producing effects by forgetting to check.
+Threads. Round trips run on a pool of ``pool_size`` threads that the
+:class:`AsyncLeaseStore` owns (never the event loop's default executor; ended by
+``close()``). A *waiting* claim holds none of them while it waits: it subscribes to the
+job or queue (:meth:`Backend.subscribe_job`) and awaits a future that the subscription's
+callback, the session's end or the deadline completes; only its claim attempts run on the
+pool, one at a time per waiting claim. Claim attempts use at most ``pool_size - 2`` (at
+least 1) threads at once, so ``renew``, ``complete``, ``release`` and ``fail`` always find
+a free one, however many claims wait; and the re-tries of woken waiting claims use at most
+half of those, so a new claim does not queue behind them. Thousands of waiting claims
+cost no thread and do not delay lease operations.
+
+Loss. If the session is lost while the body of ``guard()`` runs (the store expired it,
+or the local deadline passed without renewal), the body is cancelled at its next
+``await`` and ``guard()`` raises :class:`~consensus_lease.LeaseLost` instead of
+``CancelledError``, so a worker cannot keep producing effects by forgetting to check.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from functools import partial
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
-from .errors import LeaseError, LeaseLost
+from ._subscriptions import Unsubscribe
+from ._waiting import Subscribe, check_usable, closing_aware
+from .backend import Capabilities
+from .clock import Clock
+from .errors import ClaimTimeout, InvalidArgument, LeaseError, LeaseLost, StoreClosed
 from .lease import Lease
-from .record import LeaseRecord, QueueStats
+from .observe import Observer
+from .record import ClaimResult, LeaseRecord, QueuedJob, QueueStats
+from .retry import RetryPolicy
 from .session import Session
-from .states import LeaseState
-from .store import LeaseStore, open_store
+from .states import LeaseState, SessionState
+from .store import DEFAULT_TTL_S, LeaseStore
+from .store import open_store as open_sync_store
+from .validation import check_job_id, check_queue_name, check_wait
 
-__all__ = ["AsyncLease", "AsyncLeaseStore", "AsyncSession"]
+__all__ = [
+    "DEFAULT_POOL_SIZE",
+    "RESERVED_THREADS",
+    "AsyncLease",
+    "AsyncLeaseStore",
+    "AsyncSession",
+    "open_store",
+]
+
+T = TypeVar("T")
+
+DEFAULT_POOL_SIZE = 8
+"""Threads of an :class:`AsyncLeaseStore`'s pool unless ``pool_size`` says otherwise."""
+
+RESERVED_THREADS = 2
+"""Threads of the pool that claim attempts never use: kept for lease operations."""
+
+MAX_POOL_SIZE = 1024
+
+
+def check_pool_size(pool_size: object) -> int:
+    """``pool_size`` as an int from 2 to :data:`MAX_POOL_SIZE`, else ``InvalidArgument``."""
+    if isinstance(pool_size, bool) or not isinstance(pool_size, int) or not (
+        2 <= pool_size <= MAX_POOL_SIZE
+    ):
+        raise InvalidArgument(
+            f"pool_size must be an int from 2 to {MAX_POOL_SIZE}, not {pool_size!r}"
+        )
+    return pool_size
+
+
+# -- the pool ------------------------------------------------------------------------
 
 
 def _release_quietly(lease: Lease) -> None:
@@ -43,40 +97,176 @@ def _release_quietly(lease: Lease) -> None:
         lease.release()  # best effort: if it fails, the TTL frees the job
 
 
-async def _in_thread_or_release(claim: Callable[[], Lease | None]) -> Lease | None:
-    """Run a claim in a worker thread. If the awaiting task is cancelled first, release
-    whatever lease the thread still obtains (a claim cannot be stopped mid-request)."""
-    future = asyncio.get_running_loop().run_in_executor(None, claim)
-    try:
-        return await asyncio.shield(future)
-    except asyncio.CancelledError:
+class _Workers:
+    """An :class:`AsyncLeaseStore`'s threads, and the limit on claim attempts."""
 
-        def release_orphan(done: asyncio.Future[Lease | None]) -> None:
-            if done.cancelled() or done.exception() is not None:
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._executor = ThreadPoolExecutor(size, thread_name_prefix="consensus-lease-aio")
+        claim_slots = max(1, size - RESERVED_THREADS)
+        self._claim_slots = asyncio.Semaphore(claim_slots)
+        self._retry_slots = asyncio.Semaphore(max(1, claim_slots // 2))
+        self._shut = False
+
+    def _submit(self, fn: Callable[[], T]) -> Future[T]:
+        if self._shut:
+            raise StoreClosed("this AsyncLeaseStore is closed; open a new one")
+        return self._executor.submit(contextvars.copy_context().run, fn)
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        """Run one round trip (a lease operation, a read ...) on the pool."""
+        return await asyncio.wrap_future(self._submit(fn))
+
+    async def retry(self, fn: Callable[[], T], orphan: Callable[[T], None]) -> T:
+        """As :meth:`limited`, for a waiting claim's re-try: at most half the claim
+        slots re-try at once, so that new claims never queue behind a crowd of woken
+        waiters (a store without change notification wakes them all at every poll)."""
+        async with self._retry_slots:
+            return await self.limited(fn, orphan)
+
+    async def limited(self, fn: Callable[[], T], orphan: Callable[[T], None]) -> T:
+        """Run a claim step on one of the claim slots. The slot stays taken until the
+        thread is done, also when the caller is cancelled first: then ``orphan`` gets,
+        on the pool's thread, what the thread still returns (a claim cannot be stopped
+        mid-request)."""
+        await self._claim_slots.acquire()
+        try:
+            future = self._submit(fn)
+            result = await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            loop = asyncio.get_running_loop()
+            future.add_done_callback(partial(self._late, loop, orphan))
+            raise
+        except BaseException:
+            self._claim_slots.release()
+            raise
+        self._claim_slots.release()
+        return result
+
+    def _late(self, loop: asyncio.AbstractEventLoop, orphan: Callable[[T], None],
+              done: Future[T]) -> None:
+        """A claim step whose caller was cancelled ended: free its slot, hand over what
+        it obtained."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed: no slot to free
+            loop.call_soon_threadsafe(self._claim_slots.release)
+        if not done.cancelled() and done.exception() is None:
+            orphan(done.result())
+
+    def release_later(self, lease: Lease | None) -> None:
+        """Release a lease nobody received, off the event loop."""
+        if lease is None:
+            return
+        try:
+            self._executor.submit(_release_quietly, lease)
+        except RuntimeError:  # the pool is shut down: one short-lived thread instead
+            threading.Thread(target=_release_quietly, args=(lease,), daemon=True).start()
+
+    def shutdown(self) -> None:
+        """Refuse new work; idle threads end (running round trips finish first)."""
+        self._shut = True
+        self._executor.shutdown(wait=False)
+
+
+class _Wake:
+    """A flag set from any thread (a subscription callback, ``session.close()``) and
+    awaited on the event loop. Setting it again before :meth:`clear` costs nothing."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._event = asyncio.Event()
+        self._lock = threading.Lock()
+        self._scheduled = False
+
+    def __call__(self) -> None:
+        with self._lock:
+            if self._scheduled:
                 return
-            orphan = done.result()
-            if orphan is not None:  # release off the event loop: it is a store round trip
-                threading.Thread(target=_release_quietly, args=(orphan,), daemon=True).start()
+            self._scheduled = True
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            self._loop.call_soon_threadsafe(self._event.set)
 
-        future.add_done_callback(release_orphan)
-        raise
+    def clear(self) -> None:
+        with self._lock:
+            self._scheduled = False
+        self._event.clear()
+
+    async def wait(self, timeout_s: float | None) -> None:
+        """Until set, or ``timeout_s`` seconds passed (``None``: no limit)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await self._event.wait()
+
+
+async def _wait_and_claim(
+    session: AsyncSession, subscribe: Subscribe, attempt: Callable[[], Lease | None],
+    wait_s: float, timed_out: Callable[[], ClaimTimeout],
+) -> Lease:
+    """The steps of :func:`consensus_lease._waiting.wait_and_claim` on the event loop:
+    try; subscribe; then try again each time the subscription (or the session's end)
+    wakes us, one attempt at a time, until ``wait_s`` seconds passed."""
+    workers, sync = session.store._workers, session.sync
+    loop = asyncio.get_running_loop()
+    give_up_at = loop.time() + wait_s
+    attempt = closing_aware(sync, attempt)
+    check_usable(sync)
+    lease = await workers.limited(attempt, workers.release_later)
+    if lease is not None:
+        return lease
+    if loop.time() >= give_up_at:
+        raise timed_out()
+    wake = _Wake(loop)
+    remove = sync._waiters.add(wake)
+    try:
+        unsubscribe: Unsubscribe = await workers.limited(partial(subscribe, wake), _call)
+        try:
+            while True:
+                wake.clear()
+                check_usable(sync)
+                lease = await workers.retry(attempt, workers.release_later)
+                if lease is not None:
+                    return lease
+                left = give_up_at - loop.time()
+                if left <= 0:
+                    raise timed_out()
+                await wake.wait(left)
+        finally:
+            unsubscribe()
+    finally:
+        remove()
+
+
+def _call(fn: Callable[[], None]) -> None:
+    fn()
+
+
+# -- leases --------------------------------------------------------------------------
 
 
 class AsyncLease:
-    """An asyncio view of a :class:`~consensus_lease.Lease`.
+    """An asyncio view of a :class:`~consensus_lease.Lease`: the same attributes, and
+    coroutines for its round trips (same arguments and errors).
 
     Attributes:
         sync: the underlying :class:`~consensus_lease.Lease`.
+        session: the :class:`AsyncSession` it was claimed from.
     """
 
-    def __init__(self, lease: Lease) -> None:
+    def __init__(self, lease: Lease, session: AsyncSession) -> None:
         self.sync = lease
+        self.session = session
 
-    job_id = property(lambda self: self.sync.job_id)
-    generation = property(lambda self: self.sync.generation)
-    fencing_token = property(lambda self: self.sync.generation)
-    owner = property(lambda self: self.sync.owner)
-    deadline = property(lambda self: self.sync.deadline)
+    @property
+    def job_id(self) -> str:
+        return self.sync.job_id
+
+    @property
+    def generation(self) -> int:
+        """The fencing token (see :attr:`Lease.generation`)."""
+        return self.sync.generation
+
+    @property
+    def fencing_token(self) -> int:
+        return self.sync.fencing_token
 
     @property
     def attempt(self) -> int:
@@ -85,12 +275,38 @@ class AsyncLease:
 
     @property
     def payload(self) -> bytes | None:
-        """See :attr:`Lease.payload`."""
+        """The queue payload, for leases from ``claim_next``; ``None`` otherwise."""
         return self.sync.payload
+
+    @property
+    def queue(self) -> str | None:
+        """The work queue, for leases from ``claim_next``; ``None`` otherwise."""
+        return self.sync.queue
+
+    @property
+    def owner(self) -> str:
+        return self.sync.owner
+
+    @property
+    def claim_result(self) -> ClaimResult:
+        return self.sync.claim_result
+
+    @property
+    def granted_ttl_s(self) -> float:
+        return self.sync.granted_ttl_s
+
+    @property
+    def deadline(self) -> float:
+        """See :attr:`Lease.deadline` (monotonic seconds)."""
+        return self.sync.deadline
 
     @property
     def state(self) -> LeaseState:
         return self.sync.state
+
+    @property
+    def lost_reason(self) -> LeaseLost | None:
+        return self.sync.lost_reason
 
     def remaining_s(self) -> float:
         return self.sync.remaining_s()
@@ -99,23 +315,29 @@ class AsyncLease:
         """Local check, no I/O: see :meth:`Lease.ensure_held`."""
         self.sync.ensure_held()
 
+    def __repr__(self) -> str:
+        return f"Async{self.sync!r}"
+
+    async def _run(self, fn: Callable[[], T]) -> T:
+        return await self.session.store._workers.run(fn)
+
     async def renew(self) -> None:
         """See :meth:`Lease.renew` (same errors)."""
-        await asyncio.to_thread(self.sync.renew)
+        await self._run(self.sync.renew)
 
     async def complete(self, result: bytes = b"") -> LeaseRecord:
         """See :meth:`Lease.complete` (same errors)."""
-        return await asyncio.to_thread(self.sync.complete, result)
+        return await self._run(partial(self.sync.complete, result))
 
     async def release(self) -> None:
         """See :meth:`Lease.release` (same errors)."""
-        await asyncio.to_thread(self.sync.release)
+        await self._run(self.sync.release)
 
     async def fail(
         self, error: str | BaseException, retry_in_s: float | None = None
     ) -> LeaseRecord:
         """See :meth:`Lease.fail` (same arguments and errors)."""
-        return await asyncio.to_thread(self.sync.fail, error, retry_in_s)
+        return await self._run(partial(self.sync.fail, error, retry_in_s))
 
     @asynccontextmanager
     async def guard(self) -> AsyncIterator[AsyncLease]:
@@ -162,52 +384,159 @@ class AsyncLease:
         tb: TracebackType | None,
     ) -> None:
         """As :meth:`Lease.__exit__`: release unless completed."""
-        await asyncio.to_thread(self.sync.__exit__, exc_type, exc, tb)
+        await self._run(partial(self.sync.__exit__, exc_type, exc, tb))
+
+
+# -- sessions ------------------------------------------------------------------------
+
+AsyncLossCallback = Callable[["AsyncSession", LeaseLost], object]
+"""``callback(session, reason)``, run on the event loop when the session is lost."""
 
 
 class AsyncSession:
-    """An asyncio view of a :class:`~consensus_lease.Session`."""
+    """An asyncio view of a :class:`~consensus_lease.Session`.
 
-    def __init__(self, session: Session) -> None:
+    Attributes:
+        sync: the underlying :class:`~consensus_lease.Session`.
+        store: the :class:`AsyncLeaseStore` whose pool runs its round trips.
+    """
+
+    def __init__(self, session: Session, store: AsyncLeaseStore) -> None:
         self.sync = session
-
-    session_id = property(lambda self: self.sync.session_id)
-    owner = property(lambda self: self.sync.owner)
-    granted_ttl_s = property(lambda self: self.sync.granted_ttl_s)
+        self.store = store
 
     @property
-    def state(self) -> Any:
+    def session_id(self) -> str:
+        return self.sync.session_id
+
+    @property
+    def owner(self) -> str:
+        return self.sync.owner
+
+    @property
+    def granted_ttl_s(self) -> float:
+        return self.sync.granted_ttl_s
+
+    @property
+    def safety_margin_s(self) -> float:
+        return self.sync.safety_margin_s
+
+    @property
+    def deadline(self) -> float:
+        return self.sync.deadline
+
+    @property
+    def state(self) -> SessionState:
         return self.sync.state
 
-    async def claim(self, job_id: str, *, wait_s: float | None = None) -> AsyncLease | None:
-        """See :meth:`Session.claim` (same arguments and errors).
-
-        If this coroutine is cancelled while the claim is still running in its thread,
-        a lease the thread obtains afterwards is released at once: nobody holds a job
-        that no caller received."""
-        lease = await _in_thread_or_release(lambda: self.sync.claim(job_id, wait_s=wait_s))
-        return None if lease is None else AsyncLease(lease)
-
-    async def claim_next(self, queue: str, *, wait_s: float | None = None) -> AsyncLease | None:
-        """See :meth:`Session.claim_next`; cancellation as for :meth:`claim`."""
-        lease = await _in_thread_or_release(lambda: self.sync.claim_next(queue, wait_s=wait_s))
-        return None if lease is None else AsyncLease(lease)
-
-    async def claim_many(self, job_ids: Sequence[str]) -> list[AsyncLease | None]:
-        """See :meth:`Session.claim_many`."""
-        leases = await asyncio.to_thread(self.sync.claim_many, job_ids)
-        return [None if lease is None else AsyncLease(lease) for lease in leases]
-
-    async def keepalive(self) -> float:
-        return await asyncio.to_thread(self.sync.keepalive)
-
-    async def wait_lost(self) -> LeaseLost | None:
-        """Wait until the session is lost; return the reason (``None`` if closed)."""
-        await asyncio.to_thread(self.sync.lost.wait)
+    @property
+    def lost_reason(self) -> LeaseLost | None:
         return self.sync.lost_reason
 
+    def remaining_s(self) -> float:
+        return self.sync.remaining_s()
+
+    def ensure_alive(self) -> None:
+        """Local check, no I/O: see :meth:`Session.ensure_alive`."""
+        self.sync.ensure_alive()
+
+    def leases(self) -> list[AsyncLease]:
+        """The leases this session holds now."""
+        return [AsyncLease(lease, self) for lease in self.sync.leases()]
+
+    def __repr__(self) -> str:
+        return f"Async{self.sync!r}"
+
+    def on_lost(self, callback: AsyncLossCallback) -> Callable[[], None]:
+        """Register ``callback(session, reason)``, run once on the running event loop
+        when the session is lost (soon, if it already is). Call from a coroutine.
+
+        Returns:
+            A function that unregisters it.
+        """
+        if not callable(callback):
+            raise InvalidArgument(f"on_lost needs a callable, not {callback!r}")
+        loop = asyncio.get_running_loop()
+
+        def relay(_session: Session, reason: LeaseLost) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                loop.call_soon_threadsafe(callback, self, reason)
+
+        return self.sync.on_lost(relay)
+
+    async def claim(self, job_id: str, *, wait_s: float | None = None) -> AsyncLease | None:
+        """See :meth:`Session.claim` (same arguments and errors). Waiting holds no
+        thread; ``close()`` ends it at once with ``LeaseLost``.
+
+        If this coroutine is cancelled while a claim attempt is running on its thread,
+        a lease the attempt obtains afterwards is released at once: nobody holds a job
+        that no caller received."""
+        check_job_id(job_id)
+        attempt = partial(self.sync.claim, job_id)
+        workers = self.store._workers
+        if wait_s is None:
+            lease = await workers.limited(attempt, workers.release_later)
+        else:
+            wait = check_wait(wait_s)
+            lease = await _wait_and_claim(
+                self, partial(self.sync.backend.subscribe_job, job_id), attempt, wait,
+                lambda: ClaimTimeout(f"{job_id!r} still held after waiting {wait} s",
+                                     job_id=job_id),
+            )
+        return None if lease is None else AsyncLease(lease, self)
+
+    async def claim_next(self, queue: str, *, wait_s: float | None = None) -> AsyncLease | None:
+        """See :meth:`Session.claim_next`; waiting and cancellation as for :meth:`claim`."""
+        check_queue_name(queue)
+        attempt = partial(self.sync.claim_next, queue)
+        workers = self.store._workers
+        if wait_s is None:
+            lease = await workers.limited(attempt, workers.release_later)
+        else:
+            wait = check_wait(wait_s)
+            lease = await _wait_and_claim(
+                self, partial(self.sync.backend.subscribe_queue, queue), attempt, wait,
+                lambda: ClaimTimeout(f"no job of queue {queue!r} became claimable in {wait} s"),
+            )
+        return None if lease is None else AsyncLease(lease, self)
+
+    async def claim_many(self, job_ids: Sequence[str]) -> list[AsyncLease | None]:
+        """See :meth:`Session.claim_many`; cancellation as for :meth:`claim`."""
+        workers = self.store._workers
+
+        def orphans(leases: list[Lease | None]) -> None:
+            for lease in leases:
+                workers.release_later(lease)
+
+        leases = await workers.limited(partial(self.sync.claim_many, job_ids), orphans)
+        return [None if lease is None else AsyncLease(lease, self) for lease in leases]
+
+    async def keepalive(self) -> float:
+        """See :meth:`Session.keepalive`."""
+        return await self.store._workers.run(self.sync.keepalive)
+
+    async def wait_lost(self) -> LeaseLost | None:
+        """Wait, holding no thread, until the session is lost or closed; return the
+        reason it was lost (``None`` if it was closed)."""
+        wake = _Wake(asyncio.get_running_loop())
+        remove = self.sync._waiters.add(wake)
+        unregister = self.sync.on_lost(lambda _session, _reason: wake())
+        try:
+            while True:
+                wake.clear()
+                if self.sync.state in (SessionState.LOST, SessionState.CLOSED) or \
+                        self.sync._waiters.closed:
+                    return self.sync.lost_reason
+                await wake.wait(None)
+        finally:
+            unregister()
+            remove()
+
     async def close(self) -> None:
-        await asyncio.to_thread(self.sync.close)
+        """See :meth:`Session.close`. Waiting claims of this session end at once with
+        ``LeaseLost``."""
+        self.sync._waiters.close()
+        await self.store._workers.run(self.sync.close)
 
     async def __aenter__(self) -> AsyncSession:
         return self
@@ -219,16 +548,16 @@ class AsyncSession:
 class _SessionOpener:
     """``store.session(...)`` is both awaitable and an async context manager."""
 
-    def __init__(self, store: LeaseStore, kwargs: dict[str, Any]) -> None:
+    def __init__(self, store: AsyncLeaseStore, opener: Callable[[], Session]) -> None:
         self._store = store
-        self._kwargs = kwargs
+        self._opener = opener
         self._session: AsyncSession | None = None
 
-    def __await__(self) -> Any:
+    def __await__(self) -> Generator[Any, None, AsyncSession]:
         return self._open().__await__()
 
     async def _open(self) -> AsyncSession:
-        return AsyncSession(await asyncio.to_thread(self._store.session, **self._kwargs))
+        return AsyncSession(await self._store._workers.run(self._opener), self._store)
 
     async def __aenter__(self) -> AsyncSession:
         self._session = await self._open()
@@ -239,54 +568,148 @@ class _SessionOpener:
             await self._session.close()
 
 
-class AsyncLeaseStore:
-    """An asyncio view of a :class:`~consensus_lease.LeaseStore`."""
+# -- the store -----------------------------------------------------------------------
 
-    def __init__(self, store: LeaseStore) -> None:
+
+class AsyncLeaseStore:
+    """An asyncio view of a :class:`~consensus_lease.LeaseStore`, with the thread pool
+    that runs its round trips (see the module docstring).
+
+    Args:
+        store: the synchronous store.
+        pool_size: threads of the pool (int, 2 to 1024; default
+            :data:`DEFAULT_POOL_SIZE`); claim attempts use at most ``pool_size - 2`` of
+            them at once (at least 1).
+
+    Raises:
+        InvalidArgument: bad ``pool_size``.
+
+    Attributes:
+        sync: the underlying :class:`~consensus_lease.LeaseStore`.
+    """
+
+    def __init__(self, store: LeaseStore, *, pool_size: int = DEFAULT_POOL_SIZE) -> None:
+        self._setup(store, _Workers(check_pool_size(pool_size)))
+
+    def _setup(self, store: LeaseStore, workers: _Workers) -> None:
         self.sync = store
+        self._workers = workers
+        self._closed = False
 
     @classmethod
-    async def open(cls, url: str, **kwargs: Any) -> AsyncLeaseStore:
-        """See :func:`consensus_lease.open_store` (same arguments and errors)."""
-        return cls(await asyncio.to_thread(open_store, url, **kwargs))
+    async def open(
+        cls, url: str, *, pool_size: int = DEFAULT_POOL_SIZE, clock: Clock | None = None,
+        observer: Observer | None = None, retry: RetryPolicy | None = None,
+        **options: object,
+    ) -> AsyncLeaseStore:
+        """See :func:`open_store`."""
+        workers = _Workers(check_pool_size(pool_size))
+        try:
+            store = await workers.run(partial(
+                open_sync_store, url, clock=clock, observer=observer, retry=retry, **options))
+        except BaseException:
+            workers.shutdown()
+            raise
+        opened = cls.__new__(cls)
+        opened._setup(store, workers)
+        return opened
 
-    def session(self, owner: str | None = None, ttl_s: float | None = None,
-                **kwargs: Any) -> _SessionOpener:
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.sync.capabilities
+
+    @property
+    def pool_size(self) -> int:
+        """Threads of this store's pool."""
+        return self._workers.size
+
+    def session(
+        self, owner: str | None = None, ttl_s: float = DEFAULT_TTL_S, *,
+        safety_margin_s: float | None = None, keepalive: bool = True,
+        clock: Clock | None = None,
+    ) -> _SessionOpener:
         """``await store.session(...)`` or ``async with store.session(...) as s``; the
-        arguments of :meth:`LeaseStore.session`."""
-        if ttl_s is not None:
-            kwargs["ttl_s"] = ttl_s
-        return _SessionOpener(self.sync, {"owner": owner, **kwargs})
+        arguments and errors of :meth:`LeaseStore.session`."""
+        return _SessionOpener(self, partial(
+            self.sync.session, owner, ttl_s, safety_margin_s=safety_margin_s,
+            keepalive=keepalive, clock=clock))
+
+    def set_retry_policy(self, queue: str, policy: RetryPolicy) -> None:
+        """See :meth:`LeaseStore.set_retry_policy` (local: no I/O)."""
+        self.sync.set_retry_policy(queue, policy)
 
     async def get(self, job_id: str) -> LeaseRecord | None:
-        return await asyncio.to_thread(self.sync.get, job_id)
+        """See :meth:`LeaseStore.get`."""
+        return await self._workers.run(partial(self.sync.get, job_id))
+
+    async def records(self, limit: int | None = None) -> list[LeaseRecord]:
+        """See :meth:`LeaseStore.records`."""
+        return await self._workers.run(partial(self.sync.records, limit))
 
     async def enqueue(
         self, queue: str, job_id: str, payload: bytes = b"", *, max_attempts: int | None = None
     ) -> bool:
         """See :meth:`LeaseStore.enqueue`."""
-        return await asyncio.to_thread(
-            lambda: self.sync.enqueue(queue, job_id, payload, max_attempts=max_attempts)
-        )
+        return await self._workers.run(
+            partial(self.sync.enqueue, queue, job_id, payload, max_attempts=max_attempts))
 
     async def requeue(self, job_id: str) -> LeaseRecord:
         """See :meth:`LeaseStore.requeue`."""
-        return await asyncio.to_thread(self.sync.requeue, job_id)
+        return await self._workers.run(partial(self.sync.requeue, job_id))
+
+    async def queue_jobs(self, queue: str, limit: int | None = None) -> list[QueuedJob]:
+        """See :meth:`LeaseStore.queue_jobs`."""
+        return await self._workers.run(partial(self.sync.queue_jobs, queue, limit))
 
     async def queue_stats(self, queue: str) -> QueueStats:
-        return await asyncio.to_thread(self.sync.queue_stats, queue)
+        """See :meth:`LeaseStore.queue_stats`."""
+        return await self._workers.run(partial(self.sync.queue_stats, queue))
 
     async def purge(self, queue: str) -> int:
-        return await asyncio.to_thread(self.sync.purge, queue)
+        """See :meth:`LeaseStore.purge`."""
+        return await self._workers.run(partial(self.sync.purge, queue))
 
-    async def records(self, limit: int | None = None) -> list[LeaseRecord]:
-        return await asyncio.to_thread(self.sync.records, limit)
+    async def epoch(self) -> int:
+        """See :meth:`LeaseStore.epoch`."""
+        return await self._workers.run(self.sync.epoch)
+
+    async def bump_epoch(self, above: int | None = None) -> int:
+        """See :meth:`LeaseStore.bump_epoch`."""
+        return await self._workers.run(partial(self.sync.bump_epoch, above))
 
     async def close(self) -> None:
-        await asyncio.to_thread(self.sync.close)
+        """Close the store (see :meth:`LeaseStore.close`: every session's waiting claims
+        end with ``LeaseLost``), then end the pool. Later calls raise ``StoreClosed``.
+        Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._workers.run(self.sync.close)
+        finally:
+            self._workers.shutdown()
 
     async def __aenter__(self) -> AsyncLeaseStore:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+async def open_store(
+    url: str, *, pool_size: int = DEFAULT_POOL_SIZE, clock: Clock | None = None,
+    observer: Observer | None = None, retry: RetryPolicy | None = None, **options: object,
+) -> AsyncLeaseStore:
+    """Open a lease store for asyncio: :func:`consensus_lease.open_store` (same URL,
+    options and errors), run on the new store's own pool.
+
+    Args:
+        pool_size: threads of the store's pool (int, 2 to 1024, default 8). Round trips
+            run there; claim attempts use at most ``pool_size - 2`` of them at once, so
+            lease operations always find a free one. Waiting claims hold none.
+
+    Raises:
+        InvalidArgument: bad ``pool_size``, and as :func:`consensus_lease.open_store`.
+    """
+    return await AsyncLeaseStore.open(url, pool_size=pool_size, clock=clock,
+                                      observer=observer, retry=retry, **options)

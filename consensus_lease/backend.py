@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ._subscriptions import Poller, Unsubscribe, WakeCallback
 from .errors import SessionExpired, UnsupportedOperation
 from .record import ClaimResult, LeaseRecord, QueuedJob
 
@@ -37,7 +39,11 @@ __all__ = [
     "SessionEvent",
     "SessionHandle",
     "StateListener",
+    "Unsubscribe",
+    "WakeCallback",
 ]
+
+_POLLER_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +52,8 @@ class Capabilities:
 
     Attributes:
         cross_process: several OS processes (and machines, for servers) share the store.
-        store_watch: ``wait_for_change`` is woken by the store (etcd watch, ZooKeeper
-            watch); ``False`` means it polls.
+        store_watch: waiting claims are woken by the store (etcd watch, ZooKeeper
+            watch); ``False`` means they poll (see :meth:`Backend.subscribe_job`).
         consecutive_generations: each claim adds exactly 1 to the generation (within
             one store epoch). ``False`` (etcd: the token is a revision) still guarantees
             strictly increasing tokens.
@@ -293,7 +299,82 @@ class Backend(abc.ABC):
     def wait_for_change(self, job_id: str, timeout_s: float) -> None:
         """Block until ``job_id`` may have become claimable (its holder released,
         completed or expired, or its retry delay passed), or ``timeout_s`` passed.
-        Spurious returns are allowed; the caller always re-tries the claim."""
+        Spurious returns are allowed; the caller always re-tries the claim.
+
+        For synchronous users and tests: the core waits through :meth:`subscribe_job`."""
+
+    # -- subscriptions: how waiting claims are woken --------------------------------------
+
+    poll_interval_s: float = 0.05
+    """Seconds between two polls of the default subscription poller (drivers may set
+    their own, per instance)."""
+
+    _poller: Poller | None = None
+
+    def subscribe_job(self, job_id: str, callback: WakeCallback) -> Unsubscribe:
+        """Call ``callback()`` at least once after ``job_id`` may have become claimable:
+        its holder released, completed, failed or expired, or its retry delay ended (and
+        also when it was completed or FAILED, so that a waiting claim learns it). Spurious
+        calls are allowed; the caller re-tries the claim after each one. The callback is
+        called from any thread and must not block.
+
+        The subscription is in place when this returns: callers subscribe, then claim,
+        then wait, so a change between their claim and their wait is never missed (a job
+        already claimable may be reported at once, or not at all).
+
+        Returns:
+            A function that cancels the subscription: idempotent, never blocks long.
+
+        The default is one shared polling thread per backend (:mod:`._subscriptions`),
+        which calls every callback each :attr:`poll_interval_s` unless
+        :meth:`claimable_hint` narrows it down. Drivers with change notification (etcd
+        watches, ZooKeeper watches) override this and :meth:`subscribe_queue`.
+        """
+        return self._subscriptions().subscribe_job(job_id, callback)
+
+    def subscribe_queue(self, queue: str, callback: WakeCallback) -> Unsubscribe:
+        """As :meth:`subscribe_job`, for any job of ``queue``: called at least once after
+        one may have become claimable (enqueued, released, completed-with-others-waiting,
+        expired, retry delay ended, requeued)."""
+        return self._subscriptions().subscribe_queue(queue, callback)
+
+    def claimable_hint(
+        self, job_ids: Sequence[str], queues: Sequence[str]
+    ) -> tuple[Collection[str], Collection[str]] | None:
+        """For the default poller: which of the subscribed ``job_ids`` may be claimable,
+        completed or FAILED now, and which of ``queues`` may have a claimable job — a
+        superset is fine — in one cheap read; or ``None`` (the default) when the store
+        cannot tell cheaply, which wakes every subscriber at every poll.
+
+        Raises:
+            BackendUnavailable: the poll wakes every subscriber instead.
+        """
+        return None
+
+    def wake_subscribers(self) -> None:
+        """Drivers call this after changing the store themselves (release, complete,
+        fail, enqueue ...) so the default poller polls now, not at its next interval."""
+        poller = self._poller
+        if poller is not None:
+            poller.poke()
+
+    def close_subscriptions(self) -> None:
+        """Stop the default poller and call every subscriber once (their claims then
+        find the backend closed). Drivers call it from :meth:`close`; idempotent."""
+        poller = self._poller
+        if poller is not None:
+            poller.close()
+
+    def _subscriptions(self) -> Poller:
+        poller = self._poller
+        if poller is None:
+            with _POLLER_LOCK:
+                poller = self._poller
+                if poller is None:
+                    poller = Poller(f"consensus-lease-poll-{self.scheme}",
+                                    self.poll_interval_s, self.claimable_hint)
+                    self._poller = poller
+        return poller
 
     # -- work queues (Capabilities.queues) ----------------------------------------------
 
@@ -325,7 +406,9 @@ class Backend(abc.ABC):
 
     def wait_for_queue(self, queue: str, timeout_s: float) -> None:
         """Block until a job of ``queue`` may have become claimable (enqueued, released,
-        expired, retry delay passed) or ``timeout_s`` passed. Spurious returns are allowed."""
+        expired, retry delay passed) or ``timeout_s`` passed. Spurious returns are allowed.
+
+        For synchronous users and tests: the core waits through :meth:`subscribe_queue`."""
         raise UnsupportedOperation(f"the {self.scheme} backend has no work queues")
 
     def purge(self, queue: str) -> int:

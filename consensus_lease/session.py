@@ -22,6 +22,7 @@ from ._callsite import entered_by_with
 from ._fork import abandon
 from ._holdings import Holdings
 from ._liveness import EventRelay, Liveness
+from ._waiting import Waiters, wait_and_claim
 from .backend import Backend, SessionEvent, SessionHandle
 from .clock import Clock
 from .errors import (
@@ -87,6 +88,9 @@ class Session:
             safety_margin_s=safety_margin_s, observer=observer,
         )
         self._holdings = Holdings(self._liveness, retry or RetryPolicies())
+        self._waiters = Waiters()
+        """The session's waiting claims: woken when it is closed or lost."""
+        self._liveness.on_loss(lambda _reason: self._waiters.wake_all())
         self.lost = self._liveness.lost
         """Set once the session is LOST."""
         self._liveness.start(keepalive=keepalive)
@@ -213,7 +217,9 @@ class Session:
                 (seconds, >= 0) waits up to that long, woken by the store where it can
                 watch (etcd, ZooKeeper), and raises ``ClaimTimeout`` instead of returning
                 ``None`` — so ``with session.claim(job, wait_s=10) as lease:`` never runs
-                its body without the lease.
+                its body without the lease. The wait holds no store request open
+                (:meth:`Backend.subscribe_job`); closing the session ends it at once
+                with ``LeaseLost``.
 
         Returns:
             A HELD :class:`Lease`, or ``None`` (only when ``wait_s`` is ``None``).
@@ -225,7 +231,8 @@ class Session:
                 not claimed again until ``store.requeue(job_id)``.
             ClaimTimeout: ``wait_s`` passed with the job still held elsewhere (or, see
                 above, the job is held and the call is the ``with`` statement's).
-            LeaseLost / SessionExpired: this session is lost; open a new one.
+            LeaseLost / SessionExpired: this session is lost or closed (also while the
+                claim waited); open a new one.
             LeaseSuspended: this session is suspended; nothing was sent.
             BackendUnavailable / OutcomeUnknown: the store could not be asked, or a claim
                 may have been applied and reading back could not tell.
@@ -235,25 +242,28 @@ class Session:
         check_job_id(job_id)
         wait = None if wait_s is None else check_wait(wait_s)
         self._holdings.check_not_held([job_id])
-        give_up_at = None if wait is None else self.clock.monotonic() + wait
-        while True:
+        if wait is None:
             self.ensure_alive()
-            result = self._liveness.call(lambda: self.backend.claim(self.handle, job_id))
-            if result is not None:
-                return self._holdings.adopt(self, job_id, result)
-            if give_up_at is None:
-                if entered_by_with(sys._getframe(1)):
-                    raise ClaimTimeout(
-                        f"{job_id!r} is held elsewhere, and claim() without wait_s does not "
-                        f"wait: `with session.claim(job_id, wait_s=...)` waits (wait_s=0: "
-                        f"not at all); or test `lease = session.claim(job_id)` for None",
-                        job_id=job_id,
-                    )
-                return None
-            left = give_up_at - self.clock.monotonic()
-            if left <= 0:
-                raise ClaimTimeout(f"{job_id!r} still held after waiting {wait} s", job_id=job_id)
-            self.backend.wait_for_change(job_id, left)
+            lease = self._claim_once(job_id)
+            if lease is None and entered_by_with(sys._getframe(1)):
+                raise ClaimTimeout(
+                    f"{job_id!r} is held elsewhere, and claim() without wait_s does not "
+                    f"wait: `with session.claim(job_id, wait_s=...)` waits (wait_s=0: "
+                    f"not at all); or test `lease = session.claim(job_id)` for None",
+                    job_id=job_id,
+                )
+            return lease
+        return wait_and_claim(
+            self, lambda wake: self.backend.subscribe_job(job_id, wake),
+            lambda: self._claim_once(job_id), wait,
+            lambda: ClaimTimeout(f"{job_id!r} still held after waiting {wait} s",
+                                 job_id=job_id),
+        )
+
+    def _claim_once(self, job_id: str) -> Lease | None:
+        """One claim round trip: the lease, or ``None`` if the job is held."""
+        result = self._liveness.call(lambda: self.backend.claim(self.handle, job_id))
+        return None if result is None else self._holdings.adopt(self, job_id, result)
 
     @overload
     def claim_next(self, queue: str, *, wait_s: None = None) -> Lease | None: ...
@@ -387,6 +397,7 @@ class Session:
         if self._liveness.origin.inherited():
             abandon(self.handle)  # the parent's session: never finalised here
             return
+        self._waiters.close()
         if not self._liveness.close():
             return
         self._holdings.lose_all(reason)

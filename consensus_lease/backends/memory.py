@@ -28,7 +28,7 @@ from __future__ import annotations
 import itertools
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from .._epoch import compose, next_epoch, split
@@ -102,6 +102,7 @@ class MemoryBackend(Backend):
         description="in-process memory (tests; one process only)",
         epoch=True,
     )
+    poll_interval_s = 0.02
 
     def __init__(self, store_clock: Clock | None = None) -> None:
         self._clock: Clock = store_clock or SystemClock()
@@ -121,6 +122,11 @@ class MemoryBackend(Backend):
         return cls(clock)
 
     # -- helpers (call with the lock held) -----------------------------------------
+
+    def _changed(self) -> None:
+        """The store changed: wake ``wait_for_*`` and the subscription poller."""
+        self._cond.notify_all()
+        self.wake_subscribers()
 
     def _now(self) -> float:
         return self._clock.time()
@@ -225,14 +231,14 @@ class MemoryBackend(Backend):
             for job in self._jobs.values():
                 if job.session_id == session.session_id:
                     job.session_id = None
-            self._cond.notify_all()
+            self._changed()
 
     def expire_session(self, session_id: str) -> None:
         """Test hook: make the store expire a session now, as its TTL running out would."""
         with self._cond:
             if session_id in self._sessions:
                 self._sessions[session_id].expires_at = self._now()
-            self._cond.notify_all()
+            self._changed()
 
     # -- jobs ----------------------------------------------------------------------
 
@@ -281,7 +287,7 @@ class MemoryBackend(Backend):
             job.completed_by = session.session_id
             job.session_id = None
             job.result = result
-            self._cond.notify_all()
+            self._changed()
             return self._record(job_id, job)
 
     def release(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> None:
@@ -290,7 +296,7 @@ class MemoryBackend(Backend):
             job = self._holds(session, job_id, generation)
             job.session_id = None
             job.owner = None
-            self._cond.notify_all()
+            self._changed()
 
     def fail(
         self, session: SessionHandle, job_id: str, claim: ClaimResult, error: str,
@@ -304,7 +310,7 @@ class MemoryBackend(Backend):
                 job.failed = True
             else:
                 job.not_before = self._now() + retry_in_s if retry_in_s > 0 else None
-            self._cond.notify_all()
+            self._changed()
             return self._record(job_id, job)
 
     def requeue(self, job_id: str) -> LeaseRecord:
@@ -318,7 +324,7 @@ class MemoryBackend(Backend):
             job.failed = False
             job.attempt_base = job.attempt
             job.not_before = None
-            self._cond.notify_all()
+            self._changed()
             return self._record(job_id, job)
 
     # -- work queues ---------------------------------------------------------------
@@ -337,7 +343,7 @@ class MemoryBackend(Backend):
             self._jobs[job_id] = _Job(
                 queue=queue, payload=payload, seq=next(self._seq), max_attempts=max_attempts
             )
-            self._cond.notify_all()
+            self._changed()
             return True
 
     def _queued(self, queue: str) -> list[tuple[str, _Job]]:
@@ -412,6 +418,27 @@ class MemoryBackend(Backend):
                 wait = min(wait, 0.01)  # an injected clock can jump: look again soon
             self._cond.wait(wait)
 
+    # -- subscriptions: the default poller, told exactly what is claimable ---------------
+
+    def claimable_hint(
+        self, job_ids: Sequence[str], queues: Sequence[str]
+    ) -> tuple[Collection[str], Collection[str]] | None:
+        """Jobs not held by a live session and in no retry delay (or completed or
+        FAILED: their waiters must learn it), and queues with a claimable job. Polled
+        every ``poll_interval_s`` (expiries and retry delays end without a change) and
+        at once after every change."""
+        with self._cond:
+            jobs = [j for j in job_ids if not self._blocked(self._jobs.get(j))]
+            ready = [q for q in queues if any(
+                not (job.completed or job.failed or self._blocked(job))
+                for _, job in self._queued(q))]
+        return jobs, ready
+
+    def _blocked(self, job: _Job | None) -> bool:
+        """A claim would find the job held or in its retry delay."""
+        return job is not None and not (job.completed or job.failed) and (
+            self._alive(job.session_id) or self._waiting(job))
+
     def store_time(self) -> float | None:
         return self._now()
 
@@ -429,4 +456,5 @@ class MemoryBackend(Backend):
     def close(self) -> None:
         with self._cond:
             self._sessions.clear()
-            self._cond.notify_all()
+            self._changed()
+        self.close_subscriptions()

@@ -17,7 +17,10 @@ How the protocol maps onto SQLite:
   claim's ``WHERE`` refuses a job whose budget is used up, which the same transaction then
   marks FAILED (``failed_at``). ``fail()`` sets ``not_before = now + retry_in_s`` on the
   database clock, and every claim compares ``not_before <= now`` inside its statement,
-  so the retry delay is the store's, never a worker's. Waiting claims poll.
+  so the retry delay is the store's, never a worker's. Waiting claims poll: one thread
+  per process reads, every ``poll_interval_s``, which of the jobs and queues its claims
+  wait for have become claimable (:meth:`SqliteBackend.claimable_hint`), and wakes just
+  those; a change made by this process wakes them at once.
 * The store epoch (``bump_epoch``) is the ``epoch`` of the one-row table ``cl_meta``.
   The claim statement reads it in a subquery and records it in the job row's ``epoch``
   column, and every token is ``epoch * 2**32 + generation`` (``epoch_shift`` 32):
@@ -44,8 +47,9 @@ option            default  meaning
 busy_timeout_s    5.0      how long an operation waits for the write lock (another
                            process's, or this process's other threads') before
                            ``BackendUnavailable``
-poll_interval_s   0.05     ``claim(..., wait_s=)`` re-checks at this interval (SQLite
-                           has no watches: ``capabilities.store_watch`` is False)
+poll_interval_s   0.05     waiting claims re-check at this interval (SQLite has no
+                           watches: ``capabilities.store_watch`` is False); one read
+                           per interval per process, however many claims wait
 create            true     create the file and the store's tables if missing. With
                            ``false`` a missing file, or one without the tables, is
                            ``InvalidArgument`` and nothing is created: the admin
@@ -65,7 +69,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 from urllib.parse import quote
@@ -159,6 +163,10 @@ HISTORY_ROW = (
     "(SELECT expires_at FROM cl_sessions WHERE session_id = ?) FROM cl_meta WHERE id = 1"
 )
 """What the regression check compares (see :meth:`History.check`)."""
+
+HINT_CHUNK = 500
+"""Job ids per statement of :meth:`SqliteBackend.claimable_hint` (SQLite limits the
+number of parameters of one statement)."""
 
 ALIVE = f"EXISTS (SELECT 1 FROM cl_sessions s WHERE s.session_id = ? AND s.expires_at > {NOW})"
 
@@ -446,6 +454,7 @@ class SqliteBackend(Backend):
             db.execute(
                 "UPDATE cl_jobs SET session_id = NULL WHERE session_id = ?", (session.session_id,)
             )
+        self.wake_subscribers()
 
     def expire_session(self, session_id: str) -> None:
         """Test hook: make the store expire a session now, as its TTL running out would."""
@@ -454,6 +463,7 @@ class SqliteBackend(Backend):
                 f"UPDATE cl_sessions SET expires_at = {NOW} - 0.001 WHERE session_id = ?",
                 (session_id,),
             )
+        self.wake_subscribers()
 
     # -- jobs ------------------------------------------------------------------------
 
@@ -577,6 +587,7 @@ class SqliteBackend(Backend):
                     raise self._reject(db, session, job_id, generation)
             record = self._get(db, job_id)
         assert record is not None
+        self.wake_subscribers()
         return record
 
     def release(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> None:
@@ -591,6 +602,7 @@ class SqliteBackend(Backend):
             ).fetchone()
             if row is None:
                 raise self._reject(db, session, job_id, generation)
+        self.wake_subscribers()
 
     def fail(
         self, session: SessionHandle, job_id: str, claim: ClaimResult, error: str,
@@ -612,6 +624,7 @@ class SqliteBackend(Backend):
                 raise self._reject(db, session, job_id, generation)
             record = self._get(db, job_id)
         assert record is not None
+        self.wake_subscribers()
         return record
 
     def requeue(self, job_id: str) -> LeaseRecord:
@@ -627,6 +640,7 @@ class SqliteBackend(Backend):
             raise InvalidArgument(
                 f"only a FAILED job can be requeued; {job_id!r} is {state}", job_id=job_id
             )
+        self.wake_subscribers()
         return record
 
     # -- work queues -------------------------------------------------------------------
@@ -651,7 +665,8 @@ class SqliteBackend(Backend):
                 "VALUES (?, 0, ?, ?, ?, ?)",
                 (job_id, queue, payload, seq, max_attempts),
             )
-            return True
+        self.wake_subscribers()
+        return True
 
     def queue_candidates(self, queue: str, limit: int) -> list[tuple[str, bytes]]:
         rows = self._read(
@@ -772,7 +787,31 @@ class SqliteBackend(Backend):
         # SQLite cannot notify another process: poll (capabilities.store_watch is False).
         time.sleep(max(0.0, min(timeout_s, self.poll_interval_s)))
 
+    def claimable_hint(
+        self, job_ids: Sequence[str], queues: Sequence[str]
+    ) -> tuple[Collection[str], Collection[str]] | None:
+        """One read per poll for every waiting claim of this process: the subscribed jobs
+        that are not held by a live session nor in a retry delay (completed and FAILED
+        ones included: their waiters must learn it), and the queues with a claimable job.
+        Expiry and retry delays are compared with the database's clock."""
+        blocked: set[str] = set()
+        for start in range(0, len(job_ids), HINT_CHUNK):
+            chunk = tuple(job_ids[start : start + HINT_CHUNK])
+            rows = self._read(
+                f"SELECT j.job_id FROM cl_jobs j WHERE j.job_id IN "
+                f"({', '.join('?' * len(chunk))}) "
+                "AND j.completed_at IS NULL AND j.failed_at IS NULL "
+                f"AND ((j.not_before IS NOT NULL AND j.not_before > {NOW}) "
+                "OR EXISTS (SELECT 1 FROM cl_sessions s "
+                f"WHERE s.session_id = j.session_id AND s.expires_at > {NOW}))",
+                chunk,
+            )
+            blocked.update(row[0] for row in rows)
+        ready = [q for q in queues if self.queue_candidates(q, 1)]
+        return [j for j in job_ids if j not in blocked], ready
+
     def close(self) -> None:
+        self.close_subscriptions()
         with self._lock:
             with suppress(sqlite3.Error):  # a broken handle: nothing left to release
                 self._db.close()

@@ -18,6 +18,8 @@ W3     one worker holding 10 ... 10,000 jobs: renewal requests/s, client CPU,
 W4     takeover after SIGKILL of the holder, and graceful handover (:mod:`.takeover`)
 W5     claim_many of 128 jobs against 128 single claims
 W6     acquire+release cycles/s of tooz, kazoo ``Lock``, pyetcd ``Lock`` (:mod:`.peers`)
+W8     claim+complete cycles/s of one process with 200 asyncio tasks against 8 sync
+       worker processes (:mod:`.asyncrate`)
 =====  ========================================================================
 
 Modules: :mod:`.config` (sizes, targets), :mod:`.clusters` (where the stores come

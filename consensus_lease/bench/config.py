@@ -33,11 +33,17 @@ class Sizes:
     w6_duration_s: float
     w6_repeats: int
     session_ttl_s: float = 10.0
-    """TTL of the sessions of W1, W2, W5, W6 (long enough never to matter)."""
+    """TTL of the sessions of W1, W2, W5, W6, W8 (long enough never to matter)."""
+    w8_tasks: int = 200
+    """asyncio tasks of W8's one process."""
+    w8_processes: int = 8
+    """Sync worker processes W8 compares them with."""
+    w8_duration_s: float = 5.0
+    w8_repeats: int = 3
 
     @property
     def pool_size(self) -> int:
-        return max(self.w1_workers)
+        return max(*self.w1_workers, self.w8_processes)
 
 
 QUICK = Sizes(
@@ -56,6 +62,8 @@ QUICK = Sizes(
     w5_batch=128,
     w6_duration_s=1.5,
     w6_repeats=1,
+    w8_duration_s=1.5,
+    w8_repeats=1,
 )
 
 FULL = Sizes(

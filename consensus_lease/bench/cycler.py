@@ -4,8 +4,9 @@ A worker is started by :class:`~consensus_lease.bench.pool.WorkerPool` with the
 multiprocessing *spawn* context (a fresh interpreter: nothing inherited, so no gRPC or
 kazoo client crosses a fork) and serves requests from its pipe, one at a time:
 
-* ``{"op": "prepare", "kind": "ours"|"raw", "url": .., "raw": {..}, "prefix": .., "warmup": n}``
-  opens the client and runs ``warmup`` untimed cycles;
+* ``{"op": "prepare", "kind": "ours"|"raw"|"async", "url": .., "raw": {..}, "prefix": ..,
+  "warmup": n, "tasks": t}`` opens the client and runs ``warmup`` untimed cycles
+  (``async``: ``t`` asyncio tasks, see :mod:`.aiocycler`);
 * ``{"op": "run", "start_at": t, "duration_s": d, "max_cycles": m}`` waits until the
   monotonic time ``t`` (``CLOCK_MONOTONIC`` is one clock for every process of the
   machine, so this is a start barrier), then cycles until ``t + d`` or ``m`` cycles;
@@ -21,6 +22,7 @@ import contextlib
 import time
 from typing import Any
 
+from .aiocycler import AsyncCycler
 from .raw import Cycler, raw_cycler
 
 __all__ = ["OursCycler", "serve"]
@@ -59,7 +61,19 @@ def make_cycler(request: dict[str, Any]) -> Cycler:
     if request["kind"] == "ours":
         return OursCycler(str(request["url"]), float(request.get("ttl_s", 10.0)),
                           owner=str(request.get("owner", "bench")))
+    if request["kind"] == "async":
+        return AsyncCycler(str(request["url"]), float(request.get("ttl_s", 10.0)),
+                           str(request.get("owner", "bench")), int(request["tasks"]))
     return raw_cycler(request["raw"])
+
+
+def run_request(cycler: Cycler, prefix: str, request: dict[str, Any]) -> dict[str, Any]:
+    """Answer a ``run`` request: many tasks for an :class:`AsyncCycler`, else one loop."""
+    args = (prefix, float(request["start_at"]), float(request["duration_s"]),
+            int(request["max_cycles"]))
+    if isinstance(cycler, AsyncCycler):
+        return cycler.run(*args)
+    return run_cycles(cycler, *args)
 
 
 def run_cycles(cycler: Cycler, prefix: str, start_at: float, duration_s: float,
@@ -102,9 +116,7 @@ def serve(conn: Any, index: int) -> None:
                     cycler.cycle(f"{prefix}-warm-{i}")
             elif op == "run":
                 assert cycler is not None, "prepare first"
-                reply.update(run_cycles(cycler, prefix, float(request["start_at"]),
-                                        float(request["duration_s"]),
-                                        int(request["max_cycles"])))
+                reply.update(run_request(cycler, prefix, request))
             elif op == "close":
                 if cycler is not None:
                     cycler.close()

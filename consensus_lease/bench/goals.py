@@ -13,6 +13,8 @@ W4          p99 takeover after SIGKILL <= TTL + 0.6 s (etcd), <= session timeout
             tick + 0.2 s (ZooKeeper); p99 graceful handover <= 20 ms
 W5          claim_many of 128 >= 10 x faster than 128 single claims
 W6          >= 1.0 x kazoo Lock and pyetcd Lock, >= 1.5 x tooz
+W8          one process with 200 asyncio tasks >= 0.8 x the cycles/s of 8 sync worker
+            processes (etcd, ZooKeeper)
 ==========  ==========================================================================
 """
 
@@ -35,6 +37,8 @@ W4_GRACEFUL_MAX_MS = 20.0
 W5_MIN_SPEEDUP = 10.0
 W6_MIN = {"kazoo Lock": 1.0, "pyetcd Lock": 1.0}
 W6_TOOZ_MIN = 1.5
+W8_MIN_RATIO = 0.8
+W8_BACKENDS = ("etcd", "zookeeper")
 
 
 @dataclass(frozen=True)
@@ -150,12 +154,25 @@ def _w6(rows: _Rows, data: dict[str, Any]) -> None:
                  _status(ratio >= minimum), "the peer has no fencing token")
 
 
+def _w8(rows: _Rows, data: dict[str, Any]) -> None:
+    ratio = data["ratio"]
+    name = f"{data['tasks']} asyncio tasks in 1 process vs {data['processes']} processes"
+    measured = (f"{ratio:.2f}x ({data['async_cycles_per_s']:.0f} vs "
+                f"{data['processes_cycles_per_s']:.0f}/s)")
+    if rows.backend in W8_BACKENDS:
+        rows.add("W8", name, f">= {W8_MIN_RATIO:.1f}x", measured,
+                 _status(ratio >= W8_MIN_RATIO))
+    else:
+        rows.add("W8", name, "(none set)", measured, NA, "no goal set for this backend")
+
+
 _CHECKS = {
     "w1_throughput": ("W1", "cycle throughput vs raw client", _w1),
     "w3_keepalive": ("W3", "renewal traffic and memory with held jobs", _w3),
     "w4_takeover": ("W4", "takeover and handover", _w4),
     "w5_batch": ("W5", "batch claim", _w5),
     "w6_peers": ("W6", "cycles/s vs peer lock libraries", _w6),
+    "w8_async": ("W8", "asyncio tasks vs worker processes", _w8),
 }
 
 

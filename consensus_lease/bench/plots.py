@@ -13,7 +13,7 @@ from typing import Any
 __all__ = ["PLOTS", "write_plots"]
 
 PLOTS = ("w1_throughput.png", "w2_latency.png", "w3_keepalive.png", "w4_takeover.png",
-         "w5_batch.png", "w6_peers.png")
+         "w5_batch.png", "w6_peers.png", "w8_async.png")
 
 OURS, RAW, PEER = "#1f77b4", "#aaaaaa", "#ff7f0e"
 
@@ -197,11 +197,30 @@ def _w6(results: dict[str, Any], path: Path) -> None:
     _save(fig, path)
 
 
+def _w8(results: dict[str, Any], path: Path) -> None:
+    found = _ok(results, "w8_async")
+    title = "W8 claim+complete cycles/s: one asyncio process vs sync worker processes"
+    if not found:
+        _empty(path, title)
+        return
+    fig, axes = _figure(len(found), title)
+    for ax, (backend, data) in zip(axes, found, strict=True):
+        values = [_num(data["async_cycles_per_s"]), _num(data["processes_cycles_per_s"])]
+        labels = [f"1 process,\n{data['tasks']} asyncio tasks",
+                  f"{data['processes']} sync\nprocesses"]
+        ax.bar(labels, values, color=[OURS, RAW])
+        for i, value in enumerate(values):
+            ax.text(i, value, f"{value:.0f}", ha="center", va="bottom", fontsize="small")
+        ax.set_title(f"{backend}: ratio {_num(data['ratio']):.2f}x")
+        ax.set_ylabel("cycles/s")
+    _save(fig, path)
+
+
 def write_plots(results: dict[str, Any], out: Path) -> list[str]:
     """Write every plot in :data:`PLOTS` into ``out``; return their file names."""
     import matplotlib
 
     matplotlib.use("Agg")
-    for name, draw in zip(PLOTS, (_w1, _w2, _w3, _w4, _w5, _w6), strict=True):
+    for name, draw in zip(PLOTS, (_w1, _w2, _w3, _w4, _w5, _w6, _w8), strict=True):
         draw(results, out / name)
     return list(PLOTS)

@@ -167,6 +167,21 @@ def _w6(results: dict[str, Any]) -> list[str]:
         ([*notes, ""] if notes else [])
 
 
+def _w8(results: dict[str, Any]) -> list[str]:
+    rows = []
+    for backend, data in _ok_workloads(results, "w8_async"):
+        rows.append([backend, data["tasks"], _f(data["async_cycles_per_s"], ".0f"),
+                     data["processes"], _f(data["processes_cycles_per_s"], ".0f"),
+                     _f(data["ratio"], ".2f", "x"),
+                     ", ".join(f"{r:.2f}" for r in data["ratios"]),
+                     _f(data["async_cpu_ms_per_cycle"], ".2f"),
+                     _f(data["processes_cpu_ms_per_cycle"], ".2f"), data["async_threads"]])
+    return _table(["backend", "asyncio tasks", "asyncio cycles/s", "processes",
+                   "processes cycles/s", "ratio", "per-repeat ratios",
+                   "asyncio CPU ms/cycle", "processes CPU ms/cycle", "asyncio threads"],
+                  rows) + _errors(results, "w8_async")
+
+
 def markdown(results: dict[str, Any], goals: list[Goal], plots: list[str]) -> str:
     meta = results["meta"]
     m = meta["machine"]
@@ -258,6 +273,15 @@ def markdown(results: dict[str, Any], goals: list[Goal], plots: list[str]) -> st
         "No peer hands out a fencing token.",
         "",
         *_w6(results),
+        "## W8 — one asyncio process against sync worker processes",
+        "",
+        f"One process runs {s['w8_tasks']} asyncio tasks, each cycling `claim` + "
+        "`complete` on its own fresh jobs through one `AsyncLeaseStore` (its default "
+        f"thread pool) and one session; then {s['w8_processes']} sync worker processes "
+        f"cycle as in W1; {s['w8_duration_s']} s each, {s['w8_repeats']} alternating "
+        "pair(s), medians shown.",
+        "",
+        *_w8(results),
     ]
     if plots:
         lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]

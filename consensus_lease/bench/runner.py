@@ -3,8 +3,8 @@ backend with a progress bar, then write JSON, Markdown and plots.
 
 ``results.json`` has the keys ``schema``, ``meta`` (command, machine, sizes, times),
 ``backends`` (per backend: ``available``, ``reason``, ``url``, ``origin``, ``server``,
-``capabilities``, ``workloads`` -> ``w1_throughput`` ... ``w6_peers``, each with a
-``status`` of ``ok`` or ``error``) and ``goals`` (rows of :class:`.goals.Goal`).
+``capabilities``, ``workloads`` -> ``w1_throughput`` ... ``w6_peers``, ``w8_async``, each
+with a ``status`` of ``ok`` or ``error``) and ``goals`` (rows of :class:`.goals.Goal`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from rich.table import Table
 
 from ..store import ENTRY_POINT_GROUP
 from . import clusters
+from .asyncrate import w8_async
 from .config import BACKENDS, FULL, QUICK, Sizes, Target
 from .goals import evaluate
 from .holding import w3_keepalive
@@ -44,7 +45,7 @@ __all__ = ["BenchOptions", "run_bench"]
 
 SCHEMA = 1
 WORKLOADS = ("w1_throughput", "w2_latency", "w3_keepalive", "w4_takeover", "w5_batch",
-             "w6_peers")
+             "w6_peers", "w8_async")
 LABELS = {
     "w1_throughput": "W1 cycle throughput vs raw client",
     "w2_latency": "W2 latency",
@@ -52,6 +53,7 @@ LABELS = {
     "w4_takeover": "W4 takeover",
     "w5_batch": "W5 batch claim",
     "w6_peers": "W6 peers",
+    "w8_async": "W8 asyncio vs processes",
 }
 
 
@@ -108,6 +110,9 @@ def _workload(key: str, target: Target, sizes: Sizes, pool: WorkerPool | None, w
         return w4_takeover(target, sizes, workdir, prefix)
     if key == "w5_batch":
         return w5_batch(target, sizes, prefix)
+    if key == "w8_async":
+        assert pool is not None
+        return w8_async(target, sizes, pool, prefix)
     return w6_peers(target, sizes, prefix)
 
 

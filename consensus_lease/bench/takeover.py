@@ -12,7 +12,7 @@ its old token is then tried and must be rejected.
 the release request is sent to A until B's ``claim`` returns.
 
 B is known to be waiting before the kill or release because the bench wraps B's
-backend instance's ``wait_for_change`` to signal its first call.
+backend instance's ``subscribe_job`` to signal when B's claim subscribed to the job.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Any
 
+from ..backend import Unsubscribe, WakeCallback
 from ..errors import FenceRejected
 from ..fencing import SqliteFence
 from ..session import Session
@@ -202,13 +203,14 @@ def w4_takeover(target: Target, sizes: Sizes, workdir: str, prefix: str) -> dict
     try:
         with open_store(target.url) as store:
             waiting = threading.Event()
-            original = store.backend.wait_for_change
+            original = store.backend.subscribe_job
 
-            def signalling_wait(job_id: str, timeout_s: float) -> None:
+            def signalling_subscribe(job_id: str, callback: WakeCallback) -> Unsubscribe:
+                unsubscribe = original(job_id, callback)
                 waiting.set()
-                original(job_id, timeout_s)
+                return unsubscribe
 
-            setattr(store.backend, "wait_for_change", signalling_wait)  # noqa: B010
+            setattr(store.backend, "subscribe_job", signalling_subscribe)  # noqa: B010
             with store.session("bench-w4-B", sizes.session_ttl_s) as b:
                 kills = _kill_trials(target, sizes, b, waiting, fence, prefix, discarded)
                 handovers = _graceful_trials(target, sizes, b, waiting, prefix, discarded)

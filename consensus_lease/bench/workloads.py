@@ -16,25 +16,28 @@ from .config import Sizes, Target
 from .pool import WorkerPool
 from .stats import CallLog, median, summarize
 
-__all__ = ["w1_throughput", "w2_latency", "w5_batch"]
+__all__ = ["pool_rate", "w1_throughput", "w2_latency", "w5_batch"]
 
 _BARRIER_S = 0.3
 """Workers start this long after the ``run`` request is sent (a common start time)."""
 
 
-def _pool_rate(pool: WorkerPool, workers: int, kind: str, target: Target, prefix: str,
-               sizes: Sizes) -> dict[str, Any]:
-    """Aggregate cycles/s of ``workers`` processes cycling at once on distinct jobs."""
+def pool_rate(pool: WorkerPool, workers: int, kind: str, target: Target, prefix: str,
+              sizes: Sizes, duration_s: float | None = None,
+              extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Aggregate cycles/s of ``workers`` processes cycling at once on distinct jobs for
+    ``duration_s`` (default W1's); ``extra`` goes into each worker's ``prepare``."""
+    duration = sizes.w1_duration_s if duration_s is None else duration_s
     base = {"kind": kind, "url": target.url, "raw": target.raw, "ttl_s": sizes.session_ttl_s,
-            "warmup": sizes.w1_warmup}
+            "warmup": sizes.w1_warmup, **(extra or {})}
     pool.call([{**base, "op": "prepare", "prefix": f"{prefix}-w{i}", "owner": f"bench-w{i}"}
                for i in range(workers)], timeout_s=120.0)
     try:
         start_at = time.monotonic() + _BARRIER_S
         replies = pool.call(
-            [{"op": "run", "start_at": start_at, "duration_s": sizes.w1_duration_s,
+            [{"op": "run", "start_at": start_at, "duration_s": duration,
               "max_cycles": 1_000_000} for _ in range(workers)],
-            timeout_s=_BARRIER_S + sizes.w1_duration_s + 60.0,
+            timeout_s=_BARRIER_S + duration + 60.0,
         )
     finally:
         pool.call([{"op": "close"}] * workers, timeout_s=60.0)
@@ -46,6 +49,7 @@ def _pool_rate(pool: WorkerPool, workers: int, kind: str, target: Target, prefix
         "cycles_per_s": cycles / elapsed if elapsed > 0 else math.nan,
         "worker_cpu_s": sum(float(r["cpu_s"]) for r in replies),
         "cpu_ms_per_cycle": 1000.0 * sum(float(r["cpu_s"]) for r in replies) / max(1, cycles),
+        "threads": max(int(r.get("threads", 0)) for r in replies),
     }
 
 
@@ -61,7 +65,7 @@ def w1_throughput(target: Target, sizes: Sizes, pool: WorkerPool, prefix: str) -
             order = ("raw", "ours") if rep % 2 == 0 else ("ours", "raw")
             for kind in order:
                 runs[kind].append(
-                    _pool_rate(pool, workers, kind, target, f"{prefix}-{kind}{workers}r{rep}",
+                    pool_rate(pool, workers, kind, target, f"{prefix}-{kind}{workers}r{rep}",
                                sizes)
                 )
             ratios.append(runs["ours"][-1]["cycles_per_s"] / runs["raw"][-1]["cycles_per_s"])

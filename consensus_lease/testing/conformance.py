@@ -57,6 +57,7 @@ from ..session import Session
 from ..states import LeaseState, SessionState
 from ..store import LeaseStore
 from ..validation import MAX_JOB_ID_BYTES
+from .conformance_async import AsyncConformance
 from .conformance_epoch import EpochConformance
 from .conformance_lifecycle import LifecycleConformance
 from .conformance_usage import UsageConformance
@@ -97,7 +98,9 @@ session.close()
 """
 
 
-class BackendConformance(LifecycleConformance, EpochConformance, UsageConformance):
+class BackendConformance(
+    LifecycleConformance, EpochConformance, UsageConformance, AsyncConformance
+):
     """The suite. See the module docstring for the hooks."""
 
     short_ttl_s: float = 1.0

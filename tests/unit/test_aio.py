@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from consensus_lease import JobState, LeaseLost
-from consensus_lease.aio import AsyncLeaseStore
+from consensus_lease import (
+    InvalidArgument,
+    JobState,
+    LeaseLost,
+    LeaseState,
+    RetryPolicy,
+    SessionState,
+    StoreClosed,
+    open_store,
+)
+from consensus_lease.aio import AsyncLease, AsyncLeaseStore, AsyncSession
+from consensus_lease.aio import open_store as aio_open_store
+from consensus_lease.backend import SessionHandle
+from consensus_lease.record import ClaimResult
 
 
 @pytest.fixture(params=["memory", "sqlite"])
@@ -73,9 +87,9 @@ def test_unrelated_cancellation_is_not_turned_into_loss(url: str) -> None:
     asyncio.run(asyncio.wait_for(main(), 20))
 
 
-def test_cancelled_waiting_claim_does_not_leak_a_lease(url: str) -> None:
-    from consensus_lease.testing.conformance import poll_until
-
+def test_cancelled_waiting_claim_stops_waiting(url: str) -> None:
+    """A waiting claim holds no thread: cancelling it unsubscribes, and a later release
+    leaves the job free (nothing claims it behind the caller's back)."""
     async def main() -> None:
         store = await AsyncLeaseStore.open(url)
         async with store.session("A", ttl_s=10) as a, store.session("B", ttl_s=10) as b:
@@ -83,17 +97,147 @@ def test_cancelled_waiting_claim_does_not_leak_a_lease(url: str) -> None:
             assert held is not None
             with pytest.raises(TimeoutError):
                 await asyncio.wait_for(a.claim("k", wait_s=5), timeout=0.2)
-            await held.release()  # the abandoned claim's thread now gets it ...
-            # ... and hands it straight back: nobody holds a job no caller received.
+            assert len(a.sync._waiters) == 0
+            await held.release()
+            record = await store.get("k")
+            assert record is not None and record.state is JobState.AVAILABLE
+            assert record.generation == held.generation and not a.sync.leases()
+            again = await b.claim("k")
+            assert again is not None
+        await store.close()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_cancelled_claim_hands_back_a_lease_it_obtains_late(url: str) -> None:
+    """The claim attempt was already on its thread when the caller was cancelled: the
+    lease it still obtains is released at once."""
+    from consensus_lease.testing.conformance import poll_until
+
+    async def main() -> None:
+        store = await AsyncLeaseStore.open(url)
+        backend = store.sync.backend
+        gate, entered = threading.Event(), threading.Event()
+        real_claim = backend.claim
+
+        def slow_claim(handle: SessionHandle, job_id: str) -> ClaimResult | None:
+            entered.set()
+            gate.wait(10)
+            return real_claim(handle, job_id)
+
+        async with store.session("A", ttl_s=10) as a:
+            backend.claim = slow_claim  # type: ignore[method-assign]
+            task = asyncio.create_task(a.claim("k", wait_s=5))
+            await asyncio.to_thread(entered.wait, 10)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            gate.set()
+
             def handed_back() -> bool:
                 record = store.sync.get("k")
-                assert record is not None
-                return (record.generation > held.generation  # the orphan claim happened
+                return (record is not None and record.generation == 1
                         and record.state is JobState.AVAILABLE and not a.sync.leases())
 
             await asyncio.to_thread(poll_until, handed_back, 10)
-            again = await b.claim("k")
-            assert again is not None
+            backend.claim = real_claim  # type: ignore[method-assign]
+        await store.close()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+class _NoDefaultExecutor(ThreadPoolExecutor):
+    def submit(self, *args: object, **kwargs: object) -> Future[object]:
+        raise AssertionError("the loop's default executor was used")
+
+
+def test_round_trips_run_on_the_stores_own_pool(url: str) -> None:
+    async def main() -> None:
+        asyncio.get_running_loop().set_default_executor(_NoDefaultExecutor(1))
+        store = await aio_open_store(url, pool_size=3)
+        assert store.pool_size == 3
+        async with store.session("A", ttl_s=10) as a:
+            lease = await a.claim("job", wait_s=1)
+            assert lease is not None
+            names = {t.name for t in threading.enumerate()}
+            assert any(n.startswith("consensus-lease-aio") for n in names)
+            await lease.renew()
+            await lease.complete(b"x")
+            await store.enqueue("q", "qjob", b"p", max_attempts=2)
+            assert [j.record.job_id for j in await store.queue_jobs("q")] == ["qjob"]
+            assert (await store.queue_stats("q")).available == 1
+            assert await store.records(1)
+        await store.close()
+        with pytest.raises(StoreClosed):
+            await store.get("job")
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+@pytest.mark.parametrize("bad", [0, 1, 2.5, True, "8", 4096])
+def test_bad_pool_size_is_rejected(bad: object) -> None:
+    async def main() -> None:
+        with pytest.raises(InvalidArgument, match="pool_size"):
+            await aio_open_store("memory://", pool_size=bad)  # type: ignore[arg-type]
+
+    asyncio.run(main())
+    with pytest.raises(InvalidArgument, match="pool_size"):
+        AsyncLeaseStore(open_store("memory://"), pool_size=bad)  # type: ignore[arg-type]
+
+
+def test_async_parity_with_the_sync_api(url: str) -> None:
+    async def main() -> None:
+        async with await aio_open_store(url) as store:
+            assert store.capabilities.queues
+            store.set_retry_policy("q", RetryPolicy(max_attempts=2, initial_s=0.0))
+            assert await store.enqueue("q", "j1", b"payload")
+            async with store.session("A", ttl_s=10) as a:
+                assert a.state is SessionState.ACTIVE and a.lost_reason is None
+                assert a.granted_ttl_s == 10 and a.remaining_s() > 0
+                lease = await a.claim_next("q", wait_s=1)
+                assert lease is not None and isinstance(lease, AsyncLease)
+                assert (lease.payload, lease.attempt, lease.queue) == (b"payload", 1, "q")
+                assert lease.state is LeaseState.HELD and lease.lost_reason is None
+                assert lease.session is a and [x.job_id for x in a.leases()] == ["j1"]
+                record = await lease.fail("boom", retry_in_s=0)
+                assert record.state is JobState.AVAILABLE and record.error == "boom"
+                lease = await a.claim_next("q", wait_s=5)
+                assert lease is not None and lease.attempt == 2
+                record = await lease.fail(RuntimeError("again"))
+                assert record.state is JobState.FAILED
+                requeued = await store.requeue("j1")
+                assert requeued.state is JobState.AVAILABLE
+                many = await a.claim_many(["m1", "m2"])
+                assert [m is not None for m in many] == [True, True]
+                assert await a.keepalive() > 0
+            assert a.state is SessionState.CLOSED
+            assert await store.purge("q") == 0
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_wait_lost_and_on_lost_hold_no_thread(url: str) -> None:
+    async def main() -> None:
+        store = await AsyncLeaseStore.open(url)
+        loop = asyncio.get_running_loop()
+        session = await store.session("A", ttl_s=0.3, keepalive=False)
+        seen: list[tuple[AsyncSession, LeaseLost, bool]] = []
+
+        def on_lost(s: AsyncSession, reason: LeaseLost) -> None:
+            seen.append((s, reason, asyncio.get_running_loop() is loop))
+
+        session.on_lost(on_lost)
+        reason = await asyncio.wait_for(session.wait_lost(), 10)
+        assert isinstance(reason, LeaseLost) and session.state is SessionState.LOST
+        give_up = loop.time() + 5
+        while not seen and loop.time() < give_up:  # the callback comes through the loop
+            await asyncio.sleep(0.01)
+        assert seen and seen[0][0] is session and seen[0][2]
+        other = await store.session("B", ttl_s=10)
+        waiting = asyncio.create_task(other.wait_lost())
+        await asyncio.sleep(0.05)
+        await other.close()
+        assert await asyncio.wait_for(waiting, 5) is None
         await store.close()
 
     asyncio.run(asyncio.wait_for(main(), 30))

@@ -1,0 +1,50 @@
+"""W8: claim+complete cycles/s of one asyncio process against sync worker processes.
+
+One worker process runs ``w8_tasks`` asyncio tasks (:mod:`.aiocycler`: one
+:class:`~consensus_lease.aio.AsyncLeaseStore` with its default pool, one session), each
+cycling ``claim`` + ``complete`` on its own fresh jobs; then ``w8_processes`` worker
+processes run the sync cycle of W1, for the same time, on the same store. ``repeats``
+alternating pairs; the ratio (asyncio / processes) is the median of the per-pair ratios.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .config import Sizes, Target
+from .pool import WorkerPool
+from .stats import median
+from .workloads import pool_rate
+
+__all__ = ["w8_async"]
+
+
+def w8_async(target: Target, sizes: Sizes, pool: WorkerPool, prefix: str) -> dict[str, Any]:
+    """See the module docstring."""
+    runs: dict[str, list[dict[str, Any]]] = {"async": [], "processes": []}
+    ratios = []
+    for rep in range(sizes.w8_repeats):
+        order = ("async", "processes") if rep % 2 == 0 else ("processes", "async")
+        for side in order:
+            if side == "async":
+                run = pool_rate(pool, 1, "async", target, f"{prefix}-a{rep}", sizes,
+                                sizes.w8_duration_s, {"tasks": sizes.w8_tasks})
+            else:
+                run = pool_rate(pool, sizes.w8_processes, "ours", target, f"{prefix}-p{rep}",
+                                sizes, sizes.w8_duration_s)
+            runs[side].append(run)
+        ratios.append(runs["async"][-1]["cycles_per_s"] / runs["processes"][-1]["cycles_per_s"])
+    return {
+        "tasks": sizes.w8_tasks,
+        "processes": sizes.w8_processes,
+        "duration_s": sizes.w8_duration_s,
+        "repeats": sizes.w8_repeats,
+        "async_cycles_per_s": median(r["cycles_per_s"] for r in runs["async"]),
+        "processes_cycles_per_s": median(r["cycles_per_s"] for r in runs["processes"]),
+        "async_cpu_ms_per_cycle": median(r["cpu_ms_per_cycle"] for r in runs["async"]),
+        "processes_cpu_ms_per_cycle": median(r["cpu_ms_per_cycle"] for r in runs["processes"]),
+        "async_threads": max(int(r["threads"]) for r in runs["async"]),
+        "ratio": median(ratios),
+        "ratios": ratios,
+        "runs": runs,
+    }
