@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from ..aio import AsyncLeaseStore, AsyncSession
-from ..errors import LeaseLost
+from ..errors import LeaseLost, StoreClosed
 from ..session import Session
 from ..store import LeaseStore
 
@@ -172,9 +172,11 @@ class AsyncConformance:
         return waits
 
     def _end_while_waiting(self, waiter: Session, wait: Callable[[Session], object],
-                           end: Callable[[], None]) -> None:
+                           end: Callable[[], None],
+                           error: type[BaseException] = LeaseLost) -> None:
         """Start ``wait(waiter)`` in a thread; once it waits, call ``end``: the claim
-        must raise LeaseLost within 1 s."""
+        must raise ``error`` (LeaseLost; StoreClosed when the store was closed) within
+        1 s."""
         ended: list[tuple[float, BaseException | None]] = []
 
         def run() -> None:
@@ -190,7 +192,7 @@ class AsyncConformance:
         ended_at = time.monotonic()
         end()
         thread.join(30)
-        assert ended and isinstance(ended[0][1], LeaseLost), ended
+        assert ended and isinstance(ended[0][1], error), ended
         assert ended[0][0] - ended_at <= CLOSE_RETURNS_WITHIN_S
 
     def test_close_ends_a_waiting_claim_at_once(self, store: LeaseStore) -> None:
@@ -202,13 +204,14 @@ class AsyncConformance:
             self._end_while_waiting(waiter, wait, waiter.close)
 
     def test_store_close_ends_a_waiting_claim_at_once(self, store: LeaseStore) -> None:
-        """store.close() ends a sync waiting claim of one of its sessions within 1 s.
-        The job waits out a retry delay, so closing the other sessions frees nothing."""
+        """store.close() ends a sync waiting claim of one of its sessions within 1 s, with
+        StoreClosed. The job waits out a retry delay, so closing the other sessions frees
+        nothing."""
         lease = self.open(store, "holder").claim("delayed")
         assert lease is not None
         lease.fail("later", retry_in_s=600)
         self._end_while_waiting(self.open(store, "waiter"), self._waits("delayed", None)[0],
-                                store.close)
+                                store.close, StoreClosed)
 
     def test_async_close_ends_a_waiting_claim_at_once(self, store: LeaseStore) -> None:
         """As above, for asyncio: await session.close() ends claim and claim_next
