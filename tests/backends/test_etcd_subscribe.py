@@ -15,8 +15,9 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 
+import grpc
 import pytest
-from etcd_local import LocalEtcd, backend_of, local_members
+from etcd_local import LocalEtcd, LocalMember, backend_of, local_members, require_local_etcd
 from pyetcd import etcdrpc
 
 from consensus_lease import LeaseStore, open_store
@@ -485,3 +486,41 @@ def test_a_silent_stream_is_probed_and_replaced(own_member: LocalEtcd) -> None:
         calls.woken_within(started, WAKES_WITHIN_S)
         unsubscribe()
 
+
+
+def _enable_auth(member: LocalMember, user: str, password: str) -> None:
+    """``etcdctl user add`` (with the root role) and ``etcdctl auth enable``."""
+    with grpc.insecure_channel(member.endpoint) as channel:
+        auth = etcdrpc.AuthStub(channel)
+        auth.UserAdd(etcdrpc.AuthUserAddRequest(name=user, password=password), timeout=10)
+        auth.RoleAdd(etcdrpc.AuthRoleAddRequest(name="root"), timeout=10)
+        auth.UserGrantRole(etcdrpc.AuthUserGrantRoleRequest(user=user, role="root"),
+                           timeout=10)
+        auth.AuthEnable(etcdrpc.AuthEnableRequest(), timeout=10)
+
+
+def test_a_watch_created_after_the_auth_token_expired_gets_a_new_token() -> None:
+    """etcd refuses a watch created on a stream whose token expired ("permission
+    denied"): the hub re-opens the stream with a fresh token; both watches work."""
+    require_local_etcd()
+    with LocalEtcd(size=1, base=87, extra_args=("--auth-token-ttl", "1")) as cluster:
+        _enable_auth(cluster.members[0], "root", "s3cret")
+        url = cluster.url_with_prefix("auth")
+        with open_store(url, user="root", password="s3cret") as store, \
+                store.session("A", ttl_s=30) as a:
+            leases = a.claim_many(["first", "second"])
+            first, second = Calls(), Calls()
+            unsubscribe = [store.backend.subscribe_job("first", first)]
+            hub = _hub(store)
+            poll_until(lambda: hub.watch_ids == 1, 10)
+            time.sleep(2.5)  # real time must pass for the stream's token to expire
+            unsubscribe.append(store.backend.subscribe_job("second", second))
+            poll_until(lambda: hub.watch_ids == 2, 10)
+            assert hub.streams_opened == 2  # the first one's token had expired
+            for lease, calls in zip(leases, (first, second), strict=True):
+                calls.reset()
+                started = time.monotonic()
+                lease.release()  # type: ignore[union-attr]
+                calls.woken_within(started, WAKES_WITHIN_S)
+            for leave in unsubscribe:
+                leave()

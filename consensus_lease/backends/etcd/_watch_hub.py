@@ -370,8 +370,12 @@ class WatchHub:
         return _STOP
 
     def _recover(self, stream: _Stream, failure: Failure) -> None:
-        """After ``failure``: move to the next member, or renew a rejected auth token."""
-        if failure.token_rejected and self._transport.config.user is not None:
+        """After ``failure``: renew the auth token if it may be what was refused (a
+        stream keeps the token it was opened with, and etcd refuses a watch created
+        after that token expired as "permission denied"), else move to the next member."""
+        if self._transport.config.user is not None and (
+            failure.token_rejected or "permission denied" in failure.details
+        ):
             try:
                 self._transport.authenticate()
             except LeaseError as exc:
