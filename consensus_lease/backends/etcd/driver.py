@@ -21,6 +21,7 @@ from typing import Any, ClassVar, TypeVar
 
 from pyetcd import etcdrpc
 
+from ..._subscriptions import Unsubscribe, WakeCallback
 from ...backend import Backend, Capabilities, SessionHandle, StateListener
 from ...errors import (
     BackendUnavailable,
@@ -38,6 +39,7 @@ from ._keys import Layout, session_text
 from ._ops import Ops
 from ._regression import Mark
 from ._session import EtcdClaim, EtcdSession
+from ._subscribe import Subscriptions
 from ._transport import Failure, Transport, translate
 from ._watch import wait_for_event
 
@@ -79,6 +81,7 @@ class EtcdBackend(Backend):
         self._lock = threading.Lock()
         self._sessions: dict[int, EtcdSession] = {}
         self._transport.guard.subscribe(self._regressed)
+        self._subscriptions_etcd = Subscriptions(self._ops)
 
     def __repr__(self) -> str:
         return f"EtcdBackend({self.config.describe()!r})"
@@ -593,9 +596,46 @@ class EtcdBackend(Backend):
             log.info("etcd: waiting on %r failed: %s", job_id, exc)
             time.sleep(max(0.0, min(0.2, deadline - time.monotonic())))
 
+    # -- subscriptions: waking waiting claims ---------------------------------------------
+
+    def subscribe_job(self, job_id: str, callback: WakeCallback) -> Unsubscribe:
+        """See :meth:`Backend.subscribe_job`. The first subscriber of a job reads its keys
+        once (one linearizable read-only transaction, at revision ``R``; if the job looks
+        claimable, completed or FAILED, every subscriber is called soon) and starts a
+        watch of its keys from ``R + 1`` on the driver's one shared Watch stream (see
+        :mod:`._subscribe`); later subscribers join it, the last to leave cancels it.
+        Called on an owner key's deletion (release, completion, fail, lease expiry or
+        revoke), a not-before key's deletion (its lease ran out), a completion or FAILED
+        record, a requeue; once more if the stream breaks or on :meth:`close`.
+
+        Raises:
+            BackendUnavailable / AuthenticationFailed: the first read failed; there is
+                no subscription.
+        """
+        return self._subscriptions_etcd.subscribe_job(job_id, callback)
+
+    def subscribe_queue(self, queue: str, callback: WakeCallback) -> Unsubscribe:
+        """As :meth:`subscribe_job`, for the work queue ``queue``: the first read lists
+        its pending keys (pages of 64, and the owner and not-before keys of those jobs);
+        the watches are the queue's pending keys (an enqueue or requeue calls back) and
+        one watch, shared by every subscribed queue, of the job keys' deletions (a job of
+        the queue released, expired, or out of its retry delay calls back).
+
+        Raises:
+            BackendUnavailable / AuthenticationFailed: the first read failed; there is
+                no subscription.
+        """
+        return self._subscriptions_etcd.subscribe_queue(queue, callback)
+
+    def close_subscriptions(self) -> None:
+        """End the shared Watch stream and call every subscriber once. Idempotent."""
+        self._subscriptions_etcd.close()
+        super().close_subscriptions()
+
     def close(self) -> None:
         """Revoke the leases of sessions still open (best effort: the first failure stops
-        it, their TTL then ends them), then close the keepalive stream and channels."""
+        it, their TTL then ends them), then close the keepalive stream and channels, then
+        call every subscriber once (their claims then find the store closed)."""
         with self._lock:
             handles = list(self._sessions.values())
             self._sessions.clear()
@@ -606,4 +646,6 @@ class EtcdBackend(Backend):
                 log.warning("etcd: could not revoke lease %s on close: %s", handle.session_id, exc)
                 break
         self._keepalives.close()
+        self._subscriptions_etcd.stop()
         self._transport.close()
+        self.close_subscriptions()
