@@ -6,7 +6,8 @@ What is watched, on the backend's shared client (:meth:`._wire.Wire.reader`), wi
 kazoo's one-shot watches (the znodes the blocking waits of :mod:`._watch` watch too):
 
 * a job: ``exists`` on its owner znode. Release, completion, ``fail()`` and the holder's
-  session ending all delete it; a claim creates it (a watch armed while it is absent).
+  session ending all delete it, in the same multi as any other change that may let a
+  waiting claim go on; a claim creates it (a watch armed while it is absent).
 * a queue: ``get_children`` on its ``open`` (enqueue, requeue, completion), ``held``
   (claim, release, completion, fail, expiry) and ``delayed`` (fail with a retry delay)
   znodes; ``exists`` on ``open`` while the queue does not exist yet.
@@ -16,25 +17,27 @@ at most one watch per znode, however many subscribe: a thousand waiting claims o
 job cost one watch. kazoo has no call that removes a watch, so a target whose
 subscribers all left stays until its armed watches fire (or the connection drops them).
 
-A watch fires once. On its event (kazoo's callback thread, which must never block) the
-target sends a *round*: the same reads again, asynchronously, re-arming the watch that
-fired (the others are still armed: read without one). When the round's answers arrive,
-the subscribers are woken if the job (a job of the queue) may be claimable, or completed
-or FAILED: the owner znode is absent; the queue has an ``open`` member that is not
-``held`` and whose retry delay (if it has a ``delayed`` marker) is not known to run.
-Waking only after the watch is in place again means that a change after the wake fires
-the new watch, and a change before it is seen by the claims the wake triggers: none is
-lost. A subscription's first round (sent before ``subscribe`` returns: ZooKeeper answers
-one client's requests in order) wakes it the same way, so a change between the caller's
-claim and the watch being armed is not lost either.
+Rounds. A watch fires once. On its event (kazoo's callback thread, which must never
+block) the target sends a *round*: the same reads again, asynchronously, re-arming the
+watch that fired (the others, still armed, are read without one). When the round's
+answers arrive the subscribers are woken if the job (a job of the queue) may be
+claimable, completed or FAILED: the owner znode is absent; the queue has an ``open``
+member that is not ``held`` and whose retry delay (if it has a ``delayed`` marker) is not
+known to run. Waking only once the watch is in place again means that a change after
+the wake fires the new watch, and a change before it is seen by the claims the wake
+triggers. A subscription's first round (sent before ``subscribe`` returns) wakes it the
+same way, so a change between the caller's claim and the watch being armed is not lost.
 
-Retry delays have no event in ZooKeeper. When this backend learns how long a delay runs
-(a claim refused for it, a queue listing timing it: :class:`NotifyingHints`), a target
-that waits on that job is woken when the delay ends, by one timer thread shared by the
-backend (:class:`WakeTimer`; started on demand, gone when idle).
+Checks. A target that looks claimable while subscribers still wait (a claim that read
+a member lagging behind the shared client's: a worker's first read is not synced) is
+read again after :data:`RECHECK_FIRST_S`, doubling up to :data:`RECHECK_MAX_S` while it
+stays so; a target that does not look claimable costs no read at all. Retry delays have
+no event in ZooKeeper: when this backend learns how long one runs (a claim refused for
+it, a queue listing timing it: :class:`NotifyingHints`), a target waiting on that job is
+read again when it ends. All timed checks share one thread (:class:`._timer.WakeTimer`).
 
 Connection: when the shared client is SUSPENDED or LOST, kazoo drops every watch; every
-subscriber is woken once (spurious: their claims retry, and find out) and every target
+subscriber is woken once (spurious: their claims retry and find out) and every target
 sends a round when the client is CONNECTED again. A round that fails otherwise wakes its
 subscribers and is sent again after :data:`RETRY_ARM_S`. Closing wakes every subscriber
 once; later subscriptions are called back at once.
@@ -42,7 +45,6 @@ once; later subscriptions are called back at once.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import logging
 import threading
@@ -60,21 +62,34 @@ from ..._subscriptions import Unsubscribe, WakeCallback
 from ...errors import BackendUnavailable
 from ._layout import JobPaths, QueuePaths, parse_member
 from ._lifecycle import DelayHints
+from ._timer import WakeTimer
 from ._wire import Wire
 
-__all__ = ["IDLE_EXIT_S", "RETRY_ARM_S", "NotifyingHints", "Subscriptions", "WakeTimer"]
+__all__ = [
+    "ENDED_S",
+    "JOB",
+    "QUEUE",
+    "RECHECK_FIRST_S",
+    "RECHECK_MAX_S",
+    "RETRY_ARM_S",
+    "NotifyingHints",
+    "Subscriptions",
+]
 
 log = logging.getLogger("consensus_lease.backends.zookeeper")
 
 RETRY_ARM_S = 0.5
 """Seconds before a round that failed (other than by a lost connection) is sent again."""
 
-ENDED_S = 0.002
-"""A delay the timer woke its waiters for, and which the hints say ends within this many
-seconds (float rounding), is not scheduled again."""
+RECHECK_FIRST_S = 0.05
+"""Seconds before a target that looked claimable, with subscribers still waiting, is
+read again; doubled at each read that finds it so, up to :data:`RECHECK_MAX_S`."""
 
-IDLE_EXIT_S = 1.0
-"""The timer thread ends after this many seconds with nothing scheduled."""
+RECHECK_MAX_S = 1.0
+
+ENDED_S = 0.002
+"""A retry delay that ends within this many seconds counts as ended (float rounding of
+the timer and the hints)."""
 
 JOB, QUEUE = "job", "queue"
 Key = tuple[str, str]
@@ -93,74 +108,6 @@ class NotifyingHints(DelayHints):
         self._on_note(job_id, remaining_s)
 
 
-class WakeTimer:
-    """One thread that calls scheduled functions at their time (``time.monotonic()``), for
-    every subscription of one backend. Started when something is scheduled; ends after
-    :data:`IDLE_EXIT_S` with nothing left; ``close`` drops what is left and stops it.
-
-    Args:
-        name: the thread's name.
-    """
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self._cond = threading.Condition()
-        self._heap: list[tuple[float, int, Callable[[], None]]] = []
-        self._seq = itertools.count()
-        self._thread: threading.Thread | None = None
-        self._closed = False
-
-    def at(self, when: float, fn: Callable[[], None]) -> None:
-        """Call ``fn()`` (which must not block long) at monotonic time ``when``."""
-        with self._cond:
-            if self._closed:
-                return
-            heapq.heappush(self._heap, (when, next(self._seq), fn))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-                self._thread.start()
-            self._cond.notify()
-
-    def __len__(self) -> int:
-        """How many calls are scheduled (stale ones included)."""
-        with self._cond:
-            return len(self._heap)
-
-    def close(self) -> None:
-        """Drop every scheduled call and stop the thread. Idempotent."""
-        with self._cond:
-            self._closed = True
-            self._heap.clear()
-            self._cond.notify_all()
-
-    def _next_due(self) -> list[Callable[[], None]] | None:
-        """Wait for the calls now due; ``None``: closed, or idle for IDLE_EXIT_S."""
-        idle_since: float | None = None
-        with self._cond:
-            while not self._closed:
-                now = time.monotonic()
-                if not self._heap:
-                    idle_since = idle_since or now
-                    if now - idle_since >= IDLE_EXIT_S:
-                        break
-                    self._cond.wait(IDLE_EXIT_S - (now - idle_since))
-                    continue
-                idle_since = None
-                if self._heap[0][0] > now:
-                    self._cond.wait(self._heap[0][0] - now)
-                    continue
-                due = []
-                while self._heap and self._heap[0][0] <= now:
-                    due.append(heapq.heappop(self._heap)[2])
-                return due
-            self._thread = None
-            return None
-
-    def _run(self) -> None:
-        while (due := self._next_due()) is not None:
-            _call_all(due)
-
-
 @dataclass(eq=False)
 class _Target:
     """One subscribed job or queue: its subscribers, its znodes and which are armed."""
@@ -171,7 +118,9 @@ class _Target:
     callbacks: dict[int, WakeCallback] = field(default_factory=dict)
     armed: dict[str, int] = field(default_factory=dict)  # path -> the round that armed it
     delayed: frozenset[str] = frozenset()  # queue: free jobs whose delay may be running
-    timer_at: float | None = None  # the monotonic time of its scheduled wake
+    ready: bool = False  # the last round found it claimable-looking
+    check_at: float | None = None  # monotonic time of the next timed read
+    backoff_s: float = RECHECK_FIRST_S
 
     def on_watch(self, event: Any) -> None:
         """kazoo's watch function for every znode of this target (one bound method, so
@@ -238,6 +187,9 @@ class Subscriptions:
                 target.callbacks[token] = callback
                 if len(target.armed) < len(target.paths):
                     send = self._start_round(target)
+                elif target.ready:  # the caller's claim found otherwise: look again soon
+                    target.backoff_s = RECHECK_FIRST_S
+                    self._schedule_check(target, RECHECK_FIRST_S)
         if closed:
             callback()  # the backend is closed: the caller finds out when it re-tries
             return _nothing
@@ -306,13 +258,12 @@ class Subscriptions:
         watch = frozenset(p for p in paths if create or p not in target.armed)
         for path in watch:
             target.armed[path] = rid
+        self._in_flight += 1
         return _Round(target, rid, self._epoch, watch, create)
 
     def _send(self, client: KazooClient | None, r: _Round) -> None:
         """Send ``r``'s reads (never blocks); its answers go to :meth:`_answered`."""
         watch_fn = r.target.on_watch
-        with self._lock:
-            self._in_flight += 1
         try:
             if client is None:
                 raise BackendUnavailable("not attached to the shared client")
@@ -368,20 +319,25 @@ class Subscriptions:
                 maybe = self._job_answer(target, answers[0])
             else:
                 maybe, again = self._queue_answer(r, answers)
+            target.ready = maybe
             if maybe:
                 wake = list(target.callbacks.values())
+                self._schedule_check(target, target.backoff_s)
+                target.backoff_s = min(2 * target.backoff_s, RECHECK_MAX_S)
+            else:
+                target.backoff_s = RECHECK_FIRST_S
         _call_all(wake)
         if again is not None:
             self._send(client, again)
 
     def _job_answer(self, target: _Target, owner: Any) -> bool:
         """Whether the job may be claimable (or completed, or FAILED), from its owner
-        znode's stat; schedules a wake at the end of a delay known to run. Lock held."""
+        znode's stat; schedules a check at the end of a delay known to run. Lock held."""
         if owner is not None:
             return False  # held: its deletion fires the watch
-        left = self.hints.remaining(target.key[1])
-        if left:
-            self._schedule(target, left)
+        left = self.hints.remaining(target.key[1]) or 0.0
+        if left > ENDED_S:
+            self._schedule_check(target, left)
             return False
         return True
 
@@ -403,20 +359,21 @@ class Subscriptions:
         open_names, held_names, delayed_names = answers
         if open_names is None:
             return False, self._start_round(target, create=True)
-        free = set(open_names).difference(held_names or ())
         delayed = set(delayed_names or ())
-        running: set[str] = set()
+        running: dict[str, float] = {}  # job id -> its delay's end, in s (inf: not timed)
         maybe = False
-        for name in free:
+        for name in set(open_names).difference(held_names or ()):
             parsed = parse_member(name)
             if parsed is None:
                 continue
             left = self.hints.remaining(parsed[1]) if name in delayed else 0.0
-            if left is None or left:
-                running.add(parsed[1])  # the delay may run: its end is noted (or timed)
-            maybe = maybe or not left
+            if left is None or left > ENDED_S:
+                running[parsed[1]] = float("inf") if left is None else left
+            maybe = maybe or left is None or left <= ENDED_S
         target.delayed = frozenset(running)
-        self._schedule_soonest(target, running)
+        soonest = min(running.values(), default=float("inf"))
+        if soonest != float("inf"):
+            self._schedule_check(target, soonest)
         return maybe, None
 
     def _failed(self, r: _Round, exc: BaseException) -> None:
@@ -430,21 +387,10 @@ class Subscriptions:
                 if target.armed.get(path) == r.rid:
                     del target.armed[path]
             wake = list(target.callbacks.values())
+            if wake:
+                self._schedule_check(target, RETRY_ARM_S)
         log.debug("a subscription round failed", extra={"key": target.key, "error": repr(exc)})
-        if wake:
-            self.timer.at(time.monotonic() + RETRY_ARM_S, partial(self._rearm, target))
         _call_all(wake)
-
-    def _rearm(self, target: _Target) -> None:
-        """Arm what ``target`` lacks, if it still has subscribers (the timer thread)."""
-        with self._lock:
-            current = self._targets.get(target.key) is target and not self._closed
-            send = None
-            if current and target.callbacks and len(target.armed) < len(target.paths):
-                send = self._start_round(target)
-            client = self._client
-        if send is not None:
-            self._send(client, send)
 
     # -- events --------------------------------------------------------------------------
 
@@ -494,48 +440,42 @@ class Subscriptions:
         for r in rounds:
             self._send(client, r)
 
-    # -- retry delays --------------------------------------------------------------------
+    # -- timed checks: retry delays, re-checks, retries ---------------------------------------
 
     def _delay_noted(self, job_id: str, remaining_s: float) -> None:
-        """A delay end was noted: schedule a wake of the targets waiting on that job."""
-        if remaining_s <= 0:
+        """A delay end was noted: check the targets waiting on that job when it ends."""
+        if remaining_s <= ENDED_S:
             return
         with self._lock:
             job = self._targets.get((JOB, job_id))
             if job is not None and job.callbacks:
-                self._schedule(job, remaining_s)
+                self._schedule_check(job, remaining_s)
             for target in self._targets.values():
                 if target.key[0] == QUEUE and job_id in target.delayed and target.callbacks:
-                    self._schedule(target, remaining_s)
+                    self._schedule_check(target, remaining_s)
 
-    def _schedule_soonest(
-        self, target: _Target, job_ids: Iterable[str], floor_s: float = 0.0
-    ) -> None:
-        """Schedule ``target``'s wake at the soonest delay end of ``job_ids`` more than
-        ``floor_s`` seconds away. Lock held."""
-        ends = [left for job_id in job_ids
-                if (left := self.hints.remaining(job_id) or 0.0) > floor_s]
-        if ends:
-            self._schedule(target, min(ends))
+    def _schedule_check(self, target: _Target, delay_s: float) -> None:
+        """Read ``target`` again in ``delay_s`` seconds, unless that is already due
+        sooner. Lock held."""
+        when = time.monotonic() + delay_s
+        if target.check_at is None or when < target.check_at:
+            target.check_at = when
+            self.timer.at(when, partial(self._check, target, when))
 
-    def _schedule(self, target: _Target, left_s: float) -> None:
-        """Wake ``target`` in ``left_s`` seconds, unless it is woken sooner. Lock held."""
-        when = time.monotonic() + left_s
-        if target.timer_at is None or when < target.timer_at:
-            target.timer_at = when
-            self.timer.at(when, partial(self._delay_ended, target, when))
-
-    def _delay_ended(self, target: _Target, when: float) -> None:
-        """A delay ``target`` waits on ended (the timer thread): wake its subscribers, and
-        schedule the next delay end known."""
+    def _check(self, target: _Target, when: float) -> None:
+        """A timed check of ``target`` (the timer thread): a round, which wakes the
+        subscribers if it looks claimable and schedules what is due next."""
         with self._lock:
-            if target.timer_at != when or self._targets.get(target.key) is not target:
-                return  # superseded by a sooner wake, or gone
-            target.timer_at = None
-            wake = list(target.callbacks.values())
-            ids = [target.key[1]] if target.key[0] == JOB else target.delayed
-            self._schedule_soonest(target, ids, floor_s=ENDED_S)
-        _call_all(wake)
+            if target.check_at != when:
+                return  # superseded by a sooner check
+            target.check_at = None
+            if self._closed or self._targets.get(target.key) is not target:
+                return
+            if not target.callbacks:
+                return
+            send = self._start_round(target)
+            client = self._client
+        self._send(client, send)
 
 
 def _nothing() -> None:
