@@ -175,7 +175,13 @@ class Subscriptions:
             BackendUnavailable: the shared client could not connect (the backend falls
                 back to polling); nothing was subscribed.
         """
-        client = None if self._closed else self._attach()
+        client = None
+        if not self._closed:
+            try:
+                client = self._attach()
+            except BackendUnavailable:
+                if not self._closed:  # (closing closes this before the shared client)
+                    raise
         token = next(self._ids)
         send: _Round | None = None
         with self._lock:
