@@ -456,8 +456,9 @@ def test_waiter_is_woken_well_before_its_timeout(
         got: list[Any] = []
         waiter = threading.Thread(target=lambda: got.append(b.claim_next("q", wait_s=60)))
         waiter.start()
-        # child watch on the queue's open markers + deletion watch on A's owner znode
-        poll_until(lambda: backend_of(store)._queues.watches.armed() >= 2, 20)
+        # B subscribed: child watches on the queue's open and held markers
+        subs = backend_of(store)._subs
+        poll_until(lambda: subs.subscribers() == 1 and subs.watches() >= 2, 20)
         let_go = time.monotonic()
         if how == "release":
             held.release()
@@ -515,7 +516,8 @@ def test_waiter_on_an_unknown_queue_is_woken_by_its_first_enqueue(
     got: list[Any] = []
     waiter = threading.Thread(target=lambda: got.append(b.claim_next("fresh", wait_s=60)))
     waiter.start()
-    poll_until(lambda: backend_of(store)._queues.watches.armed() >= 1, 20)
+    subs = backend_of(store)._subs  # B subscribed: a creation watch on the queue
+    poll_until(lambda: subs.subscribers() == 1 and subs.watches() >= 1, 20)
     other = open_store(zk_url, connect_timeout_s=30)
     try:
         enqueued = time.monotonic()

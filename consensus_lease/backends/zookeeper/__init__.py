@@ -154,6 +154,11 @@ Job lifecycle: attempts, ``fail``, retry delays, FAILED, ``requeue`` (``_lifecyc
   ``wait_for_queue``, when every job not held has a delay running, sleeps until the
   soonest ends (also woken by a child watch on ``delayed``). A waiter thus wakes once
   per delay, not in a loop.
+* Waiting claims subscribe (``subscribe_job``/``subscribe_queue``, see ``_subscribe``):
+  watches on the shared client (the job's owner znode; the queue's ``open``, ``held``,
+  ``delayed`` children), one per znode however many wait, re-armed asynchronously after
+  each event; retry delay ends and re-checks run on one timer thread. No thread and no
+  polling per waiting claim.
 * ``get``/``records``/``queue_jobs`` read the failure znode with the job (same round
   trip): state FAILED, ``attempt``, ``error``, ``not_before``, ``max_attempts``.
   ``purge`` deletes a completed job's failure znode with it.

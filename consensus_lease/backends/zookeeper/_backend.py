@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import ClassVar, Concatenate, ParamSpec, TypeVar
 
+from ..._subscriptions import Unsubscribe, WakeCallback
 from ...backend import Backend, Capabilities, SessionHandle, StateListener
 from ...errors import (
     BackendUnavailable,
@@ -32,6 +33,7 @@ from ._lifecycle import Lifecycle
 from ._options import ZkConfig, parse_url
 from ._queues import MAX_PAYLOAD_BYTES, Queues
 from ._session import NegotiatedTimeouts, Status, ZkSession
+from ._subscribe import JOB, QUEUE, Subscriptions
 from ._watch import OwnerWatches
 from ._wire import Read, Wire
 
@@ -137,6 +139,8 @@ class ZooKeeperBackend(Backend):
         self._epochs = Epochs(self._wire, self._history)
         self._prober = Prober(self._wire, self._history, self._disconnected)
         self._lifecycle = Lifecycle(self._wire, self._paths)
+        self._subs = Subscriptions(self._wire, self._paths)
+        self._lifecycle.hints = self._subs.hints  # delay ends noted wake the subscribers
         self._claims = Claims(
             self._wire, self._paths, lambda h: self._ensure_base(h, again=True),
             self._lifecycle, self._epochs,
@@ -647,6 +651,37 @@ class ZooKeeperBackend(Backend):
                                                                  "error": repr(exc)})
             threading.Event().wait(min(max(timeout_s, 0.0), 0.25))
 
+    # -- subscriptions (how waiting claims are woken) --------------------------------------
+
+    def subscribe_job(self, job_id: str, callback: WakeCallback) -> Unsubscribe:
+        """Call ``callback()`` at least once after ``job_id`` may have become claimable
+        (or completed, or FAILED): a ZooKeeper watch on its owner znode (deleted by a
+        release, completion, fail, or its holder's session ending), shared by every
+        subscription of the job, and a timer at the end of a retry delay this backend has
+        seen (ZooKeeper has no timer event). Also called once when the shared client
+        loses its connection, and on close. See :mod:`._subscribe`.
+
+        If the shared client cannot connect, falls back to the default poller. Never
+        raises; the returned function cancels the subscription (idempotent)."""
+        try:
+            return self._subs.subscribe((JOB, job_id), callback)
+        except BackendUnavailable:
+            return super().subscribe_job(job_id, callback)
+
+    def subscribe_queue(self, queue: str, callback: WakeCallback) -> Unsubscribe:
+        """As :meth:`subscribe_job`, for any job of ``queue``: child watches on its
+        ``open``, ``held`` and ``delayed`` znodes (an enqueue or requeue, a release,
+        completion, fail or expiry), one per znode however many subscribe."""
+        try:
+            return self._subs.subscribe((QUEUE, queue), callback)
+        except BackendUnavailable:
+            return super().subscribe_queue(queue, callback)
+
+    def close_subscriptions(self) -> None:
+        """Call every subscriber once and stop watching (and the fallback poller)."""
+        self._subs.close()
+        super().close_subscriptions()
+
     # -- work queues -------------------------------------------------------------------------
 
     @_bounded
@@ -780,7 +815,8 @@ class ZooKeeperBackend(Backend):
         return epoch[0]
 
     def close(self) -> None:
-        """Close every session still open (best effort) and the read client."""
+        """Close every session still open (best effort), wake every subscriber once,
+        and close the read client."""
         self._prober.close()
         with self._lock:
             self._closed = True
@@ -790,4 +826,5 @@ class ZooKeeperBackend(Backend):
                 self.close_session(h)
             except BackendUnavailable as exc:
                 log.warning("closing a session failed", extra={"error": str(exc)})
+        self.close_subscriptions()
         self._wire.close()
