@@ -110,9 +110,10 @@ def test_a_listing_ends_by_its_deadline_when_the_member_is_killed_during_it(
     thread.join(BUDGET_S + SLACK_S + 5.0)
     elapsed = time.monotonic() - started
     assert not thread.is_alive(), f"still running {elapsed:.1f} s after the start"
-    if name == "get":  # read before the kill; its holder's lease_until is then None
-        assert outcome[0] is None, outcome
-    else:  # a page or chunk read after the kill
+    if name == "records":  # a page read after the kill
         assert isinstance(outcome[0], BackendUnavailable), outcome
+    else:  # read before the kill (queue reads are one snapshot when they fit the txn
+        # limit); the holders' lease_until lookups then fail, which shows as None
+        assert outcome[0] is None or isinstance(outcome[0], BackendUnavailable), outcome
     assert elapsed <= BUDGET_S + SLACK_S, elapsed
     assert lookups
