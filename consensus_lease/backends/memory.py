@@ -447,11 +447,14 @@ class MemoryBackend(Backend):
     ) -> tuple[Collection[str], Collection[str]] | None:
         """Jobs not held by a live session and in no retry delay (or completed or
         FAILED: their waiters must learn it), election keys that changed since the last
-        poll, and queues with a claimable job. Polled every ``poll_interval_s`` (expiries
-        and retry delays end without a change) and at once after every change."""
+        poll (a hold that ends, expiry included, is a change: an election has no other
+        way of becoming claimable), and queues with a claimable job. Polled every
+        ``poll_interval_s`` (expiries and retry delays end without a change) and at once
+        after every change."""
         with self._cond:
-            jobs = {j for j in job_ids if not self._blocked(self._jobs.get(j))}
             elections = {j: self._election_state(j) for j in job_ids if is_election_key(j)}
+            jobs = {j for j in job_ids
+                    if j not in elections and not self._blocked(self._jobs.get(j))}
             ready = [q for q in queues if any(
                 not (job.completed or job.failed or self._blocked(job))
                 for _, job in self._queued(q))]

@@ -840,7 +840,8 @@ class SqliteBackend(Backend):
         """One read per poll for every waiting claim of this process: the subscribed jobs
         that are not held by a live session nor in a retry delay (completed and FAILED
         ones included: their waiters must learn it), the subscribed election keys whose
-        holder or value changed since the last poll, and the queues with a claimable job.
+        holder, liveness or value changed since the last poll (an election becomes
+        claimable no other way), and the queues with a claimable job.
         Expiry and retry delays are compared with the database's clock."""
         blocked: set[str] = set()
         for start in range(0, len(job_ids), HINT_CHUNK):
@@ -856,8 +857,10 @@ class SqliteBackend(Backend):
             )
             blocked.update(row[0] for row in rows)
         ready = [q for q in queues if self.queue_candidates(q, 1)]
-        changed = self._elections.changed(self._election_states(job_ids))
-        return [j for j in job_ids if j not in blocked or j in changed], ready
+        states = self._election_states(job_ids)
+        changed = self._elections.changed(states)
+        return [j for j in job_ids if j in changed
+                or (j not in states and j not in blocked)], ready
 
     def _election_states(self, job_ids: Sequence[str]) -> dict[str, tuple[Any, ...] | None]:
         """Election key -> what changes with its leader or value (``None``: no row)."""
