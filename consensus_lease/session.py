@@ -350,8 +350,10 @@ class Session:
             InvalidArgument: bad name, value or wait, or this session already leads it.
             ClaimTimeout: ``wait_s`` passed with another session leading.
             LeaseLost / SessionExpired / LeaseSuspended / BackendUnavailable /
-            OutcomeUnknown / StoreClosed / StoreInherited: as for :meth:`claim`; the
-                claim, if made, was handed back.
+            OutcomeUnknown / StoreClosed / StoreInherited: as for :meth:`claim`. A
+                claim made before the value failed was handed back; if even that failed,
+                this session keeps it until it closes, and its next campaign for ``name``
+                resumes it (writing the value) instead of waiting for itself.
         """
         self._liveness.check_usable()
         leadership = _campaign.campaign(self, self._holdings, name, value, wait_s)
