@@ -68,6 +68,10 @@ class Capabilities:
             ``bump_epoch``: tokens that keep increasing across a restore of the store)
             and notices a store whose history went back (``StoreRegressed``) where it
             can. ``False``: both raise ``UnsupportedOperation``.
+        elections: accepts election keys (:mod:`consensus_lease._election`) in every
+            per-job method, keeps them out of ``records()`` and queues, and implements
+            :meth:`Backend.set_value`. ``False``: ``session.campaign`` and
+            ``store.leader``/``observe`` raise ``UnsupportedOperation``.
     """
 
     cross_process: bool
@@ -80,6 +84,7 @@ class Capabilities:
     max_payload_bytes: int = 0
     description: str = ""
     epoch: bool = False
+    elections: bool = False
 
 
 class SessionEvent(enum.Enum):
@@ -275,6 +280,23 @@ class Backend(abc.ABC):
                 :meth:`release`.
         """
 
+    def set_value(
+        self, session: SessionHandle, job_id: str, claim: ClaimResult, value: bytes
+    ) -> None:
+        """Store ``value`` with the current hold iff ``session`` holds ``job_id`` at
+        ``claim.generation`` (the ownership compare of :meth:`renew`, in the same atomic
+        store operation as the write; one round trip; a lost answer is settled by reading
+        back). ``get(job_id).value`` returns it while the hold lasts; the hold's end
+        (release, expiry, the next claim) clears it. Used by elections
+        (``Capabilities.elections``) for the leader's value; ``job_id`` is an election key.
+
+        Raises:
+            StaleLeaseError: not held at that generation.
+            SessionExpired / BackendUnavailable / OutcomeUnknown.
+            UnsupportedOperation: the backend has no elections (the default).
+        """
+        raise UnsupportedOperation(f"the {self.scheme} backend has no leader elections")
+
     @abc.abstractmethod
     def requeue(self, job_id: str) -> LeaseRecord:
         """FAILED -> AVAILABLE at once, with a fresh budget of ``max_attempts`` attempts
@@ -293,7 +315,9 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def records(self, limit: int | None = None) -> list[LeaseRecord]:
-        """Every job record (at most ``limit``), ordered by job id, for inspection."""
+        """Every job record (at most ``limit``), ordered by job id, for inspection.
+        Election keys (:func:`consensus_lease._election.is_election_key`) are no jobs and
+        never listed."""
 
     @abc.abstractmethod
     def wait_for_change(self, job_id: str, timeout_s: float) -> None:
@@ -321,6 +345,12 @@ class Backend(abc.ABC):
         The subscription is in place when this returns: callers subscribe, then claim,
         then wait, so a change between their claim and their wait is never missed (a job
         already claimable may be reported at once, or not at all).
+
+        For an election key (:func:`consensus_lease._election.is_election_key`, backends
+        with ``Capabilities.elections``) the callback is called after *every* change of
+        the key, not only when it may have become claimable: also after each claim (a new
+        leader) and each :meth:`set_value` (a new value). ``store.observe(name)`` relies
+        on it to report each leader; an extra call is harmless, a missed one is a bug.
 
         Returns:
             A function that cancels the subscription: idempotent, never blocks long.

@@ -46,6 +46,9 @@ class LeaseRecord:
             seconds since the epoch) before which the job is not claimable, where the
             store can express it; else ``None``.
         max_attempts: the job's attempt limit from ``enqueue``, or ``None`` (unlimited).
+        value: for an election key, the value the current leader set
+            (``Backend.set_value``) while HELD; ``None`` otherwise (never set, or the
+            hold ended).
     """
 
     job_id: str
@@ -58,6 +61,7 @@ class LeaseRecord:
     error: str | None = None
     not_before: float | None = None
     max_attempts: int | None = None
+    value: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)

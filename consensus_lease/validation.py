@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import math
 
+from ._election import ELECTION_PREFIX
 from .errors import InvalidArgument
 
 __all__ = [
+    "MAX_ELECTION_NAME_BYTES",
     "MAX_JOB_ID_BYTES",
+    "check_election_name",
     "check_job_id",
     "check_limit",
     "check_owner",
@@ -19,9 +22,15 @@ __all__ = [
 MAX_JOB_ID_BYTES = 256
 """Longest job id accepted, in UTF-8 bytes."""
 
+MAX_ELECTION_NAME_BYTES = MAX_JOB_ID_BYTES - len(ELECTION_PREFIX)
+"""Longest election name accepted, in UTF-8 bytes (253: its key, the reserved prefix +
+the name, is at most :data:`MAX_JOB_ID_BYTES`)."""
+
 
 def check_job_id(job_id: object) -> str:
-    """Return ``job_id`` if it is a non-empty str of at most 256 UTF-8 bytes with no NUL.
+    """Return ``job_id`` if it is a non-empty str of at most 256 UTF-8 bytes with no NUL,
+    not starting with the prefix reserved for elections (``"\\x1fe:"``, see
+    :mod:`consensus_lease._election`).
 
     Any other character is allowed; backends encode ids so ``/``, ``..``, spaces or
     non-ASCII cannot collide or escape a key prefix.
@@ -29,7 +38,31 @@ def check_job_id(job_id: object) -> str:
     Raises:
         InvalidArgument: with the reason, before anything is sent.
     """
-    return _check_name(job_id, "job id", is_job=True)
+    name = _check_name(job_id, "job id", is_job=True)
+    if name.startswith(ELECTION_PREFIX):
+        raise InvalidArgument(
+            f"job id {name[:32]!r} starts with {ELECTION_PREFIX!r}, the prefix reserved for "
+            f"election names (session.campaign); choose another id",
+            job_id=name[:32],
+        )
+    return name
+
+
+def check_election_name(name: object) -> str:
+    """Return ``name`` if it is a valid election name: a non-empty str of at most
+    :data:`MAX_ELECTION_NAME_BYTES` (253) UTF-8 bytes with no NUL.
+
+    Raises:
+        InvalidArgument: with the reason, before anything is sent.
+    """
+    checked = _check_name(name, "election name", is_job=False)
+    size = len(checked.encode("utf-8"))
+    if size > MAX_ELECTION_NAME_BYTES:
+        raise InvalidArgument(
+            f"election name is {size} UTF-8 bytes; at most {MAX_ELECTION_NAME_BYTES} are "
+            f"allowed"
+        )
+    return checked
 
 
 def check_queue_name(queue: object) -> str:

@@ -9,14 +9,27 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from consensus_lease import InvalidArgument
-from consensus_lease.validation import MAX_JOB_ID_BYTES, check_job_id, check_ttl
+from consensus_lease._election import (
+    ELECTION_PREFIX,
+    election_key,
+    election_name,
+    is_election_key,
+)
+from consensus_lease.validation import (
+    MAX_ELECTION_NAME_BYTES,
+    MAX_JOB_ID_BYTES,
+    check_election_name,
+    check_job_id,
+    check_ttl,
+)
 
 text = st.text(alphabet=st.characters(exclude_categories=["Cs"]), min_size=0, max_size=300)
 
 
 @given(text)
 def test_job_id_accepted_iff_rules_hold(job_id: str) -> None:
-    valid = 0 < len(job_id.encode()) <= MAX_JOB_ID_BYTES and "\x00" not in job_id
+    valid = (0 < len(job_id.encode()) <= MAX_JOB_ID_BYTES and "\x00" not in job_id
+             and not job_id.startswith(ELECTION_PREFIX))
     if valid:
         assert check_job_id(job_id) == job_id
     else:
@@ -38,3 +51,25 @@ def test_ttl_accepted_iff_finite_and_in_range(ttl: float) -> None:
 def test_ttl_type_errors(bad: object) -> None:
     with pytest.raises(InvalidArgument):
         check_ttl(bad, min_s=0.5, max_s=100.0)
+
+
+@given(text)
+def test_election_name_accepted_iff_rules_hold(name: str) -> None:
+    valid = 0 < len(name.encode()) <= MAX_ELECTION_NAME_BYTES and "\x00" not in name
+    if valid:
+        assert check_election_name(name) == name
+        key = election_key(name)
+        assert is_election_key(key) and election_name(key) == name
+        assert len(key.encode()) <= MAX_JOB_ID_BYTES
+    else:
+        with pytest.raises(InvalidArgument):
+            check_election_name(name)
+
+
+def test_job_id_with_the_election_prefix_is_rejected() -> None:
+    with pytest.raises(InvalidArgument, match="reserved for election names"):
+        check_job_id(election_key("leader"))
+    assert check_job_id("\x1fe") == "\x1fe"  # only the whole prefix is reserved
+    assert not is_election_key("job-1")
+    with pytest.raises(ValueError):
+        election_name("job-1")
