@@ -500,3 +500,17 @@ def test_stale_fail_revokes_the_delay_lease(
         assert record is not None and record.state is JobState.HELD and record.error is None
     finally:
         backend.close_session(a)
+
+
+def test_held_and_completed_records_show_the_attempt_limit(store: LeaseStore) -> None:
+    """``max_attempts`` lands in its own field (not in ``not_before``) in every state."""
+    assert store.enqueue("q", "job", b"p", max_attempts=3)
+    with store.session("A", ttl_s=30) as a:
+        lease = a.claim("job")
+        assert lease is not None
+        held = store.get("job")
+        assert held is not None and held.state is JobState.HELD
+        assert (held.max_attempts, held.not_before, held.attempt) == (3, None, 1)
+        done = lease.complete(b"r")
+        assert (done.max_attempts, done.not_before) == (3, None)
+        assert store.get("job") == done

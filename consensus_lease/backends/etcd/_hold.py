@@ -126,7 +126,8 @@ def complete(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult,
 
 def _completed(job_id: str, done: Completion, life: Lifecycle) -> LeaseRecord:
     return LeaseRecord(job_id, done.owner, None, done.generation, JobState.COMPLETED,
-                       done.result, *life)
+                       done.result, life.attempt, life.error,
+                       max_attempts=life.max_attempts)
 
 
 def _lifecycle(ops: Ops, keys: JobKeys) -> Lifecycle:

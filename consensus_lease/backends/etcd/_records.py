@@ -97,7 +97,8 @@ def job_record(ops: Ops, job_id: str, kinds: Mapping[bytes, Any],
     if completion_kv is not None:
         done = Completion.decode(completion_kv.value, completion_kv.key)
         return LeaseRecord(job_id, done.owner, None, done.generation, JobState.COMPLETED,
-                           done.result, *life)
+                           done.result, life.attempt, life.error,
+                           max_attempts=life.max_attempts)
     if dead_kv is not None:
         dead = DeadLetter.decode(dead_kv.value, dead_kv.key)
         return LeaseRecord(job_id, None, None, dead.generation, JobState.FAILED, None,
@@ -106,7 +107,7 @@ def job_record(ops: Ops, job_id: str, kinds: Mapping[bytes, Any],
         held = Owner.decode(owner_kv.value, owner_kv.key)
         return LeaseRecord(job_id, held.owner, _until(ops, int(owner_kv.lease), lease_until),
                            compose(held.epoch, int(owner_kv.create_revision)), JobState.HELD,
-                           None, *life)
+                           None, life.attempt, life.error, max_attempts=life.max_attempts)
     delay_kv = kinds.get(NOT_BEFORE)
     not_before = None if delay_kv is None else _until(ops, int(delay_kv.lease), lease_until)
     if history_kv is not None:
