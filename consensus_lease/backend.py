@@ -346,6 +346,12 @@ class Backend(abc.ABC):
         then wait, so a change between their claim and their wait is never missed (a job
         already claimable may be reported at once, or not at all).
 
+        For an election key (:func:`consensus_lease._election.is_election_key`, backends
+        with ``Capabilities.elections``) the callback is called after *every* change of
+        the key, not only when it may have become claimable: also after each claim (a new
+        leader) and each :meth:`set_value` (a new value). ``store.observe(name)`` relies
+        on it to report each leader; an extra call is harmless, a missed one is a bug.
+
         Returns:
             A function that cancels the subscription: idempotent, never blocks long.
 
