@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import grpc
 import pytest
-from etcd_local import LocalEtcd, backend_of, local_members
+from etcd_local import LocalEtcd, backend_of, local_members, lose_answers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyetcd import etcdrpc
@@ -33,10 +33,12 @@ from consensus_lease import (
     UnsupportedBackend,
     open_store,
 )
-from consensus_lease.backends.etcd import EtcdBackend, EtcdClaim
+from consensus_lease._election import election_key
+from consensus_lease.backends.etcd import EtcdBackend, EtcdClaim, EtcdSession
 from consensus_lease.backends.etcd._config import DEFAULT_PREFIX, parse_url
 from consensus_lease.backends.etcd._failure import delay_ttl_s
 from consensus_lease.backends.etcd._keys import Layout
+from consensus_lease.backends.etcd._transport import Failure
 from consensus_lease.record import ClaimResult, LeaseRecord
 from consensus_lease.testing.conformance import poll_until
 from consensus_lease.validation import MAX_JOB_ID_BYTES
@@ -123,6 +125,22 @@ def test_hostile_ids_stay_inside_their_directory(job: str) -> None:
     assert layout.parse(keys.history) == (job, b"h")
 
 
+@settings(max_examples=300)
+@given(name=_job_ids, job=_job_ids)
+def test_election_keys_live_apart_from_every_job(name: str, job: str) -> None:
+    """An election's keys are under ``PREFIX/elections/``, parse back to its election key,
+    and never collide with a job's, whatever the job id (hex looking ones included)."""
+    layout = Layout(b"/p")
+    election = layout.job(election_key(name))
+    assert election.is_election and not layout.job(job).is_election
+    assert election.base.startswith(b"/p/elections/") and election.owner.count(b"/") == 4
+    assert layout.parse(election.owner) == (election_key(name), b"o")
+    assert layout.parse(election.value) == (election_key(name), b"v")
+    assert not layout.job(job).owner.startswith(layout.elections)
+    assert layout.parse(layout.job(job).owner) == (job, b"o")
+    assert election.owner < layout.jobs_range_end
+
+
 def test_foreign_keys_under_the_prefix_are_ignored() -> None:
     layout = Layout(b"/a")
     assert layout.parse(b"/a/62/6a6f62/o") is None  # a nested prefix /a/62's key
@@ -130,6 +148,9 @@ def test_foreign_keys_under_the_prefix_are_ignored() -> None:
     assert layout.parse(b"/a/61 62/o") is None
     assert layout.parse(b"/a/6162/x") is None
     assert layout.parse(b"/b/6162/o") is None
+    assert layout.parse(b"/a/elections/6A/o") is None
+    assert layout.parse(b"/a/elections/61/62/o") is None
+    assert layout.parse(b"/a/elections/o") is None
 
 
 # -- one local member ---------------------------------------------------------------------------
@@ -499,4 +520,249 @@ def test_stale_fail_revokes_the_delay_lease(
         record = store.get("job")
         assert record is not None and record.state is JobState.HELD and record.error is None
     finally:
+        backend.close_session(a)
+
+
+def test_held_and_completed_records_show_the_attempt_limit(store: LeaseStore) -> None:
+    """``max_attempts`` lands in its own field (not in ``not_before``) in every state."""
+    assert store.enqueue("q", "job", b"p", max_attempts=3)
+    with store.session("A", ttl_s=30) as a:
+        lease = a.claim("job")
+        assert lease is not None
+        held = store.get("job")
+        assert held is not None and held.state is JobState.HELD
+        assert (held.max_attempts, held.not_before, held.attempt) == (3, None, 1)
+        done = lease.complete(b"r")
+        assert (done.max_attempts, done.not_before) == (3, None)
+        assert store.get("job") == done
+
+
+# -- elections: the leader's value -----------------------------------------------------------
+
+
+@pytest.fixture
+def backend(store: LeaseStore) -> EtcdBackend:
+    return backend_of(store)
+
+
+def _value_keys(store: LeaseStore) -> list[Any]:
+    return [kv for k, kv in _keys_under(store).items() if k.endswith(b"/v")]
+
+
+def _session(backend: EtcdBackend, owner: str, ttl_s: float = 30) -> EtcdSession:
+    handle = backend.open_session(owner, ttl_s)
+    assert isinstance(handle, EtcdSession)
+    return handle
+
+
+def test_set_value_is_shown_while_held_and_goes_with_the_hold(
+    store: LeaseStore, backend: EtcdBackend
+) -> None:
+    """The value key rides on the session's lease under ``PREFIX/elections/``; release
+    deletes it in its own transaction, expiry with the lease; a new hold starts without."""
+    name = election_key("leader/../é")
+    a, b = _session(backend, "A"), _session(backend, "B")
+    try:
+        claim = backend.claim(a, name)
+        assert claim is not None
+        record = backend.get(name)
+        assert record is not None and record.state is JobState.HELD and record.value is None
+        backend.set_value(a, name, claim, b"\x00first")
+        backend.set_value(a, name, claim, b"second")
+        record = backend.get(name)
+        assert record is not None and (record.value, record.generation) == (
+            b"second", claim.generation)
+        (value_kv,) = _value_keys(store)
+        assert value_kv.key.startswith(backend._layout.elections)
+        assert value_kv.lease == a.lease_id
+        backend.release(a, name, claim)
+        assert _value_keys(store) == []
+        released = backend.get(name)
+        assert released is not None and released.state is JobState.AVAILABLE
+        assert released.value is None
+        again = backend.claim(b, name)
+        assert again is not None and again.generation > claim.generation
+        backend.set_value(b, name, again, b"b's")
+        backend.expire_session(b.session_id)
+        assert _value_keys(store) == []  # deleted with the lease
+        third = backend.claim(a, name)
+        assert third is not None
+        record = backend.get(name)
+        assert record is not None and record.owner == "A" and record.value is None
+    finally:
+        backend.close_session(a)
+        backend.close_session(b)
+
+
+def test_set_value_outside_the_hold_is_refused(store: LeaseStore, backend: EtcdBackend) -> None:
+    name = election_key("e")
+    a, b = _session(backend, "A"), _session(backend, "B")
+    try:
+        claim = backend.claim(a, name)
+        assert claim is not None
+        backend.set_value(a, name, claim, b"a")
+        with pytest.raises(StaleLeaseError):  # A's claim presented by B
+            backend.set_value(b, name, claim, b"b")
+        with pytest.raises(StaleLeaseError):  # never held at that generation
+            backend.set_value(a, name, ClaimResult(claim.generation - 1), b"old")
+        bare = ClaimResult(claim.generation)  # no handle: checked by the session's lease
+        backend.set_value(a, name, bare, b"bare")
+        record = backend.get(name)
+        assert record is not None and record.value == b"bare"
+        backend.release(a, name, claim)
+        with pytest.raises(StaleLeaseError):  # released: a late write is refused
+            backend.set_value(a, name, claim, b"late")
+        newer = backend.claim(b, name)
+        assert newer is not None
+        with pytest.raises(StaleLeaseError):
+            backend.set_value(a, name, claim, b"late")
+        record = backend.get(name)
+        assert record is not None and record.owner == "B" and record.value is None
+        backend.expire_session(b.session_id)
+        with pytest.raises(SessionExpired):
+            backend.set_value(b, name, newer, b"expired")
+    finally:
+        backend.close_session(a)
+        backend.close_session(b)
+
+
+def test_a_value_of_an_older_hold_is_stale(store: LeaseStore, backend: EtcdBackend) -> None:
+    """On a job (not an election) release leaves the value key; the next hold of the
+    same session does not show it, and its own value replaces it."""
+    a = _session(backend, "A")
+    try:
+        first = backend.claim(a, "job")
+        assert first is not None
+        backend.set_value(a, "job", first, b"old")
+        backend.release(a, "job", first)
+        assert len(_value_keys(store)) == 1  # left in place: ordinary releases unchanged
+        second = backend.claim(a, "job")
+        assert second is not None
+        record = backend.get("job")
+        assert record is not None and record.state is JobState.HELD and record.value is None
+        backend.set_value(a, "job", second, b"new")
+        record = backend.get("job")
+        assert record is not None and record.value == b"new"
+    finally:
+        backend.close_session(a)
+
+
+@pytest.mark.parametrize("applied", [True, False])
+def test_set_value_with_a_lost_answer_is_read_back(
+    store: LeaseStore, backend: EtcdBackend, monkeypatch: pytest.MonkeyPatch, applied: bool
+) -> None:
+    name = election_key("e")
+    a = _session(backend, "A")
+    try:
+        claim = backend.claim(a, name)
+        assert claim is not None
+        backend.set_value(a, name, claim, b"before")
+        dropped = lose_answers(store, monkeypatch, applied=applied)
+        backend.set_value(a, name, claim, b"after")
+        assert dropped and dropped[0].startswith("setting the value")
+        record = backend.get(name)
+        assert record is not None and record.value == b"after"
+        (value_kv,) = _value_keys(store)
+        assert value_kv.version == 2  # "after" put once: re-sent only when not applied
+    finally:
+        backend.close_session(a)
+
+
+def test_set_value_with_a_lost_answer_after_the_hold_ended_is_refused(
+    store: LeaseStore, backend: EtcdBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The answer is lost and the session's lease ends meanwhile: reading back finds
+    neither our value nor our hold."""
+    name = election_key("e")
+    a = _session(backend, "A")
+    try:
+        claim = backend.claim(a, name)
+        assert claim is not None
+        transport = backend._transport
+        real = transport.send
+
+        def send(*args: Any, **kwargs: Any) -> Any:
+            monkeypatch.setattr(transport, "send", real)
+            backend.expire_session(a.session_id)
+            raise Failure("injected", grpc.StatusCode.DEADLINE_EXCEEDED, "answer lost")
+
+        monkeypatch.setattr(transport, "send", send)
+        with pytest.raises(SessionExpired):
+            backend.set_value(a, name, claim, b"v")
+        assert _value_keys(store) == []
+    finally:
+        backend.close_session(a)
+
+
+def test_a_value_too_large_is_invalid_argument_and_still_held(
+    store: LeaseStore, backend: EtcdBackend
+) -> None:
+    name = election_key("e")
+    a = _session(backend, "A")
+    try:
+        claim = backend.claim(a, name)
+        assert claim is not None
+        with pytest.raises(InvalidArgument):
+            backend.set_value(a, name, claim, b"x" * (2 * 1024 * 1024))
+        backend.renew(a, name, claim)
+        backend.set_value(a, name, claim, b"x" * (1024 * 1024))  # 1 MiB fits, base64 and all
+        record = backend.get(name)
+        assert record is not None and record.value == b"x" * (1024 * 1024)
+    finally:
+        backend.close_session(a)
+
+
+def test_elections_are_no_jobs(store: LeaseStore, backend: EtcdBackend) -> None:
+    """Elections are left out of records (across pages too), cannot be enqueued, and
+    complete and fail of one delete its value."""
+    # Around PREFIX/elections/ in key order: hex e4b8ad... before it, f09f9880 after it.
+    jobs = [f"中{i:03d}" for i in range(150)] + ["😀", "a"]
+    a = _session(backend, "A")
+    try:
+        for start in range(0, len(jobs), 64):
+            assert all(backend.claim_many(a, jobs[start : start + 64]))
+        names = [election_key(f"n{i}") for i in range(140)]  # > 512 keys with their values
+        for name in names:
+            claim = backend.claim(a, name)
+            assert claim is not None
+            backend.set_value(a, name, claim, b"v")
+        assert [r.job_id for r in backend.records()] == sorted(jobs)
+        assert [r.job_id for r in backend.records(limit=100)] == sorted(jobs)[:100]
+        with pytest.raises(InvalidArgument):
+            backend.enqueue("q", election_key("n0"), b"")
+        assert backend.queue_jobs("q") == []
+        ended = backend.claim(a, election_key("ended"))
+        assert ended is not None
+        backend.set_value(a, election_key("ended"), ended, b"v")
+        record = backend.fail(a, election_key("ended"), ended, "stop", 0.0)
+        assert record.value is None
+        again = backend.claim(a, election_key("ended"))
+        assert again is not None
+        backend.set_value(a, election_key("ended"), again, b"v")
+        assert backend.complete(a, election_key("ended"), again, b"").value is None
+        assert len(_value_keys(store)) == len(names)  # the failed and completed ones: gone
+    finally:
+        backend.close_session(a)
+
+
+def test_an_election_subscription_follows_every_change(
+    store: LeaseStore, backend: EtcdBackend
+) -> None:
+    """Observers follow a new leader and its value, not only its end (a job's
+    subscription ignores a new claim)."""
+    name = election_key("e")
+    calls: list[str] = []
+    a = _session(backend, "A")
+    unsubscribe = backend.subscribe_job(name, lambda: calls.append("woken"))
+    try:
+        poll_until(lambda: len(calls) == 1, 10)  # claimable when subscribed: called at once
+        claim = backend.claim(a, name)
+        assert claim is not None
+        poll_until(lambda: len(calls) == 2, 10)  # a new leader
+        backend.set_value(a, name, claim, b"v")
+        poll_until(lambda: len(calls) == 3, 10)  # its value
+        backend.release(a, name, claim)
+        poll_until(lambda: len(calls) == 4, 10)  # its end
+    finally:
+        unsubscribe()
         backend.close_session(a)

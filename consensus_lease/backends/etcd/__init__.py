@@ -59,8 +59,17 @@ Keys (see :mod:`._keys`): ``PREFIX/epoch`` the store epoch, ``PREFIX/HEX/o`` own
 (leased), ``PREFIX/HEX/h`` history, ``PREFIX/HEX/c`` completion record, ``PREFIX/HEX/q``
 queue marker, ``PREFIX/HEX/a`` attempts, ``PREFIX/HEX/e`` last error, ``PREFIX/HEX/f``
 FAILED record, ``PREFIX/HEX/l`` attempt limit, ``PREFIX/HEX/n`` not-before (on a lease
-of its own), where ``HEX`` is the hex of the job id's UTF-8 bytes, so no id can collide
-with another or escape the prefix.
+of its own), ``PREFIX/HEX/v`` value (``set_value``; on the holder's lease), where ``HEX``
+is the hex of the job id's UTF-8 bytes, so no id can collide with another or escape the
+prefix.
+
+Leader elections (``Capabilities.elections``; see :mod:`consensus_lease._election`) are
+leases on the same keys under ``PREFIX/elections/NHEX/`` (``NHEX``: hex of the election
+name), claimed, renewed and released by the same transactions; the leader's value is
+the value key, put by one transaction comparing ownership as renew does (see
+:mod:`._value`) and deleted by the release. Elections are left out of ``records`` and
+cannot be enqueued; a subscription to one is woken by every change (a new leader, its
+value, its end), which observers follow.
 
 Work queues (see :mod:`._queue`): ``PREFIX/q/QHEX/j/HEX`` member key (value: the
 payload; its create revision is the job's ``seq``) and ``PREFIX/q/QHEX/p/HEX`` pending

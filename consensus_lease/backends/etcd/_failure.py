@@ -6,6 +6,7 @@ its value is the claim's)::
     if held at generation G:
         delete o, put h = release marker (this session, the claim's nonce, G)
         put e = {error, session, G, attempt, nonce}
+        (delete v, for an election)
         attempts used up (attempt - base >= max_attempts):
             put f = {G, attempt, error, nonce}, delete QDIR/p/HEX      -> FAILED
         else, retry_in_s > 0:
@@ -113,7 +114,8 @@ def fail(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult, error: 
     marker = History(None, handle.session_id, claim_nonce, generation, released=True)
     success = [rq.delete(keys.owner), rq.put(keys.history, marker.encode()),
                rq.put(keys.error, LastError(error, handle.session_id, generation, attempt,
-                                            nonce).encode())]
+                                            nonce).encode()),
+               *ops.ending(keys)]
     lease_id, ttl_s = 0, 0
     if exhausted:
         success.append(rq.put(keys.failed, DeadLetter(generation, attempt, error,

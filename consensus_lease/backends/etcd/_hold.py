@@ -7,8 +7,10 @@ revision is the generation's (the token below its epoch bits) and its value is o
     renew:     (nothing)                    else get o, get c
     complete:  put c = record, delete o, h  else get o, get c
                (+ delete QDIR/p/HEX for a queued job)
+               (+ delete v for an election)
                get a, e, l (for the record it returns)
     release:   delete o, put h = marker     else get o, get c
+               (+ delete v for an election)
 
 ``fail`` is in :mod:`._failure`.
 
@@ -82,6 +84,7 @@ def complete(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult,
     ]
     if queue is not None:
         success.append(rq.delete(ops.layout.queue(queue).pending(job_id)))
+    success += ops.ending(keys)
     success += [rq.get(keys.attempts), rq.get(keys.error), rq.get(keys.limit)]
     request = rq.txn(
         compare=ops.holds(handle, keys, generation, known),
@@ -126,7 +129,8 @@ def complete(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult,
 
 def _completed(job_id: str, done: Completion, life: Lifecycle) -> LeaseRecord:
     return LeaseRecord(job_id, done.owner, None, done.generation, JobState.COMPLETED,
-                       done.result, *life)
+                       done.result, life.attempt, life.error,
+                       max_attempts=life.max_attempts)
 
 
 def _lifecycle(ops: Ops, keys: JobKeys) -> Lifecycle:
@@ -151,7 +155,8 @@ def release(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult) -> N
         ops.check_epoch(keys, generation, owner_kv, what)
     request = rq.txn(
         compare=ops.holds(handle, keys, generation, known),
-        success=[rq.delete(keys.owner), rq.put(keys.history, marker.encode())],
+        success=[rq.delete(keys.owner), rq.put(keys.history, marker.encode()),
+                 *ops.ending(keys)],
         failure=[rq.get(keys.owner), rq.get(keys.history), rq.get(keys.completion)],
     )
     resent = False

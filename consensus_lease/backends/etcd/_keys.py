@@ -1,6 +1,6 @@
 """Key layout under the prefix, and the values stored at each key.
 
-Each job owns up to nine keys under ``PREFIX/HEX/``, where ``HEX`` is the lowercase hex of
+Each job owns up to ten keys under ``PREFIX/HEX/``, where ``HEX`` is the lowercase hex of
 the job id's UTF-8 bytes. Hex cannot contain ``/``, so no id (``/``, ``..``, spaces,
 any Unicode) can collide with another or reach outside its own directory, and hex
 keeps the byte order of the ids: a key-ordered range read lists jobs in job-id order,
@@ -35,7 +35,19 @@ key      lease       meaning
                      (:class:`QueueMarker`). Written by ``enqueue`` only while
                      the job has no other key, so it never changes while the
                      job exists; deleted by ``purge``.
+``v``    session's   VALUE (:class:`HeldValue`): put by ``set_value`` while the
+                     job is held, on the holder's lease, so it goes with the
+                     hold on expiry; deleted by release, complete and fail of
+                     an election. It records the generation it was set at:
+                     one of an older hold is stale and never shown.
 =======  ==========  ==========================================================
+
+Elections (:mod:`consensus_lease._election`) are held through the same keys, under
+``PREFIX/elections/NHEX/`` instead of ``PREFIX/HEX/`` (``NHEX``: hex of the election
+name). ``elections`` is no canonical hex (``l`` is no hex digit), so no job directory
+can be or contain it; it sorts between the job directories starting ``e`` and those
+starting ``f``, so listings of the jobs skip it (:meth:`Layout.parse` names its keys by
+their election key, ``"\x1fe:" + name``).
 
 The claim that writes ``o`` and ``h`` records in their value the store epoch in
 effect (see :mod:`._tokens`; omitted when 0), and puts it as the value of ``a`` (empty
@@ -46,10 +58,12 @@ One key of the prefix is not a job's: ``PREFIX/epoch`` (:class:`StoreEpoch`), th
 store epoch, absent until ``bump_epoch`` first runs. It has no ``/`` after the prefix,
 so :meth:`Layout.parse` leaves it out.
 
-The suffixes sort ``a < c < e < f < h < l < n < o < q``, so one watch on ``[c, o\\0)``
-sees every change that can make a job claimable (owner and not-before deleted,
-completion, failure, requeue). Job directories are hex, so every job key sorts before
-``PREFIX/g``.
+The suffixes sort ``a < c < e < f < h < l < n < o < q < v``, so one watch on
+``[c, o\\0)`` sees every change that can make a job claimable (owner and not-before
+deleted, completion, failure, requeue); an election's watch reaches to ``v`` (a new
+leader and its value are changes to observe too). A claim's snapshot (its ``else``
+branch) reads ``[a, q\\0)``, without the value. Job directories are hex (and
+``elections``), so every job key sorts before ``PREFIX/g``.
 
 Work queues live after them, in ``QDIR`` = ``PREFIX/q/QHEX/`` (``QHEX``: hex of the
 queue name, so queue directories cannot nest either):
@@ -83,11 +97,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from ..._election import election_key, election_name, is_election_key
 from ...errors import BackendUnavailable
 
 __all__ = [
     "Completion",
     "DeadLetter",
+    "HeldValue",
     "History",
     "JobKeys",
     "LastError",
@@ -114,12 +130,15 @@ LIMIT = b"l"
 NOT_BEFORE = b"n"
 OWNER = b"o"
 QUEUE = b"q"
+VALUE = b"v"
 JOB_KINDS = frozenset({ATTEMPTS, COMPLETION, ERROR, FAILED, HISTORY, LIMIT, NOT_BEFORE, OWNER,
-                       QUEUE})
+                       QUEUE, VALUE})
+ELECTIONS = b"elections/"  # no canonical hex: no job directory is or contains it
 EPOCH = b"epoch"
 MEMBER = b"j/"
 PENDING = b"p/"
-JOBS_END = b"g"  # after every hex digit: [root, root + "g") holds exactly the job keys
+JOBS_END = b"g"  # after every hex digit and "elections": [root, root + "g") holds exactly
+# the job keys (elections' included)
 
 
 def _hex(text: str) -> bytes:
@@ -193,11 +212,28 @@ class JobKeys:
         return self.base + NOT_BEFORE
 
     @property
+    def value(self) -> bytes:
+        """The value key (:class:`HeldValue`), put by ``set_value``."""
+        return self.base + VALUE
+
+    @property
+    def is_election(self) -> bool:
+        """Whether these are an election's keys (``job_id`` is an election key)."""
+        return is_election_key(self.job_id)
+
+    @property
     def directory(self) -> tuple[bytes, bytes]:
-        """``(key, range_end)`` covering every key of the job, ``a`` to ``q``. (Were a
-        prefix nested in ours against the rules, it would also hold that prefix's job
-        keys, which :meth:`Layout.parse` leaves out, but none of its queue keys.)"""
+        """``(key, range_end)`` covering every key of the job, ``a`` to ``q``, but not the
+        value (what a claim's snapshot reads). (Were a prefix nested in ours against the
+        rules, it would also hold that prefix's job keys, which :meth:`Layout.parse`
+        leaves out, but none of its queue keys.)"""
         return self.base + ATTEMPTS, self.base + QUEUE + b"\x00"
+
+    @property
+    def record_range(self) -> tuple[bytes, bytes]:
+        """``(key, range_end)`` covering every key of the job, ``a`` to ``v`` (what
+        ``get`` reads)."""
+        return self.base + ATTEMPTS, self.base + VALUE + b"\x00"
 
     def kind_of(self, key: bytes) -> bytes | None:
         """The kind (``a`` ... ``q``) of ``key`` if it is one of this job's keys, else
@@ -210,8 +246,8 @@ class JobKeys:
     @property
     def watch_range(self) -> tuple[bytes, bytes]:
         """``(key, range_end)`` covering the completion, error, failed, history, limit,
-        not-before and owner keys."""
-        return self.completion, self.owner + b"\x00"
+        not-before and owner keys; for an election, the value key too."""
+        return self.completion, (self.value if self.is_election else self.owner) + b"\x00"
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,7 +288,17 @@ class Layout:
         self.root = prefix.rstrip(b"/") + b"/"
 
     def job(self, job_id: str) -> JobKeys:
+        """The keys of ``job_id``: ``PREFIX/HEX/...``, or ``PREFIX/elections/NHEX/...``
+        for an election key."""
+        if is_election_key(job_id):
+            return JobKeys(job_id, self.elections + _hex(election_name(job_id)) + b"/",
+                           self.epoch)
         return JobKeys(job_id, self.root + _hex(job_id) + b"/", self.epoch)
+
+    @property
+    def elections(self) -> bytes:
+        """Where elections live: ``PREFIX/elections/``."""
+        return self.root + ELECTIONS
 
     @property
     def epoch(self) -> bytes:
@@ -268,20 +314,25 @@ class Layout:
 
     @property
     def jobs_range_end(self) -> bytes:
-        """``range_end`` of ``[root, ...)`` covering every job key and nothing of the
-        queues (``PREFIX/q/...``)."""
+        """``range_end`` of ``[root, ...)`` covering every job key (elections' too) and
+        nothing of the queues (``PREFIX/q/...``)."""
         return self.root + JOBS_END
 
     def parse(self, key: bytes) -> tuple[str, bytes] | None:
-        """``(job_id, kind)`` for one of our job keys, ``None`` for anything else under
-        the prefix (queue keys, a nested prefix's keys)."""
+        """``(job_id, kind)`` for one of our job keys (``job_id`` an election key for an
+        election's), ``None`` for anything else under the prefix (queue keys, a nested
+        prefix's keys)."""
         if not key.startswith(self.root):
             return None
-        hex_id, sep, kind = key[len(self.root) :].partition(b"/")
+        election = key.startswith(self.elections)
+        rest = key[len(self.elections if election else self.root) :]
+        hex_id, sep, kind = rest.partition(b"/")
         if not sep or kind not in JOB_KINDS:
             return None
-        job_id = _unhex(hex_id)  # only our canonical lowercase hex
-        return None if job_id is None else (job_id, kind)
+        name = _unhex(hex_id)  # only our canonical lowercase hex
+        if name is None:
+            return None
+        return (election_key(name) if election else name), kind
 
 
 def _dump(obj: dict[str, Any]) -> bytes:
@@ -296,6 +347,30 @@ def _load(raw: bytes, what: str, key: bytes) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise BackendUnavailable(f"corrupt {what} record at etcd key {key!r}: not an object")
     return obj
+
+
+@dataclass(frozen=True, slots=True)
+class HeldValue:
+    """The value key's value: what ``set_value`` stored, the generation (token) of the
+    hold it belongs to, and the request that wrote it (its nonce settles a lost
+    answer)."""
+
+    value: bytes
+    generation: int
+    nonce: str
+
+    def encode(self) -> bytes:
+        return _dump({"generation": self.generation, "nonce": self.nonce,
+                      "value": base64.b64encode(self.value).decode("ascii")})
+
+    @classmethod
+    def decode(cls, raw: bytes, key: bytes) -> HeldValue:
+        obj = _load(raw, "value", key)
+        try:
+            return cls(base64.b64decode(obj["value"], validate=True), int(obj["generation"]),
+                       str(obj["nonce"]))
+        except (KeyError, TypeError, ValueError, binascii.Error) as exc:
+            raise BackendUnavailable(f"corrupt value record at etcd key {key!r}") from exc
 
 
 def session_text(lease_id: int) -> str:

@@ -156,6 +156,13 @@ class Ops:
         return bool(owner_kv.lease == handle.lease_id
                     and Owner.decode(owner_kv.value, owner_kv.key).epoch == epoch)
 
+    @staticmethod
+    def ending(keys: JobKeys) -> list[Any]:
+        """What a transaction ending a hold (release, complete, fail) does besides: for
+        an election, delete its value key (``set_value``); nothing for a job (a value
+        set on one is never shown once stale, and goes with its session's lease)."""
+        return [rq.delete(keys.value)] if keys.is_election else []
+
     def token_of(self, owner_kv: Any) -> int:
         """The token of the claim that wrote the owner key ``owner_kv``."""
         owner = Owner.decode(owner_kv.value, owner_kv.key)

@@ -7,7 +7,10 @@ released, failed with a retry, or its holder's lease ended), then the queue mark
 generation is the claim's token: ``epoch * 2**44 +`` the owner key's create revision
 (or the history key's mod revision), the epoch from the value the claim wrote. Every
 state shows ``attempt`` (the attempts key's version), ``error`` (the last-error key)
-and ``max_attempts`` (the limit key).
+and ``max_attempts`` (the limit key); HELD also ``value``, from the value key if it was
+set at the holder's generation (a value of an older hold is stale: ``None``).
+
+Elections (keys under ``PREFIX/elections/``) are no jobs: ``records`` leaves them out.
 
 ``lease_until`` (HELD only) is this machine's wall clock + the holder lease's remaining
 TTL from ``LeaseTimeToLive`` (whole seconds, for display; ``None`` when etcd does not
@@ -24,6 +27,7 @@ from typing import Any, NamedTuple
 
 from pyetcd import etcdrpc
 
+from ..._election import is_election_key
 from ...record import JobState, LeaseRecord
 from ._keys import (
     ATTEMPTS,
@@ -35,8 +39,10 @@ from ._keys import (
     NOT_BEFORE,
     OWNER,
     QUEUE,
+    VALUE,
     Completion,
     DeadLetter,
+    HeldValue,
     History,
     LastError,
     Owner,
@@ -87,6 +93,15 @@ def _until(ops: Ops, lease_id: int, lease_until: dict[int, float | None]) -> flo
     return lease_until.get(lease_id)
 
 
+def held_value(value_kv: Any, generation: int) -> bytes | None:
+    """The value set during the hold at ``generation``, from the value key (``None``:
+    absent, or set during an older hold)."""
+    if value_kv is None:
+        return None
+    held = HeldValue.decode(value_kv.value, value_kv.key)
+    return held.value if held.generation == generation else None
+
+
 def job_record(ops: Ops, job_id: str, kinds: Mapping[bytes, Any],
                lease_until: dict[int, float | None]) -> LeaseRecord | None:
     """The record from a job's keys, by kind (``None``: no key, never seen).
@@ -97,16 +112,19 @@ def job_record(ops: Ops, job_id: str, kinds: Mapping[bytes, Any],
     if completion_kv is not None:
         done = Completion.decode(completion_kv.value, completion_kv.key)
         return LeaseRecord(job_id, done.owner, None, done.generation, JobState.COMPLETED,
-                           done.result, *life)
+                           done.result, life.attempt, life.error,
+                           max_attempts=life.max_attempts)
     if dead_kv is not None:
         dead = DeadLetter.decode(dead_kv.value, dead_kv.key)
         return LeaseRecord(job_id, None, None, dead.generation, JobState.FAILED, None,
                            dead.attempt, dead.error, None, life.max_attempts)
     if owner_kv is not None:
         held = Owner.decode(owner_kv.value, owner_kv.key)
+        token = compose(held.epoch, int(owner_kv.create_revision))
         return LeaseRecord(job_id, held.owner, _until(ops, int(owner_kv.lease), lease_until),
-                           compose(held.epoch, int(owner_kv.create_revision)), JobState.HELD,
-                           None, *life)
+                           token, JobState.HELD, None, life.attempt, life.error,
+                           max_attempts=life.max_attempts,
+                           value=held_value(kinds.get(VALUE), token))
     delay_kv = kinds.get(NOT_BEFORE)
     not_before = None if delay_kv is None else _until(ops, int(delay_kv.lease), lease_until)
     if history_kv is not None:
@@ -133,8 +151,8 @@ def kinds_of(ops: Ops, kvs: Any) -> dict[bytes, Any]:
 
 
 def read_kinds(ops: Ops, job_id: str, what: str) -> dict[bytes, Any]:
-    """The job's keys by kind, from one linearizable range read of its directory."""
-    start, end = ops.layout.job(job_id).directory
+    """The job's keys by kind (its value included), from one linearizable range read."""
+    start, end = ops.layout.job(job_id).record_range
     page = ops.read(etcdrpc.RangeRequest(key=start, range_end=end), what, job_id=job_id)
     return kinds_of(ops, page.kvs)
 
@@ -148,7 +166,7 @@ def list_records(ops: Ops, limit: int | None) -> list[LeaseRecord]:
     """Every job under the prefix in job-id order (hex keys sort as the ids do), from
     key-ordered range reads of :data:`RECORDS_PAGE` job keys (never the queues' keys,
     which carry payloads), all at the first page's revision (one consistent snapshot);
-    stops once ``limit`` jobs are known."""
+    stops once ``limit`` jobs are known. Elections' keys are skipped."""
     out: list[LeaseRecord] = []
     lease_until: dict[int, float | None] = {}
     job_id: str | None = None
@@ -170,8 +188,8 @@ def list_records(ops: Ops, limit: int | None) -> list[LeaseRecord]:
         revision = revision or int(page.header.revision)
         for kv in page.kvs:
             parsed = ops.layout.parse(bytes(kv.key))
-            if parsed is None:
-                continue  # not ours (e.g. a nested prefix's key)
+            if parsed is None or is_election_key(parsed[0]):
+                continue  # not ours (e.g. a nested prefix's key), or no job
             if parsed[0] != job_id:
                 flush()
                 if limit is not None and len(out) >= limit:

@@ -16,6 +16,9 @@ What wakes whom (as :meth:`wait_for_change` and :func:`._queue_wait.wait` decide
   unless a not-before key was put with it (a fail with a retry delay), the not-before key
   deleted (the delay's lease ran out), the completion or FAILED record put (the waiting
   claim learns it), or the FAILED record deleted (requeue). A new claim wakes nobody.
+* an election: the same watch reaching to its value key ``v``, and every event wakes it:
+  a new leader (claim), its value (``set_value``) and its end are what observers of the
+  election follow (waiting candidates then try once more and find it held).
 * a queue: a watch on its pending keys, which tells enqueues and requeues (a PUT: wake)
   and keeps the set of the queue's open jobs (a DELETE: completed or FAILED); plus ONE
   watch shared by every subscribed queue on the deletions of all job keys: an owner key
@@ -200,8 +203,9 @@ class Subscriptions:
             job_id=job_id,
         )
         owner, delay, done, dead = (r.response_range.count for r in answer.responses)
+        election = keys.is_election
         watch = Watch(*keys.watch_range, int(answer.header.revision) + 1,
-                      lambda events: self._job_changed(entry, events),
+                      lambda events: self._job_changed(entry, events, election),
                       lambda: self._fire([entry]))
         return _Armed(watch, bool(done or dead or not (owner or delay)))
 
@@ -252,8 +256,8 @@ class Subscriptions:
 
     # -- events (on the hub's thread) ----------------------------------------------------
 
-    def _job_changed(self, entry: _Entry, events: Sequence[Any]) -> None:
-        if _job_may_be_free(self._layout, events):
+    def _job_changed(self, entry: _Entry, events: Sequence[Any], election: bool) -> None:
+        if election or _job_may_be_free(self._layout, events):
             self._fire([entry])
 
     def _pending_changed(self, entry: _Entry, qkeys: QueueKeys, events: Sequence[Any]) -> None:

@@ -2,7 +2,7 @@
 
 This module is the glue: sessions and waiting live here; the job operations live in
 :mod:`._claim` (with :mod:`._attempts` for jobs with an attempt limit), :mod:`._hold`,
-:mod:`._failure` and :mod:`._records`, the work queues in :mod:`._queue` and
+:mod:`._failure`, :mod:`._value` and :mod:`._records`, the work queues in :mod:`._queue` and
 :mod:`._queue_wait`, on the shared machinery of :mod:`._ops`. See the package
 docstring for the design, the URL options and the etcd guarantees relied on. The
 store epoch is in :mod:`._tokens` and :mod:`._epoch`, the detection of a history that
@@ -21,6 +21,7 @@ from typing import Any, ClassVar, TypeVar
 
 from pyetcd import etcdrpc
 
+from ..._election import is_election_key
 from ..._subscriptions import Unsubscribe, WakeCallback
 from ...backend import Backend, Capabilities, SessionHandle, StateListener
 from ...errors import (
@@ -31,7 +32,7 @@ from ...errors import (
     StoreRegressed,
 )
 from ...record import ClaimResult, LeaseRecord, QueuedJob
-from . import _claim, _epoch, _failure, _hold, _queue, _queue_wait, _records, _tokens
+from . import _claim, _epoch, _failure, _hold, _queue, _queue_wait, _records, _tokens, _value
 from . import _requests as rq
 from ._config import EtcdConfig, parse_url
 from ._keepalive import KeepAliveStreams
@@ -69,6 +70,7 @@ class EtcdBackend(Backend):
         max_payload_bytes=_queue.MAX_PAYLOAD_BYTES,  # under --max-request-bytes (1.5 MiB)
         description="etcd v3: a lease per session, one transaction per claim/complete/release",
         epoch=True,
+        elections=True,
     )
     epoch_shift: ClassVar[int] = _tokens.EPOCH_SHIFT
 
@@ -421,6 +423,30 @@ class EtcdBackend(Backend):
         """
         self._run(session, lambda h: _hold.release(self._ops, h, job_id, claim))
 
+    def set_value(
+        self, session: SessionHandle, job_id: str, claim: ClaimResult, value: bytes
+    ) -> None:
+        """One transaction with the ownership compare of :meth:`renew`: put the value key
+        (``value``, the generation and a per-request nonce) on the session's lease, so it
+        ends with the hold when the lease does; release, complete and fail of an election
+        delete it, and a value of an older hold is never shown by :meth:`get`. A lost
+        answer is settled by reading back (the nonce); if the job is still held and the
+        value not there, the same request is sent again (see :mod:`._value`). A claim
+        without its handle reads the owner key first (one more round trip).
+
+        Raises:
+            StaleLeaseError / SessionExpired: not held at ``claim.generation``; nothing
+                written.
+            StoreRegressed: the store's history went back while the session was open.
+            InvalidArgument: ``value`` exceeds etcd's request size (``--max-request-bytes``,
+                1.5 MiB by default, base64 included), or ``claim.handle`` is not an
+                :class:`EtcdClaim`; still held, value unchanged.
+            OutcomeUnknown: sent, no answer, reading back failed.
+            BackendUnavailable: nothing applied; still held.
+        """
+        self._run(session, lambda h: _value.set_value(self._ops, h, job_id, claim,
+                                                        bytes(value)))
+
     def fail(
         self, session: SessionHandle, job_id: str, claim: ClaimResult, error: str,
         retry_in_s: float,
@@ -482,11 +508,15 @@ class EtcdBackend(Backend):
 
         Raises:
             InvalidArgument: the job exists outside this queue (in another queue, or as a
-                job claimed by name), or etcd refused the request's size, or its
-                ``--max-txn-ops`` is below the 4 operations the transaction needs (the
-                message names the flag and the limit); nothing was written.
+                job claimed by name), or ``job_id`` is an election key, or etcd refused
+                the request's size, or its ``--max-txn-ops`` is below the 4 operations
+                the transaction needs (the message names the flag and the limit);
+                nothing was written.
             OutcomeUnknown / BackendUnavailable / AuthenticationFailed.
         """
+        if is_election_key(job_id):
+            raise InvalidArgument(f"{job_id!r} is an election, not a job: it cannot be "
+                                  f"enqueued", job_id=job_id)
         return _queue.enqueue(self._ops, queue, job_id, payload, max_attempts)
 
     def queue_candidates(self, queue: str, limit: int) -> list[tuple[str, bytes]]:
@@ -552,7 +582,8 @@ class EtcdBackend(Backend):
         """The job's record from one linearizable range read of its keys. ``lease_until``
         (HELD only): local wall clock + the holder lease's remaining TTL (one more
         request; ``None`` if it fails); ``not_before`` (a retry delay runs) likewise from
-        the not-before key's lease.
+        the not-before key's lease; ``value`` (HELD only): what :meth:`set_value` stored
+        during this hold, else ``None``.
 
         Raises:
             BackendUnavailable / AuthenticationFailed.
@@ -562,7 +593,8 @@ class EtcdBackend(Backend):
 
     def records(self, limit: int | None = None) -> list[LeaseRecord]:
         """Every job under the prefix in job-id order, from key-ordered range reads of
-        the prefix at one revision; stops after ``limit`` jobs. ``lease_until`` and
+        the prefix at one revision; stops after ``limit`` jobs. Elections are no jobs:
+        left out. ``lease_until`` and
         ``not_before`` are looked up for the first 64 leases, ``None`` beyond.
 
         Raises:
@@ -575,9 +607,9 @@ class EtcdBackend(Backend):
         """Read the job's keys; if it is held or a retry delay runs, watch them from the
         next revision until an event (the owner key deleted by release, completion, fail
         or lease expiry; the not-before key deleted when its lease runs out; a new
-        claim) or ``timeout_s``. The watch is cancelled on every way out. A failure
-        returns early, after a pause of at most 0.2 s so a caller's retry loop does not
-        spin."""
+        claim; for an election, its value) or ``timeout_s``. The watch is cancelled on
+        every way out. A failure returns early, after a pause of at most 0.2 s so a
+        caller's retry loop does not spin."""
         deadline = time.monotonic() + timeout_s
         keys = self._layout.job(job_id)
         try:
@@ -606,7 +638,8 @@ class EtcdBackend(Backend):
         :mod:`._subscribe`); later subscribers join it, the last to leave cancels it.
         Called on an owner key's deletion (release, completion, fail, lease expiry or
         revoke), a not-before key's deletion (its lease ran out), a completion or FAILED
-        record, a requeue; once more if the stream breaks or on :meth:`close`.
+        record, a requeue; for an election key also a new claim and a :meth:`set_value`
+        (what observers follow); once more if the stream breaks or on :meth:`close`.
 
         Raises:
             BackendUnavailable / AuthenticationFailed: the first read failed; there is
