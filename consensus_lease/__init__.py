@@ -16,7 +16,11 @@
 A lease is temporary ownership, not exactly-once: destinations must fence effects with
 the generation (see :mod:`consensus_lease.fencing`).
 
-This namespace is the user API: the store, sessions, leases, records, states, every
+Leader election is a lease on a name that is never completed: ``session.campaign(name)``
+returns a :class:`Leadership` whose generation is the fencing token; ``store.leader(name)``
+and ``store.observe(name)`` read and follow it (see :mod:`consensus_lease.election`).
+
+This namespace is the user API: the store, sessions, leases, leaderships, records, states, every
 error, clocks, the :class:`Observer` base and the fences. ``SqlFence`` and
 ``FenceRetryable`` need SQLAlchemy (``pip install consensus_lease[sql]``) and are
 imported on first use. The driver interface for writing a backend is in
@@ -29,6 +33,7 @@ from importlib.util import find_spec as _find_spec
 from typing import TYPE_CHECKING
 
 from .clock import Clock, SystemClock
+from .election import LeaderRecord, Leadership
 from .errors import (
     AuthenticationFailed,
     BackendUnavailable,
@@ -51,6 +56,7 @@ from .errors import (
     UnsupportedOperation,
 )
 from .fencing import Effect, Fence, FenceOutcome, SqliteFence
+from .leader_watch import LeaderWatch
 from .lease import Lease
 from .observe import Observer
 from .record import JobState, LeaseRecord, QueuedJob, QueueStats
@@ -79,6 +85,9 @@ __all__ = [
     "JobCompleted",
     "JobFailed",
     "JobState",
+    "LeaderRecord",
+    "LeaderWatch",
+    "Leadership",
     "Lease",
     "LeaseError",
     "LeaseLost",

@@ -11,7 +11,16 @@ leader's value (:meth:`consensus_lease.backend.Backend.set_value`).
 
 from __future__ import annotations
 
-__all__ = ["ELECTION_PREFIX", "election_key", "election_name", "is_election_key"]
+import threading
+from collections.abc import Hashable, Mapping
+
+__all__ = [
+    "ELECTION_PREFIX",
+    "ChangeTracker",
+    "election_key",
+    "election_name",
+    "is_election_key",
+]
 
 ELECTION_PREFIX = "\x1fe:"
 """What every election key starts with: U+001F (INFORMATION SEPARATOR ONE), ``e``, ``:``.
@@ -38,3 +47,23 @@ def election_name(key: str) -> str:
     if not is_election_key(key):
         raise ValueError(f"{key!r} is not an election key")
     return key[len(ELECTION_PREFIX):]
+
+
+class ChangeTracker:
+    """For drivers served by the default poller (:mod:`consensus_lease._subscriptions`):
+    which subscribed election keys changed since the previous poll, so that their
+    ``claimable_hint`` wakes observers after a new claim or value too (see
+    :meth:`consensus_lease.backend.Backend.subscribe_job`). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: dict[str, Hashable] = {}
+
+    def changed(self, states: Mapping[str, Hashable]) -> set[str]:
+        """The keys of ``states`` (election key -> anything that changes with its holder,
+        generation or value) whose state differs from the previous call's, or that the
+        previous call did not have. Remembers ``states`` for the next call."""
+        with self._lock:
+            out = {k for k, v in states.items() if k not in self._seen or self._seen[k] != v}
+            self._seen = dict(states)
+        return out

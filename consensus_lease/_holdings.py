@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["Holdings"]
 
 T = TypeVar("T")
+L = TypeVar("L", bound="Lease")
 
 log = logging.getLogger("consensus_lease")
 
@@ -76,15 +77,24 @@ class Holdings:
         with self._lock:
             return job_id in self._leases
 
+    def held(self, job_id: str) -> Lease | None:
+        """The lease this session holds on ``job_id``, if any."""
+        with self._lock:
+            return self._leases.get(job_id)
+
     def adopt(self, session: Session, job_id: str, result: ClaimResult,
               payload: bytes | None = None, queue: str | None = None) -> Lease:
         """Wrap a claim the store granted in a HELD lease and register it."""
         from .lease import Lease
 
-        lease = Lease(session, self, job_id, result, payload, queue)
+        return self.register(Lease(session, self, job_id, result, payload, queue))
+
+    def register(self, lease: L) -> L:
+        """Register a HELD lease made from a claim the store granted (a
+        :class:`~consensus_lease.Lease`, or a :class:`~consensus_lease.Leadership`)."""
         with self._lock:
-            self._leases[job_id] = lease
-        owner, generation = session.owner, result.generation
+            self._leases[lease.job_id] = lease
+        job_id, owner, generation = lease.job_id, lease.owner, lease.generation
         log.info("claimed", extra={"job_id": job_id, "generation": generation, "owner": owner})
         notify(self.liveness.observer, lambda o: o.claimed(self.scheme, job_id, generation, owner))
         return lease
@@ -131,6 +141,15 @@ class Holdings:
         self._forget(lease)
         log.info("released", extra={"job_id": lease.job_id, "generation": lease.generation,
                                     "owner": lease.owner})
+
+    def set_value(self, lease: Lease, value: bytes) -> None:
+        """See :meth:`Leadership.proclaim <consensus_lease.Leadership.proclaim>`:
+        ``value`` is already checked."""
+        live = self.liveness
+        self._guarded(lease, lambda: live.backend.set_value(
+            live.handle, lease.job_id, lease.claim_result, value))
+        log.info("value set", extra={"job_id": lease.job_id, "generation": lease.generation,
+                                     "owner": lease.owner})
 
     def retry_policy(self, queue: str | None) -> RetryPolicy:
         return self.policies.get(queue)

@@ -8,9 +8,10 @@ so a request sent while the process is stopped (SIGSTOP) is served right after S
 — exactly as a paused worker resumes where it was.
 
 Operations: ``open`` (url, owner, ttl_s, keepalive, clock_offset_s), ``claim`` (job,
-wait_s), ``ensure_held`` (job), ``renew`` (job), ``complete`` (job, result),
-``release`` (job), ``lease`` (job: state, generation, remaining_s), ``fence``
-(path, job, effect, enforce), ``close``, ``exit``.
+wait_s), ``campaign`` (name, value, wait_s: the leadership is then addressed as
+``job=name`` by the operations below), ``proclaim`` (job, value), ``ensure_held`` (job),
+``renew`` (job), ``complete`` (job, result), ``release`` (job), ``lease`` (job: state,
+generation, remaining_s), ``fence`` (path, job, effect, enforce), ``close``, ``exit``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from . import errors
 from .clock import SkewedClock, SystemClock
+from .election import Leadership
 from .fencing import SqliteFence
 from .lease import Lease
 from .session import Session
@@ -55,6 +57,22 @@ class Agent:
             return {"claimed": False}
         self.leases[job] = lease
         return {"claimed": True, "generation": lease.generation}
+
+    def op_campaign(self, name: str, value: str = "", wait_s: float | None = None
+                    ) -> dict[str, Any]:
+        assert self.session is not None, "open first"
+        leadership = self.session.campaign(name, value.encode(), wait_s=wait_s)
+        if leadership is None:
+            return {"leader": False}
+        self.leases[name] = leadership
+        return {"leader": True, "generation": leadership.generation}
+
+    def op_proclaim(self, job: str, value: str) -> dict[str, Any]:
+        lease = self._lease(job)
+        if not isinstance(lease, Leadership):
+            raise errors.InvalidArgument(f"{job!r} is a job, not an election")
+        lease.proclaim(value.encode())
+        return {}
 
     def op_ensure_held(self, job: str) -> dict[str, Any]:
         self._lease(job).ensure_held()

@@ -43,10 +43,12 @@ from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
 
+from ._election import election_key
 from ._subscriptions import Unsubscribe
 from ._waiting import Subscribe, check_usable, closing_aware
 from .backend import Capabilities
 from .clock import Clock
+from .election import LeaderRecord
 from .errors import ClaimTimeout, InvalidArgument, LeaseError, LeaseLost, StoreClosed
 from .lease import Lease
 from .observe import Observer
@@ -56,11 +58,13 @@ from .session import Session
 from .states import LeaseState, SessionState
 from .store import DEFAULT_TTL_S, LeaseStore
 from .store import open_store as open_sync_store
-from .validation import check_job_id, check_queue_name, check_wait
+from .validation import check_election_name, check_job_id, check_queue_name, check_wait
 
 __all__ = [
     "DEFAULT_POOL_SIZE",
     "RESERVED_THREADS",
+    "AsyncLeaderWatch",
+    "AsyncLeadership",
     "AsyncLease",
     "AsyncLeaseStore",
     "AsyncSession",
@@ -68,6 +72,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+LeaseT = TypeVar("LeaseT", bound=Lease)
 
 DEFAULT_POOL_SIZE = 8
 """Threads of an :class:`AsyncLeaseStore`'s pool unless ``pool_size`` says otherwise."""
@@ -198,9 +203,9 @@ class _Wake:
 
 
 async def _wait_and_claim(
-    session: AsyncSession, subscribe: Subscribe, attempt: Callable[[], Lease | None],
+    session: AsyncSession, subscribe: Subscribe, attempt: Callable[[], LeaseT | None],
     wait_s: float, timed_out: Callable[[], ClaimTimeout],
-) -> Lease:
+) -> LeaseT:
     """The steps of :func:`consensus_lease._waiting.wait_and_claim` on the event loop:
     try; subscribe; then try again each time the subscription (or the session's end)
     wakes us, one attempt at a time, until ``wait_s`` seconds passed."""
@@ -500,6 +505,28 @@ class AsyncSession:
             )
         return None if lease is None else AsyncLease(lease, self)
 
+    async def campaign(
+        self, name: str, value: bytes = b"", *, wait_s: float | None = None
+    ) -> AsyncLeadership | None:
+        """See :meth:`Session.campaign` (same arguments and errors); waiting holds no
+        thread, and cancellation is as for :meth:`claim` (a leadership obtained by an
+        attempt whose caller was cancelled is resigned at once). Use ``guard()`` on the
+        result: its body is cancelled if the leadership is lost."""
+        check_election_name(name)
+        attempt = partial(self.sync.campaign, name, value)
+        workers = self.store._workers
+        if wait_s is None:
+            leadership = await workers.limited(attempt, workers.release_later)
+        else:
+            wait = check_wait(wait_s)
+            leadership = await _wait_and_claim(
+                self, partial(self.sync.backend.subscribe_job, election_key(name)), attempt,
+                wait, lambda: ClaimTimeout(
+                    f"election {name!r} still led by another after waiting {wait} s",
+                    job_id=election_key(name)),
+            )
+        return None if leadership is None else AsyncLeadership(leadership, self)
+
     async def claim_many(self, job_ids: Sequence[str]) -> list[AsyncLease | None]:
         """See :meth:`Session.claim_many`; cancellation as for :meth:`claim`."""
         workers = self.store._workers
@@ -646,6 +673,23 @@ class AsyncLeaseStore:
         """See :meth:`LeaseStore.records`."""
         return await self._workers.run(partial(self.sync.records, limit))
 
+    async def leader(self, name: str) -> LeaderRecord | None:
+        """See :meth:`LeaseStore.leader`."""
+        return await self._workers.run(partial(self.sync.leader, name))
+
+    def observe(self, name: str, *, timeout_s: float | None = None) -> AsyncLeaderWatch:
+        """See :meth:`LeaseStore.observe`: the same changes, as an async iterator that
+        waits holding no thread::
+
+            async with store.observe("scheduler", timeout_s=60) as leaders:
+                async for leader in leaders:
+                    ...
+
+        Raises:
+            InvalidArgument / UnsupportedOperation / StoreClosed: at once.
+        """
+        return AsyncLeaderWatch(self, name, timeout_s)
+
     async def enqueue(
         self, queue: str, job_id: str, payload: bytes = b"", *, max_attempts: int | None = None
     ) -> bool:
@@ -713,3 +757,7 @@ async def open_store(
     """
     return await AsyncLeaseStore.open(url, pool_size=pool_size, clock=clock,
                                       observer=observer, retry=retry, **options)
+
+
+# The asyncio side of elections builds on the classes above (imported last: it imports them).
+from ._aio_election import AsyncLeadership, AsyncLeaderWatch  # noqa: E402

@@ -23,6 +23,7 @@ EXTRA_COMMANDS: list[str] = [
     "consensus_lease.verify.command",
     "consensus_lease.bench.command",
     "consensus_lease.runcmd.command",
+    "consensus_lease.runcmd.elect",
     "consensus_lease.worker.command",
 ]
 """Modules providing further subcommands (see ``_command_modules``)."""

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import overload
 
-from . import _queue_claim
+from . import _campaign, _queue_claim
 from ._callsite import entered_by_with
 from ._fork import abandon
 from ._holdings import Holdings
@@ -25,6 +25,7 @@ from ._liveness import EventRelay, Liveness
 from ._waiting import Waiters, wait_and_claim
 from .backend import Backend, SessionEvent, SessionHandle
 from .clock import Clock
+from .election import Leadership
 from .errors import (
     ClaimTimeout,
     InvalidArgument,
@@ -304,6 +305,63 @@ class Session:
                 f"or test `lease = session.claim_next(queue)` for None"
             )
         return lease
+
+    @overload
+    def campaign(self, name: str, value: bytes = b"", *, wait_s: None = None
+                 ) -> Leadership | None: ...
+
+    @overload
+    def campaign(self, name: str, value: bytes = b"", *, wait_s: float) -> Leadership: ...
+
+    def campaign(
+        self, name: str, value: bytes = b"", *, wait_s: float | None = None
+    ) -> Leadership | None:
+        """Become the leader of the election ``name``, announcing ``value``.
+
+        The claim of the election (the same atomic store operation as :meth:`claim`, on
+        a key no job id can take), then the write of ``value`` compared with owner and
+        generation; if the value cannot be written, the claim is handed back. The
+        leadership's :attr:`~Leadership.generation` is strictly greater than every
+        earlier leader's of this election: the fencing token. Candidates are not
+        queued: when the leader resigns or expires, any waiting candidate may win.
+
+        Two forms, as for :meth:`claim`::
+
+            leadership = session.campaign("scheduler")            # try once, or None
+            with session.campaign("scheduler", b"me:8080", wait_s=60) as leadership:
+                ...                                                # or ClaimTimeout
+
+        Args:
+            name: the election's name: non-empty str, at most 253 UTF-8 bytes, no NUL.
+                Elections and jobs never collide, whatever their names.
+            value: bytes the leader announces (``store.leader(name).value``), at most
+                ``capabilities.max_payload_bytes``; change it with ``proclaim``.
+            wait_s: ``None`` tries once and returns ``None`` if another session leads; a
+                number (seconds, >= 0) waits up to that long, woken by the store, and
+                raises ``ClaimTimeout``. ``with session.campaign(name)`` (no ``wait_s``)
+                raises ``ClaimTimeout`` instead of handing ``None`` to the ``with``.
+
+        Returns:
+            A HELD :class:`~consensus_lease.Leadership`, or ``None`` (only without
+            ``wait_s``).
+
+        Raises:
+            UnsupportedOperation: the backend has no elections (``capabilities.elections``).
+            InvalidArgument: bad name, value or wait, or this session already leads it.
+            ClaimTimeout: ``wait_s`` passed with another session leading.
+            LeaseLost / SessionExpired / LeaseSuspended / BackendUnavailable /
+            OutcomeUnknown / StoreClosed / StoreInherited: as for :meth:`claim`; the
+                claim, if made, was handed back.
+        """
+        self._liveness.check_usable()
+        leadership = _campaign.campaign(self, self._holdings, name, value, wait_s)
+        if leadership is None and entered_by_with(sys._getframe(1)):
+            raise ClaimTimeout(
+                f"election {name!r} is led by another session, and campaign() without "
+                f"wait_s does not wait: `with session.campaign(name, wait_s=...)` waits; or "
+                f"test `leadership = session.campaign(name)` for None"
+            )
+        return leadership
 
     def claim_many(self, job_ids: Sequence[str]) -> list[Lease | None]:
         """Try to claim each of ``job_ids`` (no waiting); in as few store round trips as

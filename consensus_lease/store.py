@@ -10,17 +10,29 @@ import weakref
 from importlib.metadata import entry_points
 from types import TracebackType
 
+from ._election import election_key
 from ._fork import Origin, abandon
 from ._liveness import EventRelay
+from ._waiting import Waiters
 from .backend import Backend, Capabilities
 from .clock import Clock, SystemClock
+from .election import LeaderRecord, leader_record, require_elections
 from .errors import InvalidArgument, StoreClosed, UnsupportedBackend, UnsupportedOperation
+from .leader_watch import LeaderWatch
 from .observe import Observer
 from .options import merge_options
 from .record import JobState, LeaseRecord, QueuedJob, QueueStats
 from .retry import DEFAULT_RETRY, RetryPolicies, RetryPolicy, check_max_attempts
 from .session import Session
-from .validation import check_job_id, check_limit, check_owner, check_queue_name, check_ttl
+from .validation import (
+    check_election_name,
+    check_job_id,
+    check_limit,
+    check_owner,
+    check_queue_name,
+    check_ttl,
+    check_wait,
+)
 
 __all__ = ["DEFAULT_TTL_S", "ENTRY_POINT_GROUP", "LeaseStore", "default_owner", "open_store"]
 
@@ -140,6 +152,8 @@ class LeaseStore:
         self._origin = Origin()
         self._sessions: weakref.WeakSet[Session] = weakref.WeakSet()
         self._sessions_lock = threading.Lock()
+        self._watchers = Waiters()
+        """Every open ``observe`` iterator: woken when the store is closed."""
 
     def _check_open(self) -> None:
         """Raise ``StoreInherited`` in a fork's child, ``StoreClosed`` once closed."""
@@ -223,6 +237,62 @@ class LeaseStore:
         inspection."""
         self._check_open()
         return self.backend.records(check_limit(limit))
+
+    # -- elections -----------------------------------------------------------------
+
+    def leader(self, name: str) -> LeaderRecord | None:
+        """The leader of the election ``name`` as the store has it now (one read), or
+        ``None`` if nobody leads it (never campaigned, resigned, or the leader's session
+        expired in the store).
+
+        Raises:
+            InvalidArgument: bad name.
+            UnsupportedOperation: the backend has no elections.
+            BackendUnavailable. StoreClosed / StoreInherited.
+        """
+        self._check_open()
+        check_election_name(name)
+        require_elections(self.backend)
+        return leader_record(name, self.backend.get(election_key(name)))
+
+    def observe(self, name: str, *, timeout_s: float | None = None) -> LeaderWatch:
+        """Follow the election ``name``: an iterator of its leader now (a
+        :class:`~consensus_lease.LeaderRecord`, or ``None`` when nobody leads), then of
+        each change: a new leader, a new value (``proclaim``), nobody. Woken by the
+        store (etcd and ZooKeeper watches; SQLite and memory poll, every
+        ``poll_interval_s``), reading the leader after each wake-up.
+
+        Never goes back: a read older than one already yielded (a lower generation, or
+        a leader already reported gone) is skipped. Changes faster than the reads
+        coalesce (a resignation and the next leader's claim between two reads yield
+        the next leader only), in generation order.
+
+        ::
+
+            with store.observe("scheduler", timeout_s=60) as leaders:
+                for leader in leaders:
+                    route_to(None if leader is None else leader.value)
+
+        Args:
+            name: the election's name.
+            timeout_s: end the iteration this many seconds (>= 0) after this call;
+                ``None``: until closed.
+
+        Returns:
+            A :class:`~consensus_lease.leader_watch.LeaderWatch`: an iterator that
+            ``close()`` (any thread) or the store's close ends, usable as a context
+            manager. Its ``next()`` raises ``BackendUnavailable`` if a read fails.
+
+        Raises:
+            InvalidArgument: bad name or timeout.
+            UnsupportedOperation: the backend has no elections.
+            StoreClosed / StoreInherited.
+        """
+        self._check_open()
+        check_election_name(name)
+        require_elections(self.backend)
+        timeout = None if timeout_s is None else check_wait(timeout_s, "timeout_s")
+        return LeaderWatch(self, name, timeout)
 
     # -- work queues ---------------------------------------------------------------
 
@@ -388,6 +458,7 @@ class LeaseStore:
             sessions = list(self._sessions)
         for session in sessions:
             session._close_with_store()
+        self._watchers.close()
         self.backend.close()
 
     def __enter__(self) -> LeaseStore:

@@ -12,6 +12,12 @@ claim of the job, ``epoch`` the store's epoch when the claim was made (0 until
 ``bump_epoch``). A memory store has no history to regress: it never raises
 ``StoreRegressed``.
 
+Elections (``capabilities.elections``): an election key
+(:func:`consensus_lease._election.election_key`) is a job like any other in the job table,
+left out of ``records()``; its leader's value (``set_value``) lives with the hold and is
+dropped when the hold ends. Subscribers of an election key are woken after every change
+of it (claim, value, release, expiry).
+
 Options (keyword arguments of ``open_store``; anything else is ``InvalidArgument``, see
 :mod:`consensus_lease.options`):
 
@@ -31,6 +37,7 @@ import uuid
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
+from .._election import ChangeTracker, is_election_key
 from .._epoch import compose, next_epoch, split
 from ..backend import Backend, Capabilities, SessionHandle, StateListener
 from ..clock import Clock, SystemClock
@@ -74,6 +81,7 @@ class _Job:
     error: str | None = None
     not_before: float | None = None
     failed: bool = False
+    value: bytes | None = None  # the leader's value, for an election key
 
     @property
     def completed(self) -> bool:
@@ -101,6 +109,7 @@ class MemoryBackend(Backend):
         max_payload_bytes=16 * 1024 * 1024,
         description="in-process memory (tests; one process only)",
         epoch=True,
+        elections=True,
     )
     poll_interval_s = 0.02
 
@@ -111,6 +120,7 @@ class MemoryBackend(Backend):
         self._jobs: dict[str, _Job] = {}
         self._seq = itertools.count(1)
         self._epoch = 0
+        self._elections = ChangeTracker()
 
     @classmethod
     def from_url(cls, url: str, options: Mapping[str, object]) -> MemoryBackend:
@@ -188,6 +198,7 @@ class MemoryBackend(Backend):
             error=job.error,
             not_before=job.not_before if state is JobState.AVAILABLE else None,
             max_attempts=job.max_attempts,
+            value=job.value if state is JobState.HELD else None,
         )
 
     def _waiting(self, job: _Job) -> bool:
@@ -230,7 +241,7 @@ class MemoryBackend(Backend):
             self._sessions.pop(session.session_id, None)
             for job in self._jobs.values():
                 if job.session_id == session.session_id:
-                    job.session_id = None
+                    job.session_id, job.value = None, None
             self._changed()
 
     def expire_session(self, session_id: str) -> None:
@@ -261,6 +272,9 @@ class MemoryBackend(Backend):
             job.not_before = None
             job.session_id = session.session_id
             job.owner = session.owner
+            job.value = None
+            if is_election_key(job_id):
+                self._changed()  # observers of the election learn the new leader
             expires = self._sessions[session.session_id].expires_at
             return ClaimResult(self._token(job), expires, job.attempt)
 
@@ -285,7 +299,7 @@ class MemoryBackend(Backend):
                 return self._record(job_id, job)  # a retry of our own completion
             job = self._holds(session, job_id, generation)
             job.completed_by = session.session_id
-            job.session_id = None
+            job.session_id, job.value = None, None
             job.result = result
             self._changed()
             return self._record(job_id, job)
@@ -294,8 +308,16 @@ class MemoryBackend(Backend):
         generation = claim.generation
         with self._cond:
             job = self._holds(session, job_id, generation)
-            job.session_id = None
+            job.session_id, job.value = None, None
             job.owner = None
+            self._changed()
+
+    def set_value(
+        self, session: SessionHandle, job_id: str, claim: ClaimResult, value: bytes
+    ) -> None:
+        with self._cond:
+            job = self._holds(session, job_id, claim.generation)
+            job.value = value
             self._changed()
 
     def fail(
@@ -304,7 +326,7 @@ class MemoryBackend(Backend):
     ) -> LeaseRecord:
         with self._cond:
             job = self._holds(session, job_id, claim.generation)
-            job.session_id = None
+            job.session_id, job.value = None, None
             job.error = error
             if job.exhausted():
                 job.failed = True
@@ -402,7 +424,7 @@ class MemoryBackend(Backend):
 
     def records(self, limit: int | None = None) -> list[LeaseRecord]:
         with self._cond:
-            ids = sorted(self._jobs)[:limit]
+            ids = sorted(j for j in self._jobs if not is_election_key(j))[:limit]
             return [self._record(j, self._jobs[j]) for j in ids]
 
     def wait_for_change(self, job_id: str, timeout_s: float) -> None:
@@ -424,15 +446,23 @@ class MemoryBackend(Backend):
         self, job_ids: Sequence[str], queues: Sequence[str]
     ) -> tuple[Collection[str], Collection[str]] | None:
         """Jobs not held by a live session and in no retry delay (or completed or
-        FAILED: their waiters must learn it), and queues with a claimable job. Polled
-        every ``poll_interval_s`` (expiries and retry delays end without a change) and
-        at once after every change."""
+        FAILED: their waiters must learn it), election keys that changed since the last
+        poll, and queues with a claimable job. Polled every ``poll_interval_s`` (expiries
+        and retry delays end without a change) and at once after every change."""
         with self._cond:
-            jobs = [j for j in job_ids if not self._blocked(self._jobs.get(j))]
+            jobs = {j for j in job_ids if not self._blocked(self._jobs.get(j))}
+            elections = {j: self._election_state(j) for j in job_ids if is_election_key(j)}
             ready = [q for q in queues if any(
                 not (job.completed or job.failed or self._blocked(job))
                 for _, job in self._queued(q))]
-        return jobs, ready
+        return jobs | self._elections.changed(elections), ready
+
+    def _election_state(self, key: str) -> tuple[object, ...] | None:
+        """What changes with an election's leader or value (call with the lock held)."""
+        job = self._jobs.get(key)
+        if job is None:
+            return None
+        return (job.epoch, job.generation, self._alive(job.session_id), job.value)
 
     def _blocked(self, job: _Job | None) -> bool:
         """A claim would find the job held or in its retry delay."""

@@ -28,6 +28,13 @@ How the protocol maps onto SQLite:
   release / fail compare both parts. Epoch 0 leaves tokens as they always were; a file
   written by an earlier version gets ``cl_meta`` and the ``epoch`` column (default 0)
   on first open.
+* Elections (``capabilities.elections``): an election key
+  (:func:`consensus_lease._election.election_key`) is a row of ``cl_jobs`` like a job's,
+  claimed, renewed and released by the same statements and left out of ``records()``;
+  the leader's value is the row's ``value`` column, written by ``set_value`` under the
+  same owner + generation compare and cleared by every statement that ends or takes the
+  hold (an expired holder's value is not reported: a record shows it only while HELD).
+  The poller also wakes subscribers of an election key when its holder or value changed.
 * A file restored from an older copy, replaced or wiped while workers run is noticed
   (``StoreRegressed`` for every session of the store) where the file shows it: see
   :mod:`consensus_lease.backends._sqlite_history` for what is and is not detected.
@@ -74,6 +81,7 @@ from contextlib import contextmanager, suppress
 from typing import Any
 from urllib.parse import quote
 
+from .._election import ELECTION_PREFIX, ChangeTracker, is_election_key
 from .._epoch import compose, next_epoch, split
 from ..backend import Backend, Capabilities, SessionHandle, StateListener
 from ..errors import (
@@ -118,7 +126,8 @@ CREATE TABLE IF NOT EXISTS cl_jobs (
     error             TEXT,
     not_before        REAL,
     failed_at         REAL,
-    epoch             INTEGER NOT NULL DEFAULT 0
+    epoch             INTEGER NOT NULL DEFAULT 0,
+    value             BLOB
 );
 CREATE INDEX IF NOT EXISTS cl_jobs_by_session ON cl_jobs(session_id);
 CREATE INDEX IF NOT EXISTS cl_jobs_by_queue ON cl_jobs(queue, completed_at, seq);
@@ -152,9 +161,9 @@ LIFECYCLE_COLUMNS = {
 """Columns added by the job lifecycle (attempts, failure, retry delay); a store file
 written by an earlier version gets them on first open (``ALTER TABLE ... ADD COLUMN``)."""
 
-ADDED_COLUMNS = {**LIFECYCLE_COLUMNS, "epoch": "INTEGER NOT NULL DEFAULT 0"}
+ADDED_COLUMNS = {**LIFECYCLE_COLUMNS, "epoch": "INTEGER NOT NULL DEFAULT 0", "value": "BLOB"}
 """Every column added since the first version (lifecycle; the store epoch of the job's
-claim), added on first open the same way."""
+claim; an election leader's value), added on first open the same way."""
 
 EXHAUSTED = "(max_attempts IS NOT NULL AND attempt - attempt_base >= max_attempts)"
 
@@ -167,6 +176,15 @@ HISTORY_ROW = (
 HINT_CHUNK = 500
 """Job ids per statement of :meth:`SqliteBackend.claimable_hint` (SQLite limits the
 number of parameters of one statement)."""
+
+NOT_ELECTION = f"substr(j.job_id, 1, {len(ELECTION_PREFIX)}) <> ?"
+"""A ``cl_jobs j`` row that is a job, not an election (bind :data:`ELECTION_PREFIX`)."""
+
+ALIVE_J = (
+    f"EXISTS (SELECT 1 FROM cl_sessions s WHERE s.session_id = j.session_id "
+    f"AND s.expires_at > {NOW})"
+)
+"""The holder of the ``cl_jobs j`` row is alive."""
 
 ALIVE = f"EXISTS (SELECT 1 FROM cl_sessions s WHERE s.session_id = ? AND s.expires_at > {NOW})"
 
@@ -213,6 +231,7 @@ class SqliteBackend(Backend):
         max_payload_bytes=16 * 1024 * 1024,
         description="embedded SQLite file (one machine, many processes)",
         epoch=True,
+        elections=True,
     )
 
     def __init__(
@@ -224,6 +243,7 @@ class SqliteBackend(Backend):
         self.busy_timeout_s = busy_timeout_s
         self._lock = threading.Lock()
         self._history = History(path)
+        self._elections = ChangeTracker()
         create = create or path == ":memory:"
         self._db = self._connect(path, busy_timeout_s, create)
         self._busy_ms = int(busy_timeout_s * 1000)  # the connection's busy_timeout now
@@ -452,7 +472,8 @@ class SqliteBackend(Backend):
         with self._transaction() as db:
             db.execute("DELETE FROM cl_sessions WHERE session_id = ?", (session.session_id,))
             db.execute(
-                "UPDATE cl_jobs SET session_id = NULL WHERE session_id = ?", (session.session_id,)
+                "UPDATE cl_jobs SET session_id = NULL, value = NULL WHERE session_id = ?",
+                (session.session_id,),
             )
         self.wake_subscribers()
 
@@ -487,7 +508,7 @@ class SqliteBackend(Backend):
                 "VALUES (?, 1, ?, ?, 1, coalesce((SELECT epoch FROM cl_meta WHERE id = 1), 0)) "
                 "ON CONFLICT (job_id) DO UPDATE SET generation = cl_jobs.generation + 1, "
                 "attempt = cl_jobs.attempt + 1, not_before = NULL, epoch = excluded.epoch, "
-                "owner = excluded.owner, session_id = excluded.session_id "
+                "owner = excluded.owner, session_id = excluded.session_id, value = NULL "
                 "WHERE cl_jobs.completed_at IS NULL AND cl_jobs.failed_at IS NULL "
                 f"AND NOT {EXHAUSTED} "
                 f"AND (cl_jobs.not_before IS NULL OR cl_jobs.not_before <= {NOW}) "
@@ -501,11 +522,15 @@ class SqliteBackend(Backend):
             if row is not None:
                 self._count_claim(db)  # raising here rolls the claim back
                 token = compose(int(row[3]), int(row[0]), self.epoch_shift)
-                return ClaimResult(token, float(row[1]), int(row[2]))
-            refusal = self._refusal(db, job_id)  # raised after COMMIT: it may have written
+                claimed = ClaimResult(token, float(row[1]), int(row[2]))
+            else:
+                claimed = None
+            refusal = None if claimed else self._refusal(db, job_id)  # raised after COMMIT
         if refusal is not None:
             raise refusal
-        return None
+        if claimed is not None and is_election_key(job_id):
+            self.wake_subscribers()  # this process's observers learn the new leader now
+        return claimed
 
     def _count_claim(self, db: sqlite3.Connection) -> None:
         """+1 on the store's claim count; StoreRegressed if the store went back."""
@@ -572,7 +597,7 @@ class SqliteBackend(Backend):
         with self._transaction(job_id) as db:
             done = db.execute(
                 f"UPDATE cl_jobs SET completed_at = {NOW}, completed_session = session_id, "
-                "result = ?, session_id = NULL "
+                "result = ?, session_id = NULL, value = NULL "
                 f"WHERE job_id = ? AND session_id = ? AND generation = ? AND epoch = ? "
                 f"AND completed_at IS NULL AND {ALIVE} RETURNING owner",
                 (result, job_id, session.session_id, local, epoch, session.session_id),
@@ -595,13 +620,34 @@ class SqliteBackend(Backend):
         epoch, local = split(generation, self.epoch_shift)
         with self._transaction(job_id) as db:
             row = db.execute(
-                "UPDATE cl_jobs SET session_id = NULL, owner = NULL "
+                "UPDATE cl_jobs SET session_id = NULL, owner = NULL, value = NULL "
                 "WHERE job_id = ? AND session_id = ? AND generation = ? AND epoch = ? "
                 f"AND completed_at IS NULL AND {ALIVE} RETURNING 1",
                 (job_id, session.session_id, local, epoch, session.session_id),
             ).fetchone()
             if row is None:
                 raise self._reject(db, session, job_id, generation)
+        self.wake_subscribers()
+
+    def set_value(
+        self, session: SessionHandle, job_id: str, claim: ClaimResult, value: bytes
+    ) -> None:
+        """Write an election leader's value (see :meth:`Backend.set_value`): one
+        ``UPDATE`` whose ``WHERE`` makes the owner + generation compare of ``release``.
+
+        Raises:
+            StaleLeaseError / SessionExpired / BackendUnavailable.
+        """
+        epoch, local = split(claim.generation, self.epoch_shift)
+        with self._transaction(job_id) as db:
+            row = db.execute(
+                "UPDATE cl_jobs SET value = ? "
+                "WHERE job_id = ? AND session_id = ? AND generation = ? AND epoch = ? "
+                f"AND completed_at IS NULL AND {ALIVE} RETURNING 1",
+                (value, job_id, session.session_id, local, epoch, session.session_id),
+            ).fetchone()
+            if row is None:
+                raise self._reject(db, session, job_id, claim.generation)
         self.wake_subscribers()
 
     def fail(
@@ -612,7 +658,7 @@ class SqliteBackend(Backend):
         epoch, local = split(generation, self.epoch_shift)
         with self._transaction(job_id) as db:
             row = db.execute(
-                f"UPDATE cl_jobs SET session_id = NULL, error = ?, "
+                f"UPDATE cl_jobs SET session_id = NULL, value = NULL, error = ?, "
                 f"failed_at = CASE WHEN {EXHAUSTED} THEN {NOW} END, "
                 f"not_before = CASE WHEN NOT {EXHAUSTED} AND ? > 0 THEN {NOW} + ? END "
                 "WHERE job_id = ? AND session_id = ? AND generation = ? AND epoch = ? "
@@ -708,14 +754,14 @@ class SqliteBackend(Backend):
     _SELECT = (
         "SELECT j.job_id, j.owner, s.expires_at, j.generation, j.completed_at, j.result, "
         f"(s.expires_at > {NOW}), j.failed_at, j.attempt, j.error, "
-        f"CASE WHEN j.not_before > {NOW} THEN j.not_before END, j.max_attempts, j.epoch "
-        "FROM cl_jobs j LEFT JOIN cl_sessions s ON s.session_id = j.session_id"
+        f"CASE WHEN j.not_before > {NOW} THEN j.not_before END, j.max_attempts, j.epoch, "
+        "j.value FROM cl_jobs j LEFT JOIN cl_sessions s ON s.session_id = j.session_id"
     )
 
     @classmethod
     def _to_record(cls, row: tuple[Any, ...]) -> LeaseRecord:
         (job_id, owner, expires_at, generation, completed_at, result, alive, failed_at,
-         attempt, error, not_before, max_attempts, epoch) = row
+         attempt, error, not_before, max_attempts, epoch, value) = row
         if completed_at is not None:
             state = JobState.COMPLETED
         elif failed_at is not None:
@@ -735,6 +781,7 @@ class SqliteBackend(Backend):
             error=error,
             not_before=float(not_before) if state is JobState.AVAILABLE and not_before else None,
             max_attempts=None if max_attempts is None else int(max_attempts),
+            value=bytes(value) if value is not None and state is JobState.HELD else None,
         )
 
     def _get(self, db: sqlite3.Connection, job_id: str) -> LeaseRecord | None:
@@ -746,11 +793,11 @@ class SqliteBackend(Backend):
         return self._to_record(rows[0]) if rows else None
 
     def records(self, limit: int | None = None) -> list[LeaseRecord]:
-        sql = self._SELECT + " ORDER BY j.job_id"
-        params: tuple[Any, ...] = ()
+        sql = self._SELECT + f" WHERE {NOT_ELECTION} ORDER BY j.job_id"
+        params: tuple[Any, ...] = (ELECTION_PREFIX,)
         if limit is not None:
             sql += " LIMIT ?"
-            params = (int(limit),)
+            params = (ELECTION_PREFIX, int(limit))
         return [self._to_record(r) for r in self._read(sql, params)]
 
     def store_time(self) -> float | None:
@@ -792,7 +839,8 @@ class SqliteBackend(Backend):
     ) -> tuple[Collection[str], Collection[str]] | None:
         """One read per poll for every waiting claim of this process: the subscribed jobs
         that are not held by a live session nor in a retry delay (completed and FAILED
-        ones included: their waiters must learn it), and the queues with a claimable job.
+        ones included: their waiters must learn it), the subscribed election keys whose
+        holder or value changed since the last poll, and the queues with a claimable job.
         Expiry and retry delays are compared with the database's clock."""
         blocked: set[str] = set()
         for start in range(0, len(job_ids), HINT_CHUNK):
@@ -808,7 +856,22 @@ class SqliteBackend(Backend):
             )
             blocked.update(row[0] for row in rows)
         ready = [q for q in queues if self.queue_candidates(q, 1)]
-        return [j for j in job_ids if j not in blocked], ready
+        changed = self._elections.changed(self._election_states(job_ids))
+        return [j for j in job_ids if j not in blocked or j in changed], ready
+
+    def _election_states(self, job_ids: Sequence[str]) -> dict[str, tuple[Any, ...] | None]:
+        """Election key -> what changes with its leader or value (``None``: no row)."""
+        keys = tuple(j for j in job_ids if is_election_key(j))
+        states: dict[str, tuple[Any, ...] | None] = dict.fromkeys(keys)
+        for start in range(0, len(keys), HINT_CHUNK):
+            chunk = keys[start : start + HINT_CHUNK]
+            rows = self._read(
+                f"SELECT j.job_id, j.epoch, j.generation, j.session_id, j.value, {ALIVE_J} "
+                f"FROM cl_jobs j WHERE j.job_id IN ({', '.join('?' * len(chunk))})",
+                chunk,
+            )
+            states.update((row[0], tuple(row[1:])) for row in rows)
+        return states
 
     def close(self) -> None:
         self.close_subscriptions()

@@ -26,6 +26,7 @@ import argparse
 import math
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -51,7 +52,7 @@ from .supervisor import Budget, GuardProcess, Outcome, Wakeup, forwarded_signals
 
 __all__ = [
     "EXIT_LEASE_LOST", "EXIT_NOT_ACQUIRED", "EXIT_NOT_RUNNABLE", "EXIT_SOFTWARE",
-    "EXIT_UNAVAILABLE", "EXIT_USAGE", "NAME", "add_parser", "child_env", "run",
+    "EXIT_UNAVAILABLE", "EXIT_USAGE", "NAME", "add_parser", "child_env", "run", "run_command",
 ]
 
 NAME = "run"
@@ -234,13 +235,17 @@ def _claim(store: LeaseStore, session: Session, opts: RunOptions) -> Lease | int
     return lease
 
 
-def _run_command(session: Session, lease: Lease, opts: RunOptions, budget: Budget) -> Outcome:
+def run_command(
+    session: Session, lease: Lease, command: Sequence[str], env: dict[str, str], budget: Budget
+) -> Outcome:
+    """Run ``command`` with ``env`` under the deadline guard while ``lease`` is held
+    (also ``consensus-lease elect``'s); return how it ended."""
     wake = Wakeup()
     unregister = session.on_lost(lambda _session, _reason: wake.set("lost"))
     try:
         with forwarded_signals(wake):
             try:
-                guard = GuardProcess(opts.command, child_env(lease), lease.deadline, budget)
+                guard = GuardProcess(command, env, lease.deadline, budget)
             except OSError as exc:
                 return Outcome(status=None, stopped="guard-failed", detail=str(exc))
             try:
@@ -324,7 +329,8 @@ def _run(opts: RunOptions) -> int:
         lease = _claim(store, session, opts)
         if isinstance(lease, int):
             return lease
-        return _finish(lease, _run_command(session, lease, opts, budget), opts)
+        outcome = run_command(session, lease, opts.command, child_env(lease), budget)
+        return _finish(lease, outcome, opts)
 
 
 def run(args: argparse.Namespace, console: Console | None = None) -> int:

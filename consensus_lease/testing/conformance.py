@@ -58,6 +58,7 @@ from ..states import LeaseState, SessionState
 from ..store import LeaseStore
 from ..validation import MAX_JOB_ID_BYTES
 from .conformance_async import AsyncConformance
+from .conformance_election import ElectionConformance
 from .conformance_epoch import EpochConformance
 from .conformance_lifecycle import LifecycleConformance
 from .conformance_usage import UsageConformance
@@ -99,7 +100,8 @@ session.close()
 
 
 class BackendConformance(
-    LifecycleConformance, EpochConformance, UsageConformance, AsyncConformance
+    LifecycleConformance, EpochConformance, UsageConformance, AsyncConformance,
+    ElectionConformance,
 ):
     """The suite. See the module docstring for the hooks."""
 

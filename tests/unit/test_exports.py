@@ -17,6 +17,8 @@ from consensus_lease import backend, errors, testing
 USER_API = {
     # store, session, lease
     "DEFAULT_TTL_S", "LeaseStore", "open_store", "Session", "Lease",
+    # leader election
+    "Leadership", "LeaderRecord", "LeaderWatch",
     # records and states
     "JobState", "LeaseRecord", "QueuedJob", "QueueStats", "LeaseState", "SessionState",
     # job lifecycle
