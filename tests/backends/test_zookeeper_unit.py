@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, RolledBackError
 
 from consensus_lease import open_store
+from consensus_lease._election import election_key
 from consensus_lease.backends.zookeeper import ZooKeeperBackend
 from consensus_lease.backends.zookeeper._history import History
 from consensus_lease.backends.zookeeper._layout import (
@@ -32,10 +33,13 @@ from consensus_lease.backends.zookeeper._layout import (
     dump_new,
     dump_owner,
     encode_job_id,
+    job_paths,
+    member_name,
     parse_delayed,
     parse_epoch,
     parse_failure,
     parse_job,
+    parse_member,
     parse_owner,
     split_token,
     to_record,
@@ -216,6 +220,33 @@ def test_records_from_znodes() -> None:
         JobState.COMPLETED, 2, b"r",
     )
     assert done.lease_until is None
+
+
+def test_election_keys_live_apart_from_jobs() -> None:
+    key = election_key("a/b")
+    paths = job_paths("/c/jobs", "/c/elections", key)
+    assert (paths.job_id, paths.job, paths.owner) == (
+        key, "/c/elections/a%2Fb", "/c/elections/a%2Fb/owner",
+    )
+    assert job_paths("/c/jobs", "/c/elections", "a/b") == JobPaths.of("/c/jobs", "a/b")
+    assert parse_member(member_name(7, "job")) == (7, "job")
+    assert parse_member(member_name(7, key)) is None  # never a queue's job
+
+
+@pytest.mark.parametrize("value", [b"", b"v", b"\n{\"vnonce\":1}\n", bytes(range(256))])
+def test_owner_value_round_trips(value: bytes) -> None:
+    data = dump_owner("A", "0x1", "claim-nonce", value, "value-nonce")
+    owner = parse_owner(data, "/p/owner")
+    assert (owner.owner, owner.nonce, owner.value, owner.value_nonce) == (
+        "A", "claim-nonce", value, "value-nonce",
+    )
+    plain = parse_owner(dump_owner("A", "0x1", "claim-nonce"), "/p/owner")
+    assert (plain.nonce, plain.value, plain.value_nonce) == ("claim-nonce", None, None)
+    paths, stat = JobPaths.of("/c/jobs", "j"), SimpleNamespace(version=3)
+    held = to_record(paths, (dump_claim("A", "0x1"), stat), (data, stat))
+    assert held is not None and (held.state, held.value) == (JobState.HELD, value)
+    free = to_record(paths, (dump_claim("A", "0x1"), stat), None)
+    assert free is not None and free.value is None
 
 
 def test_negotiated_timeout_is_captured_from_kazoos_log_call() -> None:

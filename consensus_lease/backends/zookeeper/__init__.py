@@ -195,6 +195,22 @@ Work queues (``capabilities.queues``; layout in ``_layout``, operations in ``_qu
   configured with a smaller ``jute.maxbuffer`` closes the connection on a too large
   enqueue: after reading back, ``BackendUnavailable`` within ``timeout_s``.
 
+Leader elections (``capabilities.elections``; layout in ``_layout``, ``set_value`` in ``_value``)
+---------------------------------------------------------------------------------------------
+* An election is a job that is never completed, under a key of its own
+  (:func:`consensus_lease._election.election_key`): its job znode is
+  ``{chroot}/elections/{encoded name}`` instead of ``{chroot}/jobs/...``, so elections never
+  show up in ``records()`` and cannot be enqueued (``InvalidArgument``). Claim, renew,
+  release, expiry and the fencing token (the job znode's version) are exactly a job's;
+  the first claim of an election on a store also makes ``{chroot}/elections``.
+* ``set_value`` keeps the leader's value in the hold's EPHEMERAL owner znode: one multi,
+  ``check`` of the job znode at version == generation and a versioned ``set_data`` of the
+  owner znode (the checks of a release), sent from the claim's hold without reading
+  first. So the value ends with the hold (release, expiry; the next claim's owner znode
+  starts without one), ``get`` returns it as ``LeaseRecord.value`` while HELD, and a
+  lost answer is read back through the nonce written with it. At most
+  ``max_result_bytes``. Claims, renewals and completions of jobs are unchanged.
+
 ZooKeeper guarantees relied on (`ZooKeeper Programmer's Guide
 <https://zookeeper.apache.org/doc/r3.8.0/zookeeperProgrammers.html>`_):
 sessions and their timeout negotiation ("ZooKeeper Sessions"); an ephemeral znode lives
@@ -234,8 +250,8 @@ timeout_s             10.0                            seconds one call may take,
                                                       back included (then ``BackendUnavailable``;
                                                       a write's read-back may add 1 s, then
                                                       ``OutcomeUnknown``)
-max_result_bytes      1000000                         largest completion result (jute.maxbuffer
-                                                      is 1 MiB by default)
+max_result_bytes      1000000                         largest completion result, and leader
+                                                      value (jute.maxbuffer is 1 MiB by default)
 ====================  ==============================  ============================================
 
 Renamed: ``op_timeout_s`` -> ``timeout_s``, ``ca`` -> ``ca_file``, ``certfile`` ->

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import ClassVar, Concatenate, ParamSpec, TypeVar
 
+from ..._election import is_election_key
 from ..._subscriptions import Unsubscribe, WakeCallback
 from ...backend import Backend, Capabilities, SessionHandle, StateListener
 from ...errors import (
@@ -28,12 +29,13 @@ from ._epoch import Epochs
 from ._errors import KAZOO_ERRORS
 from ._history import KEEPALIVE_FRACTION, History, Prober, new_identity
 from ._holds import Holds
-from ._layout import EPOCH_SHIFT, JobPaths, decode_name, to_record
+from ._layout import EPOCH_SHIFT, JobPaths, decode_name, job_paths, to_record
 from ._lifecycle import Lifecycle
 from ._options import ZkConfig, parse_url
 from ._queues import MAX_PAYLOAD_BYTES, Queues
 from ._session import NegotiatedTimeouts, Status, ZkSession
 from ._subscribe import JOB, QUEUE, Subscriptions
+from ._value import Values
 from ._watch import OwnerWatches
 from ._wire import Read, Wire
 
@@ -129,6 +131,7 @@ class ZooKeeperBackend(Backend):
         description="ZooKeeper (kazoo): session per worker, ephemeral owner znodes, "
         "job znode version as fencing token",
         epoch=True,
+        elections=True,
     )
 
     def __init__(self, config: ZkConfig) -> None:
@@ -146,6 +149,7 @@ class ZooKeeperBackend(Backend):
             self._lifecycle, self._epochs,
         )
         self._holds = Holds(self._wire)
+        self._values = Values(self._wire, self._holds)
         self._queues = Queues(self._wire, self._paths, self._lifecycle.hints)
         self._watches = OwnerWatches()
         self._lock = threading.Lock()
@@ -181,7 +185,9 @@ class ZooKeeperBackend(Backend):
         return session
 
     def _paths(self, job_id: str) -> JobPaths:
-        return JobPaths.of(self.config.base, job_id)
+        """A job's znodes under ``{chroot}/jobs``, an election key's under
+        ``{chroot}/elections`` (see :mod:`._layout`)."""
+        return job_paths(self.config.base, self.config.elections_base, job_id)
 
     # -- sessions --------------------------------------------------------------------------
 
@@ -562,6 +568,38 @@ class ZooKeeperBackend(Backend):
             return self._holds.fail(h, self._paths(job_id), claim, error, retry_in_s)
 
     @_bounded
+    def set_value(
+        self, session: SessionHandle, job_id: str, claim: ClaimResult, value: bytes
+    ) -> None:
+        """Keep ``value`` with the hold, in one multi with the checks of :meth:`release`:
+        ``check`` of the job znode's version == ``claim.generation`` and a versioned
+        ``set_data`` of this session's EPHEMERAL owner znode, whose data gets the value
+        (so it ends with the hold: release, completion, expiry; the next claim starts
+        without one). Sent without reading first when ``claim.handle`` is the hold this
+        session's claim made, else read first, as :meth:`complete`. ``get`` returns it as
+        ``LeaseRecord.value`` while the job is HELD. A lost answer is read back (the
+        owner znode's ``vnonce``), never re-sent blindly. See :mod:`._value`.
+
+        Raises:
+            InvalidArgument: ``value`` not bytes or longer than ``max_result_bytes``, or
+                ``claim`` not a ClaimResult; nothing was sent.
+            StaleLeaseError / SessionExpired: not held (any more); the lease is lost.
+            BackendUnavailable: nothing was applied; still held until the deadline.
+            OutcomeUnknown: the answer was lost and reading back failed.
+        """
+        h = self._handle(session)
+        claim = _checked(claim)
+        if not isinstance(value, bytes) or len(value) > self.config.max_result_bytes:
+            size = f"{len(value)} bytes" if isinstance(value, bytes) else repr(type(value))
+            raise InvalidArgument(
+                f"value must be bytes of at most {self.config.max_result_bytes} (option "
+                f"max_result_bytes; ZooKeeper's jute.maxbuffer bounds it), got {size}",
+                job_id=job_id, generation=claim.generation,
+            )
+        with _concerning(job_id, claim.generation):
+            self._values.set_value(h, self._paths(job_id), claim, value)
+
+    @_bounded
     def requeue(self, job_id: str) -> LeaseRecord:
         """FAILED -> AVAILABLE at once, on the shared client: read the job (after a write
         barrier), then one multi: the failure znode's versioned write (not FAILED, no
@@ -613,7 +651,8 @@ class ZooKeeperBackend(Backend):
         children = self._wire.reader_read(
             [("barrier", self.config.base), ("children", self.config.base)], "records"
         )[1] or []
-        ids = sorted(job_id for job_id in map(decode_name, children) if job_id is not None)
+        ids = sorted(job_id for job_id in map(decode_name, children)
+                     if job_id is not None and not is_election_key(job_id))
         ids = ids[:limit] if limit is not None else ids
         out: list[LeaseRecord] = []
         for start in range(0, len(ids), READ_CHUNK):
@@ -702,8 +741,8 @@ class ZooKeeperBackend(Backend):
 
         Raises:
             InvalidArgument: the job exists outside this queue (claimed by name, or in
-                another queue), or the request would exceed jute.maxbuffer (a very long
-                chroot); nothing was written.
+                another queue), ``job_id`` is an election key, or the request would
+                exceed jute.maxbuffer (a very long chroot); nothing was written.
             BackendUnavailable: nothing was applied (also when other enqueues into the
                 same queue kept winning the race for ``seq`` for ``timeout_s``).
             OutcomeUnknown: the answer was lost and reading back the tag failed.

@@ -153,7 +153,7 @@ class Plan:
         attempt, and as handle the hold it made (its owner znode is new: version 0)."""
         generation = token(epoch, self.generation)
         hold = Hold(h, generation, self.paths.owner, 0, self.held, self.open, self.delayed,
-                    self.attempt, self.job.max_attempts, self.failure)
+                    self.attempt, self.job.max_attempts, self.failure, nonce=self.nonce)
         return ClaimResult(generation, None, self.attempt, hold)
 
 
@@ -316,7 +316,7 @@ class Claims:
                 return None
             del h.uncertain[paths.job_id]
         hold = make_hold(h, pending[0], paths, owner[1].version, parsed.attempt,
-                         parsed.max_attempts, failure, tag, self.queues_base)
+                         parsed.max_attempts, failure, tag, self.queues_base, nonce)
         return ClaimResult(pending[0], None, parsed.attempt, hold)
 
     def send(
@@ -415,7 +415,11 @@ class Claims:
                 skip.add(plan.delayed)  # deleted by hand: claim without deleting it
                 retry.append(plan.paths.job_id)
             elif isinstance(errors[0], NoNodeError):
-                self.ensure_base(h)  # {chroot}/jobs was deleted under us
+                parent = plan.paths.job.rsplit("/", 1)[0]
+                if parent == self.wire.config.base:
+                    self.ensure_base(h)  # {chroot}/jobs was deleted under us
+                else:  # an election's first claim: {chroot}/elections
+                    self.wire.ensure_path(h.client, parent, "claim")
                 if plan.held is not None:  # or the queue's held container
                     self.wire.ensure_path(h.client, plan.held.rsplit("/", 1)[0], "claim")
                 retry.append(plan.paths.job_id)

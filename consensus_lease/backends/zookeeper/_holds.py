@@ -84,7 +84,7 @@ from ._ops import Op, add_ops, marker_trouble
 from ._session import ZkSession
 from ._wire import Read, Wire
 
-__all__ = ["WRITE_ATTEMPTS", "Hold", "Holds", "local", "make_hold"]
+__all__ = ["WRITE_ATTEMPTS", "Hold", "Holds", "local", "make_hold", "mark_ended", "own_hold"]
 
 WRITE_ATTEMPTS = 4
 """Most multis one complete/release/fail sends: the first (without reading, for a claim
@@ -102,7 +102,8 @@ class Hold:
         generation: the claim's token: the job znode's version that claim set, with the
             store epoch it was made in (see :func:`local`).
         owner: the owner znode's path the claim created in the same multi.
-        owner_version: its version (0 at creation; nothing of ours writes it later).
+        owner_version: its version (0 at creation; ``set_value`` moves it on, see
+            :mod:`._value`).
         held: a queued job's held marker (ephemeral, made with the owner znode).
         open: a queued job's open marker (deleted by the completion, or when FAILED).
         delayed: a queued job's delayed marker path (made by a fail with a delay).
@@ -112,6 +113,8 @@ class Hold:
             else writes it while the job is held.
         ended: released, completed, failed, or found no longer held: later calls with
             this claim read first, as for a claim without a hold.
+        nonce: the claim's nonce, as its owner znode holds it (``set_value`` keeps it
+            there); ``None``: not known without reading the owner znode.
     """
 
     session: ZkSession = field(repr=False)
@@ -125,6 +128,7 @@ class Hold:
     max_attempts: int | None = None
     failure: Failure | None = None
     ended: bool = False
+    nonce: str | None = None
 
     @property
     def exhausted(self) -> bool:
@@ -141,15 +145,16 @@ def local(generation: int) -> int:
 def make_hold(
     h: ZkSession, generation: int, paths: JobPaths, owner_version: int, attempt: int,
     max_attempts: int | None, failure: Failure | None, tag: QueueTag | None,
-    queues_base: str,
+    queues_base: str, nonce: str | None = None,
 ) -> Hold:
-    """The hold of ``h``'s claim of a job at ``generation``; markers from its queue tag."""
+    """The hold of ``h``'s claim of a job at ``generation``; markers from its queue tag;
+    ``nonce``: the claim's, if known."""
     if tag is None:
         return Hold(h, generation, paths.owner, owner_version, attempt=attempt,
-                    max_attempts=max_attempts, failure=failure)
+                    max_attempts=max_attempts, failure=failure, nonce=nonce)
     return Hold(h, generation, paths.owner, owner_version, tag.held(queues_base),
                 tag.marker(queues_base), tag.delayed(queues_base), attempt, max_attempts,
-                failure)
+                failure, nonce=nonce)
 
 
 def own_hold(h: ZkSession, paths: JobPaths, claim: ClaimResult) -> Hold | None:
@@ -164,7 +169,8 @@ def own_hold(h: ZkSession, paths: JobPaths, claim: ClaimResult) -> Hold | None:
     return None
 
 
-def _mark_ended(hold: Hold | None) -> None:
+def mark_ended(hold: Hold | None) -> None:
+    """Mark ``hold`` (if any) over: later calls with its claim read first."""
     if hold is not None:
         hold.ended = True
 
@@ -243,7 +249,7 @@ class Holds:
                     job_id=paths.job_id, generation=generation, current_generation=generation,
                 )
         except StaleLeaseError:
-            _mark_ended(own_hold(h, paths, claim))  # final: no complete/release will follow
+            mark_ended(own_hold(h, paths, claim))  # final: no complete/release will follow
             raise
 
     def complete(
@@ -310,10 +316,10 @@ class Holds:
                 try:
                     reread = self._reread(h, paths, generation, what)
                 except StaleLeaseError:
-                    _mark_ended(hold)  # final: not held at generation any more
+                    mark_ended(hold)  # final: not held at generation any more
                     raise
                 if isinstance(reread, LeaseRecord):
-                    _mark_ended(hold)
+                    mark_ended(hold)
                     return reread
                 current = reread
             core, markers = ops(current)
@@ -324,7 +330,7 @@ class Holds:
 
             multi = self.wire.commit(h, build, landed, what, job_id, generation)
             if multi.applied:
-                _mark_ended(hold)
+                mark_ended(hold)
                 return current, multi.results[: len(core)]
             trouble = marker_trouble(multi.results, len(core), markers)
             skip |= trouble.skip

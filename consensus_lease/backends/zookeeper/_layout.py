@@ -27,6 +27,9 @@
     {chroot}/jobs/{name}/owner          EPHEMERAL, exists while a live session holds the job
         ephemeralOwner = the holder's session id
         data      = {"owner":..., "session":..., "nonce":...}  (nonce: one per claim)
+                    once ``set_value`` wrote a value (elections: the leader's value):
+                    {"owner":..., "session":..., "nonce":..., "vnonce":...}\\n<value>
+                    (vnonce: one per ``set_value`` call; the value goes with the hold)
     {chroot}/jobs/{name}/queue          persistent, queued jobs only (made by enqueue)
         data      = {"format":1,"queue":{qname},"member":{member},"nonce":...}
     {chroot}/jobs/{name}/failure        persistent, made by the job's first ``fail()`` (or
@@ -64,6 +67,16 @@ Work queues (``qname``: the queue name, encoded as job ids are)::
 jobs of a queue are the children of ``open`` less those of ``held``, and less those of
 ``delayed`` whose delay has not passed on the store's clock.
 
+Elections (an election key, :func:`consensus_lease._election.election_key`, in place of a
+job id) live apart from the jobs, so they never show up in ``records()`` or queues, and
+are otherwise laid out and handled exactly as a job::
+
+    {chroot}/elections                  persistent container, made by the first claim of
+                                        an election
+    {chroot}/elections/{ename}          the election's job znode (``ename``: the election
+                                        name, encoded as job ids are); its ``owner``
+                                        child is the leader's, with the leader's value
+
 ``name`` is the job id percent-encoded from UTF-8 with every byte outside
 ``[A-Za-z0-9_~-]`` escaped (``.`` too), so ``/``, ``.``, ``..``, spaces, control or
 non-ASCII characters can neither collide nor leave ``{chroot}/jobs``; decoding is exact.
@@ -78,6 +91,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote
 
+from ..._election import election_name, is_election_key
 from ...errors import BackendUnavailable
 from ...record import JobState, LeaseRecord
 
@@ -101,6 +115,7 @@ __all__ = [
     "dump_new",
     "dump_owner",
     "encode_job_id",
+    "job_paths",
     "member_name",
     "new_nonce",
     "parse_delayed",
@@ -156,9 +171,23 @@ class JobPaths:
 
     @classmethod
     def of(cls, base: str, job_id: str) -> JobPaths:
-        job = f"{base}/{encode_job_id(job_id)}"
+        """The znodes of ``job_id`` under ``base`` (``{chroot}/jobs``)."""
+        return cls.at(f"{base}/{encode_job_id(job_id)}", job_id)
+
+    @classmethod
+    def at(cls, job: str, job_id: str) -> JobPaths:
+        """The znodes of ``job_id`` whose job znode is ``job``."""
         return cls(job_id, job, f"{job}/{OWNER_NODE}", f"{job}/{TAG_NODE}",
                    f"{job}/{FAILURE_NODE}")
+
+
+def job_paths(base: str, elections_base: str, job_id: str) -> JobPaths:
+    """The znodes of ``job_id``: under ``base`` (``{chroot}/jobs``) for a job, under
+    ``elections_base`` (``{chroot}/elections``, named after the election's name) for an
+    election key."""
+    if is_election_key(job_id):
+        return JobPaths.at(f"{elections_base}/{encode_job_id(election_name(job_id))}", job_id)
+    return JobPaths.of(base, job_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +231,9 @@ def parse_member(member: str) -> tuple[int, str] | None:
     if not dash or len(seq) != SEQ_DIGITS or not seq.isdigit():
         return None
     job_id = decode_name(name)
-    return None if job_id is None else (int(seq), job_id)
+    if job_id is None or is_election_key(job_id):  # never enqueued: see enqueue
+        return None
+    return int(seq), job_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,9 +334,20 @@ class JobData:
 
 @dataclass(frozen=True, slots=True)
 class OwnerData:
+    """The owner znode's data, decoded.
+
+    Attributes:
+        owner / session: the holder's label and session id.
+        nonce: the claim's nonce (how a lost claim answer is read back).
+        value: what ``set_value`` wrote with this hold (``None``: nothing yet).
+        value_nonce: the nonce of the ``set_value`` call that wrote it.
+    """
+
     owner: str
     session: str
     nonce: str
+    value: bytes | None = None
+    value_nonce: str | None = None
 
 
 def _dump(header: dict[str, Any], payload: bytes = b"") -> bytes:
@@ -349,8 +391,16 @@ def dump_completed(
     return _dump({**header, **_limit(max_attempts, epoch)}, result)
 
 
-def dump_owner(owner: str, session: str, nonce: str) -> bytes:
-    return json.dumps({"owner": owner, "session": session, "nonce": nonce}).encode()
+def dump_owner(
+    owner: str, session: str, nonce: str, value: bytes | None = None,
+    value_nonce: str = "",
+) -> bytes:
+    """The owner znode's data: the JSON fields alone without a value (as every claim
+    writes it), else the fields with ``vnonce`` then a newline and the value."""
+    fields = {"owner": owner, "session": session, "nonce": nonce}
+    if value is None:
+        return json.dumps(fields).encode()
+    return json.dumps({**fields, "vnonce": value_nonce}).encode() + b"\n" + value
 
 
 def _header(data: bytes, path: str) -> tuple[dict[str, Any], bytes]:
@@ -501,9 +551,14 @@ def parse_delayed(answer: tuple[bytes, Any], path: str) -> int:
 
 
 def parse_owner(data: bytes | None, path: str) -> OwnerData:
+    # json.dumps escapes newlines: the first one ends the fields.
+    head, _, value = (data or b"").partition(b"\n")
     try:
-        fields = json.loads(data or b"")
-        return OwnerData(str(fields["owner"]), str(fields["session"]), str(fields["nonce"]))
+        fields = json.loads(head)
+        owner = OwnerData(str(fields["owner"]), str(fields["session"]), str(fields["nonce"]))
+        if "vnonce" not in fields:
+            return owner
+        return OwnerData(owner.owner, owner.session, owner.nonce, value, str(fields["vnonce"]))
     except (ValueError, KeyError, TypeError):
         raise CorruptData(f"{path} holds data consensus_lease did not write") from None
 
@@ -523,7 +578,8 @@ def to_record(
     a release only deletes the owner znode (writing the job znode would bump the
     version, which is the generation). ``not_before`` is the end of a retry delay
     recorded since the last claim (failure znode mtime + delay, store clock), also once
-    it has passed: telling would take a write (see ``clock``).
+    it has passed: telling would take a write (see ``clock``). ``value`` is the one
+    ``set_value`` wrote with the current hold (HELD only).
     """
     if job is None:
         return None
@@ -532,18 +588,20 @@ def to_record(
     fail = parse_failure(failure, paths.failure)
 
     def record(
-        label: str | None, generation: int, state: JobState, not_before: float | None = None
+        label: str | None, generation: int, state: JobState, not_before: float | None = None,
+        value: bytes | None = None,
     ) -> LeaseRecord:
         return LeaseRecord(
             paths.job_id, label, None, generation, state, parsed.result, parsed.attempt,
-            None if fail is None else fail.error, not_before, parsed.max_attempts,
+            None if fail is None else fail.error, not_before, parsed.max_attempts, value=value,
         )
 
     generation = parsed.token(stat.version)
     if parsed.completed:
         return record(parsed.owner, generation, JobState.COMPLETED)
     if owner is not None:
-        return record(parse_owner(owner[0], paths.owner).owner, generation, JobState.HELD)
+        holder = parse_owner(owner[0], paths.owner)
+        return record(holder.owner, generation, JobState.HELD, value=holder.value)
     if fail is not None and fail.failed:
         return record(parsed.owner, generation, JobState.FAILED)
     delaying = fail is not None and fail.delaying(stat.version)

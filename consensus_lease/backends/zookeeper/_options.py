@@ -31,6 +31,8 @@ EPOCH_NODE = "epoch"
 """The znode under the chroot holding the store epoch (see ``_layout``)."""
 IDENTITY_NODE = "identity"
 """The znode under the chroot holding the store's identity (see ``_history``)."""
+ELECTIONS_NODE = "elections"
+"""The znode under the chroot whose children are the elections' znodes (see ``_layout``)."""
 
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 DEFAULT_TIMEOUT_S = 10.0
@@ -55,7 +57,7 @@ OPTIONS = OptionTable(
         Option("timeout_s", "seconds", DEFAULT_TIMEOUT_S,
                "time to wait for an answer or for a lost connection to come back"),
         Option("max_result_bytes", "int", DEFAULT_MAX_RESULT_BYTES,
-               "largest completion result, bytes", minimum=0),
+               "largest completion result (and leader value), bytes", minimum=0),
     ],
 )
 """The options of ``zk://`` URLs (see the package docstring)."""
@@ -96,6 +98,12 @@ class ZkConfig:
     def base(self) -> str:
         """Absolute path of the znode whose children are the jobs."""
         return f"{self.chroot}/{JOBS_NODE}"
+
+    @property
+    def elections_base(self) -> str:
+        """Absolute path of the znode whose children are the elections (made by the
+        first claim of an election)."""
+        return f"{self.chroot}/{ELECTIONS_NODE}"
 
     @property
     def queues_base(self) -> str:

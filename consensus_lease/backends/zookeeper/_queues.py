@@ -57,6 +57,7 @@ from kazoo.exceptions import (
     RuntimeInconsistency,
 )
 
+from ..._election import is_election_key
 from ...errors import BackendUnavailable, InvalidArgument
 from ...record import QueuedJob
 from ._errors import translate
@@ -145,6 +146,9 @@ class Queues:
     ) -> bool:
         """See :meth:`ZooKeeperBackend.enqueue
         <consensus_lease.backends.zookeeper.ZooKeeperBackend.enqueue>`."""
+        if is_election_key(job_id):  # elections are never in queues
+            raise InvalidArgument(f"{job_id!r} is an election's key, not a job: it cannot "
+                                  f"be enqueued", job_id=job_id)
         q, paths = self.paths(queue), self.job_paths(job_id)
         what = f"enqueue of {job_id!r} in queue {queue!r}"
         self._check_size(q, paths, payload, what)
