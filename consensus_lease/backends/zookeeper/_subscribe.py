@@ -7,7 +7,9 @@ kazoo's one-shot watches (the znodes the blocking waits of :mod:`._watch` watch 
 
 * a job: ``exists`` on its owner znode. Release, completion, ``fail()`` and the holder's
   session ending all delete it, in the same multi as any other change that may let a
-  waiting claim go on; a claim creates it (a watch armed while it is absent).
+  waiting claim go on; a claim creates it (a watch armed while it is absent). For an
+  election key every event wakes the subscribers (a new leader creates the owner znode,
+  ``set_value`` sets its data): ``store.observe`` reports each change.
 * a queue: ``get_children`` on its ``open`` (enqueue, requeue, completion), ``held``
   (claim, release, completion, fail, expiry) and ``delayed`` (fail with a retry delay)
   znodes; ``exists`` on ``open`` while the queue does not exist yet.
@@ -58,6 +60,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 from kazoo.protocol.states import EventType, KazooState
 
+from ..._election import is_election_key
 from ..._subscriptions import Unsubscribe, WakeCallback
 from ...errors import BackendUnavailable
 from ._layout import JobPaths, QueuePaths, parse_member
@@ -332,6 +335,10 @@ class Subscriptions:
                 target.backoff_s = min(2 * target.backoff_s, RECHECK_MAX_S)
             else:
                 target.backoff_s = RECHECK_FIRST_S
+                if target.key[0] == JOB and is_election_key(target.key[1]):
+                    # An election's observers want every change: a new leader (the owner
+                    # znode created) and a new value (its data set), not only its end.
+                    wake = list(target.callbacks.values())
         _call_all(wake)
         if again is not None:
             self._send(client, again)
