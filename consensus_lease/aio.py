@@ -349,8 +349,9 @@ class AsyncLease:
         """Run the body only while the lease is held; cancel it if the lease is lost.
 
         Raises:
-            LeaseLost: on entry if already lost, or when the session was lost while the
-                body ran (the body was cancelled; the lease is LOST).
+            LeaseLost: on entry if already lost, or when the lease was lost while the
+                body ran — the store refused it, or its session was lost or closed, or its
+                store closed (the body was cancelled; the lease is LOST).
             LeaseSuspended: on entry if the session is suspended.
         """
         self.sync.ensure_held()
@@ -359,12 +360,14 @@ class AsyncLease:
         loop = asyncio.get_running_loop()
         fired: list[LeaseLost] = []
 
-        def on_lost(_session: Session, reason: LeaseLost) -> None:
+        def on_lost(_lease: Lease, reason: LeaseLost) -> None:
             if not fired:
                 fired.append(reason)
                 loop.call_soon_threadsafe(task.cancel)
 
-        unregister = self.sync.session.on_lost(on_lost)
+        # The lease's own loss: the store refused it, its session was lost or closed, or
+        # its store was closed (not its completion or release by the body itself).
+        unregister = self.sync.on_lost(on_lost)
         try:
             yield self
         except asyncio.CancelledError:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -72,8 +73,8 @@ class Lease:
     """
 
     __slots__ = (
-        "_holdings", "_lock", "_lost_reason", "_record", "_result", "_state", "claim_result",
-        "generation", "job_id", "payload", "queue", "session",
+        "_holdings", "_listeners", "_lock", "_lost_reason", "_record", "_result", "_state",
+        "claim_result", "generation", "job_id", "payload", "queue", "session",
     )
 
     def __init__(
@@ -92,6 +93,7 @@ class Lease:
         self.queue = queue
         """The work queue, for leases from ``claim_next``; ``None`` otherwise."""
         self._lock = threading.Lock()
+        self._listeners: list[Callable[[Lease, LeaseLost], None]] = []
         self._state = LeaseState.HELD
         self._lost_reason: LeaseLost | None = None
         self._record: LeaseRecord | None = None
@@ -388,14 +390,50 @@ class Lease:
             self._result = result
 
     def _lose(self, reason: LeaseLost | OutcomeUnknown) -> bool:
-        """HELD -> LOST; returns False if the lease was already over."""
+        """HELD -> LOST, then the :meth:`on_lost` callbacks; returns False if the lease
+        was already over."""
         with self._lock:
             if self._state is not LeaseState.HELD:
                 return False
             self._state = LeaseState.LOST
-            self._lost_reason = (
+            lost = (
                 reason
                 if isinstance(reason, LeaseLost)
                 else LeaseLost(str(reason), job_id=self.job_id, generation=self.generation)
             )
+            self._lost_reason = lost
+            listeners, self._listeners = self._listeners, []
+        for listener in listeners:
+            try:
+                listener(self, lost)
+            except Exception:
+                log.exception("lease on_lost callback raised", extra={"job_id": self.job_id})
         return True
+
+    def on_lost(self, callback: Callable[[Lease, LeaseLost], None]) -> Callable[[], None]:
+        """Register ``callback(lease, reason)``, called once, from the thread that saw
+        it, when this lease becomes LOST: the store refused it, its session was lost or
+        closed, or its store was closed. Not called when the holder itself completes,
+        releases or fails it. Called at once if the lease is already LOST.
+
+        Returns:
+            A function that unregisters the callback (a no-op once it ran).
+
+        Raises:
+            InvalidArgument: ``callback`` is not callable.
+        """
+        if not callable(callback):
+            raise InvalidArgument(f"on_lost needs a callable, not {callback!r}")
+        with self._lock:
+            if self._state is not LeaseState.LOST:
+                self._listeners.append(callback)
+                return lambda: self._remove_listener(callback)
+            reason = self._lost_reason
+        if reason is not None:
+            callback(self, reason)
+        return lambda: None
+
+    def _remove_listener(self, callback: Callable[[Lease, LeaseLost], None]) -> None:
+        with self._lock:
+            if callback in self._listeners:
+                self._listeners.remove(callback)

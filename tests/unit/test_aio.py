@@ -241,3 +241,44 @@ def test_wait_lost_and_on_lost_hold_no_thread(url: str) -> None:
         await store.close()
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+@pytest.mark.parametrize("end", ["session.close", "store.close"])
+def test_closing_cancels_the_guarded_work(url: str, end: str) -> None:
+    """The guarded body is cancelled (LeaseLost) when the lease ends because its session
+    or its store is closed, not only when the store expires it (found by a newcomer)."""
+    async def main() -> None:
+        store = await AsyncLeaseStore.open(url)
+        session = await store.session("A", ttl_s=30)
+        lease = await session.claim("g", wait_s=1)
+        ran: list[int] = []
+
+        async def body() -> None:
+            async with lease.guard():
+                for i in range(300):  # 30 s unless cancelled
+                    ran.append(i)
+                    await asyncio.sleep(0.1)
+
+        task = asyncio.create_task(body())
+        while not ran:
+            await asyncio.sleep(0.01)  # poll until the body runs
+        await (session.close() if end == "session.close" else store.close())
+        with pytest.raises(LeaseLost):
+            await asyncio.wait_for(task, 5)
+        assert len(ran) < 100 and lease.state is LeaseState.LOST
+        await store.close()
+
+    asyncio.run(main())
+
+
+def test_completing_inside_the_guard_does_not_cancel_it(url: str) -> None:
+    async def main() -> None:
+        async with await AsyncLeaseStore.open(url) as store:
+            async with store.session("A", ttl_s=30) as session:
+                lease = await session.claim("done", wait_s=1)
+                async with lease.guard():
+                    await lease.complete(b"ok")
+                    await asyncio.sleep(0.05)  # the body goes on after completing
+                assert lease.state is LeaseState.COMPLETED
+
+    asyncio.run(main())
