@@ -209,6 +209,12 @@ class Slot:
             outcome = self.call(lease, b"" if lease.payload is None else lease.payload)
         except Exception as exc:
             outcome = exc
+        except (SystemExit, KeyboardInterrupt) as exc:  # from the handler, not a signal to
+            # this worker (those are handled by StopControl): a failed attempt, not a way
+            # to end the worker silently with exit status 0
+            outcome = RuntimeError(f"the handler raised {type(exc).__name__}({exc})")
+            log.error("handler raised %s; treated as a failed attempt", type(exc).__name__,
+                      extra=self._fields(lease))
         with self._lock:
             abandoned = self._abandoned
             self._current = None

@@ -284,3 +284,21 @@ def test_store_regression_stops_the_worker_with_an_error(
     assert time.monotonic() - started < 10
     assert stats.errors >= 1 and stats.exit_status == 1 and stats.completed == 0
     assert len(opened) <= 2  # once per slot, not retried
+
+
+@pytest.mark.parametrize("raised", [SystemExit(3), KeyboardInterrupt()])
+def test_a_handler_raising_systemexit_fails_the_attempt_and_the_worker_goes_on(
+    store: LeaseStore, raised: BaseException
+) -> None:
+    jobs = _enqueue(store, 3, max_attempts=1)
+
+    def handler(lease: Lease, payload: bytes) -> bytes:
+        if lease.job_id == jobs[0]:
+            raise raised
+        return b"ok"
+
+    stats = run_worker(store, "q", handler, concurrency=1, until_empty=True, **FAST)
+    assert stats.completed == 2 and stats.dead_lettered == 1
+    record = store.get(jobs[0])
+    assert record is not None and record.state is JobState.FAILED
+    assert record.error is not None and type(raised).__name__ in record.error
