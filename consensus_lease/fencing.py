@@ -257,8 +257,7 @@ class SqliteFence:
         check_job_id(resource)
         if isinstance(token, bool) or not isinstance(token, int) or token < 1:
             raise InvalidArgument(f"token must be an int >= 1, got {token!r}")
-        if not isinstance(effect_id, str) or not effect_id:
-            raise InvalidArgument("effect_id must be a non-empty str")
+        check_effect_id(effect_id)
         if token >= 2**63:
             raise InvalidArgument(f"token {token} does not fit a signed 64-bit integer")
         if not isinstance(payload, (bytes, bytearray, memoryview)):
@@ -304,11 +303,20 @@ class SqliteFence:
         return outcome
 
     def highest_token(self, resource: str) -> int | None:
-        """The highest token accepted for ``resource``, or ``None``."""
-        with self._lock:
-            row = self._db.execute(
-                "SELECT highest FROM fence_tokens WHERE resource = ?", (resource,)
-            ).fetchone()
+        """The highest token accepted for ``resource``, or ``None``.
+
+        Raises:
+            InvalidArgument: bad ``resource``.
+            BackendUnavailable: the file is unusable (or the fence closed).
+        """
+        check_job_id(resource)
+        try:
+            with self._lock:
+                row = self._db.execute(
+                    "SELECT highest FROM fence_tokens WHERE resource = ?", (resource,)
+                ).fetchone()
+        except sqlite3.Error as exc:
+            raise BackendUnavailable(f"fence database {self.path!r}: {exc}") from exc
         return None if row is None else int(row[0])
 
     def applied(self, resource: str) -> dict[str, Effect]:
@@ -327,19 +335,48 @@ class SqliteFence:
             raise BackendUnavailable(f"fence database {self.path!r}: {exc}") from exc
 
     def effects(self, resource: str | None = None) -> list[Effect]:
-        """Accepted effects in acceptance order, optionally for one resource."""
+        """Accepted effects in acceptance order, optionally for one resource.
+
+        Raises:
+            InvalidArgument: bad ``resource``.
+            BackendUnavailable: the file is unusable (or the fence closed).
+        """
         sql = "SELECT seq, resource, token, effect_id, payload FROM fence_effects"
         params: tuple[str, ...] = ()
         if resource is not None:
+            check_job_id(resource)
             sql += " WHERE resource = ?"
             params = (resource,)
-        with self._lock:
-            rows = self._db.execute(sql + " ORDER BY seq", params).fetchall()
+        try:
+            with self._lock:
+                rows = self._db.execute(sql + " ORDER BY seq", params).fetchall()
+        except sqlite3.Error as exc:
+            raise BackendUnavailable(f"fence database {self.path!r}: {exc}") from exc
         return [Effect(int(s), r, int(t), e, bytes(p)) for s, r, t, e, p in rows]
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+MAX_EFFECT_ID_BYTES = 1024
+"""Longest ``effect_id`` (UTF-8 bytes) a fence accepts."""
+
+
+def check_effect_id(effect_id: object) -> str:
+    """``effect_id`` if it is a non-empty str of valid Unicode, without NUL, at most
+    :data:`MAX_EFFECT_ID_BYTES` of UTF-8."""
+    if not isinstance(effect_id, str) or not effect_id:
+        raise InvalidArgument("effect_id must be a non-empty str")
+    try:
+        size = len(effect_id.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidArgument("effect_id is not valid Unicode (lone surrogate)") from None
+    if "\0" in effect_id or size > MAX_EFFECT_ID_BYTES:
+        raise InvalidArgument(
+            f"effect_id must have no NUL and be at most {MAX_EFFECT_ID_BYTES} bytes of UTF-8"
+        )
+    return effect_id
 
 
 def rejection_message(resource: str, token: int, effect_id: str, highest: int) -> str:

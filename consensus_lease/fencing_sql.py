@@ -96,6 +96,7 @@ from .errors import BackendUnavailable, FenceRejected, InvalidArgument
 from .fencing import (
     Effect,
     FenceOutcome,
+    check_effect_id,
     check_once_per_job,
     first_by_effect_id,
     rejection_message,
@@ -505,7 +506,8 @@ def _check(
     check_job_id(resource)
     if isinstance(token, bool) or not isinstance(token, int) or token < 1:
         raise InvalidArgument(f"token must be an int >= 1, got {token!r}")
-    if not isinstance(effect_id, str) or not 0 < len(effect_id) <= MAX_EFFECT_ID_CHARS:
+    check_effect_id(effect_id)
+    if len(effect_id) > MAX_EFFECT_ID_CHARS:
         raise InvalidArgument(f"effect_id must be a str of 1-{MAX_EFFECT_ID_CHARS} characters")
     if not isinstance(payload, (bytes, bytearray, memoryview)):
         raise InvalidArgument(f"payload must be bytes, not {type(payload).__name__}")

@@ -4,6 +4,7 @@ for the exit status)."""
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,7 @@ def _payload(args: argparse.Namespace) -> bytes:
     if args.payload_file is not None:
         return bytes(args.payload_file.read_bytes())
     if args.payload is not None:
-        return str(args.payload).encode("utf-8")
+        return os.fsencode(str(args.payload))  # the bytes given, even if not UTF-8
     return b""
 
 

@@ -175,7 +175,7 @@ def _not_leader(store: LeaseStore, name: str, why: str) -> int:
 def _campaign(store: LeaseStore, session: Session, opts: ElectOptions) -> Leadership | int:
     """The leadership, or the exit status when there is none."""
     try:
-        leadership = session.campaign(opts.name, opts.value.encode("utf-8"), wait_s=opts.wait_s)
+        leadership = session.campaign(opts.name, os.fsencode(opts.value), wait_s=opts.wait_s)
     except ClaimTimeout:
         return _not_leader(store, opts.name, f"still led by another after {opts.wait_s:g} s")
     except LeaseNotHeld as exc:

@@ -273,3 +273,24 @@ def test_once_per_job_matches_a_model(ops: list[tuple[int, str]]) -> None:
         assert len(fence.effects()) == len(done)
         assert fence.highest_token("job") == highest
         fence.close()
+
+
+def test_fence_inputs_and_closed_fence_give_named_errors(tmp_path: Path) -> None:
+    """Found by a newcomer: raw UnicodeEncodeError / sqlite3 errors escaped."""
+    from consensus_lease import BackendUnavailable, InvalidArgument, SqliteFence
+
+    fence = SqliteFence(str(tmp_path / "f.db"))
+    for bad in ("\udcff", "nul\0", "x" * 2000):
+        with pytest.raises(InvalidArgument):
+            fence.apply("job", 7, bad)
+    for bad_resource in ("", "a\0", 5):
+        with pytest.raises(InvalidArgument):
+            fence.highest_token(bad_resource)  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgument):
+            fence.effects(bad_resource)  # type: ignore[arg-type]
+    assert fence.effects() == []
+    fence.close()
+    with pytest.raises(BackendUnavailable):
+        fence.highest_token("job")
+    with pytest.raises(BackendUnavailable):
+        fence.effects("job")
