@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import tenacity
 
 from .errors import InvalidArgument
+from .validation import MAX_RETRY_IN_S
 
 __all__ = ["DEFAULT_RETRY", "RetryPolicies", "RetryPolicy"]
 
@@ -53,6 +54,12 @@ class RetryPolicy:
                 raise InvalidArgument(f"RetryPolicy.{name}={value!r} must be a number >= {low}")
         if not isinstance(self.jitter, bool):
             raise InvalidArgument(f"RetryPolicy.jitter must be a bool, not {self.jitter!r}")
+        for name in ("initial_s", "max_s"):
+            if getattr(self, name) > MAX_RETRY_IN_S:
+                raise InvalidArgument(
+                    f"RetryPolicy.{name}={getattr(self, name)!r} is over the limit of "
+                    f"{MAX_RETRY_IN_S} s (the longest retry delay lease.fail() accepts)"
+                )
 
     def delay_s(self, attempt: int) -> float:
         """Seconds to wait after attempt number ``attempt`` (1, 2, ...) failed."""

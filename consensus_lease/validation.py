@@ -72,7 +72,13 @@ def check_queue_name(queue: object) -> str:
     Raises:
         InvalidArgument: with the reason (naming the queue name), before anything is sent.
     """
-    return _check_name(queue, "queue name", is_job=False)
+    name = _check_name(queue, "queue name", is_job=False)
+    if name.startswith(ELECTION_PREFIX):
+        raise InvalidArgument(
+            f"queue name {name[:32]!r} starts with {ELECTION_PREFIX!r}, the prefix reserved "
+            f"for election names; choose another name"
+        )
+    return name
 
 
 def _check_name(name: object, what: str, *, is_job: bool) -> str:

@@ -278,13 +278,21 @@ class SqliteBackend(Backend):
         """WAL mode, and the schema: created if missing (``create``), else refused."""
         # Opening an existing store takes no write lock: another process may hold it
         # (even a paused one) and opening must not wait for it.
-        mode = self._db.execute("PRAGMA journal_mode").fetchone()[0]
-        present = {
-            row[0]
-            for row in self._db.execute(
-                "SELECT name FROM sqlite_master WHERE type IN ('table', 'index')"
-            )
-        }
+        try:
+            mode = self._db.execute("PRAGMA journal_mode").fetchone()[0]
+            present = {
+                row[0]
+                for row in self._db.execute(
+                    "SELECT name FROM sqlite_master WHERE type IN ('table', 'index')"
+                )
+            }
+        except sqlite3.DatabaseError as exc:
+            if create:
+                raise
+            raise InvalidArgument(
+                f"{self.path!r} is not a consensus_lease store ({exc}) and create=false; "
+                f"nothing was changed"
+            ) from exc
         if not create and not STORE_TABLES.issubset(present):
             raise InvalidArgument(
                 f"{self.path!r} is not a consensus_lease store (no "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -73,3 +74,21 @@ def test_job_id_with_the_election_prefix_is_rejected() -> None:
     assert not is_election_key("job-1")
     with pytest.raises(ValueError):
         election_name("job-1")
+
+
+def test_newcomer_findings_give_named_errors(tmp_path: Path) -> None:
+    """Reserved queue prefix, an unbounded retry policy, and a file that is not a
+    database opened with create=false: each a clear InvalidArgument."""
+    from consensus_lease import InvalidArgument, RetryPolicy, open_store
+    from consensus_lease.validation import check_queue_name
+
+    with pytest.raises(InvalidArgument, match="reserved"):
+        check_queue_name("\x1fe:q")
+    for bad in ({"initial_s": 1e9}, {"max_s": 1e12}):
+        with pytest.raises(InvalidArgument, match="limit"):
+            RetryPolicy(**bad)
+    text = tmp_path / "notes.txt"
+    text.write_text("not a database\n" * 100)
+    with pytest.raises(InvalidArgument, match="not a consensus_lease store"):
+        open_store(f"sqlite:///{text}?create=false")
+    assert text.read_text() == "not a database\n" * 100
