@@ -104,6 +104,11 @@ def run_worker(
                                   "need its own); pass it in thread mode")
         with open_store(store) as checked:
             _check_store(checked, config)
+            if not checked.capabilities.cross_process:
+                raise InvalidArgument(
+                    f"mode='process' needs a store other processes can open; {store!r} "
+                    f"lives inside one process (use thread mode, or sqlite/etcd/zk)"
+                )
         return run_processes(store, config, target, control)
 
 

@@ -207,7 +207,7 @@ def test_bad_arguments(store: LeaseStore, kwargs: dict[str, Any], message: str) 
         run_worker(store, "q", lambda lease, payload: None, **kwargs)
 
 
-def test_bad_handlers() -> None:
+def test_bad_handlers(tmp_path: Any) -> None:
     with pytest.raises(InvalidArgument, match="callable"):
         run_worker("memory://", "q", 42)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument, match=r"package\.module:function"):
@@ -218,7 +218,10 @@ def test_bad_handlers() -> None:
         load_handler("json:no_such_function")
     assert load_handler("json:dumps") is not None
     with pytest.raises(InvalidArgument, match="importable by name"):
-        run_worker("memory://", "q", lambda lease, payload: None, mode="process")
+        run_worker(f"sqlite:///{tmp_path}/w.db", "q", lambda lease, payload: None,
+                   mode="process")
+    with pytest.raises(InvalidArgument, match="other processes"):
+        run_worker("memory://", "q", "json:dumps", mode="process")
     with pytest.raises(UnsupportedBackend):
         run_worker("nope://", "q", "json:dumps")
     with pytest.raises(InvalidArgument, match="retry_in_s"):
