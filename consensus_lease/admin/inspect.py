@@ -29,6 +29,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ..record import JobState, LeaseRecord, QueuedJob
 from ..store import LeaseStore
@@ -136,7 +137,9 @@ def _cell(record: LeaseRecord, now: float) -> tuple[str, str, str, str]:
     if record.not_before is not None and record.not_before > now:
         retry = f"{record.not_before - now:.1f}"
     lines = (record.error or "").splitlines()
-    error = lines[0] if lines else "-"
+    error = lines[0] + (" …" if len(lines) > 1 else "") if lines else "-"
+    # A handler's exception text is not trusted: no terminal control sequences.
+    error = "".join(ch if ch.isprintable() else "\N{REPLACEMENT CHARACTER}" for ch in error)
     if len(error) > 60:
         error = error[:59] + "…"
     return attempt, expires, retry, error
@@ -153,11 +156,12 @@ def _records_table(url: str, rows: list[Row], console: Console, epoch: int | Non
     now = time.time()  # display only: lease_until and not_before are on the store's clock
     for job_id, record, _ in rows:
         if record is None:
-            table.add_row(job_id, "-", "-", "unknown", "-", "-", "-", "-")
+            table.add_row(Text(job_id), "-", "-", "unknown", "-", "-", "-", "-")
             continue
         attempt, expires, retry, error = _cell(record, now)
-        table.add_row(record.job_id, record.owner or "-", str(record.generation),
-                      record.state.value, attempt, expires, retry, error)
+        # Text, not markup: ids, owners and errors are data ("[red]" stays as written).
+        table.add_row(Text(record.job_id), Text(record.owner or "-"), str(record.generation),
+                      record.state.value, attempt, expires, retry, Text(error))
     console.print(table)
 
 
