@@ -373,10 +373,10 @@ class LeaseStore:
                 start again, and a destination fenced by that id would (safely) reject
                 the new holder's effects.
             payload: bytes, at most ``capabilities.max_payload_bytes``.
-            max_attempts: how many claims the job may get before a failed attempt (or
-                one whose lease ended without completion) makes it FAILED (int >= 1);
-                ``None`` takes the queue's :class:`RetryPolicy` (unlimited by default).
-                Recorded with the job.
+            max_attempts: how many claims the job may get (int >= 1); ``None`` takes the
+                queue's :class:`RetryPolicy` (unlimited by default). Recorded with the job.
+                A failed last attempt makes it FAILED at once; a last attempt that ends
+                without completion (expiry, release) makes it FAILED at its next claim.
 
         Returns:
             ``True`` if added, ``False`` if already queued.
