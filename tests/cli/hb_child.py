@@ -54,7 +54,7 @@ def main(argv: list[str]) -> None:
                 break
             f.write(f"hb {time.time()!r} {time.monotonic()!r}\n")
             f.flush()
-            time.sleep(0.02)
+            time.sleep(0.02)  # the heartbeat interval, not synchronisation
         f.write("end\n")
 
 

@@ -61,7 +61,7 @@ def test_the_ticker_reports_until_stopped_and_once_more_at_the_end() -> None:
     with StatusTicker(lambda: status(completions=len(seen)), watch, interval_s=0.01):
         assert got_two.wait(10)
     count = len(seen)
-    time.sleep(0.05)
+    time.sleep(0.05)  # real time passing: five ticks would have come after stop
     assert len(seen) == count and seen[-1].completions == count - 1
 
 
@@ -75,7 +75,7 @@ def test_a_failing_watch_stops_the_ticking_not_the_run() -> None:
     ticker = StatusTicker(status, watch, interval_s=0.01).start()
     deadline = time.monotonic() + 10
     while not calls and time.monotonic() < deadline:
-        time.sleep(0.01)
+        time.sleep(0.01)  # poll interval of a deadline loop
     ticker.stop()
     assert calls == [1]
 
