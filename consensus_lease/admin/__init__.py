@@ -40,7 +40,7 @@ from ..validation import check_job_id
 
 __all__ = [
     "EXIT_CODES_HELP", "EXIT_OK", "EXIT_REFUSED", "EXIT_UNAVAILABLE", "EXIT_USAGE",
-    "guarded", "job_ids", "open_existing_store", "say",
+    "guarded", "job_ids", "open_existing_store", "say", "shared",
 ]
 
 EXIT_OK = 0
@@ -109,5 +109,22 @@ def open_existing_store(url: str) -> LeaseStore:
     """
     scheme = url.split("://", 1)[0].lower() if isinstance(url, str) and "://" in url else ""
     if scheme == "sqlite" and "create" not in query_options(url):
-        return open_store(url, create=False)
-    return open_store(url)
+        return shared(open_store(url, create=False))
+    return shared(open_store(url))
+
+
+def shared(store: LeaseStore) -> LeaseStore:
+    """``store``, if other processes can open the same data; closed and refused
+    otherwise. A command runs in its own process: with ``memory://`` it would work on an
+    empty store of its own, shared with nobody and gone when it ends.
+
+    Raises:
+        InvalidArgument: an in-process store (``capabilities.cross_process`` is False).
+    """
+    if not store.capabilities.cross_process:
+        store.close()
+        raise InvalidArgument(
+            f"the {store.backend.scheme} store lives inside one process; a command cannot "
+            f"share it (use sqlite:////path/to/file.db, etcd:// or zk://)"
+        )
+    return store

@@ -14,7 +14,7 @@ from ..errors import InvalidArgument
 from ..retry import check_max_attempts
 from ..store import open_store
 from ..validation import check_queue_name
-from . import EXIT_CODES_HELP, EXIT_OK, EXIT_REFUSED, guarded, job_ids, say
+from . import EXIT_CODES_HELP, EXIT_OK, EXIT_REFUSED, guarded, job_ids, say, shared
 
 __all__ = ["NAME", "add_parser", "run"]
 
@@ -64,7 +64,7 @@ def _enqueue(args: argparse.Namespace, console: Console) -> int:
     ids = job_ids(args.jobs)
     payload = _payload(args)
     refused = 0
-    with open_store(args.backend) as store:
+    with shared(open_store(args.backend)) as store:
         limit = store.capabilities.max_payload_bytes
         if limit and len(payload) > limit:
             raise InvalidArgument(f"payload is {len(payload)} bytes; this store accepts at "

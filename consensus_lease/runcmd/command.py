@@ -32,6 +32,7 @@ from typing import Any, NoReturn
 
 from rich.console import Console
 
+from ..admin import shared
 from ..errors import (
     BackendUnavailable,
     ClaimTimeout,
@@ -323,7 +324,8 @@ def _finish(lease: Lease, outcome: Outcome, opts: RunOptions) -> int:
 
 
 def _run(opts: RunOptions) -> int:
-    with open_store(opts.backend) as store, store.session(ttl_s=opts.ttl_s) as session:
+    with shared(open_store(opts.backend)) as store, \
+            store.session(ttl_s=opts.ttl_s) as session:
         budget = Budget.for_session(session.granted_ttl_s, session.safety_margin_s,
                                     opts.grace_s)
         lease = _claim(store, session, opts)

@@ -26,6 +26,7 @@ from typing import Any
 
 from rich.console import Console
 
+from ..admin import shared
 from ..election import Leadership
 from ..errors import (
     ClaimTimeout,
@@ -217,7 +218,8 @@ def _finish(leadership: Leadership, outcome: Outcome, opts: ElectOptions) -> int
 
 
 def _elect(opts: ElectOptions) -> int:
-    with open_store(opts.backend) as store, store.session(ttl_s=opts.ttl_s) as session:
+    with shared(open_store(opts.backend)) as store, \
+            store.session(ttl_s=opts.ttl_s) as session:
         budget = Budget.for_session(session.granted_ttl_s, session.safety_margin_s,
                                     opts.grace_s)
         leadership = _campaign(store, session, opts)

@@ -201,3 +201,16 @@ def test_admin_commands_open_existing_stores_and_obey_an_explicit_create(
     with open_store(url) as store:
         store.enqueue("q", "j")
     assert inspect_json(url, capsys, "j")[0]["state"] == "available"
+
+
+@pytest.mark.parametrize("args", [
+    ["enqueue", "--backend", "memory://", "--queue", "q", "j1"],
+    ["inspect", "--backend", "memory://"],
+    ["requeue", "--backend", "memory://", "j1"],
+])
+def test_commands_refuse_an_in_process_store(
+    args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A command runs in its own process: memory:// would be an empty store of its own."""
+    assert main(args) == 2
+    assert "lives inside one process" in capsys.readouterr().err
