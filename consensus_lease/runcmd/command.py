@@ -54,6 +54,7 @@ from .supervisor import Budget, GuardProcess, Outcome, Wakeup, forwarded_signals
 __all__ = [
     "EXIT_LEASE_LOST", "EXIT_NOT_ACQUIRED", "EXIT_NOT_RUNNABLE", "EXIT_SOFTWARE",
     "EXIT_UNAVAILABLE", "EXIT_USAGE", "NAME", "add_parser", "child_env", "run", "run_command",
+    "stopped_status",
 ]
 
 NAME = "run"
@@ -272,18 +273,25 @@ def _release_quietly(lease: Lease) -> None:
 def _stopped(lease: Lease, outcome: Outcome) -> int:
     if lease.state is not LeaseState.LOST:  # e.g. renewal late but not lost: hand it back
         _release_quietly(lease)
-    job = lease.job_id
+    return stopped_status(outcome, f"lease on {lease.job_id!r}", lease.generation,
+                          f"{lease.job_id!r} released")
+
+
+def stopped_status(outcome: Outcome, what: str, generation: int, handed_back: str) -> int:
+    """The exit status (and message) of a command the runner stopped: interrupted
+    (SIGINT/SIGTERM/SIGHUP to the runner), the deadline guard failed, or ``what`` (the
+    lease or leadership, at ``generation``) was lost. Shared by ``run`` and ``elect``."""
     if outcome.stopped == "term":
-        _say(f"interrupted: command stopped, {job!r} released")
+        _say(f"interrupted: command stopped, {handed_back}")
         return outcome.status or 1
     if outcome.stopped == "guard-failed":
         _say(f"the deadline guard failed ({outcome.detail or 'it died'}); command killed")
         return EXIT_SOFTWARE
     reasons = {"deadline": "no renewal in time", "lost": "the session was lost",
                "eof": "the guard lost the runner"}
-    _say(f"lease on {job!r} generation {lease.generation} lost "
+    _say(f"{what} generation {generation} lost "
          f"({reasons.get(outcome.stopped or '', outcome.stopped)}): command stopped before "
-         "the lease's local deadline")
+         "its local deadline")
     return EXIT_LEASE_LOST
 
 

@@ -48,6 +48,7 @@ from .command import (
     _seconds,
     _usage_exits_64,
     run_command,
+    stopped_status,
 )
 from .supervisor import Budget, Outcome
 
@@ -203,18 +204,8 @@ def _finish(leadership: Leadership, outcome: Outcome, opts: ElectOptions) -> int
         if outcome.detail:
             _say(f"cannot run {opts.command[0]!r}: {outcome.detail}")
         return outcome.status
-    if outcome.stopped == "term":
-        _say(f"interrupted: command stopped, resigned from {opts.name!r}")
-        return outcome.status or 1
-    if outcome.stopped == "guard-failed":
-        _say(f"the deadline guard failed ({outcome.detail or 'it died'}); command killed")
-        return EXIT_SOFTWARE
-    reasons = {"deadline": "no renewal in time", "lost": "the session was lost",
-               "eof": "the guard lost the runner"}
-    _say(f"leadership of {opts.name!r} generation {leadership.generation} lost "
-         f"({reasons.get(outcome.stopped or '', outcome.stopped)}): command stopped before "
-         "the leadership's local deadline")
-    return EXIT_LEASE_LOST
+    return stopped_status(outcome, f"leadership of {opts.name!r}", leadership.generation,
+                          f"resigned from {opts.name!r}")
 
 
 def _elect(opts: ElectOptions) -> int:
