@@ -26,8 +26,9 @@ from consensus_lease.backends.etcd._subscribe import Subscriptions
 from consensus_lease.backends.etcd._watch_hub import WatchHub
 from consensus_lease.testing.conformance import poll_until
 
-WAKES_WITHIN_S = 0.1
-"""A subscriber is called this soon after the change that frees its job."""
+WAKES_WITHIN_S = 2.0
+"""A subscriber is called this soon after the change that frees its job. Typically 2-5 ms;
+the margin is for a busy 2-core machine (0.5 s was seen in CI with 1,000 subscriptions)."""
 
 QUIET_S = 0.3
 """How long a subscriber must stay silent to count as "not woken"."""
