@@ -47,6 +47,7 @@ from .errors import (
     LeaseNotHeld,
     LeaseSuspended,
     OutcomeUnknown,
+    QueueFull,
     SessionExpired,
     StaleLeaseError,
     StoreClosed,
@@ -59,7 +60,7 @@ from .fencing import Effect, Fence, FenceOutcome, SqliteFence
 from .leader_watch import LeaderWatch
 from .lease import Lease
 from .observe import Observer
-from .record import JobState, LeaseRecord, QueuedJob, QueueStats
+from .record import EnqueueItem, JobState, LeaseRecord, QueuedJob, QueueStats
 from .retry import RetryPolicy
 from .session import Session
 from .states import LeaseState, SessionState
@@ -77,6 +78,7 @@ __all__ = [
     "ClaimTimeout",
     "Clock",
     "Effect",
+    "EnqueueItem",
     "Fence",
     "FenceOutcome",
     "FenceRejected",
@@ -98,6 +100,7 @@ __all__ = [
     "LeaseSuspended",
     "Observer",
     "OutcomeUnknown",
+    "QueueFull",
     "QueueStats",
     "QueuedJob",
     "RetryPolicy",

@@ -36,7 +36,7 @@ import asyncio
 import contextlib
 import contextvars
 import threading
-from collections.abc import AsyncIterator, Callable, Generator, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from functools import partial
@@ -52,7 +52,7 @@ from .election import LeaderRecord
 from .errors import ClaimTimeout, InvalidArgument, LeaseError, LeaseLost, StoreClosed
 from .lease import Lease
 from .observe import Observer
-from .record import ClaimResult, LeaseRecord, QueuedJob, QueueStats
+from .record import ClaimResult, EnqueueItem, LeaseRecord, QueuedJob, QueueStats
 from .retry import RetryPolicy
 from .session import Session
 from .states import LeaseState, SessionState
@@ -699,6 +699,12 @@ class AsyncLeaseStore:
         """See :meth:`LeaseStore.enqueue`."""
         return await self._workers.run(
             partial(self.sync.enqueue, queue, job_id, payload, max_attempts=max_attempts))
+
+    async def enqueue_many(
+        self, queue: str, items: Iterable[EnqueueItem | tuple[str, bytes] | str]
+    ) -> list[bool]:
+        """See :meth:`LeaseStore.enqueue_many`."""
+        return await self._workers.run(partial(self.sync.enqueue_many, queue, list(items)))
 
     async def requeue(self, job_id: str) -> LeaseRecord:
         """See :meth:`LeaseStore.requeue`."""

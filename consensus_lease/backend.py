@@ -31,7 +31,7 @@ from typing import ClassVar
 
 from ._subscriptions import Poller, Unsubscribe, WakeCallback
 from .errors import SessionExpired, UnsupportedOperation
-from .record import ClaimResult, LeaseRecord, QueuedJob
+from .record import ClaimResult, EnqueueItem, JobState, LeaseRecord, QueuedJob, QueueStats
 
 __all__ = [
     "Backend",
@@ -68,6 +68,12 @@ class Capabilities:
             ``bump_epoch``: tokens that keep increasing across a restore of the store)
             and notices a store whose history went back (``StoreRegressed``) where it
             can. ``False``: both raise ``UnsupportedOperation``.
+        max_enqueue_batch: most jobs one :meth:`Backend.enqueue_many` round trip
+            carries (etcd's ops per txn, ZooKeeper's multi within jute.maxbuffer); larger
+            batches are split into atomic chunks of this size. 1 means no batching.
+        max_queue_jobs: most jobs (any state, until purged) one queue may hold, enforced
+            with ``QueueFull`` before the server is endangered; ``None``: bounded only by
+            the store's disk.
         elections: accepts election keys (:mod:`consensus_lease._election`) in every
             per-job method, keeps them out of ``records()`` and queues, and implements
             :meth:`Backend.set_value`. ``False``: ``session.campaign`` and
@@ -85,6 +91,8 @@ class Capabilities:
     description: str = ""
     epoch: bool = False
     elections: bool = False
+    max_enqueue_batch: int = 1
+    max_queue_jobs: int | None = None
 
 
 class SessionEvent(enum.Enum):
@@ -422,6 +430,20 @@ class Backend(abc.ABC):
         """
         raise UnsupportedOperation(f"the {self.scheme} backend has no work queues")
 
+    def enqueue_many(self, queue: str, items: Sequence[EnqueueItem]) -> list[bool]:
+        """Enqueue ``items`` (distinct job ids, already checked, at most
+        ``capabilities.max_enqueue_batch`` of them) in one atomic step where the store can:
+        element ``i`` is what :meth:`enqueue` would return for ``items[i]``.
+        ``max_attempts`` is already resolved (``None``: unlimited).
+
+        Raises:
+            InvalidArgument: a job exists outside this queue (nothing of the batch is
+                added where the store batches atomically).
+            QueueFull: the queue would exceed ``capabilities.max_queue_jobs``.
+            BackendUnavailable / OutcomeUnknown.
+        """
+        return [self.enqueue(queue, it.job_id, it.payload, it.max_attempts) for it in items]
+
     def queue_candidates(self, queue: str, limit: int) -> list[tuple[str, bytes]]:
         """Up to ``limit`` ``(job_id, payload)`` of ``queue`` that looked claimable
         (not held by a live session, not completed or FAILED, no retry delay running),
@@ -433,6 +455,22 @@ class Backend(abc.ABC):
         """Every job of ``queue`` (at most ``limit``), oldest enqueued first; an unknown
         queue is empty."""
         raise UnsupportedOperation(f"the {self.scheme} backend has no work queues")
+
+    def queue_stats(self, queue: str) -> QueueStats:
+        """Counts of ``queue``'s jobs by state. This default reads every job
+        (:meth:`queue_jobs`); drivers override it with maintained counters or bounded
+        reads and document their cost and consistency."""
+        jobs = self.queue_jobs(queue)
+        held = [j.record for j in jobs if j.record.state is JobState.HELD]
+        ends = [r.lease_until for r in held if r.lease_until is not None]
+        return QueueStats(
+            queue=queue,
+            available=sum(j.record.state is JobState.AVAILABLE for j in jobs),
+            held=len(held),
+            completed=sum(j.record.state is JobState.COMPLETED for j in jobs),
+            failed=sum(j.record.state is JobState.FAILED for j in jobs),
+            oldest_held_lease_until=min(ends) if ends else None,
+        )
 
     def wait_for_queue(self, queue: str, timeout_s: float) -> None:
         """Block until a job of ``queue`` may have become claimable (enqueued, released,

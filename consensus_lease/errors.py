@@ -19,6 +19,8 @@
     │                               only after ``store.requeue(job_id)``
     ├── InvalidArgument             bad input (also a ``ValueError``); nothing was written
     │   └── UnsupportedBackend      unknown or malformed store URL
+    ├── QueueFull                   the queue is at the backend's documented capacity;
+    │                               nothing was enqueued
     ├── UnsupportedOperation        the backend declares (in its Capabilities) that it
     │                               cannot do this
     ├── StoreClosed                 the LeaseStore was closed; open a new one
@@ -52,6 +54,7 @@ __all__ = [
     "LeaseNotHeld",
     "LeaseSuspended",
     "OutcomeUnknown",
+    "QueueFull",
     "SessionExpired",
     "StaleLeaseError",
     "StoreClosed",
@@ -178,6 +181,13 @@ class InvalidArgument(LeaseError, ValueError):
 
 class UnsupportedBackend(InvalidArgument):
     """The store URL is malformed or names a scheme no installed backend serves."""
+
+
+class QueueFull(LeaseError):
+    """The queue (or the store) is at the capacity the backend documents
+    (``capabilities.max_queue_jobs``); refused before anything is sent, so the server is
+    never pushed past what it can serve. Nothing was enqueued by the refused request.
+    Purge completed jobs, or shard queues across stores."""
 
 
 class UnsupportedOperation(LeaseError):

@@ -110,6 +110,22 @@ class QueuedJob:
 
 
 @dataclass(frozen=True, slots=True)
+class EnqueueItem:
+    """One job for :meth:`~consensus_lease.LeaseStore.enqueue_many`.
+
+    Attributes:
+        job_id: the job (same rules as ``enqueue``).
+        payload: bytes, at most ``capabilities.max_payload_bytes``.
+        max_attempts: the job's attempt limit (int >= 1); ``None`` takes the queue's
+            :class:`~consensus_lease.RetryPolicy`.
+    """
+
+    job_id: str
+    payload: bytes = b""
+    max_attempts: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class QueueStats:
     """Counts of a work queue's jobs by state.
 

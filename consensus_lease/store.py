@@ -7,6 +7,7 @@ import socket
 import threading
 import uuid
 import weakref
+from collections.abc import Iterable
 from importlib.metadata import entry_points
 from types import TracebackType
 
@@ -21,7 +22,7 @@ from .errors import InvalidArgument, StoreClosed, UnsupportedBackend, Unsupporte
 from .leader_watch import LeaderWatch
 from .observe import Observer
 from .options import merge_options
-from .record import JobState, LeaseRecord, QueuedJob, QueueStats
+from .record import EnqueueItem, LeaseRecord, QueuedJob, QueueStats
 from .retry import DEFAULT_RETRY, RetryPolicies, RetryPolicy, check_max_attempts
 from .session import Session
 from .validation import (
@@ -405,6 +406,81 @@ class LeaseStore:
             check_max_attempts(max_attempts)
         return self.backend.enqueue(queue, job_id, bytes(payload), max_attempts)
 
+    def enqueue_many(
+        self, queue: str, items: Iterable[EnqueueItem | tuple[str, bytes] | str]
+    ) -> list[bool]:
+        """Add many jobs to a work queue with the store's native batch: one round trip
+        per ``capabilities.max_enqueue_batch`` jobs (etcd: one txn; ZooKeeper: one multi;
+        SQLite: one transaction).
+
+        Idempotent like :meth:`enqueue`: a job already in the queue is left unchanged.
+        Each chunk of at most ``max_enqueue_batch`` jobs is atomic; chunks are sent in
+        order, so after an error the earlier chunks are enqueued and the rest are not —
+        calling again with the same items is safe and adds only what is missing.
+
+        Args:
+            queue: the queue's name.
+            items: :class:`EnqueueItem`, ``(job_id, payload)`` or a bare ``job_id``
+                (empty payload), each checked as :meth:`enqueue` checks it; job ids must
+                be distinct within the call.
+
+        Returns:
+            ``list[bool]``, one per item in order: ``True`` if added, ``False`` if
+            already queued.
+
+        Raises:
+            InvalidArgument: a bad item or duplicate job id (nothing sent), or a job
+                that exists outside this queue (its chunk is not added).
+            QueueFull: the queue is at ``capabilities.max_queue_jobs`` (that chunk is
+                not added).
+            UnsupportedOperation: the backend has no work queues.
+            BackendUnavailable / OutcomeUnknown: a chunk's outcome; earlier chunks are in.
+        """
+        check_queue_name(queue)
+        self._require_queues()
+        limit = self.backend.capabilities.max_payload_bytes
+        default_attempts = self.retry_policies.get(queue).max_attempts
+        batch: list[EnqueueItem] = []
+        seen: set[str] = set()
+        for raw in items:
+            if isinstance(raw, str):
+                item = EnqueueItem(raw)
+            elif isinstance(raw, tuple) and len(raw) == 2:
+                item = EnqueueItem(raw[0], raw[1])
+            elif isinstance(raw, EnqueueItem):
+                item = raw
+            else:
+                raise InvalidArgument(
+                    "enqueue_many items are EnqueueItem, (job_id, payload) or job_id, "
+                    f"not {type(raw).__name__}")
+            check_job_id(item.job_id)
+            if item.job_id in seen:
+                raise InvalidArgument("job id given twice to enqueue_many",
+                                      job_id=item.job_id)
+            seen.add(item.job_id)
+            payload = item.payload
+            if not isinstance(payload, (bytes, bytearray, memoryview)):
+                raise InvalidArgument(
+                    f"payload must be bytes, not {type(payload).__name__}",
+                    job_id=item.job_id)
+            if len(payload) > limit:
+                raise InvalidArgument(
+                    f"payload is {len(payload)} bytes; the {self.backend.scheme} store "
+                    f"accepts at most {limit} in one request",
+                    job_id=item.job_id,
+                )
+            attempts = item.max_attempts
+            if attempts is None:
+                attempts = default_attempts
+            else:
+                check_max_attempts(attempts)
+            batch.append(EnqueueItem(item.job_id, bytes(payload), attempts))
+        size = max(1, self.backend.capabilities.max_enqueue_batch)
+        added: list[bool] = []
+        for start in range(0, len(batch), size):
+            added.extend(self.backend.enqueue_many(queue, batch[start:start + size]))
+        return added
+
     def queue_jobs(self, queue: str, limit: int | None = None) -> list[QueuedJob]:
         """The jobs of ``queue``, oldest enqueued first (an unknown queue is empty)."""
         check_queue_name(queue)
@@ -413,18 +489,11 @@ class LeaseStore:
 
     def queue_stats(self, queue: str) -> QueueStats:
         """Counts of ``queue``'s jobs by state, and the earliest lease end among held
-        ones (store clock)."""
-        jobs = self.queue_jobs(queue)
-        held = [j.record for j in jobs if j.record.state is JobState.HELD]
-        ends = [r.lease_until for r in held if r.lease_until is not None]
-        return QueueStats(
-            queue=queue,
-            available=sum(j.record.state is JobState.AVAILABLE for j in jobs),
-            held=len(held),
-            completed=sum(j.record.state is JobState.COMPLETED for j in jobs),
-            failed=sum(j.record.state is JobState.FAILED for j in jobs),
-            oldest_held_lease_until=min(ends) if ends else None,
-        )
+        ones (store clock). Each backend documents its cost and how the counts relate to
+        concurrent claims (see its ``queue_stats``)."""
+        check_queue_name(queue)
+        self._require_queues()
+        return self.backend.queue_stats(queue)
 
     def purge(self, queue: str) -> int:
         """Delete the records of ``queue``'s COMPLETED jobs (result included); return how

@@ -20,7 +20,8 @@ USER_API = {
     # leader election
     "Leadership", "LeaderRecord", "LeaderWatch",
     # records and states
-    "JobState", "LeaseRecord", "QueuedJob", "QueueStats", "LeaseState", "SessionState",
+    "JobState", "LeaseRecord", "QueuedJob", "QueueStats", "EnqueueItem", "LeaseState",
+    "SessionState",
     # job lifecycle
     "RetryPolicy",
     # clocks users inject, the metrics hook
