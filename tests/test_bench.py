@@ -7,6 +7,7 @@ on the bench's loopback slots, so it needs the Docker engine and images.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -15,7 +16,9 @@ from typing import Any
 
 import pytest
 
-from consensus_lease.bench.config import BACKENDS
+from consensus_lease.bench.config import BACKENDS, QUICK, Target
+from consensus_lease.bench.depth import depths_for, w7_depth
+from consensus_lease.bench.goals import evaluate
 from consensus_lease.bench.plots import PLOTS
 from consensus_lease.bench.runner import WORKLOADS
 
@@ -77,8 +80,11 @@ def check_measured(data: dict[str, Any], backend: str) -> None:
     w5 = loads["w5_batch"]
     assert w5["supported"] == (entry["capabilities"]["max_batch_claim"] > 1)
     assert ("speedup" in w5) == w5["supported"]
+    w7 = loads["w7_depth"]
+    assert [r["depth"] for r in w7["rows"]] == list(depths_for(backend, QUICK))
+    assert all(r["cycle_ms"]["n"] > 0 for r in w7["rows"] if "skipped" not in r)
     workloads_with_goals = {g["workload"] for g in data["goals"] if g["backend"] == backend}
-    assert {"W1", "W3", "W4", "W5"} <= workloads_with_goals
+    assert {"W1", "W3", "W4", "W5", "W7"} <= workloads_with_goals
 
 
 @pytest.mark.slow
@@ -140,6 +146,62 @@ def test_quick_bench_on_every_backend(docker_engine: Any, tmp_path: Path) -> Non
             assert peers[0]["fencing"] is True
             assert all(p["fencing"] is False for p in peers[1:])
             assert len(peers) == 3
+
+
+W7_TINY = dataclasses.replace(
+    QUICK, w7_depths=(200, 2_000), w7_samples=20, w7_stats_samples=2, w7_rate_jobs=50,
+    w7_step_budget_s=30.0, w7_fill_budget_s=60.0,
+)
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+def test_w7_measures_each_depth_and_rates(backend: str, tmp_path: Path) -> None:
+    url = "memory://" if backend == "memory" else f"sqlite:///{tmp_path}/w7.db"
+    data = w7_depth(Target(backend, url=url), W7_TINY, "t7")
+    assert [r["depth"] for r in data["rows"]] == [200, 2_000]
+    for row in data["rows"]:
+        assert "skipped" not in row, row
+        assert row["cycle_ms"]["n"] == 20 and row["cycle_ms"]["p50"] > 0
+        assert row["queue_stats_ms"]["n"] == 2
+        # topped up to depth + samples + warm-up: queue_stats saw at least the depth
+        assert row["depth"] <= row["open_jobs_seen"] <= row["depth"] + 25
+        assert row["purged"] == 25  # the timed and warm-up cycles' completed jobs
+    rates = data["rates"]
+    assert rates["enqueue_jobs"] == 50 and rates["enqueue_many_jobs"] == 500
+    assert rates["enqueue_many_jobs_per_s"] > 0 and rates["speedup"] > 0
+    # one store request per max_enqueue_batch jobs, or one enqueue per job as fallback
+    batch = rates["max_enqueue_batch"]
+    assert rates["enqueue_many_requests"] == -(-500 // batch)
+    assert data["largest"] == 2_000 and data["p50_growth"] > 0
+    goals = evaluate({"backends": {backend: {"available": True,
+                                             "workloads": {"w7_depth": {**data,
+                                                                        "status": "ok"}}}}})
+    assert [g.workload for g in goals] == ["W7", "W7", "W7"]
+    assert {g.status for g in goals} <= {"pass", "miss", "n/a"}
+
+
+def test_w7_skips_a_depth_above_the_documented_capacity(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from consensus_lease.backends.memory import MemoryBackend
+
+    capped = dataclasses.replace(MemoryBackend.capabilities, max_queue_jobs=1_000)
+    monkeypatch.setattr(MemoryBackend, "capabilities", capped)
+    data = w7_depth(Target("memory", url="memory://"), W7_TINY, "t7")
+    first, second = data["rows"]
+    assert "cycle_ms" in first
+    assert "max_queue_jobs = 1,000" in second["skipped"]
+    assert data["largest"] == 200 and data["p50_growth"] == 1.0
+
+
+def test_w7_plot_is_written(tmp_path: Path) -> None:
+    from consensus_lease.bench.plots import write_plots
+
+    data = w7_depth(Target("memory", url="memory://"), W7_TINY, "t7")
+    results = {"backends": {"memory": {"available": True,
+                                       "workloads": {"w7_depth": {**data, "status": "ok"}}}}}
+    write_plots(results, tmp_path)
+    assert (tmp_path / "w7_depth.png").read_bytes()[:8] == PNG_MAGIC
 
 
 def test_percentile_and_rate_helpers() -> None:

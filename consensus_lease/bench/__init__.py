@@ -18,6 +18,8 @@ W3     one worker holding 10 ... 10,000 jobs: renewal requests/s, client CPU,
 W4     takeover after SIGKILL of the holder, and graceful handover (:mod:`.takeover`)
 W5     claim_many of 128 jobs against 128 single claims
 W6     acquire+release cycles/s of tooz, kazoo ``Lock``, pyetcd ``Lock`` (:mod:`.peers`)
+W7     claim_next+complete p50/p99 and queue_stats time at queue depths 1k ... 1M, and
+       enqueue against enqueue_many jobs/s (:mod:`.depth`)
 W8     claim+complete cycles/s of one process with 200 asyncio tasks against 8 sync
        worker processes (:mod:`.asyncrate`)
 =====  ========================================================================

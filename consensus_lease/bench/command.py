@@ -31,6 +31,22 @@ def _backends(text: str) -> tuple[str, ...]:
     return tuple(n for n in BACKENDS if n in names)
 
 
+def _workloads(text: str) -> tuple[str, ...]:
+    from .runner import WORKLOADS
+
+    by_short = {key[:2]: key for key in WORKLOADS}
+    names = []
+    for raw in filter(None, (part.strip().lower() for part in text.split(","))):
+        key = by_short.get(raw, raw)
+        if key not in WORKLOADS:
+            raise argparse.ArgumentTypeError(
+                f"unknown workload {raw!r}; choose from {', '.join(by_short)}")
+        names.append(key)
+    if not names:
+        raise argparse.ArgumentTypeError("no workload named")
+    return tuple(k for k in WORKLOADS if k in names)
+
+
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         NAME,
@@ -42,6 +58,8 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument("--backends", type=_backends, default=BACKENDS, metavar="LIST",
                         help=f"comma-separated, from {','.join(BACKENDS)} (default: all)")
+    parser.add_argument("--workloads", type=_workloads, default=None, metavar="LIST",
+                        help="comma-separated, from w1,w2,w3,w4,w5,w6,w7,w8 (default: all)")
     parser.add_argument("--quick", action="store_true",
                         help="small sizes and few trials (a few minutes at most)")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), metavar="DIR",
@@ -72,4 +90,6 @@ def run(args: argparse.Namespace, console: Console) -> int:
         zk_tick_ms=args.zk_tick_ms,
         profile=bool(args.profile),
     )
+    if args.workloads is not None:
+        options.workloads = tuple(args.workloads)
     return run_bench(options, console)

@@ -40,6 +40,27 @@ class Sizes:
     """Sync worker processes W8 compares them with."""
     w8_duration_s: float = 5.0
     w8_repeats: int = 3
+    w7_depths: tuple[int, ...] = (1_000, 10_000, 100_000)
+    """Open jobs in W7's queue at which claim_next and queue_stats are timed."""
+    w7_deep_depths: tuple[int, ...] = (1_000_000,)
+    """Further W7 depths, on ``w7_deep_backends`` only."""
+    w7_deep_backends: tuple[str, ...] = ("sqlite", "etcd")
+    w7_samples: int = 500
+    """claim_next+complete cycles timed at each W7 depth (fewer if ``w7_step_budget_s``
+    runs out)."""
+    w7_stats_samples: int = 10
+    """queue_stats calls timed at each W7 depth."""
+    w7_step_budget_s: float = 120.0
+    """Most seconds of cycles (and, separately, of queue_stats calls) at one depth."""
+    w7_fill_budget_s: float = 1200.0
+    """Most seconds spent filling W7's queue with enqueue_many, over all depths."""
+    w7_rate_jobs: int = 1_000
+    """Single enqueues of W7's rate measure; its enqueue_many carries 10 x as many."""
+    w7_rate_budget_s: float = 15.0
+    """Most seconds of single enqueues in W7's rate measure."""
+    w7_payload_bytes: int = 64
+    w7_cleanup_budget_s: float = 600.0
+    """Most seconds deleting W7's keys / znodes afterwards."""
 
     @property
     def pool_size(self) -> int:
@@ -64,6 +85,15 @@ QUICK = Sizes(
     w6_repeats=1,
     w8_duration_s=1.5,
     w8_repeats=1,
+    w7_depths=(1_000, 10_000),
+    w7_deep_depths=(),
+    w7_samples=100,
+    w7_stats_samples=5,
+    w7_step_budget_s=20.0,
+    w7_fill_budget_s=90.0,
+    w7_rate_jobs=300,
+    w7_rate_budget_s=5.0,
+    w7_cleanup_budget_s=60.0,
 )
 
 FULL = Sizes(

@@ -13,6 +13,10 @@ W4          p99 takeover after SIGKILL <= TTL + 0.6 s (etcd), <= session timeout
             tick + 0.2 s (ZooKeeper); p99 graceful handover <= 20 ms
 W5          claim_many of 128 >= 10 x faster than 128 single claims
 W6          >= 1.0 x kazoo Lock and pyetcd Lock, >= 1.5 x tooz
+W7          claim_next+complete p50 at the largest depth <= 1.5 x at the smallest (1k);
+            queue_stats p50 <= 50 ms at 100k open jobs (at the largest depth up to 100k
+            in a run without 100k); enqueue_many >= 10 x single enqueue jobs/s (etcd,
+            ZooKeeper)
 W8          one process with 200 asyncio tasks >= 0.8 x the cycles/s of 8 sync worker
             processes (etcd, ZooKeeper)
 ==========  ==========================================================================
@@ -37,6 +41,11 @@ W4_GRACEFUL_MAX_MS = 20.0
 W5_MIN_SPEEDUP = 10.0
 W6_MIN = {"kazoo Lock": 1.0, "pyetcd Lock": 1.0}
 W6_TOOZ_MIN = 1.5
+W7_MAX_GROWTH = 1.5
+W7_STATS_DEPTH = 100_000
+W7_STATS_MAX_MS = 50.0
+W7_MIN_BATCH_SPEEDUP = 10.0
+W7_BATCH_BACKENDS = ("etcd", "zookeeper")
 W8_MIN_RATIO = 0.8
 W8_BACKENDS = ("etcd", "zookeeper")
 
@@ -154,6 +163,46 @@ def _w6(rows: _Rows, data: dict[str, Any]) -> None:
                  _status(ratio >= minimum), "the peer has no fencing token")
 
 
+def _w7(rows: _Rows, data: dict[str, Any]) -> None:
+    measured = [r for r in data["rows"] if "cycle_ms" in r]
+    first, last = measured[0], measured[-1]
+    skipped = [r for r in data["rows"] if "skipped" in r]
+    note = (f"{skipped[0]['depth']:,} not measured: {skipped[0]['skipped']}"
+            if skipped else "")
+    growth = data["p50_growth"]
+    name = f"claim_next+complete p50 at {last['depth']:,} open jobs vs {first['depth']:,}"
+    target = f"<= {W7_MAX_GROWTH:.1f}x"
+    if len(measured) < 2 or not _finite(growth):
+        rows.add("W7", name, target, "-", NA, note or "one depth measured")
+    else:
+        rows.add("W7", name, target,
+                 f"{growth:.2f}x ({last['cycle_ms']['p50']:.2f} vs "
+                 f"{first['cycle_ms']['p50']:.2f} ms)", _status(growth <= W7_MAX_GROWTH),
+                 note)
+    upto = [r for r in measured if r["depth"] <= W7_STATS_DEPTH] or measured[:1]
+    at = upto[-1]
+    stats = at["queue_stats_ms"]["p50"]
+    rows.add("W7", f"queue_stats p50 at {at['depth']:,} open jobs",
+             f"<= {W7_STATS_MAX_MS:.0f} ms at {W7_STATS_DEPTH:,}",
+             f"{stats:.1f} ms (p99 {at['queue_stats_ms']['p99']:.1f})",
+             _status(stats <= W7_STATS_MAX_MS),
+             "" if at["depth"] == W7_STATS_DEPTH else
+             f"measured at {at['depth']:,}: this run has no {W7_STATS_DEPTH:,}")
+    rates = data["rates"]
+    speedup = rates["speedup"] if _finite(rates["speedup"]) else math.nan
+    many = rates["enqueue_many_jobs_per_s"] or math.nan
+    single = rates["enqueue_jobs_per_s"] or math.nan
+    measured_rate = f"{speedup:.1f}x ({many:,.0f} vs {single:,.0f} jobs/s)"
+    batch = f"max_enqueue_batch {rates['max_enqueue_batch']}"
+    if rows.backend in W7_BATCH_BACKENDS:
+        rows.add("W7", "enqueue_many vs single enqueue", f">= {W7_MIN_BATCH_SPEEDUP:.0f}x",
+                 measured_rate,
+                 _status(speedup >= W7_MIN_BATCH_SPEEDUP), batch)
+    else:
+        rows.add("W7", "enqueue_many vs single enqueue", "(none set)", measured_rate, NA,
+                 batch)
+
+
 def _w8(rows: _Rows, data: dict[str, Any]) -> None:
     ratio = data["ratio"]
     name = f"{data['tasks']} asyncio tasks in 1 process vs {data['processes']} processes"
@@ -172,6 +221,7 @@ _CHECKS = {
     "w4_takeover": ("W4", "takeover and handover", _w4),
     "w5_batch": ("W5", "batch claim", _w5),
     "w6_peers": ("W6", "cycles/s vs peer lock libraries", _w6),
+    "w7_depth": ("W7", "deep queue", _w7),
     "w8_async": ("W8", "asyncio tasks vs worker processes", _w8),
 }
 

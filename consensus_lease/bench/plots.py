@@ -13,9 +13,11 @@ from typing import Any
 __all__ = ["PLOTS", "write_plots"]
 
 PLOTS = ("w1_throughput.png", "w2_latency.png", "w3_keepalive.png", "w4_takeover.png",
-         "w5_batch.png", "w6_peers.png", "w8_async.png")
+         "w5_batch.png", "w6_peers.png", "w7_depth.png", "w8_async.png")
 
 OURS, RAW, PEER = "#1f77b4", "#aaaaaa", "#ff7f0e"
+BACKEND_COLOURS = {"sqlite": "#2ca02c", "etcd": "#1f77b4", "zookeeper": "#d62728",
+                   "memory": "#7f7f7f"}
 
 
 def _ok(results: dict[str, Any], key: str) -> list[tuple[str, dict[str, Any]]]:
@@ -197,6 +199,73 @@ def _w6(results: dict[str, Any], path: Path) -> None:
     _save(fig, path)
 
 
+def _count(value: float, _pos: object = None) -> str:
+    """1000 -> 1k, 1000000 -> 1M."""
+    for size, suffix in ((1e6, "M"), (1e3, "k")):
+        if value >= size:
+            return f"{value / size:g}{suffix}"
+    return f"{value:g}"
+
+
+def _w7(results: dict[str, Any], path: Path) -> None:
+    found = _ok(results, "w7_depth")
+    title = "W7 deep queue: cost against open jobs (solid p50, dotted p99), enqueue rates"
+    if not found:
+        _empty(path, title)
+        return
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    fig, axes = plt.subplots(1, 3, figsize=(14.0, 4.6))
+    fig.suptitle(title, fontsize="medium")
+    depths: set[int] = set()
+    for backend, data in found:
+        colour = BACKEND_COLOURS.get(backend, OURS)
+        rows = [r for r in data["rows"] if "cycle_ms" in r]
+        xs = [r["depth"] for r in rows]
+        depths.update(xs)
+        axes[0].plot(xs, [_num(r["cycle_ms"]["p50"]) for r in rows], "o-", color=colour,
+                     label=backend)
+        axes[0].plot(xs, [_num(r["cycle_ms"]["p99"]) for r in rows], ":", color=colour)
+        axes[1].plot(xs, [_num(r["queue_stats_ms"]["p50"]) for r in rows], "o-",
+                     color=colour)
+    axes[1].axhline(50, color="black", linestyle="--", linewidth=1)
+    axes[1].text(0.02, 50, "goal: 50 ms at 100k", transform=axes[1].get_yaxis_transform(),
+                 va="bottom", fontsize="small")
+    for ax, name in zip(axes[:2], ("claim_next + complete (ms)", "queue_stats p50 (ms)"),
+                        strict=True):
+        ax.set_title(name, fontsize="medium")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xticks(sorted(depths))
+        ax.xaxis.set_major_formatter(FuncFormatter(_count))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}"))
+        ax.set_xlabel("open jobs in the queue")
+        ax.grid(True, which="major", alpha=0.3)
+    x = range(len(found))
+    single = [_num(d["rates"]["enqueue_jobs_per_s"]) for _, d in found]
+    many = [_num(d["rates"]["enqueue_many_jobs_per_s"]) for _, d in found]
+    axes[2].bar([i - 0.2 for i in x], single, 0.4, color=RAW, label="enqueue")
+    axes[2].bar([i + 0.2 for i in x], many, 0.4, color=OURS, label="enqueue_many")
+    for i, (_, d) in enumerate(found):
+        axes[2].text(i + 0.2, max(many[i], 1.0), f"{_num(d['rates']['speedup']):.1f}x",
+                     ha="center", va="bottom", fontsize="small")
+    top = max([*many, *single, 10.0])
+    axes[2].set_yscale("log")
+    axes[2].set_ylim(1.0, top * 8)
+    axes[2].yaxis.set_major_formatter(FuncFormatter(_count))
+    axes[2].set_xticks(list(x), [b for b, _ in found])
+    axes[2].set_title("enqueue rate (jobs/s)", fontsize="medium")
+    axes[2].legend(fontsize="small", loc="upper left", ncol=2, frameon=False)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(found), fontsize="small",
+               frameon=False)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _w8(results: dict[str, Any], path: Path) -> None:
     found = _ok(results, "w8_async")
     title = "W8 claim+complete cycles/s: one asyncio process vs sync worker processes"
@@ -221,6 +290,6 @@ def write_plots(results: dict[str, Any], out: Path) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
-    for name, draw in zip(PLOTS, (_w1, _w2, _w3, _w4, _w5, _w6, _w8), strict=True):
+    for name, draw in zip(PLOTS, (_w1, _w2, _w3, _w4, _w5, _w6, _w7, _w8), strict=True):
         draw(results, out / name)
     return list(PLOTS)

@@ -182,6 +182,33 @@ def _w8(results: dict[str, Any]) -> list[str]:
                   rows) + _errors(results, "w8_async")
 
 
+def _w7(results: dict[str, Any]) -> list[str]:
+    rows, rates = [], []
+    for backend, data in _ok_workloads(results, "w7_depth"):
+        for r in data["rows"]:
+            if "skipped" in r:
+                rows.append([backend, f"{r['depth']:,}", "-", "-", "-", "-", "-", "-",
+                             f"not measured: {r['skipped']}"])
+                continue
+            c, q = r["cycle_ms"], r["queue_stats_ms"]
+            rows.append([backend, f"{r['depth']:,}", _f(c["p50"], ".2f"), _f(c["p99"], ".2f"),
+                         _f(r["claim_next_ms"]["p50"], ".2f"), _f(q["p50"], ".1f"),
+                         _f(q["max"], ".1f"), _f(r.get("fill_jobs_per_s"), ",.0f"),
+                         f"{c['n']} cycles, {q['n']} stats; queue_stats saw "
+                         f"{r['open_jobs_seen']:,} open"])
+        rt = data["rates"]
+        rates.append([backend, rt["max_enqueue_batch"], _f(rt["enqueue_jobs_per_s"], ",.0f"),
+                      f"{rt['enqueue_many_jobs']:,}", _f(rt["enqueue_many_jobs_per_s"], ",.0f"),
+                      rt["enqueue_many_requests"], _f(rt["speedup"], ".1f", "x"),
+                      data.get("cleanup", "")])
+    return _table(["backend", "open jobs", "claim_next+complete p50 ms", "p99 ms",
+                   "claim_next p50 ms", "queue_stats p50 ms", "queue_stats max ms",
+                   "fill jobs/s (enqueue_many)", "samples"], rows) + \
+        _table(["backend", "max_enqueue_batch", "enqueue jobs/s", "enqueue_many of",
+                "enqueue_many jobs/s", "store requests for it", "speedup", "cleanup"],
+               rates) + _errors(results, "w7_depth")
+
+
 def markdown(results: dict[str, Any], goals: list[Goal], plots: list[str]) -> str:
     meta = results["meta"]
     m = meta["machine"]
@@ -282,6 +309,20 @@ def markdown(results: dict[str, Any], goals: list[Goal], plots: list[str]) -> st
         "pair(s), medians shown.",
         "",
         *_w8(results),
+        "## W7 — a deep work queue",
+        "",
+        "One queue per backend is filled with `enqueue_many` step by step to each depth "
+        f"(plus {s['w7_samples']} jobs, so the depth stays at or above it while measured); "
+        f"then one in-process worker times up to {s['w7_samples']} `claim_next` + "
+        f"`complete` cycles and up to {s['w7_stats_samples']} `queue_stats` calls; the "
+        f"completed jobs are purged before the next step. Payloads {s['w7_payload_bytes']} "
+        "bytes. A depth is skipped (and says why) above the backend's documented "
+        "`max_queue_jobs` or when filling it would overrun the fill budget "
+        f"({s['w7_fill_budget_s']:g} s). Enqueue rates: single `enqueue` calls against "
+        "one `enqueue_many` of ten times as many jobs, on a queue of their own; store "
+        "requests counted on the backend instance.",
+        "",
+        *_w7(results),
     ]
     if plots:
         lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]

@@ -3,7 +3,8 @@ backend with a progress bar, then write JSON, Markdown and plots.
 
 ``results.json`` has the keys ``schema``, ``meta`` (command, machine, sizes, times),
 ``backends`` (per backend: ``available``, ``reason``, ``url``, ``origin``, ``server``,
-``capabilities``, ``workloads`` -> ``w1_throughput`` ... ``w6_peers``, ``w8_async``, each
+``capabilities``, ``workloads`` -> ``w1_throughput`` ... ``w6_peers``, ``w8_async``,
+``w7_depth`` (last: its deep queue would slow the others), each
 with a ``status`` of ``ok`` or ``error``) and ``goals`` (rows of :class:`.goals.Goal`).
 """
 
@@ -32,6 +33,7 @@ from ..store import ENTRY_POINT_GROUP
 from . import clusters
 from .asyncrate import w8_async
 from .config import BACKENDS, FULL, QUICK, Sizes, Target
+from .depth import w7_depth
 from .goals import evaluate
 from .holding import w3_keepalive
 from .machine import describe_machine, load_average, member_role, server_version
@@ -45,7 +47,7 @@ __all__ = ["BenchOptions", "run_bench"]
 
 SCHEMA = 1
 WORKLOADS = ("w1_throughput", "w2_latency", "w3_keepalive", "w4_takeover", "w5_batch",
-             "w6_peers", "w8_async")
+             "w6_peers", "w8_async", "w7_depth")
 LABELS = {
     "w1_throughput": "W1 cycle throughput vs raw client",
     "w2_latency": "W2 latency",
@@ -54,6 +56,7 @@ LABELS = {
     "w5_batch": "W5 batch claim",
     "w6_peers": "W6 peers",
     "w8_async": "W8 asyncio vs processes",
+    "w7_depth": "W7 deep queue",
 }
 
 
@@ -66,6 +69,8 @@ class BenchOptions:
     zk_url: str | None = None
     zk_tick_ms: int | None = None
     profile: bool = False
+    workloads: tuple[str, ...] = WORKLOADS
+    """Which of :data:`WORKLOADS` to run (in that order)."""
 
     @property
     def sizes(self) -> Sizes:
@@ -110,6 +115,8 @@ def _workload(key: str, target: Target, sizes: Sizes, pool: WorkerPool | None, w
         return w4_takeover(target, sizes, workdir, prefix)
     if key == "w5_batch":
         return w5_batch(target, sizes, prefix)
+    if key == "w7_depth":
+        return w7_depth(target, sizes, prefix)
     if key == "w8_async":
         assert pool is not None
         return w8_async(target, sizes, pool, prefix)
@@ -134,12 +141,12 @@ def _measure(targets: list[Target], options: BenchOptions, run_id: str, workdir:
         results["backends"][target.backend] = entry
         if not target.available:
             console.print(f"[yellow]{target.backend}: not measured[/]: {target.reason}")
-            progress.advance(task, len(WORKLOADS))
+            progress.advance(task, len(options.workloads))
             continue
         entry["server"] = server_version(target)
         entry["member_role"] = member_role(target)
         entry["tick_s"], entry["tick_source"] = target.tick_s, target.tick_source
-        for key in WORKLOADS:
+        for key in options.workloads:
             progress.update(task, description=f"{target.backend}: {LABELS[key]}")
             started = time.monotonic()
             prefix = f"{run_id}-{key[:2]}"
@@ -173,6 +180,8 @@ def _command(options: BenchOptions) -> str:
         argv += ["--backends", ",".join(options.backends)]
     if options.quick:
         argv.append("--quick")
+    if options.workloads != WORKLOADS:
+        argv += ["--workloads", ",".join(k[:2] for k in options.workloads)]
     argv += ["--out", str(options.out)]
     if options.etcd_url:
         argv += ["--etcd-url", options.etcd_url]
@@ -229,7 +238,7 @@ def run_bench(options: BenchOptions, console: Console) -> int:
             Progress(*columns, console=console, refresh_per_second=2)
         )
         task = progress.add_task("starting stores", total=1 + len(options.backends) *
-                                 len(WORKLOADS))
+                                 len(options.workloads))
         targets = _targets(options, run_id, workdir, stack,
                            lambda text: progress.console.print(text))
         progress.advance(task)
