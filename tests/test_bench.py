@@ -194,6 +194,35 @@ def test_w7_skips_a_depth_above_the_documented_capacity(
     assert data["largest"] == 200 and data["p50_growth"] == 1.0
 
 
+def test_w7_a_store_failing_at_a_depth_misses_the_goals(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from consensus_lease import LeaseStore
+    from consensus_lease.errors import BackendUnavailable
+
+    original = LeaseStore.queue_stats
+    calls: list[str] = []
+
+    def breaks_when_deep(self: LeaseStore, queue: str) -> Any:
+        calls.append(queue)
+        if len(calls) > W7_TINY.w7_stats_samples:  # the first depth's calls succeed
+            raise BackendUnavailable("the server fell over (test)")
+        return original(self, queue)
+
+    monkeypatch.setattr(LeaseStore, "queue_stats", breaks_when_deep)
+    data = w7_depth(Target("memory", url="memory://"), W7_TINY, "t7")
+    first, second = data["rows"]
+    assert "cycle_ms" in first
+    assert set(second) == {"depth", "failed", "skipped"}
+    assert "the server fell over" in second["failed"]
+    assert data["rates"]["enqueue_many_jobs"] == 500  # measured before the deep queue
+    goals = evaluate({"backends": {"zookeeper": {
+        "available": True, "workloads": {"w7_depth": {**data, "status": "ok"}}}}})
+    by_goal = {g.goal: g for g in goals}
+    assert by_goal["claim_next+complete p50 at 2,000 open jobs vs 200"].status == "miss"
+    assert by_goal["queue_stats p50 at 2,000 open jobs"].status == "miss"
+
+
 def test_w7_plot_is_written(tmp_path: Path) -> None:
     from consensus_lease.bench.plots import write_plots
 

@@ -14,15 +14,22 @@ One queue per backend grows step by step to each depth of ``w7_depths`` (plus
 
 A step is skipped, with the reason written down, when the depth is above the backend's
 documented ``capabilities.max_queue_jobs``, when filling it would overrun the run's
-fill budget at the fill rate measured so far, or when the store refuses with
-``QueueFull``; sampling at one depth also stops at ``w7_step_budget_s``. The deeper
-steps after a skipped one are skipped too.
+fill budget at the fill rate measured so far, or when the store fails at a smaller
+depth (``QueueFull``, ``BackendUnavailable``...: the error is written down as
+``failed``); sampling at one depth also stops at ``w7_step_budget_s``. The deeper steps
+after a skipped one are skipped too.
 
 Enqueue rates, on a queue of their own: ``w7_rate_jobs`` single ``enqueue`` calls (or
 as many as fit in ``w7_rate_budget_s``) against one ``enqueue_many`` of
 ``w7_rate_jobs * 10`` jobs. The backend's ``enqueue`` and ``enqueue_many`` are counted
 on the instance (:class:`~.stats.CallLog`): a driver without a native batch shows one
 ``enqueue`` per job inside ``enqueue_many``.
+
+The server's size is read at each depth where the server tells it (etcd: the member's
+``dbSize`` from ``Status``; ZooKeeper: ``zk_approximate_data_size`` and
+``zk_znode_count`` of ``mntr``, if four-letter words are allowed), against a reading
+taken just before the deep queue is filled: ``server_bytes_per_job`` is the growth over
+the open jobs, the figure the capacity model (docs/capacity.md) is checked against.
 
 Afterwards the bench's own W7 key prefix (etcd) or chroot (ZooKeeper) is deleted with
 the raw client, within ``w7_cleanup_budget_s``; a SQLite file is the run's temporary
@@ -38,7 +45,7 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from ..errors import QueueFull
+from ..errors import LeaseError
 from ..record import EnqueueItem
 from ..store import LeaseStore, open_store
 from .config import Sizes, Target
@@ -157,12 +164,67 @@ def _stats(store: LeaseStore, queue: str, samples: int, budget_s: float
     return times, open_jobs
 
 
+def server_size(target: Target) -> dict[str, int] | None:
+    """What the server says of its size (see the module docstring), or ``None``."""
+    try:
+        if target.backend == "etcd":
+            import pyetcd
+
+            client = pyetcd.client(host=target.raw["host"], port=int(target.raw["port"]),
+                                   timeout=10)
+            try:
+                return {"bytes": int(client.status().db_size)}
+            finally:
+                client.close()
+        if target.backend == "zookeeper":
+            from ..testing.cluster import four_letter_word
+
+            host, _, port = str(target.raw["hosts"]).rpartition(":")
+            reply = four_letter_word(host, int(port), "mntr")
+            found = dict(line.split("\t", 1) for line in reply.splitlines() if "\t" in line)
+            return {"bytes": int(found["zk_approximate_data_size"]),
+                    "znodes": int(found["zk_znode_count"])}
+    except Exception:  # not allowed or not answered: the figure is simply not reported
+        return None
+    return None
+
+
+def _growth(before: dict[str, int] | None, after: dict[str, int] | None,
+            open_jobs: int) -> dict[str, float] | None:
+    if before is None or after is None or open_jobs <= 0:
+        return None
+    return {f"{k}_per_job": (after[k] - before[k]) / open_jobs for k in after if k in before}
+
+
+def _measure_step(store: LeaseStore, target: Target, sizes: Sizes, queue: str,
+                  filler: _Filler, missing: int, baseline: dict[str, int] | None,
+                  row: dict[str, Any]) -> int:
+    """Fill, time and purge one depth into ``row``; return the jobs consumed."""
+    fill_before = (filler.enqueued, filler.fill_s)
+    filler.add(missing)
+    added, spent = filler.enqueued - fill_before[0], filler.fill_s - fill_before[1]
+    row["fill_jobs_per_s"] = added / spent if added and spent > 0 else None
+    stats_s, open_jobs = _stats(store, queue, sizes.w7_stats_samples, sizes.w7_step_budget_s)
+    row["open_jobs_seen"] = open_jobs
+    row["server"] = _growth(baseline, server_size(target), open_jobs)
+    cycles, claims = _cycles(store, queue, sizes.w7_samples, sizes.w7_step_budget_s,
+                             f"bench-w7-{row['depth']}", sizes.session_ttl_s)
+    row["cycle_ms"] = summarize(cycles, 1000.0)
+    row["claim_next_ms"] = summarize(claims, 1000.0)
+    row["queue_stats_ms"] = summarize(stats_s, 1000.0)
+    t0 = time.perf_counter()
+    row["purged"] = store.purge(queue)
+    row["purge_ms"] = 1000.0 * (time.perf_counter() - t0)
+    return len(cycles) + _WARMUP
+
+
 def _steps(store: LeaseStore, target: Target, sizes: Sizes, queue: str
            ) -> list[dict[str, Any]]:
     capacity = store.capabilities.max_queue_jobs
     payload = b"p" * sizes.w7_payload_bytes
     filler = _Filler(store, queue, payload, sizes.w7_fill_budget_s)
     consumed = 0
+    baseline = server_size(target)
     rows: list[dict[str, Any]] = []
     skip: str | None = None
     for depth in depths_for(target.backend, sizes):
@@ -178,26 +240,14 @@ def _steps(store: LeaseStore, target: Target, sizes: Sizes, queue: str
         if skip is not None:
             row["skipped"] = skip
             continue
-        fill_before = (filler.enqueued, filler.fill_s)
         try:
-            filler.add(missing)
-        except (TimeoutError, QueueFull) as exc:
-            skip = row["skipped"] = f"{type(exc).__name__}: {exc}"
-            continue
-        added, spent = filler.enqueued - fill_before[0], filler.fill_s - fill_before[1]
-        row["fill_jobs_per_s"] = added / spent if added and spent > 0 else None
-        stats_s, open_jobs = _stats(store, queue, sizes.w7_stats_samples,
-                                    sizes.w7_step_budget_s)
-        row["open_jobs_seen"] = open_jobs
-        cycles, claims = _cycles(store, queue, sizes.w7_samples, sizes.w7_step_budget_s,
-                                 f"bench-w7-{depth}", sizes.session_ttl_s)
-        consumed += len(cycles) + _WARMUP
-        row["cycle_ms"] = summarize(cycles, 1000.0)
-        row["claim_next_ms"] = summarize(claims, 1000.0)
-        row["queue_stats_ms"] = summarize(stats_s, 1000.0)
-        t0 = time.perf_counter()
-        row["purged"] = store.purge(queue)
-        row["purge_ms"] = 1000.0 * (time.perf_counter() - t0)
+            consumed += _measure_step(store, target, sizes, queue, filler, missing, baseline,
+                                      row)
+        except (TimeoutError, LeaseError) as exc:  # QueueFull, BackendUnavailable, ...
+            for key in [k for k in row if k != "depth"]:
+                del row[key]
+            skip = row["failed"] = f"{type(exc).__name__}: {exc}"[:400]
+            row["skipped"] = f"failed: {skip}"
     return rows
 
 
@@ -207,6 +257,8 @@ def _rates(store: LeaseStore, sizes: Sizes, queue: str) -> dict[str, Any]:
     payload = b"p" * sizes.w7_payload_bytes
     calls = CallLog(store.backend, ("enqueue", "enqueue_many"))
     try:
+        for item in _items(f"{queue}-w", 0, _WARMUP, payload):  # connections, first use
+            store.enqueue(queue, item.job_id, item.payload)
         singles = 0
         stop_at = time.monotonic() + sizes.w7_rate_budget_s
         t0 = time.perf_counter()
@@ -280,7 +332,9 @@ def _zk_delete_tree(hosts: str, root: str, budget_s: float) -> str:
         for start in range(len(order), 0, -window):
             if time.monotonic() > stop_at:
                 return f"cleanup budget spent: {deleted:,} of {len(order):,} znodes deleted"
-            pending = [client.delete_async(p) for p in order[max(0, start - window):start]]
+            # children before parents: ZooKeeper applies one client's requests in order
+            chunk = reversed(order[max(0, start - window):start])
+            pending = [client.delete_async(p) for p in chunk]
             for result in pending:
                 with contextlib.suppress(NoNodeError):
                     result.get(timeout=30.0)
@@ -311,9 +365,8 @@ def w7_depth(target: Target, sizes: Sizes, prefix: str) -> dict[str, Any]:
             out["cleanup"] = f"failed: {type(exc).__name__}: {exc}"[:300]
         out["cleanup_s"] = time.monotonic() - t0
     measured = [r for r in out["rows"] if "cycle_ms" in r]
-    if not measured:
-        raise RuntimeError(f"no depth measured: {out['rows'][0].get('skipped')}")
-    out["smallest"], out["largest"] = measured[0]["depth"], measured[-1]["depth"]
-    first, last = measured[0]["cycle_ms"]["p50"], measured[-1]["cycle_ms"]["p50"]
-    out["p50_growth"] = last / first if first > 0 else None
+    out["smallest"] = measured[0]["depth"] if measured else None
+    out["largest"] = measured[-1]["depth"] if measured else None
+    first = measured[0]["cycle_ms"]["p50"] if measured else 0.0
+    out["p50_growth"] = measured[-1]["cycle_ms"]["p50"] / first if first > 0 else None
     return out

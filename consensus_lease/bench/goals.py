@@ -163,31 +163,53 @@ def _w6(rows: _Rows, data: dict[str, Any]) -> None:
                  _status(ratio >= minimum), "the peer has no fencing token")
 
 
-def _w7(rows: _Rows, data: dict[str, Any]) -> None:
-    measured = [r for r in data["rows"] if "cycle_ms" in r]
-    first, last = measured[0], measured[-1]
+def _w7_note(data: dict[str, Any]) -> str:
     skipped = [r for r in data["rows"] if "skipped" in r]
-    note = (f"{skipped[0]['depth']:,} not measured: {skipped[0]['skipped']}"
-            if skipped else "")
-    growth = data["p50_growth"]
-    name = f"claim_next+complete p50 at {last['depth']:,} open jobs vs {first['depth']:,}"
+    return f"{skipped[0]['depth']:,} not measured: {skipped[0]['skipped']}" if skipped else ""
+
+
+def _w7_cycle(rows: _Rows, data: dict[str, Any], measured: list[dict[str, Any]],
+              failed: dict[str, Any] | None) -> None:
+    deepest = failed or (measured[-1] if measured else data["rows"][-1])
+    smallest = measured[0]["depth"] if measured else data["rows"][0]["depth"]
+    name = f"claim_next+complete p50 at {deepest['depth']:,} open jobs vs {smallest:,}"
     target = f"<= {W7_MAX_GROWTH:.1f}x"
-    if len(measured) < 2 or not _finite(growth):
-        rows.add("W7", name, target, "-", NA, note or "one depth measured")
+    growth = float(data.get("p50_growth") or math.nan)
+    if failed is not None:  # the store broke down at a depth: missed, not "not run"
+        rows.add("W7", name, target, "failed", MISS, _w7_note(data))
+    elif len(measured) < 2 or not _finite(growth):
+        rows.add("W7", name, target, "-", NA, _w7_note(data) or "one depth measured")
     else:
-        rows.add("W7", name, target,
-                 f"{growth:.2f}x ({last['cycle_ms']['p50']:.2f} vs "
-                 f"{first['cycle_ms']['p50']:.2f} ms)", _status(growth <= W7_MAX_GROWTH),
-                 note)
+        first, last = measured[0]["cycle_ms"]["p50"], measured[-1]["cycle_ms"]["p50"]
+        rows.add("W7", name, target, f"{growth:.2f}x ({last:.2f} vs {first:.2f} ms)",
+                 _status(growth <= W7_MAX_GROWTH), _w7_note(data))
+
+
+def _w7_stats(rows: _Rows, data: dict[str, Any], measured: list[dict[str, Any]],
+              failed: dict[str, Any] | None) -> None:
+    target = f"<= {W7_STATS_MAX_MS:.0f} ms at {W7_STATS_DEPTH:,}"
+    if failed is not None and failed["depth"] <= W7_STATS_DEPTH:
+        rows.add("W7", f"queue_stats p50 at {failed['depth']:,} open jobs", target, "failed",
+                 MISS, _w7_note(data))
+        return
     upto = [r for r in measured if r["depth"] <= W7_STATS_DEPTH] or measured[:1]
+    if not upto:
+        rows.not_run("W7", "queue_stats p50", target, _w7_note(data))
+        return
     at = upto[-1]
     stats = at["queue_stats_ms"]["p50"]
-    rows.add("W7", f"queue_stats p50 at {at['depth']:,} open jobs",
-             f"<= {W7_STATS_MAX_MS:.0f} ms at {W7_STATS_DEPTH:,}",
+    rows.add("W7", f"queue_stats p50 at {at['depth']:,} open jobs", target,
              f"{stats:.1f} ms (p99 {at['queue_stats_ms']['p99']:.1f})",
              _status(stats <= W7_STATS_MAX_MS),
              "" if at["depth"] == W7_STATS_DEPTH else
              f"measured at {at['depth']:,}: this run has no {W7_STATS_DEPTH:,}")
+
+
+def _w7(rows: _Rows, data: dict[str, Any]) -> None:
+    measured = [r for r in data["rows"] if "cycle_ms" in r]
+    failed = next((r for r in data["rows"] if "failed" in r), None)
+    _w7_cycle(rows, data, measured, failed)
+    _w7_stats(rows, data, measured, failed)
     rates = data["rates"]
     speedup = rates["speedup"] if _finite(rates["speedup"]) else math.nan
     many = rates["enqueue_many_jobs_per_s"] or math.nan

@@ -187,13 +187,16 @@ def _w7(results: dict[str, Any]) -> list[str]:
     for backend, data in _ok_workloads(results, "w7_depth"):
         for r in data["rows"]:
             if "skipped" in r:
-                rows.append([backend, f"{r['depth']:,}", "-", "-", "-", "-", "-", "-",
-                             f"not measured: {r['skipped']}"])
+                rows.append([backend, f"{r['depth']:,}", "-", "-", "-", "-", "-", "-", "-",
+                             "-", f"not measured: {r['skipped']}"])
                 continue
             c, q = r["cycle_ms"], r["queue_stats_ms"]
+            server = r.get("server") or {}
             rows.append([backend, f"{r['depth']:,}", _f(c["p50"], ".2f"), _f(c["p99"], ".2f"),
                          _f(r["claim_next_ms"]["p50"], ".2f"), _f(q["p50"], ".1f"),
                          _f(q["max"], ".1f"), _f(r.get("fill_jobs_per_s"), ",.0f"),
+                         _f(server.get("bytes_per_job"), ",.0f"),
+                         _f(server.get("znodes_per_job"), ".1f"),
                          f"{c['n']} cycles, {q['n']} stats; queue_stats saw "
                          f"{r['open_jobs_seen']:,} open"])
         rt = data["rates"]
@@ -203,7 +206,8 @@ def _w7(results: dict[str, Any]) -> list[str]:
                       data.get("cleanup", "")])
     return _table(["backend", "open jobs", "claim_next+complete p50 ms", "p99 ms",
                    "claim_next p50 ms", "queue_stats p50 ms", "queue_stats max ms",
-                   "fill jobs/s (enqueue_many)", "samples"], rows) + \
+                   "fill jobs/s (enqueue_many)", "server bytes per open job",
+                   "znodes per open job", "samples"], rows) + \
         _table(["backend", "max_enqueue_batch", "enqueue jobs/s", "enqueue_many of",
                 "enqueue_many jobs/s", "store requests for it", "speedup", "cleanup"],
                rates) + _errors(results, "w7_depth")
@@ -320,7 +324,10 @@ def markdown(results: dict[str, Any], goals: list[Goal], plots: list[str]) -> st
         "`max_queue_jobs` or when filling it would overrun the fill budget "
         f"({s['w7_fill_budget_s']:g} s). Enqueue rates: single `enqueue` calls against "
         "one `enqueue_many` of ten times as many jobs, on a queue of their own; store "
-        "requests counted on the backend instance.",
+        "requests counted on the backend instance. Server bytes per open job: growth of "
+        "etcd's `dbSize` (the bbolt file: pages, history until compaction) or ZooKeeper's "
+        "`zk_approximate_data_size` (paths + data, no per-znode overhead) since just "
+        "before the fill, over the open jobs.",
         "",
         *_w7(results),
     ]
