@@ -124,6 +124,16 @@ def test_backends_option_is_checked() -> None:
     assert result.returncode == 2 and "unknown backend 'redis'" in result.stderr
 
 
+def test_workloads_option_is_checked_and_selects() -> None:
+    from consensus_lease.bench.command import _workloads
+
+    assert _workloads("w7,w1") == ("w1_throughput", "w7_depth")  # run in the usual order
+    assert _workloads("w7_depth") == ("w7_depth",)
+    result = subprocess.run([sys.executable, "-c", CLI, "bench", "--workloads", "w9"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "unknown workload 'w9'" in result.stderr
+
+
 @pytest.mark.containers
 @pytest.mark.slow
 @pytest.mark.timeout(900)

@@ -52,8 +52,8 @@ def add_parser(subparsers: Any) -> None:
         NAME,
         help="benchmarks: backends, raw clients and peer libraries side by side",
         description="Measure cycle throughput (against the raw client), latency, keepalive "
-        "scaling, takeover, batch claims and peer lock libraries on each backend, and write "
-        "results.json, results.md and PNG plots. etcd and ZooKeeper run as 3-member "
+        "scaling, takeover, batch claims, peer lock libraries and deep queues on each backend, "
+        "and write results.json, results.md and PNG plots. etcd and ZooKeeper run as 3-member "
         "clusters started through the container kit unless URLs are given.",
     )
     parser.add_argument("--backends", type=_backends, default=BACKENDS, metavar="LIST",
