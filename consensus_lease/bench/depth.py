@@ -3,8 +3,8 @@
 One queue per backend grows step by step to each depth of ``w7_depths`` (plus
 ``w7_deep_depths`` on the backends in ``w7_deep_backends``); at each depth D:
 
-* the queue is topped up with ``store.enqueue_many`` to D + ``w7_samples`` AVAILABLE jobs,
-  so it holds between D and D + samples open jobs while measured;
+* the queue is topped up with ``store.enqueue_many`` to D + ``w7_samples`` + the warm-up
+  cycles' AVAILABLE jobs, so it holds at least D open jobs while measured;
 * ``claim_next`` + ``lease.complete`` is timed ``w7_samples`` times (after a few
   warm-up cycles), one in-process worker, one session: p50/p99 of the cycle and of the
   ``claim_next`` alone;
@@ -28,8 +28,9 @@ on the instance (:class:`~.stats.CallLog`): a driver without a native batch show
 The server's size is read at each depth where the server tells it (etcd: the member's
 ``dbSize`` from ``Status``; ZooKeeper: ``zk_approximate_data_size`` and
 ``zk_znode_count`` of ``mntr``, if four-letter words are allowed), against a reading
-taken just before the deep queue is filled: ``server_bytes_per_job`` is the growth over
-the open jobs, the figure the capacity model (docs/capacity.md) is checked against.
+taken just before the deep queue is filled: the row's ``server`` (``bytes_per_job``,
+``znodes_per_job``) is the growth over the open jobs, the figure the capacity model
+(docs/capacity.md) is checked against.
 
 Afterwards the bench's own W7 key prefix (etcd) or chroot (ZooKeeper) is deleted with
 the raw client, within ``w7_cleanup_budget_s``; a SQLite file is the run's temporary
