@@ -1,7 +1,11 @@
-"""Griffe extension for the documentation build: the package's docstrings use Sphinx-style
-roles (``:class:`~consensus_lease.lease.Lease```) and ``::`` literal-block markers, which
-Markdown shows verbatim. Rewrite them as inline code and plain colons before rendering.
-Only the rendered text changes; the docstrings in the code stay as they are."""
+"""Griffe extension for the documentation build.
+
+The package's docstrings use Sphinx-style roles (``:class:`~consensus_lease.lease.Lease```),
+``::`` literal-block markers and reST simple tables, which Markdown shows verbatim:
+rewrite them as inline code, plain colons and fenced blocks before rendering. And leave
+out of the reference the special members that say nothing to a reader (``__slots__``,
+undocumented dunder methods such as ``__repr__``). Only the rendered text changes; the
+docstrings in the code stay as they are."""
 
 from __future__ import annotations
 
@@ -53,12 +57,20 @@ def rewrite(text: str) -> str:
     return "\n".join(_fence_tables(lines))
 
 
+def _is_dunder(name: str) -> bool:
+    return name.startswith("__") and name.endswith("__") and name != "__init__"
+
+
 class RstRoles(griffe.Extension):
     """Rewrite every docstring once the object tree is built."""
 
     def on_object(self, *, obj: griffe.Object, loader: griffe.GriffeLoader, **kwargs: Any) -> None:
         if obj.docstring is not None:
             obj.docstring.value = rewrite(obj.docstring.value)
+        if obj.is_class:
+            for name, member in list(obj.members.items()):
+                if _is_dunder(name) and (name == "__slots__" or member.docstring is None):
+                    obj.del_member(name)
 
     def on_package(self, *, pkg: griffe.Module, loader: griffe.GriffeLoader, **kwargs: Any) -> None:
         # The top-level package is not passed to on_object.
