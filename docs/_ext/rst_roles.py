@@ -44,7 +44,9 @@ def _fence_tables(lines: list[str]) -> list[str]:
                 out += [indent + "```", ""]
                 rules_seen = 0
             continue
-        out.append(line)
+        # Inside a table, ``code`` markup would show its backticks: blank them out
+        # (same width, so the columns stay aligned).
+        out.append(line.replace("``", "  ") if rules_seen else line)
     return out
 
 
