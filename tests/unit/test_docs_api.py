@@ -108,3 +108,39 @@ def test_the_reference_renders_no_raw_sphinx_roles(site: Path) -> None:
     # The docstrings use :class:`...` roles; docs/_ext/rst_roles.py turns them into code.
     for page in (site / "api").glob("*/index.html"):
         assert ":class:" not in page.read_text(), page
+
+
+def _member_docstrings(path: Path, class_name: str) -> dict[str, str]:
+    """``NAME -> docstring`` of an enum's members (the string literal after each member)."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name)
+    docs: dict[str, str] = {}
+    for before, node in zip(cls.body, cls.body[1:], strict=False):
+        if (isinstance(before, ast.Assign) and isinstance(node, ast.Expr)
+                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+            target = before.targets[0]
+            assert isinstance(target, ast.Name)
+            docs[target.id] = node.value.value
+    return docs
+
+
+def _plain(text: str) -> str:
+    return " ".join(text.replace("`", "").replace("*", "").split())
+
+
+@pytest.mark.parametrize("class_name", ["SessionState", "LeaseState"])
+def test_the_concepts_page_states_what_states_py_says(class_name: str) -> None:
+    # The "what you may assume" tables are copied from the enum members' docstrings.
+    page = (ROOT / "docs" / "concepts.md").read_text()
+    heading = {"SessionState": "**Session** (`session.state`):",
+               "LeaseState": "**Lease** (`lease.state`):"}[class_name]
+    table = page[page.index(heading):]
+    table = table[: table.index("\n\n", table.index("| state |"))]
+    rows = dict(re.findall(r"^\| `([A-Z]+)` \| (.+) \|$", table, re.MULTILINE))
+    states = _member_docstrings(ROOT / "consensus_lease" / "states.py", class_name)
+    assert states, class_name
+    assert set(rows) == set(states)
+    for name, doc in states.items():
+        assert _plain(rows[name]) == _plain(doc), name
