@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install demo test test-unit cluster-setup lint bench clean
+.PHONY: install demo test test-unit cluster-setup lint docs bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,5 +49,10 @@ lint: install
 	$(BIN)/ruff check consensus_lease tests benchmarks
 	$(BIN)/mypy
 
+## The documentation site (MkDocs + mkdocstrings) into ./site; --strict: a broken link, a
+## missing reference or a docstring griffe cannot parse fails the build.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf site $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

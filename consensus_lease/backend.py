@@ -214,7 +214,7 @@ class Backend(abc.ABC):
             JobCompleted: the job has a completion record (its generation attached).
             JobFailed: the job is FAILED (now or before).
             SessionExpired: ``session`` is gone in the store.
-            BackendUnavailable / OutcomeUnknown.
+            BackendUnavailable / OutcomeUnknown: see :mod:`consensus_lease.errors`.
         """
 
     def claim_many(
@@ -244,7 +244,7 @@ class Backend(abc.ABC):
 
         Raises:
             StaleLeaseError: owner or generation no longer match (or job completed).
-            SessionExpired / BackendUnavailable.
+            SessionExpired / BackendUnavailable: see :mod:`consensus_lease.errors`.
         """
 
     @abc.abstractmethod
@@ -260,7 +260,7 @@ class Backend(abc.ABC):
         Raises:
             StaleLeaseError: not held at that generation (another holder, released,
                 expired, or completed by someone else).
-            SessionExpired / BackendUnavailable / OutcomeUnknown.
+            SessionExpired / BackendUnavailable / OutcomeUnknown: see :mod:`consensus_lease.errors`.
         """
 
     @abc.abstractmethod
@@ -269,7 +269,8 @@ class Backend(abc.ABC):
         claimable at once.
 
         Raises:
-            StaleLeaseError / SessionExpired / BackendUnavailable / OutcomeUnknown.
+            StaleLeaseError / SessionExpired / BackendUnavailable / OutcomeUnknown: see
+                :mod:`consensus_lease.errors`.
         """
 
     @abc.abstractmethod
@@ -300,7 +301,7 @@ class Backend(abc.ABC):
 
         Raises:
             StaleLeaseError: not held at that generation.
-            SessionExpired / BackendUnavailable / OutcomeUnknown.
+            SessionExpired / BackendUnavailable / OutcomeUnknown: see :mod:`consensus_lease.errors`.
             UnsupportedOperation: the backend has no elections (the default).
         """
         raise UnsupportedOperation(f"the {self.scheme} backend has no leader elections")
@@ -312,7 +313,7 @@ class Backend(abc.ABC):
 
         Raises:
             InvalidArgument: the job is unknown or not FAILED; nothing changed.
-            BackendUnavailable / OutcomeUnknown.
+            BackendUnavailable / OutcomeUnknown: see :mod:`consensus_lease.errors`.
         """
 
     # -- reading and waiting --------------------------------------------------------
@@ -426,7 +427,7 @@ class Backend(abc.ABC):
 
         Raises:
             InvalidArgument: the job exists outside this queue.
-            BackendUnavailable / OutcomeUnknown.
+            BackendUnavailable / OutcomeUnknown: see :mod:`consensus_lease.errors`.
         """
         raise UnsupportedOperation(f"the {self.scheme} backend has no work queues")
 
@@ -440,7 +441,7 @@ class Backend(abc.ABC):
             InvalidArgument: a job exists outside this queue (nothing of the batch is
                 added where the store batches atomically).
             QueueFull: the queue would exceed ``capabilities.max_queue_jobs``.
-            BackendUnavailable / OutcomeUnknown.
+            BackendUnavailable / OutcomeUnknown: see :mod:`consensus_lease.errors`.
         """
         return [self.enqueue(queue, it.job_id, it.payload, it.max_attempts) for it in items]
 
@@ -495,7 +496,7 @@ class Backend(abc.ABC):
         """The store's epoch now (0 if never bumped).
 
         Raises:
-            BackendUnavailable.
+            BackendUnavailable: see :mod:`consensus_lease.errors`.
         """
         raise UnsupportedOperation(f"the {self.scheme} backend has no store epoch")
 
@@ -507,7 +508,7 @@ class Backend(abc.ABC):
 
         Raises:
             InvalidArgument: ``above`` < 0, or the epoch would leave the int64 token range.
-            BackendUnavailable / OutcomeUnknown.
+            BackendUnavailable / OutcomeUnknown: see :mod:`consensus_lease.errors`.
         """
         raise UnsupportedOperation(f"the {self.scheme} backend has no store epoch")
 

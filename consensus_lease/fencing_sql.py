@@ -413,7 +413,7 @@ class SqlFence:
         """The highest token accepted for ``resource``, or ``None``.
 
         Raises:
-            BackendUnavailable.
+            BackendUnavailable: see :mod:`consensus_lease.errors`.
         """
         try:
             with self.engine.connect() as conn:
@@ -433,7 +433,7 @@ class SqlFence:
 
         Raises:
             InvalidArgument: bad ``resource``.
-            BackendUnavailable.
+            BackendUnavailable: see :mod:`consensus_lease.errors`.
         """
         check_job_id(resource)
         return first_by_effect_id(self.effects(resource))
@@ -443,7 +443,7 @@ class SqlFence:
         optionally only those of ``resource``.
 
         Raises:
-            BackendUnavailable.
+            BackendUnavailable: see :mod:`consensus_lease.errors`.
         """
         e = self.effects_table
         query = select(e.c.seq, e.c.resource, e.c.token, e.c.effect_id, e.c.payload)

@@ -293,8 +293,9 @@ class Session:
 
         Raises:
             UnsupportedOperation: the backend has no work queues (``capabilities.queues``).
-            ClaimTimeout, InvalidArgument, LeaseLost, LeaseSuspended, BackendUnavailable,
-            OutcomeUnknown, StoreClosed, StoreInherited: as for :meth:`claim`.
+            ClaimTimeout / InvalidArgument / LeaseLost / LeaseSuspended: as for :meth:`claim`.
+            BackendUnavailable / OutcomeUnknown / StoreClosed / StoreInherited: as for
+                :meth:`claim`.
         """
         self._liveness.check_usable()
         lease = _queue_claim.claim_next(self, self._holdings, queue, wait_s)
@@ -349,11 +350,13 @@ class Session:
             UnsupportedOperation: the backend has no elections (``capabilities.elections``).
             InvalidArgument: bad name, value or wait, or this session already leads it.
             ClaimTimeout: ``wait_s`` passed with another session leading.
-            LeaseLost / SessionExpired / LeaseSuspended / BackendUnavailable /
-            OutcomeUnknown / StoreClosed / StoreInherited: as for :meth:`claim`. A
-                claim made before the value failed was handed back; if even that failed,
-                this session keeps it until it closes, and its next campaign for ``name``
-                resumes it (writing the value) instead of waiting for itself.
+            LeaseLost / SessionExpired / LeaseSuspended / BackendUnavailable: as for
+                :meth:`claim`. With these and the three below, a claim made before the
+                value failed was handed back; if even that failed, this session keeps it
+                until it closes, and its next campaign for ``name`` resumes it (writing
+                the value) instead of waiting for itself.
+            OutcomeUnknown / StoreClosed / StoreInherited: as for :meth:`claim`, and as
+                above.
         """
         self._liveness.check_usable()
         leadership = _campaign.campaign(self, self._holdings, name, value, wait_s)
@@ -372,8 +375,8 @@ class Session:
 
         Raises:
             InvalidArgument: a bad or duplicate id, or one this session already holds.
-            LeaseLost / LeaseSuspended / BackendUnavailable / OutcomeUnknown /
-            StoreClosed / StoreInherited: as ``claim``.
+            LeaseLost / LeaseSuspended / BackendUnavailable: as ``claim``.
+            OutcomeUnknown / StoreClosed / StoreInherited: as ``claim``.
         """
         self._liveness.check_usable()
         if isinstance(job_ids, (str, bytes)) or not isinstance(job_ids, Sequence):

@@ -228,7 +228,7 @@ class LeaseStore:
 
         Raises:
             InvalidArgument: bad job id.
-            BackendUnavailable.
+            BackendUnavailable: see :mod:`consensus_lease.errors`.
         """
         self._check_open()
         return self.backend.get(check_job_id(job_id))
@@ -249,7 +249,7 @@ class LeaseStore:
         Raises:
             InvalidArgument: bad name.
             UnsupportedOperation: the backend has no elections.
-            BackendUnavailable. StoreClosed / StoreInherited.
+            BackendUnavailable / StoreClosed / StoreInherited: see :mod:`consensus_lease.errors`.
         """
         self._check_open()
         check_election_name(name)
@@ -287,7 +287,7 @@ class LeaseStore:
         Raises:
             InvalidArgument: bad name or timeout.
             UnsupportedOperation: the backend has no elections.
-            StoreClosed / StoreInherited.
+            StoreClosed / StoreInherited: see :mod:`consensus_lease.errors`.
         """
         self._check_open()
         check_election_name(name)
@@ -319,7 +319,7 @@ class LeaseStore:
         ``epoch * 2**backend.epoch_shift + the store's own counter``.
 
         Raises:
-            UnsupportedOperation / BackendUnavailable.
+            UnsupportedOperation / BackendUnavailable: see :mod:`consensus_lease.errors`.
         """
         self._check_open()
         return self.backend.epoch()
@@ -335,7 +335,8 @@ class LeaseStore:
         Raises:
             InvalidArgument: ``above`` is not an int >= 0, or the epoch would leave the
                 int64 token range; nothing changed.
-            UnsupportedOperation / BackendUnavailable / OutcomeUnknown.
+            UnsupportedOperation / BackendUnavailable / OutcomeUnknown: see
+                :mod:`consensus_lease.errors`.
         """
         self._check_open()
         if above is not None and (isinstance(above, bool) or not isinstance(above, int)
@@ -354,7 +355,7 @@ class LeaseStore:
 
         Raises:
             InvalidArgument: bad id, or the job is unknown or not FAILED; nothing changed.
-            BackendUnavailable / OutcomeUnknown.
+            BackendUnavailable / OutcomeUnknown: see :mod:`consensus_lease.errors`.
         """
         self._check_open()
         return self.backend.requeue(check_job_id(job_id))
@@ -386,7 +387,7 @@ class LeaseStore:
             InvalidArgument: bad name or id, payload not bytes or over the store's size
                 limit (checked before sending), or the job exists outside this queue.
             UnsupportedOperation: the backend has no work queues.
-            BackendUnavailable / OutcomeUnknown.
+            BackendUnavailable / OutcomeUnknown: see :mod:`consensus_lease.errors`.
         """
         check_queue_name(queue)
         check_job_id(job_id)
@@ -501,7 +502,7 @@ class LeaseStore:
         recorded with their generation and result.
 
         Raises:
-            UnsupportedOperation, BackendUnavailable.
+            UnsupportedOperation / BackendUnavailable: see :mod:`consensus_lease.errors`.
         """
         check_queue_name(queue)
         self._require_queues()
