@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-__all__ = ["ClaimResult", "JobState", "LeaseRecord", "QueueStats", "QueuedJob"]
+__all__ = ["ClaimResult", "EnqueueItem", "JobState", "LeaseRecord", "QueueStats", "QueuedJob"]
 
 
 class JobState(enum.Enum):
