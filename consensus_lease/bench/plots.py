@@ -247,8 +247,7 @@ def _w8(results: dict[str, Any], path: Path) -> bool:
         labels = [f"1 process,\n{data['tasks']} asyncio tasks",
                   f"{data['processes']} sync\nprocesses"]
         ax.bar(labels, values, color=[OURS, RAW])
-        for i, value in enumerate(values):
-            ax.text(i, value, f"{value:.0f}", ha="center", va="bottom", fontsize="small")
+        _labels(ax, [0.0, 1.0], values)
         _headroom(ax, values)
         ax.set_title(f"{backend}: ratio {_num(data['ratio']):.2f}x")
         ax.set_ylabel("cycles/s")
