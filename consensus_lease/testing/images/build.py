@@ -162,11 +162,11 @@ def _codename() -> str:
     return found.group(1)
 
 
-def _mirror(codename: str) -> str:
-    """The first apt source URI carrying the release's own suite (``DEBIAN_MIRROR`` wins)."""
+def _mirror(codename: str, apt: Path = Path("/etc/apt")) -> str:
+    """The first URI of an apt source (under ``apt``) carrying the release's own suite;
+    ``$DEBIAN_MIRROR`` wins."""
     if os.environ.get("DEBIAN_MIRROR"):
         return os.environ["DEBIAN_MIRROR"]
-    apt = Path("/etc/apt")
     for path in sorted(apt.glob("sources.list.d/*.sources")):  # deb822 stanzas
         for stanza in re.split(r"\n\s*\n", path.read_text(errors="replace")):
             fields = {}
@@ -317,6 +317,53 @@ class _HostLock:
         self._file.close()
 
 
+def _build_bases(
+    needed: dict[str, list[str]], codename: str, report: Callable[[str], None]
+) -> list[str]:
+    """Build the bases ``needed`` (tag -> packages) two at a time; return the errors."""
+    errors: list[str] = []
+    log: list[str] = []
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = [
+            pool.submit(_build_base, tag, codename, packages, log)
+            for tag, packages in needed.items()
+        ]
+        for future in futures:
+            try:
+                future.result()
+            except BuildError as exc:
+                errors.append(str(exc))
+    for line in log:
+        report(line)
+    return errors
+
+
+def _build_recipe(recipe: Recipe, base: str, report: Callable[[str], None]) -> None:
+    """Build ``recipe`` on ``base`` and drop the image its tag pointed at before."""
+    tag = recipe.image()
+    if _image_id(base) is None:
+        raise BuildError(f"{tag}: its base {base} could not be built")
+    old = _image_id(tag)
+    _docker_build(recipe, base, tag)
+    new = _image_id(tag)
+    if old is not None and old != new:
+        try:  # a container still using the old image keeps it
+            _docker("rmi", old)
+        except BuildError:
+            report(f"kept the old {tag} ({old[:19]}): in use")
+
+
+def _outdated(names: list[str], force: bool, report: Callable[[str], None]) -> list[Recipe]:
+    todo = []
+    for name in names:
+        recipe = RECIPES[name]
+        if not force and _label(recipe.image(), RECIPE_LABEL) == str(recipe.revision):
+            report(f"{recipe.image()} is up to date")
+        else:
+            todo.append(recipe)
+    return todo
+
+
 def build_images(
     names: Iterable[str] = KIT_RECIPES,
     *,
@@ -324,7 +371,8 @@ def build_images(
     report: Callable[[str], None] = print,
 ) -> dict[str, float]:
     """Build the images of the recipes ``names`` (see :data:`RECIPES`) that are missing or
-    outdated (all of them with ``force``). Reports one line per image through ``report``.
+    outdated (all of them, bases included, with ``force``). Reports one line per image
+    through ``report``.
 
     Returns the seconds each built image took (bases included), by image tag.
 
@@ -344,58 +392,27 @@ def build_images(
         )
     lock = _HostLock(LOCK_TIMEOUT_S)
     try:
-        todo = []
-        for name in wanted:
-            recipe = RECIPES[name]
-            tag = recipe.image()
-            if not force and _label(tag, RECIPE_LABEL) == str(recipe.revision):
-                report(f"{tag} is up to date")
-            else:
-                todo.append(recipe)
+        started = time.monotonic()
+        todo = _outdated(wanted, force, report)
         if not todo:
             return {}
         codename = _codename()
-        started = {r.name: time.monotonic() for r in todo}
         bases = {r.name: _base_tag(codename, r.packages()) for r in todo}
         needed = {
             bases[r.name]: r.packages()
             for r in todo
             if force or _label(bases[r.name], PACKAGES_LABEL) is None
         }
-        errors: list[str] = []
-        log: list[str] = []
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            futures = {
-                tag: pool.submit(_build_base, tag, codename, packages, log)
-                for tag, packages in needed.items()
-            }
-            for future in futures.values():
-                try:
-                    future.result()
-                except BuildError as exc:
-                    errors.append(str(exc))
-        for line in log:
-            report(line)
+        errors = _build_bases(needed, codename, report)
         took: dict[str, float] = {}
         for recipe in todo:
-            tag = recipe.image()
-            if _image_id(bases[recipe.name]) is None:
-                errors.append(f"{tag}: its base {bases[recipe.name]} could not be built")
-                continue
-            old = _image_id(tag)
             try:
-                _docker_build(recipe, bases[recipe.name], tag)
+                _build_recipe(recipe, bases[recipe.name], report)
             except BuildError as exc:
                 errors.append(str(exc))
                 continue
-            new = _image_id(tag)
-            if old is not None and old != new:
-                try:  # a container still using the old image keeps it
-                    _docker("rmi", old)
-                except BuildError:
-                    report(f"kept the old {tag} ({old[:19]}): in use")
-            took[tag] = time.monotonic() - started[recipe.name]
-            report(f"built {tag} in {took[tag]:.0f} s")
+            took[recipe.image()] = time.monotonic() - started
+            report(f"built {recipe.image()} in {took[recipe.image()]:.0f} s")
         if errors:
             raise BuildError("\n".join(errors))
         return took
