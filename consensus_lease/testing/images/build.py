@@ -199,6 +199,8 @@ def _build_base(tag: str, codename: str, packages: Sequence[str], log: list[str]
         raise BuildError(f"building the base {tag} runs debootstrap, which needs root")
     if shutil.which("debootstrap") is None:
         raise BuildError("debootstrap is missing (apt-get install -y debootstrap)")
+    if shutil.which("docker") is None:
+        raise BuildError("the docker client is missing (apt-get install -y docker.io)")
     mirror = _mirror(codename)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="consensus-lease-rootfs-", dir="/var/tmp") as tmp:
