@@ -25,6 +25,7 @@ EXTRA_COMMANDS: list[str] = [
     "consensus_lease.runcmd.command",
     "consensus_lease.runcmd.elect",
     "consensus_lease.worker.command",
+    "consensus_lease.testing.kitcmd",
 ]
 """Modules providing further subcommands (see ``_command_modules``)."""
 

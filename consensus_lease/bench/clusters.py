@@ -92,7 +92,7 @@ def _start_kit_cluster(kind: str, stack: contextlib.ExitStack, note: Note) -> An
         )
     image = engine.etcd_image() if kind == "etcd" else engine.zookeeper_image()
     if engine.missing_images([image]):
-        raise RuntimeError(f"image {image} is missing (docker/build-images.sh builds it)")
+        raise RuntimeError(f"image {image} is missing (consensus-lease kit build-images builds it)")
     from ..testing.cluster import ClusterError, EtcdCluster, ZooKeeperCluster
 
     for slot in BENCH_SLOTS:

@@ -62,8 +62,12 @@ def add_parser(subparsers: Any) -> None:
                         help="comma-separated, from w1,w2,w3,w4,w5,w6,w7,w8 (default: all)")
     parser.add_argument("--quick", action="store_true",
                         help="small sizes and few trials (a few minutes at most)")
-    parser.add_argument("--out", type=Path, default=Path("bench-results"), metavar="DIR",
-                        help="output folder (default: ./bench-results)")
+    parser.add_argument("--out", type=Path, default=None, metavar="DIR",
+                        help="output folder (default: ./bench-results; with --replot, the "
+                        "folder of RESULTS_JSON)")
+    parser.add_argument("--replot", type=Path, metavar="RESULTS_JSON",
+                        help="measure nothing: draw the plots again from a results.json "
+                        "written by an earlier run")
     parser.add_argument("--etcd-url", metavar="URL",
                         help="use this etcd (etcd://h1:2379,h2:2379,...) instead of starting one; "
                         "the bench keeps its keys under its own prefix")
@@ -78,13 +82,40 @@ def add_parser(subparsers: Any) -> None:
                         "backend (needs pyinstrument)")
 
 
+def replot(results_json: Path, out: Path | None, console: Console) -> int:
+    """Draw the plots of an earlier run again from its ``results.json``.
+
+    Raises:
+        OSError: the file cannot be read or the folder written.
+        ValueError: the file is not a results.json of ``consensus-lease bench``.
+        ImportError: matplotlib is missing.
+    """
+    import json
+
+    from .plots import write_plots
+
+    results = json.loads(results_json.read_text())
+    if not isinstance(results, dict) or not isinstance(results.get("backends"), dict):
+        raise ValueError(f"{results_json} is not a results.json of consensus-lease bench")
+    folder = out if out is not None else results_json.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        written = write_plots(results, folder)
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"{results_json} lacks what a plot needs: {exc!r}") from exc
+    console.print(f"wrote {len(written)} plots in {folder}: {', '.join(written)}")
+    return 0
+
+
 def run(args: argparse.Namespace, console: Console) -> int:
+    if args.replot is not None:
+        return replot(args.replot, args.out, console)
     from .runner import BenchOptions, run_bench
 
     options = BenchOptions(
         backends=tuple(args.backends),
         quick=bool(args.quick),
-        out=Path(args.out),
+        out=Path(args.out) if args.out is not None else Path("bench-results"),
         etcd_url=args.etcd_url,
         zk_url=args.zk_url,
         zk_tick_ms=args.zk_tick_ms,

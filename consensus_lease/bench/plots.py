@@ -1,7 +1,10 @@
 """PNG plots of a run (matplotlib, Agg backend: no display needed).
 
-Every plot is written even when a workload was not measured anywhere (it then says
-so), so the set of files does not depend on which backends ran.
+Made to be read at a glance: legends sit above the panels, never over the data; every
+axis has headroom, so no bar, label or point touches the frame; backends whose lines
+coincide are told apart by marker. A workload measured nowhere gets no plot at all (and
+an old file of that name in the folder is removed), and a backend that did not measure
+a workload gets no panel.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ PLOTS = ("w1_throughput.png", "w2_latency.png", "w3_keepalive.png", "w4_takeover
 OURS, RAW, PEER = "#1f77b4", "#aaaaaa", "#ff7f0e"
 BACKEND_COLOURS = {"sqlite": "#2ca02c", "etcd": "#1f77b4", "zookeeper": "#d62728",
                    "memory": "#7f7f7f"}
+HEADROOM = 1.18  # the y axis reaches this times the largest value
+MARKERS = {"sqlite": ("o", 11), "etcd": ("s", 7), "zookeeper": ("^", 5)}
+"""Marker and size per backend: large hollow to small filled, so equal values stay visible."""
 
 
 def _ok(results: dict[str, Any], key: str) -> list[tuple[str, dict[str, Any]]]:
@@ -42,27 +48,42 @@ def _figure(panels: int, title: str) -> tuple[Any, list[Any]]:
     return fig, list(axes[0])
 
 
-def _empty(path: Path, title: str) -> None:
-    fig, (ax,) = _figure(1, title)
-    ax.text(0.5, 0.5, "not measured in this run", ha="center", va="center")
-    ax.set_axis_off()
-    _save(fig, path)
+def _headroom(ax: Any, values: list[float]) -> None:
+    top = max([v for v in values if math.isfinite(v)] or [0.0])
+    ax.set_ylim(0, top * HEADROOM if top > 0 else 1.0)
+
+
+def _labels(ax: Any, xs: list[float], values: list[float], fmt: str = "{:.0f}") -> None:
+    for x, value in zip(xs, values, strict=True):
+        ax.annotate(fmt.format(value), (x, value), xytext=(0, 3), textcoords="offset points",
+                    ha="center", va="bottom", fontsize="x-small",
+                    bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.85})
 
 
 def _save(fig: Any, path: Path) -> None:
+    """One legend for the figure, between the title and the panels; then write it."""
     import matplotlib.pyplot as plt
 
-    fig.tight_layout()
+    handles: dict[str, Any] = {}
+    for ax in fig.axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    top = 0.95
+    if handles:
+        fig.legend(list(handles.values()), list(handles), loc="upper center",
+                   bbox_to_anchor=(0.5, 0.945), ncol=min(len(handles), 5), frameon=False,
+                   fontsize="small")
+        top = 0.89
+    fig.tight_layout(rect=(0.0, 0.0, 1.0, top))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def _w1(results: dict[str, Any], path: Path) -> None:
+def _w1(results: dict[str, Any], path: Path) -> bool:
     found = _ok(results, "w1_throughput")
     title = "W1 claim+complete cycles/s: ours vs raw client (same run)"
     if not found:
-        _empty(path, title)
-        return
+        return False
     fig, axes = _figure(len(found), title)
     for ax, (backend, data) in zip(axes, found, strict=True):
         labels, ours, raw = [], [], []
@@ -72,21 +93,24 @@ def _w1(results: dict[str, Any], path: Path) -> None:
             ours.append(_num(row["ours_cycles_per_s"]))
             raw.append(_num(row["raw_cycles_per_s"]))
         x = range(len(labels))
-        ax.bar([i - 0.2 for i in x], ours, 0.4, label="consensus_lease", color=OURS)
-        ax.bar([i + 0.2 for i in x], raw, 0.4, label="raw client", color=RAW)
+        left, right = [i - 0.2 for i in x], [i + 0.2 for i in x]
+        ax.bar(left, ours, 0.4, label="consensus_lease", color=OURS)
+        ax.bar(right, raw, 0.4, label="raw client", color=RAW)
+        _labels(ax, left, ours)
+        _labels(ax, right, raw)
+        _headroom(ax, ours + raw)
         ax.set_xticks(list(x), labels)
         ax.set_title(backend)
         ax.set_ylabel("cycles/s")
-        ax.legend(fontsize="small")
     _save(fig, path)
+    return True
 
 
-def _w2(results: dict[str, Any], path: Path) -> None:
+def _w2(results: dict[str, Any], path: Path) -> bool:
     found = _ok(results, "w2_latency")
     title = "W2 latency per operation (p50 bar, p99 whisker)"
     if not found:
-        _empty(path, title)
-        return
+        return False
     fig, axes = _figure(len(found), title)
     for ax, (backend, data) in zip(axes, found, strict=True):
         ops = ["claim", "renew", "complete"]
@@ -95,43 +119,51 @@ def _w2(results: dict[str, Any], path: Path) -> None:
         ax.bar(ops, p50, color=OURS, yerr=[[0.0] * 3, [b - a for a, b in zip(p50, p99,
                                                                          strict=True)]],
                capsize=6)
+        for i, (low, high) in enumerate(zip(p50, p99, strict=True)):
+            ax.text(i, low / 2, f"p50\n{low:.2f}", ha="center", va="center", color="white",
+                    fontsize="x-small")
+            ax.text(i + 0.1, high, f"p99 {high:.2f}", ha="left", va="center",
+                    fontsize="x-small")
+        _headroom(ax, p99)
         ax.set_title(backend)
         ax.set_ylabel("ms")
     _save(fig, path)
+    return True
 
 
-def _w3(results: dict[str, Any], path: Path) -> None:
+def _w3(results: dict[str, Any], path: Path) -> bool:
     found = _ok(results, "w3_keepalive")
     title = "W3 one worker holding N jobs"
     if not found:
-        _empty(path, title)
-        return
+        return False
     fig, axes = _figure(3, title)
+    columns = ("renewal_requests_per_s", "cpu_ms_per_s", "bytes_per_lease")
+    series: list[list[float]] = [[], [], []]
     for backend, data in found:
         held = [r["held"] for r in data["rows"]]
-        axes[0].plot(held, [_num(r["renewal_requests_per_s"]) for r in data["rows"]], "o-",
-                     label=backend)
-        axes[1].plot(held, [_num(r["cpu_ms_per_s"]) for r in data["rows"]], "o-",
-                     label=backend)
-        axes[2].plot(held, [_num(r["bytes_per_lease"]) for r in data["rows"]], "o-",
-                     label=backend)
-    for ax, ylabel in zip(axes, ("renewal requests/s", "client CPU ms per s",
-                                 "client bytes per held lease"), strict=True):
+        marker, size = MARKERS.get(backend, ("D", 6))
+        for i, column in enumerate(columns):
+            values = [_num(r[column]) for r in data["rows"]]
+            series[i] += values
+            axes[i].plot(held, values, marker=marker, markersize=size, linestyle="-",
+                         markerfacecolor="none" if size > 8 else None, label=backend)
+    for ax, values, ylabel in zip(axes, series, ("renewal requests/s", "client CPU ms per s",
+                                                 "client bytes per held lease"), strict=True):
         ax.set_xscale("log")
+        ax.margins(x=0.08)
         ax.set_xlabel("held jobs")
         ax.set_ylabel(ylabel)
-        ax.set_ylim(bottom=0)
-        ax.legend(fontsize="small")
-    axes[2].axhline(2048, color="red", linestyle="--", linewidth=1)
+        _headroom(ax, values)
+    axes[2].set_title("goal: at most 2048 bytes", fontsize="small")
     _save(fig, path)
+    return True
 
 
-def _w4(results: dict[str, Any], path: Path) -> None:
+def _w4(results: dict[str, Any], path: Path) -> bool:
     found = _ok(results, "w4_takeover")
     title = "W4 takeover: after SIGKILL (s) and graceful handover (ms)"
     if not found:
-        _empty(path, title)
-        return
+        return False
     fig, axes = _figure(2, title)
     names = [b for b, _ in found]
     x = range(len(found))
@@ -143,8 +175,10 @@ def _w4(results: dict[str, Any], path: Path) -> None:
         axes[0].hlines(_num(d["granted_ttl_s"]), i - 0.45, i + 0.45, colors="black",
                        linestyles="dotted", label="TTL" if i == 0 else None)
     axes[0].set_xticks(list(x), names)
-    axes[0].set_ylabel("s from SIGKILL to next holder's fenced write")
-    axes[0].legend(fontsize="small")
+    axes[0].set_ylabel("s from SIGKILL to\nnext holder's fenced write")
+    _labels(axes[0], [i - 0.2 for i in x], kill50, "{:.2f}")
+    _labels(axes[0], [i + 0.2 for i in x], kill99, "{:.2f}")
+    _headroom(axes[0], kill99 + [_num(d["granted_ttl_s"]) for _, d in found])
     g50 = [_num(d["graceful_ms"]["p50"]) for _, d in found]
     g99 = [_num(d["graceful_ms"]["p99"]) for _, d in found]
     axes[1].bar([i - 0.2 for i in x], g50, 0.4, label="p50", color=OURS)
@@ -152,16 +186,18 @@ def _w4(results: dict[str, Any], path: Path) -> None:
     axes[1].axhline(20, color="red", linestyle="--", linewidth=1, label="goal 20 ms")
     axes[1].set_xticks(list(x), names)
     axes[1].set_ylabel("ms from release to next claim")
-    axes[1].legend(fontsize="small")
+    _labels(axes[1], [i - 0.2 for i in x], g50, "{:.1f}")
+    _labels(axes[1], [i + 0.2 for i in x], g99, "{:.1f}")
+    _headroom(axes[1], [*g99, 20.0])
     _save(fig, path)
+    return True
 
 
-def _w5(results: dict[str, Any], path: Path) -> None:
+def _w5(results: dict[str, Any], path: Path) -> bool:
     found = _ok(results, "w5_batch")
     title = "W5 claiming a batch: 128 single claims vs claim_many"
     if not found:
-        _empty(path, title)
-        return
+        return False
     fig, (ax,) = _figure(1, title)
     x = range(len(found))
     single = [_num(d["single_ms"]["p50"]) for _, d in found]
@@ -171,18 +207,19 @@ def _w5(results: dict[str, Any], path: Path) -> None:
     for i, (_, d) in enumerate(found):
         text = f"{_num(d.get('speedup')):.1f}x" if d["supported"] else "not\nsupported"
         ax.text(i + 0.2, max(batch[i], 0.0), text, ha="center", va="bottom", fontsize="small")
+    _labels(ax, [i - 0.2 for i in x], single)
     ax.set_xticks(list(x), [b for b, _ in found])
     ax.set_ylabel("ms (median)")
-    ax.legend(fontsize="small")
+    _headroom(ax, single + batch)
     _save(fig, path)
+    return True
 
 
-def _w6(results: dict[str, Any], path: Path) -> None:
+def _w6(results: dict[str, Any], path: Path) -> bool:
     found = [(b, d) for b, d in _ok(results, "w6_peers") if d.get("peers")]
     title = "W6 acquire+release cycles/s on the same store (hatched: no fencing token)"
     if not found:
-        _empty(path, title)
-        return
+        return False
     fig, axes = _figure(len(found), title)
     for ax, (backend, data) in zip(axes, found, strict=True):
         peers = data["peers"]
@@ -194,9 +231,11 @@ def _w6(results: dict[str, Any], path: Path) -> None:
                     va="bottom", fontsize="small")
         ax.set_xticks(range(len(peers)), [p["name"].replace(" (", "\n(") for p in peers],
                       fontsize="x-small", rotation=15)
+        _headroom(ax, [_num(peer["cycles_per_s"]) for peer in peers])
         ax.set_title(backend)
         ax.set_ylabel("cycles/s")
     _save(fig, path)
+    return True
 
 
 def _count(value: float, _pos: object = None) -> str:
@@ -207,12 +246,11 @@ def _count(value: float, _pos: object = None) -> str:
     return f"{value:g}"
 
 
-def _w7(results: dict[str, Any], path: Path) -> None:
+def _w7(results: dict[str, Any], path: Path) -> bool:
     found = _ok(results, "w7_depth")
     title = "W7 deep queue: cost against open jobs (solid p50, dotted p99), enqueue rates"
     if not found:
-        _empty(path, title)
-        return
+        return False
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, NullFormatter
     from matplotlib.transforms import blended_transform_factory
@@ -275,32 +313,46 @@ def _w7(results: dict[str, Any], path: Path) -> None:
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True
 
 
-def _w8(results: dict[str, Any], path: Path) -> None:
+def _w8(results: dict[str, Any], path: Path) -> bool:
     found = _ok(results, "w8_async")
     title = "W8 claim+complete cycles/s: one asyncio process vs sync worker processes"
     if not found:
-        _empty(path, title)
-        return
+        return False
     fig, axes = _figure(len(found), title)
     for ax, (backend, data) in zip(axes, found, strict=True):
         values = [_num(data["async_cycles_per_s"]), _num(data["processes_cycles_per_s"])]
         labels = [f"1 process,\n{data['tasks']} asyncio tasks",
                   f"{data['processes']} sync\nprocesses"]
         ax.bar(labels, values, color=[OURS, RAW])
-        for i, value in enumerate(values):
-            ax.text(i, value, f"{value:.0f}", ha="center", va="bottom", fontsize="small")
+        _labels(ax, [0.0, 1.0], values)
+        _headroom(ax, values)
         ax.set_title(f"{backend}: ratio {_num(data['ratio']):.2f}x")
         ax.set_ylabel("cycles/s")
     _save(fig, path)
+    return True
 
 
 def write_plots(results: dict[str, Any], out: Path) -> list[str]:
-    """Write every plot in :data:`PLOTS` into ``out``; return their file names."""
+    """Write the plots of :data:`PLOTS` whose workload some backend measured into ``out``
+    (a folder) and remove older files named after the others.
+
+    Returns the names of the files written.
+
+    Raises:
+        ImportError: matplotlib is not installed.
+        OSError: ``out`` cannot be written.
+        KeyError, TypeError: ``results`` lacks what a measured workload records.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
+    written = []
     for name, draw in zip(PLOTS, (_w1, _w2, _w3, _w4, _w5, _w6, _w7, _w8), strict=True):
-        draw(results, out / name)
-    return list(PLOTS)
+        if draw(results, out / name):
+            written.append(name)
+        else:
+            (out / name).unlink(missing_ok=True)
+    return written

@@ -5,8 +5,18 @@ of several processes never clash); member n (1-based) binds 127.0.k.(B+n)
 with B = 10 for etcd and 20 for ZooKeeper, and runs with gid
 4300 + 100*k + B + n. Every member is one testcontainers ``DockerContainer``
 with host networking and ``--user 0:GID``; its data lives in the container, so
-it survives :meth:`Cluster.restart`. Images come from ``docker/build-images.sh``
-(names overridable, see :mod:`consensus_lease.testing.engine`).
+it survives :meth:`Cluster.restart`. Images come from ``consensus-lease kit
+build-images`` (recipes in :mod:`consensus_lease.testing.images`; names overridable,
+see :mod:`consensus_lease.testing.engine`), or, in the *upstream* image style, are the
+published etcd and official ``zookeeper`` images (or images following their
+conventions).
+
+Faults need nothing inside the images: pause, kill and restart go through the engine,
+and partitions are iptables rules on the host matching each member's gid. That last
+part holds only while the member's server process keeps the gid the kit gave it
+(``--user UID:GID``); :attr:`Cluster.capabilities` says, after :meth:`Cluster.start`
+checked the processes, which faults work, and a fault that does not raises
+:class:`FaultUnsupported` instead of silently doing nothing.
 
 A subclass per store (:mod:`consensus_lease.testing.etcd_cluster`,
 :mod:`consensus_lease.testing.zookeeper_cluster`) supplies the server's command
@@ -23,12 +33,13 @@ import socket
 import tempfile
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
+from consensus_lease.testing import engine
 from consensus_lease.testing._containers import (
     CLUSTER_LABEL,
     KIT_LABEL,
@@ -49,6 +60,8 @@ __all__ = [
     "Cluster",
     "ClusterError",
     "ClusterTimeout",
+    "FaultUnsupported",
+    "KitCapabilities",
     "Member",
     "MemberState",
 ]
@@ -65,6 +78,45 @@ class ClusterError(RuntimeError):
 
 class ClusterTimeout(ClusterError, TimeoutError):
     """A bounded wait (readiness, leader) passed its deadline."""
+
+
+class FaultUnsupported(ClusterError):
+    """The fault cannot be injected with this cluster's images (see
+    :attr:`Cluster.capabilities`); nothing was changed."""
+
+
+@dataclass(frozen=True)
+class KitCapabilities:
+    """Which faults a started cluster can inject, and why not where it cannot.
+
+    Attributes:
+        pause, kill, restart: through the engine; work with any image.
+        cut_client: :meth:`Cluster.cut_client`; matches the *client's* gid, so it works
+            with any image.
+        member_partitions: :meth:`Cluster.partition` and :meth:`Cluster.isolate`; they
+            match each member's gid, so they need every member's server process to run
+            with the gid the kit gave it.
+        reasons: for each fault that does not work, why.
+    """
+
+    pause: bool = True
+    kill: bool = True
+    restart: bool = True
+    cut_client: bool = True
+    member_partitions: bool = True
+    reasons: dict[str, str] = field(default_factory=dict)
+
+
+def _process_gids(pid: int) -> tuple[int, ...] | None:
+    """(real, effective, saved, filesystem) gid of host process ``pid``, or None."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("Gid:"):
+            return tuple(int(part) for part in line.split()[1:])
+    return None
 
 
 class MemberState(Enum):
@@ -137,7 +189,14 @@ class Cluster:
         slot: address block to use (see module docstring); ``None`` takes the
             first free one from 0.
         size: number of members (odd; 3 by default).
-        image: image name; default from :mod:`consensus_lease.testing.engine`.
+        image: image name; default from :mod:`consensus_lease.testing.engine` for the
+            image style.
+        image_style: ``"kit"`` (our images, the default) or ``"upstream"`` (images
+            following the published etcd / official ``zookeeper`` images' conventions);
+            ``None`` reads ``$CONSENSUS_LEASE_IMAGE_STYLE``.
+
+    Raises:
+        ValueError: unknown image style.
     """
 
     kind: ClassVar[str]
@@ -146,13 +205,22 @@ class Cluster:
     client_port: ClassVar[int]
     peer_ports: ClassVar[tuple[int, ...]]
 
-    def __init__(self, *, slot: int | None = None, size: int = 3, image: str | None = None):
+    def __init__(
+        self,
+        *,
+        slot: int | None = None,
+        size: int = 3,
+        image: str | None = None,
+        image_style: str | None = None,
+    ):
+        self.image_style = engine.image_style(image_style)
         self.image = image or self._default_image()
         self.size = size
         self.slot = slot
         self.name = f"{self.kind}-s{slot}" if slot is not None else self.kind
         self.members: list[Member] = []
         self.ready_after_s: float | None = None  # start() to all members serving
+        self.capabilities = KitCapabilities()
         self._lock: _SlotLock | None = None
         self._firewall = Firewall(make_tag(self.name))
 
@@ -160,11 +228,16 @@ class Cluster:
     def _default_image(self) -> str:
         raise NotImplementedError
 
-    def _command(self, member: Member) -> list[str]:
+    def _command(self, member: Member) -> list[str] | None:
+        """The container's command (None: the image's own)."""
         raise NotImplementedError
 
     def _env(self, member: Member) -> dict[str, str]:
         return {}
+
+    def _user(self, member: Member) -> str:
+        """``--user`` of the member's container: it must give the server the member's gid."""
+        return f"0:{member.gid}"
 
     def _probe_ready(self, member: Member) -> tuple[bool, str]:
         """(serving?, detail) for one member, within about a second."""
@@ -221,6 +294,7 @@ class Cluster:
                 member.container.start()
             self.wait_ready(timeout_s)
             self.ready_after_s = time.monotonic() - started
+            self.capabilities = self._check_capabilities()
         except BaseException as exc:
             try:
                 self.stop()
@@ -228,6 +302,30 @@ class Cluster:
                 exc.add_note(f"cleanup after the failed start also failed: {cleanup_exc!r}")
             raise
         return self
+
+    def _check_capabilities(self) -> KitCapabilities:
+        """Which faults work: member partitions need each server process on its own gid."""
+        wrong = []
+        for member in self.members:
+            container = member.docker()
+            container.reload()
+            gids = _process_gids(int(container.attrs.get("State", {}).get("Pid") or 0))
+            if gids is None or len(gids) < 4 or {gids[1], gids[3]} != {member.gid}:
+                wrong.append(f"{member.name} runs with gids {gids}, not {member.gid}")
+        if not wrong:
+            return KitCapabilities()
+        reason = (
+            f"image {self.image} does not keep the gid given by --user "
+            f"({'; '.join(wrong)}): iptables rules on member gids cannot tell members apart"
+        )
+        return KitCapabilities(member_partitions=False, reasons={"member_partitions": reason})
+
+    def _require(self, capability: str) -> None:
+        if not getattr(self.capabilities, capability):
+            raise FaultUnsupported(
+                f"{self.name}: {capability} not supported: "
+                + self.capabilities.reasons.get(capability, "")
+            )
 
     def _claim_slot(self, wanted: int | None) -> int:
         candidates = [wanted] if wanted is not None else list(range(MAX_SLOTS))
@@ -252,13 +350,15 @@ class Cluster:
         # stop() and reap_stale() remove our containers instead.
         testcontainers_config.ryuk_disabled = True
         container = DockerContainer(self.image, name=f"clkit-{member.name}-{os.getpid()}")
-        container.with_command(self._command(member))
+        command = self._command(member)
+        if command is not None:
+            container.with_command(command)
         for key, value in self._env(member).items():
             container.with_env(key, value)
         return container.with_kwargs(
             network=None,  # stops testcontainers from choosing a network
             network_mode="host",
-            user=f"0:{member.gid}",
+            user=self._user(member),
             labels={
                 KIT_LABEL: "1",
                 OWNER_LABEL: str(os.getpid()),
@@ -452,12 +552,22 @@ class Cluster:
 
     # -- network faults -------------------------------------------------------------------
     def partition(self, a: Member, b: Member) -> Cut:
-        """Cut the link between two members both ways, until the returned cut heals."""
+        """Cut the link between two members both ways, until the returned cut heals.
+
+        Raises:
+            FaultUnsupported: the images do not keep member gids (see :attr:`capabilities`).
+        """
+        self._require("member_partitions")
         return self._firewall.cut([(a.gid, b.address), (b.gid, a.address)])
 
     def isolate(self, member: Member) -> Cut:
         """Cut ``member`` from every other member. Clients can still reach it:
-        use :meth:`cut_client` for those."""
+        use :meth:`cut_client` for those.
+
+        Raises:
+            FaultUnsupported: the images do not keep member gids (see :attr:`capabilities`).
+        """
+        self._require("member_partitions")
         others = [m for m in self.members if m is not member]
         links = [(member.gid, o.address) for o in others] + [
             (o.gid, member.address) for o in others

@@ -11,7 +11,8 @@
 This module gathers the kit's public names; each lives in a module of its own:
 
 * :mod:`consensus_lease.testing._cluster_base` — :class:`Cluster`, :class:`Member`,
-  the errors, and what every store shares: loopback slots (layout in its docstring),
+  the errors, :class:`KitCapabilities` (which faults the images allow), and what every store
+  shares: loopback slots (layout in its docstring),
   member containers, waits with deadlines, member and network faults.
 * :mod:`consensus_lease.testing.etcd_cluster` — :class:`EtcdCluster`.
 * :mod:`consensus_lease.testing.zookeeper_cluster` — :class:`ZooKeeperCluster`.
@@ -25,6 +26,8 @@ from consensus_lease.testing._cluster_base import (
     Cluster,
     ClusterError,
     ClusterTimeout,
+    FaultUnsupported,
+    KitCapabilities,
     Member,
     MemberState,
 )
@@ -37,6 +40,8 @@ __all__ = [
     "ClusterError",
     "ClusterTimeout",
     "EtcdCluster",
+    "FaultUnsupported",
+    "KitCapabilities",
     "Member",
     "MemberState",
     "ZooKeeperCluster",

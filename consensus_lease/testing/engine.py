@@ -37,22 +37,53 @@ DOCKERD_ARGS = ("--bridge=none", "--iptables=false", "--ip-masq=false")
 
 ETCD_IMAGE_ENV = "CONSENSUS_LEASE_ETCD_IMAGE"
 ZOOKEEPER_IMAGE_ENV = "CONSENSUS_LEASE_ZOOKEEPER_IMAGE"
+IMAGE_STYLE_ENV = "CONSENSUS_LEASE_IMAGE_STYLE"
+KIT_STYLE = "kit"
+"""Our own images (``consensus-lease kit build-images``); ZooKeeper takes ``zk-member``."""
+UPSTREAM_STYLE = "upstream"
+"""Images following the published ones' conventions: etcd's binary with flags, the
+official ``zookeeper`` image's ``ZOO_*`` variables and entrypoint."""
+IMAGE_STYLES = (KIT_STYLE, UPSTREAM_STYLE)
 DEFAULT_ETCD_IMAGE = "consensus-lease/etcd:3.4"
 DEFAULT_ZOOKEEPER_IMAGE = "consensus-lease/zookeeper:3.8"
+UPSTREAM_ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.17"
+UPSTREAM_ZOOKEEPER_IMAGE = "zookeeper:3.8"
+LOOKALIKE_ETCD_IMAGE = "consensus-lease-lookalike/etcd:3.4"
+LOOKALIKE_ZOOKEEPER_IMAGE = "consensus-lease-lookalike/zookeeper:3.8"
 
 
 class EngineUnavailable(RuntimeError):
     """No Docker engine answers and none could be started; the message says why."""
 
 
-def etcd_image() -> str:
-    """Image name for etcd members: ``$CONSENSUS_LEASE_ETCD_IMAGE`` or the default."""
-    return os.environ.get(ETCD_IMAGE_ENV) or DEFAULT_ETCD_IMAGE
+def image_style(style: str | None = None) -> str:
+    """``style`` if given, else ``$CONSENSUS_LEASE_IMAGE_STYLE``, else ``"kit"``.
+
+    Raises:
+        ValueError: the style is neither ``"kit"`` nor ``"upstream"``.
+    """
+    chosen = (style or os.environ.get(IMAGE_STYLE_ENV) or KIT_STYLE).strip().lower()
+    if chosen not in IMAGE_STYLES:
+        raise ValueError(
+            f"unknown image style {chosen!r} (from {IMAGE_STYLE_ENV} or the option); "
+            f"choose one of {', '.join(IMAGE_STYLES)}"
+        )
+    return chosen
 
 
-def zookeeper_image() -> str:
-    """Image name for ZooKeeper members: ``$CONSENSUS_LEASE_ZOOKEEPER_IMAGE`` or the default."""
-    return os.environ.get(ZOOKEEPER_IMAGE_ENV) or DEFAULT_ZOOKEEPER_IMAGE
+def etcd_image(style: str | None = None) -> str:
+    """Image name for etcd members: ``$CONSENSUS_LEASE_ETCD_IMAGE``, else the default of
+    the image style (:func:`image_style`)."""
+    default = UPSTREAM_ETCD_IMAGE if image_style(style) == UPSTREAM_STYLE else DEFAULT_ETCD_IMAGE
+    return os.environ.get(ETCD_IMAGE_ENV) or default
+
+
+def zookeeper_image(style: str | None = None) -> str:
+    """Image name for ZooKeeper members: ``$CONSENSUS_LEASE_ZOOKEEPER_IMAGE``, else the
+    default of the image style (:func:`image_style`)."""
+    upstream = image_style(style) == UPSTREAM_STYLE
+    default = UPSTREAM_ZOOKEEPER_IMAGE if upstream else DEFAULT_ZOOKEEPER_IMAGE
+    return os.environ.get(ZOOKEEPER_IMAGE_ENV) or default
 
 
 class _UnixHTTPConnection(http.client.HTTPConnection):
@@ -71,6 +102,28 @@ def _engine_get(path: str, socket_path: Path, timeout_s: float) -> tuple[int, by
     conn = _UnixHTTPConnection(socket_path, timeout_s)
     try:
         conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def engine_request(
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    timeout_s: float = 10.0,
+    socket_path: Path = DOCKER_SOCKET,
+) -> tuple[int, bytes]:
+    """One request to the engine's HTTP API; returns (status, whole body).
+
+    Raises:
+        OSError: the engine's socket did not answer within ``timeout_s`` seconds.
+    """
+    conn = _UnixHTTPConnection(socket_path, timeout_s)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
         response = conn.getresponse()
         return response.status, response.read()
     finally:

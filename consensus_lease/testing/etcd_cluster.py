@@ -2,6 +2,12 @@
 
 Readiness and leadership are read from outside the containers over loopback,
 through etcd's JSON gateway: ``/health`` and ``/v3/maintenance/status``.
+
+Image styles: ``kit`` runs ``consensus-lease/etcd:3.4``, whose entrypoint is etcd and
+whose command is the flags; ``upstream`` runs etcd's published image (default
+:data:`~consensus_lease.testing.engine.UPSTREAM_ETCD_IMAGE`), which has no entrypoint
+and the binary in ``/usr/local/bin``: the command is ``/usr/local/bin/etcd`` and the
+flags. Both run as root with the member's gid, so every fault works.
 """
 
 from __future__ import annotations
@@ -14,6 +20,9 @@ from typing import Any
 
 from consensus_lease.testing import engine
 from consensus_lease.testing._cluster_base import PROBE_TIMEOUT_S, Cluster, Member
+
+UPSTREAM_ETCD_BINARY = "/usr/local/bin/etcd"
+"""Where etcd's published images keep the binary."""
 
 __all__ = ["EtcdCluster"]
 
@@ -28,6 +37,7 @@ class EtcdCluster(Cluster):
         heartbeat_interval_ms, election_timeout_ms: raft timing; a leader's
             failure is noticed after about ``election_timeout_ms``.
         extra_args: more ``etcd`` flags for every member.
+        slot, size, image, image_style: see :class:`Cluster`.
     """
 
     kind = "etcd"
@@ -42,17 +52,18 @@ class EtcdCluster(Cluster):
         slot: int | None = None,
         size: int = 3,
         image: str | None = None,
+        image_style: str | None = None,
         heartbeat_interval_ms: int = 100,
         election_timeout_ms: int = 1000,
         extra_args: Iterable[str] = (),
     ) -> None:
-        super().__init__(slot=slot, size=size, image=image)
+        super().__init__(slot=slot, size=size, image=image, image_style=image_style)
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.election_timeout_ms = election_timeout_ms
         self.extra_args = list(extra_args)
 
     def _default_image(self) -> str:
-        return engine.etcd_image()
+        return engine.etcd_image(self.image_style)
 
     def _command(self, member: Member) -> list[str]:
         client = f"http://{member.address}:{self.client_port}"
@@ -60,7 +71,9 @@ class EtcdCluster(Cluster):
         initial = ",".join(
             f"{m.name}=http://{m.address}:{self.peer_ports[0]}" for m in self.members
         )
+        binary = [UPSTREAM_ETCD_BINARY] if self.image_style == engine.UPSTREAM_STYLE else []
         return [
+            *binary,
             "--name", member.name,
             "--data-dir", "/var/lib/etcd-member",
             "--listen-client-urls", client,

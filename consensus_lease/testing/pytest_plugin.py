@@ -8,7 +8,8 @@ Fixtures:
 
 =========================== ======== ===============================================
 ``docker_engine``           session  starts the Docker engine if none answers and
-                                     builds missing images (from a source checkout)
+                                     builds (kit style) or pulls (upstream style)
+                                     missing images
 ``etcd_cluster``            session  a shared 3-member etcd cluster
 ``zookeeper_cluster``       session  a shared 3-member ZooKeeper ensemble
 ``fresh_etcd_cluster``      function a cluster of its own, for tests that break it
@@ -20,6 +21,22 @@ After every test that used a shared cluster, its partitions are healed and
 its members thawed, restarted and waited for, so one test's faults never
 leak into the next. Tests using a cluster fixture get the ``containers``
 marker; when one fails, each member's log is attached to its report.
+
+Images (options, else environment variables, else defaults):
+
+==================================== ================================== ================
+option                               environment variable               default
+==================================== ================================== ================
+``--consensus-lease-image-style``    ``CONSENSUS_LEASE_IMAGE_STYLE``    ``kit``
+``--consensus-lease-etcd-image``     ``CONSENSUS_LEASE_ETCD_IMAGE``     per style
+``--consensus-lease-zookeeper-image`` ``CONSENSUS_LEASE_ZOOKEEPER_IMAGE`` per style
+==================================== ================================== ================
+
+``kit`` runs ``consensus-lease/etcd:3.4`` and ``consensus-lease/zookeeper:3.8``, built
+from the recipes in the package (``consensus-lease kit build-images``; the plugin builds
+missing ones itself). ``upstream`` runs images with the published images' conventions,
+by default ``quay.io/coreos/etcd:v3.5.17`` and ``zookeeper:3.8``, pulled when missing;
+every fault works with them (see :class:`~consensus_lease.testing.cluster.KitCapabilities`).
 
 No engine (not root, no ``dockerd``, images not buildable): the tests are
 skipped with the reason -- except when ``CI=true``, where that is an error.
@@ -33,10 +50,10 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
@@ -58,6 +75,7 @@ class KitImages:
 
     etcd: str
     zookeeper: str
+    style: str = "kit"
 
 
 def _in_ci() -> bool:
@@ -70,46 +88,101 @@ def _unavailable(reason: str) -> NoReturn:
     pytest.skip(reason)
 
 
-def _repo_build_script() -> Path | None:
-    script = Path(__file__).resolve().parents[2] / "docker" / "build-images.sh"
-    return script if script.is_file() else None
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("consensus_lease", "consensus_lease container kit")
+    group.addoption(
+        "--consensus-lease-image-style", choices=("kit", "upstream"), default=None,
+        help="kit: our images (built when missing); upstream: images following the "
+        "published etcd and official zookeeper images' conventions (pulled when missing). "
+        "Default: $CONSENSUS_LEASE_IMAGE_STYLE or kit",
+    )  # fmt: skip
+    group.addoption(
+        "--consensus-lease-etcd-image", default=None, metavar="IMAGE",
+        help="etcd image (default: $CONSENSUS_LEASE_ETCD_IMAGE or the style's)",
+    )  # fmt: skip
+    group.addoption(
+        "--consensus-lease-zookeeper-image", default=None, metavar="IMAGE",
+        help="ZooKeeper image (default: $CONSENSUS_LEASE_ZOOKEEPER_IMAGE or the style's)",
+    )  # fmt: skip
 
 
-def _ensure_images(missing: list[str]) -> None:
-    script = _repo_build_script()
-    if script is None:
-        _unavailable(
-            f"cluster images {missing} are missing; build them with docker/build-images.sh "
-            "from a consensus_lease source checkout, or point CONSENSUS_LEASE_ETCD_IMAGE / "
-            "CONSENSUS_LEASE_ZOOKEEPER_IMAGE at images you have"
-        )
+def kit_images(config: pytest.Config) -> KitImages:
+    """The image style and names chosen by the options, environment or defaults."""
+    from consensus_lease.testing import engine
+
+    try:
+        style = engine.image_style(config.getoption("consensus_lease_image_style", None))
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    return KitImages(
+        etcd=config.getoption("consensus_lease_etcd_image", None) or engine.etcd_image(style),
+        zookeeper=config.getoption("consensus_lease_zookeeper_image", None)
+        or engine.zookeeper_image(style),
+        style=style,
+    )
+
+
+def _build_kit_images(images: KitImages, missing: list[str]) -> None:
+    """Build the kit-style images from the recipes in the installed package."""
+    from consensus_lease.testing import engine
+
+    env = {
+        **os.environ,
+        engine.ETCD_IMAGE_ENV: images.etcd,
+        engine.ZOOKEEPER_IMAGE_ENV: images.zookeeper,
+    }
+    recipes = [name for name, image in (("etcd", images.etcd), ("zookeeper", images.zookeeper))
+               if image in missing]  # fmt: skip
+    command = [sys.executable, "-m", "consensus_lease.testing.images", *recipes]
     try:
         done = subprocess.run(
-            ["bash", str(script)], capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S
+            command, capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S, env=env
         )
         output = done.stdout + done.stderr if done.returncode != 0 else None
     except (OSError, subprocess.TimeoutExpired) as exc:
         output = str(exc)
     if output is not None:
         tail = "\n".join(output.splitlines()[-20:])
-        _unavailable(f"building cluster images with {script} failed:\n{tail}")
+        _unavailable(f"building cluster images {missing} failed ({' '.join(command)}):\n{tail}")
+
+
+def _pull_upstream_images(missing: list[str]) -> None:
+    from consensus_lease.testing._containers import docker_client
+
+    client = docker_client()
+    try:
+        for name in missing:
+            try:
+                client.images.pull(name)
+            except Exception as exc:
+                _unavailable(
+                    f"upstream image {name} is missing and could not be pulled ({exc}); without "
+                    "a registry, `consensus-lease kit build-images lookalike` builds look-alikes "
+                    "to name with --consensus-lease-etcd-image / --consensus-lease-zookeeper-image"
+                )
+    finally:
+        client.close()
 
 
 @pytest.fixture(scope="session")
-def docker_engine() -> KitImages:
+def docker_engine(pytestconfig: pytest.Config) -> KitImages:
     """A Docker engine that answers, and the cluster images present on it."""
     reason = _engine_missing()
     if reason is not None:
         _unavailable(reason)
     from consensus_lease.testing import engine
 
-    missing = engine.missing_images()
+    images = kit_images(pytestconfig)
+    missing = engine.missing_images([images.etcd, images.zookeeper])
     if missing:
-        _ensure_images(missing)
-        still = engine.missing_images()
+        if images.style == engine.UPSTREAM_STYLE:
+            _pull_upstream_images(missing)
+        else:
+            _build_kit_images(images, missing)
+        still = engine.missing_images([images.etcd, images.zookeeper])
         if still:
-            _unavailable(f"cluster images {still} still missing after docker/build-images.sh")
-    return KitImages(etcd=engine.etcd_image(), zookeeper=engine.zookeeper_image())
+            _unavailable(f"cluster images {still} are still missing after building them")
+    return images
 
 
 def _engine_missing() -> str | None:
@@ -143,7 +216,8 @@ def etcd_cluster(docker_engine: KitImages, pytestconfig: pytest.Config) -> Itera
     """A 3-member etcd cluster shared by the session; restored after each test."""
     from consensus_lease.testing.cluster import EtcdCluster
 
-    yield from _run_cluster(EtcdCluster(image=docker_engine.etcd), pytestconfig)
+    cluster = EtcdCluster(image=docker_engine.etcd, image_style=docker_engine.style)
+    yield from _run_cluster(cluster, pytestconfig)
 
 
 @pytest.fixture(scope="session")
@@ -153,7 +227,8 @@ def zookeeper_cluster(
     """A 3-member ZooKeeper ensemble shared by the session; restored after each test."""
     from consensus_lease.testing.cluster import ZooKeeperCluster
 
-    yield from _run_cluster(ZooKeeperCluster(image=docker_engine.zookeeper), pytestconfig)
+    cluster = ZooKeeperCluster(image=docker_engine.zookeeper, image_style=docker_engine.style)
+    yield from _run_cluster(cluster, pytestconfig)
 
 
 @pytest.fixture
@@ -168,7 +243,8 @@ def fresh_etcd_cluster(
     """
     from consensus_lease.testing.cluster import EtcdCluster
 
-    options: dict[str, Any] = getattr(request, "param", None) or {}
+    options: dict[str, Any] = dict(getattr(request, "param", None) or {})
+    options.setdefault("image_style", docker_engine.style)
     cluster = EtcdCluster(image=docker_engine.etcd, **options)
     request.node.stash.setdefault(_CLUSTERS_KEY, []).append(cluster)
     yield from _run_cluster(cluster, request.config)
@@ -181,7 +257,7 @@ def fresh_zookeeper_cluster(
     """A 3-member ZooKeeper ensemble for this test only (on its own addresses)."""
     from consensus_lease.testing.cluster import ZooKeeperCluster
 
-    cluster = ZooKeeperCluster(image=docker_engine.zookeeper)
+    cluster = ZooKeeperCluster(image=docker_engine.zookeeper, image_style=docker_engine.style)
     request.node.stash.setdefault(_CLUSTERS_KEY, []).append(cluster)
     yield from _run_cluster(cluster, request.config)
 

@@ -2,6 +2,19 @@
 
 Readiness and leadership are read from outside the containers over loopback,
 with ZooKeeper's ``srvr`` four-letter word.
+
+Image styles: ``kit`` runs ``consensus-lease/zookeeper:3.8`` with the command
+``zk-member MYID zoo.cfg-line ...``; ``upstream`` runs the official ``zookeeper``
+image (default :data:`~consensus_lease.testing.engine.UPSTREAM_ZOOKEEPER_IMAGE`) with
+its own entrypoint and command, configured through its environment variables:
+``ZOO_MY_ID``, ``ZOO_SERVERS`` (``server.N=ADDR:2888:3888;ADDR:2181``, which also sets
+each member's client address), ``ZOO_TICK_TIME``, ``ZOO_INIT_LIMIT``,
+``ZOO_SYNC_LIMIT``, ``ZOO_STANDALONE_ENABLED``, ``ZOO_ADMINSERVER_ENABLED``,
+``ZOO_4LW_COMMANDS_WHITELIST``, ``ZOO_MAX_CLIENT_CNXNS``, ``ZOO_CFG_EXTRA`` (every other
+zoo.cfg line) and ``JVMFLAGS``. That image's entrypoint, started as root, switches to
+its ``zookeeper`` user *and group*, which would lose the member's gid and with it
+member partitions; the kit therefore starts it as ``--user zookeeper:GID`` (the
+entrypoint then stays that user), and every fault works.
 """
 
 from __future__ import annotations
@@ -10,6 +23,7 @@ import re
 import socket
 import time
 from collections.abc import Mapping
+from typing import ClassVar
 
 from consensus_lease.testing import engine
 from consensus_lease.testing._cluster_base import (
@@ -48,6 +62,11 @@ class ZooKeeperCluster(Cluster):
             noticed after about ``sync_limit * tick_ms``.
         heap_mb: JVM maximum heap per member.
         extra_config: more zoo.cfg ``key: value`` lines for every member.
+        slot, size, image, image_style: see :class:`Cluster`.
+
+    Raises:
+        ValueError: with the upstream image style, a zoo.cfg key or value containing
+            blanks (``ZOO_CFG_EXTRA`` is split on them).
     """
 
     kind = "zookeeper"
@@ -55,6 +74,20 @@ class ZooKeeperCluster(Cluster):
     host_base = 20
     client_port = 2181
     peer_ports = (2888, 3888)
+    upstream_user: ClassVar[str] = "zookeeper"
+    """The official image's user, which its entrypoint keeps when not started as root."""
+    UPSTREAM_ENV: ClassVar[dict[str, str]] = {
+        "tickTime": "ZOO_TICK_TIME",
+        "initLimit": "ZOO_INIT_LIMIT",
+        "syncLimit": "ZOO_SYNC_LIMIT",
+        "standaloneEnabled": "ZOO_STANDALONE_ENABLED",
+        "admin.enableServer": "ZOO_ADMINSERVER_ENABLED",
+        "4lw.commands.whitelist": "ZOO_4LW_COMMANDS_WHITELIST",
+        "maxClientCnxns": "ZOO_MAX_CLIENT_CNXNS",
+        "autopurge.purgeInterval": "ZOO_AUTOPURGE_PURGEINTERVAL",
+        "autopurge.snapRetainCount": "ZOO_AUTOPURGE_SNAPRETAINCOUNT",
+    }
+    """zoo.cfg keys the official image takes as variables of their own."""
 
     def __init__(
         self,
@@ -62,13 +95,14 @@ class ZooKeeperCluster(Cluster):
         slot: int | None = None,
         size: int = 3,
         image: str | None = None,
+        image_style: str | None = None,
         tick_ms: int = 250,
         init_limit: int = 20,
         sync_limit: int = 6,
         heap_mb: int = 256,
         extra_config: Mapping[str, str] | None = None,
     ) -> None:
-        super().__init__(slot=slot, size=size, image=image)
+        super().__init__(slot=slot, size=size, image=image, image_style=image_style)
         self.config = {
             "tickTime": str(tick_ms),
             "initLimit": str(init_limit),
@@ -81,11 +115,25 @@ class ZooKeeperCluster(Cluster):
             **(extra_config or {}),
         }
         self.heap_mb = heap_mb
+        if self.image_style == engine.UPSTREAM_STYLE:
+            blank = [f"{k}={v}" for k, v in self.config.items() if re.search(r"\s", k + v)]
+            if blank:
+                raise ValueError(f"zoo.cfg lines with blanks cannot pass ZOO_CFG_EXTRA: {blank}")
 
     def _default_image(self) -> str:
-        return engine.zookeeper_image()
+        return engine.zookeeper_image(self.image_style)
 
-    def _command(self, member: Member) -> list[str]:
+    def _upstream(self) -> bool:
+        return self.image_style == engine.UPSTREAM_STYLE
+
+    def _user(self, member: Member) -> str:
+        if self._upstream():
+            return f"{self.upstream_user}:{member.gid}"
+        return super()._user(member)
+
+    def _command(self, member: Member) -> list[str] | None:
+        if self._upstream():
+            return None  # the image's entrypoint and `zkServer.sh start-foreground`
         quorum, election = self.peer_ports
         lines = [f"{key}={value}" for key, value in self.config.items()]
         lines += [f"clientPortAddress={member.address}", f"clientPort={self.client_port}"]
@@ -93,7 +141,27 @@ class ZooKeeperCluster(Cluster):
         return [str(member.index), *lines]
 
     def _env(self, member: Member) -> dict[str, str]:
-        return {"JVMFLAGS": f"-Xms32m -Xmx{self.heap_mb}m -XX:+UseSerialGC -XX:TieredStopAtLevel=1"}
+        jvm = f"-Xms32m -Xmx{self.heap_mb}m -XX:+UseSerialGC -XX:TieredStopAtLevel=1"
+        if not self._upstream():
+            return {"JVMFLAGS": jvm}
+        quorum, election = self.peer_ports
+        env = {
+            "JVMFLAGS": jvm,
+            "ZK_SERVER_HEAP": str(self.heap_mb),
+            "ZOO_MY_ID": str(member.index),
+            "ZOO_SERVERS": " ".join(
+                f"server.{m.index}={m.address}:{quorum}:{election};{m.address}:{self.client_port}"
+                for m in self.members
+            ),
+        }
+        extra = []
+        for key, value in self.config.items():
+            if key in self.UPSTREAM_ENV:
+                env[self.UPSTREAM_ENV[key]] = value
+            else:
+                extra.append(f"{key}={value}")
+        env["ZOO_CFG_EXTRA"] = " ".join(extra)
+        return env
 
     def _srvr(self, member: Member) -> str:
         return four_letter_word(member.address, member.client_port, "srvr")

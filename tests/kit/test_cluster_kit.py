@@ -285,7 +285,7 @@ def test_partition_between_members_blocks_their_gids(etcd_cluster: EtcdCluster) 
 
 
 def test_stop_leaves_no_container_and_no_rule(docker_engine: KitImages) -> None:
-    cluster = EtcdCluster(image=docker_engine.etcd)
+    cluster = EtcdCluster(image=docker_engine.etcd, image_style=docker_engine.style)
     with cluster:
         assert cluster.slot is not None
         cluster.partition(cluster.members[0], cluster.members[1])
