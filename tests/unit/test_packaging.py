@@ -198,3 +198,18 @@ def test_install_hint_quotes_the_brackets() -> None:
     assert _extras.missing_dependency(
         ModuleNotFoundError("x", name="consensus_lease.backends.nope")) is None
     assert _extras.missing_dependency(ImportError("cannot import name 'x'")) is None
+
+
+def test_prometheus_observer_without_the_client_names_the_extra() -> None:
+    done = run_python(
+        block("prometheus_client")
+        + """
+from consensus_lease.metrics import PrometheusObserver
+try:
+    PrometheusObserver()
+except ImportError as exc:
+    print(exc)
+"""
+    )
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'consensus_lease[metrics]'" in done.stdout, done.stdout
