@@ -1,21 +1,32 @@
 # One-command set-up. `make demo` runs the worked example; `make test` runs every test.
+# Both share one venv: `make demo` installs only what the demo needs (the package and the
+# cli extra), `make install` everything for development (the dev extra).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install demo test test-unit cluster-setup lint docs bench clean
+.PHONY: install demo test test-unit cluster-setup lint docs check-wheel bench clean
 
-$(VENV)/.installed: pyproject.toml
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+## The package and the cli extra (rich); nothing more when the dev install is up to date.
+$(VENV)/.demo-installed: pyproject.toml | $(BIN)/python
+	@if [ -f $(VENV)/.installed ] && [ $(VENV)/.installed -nt pyproject.toml ]; then :; \
+	else echo "$(BIN)/pip install -e '.[cli]'"; $(BIN)/pip install --quiet -e '.[cli]'; fi
 	touch $@
 
 install: $(VENV)/.installed
 
 ## The worked example on the embedded SQLite default (two real worker processes).
-demo: install
+demo: $(VENV)/.demo-installed
 	$(BIN)/consensus-lease demo
+	@echo "The command is $(BIN)/consensus-lease (try: $(BIN)/consensus-lease --help)."
 
 ## Everything: unit + conformance tests on memory/SQLite, then real 3-member etcd and
 ## ZooKeeper clusters in containers (set up by cluster-setup when run as root).
@@ -54,5 +65,10 @@ lint: install
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
+## Build the sdist and wheel, install the wheel in a clean venv outside the checkout and
+## run the demo and the unit tests against it (scripts/check-wheel.sh).
+check-wheel: install
+	PYTHON=$(abspath $(BIN))/python bash scripts/check-wheel.sh
+
 clean:
-	rm -rf site $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf site $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info build dist

@@ -1,4 +1,9 @@
-"""The ``consensus-lease`` command."""
+"""The ``consensus-lease`` command.
+
+Needs the ``cli`` extra (rich): without it the command prints the install line and exits
+with status 2 instead of a traceback. A subcommand that needs another extra at run time
+(a backend's client, the test kit, plotting) names it the same way.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from rich.console import Console
-
+from ._extras import MODULE_EXTRAS, install_hint, missing_dependency
 from .errors import LeaseError
 
 __all__ = ["main"]
@@ -64,14 +68,20 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--unfenced", action="store_true",
                       help="destination does not check tokens: the demo must then FAIL")
 
-    for module in _command_modules():
+    unavailable: list[str] = []
+    for module in _command_modules(unavailable):
         module.add_parser(sub)
+    if unavailable:
+        parser.epilog = "Commands missing here: " + "; ".join(unavailable)
     return parser
 
 
-def _command_modules() -> list[Any]:
+def _command_modules(unavailable: list[str] | None = None) -> list[Any]:
     """Subcommands that live in their own modules. Each has ``NAME``,
-    ``add_parser(subparsers)`` and ``run(args, console) -> int``."""
+    ``add_parser(subparsers)`` and ``run(args, console) -> int``.
+
+    A module that is absent, or that needs a library that is not installed, is left out
+    (the second case described in ``unavailable``, if given, with the extra to install)."""
     import importlib
 
     modules = []
@@ -79,12 +89,37 @@ def _command_modules() -> list[Any]:
         try:
             modules.append(importlib.import_module(name))
         except ModuleNotFoundError as exc:
-            if exc.name != name:  # the module exists but needs something missing
+            if exc.name == name:
+                continue
+            line = _needs(name, exc)
+            if line is None:
                 raise
+            if unavailable is not None:
+                unavailable.append(line)
     return modules
 
 
+def _needs(what: str, exc: ImportError) -> str | None:
+    """One line saying which extra provides the library whose absence caused ``exc``
+    (``None``: ``exc`` is not about a missing library)."""
+    missing = missing_dependency(exc)
+    if missing is None:
+        return None
+    extra = MODULE_EXTRAS.get(missing)
+    how = install_hint(extra) if extra else f"install the {missing!r} module"
+    return f"{what} needs {missing!r}, which is not installed: {how}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        from rich.console import Console
+        from rich.markup import escape
+    except ImportError as exc:
+        line = _needs("consensus-lease", exc)
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        return 2
     args = _parser().parse_args(argv)
     # Client libraries (kazoo, grpc) log every reconnect attempt; the command reports
     # failures itself, as typed errors.
@@ -101,13 +136,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.command == module.NAME:
                 return int(module.run(args, console))
     except LeaseError as exc:
-        console.print(f"[red]error:[/] {type(exc).__name__}: {exc}")
+        # Messages are data, not markup: "pip install 'consensus_lease[etcd]'" keeps its
+        # brackets.
+        console.print(f"[red]error:[/] {type(exc).__name__}: {escape(str(exc))}")
         return 2
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]")
         return 130
     except (OSError, ValueError) as exc:  # bad paths or URLs given to verify/bench
-        console.print(f"[red]error:[/] {type(exc).__name__}: {exc}")
+        console.print(f"[red]error:[/] {type(exc).__name__}: {escape(str(exc))}")
+        return 2
+    except ImportError as exc:  # an optional library a subcommand needs at run time
+        line = _needs(f"consensus-lease {args.command}", exc)
+        if line is None:
+            raise
+        console.print(f"[red]error:[/] {escape(line)}")
         return 2
     return 2
 

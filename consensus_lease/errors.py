@@ -180,7 +180,9 @@ class InvalidArgument(LeaseError, ValueError):
 
 
 class UnsupportedBackend(InvalidArgument):
-    """The store URL is malformed or names a scheme no installed backend serves."""
+    """The store URL is malformed or names a scheme no installed backend serves, or the
+    backend's client library is missing (the message names the extra to install, e.g.
+    ``pip install 'consensus_lease[etcd]'``)."""
 
 
 class QueueFull(LeaseError):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._extras import install_hint, missing_dependency
 from .observe import Observer
 
 __all__ = ["PrometheusObserver"]
@@ -41,11 +42,19 @@ class PrometheusObserver(Observer):
         namespace: metric name prefix.
 
     Raises:
-        ImportError: prometheus_client is not installed.
+        ImportError: prometheus_client is not installed (the message names the
+            ``metrics`` extra).
     """
 
     def __init__(self, registry: Any = None, namespace: str = "consensus_lease") -> None:
-        from prometheus_client import REGISTRY, Counter, Histogram
+        try:
+            from prometheus_client import REGISTRY, Counter, Histogram
+        except ModuleNotFoundError as exc:
+            if missing_dependency(exc) != "prometheus_client":
+                raise
+            raise ImportError(
+                f"PrometheusObserver needs prometheus_client: {install_hint('metrics')}"
+            ) from exc
 
         reg = REGISTRY if registry is None else registry
         self.claims = Counter(f"{namespace}_claims", "Successful claims", ["store"],

@@ -1,18 +1,23 @@
 """How long a failed job waits before its next attempt, and how many attempts it gets.
 
-The *delay* is computed here, from the attempt number, with tenacity's wait strategies;
-the *waiting* is done by the store: ``lease.fail()`` sends the delay and the store makes
-the job claimable again only when that much of its own time has passed (SQLite: the
-database clock; etcd: a key on a lease of that TTL; ZooKeeper: the server's time of the
-failing write). A worker's clock never decides when a job may run again.
+The *delay* is computed here, from the attempt number (exponential backoff, optionally
+with "full jitter"); the *waiting* is done by the store: ``lease.fail()`` sends the delay
+and the store makes the job claimable again only when that much of its own time has
+passed (SQLite: the database clock; etcd: a key on a lease of that TTL; ZooKeeper: the
+server's time of the failing write). A worker's clock never decides when a job may run again.
+
+The backoff is one line of arithmetic, computed here rather than with tenacity's wait
+strategies: those are built for tenacity's own retry loop (they read a ``RetryCallState``),
+and using them would make tenacity a dependency of every install and of
+``import consensus_lease``, although the embedded SQLite store needs nothing beyond the
+standard library.
 """
 
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass
-
-import tenacity
 
 from .errors import InvalidArgument
 from .validation import MAX_RETRY_IN_S
@@ -62,19 +67,22 @@ class RetryPolicy:
                 )
 
     def delay_s(self, attempt: int) -> float:
-        """Seconds to wait after attempt number ``attempt`` (1, 2, ...) failed."""
-        strategy: tenacity.wait.wait_base
+        """Seconds to wait after attempt number ``attempt`` (1, 2, ...) failed.
+
+        ``min(max_s, initial_s * multiplier ** (attempt - 1))``; with ``jitter`` a uniform
+        random value from 0 to that. An attempt below 1 counts as 1.
+        """
+        exponent = max(1, attempt) - 1
+        try:
+            # A float power overflows quickly (OverflowError) where an int power would
+            # build a huge integer for a large attempt number.
+            growth = float(self.multiplier) ** exponent
+        except OverflowError:
+            growth = math.inf
+        delay = min(self.max_s, self.initial_s * growth) if self.initial_s > 0 else 0.0
         if self.jitter:
-            strategy = tenacity.wait_random_exponential(
-                multiplier=self.initial_s, max=self.max_s, exp_base=self.multiplier
-            )
-        else:
-            strategy = tenacity.wait_exponential(
-                multiplier=self.initial_s, max=self.max_s, exp_base=self.multiplier
-            )
-        state = tenacity.RetryCallState(None, None, (), {})  # type: ignore[arg-type]
-        state.attempt_number = max(1, attempt)
-        return float(min(self.max_s, strategy(state)))
+            delay = random.uniform(0.0, delay)
+        return float(delay)
 
 
 DEFAULT_RETRY = RetryPolicy()

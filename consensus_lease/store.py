@@ -12,6 +12,7 @@ from importlib.metadata import entry_points
 from types import TracebackType
 
 from ._election import election_key
+from ._extras import BACKEND_EXTRAS, DISTRIBUTION, install_hint, missing_dependency
 from ._fork import Origin, abandon
 from ._liveness import EventRelay
 from ._waiting import Waiters
@@ -86,7 +87,8 @@ def open_store(
 
     Raises:
         UnsupportedBackend: malformed URL or unknown scheme (the message lists the
-            installed schemes).
+            installed schemes), or the backend's client library is not installed (the
+            message names the extra: ``pip install 'consensus_lease[etcd]'``).
         InvalidArgument: an unknown or renamed option (the message lists the accepted
             names, or names the new one), a bad value, or a name given twice in the
             query string.
@@ -109,12 +111,23 @@ def open_store(
     try:
         backend_cls = matches[0].load()
     except ImportError as exc:
-        raise UnsupportedBackend(
-            f"the {scheme!r} backend needs a client library that is not installed: {exc}. "
-            f"Install consensus_lease[{'zookeeper' if scheme in ('zk', 'zookeeper') else scheme}]"
-        ) from exc
+        raise UnsupportedBackend(_missing_client(scheme, matches[0].value, exc)) from exc
     backend = backend_cls.from_url(url, merge_options(url, options))
     return LeaseStore(backend, clock=clock, observer=observer, retry=retry)
+
+
+def _missing_client(scheme: str, target: str, exc: ImportError) -> str:
+    """What to tell a user whose backend module for ``scheme`` (entry point ``target``)
+    failed to import with ``exc``: the extra to install when it is one of ours."""
+    missing = missing_dependency(exc)
+    if missing is None:
+        return f"the {scheme} backend ({target}) cannot be imported: {exc}"
+    ours = target.startswith(f"{DISTRIBUTION}.")
+    extra = BACKEND_EXTRAS.get(scheme) if ours else None
+    if extra is None:
+        return (f"the {scheme} backend ({target}) needs the {missing!r} module, "
+                f"which is not installed")
+    return f"the {scheme} backend needs: {install_hint(extra)} (no module {missing!r})"
 
 
 class LeaseStore:

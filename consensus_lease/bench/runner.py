@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -255,7 +256,8 @@ def run_bench(options: BenchOptions, console: Console) -> int:
 
         plots = write_plots(results, out)
     except ImportError as exc:
-        console.print(f"[yellow]no plots[/]: {exc} (pip install 'consensus_lease[bench]')")
+        console.print(f"[yellow]no plots[/]: {escape(str(exc))} "
+                      + escape("(pip install 'consensus_lease[bench]')"))
     write_json(results, out)
     write_markdown(results, goals, plots, out)
     _summary(goals, console)

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 
 from ..errors import LeaseError
 from . import command
@@ -20,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return command.run(args, console)
     except LeaseError as error:
-        console.print(f"[red]error:[/] {type(error).__name__}: {error}")
+        console.print(f"[red]error:[/] {type(error).__name__}: {escape(str(error))}")
         return 2
 
 

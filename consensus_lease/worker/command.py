@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from rich.console import Console
+from rich.markup import escape
 
 from ..errors import InvalidArgument, LeaseError
 from ..retry import RetryPolicy
@@ -148,13 +149,14 @@ def run(args: argparse.Namespace, console: Console) -> int:
         level = parse_level(_get(values, "log_level", "info"))
         arguments = worker_arguments(values)
     except (InvalidArgument, ValueError) as exc:
-        console.print(f"[red]error:[/] {exc}", highlight=False)
+        console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         return 2
     configure_logging(level)
     try:
         stats = run_worker(**arguments, handle_signals=True)
     except LeaseError as exc:
-        console.print(f"[red]error:[/] {type(exc).__name__}: {exc}", highlight=False)
+        console.print(f"[red]error:[/] {type(exc).__name__}: {escape(str(exc))}",
+                      highlight=False)
         return 1
     console.print(f"worker stopped: {stats.summary()}", highlight=False, soft_wrap=True)
     return stats.exit_status

@@ -13,7 +13,10 @@ import io
 import tokenize
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[2] / "consensus_lease"
+import consensus_lease
+
+# The package under test: the checkout, or an installed wheel (scripts/check-wheel.sh).
+PACKAGE = Path(consensus_lease.__file__).resolve().parent
 EXEMPT = ("bench", "verify")  # directories under consensus_lease/
 MAX_LINES_OF_CODE = 60
 
