@@ -152,5 +152,8 @@ for key, value in options.items():
     else:
         print(f"{key} = {value}")
 EOF
-"$venv/bin/python" -m pytest -p no:cacheprovider -q tests/unit -m "not containers"
+# test_docs_api.py checks the documentation sources of a checkout (mkdocs.yml, docs/),
+# which the wheel does not carry; `make docs` and the checkout's own run cover it.
+"$venv/bin/python" -m pytest -p no:cacheprovider -q tests/unit -m "not containers" \
+    --ignore=tests/unit/test_docs_api.py
 step "passed"

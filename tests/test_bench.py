@@ -259,7 +259,6 @@ def test_replot_draws_the_committed_results_again(
 ) -> None:
     from consensus_lease import cli
 
-    pytest.importorskip("matplotlib")
     monkeypatch.setattr(cli, "EXTRA_COMMANDS", ["consensus_lease.bench.command"])
     (tmp_path / "w8_async.png").write_bytes(b"stale")  # W7, W8 are not in these results
     code = cli.main(["bench", "--replot", str(RESULTS_JSON), "--out", str(tmp_path)])
