@@ -334,7 +334,8 @@ def test_w1_reports_spread_cpu_and_requests_per_cycle(one_worker: Any, tmp_path:
         assert len(run["windows"]) == 3 and run["warm_cycles"] > 0  # warm-up not measured
         assert data["requests"][side]["unit"] == "statements"
         assert data["requests"][side]["cycles"] == 5
-    assert row["ratio_spread"]["n"] == 3 and row["ratio"] > 0
+    assert row["ratio_spread"]["n"] == 3
+    assert row["ratio"] == pytest.approx(row["ours_cycles_per_s"] / row["raw_cycles_per_s"])
     assert data["requests"]["raw"]["per_cycle"] == 6.0  # 2 x BEGIN, write, COMMIT
     ours = data["requests"]["ours"]
     assert ours["per_cycle"] >= 4 and ours["transports"] == ["sqlite3"]
@@ -366,6 +367,8 @@ def test_w8_reports_window_spread(one_worker: Any, tmp_path: Path) -> None:
         assert data[f"{side}_spread"]["n"] == 3
         assert data[f"{side}_cycles_per_s"] > 0
     assert data["ratio_spread"]["n"] == 3
+    assert data["ratio"] == pytest.approx(data["async_cycles_per_s"] /
+                                          data["processes_cycles_per_s"])
 
 
 def test_w6_rates_are_window_medians_with_spread(monkeypatch: pytest.MonkeyPatch) -> None:
