@@ -3,8 +3,9 @@
 Goals are targets to report against, not assertions: a miss is reported with what was
 measured. Every goal compares figures from the same run on the same store. Throughput
 figures (W1, W6, W8) are medians of measured windows and are shown with the windows'
-range ``[min-max]``; a ratio whose range straddles its target is noted as within the
-noise (its status still follows the median).
+interquartile range ``[p25-p75]`` (min and max are in ``results.json``); a ratio whose
+interquartile range straddles its target is noted as within the noise (its status
+still follows the median).
 
 ==========  ==========================================================================
 workload    goal
@@ -89,19 +90,20 @@ class _Rows:
 
 
 def span(sp: Any, spec: str = ".0f") -> str:
-    """``"[min-max]"`` of a :func:`~.windows.spread`, or ``""`` when there is none."""
-    if not isinstance(sp, dict) or not _finite(sp.get("min")) or not _finite(sp.get("max")):
+    """``" [p25-p75]"`` (the interquartile range of the windows) of a
+    :func:`~.windows.spread`, or ``""`` when there is none."""
+    if not isinstance(sp, dict) or not _finite(sp.get("p25")) or not _finite(sp.get("p75")):
         return ""
-    return f" [{sp['min']:{spec}}-{sp['max']:{spec}}]"
+    return f" [{sp['p25']:{spec}}-{sp['p75']:{spec}}]"
 
 
 def _straddles(sp: Any, minimum: float) -> bool:
-    return (isinstance(sp, dict) and _finite(sp.get("min")) and _finite(sp.get("max"))
-            and sp["min"] < minimum <= sp["max"])
+    return (isinstance(sp, dict) and _finite(sp.get("p25")) and _finite(sp.get("p75"))
+            and sp["p25"] < minimum <= sp["p75"])
 
 
 def _noise(sp: Any, minimum: float) -> str:
-    return ("the windows' range straddles the target: within the noise"
+    return ("the middle half of the window ratios straddles the target: within the noise"
             if _straddles(sp, minimum) else "")
 
 

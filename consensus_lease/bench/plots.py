@@ -58,16 +58,17 @@ def _save(fig: Any, path: Path) -> None:
 
 
 def _whisker(err: list[list[float]], value: float, sp: Any) -> None:
-    """Append the distance from ``value`` down to the windows' min and up to their max."""
-    low = _num(sp.get("min")) if isinstance(sp, dict) else value
-    high = _num(sp.get("max")) if isinstance(sp, dict) else value
+    """Append the distance from ``value`` down to the windows' 25th percentile and up to
+    their 75th."""
+    low = _num(sp.get("p25")) if isinstance(sp, dict) else value
+    high = _num(sp.get("p75")) if isinstance(sp, dict) else value
     err[0].append(max(0.0, value - low))
     err[1].append(max(0.0, high - value))
 
 
 def _w1(results: dict[str, Any], path: Path) -> None:
     found = _ok(results, "w1_throughput")
-    title = "W1 claim+complete cycles/s: ours vs raw client (same run; whiskers: windows min-max)"
+    title = "W1 claim+complete cycles/s: ours vs raw client (same run; whiskers: windows' IQR)"
     if not found:
         _empty(path, title)
         return
@@ -194,7 +195,7 @@ def _w5(results: dict[str, Any], path: Path) -> None:
 def _w6(results: dict[str, Any], path: Path) -> None:
     found = [(b, d) for b, d in _ok(results, "w6_peers") if d.get("peers")]
     title = ("W6 acquire+release cycles/s on the same store (hatched: no fencing token; "
-             "whiskers: windows min-max)")
+             "whiskers: windows' IQR)")
     if not found:
         _empty(path, title)
         return

@@ -92,8 +92,8 @@ def _w1(results: dict[str, Any]) -> list[str]:
             detail = side.get("error") or ", ".join(
                 f"{name} {n:.2f}" for name, n in side.get("by_name", {}).items())
             counted.append([backend, kind, side.get("unit", ""), _per_cycle(side), detail])
-    return _table(["backend", "workers", "ours cycles/s [windows min-max]",
-                   "raw client cycles/s [min-max]", "ratio [window ratios min-max]",
+    return _table(["backend", "workers", "ours cycles/s [windows IQR]",
+                   "raw client cycles/s [IQR]", "ratio [window ratios IQR]",
                    "per-repeat ratios", "ours client CPU ms/cycle",
                    "raw client CPU ms/cycle", "ours requests/cycle", "raw requests/cycle"],
                   rows) + _errors(results, "w1_throughput") + (
@@ -189,8 +189,8 @@ def _w6(results: dict[str, Any]) -> list[str]:
     notes = [f"*{backend}: {data['note']}*" for backend, data in
              _ok_workloads(results, "w6_peers") if data.get("note")]
     return _table(["store", "library", "fencing token",
-                   "acquire+release cycles/s [windows min-max]",
-                   "ours / this [window ratios min-max]", "error"], rows) + \
+                   "acquire+release cycles/s [windows IQR]",
+                   "ours / this [window ratios IQR]", "error"], rows) + \
         _errors(results, "w6_peers") + ([*notes, ""] if notes else [])
 
 
@@ -206,8 +206,8 @@ def _w8(results: dict[str, Any]) -> list[str]:
                      ", ".join(f"{r:.2f}" for r in data["ratios"]),
                      _f(data["async_cpu_ms_per_cycle"], ".2f"),
                      _f(data["processes_cpu_ms_per_cycle"], ".2f"), data["async_threads"]])
-    return _table(["backend", "asyncio tasks", "asyncio cycles/s [min-max]", "processes",
-                   "processes cycles/s [min-max]", "ratio [min-max]", "per-repeat ratios",
+    return _table(["backend", "asyncio tasks", "asyncio cycles/s [IQR]", "processes",
+                   "processes cycles/s [IQR]", "ratio [IQR]", "per-repeat ratios",
                    "asyncio CPU ms/cycle", "processes CPU ms/cycle", "asyncio threads"],
                   rows) + _errors(results, "w8_async")
 
@@ -293,9 +293,10 @@ def markdown(results: dict[str, Any], goals: list[Goal], plots: list[str]) -> st
         f"common start: {s.get('w1_warmup_s', 0)} s of warm-up (not measured), then "
         f"{s.get('w1_windows', 1)} measured windows over {s['w1_duration_s']} s; "
         f"{s['w1_repeats']} alternating ours/raw pair(s). A rate is the median of the "
-        "windows' rates, shown with their range [min-max]: a gap larger than the ranges "
-        "is not noise. The ratio is ours over raw of those medians; its range is that "
-        "of window k of ours over window k of raw in the same pair. Client CPU: "
+        "windows' rates, shown with their interquartile range [p25-p75] (min and max "
+        "in results.json): a gap wider than the ranges is not noise. The ratio is ours "
+        "over raw of those medians; its range is that of window k of ours over window k "
+        "of raw in the same pair. Client CPU: "
         "`process_time` of the worker processes (every thread) over the measured cycles. "
         "Requests per cycle: "
         f"{s.get('w1_count_cycles', 0)} cycles of each side on a client of their own, "
@@ -344,7 +345,8 @@ def markdown(results: dict[str, Any], goals: list[Goal], plots: list[str]) -> st
         "One client, one lock name, acquire+release (ours: claim+release) in a loop: "
         f"{s.get('w6_warmup_s', 0)} s unmeasured, then {s.get('w6_windows', 1)} windows "
         f"over {s['w6_duration_s']} s, {s['w6_repeats']} repeat(s) in alternating order; "
-        "median of the windows with their range. No peer hands out a fencing token.",
+        "median of the windows with their interquartile range. No peer hands out a "
+        "fencing token.",
         "",
         *_w6(results),
         "## W8 — one asyncio process against sync worker processes",
@@ -354,7 +356,7 @@ def markdown(results: dict[str, Any], goals: list[Goal], plots: list[str]) -> st
         f"thread pool) and one session; then {s['w8_processes']} sync worker processes "
         f"cycle as in W1; after W1's warm-up, {s.get('w8_windows', 1)} windows over "
         f"{s['w8_duration_s']} s each, {s['w8_repeats']} alternating pair(s); medians of "
-        "the windows with their range.",
+        "the windows with their interquartile range.",
         "",
         *_w8(results),
         "## W7 — a deep work queue",
