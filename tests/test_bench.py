@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -289,3 +291,144 @@ def test_percentile_and_rate_helpers() -> None:
     # four keepalives 0.5 s apart are 2 requests/s, whatever the window around them
     assert rate_from_times([10.0, 10.5, 11.0, 11.5], window_s=2.5) == pytest.approx(2.0)
     assert rate_from_times([], window_s=2.0) == 0.0
+
+
+# -- measured windows, spread, CPU and requests per cycle ------------------------------
+
+TINY = dataclasses.replace(
+    QUICK, w1_workers=(1,), w1_duration_s=0.6, w1_windows=3, w1_warmup_s=0.2, w1_repeats=1,
+    w1_warmup=3, w1_count_cycles=5, w6_duration_s=0.3, w6_windows=3, w6_warmup_s=0.1,
+    w6_repeats=2, w8_tasks=4, w8_processes=1, w8_duration_s=0.6, w8_windows=3,
+    w8_repeats=1,
+)
+SPREAD_KEYS = {"n", "median", "min", "max", "p25", "p75"}
+
+
+def test_windows_count_warmup_apart_and_stop_after_the_last() -> None:
+    from consensus_lease.bench.windows import Windows, paired_ratios, spread
+
+    w = Windows(start=100.0, warmup_s=1.0, windows=2, window_s=0.5)
+    assert [w.record(t) for t in (100.1, 100.9)] == [True, True]  # warm-up
+    assert [w.record(t) for t in (101.0, 101.2, 101.6)] == [True, True, True]
+    assert w.record(102.0) is False  # ends after the last window: dropped, stop
+    data = w.as_dict()
+    assert data["warm_cycles"] == 2 and data["counts"] == [2, 1]
+    assert len(data["cpu_s"]) == 2 and all(c is not None and c >= 0 for c in data["cpu_s"])
+    sp = spread([3.0, 1.0, 2.0, 4.0])
+    assert sp == {"n": 4, "median": 2.5, "min": 1.0, "max": 4.0, "p25": 1.75, "p75": 3.25}
+    assert math.isnan(spread([])["median"])
+    assert paired_ratios([2.0, 3.0, 1.0], [1.0, 0.0]) == [2.0]  # zero and unpaired skipped
+    with pytest.raises(ValueError):
+        Windows(0.0, 0.0, 0, 1.0)
+
+
+def test_counting_sees_every_sqlite_statement_and_unpatches(tmp_path: Path) -> None:
+    import sqlite3
+
+    from consensus_lease.bench.raw import SqliteRaw
+    from consensus_lease.bench.roundtrips import counting, requests_total
+
+    connect = sqlite3.connect
+    with counting(["sqlite3"]) as count:
+        raw = SqliteRaw(str(tmp_path / "raw.db"))
+        raw.open()
+        count.reset()
+        raw.cycle("a")
+        raw.cycle("b")
+        seen = count.snapshot()
+        raw.close()
+    assert sqlite3.connect is connect
+    # per cycle: BEGIN, INSERT, COMMIT, BEGIN, UPDATE, COMMIT
+    assert seen == {"BEGIN": 4, "INSERT": 2, "UPDATE": 2, "COMMIT": 4}
+    assert requests_total({**seen, "TRIGGER": 3}) == 12
+    assert count.transports == {"sqlite3"}
+    with pytest.raises(ValueError, match="unknown transports"), counting(["redis"]):
+        pass
+
+
+@pytest.fixture(scope="module")
+def one_worker() -> Any:
+    from consensus_lease.bench.pool import WorkerPool
+
+    with WorkerPool(1) as pool:
+        yield pool
+
+
+@pytest.mark.timeout(120)
+def test_w1_reports_spread_cpu_and_requests_per_cycle(one_worker: Any, tmp_path: Path) -> None:
+    from consensus_lease.bench.clusters import sqlite_target
+    from consensus_lease.bench.goals import evaluate
+    from consensus_lease.bench.report import markdown
+    from consensus_lease.bench.workloads import w1_throughput
+
+    data = w1_throughput(sqlite_target(str(tmp_path)), TINY, one_worker, "t1")
+    row = data["workers"]["1"]
+    for side in ("ours", "raw"):
+        assert set(row[f"{side}_spread"]) == SPREAD_KEYS and row[f"{side}_spread"]["n"] == 3
+        sp = row[f"{side}_spread"]
+        assert 0 < sp["min"] <= row[f"{side}_cycles_per_s"] <= sp["max"]
+        assert row[f"{side}_cpu_ms_per_cycle"] > 0
+        (run,) = row["runs"][side]
+        assert len(run["windows"]) == 3 and run["warm_cycles"] > 0  # warm-up not measured
+        assert data["requests"][side]["unit"] == "statements"
+        assert data["requests"][side]["cycles"] == 5
+    assert row["ratio_spread"]["n"] == 3
+    assert row["ratio"] == pytest.approx(row["ours_cycles_per_s"] / row["raw_cycles_per_s"])
+    assert data["requests"]["raw"]["per_cycle"] == 6.0  # 2 x BEGIN, write, COMMIT
+    ours = data["requests"]["ours"]
+    assert ours["per_cycle"] >= 4 and ours["transports"] == ["sqlite3"]
+    assert ours["by_name"]["COMMIT"] >= 2  # at least a transaction to claim and one to complete
+
+    results = {"meta": {"quick": True, "started_utc": "-", "duration_s": 1.0, "command": "-",
+                        "machine": {"cpu": "-", "cores": 2, "memory_gib": 1, "os": "-",
+                                    "kernel": "-", "python": "-", "sqlite": "-",
+                                    "load_average_at_start": "-", "libraries": {}},
+                        "load_average_at_end": "-", "sizes": dataclasses.asdict(TINY)},
+               "backends": {"sqlite": {"available": True, "origin": "-", "url": "-",
+                                       "workloads": {"w1_throughput": {**data,
+                                                                       "status": "ok"}}}}}
+    (goal,) = evaluate(results)
+    assert goal.workload == "W1" and "[" in goal.measured
+    assert "ms CPU /" in goal.note and "statements per cycle vs raw" in goal.note
+    assert "/ 6.0" in goal.note
+    text = markdown(results, [goal], [])
+    assert "ours requests/cycle" in text and "| sqlite | raw | statements | 6.0 |" in text
+
+
+@pytest.mark.timeout(120)
+def test_w8_reports_window_spread(one_worker: Any, tmp_path: Path) -> None:
+    from consensus_lease.bench.asyncrate import w8_async
+    from consensus_lease.bench.clusters import sqlite_target
+
+    data = w8_async(sqlite_target(str(tmp_path)), TINY, one_worker, "t8")
+    for side in ("async", "processes"):
+        assert data[f"{side}_spread"]["n"] == 3
+        assert data[f"{side}_cycles_per_s"] > 0
+    assert data["ratio_spread"]["n"] == 3
+    assert data["ratio"] == pytest.approx(data["async_cycles_per_s"] /
+                                          data["processes_cycles_per_s"])
+
+
+def test_w6_rates_are_window_medians_with_spread(monkeypatch: pytest.MonkeyPatch) -> None:
+    from consensus_lease.bench import peers
+
+    def fake(name: str, fencing: bool, pause_s: float) -> Any:
+        def opener() -> Any:
+            def cycle() -> None:
+                time.sleep(pause_s)
+
+            return cycle, lambda: None
+
+        return peers.Peer(name, "tooz" if not fencing else "consensus_lease", fencing, opener)
+
+    monkeypatch.setattr(peers, "peers_for", lambda target, sizes, prefix: [
+        fake("ours", True, 0.001), fake("slow peer", False, 0.004)])
+    data = peers.w6_peers(Target("memory", url="memory://"), TINY, "t6")
+    ours, slow = data["peers"]
+    for row in (ours, slow):
+        assert row["spread"]["n"] == 2 * 3  # two repeats of three windows
+        assert row["spread"]["min"] <= row["cycles_per_s"] <= row["spread"]["max"]
+    assert slow["ours_over_peer"] > 1 and slow["ratio_spread"]["n"] == 6
+    (goal,) = evaluate({"backends": {"zookeeper": {
+        "available": True, "workloads": {"w6_peers": {**data, "status": "ok"}}}}})
+    assert "[" in goal.measured and goal.status in {"pass", "miss"}

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from ..aio import AsyncLeaseStore, AsyncSession, open_store
+from .windows import Windows
 
 __all__ = ["AsyncCycler"]
 
@@ -47,33 +48,32 @@ class AsyncCycler:
         assert self._runner is not None, "open first"
         self._runner.run(self._cycle(job_id))
 
-    def run(self, prefix: str, start_at: float, duration_s: float,
+    def run(self, prefix: str, start_at: float, windows: Windows,
             max_cycles: int) -> dict[str, Any]:
-        """Like :func:`.cycler.run_cycles`, with :attr:`tasks` tasks at once."""
+        """Like :func:`.cycler.run_cycles`, with :attr:`tasks` tasks at once; the reply
+        also has ``threads`` (the most threads the process had)."""
         assert self._runner is not None, "open first"
-        return self._runner.run(self._run(prefix, start_at, duration_s, max_cycles))
+        return self._runner.run(self._run(prefix, start_at, windows, max_cycles))
 
-    async def _run(self, prefix: str, start_at: float, duration_s: float,
+    async def _run(self, prefix: str, start_at: float, windows: Windows,
                    max_cycles: int) -> dict[str, Any]:
         await asyncio.sleep(max(0.0, start_at - time.monotonic()))
-        cpu0 = time.process_time()
-        start = time.monotonic()
-        stop_at = start_at + duration_s
         done = [0]
         threads = [threading.active_count()]
+        running = [True]
 
         async def task(k: int) -> None:
             i = 0
-            while time.monotonic() < stop_at and done[0] < max_cycles:
+            while running[0] and done[0] < max_cycles:
                 await self._cycle(f"{prefix}-t{k}-{i}")
                 i += 1
                 done[0] += 1
+                if not windows.record(time.monotonic()):
+                    running[0] = False
             threads[0] = max(threads[0], threading.active_count())
 
         await asyncio.gather(*(task(k) for k in range(self.tasks)))
-        end = time.monotonic()
-        return {"cycles": done[0], "start": start, "end": end,
-                "cpu_s": time.process_time() - cpu0, "threads": threads[0]}
+        return {**windows.as_dict(), "threads": threads[0]}
 
     def close(self) -> None:
         if self._runner is None:

@@ -20,8 +20,10 @@ class Sizes:
     quick: bool
     w1_workers: tuple[int, ...]
     w1_duration_s: float
+    """Measured seconds of one W1 run (``w1_windows`` windows), after ``w1_warmup_s``."""
     w1_repeats: int
     w1_warmup: int
+    """Untimed cycles of each worker right after opening its client."""
     w2_samples: int
     w3_sizes: tuple[int, ...]
     w3_window_s: float
@@ -31,6 +33,7 @@ class Sizes:
     w5_rounds: int
     w5_batch: int
     w6_duration_s: float
+    """Measured seconds per peer and repeat (``w6_windows`` windows)."""
     w6_repeats: int
     session_ttl_s: float = 10.0
     """TTL of the sessions of W1, W2, W5, W6, W8 (long enough never to matter)."""
@@ -39,6 +42,7 @@ class Sizes:
     w8_processes: int = 8
     """Sync worker processes W8 compares them with."""
     w8_duration_s: float = 5.0
+    """Measured seconds per side and repeat (``w8_windows`` windows)."""
     w8_repeats: int = 3
     w7_depths: tuple[int, ...] = (1_000, 10_000, 100_000)
     """Open jobs in W7's queue at which claim_next and queue_stats are timed."""
@@ -61,6 +65,17 @@ class Sizes:
     w7_payload_bytes: int = 64
     w7_cleanup_budget_s: float = 600.0
     """Most seconds deleting W7's keys / znodes afterwards."""
+    w1_windows: int = 10
+    """Equal measured windows of a W1 run: its rate is their median, with their spread."""
+    w1_warmup_s: float = 1.0
+    """Seconds every worker cycles, all at once, before the first measured window of a
+    W1 or W8 run (after the ``w1_warmup`` cycles): not measured."""
+    w1_count_cycles: int = 50
+    """Cycles whose store requests are counted (on a client of their own) per side."""
+    w6_windows: int = 8
+    w6_warmup_s: float = 1.0
+    """Seconds of unmeasured cycles of each peer before its windows."""
+    w8_windows: int = 5
 
     @property
     def pool_size(self) -> int:
@@ -70,9 +85,12 @@ class Sizes:
 QUICK = Sizes(
     quick=True,
     w1_workers=(1, 8),
-    w1_duration_s=1.5,
-    w1_repeats=1,
+    w1_duration_s=2.5,
+    w1_repeats=2,
     w1_warmup=10,
+    w1_windows=5,
+    w1_warmup_s=0.5,
+    w1_count_cycles=20,
     w2_samples=100,
     w3_sizes=(10, 100, 1000),
     w3_window_s=4.0,
@@ -81,9 +99,12 @@ QUICK = Sizes(
     w4_ttl_s=2.0,
     w5_rounds=3,
     w5_batch=128,
-    w6_duration_s=1.5,
-    w6_repeats=1,
-    w8_duration_s=1.5,
+    w6_duration_s=2.0,
+    w6_repeats=2,
+    w6_windows=5,
+    w6_warmup_s=0.3,
+    w8_duration_s=2.0,
+    w8_windows=4,
     w8_repeats=1,
     w7_depths=(1_000, 10_000),
     w7_deep_depths=(),

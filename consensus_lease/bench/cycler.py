@@ -7,10 +7,17 @@ kazoo client crosses a fork) and serves requests from its pipe, one at a time:
 * ``{"op": "prepare", "kind": "ours"|"raw"|"async", "url": .., "raw": {..}, "prefix": ..,
   "warmup": n, "tasks": t}`` opens the client and runs ``warmup`` untimed cycles
   (``async``: ``t`` asyncio tasks, see :mod:`.aiocycler`);
-* ``{"op": "run", "start_at": t, "duration_s": d, "max_cycles": m}`` waits until the
-  monotonic time ``t`` (``CLOCK_MONOTONIC`` is one clock for every process of the
-  machine, so this is a start barrier), then cycles until ``t + d`` or ``m`` cycles;
-  replies ``cycles``, ``start``, ``end`` and ``cpu_s``;
+* ``{"op": "run", "start_at": t, "warmup_s": w, "windows": n, "window_s": d,
+  "max_cycles": m}`` waits until the monotonic time ``t`` (``CLOCK_MONOTONIC`` is one
+  clock for every process of the machine, so this is a start barrier), cycles ``w``
+  seconds unmeasured (sessions, connections and the store's first keys settle), then
+  ``n`` measured windows of ``d`` seconds (:class:`~.windows.Windows`) or ``m`` cycles;
+  replies ``counts`` and ``cpu_s`` per window, ``window_s``, ``warm_cycles``;
+* ``{"op": "count", "kind": .., "url": .., "raw": {..}, "prefix": .., "warmup": n,
+  "cycles": c, "transports": [..]}`` opens a *separate* client with the store requests counted
+  (:mod:`.roundtrips`), runs ``n`` uncounted then ``c`` counted cycles, closes it and
+  replies ``requests`` (by name), ``transports`` and ``cycles``; the timed client of
+  ``prepare`` is never a counted one;
 * ``{"op": "close"}``, ``{"op": "exit"}``.
 
 Every reply has ``ok``; a failure replies ``ok: false`` with the error instead of dying.
@@ -24,6 +31,8 @@ from typing import Any
 
 from .aiocycler import AsyncCycler
 from .raw import Cycler, raw_cycler
+from .roundtrips import counting
+from .windows import Windows
 
 __all__ = ["OursCycler", "serve"]
 
@@ -69,29 +78,44 @@ def make_cycler(request: dict[str, Any]) -> Cycler:
 
 def run_request(cycler: Cycler, prefix: str, request: dict[str, Any]) -> dict[str, Any]:
     """Answer a ``run`` request: many tasks for an :class:`AsyncCycler`, else one loop."""
-    args = (prefix, float(request["start_at"]), float(request["duration_s"]),
-            int(request["max_cycles"]))
+    windows = Windows(float(request["start_at"]), float(request["warmup_s"]),
+                      int(request["windows"]), float(request["window_s"]))
+    max_cycles = int(request["max_cycles"])
     if isinstance(cycler, AsyncCycler):
-        return cycler.run(*args)
-    return run_cycles(cycler, *args)
+        return cycler.run(prefix, float(request["start_at"]), windows, max_cycles)
+    return run_cycles(cycler, prefix, float(request["start_at"]), windows, max_cycles)
 
 
-def run_cycles(cycler: Cycler, prefix: str, start_at: float, duration_s: float,
+def run_cycles(cycler: Cycler, prefix: str, start_at: float, windows: Windows,
                max_cycles: int) -> dict[str, Any]:
+    """Cycle from ``start_at`` until ``windows`` ends (or ``max_cycles``)."""
     delay = start_at - time.monotonic()
     if delay > 0:
         time.sleep(delay)
-    cpu0 = time.process_time()
-    start = time.monotonic()
-    stop_at = start_at + duration_s
-    cycles = 0
     for i in range(max_cycles):
         cycler.cycle(f"{prefix}-{i}")
-        cycles += 1
-        if time.monotonic() >= stop_at:
+        if not windows.record(time.monotonic()):
             break
-    end = time.monotonic()
-    return {"cycles": cycles, "start": start, "end": end, "cpu_s": time.process_time() - cpu0}
+    return windows.as_dict()
+
+
+def count_requests(request: dict[str, Any]) -> dict[str, Any]:
+    """Answer a ``count`` request (see the module docstring)."""
+    prefix = str(request["prefix"])
+    with counting(request["transports"]) as count:
+        cycler = make_cycler(request)
+        cycler.open()
+        try:
+            for i in range(int(request.get("warmup", 0))):
+                cycler.cycle(f"{prefix}-warm-{i}")
+            count.reset()
+            cycles = int(request["cycles"])
+            for i in range(cycles):
+                cycler.cycle(f"{prefix}-{i}")
+            requests = count.snapshot()
+        finally:
+            cycler.close()
+    return {"requests": requests, "transports": sorted(count.transports), "cycles": cycles}
 
 
 def serve(conn: Any, index: int) -> None:
@@ -117,6 +141,8 @@ def serve(conn: Any, index: int) -> None:
             elif op == "run":
                 assert cycler is not None, "prepare first"
                 reply.update(run_request(cycler, prefix, request))
+            elif op == "count":
+                reply.update(count_requests(request))
             elif op == "close":
                 if cycler is not None:
                     cycler.close()

@@ -31,6 +31,7 @@ from typing import Any
 from ..store import open_store
 from .config import Sizes, Target
 from .stats import median
+from .windows import Windows, paired_ratios, spread
 
 __all__ = ["w6_peers"]
 
@@ -179,52 +180,62 @@ def peers_for(target: Target, sizes: Sizes, prefix: str) -> list[Peer]:
     return []
 
 
-def _rate(peer: Peer, duration_s: float) -> dict[str, Any]:
+def _rate(peer: Peer, sizes: Sizes) -> list[float]:
+    """Cycles/s of each of ``w6_windows`` windows, after 3 cycles and ``w6_warmup_s``
+    seconds of unmeasured cycles."""
     cycle, close = peer.open()
     try:
-        for _ in range(3):  # warm-up
+        for _ in range(3):  # first use: connection, session, first keys / znodes
             cycle()
-        cycles = 0
-        start = time.perf_counter()
-        stop_at = start + duration_s
-        for _ in range(1_000_000):
+        windows = Windows(time.monotonic(), sizes.w6_warmup_s, sizes.w6_windows,
+                          sizes.w6_duration_s / sizes.w6_windows)
+        for _ in range(10_000_000):
             cycle()
-            cycles += 1
-            if time.perf_counter() >= stop_at:
+            if not windows.record(time.monotonic()):
                 break
-        elapsed = time.perf_counter() - start
     finally:
         close()
-    return {"cycles": cycles, "elapsed_s": elapsed, "cycles_per_s": cycles / elapsed}
+    return [c / windows.window_s for c in windows.counts]
 
 
 def w6_peers(target: Target, sizes: Sizes, prefix: str) -> dict[str, Any]:
     """Cycles/s of ours and each peer, alternating the order between repeats; a peer
     that fails (e.g. tooz's gateway driver against this etcd) is reported with its
-    error, not dropped."""
+    error, not dropped.
+
+    Each rate is the median of the peer's windows over every repeat, with their
+    ``spread``; ``ratio_spread`` is that of window ``k`` of ours over window ``k`` of
+    the peer in the same repeat."""
     peers = peers_for(target, sizes, prefix)
     if not peers:
         return {"note": f"no peer lock library is measured on {target.backend}", "peers": []}
-    rates: dict[str, list[float]] = {p.name: [] for p in peers}
+    rates: dict[str, list[list[float]]] = {p.name: [] for p in peers}
     errors: dict[str, str] = {}
     for rep in range(sizes.w6_repeats):
         for peer in peers if rep % 2 == 0 else list(reversed(peers)):
             if peer.name in errors:
                 continue
             try:
-                rates[peer.name].append(_rate(peer, sizes.w6_duration_s)["cycles_per_s"])
+                rates[peer.name].append(_rate(peer, sizes))
             except Exception as exc:
                 errors[peer.name] = f"{type(exc).__name__}: {exc}"[:400]
-    ours_rate = median(rates[peers[0].name])
+    ours_runs = rates[peers[0].name]
+    ours_rate = median(w for run in ours_runs for w in run)
     rows = []
     for peer in peers:
-        rate = median(rates[peer.name]) if rates[peer.name] else None
+        windows = [w for run in rates[peer.name] for w in run]
+        rate = median(windows) if windows else None
+        paired = [r for a, b in zip(ours_runs, rates[peer.name], strict=False)
+                  for r in paired_ratios(a, b)]
         rows.append({
             "name": peer.name,
             "library": peer.library,
             "fencing": peer.fencing,
             "cycles_per_s": rate,
+            "spread": spread(windows),
             "ours_over_peer": (ours_rate / rate) if rate else None,
+            "ratio_spread": spread(paired),
             "error": errors.get(peer.name),
         })
-    return {"duration_s": sizes.w6_duration_s, "repeats": sizes.w6_repeats, "peers": rows}
+    return {"duration_s": sizes.w6_duration_s, "repeats": sizes.w6_repeats,
+            "windows": sizes.w6_windows, "warmup_s": sizes.w6_warmup_s, "peers": rows}

@@ -79,26 +79,39 @@ def _save(fig: Any, path: Path) -> None:
     plt.close(fig)
 
 
+def _whisker(err: list[list[float]], value: float, sp: Any) -> None:
+    """Append the distance from ``value`` down to the windows' 25th percentile and up to
+    their 75th."""
+    low = _num(sp.get("p25")) if isinstance(sp, dict) else value
+    high = _num(sp.get("p75")) if isinstance(sp, dict) else value
+    err[0].append(max(0.0, value - low))
+    err[1].append(max(0.0, high - value))
+
+
 def _w1(results: dict[str, Any], path: Path) -> bool:
     found = _ok(results, "w1_throughput")
-    title = "W1 claim+complete cycles/s: ours vs raw client (same run)"
+    title = "W1 claim+complete cycles/s: ours vs raw client (same run; whiskers: windows' IQR)"
     if not found:
         return False
     fig, axes = _figure(len(found), title)
     for ax, (backend, data) in zip(axes, found, strict=True):
         labels, ours, raw = [], [], []
+        ours_err: list[list[float]] = [[], []]
+        raw_err: list[list[float]] = [[], []]
         for workers, row in data["workers"].items():
             labels.append(f"{workers} worker{'s' if workers != '1' else ''}\n"
                           f"ratio {_num(row['ratio']):.2f}x")
             ours.append(_num(row["ours_cycles_per_s"]))
             raw.append(_num(row["raw_cycles_per_s"]))
+            _whisker(ours_err, ours[-1], row.get("ours_spread"))
+            _whisker(raw_err, raw[-1], row.get("raw_spread"))
         x = range(len(labels))
         left, right = [i - 0.2 for i in x], [i + 0.2 for i in x]
-        ax.bar(left, ours, 0.4, label="consensus_lease", color=OURS)
-        ax.bar(right, raw, 0.4, label="raw client", color=RAW)
+        ax.bar(left, ours, 0.4, label="consensus_lease", color=OURS, yerr=ours_err, capsize=3)
+        ax.bar(right, raw, 0.4, label="raw client", color=RAW, yerr=raw_err, capsize=3)
         _labels(ax, left, ours)
         _labels(ax, right, raw)
-        _headroom(ax, ours + raw)
+        _headroom(ax, [v + e for v, e in zip(ours + raw, ours_err[1] + raw_err[1], strict=True)])
         ax.set_xticks(list(x), labels)
         ax.set_title(backend)
         ax.set_ylabel("cycles/s")
@@ -217,7 +230,8 @@ def _w5(results: dict[str, Any], path: Path) -> bool:
 
 def _w6(results: dict[str, Any], path: Path) -> bool:
     found = [(b, d) for b, d in _ok(results, "w6_peers") if d.get("peers")]
-    title = "W6 acquire+release cycles/s on the same store (hatched: no fencing token)"
+    title = ("W6 acquire+release cycles/s on the same store (hatched: no fencing token; "
+             "whiskers: windows' IQR)")
     if not found:
         return False
     fig, axes = _figure(len(found), title)
@@ -225,8 +239,10 @@ def _w6(results: dict[str, Any], path: Path) -> bool:
         peers = data["peers"]
         for i, peer in enumerate(peers):
             value = _num(peer["cycles_per_s"])
+            err: list[list[float]] = [[], []]
+            _whisker(err, value, peer.get("spread"))
             ax.bar(i, value, color=OURS if peer["fencing"] else PEER,
-                   hatch=None if peer["fencing"] else "//")
+                   hatch=None if peer["fencing"] else "//", yerr=err, capsize=3)
             ax.text(i, value, "failed" if peer["error"] else f"{value:.0f}", ha="center",
                     va="bottom", fontsize="small")
         ax.set_xticks(range(len(peers)), [p["name"].replace(" (", "\n(") for p in peers],

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .goals import Goal
+from .goals import Goal, span
 
 __all__ = ["JSON_NAME", "MARKDOWN_NAME", "markdown", "write_json", "write_markdown"]
 
@@ -64,18 +64,43 @@ def _errors(results: dict[str, Any], key: str) -> list[str]:
     return [*lines, ""] if lines else []
 
 
+def _per_cycle(side: Any) -> str:
+    if not isinstance(side, dict):
+        return "-"
+    if side.get("error"):
+        return "not counted"
+    return _f(side.get("per_cycle"), ".1f")
+
+
 def _w1(results: dict[str, Any]) -> list[str]:
-    rows = []
+    rows, counted = [], []
     for backend, data in _ok_workloads(results, "w1_throughput"):
+        requests = data.get("requests") or {}
         for workers, row in data["workers"].items():
-            rows.append([backend, workers, _f(row["ours_cycles_per_s"], ".0f"),
-                         _f(row["raw_cycles_per_s"], ".0f"), _f(row["ratio"], ".2f", "x"),
+            rows.append([backend, workers,
+                         _f(row["ours_cycles_per_s"], ".0f") + span(row.get("ours_spread")),
+                         _f(row["raw_cycles_per_s"], ".0f") + span(row.get("raw_spread")),
+                         _f(row["ratio"], ".2f", "x") + span(row.get("ratio_spread"), ".2f"),
                          ", ".join(f"{r:.2f}" for r in row["ratios"]),
                          _f(row["ours_cpu_ms_per_cycle"], ".2f"),
-                         _f(row["raw_cpu_ms_per_cycle"], ".2f")])
-    return _table(["backend", "workers", "ours cycles/s", "raw client cycles/s", "ratio",
+                         _f(row["raw_cpu_ms_per_cycle"], ".2f"),
+                         _per_cycle(requests.get("ours")), _per_cycle(requests.get("raw"))])
+        for kind in ("ours", "raw"):
+            side = requests.get(kind)
+            if not isinstance(side, dict):
+                continue
+            detail = side.get("error") or ", ".join(
+                f"{name} {n:.2f}" for name, n in side.get("by_name", {}).items())
+            counted.append([backend, kind, side.get("unit", ""), _per_cycle(side), detail])
+    return _table(["backend", "workers", "ours cycles/s [windows IQR]",
+                   "raw client cycles/s [IQR]", "ratio [window ratios IQR]",
                    "per-repeat ratios", "ours client CPU ms/cycle",
-                   "raw client CPU ms/cycle"], rows) + _errors(results, "w1_throughput")
+                   "raw client CPU ms/cycle", "ours requests/cycle", "raw requests/cycle"],
+                  rows) + _errors(results, "w1_throughput") + (
+        ["Store requests per claim+complete cycle, counted at the transport (see "
+         "above), by request:", "",
+         *_table(["backend", "side", "unit", "per cycle", "by request (per cycle)"], counted)]
+        if counted else [])
 
 
 def _w2(results: dict[str, Any]) -> list[str]:
@@ -157,27 +182,32 @@ def _w6(results: dict[str, Any]) -> list[str]:
     for backend, data in _ok_workloads(results, "w6_peers"):
         for peer in data.get("peers", []):
             rows.append([backend, peer["name"], "yes" if peer["fencing"] else "no",
-                         _f(peer["cycles_per_s"], ".0f"),
-                         _f(peer["ours_over_peer"], ".2f", "x"),
+                         _f(peer["cycles_per_s"], ".0f") + span(peer.get("spread")),
+                         _f(peer["ours_over_peer"], ".2f", "x")
+                         + span(peer.get("ratio_spread"), ".2f"),
                          peer["error"] or ""])
     notes = [f"*{backend}: {data['note']}*" for backend, data in
              _ok_workloads(results, "w6_peers") if data.get("note")]
-    return _table(["store", "library", "fencing token", "acquire+release cycles/s",
-                   "ours / this", "error"], rows) + _errors(results, "w6_peers") + \
-        ([*notes, ""] if notes else [])
+    return _table(["store", "library", "fencing token",
+                   "acquire+release cycles/s [windows IQR]",
+                   "ours / this [window ratios IQR]", "error"], rows) + \
+        _errors(results, "w6_peers") + ([*notes, ""] if notes else [])
 
 
 def _w8(results: dict[str, Any]) -> list[str]:
     rows = []
     for backend, data in _ok_workloads(results, "w8_async"):
-        rows.append([backend, data["tasks"], _f(data["async_cycles_per_s"], ".0f"),
-                     data["processes"], _f(data["processes_cycles_per_s"], ".0f"),
-                     _f(data["ratio"], ".2f", "x"),
+        rows.append([backend, data["tasks"],
+                     _f(data["async_cycles_per_s"], ".0f") + span(data.get("async_spread")),
+                     data["processes"],
+                     _f(data["processes_cycles_per_s"], ".0f")
+                     + span(data.get("processes_spread")),
+                     _f(data["ratio"], ".2f", "x") + span(data.get("ratio_spread"), ".2f"),
                      ", ".join(f"{r:.2f}" for r in data["ratios"]),
                      _f(data["async_cpu_ms_per_cycle"], ".2f"),
                      _f(data["processes_cpu_ms_per_cycle"], ".2f"), data["async_threads"]])
-    return _table(["backend", "asyncio tasks", "asyncio cycles/s", "processes",
-                   "processes cycles/s", "ratio", "per-repeat ratios",
+    return _table(["backend", "asyncio tasks", "asyncio cycles/s [IQR]", "processes",
+                   "processes cycles/s [IQR]", "ratio [IQR]", "per-repeat ratios",
                    "asyncio CPU ms/cycle", "processes CPU ms/cycle", "asyncio threads"],
                   rows) + _errors(results, "w8_async")
 
@@ -258,11 +288,23 @@ def markdown(results: dict[str, Any], goals: list[Goal], plots: list[str]) -> st
     lines += [
         "## W1 — claim+complete cycles/s against the raw client",
         "",
-        f"Worker processes (spawned) each cycle on their own fresh jobs for "
-        f"{s['w1_duration_s']} s after a common start; {s['w1_repeats']} alternating "
-        "ours/raw pair(s), medians shown. Raw client: the same two store operations "
-        "(sqlite3: two write transactions; pyetcd: a compare-create txn, then a "
-        "compare-delete+put txn; kazoo: two multis).",
+        "Worker processes (spawned) each open their client and run "
+        f"{s['w1_warmup']} untimed cycles, then cycle on their own fresh jobs from a "
+        f"common start: {s.get('w1_warmup_s', 0)} s of warm-up (not measured), then "
+        f"{s.get('w1_windows', 1)} measured windows over {s['w1_duration_s']} s; "
+        f"{s['w1_repeats']} alternating ours/raw pair(s). A rate is the median of the "
+        "windows' rates, shown with their interquartile range [p25-p75] (min and max "
+        "in results.json): a gap wider than the ranges is not noise. The ratio is ours "
+        "over raw of those medians; its range is that of window k of ours over window k "
+        "of raw in the same pair. Client CPU: "
+        "`process_time` of the worker processes (every thread) over the measured cycles. "
+        "Requests per cycle: "
+        f"{s.get('w1_count_cycles', 0)} cycles of each side on a client of their own, "
+        "counted at the transport (etcd: gRPC calls and stream messages, by an "
+        "interceptor; ZooKeeper: requests kazoo writes to the socket, pings left out, a "
+        "multi counts once; SQLite: statements started, BEGIN and COMMIT included). Raw "
+        "client: the same two store operations (sqlite3: two write transactions; pyetcd: "
+        "a compare-create txn, then a compare-delete+put txn; kazoo: two multis).",
         "",
         *_w1(results),
         "## W2 — latency of one operation (one in-process worker)",
@@ -300,8 +342,11 @@ def markdown(results: dict[str, Any], goals: list[Goal], plots: list[str]) -> st
         *_w5(results),
         "## W6 — peers on the same store",
         "",
-        "One client, one lock name, acquire+release (ours: claim+release) in a loop. "
-        "No peer hands out a fencing token.",
+        "One client, one lock name, acquire+release (ours: claim+release) in a loop: "
+        f"{s.get('w6_warmup_s', 0)} s unmeasured, then {s.get('w6_windows', 1)} windows "
+        f"over {s['w6_duration_s']} s, {s['w6_repeats']} repeat(s) in alternating order; "
+        "median of the windows with their interquartile range. No peer hands out a "
+        "fencing token.",
         "",
         *_w6(results),
         "## W8 — one asyncio process against sync worker processes",
@@ -309,8 +354,9 @@ def markdown(results: dict[str, Any], goals: list[Goal], plots: list[str]) -> st
         f"One process runs {s['w8_tasks']} asyncio tasks, each cycling `claim` + "
         "`complete` on its own fresh jobs through one `AsyncLeaseStore` (its default "
         f"thread pool) and one session; then {s['w8_processes']} sync worker processes "
-        f"cycle as in W1; {s['w8_duration_s']} s each, {s['w8_repeats']} alternating "
-        "pair(s), medians shown.",
+        f"cycle as in W1; after W1's warm-up, {s.get('w8_windows', 1)} windows over "
+        f"{s['w8_duration_s']} s each, {s['w8_repeats']} alternating pair(s); medians of "
+        "the windows with their interquartile range.",
         "",
         *_w8(results),
         "## W7 — a deep work queue",

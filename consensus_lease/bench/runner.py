@@ -197,13 +197,13 @@ def _command(options: BenchOptions) -> str:
 
 def _summary(goals: list[Any], console: Console) -> None:
     table = Table(title="goals: measured vs target")
-    for column in ("backend", "workload", "goal", "target", "measured", "result"):
+    for column in ("backend", "workload", "goal", "target", "measured", "result", "note"):
         table.add_column(column, overflow="fold")
     colour = {"pass": "green", "miss": "red"}
     for g in goals:
         style = colour.get(g.status, "yellow")
         table.add_row(g.backend, g.workload, g.goal, g.target, g.measured,
-                      f"[{style}]{g.status}[/]")
+                      f"[{style}]{g.status}[/]", g.note)
     console.print(table)
 
 

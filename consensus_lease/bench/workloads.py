@@ -13,8 +13,10 @@ from typing import Any
 
 from ..store import open_store
 from .config import Sizes, Target
-from .pool import WorkerPool
+from .pool import PoolError, WorkerPool
+from .roundtrips import TRANSPORTS, requests_total
 from .stats import CallLog, median, summarize
+from .windows import paired_ratios, spread
 
 __all__ = ["pool_rate", "w1_throughput", "w2_latency", "w5_batch"]
 
@@ -22,12 +24,42 @@ _BARRIER_S = 0.3
 """Workers start this long after the ``run`` request is sent (a common start time)."""
 
 
+def _aggregate(replies: list[dict[str, Any]], window_s: float) -> dict[str, Any]:
+    """Sum the workers' windows: cycles/s and client CPU per cycle of each window."""
+    n = len(replies[0]["counts"])
+    counts = [sum(int(r["counts"][k]) for r in replies) for k in range(n)]
+    rates = [c / window_s for c in counts]
+    cpu_ms: list[float] = []
+    cpu_total, cpu_cycles = 0.0, 0
+    for k in range(n):
+        cpu = [(float(r["cpu_s"][k]), int(r["counts"][k])) for r in replies
+               if r["cpu_s"][k] is not None]
+        spent, cycles = sum(c for c, _ in cpu), sum(m for _, m in cpu)
+        cpu_total, cpu_cycles = cpu_total + spent, cpu_cycles + cycles
+        cpu_ms.append(1000.0 * spent / cycles if cycles else math.nan)
+    return {
+        "window_s": window_s,
+        "windows": rates,
+        "cycles_per_s": median(rates),
+        "spread": spread(rates),
+        "cycles": sum(counts),
+        "warm_cycles": sum(int(r["warm_cycles"]) for r in replies),
+        "cpu_ms_windows": cpu_ms,
+        "cpu_ms_per_cycle": 1000.0 * cpu_total / cpu_cycles if cpu_cycles else math.nan,
+        "threads": max(int(r.get("threads", 0)) for r in replies),
+    }
+
+
 def pool_rate(pool: WorkerPool, workers: int, kind: str, target: Target, prefix: str,
-              sizes: Sizes, duration_s: float | None = None,
+              sizes: Sizes, duration_s: float | None = None, windows: int | None = None,
               extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Aggregate cycles/s of ``workers`` processes cycling at once on distinct jobs for
-    ``duration_s`` (default W1's); ``extra`` goes into each worker's ``prepare``."""
+    """Aggregate cycles/s of ``workers`` processes cycling at once on distinct jobs:
+    ``sizes.w1_warmup_s`` unmeasured, then ``windows`` windows over ``duration_s``
+    (defaults W1's); ``extra`` goes into each worker's ``prepare``. The rate is the
+    median of the windows' rates, with their ``spread``."""
     duration = sizes.w1_duration_s if duration_s is None else duration_s
+    count = sizes.w1_windows if windows is None else windows
+    window_s = duration / count
     base = {"kind": kind, "url": target.url, "raw": target.raw, "ttl_s": sizes.session_ttl_s,
             "warmup": sizes.w1_warmup, **(extra or {})}
     pool.call([{**base, "op": "prepare", "prefix": f"{prefix}-w{i}", "owner": f"bench-w{i}"}
@@ -35,47 +67,84 @@ def pool_rate(pool: WorkerPool, workers: int, kind: str, target: Target, prefix:
     try:
         start_at = time.monotonic() + _BARRIER_S
         replies = pool.call(
-            [{"op": "run", "start_at": start_at, "duration_s": duration,
-              "max_cycles": 1_000_000} for _ in range(workers)],
-            timeout_s=_BARRIER_S + duration + 60.0,
+            [{"op": "run", "start_at": start_at, "warmup_s": sizes.w1_warmup_s,
+              "windows": count, "window_s": window_s, "max_cycles": 10_000_000}
+             for _ in range(workers)],
+            timeout_s=_BARRIER_S + sizes.w1_warmup_s + duration + 60.0,
         )
     finally:
         pool.call([{"op": "close"}] * workers, timeout_s=60.0)
-    cycles = sum(int(r["cycles"]) for r in replies)
-    elapsed = max(float(r["end"]) for r in replies) - min(float(r["start"]) for r in replies)
-    return {
-        "cycles": cycles,
-        "elapsed_s": elapsed,
-        "cycles_per_s": cycles / elapsed if elapsed > 0 else math.nan,
-        "worker_cpu_s": sum(float(r["cpu_s"]) for r in replies),
-        "cpu_ms_per_cycle": 1000.0 * sum(float(r["cpu_s"]) for r in replies) / max(1, cycles),
-        "threads": max(int(r.get("threads", 0)) for r in replies),
-    }
+    return _aggregate(replies, window_s)
+
+
+def count_requests(pool: WorkerPool, kind: str, target: Target, prefix: str,
+                   sizes: Sizes) -> dict[str, Any]:
+    """Store requests per claim+complete cycle of ``kind`` (``ours`` or ``raw``),
+    counted at the transport on a client of their own in one worker (see
+    :mod:`.roundtrips`); ``{"error": ..}`` if that fails."""
+    unit = "statements" if target.backend == "sqlite" else "requests"
+    try:
+        reply = pool.call([{"op": "count", "kind": kind, "url": target.url, "raw": target.raw,
+                            "ttl_s": sizes.session_ttl_s, "owner": "bench-count",
+                            "prefix": prefix, "warmup": sizes.w1_warmup,
+                            "cycles": sizes.w1_count_cycles,
+                            "transports": [t for b, t in TRANSPORTS.items()
+                                           if b == target.backend]}],
+                           timeout_s=120.0)[0]
+    except PoolError as exc:
+        return {"error": str(exc)[:400], "unit": unit}
+    cycles = int(reply["cycles"])
+    by_name = {k: n / cycles for k, n in sorted(reply["requests"].items())}
+    return {"per_cycle": requests_total(reply["requests"]) / cycles, "by_name": by_name,
+            "unit": unit, "cycles": cycles, "transports": reply["transports"]}
+
+
+def _side(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    rates = [w for r in runs for w in r["windows"]]
+    cpu = [c for r in runs for c in r["cpu_ms_windows"]]
+    return {"cycles_per_s": median(rates), "spread": spread(rates),
+            "cpu_ms_per_cycle": median(r["cpu_ms_per_cycle"] for r in runs),
+            "cpu_spread": spread(cpu)}
 
 
 def w1_throughput(target: Target, sizes: Sizes, pool: WorkerPool, prefix: str) -> dict[str, Any]:
     """Claim+complete cycles/s of ours and of the raw baseline, for each worker count;
-    ``repeats`` alternating pairs, ratio = median of the per-pair ratios."""
+    ``repeats`` alternating pairs of runs of ``w1_windows`` windows each.
+
+    Each side's rate is the median of all its windows (every repeat), with their
+    spread; the ratio is ours over raw of those medians (``ratios``: per pair), and its
+    spread that of window ``k`` of ours over window ``k`` of raw in the same pair.
+    Client CPU per cycle is the worker processes' CPU time over the cycles; store
+    requests per cycle are counted once per side on a separate client
+    (:func:`count_requests`)."""
     out: dict[str, Any] = {"duration_s": sizes.w1_duration_s, "repeats": sizes.w1_repeats,
+                           "windows": sizes.w1_windows, "warmup_s": sizes.w1_warmup_s,
                            "workers": {}}
+    out["requests"] = {kind: count_requests(pool, kind, target, f"{prefix}-count-{kind}",
+                                            sizes) for kind in ("ours", "raw")}
     for workers in sizes.w1_workers:
         runs: dict[str, list[dict[str, Any]]] = {"ours": [], "raw": []}
-        ratios = []
+        ratios: list[float] = []
+        window_ratios: list[float] = []
         for rep in range(sizes.w1_repeats):
             order = ("raw", "ours") if rep % 2 == 0 else ("ours", "raw")
             for kind in order:
                 runs[kind].append(
                     pool_rate(pool, workers, kind, target, f"{prefix}-{kind}{workers}r{rep}",
-                               sizes)
+                              sizes)
                 )
-            ratios.append(runs["ours"][-1]["cycles_per_s"] / runs["raw"][-1]["cycles_per_s"])
+            ours, raw = runs["ours"][-1], runs["raw"][-1]
+            ratios.append(ours["cycles_per_s"] / raw["cycles_per_s"]
+                          if raw["cycles_per_s"] > 0 else math.nan)
+            window_ratios += paired_ratios(ours["windows"], raw["windows"])
+        sides = {kind: _side(runs[kind]) for kind in ("ours", "raw")}
+        raw_rate = sides["raw"]["cycles_per_s"]
         out["workers"][str(workers)] = {
-            "ours_cycles_per_s": median(r["cycles_per_s"] for r in runs["ours"]),
-            "raw_cycles_per_s": median(r["cycles_per_s"] for r in runs["raw"]),
-            "ours_cpu_ms_per_cycle": median(r["cpu_ms_per_cycle"] for r in runs["ours"]),
-            "raw_cpu_ms_per_cycle": median(r["cpu_ms_per_cycle"] for r in runs["raw"]),
-            "ratio": median(ratios),
+            **{f"{kind}_{key}": value for kind, side in sides.items()
+               for key, value in side.items()},
+            "ratio": sides["ours"]["cycles_per_s"] / raw_rate if raw_rate > 0 else math.nan,
             "ratios": ratios,
+            "ratio_spread": spread(window_ratios),
             "runs": runs,
         }
     return out

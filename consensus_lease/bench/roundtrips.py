@@ -1,0 +1,193 @@
+"""Counting store requests at the transport, the same way for our backend and the raw
+client, so that requests per cycle can be compared like with like.
+
+===========  ==================================================================  =======
+client       what is counted                                                     unit
+===========  ==================================================================  =======
+gRPC (etcd)  every unary call and every message sent on a stream, by method      request
+             (a client interceptor on each channel made by ``grpc.insecure_channel``
+             / ``grpc.secure_channel`` while counting)
+kazoo (ZK)   every request kazoo's connection writes to the socket, by request   request
+             class (``ConnectionHandler._submit``), pings left out; a ``multi``
+             is one ``Transaction``
+sqlite3      every statement SQLite starts on a connection made by               statement
+             ``sqlite3.connect`` while counting (``set_trace_callback``), by
+             first word; trigger bodies are counted apart as ``TRIGGER``
+===========  ==================================================================  =======
+
+:func:`counting` patches those three entry points *in this process* for the duration of
+a ``with`` block; clients must be created inside it (a channel or connection made before
+is not seen). It is meant for a bench worker process that counts a few cycles on a
+client of its own, then closes it: the interceptor and the trace callback cost CPU, so
+the timed cycles never run on a counted client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+__all__ = ["TRANSPORTS", "RequestCount", "counting", "requests_total"]
+
+
+class RequestCount:
+    """Requests seen so far, by name (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_name: Counter[str] = Counter()
+        self.transports: set[str] = set()
+
+    def add(self, name: str) -> None:
+        with self._lock:
+            self._by_name[name] += 1
+
+    def reset(self) -> None:
+        with self._lock:
+            self._by_name.clear()
+
+    def snapshot(self) -> dict[str, int]:
+        """Requests by name since the last :meth:`reset`."""
+        with self._lock:
+            return dict(self._by_name)
+
+
+def _grpc_interceptor(count: RequestCount) -> Any:
+    import grpc
+
+    def short(details: Any) -> str:
+        return str(details.method).rsplit("/", 1)[-1]
+
+    def counted(details: Any, requests: Iterator[Any]) -> Iterator[Any]:
+        for request in requests:
+            count.add(short(details))
+            yield request
+
+    # grpc ships no type hints: its interceptor bases are Any to mypy.
+    class Interceptor(grpc.UnaryUnaryClientInterceptor,  # type: ignore[misc]
+                      grpc.UnaryStreamClientInterceptor,  # type: ignore[misc]
+                      grpc.StreamUnaryClientInterceptor,  # type: ignore[misc]
+                      grpc.StreamStreamClientInterceptor):  # type: ignore[misc]
+        def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+            count.add(short(details))
+            return continuation(details, request)
+
+        def intercept_unary_stream(self, continuation: Any, details: Any,
+                                   request: Any) -> Any:
+            count.add(short(details))
+            return continuation(details, request)
+
+        def intercept_stream_unary(self, continuation: Any, details: Any,
+                                   requests: Any) -> Any:
+            return continuation(details, counted(details, requests))
+
+        def intercept_stream_stream(self, continuation: Any, details: Any,
+                                    requests: Any) -> Any:
+            return continuation(details, counted(details, requests))
+
+    return Interceptor()
+
+
+@contextlib.contextmanager
+def _patched(owner: Any, name: str, make: Callable[[Any], Any]) -> Iterator[None]:
+    original = getattr(owner, name)
+    setattr(owner, name, make(original))
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+def _patch_grpc(stack: contextlib.ExitStack, count: RequestCount) -> None:
+    try:
+        import grpc
+    except ImportError:
+        return
+    interceptor = _grpc_interceptor(count)
+
+    def wrap(make_channel: Callable[..., Any]) -> Callable[..., Any]:
+        def counted_channel(*args: Any, **kwargs: Any) -> Any:
+            return grpc.intercept_channel(make_channel(*args, **kwargs), interceptor)
+
+        return counted_channel
+
+    stack.enter_context(_patched(grpc, "insecure_channel", wrap))
+    stack.enter_context(_patched(grpc, "secure_channel", wrap))
+    count.transports.add("grpc")
+
+
+def _patch_kazoo(stack: contextlib.ExitStack, count: RequestCount) -> None:
+    try:
+        from kazoo.protocol.connection import ConnectionHandler
+        from kazoo.protocol.serialization import Ping
+    except ImportError:
+        return
+
+    def wrap(submit: Callable[..., Any]) -> Callable[..., Any]:
+        def counted_submit(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+            if not isinstance(request, Ping):
+                count.add(type(request).__name__)
+            return submit(self, request, *args, **kwargs)
+
+        return counted_submit
+
+    stack.enter_context(_patched(ConnectionHandler, "_submit", wrap))
+    count.transports.add("kazoo")
+
+
+def _patch_sqlite(stack: contextlib.ExitStack, count: RequestCount) -> None:
+    import sqlite3
+
+    def trace(statement: str) -> None:
+        text = statement.lstrip()
+        if text.startswith("--"):  # a trigger's body: "-- TRIGGER name"
+            count.add("TRIGGER")
+        else:
+            count.add(text.split(None, 1)[0].upper() if text else "?")
+
+    def wrap(connect: Callable[..., Any]) -> Callable[..., Any]:
+        def counted_connect(*args: Any, **kwargs: Any) -> Any:
+            connection = connect(*args, **kwargs)
+            connection.set_trace_callback(trace)
+            return connection
+
+        return counted_connect
+
+    stack.enter_context(_patched(sqlite3, "connect", wrap))
+    count.transports.add("sqlite3")
+
+
+TRANSPORTS = {"etcd": "grpc", "zookeeper": "kazoo", "sqlite": "sqlite3"}
+"""The transport each backend's requests go through."""
+
+_PATCHES = {"grpc": _patch_grpc, "kazoo": _patch_kazoo, "sqlite3": _patch_sqlite}
+
+
+@contextlib.contextmanager
+def counting(transports: Iterable[str] = tuple(_PATCHES)) -> Iterator[RequestCount]:
+    """Count the requests of every client of ``transports`` (``grpc``, ``kazoo``,
+    ``sqlite3``; default all) created inside the block (see the module docstring); the
+    patches are removed on exit. A transport whose library is not installed is left out
+    of ``RequestCount.transports``.
+
+    Raises:
+        ValueError: an unknown transport name.
+    """
+    chosen = tuple(transports)
+    unknown = set(chosen) - set(_PATCHES)
+    if unknown:
+        raise ValueError(f"unknown transports {sorted(unknown)}; known: {sorted(_PATCHES)}")
+    count = RequestCount()
+    with contextlib.ExitStack() as stack:
+        for name in chosen:
+            _PATCHES[name](stack, count)
+        yield count
+
+
+def requests_total(by_name: dict[str, int]) -> int:
+    """Round trips in a snapshot: every name but SQLite's trigger bodies (they run
+    inside the statement that fired them)."""
+    return sum(n for name, n in by_name.items() if name != "TRIGGER")
