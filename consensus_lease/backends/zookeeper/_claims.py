@@ -123,6 +123,7 @@ class Plan:
     failure: Failure | None = None
     drop_delayed: bool = False  # the claim deletes the delayed marker (a delay was recorded)
     not_before_ms: int | None = None  # a retry delay recorded since the last claim ends then
+    failed: str | None = None  # a queued job's failed marker (made when it becomes FAILED)
 
     @property
     def generation(self) -> int:
@@ -153,7 +154,8 @@ class Plan:
         attempt, and as handle the hold it made (its owner znode is new: version 0)."""
         generation = token(epoch, self.generation)
         hold = Hold(h, generation, self.paths.owner, 0, self.held, self.open, self.delayed,
-                    self.attempt, self.job.max_attempts, self.failure, nonce=self.nonce)
+                    self.attempt, self.job.max_attempts, self.failure, nonce=self.nonce,
+                    failed=self.failed)
         return ClaimResult(generation, None, self.attempt, hold)
 
 
@@ -267,16 +269,20 @@ class Claims:
         base = 0 if failure is None else failure.base
         if parsed.max_attempts is not None and parsed.attempt - base >= parsed.max_attempts:
             open_ = None if queue_tag is None else queue_tag.marker(self.queues_base)
-            return Exhausted(paths, version, parsed.attempt, failure, open_, parsed.epoch)
-        held = open_ = delayed = None
+            failed_ = None if queue_tag is None else queue_tag.failed(self.queues_base)
+            return Exhausted(paths, version, parsed.attempt, failure, open_, parsed.epoch,
+                             failed_)
+        held = open_ = delayed = failed_ = None
         if queue_tag is not None:
             held, open_ = queue_tag.held(self.queues_base), queue_tag.marker(self.queues_base)
             delayed = queue_tag.delayed(self.queues_base)
+            failed_ = queue_tag.failed(self.queues_base)
         delaying = failure is not None and failure.delaying(version)
         return Plan(
             paths, version, new_nonce(), held, open_, delayed, parsed, failure,
             drop_delayed=delaying and delayed is not None and delayed not in skip,
             not_before_ms=failure.not_before_ms if failure is not None and delaying else None,
+            failed=failed_,
         )
 
     def _due(self, h: ZkSession, plans: list[Plan], outcome: dict[str, Outcome]) -> list[Plan]:

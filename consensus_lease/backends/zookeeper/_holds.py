@@ -115,6 +115,8 @@ class Hold:
             this claim read first, as for a claim without a hold.
         nonce: the claim's nonce, as its owner znode holds it (``set_value`` keeps it
             there); ``None``: not known without reading the owner znode.
+        failed: a queued job's failed marker path (made when the job becomes FAILED;
+            ``None``: not queued, or a layout-1 queue).
     """
 
     session: ZkSession = field(repr=False)
@@ -129,6 +131,7 @@ class Hold:
     failure: Failure | None = None
     ended: bool = False
     nonce: str | None = None
+    failed: str | None = None
 
     @property
     def exhausted(self) -> bool:
@@ -154,7 +157,7 @@ def make_hold(
                     max_attempts=max_attempts, failure=failure, nonce=nonce)
     return Hold(h, generation, paths.owner, owner_version, tag.held(queues_base),
                 tag.marker(queues_base), tag.delayed(queues_base), attempt, max_attempts,
-                failure, nonce=nonce)
+                failure, nonce=nonce, failed=tag.failed(queues_base))
 
 
 def own_hold(h: ZkSession, paths: JobPaths, claim: ClaimResult) -> Hold | None:
@@ -450,6 +453,8 @@ def _fail_ops(
     markers = _deletes(hold.held)
     if failed:
         markers += _deletes(hold.open)  # a FAILED job leaves the queue's listings
+        if hold.failed is not None:  # and is counted among the bucket's failed
+            markers.append(("create", hold.failed, b"", -1))
     elif retry_in_s > 0 and hold.delayed is not None:
         markers.append(("create", hold.delayed, dump_delayed(retry_in_s), -1))
     return core, markers
