@@ -747,8 +747,8 @@ class ZooKeeperBackend(Backend):
             InvalidArgument: the job exists outside this queue (claimed by name, or in
                 another queue), ``job_id`` is an election key, or the request would
                 exceed jute.maxbuffer (a very long chroot); nothing was written.
-            QueueFull: the queue holds ``MAX_QUEUE_JOBS`` (50,000) jobs or
-                ``MAX_QUEUE_BYTES`` (32 MiB) of payloads; nothing was written.
+            QueueFull: the queue holds ``MAX_QUEUE_JOBS`` (25,000) jobs or
+                ``MAX_QUEUE_BYTES`` (16 MiB) of payloads; nothing was written.
             LegacyQueueLayout (an ``UnsupportedOperation``): a queue written before the
                 bucketed layout; nothing was written (the message names the upgrade step).
             BackendUnavailable: nothing was applied (also when other enqueues into the
@@ -763,7 +763,7 @@ class ZooKeeperBackend(Backend):
         shared client: the queue's head written at the version read (which issues the
         seqs and keeps the counts), each new bucket's znodes, and per job its job znode,
         tag, member (the payload) and open marker. Jobs whose paths and payloads would
-        pass 512 KB together go in further multis, each atomic; before the first of
+        pass 160 KB together go in further multis, each atomic; before the first of
         several, every job is checked not to exist outside this queue. A job already in
         this queue is left out (``False``); a lost answer is read back (the tags' nonce),
         never re-sent blindly. See :mod:`._queues`.
@@ -786,8 +786,9 @@ class ZooKeeperBackend(Backend):
         (the jobs enqueued and not purged, exact), then ``exists`` of each bucket's
         ``open``, ``held`` and ``failed`` directories (their ``numChildren``) for the
         buckets not known to be done, pipelined (up to 192 buckets per round trip). Cost:
-        O(buckets not done): one round trip at 50,000 jobs. ``oldest_held_lease_until`` is
-        ``None`` (ZooKeeper does not expose session expiry).
+        O(buckets not done): one round trip at 25,000 jobs (98 buckets).
+        ``oldest_held_lease_until`` is ``None`` (ZooKeeper does not expose session
+        expiry).
 
         Consistency: not a snapshot. Each count is exact at the moment its znode was
         read, and the reads follow one another within the round trip, so a job that

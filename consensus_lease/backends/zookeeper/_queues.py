@@ -119,16 +119,18 @@ the head, four paths (up to ~1.6 KB each with the longest ids), the tag, ACLs an
 framing, which must all fit in ``JUTE_MAXBUFFER``; this leaves them 48 KB. Checked again
 against the actual request before sending (a very long chroot)."""
 
-MAX_QUEUE_JOBS = 50_000
+MAX_QUEUE_JOBS = 25_000
 """Most jobs one queue holds (any state, until purged): ``capabilities.max_queue_jobs``.
 Each job is four znodes on every server (job, tag, member, open marker; five or six
-while held or failed): about 2.5 KB of server heap with 120-character ids, plus its
-payload and result. At this capacity a queue takes ~125 MB of heap with small
-payloads: measured to keep a 256 MB-heap server (default jute.maxbuffer) serving claims
+while held or failed): measured at about 3 KB of server heap per job with
+120-character ids and small payloads (50,000 such jobs left a 256 MB-heap server at
+~200 MB live after full collections, collecting back to back). At this capacity one
+queue takes ~75 MB of heap, which leaves a 256 MB-heap server (default
+jute.maxbuffer) room for its committed log (below) and its clients
 (``tests/backends/test_zookeeper_capacity.py``). Size the heap for the sum of every
 queue in the store, or shard queues across ensembles (chroots)."""
 
-MAX_QUEUE_BYTES = 32 * 1024 * 1024
+MAX_QUEUE_BYTES = 16 * 1024 * 1024
 """Most payload bytes one queue holds (until purged), for the same reason: every
 server keeps every payload in its heap."""
 
@@ -136,9 +138,12 @@ ENQUEUE_BATCH = 128
 """Most jobs one enqueue multi carries (``capabilities.max_enqueue_batch``): 4 creates
 each, so about 520 operations."""
 
-ENQUEUE_MULTI_BYTES = 512 * 1024
-"""Largest enqueue multi sent (estimated): jobs with large payloads go in smaller
-multis, each atomic."""
+ENQUEUE_MULTI_BYTES = 160 * 1024
+"""Largest enqueue multi sent (estimated); jobs with larger payloads or ids go in more
+multis, each atomic. Far below jute.maxbuffer because every server also keeps each of
+its last 500 writes whole in memory (``zookeeper.commitLogCount``, the committed log
+that lets followers catch up): 500 enqueue multis of this size are ~80 MB of heap. 128
+jobs with 120-character ids and 100-byte payloads take ~137 KB."""
 
 REQUEST_MARGIN = 1024
 """Bytes below ``JUTE_MAXBUFFER`` an estimated request must stay."""
@@ -388,7 +393,15 @@ class Queues:
             nbytes = sum(len(item.payload) for item in todo)
             if head.jobs + len(todo) > MAX_QUEUE_JOBS \
                     or head.payload_bytes + nbytes > MAX_QUEUE_BYTES:
-                czxid, version, head = self._head(q, what, fresh=True)  # cache may be old
+                # Jobs already queued need no room: leave them out, then decide on the
+                # head read again (the cached one may be old).
+                known = self._classify(q, todo, what)
+                out.update(known)
+                todo = [item for item in todo if item.job_id not in known]
+                if not todo:
+                    break
+                czxid, version, head = self._head(q, what, fresh=True)
+                nbytes = sum(len(item.payload) for item in todo)
                 self._check_capacity(q, head, len(todo), nbytes, what)
             nonce = new_nonce()
             tags: list[QueueTag] = []
