@@ -115,6 +115,13 @@ def bucket_dirs(queue: str, bucket: str = B0) -> set[str]:
     return {base, *(f"{base}/{d}" for d in ("jobs", "open", "held", "delayed", "failed"))}
 
 
+def queue_dirs(queue: str) -> set[str]:
+    """The znodes a queue is made with, and its first bucket's (relative to the chroot)."""
+    base = f"queues/{queue}"
+    return {base, f"{base}/b", f"{base}/tally", f"{base}/tally/held", f"{base}/tally/done",
+            f"{base}/tally/failed", *bucket_dirs(queue)}
+
+
 def head_of(url: str, queue: str) -> dict[str, int]:
     """The queue's head: its last seq, jobs and payload bytes."""
     data = tree(url)[f"queues/{queue}"]
@@ -140,14 +147,14 @@ def test_enqueue_is_one_multi_making_job_tag_member_and_marker(
     sent = count_multis(store)
     assert store.enqueue("mail", "m/1", b"hello") is True
     assert store.enqueue("mail", "m.2", b"") is True
-    # the queue's head and buckets container; then head + the first bucket (6) + 4 per
+    # the queue's head, buckets and tallies; then head + the first bucket (6) + 4 per
     # job; then head + 4
-    assert sent == [2, 11, 5]
+    assert sent == [6, 11, 5]
     nodes = tree(zk_url)
     one, two = member(1, "m/1"), member(2, "m.2")
     assert set(nodes) == {
         "jobs", "jobs/m%2F1", "jobs/m%2F1/queue", "jobs/m%2E2", "jobs/m%2E2/queue",
-        "queues", "queues/mail", "queues/mail/b", *bucket_dirs("mail"),
+        "queues", *queue_dirs("mail"),
         f"queues/mail/{B0}/jobs/{one}", f"queues/mail/{B0}/jobs/{two}",
         f"queues/mail/{B0}/open/{one}", f"queues/mail/{B0}/open/{two}",
     }
@@ -600,20 +607,21 @@ def test_purge_of_many_jobs_in_several_multis_leaves_no_stray_znodes(
     leases[220].release()  # available again; 221..224 stay held
     sent = count_multis(store)
     assert store.purge("bulk") == 220
-    assert sent == [301, 301, 61]  # the head + 100 + 100 + 20 jobs, three deletes each
+    # the head + 100 + 100 + 20 jobs, four deletes each (tag, job, member, done tally)
+    assert sent == [401, 401, 81]
     assert store.purge("bulk") == 0
     stats = store.queue_stats("bulk")
     assert (stats.available, stats.held, stats.completed) == (6, 4, 0)
     left = ids[220:]
     assert [j.record.job_id for j in store.queue_jobs("bulk")] == left
-    expected = {"epoch", "identity", "jobs", "queues", "queues/bulk", "queues/bulk/b",
-                *bucket_dirs("bulk")}
+    expected = {"epoch", "identity", "jobs", "queues", *queue_dirs("bulk")}
     for i, job in enumerate(left, start=221):
         expected |= {f"jobs/{job}", f"jobs/{job}/queue",
                      f"queues/bulk/{B0}/jobs/{member(i, job)}",
                      f"queues/bulk/{B0}/open/{member(i, job)}"}
     expected |= {f"jobs/{job}/owner" for job in ids[221:225]}
     expected |= {f"queues/bulk/{B0}/held/{member(i, ids[i - 1])}" for i in range(222, 226)}
+    expected |= {f"queues/bulk/tally/held/{member(i, ids[i - 1])}" for i in range(222, 226)}
     assert head_of(zk_url, "bulk") == {"layout": 2, "seq": 230, "jobs": 10, "bytes": 70}
     assert set(tree(zk_url)) == expected
     a.close()
@@ -679,6 +687,5 @@ def test_the_whole_life_of_a_queue_leaves_only_its_own_znodes(
     while (lease := a.claim_next("life")) is not None:
         lease.complete(b"")
     assert store.purge("life") == 4
-    assert set(tree(zk_url)) == {"epoch", "identity", "jobs", "queues", "queues/life",
-                                 "queues/life/b", *bucket_dirs("life")}
+    assert set(tree(zk_url)) == {"epoch", "identity", "jobs", "queues", *queue_dirs("life")}
     assert head_of(zk_url, "life") == {"layout": 2, "seq": 4, "jobs": 0, "bytes": 0}

@@ -197,9 +197,10 @@ Work queues (``capabilities.queues``; layout in ``_layout``, operations in ``_qu
   queue's depth. Done buckets (full, no open or failed marker) are remembered and never
   read again. Ordering: oldest seq first across buckets; a claim takes one of the 8
   oldest looking claimable (see ``_queues``).
-* ``queue_stats``: the head's counts plus ``exists`` (``numChildren``) of each bucket's
-  ``open``, ``held`` and ``failed`` for the buckets not done, pipelined, no listing; not
-  a snapshot (see ``ZooKeeperBackend.queue_stats``).
+* ``queue_stats``: O(1): the head's count of jobs plus the ``numChildren`` of the
+  queue's three tallies ``{q}/tally/held`` (ephemeral entries made and deleted with the
+  held markers), ``done`` (made by completions) and ``failed``, one round trip, no
+  listing; not a snapshot (see ``ZooKeeperBackend.queue_stats``).
 * ``wait_for_queue`` and ``subscribe_queue`` watch the ``open``, ``held`` and
   ``delayed`` children of the buckets from the oldest not done (up to 8), and the
   creation of the next bucket, shared by every waiter.

@@ -782,21 +782,22 @@ class ZooKeeperBackend(Backend):
 
     @_bounded
     def queue_stats(self, queue: str) -> QueueStats:
-        """Counts of ``queue``'s jobs by state, without listing any job: the queue's head
-        (the jobs enqueued and not purged, exact), then ``exists`` of each bucket's
-        ``open``, ``held`` and ``failed`` directories (their ``numChildren``) for the
-        buckets not known to be done, pipelined (up to 192 buckets per round trip). Cost:
-        O(buckets not done): one round trip at 25,000 jobs (98 buckets).
-        ``oldest_held_lease_until`` is ``None`` (ZooKeeper does not expose session
-        expiry).
+        """Counts of ``queue``'s jobs by state, without listing any job: one round trip
+        (after a ``sync``) reading the queue's head (the jobs enqueued and not purged,
+        exact) and the ``numChildren`` of its three tallies: held (ephemeral entries that
+        come and go with the held markers, so a holder's session ending takes its jobs
+        out too), done (made by each completion multi) and failed (made with FAILED,
+        deleted by ``requeue``). O(1) whatever the depth; ``available`` = jobs - done -
+        failed - held. ``oldest_held_lease_until`` is ``None`` (ZooKeeper does not
+        expose session expiry).
 
-        Consistency: not a snapshot. Each count is exact at the moment its znode was
-        read, and the reads follow one another within the round trip, so a job that
-        changes state meanwhile (a claim, a completion, an enqueue) may be counted in
-        the state before or after; the counts are off by at most the transitions applied
-        during the call. ``open`` is read before ``held``, so ``held <= open`` (a job
-        released meanwhile shows as available); ``completed`` is ``jobs - open - failed``
-        (an enqueue meanwhile can make it too low by that many, never negative).
+        Consistency: not a snapshot (ZooKeeper has no multi-read). Each count is exact
+        at the moment its znode was read (each tally changes in the same multi as the
+        job's state), and the reads follow one another within the round trip (head,
+        done, failed, held), so a job that changes state meanwhile (a claim, a
+        completion, an enqueue) is counted in its state before or after; the four counts
+        always add up to the head's ``jobs``, and ``completed`` never goes back between
+        calls (until a purge).
 
         Raises:
             LegacyQueueLayout: a queue written before the bucketed layout.

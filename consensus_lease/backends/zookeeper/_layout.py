@@ -52,6 +52,15 @@ Work queues (``qname``: the queue name, encoded as job ids are), layout 2 (bucke
                     (or ``enqueue_many`` multi) writes it at the version it read, so seqs
                     are issued in order and the counts are exact (see :mod:`._queues`)
     {chroot}/queues/{qname}/b           persistent container of the buckets
+    {chroot}/queues/{qname}/tally/held/{member}    EPHEMERAL, made and deleted with the
+                                        job's held marker (same multis, same session)
+    {chroot}/queues/{qname}/tally/done/{member}    persistent, made by the completion
+                                        multi, deleted by purge
+    {chroot}/queues/{qname}/tally/failed/{member}  persistent, made and deleted with the
+                                        job's failed marker
+                                        The tallies are never listed: their parents'
+                                        ``numChildren`` count the queue's held, completed
+                                        and FAILED jobs in O(1) (``queue_stats``)
     {chroot}/queues/{qname}/b/{k}       bucket ``k`` (``{k:010d}``): the jobs with
                                         ``(seq - 1) // BUCKET_JOBS == k``, made (with its
                                         five children) by the multi issuing its first seq
@@ -127,6 +136,7 @@ __all__ = [
     "QueueHead",
     "QueuePaths",
     "QueueTag",
+    "Tally",
     "bucket_of",
     "decode_name",
     "delay_ms",
@@ -162,7 +172,7 @@ OWNER_NODE = "owner"
 TAG_NODE = "queue"
 FAILURE_NODE = "failure"
 MEMBERS_DIR, OPEN_DIR, HELD_DIR, DELAYED_DIR = "jobs", "open", "held", "delayed"
-FAILED_DIR, BUCKETS_DIR = "failed", "b"
+FAILED_DIR, BUCKETS_DIR, TALLY_DIR, DONE_DIR = "failed", "b", "tally", "done"
 LAYOUT = 2
 """The queue layout this code writes (the head's ``"layout"``)."""
 BUCKET_JOBS = 256
@@ -270,12 +280,18 @@ class QueuePaths:
     name: str  # the encoded queue name
     node: str  # the head: seq, jobs, bytes
     buckets: str
+    tally: str  # its held, done and failed tallies
 
     @classmethod
     def of(cls, queues_base: str, queue: str) -> QueuePaths:
         name = encode_job_id(queue)
         node = f"{queues_base}/{name}"
-        return cls(queue, name, node, f"{node}/{BUCKETS_DIR}")
+        return cls(queue, name, node, f"{node}/{BUCKETS_DIR}", f"{node}/{TALLY_DIR}")
+
+    def tallies(self) -> tuple[str, str, str]:
+        """The held, done and failed tallies' parents (their numChildren are counts)."""
+        return (f"{self.tally}/{HELD_DIR}", f"{self.tally}/{DONE_DIR}",
+                f"{self.tally}/{FAILED_DIR}")
 
     def bucket(self, index: int) -> BucketPaths:
         node = f"{self.buckets}/{index:0{BUCKET_DIGITS}d}"
@@ -344,6 +360,15 @@ def parse_member(member: str) -> tuple[int, str] | None:
 
 
 @dataclass(frozen=True, slots=True)
+class Tally:
+    """A queued job's entries in its queue's tallies (see the module docstring)."""
+
+    held: str  # EPHEMERAL, with the held marker
+    done: str  # made by the completion
+    failed: str  # with the failed marker
+
+
+@dataclass(frozen=True, slots=True)
 class QueueTag:
     """A queued job's tag (``{job}/queue``): its queue, its member name, and the nonce of
     the enqueue that made it (how a lost answer is read back)."""
@@ -374,6 +399,14 @@ class QueueTag:
     def failed(self, queues_base: str) -> str | None:
         """The path of this job's failed marker (``None``: a layout-1 queue has none)."""
         return None if self.bucket is None else self._path(queues_base, FAILED_DIR)
+
+    def tally(self, queues_base: str) -> Tally | None:
+        """This job's tally entries (``None``: a layout-1 queue has none)."""
+        if self.bucket is None:
+            return None
+        base = f"{queues_base}/{self.queue}/{TALLY_DIR}"
+        return Tally(f"{base}/{HELD_DIR}/{self.member}", f"{base}/{DONE_DIR}/{self.member}",
+                     f"{base}/{FAILED_DIR}/{self.member}")
 
     def dump(self) -> bytes:
         fields: dict[str, Any] = {"format": FORMAT, "queue": self.queue,

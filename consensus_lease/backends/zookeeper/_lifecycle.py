@@ -30,6 +30,7 @@ from ._layout import (
     Failure,
     JobPaths,
     QueueTag,
+    Tally,
     dump_failure,
     new_nonce,
     parse_failure,
@@ -99,6 +100,7 @@ class Exhausted:
     open: str | None  # a queued job's open marker
     epoch: int = 0  # the epoch of the job's last claim (its token's high part)
     failed: str | None = None  # a queued job's failed marker (layout 2)
+    tally: Tally | None = None  # a queued job's tally entries (layout 2)
 
     def ops(self, nonce: str) -> tuple[list[Op], list[Op], str]:
         """The multi (core, markers) and the error it records."""
@@ -115,6 +117,8 @@ class Exhausted:
         markers: list[Op] = [] if self.open is None else [("delete", self.open, b"", -1)]
         if self.failed is not None:
             markers.append(("create", self.failed, b"", -1))
+        if self.tally is not None:
+            markers.append(("create", self.tally.failed, b"", -1))
         return core, markers, error
 
 
@@ -217,9 +221,11 @@ class Lifecycle:
             queue_tag = QueueTag.parse(tag[0], paths.tag)
             marker = queue_tag.marker(self.queues_base)
             failed = queue_tag.failed(self.queues_base)
+            tally = queue_tag.tally(self.queues_base)
             markers = [] if marker in skip else [("create", marker, b"", -1)]
-            if failed is not None and failed not in skip:
-                markers.append(("delete", failed, b"", -1))
+            for path in (failed, None if tally is None else tally.failed):
+                if path is not None and path not in skip:
+                    markers.append(("delete", path, b"", -1))
 
         def build(tx: Any) -> None:
             add_ops(tx, core + markers)

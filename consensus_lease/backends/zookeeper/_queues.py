@@ -46,10 +46,13 @@ held, completed or in a retry delay are skipped; a requeued job keeps its place 
 old seq). Enqueues into one queue get increasing seqs in the order the store applied
 them (one ``enqueue_many`` multi: in the order given).
 
-Counting (``queue_stats``): the head's ``jobs`` plus one ``exists`` of ``open``,
-``held`` and ``failed`` per bucket not done (their ``numChildren``), in pipelined reads:
-O(buckets not done), no listing. See :meth:`Queues.stats` for how the counts relate to
-concurrent claims.
+Counting (``queue_stats``): the head's ``jobs`` and the ``numChildren`` of the queue's
+three tallies (held: ephemeral entries made and deleted with the held markers; done:
+made by completions; failed: with the failed markers), read in one round trip of four
+reads whatever the depth: O(1), no listing. See
+:meth:`ZooKeeperBackend.queue_stats
+<consensus_lease.backends.zookeeper.ZooKeeperBackend.queue_stats>` for how the counts
+relate to concurrent claims.
 
 All of it runs on the backend's shared client (:meth:`._wire.Wire.reader`): no worker
 session is involved before the claim.
@@ -169,9 +172,6 @@ in a retry delay, it waits at most :data:`POLL_S` between looks."""
 POLL_S = 0.5
 """How long ``wait_for_queue`` waits without a watch on every bucket that could change."""
 
-STATS_CHUNK = 768
-"""Reads per round trip of ``queue_stats`` (4 per bucket)."""
-
 PURGE_READ_CHUNK = 64
 """Completed jobs whose records (results included) purge reads at once."""
 
@@ -256,6 +256,9 @@ class Queues:
         def build(tx: Any) -> None:
             tx.create(q.node, QueueHead().dump())
             tx.create(q.buckets, b"")
+            tx.create(q.tally, b"")
+            for path in q.tallies():
+                tx.create(path, b"")
 
         def settle(deadline: float) -> bool:
             return self.wire.read(self.wire.reader(deadline), [("exists", q.buckets)],
@@ -684,48 +687,25 @@ class Queues:
         <consensus_lease.backends.zookeeper.ZooKeeperBackend.queue_stats>`."""
         q = self.paths(queue)
         what = f"counting the jobs of queue {queue!r}"
-        node = self.wire.reader_read([("sync", self.config.base), ("get", q.node)], what)[1]
+        held_path, done_path, failed_path = q.tallies()
+        # the head first, held last: see queue_stats for what that gives
+        node, done, failed, held = self.wire.reader_read(
+            [("sync", self.config.base), ("get", q.node), ("exists", done_path),
+             ("exists", failed_path), ("exists", held_path)], what)[1:]
         if node is None:
             return QueueStats(queue, 0, 0, 0, None, 0)
         head = QueueHead.parse(node[0], q.node, queue)
-        czxid = int(node[1].czxid)
-        floor = self._floor(queue, czxid)
-        buckets = list(range(floor, head.last_bucket + 1))
-        open_ = held = failed = 0
-        done_upto, contiguous = floor, True
-        per = STATS_CHUNK // 4
-        for start in range(0, len(buckets), per):
-            chunk = buckets[start : start + per]
-            reads: list[Read] = []
-            for b in chunk:
-                paths = q.bucket(b)
-                reads += [("exists", paths.failed), ("exists", paths.open),
-                          ("exists", paths.held), ("exists", paths.failed)]
-            answers = self.wire.reader_read(reads, what)
-            for i, b in enumerate(chunk):
-                before, opened, holding, after = answers[4 * i : 4 * i + 4]
-                n_open = 0 if opened is None else opened.numChildren
-                n_failed = 0 if after is None else after.numChildren
-                open_ += n_open
-                held += 0 if holding is None else holding.numChildren
-                failed += n_failed
-                full = b < head.last_bucket or head.seq % BUCKET_JOBS == 0
-                done = (full and opened is not None and n_open == 0 and before is not None
-                        and after is not None and before.numChildren == 0
-                        and before.cversion == after.cversion)
-                if contiguous and done:
-                    done_upto = b + 1
-                else:
-                    contiguous = False
-        self._raise_floor(queue, czxid, done_upto)
-        held = min(held, open_)
+        n_done = 0 if done is None else int(done.numChildren)
+        n_failed = 0 if failed is None else int(failed.numChildren)
+        n_held = 0 if held is None else int(held.numChildren)
+        n_held = max(0, min(n_held, head.jobs - n_done - n_failed))
         return QueueStats(
             queue=queue,
-            available=open_ - held,
-            held=held,
-            completed=max(0, head.jobs - open_ - failed),
+            available=max(0, head.jobs - n_done - n_failed - n_held),
+            held=n_held,
+            completed=n_done,
             oldest_held_lease_until=None,
-            failed=failed,
+            failed=n_failed,
         )
 
     def jobs(self, queue: str, limit: int | None) -> list[QueuedJob]:
@@ -849,25 +829,26 @@ class Queues:
             done = [m for m in _sorted_members(members) if m[2] not in still_open]
             verified: list[_Doomed] = []
             for start in range(0, len(done), PURGE_READ_CHUNK):
-                verified += self._verify_completed(bucket, done[start : start + PURGE_READ_CHUNK],
-                                                   what)
+                verified += self._verify_completed(
+                    queue, bucket, done[start : start + PURGE_READ_CHUNK], what)
             purged += sum(self._delete(q, batch, what) for batch in _purge_batches(verified))
         return purged
 
     def _verify_completed(
-        self, bucket: BucketPaths, chunk: list[tuple[int, str, str]], what: str
+        self, queue: str, bucket: BucketPaths, chunk: list[tuple[int, str, str]], what: str
     ) -> list[_Doomed]:
         """The jobs of ``chunk`` whose record says COMPLETED and whose tag names this
         member, with the versions their deletes will require and their payload sizes."""
         reads: list[Read] = []
+        done_base = self.paths(queue).tallies()[1]
         for _, job_id, member in chunk:
             paths = self.job_paths(job_id)
             reads += [("get", paths.job), ("get", paths.tag), ("exists", paths.failure),
-                      ("exists", bucket.member(member))]
+                      ("exists", bucket.member(member)), ("exists", f"{done_base}/{member}")]
         answers = self.wire.reader_read(reads, what)
         out: list[_Doomed] = []
         for i, (_, job_id, member) in enumerate(chunk):
-            job, tag, failure, stat = answers[4 * i : 4 * i + 4]
+            job, tag, failure, stat, tally = answers[5 * i : 5 * i + 5]
             paths = self.job_paths(job_id)
             if job is None or tag is None or stat is None \
                     or not parse_job(job[0], paths.job).completed:
@@ -876,7 +857,8 @@ class Queues:
                 continue  # not this member's job (purged and enqueued again meanwhile)
             out.append(_Doomed(paths, tag[1].version, job[1].version, bucket.member(member),
                                None if failure is None else failure.version,
-                               int(stat.dataLength)))
+                               int(stat.dataLength),
+                               None if tally is None else f"{done_base}/{member}"))
         return out
 
     def _delete(self, q: QueuePaths, batch: list[_Doomed], what: str) -> int:
@@ -900,6 +882,8 @@ class Queues:
                         tx.delete(job.paths.failure, job.failure_version)
                     tx.delete(job.paths.job, job.job_version)
                     tx.delete(job.member)
+                    if job.tally_done is not None:
+                        tx.delete(job.tally_done)
 
             def settle(deadline: float) -> bool:
                 reads: list[Read] = [("sync", self.config.base)]
@@ -939,10 +923,12 @@ class _Doomed:
     member: str
     failure_version: int | None = None  # its failure znode's, if it ever failed
     payload_bytes: int = 0
+    tally_done: str | None = None  # its entry in the queue's tally of completed jobs
 
     def request_bytes(self) -> int:
         return sum(len(p.encode()) + 16
-                   for p in (self.paths.tag, self.paths.failure, self.paths.job, self.member))
+                   for p in (self.paths.tag, self.paths.failure, self.paths.job, self.member,
+                             self.tally_done or ""))
 
 
 def _purge_batches(jobs: list[_Doomed]) -> list[list[_Doomed]]:
