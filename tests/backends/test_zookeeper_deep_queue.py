@@ -41,6 +41,7 @@ from consensus_lease.backends.zookeeper._layout import (
 from consensus_lease.errors import InvalidArgument, UnsupportedOperation
 from consensus_lease.record import JobState
 from consensus_lease.session import Session
+from consensus_lease.testing.conformance import poll_until
 
 pytestmark = pytest.mark.slow
 
@@ -429,3 +430,53 @@ def test_a_queue_of_the_layout_before_buckets_is_refused_with_the_upgrade_step(
     assert lease.complete(b"done").state is JobState.COMPLETED
     assert children(zk_url, "queues/legacy/open") == []
     assert children(zk_url, "queues/legacy/held") == []
+
+
+# -- waiting across buckets -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["release-in-second-bucket", "enqueue-into-a-new-bucket"])
+def test_a_waiting_claim_next_is_woken_past_the_first_bucket(
+    store: LeaseStore, opened: Callable[..., Session], zk_url: str, how: str
+) -> None:
+    """The first bucket is done, the second (full) is held or done: a waiter on
+    another store (its own view of the floor) is woken by a release there, or by an
+    enqueue that makes the third bucket."""
+    ids = [f"j{i:04d}" for i in range(2 * BUCKET_JOBS)]
+    store.enqueue_many("q", ids)
+    a = opened("A")
+    for start in range(0, BUCKET_JOBS, 100):
+        for lease in a.claim_many(ids[start : min(start + 100, BUCKET_JOBS)]):
+            assert lease is not None
+            lease.complete(b"")
+    second = [lease for start in range(BUCKET_JOBS, 2 * BUCKET_JOBS, 100)
+              for lease in a.claim_many(ids[start : min(start + 100, 2 * BUCKET_JOBS)])]
+    assert all(lease is not None for lease in second)
+    if how == "enqueue-into-a-new-bucket":
+        for lease in second:
+            assert lease is not None
+            lease.complete(b"")
+    other = open_store(zk_url, connect_timeout_s=30)
+    try:
+        b = other.session("B", 30.0)
+        got: list[Any] = []
+        waiter = threading.Thread(target=lambda: got.append(b.claim_next("q", wait_s=60)))
+        waiter.start()
+        subs = backend_of(other)._subs
+        poll_until(lambda: subs.subscribers() == 1 and subs.watches() >= 1, 20)
+        since = time.monotonic()
+        if how == "release-in-second-bucket":
+            expected = second[-1]
+            assert expected is not None
+            expected.release()
+            job = expected.job_id
+        else:
+            job = "fresh"
+            store.enqueue("q", job)
+        waiter.join(timeout=70)
+        assert got and got[0] is not None and got[0].job_id == job
+        assert time.monotonic() - since < 10
+        got[0].release()
+        b.close()
+    finally:
+        other.close()
