@@ -330,21 +330,22 @@ def test_queue_stats_stays_consistent_under_four_concurrent_claimers(
 
 
 def _claim_latencies(session: Session, queue: str, n: int) -> list[float]:
+    """How long each of ``n`` claim_next took (each lease completed after timing)."""
     out: list[float] = []
     for _ in range(n):
         started = time.perf_counter()
         lease = session.claim_next(queue)
+        out.append(time.perf_counter() - started)
         assert lease is not None
         lease.complete(b"")
-        out.append(time.perf_counter() - started)
     return out
 
 
 def test_claim_latency_does_not_grow_with_queue_depth(
     store: LeaseStore, opened: Callable[..., Session]
 ) -> None:
-    """20,000 jobs (filled with enqueue_many) against 200: the median claim_next +
-    complete stays within 3x (generous, for a busy machine; the benchmark carries the
+    """20,000 jobs (filled with enqueue_many) against 200: the median claim_next
+    stays within 3x (generous, for a busy machine; the benchmark carries the
     real goal), and queue_stats stays cheap and exact."""
     store.enqueue_many("shallow", [f"s{i:05d}" for i in range(200)])
     started = time.monotonic()
@@ -362,7 +363,7 @@ def test_claim_latency_does_not_grow_with_queue_depth(
     stats = store.queue_stats("deep")
     stats_s = time.monotonic() - started
     assert (stats.available, stats.completed) == (20_000 - 45, 45)
-    assert stats_s < 5.0  # 79 buckets x 4 exists, pipelined
+    assert stats_s < 2.0  # one round trip of four reads (O(1)), with a margin
 
 
 # -- capacity and layout 1 --------------------------------------------------------------------
