@@ -124,14 +124,14 @@ against the actual request before sending (a very long chroot)."""
 
 MAX_QUEUE_JOBS = 25_000
 """Most jobs one queue holds (any state, until purged): ``capabilities.max_queue_jobs``.
-Each job is four znodes on every server (job, tag, member, open marker; five or six
-while held or failed): measured at about 3 KB of server heap per job with
-120-character ids and small payloads (50,000 such jobs left a 256 MB-heap server at
-~200 MB live after full collections, collecting back to back). At this capacity one
-queue takes ~75 MB of heap, which leaves a 256 MB-heap server (default
-jute.maxbuffer) room for its committed log (below) and its clients
-(``tests/backends/test_zookeeper_capacity.py``). Size the heap for the sum of every
-queue in the store, or shard queues across ensembles (chroots)."""
+Each job is four znodes on every server (job, tag, member, open marker; a tally entry
+once completed, more while held or failed): measured at about 3 KB of server heap per
+job with 120-character ids and 100-byte payloads. A 256 MB-heap server (default
+jute.maxbuffer) filled to this capacity in one queue had 113-143 MB in use after
+collections (its committed log included: see ``ENQUEUE_MULTI_BYTES``) and kept serving
+claims (``tests/backends/test_zookeeper_capacity.py``); 50,000 left it at ~200 MB, in
+back-to-back full collections. Size the heap for the sum of every queue in the store,
+or shard queues across ensembles (chroots)."""
 
 MAX_QUEUE_BYTES = 16 * 1024 * 1024
 """Most payload bytes one queue holds (until purged), for the same reason: every
