@@ -122,7 +122,7 @@ def test_queued_job_markers_go_in_the_same_multi(
     a = opened("A")
     first, second = a.claim_next("q"), a.claim_next("q")
     assert first is not None and second is not None
-    queue = f"{backend.config.queues_base}/q"
+    queue = f"{backend.config.queues_base}/q/b/0000000000"  # the queue's first bucket
     assert len(synced(raw).get_children(f"{queue}/held")) == 2
     sent = requests(handle(a))
     first.complete(b"")
@@ -140,12 +140,14 @@ def test_marker_deleted_by_hand_is_dropped_without_reading(
     a = opened("A")
     lease = a.claim_next("q")
     assert lease is not None
-    (held,) = synced(raw).get_children(f"{backend.config.queues_base}/q/held")
-    raw.delete(f"{backend.config.queues_base}/q/held/{held}")
+    bucket = f"{backend.config.queues_base}/q/b/0000000000"  # the queue's first bucket
+    (held,) = synced(raw).get_children(f"{bucket}/held")
+    raw.delete(f"{bucket}/held/{held}")
     sent = requests(handle(a))
     lease.complete(b"ok")
     assert sent == ["Transaction", "Transaction"]  # failed on the marker; again without it
-    assert synced(raw).get_children(f"{backend.config.queues_base}/q/open") == []
+    assert synced(raw).get_children(f"{bucket}/open") == []
+    assert store.queue_stats("q").completed == 1
 
 
 # -- what the session does not hold: nothing is written ----------------------------------

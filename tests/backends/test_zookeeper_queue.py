@@ -12,6 +12,7 @@ synchronise: waits poll with deadlines.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -104,6 +105,30 @@ def member(seq: int, job_id: str) -> str:
     return f"{seq:010d}-{encode_job_id(job_id)}"
 
 
+B0 = "b/0000000000"
+"""The first bucket of a queue (seqs 1-256), relative to the queue's node."""
+
+
+def bucket_dirs(queue: str, bucket: str = B0) -> set[str]:
+    """The znodes a bucket is made with (relative to the chroot)."""
+    base = f"queues/{queue}/{bucket}"
+    return {base, *(f"{base}/{d}" for d in ("jobs", "open", "held", "delayed", "failed"))}
+
+
+def queue_dirs(queue: str) -> set[str]:
+    """The znodes a queue is made with, and its first bucket's (relative to the chroot)."""
+    base = f"queues/{queue}"
+    return {base, f"{base}/b", f"{base}/tally", f"{base}/tally/held", f"{base}/tally/done",
+            f"{base}/tally/failed", *bucket_dirs(queue)}
+
+
+def head_of(url: str, queue: str) -> dict[str, int]:
+    """The queue's head: its last seq, jobs and payload bytes."""
+    data = tree(url)[f"queues/{queue}"]
+    fields: dict[str, int] = json.loads(data)
+    return fields
+
+
 # -- fixtures -------------------------------------------------------------------------------
 
 
@@ -122,19 +147,21 @@ def test_enqueue_is_one_multi_making_job_tag_member_and_marker(
     sent = count_multis(store)
     assert store.enqueue("mail", "m/1", b"hello") is True
     assert store.enqueue("mail", "m.2", b"") is True
-    assert sent == [5, 5]
+    # the queue's head, buckets and tallies; then head + the first bucket (6) + 4 per
+    # job; then head + 4
+    assert sent == [6, 11, 5]
     nodes = tree(zk_url)
     one, two = member(1, "m/1"), member(2, "m.2")
     assert set(nodes) == {
         "jobs", "jobs/m%2F1", "jobs/m%2F1/queue", "jobs/m%2E2", "jobs/m%2E2/queue",
-        "queues", "queues/mail", "queues/mail/jobs", "queues/mail/open", "queues/mail/held",
-        f"queues/mail/jobs/{one}", f"queues/mail/jobs/{two}",
-        f"queues/mail/open/{one}", f"queues/mail/open/{two}",
+        "queues", *queue_dirs("mail"),
+        f"queues/mail/{B0}/jobs/{one}", f"queues/mail/{B0}/jobs/{two}",
+        f"queues/mail/{B0}/open/{one}", f"queues/mail/{B0}/open/{two}",
     }
-    assert nodes[f"queues/mail/jobs/{one}"] == b"hello"
+    assert nodes[f"queues/mail/{B0}/jobs/{one}"] == b"hello"
     assert nodes["jobs/m%2F1"] == b""  # a never-claimed job
     assert version_of(zk_url, "jobs/m%2F1") == 0
-    assert version_of(zk_url, "queues/mail") == 2  # the last seq issued
+    assert head_of(zk_url, "mail") == {"layout": 2, "seq": 2, "jobs": 2, "bytes": 5}
     assert b'"member":"' + one.encode() + b'"' in nodes["jobs/m%2F1/queue"]
     record = store.get("m/1")
     assert record is not None and (record.state, record.generation) == (JobState.AVAILABLE, 0)
@@ -153,7 +180,7 @@ def test_claim_and_completion_of_a_queued_job(
     a = opened("A")
     first = a.claim_next("q")
     assert first is not None and (first.job_id, first.generation, first.payload) == ("j", 1, b"p")
-    held = f"{chroot_of(zk_url)}/queues/q/held/{member(1, 'j')}"
+    held = f"{chroot_of(zk_url)}/queues/q/{B0}/held/{member(1, 'j')}"
     client = raw_client(zk_url)
     try:  # the held marker is the claiming session's ephemeral, like the owner znode
         assert client.exists(held).ephemeralOwner == a.handle.sid  # type: ignore[attr-defined]
@@ -161,16 +188,16 @@ def test_claim_and_completion_of_a_queued_job(
         client.stop()
         client.close()
     first.release()
-    assert f"queues/q/held/{member(1, 'j')}" not in tree(zk_url)
+    assert f"queues/q/{B0}/held/{member(1, 'j')}" not in tree(zk_url)
     again = a.claim("j")  # by name
     assert again is not None and again.generation == 2
-    assert f"queues/q/open/{member(1, 'j')}" in tree(zk_url)
-    assert f"queues/q/held/{member(1, 'j')}" in tree(zk_url)
+    assert f"queues/q/{B0}/open/{member(1, 'j')}" in tree(zk_url)
+    assert f"queues/q/{B0}/held/{member(1, 'j')}" in tree(zk_url)
     again.complete(b"result")
     nodes = tree(zk_url)
-    assert f"queues/q/open/{member(1, 'j')}" not in nodes
-    assert f"queues/q/held/{member(1, 'j')}" not in nodes
-    assert nodes[f"queues/q/jobs/{member(1, 'j')}"] == b"p"
+    assert f"queues/q/{B0}/open/{member(1, 'j')}" not in nodes
+    assert f"queues/q/{B0}/held/{member(1, 'j')}" not in nodes
+    assert nodes[f"queues/q/{B0}/jobs/{member(1, 'j')}"] == b"p"
     with pytest.raises(JobCompleted):
         a.claim("j")
     (job,) = store.queue_jobs("q")
@@ -189,7 +216,7 @@ def test_release_and_completion_survive_markers_deleted_by_hand(
     assert first is not None and second is not None
     client = raw_client(zk_url)
     try:
-        base = f"{chroot_of(zk_url)}/queues/q"
+        base = f"{chroot_of(zk_url)}/queues/q/{B0}"
         for job in (first.job_id, second.job_id):
             client.delete(f"{base}/held/{member(1 if job == 'j' else 2, job)}")
         client.delete(f"{base}/open/{member(1 if first.job_id == 'j' else 2, first.job_id)}")
@@ -276,8 +303,9 @@ def test_candidates_are_fifo_skip_held_and_a_released_job_keeps_its_place(
 def test_candidates_are_three_listings_and_cached_payloads(
     store: LeaseStore, opened: Callable[..., Session]
 ) -> None:
-    """One round trip lists the queue's open, held and delayed markers; payloads are read
-    once (a member's data never changes), later calls take them from the cache."""
+    """One round trip reads the queue's head and lists its oldest bucket's open, held and
+    delayed markers; payloads are read once (a member's data never changes), later calls
+    take them from the cache."""
     backend = backend_of(store)
     for i in range(40):
         store.enqueue("q", f"j{i:02d}", f"p{i}".encode())
@@ -290,12 +318,13 @@ def test_candidates_are_three_listings_and_cached_payloads(
 
     backend._wire.reader_read = counting  # type: ignore[method-assign]
     first = backend.queue_candidates("q", 32)
-    assert trips == [5, 32]  # sync + queue node + three listings; then 32 payloads
+    # sync + head + failed, three listings, failed again; then 32 payloads
+    assert trips == [7, 32]
     trips.clear()
     lease = opened("A").claim("j00")
     assert lease is not None
     again = backend.queue_candidates("q", 32)
-    assert trips == [5, 1]  # only the one payload not seen before (j32)
+    assert trips == [7, 1]  # only the one payload not seen before (j32)
     assert again == [*first[1:], ("j32", b"p32")]
 
 
@@ -380,13 +409,15 @@ def test_payload_at_the_limit_with_the_longest_names_goes_through(
 def test_enqueue_with_a_lost_answer_is_read_back(
     store: LeaseStore, zk_url: str, apply: bool
 ) -> None:
+    assert store.enqueue("q", "first") is True  # the queue exists
     calls = lose_next_answer(backend_of(store)._wire.reader(), apply)
     assert store.enqueue("q", "j", b"p") is True  # read back: ours (applied or sent again)
     assert len(calls) == (1 if apply else 2)
     assert store.enqueue("q", "j", b"other") is False
     nodes = tree(zk_url)
-    assert [n for n in nodes if n.startswith("queues/q/jobs/")] == [f"queues/q/jobs/{member(1, 'j')}"]
-    assert version_of(zk_url, "queues/q") == 1 and version_of(zk_url, "jobs/j") == 0
+    assert sorted(n for n in nodes if n.startswith(f"queues/q/{B0}/jobs/")) == [
+        f"queues/q/{B0}/jobs/{member(1, 'first')}", f"queues/q/{B0}/jobs/{member(2, 'j')}"]
+    assert head_of(zk_url, "q")["seq"] == 2 and version_of(zk_url, "jobs/j") == 0
 
 
 def test_enqueue_lost_answer_of_someone_elses_job_is_not_claimed(
@@ -433,7 +464,7 @@ def test_completion_with_a_lost_answer_deletes_the_marker_once(
     lose_next_answer(handle.client, apply)  # type: ignore[attr-defined]
     record = lease.complete(b"r")
     assert (record.state, record.generation) == (JobState.COMPLETED, 1)
-    assert not [n for n in tree(zk_url) if n.startswith("queues/q/open/")]
+    assert not [n for n in tree(zk_url) if n.startswith(f"queues/q/{B0}/open/")]
     assert store.queue_stats("q").completed == 1
 
 
@@ -546,16 +577,17 @@ def test_timed_out_waits_leave_one_watch_per_path(
         t.start()
     for t in threads:
         t.join(timeout=30)
-    assert backend._queues.watches.armed() == 2  # children of the queue's open and held
+    # children of the bucket's open, held and delayed
+    assert backend._queues.watches.armed() == 3
     client = backend._wire.reader()
-    assert sum(len(v) for v in client._child_watchers.values()) == 2
+    assert sum(len(v) for v in client._child_watchers.values()) == 3
     assert sum(len(v) for v in client._data_watchers.values()) == 0
     lease.release()  # fires the watch on held
-    poll_until(lambda: backend._queues.watches.armed() == 1, 10)
-    assert sum(len(v) for v in client._child_watchers.values()) == 1  # open's, until it fires
+    poll_until(lambda: backend._queues.watches.armed() == 2, 10)
+    assert sum(len(v) for v in client._child_watchers.values()) == 2  # until they fire
     store.enqueue("q", "j2")
-    poll_until(lambda: backend._queues.watches.armed() == 0, 10)
-    assert sum(len(v) for v in client._child_watchers.values()) == 0
+    poll_until(lambda: backend._queues.watches.armed() == 1, 10)  # delayed's stays
+    assert sum(len(v) for v in client._child_watchers.values()) == 1
 
 
 # -- purge ----------------------------------------------------------------------------------
@@ -575,19 +607,22 @@ def test_purge_of_many_jobs_in_several_multis_leaves_no_stray_znodes(
     leases[220].release()  # available again; 221..224 stay held
     sent = count_multis(store)
     assert store.purge("bulk") == 220
-    assert sent == [300, 300, 60]  # 100 + 100 + 20 jobs, three deletes each
+    # the head + 100 + 100 + 20 jobs, four deletes each (tag, job, member, done tally)
+    assert sent == [401, 401, 81]
     assert store.purge("bulk") == 0
     stats = store.queue_stats("bulk")
     assert (stats.available, stats.held, stats.completed) == (6, 4, 0)
     left = ids[220:]
     assert [j.record.job_id for j in store.queue_jobs("bulk")] == left
-    expected = {"epoch", "identity", "jobs", "queues", "queues/bulk", "queues/bulk/jobs",
-                "queues/bulk/open", "queues/bulk/held"}
+    expected = {"epoch", "identity", "jobs", "queues", *queue_dirs("bulk")}
     for i, job in enumerate(left, start=221):
-        expected |= {f"jobs/{job}", f"jobs/{job}/queue", f"queues/bulk/jobs/{member(i, job)}",
-                     f"queues/bulk/open/{member(i, job)}"}
+        expected |= {f"jobs/{job}", f"jobs/{job}/queue",
+                     f"queues/bulk/{B0}/jobs/{member(i, job)}",
+                     f"queues/bulk/{B0}/open/{member(i, job)}"}
     expected |= {f"jobs/{job}/owner" for job in ids[221:225]}
-    expected |= {f"queues/bulk/held/{member(i, ids[i - 1])}" for i in range(222, 226)}
+    expected |= {f"queues/bulk/{B0}/held/{member(i, ids[i - 1])}" for i in range(222, 226)}
+    expected |= {f"queues/bulk/tally/held/{member(i, ids[i - 1])}" for i in range(222, 226)}
+    assert head_of(zk_url, "bulk") == {"layout": 2, "seq": 230, "jobs": 10, "bytes": 70}
     assert set(tree(zk_url)) == expected
     a.close()
     for queued in store.queue_jobs("bulk"):
@@ -633,7 +668,7 @@ def test_purge_with_a_lost_answer_is_read_back(
     assert store.queue_jobs("q") == [] and store.get("a") is None
 
 
-def test_the_whole_life_of_a_queue_leaves_only_its_four_znodes(
+def test_the_whole_life_of_a_queue_leaves_only_its_own_znodes(
     store: LeaseStore, opened: Callable[..., Session], zk_url: str
 ) -> None:
     for i in range(4):
@@ -652,5 +687,5 @@ def test_the_whole_life_of_a_queue_leaves_only_its_four_znodes(
     while (lease := a.claim_next("life")) is not None:
         lease.complete(b"")
     assert store.purge("life") == 4
-    assert set(tree(zk_url)) == {"epoch", "identity", "jobs", "queues", "queues/life",
-                                 "queues/life/jobs", "queues/life/open", "queues/life/held"}
+    assert set(tree(zk_url)) == {"epoch", "identity", "jobs", "queues", *queue_dirs("life")}
+    assert head_of(zk_url, "life") == {"layout": 2, "seq": 4, "jobs": 0, "bytes": 0}

@@ -128,19 +128,19 @@ def test_queue_subscription_wakes_on_enqueue_and_release(
     calls, other = Calls(), Calls()
     backend.subscribe_queue("q", calls)  # no such queue yet: armed on its creation
     backend.subscribe_queue("other-q", other)
-    settled(backend, 2)  # the two queues' ``open``, which do not exist yet
+    settled(backend, 2)  # the two queues' first ``open``, which do not exist yet
     since = time.monotonic()
     store.enqueue("q", "q-0")
     woken_within(calls, since)
     holder = opened("holder")
     lease = holder.claim_next("q")
     assert lease is not None
-    settled(backend, 3)  # open and held of "q" (no delayed yet), open of "other-q"
+    settled(backend, 4)  # open, held and delayed of "q"'s bucket, open of "other-q"
     since = time.monotonic()
     store.enqueue("q", "q-1")
     woken_within(calls, since)
     assert holder.claim_next("q") is not None
-    settled(backend, 3)
+    settled(backend, 4)
     since = time.monotonic()
     lease.release()
     woken_within(calls, since)

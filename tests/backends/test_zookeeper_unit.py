@@ -21,9 +21,15 @@ from consensus_lease._election import election_key
 from consensus_lease.backends.zookeeper import ZooKeeperBackend
 from consensus_lease.backends.zookeeper._history import History
 from consensus_lease.backends.zookeeper._layout import (
+    BUCKET_JOBS,
     CorruptData,
     Failure,
     JobPaths,
+    LegacyQueueLayout,
+    QueueHead,
+    QueuePaths,
+    QueueTag,
+    bucket_of,
     decode_name,
     dump_claim,
     dump_completed,
@@ -53,6 +59,7 @@ from consensus_lease.errors import (
     InvalidArgument,
     StoreRegressed,
     UnsupportedBackend,
+    UnsupportedOperation,
 )
 from consensus_lease.options import merge_options
 from consensus_lease.record import JobState
@@ -389,3 +396,35 @@ def test_a_regressed_history_recovers_only_once_the_epoch_was_raised() -> None:
     seen.identity_seen((b"new", None), "keepalive")
     seen.answered(10, 9, "keepalive")
     assert len(told) == 1
+
+
+def test_queue_head_round_trips_and_layout_1_is_told_apart() -> None:
+    head = QueueHead(seq=300, jobs=290, payload_bytes=1234)
+    assert QueueHead.parse(head.dump(), "/q", "q") == head
+    assert head.last_bucket == 1 and QueueHead().last_bucket == -1
+    assert [bucket_of(s) for s in (1, BUCKET_JOBS, BUCKET_JOBS + 1)] == [0, 0, 1]
+    with pytest.raises(LegacyQueueLayout, match="upgrade step") as legacy:
+        QueueHead.parse(b"", "/c/queues/q", "q")  # layout 1: the head had no data
+    assert isinstance(legacy.value, UnsupportedOperation)
+    assert "deleteall /c/queues/q" in str(legacy.value)
+    for foreign in (b"{}", b'{"layout":3,"seq":1,"jobs":1,"bytes":0}',
+                    b'{"layout":2,"seq":-1,"jobs":1,"bytes":0}', b"junk"):
+        with pytest.raises(CorruptData):
+            QueueHead.parse(foreign, "/q", "q")
+
+
+def test_queue_tags_name_their_bucket_and_layout_1_tags_keep_the_flat_paths() -> None:
+    member = member_name(BUCKET_JOBS + 1, "j")
+    tag = QueueTag("q", member, "n", 1)
+    assert QueueTag.parse(tag.dump(), "/t") == tag
+    assert tag.marker("/c/queues") == f"/c/queues/q/b/0000000001/open/{member}"
+    assert tag.held("/c/queues") == f"/c/queues/q/b/0000000001/held/{member}"
+    assert tag.failed("/c/queues") == f"/c/queues/q/b/0000000001/failed/{member}"
+    tally = tag.tally("/c/queues")
+    assert tally is not None and tally.done == f"/c/queues/q/tally/done/{member}"
+    bucket = QueuePaths.of("/c/queues", "q").bucket(1)
+    assert bucket.marker(member) == tag.marker("/c/queues")
+    old = QueueTag.parse(b'{"format":1,"queue":"q","member":"' + member.encode()
+                         + b'","nonce":"n"}', "/t")
+    assert old.bucket is None and old.failed("/c") is None and old.tally("/c") is None
+    assert old.marker("/c/queues") == f"/c/queues/q/open/{member}"

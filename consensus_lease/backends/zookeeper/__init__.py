@@ -155,42 +155,68 @@ Job lifecycle: attempts, ``fail``, retry delays, FAILED, ``requeue`` (``_lifecyc
   soonest ends (also woken by a child watch on ``delayed``). A waiter thus wakes once
   per delay, not in a loop.
 * Waiting claims subscribe (``subscribe_job``/``subscribe_queue``, see ``_subscribe``):
-  watches on the shared client (the job's owner znode; the queue's ``open``, ``held``,
-  ``delayed`` children), one per znode however many wait, re-armed asynchronously after
-  each event; retry delay ends and re-checks run on one timer thread. No thread and no
-  polling per waiting claim.
+  watches on the shared client (the job's owner znode; the ``open``, ``held``,
+  ``delayed`` children of the queue's oldest buckets not done), one per znode however
+  many wait, re-armed asynchronously after each event; retry delay ends and re-checks
+  run on one timer thread. No thread and no polling per waiting claim.
 * ``get``/``records``/``queue_jobs`` read the failure znode with the job (same round
   trip): state FAILED, ``attempt``, ``error``, ``not_before``, ``max_attempts``.
   ``purge`` deletes a completed job's failure znode with it.
 
 Work queues (``capabilities.queues``; layout in ``_layout``, operations in ``_queues``)
 -------------------------------------------------------------------------------------
-* ``enqueue`` is one multi on the backend's shared client: it creates the job znode
-  (version 0, as a never-claimed job: the first claim makes generation 1), a ``queue``
-  tag under it (queue, member name, a nonce), the member
-  ``{chroot}/queues/{q}/jobs/{seq:010d}-{name}`` holding the payload and the open marker
-  ``{chroot}/queues/{q}/open/{seq:010d}-{name}``, and bumps the version of
-  ``{chroot}/queues/{q}``, which issues ``seq``. If the job exists its tag decides:
-  this queue -> ``False``, anything else -> ``InvalidArgument``. A lost answer is read
-  back through the tag's nonce, never re-sent blindly.
-* Claim, renew, release and completion of a queued job are those of any job, plus one
-  marker each: the claim multi also creates the EPHEMERAL held marker
-  ``{chroot}/queues/{q}/held/{member}`` (same session as the owner znode, so it goes
-  with the session too), release and completion delete it, and completion also deletes
-  the open marker. Claimable = children of ``open`` - children of ``held`` - children of
-  ``delayed`` whose retry delay runs (see the job lifecycle above):
-  ``queue_candidates`` is one round trip of three listings (plus payloads not yet
-  cached, and delays not yet timed), and ``wait_for_queue`` waits on three child
-  watches shared by every waiter.
+* Layout 2, bucketed (``_layout``): a queue's head ``{chroot}/queues/{q}`` holds the last
+  seq issued and the counts of jobs and payload bytes; its jobs live in buckets
+  ``{q}/b/{k}`` of 256 seqs each, with ``jobs`` (members, holding the payloads),
+  ``open``, ``held``, ``delayed`` and ``failed`` markers per bucket. No listing ever
+  covers more than one bucket (at most 256 names, ~200 KB with the longest ids), and
+  none covers a whole queue.
+* ``enqueue``/``enqueue_many`` (``capabilities.max_enqueue_batch`` = 128): one multi on
+  the backend's shared client per up to 128 jobs (and at most 160 KB: every server keeps
+  its last 500 writes whole in its committed log): the head written at the version read
+  (which issues the seqs, FIFO, and keeps the counts exact), each new bucket's znodes,
+  and per job its job znode (version 0, as a never-claimed job: the first claim makes
+  generation 1), a ``queue`` tag under it (queue, bucket, member name, a nonce), the
+  member ``{q}/b/{k}/jobs/{seq:010d}-{name}`` holding the payload and the open marker
+  ``{q}/b/{k}/open/{seq:010d}-{name}``. Atomic per multi. If a job exists its tag
+  decides: this queue -> ``False``, anything else -> ``InvalidArgument``. A lost answer
+  is read back through the tags' nonce, never re-sent blindly.
+* Capacity (``capabilities.max_queue_jobs``): 25,000 jobs and 16 MiB of payloads per
+  queue (until purged), checked from the head before anything is sent (``QueueFull``):
+  ~3 KB of every server's heap per job; measured to keep a 256 MB-heap server with the
+  default jute.maxbuffer serving. More: purge, or shard queues across ensembles.
+* Claim, renew, release and completion of a queued job are those of any job, plus its
+  markers (named by its tag): the claim multi also creates the EPHEMERAL held marker
+  (same session as the owner znode, so it goes with the session too), release and
+  completion delete it, and completion also deletes the open marker; FAILED moves it from
+  ``open`` to ``failed``, ``requeue`` back. Claimable = children of ``open`` - children
+  of ``held`` - children of ``delayed`` whose retry delay runs (see the job lifecycle
+  above). ``queue_candidates`` is one round trip reading the head and the oldest bucket
+  not known to be done (three listings; newer buckets only while it lacks candidates),
+  plus payloads not yet cached and delays not yet timed: its cost does not grow with the
+  queue's depth. Done buckets (full, no open or failed marker) are remembered and never
+  read again. Ordering: oldest seq first across buckets; a claim takes one of the 8
+  oldest looking claimable (see ``_queues``).
+* ``queue_stats``: O(1): the head's count of jobs plus the ``numChildren`` of the
+  queue's three tallies ``{q}/tally/held`` (ephemeral entries made and deleted with the
+  held markers), ``done`` (made by completions) and ``failed``, one round trip, no
+  listing; not a snapshot (see ``ZooKeeperBackend.queue_stats``).
+* ``wait_for_queue`` and ``subscribe_queue`` watch the ``open``, ``held`` and
+  ``delayed`` children of the buckets from the oldest not done (up to 8), and the
+  creation of the next bucket, shared by every waiter.
 * ``purge`` deletes each completed job's tag, failure znode, job znode (at its completed
-  version) and member, up to 100 jobs per multi. **A purged job id must not be enqueued (or claimed)
-  again**: its job znode would be made anew at version 0 and its generations (fencing
-  tokens) would repeat. Each queue keeps its four znodes (``{q}``, ``jobs``, ``open``,
-  ``held``; a fifth, ``delayed``, is made by the queue's first ``fail()`` with a
-  retry delay).
+  version) and member, up to 100 jobs per multi, with the head's counts lowered in the
+  same multi. **A purged job id must not be enqueued (or claimed) again**: its job znode
+  would be made anew at version 0 and its generations (fencing tokens) would repeat.
+  Buckets stay (six znodes per 256 seqs).
+* Queues written before layout 2 (empty head data, flat ``open``/``held``) are refused
+  by queue operations with ``LegacyQueueLayout`` (an ``UnsupportedOperation``) naming
+  the upgrade step: drain and purge with the previous release, delete the queue's
+  znode, enqueue again. Their jobs still claim, complete, release, fail and requeue by
+  name.
 * ``max_payload_bytes`` is 1,000,000: ZooKeeper refuses requests over ``jute.maxbuffer``
-  (0xfffff, 1 MiB - 1, by default) and the enqueue multi also carries five paths, the
-  tag, ACLs and framing (up to ~10 KB with the longest names). The backend also checks
+  (0xfffff, 1 MiB - 1, by default) and the enqueue multi also carries the head, four
+  paths, the tag, ACLs and framing (up to ~10 KB with the longest names). The backend also checks
   the whole request's estimated size before sending (a very long chroot). A server
   configured with a smaller ``jute.maxbuffer`` closes the connection on a too large
   enqueue: after reading back, ``BackendUnavailable`` within ``timeout_s``.

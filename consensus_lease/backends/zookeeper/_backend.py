@@ -23,7 +23,7 @@ from ...errors import (
     SessionExpired,
     StoreRegressed,
 )
-from ...record import ClaimResult, LeaseRecord, QueuedJob
+from ...record import ClaimResult, EnqueueItem, LeaseRecord, QueuedJob, QueueStats
 from ._claims import Claims
 from ._epoch import Epochs
 from ._errors import KAZOO_ERRORS
@@ -32,7 +32,12 @@ from ._holds import Holds
 from ._layout import EPOCH_SHIFT, JobPaths, decode_name, job_paths, to_record
 from ._lifecycle import Lifecycle
 from ._options import ZkConfig, parse_url
-from ._queues import MAX_PAYLOAD_BYTES, Queues
+from ._queues import (
+    ENQUEUE_BATCH,
+    MAX_PAYLOAD_BYTES,
+    MAX_QUEUE_JOBS,
+    Queues,
+)
 from ._session import NegotiatedTimeouts, Status, ZkSession
 from ._subscribe import JOB, QUEUE, Subscriptions
 from ._value import Values
@@ -132,6 +137,8 @@ class ZooKeeperBackend(Backend):
         "job znode version as fencing token",
         epoch=True,
         elections=True,
+        max_enqueue_batch=ENQUEUE_BATCH,
+        max_queue_jobs=MAX_QUEUE_JOBS,
     )
 
     def __init__(self, config: ZkConfig) -> None:
@@ -151,6 +158,7 @@ class ZooKeeperBackend(Backend):
         self._holds = Holds(self._wire)
         self._values = Values(self._wire, self._holds)
         self._queues = Queues(self._wire, self._paths, self._lifecycle.hints)
+        self._subs.queue_target = self._queues.watch_target
         self._watches = OwnerWatches()
         self._lock = threading.Lock()
         self._sessions: dict[str, ZkSession] = {}
@@ -727,12 +735,8 @@ class ZooKeeperBackend(Backend):
     def enqueue(
         self, queue: str, job_id: str, payload: bytes, max_attempts: int | None = None
     ) -> bool:
-        """Add ``job_id`` to ``queue`` in one multi on the shared client: create the job
-        znode (version 0, as a never-claimed job; its data holds ``max_attempts`` unless
-        ``None``), its ``queue`` tag, the queue member
-        (``{seq}-{name}``, the payload as data) and its open marker, and bump the queue
-        node's version, which issues ``seq``. A lost answer is read back (the tag's
-        nonce), never re-sent blindly. See :mod:`._queues`.
+        """Add ``job_id`` to ``queue``: :meth:`enqueue_many` with one job (one multi on
+        the shared client). See :mod:`._queues`.
 
         Do not enqueue the id of a purged job again: its job znode would start again at
         version 0, so its generations would repeat.
@@ -743,6 +747,10 @@ class ZooKeeperBackend(Backend):
             InvalidArgument: the job exists outside this queue (claimed by name, or in
                 another queue), ``job_id`` is an election key, or the request would
                 exceed jute.maxbuffer (a very long chroot); nothing was written.
+            QueueFull: the queue holds ``MAX_QUEUE_JOBS`` (25,000) jobs or
+                ``MAX_QUEUE_BYTES`` (16 MiB) of payloads; nothing was written.
+            LegacyQueueLayout (an ``UnsupportedOperation``): a queue written before the
+                bucketed layout; nothing was written (the message names the upgrade step).
             BackendUnavailable: nothing was applied (also when other enqueues into the
                 same queue kept winning the race for ``seq`` for ``timeout_s``).
             OutcomeUnknown: the answer was lost and reading back the tag failed.
@@ -750,26 +758,76 @@ class ZooKeeperBackend(Backend):
         return self._queues.enqueue(queue, job_id, payload, max_attempts)
 
     @_bounded
+    def enqueue_many(self, queue: str, items: Sequence[EnqueueItem]) -> list[bool]:
+        """Add ``items`` (at most ``ENQUEUE_BATCH``, 128) to ``queue`` in one multi on the
+        shared client: the queue's head written at the version read (which issues the
+        seqs and keeps the counts), each new bucket's znodes, and per job its job znode,
+        tag, member (the payload) and open marker. Jobs whose paths and payloads would
+        pass 160 KB together go in further multis, each atomic; before the first of
+        several, every job is checked not to exist outside this queue. A job already in
+        this queue is left out (``False``); a lost answer is read back (the tags' nonce),
+        never re-sent blindly. See :mod:`._queues`.
+
+        Raises:
+            InvalidArgument: a job exists outside this queue (nothing of the multi that
+                carries it, nor of later ones, is added), an election key, or a request
+                over jute.maxbuffer.
+            QueueFull: the queue would pass ``MAX_QUEUE_JOBS`` jobs or
+                ``MAX_QUEUE_BYTES`` of payloads; that multi and later ones are not added.
+            LegacyQueueLayout: a queue written before the bucketed layout.
+            BackendUnavailable: that multi and later ones were not applied.
+            OutcomeUnknown: a lost answer could not be read back.
+        """
+        return self._queues.enqueue_many(queue, items)
+
+    @_bounded
+    def queue_stats(self, queue: str) -> QueueStats:
+        """Counts of ``queue``'s jobs by state, without listing any job: one round trip
+        (after a ``sync``) reading the queue's head (the jobs enqueued and not purged,
+        exact) and the ``numChildren`` of its three tallies: held (ephemeral entries that
+        come and go with the held markers, so a holder's session ending takes its jobs
+        out too), done (made by each completion multi) and failed (made with FAILED,
+        deleted by ``requeue``). O(1) whatever the depth; ``available`` = jobs - done -
+        failed - held. ``oldest_held_lease_until`` is ``None`` (ZooKeeper does not
+        expose session expiry).
+
+        Consistency: not a snapshot (ZooKeeper has no multi-read). Each count is exact
+        at the moment its znode was read (each tally changes in the same multi as the
+        job's state), and the reads follow one another within the round trip (head,
+        done, failed, held), so a job that changes state meanwhile (a claim, a
+        completion, an enqueue) is counted in its state before or after; the four counts
+        always add up to the head's ``jobs``, and ``completed`` never goes back between
+        calls (until a purge).
+
+        Raises:
+            LegacyQueueLayout: a queue written before the bucketed layout.
+            BackendUnavailable: not done within ``timeout_s``.
+        """
+        return self._queues.stats(queue)
+
+    @_bounded
     def queue_candidates(self, queue: str, limit: int) -> list[tuple[str, bytes]]:
         """Up to ``limit`` ``(job_id, payload)`` of ``queue``'s jobs neither completed nor
         FAILED, not held, and without a running retry delay, oldest ``seq`` first: one
-        round trip (after a ``sync``) listing the queue's ``open`` markers, its ``held``
-        markers (made with the owner znodes) and its ``delayed`` markers, then one
-        pipelined read of the payloads not cached yet (and, for delayed markers not seen
-        yet, one of those markers with a write whose mtime is the store's "now"). A hint:
-        the claim decides. An unknown queue has none.
+        round trip (after a ``sync``) reading the queue's head and listing the ``open``,
+        ``held`` and ``delayed`` markers of its oldest bucket not known to be done (at
+        most 256 names each), newer buckets (4 per round trip) only while fewer than
+        ``limit`` were found; then one pipelined read of the payloads not cached yet
+        (and, for delayed markers not seen yet, one of those markers with a write whose
+        mtime is the store's "now"). Cost independent of the queue's depth. A hint: the
+        claim decides. An unknown queue has none. Ordering: see :mod:`._queues`.
 
         Raises:
-            BackendUnavailable: not done within ``timeout_s`` of the call's start (every
-                read of the listing included: raise it for a very large queue).
+            LegacyQueueLayout: a queue written before the bucketed layout.
+            BackendUnavailable: not done within ``timeout_s`` of the call's start.
         """
         return self._queues.candidates(queue, limit)
 
     @_bounded
     def queue_jobs(self, queue: str, limit: int | None = None) -> list[QueuedJob]:
         """Every job of ``queue`` (at most ``limit``), oldest first, with its record,
-        payload and ``seq``; an unknown queue is empty. One listing, then pipelined reads
-        of each job's znode, owner znode and member.
+        payload and ``seq``; an unknown queue is empty. One listing per bucket, then
+        pipelined reads of each job's znode, owner znode and member. O(jobs read).
 
         Raises:
             BackendUnavailable: not done within ``timeout_s`` of the call's start (every
@@ -778,10 +836,12 @@ class ZooKeeperBackend(Backend):
         return self._queues.jobs(queue, limit)
 
     def wait_for_queue(self, queue: str, timeout_s: float) -> None:
-        """Wait on ZooKeeper watches, not polling: child watches on the queue's ``open``
-        znode (an enqueue, a requeue), ``held`` znode (a release, a fail, the holder's
-        session ending; also a completion or a claim, which wake it spuriously) and
-        ``delayed`` znode. Returns at once if a job looks claimable, and after
+        """Wait on ZooKeeper watches, not polling: child watches on the ``open``
+        (an enqueue, a requeue), ``held`` (a release, a fail, the holder's session
+        ending; also a completion or a claim, which wake it spuriously) and ``delayed``
+        znodes of the buckets from the oldest not done to the newest (at most 8; with
+        more, it looks again every 0.5 s), and on the creation of the bucket the next
+        enqueue makes. Returns at once if a job looks claimable, and after
         ``timeout_s`` at the latest. While every job neither held nor completed has a
         retry delay running, returns when the soonest ends (timed from the store's clock:
         ZooKeeper has no timer event). The watches are

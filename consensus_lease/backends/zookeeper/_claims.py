@@ -79,6 +79,7 @@ from ._layout import (
     JobData,
     JobPaths,
     QueueTag,
+    Tally,
     dump_claim,
     dump_owner,
     new_nonce,
@@ -123,6 +124,8 @@ class Plan:
     failure: Failure | None = None
     drop_delayed: bool = False  # the claim deletes the delayed marker (a delay was recorded)
     not_before_ms: int | None = None  # a retry delay recorded since the last claim ends then
+    failed: str | None = None  # a queued job's failed marker (made when it becomes FAILED)
+    tally: Tally | None = None  # a queued job's tally entries (layout 2)
 
     @property
     def generation(self) -> int:
@@ -142,7 +145,7 @@ class Plan:
     @property
     def delayed_op(self) -> int:
         """Index of the delayed marker's delete (if ``drop_delayed``)."""
-        return self.owner_op + 1 + (self.held is not None)
+        return self.owner_op + 1 + (self.held is not None) + (self.tally is not None)
 
     @property
     def op_count(self) -> int:
@@ -153,7 +156,8 @@ class Plan:
         attempt, and as handle the hold it made (its owner znode is new: version 0)."""
         generation = token(epoch, self.generation)
         hold = Hold(h, generation, self.paths.owner, 0, self.held, self.open, self.delayed,
-                    self.attempt, self.job.max_attempts, self.failure, nonce=self.nonce)
+                    self.attempt, self.job.max_attempts, self.failure, nonce=self.nonce,
+                    failed=self.failed, tally=self.tally)
         return ClaimResult(generation, None, self.attempt, hold)
 
 
@@ -267,16 +271,23 @@ class Claims:
         base = 0 if failure is None else failure.base
         if parsed.max_attempts is not None and parsed.attempt - base >= parsed.max_attempts:
             open_ = None if queue_tag is None else queue_tag.marker(self.queues_base)
-            return Exhausted(paths, version, parsed.attempt, failure, open_, parsed.epoch)
-        held = open_ = delayed = None
+            failed_ = None if queue_tag is None else queue_tag.failed(self.queues_base)
+            tally = None if queue_tag is None else queue_tag.tally(self.queues_base)
+            return Exhausted(paths, version, parsed.attempt, failure, open_, parsed.epoch,
+                             failed_, tally)
+        held = open_ = delayed = failed_ = None
+        tally = None
         if queue_tag is not None:
             held, open_ = queue_tag.held(self.queues_base), queue_tag.marker(self.queues_base)
             delayed = queue_tag.delayed(self.queues_base)
+            failed_ = queue_tag.failed(self.queues_base)
+            tally = queue_tag.tally(self.queues_base)
         delaying = failure is not None and failure.delaying(version)
         return Plan(
             paths, version, new_nonce(), held, open_, delayed, parsed, failure,
             drop_delayed=delaying and delayed is not None and delayed not in skip,
             not_before_ms=failure.not_before_ms if failure is not None and delaying else None,
+            failed=failed_, tally=tally,
         )
 
     def _due(self, h: ZkSession, plans: list[Plan], outcome: dict[str, Outcome]) -> list[Plan]:
@@ -364,6 +375,8 @@ class Claims:
                 )
                 if plan.held is not None:
                     tx.create(plan.held, b"", ephemeral=True)
+                if plan.tally is not None:
+                    tx.create(plan.tally.held, b"", ephemeral=True)
                 if plan.drop_delayed and plan.delayed is not None:
                     tx.delete(plan.delayed)
 
@@ -422,6 +435,9 @@ class Claims:
                     self.wire.ensure_path(h.client, parent, "claim")
                 if plan.held is not None:  # or the queue's held container
                     self.wire.ensure_path(h.client, plan.held.rsplit("/", 1)[0], "claim")
+                if plan.tally is not None:  # or its tally of held jobs
+                    self.wire.ensure_path(h.client, plan.tally.held.rsplit("/", 1)[0],
+                                          "claim")
                 retry.append(plan.paths.job_id)
             else:
                 raise translate(errors[0], "claim", self.wire.hosts, job_id=plan.paths.job_id)

@@ -69,6 +69,7 @@ from ._layout import (
     Failure,
     JobPaths,
     QueueTag,
+    Tally,
     delay_ms,
     dump_completed,
     dump_delayed,
@@ -115,6 +116,10 @@ class Hold:
             this claim read first, as for a claim without a hold.
         nonce: the claim's nonce, as its owner znode holds it (``set_value`` keeps it
             there); ``None``: not known without reading the owner znode.
+        failed: a queued job's failed marker path (made when the job becomes FAILED;
+            ``None``: not queued, or a layout-1 queue).
+        tally: a queued job's tally entries (layout 2): held goes with the held marker,
+            done is made by the completion, failed with the failed marker.
     """
 
     session: ZkSession = field(repr=False)
@@ -129,6 +134,8 @@ class Hold:
     failure: Failure | None = None
     ended: bool = False
     nonce: str | None = None
+    failed: str | None = None
+    tally: Tally | None = None
 
     @property
     def exhausted(self) -> bool:
@@ -154,7 +161,8 @@ def make_hold(
                     max_attempts=max_attempts, failure=failure, nonce=nonce)
     return Hold(h, generation, paths.owner, owner_version, tag.held(queues_base),
                 tag.marker(queues_base), tag.delayed(queues_base), attempt, max_attempts,
-                failure, nonce=nonce)
+                failure, nonce=nonce, failed=tag.failed(queues_base),
+                tally=tag.tally(queues_base))
 
 
 def own_hold(h: ZkSession, paths: JobPaths, claim: ClaimResult) -> Hold | None:
@@ -356,7 +364,11 @@ class Holds:
                                   hold.attempt, hold.max_attempts, epoch)
             core: list[Op] = [("set", paths.job, data, version),
                               ("delete", paths.owner, b"", hold.owner_version)]
-            return core, _deletes(hold.held, hold.open)
+            markers = _deletes(hold.held, hold.open)
+            if hold.tally is not None:
+                markers += [("delete", hold.tally.held, b"", -1),
+                            ("create", hold.tally.done, b"", -1)]
+            return core, markers
 
         def landed(deadline: float) -> bool:
             answer = self.wire.read(h.client, [("barrier", self.base), ("get", paths.job)],
@@ -381,7 +393,7 @@ class Holds:
         def ops(hold: Hold) -> tuple[list[Op], list[Op]]:
             core: list[Op] = [("check", paths.job, b"", local(generation)),
                               ("delete", paths.owner, b"", hold.owner_version)]
-            return core, _deletes(hold.held)
+            return core, _deletes(hold.held, None if hold.tally is None else hold.tally.held)
 
         def landed(deadline: float) -> bool:
             owner = self.wire.read(h.client, [("barrier", self.base), ("exists", paths.owner)],
@@ -447,9 +459,13 @@ def _fail_ops(
         core += [("create", paths.failure, b"", -1), ("set", paths.failure, data, 0)]
     else:
         core.append(("set", paths.failure, data, hold.failure.version))
-    markers = _deletes(hold.held)
+    markers = _deletes(hold.held, None if hold.tally is None else hold.tally.held)
     if failed:
         markers += _deletes(hold.open)  # a FAILED job leaves the queue's listings
+        if hold.failed is not None:  # and is counted among the bucket's failed
+            markers.append(("create", hold.failed, b"", -1))
+        if hold.tally is not None:  # and the queue's
+            markers.append(("create", hold.tally.failed, b"", -1))
     elif retry_in_s > 0 and hold.delayed is not None:
         markers.append(("create", hold.delayed, dump_delayed(retry_in_s), -1))
     return core, markers

@@ -43,29 +43,56 @@
         base ``b`` = the attempt then): never by anything else, always at the version
         read, and never bumping the job znode's version.
 
-Work queues (``qname``: the queue name, encoded as job ids are)::
+Work queues (``qname``: the queue name, encoded as job ids are), layout 2 (bucketed)::
 
     {chroot}/queues                     persistent container
-    {chroot}/queues/{qname}             persistent, data b""
-        version   = the last ``seq`` issued in this queue: each enqueue bumps it
-    {chroot}/queues/{qname}/jobs/{member}   persistent, one per job enqueued (until purged)
+    {chroot}/queues/{qname}             persistent, the queue's head
+        data      = {"layout":2,"seq":s,"jobs":n,"bytes":b}: the last ``seq`` issued, the
+                    jobs enqueued and not purged, and their payload bytes. Every enqueue
+                    (or ``enqueue_many`` multi) writes it at the version it read, so seqs
+                    are issued in order and the counts are exact (see :mod:`._queues`)
+    {chroot}/queues/{qname}/b           persistent container of the buckets
+    {chroot}/queues/{qname}/tally/held/{member}    EPHEMERAL, made and deleted with the
+                                        job's held marker (same multis, same session)
+    {chroot}/queues/{qname}/tally/done/{member}    persistent, made by the completion
+                                        multi, deleted by purge
+    {chroot}/queues/{qname}/tally/failed/{member}  persistent, made and deleted with the
+                                        job's failed marker
+                                        The tallies are never listed: their parents'
+                                        ``numChildren`` count the queue's held, completed
+                                        and FAILED jobs in O(1) (``queue_stats``)
+    {chroot}/queues/{qname}/b/{k}       bucket ``k`` (``{k:010d}``): the jobs with
+                                        ``(seq - 1) // BUCKET_JOBS == k``, made (with its
+                                        five children) by the multi issuing its first seq
+    .../b/{k}/jobs/{member}             persistent, one per job enqueued (until purged)
         data      = the payload
-    {chroot}/queues/{qname}/open/{member}   persistent, empty; deleted by the completion
+    .../b/{k}/open/{member}             persistent, empty; deleted by the completion
                                         multi (and by the multi that makes the job FAILED;
                                         ``requeue`` makes it again), so its children are
                                         the jobs neither completed nor FAILED
-    {chroot}/queues/{qname}/held/{member}   EPHEMERAL, empty, made by the claim multi with
+    .../b/{k}/held/{member}             EPHEMERAL, empty, made by the claim multi with
                                         the owner znode, by the same session; deleted with
                                         it (release, completion, fail multis; session end)
-    {chroot}/queues/{qname}/delayed/{member}  persistent, made by a ``fail()`` multi that
-                                        sets a retry delay (same mtime as the failure znode),
+    .../b/{k}/delayed/{member}          persistent, made by a ``fail()`` multi that sets a
+                                        retry delay (same mtime as the failure znode),
                                         deleted by the job's next claim multi;
-                                        data = {"format":1,"retry_in_s":d}. The container is
-                                        made on the queue's first such ``fail()``.
+                                        data = {"format":1,"retry_in_s":d}
+    .../b/{k}/failed/{member}           persistent, empty, made by the multi that makes
+                                        the job FAILED, deleted by ``requeue``'s multi
 
-``member`` is ``{seq:010d}-{name}``: sorting names sorts by ``seq`` (FIFO). The claimable
-jobs of a queue are the children of ``open`` less those of ``held``, and less those of
-``delayed`` whose delay has not passed on the store's clock.
+``member`` is ``{seq:010d}-{name}``: sorting names sorts by ``seq`` (FIFO). A bucket holds
+at most :data:`BUCKET_JOBS` members, so no listing of one of its directories exceeds
+``BUCKET_JOBS`` names of at most 779 bytes (~200 KB, with the longest ids: far below
+jute.maxbuffer); nothing ever lists a whole queue at once. The claimable jobs of a bucket
+are the children of ``open`` less those of ``held``, and less those of ``delayed`` whose
+delay has not passed on the store's clock. A job's tag names its bucket.
+
+Layout 1 (before buckets; tags without a bucket) kept ``jobs``, ``open``, ``held`` and
+``delayed`` directly under ``{qname}``, whose data was empty and whose version was the
+last seq. A job of such a queue can still be claimed by name, completed, released,
+failed and requeued (its tag gives the old paths), but queue operations (enqueue,
+claim_next, queue_jobs, queue_stats, purge, waiting) refuse the queue with
+:class:`LegacyQueueLayout`, naming the upgrade step.
 
 Elections (an election key, :func:`consensus_lease._election.election_key`, in place of a
 job id) live apart from the jobs, so they never show up in ``records()`` or queues, and
@@ -92,19 +119,25 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 from ..._election import election_name, is_election_key
-from ...errors import BackendUnavailable
+from ...errors import BackendUnavailable, UnsupportedOperation
 from ...record import JobState, LeaseRecord
 
 __all__ = [
+    "BUCKET_JOBS",
     "EPOCH_SHIFT",
     "FORMAT",
     "MAX_EPOCH",
+    "BucketPaths",
     "Failure",
     "JobData",
     "JobPaths",
+    "LegacyQueueLayout",
     "OwnerData",
+    "QueueHead",
     "QueuePaths",
     "QueueTag",
+    "Tally",
+    "bucket_of",
     "decode_name",
     "delay_ms",
     "dump_claim",
@@ -139,12 +172,33 @@ OWNER_NODE = "owner"
 TAG_NODE = "queue"
 FAILURE_NODE = "failure"
 MEMBERS_DIR, OPEN_DIR, HELD_DIR, DELAYED_DIR = "jobs", "open", "held", "delayed"
+FAILED_DIR, BUCKETS_DIR, TALLY_DIR, DONE_DIR = "failed", "b", "tally", "done"
+LAYOUT = 2
+"""The queue layout this code writes (the head's ``"layout"``)."""
+BUCKET_JOBS = 256
+"""Jobs (seqs) per bucket: a listing of one of a bucket's directories has at most this
+many names (each at most 779 bytes: ~200 KB worst case, ~35 KB with 120-character ids)."""
+BUCKET_DIGITS = 10
 SEQ_DIGITS = 10
 """A znode version is a signed 32-bit int: at most 2**31 - 1, ten digits."""
 
 
 class CorruptData(BackendUnavailable):
     """A znode in our namespace holds data consensus_lease did not write."""
+
+
+class LegacyQueueLayout(UnsupportedOperation):
+    """The queue was written by consensus_lease before the bucketed layout (layout 1).
+    Its jobs can still be claimed by name, completed, released, failed and requeued;
+    queue operations refuse it. Nothing was sent or changed."""
+
+    def __init__(self, path: str, queue: str) -> None:
+        super().__init__(
+            f"queue {queue!r} ({path}) uses the pre-bucket layout 1 of consensus_lease "
+            f"< 15, whose whole-queue listings can exhaust the server; upgrade step: "
+            f"drain it with the previous release (every job completed or FAILED), purge "
+            f"it, then delete {path} (zkCli.sh: deleteall {path}) and enqueue again (or "
+            f"enqueue new work under another queue name)")
 
 
 def encode_job_id(job_id: str) -> str:
@@ -191,23 +245,20 @@ def job_paths(base: str, elections_base: str, job_id: str) -> JobPaths:
 
 
 @dataclass(frozen=True, slots=True)
-class QueuePaths:
-    """A work queue's znodes (see the module docstring)."""
+class BucketPaths:
+    """One bucket's znodes (see the module docstring)."""
 
-    queue: str
-    name: str  # the encoded queue name
-    node: str  # its version counts the seqs issued
+    index: int
+    node: str
     members: str
     open: str
     held: str
-    delayed: str  # made on the queue's first fail() with a retry delay
+    delayed: str
+    failed: str
 
-    @classmethod
-    def of(cls, queues_base: str, queue: str) -> QueuePaths:
-        name = encode_job_id(queue)
-        node = f"{queues_base}/{name}"
-        return cls(queue, name, node, f"{node}/{MEMBERS_DIR}", f"{node}/{OPEN_DIR}",
-                   f"{node}/{HELD_DIR}", f"{node}/{DELAYED_DIR}")
+    def dirs(self) -> tuple[str, str, str, str, str, str]:
+        """The bucket and its directories, parents first (as the enqueue multi makes them)."""
+        return (self.node, self.members, self.open, self.held, self.delayed, self.failed)
 
     def member(self, member: str) -> str:
         return f"{self.members}/{member}"
@@ -219,6 +270,78 @@ class QueuePaths:
     def delayed_marker(self, member: str) -> str:
         """The member's delayed marker: exists while a retry delay may be running."""
         return f"{self.delayed}/{member}"
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePaths:
+    """A work queue's znodes (see the module docstring)."""
+
+    queue: str
+    name: str  # the encoded queue name
+    node: str  # the head: seq, jobs, bytes
+    buckets: str
+    tally: str  # its held, done and failed tallies
+
+    @classmethod
+    def of(cls, queues_base: str, queue: str) -> QueuePaths:
+        name = encode_job_id(queue)
+        node = f"{queues_base}/{name}"
+        return cls(queue, name, node, f"{node}/{BUCKETS_DIR}", f"{node}/{TALLY_DIR}")
+
+    def tallies(self) -> tuple[str, str, str]:
+        """The held, done and failed tallies' parents (their numChildren are counts)."""
+        return (f"{self.tally}/{HELD_DIR}", f"{self.tally}/{DONE_DIR}",
+                f"{self.tally}/{FAILED_DIR}")
+
+    def bucket(self, index: int) -> BucketPaths:
+        node = f"{self.buckets}/{index:0{BUCKET_DIGITS}d}"
+        return BucketPaths(index, node, f"{node}/{MEMBERS_DIR}", f"{node}/{OPEN_DIR}",
+                           f"{node}/{HELD_DIR}", f"{node}/{DELAYED_DIR}", f"{node}/{FAILED_DIR}")
+
+
+def bucket_of(seq: int) -> int:
+    """The bucket of the job with ``seq`` (seqs start at 1)."""
+    return (seq - 1) // BUCKET_JOBS
+
+
+@dataclass(frozen=True, slots=True)
+class QueueHead:
+    """A queue's head (its node's data): the last seq issued, the jobs enqueued and not
+    purged, their payload bytes."""
+
+    seq: int = 0
+    jobs: int = 0
+    payload_bytes: int = 0
+
+    @property
+    def last_bucket(self) -> int:
+        """The newest bucket (-1: none yet)."""
+        return bucket_of(self.seq) if self.seq else -1
+
+    def dump(self) -> bytes:
+        fields = {"layout": LAYOUT, "seq": self.seq, "jobs": self.jobs, "bytes": self.payload_bytes}
+        return json.dumps(fields, separators=(",", ":")).encode()
+
+    @classmethod
+    def parse(cls, data: bytes | None, path: str, queue: str) -> QueueHead:
+        """The head, from the queue node's data.
+
+        Raises:
+            LegacyQueueLayout: empty data: a queue of layout 1.
+            CorruptData: anything else we did not write.
+        """
+        if not data:
+            raise LegacyQueueLayout(path, queue)
+        try:
+            fields = json.loads(data)
+            if fields["layout"] != LAYOUT:
+                raise ValueError(fields["layout"])
+            head = cls(fields["seq"], fields["jobs"], fields["bytes"])
+            if any(type(v) is not int or v < 0 for v in (head.seq, head.jobs, head.payload_bytes)):
+                raise ValueError(head)
+        except (ValueError, KeyError, TypeError):
+            raise CorruptData(f"{path} holds data consensus_lease did not write") from None
+        return head
 
 
 def member_name(seq: int, job_id: str) -> str:
@@ -237,6 +360,15 @@ def parse_member(member: str) -> tuple[int, str] | None:
 
 
 @dataclass(frozen=True, slots=True)
+class Tally:
+    """A queued job's entries in its queue's tallies (see the module docstring)."""
+
+    held: str  # EPHEMERAL, with the held marker
+    done: str  # made by the completion
+    failed: str  # with the failed marker
+
+
+@dataclass(frozen=True, slots=True)
 class QueueTag:
     """A queued job's tag (``{job}/queue``): its queue, its member name, and the nonce of
     the enqueue that made it (how a lost answer is read back)."""
@@ -244,22 +376,43 @@ class QueueTag:
     queue: str  # encoded, as QueuePaths.name
     member: str
     nonce: str
+    bucket: int | None = None  # None: a job of a layout-1 queue (no buckets)
+
+    def _path(self, queues_base: str, kind: str) -> str:
+        if self.bucket is None:
+            return f"{queues_base}/{self.queue}/{kind}/{self.member}"
+        return (f"{queues_base}/{self.queue}/{BUCKETS_DIR}/"
+                f"{self.bucket:0{BUCKET_DIGITS}d}/{kind}/{self.member}")
 
     def marker(self, queues_base: str) -> str:
         """The path of this job's open marker (deleted by its completion, or FAILED)."""
-        return f"{queues_base}/{self.queue}/{OPEN_DIR}/{self.member}"
+        return self._path(queues_base, OPEN_DIR)
 
     def delayed(self, queues_base: str) -> str:
         """The path of this job's delayed marker (a fail() with a retry delay makes it)."""
-        return f"{queues_base}/{self.queue}/{DELAYED_DIR}/{self.member}"
+        return self._path(queues_base, DELAYED_DIR)
 
     def held(self, queues_base: str) -> str:
         """The path of this job's held marker (ephemeral, with the owner znode)."""
-        return f"{queues_base}/{self.queue}/{HELD_DIR}/{self.member}"
+        return self._path(queues_base, HELD_DIR)
+
+    def failed(self, queues_base: str) -> str | None:
+        """The path of this job's failed marker (``None``: a layout-1 queue has none)."""
+        return None if self.bucket is None else self._path(queues_base, FAILED_DIR)
+
+    def tally(self, queues_base: str) -> Tally | None:
+        """This job's tally entries (``None``: a layout-1 queue has none)."""
+        if self.bucket is None:
+            return None
+        base = f"{queues_base}/{self.queue}/{TALLY_DIR}"
+        return Tally(f"{base}/{HELD_DIR}/{self.member}", f"{base}/{DONE_DIR}/{self.member}",
+                     f"{base}/{FAILED_DIR}/{self.member}")
 
     def dump(self) -> bytes:
-        fields = {"format": FORMAT, "queue": self.queue, "member": self.member,
-                  "nonce": self.nonce}
+        fields: dict[str, Any] = {"format": FORMAT, "queue": self.queue,
+                                  "member": self.member, "nonce": self.nonce}
+        if self.bucket is not None:
+            fields["bucket"] = self.bucket
         return json.dumps(fields, separators=(",", ":")).encode()
 
     @classmethod
@@ -268,7 +421,11 @@ class QueueTag:
             fields = json.loads(data or b"")
             if fields["format"] != FORMAT:
                 raise ValueError(fields["format"])
-            tag = cls(str(fields["queue"]), str(fields["member"]), str(fields["nonce"]))
+            bucket = fields.get("bucket")
+            if bucket is not None and (type(bucket) is not int or bucket < 0):
+                raise ValueError(bucket)
+            tag = cls(str(fields["queue"]), str(fields["member"]), str(fields["nonce"]),
+                      bucket)
         except (ValueError, KeyError, TypeError):
             raise CorruptData(f"{path} holds data consensus_lease did not write") from None
         if parse_member(tag.member) is None:

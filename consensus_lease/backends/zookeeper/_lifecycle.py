@@ -30,6 +30,7 @@ from ._layout import (
     Failure,
     JobPaths,
     QueueTag,
+    Tally,
     dump_failure,
     new_nonce,
     parse_failure,
@@ -98,6 +99,8 @@ class Exhausted:
     failure: Failure | None
     open: str | None  # a queued job's open marker
     epoch: int = 0  # the epoch of the job's last claim (its token's high part)
+    failed: str | None = None  # a queued job's failed marker (layout 2)
+    tally: Tally | None = None  # a queued job's tally entries (layout 2)
 
     def ops(self, nonce: str) -> tuple[list[Op], list[Op], str]:
         """The multi (core, markers) and the error it records."""
@@ -112,6 +115,10 @@ class Exhausted:
         else:
             core.append(("set", self.paths.failure, data, self.failure.version))
         markers: list[Op] = [] if self.open is None else [("delete", self.open, b"", -1)]
+        if self.failed is not None:
+            markers.append(("create", self.failed, b"", -1))
+        if self.tally is not None:
+            markers.append(("create", self.tally.failed, b"", -1))
         return core, markers, error
 
 
@@ -211,8 +218,14 @@ class Lifecycle:
                           ("check", paths.job, b"", job[1].version)]
         markers: list[Op] = []
         if tag is not None:
-            marker = QueueTag.parse(tag[0], paths.tag).marker(self.queues_base)
+            queue_tag = QueueTag.parse(tag[0], paths.tag)
+            marker = queue_tag.marker(self.queues_base)
+            failed = queue_tag.failed(self.queues_base)
+            tally = queue_tag.tally(self.queues_base)
             markers = [] if marker in skip else [("create", marker, b"", -1)]
+            for path in (failed, None if tally is None else tally.failed):
+                if path is not None and path not in skip:
+                    markers.append(("delete", path, b"", -1))
 
         def build(tx: Any) -> None:
             add_ops(tx, core + markers)

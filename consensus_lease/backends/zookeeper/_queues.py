@@ -1,38 +1,58 @@
-"""Work queues: enqueue, the claimable candidates, the listing, waiting, and purge.
+"""Work queues: enqueue (one job or many), the claimable candidates, counts, the
+listing, waiting, and purge. The znodes (layout 2, bucketed) are in :mod:`._layout`.
 
-The znodes are in :mod:`._layout`. An enqueue is one multi::
+Enqueue. One multi adds up to :data:`ENQUEUE_BATCH` jobs (fewer if their paths and
+payloads would pass :data:`ENQUEUE_MULTI_BYTES`, far below jute.maxbuffer)::
 
+    set_data {chroot}/queues/{qname}  head(seq + k, jobs + k, bytes + b) at the version read
+    [create  .../b/{k} and its jobs, open, held, delayed, failed]   for each bucket whose
+                                                  first seq this multi issues
+    per job:
     create   {chroot}/jobs/{name}                 the job, version 0: never claimed
                                                   (data: b"", or its max_attempts)
-    create   {chroot}/jobs/{name}/queue           tag   queue, member name, nonce
-    set_data {chroot}/queues/{qname}  b"" at version seq - 1     issues seq
-    create   {chroot}/queues/{qname}/jobs/{member}  payload
-    create   {chroot}/queues/{qname}/open/{member}  b""
+    create   {chroot}/jobs/{name}/queue           tag   queue, bucket, member, nonce
+    create   .../b/{k}/jobs/{member}              payload
+    create   .../b/{k}/open/{member}              b""
 
-It fails as a whole if the job exists (then its tag says whether it is in this queue) or
-another enqueue into the queue took ``seq`` first (then it is sent again with the next
-``seq``: enqueues into one queue are serialised by the store, FIFO by construction).
+It applies as a whole or not at all: if a job exists, its tag says whether it is in
+this queue (then it is left out: ``False``) or not (``InvalidArgument``); if another
+enqueue wrote the head first, it is sent again with the next seqs. Enqueues into one
+queue are serialised by the head's version: seqs are issued in order, FIFO by
+construction, and the head's counts are exact. Before sending, the counts say whether
+the queue would pass :data:`MAX_QUEUE_JOBS` or :data:`MAX_QUEUE_BYTES` (``QueueFull``):
+the check costs nothing (the head is read, or cached, for its version anyway).
 
-A queued job is otherwise the ordinary job: a claim bumps the job znode's version (0 to
-1 the first time) and creates the owner znode, release and completion delete it. Those
-multis also maintain two markers per job, read from its tag in the same round trip
-(:mod:`._claims`, :mod:`._holds`): the claim creates the EPHEMERAL held marker
-``{qname}/held/{member}`` next to the owner znode (same session: both go with it), the
-release and completion delete it, the completion also deletes the open marker. The job
-lifecycle (:mod:`._lifecycle`) adds two: a ``fail()`` that makes the job FAILED deletes
-its open marker (``requeue`` makes it again); one that sets a retry delay makes its
-persistent delayed marker ``{qname}/delayed/{member}``, which the next claim deletes. So
+Claiming. A queued job is otherwise the ordinary job: a claim bumps the job znode's
+version and creates the owner znode, release and completion delete it. Those multis
+also maintain the job's markers in its bucket, named by its tag (:mod:`._claims`,
+:mod:`._holds`, :mod:`._lifecycle`): held (ephemeral, with the owner znode), open
+(deleted by completion or FAILED, made again by requeue), delayed (a retry delay), and
+failed (made with FAILED, deleted by requeue).
 
-    claimable = children(open) - children(held) - children(delayed) whose delay runs
+``queue_candidates`` reads the head and the oldest bucket not known to be done (its
+``open``, ``held``, ``delayed`` listings) in one round trip, and newer buckets, a few
+at a time, only while it has fewer candidates than asked for. A bucket is *done* once
+it is full, has no open marker and no failed marker: nothing can make it claimable
+again (requeue applies to FAILED jobs only, enqueues go to newer buckets), so this
+process remembers where the first bucket not done is (the *floor*) and never reads
+the older ones again. The cost of a claim is the listing of one bucket (at most
+:data:`~._layout.BUCKET_JOBS` names), whatever the depth of the queue; it grows only
+with the number of jobs held or in a retry delay at the head of the queue.
 
-and ``queue_candidates`` is one round trip of three listings, plus reads of payloads it
-has not seen yet (a member's data never changes: they are cached), whatever the number
-of held or completed jobs; ``wait_for_queue`` waits on three child watches. Whether a
-delay still runs is a question for the store's clock: the delayed markers not timed yet
-are read with one write of ``{chroot}/jobs`` in the same round trip (its mtime is "now",
-see :func:`._wire.clock_ms`), and when each delay ends is remembered as a monotonic
-deadline (:class:`._lifecycle.DelayHints`) to sleep until. A hint: the claim decides,
-with a write of its own.
+Ordering guarantee: candidates come oldest seq first across the buckets read, so a
+claim takes one of the :data:`~consensus_lease._queue_claim.QUEUE_SPREAD` oldest jobs
+that looked claimable when its listing was read (FIFO-ish, as with a single list). Jobs
+held, completed or in a retry delay are skipped; a requeued job keeps its place (its
+old seq). Enqueues into one queue get increasing seqs in the order the store applied
+them (one ``enqueue_many`` multi: in the order given).
+
+Counting (``queue_stats``): the head's ``jobs`` and the ``numChildren`` of the queue's
+three tallies (held: ephemeral entries made and deleted with the held markers; done:
+made by completions; failed: with the failed markers), read in one round trip of four
+reads whatever the depth: O(1), no listing. See
+:meth:`ZooKeeperBackend.queue_stats
+<consensus_lease.backends.zookeeper.ZooKeeperBackend.queue_stats>` for how the counts
+relate to concurrent claims.
 
 All of it runs on the backend's shared client (:meth:`._wire.Wire.reader`): no worker
 session is involved before the claim.
@@ -44,8 +64,8 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from kazoo.exceptions import (
@@ -58,14 +78,18 @@ from kazoo.exceptions import (
 )
 
 from ..._election import is_election_key
-from ...errors import BackendUnavailable, InvalidArgument
-from ...record import QueuedJob
+from ...errors import BackendUnavailable, InvalidArgument, QueueFull
+from ...record import EnqueueItem, QueuedJob, QueueStats
 from ._errors import translate
 from ._gate import Gate
 from ._layout import (
+    BUCKET_JOBS,
+    BucketPaths,
     JobPaths,
+    QueueHead,
     QueuePaths,
     QueueTag,
+    bucket_of,
     dump_new,
     member_name,
     new_nonce,
@@ -79,7 +103,14 @@ from ._options import ZkConfig
 from ._watch import SharedWatches
 from ._wire import Read, Wire, clock_ms
 
-__all__ = ["JUTE_MAXBUFFER", "MAX_PAYLOAD_BYTES", "Queues"]
+__all__ = [
+    "ENQUEUE_BATCH",
+    "JUTE_MAXBUFFER",
+    "MAX_PAYLOAD_BYTES",
+    "MAX_QUEUE_BYTES",
+    "MAX_QUEUE_JOBS",
+    "Queues",
+]
 
 JUTE_MAXBUFFER = 0xFFFFF
 """ZooKeeper's default ``jute.maxbuffer`` (1 MiB - 1): the largest request a server
@@ -87,9 +118,35 @@ accepts (it drops the connection on a larger one) and the most one znode holds."
 
 MAX_PAYLOAD_BYTES = 1_000_000
 """Largest payload (``capabilities.max_payload_bytes``): the enqueue multi also carries
-five paths (up to ~1.6 KB each with the longest ids), the tag, ACLs and framing, which
-must all fit in ``JUTE_MAXBUFFER``; this leaves them 48 KB. Checked again against the
-actual request before sending (a very long chroot)."""
+the head, four paths (up to ~1.6 KB each with the longest ids), the tag, ACLs and
+framing, which must all fit in ``JUTE_MAXBUFFER``; this leaves them 48 KB. Checked again
+against the actual request before sending (a very long chroot)."""
+
+MAX_QUEUE_JOBS = 25_000
+"""Most jobs one queue holds (any state, until purged): ``capabilities.max_queue_jobs``.
+Each job is four znodes on every server (job, tag, member, open marker; a tally entry
+once completed, more while held or failed): measured at about 3 KB of server heap per
+job with 120-character ids and 100-byte payloads. A 256 MB-heap server (default
+jute.maxbuffer) filled to this capacity in one queue had 113-143 MB in use after
+collections (its committed log included: see ``ENQUEUE_MULTI_BYTES``) and kept serving
+claims (``tests/backends/test_zookeeper_capacity.py``); 50,000 left it at ~200 MB, in
+back-to-back full collections. Size the heap for the sum of every queue in the store,
+or shard queues across ensembles (chroots)."""
+
+MAX_QUEUE_BYTES = 16 * 1024 * 1024
+"""Most payload bytes one queue holds (until purged), for the same reason: every
+server keeps every payload in its heap."""
+
+ENQUEUE_BATCH = 128
+"""Most jobs one enqueue multi carries (``capabilities.max_enqueue_batch``): 4 creates
+each, so about 520 operations."""
+
+ENQUEUE_MULTI_BYTES = 160 * 1024
+"""Largest enqueue multi sent (estimated); jobs with larger payloads or ids go in more
+multis, each atomic. Far below jute.maxbuffer because every server also keeps each of
+its last 500 writes whole in memory (``zookeeper.commitLogCount``, the committed log
+that lets followers catch up): 500 enqueue multis of this size are ~80 MB of heap. 128
+jobs with 120-character ids and 100-byte payloads take ~137 KB."""
 
 REQUEST_MARGIN = 1024
 """Bytes below ``JUTE_MAXBUFFER`` an estimated request must stay."""
@@ -101,6 +158,20 @@ among the oldest candidates is not read again on every call."""
 READ_CHUNK = 256
 """Reads pipelined at once when listing a queue."""
 
+SCAN_GROUP = 4
+"""Buckets read per round trip once the oldest one did not give enough candidates."""
+
+MAX_SCAN_BUCKETS = 64
+"""Most buckets one ``queue_candidates`` reads (16,384 jobs held or in a retry delay at
+the head of the queue before a newer job is offered)."""
+
+MAX_WATCH_BUCKETS = 8
+"""Most buckets ``wait_for_queue`` watches; with more buckets holding only jobs held or
+in a retry delay, it waits at most :data:`POLL_S` between looks."""
+
+POLL_S = 0.5
+"""How long ``wait_for_queue`` waits without a watch on every bucket that could change."""
+
 PURGE_READ_CHUNK = 64
 """Completed jobs whose records (results included) purge reads at once."""
 
@@ -110,6 +181,18 @@ PURGE_BATCH = 100
 
 PURGE_MULTI_BYTES = 512 * 1024
 """Largest purge multi sent (estimated), far below ``JUTE_MAXBUFFER``."""
+
+
+@dataclass(slots=True)
+class _Scan:
+    """What a look at a queue's buckets found."""
+
+    chosen: list[tuple[str, str]] = field(default_factory=list)  # (job_id, member)
+    soonest: float | None = None  # seconds until the soonest running retry delay ends
+    head: QueueHead | None = None  # None: no such queue
+    czxid: int = 0
+    floor: int = 0
+    last_read: int = -1  # the newest bucket read
 
 
 class Queues:
@@ -131,13 +214,100 @@ class Queues:
         self.watches = SharedWatches()
         self._lock = threading.Lock()
         self._queue_locks: dict[str, threading.Lock] = {}
-        self._versions: dict[str, int] = {}  # queue -> its node's version, as last seen
-        self._ready: set[str] = set()  # queues whose znodes this process has made sure of
+        self._heads: dict[str, tuple[int, int, QueueHead]] = {}  # (czxid, version, head)
+        self._floors: dict[str, tuple[int, int]] = {}  # queue -> (czxid, floor)
         self._cache: OrderedDict[tuple[str, int, str], bytes] = OrderedDict()  # payloads
         self._cache_bytes = 0
 
     def paths(self, queue: str) -> QueuePaths:
         return QueuePaths.of(self.config.queues_base, queue)
+
+    # -- the head and the floor ---------------------------------------------------------
+
+    def _head(self, q: QueuePaths, what: str, fresh: bool = False) -> tuple[int, int, QueueHead]:
+        """``(czxid, version, head)`` of the queue, as last seen (read if not known or
+        ``fresh``); the queue is made if missing.
+
+        Raises:
+            LegacyQueueLayout: a queue of layout 1.
+        """
+        with self._lock:
+            known = None if fresh else self._heads.get(q.queue)
+        if known is not None:
+            return known
+        for _ in range(3):
+            answer = self.wire.reader_read([("sync", self.config.base), ("get", q.node)],
+                                           what)[1]
+            if answer is not None:
+                entry = (int(answer[1].czxid), int(answer[1].version),
+                         QueueHead.parse(answer[0], q.node, q.queue))
+                with self._lock:
+                    self._heads[q.queue] = entry
+                return entry
+            self._create(q, what)
+        raise BackendUnavailable(f"{what}: {q.node} keeps disappearing")
+
+    def _create(self, q: QueuePaths, what: str) -> None:
+        """Make the queue (its head and buckets container), and ``{chroot}/jobs``."""
+        client = self.wire.reader()
+        self.wire.ensure_path(client, self.config.base, what, worker=False)
+        self.wire.ensure_path(client, self.config.queues_base, what, worker=False)
+
+        def build(tx: Any) -> None:
+            tx.create(q.node, QueueHead().dump())
+            tx.create(q.buckets, b"")
+            tx.create(q.tally, b"")
+            for path in q.tallies():
+                tx.create(path, b"")
+
+        def settle(deadline: float) -> bool:
+            return self.wire.read(self.wire.reader(deadline), [("exists", q.buckets)],
+                                  deadline, what, worker=False)[0] is not None
+
+        multi = self.wire.reader_commit(build, settle, what)
+        if not multi.applied and multi.results:
+            _, error = _first_error(multi.results)
+            if not isinstance(error, NodeExistsError):  # made meanwhile: fine
+                raise translate(error, what, self.wire.hosts, worker_session=False)
+
+    def _forget_head(self, queue: str) -> None:
+        with self._lock:
+            self._heads.pop(queue, None)
+
+    def _floor(self, queue: str, czxid: int | None) -> int:
+        """The first bucket of ``queue`` not known to be done (0 if unknown, or if the
+        queue was made anew: another ``czxid``)."""
+        with self._lock:
+            known = self._floors.get(queue)
+        if known is None or (czxid is not None and known[0] != czxid):
+            return 0
+        return known[1]
+
+    def _raise_floor(self, queue: str, czxid: int, floor: int) -> None:
+        with self._lock:
+            known = self._floors.get(queue)
+            if known is None or known[0] != czxid or known[1] < floor:
+                self._floors[queue] = (czxid, floor)
+
+    def watch_target(self, queue: str) -> tuple[tuple[str, ...], bool]:
+        """For subscriptions, from what this process last saw of ``queue``: the
+        ``open``, ``held`` and ``delayed`` of each bucket from the first not known to be
+        done to the newest (at most MAX_WATCH_BUCKETS), and whether the first is the
+        bucket the next enqueue writes to (then an empty ``open`` there means an empty
+        queue)."""
+        q = self.paths(queue)
+        with self._lock:
+            head = self._heads.get(queue)
+            floors = self._floors.get(queue)
+        floor = 0 if floors is None or (head is not None and floors[0] != head[0]) \
+            else floors[1]
+        newest = floor if head is None else max(floor, head[2].last_bucket)
+        paths: list[str] = []
+        for index in range(floor, min(newest, floor + MAX_WATCH_BUCKETS - 1) + 1):
+            bucket = q.bucket(index)
+            paths += [bucket.open, bucket.held, bucket.delayed]
+        frontier = head is not None and floor >= bucket_of(head[2].seq + 1)
+        return tuple(paths), frontier
 
     # -- enqueue ------------------------------------------------------------------------
 
@@ -146,166 +316,313 @@ class Queues:
     ) -> bool:
         """See :meth:`ZooKeeperBackend.enqueue
         <consensus_lease.backends.zookeeper.ZooKeeperBackend.enqueue>`."""
-        if is_election_key(job_id):  # elections are never in queues
-            raise InvalidArgument(f"{job_id!r} is an election's key, not a job: it cannot "
-                                  f"be enqueued", job_id=job_id)
-        q, paths = self.paths(queue), self.job_paths(job_id)
         what = f"enqueue of {job_id!r} in queue {queue!r}"
-        self._check_size(q, paths, payload, what)
+        return self.enqueue_many(queue, [EnqueueItem(job_id, payload, max_attempts)],
+                                 what)[0]
+
+    def enqueue_many(
+        self, queue: str, items: Sequence[EnqueueItem], what: str | None = None
+    ) -> list[bool]:
+        """See :meth:`ZooKeeperBackend.enqueue_many
+        <consensus_lease.backends.zookeeper.ZooKeeperBackend.enqueue_many>`."""
+        what = what or f"enqueue_many of {len(items)} job(s) into queue {queue!r}"
+        for item in items:
+            if is_election_key(item.job_id):  # elections are never in queues
+                raise InvalidArgument(f"{item.job_id!r} is an election's key, not a job: it "
+                                      f"cannot be enqueued", job_id=item.job_id)
+        if not items:
+            return []
+        q = self.paths(queue)
+        parts = self._parts(q, items, what)
         with self._lock:
             queue_lock = self._queue_locks.setdefault(queue, threading.Lock())
-        deadline = self.wire.deadline()
+        added: dict[str, bool] = {}
         with queue_lock:  # this process's enqueues into one queue would only collide
-            while True:
-                added = self._enqueue_once(q, paths, payload, max_attempts, what)
-                if added is not None:
-                    return added
-                if time.monotonic() >= deadline:
-                    raise BackendUnavailable(
-                        f"{what}: other enqueues into the queue kept taking the next seq "
-                        f"for {self.config.timeout_s} s; nothing was applied", job_id=job_id,
-                    )
+            if len(parts) > 1:
+                # Several multis: refuse a job outside this queue before writing any.
+                self._head(q, what)
+                added.update(self._classify(q, list(items), what))
+            for part in parts:
+                todo = [item for item in part if item.job_id not in added]
+                if todo:
+                    added.update(self._enqueue_part(q, todo, what))
+        return [added[item.job_id] for item in items]
 
-    def _enqueue_once(
-        self, q: QueuePaths, paths: JobPaths, payload: bytes, max_attempts: int | None,
-        what: str,
-    ) -> bool | None:
-        """One multi: ``True``/``False`` as enqueue returns, ``None`` to send again."""
-        version = self._version(q, what)
-        tag = QueueTag(q.name, member_name(version + 1, paths.job_id), new_nonce())
-
-        def build(tx: Any) -> None:
-            tx.create(paths.job, dump_new(max_attempts))
-            tx.create(paths.tag, tag.dump())
-            tx.set_data(q.node, b"", version)
-            tx.create(q.member(tag.member), payload)
-            tx.create(q.marker(tag.member), b"")
-
-        def settle(deadline: float) -> bool:
-            reads: list[Read] = [("sync", self.config.base), ("get", paths.tag)]
-            answer = self.wire.read(self.wire.reader(deadline), reads, deadline,
-                                    f"{what} (reading back)", worker=False,
-                                    job_id=paths.job_id)[1]
-            return answer is not None and QueueTag.parse(answer[0], paths.tag) == tag
-
-        multi = self.wire.reader_commit(build, settle, what, paths.job_id)
-        if multi.applied:
-            with self._lock:
-                self._versions[q.queue] = version + 1
-            return True
-        with self._lock:
-            self._versions.pop(q.queue, None)  # read it again
-        if not multi.results:
-            return None  # the answer was lost and it was not applied: send it again
-        index, error = _first_error(multi.results)
-        if index == 0 and isinstance(error, NodeExistsError):
-            return self._existing(q, paths, what)
-        if isinstance(error, BadVersionError):
-            return None  # another enqueue took this seq
-        if isinstance(error, NoNodeError):
-            with self._lock:  # a container was deleted under us: make it again
-                self._ready.discard(q.queue)
-            return None
-        if isinstance(error, NodeExistsError):  # a member of this seq exists: taken
-            return None
-        raise translate(error, what, self.wire.hosts, worker_session=False,
-                        job_id=paths.job_id)
-
-    def _existing(self, q: QueuePaths, paths: JobPaths, what: str) -> bool | None:
-        """The job exists: ``False`` if it is in this queue; InvalidArgument if not;
-        ``None`` if it is gone again (purged meanwhile)."""
-        reads: list[Read] = [("sync", self.config.base), ("exists", paths.job),
-                             ("get", paths.tag)]
-        job, tag = self.wire.reader_read(reads, what, paths.job_id)[1:]
-        if job is None:
-            return None
-        if tag is not None and QueueTag.parse(tag[0], paths.tag).queue == q.name:
-            return False
-        where = "a job claimed by name" if tag is None else "in another queue"
-        raise InvalidArgument(
-            f"{what}: {paths.job_id!r} already exists outside this queue ({where})",
-            job_id=paths.job_id,
-        )
-
-    def _version(self, q: QueuePaths, what: str) -> int:
-        """The queue node's version as last seen (the last seq issued). When not known,
-        makes sure of the queue's znodes and ``{chroot}/jobs``, and reads it."""
-        with self._lock:
-            known = self._versions.get(q.queue)
-            ready = q.queue in self._ready
-        if known is not None and ready:
-            return known
-        if not ready:
-            client = self.wire.reader()
-            for path in (self.config.base, q.members, q.open, q.held):
-                self.wire.ensure_path(client, path, what, worker=False)
-        stat = self.wire.reader_read([("sync", self.config.base), ("exists", q.node)], what)[1]
-        if stat is None:
-            return 0  # deleted by hand meanwhile: the multi fails on it and makes it again
-        with self._lock:
-            self._ready.add(q.queue)
-            self._versions[q.queue] = stat.version
-        return int(stat.version)
-
-    def _check_size(self, q: QueuePaths, paths: JobPaths, payload: bytes, what: str) -> None:
-        tag = QueueTag(q.name, member_name(2**31 - 1, paths.job_id), new_nonce())
+    def _parts(self, q: QueuePaths, items: Sequence[EnqueueItem],
+               what: str) -> list[list[EnqueueItem]]:
+        """``items`` in multis of at most ENQUEUE_BATCH jobs and ENQUEUE_MULTI_BYTES."""
         acl = sum(len(a.id.scheme) + len(a.id.id) + 16 for a in self.config.acl_list())
-        estimate = (
-            len(payload) + len(tag.dump())
-            + sum(len(p.encode()) for p in (paths.job, paths.tag, q.node,
-                                            q.member(tag.member), q.marker(tag.member)))
-            + 5 * (acl + 32) + 64
-        )
-        if estimate > JUTE_MAXBUFFER - REQUEST_MARGIN:
-            raise InvalidArgument(
-                f"{what}: the request would be about {estimate} bytes; ZooKeeper accepts at "
-                f"most {JUTE_MAXBUFFER} (jute.maxbuffer) in one request: a smaller payload "
-                f"or a shorter chroot", job_id=paths.job_id,
+        # the head, and the six znodes of a new bucket (at most two buckets per multi)
+        fixed = len(q.node) + 128 + 12 * (len(q.bucket(0).failed) + acl + 32)
+        parts: list[list[EnqueueItem]] = []
+        size = 0
+        for item in items:
+            paths = self.job_paths(item.job_id)
+            tag = QueueTag(q.name, member_name(2**31 - 1, item.job_id), new_nonce(), 2**31)
+            bucket = q.bucket(2**31)
+            cost = (
+                len(item.payload) + len(tag.dump()) + 40
+                + sum(len(p.encode()) for p in (paths.job, paths.tag,
+                                                bucket.member(tag.member),
+                                                bucket.marker(tag.member)))
+                + 4 * (acl + 32)
             )
+            if fixed + cost > JUTE_MAXBUFFER - REQUEST_MARGIN:
+                raise InvalidArgument(
+                    f"{what}: the request would be about {fixed + cost} bytes; ZooKeeper "
+                    f"accepts at most {JUTE_MAXBUFFER} (jute.maxbuffer) in one request: a "
+                    f"smaller payload or a shorter chroot", job_id=item.job_id,
+                )
+            if parts and len(parts[-1]) < ENQUEUE_BATCH \
+                    and fixed + size + cost <= ENQUEUE_MULTI_BYTES:
+                parts[-1].append(item)
+                size += cost
+            else:
+                parts.append([item])
+                size = cost
+        return parts
 
-    # -- reading ------------------------------------------------------------------------
+    def _enqueue_part(self, q: QueuePaths, todo: list[EnqueueItem],
+                      what: str) -> dict[str, bool]:
+        """One multi adding ``todo`` (sent again while other enqueues take the seqs);
+        ``{job_id: added}`` for every job of ``todo``."""
+        out: dict[str, bool] = {}
+        deadline = self.wire.deadline()
+        first_id = todo[0].job_id
+        fresh = False
+        while todo:
+            czxid, version, head = self._head(q, what, fresh)
+            fresh = False
+            nbytes = sum(len(item.payload) for item in todo)
+            if head.jobs + len(todo) > MAX_QUEUE_JOBS \
+                    or head.payload_bytes + nbytes > MAX_QUEUE_BYTES:
+                # Jobs already queued need no room: leave them out, then decide on the
+                # head read again (the cached one may be old).
+                known = self._classify(q, todo, what)
+                out.update(known)
+                todo = [item for item in todo if item.job_id not in known]
+                if not todo:
+                    break
+                czxid, version, head = self._head(q, what, fresh=True)
+                nbytes = sum(len(item.payload) for item in todo)
+                self._check_capacity(q, head, len(todo), nbytes, what)
+            nonce = new_nonce()
+            tags: list[QueueTag] = []
+            new_buckets: list[BucketPaths] = []
+            for seq in range(head.seq + 1, head.seq + len(todo) + 1):
+                if (seq - 1) % BUCKET_JOBS == 0:
+                    new_buckets.append(q.bucket(bucket_of(seq)))
+                tags.append(QueueTag(q.name, member_name(seq, todo[len(tags)].job_id), nonce,
+                                     bucket_of(seq)))
+            new_head = QueueHead(head.seq + len(todo), head.jobs + len(todo),
+                                 head.payload_bytes + nbytes)
+            batch = list(zip(todo, tags, strict=True))
 
-    def _sorted_members(self, names: list[str] | None) -> list[tuple[int, str, str]]:
-        """``(seq, job_id, member)`` of the member names we made, by seq."""
-        out = []
-        for member in names or ():
-            parsed = parse_member(member)
-            if parsed is not None:
-                out.append((parsed[0], parsed[1], member))
-        out.sort()
+            def build(tx: Any, new_head: QueueHead = new_head, version: int = version,
+                      new_buckets: list[BucketPaths] = new_buckets,
+                      batch: list[tuple[EnqueueItem, QueueTag]] = batch) -> None:
+                tx.set_data(q.node, new_head.dump(), version)
+                for bucket in new_buckets:
+                    for path in bucket.dirs():
+                        tx.create(path, b"")
+                for item, tag in batch:
+                    paths, bucket = self.job_paths(item.job_id), q.bucket(tag.bucket or 0)
+                    tx.create(paths.job, dump_new(item.max_attempts))
+                    tx.create(paths.tag, tag.dump())
+                    tx.create(bucket.member(tag.member), item.payload)
+                    tx.create(bucket.marker(tag.member), b"")
+
+            def settle(deadline: float, tag: QueueTag = tags[0],
+                       path: str = self.job_paths(todo[0].job_id).tag) -> bool:
+                reads: list[Read] = [("sync", self.config.base), ("get", path)]
+                answer = self.wire.read(self.wire.reader(deadline), reads, deadline,
+                                        f"{what} (reading back)", worker=False,
+                                        job_id=first_id)[1]
+                return answer is not None and QueueTag.parse(answer[0], path) == tag
+
+            multi = self.wire.reader_commit(build, settle, what, first_id)
+            if multi.applied:
+                with self._lock:
+                    self._heads[q.queue] = (czxid, version + 1, new_head)
+                out.update((item.job_id, True) for item in todo)
+                return out
+            self._forget_head(q.queue)
+            if multi.results:
+                index, error = _first_error(multi.results)
+                jobs_from = 1 + 6 * len(new_buckets)
+                if index >= jobs_from and (index - jobs_from) % 4 in (0, 1) \
+                        and isinstance(error, NodeExistsError):
+                    known = self._classify(q, todo, what)  # a job exists already
+                    out.update(known)
+                    todo = [item for item in todo if item.job_id not in known]
+                elif isinstance(error, NoNodeError):
+                    fresh = True  # the head or {chroot}/jobs deleted by hand: made again
+                    client = self.wire.reader()
+                    self.wire.ensure_path(client, self.config.base, what, worker=False)
+                elif not isinstance(error, (BadVersionError, NodeExistsError)):
+                    raise translate(error, what, self.wire.hosts, worker_session=False,
+                                    job_id=first_id)
+                # else: another enqueue (or a purge) wrote the head first: again
+            if todo and time.monotonic() >= deadline:
+                raise BackendUnavailable(
+                    f"{what}: other enqueues into the queue kept taking the next seq for "
+                    f"{self.config.timeout_s} s; nothing more was applied", job_id=first_id,
+                )
         return out
+
+    @staticmethod
+    def _check_capacity(q: QueuePaths, head: QueueHead, jobs: int, nbytes: int,
+                        what: str) -> None:
+        if head.jobs + jobs > MAX_QUEUE_JOBS:
+            raise QueueFull(
+                f"{what}: queue {q.queue!r} holds {head.jobs} jobs; {jobs} more would pass "
+                f"its capacity of {MAX_QUEUE_JOBS} on ZooKeeper (purge completed jobs, or "
+                f"shard the queue across stores); nothing was enqueued")
+        if head.payload_bytes + nbytes > MAX_QUEUE_BYTES:
+            raise QueueFull(
+                f"{what}: queue {q.queue!r} holds {head.payload_bytes} payload bytes; "
+                f"{nbytes} more would pass its capacity of {MAX_QUEUE_BYTES} on ZooKeeper (purge "
+                f"completed jobs, or shard the queue across stores); nothing was enqueued")
+
+    def _classify(self, q: QueuePaths, items: list[EnqueueItem],
+                  what: str) -> dict[str, bool]:
+        """``{job_id: False}`` for the jobs of ``items`` already in this queue (the
+        absent ones are left out).
+
+        Raises:
+            InvalidArgument: a job exists outside this queue.
+        """
+        out: dict[str, bool] = {}
+        for start in range(0, len(items), READ_CHUNK):
+            chunk = items[start : start + READ_CHUNK]
+            reads: list[Read] = [("sync", self.config.base)]
+            for item in chunk:
+                paths = self.job_paths(item.job_id)
+                reads += [("exists", paths.job), ("get", paths.tag)]
+            answers = self.wire.reader_read(reads, what, chunk[0].job_id)[1:]
+            for i, item in enumerate(chunk):
+                job, tag = answers[2 * i : 2 * i + 2]
+                if job is None:
+                    continue  # absent (or purged meanwhile)
+                paths = self.job_paths(item.job_id)
+                if tag is not None and QueueTag.parse(tag[0], paths.tag).queue == q.name:
+                    out[item.job_id] = False
+                    continue
+                where = "a job claimed by name" if tag is None else "in another queue"
+                raise InvalidArgument(
+                    f"{what}: {item.job_id!r} already exists outside this queue ({where})",
+                    job_id=item.job_id,
+                )
+        return out
+
+    # -- candidates ----------------------------------------------------------------------
+
+    @staticmethod
+    def _bucket_reads(bucket: BucketPaths) -> list[Read]:
+        """One bucket's look: failed (stat), open, held, delayed (names), failed (stat)
+        again: the two failed stats with the same ``cversion`` show that no job became
+        FAILED, nor was requeued, while ``open`` was read."""
+        return [("exists", bucket.failed), ("children", bucket.open),
+                ("children", bucket.held), ("children", bucket.delayed),
+                ("exists", bucket.failed)]
+
+    def _scan(self, queue: str, limit: int, what: str, max_buckets: int = MAX_SCAN_BUCKETS,
+              ) -> _Scan:
+        """Up to ``limit`` claimable-looking jobs, oldest first, from the oldest buckets
+        not done (after a ``sync``); raises the floor over the buckets found done."""
+        q = self.paths(queue)
+        with self._lock:
+            floors = self._floors.get(queue)
+        guess = 0 if floors is None else floors[1]
+        answers = self.wire.reader_read(
+            [("sync", self.config.base), ("get", q.node),
+             *self._bucket_reads(q.bucket(guess))], what)
+        scan = _Scan()
+        if answers[1] is None:
+            return scan
+        scan.head = head = QueueHead.parse(answers[1][0], q.node, queue)
+        scan.czxid = czxid = int(answers[1][1].czxid)
+        with self._lock:
+            self._heads[queue] = (czxid, int(answers[1][1].version), head)
+        floor = self._floor(queue, czxid)
+        looks: list[tuple[int, list[Any]]] = []
+        if floor == guess:
+            looks.append((floor, answers[2:]))
+        index = floor if not looks else floor + 1
+        done_upto = floor  # buckets below it are done
+        contiguous = True
+        read = 0
+        pending = looks
+        while True:
+            for bucket_index, look in pending:
+                read += 1
+                scan.last_read = bucket_index
+                done = self._pick(q, head, bucket_index, look, limit, scan, what)
+                if contiguous and done:
+                    done_upto = bucket_index + 1
+                else:
+                    contiguous = False
+            if len(scan.chosen) >= limit or index > head.last_bucket or read >= max_buckets:
+                break
+            group = list(range(index, min(index + SCAN_GROUP, head.last_bucket + 1)))
+            index = group[-1] + 1
+            reads: list[Read] = []
+            for b in group:
+                reads += self._bucket_reads(q.bucket(b))
+            got = self.wire.reader_read(reads, what)
+            pending = [(b, got[5 * i : 5 * i + 5]) for i, b in enumerate(group)]
+        scan.floor = done_upto
+        self._raise_floor(queue, czxid, done_upto)
+        return scan
+
+    def _pick(self, q: QueuePaths, head: QueueHead, index: int, look: list[Any], limit: int,
+              scan: _Scan, what: str) -> bool:
+        """Add the claimable-looking jobs of bucket ``index`` to ``scan`` (up to
+        ``limit`` in all); whether the bucket is done."""
+        failed_before, open_names, held_names, delayed_names, failed_after = look
+        if open_names is None:
+            return False  # not made yet (or deleted by hand)
+        full = index < head.last_bucket or (index == head.last_bucket
+                                            and head.seq % BUCKET_JOBS == 0)
+        if not open_names:
+            return (full and failed_before is not None and failed_after is not None
+                    and failed_before.numChildren == 0
+                    and failed_before.cversion == failed_after.cversion)
+        free = sorted(set(open_names).difference(held_names or ()))  # sorts as seq
+        if free and len(scan.chosen) < limit:
+            chosen, soonest = self._claimable(q.bucket(index), free, set(delayed_names or ()),
+                                              limit - len(scan.chosen), what)
+            scan.chosen += chosen
+            if soonest is not None:
+                scan.soonest = soonest if scan.soonest is None else min(scan.soonest, soonest)
+        return False
 
     def candidates(self, queue: str, limit: int) -> list[tuple[str, bytes]]:
         """See :meth:`ZooKeeperBackend.queue_candidates
         <consensus_lease.backends.zookeeper.ZooKeeperBackend.queue_candidates>`."""
-        q = self.paths(queue)
         what = f"listing the candidates of queue {queue!r}"
-        # open before held: a job claimed between the two reads is seen held.
-        _, node, open_names, held_names, delayed_names = self.wire.reader_read(
-            [("sync", self.config.base), ("exists", q.node), ("children", q.open),
-             ("children", q.held), ("children", q.delayed)], what,
-        )
-        if node is None or not open_names:
+        scan = self._scan(queue, limit, what)
+        if not scan.chosen:
             return []
-        free = sorted(set(open_names).difference(held_names or ()))  # sorts as seq
-        chosen = self._claimable(q, free, set(delayed_names or ()), limit, what)[0]
-        payloads = self._payloads(q, node.czxid, [member for _, member in chosen], what)
-        return [(job_id, payloads[member]) for job_id, member in chosen if member in payloads]
+        q = self.paths(queue)
+        payloads = self._payloads(q, scan.czxid, [member for _, member in scan.chosen], what)
+        return [(job_id, payloads[member]) for job_id, member in scan.chosen
+                if member in payloads]
 
     def _claimable(
-        self, q: QueuePaths, free: list[str], delayed: set[str], limit: int, what: str
+        self, bucket: BucketPaths, free: list[str], delayed: set[str], limit: int, what: str
     ) -> tuple[list[tuple[str, str]], float | None]:
         """Up to ``limit`` ``(job_id, member)`` of ``free`` (sorted open, not held
-        members) whose retry delay, if they have a delayed marker, is not known to be
-        running; and the seconds until the soonest running delay ends (``None``: none).
-        Delays not seen yet are timed first (:meth:`_time_delays`). A hint: the claim
-        decides, on the store's clock."""
+        members of ``bucket``) whose retry delay, if they have a delayed marker, is not
+        known to be running; and the seconds until the soonest running delay ends
+        (``None``: none). Delays not seen yet are timed first (:meth:`_time_delays`). A
+        hint: the claim decides, on the store's clock."""
         members = [(parsed[1], name) for name in free
                    if (parsed := parse_member(name)) is not None]
         unseen = [(job_id, name) for job_id, name in members
                   if name in delayed and self.hints.remaining(job_id) is None]
         if unseen:
-            self._time_delays(q, unseen[:READ_CHUNK], what)
+            self._time_delays(bucket, unseen[:READ_CHUNK], what)
         chosen: list[tuple[str, str]] = []
         soonest: float | None = None
         for job_id, name in members:
@@ -316,10 +633,11 @@ class Queues:
                 chosen.append((job_id, name))
         return chosen, soonest
 
-    def _time_delays(self, q: QueuePaths, members: list[tuple[str, str]], what: str) -> None:
+    def _time_delays(self, bucket: BucketPaths, members: list[tuple[str, str]],
+                     what: str) -> None:
         """One round trip: the delayed markers of ``members`` and a write whose mtime is
         the store's clock now (see :func:`._wire.clock_ms`); notes when each delay ends."""
-        reads: list[Read] = [("get", q.delayed_marker(name)) for _, name in members]
+        reads: list[Read] = [("get", bucket.delayed_marker(name)) for _, name in members]
         answers = self.wire.reader_read([*reads, ("clock", self.config.base)], what)
         answered = time.monotonic()
         if answers[-1] is None:
@@ -329,7 +647,7 @@ class Queues:
             if answer is None:
                 self.hints.note(job_id, 0.0)  # claimed since: no delay running
                 continue
-            end_ms = parse_delayed(answer, q.delayed_marker(name))
+            end_ms = parse_delayed(answer, bucket.delayed_marker(name))
             left_s = (end_ms + 1 - now_ms) / 1000 - (time.monotonic() - answered)
             self.hints.note(job_id, left_s)
 
@@ -347,8 +665,8 @@ class Queues:
                     self._cache.move_to_end((q.node, czxid, member))
                     out[member] = payload
         todo = [m for m in members if m not in out]
-        answers = self.wire.reader_read([("get", q.member(m)) for m in todo], what) \
-            if todo else []
+        reads: list[Read] = [("get", _member_path(q, m)) for m in todo]
+        answers = self.wire.reader_read(reads, what) if todo else []
         with self._lock:
             for member, answer in zip(todo, answers, strict=True):
                 if answer is None:
@@ -362,29 +680,65 @@ class Queues:
                 self._cache_bytes -= _cost(*self._cache.popitem(last=False))
         return out
 
+    # -- counts and listing -------------------------------------------------------------
+
+    def stats(self, queue: str) -> QueueStats:
+        """See :meth:`ZooKeeperBackend.queue_stats
+        <consensus_lease.backends.zookeeper.ZooKeeperBackend.queue_stats>`."""
+        q = self.paths(queue)
+        what = f"counting the jobs of queue {queue!r}"
+        held_path, done_path, failed_path = q.tallies()
+        # the head first, held last: see queue_stats for what that gives
+        node, done, failed, held = self.wire.reader_read(
+            [("sync", self.config.base), ("get", q.node), ("exists", done_path),
+             ("exists", failed_path), ("exists", held_path)], what)[1:]
+        if node is None:
+            return QueueStats(queue, 0, 0, 0, None, 0)
+        head = QueueHead.parse(node[0], q.node, queue)
+        n_done = 0 if done is None else int(done.numChildren)
+        n_failed = 0 if failed is None else int(failed.numChildren)
+        n_held = 0 if held is None else int(held.numChildren)
+        n_held = max(0, min(n_held, head.jobs - n_done - n_failed))
+        return QueueStats(
+            queue=queue,
+            available=max(0, head.jobs - n_done - n_failed - n_held),
+            held=n_held,
+            completed=n_done,
+            oldest_held_lease_until=None,
+            failed=n_failed,
+        )
+
     def jobs(self, queue: str, limit: int | None) -> list[QueuedJob]:
         """See :meth:`ZooKeeperBackend.queue_jobs
         <consensus_lease.backends.zookeeper.ZooKeeperBackend.queue_jobs>`."""
         q = self.paths(queue)
         what = f"listing queue {queue!r}"
-        members = self._sorted_members(
-            self.wire.reader_read([("sync", self.config.base), ("children", q.members)], what)[1]
-        )
-        members = members if limit is None else members[:limit]
+        node = self.wire.reader_read([("sync", self.config.base), ("get", q.node)], what)[1]
+        if node is None:
+            return []
+        head = QueueHead.parse(node[0], q.node, queue)
         out: list[QueuedJob] = []
-        for start in range(0, len(members), READ_CHUNK):
-            chunk = members[start : start + READ_CHUNK]
-            reads: list[Read] = []
-            for _, job_id, member in chunk:
-                paths = self.job_paths(job_id)
-                reads += [("get", paths.job), ("get", paths.owner), ("get", q.member(member)),
-                          ("get", paths.failure)]
-            answers = self.wire.reader_read(reads, what)
-            for i, (seq, job_id, _) in enumerate(chunk):
-                job, owner, payload, failure = answers[4 * i : 4 * i + 4]
-                record = to_record(self.job_paths(job_id), job, owner, failure)
-                if record is not None and payload is not None:  # else purged meanwhile
-                    out.append(QueuedJob(queue, record, bytes(payload[0]), seq))
+        for b in range(0, head.last_bucket + 1):
+            if limit is not None and len(out) >= limit:
+                break
+            bucket = q.bucket(b)
+            members = _sorted_members(self.wire.reader_read([("children", bucket.members)],
+                                                            what)[0])
+            if limit is not None:
+                members = members[: limit - len(out)]
+            for start in range(0, len(members), READ_CHUNK):
+                chunk = members[start : start + READ_CHUNK]
+                reads: list[Read] = []
+                for _, job_id, member in chunk:
+                    paths = self.job_paths(job_id)
+                    reads += [("get", paths.job), ("get", paths.owner),
+                              ("get", bucket.member(member)), ("get", paths.failure)]
+                answers = self.wire.reader_read(reads, what)
+                for i, (seq, job_id, _) in enumerate(chunk):
+                    job, owner, payload, failure = answers[4 * i : 4 * i + 4]
+                    record = to_record(self.job_paths(job_id), job, owner, failure)
+                    if record is not None and payload is not None:  # else purged meanwhile
+                        out.append(QueuedJob(queue, record, bytes(payload[0]), seq))
         return out
 
     # -- waiting ------------------------------------------------------------------------
@@ -397,53 +751,61 @@ class Queues:
         Raises kazoo's and the library's exceptions (the backend handles them)."""
         deadline = time.monotonic() + max(timeout_s, 0.0)
         read_budget_s = min(self.config.timeout_s, max(timeout_s, 0.0) + 1.0)
-        q = self.paths(queue)
         woken = threading.Event()
         joined: list[tuple[str, str]] = []
         try:
             with self.wire.bounded(read_budget_s) as read_deadline:
                 gate = self.wire.gate(self.wire.reader())
-                most_s = self._watch(gate, q, woken, joined, read_deadline)
+                most_s = self._watch(gate, queue, woken, joined, read_deadline)
             if most_s is not None:
                 woken.wait(max(0.0, min(deadline - time.monotonic(), most_s)))
         finally:
             self.watches.leave(joined, woken)
 
     def _watch(
-        self, gate: Gate, q: QueuePaths, woken: threading.Event,
+        self, gate: Gate, queue: str, woken: threading.Event,
         joined: list[tuple[str, str]], read_deadline: float,
     ) -> float | None:
-        """Join the child watches on the queue's ``open`` (an enqueue; a completion),
-        ``held`` (a release, a completion, a holder's session ending; a claim) and
-        ``delayed`` (a fail with a retry delay; the next claim): how long to wait at
-        most (``math.inf``: until a watch fires), or ``None`` if a job looks claimable
-        already (no need to wait). While every job that is neither held nor completed
-        has a retry delay running, that is until the soonest ends: ZooKeeper has no
-        timer event."""
-        paths = [q.open, q.held, q.delayed]
-        joined += [("children", path) for path in paths]
-        names = self.watches.join(gate, "children", paths, woken, read_deadline)
-        if names[0] is None:  # no such queue yet: its first enqueue creates it
-            joined.append(("created", q.open))
-            armed = self.watches.join(gate, "created", [q.open], woken, read_deadline)[0]
-            return None if armed is None else math.inf
-        if names[1] is None:
-            return None  # made by hand, or deleted: nothing to wait on
-        what = f"waiting on queue {q.queue!r}"
-        if True in names:
-            # joined watches armed earlier: read the names (any change since wakes us)
-            names = self.wire.read(gate.client, [("children", path) for path in paths],
-                                   read_deadline, what, worker=False)
-            if names[0] is None or names[1] is None:
-                return None
-        open_names, held_names, delayed_names = names
-        free = sorted(set(open_names).difference(held_names))
-        if not free:
-            return math.inf  # every job not completed is held
-        chosen, soonest = self._claimable(q, free, set(delayed_names or ()), 1, what)
-        if chosen:
+        """Join the child watches on ``open`` (an enqueue; a completion), ``held`` (a
+        release, a completion, a holder's session ending; a claim) and ``delayed`` (a
+        fail with a retry delay; the next claim) of every bucket from the floor to the
+        newest (at most MAX_WATCH_BUCKETS; the bucket the next enqueue makes is watched
+        for its creation), then look again: how long to wait at most (``math.inf``:
+        until a watch fires), or ``None`` if a job looks claimable already. While every
+        job that is neither held nor completed has a retry delay running, that is until
+        the soonest ends: ZooKeeper has no timer event."""
+        what = f"waiting on queue {queue!r}"
+        q = self.paths(queue)
+        scan = self._scan(queue, 1, what)
+        if scan.chosen:
             return None
-        return math.inf if soonest is None else soonest
+        if scan.head is None:  # no such queue yet: its first enqueue creates it
+            joined.append(("created", q.node))
+            armed = self.watches.join(gate, "created", [q.node], woken, read_deadline)[0]
+            return None if armed is None else math.inf
+        head = scan.head
+        newest = bucket_of(head.seq + 1)  # the bucket the next enqueue writes to
+        last = min(newest, scan.floor + MAX_WATCH_BUCKETS - 1)
+        paths: list[str] = []
+        for b in range(scan.floor, last + 1):
+            if b <= head.last_bucket:
+                bucket = q.bucket(b)
+                paths += [bucket.open, bucket.held, bucket.delayed]
+        if paths:
+            joined += [("children", path) for path in paths]
+            self.watches.join(gate, "children", paths, woken, read_deadline)
+        if last == newest and newest > head.last_bucket:
+            created = q.bucket(newest).open
+            joined.append(("created", created))
+            if self.watches.join(gate, "created", [created], woken, read_deadline)[0] is None:
+                return None  # made meanwhile
+        again = self._scan(queue, 1, what)  # the watches are armed: nothing is missed
+        if again.chosen or again.head != head:
+            return None
+        most_s = math.inf if again.soonest is None else again.soonest
+        if last < newest:
+            most_s = min(most_s, POLL_S)
+        return most_s
 
     # -- purge --------------------------------------------------------------------------
 
@@ -452,85 +814,103 @@ class Queues:
         <consensus_lease.backends.zookeeper.ZooKeeperBackend.purge>`."""
         q = self.paths(queue)
         what = f"purge of queue {queue!r}"
-        # Members first, open markers after: an enqueue landing between the two reads is
-        # then missing from the first (ignored), never taken for a completed job.
-        members, open_names = self.wire.reader_read(
-            [("sync", self.config.base), ("children", q.members), ("children", q.open)], what
-        )[1:]
-        still_open = set(open_names or ())
-        done = [m for m in self._sorted_members(members) if m[2] not in still_open]
-        verified: list[_Doomed] = []
-        for start in range(0, len(done), PURGE_READ_CHUNK):
-            verified += self._verify_completed(q, done[start : start + PURGE_READ_CHUNK], what)
-        return sum(self._delete(batch, what) for batch in self._purge_batches(verified))
+        node = self.wire.reader_read([("sync", self.config.base), ("get", q.node)], what)[1]
+        if node is None:
+            return 0
+        head = QueueHead.parse(node[0], q.node, queue)
+        purged = 0
+        for b in range(0, head.last_bucket + 1):
+            bucket = q.bucket(b)
+            # Members first, open markers after: an enqueue landing between the two reads
+            # is then missing from the first (ignored), never taken for a completed job.
+            members, open_names = self.wire.reader_read(
+                [("children", bucket.members), ("children", bucket.open)], what)
+            still_open = set(open_names or ())
+            done = [m for m in _sorted_members(members) if m[2] not in still_open]
+            verified: list[_Doomed] = []
+            for start in range(0, len(done), PURGE_READ_CHUNK):
+                verified += self._verify_completed(
+                    queue, bucket, done[start : start + PURGE_READ_CHUNK], what)
+            purged += sum(self._delete(q, batch, what) for batch in _purge_batches(verified))
+        return purged
 
     def _verify_completed(
-        self, q: QueuePaths, chunk: list[tuple[int, str, str]], what: str
+        self, queue: str, bucket: BucketPaths, chunk: list[tuple[int, str, str]], what: str
     ) -> list[_Doomed]:
         """The jobs of ``chunk`` whose record says COMPLETED and whose tag names this
-        member, with the versions their deletes will require."""
+        member, with the versions their deletes will require and their payload sizes."""
         reads: list[Read] = []
-        for _, job_id, _ in chunk:
+        done_base = self.paths(queue).tallies()[1]
+        for _, job_id, member in chunk:
             paths = self.job_paths(job_id)
-            reads += [("get", paths.job), ("get", paths.tag), ("exists", paths.failure)]
+            reads += [("get", paths.job), ("get", paths.tag), ("exists", paths.failure),
+                      ("exists", bucket.member(member)), ("exists", f"{done_base}/{member}")]
         answers = self.wire.reader_read(reads, what)
         out: list[_Doomed] = []
         for i, (_, job_id, member) in enumerate(chunk):
-            job, tag, failure = answers[3 * i : 3 * i + 3]
+            job, tag, failure, stat, tally = answers[5 * i : 5 * i + 5]
             paths = self.job_paths(job_id)
-            if job is None or tag is None or not parse_job(job[0], paths.job).completed:
+            if job is None or tag is None or stat is None \
+                    or not parse_job(job[0], paths.job).completed:
                 continue
             if QueueTag.parse(tag[0], paths.tag).member != member:
                 continue  # not this member's job (purged and enqueued again meanwhile)
-            out.append(_Doomed(paths, tag[1].version, job[1].version, q.member(member),
-                               None if failure is None else failure.version))
+            out.append(_Doomed(paths, tag[1].version, job[1].version, bucket.member(member),
+                               None if failure is None else failure.version,
+                               int(stat.dataLength),
+                               None if tally is None else f"{done_base}/{member}"))
         return out
 
-    @staticmethod
-    def _purge_batches(jobs: list[_Doomed]) -> list[list[_Doomed]]:
-        batches: list[list[_Doomed]] = []
-        size = 0
-        for job in jobs:
-            cost = job.request_bytes()
-            if batches and len(batches[-1]) < PURGE_BATCH and size + cost <= PURGE_MULTI_BYTES:
-                batches[-1].append(job)
-                size += cost
-            else:
-                batches.append([job])
-                size = cost
-        return batches
-
-    def _delete(self, batch: list[_Doomed], what: str) -> int:
+    def _delete(self, q: QueuePaths, batch: list[_Doomed], what: str) -> int:
         """One multi deleting every job of ``batch`` (tag and failure znode, then the job
-        znode at its completed version, then the member); if it fails, one multi per job.
-        Returns how many went (a job another purge deleted first is not counted)."""
+        znode at its completed version, then the member) and taking them off the head's
+        counts (at the head's version: sent again if an enqueue wrote it first); if it
+        fails otherwise, one multi per job. Returns how many went (a job another purge
+        deleted first is not counted)."""
+        deadline = self.wire.deadline()
+        while True:
+            czxid, version, head = self._head(q, what)
+            freed = sum(job.payload_bytes for job in batch)
+            new_head = QueueHead(head.seq, max(0, head.jobs - len(batch)),
+                                 max(0, head.payload_bytes - freed))
 
-        def build(tx: Any) -> None:
-            for job in batch:
-                tx.delete(job.paths.tag, job.tag_version)
-                if job.failure_version is not None:
-                    tx.delete(job.paths.failure, job.failure_version)
-                tx.delete(job.paths.job, job.job_version)
-                tx.delete(job.member)
+            def build(tx: Any, new_head: QueueHead = new_head, version: int = version) -> None:
+                tx.set_data(q.node, new_head.dump(), version)
+                for job in batch:
+                    tx.delete(job.paths.tag, job.tag_version)
+                    if job.failure_version is not None:
+                        tx.delete(job.paths.failure, job.failure_version)
+                    tx.delete(job.paths.job, job.job_version)
+                    tx.delete(job.member)
+                    if job.tally_done is not None:
+                        tx.delete(job.tally_done)
 
-        def settle(deadline: float) -> bool:
-            reads: list[Read] = [("sync", self.config.base)]
-            reads += [("exists", job.paths.job) for job in batch]
-            gone = self.wire.read(self.wire.reader(deadline), reads, deadline,
-                                  f"{what} (reading back)", worker=False)[1:]
-            return all(stat is None for stat in gone)
+            def settle(deadline: float) -> bool:
+                reads: list[Read] = [("sync", self.config.base)]
+                reads += [("exists", job.paths.job) for job in batch]
+                gone = self.wire.read(self.wire.reader(deadline), reads, deadline,
+                                      f"{what} (reading back)", worker=False)[1:]
+                return all(stat is None for stat in gone)
 
-        multi = self.wire.reader_commit(build, settle, what)
-        if multi.applied:
-            return len(batch)
-        if len(batch) > 1:
-            return sum(self._delete([job], what) for job in batch)
-        if not multi.results:
-            return 0  # the answer was lost and it was not applied: gone some other way
-        _, error = _first_error(multi.results)
-        if isinstance(error, (NoNodeError, BadVersionError, NotEmptyError)):
-            return 0  # purged by someone else first, or changed: not this call's
-        raise translate(error, what, self.wire.hosts, worker_session=False)
+            multi = self.wire.reader_commit(build, settle, what)
+            if multi.applied:
+                with self._lock:
+                    self._heads[q.queue] = (czxid, version + 1, new_head)
+                return len(batch)
+            self._forget_head(q.queue)
+            if not multi.results:
+                return 0  # the answer was lost and it was not applied: gone some other way
+            index, error = _first_error(multi.results)
+            if index == 0 and isinstance(error, BadVersionError):
+                if time.monotonic() >= deadline:
+                    raise BackendUnavailable(f"{what}: enqueues kept writing the queue's "
+                                             f"head for {self.config.timeout_s} s")
+                continue  # an enqueue wrote the head first
+            if len(batch) > 1:
+                return sum(self._delete(q, [job], what) for job in batch)
+            if isinstance(error, (NoNodeError, BadVersionError, NotEmptyError)):
+                return 0  # purged by someone else first, or changed: not this call's
+            raise translate(error, what, self.wire.hosts, worker_session=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -542,10 +922,45 @@ class _Doomed:
     job_version: int
     member: str
     failure_version: int | None = None  # its failure znode's, if it ever failed
+    payload_bytes: int = 0
+    tally_done: str | None = None  # its entry in the queue's tally of completed jobs
 
     def request_bytes(self) -> int:
         return sum(len(p.encode()) + 16
-                   for p in (self.paths.tag, self.paths.failure, self.paths.job, self.member))
+                   for p in (self.paths.tag, self.paths.failure, self.paths.job, self.member,
+                             self.tally_done or ""))
+
+
+def _purge_batches(jobs: list[_Doomed]) -> list[list[_Doomed]]:
+    batches: list[list[_Doomed]] = []
+    size = 0
+    for job in jobs:
+        cost = job.request_bytes()
+        if batches and len(batches[-1]) < PURGE_BATCH and size + cost <= PURGE_MULTI_BYTES:
+            batches[-1].append(job)
+            size += cost
+        else:
+            batches.append([job])
+            size = cost
+    return batches
+
+
+def _sorted_members(names: list[str] | None) -> list[tuple[int, str, str]]:
+    """``(seq, job_id, member)`` of the member names we made, by seq."""
+    out = []
+    for member in names or ():
+        parsed = parse_member(member)
+        if parsed is not None:
+            out.append((parsed[0], parsed[1], member))
+    out.sort()
+    return out
+
+
+def _member_path(q: QueuePaths, member: str) -> str:
+    """The member znode of ``member`` (its seq names its bucket)."""
+    parsed = parse_member(member)
+    seq = 1 if parsed is None else parsed[0]
+    return q.bucket(bucket_of(seq)).member(member)
 
 
 def _cost(key: tuple[str, int, str], payload: bytes) -> int:

@@ -10,9 +10,14 @@ kazoo's one-shot watches (the znodes the blocking waits of :mod:`._watch` watch 
   waiting claim go on; a claim creates it (a watch armed while it is absent). For an
   election key every event wakes the subscribers (a new leader creates the owner znode,
   ``set_value`` sets its data): ``store.observe`` reports each change.
-* a queue: ``get_children`` on its ``open`` (enqueue, requeue, completion), ``held``
+* a queue: ``get_children`` on the ``open`` (enqueue, requeue, completion), ``held``
   (claim, release, completion, fail, expiry) and ``delayed`` (fail with a retry delay)
-  znodes; ``exists`` on ``open`` while the queue does not exist yet.
+  znodes of its buckets from the oldest not known to be done (:mod:`._queues`) to the
+  newest, at most 8; ``exists`` on the oldest one's ``open`` while it does not exist
+  yet (a new queue, or every bucket done: the next enqueue makes it). Which buckets is
+  decided again at every round, from what this backend last saw of the queue; an empty
+  ``open`` in a bucket that is not the one the next enqueue writes to wakes the
+  subscribers (their claims move past it) and is read again after the checks' backoff.
 
 Every subscription of one job (or queue) shares one :class:`_Target`, and a target arms
 at most one watch per znode, however many subscribe: a thousand waiting claims on one
@@ -68,6 +73,10 @@ from ._lifecycle import DelayHints
 from ._timer import WakeTimer
 from ._wire import Wire
 
+QueueTarget = Callable[[str], tuple[tuple[str, ...], bool]]
+"""queue -> (the ``open``, ``held``, ``delayed`` of each bucket to watch, oldest first;
+whether the first is the bucket the next enqueue writes to)."""
+
 __all__ = [
     "ENDED_S",
     "JOB",
@@ -117,7 +126,7 @@ class _Target:
 
     subs: Subscriptions
     key: Key
-    paths: tuple[str, ...]  # job: (owner,); queue: (open, held, delayed)
+    paths: tuple[str, ...]  # job: (owner,); queue: (open, held, delayed) per bucket
     callbacks: dict[int, WakeCallback] = field(default_factory=dict)
     armed: dict[str, int] = field(default_factory=dict)  # path -> the round that armed it
     delayed: frozenset[str] = frozenset()  # queue: free jobs whose delay may be running
@@ -156,6 +165,8 @@ class Subscriptions:
         self.wire = wire
         self.job_paths = job_paths
         self.queues_base = wire.config.queues_base
+        self.queue_target: QueueTarget = self._first_bucket
+        """Which buckets of a queue to watch (the backend sets it to its queues')."""
         self.hints = NotifyingHints(self._delay_noted)
         """Delay ends, shared with the claims and queue listings that note them."""
         self.timer = WakeTimer("consensus-lease-zk-wake")
@@ -219,8 +230,11 @@ class Subscriptions:
     def _paths_of(self, key: Key) -> tuple[str, ...]:
         if key[0] == JOB:
             return (self.job_paths(key[1]).owner,)
-        q = QueuePaths.of(self.queues_base, key[1])
-        return (q.open, q.held, q.delayed)
+        return self.queue_target(key[1])[0]
+
+    def _first_bucket(self, queue: str) -> tuple[tuple[str, ...], bool]:
+        bucket = QueuePaths.of(self.queues_base, queue).bucket(0)
+        return (bucket.open, bucket.held, bucket.delayed), False
 
     def _unsubscribe(self, key: Key, token: int) -> None:
         with self._lock:
@@ -263,6 +277,12 @@ class Subscriptions:
     def _start_round(self, target: _Target, create: bool = False) -> _Round:
         """A round reading ``target``'s znodes and arming those not armed. Lock held."""
         rid = next(self._rids)
+        if target.key[0] == QUEUE and not create:
+            paths = self._paths_of(target.key)
+            if paths != target.paths:  # the buckets to watch moved on
+                for old in set(target.paths).difference(paths):
+                    target.armed.pop(old, None)  # if it fires, a spurious round
+                target.paths = paths
         paths = target.paths[:1] if create else target.paths
         watch = frozenset(p for p in paths if create or p not in target.armed)
         for path in watch:
@@ -369,20 +389,28 @@ class Subscriptions:
         for path, answer in zip(target.paths, answers, strict=True):
             if answer is None and target.armed.get(path) == r.rid:
                 del target.armed[path]  # get_children of a missing znode arms nothing
-        open_names, held_names, delayed_names = answers
-        if open_names is None:
+        if answers[0] is None:
             return False, self._start_round(target, create=True)
-        delayed = set(delayed_names or ())
         running: dict[str, float] = {}  # job id -> its delay's end, in s (inf: not timed)
         maybe = False
-        for name in set(open_names).difference(held_names or ()):
-            parsed = parse_member(name)
-            if parsed is None:
-                continue
-            left = self.hints.remaining(parsed[1]) if name in delayed else 0.0
-            if left is None or left > ENDED_S:
-                running[parsed[1]] = float("inf") if left is None else left
-            maybe = maybe or left is None or left <= ENDED_S
+        for i in range(0, len(answers), 3):
+            open_names, held_names, delayed_names = answers[i : i + 3]
+            delayed = set(delayed_names or ())
+            for name in set(open_names or ()).difference(held_names or ()):
+                parsed = parse_member(name)
+                if parsed is None:
+                    continue
+                left = self.hints.remaining(parsed[1]) if name in delayed else 0.0
+                if left is None or left > ENDED_S:
+                    running[parsed[1]] = float("inf") if left is None else left
+                maybe = maybe or left is None or left <= ENDED_S
+        if not answers[0] and not maybe:
+            # The oldest bucket watched has no open job: done (claims move past it and
+            # the next round watches newer ones), unless the next enqueue writes to it.
+            paths, frontier = self.queue_target(target.key[1])
+            if paths != target.paths:
+                return False, self._start_round(target)
+            maybe = not frontier
         target.delayed = frozenset(running)
         soonest = min(running.values(), default=float("inf"))
         if soonest != float("inf"):
