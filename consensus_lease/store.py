@@ -428,9 +428,11 @@ class LeaseStore:
         SQLite: one transaction).
 
         Idempotent like :meth:`enqueue`: a job already in the queue is left unchanged.
-        Each chunk of at most ``max_enqueue_batch`` jobs is atomic; chunks are sent in
-        order, so after an error the earlier chunks are enqueued and the rest are not —
-        calling again with the same items is safe and adds only what is missing.
+        Each chunk of at most ``max_enqueue_batch`` jobs is atomic (ZooKeeper splits a
+        chunk whose payloads exceed its multi's byte budget into several atomic multis,
+        after checking every job of the chunk first; see its backend docs); chunks are
+        sent in order, so after an error the earlier chunks are enqueued and the rest are
+        not — calling again with the same items is safe and adds only what is missing.
 
         Args:
             queue: the queue's name.
