@@ -26,6 +26,7 @@ import abc
 import enum
 import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -304,6 +305,24 @@ class Backend(abc.ABC):
             UnsupportedOperation: the backend has no elections (the default).
         """
         raise UnsupportedOperation(f"the {self.scheme} backend has no leader elections")
+
+    def lock_in(
+        self, session: SessionHandle, job_id: str, claim: ClaimResult, conn: object,
+        lock_timeout_s: float | None,
+    ) -> AbstractContextManager[None]:
+        """Transactional fencing (:meth:`consensus_lease.Lease.transaction`): a context
+        manager that runs a transaction on ``conn`` (a connection to the store's own
+        database) in which ``job_id`` stays held at ``claim.generation`` until it ends.
+
+        Raises:
+            UnsupportedOperation: the store is not a database the caller can write to
+                (the default; only ``postgresql`` implements it).
+        """
+        raise UnsupportedOperation(
+            f"lease.transaction() needs the lease and the effect in one database: the "
+            f"{self.scheme} store cannot lock a lease inside your transaction (use a "
+            f"postgresql:// store, or fence the effect: consensus_lease.fencing)"
+        )
 
     @abc.abstractmethod
     def requeue(self, job_id: str) -> LeaseRecord:
