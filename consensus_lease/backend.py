@@ -470,6 +470,24 @@ class Backend(abc.ABC):
         the claim itself decides."""
         raise UnsupportedOperation(f"the {self.scheme} backend has no work queues")
 
+    def claim_from_queue(
+        self, session: SessionHandle, queue: str
+    ) -> tuple[str, ClaimResult | None, bytes] | None:
+        """Pick and claim the oldest claimable job of ``queue`` in one atomic store
+        operation, skipping jobs other claimers are taking at that moment (PostgreSQL:
+        ``FOR UPDATE SKIP LOCKED``). Returns ``(job_id, claim, payload)``; ``claim`` is
+        ``None`` when the picked job's claim lost a race (try again); ``None`` when no job
+        looked claimable. Exhausted jobs found on the way become FAILED.
+
+        :meth:`Session.claim_next <consensus_lease.Session.claim_next>` uses it when a
+        driver overrides it, else reads :meth:`queue_candidates` and claims them one by one.
+
+        Raises:
+            SessionExpired / BackendUnavailable / OutcomeUnknown.
+            UnsupportedOperation: the default.
+        """
+        raise UnsupportedOperation(f"the {self.scheme} backend has no one-step queue claim")
+
     def queue_jobs(self, queue: str, limit: int | None = None) -> list[QueuedJob]:
         """Every job of ``queue`` (at most ``limit``), oldest enqueued first; an unknown
         queue is empty."""

@@ -93,6 +93,7 @@ class Statements:
             f"THEN {NOW} + %(retry)s END WHERE {held} RETURNING 1) "
             "SELECT pg_notify(%(chan)s, '') FROM u"
         )
+        self._queue_claim(n)
         self._sessions(n)
 
     def _sessions(self, n: Names) -> None:
@@ -126,4 +127,34 @@ class Statements:
             "AND j.completed_at IS NULL AND j.failed_at IS NULL "
             f"AND (j.not_before IS NULL OR j.not_before <= {NOW}) AND NOT {self.alive_j} "
             "ORDER BY j.seq LIMIT %(limit)s"
+        )
+
+    def _queue_claim(self, n: Names) -> None:
+        j, s = n.jobs, n.sessions
+        open_in_queue = ("j.queue = %(queue)s AND j.completed_at IS NULL "
+                         "AND j.failed_at IS NULL")
+        # One statement: fail the exhausted free jobs at the head of the queue, pick the
+        # oldest claimable job nobody is locking right now (SKIP LOCKED), claim it with
+        # the re-check of a named claim (the holder's session row locked), and report
+        # what was picked even when the re-check refused it (a race: try again).
+        self.claim_from_queue = (
+            f"WITH dead AS (UPDATE {j} j SET failed_at = {NOW}, session_id = NULL, "
+            "value = NULL, error = coalesce(error, 'attempts exhausted: attempt ' || "
+            "attempt || ' ended without completion') WHERE j.job_id IN (SELECT j.job_id "
+            f"FROM {j} j WHERE {open_in_queue} AND {EXHAUSTED} AND NOT {self.alive_j} "
+            "ORDER BY j.seq LIMIT 16 FOR UPDATE SKIP LOCKED) "
+            f"AND j.completed_at IS NULL AND j.failed_at IS NULL AND {self.free_j} "
+            "RETURNING 1), "
+            f"pick AS (SELECT j.job_id FROM {j} j WHERE {open_in_queue} AND NOT {EXHAUSTED} "
+            f"AND (j.not_before IS NULL OR j.not_before <= {NOW}) AND NOT {self.alive_j} "
+            "ORDER BY j.seq LIMIT 1 FOR UPDATE SKIP LOCKED), "
+            f"u AS (UPDATE {j} j SET generation = j.generation + 1, attempt = j.attempt + 1, "
+            f"not_before = NULL, epoch = (SELECT epoch FROM {n.meta} WHERE id = 1), "
+            "owner = %(owner)s, session_id = %(sid)s, value = NULL FROM pick "
+            f"WHERE j.job_id = pick.job_id AND {self.claimable_j} AND {self.my_alive} "
+            "RETURNING j.generation, j.attempt, j.epoch, j.payload, "
+            f"(SELECT expires_at FROM {s} WHERE session_id = %(sid)s)) "
+            "SELECT p.job_id, u.generation, u.attempt, u.epoch, u.payload, u.expires_at, "
+            f"{self.my_alive}, (SELECT count(*) FROM dead) FROM (SELECT 1) one "
+            "LEFT JOIN pick p ON true LEFT JOIN u ON true"
         )

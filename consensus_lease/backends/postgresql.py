@@ -545,6 +545,44 @@ class PostgresBackend(Backend):
             self.wake_subscribers()
         return [i in added for i in ids]
 
+    def claim_from_queue(
+        self, session: SessionHandle, queue: str
+    ) -> tuple[str, ClaimResult | None, bytes] | None:
+        """``claim_next``'s one statement (see :meth:`Backend.claim_from_queue`): the oldest
+        claimable job nobody is locking right now (``FOR UPDATE SKIP LOCKED``: concurrent
+        claimers take different jobs instead of queueing on one row), claimed with a named
+        claim's re-check. A lost answer is settled by reading back which job of the queue
+        this session now holds.
+
+        Raises:
+            SessionExpired / BackendUnavailable / OutcomeUnknown.
+        """
+        params = {"queue": queue, "sid": session.session_id, "owner": session.owner}
+
+        def settle() -> tuple[Any, ...] | None:
+            row = self._one(
+                f"SELECT j.job_id, j.generation, j.attempt, j.epoch, j.payload, s.expires_at, "
+                f"true, 0 FROM {self.names.jobs} j JOIN {self.names.sessions} s ON "
+                "s.session_id = j.session_id WHERE j.queue = %(queue)s AND j.session_id = "
+                "%(sid)s AND j.completed_at IS NULL ORDER BY j.seq DESC LIMIT 1", params)
+            return row or (None, None, None, None, None, None, True, 0)
+
+        row = self.client.write(None, lambda c: c.execute(self.sql.claim_from_queue, params)
+                                .fetchone(), settle)
+        job_id, local, attempt, epoch, payload, expires_at, alive, dead = row
+        if dead:
+            self.wake_subscribers()  # waiters on those jobs learn they FAILED
+        if job_id is None:
+            return None
+        if local is None:
+            if not alive:
+                raise SessionExpired(f"session {session.session_id} expired in the store",
+                                     job_id=job_id)
+            return job_id, None, b""
+        claim = ClaimResult(compose(int(epoch), int(local), self.epoch_shift),
+                            float(expires_at), int(attempt))
+        return job_id, claim, bytes(payload or b"")
+
     def queue_candidates(self, queue: str, limit: int) -> list[tuple[str, bytes]]:
         rows = self.client.read(self.sql.candidates, {"queue": queue, "limit": int(limit)})
         return [(r[0], bytes(r[1] or b"")) for r in rows]
