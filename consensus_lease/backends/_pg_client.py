@@ -16,7 +16,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import psycopg_pool
@@ -27,6 +27,8 @@ from ..errors import AuthenticationFailed, BackendUnavailable, LeaseError, Outco
 __all__ = ["Client", "Listener", "SentMaybe", "translate"]
 
 log = logging.getLogger("consensus_lease")
+
+T = TypeVar("T")
 
 _AUTH_STATES = frozenset({"28000", "28P01"})
 _AUTH_WORDS = ("password authentication failed", "authentication failed",
@@ -178,9 +180,9 @@ class Client:
         raise AssertionError("unreachable")
 
     def write(
-        self, job_id: str | None, run: Callable[[psycopg.Connection[tuple[Any, ...]]], Any],
-        settle: Callable[[], Any] | None = None,
-    ) -> Any:
+        self, job_id: str | None, run: Callable[[psycopg.Connection[tuple[Any, ...]]], T],
+        settle: Callable[[], T] | None = None,
+    ) -> T:
         """Run a write; if the connection broke after it was sent, return ``settle()``
         (which reads back, on another connection, whether it was applied) or raise
         ``OutcomeUnknown`` without one.

@@ -95,6 +95,7 @@ from ..errors import (
     JobCompleted,
     JobFailed,
     LeaseError,
+    OutcomeUnknown,
     SessionExpired,
     StaleLeaseError,
 )
@@ -349,14 +350,19 @@ class PostgresBackend(Backend):
         sql = self.sql.claim_notify if election else self.sql.claim
         params = self._p(session, job_id)
 
+        def run(c: psycopg.Connection[tuple[Any, ...]]) -> tuple[Any, ...] | None:
+            return c.execute(sql, params).fetchone()
+
         def settle() -> tuple[Any, ...] | None:
             row = self._one(
                 f"SELECT j.generation, j.attempt, j.epoch, s.expires_at FROM {self.names.jobs} "
                 f"j JOIN {self.names.sessions} s ON s.session_id = j.session_id "
                 "WHERE j.job_id = %(job)s AND j.session_id = %(sid)s", params, job_id)
-            return row
+            if row is not None:
+                return row  # it was applied
+            return self.client.write(job_id, run)  # it was not: once more
 
-        row = self.client.write(job_id, lambda c: c.execute(sql, params).fetchone(), settle)
+        row = self.client.write(job_id, run, settle)
         if row is not None:
             if election:
                 self.wake_subscribers()
@@ -417,7 +423,9 @@ class PostgresBackend(Backend):
         def run(c: psycopg.Connection[tuple[Any, ...]]) -> tuple[Any, ...] | None:
             return c.execute(self.sql.complete, params).fetchone()
 
-        row = self.client.write(job_id, run, lambda: None)  # lost answer: read back below
+        # A lost answer: once more on another connection (a repeat finds its own
+        # completion below, so the result is applied at most once).
+        row = self.client.write(job_id, run, lambda: self.client.write(job_id, run))
         if row is None and self._one(again_sql, params, job_id) is None:
             raise self._reject(session, job_id, claim.generation)
         self.wake_subscribers()
@@ -428,14 +436,15 @@ class PostgresBackend(Backend):
     def release(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> None:
         params = self._p(session, job_id, claim)
 
-        def settle() -> tuple[int]:
+        def run(c: psycopg.Connection[tuple[Any, ...]]) -> tuple[Any, ...] | None:
+            return c.execute(self.sql.release, params).fetchone()
+
+        def settle() -> tuple[Any, ...] | None:
             if self._held_now(session, job_id, claim):  # not applied: once more
-                return self.client.write(job_id, lambda c: c.execute(  # type: ignore[no-any-return]
-                    self.sql.release, params).fetchone())
+                return self.client.write(job_id, run)
             return (1,)  # not held by us any more: released (or lost), either way ended
 
-        row = self.client.write(job_id, lambda c: c.execute(self.sql.release, params)
-                                .fetchone(), settle)
+        row = self.client.write(job_id, run, settle)
         if row is None:
             raise self._reject(session, job_id, claim.generation)
         self.wake_subscribers()
@@ -464,8 +473,20 @@ class PostgresBackend(Backend):
         retry_in_s: float,
     ) -> LeaseRecord:
         params = self._p(session, job_id, claim, error=error, retry=retry_in_s)
-        row = self.client.write(job_id, lambda c: c.execute(self.sql.fail, params)
-                                .fetchone())
+
+        def run(c: psycopg.Connection[tuple[Any, ...]]) -> tuple[Any, ...] | None:
+            return c.execute(self.sql.fail, params).fetchone()
+
+        def settle() -> tuple[Any, ...] | None:
+            if self._held_now(session, job_id, claim):
+                return self.client.write(job_id, run)  # not applied: once more
+            done = self._one(
+                f"SELECT 1 FROM {self.names.jobs} WHERE job_id = %(job)s AND generation = "
+                "%(gen)s AND epoch = %(epoch)s AND session_id IS NULL AND error = %(error)s "
+                "AND completed_at IS NULL", params, job_id)
+            return done  # None: not held and not our failure: rejected below
+
+        row = self.client.write(job_id, run, settle)
         if row is None:
             raise self._reject(session, job_id, claim.generation)
         self.wake_subscribers()
@@ -559,16 +580,22 @@ class PostgresBackend(Backend):
         """
         params = {"queue": queue, "sid": session.session_id, "owner": session.owner}
 
-        def settle() -> tuple[Any, ...] | None:
-            row = self._one(
-                f"SELECT j.job_id, j.generation, j.attempt, j.epoch, j.payload, s.expires_at, "
-                f"true, 0 FROM {self.names.jobs} j JOIN {self.names.sessions} s ON "
-                "s.session_id = j.session_id WHERE j.queue = %(queue)s AND j.session_id = "
-                "%(sid)s AND j.completed_at IS NULL ORDER BY j.seq DESC LIMIT 1", params)
-            return row or (None, None, None, None, None, None, True, 0)
+        def run(c: psycopg.Connection[tuple[Any, ...]]) -> tuple[Any, ...]:
+            row = c.execute(self.sql.claim_from_queue, params).fetchone()
+            assert row is not None  # the statement always returns its one row
+            return row
 
-        row = self.client.write(None, lambda c: c.execute(self.sql.claim_from_queue, params)
-                                .fetchone(), settle)
+        def settle() -> tuple[Any, ...]:
+            held = self._one(f"SELECT 1 FROM {self.names.jobs} WHERE queue = %(queue)s AND "
+                             "session_id = %(sid)s AND completed_at IS NULL LIMIT 1", params)
+            if held is not None:  # which one is new cannot be told from the rows
+                raise OutcomeUnknown(
+                    f"claim_next({queue!r}): the answer was lost and session "
+                    f"{session.session_id} holds a job of the queue, perhaps from this "
+                    "claim (without a lease here: it is handed back when the session ends)")
+            return ("", None, None, None, None, None, True, 0)  # not applied: try again
+
+        row = self.client.write(None, run, settle)
         job_id, local, attempt, epoch, payload, expires_at, alive, dead = row
         if dead:
             self.wake_subscribers()  # waiters on those jobs learn they FAILED
