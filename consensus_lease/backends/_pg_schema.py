@@ -122,9 +122,14 @@ class Names:
                 epoch             bigint  NOT NULL DEFAULT 0,
                 value             bytea
             )""",
-            f"CREATE INDEX IF NOT EXISTS cl_jobs_by_session ON {self.jobs} (session_id)",
-            f"CREATE INDEX IF NOT EXISTS cl_jobs_by_queue ON {self.jobs} (queue, seq)",
+            # Partial indexes: a named job (no queue) is in none of the queue indexes, and
+            # a job nobody holds is not in cl_jobs_by_session, so a claim or completion of
+            # a named job writes as few index entries as possible.
+            f"CREATE INDEX IF NOT EXISTS cl_jobs_by_session ON {self.jobs} (session_id) "
+            "WHERE session_id IS NOT NULL",
+            f"CREATE INDEX IF NOT EXISTS cl_jobs_by_queue ON {self.jobs} (queue, seq) "
+            "WHERE queue IS NOT NULL",
             f"CREATE INDEX IF NOT EXISTS cl_jobs_open_by_queue ON {self.jobs} (queue, seq) "
-            "WHERE completed_at IS NULL AND failed_at IS NULL",
+            "WHERE queue IS NOT NULL AND completed_at IS NULL AND failed_at IS NULL",
             f"CREATE SEQUENCE IF NOT EXISTS {self.seq}",
         ]

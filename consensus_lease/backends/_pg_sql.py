@@ -72,11 +72,12 @@ class Statements:
         done_cols = ("j.job_id, j.owner, NULL::float8, j.generation, j.completed_at, j.result, "
                      "false, j.failed_at, j.attempt, j.error, NULL::float8, j.max_attempts, "
                      "j.epoch, j.value")
+        # No notification: a completion makes nothing claimable (a waiter on the job
+        # learns of it at its next poll), and NOTIFY serialises committing transactions.
         self.complete = (
-            f"WITH u AS (UPDATE {j} j SET completed_at = {NOW}, completed_session = "
-            "session_id, result = %(result)s, session_id = NULL, value = NULL "
-            f"WHERE {held} RETURNING {done_cols}) "
-            "SELECT u.*, pg_notify(%(chan)s, '') FROM u"
+            f"UPDATE {j} j SET completed_at = {NOW}, completed_session = session_id, "
+            "result = %(result)s, session_id = NULL, value = NULL "
+            f"WHERE {held} RETURNING {done_cols}"
         )
         self.release = (
             f"WITH u AS (UPDATE {j} j SET session_id = NULL, owner = NULL, value = NULL "

@@ -33,9 +33,12 @@ How the protocol maps onto PostgreSQL (the same tables as the SQLite store,
   keepalive arriving after the claim's lock waits and then finds its session expired.
   Lock order is always the job row, then the session row.
 * Waiting claims (``claim(wait_s=)``, ``claim_next(wait_s=)``) are woken by
-  ``LISTEN/NOTIFY``: every statement that can make a job claimable (release, complete,
-  fail, enqueue, requeue, a closed session, an election's change) sends ``pg_notify`` on
-  the store's channel in its own transaction (delivered at commit). One listener
+  ``LISTEN/NOTIFY``: every statement that can make a job claimable (release, fail,
+  enqueue, requeue, a closed session, an election's change) sends ``pg_notify`` on the
+  store's channel in its own transaction (delivered at commit). A completion does not
+  (it makes nothing claimable; PostgreSQL serialises the commits of notifying
+  transactions, which would cap completions/s): a claim waiting on a job that another
+  process completes learns it at its next poll. One listener
   connection per process pokes the subscription poller, which then asks the database in
   one read which waited-for jobs and queues are claimable (:meth:`claimable_hint`) and
   wakes exactly those. Expiry sends nothing (nobody writes when a TTL runs out), so the
@@ -426,10 +429,12 @@ class PostgresBackend(Backend):
         # A lost answer: once more on another connection (a repeat finds its own
         # completion below, so the result is applied at most once).
         row = self.client.write(job_id, run, lambda: self.client.write(job_id, run))
-        if row is None and self._one(again_sql, params, job_id) is None:
-            raise self._reject(session, job_id, claim.generation)
         self.wake_subscribers()
-        record = self.get(job_id)
+        if row is not None:
+            return self._to_record(row)  # the statement returns the COMPLETED record
+        if self._one(again_sql, params, job_id) is None:
+            raise self._reject(session, job_id, claim.generation)
+        record = self.get(job_id)  # a repeat of this session's completion
         assert record is not None
         return record
 

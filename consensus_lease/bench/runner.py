@@ -66,6 +66,7 @@ class BenchOptions:
     zk_url: str | None = None
     zk_tick_ms: int | None = None
     profile: bool = False
+    pg_url: str | None = None
 
     @property
     def sizes(self) -> Sizes:
@@ -91,6 +92,8 @@ def _targets(options: BenchOptions, run_id: str, workdir: str, stack: contextlib
             targets.append(clusters.sqlite_target(workdir))
         elif backend == "etcd":
             targets.append(clusters.etcd_target(options.etcd_url, run_id, stack, note))
+        elif backend == "postgresql":
+            targets.append(clusters.postgresql_target(options.pg_url, run_id, stack, note))
         else:
             targets.append(clusters.zookeeper_target(options.zk_url, run_id, stack, note,
                                                      options.zk_tick_ms))
@@ -178,6 +181,8 @@ def _command(options: BenchOptions) -> str:
         argv += ["--etcd-url", options.etcd_url]
     if options.zk_url:
         argv += ["--zk-url", options.zk_url]
+    if options.pg_url:
+        argv += ["--pg-url", options.pg_url]
     if options.zk_tick_ms:
         argv += ["--zk-tick-ms", str(options.zk_tick_ms)]
     if options.profile:
