@@ -163,6 +163,29 @@ class Client:
         else:
             cm.__exit__(None, None, None)
 
+    def call(self, job_id: str | None,
+             run: Callable[[psycopg.Connection[tuple[Any, ...]]], T]) -> T:
+        """``run(conn)`` on a pooled connection, with the error translation of
+        :meth:`conn` (``SentMaybe`` for a connection that broke). The hot path: no
+        context-manager layers."""
+        pool = self._pool
+        if pool is None:
+            raise BackendUnavailable(f"PostgreSQL store {self.where} is closed", job_id=job_id)
+        try:
+            conn = pool.getconn()
+        except (psycopg.Error, psycopg_pool.PoolTimeout, psycopg_pool.PoolClosed) as exc:
+            raise translate(exc, f"PostgreSQL {self.where} unavailable", job_id) from exc
+        try:
+            return run(conn)
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            if conn.closed or conn.broken:
+                raise SentMaybe(exc) from exc
+            raise translate(exc, f"PostgreSQL {self.where}", job_id) from exc
+        except psycopg.Error as exc:
+            raise translate(exc, f"PostgreSQL {self.where}", job_id) from exc
+        finally:
+            pool.putconn(conn)  # a broken one is discarded, an open transaction rolled back
+
     def read(self, sql: str, params: Any = None, job_id: str | None = None) \
             -> list[tuple[Any, ...]]:
         """One read statement; a broken connection is retried once on another.
@@ -172,8 +195,7 @@ class Client:
         """
         for attempt in (1, 2):
             try:
-                with self.conn(job_id) as c:
-                    return c.execute(sql, params).fetchall()
+                return self.call(job_id, lambda c: c.execute(sql, params).fetchall())
             except SentMaybe as exc:
                 if attempt == 2:
                     raise translate(exc.cause, f"PostgreSQL {self.where}", job_id) from exc
@@ -191,8 +213,7 @@ class Client:
             OutcomeUnknown / BackendUnavailable / what ``run`` and ``settle`` raise.
         """
         try:
-            with self.conn(job_id) as c:
-                return run(c)
+            return self.call(job_id, run)
         except SentMaybe as exc:
             if settle is None:
                 raise OutcomeUnknown(
