@@ -194,3 +194,49 @@ def test_schema_is_versioned_and_a_newer_one_is_refused(store: LeaseStore, url: 
         side.execute(f"UPDATE {b.names.meta} SET schema_version = 99")
     with pytest.raises(InvalidArgument, match="newer consensus_lease"):
         open_store(url)
+
+
+def _listener_pids(base: str, channel: str) -> set[int]:
+    with psycopg.connect(base, autocommit=True) as side:
+        rows = side.execute(
+            "SELECT pid FROM pg_stat_activity WHERE query = %s AND pid <> pg_backend_pid()",
+            (f'LISTEN "{channel}"',),
+        ).fetchall()
+    return {int(r[0]) for r in rows}
+
+
+def test_the_listener_reconnects_and_wakes_again(url: str, base: str) -> None:
+    waiter_store = open_store(url, poll_interval_s=30.0)
+    holder_store = open_store(url)
+    try:
+        channel = backend_of(waiter_store).names.channel
+        holder = holder_store.session("holder", ttl_s=30.0)
+        lease = holder.claim("job")
+        assert lease is not None
+        waiter = waiter_store.session("waiter", ttl_s=30.0)
+        got: dict[str, Any] = {}
+        thread = threading.Thread(target=lambda: got.update(lease=waiter.claim("job", wait_s=25.0)))
+        thread.start()
+        first = poll_until(lambda: _listener_pids(base, channel), 5.0)
+        with psycopg.connect(base, autocommit=True) as side:
+            for pid in first:
+                side.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        poll_until(lambda: _listener_pids(base, channel) - first, 10.0)  # listening again
+        released = time.monotonic()
+        lease.release()
+        thread.join(20.0)
+        assert got["lease"].generation == 2
+        assert time.monotonic() - released < 5.0  # not the 30 s poll
+    finally:
+        waiter_store.close()
+        holder_store.close()
+
+
+def test_without_a_server_url_the_tests_skip_but_fail_under_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CONSENSUS_LEASE_POSTGRES_URL", raising=False)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true"):
+        postgres_url()
+    monkeypatch.setenv("CI", "")
+    with pytest.raises(pytest.skip.Exception):
+        postgres_url()
