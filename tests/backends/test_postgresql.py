@@ -240,3 +240,16 @@ def test_without_a_server_url_the_tests_skip_but_fail_under_ci(monkeypatch: pyte
     monkeypatch.setenv("CI", "")
     with pytest.raises(pytest.skip.Exception):
         postgres_url()
+
+
+def test_admin_commands_open_only_an_existing_store(url: str, base: str) -> None:
+    from consensus_lease.admin import open_existing_store
+
+    with pytest.raises(InvalidArgument, match="create=false"):
+        open_existing_store(url)
+    schema = url.rsplit("=", 1)[1]
+    with psycopg.connect(base, autocommit=True) as side:
+        assert side.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s",
+                            (schema,)).fetchone() is None
+    open_store(url).close()
+    open_existing_store(url).close()
