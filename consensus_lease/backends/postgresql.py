@@ -85,8 +85,10 @@ import uuid
 from collections.abc import Collection, Mapping, Sequence
 from contextlib import AbstractContextManager, suppress
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 from .._election import ELECTION_PREFIX, ChangeTracker, is_election_key
 from .._epoch import compose, next_epoch, split
@@ -184,6 +186,13 @@ class PostgresBackend(QueueOps):
                 f"PostgreSQL URL must be postgresql://user:password@host:port/dbname, got "
                 f"{conninfo.split('@')[-1]!r}"
             )
+        try:
+            conninfo_to_dict(conninfo)  # libpq's own parser
+            parts = urlsplit(conninfo)
+            if "," not in parts.netloc:  # one host: libpq checks its port only on connect
+                _ = parts.port
+        except (psycopg.ProgrammingError, ValueError) as exc:
+            raise InvalidArgument(f"malformed PostgreSQL URL: {exc}") from None
         parsed = OPTIONS.parse(options)
         return cls(
             conninfo,

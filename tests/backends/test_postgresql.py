@@ -253,3 +253,10 @@ def test_admin_commands_open_only_an_existing_store(url: str, base: str) -> None
                             (schema,)).fetchone() is None
     open_store(url).close()
     open_existing_store(url).close()
+
+
+@pytest.mark.parametrize("bad", ["postgresql://u:secret@127.0.0.1:abc/db", "postgresql://"])
+def test_malformed_url_is_invalid_argument_without_the_password(bad: str) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        open_store(bad, connect_timeout_s=2.0)
+    assert "secret" not in str(info.value)
