@@ -123,6 +123,15 @@ class Statements:
             "' ended without completion') WHERE j.job_id = %(job)s AND j.completed_at IS "
             f"NULL AND j.failed_at IS NULL AND {EXHAUSTED} AND {self.free_j}"
         )
+        # After a refused claim, one statement: FAILED if the attempts are used up and
+        # nobody holds the job (the CTE's result, since its change is not visible to the
+        # outer SELECT of the same statement), then why the claim was refused.
+        self.refusal = (
+            f"WITH x AS ({self.exhaust} RETURNING j.failed_at, j.error) "
+            "SELECT j.generation, j.completed_at, coalesce((SELECT failed_at FROM x), "
+            "j.failed_at), j.attempt, coalesce((SELECT error FROM x), j.error), j.epoch, "
+            f"{self.my_alive} FROM (SELECT 1) one LEFT JOIN {j} j ON j.job_id = %(job)s"
+        )
         self.candidates = (
             f"SELECT j.job_id, j.payload FROM {j} j WHERE j.queue = %(queue)s "
             "AND j.completed_at IS NULL AND j.failed_at IS NULL "

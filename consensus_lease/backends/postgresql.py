@@ -388,12 +388,7 @@ class PostgresBackend(QueueOps):
         params = {"job": job_id, "sid": session.session_id}
 
         def run(c: psycopg.Connection[tuple[Any, ...]]) -> tuple[Any, ...] | None:
-            c.execute(self.sql.exhaust, params)
-            return c.execute(
-                "SELECT j.generation, j.completed_at, j.failed_at, j.attempt, j.error, "
-                f"j.epoch, {self.sql.my_alive} FROM (SELECT 1) one LEFT JOIN "
-                f"{self.names.jobs} j ON j.job_id = %(job)s", params,
-            ).fetchone()
+            return c.execute(self.sql.refusal, params).fetchone()
 
         row = self.client.write(job_id, run, lambda: None)
         if row is None:
