@@ -1,10 +1,11 @@
 """Transactional fencing: ``lease.transaction(conn)`` on the PostgreSQL store.
 
 The acceptance test stops worker A (a real process) with SIGSTOP inside its effect
-transaction, past its TTL; B claims; A resumes and commits. What the design guarantees
-(:mod:`consensus_lease.backends._pg_txn`): A's row lock keeps B's claim waiting until A's
-transaction ends, so A's commit succeeds and B's claim happens strictly after it — B gets
-generation 2 and sees A's row, and A can do nothing more under generation 1.
+transaction, past its TTL; B claims (waiting); A resumes and commits. What the design
+guarantees (:mod:`consensus_lease.backends._pg_txn`): A's row lock keeps every claim of
+the job from succeeding until A's transaction ends, so A's commit succeeds and B's claim
+happens strictly after it — B gets generation 2 and sees A's row, and A can do nothing
+more under generation 1.
 
 Needs ``CONSENSUS_LEASE_POSTGRES_URL`` (skipped without it, failed under ``CI=true``).
 """
@@ -112,13 +113,14 @@ def test_paused_holder_commits_before_the_takeover_and_the_new_holder_sees_it(
         claimed: dict[str, Any] = {}
 
         def claim() -> None:
-            claimed["lease"] = b.claim("job")
+            claimed["lease"] = b.claim("job", wait_s=30.0)
             claimed["rows"] = effects(base, schema)
 
         thread = threading.Thread(target=claim)
         thread.start()
-        thread.join(1.0)
+        thread.join(2.5)  # past the store's lock_timeout (1 s): B keeps waiting
         assert thread.is_alive(), "B's claim must wait for A's open transaction"
+        assert b.claim("job") is None  # without waiting: not claimable while A's block is open
         assert effects(base, schema) == []  # A's row is not committed yet
         a.stdin.write("go\n")
         a.stdin.flush()

@@ -96,11 +96,19 @@ class Client:
             "keepalives_interval": 1,
             "keepalives_count": 3,
             "application_name": "consensus_lease",
-            "options": f"-c statement_timeout={ms}",
+            "options": f"-c statement_timeout={ms} -c lock_timeout={self.lock_wait_ms(timeout_s)}",
         }
         self.connect_timeout_s = connect_timeout_s
         self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[tuple[Any, ...]]] | None = None
         self._pool_size = pool_size
+
+    @staticmethod
+    def lock_wait_ms(timeout_s: float) -> int:
+        """``lock_timeout`` of the store's connections: at most 1 s, at most half of
+        ``timeout_s``. A claim that waited this long for a job row locked by an open
+        ``lease.transaction`` reports the job as not claimable (and a waiting claim tries
+        again) instead of running into ``statement_timeout``."""
+        return max(1, int(min(1.0, timeout_s / 2) * 1000))
 
     def connect(self) -> psycopg.Connection[tuple[Any, ...]]:
         """A new connection outside the pool.

@@ -30,11 +30,12 @@ What it guarantees (effects *inside this database*):
 What it costs:
 
 * One statement (a round trip) at the start of the block.
-* A claim of the job waits for the open block — also after the holder's TTL ran out, for
-  as long as the transaction stays open (bounded by the server's
-  ``idle_in_transaction_session_timeout`` / your ``statement_timeout`` if you set them, and
-  by the claimant's ``timeout_s``, after which its claim raises ``BackendUnavailable`` and
-  it tries again). Keep these transactions short.
+* No claim of the job succeeds while the block is open — also after the holder's TTL
+  ran out, for as long as the transaction stays open (bound it with the server's
+  ``idle_in_transaction_session_timeout`` if you must). A claim waits for the row lock up
+  to the store connections' ``lock_timeout`` (``min(1 s, timeout_s / 2)``) and then
+  answers "not claimable" (``None``); ``claim(wait_s=...)`` keeps trying until the block
+  ends. Keep these transactions short.
 * ``lock_timeout_s`` bounds how long taking the lock may wait (a claim or completion of
   the same job in flight): past it ``BackendUnavailable``, the transaction is rolled back,
   the lease is still held.

@@ -88,6 +88,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import psycopg
+from psycopg import errors as pgerrors
 from psycopg.conninfo import conninfo_to_dict
 
 from .._election import ELECTION_PREFIX, ChangeTracker, is_election_key
@@ -349,7 +350,9 @@ class PostgresBackend(QueueOps):
     def claim(self, session: SessionHandle, job_id: str) -> ClaimResult | None:
         """Claim ``job_id`` (see :meth:`Backend.claim`): one statement; the token carries
         the epoch read in it. A lost answer is settled by reading the row back (held by
-        this session: it was applied).
+        this session: it was applied). A job row locked by an open ``lease.transaction``
+        for longer than the connections' ``lock_timeout`` (:meth:`Client.lock_wait_ms`)
+        is reported as held (``None``): a waiting claim tries again when woken.
 
         Raises:
             JobCompleted / JobFailed / SessionExpired / BackendUnavailable.
@@ -359,7 +362,10 @@ class PostgresBackend(QueueOps):
         params = self._p(session, job_id)
 
         def run(c: psycopg.Connection[tuple[Any, ...]]) -> tuple[Any, ...] | None:
-            return c.execute(sql, params).fetchone()
+            try:
+                return c.execute(sql, params).fetchone()
+            except pgerrors.LockNotAvailable:
+                return ()  # the row is locked (an open lease.transaction): held
 
         def settle() -> tuple[Any, ...] | None:
             row = self._one(
@@ -371,6 +377,8 @@ class PostgresBackend(QueueOps):
             return self.client.write(job_id, run)  # it was not: once more
 
         row = self.client.write(job_id, run, settle)
+        if row == ():
+            return None
         if row is not None:
             if election:
                 self.wake_subscribers()
@@ -388,7 +396,10 @@ class PostgresBackend(QueueOps):
         params = {"job": job_id, "sid": session.session_id}
 
         def run(c: psycopg.Connection[tuple[Any, ...]]) -> tuple[Any, ...] | None:
-            return c.execute(self.sql.refusal, params).fetchone()
+            try:
+                return c.execute(self.sql.refusal, params).fetchone()
+            except pgerrors.LockNotAvailable:
+                return None  # an exhausted job locked by an open lease.transaction: held
 
         row = self.client.write(job_id, run, lambda: None)
         if row is None:
