@@ -231,7 +231,7 @@ def markdown(results: dict[str, Any], goals: list[Goal], plots: list[str]) -> st
         f"{s['w1_duration_s']} s after a common start; {s['w1_repeats']} alternating "
         "ours/raw pair(s), medians shown. Raw client: the same two store operations "
         "(sqlite3: two write transactions; pyetcd: a compare-create txn, then a "
-        "compare-delete+put txn; kazoo: two multis).",
+        "compare-delete+put txn; kazoo: two multis; psycopg: two autocommit statements).",
         "",
         *_w1(results),
         "## W2 — latency of one operation (one in-process worker)",
