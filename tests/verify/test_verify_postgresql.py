@@ -25,15 +25,26 @@ def url() -> Iterator[str]:
         yield f"{base}?schema={schema}"
 
 
+INCONCLUSIVE = 2
+"""``run_verify``'s exit status when a fault kind did not happen as planned (on a busy
+machine a paused worker's job is sometimes not taken over before the fault period ends):
+not a verdict either way, so the run is repeated once with the next-best seed."""
+
+
 def run(url: str, tmp_path: Path, *, unfenced: bool) -> VerifyResult:
-    seed = min(range(1, 200),
-               key=lambda s: coverage_s(s, WORKER_FAULTS, ttl_s=TTL_S, slots=WORKERS))
-    assert coverage_s(seed, WORKER_FAULTS, ttl_s=TTL_S, slots=WORKERS) <= DURATION_S
-    config = VerifyConfig(backend=url, workers=WORKERS, jobs=JOBS, steps=3, ttl_s=TTL_S,
-                          duration_s=DURATION_S, quiet_s=30.0, seed=seed,
-                          faults=WORKER_FAULTS, unfenced=unfenced,
-                          run_dir=str(tmp_path / "run"))
-    return run_verify(config)
+    seeds = sorted(range(1, 200),
+                   key=lambda s: coverage_s(s, WORKER_FAULTS, ttl_s=TTL_S, slots=WORKERS))[:2]
+    assert all(coverage_s(s, WORKER_FAULTS, ttl_s=TTL_S, slots=WORKERS) <= DURATION_S
+               for s in seeds)
+    for attempt, seed in enumerate(seeds):
+        config = VerifyConfig(backend=url, workers=WORKERS, jobs=JOBS, steps=3, ttl_s=TTL_S,
+                              duration_s=DURATION_S, quiet_s=30.0, seed=seed,
+                              faults=WORKER_FAULTS, unfenced=unfenced,
+                              run_dir=str(tmp_path / f"run{attempt}"))
+        result = run_verify(config)
+        if result.exit_status != INCONCLUSIVE:
+            break
+    return result
 
 
 def explain(result: VerifyResult) -> str:
