@@ -53,13 +53,13 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import errors as pgerrors
 
-from .._epoch import split
+from .._epoch import compose, split
+from ..backend import SessionHandle
 from ..errors import InvalidArgument, OutcomeUnknown, StaleLeaseError
 from ._pg_client import translate
 from ._pg_schema import NOW
 
 if TYPE_CHECKING:
-    from ..backend import SessionHandle
     from ..record import ClaimResult
     from .postgresql import PostgresBackend
 
@@ -151,7 +151,7 @@ def _lock(
         raise StaleLeaseError(
             f"lease.transaction(): {job_id!r} changed after this transaction's snapshot "
             "(REPEATABLE READ / SERIALIZABLE): it was claimed or ended meanwhile",
-            job_id=job_id, generation=backend_generation(params, backend),
+            job_id=job_id, generation=_token(params, backend),
         ) from exc
     except psycopg.Error as exc:
         raise translate(exc, "lease.transaction(): locking the lease row", job_id) from exc
@@ -162,18 +162,13 @@ def _lock(
             "and lease must be in the same database", job_id=job_id,
         )
     if not row[1]:
-        raise backend._reject(_handle(backend, params), job_id,
-                              backend_generation(params, backend))
+        raise backend._reject(SessionHandle(str(params["sid"]), "", 0.0), job_id,
+                              _token(params, backend))
 
 
-def backend_generation(params: dict[str, Any], backend: PostgresBackend) -> int:
-    return (int(params["epoch"]) << backend.epoch_shift) | int(params["gen"])
-
-
-def _handle(backend: PostgresBackend, params: dict[str, Any]) -> SessionHandle:
-    from ..backend import SessionHandle
-
-    return SessionHandle(str(params["sid"]), "", 0.0)
+def _token(params: dict[str, Any], backend: PostgresBackend) -> int:
+    """The lease's token from the lock statement's parameters."""
+    return compose(int(params["epoch"]), int(params["gen"]), backend.epoch_shift)
 
 
 def _quietly_exit(tx: Any, exc: BaseException) -> None:
