@@ -1,9 +1,10 @@
 """Claiming from a work queue: :meth:`Session.claim_next`.
 
 The claim itself is the same atomic store operation as a named claim; this module only
-chooses which job to try. Candidates come oldest-enqueued first; each claimer starts at a
-random one of the oldest :data:`QUEUE_SPREAD`, so concurrent workers do not all collide
-on the head of the queue.
+chooses which job to try, or lets a driver pick and claim in one statement
+(:meth:`consensus_lease.backend.Backend.claim_from_queue`). Candidates come
+oldest-enqueued first; each claimer starts at a random one of the oldest
+:data:`QUEUE_SPREAD`, so concurrent workers do not all collide on the head of the queue.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import random
 from typing import TYPE_CHECKING
 
 from ._waiting import wait_and_claim
+from .backend import Backend
 from .errors import ClaimTimeout, JobCompleted, JobFailed, UnsupportedOperation
 from .validation import check_queue_name, check_wait
 
@@ -69,6 +71,14 @@ def _try_candidates(
     ``(None, True)`` if there were candidates but none could be claimed, ``(None,
     False)`` if there were none."""
     backend, handle = session.backend, session.handle
+    if type(backend).claim_from_queue is not Backend.claim_from_queue:
+        picked = holdings.liveness.call(lambda: backend.claim_from_queue(handle, queue))
+        if picked is None:
+            return None, False
+        job_id, result, payload = picked
+        if result is None:
+            return None, True
+        return holdings.adopt(session, job_id, result, payload, queue), False
     candidates = [
         c for c in backend.queue_candidates(queue, QUEUE_CANDIDATES)
         if not holdings.holds(c[0])

@@ -26,6 +26,7 @@ import abc
 import enum
 import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -306,6 +307,24 @@ class Backend(abc.ABC):
         """
         raise UnsupportedOperation(f"the {self.scheme} backend has no leader elections")
 
+    def lock_in(
+        self, session: SessionHandle, job_id: str, claim: ClaimResult, conn: object,
+        lock_timeout_s: float | None,
+    ) -> AbstractContextManager[None]:
+        """Transactional fencing (:meth:`consensus_lease.Lease.transaction`): a context
+        manager that runs a transaction on ``conn`` (a connection to the store's own
+        database) in which ``job_id`` stays held at ``claim.generation`` until it ends.
+
+        Raises:
+            UnsupportedOperation: the store is not a database the caller can write to
+                (the default; only ``postgresql`` implements it).
+        """
+        raise UnsupportedOperation(
+            f"lease.transaction() needs the lease and the effect in one database: the "
+            f"{self.scheme} store cannot lock a lease inside your transaction (use a "
+            f"postgresql:// store, or fence the effect: consensus_lease.fencing)"
+        )
+
     @abc.abstractmethod
     def requeue(self, job_id: str) -> LeaseRecord:
         """FAILED -> AVAILABLE at once, with a fresh budget of ``max_attempts`` attempts
@@ -451,6 +470,24 @@ class Backend(abc.ABC):
         oldest enqueued first. A hint only:
         the claim itself decides."""
         raise UnsupportedOperation(f"the {self.scheme} backend has no work queues")
+
+    def claim_from_queue(
+        self, session: SessionHandle, queue: str
+    ) -> tuple[str, ClaimResult | None, bytes] | None:
+        """Pick and claim the oldest claimable job of ``queue`` in one atomic store
+        operation, skipping jobs other claimers are taking at that moment (PostgreSQL:
+        ``FOR UPDATE SKIP LOCKED``). Returns ``(job_id, claim, payload)``; ``claim`` is
+        ``None`` when the picked job's claim lost a race (try again); ``None`` when no job
+        looked claimable. Exhausted jobs found on the way become FAILED.
+
+        :meth:`Session.claim_next <consensus_lease.Session.claim_next>` uses it when a
+        driver overrides it, else reads :meth:`queue_candidates` and claims them one by one.
+
+        Raises:
+            SessionExpired / BackendUnavailable / OutcomeUnknown.
+            UnsupportedOperation: the default.
+        """
+        raise UnsupportedOperation(f"the {self.scheme} backend has no one-step queue claim")
 
     def queue_jobs(self, queue: str, limit: int | None = None) -> list[QueuedJob]:
         """Every job of ``queue`` (at most ``limit``), oldest enqueued first; an unknown

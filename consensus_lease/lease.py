@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from .backend import Backend
 from .errors import (
     BackendUnavailable,
     InvalidArgument,
@@ -19,7 +21,7 @@ from .errors import (
 )
 from .record import ClaimResult, LeaseRecord
 from .states import LeaseState, SessionState
-from .validation import check_retry_in, error_text
+from .validation import check_retry_in, check_wait, error_text
 
 if TYPE_CHECKING:
     from ._holdings import Holdings
@@ -197,6 +199,57 @@ class Lease:
                 job_id=self.job_id,
                 generation=self.generation,
             ) from exc
+
+    # -- transactional fencing (the store's own database) ----------------------------
+
+    @contextmanager
+    def transaction(self, conn: object, *, lock_timeout_s: float | None = None) -> Iterator[None]:
+        """Run a transaction on ``conn`` that commits only ahead of any later claim of
+        this job: ``with lease.transaction(conn): conn.execute(...)``. Only where the lease
+        store and the effect share a database (``postgresql://``): ``conn`` is your own
+        psycopg 3 connection to it. Named after ``conn.transaction()``, which it wraps: it
+        begins (or opens a savepoint in) a transaction, locks the lease's row as its first
+        statement, and commits at the end of the block (rolls back on an error).
+
+        Guarantee: the block runs only if the store says this session holds the job at
+        :attr:`generation` when the lock is taken (server clock); until the transaction
+        ends no claim of the job can commit (it waits), so the effects commit before the
+        next generation exists and its holder sees them — even if this worker was paused
+        past its TTL inside the block. Effects elsewhere still need a fence. Cost: a
+        claim of the job waits for the open transaction; keep it short. Details:
+        :mod:`consensus_lease.backends._pg_txn`.
+
+        Args:
+            conn: a ``psycopg.Connection`` to the lease store's database.
+            lock_timeout_s: most seconds taking the lock may wait (float >= 0); ``None``:
+                the connection's ``lock_timeout``.
+
+        Raises:
+            UnsupportedOperation: the store is not PostgreSQL; nothing was sent.
+            InvalidArgument: ``conn`` is not a psycopg connection to the store's database,
+                or a bad ``lock_timeout_s``; rolled back.
+            LeaseLost (StaleLeaseError, SessionExpired): not held (locally or in the
+                store); rolled back; the lease is lost.
+            LeaseSuspended: ownership cannot be proven now; nothing was sent.
+            BackendUnavailable: the lock was not granted in time or no answer; rolled
+                back; the lease is still held until its deadline.
+            OutcomeUnknown: the connection broke while committing.
+        """
+        timeout = None if lock_timeout_s is None else check_wait(lock_timeout_s,
+                                                                 "lock_timeout_s")
+        backend = self.session.backend
+        if type(backend).lock_in is Backend.lock_in:
+            backend.lock_in(self.session.handle, self.job_id, self.claim_result, conn, timeout)
+        self.ensure_held()
+        locked = backend.lock_in(self.session.handle, self.job_id, self.claim_result, conn,
+                                 timeout)
+        with ExitStack() as stack:  # its exit commits, or rolls back on an error
+            try:
+                stack.enter_context(locked)
+            except LeaseLost as exc:  # the store says it is not held: lost, as renew()
+                self._lose(exc)
+                raise
+            yield
 
     # -- store round trips -----------------------------------------------------------
 

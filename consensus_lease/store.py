@@ -69,6 +69,7 @@ def open_store(
     ``memory://``                                                in-process, tests
     ``etcd://127.0.0.1:2379,127.0.0.2:2379/prefix``              etcd v3
     ``zk://127.0.0.1:2181,127.0.0.2:2181/chroot``                ZooKeeper
+    ``postgresql://user:password@host:5432/db?schema=jobs``      PostgreSQL
     ==========================================================  =====================
 
     Backends are found through the ``consensus_lease.backends`` entry-point group, keyed
@@ -93,8 +94,8 @@ def open_store(
             names, or names the new one), a bad value, or a name given twice in the
             query string.
         BackendUnavailable / AuthenticationFailed: the store cannot be reached or used:
-            ``open_store`` connects (SQLite opens the file; etcd and ZooKeeper answer
-            within ``connect_timeout_s``).
+            ``open_store`` connects (SQLite opens the file; etcd, ZooKeeper and
+            PostgreSQL answer within ``connect_timeout_s``).
     """
     if not isinstance(url, str) or "://" not in url:
         raise UnsupportedBackend(

@@ -100,15 +100,16 @@ def job_ids(named: Iterable[str], stdin: TextIO | None = None) -> list[str]:
 
 def open_existing_store(url: str) -> LeaseStore:
     """:func:`~consensus_lease.open_store` for commands that need a store to exist: on
-    SQLite with ``create=false`` unless the URL's query string sets ``create`` (the
-    servers' stores exist with their cluster).
+    SQLite and PostgreSQL with ``create=false`` unless the URL's query string sets
+    ``create`` (etcd's and ZooKeeper's stores exist with their cluster).
 
     Raises:
-        InvalidArgument: the SQLite file does not exist, or holds no store.
+        InvalidArgument: the SQLite file (the PostgreSQL schema) does not exist, or holds
+            no store.
         UnsupportedBackend / BackendUnavailable / ...: as ``open_store``.
     """
     scheme = url.split("://", 1)[0].lower() if isinstance(url, str) and "://" in url else ""
-    if scheme == "sqlite" and "create" not in query_options(url):
+    if scheme in ("sqlite", "postgresql") and "create" not in query_options(url):
         return shared(open_store(url, create=False))
     return shared(open_store(url))
 

@@ -10,21 +10,27 @@ kit's per-slot lock files also keep two runs apart).
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import subprocess
 from collections.abc import Callable
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from ..store import ENTRY_POINT_GROUP
 from .config import Target
 
-__all__ = ["BENCH_SLOTS", "backend_problem", "etcd_target", "sqlite_target", "zookeeper_target"]
+__all__ = [
+    "BENCH_SLOTS", "backend_problem", "etcd_target", "postgresql_target", "sqlite_target",
+    "zookeeper_target",
+]
 
 BENCH_SLOTS = tuple(range(63, 47, -1))
 """Kit slots tried, highest first (slot k puts members on 127.0.k.x)."""
 
-SCHEMES = {"sqlite": "sqlite", "etcd": "etcd", "zookeeper": "zk"}
+SCHEMES = {"sqlite": "sqlite", "etcd": "etcd", "zookeeper": "zk", "postgresql": "postgresql"}
 DEFAULT_PORTS = {"etcd": 2379, "zookeeper": 2181}
 
 Note = Callable[[str], None]
@@ -191,3 +197,69 @@ def zookeeper_tick_s(host: str, port: int) -> float | None:
         return None
     found = re.search(r"^tickTime=(\d+)", reply, re.MULTILINE)
     return int(found.group(1)) / 1000.0 if found else None
+
+
+POSTGRES_ENV = "CONSENSUS_LEASE_POSTGRES_URL"
+START_POSTGRES = Path(__file__).resolve().parents[2] / "scripts" / "start-postgres.sh"
+"""The script the tests start PostgreSQL with (in a source checkout)."""
+
+
+def _start_postgres(note: Note) -> str:
+    """Start (or find running) the tests' throw-away server; its SQLAlchemy URL."""
+    if not START_POSTGRES.is_file():
+        raise RuntimeError(f"no --pg-url, no {POSTGRES_ENV}, and no {START_POSTGRES}")
+    done = subprocess.run(["bash", str(START_POSTGRES)], capture_output=True, text=True,
+                          timeout=300, check=False)
+    found = re.search(rf"{POSTGRES_ENV}=(\S+)", done.stdout)
+    if done.returncode != 0 or found is None:
+        raise RuntimeError(f"{START_POSTGRES.name} failed: {done.stderr.strip()[-400:]}")
+    note(f"postgresql: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else 'up'}")
+    return found.group(1)
+
+
+def postgresql_target(url: str | None, run_id: str, stack: contextlib.ExitStack,
+                      note: Note) -> Target:
+    """PostgreSQL from ``url``, ``$CONSENSUS_LEASE_POSTGRES_URL`` or
+    ``scripts/start-postgres.sh`` (started the way ``make test`` starts it, left running
+    as the tests leave it); ours, the raw client and tooz in the schema ``clbench_RUN``,
+    dropped at the end."""
+    problem = backend_problem("postgresql")
+    if problem is not None:
+        return Target("postgresql", reason=problem)
+    origin = "given URL"
+    if url is None and os.environ.get(POSTGRES_ENV):
+        url, origin = os.environ[POSTGRES_ENV], f"${POSTGRES_ENV}"
+    if url is None:
+        try:
+            url = _start_postgres(note)
+        except Exception as exc:
+            return Target("postgresql", reason=f"could not start PostgreSQL: {exc}")
+        origin = ("scripts/start-postgres.sh, as the tests start it (PostgreSQL on "
+                  "127.0.0.1, fsync=off, its own data directory)")
+    conninfo = "postgresql://" + url.split("://", 1)[1]
+    schema = f"clbench_{run_id}"
+    try:
+        import psycopg
+
+        with psycopg.connect(conninfo, autocommit=True, connect_timeout=10) as conn:
+            conn.execute(f'CREATE SCHEMA "{schema}"')
+            conn.execute(f'CREATE TABLE "{schema}".raw_jobs (job_id text PRIMARY KEY, '
+                         "generation bigint NOT NULL, owner text, done boolean NOT NULL)")
+    except Exception as exc:
+        return Target("postgresql", reason=f"PostgreSQL unusable: {type(exc).__name__}: {exc}")
+    stack.callback(_drop_schema, conninfo, schema)
+    host = urlsplit(conninfo).hostname
+    return Target(
+        backend="postgresql",
+        url=f"{conninfo}?schema={schema}",
+        raw={"kind": "postgresql", "conninfo": conninfo, "table": f'"{schema}".raw_jobs',
+             "tooz": conninfo},
+        origin=f"{origin}; every client (ours, raw, tooz) connects to {host}",
+    )
+
+
+def _drop_schema(conninfo: str, schema: str) -> None:
+    import psycopg
+
+    with contextlib.suppress(Exception), psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

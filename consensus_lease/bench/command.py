@@ -74,6 +74,10 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--zk-url", metavar="URL",
                         help="use this ZooKeeper (zk://h1:2181,...) instead of starting one; "
                         "the bench keeps its znodes under its own chroot")
+    parser.add_argument("--pg-url", metavar="URL",
+                        help="use this PostgreSQL (postgresql://user:password@host/db) instead "
+                        "of $CONSENSUS_LEASE_POSTGRES_URL or scripts/start-postgres.sh; the "
+                        "bench keeps its tables in its own schema, dropped afterwards")
     parser.add_argument("--zk-tick-ms", type=int, metavar="MS",
                         help="tickTime of the --zk-url ensemble, for the takeover goal "
                         "(default: asked with the 'conf' four-letter word if allowed)")
@@ -120,6 +124,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         zk_url=args.zk_url,
         zk_tick_ms=args.zk_tick_ms,
         profile=bool(args.profile),
+        pg_url=args.pg_url,
     )
     if args.workloads is not None:
         options.workloads = tuple(args.workloads)

@@ -7,10 +7,11 @@ from typing import Any
 
 __all__ = ["BACKENDS", "FULL", "QUICK", "Sizes", "Target"]
 
-BACKENDS = ("sqlite", "etcd", "zookeeper")
+BACKENDS = ("sqlite", "etcd", "zookeeper", "postgresql")
 """Backend names accepted by ``--backends``, in the order they run."""
 
-ALIASES = {"zk": "zookeeper", "sqlite3": "sqlite", "etcd3": "etcd"}
+ALIASES = {"zk": "zookeeper", "sqlite3": "sqlite", "etcd3": "etcd", "pg": "postgresql",
+           "postgres": "postgresql"}
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,7 @@ class Target:
     """One backend to measure, and where its store is.
 
     Attributes:
-        backend: ``sqlite``, ``etcd`` or ``zookeeper``.
+        backend: ``sqlite``, ``etcd``, ``zookeeper`` or ``postgresql``.
         url: our store URL (with this run's own key prefix / chroot), or ``None`` when
             the backend cannot run (see ``reason``).
         raw: how the raw client and the peers reach the same store (see :mod:`.raw`).

@@ -84,7 +84,8 @@ def member_role(target: Target) -> str | None:
 
 
 def server_version(target: Target) -> str | None:
-    """The store server's version, best effort (etcd ``/version``, ZooKeeper ``srvr``)."""
+    """The store server's version, best effort (etcd ``/version``, ZooKeeper ``srvr``,
+    PostgreSQL ``SHOW server_version``)."""
     try:
         if target.backend == "etcd":
             opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -97,6 +98,14 @@ def server_version(target: Target) -> str | None:
             found = re.search(r"Zookeeper version: ([^,\s]+)", four_letter_word(host, int(port),
                                                                                "srvr"))
             return f"ZooKeeper {found.group(1)}" if found else None
-    except (OSError, ValueError, KeyError):
+        if target.backend == "postgresql":
+            import psycopg
+
+            with psycopg.connect(target.raw["conninfo"], connect_timeout=5) as conn:
+                row = conn.execute("SHOW server_version").fetchone()
+            return f"PostgreSQL {row[0]}" if row else None
+    except (OSError, ValueError, KeyError, ImportError):
+        return None
+    except Exception:  # psycopg.Error: the version is best effort
         return None
     return f"SQLite {sqlite3.sqlite_version}" if target.backend == "sqlite" else None

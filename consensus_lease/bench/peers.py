@@ -11,6 +11,8 @@ pyetcd ``Lock``           etcd        LeaseGrant + txn, then txn (a new lease pe
 tooz ``etcd3gw``          etcd        the same over etcd's JSON gateway (``/v3``)
 kazoo ``Lock``            ZooKeeper   create sequential ephemeral + get_children, delete
 tooz ``zookeeper``        ZooKeeper   kazoo's ``Lock`` behind tooz's API
+tooz ``postgresql``       PostgreSQL  ``pg_try_advisory_lock``, ``pg_advisory_unlock``
+                                      (psycopg2)
 ========================  ==========  ===============================================
 
 None of the peers hands out a fencing token: a paused holder's late write cannot be
@@ -177,6 +179,9 @@ def peers_for(target: Target, sizes: Sizes, prefix: str) -> list[Peer]:
         hosts = target.raw["hosts"]
         return [ours, _kazoo_lock(target, f"{prefix}-kazoo"),
                 _tooz(f"zookeeper://{hosts}?timeout=10", f"{prefix}-tooz", "tooz zookeeper")]
+    if target.backend == "postgresql":
+        return [ours, _tooz(target.raw["tooz"], f"{prefix}-tooz",
+                            "tooz postgresql (advisory lock)")]
     return []
 
 

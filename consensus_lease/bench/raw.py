@@ -11,6 +11,8 @@ pyetcd     txn: ``create_revision(owner) == 0`` ->          txn: ``create_revisi
            put owner (attached to a lease)                  rev`` -> delete owner, put done
 kazoo      multi: create job znode, create ephemeral        multi: delete owner, set job data
            owner znode                                      at version 0
+psycopg 3  ``INSERT .. ON CONFLICT DO NOTHING`` (one         ``UPDATE .. WHERE generation = 1``
+           autocommit statement)                            (one autocommit statement)
 =========  ===============================================  ================================
 
 Each cycler owns its client; create it in the process that uses it (never fork one).
@@ -22,7 +24,7 @@ import sqlite3
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-__all__ = ["Cycler", "EtcdRaw", "SqliteRaw", "ZooKeeperRaw", "raw_cycler"]
+__all__ = ["Cycler", "EtcdRaw", "PostgresRaw", "SqliteRaw", "ZooKeeperRaw", "raw_cycler"]
 
 
 class Cycler(Protocol):
@@ -166,6 +168,36 @@ class ZooKeeperRaw:
             self._client = None
 
 
+class PostgresRaw:
+    """Two autocommit statements with psycopg 3 on one connection (each statement its own
+    transaction, one round trip), on a table the target made (:mod:`.clusters`)."""
+
+    def __init__(self, conninfo: str, table: str) -> None:
+        self.conninfo, self.table = conninfo, table
+        self._conn: Any = None
+
+    def open(self) -> None:
+        import psycopg
+
+        self._conn = psycopg.connect(self.conninfo, autocommit=True)
+
+    def cycle(self, job_id: str) -> None:
+        conn = self._conn
+        claimed = conn.execute(
+            f"INSERT INTO {self.table} VALUES (%s, 1, 'bench', false) ON CONFLICT DO NOTHING",
+            (job_id,)).rowcount
+        done = conn.execute(
+            f"UPDATE {self.table} SET done = true, owner = NULL WHERE job_id = %s "
+            "AND generation = 1 AND NOT done", (job_id,)).rowcount
+        if claimed != 1 or done != 1:
+            raise BaselineError(f"raw PostgreSQL cycle of {job_id!r}: {claimed=} {done=}")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
 def raw_cycler(spec: Mapping[str, Any]) -> Cycler:
     """The raw cycler for a target's ``raw`` spec (see :mod:`.clusters`)."""
     kind = spec["kind"]
@@ -175,4 +207,6 @@ def raw_cycler(spec: Mapping[str, Any]) -> Cycler:
         return EtcdRaw(str(spec["host"]), int(spec["port"]), str(spec["prefix"]))
     if kind == "zookeeper":
         return ZooKeeperRaw(str(spec["hosts"]), str(spec["base"]))
+    if kind == "postgresql":
+        return PostgresRaw(str(spec["conninfo"]), str(spec["table"]))
     raise ValueError(f"no raw baseline for {kind!r}")

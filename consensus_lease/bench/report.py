@@ -304,7 +304,8 @@ def markdown(results: dict[str, Any], goals: list[Goal], plots: list[str]) -> st
         "interceptor; ZooKeeper: requests kazoo writes to the socket, pings left out, a "
         "multi counts once; SQLite: statements started, BEGIN and COMMIT included). Raw "
         "client: the same two store operations (sqlite3: two write transactions; pyetcd: "
-        "a compare-create txn, then a compare-delete+put txn; kazoo: two multis).",
+        "a compare-create txn, then a compare-delete+put txn; kazoo: two multis; psycopg: "
+        "two autocommit statements).",
         "",
         *_w1(results),
         "## W2 — latency of one operation (one in-process worker)",

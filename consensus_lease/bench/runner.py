@@ -72,6 +72,7 @@ class BenchOptions:
     profile: bool = False
     workloads: tuple[str, ...] = WORKLOADS
     """Which of :data:`WORKLOADS` to run (in that order)."""
+    pg_url: str | None = None
 
     @property
     def sizes(self) -> Sizes:
@@ -97,6 +98,8 @@ def _targets(options: BenchOptions, run_id: str, workdir: str, stack: contextlib
             targets.append(clusters.sqlite_target(workdir))
         elif backend == "etcd":
             targets.append(clusters.etcd_target(options.etcd_url, run_id, stack, note))
+        elif backend == "postgresql":
+            targets.append(clusters.postgresql_target(options.pg_url, run_id, stack, note))
         else:
             targets.append(clusters.zookeeper_target(options.zk_url, run_id, stack, note,
                                                      options.zk_tick_ms))
@@ -188,6 +191,8 @@ def _command(options: BenchOptions) -> str:
         argv += ["--etcd-url", options.etcd_url]
     if options.zk_url:
         argv += ["--zk-url", options.zk_url]
+    if options.pg_url:
+        argv += ["--pg-url", options.pg_url]
     if options.zk_tick_ms:
         argv += ["--zk-tick-ms", str(options.zk_tick_ms)]
     if options.profile:

@@ -8,6 +8,8 @@
   backend passes; subclass it to test your own backend (needs pytest).
 * :mod:`consensus_lease.testing.workers` — workers as OS processes you can pause, resume,
   kill or cut off the network.
+* :mod:`consensus_lease.testing.postgresql` — the test PostgreSQL server's URL (skip
+  without one, fail under ``CI=true``) and a fresh schema per store.
 * :mod:`consensus_lease.testing.cluster` and the pytest plugin
   (:mod:`consensus_lease.testing.pytest_plugin`, loaded automatically when the package is
   installed) — real 3-member etcd and ZooKeeper clusters in containers, with faults.

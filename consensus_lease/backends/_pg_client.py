@@ -1,0 +1,307 @@
+"""Connections of the PostgreSQL store: the pool, the error translation, the listener.
+
+* :class:`Client` owns a ``psycopg_pool.ConnectionPool`` of autocommit connections (one
+  statement, one transaction, one round trip) and translates every psycopg error into a
+  :mod:`consensus_lease.errors` type (:func:`translate`).
+* :class:`Listener` keeps one more connection that ``LISTEN``\\ s on the store's channel and
+  calls a callback on every notification; the backend pokes its subscription poller with
+  it, so a waiting claim is woken when a release, completion or enqueue commits. When the
+  listener's connection breaks it reconnects (bounded back-off); meanwhile the poller's
+  own interval is the fallback.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from typing import Any, TypeVar
+
+import psycopg
+import psycopg_pool
+from psycopg import errors as pgerrors
+
+from ..errors import AuthenticationFailed, BackendUnavailable, LeaseError, OutcomeUnknown
+
+__all__ = ["Client", "Listener", "SentMaybe", "translate"]
+
+log = logging.getLogger("consensus_lease")
+
+T = TypeVar("T")
+
+_AUTH_STATES = frozenset({"28000", "28P01"})
+_AUTH_WORDS = ("password authentication failed", "authentication failed",
+               "no pg_hba.conf entry", "role \"")
+
+
+class SentMaybe(Exception):
+    """Internal: the connection broke after a write was sent; the caller reads back."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def translate(exc: BaseException, where: str, job_id: str | None = None) -> LeaseError:
+    """The library error for a psycopg / pool error (never raises it)."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    state = getattr(exc, "sqlstate", None)
+    if state in _AUTH_STATES or (
+        isinstance(exc, psycopg.OperationalError) and state is None
+        and any(w in str(exc) for w in _AUTH_WORDS[:3])
+    ):
+        return AuthenticationFailed(f"{where}: {text}", job_id=job_id)
+    if isinstance(exc, pgerrors.InvalidPassword | pgerrors.InvalidAuthorizationSpecification):
+        return AuthenticationFailed(f"{where}: {text}", job_id=job_id)
+    if isinstance(exc, pgerrors.QueryCanceled):
+        return BackendUnavailable(f"{where}: the statement ran out of time ({text})",
+                                  job_id=job_id)
+    if isinstance(exc, pgerrors.LockNotAvailable):
+        return BackendUnavailable(f"{where}: a lock was not granted in time ({text})",
+                                  job_id=job_id)
+    if isinstance(exc, psycopg_pool.PoolTimeout):
+        return BackendUnavailable(f"{where}: no connection within the timeout ({text})",
+                                  job_id=job_id)
+    return BackendUnavailable(f"{where}: {text}", job_id=job_id)
+
+
+class Client:
+    """The pool and the statement helpers of one store.
+
+    Args:
+        conninfo: a libpq connection string or ``postgresql://`` URI (no query options of
+            ours in it).
+        connect_timeout_s: seconds to open a connection.
+        timeout_s: seconds one statement may run (``statement_timeout``) and one TCP send
+            may stay unacknowledged (``tcp_user_timeout``); also how long a caller waits
+            for a pooled connection.
+        pool_size: most connections the pool opens.
+    """
+
+    def __init__(
+        self, conninfo: str, *, connect_timeout_s: float, timeout_s: float, pool_size: int,
+        where: str,
+    ) -> None:
+        self.where = where
+        self.timeout_s = timeout_s
+        self.conninfo = conninfo
+        ms = max(1, int(timeout_s * 1000))
+        self.kwargs: dict[str, Any] = {
+            "autocommit": True,
+            "connect_timeout": max(2, round(connect_timeout_s)),
+            "tcp_user_timeout": ms,
+            "keepalives": 1,
+            "keepalives_idle": max(1, int(timeout_s)),
+            "keepalives_interval": 1,
+            "keepalives_count": 3,
+            "application_name": "consensus_lease",
+            "options": f"-c statement_timeout={ms} -c lock_timeout={self.lock_wait_ms(timeout_s)}",
+        }
+        self.connect_timeout_s = connect_timeout_s
+        self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[tuple[Any, ...]]] | None = None
+        self._pool_size = pool_size
+
+    @staticmethod
+    def lock_wait_ms(timeout_s: float) -> int:
+        """``lock_timeout`` of the store's connections: at most 1 s, at most half of
+        ``timeout_s``. A claim that waited this long for a job row locked by an open
+        ``lease.transaction`` reports the job as not claimable (and a waiting claim tries
+        again) instead of running into ``statement_timeout``."""
+        return max(1, int(min(1.0, timeout_s / 2) * 1000))
+
+    def connect(self) -> psycopg.Connection[tuple[Any, ...]]:
+        """A new connection outside the pool.
+
+        Raises:
+            AuthenticationFailed / BackendUnavailable.
+        """
+        try:
+            return psycopg.connect(self.conninfo, **self.kwargs)
+        except (psycopg.Error, OSError) as exc:
+            raise translate(exc, f"cannot connect to PostgreSQL {self.where}") from exc
+
+    def open_pool(self) -> None:
+        """Start the pool (its first connection is opened within ``connect_timeout_s``).
+
+        Raises:
+            BackendUnavailable.
+        """
+        pool: psycopg_pool.ConnectionPool[psycopg.Connection[tuple[Any, ...]]] = (
+            psycopg_pool.ConnectionPool(
+                self.conninfo, kwargs=self.kwargs, min_size=1, max_size=self._pool_size,
+                timeout=self.timeout_s, open=False, name=f"consensus-lease-{self.where}",
+                reconnect_timeout=max(self.connect_timeout_s, 1.0) * 4,
+            )
+        )
+        try:
+            pool.open(wait=True, timeout=self.connect_timeout_s)
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            with suppress(Exception):
+                pool.close(timeout=0)
+            raise translate(exc, f"cannot connect to PostgreSQL {self.where}") from exc
+        self._pool = pool
+
+    @contextmanager
+    def conn(self, job_id: str | None = None) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
+        """A pooled autocommit connection. Errors inside are translated: a broken
+        connection after a statement was sent becomes :class:`SentMaybe` (the caller
+        reads back), everything else a library error."""
+        pool = self._pool
+        if pool is None:
+            raise BackendUnavailable(f"PostgreSQL store {self.where} is closed", job_id=job_id)
+        try:
+            cm = pool.connection()
+            conn = cm.__enter__()
+        except (psycopg.Error, psycopg_pool.PoolTimeout, psycopg_pool.PoolClosed) as exc:
+            raise translate(exc, f"PostgreSQL {self.where} unavailable", job_id) from exc
+        try:
+            yield conn
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            cm.__exit__(type(exc), exc, exc.__traceback__)
+            if conn.closed or conn.broken:
+                raise SentMaybe(exc) from exc
+            raise translate(exc, f"PostgreSQL {self.where}", job_id) from exc
+        except psycopg.Error as exc:
+            cm.__exit__(type(exc), exc, exc.__traceback__)
+            raise translate(exc, f"PostgreSQL {self.where}", job_id) from exc
+        except BaseException as exc:
+            cm.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        else:
+            cm.__exit__(None, None, None)
+
+    def call(self, job_id: str | None,
+             run: Callable[[psycopg.Connection[tuple[Any, ...]]], T]) -> T:
+        """``run(conn)`` on a pooled connection, with the error translation of
+        :meth:`conn` (``SentMaybe`` for a connection that broke). The hot path: no
+        context-manager layers."""
+        pool = self._pool
+        if pool is None:
+            raise BackendUnavailable(f"PostgreSQL store {self.where} is closed", job_id=job_id)
+        try:
+            conn = pool.getconn()
+        except (psycopg.Error, psycopg_pool.PoolTimeout, psycopg_pool.PoolClosed) as exc:
+            raise translate(exc, f"PostgreSQL {self.where} unavailable", job_id) from exc
+        try:
+            return run(conn)
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            if conn.closed or conn.broken:
+                raise SentMaybe(exc) from exc
+            raise translate(exc, f"PostgreSQL {self.where}", job_id) from exc
+        except psycopg.Error as exc:
+            raise translate(exc, f"PostgreSQL {self.where}", job_id) from exc
+        finally:
+            pool.putconn(conn)  # a broken one is discarded, an open transaction rolled back
+
+    def read(self, sql: str, params: Any = None, job_id: str | None = None) \
+            -> list[tuple[Any, ...]]:
+        """One read statement; a broken connection is retried once on another.
+
+        Raises:
+            BackendUnavailable.
+        """
+        for attempt in (1, 2):
+            try:
+                return self.call(job_id, lambda c: c.execute(sql, params).fetchall())
+            except SentMaybe as exc:
+                if attempt == 2:
+                    raise translate(exc.cause, f"PostgreSQL {self.where}", job_id) from exc
+        raise AssertionError("unreachable")
+
+    def write(
+        self, job_id: str | None, run: Callable[[psycopg.Connection[tuple[Any, ...]]], T],
+        settle: Callable[[], T] | None = None,
+    ) -> T:
+        """Run a write; if the connection broke after it was sent, return ``settle()``
+        (which reads back, on another connection, whether it was applied) or raise
+        ``OutcomeUnknown`` without one.
+
+        Raises:
+            OutcomeUnknown / BackendUnavailable / what ``run`` and ``settle`` raise.
+        """
+        try:
+            return self.call(job_id, run)
+        except SentMaybe as exc:
+            if settle is None:
+                raise OutcomeUnknown(
+                    f"PostgreSQL {self.where}: the connection broke after the request was "
+                    f"sent; it may or may not have been applied ({exc})", job_id=job_id,
+                ) from exc.cause
+            try:
+                return settle()
+            except SentMaybe as again:
+                raise OutcomeUnknown(
+                    f"PostgreSQL {self.where}: the connection broke after the request was "
+                    f"sent and reading back failed too ({again})", job_id=job_id,
+                ) from again.cause
+
+    def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            with suppress(Exception):
+                pool.close(timeout=1.0)
+
+
+class Listener:
+    """One connection that LISTENs on ``channel`` and calls ``on_notify()`` for every
+    notification (and once after each reconnect, since notifications sent while it was
+    away are lost). Runs a daemon thread; :meth:`close` stops it.
+
+    Args:
+        client: opens its connection.
+        listen_sql: the ``LISTEN "channel"`` statement.
+        on_notify: called from the listener thread; must not block.
+    """
+
+    RETRY_S = (0.05, 0.2, 1.0, 2.0)
+
+    def __init__(self, client: Client, listen_sql: str, on_notify: Callable[[], None]) -> None:
+        self._client = client
+        self._listen_sql = listen_sql
+        self._on_notify = on_notify
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._conn: psycopg.Connection[tuple[Any, ...]] | None = None
+        self._thread = threading.Thread(target=self._run, name="consensus-lease-pg-listen",
+                                        daemon=True)
+        self._thread.start()
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Block until LISTEN is in place (or ``timeout_s``); ``False`` if not."""
+        return self._ready.wait(timeout_s)
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                conn = self._client.connect()
+            except LeaseError as exc:
+                log.debug("postgresql listener cannot connect", extra={"error": repr(exc)})
+                failures += 1
+                self._stop.wait(self.RETRY_S[min(failures, len(self.RETRY_S)) - 1])
+                continue
+            self._conn = conn
+            try:
+                conn.execute(self._listen_sql)
+                self._ready.set()
+                failures = 0
+                self._on_notify()  # what happened while we were not listening
+                while not self._stop.is_set():
+                    for _ in conn.notifies(timeout=0.5, stop_after=64):
+                        self._on_notify()
+            except (psycopg.Error, OSError) as exc:
+                if not self._stop.is_set():
+                    log.debug("postgresql listener lost", extra={"error": repr(exc)})
+                self._ready.clear()
+                failures += 1
+                self._stop.wait(self.RETRY_S[min(failures, len(self.RETRY_S)) - 1])
+            finally:
+                with suppress(Exception):
+                    conn.close()
+                self._conn = None
+
+    def close(self) -> None:
+        self._stop.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=2.0)

@@ -1,0 +1,220 @@
+"""Work queues of the PostgreSQL store (:mod:`consensus_lease.backends.postgresql`): the
+enqueue batch, ``claim_next``'s one statement, the reads; and the plumbing the store's
+other methods share."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from .._epoch import compose
+from ..backend import Backend, SessionHandle
+from ..errors import InvalidArgument, OutcomeUnknown, SessionExpired
+from ..record import ClaimResult, EnqueueItem, JobState, LeaseRecord, QueuedJob, QueueStats
+from ._pg_schema import NOW
+
+if TYPE_CHECKING:
+    from ._pg_client import Client
+    from ._pg_schema import Names
+    from ._pg_sql import Statements
+
+__all__ = ["QueueOps"]
+
+
+class QueueOps(Backend):
+    """The queue methods of :class:`~consensus_lease.backends.postgresql.PostgresBackend`
+    (its base class; not a backend by itself)."""
+
+    client: Client
+    names: Names
+    sql: Statements
+
+    def _one(self, sql: str, params: Any, job_id: str | None = None) -> tuple[Any, ...] | None:
+        rows = self.client.read(sql, params, job_id)
+        return rows[0] if rows else None
+
+    def _wait(self, subscribe: Any, timeout_s: float) -> None:
+        woken = threading.Event()
+        unsubscribe = subscribe(woken.set)
+        try:
+            woken.wait(max(0.0, timeout_s))
+        finally:
+            unsubscribe()
+
+    @classmethod
+    def _to_record(cls, row: Sequence[Any]) -> LeaseRecord:
+        (job_id, owner, expires_at, generation, completed_at, result, alive, failed_at,
+         attempt, error, not_before, max_attempts, epoch, value) = row
+        if completed_at is not None:
+            state = JobState.COMPLETED
+        elif failed_at is not None:
+            state = JobState.FAILED
+        elif alive:
+            state = JobState.HELD
+        else:
+            state = JobState.AVAILABLE
+        return LeaseRecord(
+            job_id=job_id,
+            owner=owner,
+            lease_until=float(expires_at) if state is JobState.HELD else None,
+            generation=compose(int(epoch), int(generation), cls.epoch_shift),
+            state=state,
+            result=None if result is None else bytes(result),
+            attempt=int(attempt),
+            error=error,
+            not_before=float(not_before) if state is JobState.AVAILABLE and not_before else None,
+            max_attempts=None if max_attempts is None else int(max_attempts),
+            value=bytes(value) if value is not None and state is JobState.HELD else None,
+        )
+
+    # -- work queues ---------------------------------------------------------------------
+
+    def enqueue(
+        self, queue: str, job_id: str, payload: bytes, max_attempts: int | None = None
+    ) -> bool:
+        return self.enqueue_many(queue, [EnqueueItem(job_id, payload, max_attempts)])[0]
+
+    def enqueue_many(self, queue: str, items: Sequence[EnqueueItem]) -> list[bool]:
+        """Enqueue ``items`` in one transaction (one ``INSERT ... SELECT FROM unnest(...)
+        ON CONFLICT DO NOTHING``, then one check that no id exists outside ``queue``).
+        A lost answer is settled by reading back: a job found in the queue counts as
+        added.
+
+        Raises:
+            InvalidArgument: a job exists outside ``queue``; nothing of the batch is added.
+            BackendUnavailable / OutcomeUnknown.
+        """
+        if not items:
+            return []
+        n = self.names
+        ids = [it.job_id for it in items]
+        params = {
+            "ids": ids, "payloads": [it.payload for it in items],
+            "max": [it.max_attempts for it in items], "queue": queue, "chan": n.channel,
+        }
+        outside_sql = (f"SELECT job_id FROM {n.jobs} WHERE job_id = ANY(%(ids)s) "
+                       "AND queue IS DISTINCT FROM %(queue)s ORDER BY job_id LIMIT 1")
+
+        def run(c: psycopg.Connection[tuple[Any, ...]]) -> set[str]:
+            with c.transaction():
+                added = {r[0] for r in c.execute(
+                    f"INSERT INTO {n.jobs} (job_id, generation, queue, payload, seq, "
+                    "max_attempts) SELECT t.job_id, 0, %(queue)s, t.payload, "
+                    f"nextval('{n.seq}'), t.max_attempts FROM unnest(%(ids)s::text[], "
+                    "%(payloads)s::bytea[], %(max)s::integer[]) WITH ORDINALITY "
+                    "AS t(job_id, payload, max_attempts, ord) ORDER BY t.ord "
+                    "ON CONFLICT (job_id) DO NOTHING RETURNING job_id", params)}
+                outside = c.execute(outside_sql, params).fetchone()
+                if outside is not None:
+                    raise InvalidArgument(
+                        f"{outside[0]!r} already exists outside queue {queue!r}",
+                        job_id=str(outside[0]))
+                if added:
+                    c.execute("SELECT pg_notify(%s, '')", (n.channel,))
+                return added
+
+        def settle() -> set[str]:
+            rows = self.client.read(
+                f"SELECT job_id FROM {n.jobs} WHERE job_id = ANY(%(ids)s) "
+                "AND queue = %(queue)s", params)
+            return {r[0] for r in rows}
+
+        added = self.client.write(ids[0], run, settle)
+        if added:
+            self.wake_subscribers()
+        return [i in added for i in ids]
+
+    def claim_from_queue(
+        self, session: SessionHandle, queue: str
+    ) -> tuple[str, ClaimResult | None, bytes] | None:
+        """``claim_next``'s one statement (see :meth:`Backend.claim_from_queue`): the oldest
+        claimable job nobody is locking right now (``FOR UPDATE SKIP LOCKED``: concurrent
+        claimers take different jobs instead of queueing on one row), claimed with a named
+        claim's re-check. A lost answer is settled by reading back which job of the queue
+        this session now holds.
+
+        Raises:
+            SessionExpired / BackendUnavailable / OutcomeUnknown.
+        """
+        params = {"queue": queue, "sid": session.session_id, "owner": session.owner}
+
+        def run(c: psycopg.Connection[tuple[Any, ...]]) -> tuple[Any, ...]:
+            row = c.execute(self.sql.claim_from_queue, params).fetchone()
+            assert row is not None  # the statement always returns its one row
+            return row
+
+        def settle() -> tuple[Any, ...]:
+            held = self._one(f"SELECT 1 FROM {self.names.jobs} WHERE queue = %(queue)s AND "
+                             "session_id = %(sid)s AND completed_at IS NULL LIMIT 1", params)
+            if held is not None:  # which one is new cannot be told from the rows
+                raise OutcomeUnknown(
+                    f"claim_next({queue!r}): the answer was lost and session "
+                    f"{session.session_id} holds a job of the queue, perhaps from this "
+                    "claim (without a lease here: it is handed back when the session ends)")
+            return ("", None, None, None, None, None, True, 0)  # not applied: try again
+
+        row = self.client.write(None, run, settle)
+        job_id, local, attempt, epoch, payload, expires_at, alive, dead = row
+        if dead:
+            self.wake_subscribers()  # waiters on those jobs learn they FAILED
+        if job_id is None:
+            return None
+        if local is None:
+            if not alive:
+                raise SessionExpired(f"session {session.session_id} expired in the store",
+                                     job_id=job_id)
+            return job_id, None, b""
+        claim = ClaimResult(compose(int(epoch), int(local), self.epoch_shift),
+                            float(expires_at), int(attempt))
+        return job_id, claim, bytes(payload or b"")
+
+    def queue_candidates(self, queue: str, limit: int) -> list[tuple[str, bytes]]:
+        rows = self.client.read(self.sql.candidates, {"queue": queue, "limit": int(limit)})
+        return [(r[0], bytes(r[1] or b"")) for r in rows]
+
+    def queue_jobs(self, queue: str, limit: int | None = None) -> list[QueuedJob]:
+        sql = (self.sql.select.replace(f" FROM {self.names.jobs} j",
+                                       f", j.payload, j.seq FROM {self.names.jobs} j", 1)
+               + " WHERE j.queue = %(queue)s ORDER BY j.seq")
+        params: dict[str, Any] = {"queue": queue}
+        if limit is not None:
+            sql += " LIMIT %(limit)s"
+            params["limit"] = int(limit)
+        return [
+            QueuedJob(queue, self._to_record(row[:-2]), bytes(row[-2] or b""), int(row[-1]))
+            for row in self.client.read(sql, params)
+        ]
+
+    def queue_stats(self, queue: str) -> QueueStats:
+        """Counts of ``queue``'s jobs by state: one aggregate statement over the queue's
+        index, one consistent snapshot (a claim committing meanwhile is either counted or
+        not, never half). Cost: proportional to the queue's jobs (completed ones until
+        purged), read inside the server; only the counts travel; bounded by ``timeout_s``
+        (``BackendUnavailable`` past it)."""
+        n = self.names
+        row = self._one(
+            "SELECT count(*) FILTER (WHERE j.completed_at IS NOT NULL), "
+            "count(*) FILTER (WHERE j.completed_at IS NULL AND j.failed_at IS NOT NULL), "
+            f"count(*) FILTER (WHERE j.completed_at IS NULL AND j.failed_at IS NULL AND "
+            f"s.expires_at > {NOW}), "
+            "count(*) FILTER (WHERE j.completed_at IS NULL AND j.failed_at IS NULL AND "
+            f"(s.expires_at IS NULL OR s.expires_at <= {NOW})), "
+            f"min(s.expires_at) FILTER (WHERE j.completed_at IS NULL AND j.failed_at IS NULL "
+            f"AND s.expires_at > {NOW}) "
+            f"FROM {n.jobs} j LEFT JOIN {n.sessions} s ON s.session_id = j.session_id "
+            "WHERE j.queue = %s", (queue,))
+        assert row is not None
+        return QueueStats(queue=queue, completed=int(row[0]), failed=int(row[1]),
+                          held=int(row[2]), available=int(row[3]),
+                          oldest_held_lease_until=None if row[4] is None else float(row[4]))
+
+    def wait_for_queue(self, queue: str, timeout_s: float) -> None:
+        self._wait(lambda wake: self.subscribe_queue(queue, wake), timeout_s)
+
+    def purge(self, queue: str) -> int:
+        return int(self.client.write(None, lambda c: c.execute(
+            f"DELETE FROM {self.names.jobs} WHERE queue = %s AND completed_at IS NOT NULL",
+            (queue,)).rowcount, lambda: 0))

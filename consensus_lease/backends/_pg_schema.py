@@ -1,0 +1,135 @@
+"""The PostgreSQL store's schema: its tables, its version, and how it is migrated.
+
+Every table lives in one PostgreSQL schema (the URL's ``schema`` option, default
+``consensus_lease``), so several stores can share a database and a test can drop its
+store with ``DROP SCHEMA ... CASCADE``.
+
+Versioning and the migration path
+---------------------------------
+``cl_meta`` (one row, ``id = 1``) carries ``schema_version``. Opening a store:
+
+1. takes ``pg_advisory_xact_lock`` on the schema's name, so that processes opening a new
+   store at once create it once;
+2. creates what is missing (``CREATE ... IF NOT EXISTS``) when ``create`` is true, and
+   writes ``schema_version = SCHEMA_VERSION`` into a new ``cl_meta``;
+3. reads ``schema_version``: equal to :data:`SCHEMA_VERSION` is ready; lower runs
+   :data:`MIGRATIONS` ``[v]`` for each ``v`` from it up to ``SCHEMA_VERSION - 1``, in the
+   same transaction, and stores the new version; higher (a newer library wrote it) is
+   refused with ``InvalidArgument`` and nothing is changed.
+
+A later version that changes the tables adds one entry to :data:`MIGRATIONS` (statements
+that take version ``v`` to ``v + 1``, safe while older workers are stopped) and raises
+:data:`SCHEMA_VERSION`. ``consensus-lease migrate`` is not needed: the first process of
+the new version that opens the store migrates it. Stop the old workers first — they do not
+know the new columns.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..errors import InvalidArgument
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "Names", "check_schema_name"]
+
+SCHEMA_VERSION = 1
+"""The version of the tables this library reads and writes."""
+
+MIGRATIONS: dict[int, tuple[str, ...]] = {}
+"""``v -> statements`` taking a store from version ``v`` to ``v + 1`` (``{s}``: the
+quoted schema). Empty: version 1 is the first."""
+
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,47}")
+
+NOW = "extract(epoch FROM clock_timestamp())::float8"
+"""Store time, seconds since the epoch, read from the server's clock *when evaluated*.
+
+Not ``now()``: ``now()`` is the start of the transaction. A statement that waited for a
+row lock (a claim waiting for a :meth:`~consensus_lease.Lease.transaction`, a keepalive
+waiting for a claim) would compare expiries with a time from before its wait, and in a
+transaction of several statements (``lease.transaction``) every check would use the time
+of ``BEGIN``: a session could be found alive long after it expired. ``clock_timestamp()``
+is read at the moment of the comparison, including when PostgreSQL re-checks a row
+after waiting for its lock."""
+
+
+def check_schema_name(name: str) -> str:
+    """Return ``name`` if it is a plain lower-case identifier (letters, digits, ``_``,
+    at most 48 characters, not starting with a digit).
+
+    Raises:
+        InvalidArgument: anything else (quoting rules are not worth a surprise).
+    """
+    if not isinstance(name, str) or not _SCHEMA_NAME.fullmatch(name):
+        raise InvalidArgument(
+            f"PostgreSQL schema must be a lower-case identifier ([a-z_][a-z0-9_]*, at most "
+            f"48 characters), not {name!r}"
+        )
+    return name
+
+
+class Names:
+    """The quoted names of one store's objects.
+
+    Args:
+        schema: a name checked by :func:`check_schema_name`.
+    """
+
+    def __init__(self, schema: str) -> None:
+        self.schema = schema
+        self.s = f'"{schema}"'
+        self.jobs = f"{self.s}.cl_jobs"
+        self.sessions = f"{self.s}.cl_sessions"
+        self.meta = f"{self.s}.cl_meta"
+        self.seq = f"{self.s}.cl_seq"
+        self.channel = f"cl_{schema}"
+        """The LISTEN/NOTIFY channel (a string for ``pg_notify``)."""
+        self.listen = f'LISTEN "{self.channel}"'
+
+    def ddl(self) -> list[str]:
+        """The statements that create every object (idempotent)."""
+        return [
+            f"CREATE SCHEMA IF NOT EXISTS {self.s}",
+            f"""CREATE TABLE IF NOT EXISTS {self.meta} (
+                id             integer PRIMARY KEY CHECK (id = 1),
+                schema_version integer NOT NULL,
+                epoch          bigint  NOT NULL DEFAULT 0,
+                identity       text    NOT NULL
+            )""",
+            f"""CREATE TABLE IF NOT EXISTS {self.sessions} (
+                session_id text PRIMARY KEY,
+                owner      text NOT NULL,
+                ttl_s      double precision NOT NULL,
+                expires_at double precision NOT NULL
+            )""",
+            f"""CREATE TABLE IF NOT EXISTS {self.jobs} (
+                job_id            text PRIMARY KEY,
+                generation        bigint  NOT NULL,
+                owner             text,
+                session_id        text,
+                completed_at      double precision,
+                completed_session text,
+                result            bytea,
+                queue             text,
+                payload           bytea,
+                seq               bigint,
+                attempt           integer NOT NULL DEFAULT 0,
+                attempt_base      integer NOT NULL DEFAULT 0,
+                max_attempts      integer,
+                error             text,
+                not_before        double precision,
+                failed_at         double precision,
+                epoch             bigint  NOT NULL DEFAULT 0,
+                value             bytea
+            )""",
+            # Partial indexes: a named job (no queue) is in none of the queue indexes, and
+            # a job nobody holds is not in cl_jobs_by_session, so a claim or completion of
+            # a named job writes as few index entries as possible.
+            f"CREATE INDEX IF NOT EXISTS cl_jobs_by_session ON {self.jobs} (session_id) "
+            "WHERE session_id IS NOT NULL",
+            f"CREATE INDEX IF NOT EXISTS cl_jobs_by_queue ON {self.jobs} (queue, seq) "
+            "WHERE queue IS NOT NULL",
+            f"CREATE INDEX IF NOT EXISTS cl_jobs_open_by_queue ON {self.jobs} (queue, seq) "
+            "WHERE queue IS NOT NULL AND completed_at IS NULL AND failed_at IS NULL",
+            f"CREATE SEQUENCE IF NOT EXISTS {self.seq}",
+        ]

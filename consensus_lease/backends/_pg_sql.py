@@ -1,0 +1,170 @@
+"""The SQL of the PostgreSQL store, written once per store (see
+:mod:`consensus_lease.backends.postgresql` for how each statement keeps the protocol).
+
+Every time is the server's clock read at the comparison (:data:`._pg_schema.NOW`); lock
+order is always the job row, then the session row.
+"""
+
+from __future__ import annotations
+
+from ._pg_schema import NOW, Names
+
+__all__ = ["EXHAUSTED", "SESSION_GC_S", "Statements"]
+
+SESSION_GC_S = 60.0
+"""Seconds after its expiry after which ``open_session`` deletes a session row that holds
+no job any more."""
+
+EXHAUSTED = "(j.max_attempts IS NOT NULL AND j.attempt - j.attempt_base >= j.max_attempts)"
+
+
+class Statements:
+    """The statements of one store (schema names filled in once).
+
+    Args:
+        n: the store's names.
+    """
+
+    def __init__(self, n: Names) -> None:
+        self._conditions(n)
+        self._writes(n)
+
+    def _conditions(self, n: Names) -> None:
+        j, s = n.jobs, n.sessions
+        self.alive_j = (f"EXISTS (SELECT 1 FROM {s} s WHERE s.session_id = j.session_id "
+                        f"AND s.expires_at > {NOW})")
+        self.my_alive = (f"EXISTS (SELECT 1 FROM {s} s WHERE s.session_id = %(sid)s "
+                         f"AND s.expires_at > {NOW})")
+        # Free: unowned, or its holder's session row is visibly expired, locked while
+        # checked so that a concurrent keepalive is waited for (module docstring).
+        self.free_j = (f"(j.session_id IS NULL OR EXISTS (SELECT 1 FROM {s} s WHERE "
+                       f"s.session_id = j.session_id AND s.expires_at <= {NOW} FOR SHARE))")
+        self.claimable_j = (
+            f"j.completed_at IS NULL AND j.failed_at IS NULL AND NOT {EXHAUSTED} "
+            f"AND (j.not_before IS NULL OR j.not_before <= {NOW}) AND {self.free_j}"
+        )
+        self.select = (
+            "SELECT j.job_id, j.owner, s.expires_at, j.generation, j.completed_at, j.result, "
+            f"coalesce(s.expires_at > {NOW}, false), j.failed_at, j.attempt, j.error, "
+            f"CASE WHEN j.not_before > {NOW} THEN j.not_before END, j.max_attempts, "
+            f"j.epoch, j.value FROM {j} j LEFT JOIN {s} s ON s.session_id = j.session_id"
+        )
+
+    def _writes(self, n: Names) -> None:
+        j, s = n.jobs, n.sessions
+        self.claim = (
+            f"INSERT INTO {j} AS j (job_id, generation, owner, session_id, attempt, epoch) "
+            f"SELECT %(job)s, 1, %(owner)s, %(sid)s, 1, m.epoch FROM {n.meta} m "
+            f"WHERE m.id = 1 AND {self.my_alive} "
+            "ON CONFLICT (job_id) DO UPDATE SET generation = j.generation + 1, "
+            "attempt = j.attempt + 1, not_before = NULL, epoch = excluded.epoch, "
+            "owner = excluded.owner, session_id = excluded.session_id, value = NULL "
+            f"WHERE {self.claimable_j} "
+            "RETURNING j.generation, j.attempt, j.epoch, "
+            f"(SELECT expires_at FROM {s} WHERE session_id = %(sid)s)"
+        )
+        self.claim_notify = (
+            f"WITH c AS ({self.claim}) SELECT c.*, pg_notify(%(chan)s, '') FROM c"
+        )
+        held = ("j.job_id = %(job)s AND j.session_id = %(sid)s AND j.generation = %(gen)s "
+                f"AND j.epoch = %(epoch)s AND j.completed_at IS NULL AND {self.my_alive}")
+        self.held = held
+        done_cols = ("j.job_id, j.owner, NULL::float8, j.generation, j.completed_at, j.result, "
+                     "false, j.failed_at, j.attempt, j.error, NULL::float8, j.max_attempts, "
+                     "j.epoch, j.value")
+        # No notification: a completion makes nothing claimable (a waiter on the job
+        # learns of it at its next poll), and NOTIFY serialises committing transactions.
+        self.complete = (
+            f"UPDATE {j} j SET completed_at = {NOW}, completed_session = session_id, "
+            "result = %(result)s, session_id = NULL, value = NULL "
+            f"WHERE {held} RETURNING {done_cols}"
+        )
+        self.release = (
+            f"WITH u AS (UPDATE {j} j SET session_id = NULL, owner = NULL, value = NULL "
+            f"WHERE {held} RETURNING 1) SELECT pg_notify(%(chan)s, '') FROM u"
+        )
+        self.set_value = (
+            f"WITH u AS (UPDATE {j} j SET value = %(value)s WHERE {held} RETURNING 1) "
+            "SELECT pg_notify(%(chan)s, '') FROM u"
+        )
+        self.fail = (
+            f"WITH u AS (UPDATE {j} j SET session_id = NULL, value = NULL, error = %(error)s, "
+            f"failed_at = CASE WHEN {EXHAUSTED} THEN {NOW} END, "
+            f"not_before = CASE WHEN NOT {EXHAUSTED} AND %(retry)s > 0 "
+            f"THEN {NOW} + %(retry)s END WHERE {held} RETURNING 1) "
+            "SELECT pg_notify(%(chan)s, '') FROM u"
+        )
+        self._queue_claim(n)
+        self._sessions(n)
+
+    def _sessions(self, n: Names) -> None:
+        j, s = n.jobs, n.sessions
+        self.renew = (
+            f"UPDATE {s} SET expires_at = {NOW} + ttl_s WHERE session_id = %(sid)s "
+            f"AND expires_at > {NOW} AND EXISTS (SELECT 1 FROM {j} j WHERE j.job_id = %(job)s "
+            "AND j.session_id = %(sid)s AND j.generation = %(gen)s AND j.epoch = %(epoch)s "
+            "AND j.completed_at IS NULL FOR SHARE) RETURNING ttl_s"
+        )
+        self.keepalive = (
+            f"UPDATE {s} SET expires_at = {NOW} + ttl_s "
+            f"WHERE session_id = %s AND expires_at > {NOW} RETURNING ttl_s"
+        )
+        self.open_session = (
+            f"INSERT INTO {s} (session_id, owner, ttl_s, expires_at) "
+            f"VALUES (%s, %s, %s, {NOW} + %s) RETURNING expires_at"
+        )
+        self.gc_sessions = (
+            f"DELETE FROM {s} s WHERE s.expires_at < {NOW} - {SESSION_GC_S} "
+            f"AND NOT EXISTS (SELECT 1 FROM {j} j WHERE j.session_id = s.session_id)"
+        )
+        self.exhaust = (
+            f"UPDATE {j} j SET failed_at = {NOW}, session_id = NULL, value = NULL, "
+            "error = coalesce(error, 'attempts exhausted: attempt ' || attempt || "
+            "' ended without completion') WHERE j.job_id = %(job)s AND j.completed_at IS "
+            f"NULL AND j.failed_at IS NULL AND {EXHAUSTED} AND {self.free_j}"
+        )
+        # After a refused claim, one statement: FAILED if the attempts are used up and
+        # nobody holds the job (the CTE's result, since its change is not visible to the
+        # outer SELECT of the same statement), then why the claim was refused.
+        self.refusal = (
+            f"WITH x AS ({self.exhaust} RETURNING j.failed_at, j.error) "
+            "SELECT j.generation, j.completed_at, coalesce((SELECT failed_at FROM x), "
+            "j.failed_at), j.attempt, coalesce((SELECT error FROM x), j.error), j.epoch, "
+            f"{self.my_alive} FROM (SELECT 1) one LEFT JOIN {j} j ON j.job_id = %(job)s"
+        )
+        self.candidates = (
+            f"SELECT j.job_id, j.payload FROM {j} j WHERE j.queue = %(queue)s "
+            "AND j.completed_at IS NULL AND j.failed_at IS NULL "
+            f"AND (j.not_before IS NULL OR j.not_before <= {NOW}) AND NOT {self.alive_j} "
+            "ORDER BY j.seq LIMIT %(limit)s"
+        )
+
+    def _queue_claim(self, n: Names) -> None:
+        j, s = n.jobs, n.sessions
+        open_in_queue = ("j.queue = %(queue)s AND j.completed_at IS NULL "
+                         "AND j.failed_at IS NULL")
+        # One statement: fail the exhausted free jobs at the head of the queue, pick the
+        # oldest claimable job nobody is locking right now (SKIP LOCKED), claim it with
+        # the re-check of a named claim (the holder's session row locked), and report
+        # what was picked even when the re-check refused it (a race: try again).
+        self.claim_from_queue = (
+            f"WITH dead AS (UPDATE {j} j SET failed_at = {NOW}, session_id = NULL, "
+            "value = NULL, error = coalesce(error, 'attempts exhausted: attempt ' || "
+            "attempt || ' ended without completion') WHERE j.job_id IN (SELECT j.job_id "
+            f"FROM {j} j WHERE {open_in_queue} AND {EXHAUSTED} AND NOT {self.alive_j} "
+            "ORDER BY j.seq LIMIT 16 FOR UPDATE SKIP LOCKED) "
+            f"AND j.completed_at IS NULL AND j.failed_at IS NULL AND {self.free_j} "
+            "RETURNING 1), "
+            f"pick AS (SELECT j.job_id FROM {j} j WHERE {open_in_queue} AND NOT {EXHAUSTED} "
+            f"AND (j.not_before IS NULL OR j.not_before <= {NOW}) AND NOT {self.alive_j} "
+            "ORDER BY j.seq LIMIT 1 FOR UPDATE SKIP LOCKED), "
+            f"u AS (UPDATE {j} j SET generation = j.generation + 1, attempt = j.attempt + 1, "
+            f"not_before = NULL, epoch = (SELECT epoch FROM {n.meta} WHERE id = 1), "
+            "owner = %(owner)s, session_id = %(sid)s, value = NULL FROM pick "
+            f"WHERE j.job_id = pick.job_id AND {self.claimable_j} AND {self.my_alive} "
+            "RETURNING j.generation, j.attempt, j.epoch, j.payload, "
+            f"(SELECT expires_at FROM {s} WHERE session_id = %(sid)s)) "
+            "SELECT p.job_id, u.generation, u.attempt, u.epoch, u.payload, u.expires_at, "
+            f"{self.my_alive}, (SELECT count(*) FROM dead) FROM (SELECT 1) one "
+            "LEFT JOIN pick p ON true LEFT JOIN u ON true"
+        )

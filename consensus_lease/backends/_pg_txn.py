@@ -1,0 +1,177 @@
+"""Transactional fencing on PostgreSQL: :meth:`consensus_lease.Lease.transaction`.
+
+When the effect's destination is the lease store's own database, the effect and the
+ownership check can be one transaction. ``with lease.transaction(conn):`` opens a
+transaction on *your* psycopg connection (a savepoint if one is already open, exactly as
+``conn.transaction()`` does) and, as its first statement, locks the lease's job row::
+
+    SELECT ... FROM cl_jobs j JOIN cl_sessions s ...
+    WHERE j.job_id = ... AND j.session_id = <this session> AND j.generation = <g>
+      AND j.completed_at IS NULL AND s.expires_at > clock_timestamp()
+    FOR SHARE OF j
+
+What it guarantees (effects *inside this database*):
+
+* The block runs only if, when the lock was taken, this session held the job at this
+  generation on the server's clock; otherwise ``StaleLeaseError`` / ``SessionExpired``
+  and the transaction is rolled back.
+* From then until the transaction ends (the outer commit or rollback, savepoint or not:
+  row locks are kept until then), no claim of the job can commit: a claim locks the same
+  row for update (``ON CONFLICT DO UPDATE``) and waits. So the transaction's effects
+  commit *before* the next generation's claim, and that claim (and its holder) sees them.
+  A holder paused past its TTL in the middle of the block that resumes and commits still
+  commits — but nobody claimed the job in between: the takeover happens strictly after
+  the commit. Effects are therefore exactly once per generation when the block also
+  records the generation (or the completion), and never after a takeover (a block that
+  starts after one fails at the lock).
+* It says nothing about effects elsewhere (another database, an HTTP call): those still
+  need a fence (:mod:`consensus_lease.fencing`).
+
+What it costs:
+
+* One statement (a round trip) at the start of the block.
+* No claim of the job succeeds while the block is open — also after the holder's TTL
+  ran out, for as long as the transaction stays open (bound it with the server's
+  ``idle_in_transaction_session_timeout`` if you must). A claim waits for the row lock up
+  to the store connections' ``lock_timeout`` (``min(1 s, timeout_s / 2)``) and then
+  answers "not claimable" (``None``); ``claim(wait_s=...)`` keeps trying until the block
+  ends. Keep these transactions short.
+* ``lock_timeout_s`` bounds how long taking the lock may wait (a claim or completion of
+  the same job in flight): past it ``BackendUnavailable``, the transaction is rolled back,
+  the lease is still held.
+* Inside the block, do not end the same lease (``complete``, ``release``, ``fail``): they
+  run on the store's own connection and would wait for this block's lock until
+  ``timeout_s``. End it after the block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import errors as pgerrors
+
+from .._epoch import compose, split
+from ..backend import SessionHandle
+from ..errors import InvalidArgument, OutcomeUnknown, StaleLeaseError
+from ._pg_client import translate
+from ._pg_schema import NOW
+
+if TYPE_CHECKING:
+    from ..record import ClaimResult
+    from .postgresql import PostgresBackend
+
+__all__ = ["lease_transaction"]
+
+
+@contextmanager
+def lease_transaction(
+    backend: PostgresBackend, session: SessionHandle, job_id: str, claim: ClaimResult,
+    conn: object, lock_timeout_s: float | None,
+) -> Iterator[None]:
+    """See the module docstring.
+
+    Raises:
+        InvalidArgument: ``conn`` is not an open synchronous psycopg connection, or not to
+            the lease store's database (another database, or another store in it).
+        StaleLeaseError / SessionExpired: not held at this generation; rolled back.
+        BackendUnavailable: the lock was not granted within ``lock_timeout_s`` or the
+            server did not answer; rolled back; the lease may still be held.
+        OutcomeUnknown: the connection broke while committing: the effects may or may
+            not have committed (if they did, before any later claim).
+        What the block raises, unchanged (psycopg errors of your own statements too).
+    """
+    if not isinstance(conn, psycopg.Connection):
+        raise InvalidArgument(
+            "lease.transaction() needs a synchronous psycopg 3 Connection to the lease "
+            f"store's database, not {type(conn).__name__}", job_id=job_id,
+        )
+    if conn.closed:
+        raise InvalidArgument("lease.transaction(): the connection is closed", job_id=job_id)
+    n = backend.names
+    epoch, local = split(claim.generation, backend.epoch_shift)
+    params = {"job": job_id, "sid": session.session_id, "gen": local, "epoch": epoch}
+    lock = (
+        f"SELECT m.identity, l.job_id IS NOT NULL FROM {n.meta} m LEFT JOIN ("
+        f"SELECT j.job_id FROM {n.jobs} j JOIN {n.sessions} s ON s.session_id = j.session_id "
+        "WHERE j.job_id = %(job)s AND j.session_id = %(sid)s AND j.generation = %(gen)s "
+        f"AND j.epoch = %(epoch)s AND j.completed_at IS NULL AND s.expires_at > {NOW} "
+        "FOR SHARE OF j) l ON true WHERE m.id = 1"
+    )
+    try:
+        tx = conn.transaction()
+        tx.__enter__()
+    except psycopg.Error as exc:
+        raise translate(exc, "lease.transaction(): cannot begin", job_id) from exc
+    try:
+        _lock(conn, lock, params, backend, lock_timeout_s, job_id)
+    except BaseException as exc:
+        _quietly_exit(tx, exc)
+        raise
+    try:
+        yield
+    except BaseException as exc:
+        _quietly_exit(tx, exc)
+        raise
+    try:
+        tx.__exit__(None, None, None)
+    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+        if conn.broken or conn.closed:
+            raise OutcomeUnknown(
+                f"lease.transaction(): the connection broke while committing ({exc}); the "
+                "effects may or may not have committed (if they did, before any later "
+                "claim of the job)", job_id=job_id, generation=claim.generation,
+            ) from exc
+        raise
+
+
+def _lock(
+    conn: psycopg.Connection[Any], sql: str, params: dict[str, Any], backend: PostgresBackend,
+    lock_timeout_s: float | None, job_id: str,
+) -> None:
+    """Take the row lock (see the module docstring) or raise."""
+    try:
+        previous = None
+        if lock_timeout_s is not None:
+            previous = conn.execute("SELECT current_setting('lock_timeout')").fetchone()
+            conn.execute("SELECT set_config('lock_timeout', %s, true)",
+                         (f"{max(1, int(lock_timeout_s * 1000))}ms",))
+        row = conn.execute(sql, params).fetchone()
+        if previous is not None:
+            conn.execute("SELECT set_config('lock_timeout', %s, true)", (previous[0],))
+    except pgerrors.UndefinedTable as exc:
+        raise InvalidArgument(
+            f"lease.transaction(): the connection's database has no consensus_lease store "
+            f"in schema {backend.names.schema!r}: connect to the lease store's database",
+            job_id=job_id,
+        ) from exc
+    except pgerrors.SerializationFailure as exc:
+        raise StaleLeaseError(
+            f"lease.transaction(): {job_id!r} changed after this transaction's snapshot "
+            "(REPEATABLE READ / SERIALIZABLE): it was claimed or ended meanwhile",
+            job_id=job_id, generation=_token(params, backend),
+        ) from exc
+    except psycopg.Error as exc:
+        raise translate(exc, "lease.transaction(): locking the lease row", job_id) from exc
+    if row is None or row[0] != backend.identity:
+        raise InvalidArgument(
+            "lease.transaction(): the connection is to another consensus_lease store than "
+            f"the lease's (schema {backend.names.schema!r} of another database): effects "
+            "and lease must be in the same database", job_id=job_id,
+        )
+    if not row[1]:
+        raise backend._reject(SessionHandle(str(params["sid"]), "", 0.0), job_id,
+                              _token(params, backend))
+
+
+def _token(params: dict[str, Any], backend: PostgresBackend) -> int:
+    """The lease's token from the lock statement's parameters."""
+    return compose(int(params["epoch"]), int(params["gen"]), backend.epoch_shift)
+
+
+def _quietly_exit(tx: Any, exc: BaseException) -> None:
+    """Roll the transaction (or savepoint) back, keeping ``exc`` the error raised."""
+    with suppress(psycopg.Error):  # a broken connection: nothing committed; exc is raised
+        tx.__exit__(type(exc), exc, exc.__traceback__)

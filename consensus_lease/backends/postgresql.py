@@ -1,0 +1,649 @@
+"""A lease store in a PostgreSQL database you already run.
+
+``open_store("postgresql://user:password@host:5432/dbname?schema=jobs")``: psycopg 3 with a
+``psycopg_pool`` connection pool (``pip install consensus_lease[postgresql]``). The part
+before ``?`` is handed to libpq as it is (any libpq URI works: percent-encoded password,
+``host=/run/postgresql`` sockets ...); the query string carries only the options below.
+
+How the protocol maps onto PostgreSQL (the same tables as the SQLite store,
+:mod:`consensus_lease.backends.sqlite`, in the URL's ``schema``):
+
+* A worker session is a row of ``cl_sessions`` with ``expires_at`` on the **server's
+  clock**. Every statement reads the time inside SQL with ``clock_timestamp()`` at the
+  moment it compares (never ``now()``, the transaction's start: see
+  :data:`~consensus_lease.backends._pg_schema.NOW`), so a worker whose clock is wrong
+  cannot extend or steal anything. One keepalive is one ``UPDATE`` of that row, however
+  many jobs the session holds.
+* A job is a row of ``cl_jobs``: ``generation`` (the fencing token, +1 per claim), the
+  holder's ``session_id``, the completion record, the lifecycle columns (``attempt``,
+  ``max_attempts``, ``not_before``, ``failed_at``, ``error``), the ``epoch`` of its claim
+  and an election leader's ``value``. A job is held iff its session row is alive.
+* Every operation on a job is **one statement** (one round trip, its own transaction):
+  a claim is one ``INSERT ... ON CONFLICT (job_id) DO UPDATE ... WHERE <claimable>
+  RETURNING generation``; complete, release, fail and set_value are one ``UPDATE ...
+  WHERE session_id = me AND generation = g AND <my session alive>``. PostgreSQL locks the
+  job row for the ``UPDATE`` and re-checks the ``WHERE`` on its newest version after
+  waiting for a concurrent writer (READ COMMITTED, https://www.postgresql.org/docs/15/
+  transaction-iso.html#XACT-READ-COMMITTED), so two claims, or a claim and a
+  completion, of one job are serialised and the second sees the first.
+* "Claimable" needs the holder's session to be *visibly* expired, and locks that session
+  row (``FOR SHARE``) while checking it: a keepalive of the holder that was evaluated
+  before the claim but committed after the claim's snapshot makes the claim wait and then
+  see the new expiry, instead of taking the job from a worker that was just renewed; a
+  keepalive arriving after the claim's lock waits and then finds its session expired.
+  Lock order is always the job row, then the session row.
+* Waiting claims (``claim(wait_s=)``, ``claim_next(wait_s=)``) are woken by
+  ``LISTEN/NOTIFY``: every statement that can make a job claimable (release, fail,
+  enqueue, requeue, a closed session, an election's change) sends ``pg_notify`` on the
+  store's channel in its own transaction (delivered at commit). A completion does not
+  (it makes nothing claimable; PostgreSQL serialises the commits of notifying
+  transactions, which would cap completions/s): a claim waiting on a job that another
+  process completes learns it at its next poll. One listener
+  connection per process pokes the subscription poller, which then asks the database in
+  one read which waited-for jobs and queues are claimable (:meth:`claimable_hint`) and
+  wakes exactly those. Expiry sends nothing (nobody writes when a TTL runs out), so the
+  poller also polls every ``poll_interval_s``: the bounded fallback, also while the
+  listener reconnects.
+* The store epoch is ``cl_meta.epoch``, read by the claim statement itself and recorded in
+  the job row; tokens are ``epoch * 2**32 + generation``.
+* The schema is created by the first process that opens the store and versioned
+  (:mod:`consensus_lease.backends._pg_schema` has the migration path).
+* **Transactional fencing**: :meth:`~consensus_lease.Lease.transaction` locks the lease's
+  row inside your own transaction on this database (:mod:`._pg_txn`).
+
+Not detected: a database restored from a backup while workers run (no file identity to
+compare, as SQLite has): follow the runbook, stop the workers, restore, ``bump-epoch``.
+
+Options (URL query string or keyword arguments of ``open_store``; keyword arguments win):
+
+=================  ===============  =====================================================
+option             default          meaning
+=================  ===============  =====================================================
+schema             consensus_lease  the PostgreSQL schema holding the store's tables
+connect_timeout_s  5.0              seconds to open a connection (``open_store`` fails
+                                    with ``BackendUnavailable`` after it)
+timeout_s          5.0              seconds one statement may run (``statement_timeout``)
+                                    or a send stay unacknowledged (``tcp_user_timeout``);
+                                    also the wait for a pooled connection
+poll_interval_s    0.1              the fallback poll of waiting claims (expiry; the
+                                    listener being away)
+pool_size          10               most pooled connections of this process (+1 listener)
+create             true             create the schema and tables if missing; ``false``:
+                                    a missing store is ``InvalidArgument``
+=================  ===============  =====================================================
+
+Errors: an unreachable server is ``BackendUnavailable``, bad credentials
+``AuthenticationFailed``; a connection that breaks after a write was sent is settled by
+reading back (``OutcomeUnknown`` only where that cannot tell). No psycopg exception
+escapes.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Collection, Mapping, Sequence
+from contextlib import AbstractContextManager, suppress
+from typing import Any
+from urllib.parse import urlsplit
+
+import psycopg
+from psycopg import errors as pgerrors
+from psycopg.conninfo import conninfo_to_dict
+
+from .._election import ELECTION_PREFIX, ChangeTracker, is_election_key
+from .._epoch import compose, next_epoch, split
+from .._subscriptions import Unsubscribe, WakeCallback
+from ..backend import Capabilities, SessionHandle, StateListener
+from ..errors import (
+    BackendUnavailable,
+    InvalidArgument,
+    JobCompleted,
+    JobFailed,
+    LeaseError,
+    SessionExpired,
+    StaleLeaseError,
+)
+from ..options import Option, OptionTable
+from ..record import ClaimResult, LeaseRecord
+from ._pg_client import Client, Listener, SentMaybe, translate
+from ._pg_queue import QueueOps
+from ._pg_schema import MIGRATIONS, NOW, SCHEMA_VERSION, Names, check_schema_name
+from ._pg_sql import Statements
+
+__all__ = ["PostgresBackend"]
+
+OPTIONS = OptionTable(
+    "PostgreSQL",
+    [
+        Option("schema", "str", "consensus_lease", "schema holding the store's tables"),
+        Option("connect_timeout_s", "seconds", 5.0, "seconds to open a connection"),
+        Option("timeout_s", "seconds", 5.0, "seconds one statement may take"),
+        Option("poll_interval_s", "seconds", 0.1,
+               "fallback re-check interval of waiting claims (expiry)"),
+        Option("pool_size", "int", 10, "most pooled connections", minimum=1, maximum=1000),
+        Option("create", "bool", True, "create the schema and tables if missing"),
+    ],
+)
+"""The options of ``postgresql://`` URLs (see the module docstring)."""
+
+
+class PostgresBackend(QueueOps):
+    """A lease store in a PostgreSQL database. See the module docstring.
+
+    Args:
+        conninfo: libpq URI or connection string (without our options).
+        schema: the schema of the store's tables (a lower-case identifier).
+        connect_timeout_s / timeout_s / poll_interval_s / pool_size / create: the options.
+
+    Raises:
+        InvalidArgument: bad schema name; ``create`` is false and there is no store; the
+            store was written by a newer version (``schema_version`` above ours).
+        AuthenticationFailed: the server refused the credentials.
+        BackendUnavailable: the server cannot be reached within ``connect_timeout_s``.
+    """
+
+    scheme = "postgresql"
+    capabilities = Capabilities(
+        cross_process=True,
+        store_watch=True,
+        consecutive_generations=True,
+        min_ttl_s=0.05,
+        max_ttl_s=7 * 24 * 3600.0,
+        max_batch_claim=1,
+        queues=True,
+        max_payload_bytes=16 * 1024 * 1024,
+        description="PostgreSQL database (LISTEN/NOTIFY, server clock)",
+        epoch=True,
+        elections=True,
+        max_enqueue_batch=1000,
+        max_queue_jobs=None,
+    )
+
+    def __init__(
+        self, conninfo: str, *, schema: str = "consensus_lease", connect_timeout_s: float = 5.0,
+        timeout_s: float = 5.0, poll_interval_s: float = 0.1, pool_size: int = 10,
+        create: bool = True,
+    ) -> None:
+        self.names = Names(check_schema_name(schema))
+        self.sql = Statements(self.names)
+        self.poll_interval_s = poll_interval_s
+        self.timeout_s = timeout_s
+        self.where = f"store {schema!r}"
+        self.client = Client(conninfo, connect_timeout_s=connect_timeout_s,
+                             timeout_s=timeout_s, pool_size=pool_size, where=self.where)
+        self._elections = ChangeTracker()
+        self._listener: Listener | None = None
+        self._listener_lock = threading.Lock()
+        self._closed = False
+        self.identity = self._prepare(create)
+        self.client.open_pool()
+
+    @classmethod
+    def from_url(cls, url: str, options: Mapping[str, object]) -> PostgresBackend:
+        conninfo = url.split("?", 1)[0]
+        if not conninfo.lower().startswith("postgresql://") or conninfo == "postgresql://":
+            raise InvalidArgument(
+                f"PostgreSQL URL must be postgresql://user:password@host:port/dbname, got "
+                f"{conninfo.split('@')[-1]!r}"
+            )
+        try:
+            conninfo_to_dict(conninfo)  # libpq's own parser
+            parts = urlsplit(conninfo)
+            if "," not in parts.netloc:  # one host: libpq checks its port only on connect
+                _ = parts.port
+        except (psycopg.ProgrammingError, ValueError) as exc:
+            raise InvalidArgument(f"malformed PostgreSQL URL: {exc}") from None
+        parsed = OPTIONS.parse(options)
+        return cls(
+            conninfo,
+            schema=parsed.text("schema") or "consensus_lease",
+            connect_timeout_s=parsed.seconds("connect_timeout_s"),
+            timeout_s=parsed.seconds("timeout_s"),
+            poll_interval_s=parsed.seconds("poll_interval_s"),
+            pool_size=parsed.integer("pool_size"),
+            create=parsed.flag("create"),
+        )
+
+    # -- schema --------------------------------------------------------------------------
+
+    def _prepare(self, create: bool) -> str:
+        """Create or migrate the schema (see :mod:`._pg_schema`); return the store's
+        identity."""
+        n = self.names
+        conn = self.client.connect()
+        try:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
+                             (f"consensus_lease:{n.schema}",))
+                exists = conn.execute("SELECT to_regclass(%s)", (f"{n.s}.cl_meta",)).fetchone()
+                if exists is None or exists[0] is None:
+                    if not create:
+                        raise InvalidArgument(
+                            f"no consensus_lease store in schema {n.schema!r} of this "
+                            "database and create=false; check the URL's schema, or open "
+                            "it with create=true"
+                        )
+                    for statement in n.ddl():
+                        conn.execute(statement)
+                    conn.execute(
+                        f"INSERT INTO {n.meta} (id, schema_version, epoch, identity) "
+                        "VALUES (1, %s, 0, %s) ON CONFLICT (id) DO NOTHING",
+                        (SCHEMA_VERSION, uuid.uuid4().hex),
+                    )
+                row = conn.execute(
+                    f"SELECT schema_version, identity FROM {n.meta} WHERE id = 1"
+                ).fetchone()
+                if row is None:
+                    raise InvalidArgument(f"schema {n.schema!r} has an empty cl_meta table")
+                version, identity = int(row[0]), str(row[1])
+                if version > SCHEMA_VERSION:
+                    raise InvalidArgument(
+                        f"the store in schema {n.schema!r} has schema_version {version}, "
+                        f"written by a newer consensus_lease (this one knows "
+                        f"{SCHEMA_VERSION}); upgrade this worker"
+                    )
+                for v in range(version, SCHEMA_VERSION):
+                    for statement in MIGRATIONS[v]:
+                        conn.execute(statement.format(s=n.s))
+                if version < SCHEMA_VERSION:
+                    conn.execute(f"UPDATE {n.meta} SET schema_version = %s",
+                                 (SCHEMA_VERSION,))
+            return identity
+        except psycopg.Error as exc:
+            raise translate(exc, f"PostgreSQL {self.where}: preparing the schema") from exc
+        finally:
+            conn.close()
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    def _p(self, session: SessionHandle, job_id: str, claim: ClaimResult | None = None,
+           **more: Any) -> dict[str, Any]:
+        params: dict[str, Any] = {"job": job_id, "sid": session.session_id,
+                                  "owner": session.owner, "chan": self.names.channel}
+        if claim is not None:
+            params["epoch"], params["gen"] = split(claim.generation, self.epoch_shift)
+        params.update(more)
+        return params
+
+    def _reject(self, session: SessionHandle, job_id: str, generation: int) -> LeaseError:
+        """Why an owner+generation compare failed (read after it)."""
+        row = self._one(
+            f"SELECT j.generation, j.session_id, j.completed_at, j.epoch, {self.sql.my_alive} "
+            f"FROM {self.names.jobs} j WHERE j.job_id = %(job)s",
+            {"job": job_id, "sid": session.session_id}, job_id,
+        )
+        current = None if row is None else compose(int(row[3]), int(row[0]), self.epoch_shift)
+        if row is not None and current == generation and row[1] == session.session_id \
+                and not row[4]:
+            return SessionExpired(f"session {session.session_id} expired in the store",
+                                  job_id=job_id, generation=generation)
+        what = "completed" if row is not None and row[2] is not None else "held or released"
+        return StaleLeaseError(
+            f"{job_id!r} is not held by session {session.session_id} at generation "
+            f"{generation}: the store has generation {current} ({what})",
+            job_id=job_id, generation=generation, current_generation=current,
+        )
+
+    def _held_now(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> bool:
+        row = self._one(f"SELECT 1 FROM {self.names.jobs} j WHERE {self.sql.held}",
+                        self._p(session, job_id, claim), job_id)
+        return row is not None
+
+    # -- sessions ------------------------------------------------------------------------
+
+    def open_session(
+        self, owner: str, ttl_s: float, on_event: StateListener | None = None
+    ) -> SessionHandle:
+        session_id = uuid.uuid4().hex
+
+        def run(c: psycopg.Connection[tuple[Any, ...]]) -> None:
+            c.execute(self.sql.gc_sessions)
+            c.execute(self.sql.open_session, (session_id, owner, ttl_s, ttl_s))
+
+        def settle() -> None:
+            raise BackendUnavailable(f"PostgreSQL {self.where}: opening a session got no "
+                                     "answer (a session made then expires by its TTL)")
+
+        self.client.write(None, run, settle)
+        return SessionHandle(session_id, owner, ttl_s)
+
+    def keepalive(self, session: SessionHandle) -> float:
+        sid = session.session_id
+        for attempt in (1, 2):
+            try:
+                with self.client.conn() as c:
+                    row = c.execute(self.sql.keepalive, (sid,)).fetchone()
+                break
+            except SentMaybe as exc:  # idempotent: once more on another connection
+                if attempt == 2:
+                    raise translate(exc.cause, f"PostgreSQL {self.where}") from exc
+        if row is None:
+            raise SessionExpired(f"session {sid} expired in the store")
+        return float(row[0])
+
+    def close_session(self, session: SessionHandle) -> None:
+        n = self.names
+
+        def run(c: psycopg.Connection[tuple[Any, ...]]) -> None:
+            with c.transaction():  # job rows first, then the session row: the lock order
+                c.execute(f"UPDATE {n.jobs} SET session_id = NULL, value = NULL "
+                          "WHERE session_id = %s", (session.session_id,))
+                c.execute(f"DELETE FROM {n.sessions} WHERE session_id = %s",
+                          (session.session_id,))
+                c.execute("SELECT pg_notify(%s, '')", (n.channel,))
+
+        with suppress(BackendUnavailable):  # best effort: the TTL ends it
+            self.client.write(None, run, lambda: None)
+        self.wake_subscribers()
+
+    def expire_session(self, session_id: str) -> None:
+        """Test hook: make the store expire a session now, as its TTL running out would."""
+        self.client.write(None, lambda c: c.execute(
+            f"WITH u AS (UPDATE {self.names.sessions} SET expires_at = {NOW} - 0.001 "
+            "WHERE session_id = %s RETURNING 1) SELECT pg_notify(%s, '')",
+            (session_id, self.names.channel)))
+        self.wake_subscribers()
+
+    # -- jobs ----------------------------------------------------------------------------
+
+    def claim(self, session: SessionHandle, job_id: str) -> ClaimResult | None:
+        """Claim ``job_id`` (see :meth:`Backend.claim`): one statement; the token carries
+        the epoch read in it. A lost answer is settled by reading the row back (held by
+        this session: it was applied). A job row locked by an open ``lease.transaction``
+        for longer than the connections' ``lock_timeout`` (:meth:`Client.lock_wait_ms`)
+        is reported as held (``None``): a waiting claim tries again when woken.
+
+        Raises:
+            JobCompleted / JobFailed / SessionExpired / BackendUnavailable.
+        """
+        election = is_election_key(job_id)
+        sql = self.sql.claim_notify if election else self.sql.claim
+        params = self._p(session, job_id)
+
+        def run(c: psycopg.Connection[tuple[Any, ...]]) -> tuple[Any, ...] | None:
+            try:
+                return c.execute(sql, params).fetchone()
+            except pgerrors.LockNotAvailable:
+                return ()  # the row is locked (an open lease.transaction): held
+
+        def settle() -> tuple[Any, ...] | None:
+            row = self._one(
+                f"SELECT j.generation, j.attempt, j.epoch, s.expires_at FROM {self.names.jobs} "
+                f"j JOIN {self.names.sessions} s ON s.session_id = j.session_id "
+                "WHERE j.job_id = %(job)s AND j.session_id = %(sid)s", params, job_id)
+            if row is not None:
+                return row  # it was applied
+            return self.client.write(job_id, run)  # it was not: once more
+
+        row = self.client.write(job_id, run, settle)
+        if row == ():
+            return None
+        if row is not None:
+            if election:
+                self.wake_subscribers()
+            return ClaimResult(compose(int(row[2]), int(row[0]), self.epoch_shift),
+                               float(row[3]), int(row[1]))
+        refusal = self._refusal(session, job_id)
+        if refusal is not None:
+            raise refusal
+        return None
+
+    def _refusal(self, session: SessionHandle, job_id: str) -> LeaseError | None:
+        """After a claim did not apply: SessionExpired, JobCompleted or JobFailed if that
+        is why (else ``None``); first moves a job whose attempts are used up, and which
+        nobody holds, to FAILED."""
+        params = {"job": job_id, "sid": session.session_id}
+
+        def run(c: psycopg.Connection[tuple[Any, ...]]) -> tuple[Any, ...] | None:
+            try:
+                return c.execute(self.sql.refusal, params).fetchone()
+            except pgerrors.LockNotAvailable:
+                return None  # an exhausted job locked by an open lease.transaction: held
+
+        row = self.client.write(job_id, run, lambda: None)
+        if row is None:
+            return None
+        local, completed_at, failed_at, attempt, error, epoch, alive = row
+        if not alive:
+            return SessionExpired(f"session {session.session_id} expired in the store",
+                                  job_id=job_id)
+        if local is None:
+            return None
+        generation = compose(int(epoch), int(local), self.epoch_shift)
+        if completed_at is not None:
+            return JobCompleted(f"{job_id!r} was completed at generation {generation}",
+                                job_id=job_id, generation=generation)
+        if failed_at is not None:
+            return JobFailed(f"{job_id!r} FAILED after {attempt} attempt(s): {error}",
+                             job_id=job_id, generation=generation, attempt=int(attempt),
+                             error=error)
+        return None
+
+    def renew(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> float:
+        params = self._p(session, job_id, claim)
+        row = self._one(self.sql.renew, params, job_id)  # idempotent: read() retries once
+        if row is None:
+            raise self._reject(session, job_id, claim.generation)
+        return float(row[0])
+
+    def complete(
+        self, session: SessionHandle, job_id: str, claim: ClaimResult, result: bytes
+    ) -> LeaseRecord:
+        params = self._p(session, job_id, claim, result=result)
+        again_sql = (f"SELECT 1 FROM {self.names.jobs} WHERE job_id = %(job)s AND generation "
+                     "= %(gen)s AND epoch = %(epoch)s AND completed_session = %(sid)s")
+
+        def run(c: psycopg.Connection[tuple[Any, ...]]) -> tuple[Any, ...] | None:
+            return c.execute(self.sql.complete, params).fetchone()
+
+        # A lost answer: once more on another connection (a repeat finds its own
+        # completion below, so the result is applied at most once).
+        row = self.client.write(job_id, run, lambda: self.client.write(job_id, run))
+        self.wake_subscribers()
+        if row is not None:
+            return self._to_record(row)  # the statement returns the COMPLETED record
+        if self._one(again_sql, params, job_id) is None:
+            raise self._reject(session, job_id, claim.generation)
+        record = self.get(job_id)  # a repeat of this session's completion
+        assert record is not None
+        return record
+
+    def release(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> None:
+        params = self._p(session, job_id, claim)
+
+        def run(c: psycopg.Connection[tuple[Any, ...]]) -> tuple[Any, ...] | None:
+            return c.execute(self.sql.release, params).fetchone()
+
+        def settle() -> tuple[Any, ...] | None:
+            if self._held_now(session, job_id, claim):  # not applied: once more
+                return self.client.write(job_id, run)
+            return (1,)  # not held by us any more: released (or lost), either way ended
+
+        row = self.client.write(job_id, run, settle)
+        if row is None:
+            raise self._reject(session, job_id, claim.generation)
+        self.wake_subscribers()
+
+    def set_value(
+        self, session: SessionHandle, job_id: str, claim: ClaimResult, value: bytes
+    ) -> None:
+        """Write an election leader's value: one ``UPDATE`` with the owner + generation
+        compare of ``release`` (see :meth:`Backend.set_value`).
+
+        Raises:
+            StaleLeaseError / SessionExpired / BackendUnavailable / OutcomeUnknown.
+        """
+        params = self._p(session, job_id, claim, value=value)
+
+        def run(c: psycopg.Connection[tuple[Any, ...]]) -> tuple[Any, ...] | None:
+            return c.execute(self.sql.set_value, params).fetchone()
+
+        row = self.client.write(job_id, run, lambda: self.client.write(job_id, run))
+        if row is None:
+            raise self._reject(session, job_id, claim.generation)
+        self.wake_subscribers()
+
+    def fail(
+        self, session: SessionHandle, job_id: str, claim: ClaimResult, error: str,
+        retry_in_s: float,
+    ) -> LeaseRecord:
+        params = self._p(session, job_id, claim, error=error, retry=retry_in_s)
+
+        def run(c: psycopg.Connection[tuple[Any, ...]]) -> tuple[Any, ...] | None:
+            return c.execute(self.sql.fail, params).fetchone()
+
+        def settle() -> tuple[Any, ...] | None:
+            if self._held_now(session, job_id, claim):
+                return self.client.write(job_id, run)  # not applied: once more
+            done = self._one(
+                f"SELECT 1 FROM {self.names.jobs} WHERE job_id = %(job)s AND generation = "
+                "%(gen)s AND epoch = %(epoch)s AND session_id IS NULL AND error = %(error)s "
+                "AND completed_at IS NULL", params, job_id)
+            return done  # None: not held and not our failure: rejected below
+
+        row = self.client.write(job_id, run, settle)
+        if row is None:
+            raise self._reject(session, job_id, claim.generation)
+        self.wake_subscribers()
+        record = self.get(job_id)
+        assert record is not None
+        return record
+
+    def requeue(self, job_id: str) -> LeaseRecord:
+        n = self.names
+        row = self.client.write(job_id, lambda c: c.execute(
+            f"WITH u AS (UPDATE {n.jobs} SET failed_at = NULL, not_before = NULL, "
+            "attempt_base = attempt WHERE job_id = %s AND failed_at IS NOT NULL RETURNING 1) "
+            "SELECT pg_notify(%s, '') FROM u", (job_id, n.channel)).fetchone())
+        record = self.get(job_id)
+        if row is None or record is None:
+            state = "unknown" if record is None else record.state.value
+            raise InvalidArgument(
+                f"only a FAILED job can be requeued; {job_id!r} is {state}", job_id=job_id
+            )
+        self.wake_subscribers()
+        return record
+
+    # -- reading -------------------------------------------------------------------------
+
+    def get(self, job_id: str) -> LeaseRecord | None:
+        row = self._one(self.sql.select + " WHERE j.job_id = %s", (job_id,), job_id)
+        return None if row is None else self._to_record(row)
+
+    def records(self, limit: int | None = None) -> list[LeaseRecord]:
+        sql = (self.sql.select + " WHERE left(j.job_id, %s) <> %s ORDER BY j.job_id COLLATE "
+               '"C"')
+        params: tuple[Any, ...] = (len(ELECTION_PREFIX), ELECTION_PREFIX)
+        if limit is not None:
+            sql += " LIMIT %s"
+            params = (*params, int(limit))
+        return [self._to_record(r) for r in self.client.read(sql, params)]
+
+    def store_time(self) -> float | None:
+        """The server's clock now, seconds since the epoch."""
+        row = self._one(f"SELECT {NOW}", None)
+        assert row is not None
+        return float(row[0])
+
+    # -- the store epoch -----------------------------------------------------------------
+
+    def epoch(self) -> int:
+        row = self._one(f"SELECT epoch FROM {self.names.meta} WHERE id = 1", None)
+        return 0 if row is None else int(row[0])
+
+    def bump_epoch(self, above: int | None = None) -> int:
+        """Raise ``cl_meta.epoch`` in one transaction that locks the row (see
+        :meth:`Backend.bump_epoch`).
+
+        Raises:
+            InvalidArgument: bad ``above`` or the int64 range; nothing changed.
+            BackendUnavailable / OutcomeUnknown (the answer was lost: read ``epoch()``).
+        """
+        meta = self.names.meta
+
+        def run(c: psycopg.Connection[tuple[Any, ...]]) -> int:
+            with c.transaction():
+                row = c.execute(f"SELECT epoch FROM {meta} WHERE id = 1 FOR UPDATE").fetchone()
+                new = next_epoch(0 if row is None else int(row[0]), above, self.epoch_shift)
+                c.execute(f"UPDATE {meta} SET epoch = %s WHERE id = 1", (new,))
+            return new
+
+        return int(self.client.write(None, run))
+
+    # -- waiting -------------------------------------------------------------------------
+
+    def wait_for_change(self, job_id: str, timeout_s: float) -> None:
+        self._wait(lambda wake: self.subscribe_job(job_id, wake), timeout_s)
+
+    def _ensure_listener(self) -> None:
+        """Start the LISTEN connection on first use; wait (bounded) until it listens so
+        that a change right after the caller subscribed is not missed (if it cannot, the
+        poll interval covers it)."""
+        if self._listener is not None or self._closed:
+            return
+        with self._listener_lock:
+            if self._listener is None and not self._closed:
+                self._listener = Listener(self.client, self.names.listen,
+                                          self.wake_subscribers)
+        self._listener.wait_ready(self.client.connect_timeout_s)
+
+    def subscribe_job(self, job_id: str, callback: WakeCallback) -> Unsubscribe:
+        self._ensure_listener()
+        return super().subscribe_job(job_id, callback)
+
+    def subscribe_queue(self, queue: str, callback: WakeCallback) -> Unsubscribe:
+        self._ensure_listener()
+        return super().subscribe_queue(queue, callback)
+
+    def claimable_hint(
+        self, job_ids: Sequence[str], queues: Sequence[str]
+    ) -> tuple[Collection[str], Collection[str]] | None:
+        """One read for every waiting claim of this process (two with election keys):
+        the subscribed jobs not held by a live session nor in a retry delay (completed and
+        FAILED ones included), the election keys whose holder, liveness or value changed
+        since the last poll, and the queues with a claimable job. Server clock."""
+        n = self.names
+        rows = self.client.read(
+            f"SELECT 'j', j.job_id FROM {n.jobs} j WHERE j.job_id = ANY(%(ids)s) "
+            "AND j.completed_at IS NULL AND j.failed_at IS NULL "
+            f"AND ((j.not_before IS NOT NULL AND j.not_before > {NOW}) OR {self.sql.alive_j}) "
+            f"UNION ALL SELECT 'q', q FROM unnest(%(queues)s::text[]) q WHERE EXISTS "
+            f"(SELECT 1 FROM {n.jobs} j WHERE j.queue = q AND j.completed_at IS NULL "
+            f"AND j.failed_at IS NULL AND (j.not_before IS NULL OR j.not_before <= {NOW}) "
+            f"AND NOT {self.sql.alive_j})",
+            {"ids": list(job_ids), "queues": list(queues)},
+        )
+        blocked = {r[1] for r in rows if r[0] == "j"}
+        ready = [r[1] for r in rows if r[0] == "q"]
+        keys = [j for j in job_ids if is_election_key(j)]
+        states: dict[str, tuple[Any, ...] | None] = dict.fromkeys(keys)
+        if keys:
+            for row in self.client.read(
+                f"SELECT j.job_id, j.epoch, j.generation, j.session_id, j.value, "
+                f"{self.sql.alive_j} FROM {n.jobs} j WHERE j.job_id = ANY(%s)", (keys,),
+            ):
+                states[row[0]] = tuple(row[1:])
+        changed = self._elections.changed(states)
+        return [j for j in job_ids if j in changed
+                or (j not in states and j not in blocked)], ready
+
+    # -- transactional fencing -----------------------------------------------------------
+
+    def lock_in(
+        self, session: SessionHandle, job_id: str, claim: ClaimResult, conn: object,
+        lock_timeout_s: float | None,
+    ) -> AbstractContextManager[None]:
+        """See :meth:`consensus_lease.Lease.transaction` and :mod:`._pg_txn`."""
+        from ._pg_txn import lease_transaction
+
+        return lease_transaction(self, session, job_id, claim, conn, lock_timeout_s)
+
+    def close(self) -> None:
+        self._closed = True
+        with self._listener_lock:
+            listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
+        self.close_subscriptions()
+        self.client.close()

@@ -1,0 +1,262 @@
+"""What is particular to the PostgreSQL store: the race a claim must wait out, the
+wake-up by LISTEN/NOTIFY, SKIP LOCKED, errors, the schema's version, a broken connection.
+
+The behaviour every backend shares is in the conformance suite
+(``tests/test_conformance_postgresql.py``). Needs ``CONSENSUS_LEASE_POSTGRES_URL``
+(skipped without it, failed under ``CI=true``). Nothing sleeps to synchronise: waits poll
+with deadlines.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from consensus_lease import LeaseStore, open_store
+from consensus_lease.backends.postgresql import PostgresBackend
+from consensus_lease.errors import (
+    AuthenticationFailed,
+    BackendUnavailable,
+    InvalidArgument,
+)
+from consensus_lease.testing.conformance import poll_until
+from consensus_lease.testing.postgresql import fresh_schema, postgres_url
+
+
+@pytest.fixture
+def base() -> str:
+    return postgres_url()
+
+
+@pytest.fixture
+def url(base: str) -> Iterator[str]:
+    with fresh_schema(base) as schema:
+        yield f"{base}?schema={schema}"
+
+
+@pytest.fixture
+def store(url: str) -> Iterator[LeaseStore]:
+    s = open_store(url)
+    yield s
+    s.close()
+
+
+def backend_of(store: LeaseStore) -> PostgresBackend:
+    assert isinstance(store.backend, PostgresBackend)
+    return store.backend
+
+
+def test_claim_waits_for_a_keepalive_in_flight_and_then_refuses(store: LeaseStore, base: str) -> None:
+    """The holder's session is expired by the clock, but a keepalive that found it alive
+    is not committed yet: the claim must wait for it and then see the new expiry."""
+    b = backend_of(store)
+    holder = b.open_session("A", 0.2)
+    other = b.open_session("B", 30.0)
+    assert b.claim(holder, "job") is not None
+    poll_until(lambda: b.get("job").state.value == "available", 5.0)  # type: ignore[union-attr]
+    with psycopg.connect(base) as side:  # not autocommit: the "keepalive" stays open
+        side.execute(
+            f"UPDATE {b.names.sessions} SET expires_at = "
+            "extract(epoch FROM clock_timestamp()) + 30 WHERE session_id = %s",
+            (holder.session_id,),
+        )
+        result: dict[str, Any] = {}
+        thread = threading.Thread(target=lambda: result.update(r=b.claim(other, "job")))
+        thread.start()
+        thread.join(0.5)
+        assert thread.is_alive(), "the claim must wait for the uncommitted keepalive"
+        side.commit()
+    thread.join(10.0)
+    assert not thread.is_alive()
+    assert result["r"] is None, "the renewed holder keeps the job"
+    assert b.get("job").owner == "A"  # type: ignore[union-attr]
+
+
+def test_a_release_wakes_a_waiting_claim_of_another_process_by_notify(url: str) -> None:
+    """With the fallback poll at 30 s only the notification can wake the waiter in time."""
+    waiter_store = open_store(url, poll_interval_s=30.0)
+    holder_store = open_store(url)
+    try:
+        holder = holder_store.session("holder", ttl_s=30.0)
+        lease = holder.claim("job")
+        assert lease is not None
+        waiter = waiter_store.session("waiter", ttl_s=30.0)
+        got: dict[str, Any] = {}
+
+        def wait() -> None:
+            got["lease"] = waiter.claim("job", wait_s=20.0)
+            got["at"] = time.monotonic()
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        poll_until(lambda: len(backend_of(waiter_store)._subscriptions()) > 0, 5.0)
+        released = time.monotonic()
+        lease.release()
+        thread.join(15.0)
+        assert got["lease"].generation == 2
+        assert got["at"] - released < 3.0  # a busy 2-core machine; the poll would take 30 s
+    finally:
+        waiter_store.close()
+        holder_store.close()
+
+
+def test_claim_next_skips_a_locked_job(store: LeaseStore, base: str) -> None:
+    """A job row locked by another transaction (a claim in flight, a lease.transaction)
+    is skipped, not waited for: claim_next takes the next job at once."""
+    b = backend_of(store)
+    store.enqueue_many("q", ["first", "second"])
+    session = store.session("w", ttl_s=30.0)
+    with psycopg.connect(base) as side:
+        side.execute(f"SELECT 1 FROM {b.names.jobs} WHERE job_id = 'first' FOR UPDATE")
+        started = time.monotonic()
+        lease = session.claim_next("q")
+        assert lease is not None and lease.job_id == "second"
+        assert time.monotonic() - started < 3.0
+        side.rollback()
+    nxt = session.claim_next("q")
+    assert nxt is not None and nxt.job_id == "first"
+
+
+def test_enqueue_many_is_one_transaction(store: LeaseStore) -> None:
+    store.enqueue("other", "taken")
+    with pytest.raises(InvalidArgument, match="outside queue"):
+        store.enqueue_many("q", ["a", "taken", "b"])
+    assert store.queue_jobs("q") == []
+    assert store.enqueue_many("q", ["a", "b"]) == [True, True]
+    assert store.enqueue_many("q", ["b", "c"]) == [False, True]
+    assert [j.record.job_id for j in store.queue_jobs("q")] == ["a", "b", "c"]
+    stats = store.queue_stats("q")
+    assert (stats.available, stats.held, stats.completed, stats.failed) == (3, 0, 0, 0)
+
+
+def test_a_broken_connection_before_a_claim_is_settled_by_reading_back(url: str, base: str) -> None:
+    s = open_store(url, pool_size=1)
+    try:
+        b = backend_of(s)
+        session = s.session("w", ttl_s=30.0)
+        pid = b.client.read("SELECT pg_backend_pid()")[0][0]
+        with psycopg.connect(base, autocommit=True) as side:
+            side.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        lease = session.claim("job")  # the pooled connection is dead: read back, retry
+        assert lease is not None and lease.generation == 1
+        lease.complete(b"ok")
+        assert s.get("job").result == b"ok"  # type: ignore[union-attr]
+    finally:
+        s.close()
+
+
+def test_unreachable_server_is_backend_unavailable() -> None:
+    started = time.monotonic()
+    with pytest.raises(BackendUnavailable) as info:
+        open_store("postgresql://u:p@127.0.0.1:1/db", connect_timeout_s=2.0)
+    assert not isinstance(info.value, AuthenticationFailed)
+    assert time.monotonic() - started < 10.0
+
+
+def test_wrong_password_is_authentication_failed(base: str) -> None:
+    scheme, rest = base.split("://", 1)
+    userinfo, host = rest.split("@", 1)
+    user = userinfo.split(":", 1)[0]
+    with pytest.raises(AuthenticationFailed):
+        open_store(f"{scheme}://{user}:not-the-password@{host}")
+
+
+@pytest.mark.parametrize("bad", ["Upper", "1x", "x-y", 'x"', "a" * 49])
+def test_bad_schema_name_is_refused(base: str, bad: str) -> None:
+    with pytest.raises(InvalidArgument, match="schema"):
+        open_store(base, schema=bad)
+
+
+def test_unknown_option_is_refused(base: str) -> None:
+    with pytest.raises(InvalidArgument, match="unknown PostgreSQL option"):
+        open_store(f"{base}?sslmode=disable")
+
+
+def test_create_false_on_a_missing_store_creates_nothing(url: str, base: str) -> None:
+    with pytest.raises(InvalidArgument, match="create=false"):
+        open_store(url, create=False)
+    schema = url.rsplit("=", 1)[1]
+    with psycopg.connect(base, autocommit=True) as side:
+        row = side.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone()
+    assert row is None
+
+
+def test_schema_is_versioned_and_a_newer_one_is_refused(store: LeaseStore, url: str, base: str) -> None:
+    b = backend_of(store)
+    with psycopg.connect(base, autocommit=True) as side:
+        version = side.execute(f"SELECT schema_version FROM {b.names.meta}").fetchone()
+        assert version == (1,)
+        side.execute(f"UPDATE {b.names.meta} SET schema_version = 99")
+    with pytest.raises(InvalidArgument, match="newer consensus_lease"):
+        open_store(url)
+
+
+def _listener_pids(base: str, channel: str) -> set[int]:
+    with psycopg.connect(base, autocommit=True) as side:
+        rows = side.execute(
+            "SELECT pid FROM pg_stat_activity WHERE query = %s AND pid <> pg_backend_pid()",
+            (f'LISTEN "{channel}"',),
+        ).fetchall()
+    return {int(r[0]) for r in rows}
+
+
+def test_the_listener_reconnects_and_wakes_again(url: str, base: str) -> None:
+    waiter_store = open_store(url, poll_interval_s=30.0)
+    holder_store = open_store(url)
+    try:
+        channel = backend_of(waiter_store).names.channel
+        holder = holder_store.session("holder", ttl_s=30.0)
+        lease = holder.claim("job")
+        assert lease is not None
+        waiter = waiter_store.session("waiter", ttl_s=30.0)
+        got: dict[str, Any] = {}
+        thread = threading.Thread(target=lambda: got.update(lease=waiter.claim("job", wait_s=25.0)))
+        thread.start()
+        first = poll_until(lambda: _listener_pids(base, channel), 5.0)
+        with psycopg.connect(base, autocommit=True) as side:
+            for pid in first:
+                side.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        poll_until(lambda: _listener_pids(base, channel) - first, 10.0)  # listening again
+        released = time.monotonic()
+        lease.release()
+        thread.join(20.0)
+        assert got["lease"].generation == 2
+        assert time.monotonic() - released < 5.0  # not the 30 s poll
+    finally:
+        waiter_store.close()
+        holder_store.close()
+
+
+def test_without_a_server_url_the_tests_skip_but_fail_under_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CONSENSUS_LEASE_POSTGRES_URL", raising=False)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true"):
+        postgres_url()
+    monkeypatch.setenv("CI", "")
+    with pytest.raises(pytest.skip.Exception):
+        postgres_url()
+
+
+def test_admin_commands_open_only_an_existing_store(url: str, base: str) -> None:
+    from consensus_lease.admin import open_existing_store
+
+    with pytest.raises(InvalidArgument, match="create=false"):
+        open_existing_store(url)
+    schema = url.rsplit("=", 1)[1]
+    with psycopg.connect(base, autocommit=True) as side:
+        assert side.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s",
+                            (schema,)).fetchone() is None
+    open_store(url).close()
+    open_existing_store(url).close()
+
+
+@pytest.mark.parametrize("bad", ["postgresql://u:secret@127.0.0.1:abc/db", "postgresql://"])
+def test_malformed_url_is_invalid_argument_without_the_password(bad: str) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        open_store(bad, connect_timeout_s=2.0)
+    assert "secret" not in str(info.value)
