@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from consensus_lease import EnqueueItem, LeaseStore, QueueStats, open_store
-from consensus_lease.backends.sqlite import COUNTS_OBJECTS, SqliteBackend
+from consensus_lease.backends.sqlite import QUEUE_OBJECTS, SqliteBackend
 
 
 @pytest.fixture
@@ -107,7 +107,7 @@ def test_a_store_written_before_the_counts_gets_them_on_open(url: str) -> None:
         backend = again.backend
         assert isinstance(backend, SqliteBackend)
         names = {r[0] for r in backend._db.execute("SELECT name FROM sqlite_master")}
-        assert COUNTS_OBJECTS.issubset(names)
+        assert QUEUE_OBJECTS.issubset(names)
     finally:
         again.close()
     reopened = open_store(url)  # filled once: opening again changes nothing

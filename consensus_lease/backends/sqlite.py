@@ -38,9 +38,10 @@ How the protocol maps onto SQLite:
 * A file restored from an older copy, replaced or wiped while workers run is noticed
   (``StoreRegressed`` for every session of the store) where the file shows it: see
   :mod:`consensus_lease.backends._sqlite_history` for what is and is not detected.
-* Queues: ``queue_candidates`` reads the oldest open jobs through the index
-  ``cl_jobs_by_queue (queue, completed_at, seq)``, so a claim costs the same at any depth
-  (it skips only held jobs, and FAILED ones, at the head). ``enqueue_many`` is one
+* Queues: ``queue_candidates`` reads the oldest open jobs through the partial index
+  ``cl_jobs_open (queue, seq) WHERE completed_at IS NULL AND failed_at IS NULL``, so a
+  claim costs the same at any depth and whatever number of COMPLETED or FAILED jobs
+  (it skips only held jobs, and jobs in a retry delay, at the head). ``enqueue_many`` is one
   transaction per ``max_enqueue_batch`` (10,000) jobs, atomic; ``claim_many`` one
   transaction per ``max_batch_claim`` (1,000) jobs. ``queue_stats`` is one statement:
   the per-queue counts of jobs, COMPLETED and FAILED ones in ``cl_queue_counts``, kept
@@ -157,7 +158,9 @@ SCHEMA_OBJECTS = frozenset(
     {"cl_sessions", "cl_jobs", "cl_jobs_by_session", "cl_jobs_by_queue", "cl_seq", "cl_meta"}
 )
 
-COUNTS_SCHEMA = (
+QUEUE_SCHEMA = (
+    "CREATE INDEX IF NOT EXISTS cl_jobs_open ON cl_jobs(queue, seq) "
+    "WHERE completed_at IS NULL AND failed_at IS NULL",
     "CREATE TABLE IF NOT EXISTS cl_queue_counts (queue TEXT PRIMARY KEY, "
     "jobs INTEGER NOT NULL, completed INTEGER NOT NULL, failed INTEGER NOT NULL) WITHOUT ROWID",
     "CREATE TRIGGER IF NOT EXISTS cl_count_insert AFTER INSERT ON cl_jobs "
@@ -180,12 +183,16 @@ COUNTS_SCHEMA = (
     "failed = failed + (NEW.failed_at IS NOT NULL) - (OLD.failed_at IS NOT NULL) "
     "WHERE queue = NEW.queue; END",
 )
-"""Per-queue counts of jobs, COMPLETED and FAILED ones, kept by triggers in the very
+"""What keeps queues fast at depth, created after the column migration (it uses
+``failed_at``): ``cl_jobs_open``, the open jobs (neither COMPLETED nor FAILED) of each
+queue in ``seq`` order, so ``queue_candidates`` never walks over dead letters or finished
+jobs; and per-queue counts of jobs, COMPLETED and FAILED ones, kept by triggers in the very
 statements that change them (so every writer keeps them, an older version of this
-library included); ``queue_stats`` reads them instead of every job."""
+library included), which ``queue_stats`` reads instead of every job."""
 
-COUNTS_OBJECTS = frozenset(
-    {"cl_queue_counts", "cl_count_insert", "cl_count_delete", "cl_count_update"}
+QUEUE_OBJECTS = frozenset(
+    {"cl_jobs_open", "cl_queue_counts", "cl_count_insert", "cl_count_delete",
+     "cl_count_update"}
 )
 
 COUNTS_FILL = (
@@ -359,8 +366,8 @@ class SqliteBackend(Backend):
                     db.execute(statement)
                 db.execute(META_INSERT, (uuid.uuid4().hex,))
         self._migrate()
-        if not COUNTS_OBJECTS.issubset(present):
-            self._add_counts()
+        if not QUEUE_OBJECTS.issubset(present):
+            self._add_queue_objects()
         identity, claims = self._db.execute(
             "SELECT identity, claims FROM cl_meta WHERE id = 1").fetchone()
         self._history.baseline(str(identity), int(claims))
@@ -380,13 +387,14 @@ class SqliteBackend(Backend):
                     db.execute(f"ALTER TABLE cl_jobs ADD COLUMN {name} {ADDED_COLUMNS[name]}")
             db.execute(META_INSERT, (uuid.uuid4().hex,))
 
-    def _add_counts(self) -> None:
-        """Create ``cl_queue_counts`` and its triggers, counting the jobs already there
-        (a store written by an earlier version), in one transaction."""
+    def _add_queue_objects(self) -> None:
+        """Create :data:`QUEUE_SCHEMA`'s index, ``cl_queue_counts`` and its triggers,
+        counting the jobs already there (a store written by an earlier version), in one
+        transaction."""
         with self._transaction() as db:
             had = db.execute(
                 "SELECT 1 FROM sqlite_master WHERE name = 'cl_queue_counts'").fetchone()
-            for statement in COUNTS_SCHEMA:
+            for statement in QUEUE_SCHEMA:
                 db.execute(statement)
             if had is None:
                 db.execute(COUNTS_FILL)
@@ -895,7 +903,7 @@ class SqliteBackend(Backend):
 
     def queue_candidates(self, queue: str, limit: int) -> list[tuple[str, bytes]]:
         rows = self._read(
-            "SELECT j.job_id, j.payload FROM cl_jobs j WHERE j.queue = ? "
+            "SELECT j.job_id, j.payload FROM cl_jobs j INDEXED BY cl_jobs_open WHERE j.queue = ? "
             "AND j.completed_at IS NULL AND j.failed_at IS NULL "
             f"AND (j.not_before IS NULL OR j.not_before <= {NOW}) "
             "AND NOT EXISTS (SELECT 1 FROM cl_sessions s "
