@@ -878,7 +878,7 @@ class SqliteBackend(Backend):
         """Counts of ``queue``'s jobs by state in one statement (one snapshot of the
         file): the totals from ``cl_queue_counts`` (kept by triggers in every statement
         that adds, ends or deletes a job), the held jobs by walking the live sessions'
-        jobs (``cl_jobs_by_session``). Cost O(live sessions + jobs they hold), not
+        jobs (``cl_jobs_by_session``). Cost O(session rows + jobs the live ones hold), not
         O(queue depth). ``available`` includes jobs waiting out a retry delay.
 
         Raises:
