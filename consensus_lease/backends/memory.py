@@ -18,6 +18,14 @@ left out of ``records()``; its leader's value (``set_value``) lives with the hol
 dropped when the hold ends. Subscribers of an election key are woken after every change
 of it (claim, value, release, expiry).
 
+Queues: each queue keeps its open jobs (neither COMPLETED nor FAILED) in ``seq`` order
+and its counts of jobs, COMPLETED and FAILED ones, updated by the operation that changes
+them; so ``queue_candidates`` skips only held jobs and jobs in a retry delay at the head,
+and ``queue_stats`` costs O(jobs with a holder recorded), whatever the depth.
+``enqueue_many`` adds up to ``max_enqueue_batch`` (1,000,000) jobs under the one lock,
+atomically. Capacity (``capabilities.max_queue_jobs`` is ``None``): no limit is enforced;
+a queue is bounded by the process's memory (about 1 KB per job plus its payload).
+
 Options (keyword arguments of ``open_store``; anything else is ``InvalidArgument``, see
 :mod:`consensus_lease.options`):
 
@@ -31,11 +39,12 @@ store_clock    the system clock             a :class:`~consensus_lease.Clock`; i
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import threading
 import uuid
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .._election import ChangeTracker, is_election_key
 from .._epoch import compose, next_epoch, split
@@ -43,7 +52,7 @@ from ..backend import Backend, Capabilities, SessionHandle, StateListener
 from ..clock import Clock, SystemClock
 from ..errors import InvalidArgument, JobCompleted, JobFailed, SessionExpired, StaleLeaseError
 from ..options import Option, OptionTable
-from ..record import ClaimResult, JobState, LeaseRecord, QueuedJob
+from ..record import ClaimResult, EnqueueItem, JobState, LeaseRecord, QueuedJob, QueueStats
 
 __all__ = ["MemoryBackend"]
 
@@ -94,6 +103,29 @@ class _Job:
         )
 
 
+@dataclass
+class _Queue:
+    """One queue's index (kept under the backend's lock by every operation on its jobs).
+
+    Attributes:
+        ids: every job id of the queue, in ``seq`` (enqueue) order.
+        open: ``(seq, job_id)`` of the jobs neither COMPLETED nor FAILED, sorted.
+        holding: open jobs whose holder is recorded (alive or expired session).
+        completed / failed: how many jobs are COMPLETED / FAILED.
+    """
+
+    ids: dict[str, None] = field(default_factory=dict)
+    open: list[tuple[int, str]] = field(default_factory=list)
+    holding: set[str] = field(default_factory=set)
+    completed: int = 0
+    failed: int = 0
+
+    def close(self, job_id: str, job: _Job) -> None:
+        """The open job ended (COMPLETED or FAILED)."""
+        del self.open[bisect.bisect_left(self.open, (job.seq, job_id))]
+        self.holding.discard(job_id)
+
+
 class MemoryBackend(Backend):
     """A store in this process's memory. See the module docstring."""
 
@@ -110,6 +142,8 @@ class MemoryBackend(Backend):
         description="in-process memory (tests; one process only)",
         epoch=True,
         elections=True,
+        max_enqueue_batch=1_000_000,
+        max_queue_jobs=None,
     )
     poll_interval_s = 0.02
 
@@ -118,6 +152,7 @@ class MemoryBackend(Backend):
         self._cond = threading.Condition()
         self._sessions: dict[str, _Session] = {}
         self._jobs: dict[str, _Job] = {}
+        self._queues: dict[str, _Queue] = {}
         self._seq = itertools.count(1)
         self._epoch = 0
         self._elections = ChangeTracker()
@@ -201,6 +236,26 @@ class MemoryBackend(Backend):
             value=job.value if state is JobState.HELD else None,
         )
 
+    def _hold(self, job_id: str, job: _Job, session_id: str | None) -> None:
+        """Record the job's holder (``None``: nobody), keeping its queue's index."""
+        job.session_id = session_id
+        if job.queue is not None:
+            holding = self._queues[job.queue].holding
+            if session_id is None:
+                holding.discard(job_id)
+            else:
+                holding.add(job_id)
+
+    def _end(self, job_id: str, job: _Job) -> None:
+        """The job just became COMPLETED or FAILED: out of its queue's open jobs."""
+        if job.queue is not None:
+            queue = self._queues[job.queue]
+            queue.close(job_id, job)
+            if job.completed:
+                queue.completed += 1
+            else:
+                queue.failed += 1
+
     def _waiting(self, job: _Job) -> bool:
         """A retry delay is still running."""
         return job.not_before is not None and job.not_before > self._now()
@@ -239,9 +294,10 @@ class MemoryBackend(Backend):
     def close_session(self, session: SessionHandle) -> None:
         with self._cond:
             self._sessions.pop(session.session_id, None)
-            for job in self._jobs.values():
+            for job_id, job in self._jobs.items():
                 if job.session_id == session.session_id:
-                    job.session_id, job.value = None, None
+                    self._hold(job_id, job, None)
+                    job.value = None
             self._changed()
 
     def expire_session(self, session_id: str) -> None:
@@ -261,7 +317,9 @@ class MemoryBackend(Backend):
             if self._alive(job.session_id) or self._waiting(job):
                 return None
             if job.exhausted():
-                job.failed, job.session_id = True, None
+                job.failed = True
+                self._hold(job_id, job, None)
+                self._end(job_id, job)
                 job.error = job.error or (
                     f"attempts exhausted: attempt {job.attempt} ended without completion"
                 )
@@ -270,7 +328,7 @@ class MemoryBackend(Backend):
             job.epoch = self._epoch
             job.attempt += 1
             job.not_before = None
-            job.session_id = session.session_id
+            self._hold(job_id, job, session.session_id)
             job.owner = session.owner
             job.value = None
             if is_election_key(job_id):
@@ -299,7 +357,9 @@ class MemoryBackend(Backend):
                 return self._record(job_id, job)  # a retry of our own completion
             job = self._holds(session, job_id, generation)
             job.completed_by = session.session_id
-            job.session_id, job.value = None, None
+            self._hold(job_id, job, None)
+            self._end(job_id, job)
+            job.value = None
             job.result = result
             self._changed()
             return self._record(job_id, job)
@@ -308,7 +368,8 @@ class MemoryBackend(Backend):
         generation = claim.generation
         with self._cond:
             job = self._holds(session, job_id, generation)
-            job.session_id, job.value = None, None
+            self._hold(job_id, job, None)
+            job.value = None
             job.owner = None
             self._changed()
 
@@ -326,10 +387,12 @@ class MemoryBackend(Backend):
     ) -> LeaseRecord:
         with self._cond:
             job = self._holds(session, job_id, claim.generation)
-            job.session_id, job.value = None, None
+            self._hold(job_id, job, None)
+            job.value = None
             job.error = error
             if job.exhausted():
                 job.failed = True
+                self._end(job_id, job)
             else:
                 job.not_before = self._now() + retry_in_s if retry_in_s > 0 else None
             self._changed()
@@ -344,6 +407,10 @@ class MemoryBackend(Backend):
                     f"only a FAILED job can be requeued; {job_id!r} is {state}", job_id=job_id
                 )
             job.failed = False
+            if job.queue is not None:
+                queue = self._queues[job.queue]
+                queue.failed -= 1
+                bisect.insort(queue.open, (job.seq, job_id))
             job.attempt_base = job.attempt
             job.not_before = None
             self._changed()
@@ -354,35 +421,61 @@ class MemoryBackend(Backend):
     def enqueue(
         self, queue: str, job_id: str, payload: bytes, max_attempts: int | None = None
     ) -> bool:
+        return self.enqueue_many(queue, [EnqueueItem(job_id, payload, max_attempts)])[0]
+
+    def enqueue_many(self, queue: str, items: Sequence[EnqueueItem]) -> list[bool]:
+        """Enqueue ``items`` under the one lock (see :meth:`Backend.enqueue_many`):
+        all new jobs are added, or none.
+
+        Raises:
+            InvalidArgument: a job exists outside ``queue``; nothing was added.
+        """
         with self._cond:
-            job = self._jobs.get(job_id)
-            if job is not None:
-                if job.queue != queue:
+            for item in items:
+                job = self._jobs.get(item.job_id)
+                if job is not None and job.queue != queue:
                     raise InvalidArgument(
-                        f"{job_id!r} already exists outside queue {queue!r}", job_id=job_id
-                    )
-                return False
-            self._jobs[job_id] = _Job(
-                queue=queue, payload=payload, seq=next(self._seq), max_attempts=max_attempts
-            )
-            self._changed()
-            return True
+                        f"{item.job_id!r} already exists outside queue {queue!r}",
+                        job_id=item.job_id)
+            added = [item.job_id not in self._jobs for item in items]
+            index = self._queues.setdefault(queue, _Queue())
+            for item, new in zip(items, added, strict=True):
+                if new:
+                    seq = next(self._seq)
+                    self._jobs[item.job_id] = _Job(queue=queue, payload=item.payload, seq=seq,
+                                                   max_attempts=item.max_attempts)
+                    index.ids[item.job_id] = None
+                    index.open.append((seq, item.job_id))  # the highest seq yet: sorted
+            if any(added):
+                self._changed()
+            return added
 
     def _queued(self, queue: str) -> list[tuple[str, _Job]]:
-        return sorted(
-            ((j, job) for j, job in self._jobs.items() if job.queue == queue),
-            key=lambda item: item[1].seq,
-        )
+        """Every job of ``queue``, in enqueue order."""
+        index = self._queues.get(queue)
+        return [] if index is None else [(j, self._jobs[j]) for j in index.ids]
+
+    def _open(self, queue: str) -> list[tuple[str, _Job]]:
+        """The jobs of ``queue`` neither COMPLETED nor FAILED, in enqueue order."""
+        index = self._queues.get(queue)
+        return [] if index is None else [(j, self._jobs[j]) for _, j in index.open]
+
+    def _claimable(self, queue: str, limit: int) -> list[tuple[str, _Job]]:
+        """Up to ``limit`` open jobs of ``queue`` that a claim would take, oldest first:
+        walks the open jobs, skipping held ones and those in a retry delay."""
+        index = self._queues.get(queue)
+        found: list[tuple[str, _Job]] = []
+        for _, job_id in [] if index is None else index.open:
+            if len(found) >= limit:
+                break
+            job = self._jobs[job_id]
+            if not self._blocked(job):
+                found.append((job_id, job))
+        return found
 
     def queue_candidates(self, queue: str, limit: int) -> list[tuple[str, bytes]]:
         with self._cond:
-            free = [
-                (j, job.payload)
-                for j, job in self._queued(queue)
-                if not (job.completed or job.failed or self._waiting(job))
-                and not self._alive(job.session_id)
-            ]
-            return free[:limit]
+            return [(j, job.payload) for j, job in self._claimable(queue, limit)]
 
     def queue_jobs(self, queue: str, limit: int | None = None) -> list[QueuedJob]:
         with self._cond:
@@ -391,17 +484,34 @@ class MemoryBackend(Backend):
                 for j, job in self._queued(queue)[:limit]
             ]
 
+    def queue_stats(self, queue: str) -> QueueStats:
+        """Counts kept by every operation, and the held jobs among those with a holder
+        recorded: O(jobs with a holder), under the lock (one snapshot)."""
+        with self._cond:
+            index = self._queues.get(queue) or _Queue()
+            ends = [
+                self._sessions[job.session_id].expires_at
+                for job in (self._jobs[j] for j in index.holding)
+                if self._alive(job.session_id) and job.session_id is not None
+            ]
+            return QueueStats(
+                queue=queue, available=len(index.open) - len(ends), held=len(ends),
+                completed=index.completed, failed=index.failed,
+                oldest_held_lease_until=min(ends) if ends else None,
+            )
+
     def wait_for_queue(self, queue: str, timeout_s: float) -> None:
         with self._cond:
             wait = timeout_s
+            index = self._queues.get(queue) or _Queue()
             expiries = [
-                self._sessions[job.session_id].expires_at - self._now()
-                for _, job in self._queued(queue)
-                if job.session_id in self._sessions
+                self._sessions[sid].expires_at - self._now()
+                for sid in (self._jobs[j].session_id for j in index.holding)
+                if sid in self._sessions
             ]
             expiries += [
                 job.not_before - self._now()
-                for _, job in self._queued(queue)
+                for _, job in self._open(queue)
                 if job.not_before is not None
             ]
             if expiries:
@@ -413,8 +523,12 @@ class MemoryBackend(Backend):
     def purge(self, queue: str) -> int:
         with self._cond:
             doomed = [j for j, job in self._queued(queue) if job.completed]
+            index = self._queues.get(queue)
             for j in doomed:
                 del self._jobs[j]
+                if index is not None:
+                    del index.ids[j]
+                    index.completed -= 1
             return len(doomed)
 
     def get(self, job_id: str) -> LeaseRecord | None:
@@ -455,9 +569,7 @@ class MemoryBackend(Backend):
             elections = {j: self._election_state(j) for j in job_ids if is_election_key(j)}
             jobs = {j for j in job_ids
                     if j not in elections and not self._blocked(self._jobs.get(j))}
-            ready = [q for q in queues if any(
-                not (job.completed or job.failed or self._blocked(job))
-                for _, job in self._queued(q))]
+            ready = [q for q in queues if self._claimable(q, 1)]
         return jobs | self._elections.changed(elections), ready
 
     def _election_state(self, key: str) -> tuple[object, ...] | None:

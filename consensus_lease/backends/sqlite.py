@@ -38,6 +38,20 @@ How the protocol maps onto SQLite:
 * A file restored from an older copy, replaced or wiped while workers run is noticed
   (``StoreRegressed`` for every session of the store) where the file shows it: see
   :mod:`consensus_lease.backends._sqlite_history` for what is and is not detected.
+* Queues: ``queue_candidates`` reads the oldest open jobs through the partial index
+  ``cl_jobs_open (queue, seq) WHERE completed_at IS NULL AND failed_at IS NULL``, so a
+  claim costs the same at any depth and whatever number of COMPLETED or FAILED jobs
+  (it skips only held jobs, and jobs in a retry delay, at the head). ``enqueue_many`` is one
+  transaction per ``max_enqueue_batch`` (10,000) jobs, atomic; ``claim_many`` one
+  transaction per ``max_batch_claim`` (1,000) jobs. ``queue_stats`` is one statement:
+  the per-queue counts of jobs, COMPLETED and FAILED ones in ``cl_queue_counts``, kept
+  by triggers in the same statements that change them (an earlier version's writers
+  keep them too; a file without the table gets it, counted once, on first open), plus
+  the jobs of the live sessions (O(jobs held), not O(depth)).
+* Capacity (``capabilities.max_queue_jobs`` is ``None``): no limit is enforced; a queue
+  is bounded by the file's disk (about 100 bytes per job plus its payload and result,
+  payloads up to ``max_payload_bytes``, 16 MiB). Claims and ``queue_stats`` stay flat
+  with depth (measured to 100,000 open jobs); ``purge`` drops COMPLETED jobs.
 * Every operation runs in one ``BEGIN IMMEDIATE`` transaction whose ``UPDATE ... WHERE``
   does the owner + generation comparison, so the check and the write are one atomic step
   (SQLite serialises writers: https://www.sqlite.org/lang_transaction.html). The file
@@ -94,7 +108,7 @@ from ..errors import (
     StaleLeaseError,
 )
 from ..options import Option, OptionTable
-from ..record import ClaimResult, JobState, LeaseRecord, QueuedJob
+from ..record import ClaimResult, EnqueueItem, JobState, LeaseRecord, QueuedJob, QueueStats
 from ._sqlite_history import SESSION_GC_S, History
 
 __all__ = ["SqliteBackend"]
@@ -143,6 +157,49 @@ CREATE TABLE IF NOT EXISTS cl_meta (
 SCHEMA_OBJECTS = frozenset(
     {"cl_sessions", "cl_jobs", "cl_jobs_by_session", "cl_jobs_by_queue", "cl_seq", "cl_meta"}
 )
+
+QUEUE_SCHEMA = (
+    "CREATE INDEX IF NOT EXISTS cl_jobs_open ON cl_jobs(queue, seq) "
+    "WHERE completed_at IS NULL AND failed_at IS NULL",
+    "CREATE TABLE IF NOT EXISTS cl_queue_counts (queue TEXT PRIMARY KEY, "
+    "jobs INTEGER NOT NULL, completed INTEGER NOT NULL, failed INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE TRIGGER IF NOT EXISTS cl_count_insert AFTER INSERT ON cl_jobs "
+    "WHEN NEW.queue IS NOT NULL BEGIN "
+    "INSERT INTO cl_queue_counts VALUES (NEW.queue, 1, NEW.completed_at IS NOT NULL, "
+    "NEW.failed_at IS NOT NULL) ON CONFLICT (queue) DO UPDATE SET jobs = jobs + 1, "
+    "completed = completed + excluded.completed, failed = failed + excluded.failed; END",
+    "CREATE TRIGGER IF NOT EXISTS cl_count_delete AFTER DELETE ON cl_jobs "
+    "WHEN OLD.queue IS NOT NULL BEGIN "
+    "UPDATE cl_queue_counts SET jobs = jobs - 1, "
+    "completed = completed - (OLD.completed_at IS NOT NULL), "
+    "failed = failed - (OLD.failed_at IS NOT NULL) WHERE queue = OLD.queue; END",
+    # A job's queue is set once, by the INSERT of enqueue: only the two end marks move.
+    "CREATE TRIGGER IF NOT EXISTS cl_count_update AFTER UPDATE OF completed_at, failed_at "
+    "ON cl_jobs WHEN NEW.queue IS NOT NULL "
+    "AND ((OLD.completed_at IS NULL) <> (NEW.completed_at IS NULL) "
+    "OR (OLD.failed_at IS NULL) <> (NEW.failed_at IS NULL)) BEGIN "
+    "UPDATE cl_queue_counts SET "
+    "completed = completed + (NEW.completed_at IS NOT NULL) - (OLD.completed_at IS NOT NULL), "
+    "failed = failed + (NEW.failed_at IS NOT NULL) - (OLD.failed_at IS NOT NULL) "
+    "WHERE queue = NEW.queue; END",
+)
+"""What keeps queues fast at depth, created after the column migration (it uses
+``failed_at``): ``cl_jobs_open``, the open jobs (neither COMPLETED nor FAILED) of each
+queue in ``seq`` order, so ``queue_candidates`` never walks over dead letters or finished
+jobs; and per-queue counts of jobs, COMPLETED and FAILED ones, kept by triggers in the very
+statements that change them (so every writer keeps them, an older version of this
+library included), which ``queue_stats`` reads instead of every job."""
+
+QUEUE_OBJECTS = frozenset(
+    {"cl_jobs_open", "cl_queue_counts", "cl_count_insert", "cl_count_delete",
+     "cl_count_update"}
+)
+
+COUNTS_FILL = (
+    "INSERT INTO cl_queue_counts SELECT queue, count(*), count(completed_at), "
+    "count(failed_at) FROM cl_jobs WHERE queue IS NOT NULL GROUP BY queue"
+)
+"""The counts of a store written before ``cl_queue_counts`` existed (one scan, once)."""
 
 META_INSERT = "INSERT OR IGNORE INTO cl_meta (id, epoch, identity, claims) VALUES (1, 0, ?, 0)"
 """The store's one ``cl_meta`` row: epoch 0, a new random identity, no claims yet."""
@@ -226,12 +283,14 @@ class SqliteBackend(Backend):
         consecutive_generations=True,
         min_ttl_s=0.05,
         max_ttl_s=7 * 24 * 3600.0,
-        max_batch_claim=1,
+        max_batch_claim=1000,
         queues=True,
         max_payload_bytes=16 * 1024 * 1024,
         description="embedded SQLite file (one machine, many processes)",
         epoch=True,
         elections=True,
+        max_enqueue_batch=10_000,
+        max_queue_jobs=None,
     )
 
     def __init__(
@@ -283,7 +342,7 @@ class SqliteBackend(Backend):
             present = {
                 row[0]
                 for row in self._db.execute(
-                    "SELECT name FROM sqlite_master WHERE type IN ('table', 'index')"
+                    "SELECT name FROM sqlite_master WHERE type IN ('table', 'index', 'trigger')"
                 )
             }
         except sqlite3.DatabaseError as exc:
@@ -307,6 +366,8 @@ class SqliteBackend(Backend):
                     db.execute(statement)
                 db.execute(META_INSERT, (uuid.uuid4().hex,))
         self._migrate()
+        if not QUEUE_OBJECTS.issubset(present):
+            self._add_queue_objects()
         identity, claims = self._db.execute(
             "SELECT identity, claims FROM cl_meta WHERE id = 1").fetchone()
         self._history.baseline(str(identity), int(claims))
@@ -325,6 +386,18 @@ class SqliteBackend(Backend):
                 if name not in columns:
                     db.execute(f"ALTER TABLE cl_jobs ADD COLUMN {name} {ADDED_COLUMNS[name]}")
             db.execute(META_INSERT, (uuid.uuid4().hex,))
+
+    def _add_queue_objects(self) -> None:
+        """Create :data:`QUEUE_SCHEMA`'s index, ``cl_queue_counts`` and its triggers,
+        counting the jobs already there (a store written by an earlier version), in one
+        transaction."""
+        with self._transaction() as db:
+            had = db.execute(
+                "SELECT 1 FROM sqlite_master WHERE name = 'cl_queue_counts'").fetchone()
+            for statement in QUEUE_SCHEMA:
+                db.execute(statement)
+            if had is None:
+                db.execute(COUNTS_FILL)
 
     @classmethod
     def from_url(cls, url: str, options: Mapping[str, object]) -> SqliteBackend:
@@ -505,40 +578,78 @@ class SqliteBackend(Backend):
             JobCompleted / JobFailed / SessionExpired / BackendUnavailable.
         """
         with self._transaction(job_id, check_file=True) as db:
-            if self._history.regressed:
-                self._history.check(db.execute(HISTORY_ROW, (None,)).fetchone(), None)
-            if not self._alive(db, session.session_id):
-                raise SessionExpired(
-                    f"session {session.session_id} expired in the store", job_id=job_id
-                )
-            row = db.execute(
-                "INSERT INTO cl_jobs (job_id, generation, owner, session_id, attempt, epoch) "
-                "VALUES (?, 1, ?, ?, 1, coalesce((SELECT epoch FROM cl_meta WHERE id = 1), 0)) "
-                "ON CONFLICT (job_id) DO UPDATE SET generation = cl_jobs.generation + 1, "
-                "attempt = cl_jobs.attempt + 1, not_before = NULL, epoch = excluded.epoch, "
-                "owner = excluded.owner, session_id = excluded.session_id, value = NULL "
-                "WHERE cl_jobs.completed_at IS NULL AND cl_jobs.failed_at IS NULL "
-                f"AND NOT {EXHAUSTED} "
-                f"AND (cl_jobs.not_before IS NULL OR cl_jobs.not_before <= {NOW}) "
-                "AND NOT EXISTS (SELECT 1 FROM cl_sessions s "
-                f"WHERE s.session_id = cl_jobs.session_id AND s.expires_at > {NOW}) "
-                "RETURNING generation, "
-                "(SELECT expires_at FROM cl_sessions WHERE session_id = cl_jobs.session_id), "
-                "attempt, epoch",
-                (job_id, session.owner, session.session_id),
-            ).fetchone()
-            if row is not None:
-                self._count_claim(db)  # raising here rolls the claim back
-                token = compose(int(row[3]), int(row[0]), self.epoch_shift)
-                claimed = ClaimResult(token, float(row[1]), int(row[2]))
-            else:
-                claimed = None
+            self._claim_checks(db, session, job_id)
+            claimed = self._claim_one(db, session, job_id)
             refusal = None if claimed else self._refusal(db, job_id)  # raised after COMMIT
         if refusal is not None:
             raise refusal
         if claimed is not None and is_election_key(job_id):
             self.wake_subscribers()  # this process's observers learn the new leader now
         return claimed
+
+    def claim_many(
+        self, session: SessionHandle, job_ids: Sequence[str]
+    ) -> list[ClaimResult | None]:
+        """Claim each of ``job_ids`` (at most ``capabilities.max_batch_claim``) in one
+        ``BEGIN IMMEDIATE`` transaction, each by the statement :meth:`claim` runs: same
+        generation, attempt, epoch and exhausted-budget rules; a completed or FAILED job
+        yields ``None`` (a job whose attempts are used up is marked FAILED, as by
+        ``claim``).
+
+        Raises:
+            StoreRegressed: the store went back; nothing of the batch is claimed.
+            SessionExpired / BackendUnavailable: nothing of the batch is claimed.
+        """
+        if not job_ids:
+            return []
+        with self._transaction(job_ids[0], check_file=True) as db:
+            self._claim_checks(db, session, job_ids[0])
+            results: list[ClaimResult | None] = []
+            for job_id in job_ids:
+                claimed = self._claim_one(db, session, job_id)
+                if claimed is None:
+                    self._refusal(db, job_id)  # marks a used-up job FAILED, as claim does
+                results.append(claimed)
+        if any(r is not None and is_election_key(j) for j, r in zip(job_ids, results, strict=True)):
+            self.wake_subscribers()
+        return results
+
+    def _claim_checks(self, db: sqlite3.Connection, session: SessionHandle, job_id: str) -> None:
+        """Before a claim, in its transaction: StoreRegressed if the store went back and
+        was not bumped since, SessionExpired if the session is not alive in the store."""
+        if self._history.regressed:
+            self._history.check(db.execute(HISTORY_ROW, (None,)).fetchone(), None)
+        if not self._alive(db, session.session_id):
+            raise SessionExpired(
+                f"session {session.session_id} expired in the store", job_id=job_id
+            )
+
+    def _claim_one(
+        self, db: sqlite3.Connection, session: SessionHandle, job_id: str
+    ) -> ClaimResult | None:
+        """The claim statement: insert the job's row, or take it over if claimable; the
+        claim count goes +1 with it (raising there rolls the transaction back)."""
+        row = db.execute(
+            "INSERT INTO cl_jobs (job_id, generation, owner, session_id, attempt, epoch) "
+            "VALUES (?, 1, ?, ?, 1, coalesce((SELECT epoch FROM cl_meta WHERE id = 1), 0)) "
+            "ON CONFLICT (job_id) DO UPDATE SET generation = cl_jobs.generation + 1, "
+            "attempt = cl_jobs.attempt + 1, not_before = NULL, epoch = excluded.epoch, "
+            "owner = excluded.owner, session_id = excluded.session_id, value = NULL "
+            "WHERE cl_jobs.completed_at IS NULL AND cl_jobs.failed_at IS NULL "
+            f"AND NOT {EXHAUSTED} "
+            f"AND (cl_jobs.not_before IS NULL OR cl_jobs.not_before <= {NOW}) "
+            "AND NOT EXISTS (SELECT 1 FROM cl_sessions s "
+            f"WHERE s.session_id = cl_jobs.session_id AND s.expires_at > {NOW}) "
+            "RETURNING generation, "
+            "(SELECT expires_at FROM cl_sessions WHERE session_id = cl_jobs.session_id), "
+            "attempt, epoch",
+            (job_id, session.owner, session.session_id),
+        ).fetchone()
+        if row is None:
+            return None
+        self._count_claim(db)
+        token = compose(int(row[3]), int(row[0]), self.epoch_shift)
+        return ClaimResult(token, float(row[1]), int(row[2]))
 
     def _count_claim(self, db: sqlite3.Connection) -> None:
         """+1 on the store's claim count; StoreRegressed if the store went back."""
@@ -722,9 +833,77 @@ class SqliteBackend(Backend):
         self.wake_subscribers()
         return True
 
+    def enqueue_many(self, queue: str, items: Sequence[EnqueueItem]) -> list[bool]:
+        """Enqueue ``items`` (see :meth:`Backend.enqueue_many`) in one ``BEGIN IMMEDIATE``
+        transaction: one lookup of the ids already present per :data:`HINT_CHUNK` of them,
+        one ``seq`` reservation, one ``executemany`` insert. Atomic: all new jobs are
+        added, or (on any error) none.
+
+        Raises:
+            InvalidArgument: a job exists outside ``queue``; nothing was added.
+            BackendUnavailable.
+        """
+        if not items:
+            return []
+        ids = [item.job_id for item in items]
+        with self._transaction(ids[0]) as db:
+            present: dict[str, str | None] = {}
+            for start in range(0, len(ids), HINT_CHUNK):
+                chunk = ids[start : start + HINT_CHUNK]
+                present.update(db.execute(
+                    f"SELECT job_id, queue FROM cl_jobs WHERE job_id IN "
+                    f"({', '.join('?' * len(chunk))})", chunk).fetchall())
+            for job_id, where in present.items():
+                if where != queue:
+                    raise InvalidArgument(
+                        f"{job_id!r} already exists outside queue {queue!r}; nothing of "
+                        f"this batch was enqueued", job_id=job_id)
+            new = [item for item in items if item.job_id not in present]
+            if new:
+                last = int(db.execute(
+                    "INSERT INTO cl_seq VALUES (1, ?) ON CONFLICT (id) DO UPDATE "
+                    "SET last = last + excluded.last RETURNING last", (len(new),)
+                ).fetchone()[0])
+                db.executemany(
+                    "INSERT INTO cl_jobs (job_id, generation, queue, payload, seq, max_attempts) "
+                    "VALUES (?, 0, ?, ?, ?, ?)",
+                    [(item.job_id, queue, item.payload, last - len(new) + 1 + i,
+                      item.max_attempts) for i, item in enumerate(new)],
+                )
+        if new:
+            self.wake_subscribers()
+        return [job_id not in present for job_id in ids]
+
+    def queue_stats(self, queue: str) -> QueueStats:
+        """Counts of ``queue``'s jobs by state in one statement (one snapshot of the
+        file): the totals from ``cl_queue_counts`` (kept by triggers in every statement
+        that adds, ends or deletes a job), the held jobs by walking the live sessions'
+        jobs (``cl_jobs_by_session``). Cost O(session rows + jobs the live ones hold), not
+        O(queue depth). ``available`` includes jobs waiting out a retry delay.
+
+        Raises:
+            BackendUnavailable.
+        """
+        row = self._read(
+            "SELECT coalesce(c.jobs, 0), coalesce(c.completed, 0), coalesce(c.failed, 0), "
+            "h.held, h.until FROM (SELECT count(*) AS held, min(s.expires_at) AS until "
+            "FROM cl_sessions s CROSS JOIN cl_jobs j INDEXED BY cl_jobs_by_session "
+            "ON j.session_id = s.session_id "
+            f"WHERE s.expires_at > {NOW} AND j.queue = ? AND j.completed_at IS NULL "
+            "AND j.failed_at IS NULL) h LEFT JOIN cl_queue_counts c ON c.queue = ?",
+            (queue, queue),
+        )[0]
+        jobs, completed, failed, held = (int(v) for v in row[:4])
+        until = row[4]
+        return QueueStats(
+            queue=queue, available=jobs - completed - failed - held, held=held,
+            completed=completed, failed=failed,
+            oldest_held_lease_until=None if until is None else float(until),
+        )
+
     def queue_candidates(self, queue: str, limit: int) -> list[tuple[str, bytes]]:
         rows = self._read(
-            "SELECT j.job_id, j.payload FROM cl_jobs j WHERE j.queue = ? "
+            "SELECT j.job_id, j.payload FROM cl_jobs j INDEXED BY cl_jobs_open WHERE j.queue = ? "
             "AND j.completed_at IS NULL AND j.failed_at IS NULL "
             f"AND (j.not_before IS NULL OR j.not_before <= {NOW}) "
             "AND NOT EXISTS (SELECT 1 FROM cl_sessions s "

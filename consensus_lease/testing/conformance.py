@@ -58,6 +58,8 @@ from ..states import LeaseState, SessionState
 from ..store import LeaseStore
 from ..validation import MAX_JOB_ID_BYTES
 from .conformance_async import AsyncConformance
+from .conformance_batch import BatchConformance
+from .conformance_depth import QueueDepthConformance
 from .conformance_election import ElectionConformance
 from .conformance_epoch import EpochConformance
 from .conformance_lifecycle import LifecycleConformance
@@ -101,7 +103,7 @@ session.close()
 
 class BackendConformance(
     LifecycleConformance, EpochConformance, UsageConformance, AsyncConformance,
-    ElectionConformance,
+    ElectionConformance, BatchConformance, QueueDepthConformance,
 ):
     """The suite. See the module docstring for the hooks."""
 
