@@ -18,8 +18,10 @@ __all__ = [
     "mod_is",
     "put",
     "span",
+    "span_count",
     "txn",
     "value_is",
+    "value_less",
     "version_is",
 ]
 
@@ -65,6 +67,13 @@ def value_is(key: bytes, value: bytes) -> Any:
     )
 
 
+def value_less(key: bytes, value: bytes) -> Any:
+    """Compare: the key's value sorts (bytewise) before ``value`` (false if absent)."""
+    return etcdrpc.Compare(
+        key=key, target=etcdrpc.Compare.VALUE, result=etcdrpc.Compare.LESS, value=value
+    )
+
+
 def lease_is(key: bytes, lease_id: int) -> Any:
     return etcdrpc.Compare(
         key=key, target=etcdrpc.Compare.LEASE, result=etcdrpc.Compare.EQUAL, lease=lease_id
@@ -86,6 +95,14 @@ def span(key: bytes, range_end: bytes, revision: int = 0) -> Any:
     """A get of every key in ``[key, range_end)`` (at ``revision``; 0: now)."""
     return etcdrpc.RequestOp(
         request_range=etcdrpc.RangeRequest(key=key, range_end=range_end, revision=revision)
+    )
+
+
+def span_count(key: bytes, range_end: bytes) -> Any:
+    """A count of the keys in ``[key, range_end)`` (``response_range.count``; etcd walks
+    its in-memory index over the range, sends no key)."""
+    return etcdrpc.RequestOp(
+        request_range=etcdrpc.RangeRequest(key=key, range_end=range_end, count_only=True)
     )
 
 
