@@ -592,7 +592,7 @@ def test_a_job_too_large_for_the_servers_txn_limit_names_the_flag() -> None:
                     store.enqueue("work", "job", b"payload")
                 message = str(exc.value)
                 assert "--max-txn-ops" in message and "allows 3" in message, message
-                assert "needs 6" in message, message
+                assert "needs 8" in message, message
             assert store.queue_jobs("work") == [] and store.get("job") is None
 
 

@@ -9,21 +9,22 @@ back by requeue with a new ordinal) and an index entry ``QDIR/i/ORD/HEX``. The e
 transaction of a chunk of jobs (one job for ``enqueue``)::
 
     if QDIR/k/seq == S (or absent, for the queue's first job)
-            and, per new job, create_revision(o) == create_revision(h)
-                == create_revision(c) == create_revision(q) == 0
+            and, per new job, no key in PREFIX/HEX/[a .. q]   (one range compare)
             and, per job already in this queue, mod_revision(q) is as read:
-        per new job i: put PREFIX/HEX/q = {queue, nonce}, QDIR/j/HEX = payload,
-                       QDIR/p/HEX = S+i, QDIR/i/S+i/HEX = "",
-                       PREFIX/HEX/l = {max_attempts, base 0, nonce} (with max_attempts)
+        per new job i, a nested transaction:
+            put PREFIX/HEX/q = {queue, nonce}, QDIR/j/HEX = payload, QDIR/p/HEX = S+i,
+                QDIR/i/S+i/HEX = "", PREFIX/HEX/l = {max_attempts, base 0, nonce}
+                (the last with max_attempts only)
         put QDIR/k/seq = S + new jobs   (and QDIR/k/low = 0 with the queue's first job)
     else:
-        get QDIR/k/seq, requeued, purged; per job: get q, count PREFIX/HEX/*
+        get QDIR/k/seq, base, requeued, purged
 
-The ``else`` branch tells which jobs are already in this queue (left unchanged, their
-markers compared in the next round), which exist outside it (``InvalidArgument``:
-nothing of the chunk is written) and the current ``seq``; the driver caches ``seq``, so
-a producer alone on a queue sends one transaction per chunk. Concurrent producers of one
-queue conflict on ``seq`` and go round again (at most :data:`ENQUEUE_ROUNDS` times).
+The driver caches ``seq``, so a producer alone on a queue sends one transaction per
+chunk. Refused with ``seq`` as cached, a read of the jobs' markers tells which are
+already in this queue (left unchanged, ``False``; their markers compared in the next
+round) and which exist outside it (``InvalidArgument``: nothing of the chunk is
+written). Concurrent producers of one queue conflict on ``seq`` and go round again (at
+most :data:`ENQUEUE_ROUNDS` times).
 
 A queued job is otherwise an ordinary job: ``claim_next`` claims it with the ordinary
 claim transaction (:mod:`._claim`), with the same compares and fencing token.
@@ -78,10 +79,11 @@ default); the enqueue transaction also carries three keys of up to ~1 KiB each, 
 marker and the framing. A server configured lower refuses larger enqueues with
 ``InvalidArgument``; nothing is written then."""
 
-ENQUEUE_BATCH = 24
-"""Jobs per enqueue transaction (``capabilities.max_enqueue_batch``): a new job needs 4
-compares and up to 5 puts, so 24 jobs need 97 compares and at most 122 puts, within
-etcd's default ``--max-txn-ops`` (128), with the ``seq`` compare and puts."""
+ENQUEUE_BATCH = 100
+"""Jobs per enqueue transaction (``capabilities.max_enqueue_batch``): a new job is one
+compare (a range compare: no key in its directory) and one nested transaction of up to 5
+puts; etcd checks a nested transaction against ``--max-txn-ops`` (128 by default) minus
+the enclosing list's length, so 100 jobs need 101 compares and 102 + 5 operations."""
 
 ENQUEUE_ROUNDS = 16
 """Most transactions one enqueue chunk sends while other producers take ordinals or
@@ -152,10 +154,10 @@ def enqueue_items(ops: Ops, queue: str, items: Sequence[EnqueueItem]) -> list[bo
     qkeys = ops.layout.queue(queue)
     what = (f"enqueue of {items[0].job_id!r} in queue {queue!r}" if len(items) == 1
             else f"enqueue of {len(items)} jobs in queue {queue!r}")
-    blank = Counters(0, False, 0, 0)
+    blank = Counters(0, False, 0, 0, 0)
 
     def sizing(chunk: Sequence[EnqueueItem]) -> Any:
-        return _enqueue_request(ops, qkeys, chunk, chunk, {}, blank, "")
+        return _enqueue_request(ops, qkeys, chunk, {}, blank, "")
 
     out: list[bool] = []
     start = 0
@@ -175,43 +177,71 @@ def enqueue_items(ops: Ops, queue: str, items: Sequence[EnqueueItem]) -> list[bo
     return out
 
 
-def _enqueue_request(ops: Ops, qkeys: QueueKeys, items: Sequence[EnqueueItem],
-                     new: Sequence[EnqueueItem], known: dict[str, int], counters: Counters,
-                     nonce: str) -> Any:
-    """The enqueue transaction (see the module docstring)."""
+def _enqueue_request(ops: Ops, qkeys: QueueKeys, new: Sequence[EnqueueItem],
+                     known: dict[str, int], counters: Counters, nonce: str) -> Any:
+    """The enqueue transaction (see the module docstring): one compare per job (no key
+    in its directory, or its marker unchanged) and one nested transaction of puts per
+    new job, so a chunk of 100 needs 107 of etcd's 128 operations per transaction."""
     compare = [counters.same_seq(qkeys)]
     success: list[Any] = []
     marker = QueueMarker(qkeys.queue, nonce).encode()
     for i, item in enumerate(new):
         keys = ops.layout.job(item.job_id)
         ordinal = counters.seq + i
-        compare += [rq.create_is(k, 0)
-                    for k in (keys.owner, keys.history, keys.completion, keys.queue)]
-        success += [
+        compare.append(rq.none_in(*keys.directory))
+        puts = [
             rq.put(keys.queue, marker),
             rq.put(qkeys.member(item.job_id), item.payload),
             rq.put(qkeys.pending(item.job_id), ordinal_bytes(ordinal)),
             rq.put(qkeys.entry(ordinal, item.job_id), b""),
         ]
         if item.max_attempts is not None:
-            success.append(rq.put(keys.limit, Limit(item.max_attempts, 0, nonce).encode()))
+            puts.append(rq.put(keys.limit, Limit(item.max_attempts, 0, nonce).encode()))
+        success.append(etcdrpc.RequestOp(request_txn=rq.txn(success=puts)))
     compare += [rq.mod_is(ops.layout.job(job_id).queue, revision)
                 for job_id, revision in known.items()]
     success += counters.taking(qkeys, len(new))
-    failure = counters.reads(qkeys)
-    for item in items:
-        keys = ops.layout.job(item.job_id)
-        failure += [rq.get(keys.queue), rq.span_count(*keys.directory)]
-    return rq.txn(compare=compare, success=success, failure=failure)
+    return rq.txn(compare=compare, success=success, failure=Counters.reads(qkeys))
+
+
+def _classify(ops: Ops, qkeys: QueueKeys, items: Sequence[EnqueueItem], known: dict[str, int],
+              what: str) -> None:
+    """Read each job's queue marker and key count (read-only transactions of 64 jobs):
+    note in ``known`` those already in this queue (their marker's mod revision).
+
+    Raises:
+        InvalidArgument: a job exists outside this queue.
+    """
+    def reads(chunk: Sequence[EnqueueItem]) -> Any:
+        found = []
+        for item in chunk:
+            keys = ops.layout.job(item.job_id)
+            found += [rq.get(keys.queue), rq.span_count(*keys.directory)]
+        return rq.txn(success=found)
+
+    for chunk, answer in ops.txn_limit.read_split(ops, items, 64, reads, what):
+        for i, item in enumerate(chunk):
+            marker_kv = rq.kv_of(answer.responses[2 * i])
+            found = queue_of(marker_kv)
+            if found == qkeys.queue and marker_kv is not None:
+                known[item.job_id] = int(marker_kv.mod_revision)
+            elif found is not None or answer.responses[2 * i + 1].response_range.count > 0:
+                where = "a job claimed by name" if found is None else f"in queue {found!r}"
+                raise InvalidArgument(
+                    f"{what}: {item.job_id!r} already exists outside this queue ({where}); "
+                    f"nothing of this batch was written", job_id=item.job_id)
+            else:
+                known.pop(item.job_id, None)  # purged meanwhile: new again
 
 
 def _enqueue_chunk(ops: Ops, qkeys: QueueKeys, items: Sequence[EnqueueItem],
                    what: str) -> list[bool]:
     """One atomic chunk: every new job of ``items`` added in one transaction, or none.
-    The transaction compares ``seq`` (taken from the cache, or read) and the absence of
-    each new job's keys; its ``else`` branch answers the counters and each job's queue
-    marker and key count, from which the next round knows which jobs are already in the
-    queue (their markers are compared unchanged instead) or raises for one outside it.
+    The transaction compares ``seq`` (taken from the cache, or read) and that each new
+    job has no key; its ``else`` branch answers the counters. Refused with ``seq`` as
+    expected, the jobs' markers are read: those already in this queue are left alone
+    (their markers compared unchanged in the next round), one outside it raises; with
+    ``seq`` moved (another producer), the next round takes the new one.
 
     Raises:
         InvalidArgument: a job exists outside this queue; nothing was written.
@@ -236,7 +266,7 @@ def _enqueue_chunk(ops: Ops, qkeys: QueueKeys, items: Sequence[EnqueueItem],
                     f"(capabilities.max_queue_jobs); nothing of this batch was written. "
                     f"Purge completed jobs, or spread the work over more queues or stores")
         nonce = secrets.token_hex(8)
-        request = _enqueue_request(ops, qkeys, items, new, known, counters, nonce)
+        request = _enqueue_request(ops, qkeys, new, known, counters, nonce)
         mine = QueueMarker(queue, nonce)
 
         def decide(kvs: list[Any], mine: QueueMarker = mine) -> Settled | None:
@@ -254,25 +284,14 @@ def _enqueue_chunk(ops: Ops, qkeys: QueueKeys, items: Sequence[EnqueueItem],
             cache.set_counters(queue, None)  # read them again next time
             return [item.job_id in added for item in items]
         if answer.succeeded:
-            cache.set_counters(queue, Counters(counters.seq + len(new), True,
-                                               counters.requeued, counters.purged))
+            cache.set_counters(queue, counters.after(len(new)))
             cache.mark_current(queue)
             return [item.job_id in added for item in items]
-        responses = answer.responses
-        counters = Counters.of(*(rq.kv_of(r) for r in responses[:3]))
-        cache.set_counters(queue, counters)
-        for i, item in enumerate(items):
-            marker_kv = rq.kv_of(responses[3 + 2 * i])
-            found = queue_of(marker_kv)
-            if found == queue and marker_kv is not None:
-                known[item.job_id] = int(marker_kv.mod_revision)
-            elif found is not None or responses[4 + 2 * i].response_range.count > 0:
-                where = "a job claimed by name" if found is None else f"in queue {found!r}"
-                raise InvalidArgument(
-                    f"{what}: {item.job_id!r} already exists outside this queue ({where}); "
-                    f"nothing of this batch was written", job_id=item.job_id)
-            else:
-                known.pop(item.job_id, None)  # purged meanwhile: new again
+        fresh = Counters.of(*(rq.kv_of(r) for r in answer.responses))
+        cache.set_counters(queue, fresh)
+        if fresh.seq == counters.seq and fresh.exists == counters.exists:
+            _classify(ops, qkeys, items, known, what)  # refused for a job, not for seq
+        counters = fresh
     raise BackendUnavailable(f"{what}: the queue kept changing; try again",
                              job_id=items[0].job_id)
 

@@ -43,6 +43,7 @@ transaction, i.e. at one revision: the counts are one consistent snapshot, and
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -53,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyetcd import etcdrpc
 
-from ...errors import InvalidArgument, LeaseError
+from ...errors import BackendUnavailable, InvalidArgument, LeaseError
 from ...record import QueueStats
 from . import _requests as rq
 from ._keys import QueueKeys, ordinal_bytes, ordinal_of
@@ -66,6 +67,7 @@ __all__ = [
     "FLUSH_STALE",
     "SCAN_PAGE",
     "WINDOW",
+    "Base",
     "Counters",
     "QueueCache",
     "candidates",
@@ -176,29 +178,37 @@ class QueueCache:
 @dataclass(frozen=True, slots=True)
 class Counters:
     """A queue's ordinal counter ``seq`` (``exists`` false: the queue has no job of the
-    current layout yet) and the counters enqueue checks the capacity with."""
+    current layout yet) and the counters enqueue checks the capacity with; ``base`` is
+    the jobs an upgrade from the first layout found without an ordinal (completed or
+    FAILED)."""
 
     seq: int
     exists: bool
     requeued: int
     purged: int
+    base: int
 
     @property
     def jobs(self) -> int:
-        """Jobs in the queue: ordinals handed out, less requeues (a second ordinal for
-        one job) and purged jobs."""
-        return self.seq - self.requeued - self.purged
+        """Jobs in the queue: ordinals handed out (and the upgrade's base), less
+        requeues (a second ordinal for one job) and purged jobs."""
+        return self.seq + self.base - self.requeued - self.purged
+
+    def after(self, count: int) -> Counters:
+        """These counters after ``count`` more ordinals were taken."""
+        return Counters(self.seq + count, True, self.requeued, self.purged, self.base)
 
     @classmethod
-    def of(cls, seq_kv: Any, requeued_kv: Any, purged_kv: Any) -> Counters:
-        """From the key-values of ``seq``, ``requeued`` and ``purged``."""
+    def of(cls, seq_kv: Any, base_kv: Any, requeued_kv: Any, purged_kv: Any) -> Counters:
+        """From the key-values answered by :meth:`reads`."""
         return cls(ordinal_of(seq_kv) or 0, seq_kv is not None,
                    0 if requeued_kv is None else int(requeued_kv.version),
-                   ordinal_of(purged_kv) or 0)
+                   ordinal_of(purged_kv) or 0, Base.of(base_kv).jobs)
 
-    def reads(self, qkeys: QueueKeys) -> list[Any]:
+    @staticmethod
+    def reads(qkeys: QueueKeys) -> list[Any]:
         """The reads that answer :meth:`of`."""
-        return [rq.get(qkeys.counter(n)) for n in ("seq", "requeued", "purged")]
+        return [rq.get(qkeys.counter(n)) for n in ("seq", "base", "requeued", "purged")]
 
     def same_seq(self, qkeys: QueueKeys) -> Any:
         """Compare: ``seq`` is still what these counters say."""
@@ -213,6 +223,38 @@ class Counters:
         if not self.exists:
             puts.append(rq.put(qkeys.counter("low"), ordinal_bytes(0)))
         return puts
+
+
+@dataclass(frozen=True, slots=True)
+class Base:
+    """``QDIR/k/base``, written once by an upgrade from the first layout: the jobs it
+    found completed and FAILED (which got no ordinal), added to the counters."""
+
+    done: int = 0
+    failed: int = 0
+
+    @property
+    def jobs(self) -> int:
+        return self.done + self.failed
+
+    def encode(self) -> bytes:
+        return json.dumps({"done": self.done, "failed": self.failed}).encode()
+
+    @classmethod
+    def of(cls, kv: Any) -> Base:
+        """From the key-value (absent: zeros).
+
+        Raises:
+            BackendUnavailable: the value does not parse.
+        """
+        if kv is None:
+            return cls()
+        try:
+            obj = json.loads(kv.value)
+            return cls(int(obj["done"]), int(obj["failed"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BackendUnavailable(
+                f"corrupt queue base at etcd key {bytes(kv.key)!r}") from exc
 
 
 def _probe(qkeys: QueueKeys) -> Any:
@@ -238,21 +280,21 @@ def _checked(ops: Ops, qkeys: QueueKeys, seq_kv: Any, probe: Any | None) -> bool
 
 
 def read_counters(ops: Ops, qkeys: QueueKeys, what: str) -> Counters:
-    """One read-only transaction: ``seq``, the requeue and purge counters (and, until
-    the queue is known to have the current layout, whether it has member keys).
+    """One read-only transaction: the :class:`Counters` (and, until the queue is known
+    to have the current layout, whether it has member keys).
 
     Raises:
         InvalidArgument: the queue has jobs of the first layout.
         BackendUnavailable / AuthenticationFailed.
     """
-    reads = Counters.reads(Counters(0, False, 0, 0), qkeys)
+    reads = Counters.reads(qkeys)
     probe = not ops.queues.is_current(qkeys.queue)
     if probe:
         reads.append(_probe(qkeys))
     answer = ops.read(rq.txn(success=reads), what)
-    seq_kv, requeued_kv, purged_kv = (rq.kv_of(r) for r in answer.responses[:3])
-    _checked(ops, qkeys, seq_kv, answer.responses[3] if probe else None)
-    return Counters.of(seq_kv, requeued_kv, purged_kv)
+    kvs = [rq.kv_of(r) for r in answer.responses[:4]]
+    _checked(ops, qkeys, kvs[0], answer.responses[4] if probe else None)
+    return Counters.of(*kvs)
 
 
 # -- the candidate scan ------------------------------------------------------------------
@@ -358,7 +400,7 @@ def stats(ops: Ops, queue: str) -> QueueStats:
     """See :meth:`EtcdBackend.queue_stats
     <consensus_lease.backends.etcd.EtcdBackend.queue_stats>`."""
     qkeys = ops.layout.queue(queue)
-    names = ("seq", "done", "failed", "requeued", "purged")
+    names = ("seq", "base", "done", "failed", "requeued", "purged")
     start, end = qkeys.helds
     reads = [rq.get(qkeys.counter(n)) for n in names]
     reads.append(etcdrpc.RequestOp(request_range=etcdrpc.RangeRequest(
@@ -367,21 +409,22 @@ def stats(ops: Ops, queue: str) -> QueueStats:
     if probe:
         reads.append(_probe(qkeys))
     answer = ops.read(rq.txn(success=reads), f"counting the jobs of queue {queue!r}")
-    seq_kv, done_kv, failed_kv, requeued_kv, purged_kv = (
-        rq.kv_of(r) for r in answer.responses[:5])
-    if not _checked(ops, qkeys, seq_kv, answer.responses[6] if probe else None):
+    seq_kv, base_kv, done_kv, failed_kv, requeued_kv, purged_kv = (
+        rq.kv_of(r) for r in answer.responses[:6])
+    if not _checked(ops, qkeys, seq_kv, answer.responses[7] if probe else None):
         return QueueStats(queue, 0, 0, 0, None, 0)
 
     def version(kv: Any) -> int:
         return 0 if kv is None else int(kv.version)
 
+    base = Base.of(base_kv)
     purged = ordinal_of(purged_kv) or 0
     requeued = version(requeued_kv)
-    held_range = answer.responses[5].response_range
+    held_range = answer.responses[6].response_range
     held = int(held_range.count)
-    total = (ordinal_of(seq_kv) or 0) - requeued - purged
-    completed = version(done_kv) - purged
-    failed = version(failed_kv) - requeued
+    total = (ordinal_of(seq_kv) or 0) + base.jobs - requeued - purged
+    completed = base.done + version(done_kv) - purged
+    failed = base.failed + version(failed_kv) - requeued
     return QueueStats(queue, total - held - completed - failed, held, completed,
                       _earliest_lease_end(ops, held_range.kvs), failed)
 

@@ -16,6 +16,7 @@ __all__ = [
     "kv_of",
     "lease_is",
     "mod_is",
+    "none_in",
     "put",
     "span",
     "span_count",
@@ -33,6 +34,18 @@ def create_is(key: bytes, revision: int) -> Any:
         target=etcdrpc.Compare.CREATE,
         result=etcdrpc.Compare.EQUAL,
         create_revision=revision,
+    )
+
+
+def none_in(key: bytes, range_end: bytes) -> Any:
+    """Compare: no key exists in ``[key, range_end)`` (etcd compares every key of a
+    compare's range, and an empty range as one absent key: create revision 0)."""
+    return etcdrpc.Compare(
+        key=key,
+        range_end=range_end,
+        target=etcdrpc.Compare.CREATE,
+        result=etcdrpc.Compare.EQUAL,
+        create_revision=0,
     )
 
 
