@@ -39,6 +39,7 @@ from . import (
     _hold,
     _queue,
     _queue_index,
+    _queue_upgrade,
     _queue_wait,
     _records,
     _tokens,
@@ -597,6 +598,24 @@ class EtcdBackend(Backend):
         """
         with self._transport.bounded():
             return _queue_index.stats(self._ops, queue)
+
+    def upgrade_queue(self, queue: str) -> int:
+        """Upgrade a queue written by an earlier consensus_lease (queue layout 1, which
+        this version refuses with ``InvalidArgument``) to the FIFO index, in place; run
+        it once with the queue's workers and producers stopped. Open jobs keep their
+        order (and their claims, tokens and attempts); completed and FAILED jobs are
+        counted into the new counters. Returns how many open jobs were indexed; 0 for a
+        queue that needs no upgrade (idempotent). Cost: O(jobs of the queue): a listing,
+        one read per 64 finished jobs, one transaction per 40 open jobs. See
+        :mod:`._queue_upgrade`.
+
+        Raises:
+            BackendUnavailable: the queue changed meanwhile (a worker or producer still
+                runs; run it again once they are stopped), or a job is inconsistent.
+            AuthenticationFailed.
+        """
+        with self._transport.bounded():
+            return _queue_upgrade.upgrade_queue(self._ops, queue)
 
     def queue_jobs(self, queue: str, limit: int | None = None) -> list[QueuedJob]:
         """Every job of the queue, oldest enqueued first, at one revision: the queue's
