@@ -189,6 +189,24 @@ def test_stale_entries_are_deleted_and_the_low_water_mark_rises(store: LeaseStor
     assert store.queue_stats("q") == QueueStats("q", 10, 0, 0, None, 0)
 
 
+def test_the_scan_jumps_over_a_gap_behind_a_long_hold(store: LeaseStore) -> None:
+    """A job held for long keeps the low-water mark at its place; the entries after it
+    that were deleted leave a gap wider than a window, which the scan jumps over."""
+    ids = [f"j{i:04d}" for i in range(1200)]
+    store.enqueue_many("q", ids)
+    qdir = _qdir(store, "q")
+    kv = backend_of(store)._transport.member().kv
+    for i in range(1, 1150):  # as if completed, their stale entries deleted
+        kv.DeleteRange(etcdrpc.DeleteRangeRequest(key=qdir + b"p/" + ids[i].encode().hex().encode()),
+                       timeout=5)
+    kv.DeleteRange(etcdrpc.DeleteRangeRequest(key=qdir + b"i/" + b"%020d" % 1,
+                                              range_end=qdir + b"i/" + b"%020d" % 1150),
+                   timeout=5)
+    with store.session("W", ttl_s=30) as w:
+        assert w.claim("j0000") is not None
+        assert _candidates(store, "q", 10) == ids[1150:1160]
+
+
 # -- queue_stats under concurrent claimers ----------------------------------------------------
 
 

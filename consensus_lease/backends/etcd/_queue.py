@@ -68,7 +68,6 @@ __all__ = [
     "list_jobs",
     "page_jobs",
     "purge",
-    "sorted_pending",
 ]
 
 log = logging.getLogger("consensus_lease.etcd")
@@ -120,17 +119,6 @@ record exists) and a nested transaction of eight deletes; with the counter's com
 put, 64 jobs need 65 compares and 65 operations, and etcd checks a nested transaction
 against ``--max-txn-ops`` (128 by default) minus the outer list's size (fewer jobs per
 transaction on a server that allows fewer)."""
-
-
-def sorted_pending(qkeys: QueueKeys, limit: int, min_create: int) -> Any:
-    """A range read of the queue's pending keys (keys only) in create-revision order,
-    from ``min_create`` on."""
-    key, end = qkeys.pendings
-    return etcdrpc.RangeRequest(
-        key=key, range_end=end, limit=limit, keys_only=True,
-        sort_order=etcdrpc.RangeRequest.ASCEND, sort_target=etcdrpc.RangeRequest.CREATE,
-        min_create_revision=min_create,
-    )
 
 
 def page_jobs(qkeys: QueueKeys, kvs: Sequence[Any]) -> list[tuple[str, int]]:

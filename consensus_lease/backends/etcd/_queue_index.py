@@ -57,7 +57,7 @@ from pyetcd import etcdrpc
 from ...errors import BackendUnavailable, InvalidArgument, LeaseError
 from ...record import QueueStats
 from . import _requests as rq
-from ._keys import QueueKeys, ordinal_bytes, ordinal_of
+from ._keys import ORDINAL_DIGITS, QueueKeys, ordinal_bytes, ordinal_of
 from ._transport import Failure
 
 if TYPE_CHECKING:
@@ -87,8 +87,9 @@ SCAN_PAGE = 32
 """Index entries per page: the check transaction makes 4 reads per entry, within etcd's
 default ``--max-txn-ops`` (128; split further on a server that allows fewer)."""
 
-MAX_SCAN_PAGES = 64
-"""Most pages one scan reads (2,048 entries) before answering what it found."""
+MAX_SCAN_PAGES = 512
+"""Most pages one scan reads (16,384 entries: held, delayed and stale ones at the front
+of the queue) before answering what it found (possibly nothing)."""
 
 FLUSH_STALE = 32
 """Stale entries remembered before they are deleted in one transaction."""
@@ -331,6 +332,11 @@ def candidates(ops: Ops, queue: str, limit: int) -> list[tuple[str, bytes]]:
             cache.raise_low(queue, low)
             continue
         found = page.responses[0].response_range
+        if not found.kvs:  # a gap (deleted stale entries): jump to the next entry
+            pos = min(seq, _next_ordinal(ops, qkeys, high, what) or seq)
+            if pos >= seq:
+                break
+            continue
         entries = [e for e in (qkeys.entry_of(bytes(kv.key)) for kv in found.kvs)
                    if e is not None]
         for chunk, answer in ops.txn_limit.read_split(
@@ -357,6 +363,21 @@ def candidates(ops: Ops, queue: str, limit: int) -> list[tuple[str, bytes]]:
     cache.raise_low(queue, new_low)
     delete_stale(ops, qkeys, cache.add_stale(queue, stale), cache.low(queue))
     return out[:limit]
+
+
+def _next_ordinal(ops: Ops, qkeys: QueueKeys, start: int, what: str) -> int | None:
+    """The ordinal of the first index entry from ``start`` on (``None``: none). One
+    key-ordered range read with ``limit`` 1 to the end of the index: etcd walks its
+    in-memory index over the rest of the queue (about 13 ms per 100,000 entries,
+    measured on etcd 3.4), so this is only done on meeting an empty window."""
+    key, end = qkeys.entries(start, 10**ORDINAL_DIGITS - 1)
+    found = ops.read(etcdrpc.RangeRequest(key=key, range_end=end, limit=1, keys_only=True),
+                     what)
+    for kv in found.kvs:
+        entry = qkeys.entry_of(bytes(kv.key))
+        if entry is not None:
+            return entry[0]
+    return None
 
 
 def _checks(ops: Ops, qkeys: QueueKeys, entries: Sequence[tuple[int, str]]) -> Any:
