@@ -25,7 +25,7 @@ from consensus_lease import (
     QueueStats,
     open_store,
 )
-from consensus_lease.backends.etcd import _queue
+from consensus_lease.backends.etcd import _queue, _queue_index
 from consensus_lease.testing.conformance import poll_until
 
 
@@ -156,6 +156,23 @@ def test_an_expired_hold_is_found_again_and_counted_available(store: LeaseStore)
     with store.session("B", ttl_s=60) as b:
         again = b.claim(lease.job_id)
         assert again is not None and again.generation > lease.generation
+
+
+def test_a_job_released_elsewhere_is_offered_again_within_the_rescan_time(
+    store: LeaseStore, url: str
+) -> None:
+    """Another driver's scans start at its cursor, past the held front of the queue, and
+    from the low-water mark again at least every RESCAN_S."""
+    store.enqueue_many("q", ["a", "b", "c"])
+    with open_store(url) as other, store.session("A", ttl_s=30) as a:
+        lease = a.claim("a")
+        assert lease is not None
+        assert _candidates(other, "q") == ["b", "c"]  # its cursor is at "b" now
+        lease.release()
+        start = time.monotonic()
+        poll_until(lambda: _candidates(other, "q") == ["a", "b", "c"], 10)
+        assert time.monotonic() - start < _queue_index.RESCAN_S + 2
+        assert _candidates(store, "q") == ["a", "b", "c"]  # at once where it was released
 
 
 def test_a_requeued_job_goes_to_the_back(store: LeaseStore) -> None:

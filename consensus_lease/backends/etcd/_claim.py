@@ -42,6 +42,7 @@ decides whether the attempts are used up.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 import time
@@ -72,7 +73,7 @@ from ._attempts import (
     plan_request,
     unlimited,
 )
-from ._keys import JobKeys, Owner, attempts_of, limit_of, queue_of
+from ._keys import JobKeys, Owner, attempts_of, limit_of, ordinal_of, queue_of
 from ._ops import Ops, Settled
 from ._session import EtcdClaim, EtcdSession
 from ._tokens import TokenOverflow, compose
@@ -113,13 +114,23 @@ def _claimant(ops: Ops, handle: EtcdSession, nonce: str, job_id: str | None = No
     epoch, same_epoch = ops.epochs.current()
     value = Owner(handle.owner, handle.session_id, nonce, epoch).encode()
     return Claimant(value, handle.lease_id, epoch, same_epoch,
-                    None if job_id is None else _held_key(ops, job_id))
+                    None if job_id is None else _queued(ops, job_id))
+
+
+def _queued(ops: Ops, job_id: str) -> tuple[bytes, bytes] | None:
+    """The held marker and pending key of ``job_id`` in the queue it was lately a
+    candidate of (``None``: not known)."""
+    queue = ops.queues.queue_hint(job_id)
+    if queue is None:
+        return None
+    qkeys = ops.layout.queue(queue)
+    return qkeys.held(job_id), qkeys.pending(job_id)
 
 
 def _held_key(ops: Ops, job_id: str) -> bytes | None:
     """The held marker of ``job_id`` in the queue it was lately a candidate of."""
-    queue = ops.queues.queue_hint(job_id)
-    return None if queue is None else ops.layout.queue(queue).held(job_id)
+    queued = _queued(ops, job_id)
+    return None if queued is None else queued[0]
 
 
 def fix_held(ops: Ops, claims: Sequence[tuple[JobKeys, bytes, bytes | None, str | None]],
@@ -183,9 +194,14 @@ def _send_plan(ops: Ops, handle: EtcdSession, keys: JobKeys, plan: Plan,
             assert plan.snapshot is not None
             raise job_failed(job_id, dead_letter(plan.snapshot, nonce)[0])
         claimed = _claimed(handle, keys, plan, claimant, answer)
-        assert isinstance(claimed.handle, EtcdClaim)
-        fix_held(ops, [(keys, claimant.value, claimant.held, claimed.handle.queue)],
-                 claimant.lease_id)
+        known = claimed.handle
+        assert isinstance(known, EtcdClaim)
+        right = None if known.queue is None else ops.layout.queue(known.queue).held(job_id)
+        if right != claimant.held:  # the queue was not known, or not the hinted one
+            fix_held(ops, [(keys, claimant.value, claimant.held, known.queue)],
+                     claimant.lease_id)
+            return ClaimResult(claimed.generation, attempt=claimed.attempt,
+                               handle=dataclasses.replace(known, ordinal=None))
         return claimed
     except OutcomeUnknown:
         handle.unsettled(job_id, nonce)
@@ -204,8 +220,10 @@ def _claimed(handle: EtcdSession, keys: JobKeys, plan: Plan, claimant: Claimant,
     """
     attempt = claimed_attempt(answer.responses[2])
     limit = None if plan.snapshot is None else limit_of(plan.snapshot.limit)
+    ordinal = None if len(answer.responses) < 6 else ordinal_of(rq.kv_of(answer.responses[5]))
     known = EtcdClaim(handle.lease_id, keys.job_id, claimant.value, True,
-                      queue_of(rq.kv_of(answer.responses[3])), attempt, limit, claimant.epoch)
+                      queue_of(rq.kv_of(answer.responses[3])), attempt, limit, claimant.epoch,
+                      ordinal)
     token = compose(claimant.epoch, int(answer.header.revision))
     return ClaimResult(token, attempt=attempt, handle=known)
 
@@ -277,7 +295,7 @@ def _send_batch(ops: Ops, handle: EtcdSession, all_keys: list[JobKeys], claimant
             etcdrpc.RequestOp(request_txn=rq.txn(
                 compare=unlimited(k),
                 success=claiming(k, claimant.value, claimant.lease_id, claimant.epoch,
-                                 _held_key(ops, k.job_id)),
+                                 _queued(ops, k.job_id)),
                 failure=[rq.count(k.limit)],
             ))
             for k in all_keys

@@ -127,6 +127,8 @@ def fail(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult, error: 
                                                       nonce).encode()))
         if qkeys is not None:
             success += [rq.delete(qkeys.pending(job_id)), rq.put(qkeys.counter("failed"), b"")]
+            if known is not None and known.ordinal is not None:  # else the scan does it
+                success.append(rq.delete(qkeys.entry(known.ordinal, job_id)))
     elif retry_in_s > 0:
         lease_id, ttl_s = ops.grant(delay_ttl_s(retry_in_s), f"{what}: the retry delay's lease")
         success.append(rq.put(keys.not_before, b"", lease_id))
@@ -140,6 +142,8 @@ def fail(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult, error: 
         if lease_id:
             ops.revoke(lease_id)
         raise
+    if queue is not None and not exhausted:
+        ops.queues.forget_cursor(queue)  # it keeps its place at the front
     state = JobState.FAILED if exhausted else JobState.AVAILABLE
     not_before = time.time() + ttl_s if lease_id else None
     return LeaseRecord(job_id, None, None, generation, state, None, attempt, error, not_before,

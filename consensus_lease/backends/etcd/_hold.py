@@ -86,6 +86,8 @@ def complete(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult,
         qkeys = ops.layout.queue(queue)
         success += [rq.delete(qkeys.pending(job_id)), rq.delete(qkeys.held(job_id)),
                     rq.put(qkeys.counter("done"), b"")]
+        if known is not None and known.ordinal is not None:  # else the scan deletes it
+            success.append(rq.delete(qkeys.entry(known.ordinal, job_id)))
     success += ops.ending(keys)
     success += [rq.get(keys.attempts), rq.get(keys.error), rq.get(keys.limit)]
     request = rq.txn(
@@ -184,6 +186,8 @@ def release(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult) -> N
         request, what, job_id=job_id, generation=generation,
         read_back=(keys.owner, keys.history, keys.completion), decide=decide,
     )
+    if queue is not None:
+        ops.queues.forget_cursor(queue)  # its place is at the front: scan from there
     if isinstance(answer, Settled) or answer.succeeded:
         return
     owner_kv, history_kv, completion_kv = (rq.kv_of(r) for r in answer.responses)

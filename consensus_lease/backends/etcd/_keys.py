@@ -83,10 +83,11 @@ key              value   meaning
                          ordinal. What wakes queue waiters (watched).
 ``QDIR/i/ORD/HEX`` empty INDEX entry: ``ORD`` is the job's place in the queue,
                          so key order is FIFO order. Created with the pending
-                         key (whose value names it); never deleted by the job's
-                         own operations: an entry whose pending key is gone or
-                         names another ordinal is *stale*, for good (ordinals
-                         are never reused), and candidate scans delete it.
+                         key (whose value names it); deleted by the completion
+                         or FAILED verdict of a claim that read the ordinal.
+                         An entry whose pending key is gone or names another
+                         ordinal is *stale*, for good (ordinals are never
+                         reused), and candidate scans (and purge) delete it.
 ``QDIR/h/HEX``   empty   HELD marker, on the holder's lease: put by a claim of
                          a queued job, deleted by its completion, release and
                          fail, and by etcd with the lease. Counted for
@@ -106,7 +107,8 @@ key              value   meaning
 
 A queue without ``QDIR/k/seq`` but with member keys was written by the first layout
 (pending keys without ordinals, found by a range sorted by create revision); the driver
-refuses it (:func:`._queue_index.require_current`).
+refuses it (:func:`._queue_index.layout_refused`) until ``upgrade_queue`` has rewritten
+it (:mod:`._queue_upgrade`).
 
 Values other than payloads are compact JSON (UTF-8), ``result`` base64; anything that
 does not parse is reported as corrupt instead of guessed at.

@@ -17,19 +17,30 @@ queue, never on the queue's depth.
 
 **The scan** (:func:`candidates`), per page: one read-only transaction with the page of
 entries, ``seq`` and ``low``; one with each entry's pending key (stale if absent or
-naming another ordinal: completed, FAILED, requeued since), owner key (held?),
-not-before key (a retry delay runs?) and payload. A stale entry stays stale for good
-(ordinals are never reused), so the driver remembers the low-water mark it reached and
-deletes stale entries in batches of :data:`FLUSH_STALE`, raising ``QDIR/k/low`` in the
-same transaction (compared, never lowered). A held job keeps its entry, so a lease that
-expires (etcd deletes the owner key; no transaction of ours runs) leaves the job
-findable at its old place, and the claim transaction decides as always.
+naming another ordinal), owner key (held?), not-before key (a retry delay runs?) and
+payload. A held job keeps its entry, so a lease that expires (etcd deletes the owner key
+and held marker; no transaction of ours runs) leaves the job findable at its old place,
+and the claim transaction decides as always. The completion (and a FAILED verdict) of a
+job claimed from a scan deletes its entry in the same transaction (the claim read the
+ordinal); other entries that became stale (e.g. of jobs claimed by name) stay stale for
+good, since ordinals are never reused, and scans delete them in batches of
+:data:`FLUSH_STALE`. A scan from the low-water mark raises it to the first live entry
+(the driver's copy; ``QDIR/k/low`` with the next stale batch, compared, never lowered);
+an empty window (a gap left by deleted entries) is jumped over with one key-ordered read
+to the index's end (:func:`_next_ordinal`).
+
+The held jobs at the front of the queue (and the gap a long-held job leaves behind it)
+would be read again by every scan; so a driver starts its scans at its *cursor*, the
+ordinal where its last scan found its first candidate, and from the low-water mark only
+when the cursor's scan finds nothing, when it released a job of the queue itself, or
+every :data:`RESCAN_S`.
 
 **Ordering guarantee.** Candidates come in ordinal order: the order in which enqueue
-transactions committed; a released or expired job keeps its place (it comes first
-again), a requeued job goes to the back. ``claim_next`` then starts at a random one of
-the oldest few (see :mod:`consensus_lease._queue_claim`), so claims are FIFO-ish, not
-strictly FIFO.
+transactions committed; a requeued job goes to the back; a released or expired job keeps
+its place at the front, and is offered again by a driver's scans at once if that driver
+released it or has nothing else to offer, else within :data:`RESCAN_S`. ``claim_next``
+then starts at a random one of the oldest few (see :mod:`consensus_lease._queue_claim`),
+so claims are FIFO-ish, not strictly FIFO.
 
 **Counters** (:func:`stats`): completions, FAILED verdicts and requeues are counted by
 the *version* of a key their transaction puts without a compare (``QDIR/k/done``,
@@ -94,6 +105,12 @@ of the queue) before answering what it found (possibly nothing)."""
 FLUSH_STALE = 32
 """Stale entries remembered before they are deleted in one transaction."""
 
+RESCAN_S = 1.0
+"""How long a driver's scans may start at its cursor (where its last scan found a
+candidate) instead of the low-water mark: the held jobs at the front of the queue (and
+the gap a long hold leaves behind it) are skipped meanwhile, and a job released or
+expired there is offered again within this time (at once when nothing else is)."""
+
 HELD_LEASES = 8
 """Most distinct holder leases whose TTL ``queue_stats`` asks for (the earliest lease
 end among held jobs)."""
@@ -123,6 +140,7 @@ class QueueCache:
         self._stale: dict[str, list[bytes]] = {}
         self._hints: OrderedDict[str, str] = OrderedDict()
         self._counters: dict[str, Counters] = {}
+        self._cursor: dict[str, tuple[int, float]] = {}
 
     def counters(self, queue: str) -> Counters | None:
         """The counters last seen by an enqueue (``None``: not known)."""
@@ -151,6 +169,32 @@ class QueueCache:
     def raise_low(self, queue: str, low: int) -> None:
         with self._lock:
             self._low[queue] = max(low, self._low.get(queue, 0))
+
+    def cursor(self, queue: str) -> int | None:
+        """Where a scan may start: the first candidate of the last scan, unless the
+        last scan from the low-water mark is :data:`RESCAN_S` old (``None``)."""
+        with self._lock:
+            found = self._cursor.get(queue)
+            if found is None or time.monotonic() - found[1] >= RESCAN_S:
+                return None
+            return found[0]
+
+    def move_cursor(self, queue: str, ordinal: int | None, rescanned: bool) -> None:
+        """Remember where a scan found its first candidate (``rescanned``: it started
+        at the low-water mark, now)."""
+        with self._lock:
+            last = self._cursor.get(queue)
+            since = time.monotonic() if rescanned or last is None else last[1]
+            if ordinal is None:
+                self._cursor.pop(queue, None)
+            else:
+                self._cursor[queue] = (ordinal, since)
+
+    def forget_cursor(self, queue: str) -> None:
+        """A job of ``queue`` was released (or failed with a retry) here: the next scan
+        starts at the low-water mark, where that job keeps its place."""
+        with self._lock:
+            self._cursor.pop(queue, None)
 
     def add_stale(self, queue: str, keys: Sequence[bytes]) -> list[bytes]:
         """Remember stale entries; return (and forget) them all once there are at least
@@ -303,12 +347,29 @@ def read_counters(ops: Ops, qkeys: QueueKeys, what: str) -> Counters:
 
 def candidates(ops: Ops, queue: str, limit: int) -> list[tuple[str, bytes]]:
     """See :meth:`EtcdBackend.queue_candidates
-    <consensus_lease.backends.etcd.EtcdBackend.queue_candidates>`."""
+    <consensus_lease.backends.etcd.EtcdBackend.queue_candidates>`: a scan from the
+    driver's cursor (where the last scan found its first candidate) while the last scan
+    from the low-water mark is under :data:`RESCAN_S` old and the cursor's scan finds
+    something; else a scan from the low-water mark, which also raises it."""
     qkeys = ops.layout.queue(queue)
+    cursor = ops.queues.cursor(queue)
+    if cursor is not None:
+        found = _scan(ops, qkeys, limit, cursor)
+        if found:
+            return found
+    return _scan(ops, qkeys, limit, None)
+
+
+def _scan(ops: Ops, qkeys: QueueKeys, limit: int,
+          cursor: int | None) -> list[tuple[str, bytes]]:
+    """Up to ``limit`` candidates, from ``cursor`` on, or (``None``) from the low-water
+    mark: then the first live entry seen is the new mark."""
+    queue = qkeys.queue
     cache = ops.queues
     what = f"listing the candidates of queue {queue!r}"
-    pos = cache.low(queue)
+    pos = cache.low(queue) if cursor is None else max(cursor, cache.low(queue))
     first_live: int | None = None
+    first_found: int | None = None
     stale: list[bytes] = []
     out: list[tuple[str, bytes]] = []
     for _ in range(MAX_SCAN_PAGES):
@@ -353,14 +414,17 @@ def candidates(ops: Ops, queue: str, limit: int) -> list[tuple[str, bytes]]:
                         and member_kv is not None):
                     out.append((job_id, bytes(member_kv.value)))
                     cache.hint(job_id, queue)
+                    if first_found is None:
+                        first_found = ordinal
         if len(out) >= limit:
             break
         pos = entries[-1][0] + 1 if found.more and entries else high
         if pos >= seq:
             pos = seq
             break
-    new_low = first_live if first_live is not None else pos
-    cache.raise_low(queue, new_low)
+    if cursor is None:
+        cache.raise_low(queue, first_live if first_live is not None else pos)
+    cache.move_cursor(queue, first_found, rescanned=cursor is None)
     delete_stale(ops, qkeys, cache.add_stale(queue, stale), cache.low(queue))
     return out[:limit]
 

@@ -559,17 +559,21 @@ class EtcdBackend(Backend):
         return _queue.enqueue_items(self._ops, queue, items)
 
     def queue_candidates(self, queue: str, limit: int) -> list[tuple[str, bytes]]:
-        """A scan of the queue's FIFO index (see :mod:`._queue_index`), from the
-        low-water mark: per page of 32 entries, one read-only transaction with the
-        entries (a key-ordered range spanning at most 1,024 ordinals, so etcd's cost
-        does not grow with the queue's depth), the ordinal counter and the mark, then one
-        with each entry's pending key (stale?), owner key (held?), not-before key (retry
-        delay?) and payload. Stops once ``limit`` unheld jobs are found or the queue is
-        exhausted (at most 64 pages). Its cost grows with the held, delayed and
-        finished-but-not-yet-skipped jobs at the front of the queue, not with its
-        depth. Candidates come oldest ordinal first (enqueue commit order; a requeued
-        job goes to the back, a released or expired one keeps its place). A hint: the
-        claim decides. Stale entries are deleted in batches of 32 (best effort).
+        """A scan of the queue's FIFO index (see :mod:`._queue_index`), from this
+        driver's cursor (where its last scan found a candidate) or from the low-water
+        mark (when the cursor finds nothing, after this driver released a job of the
+        queue, and at least every second): per page of 32 entries, one read-only
+        transaction with the entries (a key-ordered range spanning at most 1,024
+        ordinals, so etcd's cost does not grow with the queue's depth), the ordinal
+        counter and the mark, then one with each entry's pending key (stale?), owner key
+        (held?), not-before key (retry delay?) and payload. Stops once ``limit`` unheld
+        jobs are found or the queue is exhausted (at most 512 pages). Its cost grows
+        with the held and delayed jobs at the front of the queue, not with its depth.
+        Candidates come oldest ordinal first (enqueue commit order; a requeued job goes
+        to the back; a released or expired one keeps its place, offered again within a
+        second by other drivers). A hint: the claim decides (and puts the job's held
+        marker in the queue, and reads its ordinal, so the completion deletes its index
+        entry).
 
         Raises:
             InvalidArgument: the queue was written by the first queue layout (the
