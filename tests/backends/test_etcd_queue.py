@@ -92,7 +92,7 @@ def test_enqueue_writes_marker_member_pending_and_index_in_one_revision(
                          f"{qdir}k/seq".encode(), f"{qdir}k/low".encode()}
     assert keys[f"{qdir}j/{job}".encode()].value == b"hello"
     assert keys[f"{qdir}p/{job}".encode()].value == first.encode()  # names its entry
-    assert keys[f"{qdir}k/seq".encode()].value == b"%020d" % 1
+    assert keys[f"{qdir}k/seq".encode()].value == b"%020d/%020d" % (1, 5)  # jobs, bytes
     assert len({kv.create_revision for kv in keys.values()}) == 1  # one transaction
     (queued,) = store.queue_jobs("mail")
     assert queued.seq == keys[f"{qdir}j/{job}".encode()].create_revision

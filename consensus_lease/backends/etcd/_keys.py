@@ -92,17 +92,21 @@ key              value   meaning
                          a queued job, deleted by its completion, release and
                          fail, and by etcd with the lease. Counted for
                          ``queue_stats``.
-``QDIR/k/seq``   ORD     the next ordinal: every enqueue and requeue takes the
-                         next ones by comparing this value and writing it back
-                         in the same transaction (so ordinals follow commit
-                         order and have no gaps).
+``QDIR/k/seq``   ORD/B   the next ordinal and the payload bytes enqueued so far:
+                         every enqueue and requeue takes the next ordinals by
+                         comparing this value and writing it back in the same
+                         transaction (so ordinals follow commit order and have
+                         no gaps).
 ``QDIR/k/low``   ORD     the low-water mark: no live index entry is below it.
                          Raised (never lowered) by candidate scans.
 ``QDIR/k/done``  empty   counters kept by the version of a key that a
 ``QDIR/k/failed``        transaction puts blindly (no compare, so concurrent
 ``QDIR/k/requeued``      writers never conflict): completions, FAILED
                          verdicts, requeues.
-``QDIR/k/purged`` count  jobs purged (compared and rewritten by purge).
+``QDIR/k/purged`` N/B    jobs and payload bytes purged (compared and rewritten
+                         by purge).
+``QDIR/k/base``  JSON    completed and FAILED jobs an upgrade from the first
+                         layout found (they have no ordinal).
 ===============  ======  ====================================================
 
 A queue without ``QDIR/k/seq`` but with member keys was written by the first layout
@@ -144,6 +148,8 @@ __all__ = [
     "limit_of",
     "ordinal_bytes",
     "ordinal_of",
+    "pair_bytes",
+    "pair_of",
     "prefix_range_end",
     "queue_of",
 ]
@@ -348,6 +354,27 @@ class QueueKeys:
 def ordinal_bytes(ordinal: int) -> bytes:
     """An ordinal as stored: 20 decimal digits, so byte order is numeric order."""
     return b"%020d" % ordinal
+
+
+def pair_bytes(first: int, second: int) -> bytes:
+    """Two counters in one value (``seq``: ordinals and payload bytes enqueued;
+    ``purged``: jobs and payload bytes purged), each as 20 decimal digits."""
+    return b"%020d/%020d" % (first, second)
+
+
+def pair_of(kv: Any) -> tuple[int, int]:
+    """The two counters of a :func:`pair_bytes` value (absent: zeros).
+
+    Raises:
+        BackendUnavailable: the value is not a pair of counters.
+    """
+    if kv is None:
+        return 0, 0
+    raw = bytes(kv.value)
+    first, sep, second = raw.partition(b"/")
+    if not sep or not first.isdigit() or not second.isdigit():
+        raise BackendUnavailable(f"corrupt counter at etcd key {bytes(kv.key)!r}: {raw[:50]!r}")
+    return int(first), int(second)
 
 
 def ordinal_of(kv: Any) -> int | None:
@@ -571,21 +598,26 @@ class Completion:
 
 @dataclass(frozen=True, slots=True)
 class QueueMarker:
-    """The queue marker's value: the job's queue, and the enqueue request that wrote it
-    (its nonce settles a lost answer)."""
+    """The queue marker's value: the job's queue, the enqueue request that wrote it
+    (its nonce settles a lost answer) and the payload's size in bytes (0: left out, as
+    before the queue's payload budget existed), which purge gives back."""
 
     queue: str
     nonce: str
+    size: int = 0
 
     def encode(self) -> bytes:
-        return _dump({"nonce": self.nonce, "queue": self.queue})
+        obj: dict[str, Any] = {"nonce": self.nonce, "queue": self.queue}
+        if self.size:
+            obj["size"] = self.size
+        return _dump(obj)
 
     @classmethod
     def decode(cls, raw: bytes, key: bytes) -> QueueMarker:
         obj = _load(raw, "queue marker", key)
         try:
-            return cls(str(obj["queue"]), str(obj["nonce"]))
-        except KeyError as exc:
+            return cls(str(obj["queue"]), str(obj["nonce"]), int(obj.get("size", 0)))
+        except (KeyError, TypeError, ValueError) as exc:
             raise BackendUnavailable(f"corrupt queue marker at etcd key {key!r}") from exc
 
 

@@ -52,7 +52,16 @@ from ...errors import BackendUnavailable, InvalidArgument, OutcomeUnknown, Queue
 from ...record import EnqueueItem, LeaseRecord, QueuedJob
 from . import _queue_index
 from . import _requests as rq
-from ._keys import Limit, QueueKeys, QueueMarker, ordinal_bytes, ordinal_of, queue_of
+from ._keys import (
+    Limit,
+    QueueKeys,
+    QueueMarker,
+    ordinal_bytes,
+    ordinal_of,
+    pair_bytes,
+    pair_of,
+    queue_of,
+)
 from ._ops import Ops, Settled
 from ._queue_index import Counters, read_counters
 from ._records import job_record, kinds_of
@@ -63,6 +72,7 @@ __all__ = [
     "ENQUEUE_BATCH",
     "MAX_PAYLOAD_BYTES",
     "MAX_QUEUE_JOBS",
+    "MAX_QUEUE_PAYLOAD_BYTES",
     "candidates",
     "enqueue_items",
     "list_jobs",
@@ -93,15 +103,21 @@ MAX_QUEUE_JOBS = 250_000
 
 Why: etcd refuses every write once its backend reaches ``--quota-backend-bytes`` (2 GB
 by default; 8 GB is the documented ceiling), and needs an operator to compact, defrag
-and disarm the alarm then. A job with a small payload costs about 2 KB of the backend
-once enqueued, claimed and completed (its ~9 keys, an index entry and the old revisions
-kept until compaction; measured 1.6-2.4 KB per job at 100,000 jobs), so 250,000 jobs are
-about 0.5 GB: a quarter of the default quota for one queue, leaving room for other
-queues, revisions awaiting compaction and bigger payloads. Payloads count on top:
-250,000 jobs of 4 KB are another 1 GB, so queues with large payloads need a larger
-quota (or fewer jobs: purge completed ones) -- each payload is at most
-:data:`MAX_PAYLOAD_BYTES`.
-"""
+and disarm the alarm then. A job with a 100-byte payload costs about 0.55 KB of the
+backend once enqueued and 1.8 KB once claimed and completed (its keys and the old
+revisions kept until compaction; measured on etcd 3.4 with 20,000 jobs), so 250,000
+jobs are about 0.45 GB: a quarter of the default quota for one queue, leaving room for
+other queues, revisions awaiting compaction (run etcd with ``--auto-compaction-*``) and
+payloads. Payloads count on top: 250,000 jobs of 4 KB are another 1 GB, so queues with
+large payloads need a larger quota (or fewer jobs: purge completed ones) -- each
+payload is at most :data:`MAX_PAYLOAD_BYTES`. The counters make the check free: no
+read beyond what enqueue does anyway."""
+
+MAX_QUEUE_PAYLOAD_BYTES = 256 * 1024 * 1024
+"""Payload bytes one queue may hold (until purged): 256 MiB, an eighth of etcd's default
+quota, so that with :data:`MAX_QUEUE_JOBS` jobs' own keys (about 0.45 GB) one full queue
+stays under half of it. Checked from the counters with the job count (``QueueFull``);
+payloads of jobs enqueued by the first layout are not counted."""
 
 LISTING_JOBS = 32
 """Jobs per read transaction in ``queue_jobs`` (2 range reads each: the payload and
@@ -172,13 +188,12 @@ def _enqueue_request(ops: Ops, qkeys: QueueKeys, new: Sequence[EnqueueItem],
     new job, so a chunk of 100 needs 107 of etcd's 128 operations per transaction."""
     compare = [counters.same_seq(qkeys)]
     success: list[Any] = []
-    marker = QueueMarker(qkeys.queue, nonce).encode()
     for i, item in enumerate(new):
         keys = ops.layout.job(item.job_id)
         ordinal = counters.seq + i
         compare.append(rq.none_in(*keys.directory))
         puts = [
-            rq.put(keys.queue, marker),
+            rq.put(keys.queue, QueueMarker(qkeys.queue, nonce, len(item.payload)).encode()),
             rq.put(qkeys.member(item.job_id), item.payload),
             rq.put(qkeys.pending(item.job_id), ordinal_bytes(ordinal)),
             rq.put(qkeys.entry(ordinal, item.job_id), b""),
@@ -188,7 +203,7 @@ def _enqueue_request(ops: Ops, qkeys: QueueKeys, new: Sequence[EnqueueItem],
         success.append(etcdrpc.RequestOp(request_txn=rq.txn(success=puts)))
     compare += [rq.mod_is(ops.layout.job(job_id).queue, revision)
                 for job_id, revision in known.items()]
-    success += counters.taking(qkeys, len(new))
+    success += counters.taking(qkeys, len(new), sum(len(item.payload) for item in new))
     return rq.txn(compare=compare, success=success, failure=Counters.reads(qkeys))
 
 
@@ -244,23 +259,27 @@ def _enqueue_chunk(ops: Ops, qkeys: QueueKeys, items: Sequence[EnqueueItem],
         new = [item for item in items if item.job_id not in known]
         if not new:
             return [False] * len(items)
-        if counters.jobs + len(new) > MAX_QUEUE_JOBS:
+        size = sum(len(item.payload) for item in new)
+        if _over(counters, len(new), size):
             counters = read_counters(ops, qkeys, what)  # the cached ones may be old
             cache.set_counters(queue, counters)
-            if counters.jobs + len(new) > MAX_QUEUE_JOBS:
+            if _over(counters, len(new), size):
                 raise QueueFull(
-                    f"{what}: queue {queue!r} holds {counters.jobs} jobs; {len(new)} more "
-                    f"would exceed the etcd backend's {MAX_QUEUE_JOBS} jobs per queue "
-                    f"(capabilities.max_queue_jobs); nothing of this batch was written. "
-                    f"Purge completed jobs, or spread the work over more queues or stores")
+                    f"{what}: queue {queue!r} holds {counters.jobs} jobs with "
+                    f"{counters.payload_bytes} payload bytes; {len(new)} more with {size} "
+                    f"bytes would exceed the etcd backend's capacity of {MAX_QUEUE_JOBS} "
+                    f"jobs (capabilities.max_queue_jobs) and {MAX_QUEUE_PAYLOAD_BYTES} "
+                    f"payload bytes per queue; nothing of this batch was written. Purge "
+                    f"completed jobs, or spread the work over more queues or stores")
         nonce = secrets.token_hex(8)
         request = _enqueue_request(ops, qkeys, new, known, counters, nonce)
         mine = QueueMarker(queue, nonce)
 
         def decide(kvs: list[Any], mine: QueueMarker = mine) -> Settled | None:
             marker_kv = kvs[0]
-            if marker_kv is not None and QueueMarker.decode(marker_kv.value,
-                                                            marker_kv.key) == mine:
+            found = None if marker_kv is None else QueueMarker.decode(marker_kv.value,
+                                                                      marker_kv.key)
+            if found is not None and (found.queue, found.nonce) == (mine.queue, mine.nonce):
                 return Settled(True)  # ours landed (the whole chunk: one transaction)
             return None  # not applied (yet): the same request again (compared)
 
@@ -272,7 +291,7 @@ def _enqueue_chunk(ops: Ops, qkeys: QueueKeys, items: Sequence[EnqueueItem],
             cache.set_counters(queue, None)  # read them again next time
             return [item.job_id in added for item in items]
         if answer.succeeded:
-            cache.set_counters(queue, counters.after(len(new)))
+            cache.set_counters(queue, counters.after(len(new), size))
             cache.mark_current(queue)
             return [item.job_id in added for item in items]
         fresh = Counters.of(*(rq.kv_of(r) for r in answer.responses))
@@ -282,6 +301,12 @@ def _enqueue_chunk(ops: Ops, qkeys: QueueKeys, items: Sequence[EnqueueItem],
         counters = fresh
     raise BackendUnavailable(f"{what}: the queue kept changing; try again",
                              job_id=items[0].job_id)
+
+
+def _over(counters: Counters, jobs: int, size: int) -> bool:
+    """Whether ``jobs`` more jobs with ``size`` payload bytes exceed the capacity."""
+    return (counters.jobs + jobs > MAX_QUEUE_JOBS
+            or counters.payload_bytes + size > MAX_QUEUE_PAYLOAD_BYTES)
 
 
 # -- claimable candidates ----------------------------------------------------------------
@@ -378,11 +403,12 @@ def purge(ops: Ops, queue: str) -> int:
 
 
 def _purge_request(ops: Ops, qkeys: QueueKeys, job_ids: Sequence[str],
-                   purged_kv: Any = None) -> Any:
+                   purged_kv: Any = None, size: int = 0) -> Any:
     """One transaction: if every job of ``job_ids`` is still completed and the purge
     counter is as read (``purged_kv``), delete each job's keys (a nested transaction per
-    job, so a batch fits ``--max-txn-ops``) and add ``len(job_ids)`` to the counter;
-    else answer which are still completed."""
+    job, so a batch fits ``--max-txn-ops``) and add ``len(job_ids)`` jobs and ``size``
+    payload bytes (from their queue markers) to the counter; else answer which are still
+    completed."""
     counter = qkeys.counter("purged")
     compare = [rq.mod_is(counter, 0 if purged_kv is None else int(purged_kv.mod_revision))]
     nested = []
@@ -393,8 +419,8 @@ def _purge_request(ops: Ops, qkeys: QueueKeys, job_ids: Sequence[str],
                   keys.limit, qkeys.member(job_id), qkeys.pending(job_id))
         nested.append(etcdrpc.RequestOp(request_txn=rq.txn(
             success=[rq.delete(k) for k in doomed])))
-    before = ordinal_of(purged_kv) or 0
-    nested.append(rq.put(counter, ordinal_bytes(before + len(job_ids))))
+    jobs, before = pair_of(purged_kv)
+    nested.append(rq.put(counter, pair_bytes(jobs + len(job_ids), before + size)))
     failure = [rq.count(ops.layout.job(j).completion) for j in job_ids]
     return rq.txn(compare=compare, success=nested, failure=failure)
 
@@ -412,8 +438,10 @@ def _purge_batch(ops: Ops, qkeys: QueueKeys, job_ids: list[str], what: str) -> i
     for _ in range(PURGE_ROUNDS):
         if not job_ids:
             break
-        (purged_kv,) = ops.read_keys([counter], what, deadline, job_ids[0])
-        request = _purge_request(ops, qkeys, job_ids, purged_kv)
+        purged_kv, *markers = ops.read_keys(
+            [counter, *(ops.layout.job(j).queue for j in job_ids)], what, deadline, job_ids[0])
+        size = sum(QueueMarker.decode(kv.value, kv.key).size for kv in markers if kv is not None)
+        request = _purge_request(ops, qkeys, job_ids, purged_kv, size)
         try:
             answer = ops.transport.send("kv", "Txn", request, what=what, job_id=job_ids[0])
         except Failure as failure:

@@ -54,6 +54,7 @@ transaction, i.e. at one revision: the counts are one consistent snapshot, and
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -68,7 +69,7 @@ from pyetcd import etcdrpc
 from ...errors import BackendUnavailable, InvalidArgument, LeaseError
 from ...record import QueueStats
 from . import _requests as rq
-from ._keys import ORDINAL_DIGITS, QueueKeys, ordinal_bytes, ordinal_of
+from ._keys import ORDINAL_DIGITS, QueueKeys, ordinal_bytes, ordinal_of, pair_bytes, pair_of
 from ._transport import Failure
 
 if TYPE_CHECKING:
@@ -222,16 +223,18 @@ class QueueCache:
 
 @dataclass(frozen=True, slots=True)
 class Counters:
-    """A queue's ordinal counter ``seq`` (``exists`` false: the queue has no job of the
-    current layout yet) and the counters enqueue checks the capacity with; ``base`` is
-    the jobs an upgrade from the first layout found without an ordinal (completed or
-    FAILED)."""
+    """A queue's ordinal counter ``seq`` and payload bytes enqueued (``exists`` false:
+    the queue has no job of the current layout yet), and the counters enqueue checks the
+    capacity with; ``base`` is the jobs an upgrade from the first layout found without
+    an ordinal (completed or FAILED)."""
 
     seq: int
     exists: bool
     requeued: int
     purged: int
     base: int
+    enqueued_bytes: int = 0
+    purged_bytes: int = 0
 
     @property
     def jobs(self) -> int:
@@ -239,16 +242,26 @@ class Counters:
         requeues (a second ordinal for one job) and purged jobs."""
         return self.seq + self.base - self.requeued - self.purged
 
-    def after(self, count: int) -> Counters:
-        """These counters after ``count`` more ordinals were taken."""
-        return Counters(self.seq + count, True, self.requeued, self.purged, self.base)
+    @property
+    def payload_bytes(self) -> int:
+        """Payload bytes of the jobs in the queue (those enqueued by the first layout
+        not counted)."""
+        return self.enqueued_bytes - self.purged_bytes
+
+    def after(self, count: int, size: int) -> Counters:
+        """These counters after ``count`` more ordinals were taken for ``size`` more
+        payload bytes."""
+        return dataclasses.replace(self, seq=self.seq + count, exists=True,
+                                   enqueued_bytes=self.enqueued_bytes + size)
 
     @classmethod
     def of(cls, seq_kv: Any, base_kv: Any, requeued_kv: Any, purged_kv: Any) -> Counters:
         """From the key-values answered by :meth:`reads`."""
-        return cls(ordinal_of(seq_kv) or 0, seq_kv is not None,
+        seq, enqueued = pair_of(seq_kv)
+        purged, purged_bytes = pair_of(purged_kv)
+        return cls(seq, seq_kv is not None,
                    0 if requeued_kv is None else int(requeued_kv.version),
-                   ordinal_of(purged_kv) or 0, Base.of(base_kv).jobs)
+                   purged, Base.of(base_kv).jobs, enqueued, purged_bytes)
 
     @staticmethod
     def reads(qkeys: QueueKeys) -> list[Any]:
@@ -259,12 +272,13 @@ class Counters:
         """Compare: ``seq`` is still what these counters say."""
         if not self.exists:
             return rq.create_is(qkeys.counter("seq"), 0)
-        return rq.value_is(qkeys.counter("seq"), ordinal_bytes(self.seq))
+        return rq.value_is(qkeys.counter("seq"), pair_bytes(self.seq, self.enqueued_bytes))
 
-    def taking(self, qkeys: QueueKeys, count: int) -> list[Any]:
-        """The puts that take ``count`` ordinals from ``seq`` (creating ``low`` with the
-        queue's first job)."""
-        puts = [rq.put(qkeys.counter("seq"), ordinal_bytes(self.seq + count))]
+    def taking(self, qkeys: QueueKeys, count: int, size: int = 0) -> list[Any]:
+        """The puts that take ``count`` ordinals from ``seq`` for ``size`` more payload
+        bytes (creating ``low`` with the queue's first job)."""
+        puts = [rq.put(qkeys.counter("seq"),
+                       pair_bytes(self.seq + count, self.enqueued_bytes + size))]
         if not self.exists:
             puts.append(rq.put(qkeys.counter("low"), ordinal_bytes(0)))
         return puts
@@ -387,7 +401,7 @@ def _scan(ops: Ops, qkeys: QueueKeys, limit: int,
         seq_kv, low_kv = rq.kv_of(page.responses[1]), rq.kv_of(page.responses[2])
         if not _checked(ops, qkeys, seq_kv, page.responses[3] if probe else None):
             return []  # no job was ever enqueued (with this layout)
-        seq, low = ordinal_of(seq_kv) or 0, ordinal_of(low_kv) or 0
+        seq, low = pair_of(seq_kv)[0], ordinal_of(low_kv) or 0
         if low > pos:
             pos = low
             cache.raise_low(queue, low)
@@ -503,11 +517,11 @@ def stats(ops: Ops, queue: str) -> QueueStats:
         return 0 if kv is None else int(kv.version)
 
     base = Base.of(base_kv)
-    purged = ordinal_of(purged_kv) or 0
+    purged = pair_of(purged_kv)[0]
     requeued = version(requeued_kv)
     held_range = answer.responses[6].response_range
     held = int(held_range.count)
-    total = (ordinal_of(seq_kv) or 0) + base.jobs - requeued - purged
+    total = pair_of(seq_kv)[0] + base.jobs - requeued - purged
     completed = base.done + version(done_kv) - purged
     failed = base.failed + version(failed_kv) - requeued
     return QueueStats(queue, total - held - completed - failed, held, completed,

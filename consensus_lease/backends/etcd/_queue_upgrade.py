@@ -16,7 +16,8 @@ claim, see :mod:`._queue_index`). This version refuses such a queue
 Run it with the queue's workers and producers stopped: a job that changes meanwhile
 makes it stop with an error (run it again: it starts over, deleting the entries a broken
 run left). Jobs held by a session that is still alive are counted as available by
-``queue_stats`` until their hold ends (their held markers are not written).
+``queue_stats`` until their hold ends (their held markers are not written), and their
+payloads are not counted against the queue's payload budget.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 
 from ...errors import BackendUnavailable
 from . import _requests as rq
-from ._keys import ordinal_bytes, ordinal_of
+from ._keys import ordinal_bytes, pair_bytes, pair_of
 from ._ops import Ops
 from ._queue import _all_keys, page_jobs
 from ._queue_index import Base, delete_stale
@@ -63,7 +64,7 @@ def upgrade_queue(ops: Ops, queue: str) -> int:
             success += [rq.put(pending, ordinal_bytes(i)), rq.put(qkeys.entry(i, job_id), b"")]
         _write(ops, rq.txn(compare=compare, success=success), what)
     final = rq.txn(compare=[rq.create_is(seq, 0)],
-                   success=[rq.put(seq, ordinal_bytes(len(opened))),
+                   success=[rq.put(seq, pair_bytes(len(opened), 0)),
                             rq.put(qkeys.counter("low"), ordinal_bytes(0)),
                             rq.put(qkeys.counter("base"), base.encode())],
                    failure=[rq.get(seq), rq.get(qkeys.counter("base"))])
@@ -71,7 +72,7 @@ def upgrade_queue(ops: Ops, queue: str) -> int:
                                 job_id=None)
     if not answer.succeeded:  # ours, re-sent after a lost answer, or another writer's
         seq_kv, base_kv = (rq.kv_of(r) for r in answer.responses)
-        if ordinal_of(seq_kv) != len(opened) or Base.of(base_kv) != base:
+        if pair_of(seq_kv)[0] != len(opened) or Base.of(base_kv) != base:
             raise _changed(what)
     ops.queues.mark_current(queue)
     ops.queues.set_counters(queue, None)

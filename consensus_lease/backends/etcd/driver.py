@@ -524,7 +524,8 @@ class EtcdBackend(Backend):
                 the transaction needs (the message names the flag and the limit), or the
                 queue was written by the first queue layout (the message names the
                 upgrade step); nothing was written.
-            QueueFull: the queue holds ``capabilities.max_queue_jobs`` jobs.
+            QueueFull: the queue holds ``capabilities.max_queue_jobs`` jobs, or its
+                payloads would exceed 256 MiB (``_queue.MAX_QUEUE_PAYLOAD_BYTES``).
             OutcomeUnknown / BackendUnavailable / AuthenticationFailed.
         """
         return self.enqueue_many(queue, [EnqueueItem(job_id, payload, max_attempts)])[0]
@@ -546,8 +547,9 @@ class EtcdBackend(Backend):
         Raises:
             InvalidArgument: a job exists outside this queue or is an election key, or
                 as for :meth:`enqueue`; nothing of the chunk was written.
-            QueueFull: the queue would exceed ``capabilities.max_queue_jobs`` (checked
-                from its counters before sending); nothing of the chunk was written.
+            QueueFull: the queue would exceed ``capabilities.max_queue_jobs`` jobs or
+                256 MiB of payloads (checked from its counters before sending; purge
+                gives completed jobs' room back); nothing of the chunk was written.
             OutcomeUnknown / BackendUnavailable / AuthenticationFailed.
         """
         for item in items:
