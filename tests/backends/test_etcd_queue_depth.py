@@ -25,7 +25,7 @@ from consensus_lease import (
     QueueStats,
     open_store,
 )
-from consensus_lease.backends.etcd import _queue, _queue_index
+from consensus_lease.backends.etcd import _queue, _queue_state
 from consensus_lease.testing.conformance import poll_until
 
 
@@ -171,7 +171,7 @@ def test_a_job_released_elsewhere_is_offered_again_within_the_rescan_time(
         lease.release()
         start = time.monotonic()
         poll_until(lambda: _candidates(other, "q") == ["a", "b", "c"], 10)
-        assert time.monotonic() - start < _queue_index.RESCAN_S + 2
+        assert time.monotonic() - start < _queue_state.RESCAN_S + 2
         assert _candidates(store, "q") == ["a", "b", "c"]  # at once where it was released
 
 

@@ -63,7 +63,8 @@ from ._keys import (
     queue_of,
 )
 from ._ops import Ops, Settled
-from ._queue_index import Counters, read_counters
+from ._queue_index import read_counters
+from ._queue_state import Counters
 from ._records import job_record, kinds_of
 from ._transport import Failure
 from ._txn_limit import needed_ops, too_many_ops

@@ -8,9 +8,9 @@ leave no gaps; ``QDIR/k/low`` says below which ordinal no live entry remains.
 
 **Why.** etcd 3.4 answers a range sorted by anything but the key by reading every key of
 the range and sorting it (the first layout's candidate read: 118 ms per claim at 100,000
-open jobs), and even a key-ordered range with a small ``limit`` walks its in-memory index
-over the whole range (13 ms at 100,000 keys, measured). A range whose *both ends* are
-close costs what the keys inside it cost. So the scan reads windows of at most
+open jobs), and even a key-ordered range with a small ``limit`` walks its in-memory
+index over the whole range (13 ms at 100,000 keys, measured). A range whose *both ends*
+are close costs what the keys inside it cost. So the scan reads windows of at most
 :data:`WINDOW` ordinals from the low-water mark, key-ordered, :data:`SCAN_PAGE` entries
 at a time: its cost depends on the held, delayed and stale entries at the front of the
 queue, never on the queue's depth.
@@ -24,23 +24,23 @@ and the claim transaction decides as always. The completion (and a FAILED verdic
 job claimed from a scan deletes its entry in the same transaction (the claim read the
 ordinal); other entries that became stale (e.g. of jobs claimed by name) stay stale for
 good, since ordinals are never reused, and scans delete them in batches of
-:data:`FLUSH_STALE`. A scan from the low-water mark raises it to the first live entry
-(the driver's copy; ``QDIR/k/low`` with the next stale batch, compared, never lowered);
-an empty window (a gap left by deleted entries) is jumped over with one key-ordered read
-to the index's end (:func:`_next_ordinal`).
+:data:`~._queue_state.FLUSH_STALE`. A scan from the low-water mark raises it to the
+first live entry (the driver's copy; ``QDIR/k/low`` with the next stale batch, compared,
+never lowered); an empty window (a gap left by deleted entries) is jumped over with one
+key-ordered read to the index's end (:func:`_next_ordinal`).
 
 The held jobs at the front of the queue (and the gap a long-held job leaves behind it)
 would be read again by every scan; so a driver starts its scans at its *cursor*, the
 ordinal where its last scan found its first candidate, and from the low-water mark only
 when the cursor's scan finds nothing, when it released a job of the queue itself, or
-every :data:`RESCAN_S`.
+every :data:`~._queue_state.RESCAN_S`.
 
 **Ordering guarantee.** Candidates come in ordinal order: the order in which enqueue
 transactions committed; a requeued job goes to the back; a released or expired job keeps
 its place at the front, and is offered again by a driver's scans at once if that driver
-released it or has nothing else to offer, else within :data:`RESCAN_S`. ``claim_next``
-then starts at a random one of the oldest few (see :mod:`consensus_lease._queue_claim`),
-so claims are FIFO-ish, not strictly FIFO.
+released it or has nothing else to offer, else within :data:`~._queue_state.RESCAN_S`.
+``claim_next`` then starts at a random one of the oldest few (see
+:mod:`consensus_lease._queue_claim`), so claims are FIFO-ish, not strictly FIFO.
 
 **Counters** (:func:`stats`): completions, FAILED verdicts and requeues are counted by
 the *version* of a key their transaction puts without a compare (``QDIR/k/done``,
@@ -54,34 +54,27 @@ transaction, i.e. at one revision: the counts are one consistent snapshot, and
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pyetcd import etcdrpc
 
-from ...errors import BackendUnavailable, InvalidArgument, LeaseError
+from ...errors import InvalidArgument, LeaseError
 from ...record import QueueStats
 from . import _requests as rq
-from ._keys import ORDINAL_DIGITS, QueueKeys, ordinal_bytes, ordinal_of, pair_bytes, pair_of
+from ._keys import ORDINAL_DIGITS, QueueKeys, ordinal_bytes, ordinal_of, pair_of
+from ._queue_state import Base, Counters
 from ._transport import Failure
 
 if TYPE_CHECKING:
     from ._ops import Ops
 
 __all__ = [
-    "FLUSH_STALE",
+    "MAX_SCAN_PAGES",
     "SCAN_PAGE",
     "WINDOW",
-    "Base",
-    "Counters",
-    "QueueCache",
     "candidates",
     "delete_stale",
     "layout_refused",
@@ -103,20 +96,9 @@ MAX_SCAN_PAGES = 512
 """Most pages one scan reads (16,384 entries: held, delayed and stale ones at the front
 of the queue) before answering what it found (possibly nothing)."""
 
-FLUSH_STALE = 32
-"""Stale entries remembered before they are deleted in one transaction."""
-
-RESCAN_S = 1.0
-"""How long a driver's scans may start at its cursor (where its last scan found a
-candidate) instead of the low-water mark: the held jobs at the front of the queue (and
-the gap a long hold leaves behind it) are skipped meanwhile, and a job released or
-expired there is offered again within this time (at once when nothing else is)."""
-
 HELD_LEASES = 8
 """Most distinct holder leases whose TTL ``queue_stats`` asks for (the earliest lease
 end among held jobs)."""
-
-_HINTS = 4096
 
 
 def layout_refused(queue: str) -> InvalidArgument:
@@ -127,194 +109,6 @@ def layout_refused(queue: str) -> InvalidArgument:
         f"Upgrade step: stop its workers and producers, then run "
         f"`store.backend.upgrade_queue({queue!r})` once (it rewrites the queue's index and "
         f"counters in place), then start them with this version")
-
-
-class QueueCache:
-    """What one driver remembers of its queues: whether each has the current layout,
-    the low-water mark reached, stale entries not deleted yet, and which queue a
-    recent candidate came from (its claim then puts the held marker). Thread-safe."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._current: set[str] = set()
-        self._low: dict[str, int] = {}
-        self._stale: dict[str, list[bytes]] = {}
-        self._hints: OrderedDict[str, str] = OrderedDict()
-        self._counters: dict[str, Counters] = {}
-        self._cursor: dict[str, tuple[int, float]] = {}
-
-    def counters(self, queue: str) -> Counters | None:
-        """The counters last seen by an enqueue (``None``: not known)."""
-        with self._lock:
-            return self._counters.get(queue)
-
-    def set_counters(self, queue: str, counters: Counters | None) -> None:
-        with self._lock:
-            if counters is None:
-                self._counters.pop(queue, None)
-            else:
-                self._counters[queue] = counters
-
-    def is_current(self, queue: str) -> bool:
-        with self._lock:
-            return queue in self._current
-
-    def mark_current(self, queue: str) -> None:
-        with self._lock:
-            self._current.add(queue)
-
-    def low(self, queue: str) -> int:
-        with self._lock:
-            return self._low.get(queue, 0)
-
-    def raise_low(self, queue: str, low: int) -> None:
-        with self._lock:
-            self._low[queue] = max(low, self._low.get(queue, 0))
-
-    def cursor(self, queue: str) -> int | None:
-        """Where a scan may start: the first candidate of the last scan, unless the
-        last scan from the low-water mark is :data:`RESCAN_S` old (``None``)."""
-        with self._lock:
-            found = self._cursor.get(queue)
-            if found is None or time.monotonic() - found[1] >= RESCAN_S:
-                return None
-            return found[0]
-
-    def move_cursor(self, queue: str, ordinal: int | None, rescanned: bool) -> None:
-        """Remember where a scan found its first candidate (``rescanned``: it started
-        at the low-water mark, now)."""
-        with self._lock:
-            last = self._cursor.get(queue)
-            since = time.monotonic() if rescanned or last is None else last[1]
-            if ordinal is None:
-                self._cursor.pop(queue, None)
-            else:
-                self._cursor[queue] = (ordinal, since)
-
-    def forget_cursor(self, queue: str) -> None:
-        """A job of ``queue`` was released (or failed with a retry) here: the next scan
-        starts at the low-water mark, where that job keeps its place."""
-        with self._lock:
-            self._cursor.pop(queue, None)
-
-    def add_stale(self, queue: str, keys: Sequence[bytes]) -> list[bytes]:
-        """Remember stale entries; return (and forget) them all once there are at least
-        :data:`FLUSH_STALE`, else ``[]``."""
-        with self._lock:
-            pile = self._stale.setdefault(queue, [])
-            pile.extend(keys)
-            if len(pile) < FLUSH_STALE:
-                return []
-            del self._stale[queue]
-            return pile
-
-    def hint(self, job_id: str, queue: str) -> None:
-        with self._lock:
-            self._hints[job_id] = queue
-            self._hints.move_to_end(job_id)
-            while len(self._hints) > _HINTS:
-                self._hints.popitem(last=False)
-
-    def queue_hint(self, job_id: str) -> str | None:
-        """The queue a recent candidate ``job_id`` came from (``None``: unknown)."""
-        with self._lock:
-            return self._hints.get(job_id)
-
-
-@dataclass(frozen=True, slots=True)
-class Counters:
-    """A queue's ordinal counter ``seq`` and payload bytes enqueued (``exists`` false:
-    the queue has no job of the current layout yet), and the counters enqueue checks the
-    capacity with; ``base`` is the jobs an upgrade from the first layout found without
-    an ordinal (completed or FAILED)."""
-
-    seq: int
-    exists: bool
-    requeued: int
-    purged: int
-    base: int
-    enqueued_bytes: int = 0
-    purged_bytes: int = 0
-
-    @property
-    def jobs(self) -> int:
-        """Jobs in the queue: ordinals handed out (and the upgrade's base), less
-        requeues (a second ordinal for one job) and purged jobs."""
-        return self.seq + self.base - self.requeued - self.purged
-
-    @property
-    def payload_bytes(self) -> int:
-        """Payload bytes of the jobs in the queue (those enqueued by the first layout
-        not counted)."""
-        return self.enqueued_bytes - self.purged_bytes
-
-    def after(self, count: int, size: int) -> Counters:
-        """These counters after ``count`` more ordinals were taken for ``size`` more
-        payload bytes."""
-        return dataclasses.replace(self, seq=self.seq + count, exists=True,
-                                   enqueued_bytes=self.enqueued_bytes + size)
-
-    @classmethod
-    def of(cls, seq_kv: Any, base_kv: Any, requeued_kv: Any, purged_kv: Any) -> Counters:
-        """From the key-values answered by :meth:`reads`."""
-        seq, enqueued = pair_of(seq_kv)
-        purged, purged_bytes = pair_of(purged_kv)
-        return cls(seq, seq_kv is not None,
-                   0 if requeued_kv is None else int(requeued_kv.version),
-                   purged, Base.of(base_kv).jobs, enqueued, purged_bytes)
-
-    @staticmethod
-    def reads(qkeys: QueueKeys) -> list[Any]:
-        """The reads that answer :meth:`of`."""
-        return [rq.get(qkeys.counter(n)) for n in ("seq", "base", "requeued", "purged")]
-
-    def same_seq(self, qkeys: QueueKeys) -> Any:
-        """Compare: ``seq`` is still what these counters say."""
-        if not self.exists:
-            return rq.create_is(qkeys.counter("seq"), 0)
-        return rq.value_is(qkeys.counter("seq"), pair_bytes(self.seq, self.enqueued_bytes))
-
-    def taking(self, qkeys: QueueKeys, count: int, size: int = 0) -> list[Any]:
-        """The puts that take ``count`` ordinals from ``seq`` for ``size`` more payload
-        bytes (creating ``low`` with the queue's first job)."""
-        puts = [rq.put(qkeys.counter("seq"),
-                       pair_bytes(self.seq + count, self.enqueued_bytes + size))]
-        if not self.exists:
-            puts.append(rq.put(qkeys.counter("low"), ordinal_bytes(0)))
-        return puts
-
-
-@dataclass(frozen=True, slots=True)
-class Base:
-    """``QDIR/k/base``, written once by an upgrade from the first layout: the jobs it
-    found completed and FAILED (which got no ordinal), added to the counters."""
-
-    done: int = 0
-    failed: int = 0
-
-    @property
-    def jobs(self) -> int:
-        return self.done + self.failed
-
-    def encode(self) -> bytes:
-        return json.dumps({"done": self.done, "failed": self.failed}).encode()
-
-    @classmethod
-    def of(cls, kv: Any) -> Base:
-        """From the key-value (absent: zeros).
-
-        Raises:
-            BackendUnavailable: the value does not parse.
-        """
-        if kv is None:
-            return cls()
-        try:
-            obj = json.loads(kv.value)
-            return cls(int(obj["done"]), int(obj["failed"]))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise BackendUnavailable(
-                f"corrupt queue base at etcd key {bytes(kv.key)!r}") from exc
-
 
 def _probe(qkeys: QueueKeys) -> Any:
     """A read answering whether the queue has any member key (count)."""
@@ -363,7 +157,7 @@ def candidates(ops: Ops, queue: str, limit: int) -> list[tuple[str, bytes]]:
     """See :meth:`EtcdBackend.queue_candidates
     <consensus_lease.backends.etcd.EtcdBackend.queue_candidates>`: a scan from the
     driver's cursor (where the last scan found its first candidate) while the last scan
-    from the low-water mark is under :data:`RESCAN_S` old and the cursor's scan finds
+    from the low-water mark is under :data:`~._queue_state.RESCAN_S` old and the cursor's scan finds
     something; else a scan from the low-water mark, which also raises it."""
     qkeys = ops.layout.queue(queue)
     cursor = ops.queues.cursor(queue)

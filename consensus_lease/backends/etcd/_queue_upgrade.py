@@ -29,7 +29,8 @@ from . import _requests as rq
 from ._keys import ordinal_bytes, pair_bytes, pair_of
 from ._ops import Ops
 from ._queue import _all_keys, page_jobs
-from ._queue_index import Base, delete_stale
+from ._queue_index import delete_stale
+from ._queue_state import Base
 
 __all__ = ["UPGRADE_JOBS", "upgrade_queue"]
 
