@@ -122,8 +122,9 @@ def test_completion_deletes_the_pending_key_and_keeps_the_payload(store: LeaseSt
 def test_claim_by_name_of_a_queued_job_completes_it_in_the_queue(store: LeaseStore) -> None:
     store.enqueue("q", "named")
     with store.session("W", ttl_s=30) as w:
-        lease = w.claim("named")
+        lease = w.claim("named")  # the queue was not known: its held marker comes after
         assert lease is not None
+        assert store.queue_stats("q") == QueueStats("q", 0, 1, 0, None, 0)
         lease.complete(b"")
     assert backend_of(store).queue_candidates("q", 10) == []
     assert store.queue_stats("q").completed == 1

@@ -85,7 +85,8 @@ log = logging.getLogger("consensus_lease.etcd")
 
 MAX_BATCH_CLAIM = 64
 """Claims per batch transaction. Each is one nested transaction of 4 compares, 3 puts
-and a get (a count when refused); etcd checks a nested transaction against
+and a get (a count when refused), and for a job lately offered by a queue scan one more
+put (its held marker) and get (its ordinal); etcd checks a nested transaction against
 ``--max-txn-ops`` (default 128) minus the outer transaction's size, so 64 leaves room
 under a default server's limit."""
 
