@@ -124,7 +124,9 @@ def test_claim_by_name_of_a_queued_job_completes_it_in_the_queue(store: LeaseSto
     with store.session("W", ttl_s=30) as w:
         lease = w.claim("named")  # the queue was not known: its held marker comes after
         assert lease is not None
-        assert store.queue_stats("q") == QueueStats("q", 0, 1, 0, None, 0)
+        stats = store.queue_stats("q")
+        assert (stats.available, stats.held, stats.completed) == (0, 1, 0)
+        assert stats.oldest_held_lease_until is not None  # the holder's lease end
         lease.complete(b"")
     assert backend_of(store).queue_candidates("q", 10) == []
     assert store.queue_stats("q").completed == 1
