@@ -19,7 +19,7 @@ import pytest
 from etcd_local import LocalEtcd, backend_of, local_members, lose_answers, use_member
 from pyetcd import etcdrpc
 
-from consensus_lease import InvalidArgument, JobState, LeaseStore, open_store
+from consensus_lease import InvalidArgument, JobState, LeaseStore, QueueStats, open_store
 from consensus_lease.record import ClaimResult
 from consensus_lease.testing.conformance import poll_until
 from consensus_lease.validation import MAX_JOB_ID_BYTES
@@ -80,14 +80,19 @@ def _count_sends(store: LeaseStore, monkeypatch: pytest.MonkeyPatch) -> list[str
 # -- the key layout ---------------------------------------------------------------------------
 
 
-def test_enqueue_writes_marker_member_and_pending_in_one_revision(store: LeaseStore) -> None:
+def test_enqueue_writes_marker_member_pending_and_index_in_one_revision(
+    store: LeaseStore,
+) -> None:
     assert store.enqueue("mail", "m1", b"hello") is True
     keys = _keys_under(store)
     job, qdir = _hex("m1"), f"q/{_hex('mail')}/"
+    first = "0" * 20
     assert set(keys) == {f"{job}/q".encode(), f"{qdir}j/{job}".encode(),
-                         f"{qdir}p/{job}".encode()}
+                         f"{qdir}p/{job}".encode(), f"{qdir}i/{first}/{job}".encode(),
+                         f"{qdir}k/seq".encode(), f"{qdir}k/low".encode()}
     assert keys[f"{qdir}j/{job}".encode()].value == b"hello"
-    assert keys[f"{qdir}p/{job}".encode()].value == b""
+    assert keys[f"{qdir}p/{job}".encode()].value == first.encode()  # names its entry
+    assert keys[f"{qdir}k/seq".encode()].value == b"%020d/%020d" % (1, 5)  # jobs, bytes
     assert len({kv.create_revision for kv in keys.values()}) == 1  # one transaction
     (queued,) = store.queue_jobs("mail")
     assert queued.seq == keys[f"{qdir}j/{job}".encode()].create_revision
@@ -117,13 +122,20 @@ def test_completion_deletes_the_pending_key_and_keeps_the_payload(store: LeaseSt
 def test_claim_by_name_of_a_queued_job_completes_it_in_the_queue(store: LeaseStore) -> None:
     store.enqueue("q", "named")
     with store.session("W", ttl_s=30) as w:
-        lease = w.claim("named")
+        lease = w.claim("named")  # the queue was not known: its held marker comes after
         assert lease is not None
+        stats = store.queue_stats("q")
+        assert (stats.available, stats.held, stats.completed) == (0, 1, 0)
+        assert stats.oldest_held_lease_until is not None  # the holder's lease end
         lease.complete(b"")
     assert backend_of(store).queue_candidates("q", 10) == []
     assert store.queue_stats("q").completed == 1
     assert store.purge("q") == 1
-    assert store.get("named") is None and _keys_under(store) == {}
+    assert store.get("named") is None
+    qdir = f"q/{_hex('q')}/".encode()
+    left = set(_keys_under(store))  # the queue's counters, no key of the job
+    assert left == {qdir + b"k/" + n for n in (b"seq", b"low", b"done", b"purged")}
+    assert store.queue_stats("q") == QueueStats("q", 0, 0, 0, None, 0)
 
 
 def test_completion_reads_the_queue_only_for_a_claim_without_a_handle(
@@ -395,6 +407,7 @@ def test_a_claim_without_a_limit_is_one_transaction_with_a_limit_two(
     backend = backend_of(store)
     handle = backend.open_session("W", 30)
     try:
+        assert len(backend.queue_candidates("q", 10)) == 2  # as claim_next: queue known
         sent = _count_sends(store, monkeypatch)
         free = backend.claim(handle, "free")
         assert free is not None and free.attempt == 1 and sent == ["Txn"]
@@ -582,7 +595,7 @@ def test_a_job_too_large_for_the_servers_txn_limit_names_the_flag() -> None:
                     store.enqueue("work", "job", b"payload")
                 message = str(exc.value)
                 assert "--max-txn-ops" in message and "allows 3" in message, message
-                assert "needs 4" in message, message
+                assert "needs 8" in message, message
             assert store.queue_jobs("work") == [] and store.get("job") is None
 
 

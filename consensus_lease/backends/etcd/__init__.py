@@ -71,19 +71,30 @@ the value key, put by one transaction comparing ownership as renew does (see
 cannot be enqueued; a subscription to one is woken by every change (a new leader, its
 value, its end), which observers follow.
 
-Work queues (see :mod:`._queue`): ``PREFIX/q/QHEX/j/HEX`` member key (value: the
-payload; its create revision is the job's ``seq``) and ``PREFIX/q/QHEX/p/HEX`` pending
-key (deleted by the completion transaction and by the one making the job FAILED, put
-back by requeue), ``QHEX`` the hex of the queue name. Enqueue is one transaction (the
-job must have no key yet). ``claim_next`` reads the pending keys sorted by create
-revision (FIFO), then the candidates' owner and not-before keys and payloads (two
-linearizable reads), then claims with the ordinary claim transaction, which also reads
-the job's queue marker so the completion can delete the pending key in its own
-transaction. Waiting is a watch (enqueues and requeues; owner keys deleted by release,
-fail or expiry; not-before keys deleted by their lease's expiry). Payloads are limited
-to 1 MiB (``max_payload_bytes``), under etcd's default ``--max-request-bytes`` of
-1.5 MiB, with room for the keys; a server configured lower refuses larger enqueues with
-``InvalidArgument``.
+Work queues (see :mod:`._queue`, :mod:`._queue_index`): ``PREFIX/q/QHEX/j/HEX`` member
+key (value: the payload; its create revision is the job's ``seq``),
+``PREFIX/q/QHEX/p/HEX`` pending key (value: the job's ordinal; deleted by the completion
+transaction and by the one making the job FAILED, put back by requeue with a new
+ordinal) and index entry ``PREFIX/q/QHEX/i/ORD/HEX`` (``ORD``: 20-digit ordinal, so key
+order is FIFO order), ``QHEX`` the hex of the queue name. Ordinals come from the counter
+``PREFIX/q/QHEX/k/seq``, compared and advanced by each enqueue (one transaction per
+chunk of up to 100 jobs: ``enqueue_many``) and requeue. ``claim_next`` scans the index
+from its low-water mark in key-ordered ranges spanning at most 1,024 ordinals (etcd
+walks its index over the whole range it is asked for, so a range over the whole queue
+would cost O(depth)), then reads the candidates' pending, owner and not-before keys and
+payloads, then claims with the ordinary claim transaction, which also puts the job's
+held marker ``PREFIX/q/QHEX/h/HEX`` on the session's lease and reads the job's queue
+marker, so the completion can delete the pending key and held marker in its own
+transaction. Its cost depends on the held and delayed jobs at the front of the queue,
+not on its depth. ``queue_stats`` is one read of counters kept in the same transactions
+(see :mod:`._queue_index`). A queue holds at most 250,000 jobs and 256 MiB of payloads
+(``max_queue_jobs``, ``QueueFull``: together under half of etcd's default 2 GB quota).
+Queues written by the first layout are refused until ``upgrade_queue`` ran
+(:mod:`._queue_upgrade`). Waiting is a watch (enqueues and requeues; owner keys deleted
+by release, fail or expiry; not-before keys deleted by their lease's expiry). Payloads
+are limited to 1 MiB (``max_payload_bytes``), under etcd's default
+``--max-request-bytes`` of 1.5 MiB, with room for the keys; a server configured lower
+refuses larger enqueues with ``InvalidArgument``.
 
 Job lifecycle (attempts, ``fail``, retry delays, FAILED, ``requeue``; see
 :mod:`._attempts` and :mod:`._failure`):
@@ -113,7 +124,8 @@ Job lifecycle (attempts, ``fail``, retry delays, FAILED, ``requeue``; see
 * A FAILED job has ``f``, which every claim's compares refuse (the common claim through
   ``l``, which a FAILED job always has), and no pending key, so no candidate list
   offers it. ``requeue`` is one transaction comparing ``mod_revision(f)``: delete ``f``,
-  rewrite ``l`` with ``base`` = the attempts so far, put the pending key back.
+  rewrite ``l`` with ``base`` = the attempts so far, put the pending key back (with the
+  queue's next ordinal, compared: the job goes to the back).
 
 etcd guarantees relied on (etcd 3.4 docs):
 

@@ -166,12 +166,18 @@ def assess(handle: EtcdSession, keys: JobKeys, snap: Snapshot,
     return Plan(snap, limit.exhausted(snap.attempt))
 
 
-def claiming(keys: JobKeys, value: bytes, lease_id: int, epoch: int) -> list[Any]:
+def claiming(keys: JobKeys, value: bytes, lease_id: int, epoch: int,
+             queued: tuple[bytes, bytes] | None = None) -> list[Any]:
     """The claim's writes: the owner key (on the lease) and the history key, both
     ``value``, the attempts key (``epoch``, answering its previous version); then the
-    queue marker read."""
-    return [rq.put(keys.owner, value, lease_id), rq.put(keys.history, value),
-            rq.put(keys.attempts, attempts_value(epoch), prev_kv=True), rq.get(keys.queue)]
+    queue marker read; last, for a job known to be queued (``queued``: its held marker
+    and pending key there), put the held marker (on the lease) and read the pending key
+    (the job's ordinal)."""
+    writes = [rq.put(keys.owner, value, lease_id), rq.put(keys.history, value),
+              rq.put(keys.attempts, attempts_value(epoch), prev_kv=True), rq.get(keys.queue)]
+    if queued is not None:
+        writes += [rq.put(queued[0], b"", lease_id), rq.get(queued[1])]
+    return writes
 
 
 def claimed_attempt(put_response: Any) -> int:
@@ -209,6 +215,12 @@ class Claimant:
     lease_id: int
     epoch: int
     same_epoch: Any
+    queued: tuple[bytes, bytes] | None = None
+
+    @property
+    def held(self) -> bytes | None:
+        """The held marker the claim puts (``None``: the job's queue is not known)."""
+        return None if self.queued is None else self.queued[0]
 
 
 def plan_request(layout: Layout, keys: JobKeys, plan: Plan, claimant: Claimant,
@@ -216,7 +228,7 @@ def plan_request(layout: Layout, keys: JobKeys, plan: Plan, claimant: Claimant,
     """The transaction of ``plan`` (see the module docstring); its ``else`` branch
     answers a fresh :class:`Snapshot`."""
     snap = plan.snapshot
-    writes = claiming(keys, claimant.value, claimant.lease_id, claimant.epoch)
+    writes = claiming(keys, claimant.value, claimant.lease_id, claimant.epoch, claimant.queued)
     if snap is None:
         return rq.txn(compare=[*unlimited(keys), claimant.same_epoch], success=writes,
                       failure=Snapshot.reads(keys))
@@ -236,5 +248,7 @@ def plan_request(layout: Layout, keys: JobKeys, plan: Plan, claimant: Claimant,
         success.append(rq.put(keys.error, note.encode()))
     queue = queue_of(snap.marker)
     if queue is not None:
-        success.append(rq.delete(layout.queue(queue).pending(keys.job_id)))
+        qkeys = layout.queue(queue)
+        success += [rq.delete(qkeys.pending(keys.job_id)), rq.put(qkeys.counter("failed"), b"")]
+        # (its index entry is left stale: the scan deletes it)
     return rq.txn(compare=compare, success=success, failure=Snapshot.reads(keys))

@@ -42,6 +42,7 @@ decides whether the attempts are used up.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 import time
@@ -72,19 +73,20 @@ from ._attempts import (
     plan_request,
     unlimited,
 )
-from ._keys import JobKeys, Owner, attempts_of, limit_of, queue_of
+from ._keys import JobKeys, Owner, attempts_of, limit_of, ordinal_of, queue_of
 from ._ops import Ops, Settled
 from ._session import EtcdClaim, EtcdSession
 from ._tokens import TokenOverflow, compose
 from ._transport import Failure
 
-__all__ = ["MAX_BATCH_CLAIM", "MAX_PLANS", "claim_batch", "claim_one", "hand_back"]
+__all__ = ["MAX_BATCH_CLAIM", "MAX_PLANS", "claim_batch", "claim_one", "fix_held", "hand_back"]
 
 log = logging.getLogger("consensus_lease.etcd")
 
 MAX_BATCH_CLAIM = 64
 """Claims per batch transaction. Each is one nested transaction of 4 compares, 3 puts
-and a get (a count when refused); etcd checks a nested transaction against
+and a get (a count when refused), and for a job lately offered by a queue scan one more
+put (its held marker) and get (its ordinal); etcd checks a nested transaction against
 ``--max-txn-ops`` (default 128) minus the outer transaction's size, so 64 leaves room
 under a default server's limit."""
 
@@ -107,18 +109,63 @@ def claim_one(ops: Ops, handle: EtcdSession, job_id: str) -> ClaimResult | None:
     return None
 
 
-def _claimant(ops: Ops, handle: EtcdSession, nonce: str) -> Claimant:
-    """What a claim request writes, in the epoch cached now."""
+def _claimant(ops: Ops, handle: EtcdSession, nonce: str, job_id: str | None = None) -> Claimant:
+    """What a claim request writes, in the epoch cached now; for a job that was a
+    candidate of a queue lately, that queue's held marker too."""
     epoch, same_epoch = ops.epochs.current()
     value = Owner(handle.owner, handle.session_id, nonce, epoch).encode()
-    return Claimant(value, handle.lease_id, epoch, same_epoch)
+    return Claimant(value, handle.lease_id, epoch, same_epoch,
+                    None if job_id is None else _queued(ops, job_id))
+
+
+def _queued(ops: Ops, job_id: str) -> tuple[bytes, bytes] | None:
+    """The held marker and pending key of ``job_id`` in the queue it was lately a
+    candidate of (``None``: not known)."""
+    queue = ops.queues.queue_hint(job_id)
+    if queue is None:
+        return None
+    qkeys = ops.layout.queue(queue)
+    return qkeys.held(job_id), qkeys.pending(job_id)
+
+
+def _held_key(ops: Ops, job_id: str) -> bytes | None:
+    """The held marker of ``job_id`` in the queue it was lately a candidate of."""
+    queued = _queued(ops, job_id)
+    return None if queued is None else queued[0]
+
+
+def fix_held(ops: Ops, claims: Sequence[tuple[JobKeys, bytes, bytes | None, str | None]],
+             lease_id: int) -> None:
+    """Best effort, one transaction: for each ``(keys, owner value, held marker put,
+    queue read)`` of a claim that landed whose held marker is missing (the job's queue
+    was not known when claiming) or misplaced, put the right one on the lease (and
+    delete the wrong one) while the owner key still has the claim's value. Failures
+    are logged: only ``queue_stats`` counts the job as available while held."""
+    nested = []
+    for keys, value, put, queue in claims:
+        right = None if queue is None else ops.layout.queue(queue).held(keys.job_id)
+        if right == put:
+            continue
+        success = [] if put is None else [rq.delete(put)]
+        if right is not None:
+            success.append(rq.put(right, b"", lease_id))
+        nested.append(etcdrpc.RequestOp(request_txn=rq.txn(
+            compare=[rq.value_is(keys.owner, value)], success=success)))
+    if not nested:
+        return
+    what = f"marking the claim of {claims[0][0].job_id!r} held in its queue"
+    try:
+        ops.transport.send("kv", "Txn", rq.txn(success=nested), what=what,
+                           job_id=claims[0][0].job_id)
+    except (LeaseError, Failure) as exc:
+        log.warning("etcd: %s failed: %s", what, exc)
 
 
 def _send_plan(ops: Ops, handle: EtcdSession, keys: JobKeys, plan: Plan,
                nonce: str) -> ClaimResult | Plan | None:
     """Send the transaction of ``plan``; answer the claim, or the next plan."""
     job_id = keys.job_id
-    claimant = _claimant(ops, handle, nonce)
+    claimant = _claimant(ops, handle, nonce, job_id)
     request = plan_request(ops.layout, keys, plan, claimant, nonce)
 
     def read_back(deadline: float) -> list[Any]:
@@ -147,7 +194,16 @@ def _send_plan(ops: Ops, handle: EtcdSession, keys: JobKeys, plan: Plan,
         if plan.exhausted:
             assert plan.snapshot is not None
             raise job_failed(job_id, dead_letter(plan.snapshot, nonce)[0])
-        return _claimed(handle, keys, plan, claimant, answer)
+        claimed = _claimed(handle, keys, plan, claimant, answer)
+        known = claimed.handle
+        assert isinstance(known, EtcdClaim)
+        right = None if known.queue is None else ops.layout.queue(known.queue).held(job_id)
+        if right != claimant.held:  # the queue was not known, or not the hinted one
+            fix_held(ops, [(keys, claimant.value, claimant.held, known.queue)],
+                     claimant.lease_id)
+            return ClaimResult(claimed.generation, attempt=claimed.attempt,
+                               handle=dataclasses.replace(known, ordinal=None))
+        return claimed
     except OutcomeUnknown:
         handle.unsettled(job_id, nonce)
         raise
@@ -165,8 +221,10 @@ def _claimed(handle: EtcdSession, keys: JobKeys, plan: Plan, claimant: Claimant,
     """
     attempt = claimed_attempt(answer.responses[2])
     limit = None if plan.snapshot is None else limit_of(plan.snapshot.limit)
+    ordinal = None if len(answer.responses) < 6 else ordinal_of(rq.kv_of(answer.responses[5]))
     known = EtcdClaim(handle.lease_id, keys.job_id, claimant.value, True,
-                      queue_of(rq.kv_of(answer.responses[3])), attempt, limit, claimant.epoch)
+                      queue_of(rq.kv_of(answer.responses[3])), attempt, limit, claimant.epoch,
+                      ordinal)
     token = compose(claimant.epoch, int(answer.header.revision))
     return ClaimResult(token, attempt=attempt, handle=known)
 
@@ -237,7 +295,8 @@ def _send_batch(ops: Ops, handle: EtcdSession, all_keys: list[JobKeys], claimant
         success=[
             etcdrpc.RequestOp(request_txn=rq.txn(
                 compare=unlimited(k),
-                success=claiming(k, claimant.value, claimant.lease_id, claimant.epoch),
+                success=claiming(k, claimant.value, claimant.lease_id, claimant.epoch,
+                                 _queued(ops, k.job_id)),
                 failure=[rq.count(k.limit)],
             ))
             for k in all_keys
@@ -256,7 +315,12 @@ def _send_batch(ops: Ops, handle: EtcdSession, all_keys: list[JobKeys], claimant
         if not answer.succeeded:
             ops.epochs.update(rq.kv_of(answer.responses[0]))
             return None
-        return _batch_answer(handle, all_keys, claimant, answer)
+        batch = _batch_answer(handle, all_keys, claimant, answer)
+        fix_held(ops, [(keys, claimant.value, _held_key(ops, keys.job_id), r.handle.queue)
+                       for keys, r in zip(all_keys, batch[0], strict=True)
+                       if r is not None and isinstance(r.handle, EtcdClaim)],
+                 claimant.lease_id)
+        return batch
     except OutcomeUnknown:
         for keys in all_keys:
             handle.unsettled(keys.job_id, nonce)

@@ -64,9 +64,11 @@ from ._keys import (
     Owner,
     attempts_of,
     limit_of,
+    ordinal_bytes,
     queue_of,
 )
 from ._ops import Ops, Settled
+from ._queue_index import read_counters
 from ._records import job_record, read_kinds
 from ._session import EtcdClaim, EtcdSession
 
@@ -116,12 +118,17 @@ def fail(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult, error: 
                rq.put(keys.error, LastError(error, handle.session_id, generation, attempt,
                                             nonce).encode()),
                *ops.ending(keys)]
+    qkeys = None if queue is None else ops.layout.queue(queue)
+    if qkeys is not None:
+        success.append(rq.delete(qkeys.held(job_id)))
     lease_id, ttl_s = 0, 0
     if exhausted:
         success.append(rq.put(keys.failed, DeadLetter(generation, attempt, error,
                                                       nonce).encode()))
-        if queue is not None:
-            success.append(rq.delete(ops.layout.queue(queue).pending(job_id)))
+        if qkeys is not None:
+            success += [rq.delete(qkeys.pending(job_id)), rq.put(qkeys.counter("failed"), b"")]
+            if known is not None and known.ordinal is not None:  # else the scan does it
+                success.append(rq.delete(qkeys.entry(known.ordinal, job_id)))
     elif retry_in_s > 0:
         lease_id, ttl_s = ops.grant(delay_ttl_s(retry_in_s), f"{what}: the retry delay's lease")
         success.append(rq.put(keys.not_before, b"", lease_id))
@@ -135,6 +142,8 @@ def fail(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult, error: 
         if lease_id:
             ops.revoke(lease_id)
         raise
+    if queue is not None and not exhausted:
+        ops.queues.forget_cursor(queue)  # it keeps its place at the front
     state = JobState.FAILED if exhausted else JobState.AVAILABLE
     not_before = time.time() + ttl_s if lease_id else None
     return LeaseRecord(job_id, None, None, generation, state, None, attempt, error, not_before,
@@ -203,11 +212,18 @@ def _send_requeue(ops: Ops, keys: JobKeys, kinds: dict[bytes, Any], fresh: Limit
     """The requeue transaction for the FAILED record in ``kinds``; whether it applied
     (``False``: the job changed since it was read)."""
     seen = int(kinds[FAILED].mod_revision)
+    compare = [rq.mod_is(keys.failed, seen)]
     success = [rq.delete(keys.failed), rq.put(keys.limit, fresh.encode())]
     queue = queue_of(kinds.get(QUEUE))
-    if queue is not None:
-        success.append(rq.put(ops.layout.queue(queue).pending(keys.job_id), b""))
-    request = rq.txn(compare=[rq.mod_is(keys.failed, seen)], success=success)
+    if queue is not None:  # the job takes the queue's next ordinal: to the back
+        qkeys = ops.layout.queue(queue)
+        counters = read_counters(ops, qkeys, what)
+        compare.append(counters.same_seq(qkeys))
+        success += [rq.put(qkeys.pending(keys.job_id), ordinal_bytes(counters.seq)),
+                    rq.put(qkeys.entry(counters.seq, keys.job_id), b""),
+                    *counters.taking(qkeys, 1), rq.put(qkeys.counter("requeued"), b"")]
+        ops.queues.set_counters(queue, None)
+    request = rq.txn(compare=compare, success=success)
 
     def decide(kvs: list[Any]) -> Settled | None:
         dead_kv, limit_kv = kvs

@@ -83,7 +83,11 @@ def complete(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult,
         rq.delete(keys.history),
     ]
     if queue is not None:
-        success.append(rq.delete(ops.layout.queue(queue).pending(job_id)))
+        qkeys = ops.layout.queue(queue)
+        success += [rq.delete(qkeys.pending(job_id)), rq.delete(qkeys.held(job_id)),
+                    rq.put(qkeys.counter("done"), b"")]
+        if known is not None and known.ordinal is not None:  # else the scan deletes it
+            success.append(rq.delete(qkeys.entry(known.ordinal, job_id)))
     success += ops.ending(keys)
     success += [rq.get(keys.attempts), rq.get(keys.error), rq.get(keys.limit)]
     request = rq.txn(
@@ -149,14 +153,18 @@ def release(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult) -> N
     nonce = "" if known is None else Owner.decode(known.owner_value, keys.owner).nonce
     marker = History(None, handle.session_id, nonce, generation, released=True)
     what = f"release of {job_id!r} generation {generation}"
-    if known is None:
-        (owner_kv,) = ops.read_keys([keys.owner], f"reading {job_id!r}",
-                                    time.monotonic() + ops.config.timeout_s, job_id)
-        ops.check_epoch(keys, generation, owner_kv, what)
+    queue = None if known is None else known.queue
+    if known is None or not known.queue_known:
+        marker_kv, owner_kv = ops.read_keys([keys.queue, keys.owner], f"reading {job_id!r}",
+                                            time.monotonic() + ops.config.timeout_s, job_id)
+        queue = queue_of(marker_kv)
+        if known is None:
+            ops.check_epoch(keys, generation, owner_kv, what)
+    unmark = [] if queue is None else [rq.delete(ops.layout.queue(queue).held(job_id))]
     request = rq.txn(
         compare=ops.holds(handle, keys, generation, known),
         success=[rq.delete(keys.owner), rq.put(keys.history, marker.encode()),
-                 *ops.ending(keys)],
+                 *unmark, *ops.ending(keys)],
         failure=[rq.get(keys.owner), rq.get(keys.history), rq.get(keys.completion)],
     )
     resent = False
@@ -178,6 +186,8 @@ def release(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult) -> N
         request, what, job_id=job_id, generation=generation,
         read_back=(keys.owner, keys.history, keys.completion), decide=decide,
     )
+    if queue is not None:
+        ops.queues.forget_cursor(queue)  # its place is at the front: scan from there
     if isinstance(answer, Settled) or answer.succeeded:
         return
     owner_kv, history_kv, completion_kv = (rq.kv_of(r) for r in answer.responses)

@@ -75,15 +75,44 @@ key              value   meaning
                          ``create_revision`` (the enqueue transaction's
                          revision) is the job's ``seq``, the FIFO order. Kept
                          until ``purge``.
-``QDIR/p/HEX``   empty   PENDING: the job is neither completed nor FAILED.
-                         Created with the member key (same create revision);
-                         deleted by the completion transaction and by the one
-                         that makes the job FAILED; created again by
-                         ``requeue`` (so a requeued job is claimed after the
-                         jobs pending before it). A range read of ``QDIR/p/``
-                         sorted by create revision lists the open jobs oldest
-                         first, without payloads and without finished jobs.
+``QDIR/p/HEX``   ORD     PENDING: the job is neither completed nor FAILED; its
+                         value is the job's current ordinal ``ORD`` (20 decimal
+                         digits). Created with the member key; deleted by the
+                         completion transaction and by the one that makes the
+                         job FAILED; created again by ``requeue`` with a new
+                         ordinal. What wakes queue waiters (watched).
+``QDIR/i/ORD/HEX`` empty INDEX entry: ``ORD`` is the job's place in the queue,
+                         so key order is FIFO order. Created with the pending
+                         key (whose value names it); deleted by the completion
+                         or FAILED verdict of a claim that read the ordinal.
+                         An entry whose pending key is gone or names another
+                         ordinal is *stale*, for good (ordinals are never
+                         reused), and candidate scans (and purge) delete it.
+``QDIR/h/HEX``   empty   HELD marker, on the holder's lease: put by a claim of
+                         a queued job, deleted by its completion, release and
+                         fail, and by etcd with the lease. Counted for
+                         ``queue_stats``.
+``QDIR/k/seq``   ORD/B   the next ordinal and the payload bytes enqueued so far:
+                         every enqueue and requeue takes the next ordinals by
+                         comparing this value and writing it back in the same
+                         transaction (so ordinals follow commit order and have
+                         no gaps).
+``QDIR/k/low``   ORD     the low-water mark: no live index entry is below it.
+                         Raised (never lowered) by candidate scans.
+``QDIR/k/done``  empty   counters kept by the version of a key that a
+``QDIR/k/failed``        transaction puts blindly (no compare, so concurrent
+``QDIR/k/requeued``      writers never conflict): completions, FAILED
+                         verdicts, requeues.
+``QDIR/k/purged`` N/B    jobs and payload bytes purged (compared and rewritten
+                         by purge).
+``QDIR/k/base``  JSON    completed and FAILED jobs an upgrade from the first
+                         layout found (they have no ordinal).
 ===============  ======  ====================================================
+
+A queue without ``QDIR/k/seq`` but with member keys was written by the first layout
+(pending keys without ordinals, found by a range sorted by create revision); the driver
+refuses it (:func:`._queue_index.layout_refused`) until ``upgrade_queue`` has rewritten
+it (:mod:`._queue_upgrade`).
 
 Values other than payloads are compact JSON (UTF-8), ``result`` base64; anything that
 does not parse is reported as corrupt instead of guessed at.
@@ -117,6 +146,10 @@ __all__ = [
     "attempts_of",
     "attempts_value",
     "limit_of",
+    "ordinal_bytes",
+    "ordinal_of",
+    "pair_bytes",
+    "pair_of",
     "prefix_range_end",
     "queue_of",
 ]
@@ -137,6 +170,10 @@ ELECTIONS = b"elections/"  # no canonical hex: no job directory is or contains i
 EPOCH = b"epoch"
 MEMBER = b"j/"
 PENDING = b"p/"
+HELD = b"h/"
+INDEX = b"i/"
+COUNTERS = b"k/"
+ORDINAL_DIGITS = 20
 JOBS_END = b"g"  # after every hex digit and "elections": [root, root + "g") holds exactly
 # the job keys (elections' included)
 
@@ -279,6 +316,80 @@ class QueueKeys:
             if key.startswith(self.base + kind):
                 return _unhex(key[len(self.base) + len(kind) :])
         return None
+
+    def held(self, job_id: str) -> bytes:
+        """The held marker (on the holder's lease)."""
+        return self.base + HELD + _hex(job_id)
+
+    @property
+    def helds(self) -> tuple[bytes, bytes]:
+        """``(key, range_end)`` of every held marker."""
+        return self.base + HELD, prefix_range_end(self.base + HELD)
+
+    def entry(self, ordinal: int, job_id: str) -> bytes:
+        """The index entry of ``job_id`` at ``ordinal``."""
+        return self.base + INDEX + ordinal_bytes(ordinal) + b"/" + _hex(job_id)
+
+    def entries(self, low: int, high: int) -> tuple[bytes, bytes]:
+        """``(key, range_end)`` of the index entries with ordinals in ``[low, high)``."""
+        return (self.base + INDEX + ordinal_bytes(low),
+                self.base + INDEX + ordinal_bytes(high))
+
+    def entry_of(self, key: bytes) -> tuple[int, str] | None:
+        """``(ordinal, job_id)`` of an index entry of this queue, else ``None``."""
+        if not key.startswith(self.base + INDEX):
+            return None
+        digits, sep, hex_id = key[len(self.base) + len(INDEX) :].partition(b"/")
+        job_id = _unhex(hex_id)
+        if not sep or len(digits) != ORDINAL_DIGITS or not digits.isdigit() or job_id is None:
+            return None
+        return int(digits), job_id
+
+    def counter(self, name: str) -> bytes:
+        """A counter key: ``seq``, ``low``, ``done``, ``failed``, ``requeued``,
+        ``purged``."""
+        return self.base + COUNTERS + name.encode("ascii")
+
+
+def ordinal_bytes(ordinal: int) -> bytes:
+    """An ordinal as stored: 20 decimal digits, so byte order is numeric order."""
+    return b"%020d" % ordinal
+
+
+def pair_bytes(first: int, second: int) -> bytes:
+    """Two counters in one value (``seq``: ordinals and payload bytes enqueued;
+    ``purged``: jobs and payload bytes purged), each as 20 decimal digits."""
+    return b"%020d/%020d" % (first, second)
+
+
+def pair_of(kv: Any) -> tuple[int, int]:
+    """The two counters of a :func:`pair_bytes` value (absent: zeros).
+
+    Raises:
+        BackendUnavailable: the value is not a pair of counters.
+    """
+    if kv is None:
+        return 0, 0
+    raw = bytes(kv.value)
+    first, sep, second = raw.partition(b"/")
+    if not sep or not first.isdigit() or not second.isdigit():
+        raise BackendUnavailable(f"corrupt counter at etcd key {bytes(kv.key)!r}: {raw[:50]!r}")
+    return int(first), int(second)
+
+
+def ordinal_of(kv: Any) -> int | None:
+    """The ordinal stored in a pending or counter key's key-value (``None``: absent,
+    or a pending key of the first layout, which has an empty value).
+
+    Raises:
+        BackendUnavailable: the value is not an ordinal.
+    """
+    if kv is None or not kv.value:
+        return None
+    raw = bytes(kv.value)
+    if len(raw) != ORDINAL_DIGITS or not raw.isdigit():
+        raise BackendUnavailable(f"corrupt ordinal at etcd key {bytes(kv.key)!r}: {raw[:40]!r}")
+    return int(raw)
 
 
 class Layout:
@@ -487,21 +598,26 @@ class Completion:
 
 @dataclass(frozen=True, slots=True)
 class QueueMarker:
-    """The queue marker's value: the job's queue, and the enqueue request that wrote it
-    (its nonce settles a lost answer)."""
+    """The queue marker's value: the job's queue, the enqueue request that wrote it
+    (its nonce settles a lost answer) and the payload's size in bytes (0: left out, as
+    before the queue's payload budget existed), which purge gives back."""
 
     queue: str
     nonce: str
+    size: int = 0
 
     def encode(self) -> bytes:
-        return _dump({"nonce": self.nonce, "queue": self.queue})
+        obj: dict[str, Any] = {"nonce": self.nonce, "queue": self.queue}
+        if self.size:
+            obj["size"] = self.size
+        return _dump(obj)
 
     @classmethod
     def decode(cls, raw: bytes, key: bytes) -> QueueMarker:
         obj = _load(raw, "queue marker", key)
         try:
-            return cls(str(obj["queue"]), str(obj["nonce"]))
-        except KeyError as exc:
+            return cls(str(obj["queue"]), str(obj["nonce"]), int(obj.get("size", 0)))
+        except (KeyError, TypeError, ValueError) as exc:
             raise BackendUnavailable(f"corrupt queue marker at etcd key {key!r}") from exc
 
 

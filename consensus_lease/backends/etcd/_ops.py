@@ -30,6 +30,7 @@ from ...errors import (
 from . import _requests as rq
 from ._config import EtcdConfig
 from ._keys import Completion, JobKeys, Layout, Owner
+from ._queue_state import QueueCache
 from ._session import EtcdClaim, EtcdSession
 from ._tokens import EpochCache, compose, split
 from ._transport import Failure, Transport
@@ -56,8 +57,9 @@ ReadBack = Callable[[float], list[Any]]
 
 class Ops:
     """The driver's shared context: config, transport, key layout, the cached store
-    epoch (:class:`~._tokens.EpochCache`) and what is known of the server's
-    ``--max-txn-ops`` (:mod:`._txn_limit`)."""
+    epoch (:class:`~._tokens.EpochCache`), what is known of the server's
+    ``--max-txn-ops`` (:mod:`._txn_limit`) and of the work queues
+    (:class:`~._queue_state.QueueCache`)."""
 
     def __init__(self, config: EtcdConfig, transport: Transport, layout: Layout) -> None:
         self.config = config
@@ -65,6 +67,7 @@ class Ops:
         self.layout = layout
         self.epochs = EpochCache(layout.epoch)
         self.txn_limit = TxnLimit()
+        self.queues = QueueCache()
 
     # -- reading --------------------------------------------------------------------------
 

@@ -1,33 +1,41 @@
-"""Work queues: enqueue, the claimable candidates, the listing, and purge (waiting is in
-:mod:`._queue_wait`).
+"""Work queues: enqueue, the listing and purge (the candidate scan, counters and
+statistics are in :mod:`._queue_index`, waiting in :mod:`._queue_wait`).
 
 Keys (see :mod:`._keys`): the job's queue marker ``PREFIX/HEX/q``, and in the queue's
 directory ``QDIR = PREFIX/q/QHEX/`` a member key ``QDIR/j/HEX`` (value: the payload;
-its create revision is ``seq``) and a pending key ``QDIR/p/HEX`` (empty; deleted by the
-completion transaction and by the one making the job FAILED, put back by requeue). The
-enqueue transaction::
+its create revision is ``seq``), a pending key ``QDIR/p/HEX`` (value: the job's
+ordinal; deleted by the completion transaction and by the one making the job FAILED, put
+back by requeue with a new ordinal) and an index entry ``QDIR/i/ORD/HEX``. The enqueue
+transaction of a chunk of jobs (one job for ``enqueue``)::
 
-    if create_revision(o) == 0 and create_revision(h) == 0
-            and create_revision(c) == 0 and create_revision(q) == 0:
-        put PREFIX/HEX/q = {queue, nonce}, put QDIR/j/HEX = payload, put QDIR/p/HEX = ""
-        put PREFIX/HEX/l = {max_attempts, base 0, nonce}   (only with max_attempts)
+    if QDIR/k/seq == S (or absent, for the queue's first job)
+            and, per new job, no key in PREFIX/HEX/[a .. q]   (one range compare)
+            and, per job already in this queue, mod_revision(q) is as read:
+        per new job i, a nested transaction:
+            put PREFIX/HEX/q = {queue, nonce}, QDIR/j/HEX = payload, QDIR/p/HEX = S+i,
+                QDIR/i/S+i/HEX = "", PREFIX/HEX/l = {max_attempts, base 0, nonce}
+                (the last with max_attempts only)
+        put QDIR/k/seq = S + new jobs   (and QDIR/k/low = 0 with the queue's first job)
     else:
-        get PREFIX/HEX/q
+        get QDIR/k/seq, base, requeued, purged
+
+The driver caches ``seq``, so a producer alone on a queue sends one transaction per
+chunk. Refused with ``seq`` as cached, a read of the jobs' markers tells which are
+already in this queue (left unchanged, ``False``; their markers compared in the next
+round) and which exist outside it (``InvalidArgument``: nothing of the chunk is
+written). Concurrent producers of one queue conflict on ``seq`` and go round again (at
+most :data:`ENQUEUE_ROUNDS` times).
 
 A queued job is otherwise an ordinary job: ``claim_next`` claims it with the ordinary
 claim transaction (:mod:`._claim`), with the same compares and fencing token.
 
-``queue_candidates`` is two linearizable reads: the queue's pending keys sorted by create
-revision (FIFO), keys only, then one read-only transaction asking, per job, whether its
-owner key, not-before key (a retry delay runs) and pending key exist, and its payload.
-etcd sorts a range by create revision by reading every key of the range and truncating
-afterwards, so one call costs the server O(open jobs of the queue) small-key reads; the
-pending keys are empty, and completed and FAILED jobs are not among them.
+The transactions whose size grows with the jobs (enqueue chunks, the candidates' check,
+the listing's reads, purge) are built for etcd's default ``--max-txn-ops`` (128) and
+split to a smaller server limit once a refusal taught it (:mod:`._txn_limit`); enqueue
+and purge split only between jobs, so each job's writes stay one transaction.
 
-The transactions whose size grows with the jobs (the candidates' check, the listing's
-reads, purge) are built for etcd's default ``--max-txn-ops`` (128) and split to a
-smaller server limit once a refusal taught it (:mod:`._txn_limit`); purge splits only
-between jobs, each job's deletion stays one nested transaction.
+**Capacity.** :data:`MAX_QUEUE_JOBS` jobs per queue (any state, until purged), checked
+from the counters before an enqueue is sent (``QueueFull``); see its docstring for why.
 """
 
 from __future__ import annotations
@@ -40,23 +48,37 @@ from typing import Any
 
 from pyetcd import etcdrpc
 
-from ...errors import BackendUnavailable, InvalidArgument, OutcomeUnknown
-from ...record import LeaseRecord, QueuedJob
+from ...errors import BackendUnavailable, InvalidArgument, OutcomeUnknown, QueueFull
+from ...record import EnqueueItem, LeaseRecord, QueuedJob
+from . import _queue_index
 from . import _requests as rq
-from ._keys import Limit, QueueKeys, QueueMarker, queue_of
+from ._keys import (
+    Limit,
+    QueueKeys,
+    QueueMarker,
+    ordinal_bytes,
+    ordinal_of,
+    pair_bytes,
+    pair_of,
+    queue_of,
+)
 from ._ops import Ops, Settled
+from ._queue_index import read_counters
+from ._queue_state import Counters
 from ._records import job_record, kinds_of
 from ._transport import Failure
 from ._txn_limit import needed_ops, too_many_ops
 
 __all__ = [
+    "ENQUEUE_BATCH",
     "MAX_PAYLOAD_BYTES",
+    "MAX_QUEUE_JOBS",
+    "MAX_QUEUE_PAYLOAD_BYTES",
     "candidates",
-    "enqueue",
+    "enqueue_items",
     "list_jobs",
     "page_jobs",
     "purge",
-    "sorted_pending",
 ]
 
 log = logging.getLogger("consensus_lease.etcd")
@@ -67,10 +89,36 @@ default); the enqueue transaction also carries three keys of up to ~1 KiB each, 
 marker and the framing. A server configured lower refuses larger enqueues with
 ``InvalidArgument``; nothing is written then."""
 
-CANDIDATES_PAGE = 32
-"""Pending keys per candidates page: the check transaction makes 4 gets per job and
-etcd allows 128 operations per transaction by default (``--max-txn-ops``; split further
-on a server that allows fewer)."""
+ENQUEUE_BATCH = 100
+"""Jobs per enqueue transaction (``capabilities.max_enqueue_batch``): a new job is one
+compare (a range compare: no key in its directory) and one nested transaction of up to 5
+puts; etcd checks a nested transaction against ``--max-txn-ops`` (128 by default) minus
+the enclosing list's length, so 100 jobs need 101 compares and 102 + 5 operations."""
+
+ENQUEUE_ROUNDS = 16
+"""Most transactions one enqueue chunk sends while other producers take ordinals or
+its jobs change under it."""
+
+MAX_QUEUE_JOBS = 250_000
+"""Jobs one queue may hold (any state, until purged): ``capabilities.max_queue_jobs``.
+
+Why: etcd refuses every write once its backend reaches ``--quota-backend-bytes`` (2 GB
+by default; 8 GB is the documented ceiling), and needs an operator to compact, defrag
+and disarm the alarm then. A job with a 100-byte payload costs about 0.55 KB of the
+backend once enqueued and 1.8 KB once claimed and completed (its keys and the old
+revisions kept until compaction; measured on etcd 3.4 with 20,000 jobs), so 250,000
+jobs are about 0.45 GB: a quarter of the default quota for one queue, leaving room for
+other queues, revisions awaiting compaction (run etcd with ``--auto-compaction-*``) and
+payloads. Payloads count on top: 250,000 jobs of 4 KB are another 1 GB, so queues with
+large payloads need a larger quota (or fewer jobs: purge completed ones) -- each
+payload is at most :data:`MAX_PAYLOAD_BYTES`. The counters make the check free: no
+read beyond what enqueue does anyway."""
+
+MAX_QUEUE_PAYLOAD_BYTES = 256 * 1024 * 1024
+"""Payload bytes one queue may hold (until purged): 256 MiB, an eighth of etcd's default
+quota, so that with :data:`MAX_QUEUE_JOBS` jobs' own keys (about 0.45 GB) one full queue
+stays under half of it. Checked from the counters with the job count (``QueueFull``);
+payloads of jobs enqueued by the first layout are not counted."""
 
 LISTING_JOBS = 32
 """Jobs per read transaction in ``queue_jobs`` (2 range reads each: the payload and
@@ -79,22 +127,15 @@ the job's keys)."""
 KEYS_PAGE = 512
 """Keys per range read when listing a queue's member or pending keys."""
 
+PURGE_ROUNDS = 8
+"""Most transactions one purge batch sends while a concurrent purge changes it."""
+
 PURGE_BATCH = 64
-"""Completed jobs deleted per purge transaction: each is a nested transaction of one
-compare and eight deletes; etcd checks a nested transaction against ``--max-txn-ops``
-(128 by default) minus the outer transaction's size (fewer jobs per transaction on a
-server that allows fewer)."""
-
-
-def sorted_pending(qkeys: QueueKeys, limit: int, min_create: int) -> Any:
-    """A range read of the queue's pending keys (keys only) in create-revision order,
-    from ``min_create`` on."""
-    key, end = qkeys.pendings
-    return etcdrpc.RangeRequest(
-        key=key, range_end=end, limit=limit, keys_only=True,
-        sort_order=etcdrpc.RangeRequest.ASCEND, sort_target=etcdrpc.RangeRequest.CREATE,
-        min_create_revision=min_create,
-    )
+"""Completed jobs deleted per purge transaction: each is one compare (its completion
+record exists) and a nested transaction of eight deletes; with the counter's compare and
+put, 64 jobs need 65 compares and 65 operations, and etcd checks a nested transaction
+against ``--max-txn-ops`` (128 by default) minus the outer list's size (fewer jobs per
+transaction on a server that allows fewer)."""
 
 
 def page_jobs(qkeys: QueueKeys, kvs: Sequence[Any]) -> list[tuple[str, int]]:
@@ -110,61 +151,163 @@ def page_jobs(qkeys: QueueKeys, kvs: Sequence[Any]) -> list[tuple[str, int]]:
 # -- enqueue ----------------------------------------------------------------------------
 
 
-def enqueue(ops: Ops, queue: str, job_id: str, payload: bytes,
-            max_attempts: int | None = None) -> bool:
-    """See :meth:`EtcdBackend.enqueue <consensus_lease.backends.etcd.EtcdBackend.enqueue>`."""
-    keys = ops.layout.job(job_id)
+def enqueue_items(ops: Ops, queue: str, items: Sequence[EnqueueItem]) -> list[bool]:
+    """See :meth:`EtcdBackend.enqueue_many
+    <consensus_lease.backends.etcd.EtcdBackend.enqueue_many>`: one transaction per
+    chunk of at most :data:`ENQUEUE_BATCH` jobs (fewer on a server allowing fewer
+    operations per transaction)."""
     qkeys = ops.layout.queue(queue)
-    marker = QueueMarker(queue, secrets.token_hex(8))
-    job_keys = (keys.owner, keys.history, keys.completion, keys.queue)
-    success = [
-        rq.put(keys.queue, marker.encode()),
-        rq.put(qkeys.member(job_id), payload),
-        rq.put(qkeys.pending(job_id), b""),
-    ]
-    if max_attempts is not None:
-        success.append(rq.put(keys.limit, Limit(max_attempts, 0, marker.nonce).encode()))
-    request = rq.txn(
-        compare=[rq.create_is(k, 0) for k in job_keys], success=success,
-        failure=[rq.get(keys.queue)],
-    )
-    what = f"enqueue of {job_id!r} in queue {queue!r}"
+    what = (f"enqueue of {items[0].job_id!r} in queue {queue!r}" if len(items) == 1
+            else f"enqueue of {len(items)} jobs in queue {queue!r}")
+    blank = Counters(0, False, 0, 0, 0)
 
-    def exists(marker_kv: Any) -> bool:
-        """``False`` if the job is already in this queue; else the job exists elsewhere."""
-        found = queue_of(marker_kv)
-        if found == queue:
-            return False
-        where = "a job claimed by name" if found is None else f"in queue {found!r}"
-        raise InvalidArgument(
-            f"{what}: {job_id!r} already exists outside this queue ({where})", job_id=job_id
-        )
+    def sizing(chunk: Sequence[EnqueueItem]) -> Any:
+        return _enqueue_request(ops, qkeys, chunk, {}, blank, "")
 
-    def decide(kvs: list[Any]) -> Settled | None:
-        marker_kv = kvs[3]
-        if marker_kv is not None:
-            if QueueMarker.decode(marker_kv.value, marker_kv.key) == marker:
-                return Settled(True)  # ours landed
-            return Settled(exists(marker_kv))
-        if any(kv is not None for kv in kvs[:3]):
-            return Settled(exists(None))
-        return None  # not applied (yet): the same request again (its compare is guarded)
+    out: list[bool] = []
+    start = 0
+    while start < len(items):
+        window = items[start : start + ENQUEUE_BATCH]
+        chunk = window[: ops.txn_limit.fitting(window, sizing, what)]
+        try:
+            out += _enqueue_chunk(ops, qkeys, chunk, what)
+        except InvalidArgument as exc:
+            if not too_many_ops(exc):
+                raise
+            ops.txn_limit.refused(ops, sizing(chunk), what)
+            if len(chunk) == 1:
+                raise ops.txn_limit.too_large(needed_ops(sizing(chunk)), what) from exc
+            continue
+        start += len(chunk)
+    return out
 
-    ops.txn_limit.check(request, what)
-    try:
-        answer = ops.send_guarded(request, what, job_id=job_id, generation=None,
-                                  read_back=job_keys, decide=decide)
-    except InvalidArgument as exc:
-        if not too_many_ops(exc):
-            raise
-        ops.txn_limit.refused(ops, request, what)
-        raise ops.txn_limit.too_large(needed_ops(request), what) from exc
-    if isinstance(answer, Settled):
-        added: bool = answer.value
-        return added
-    if answer.succeeded:
-        return True
-    return exists(rq.kv_of(answer.responses[0]))
+
+def _enqueue_request(ops: Ops, qkeys: QueueKeys, new: Sequence[EnqueueItem],
+                     known: dict[str, int], counters: Counters, nonce: str) -> Any:
+    """The enqueue transaction (see the module docstring): one compare per job (no key
+    in its directory, or its marker unchanged) and one nested transaction of puts per
+    new job, so a chunk of 100 needs 107 of etcd's 128 operations per transaction."""
+    compare = [counters.same_seq(qkeys)]
+    success: list[Any] = []
+    for i, item in enumerate(new):
+        keys = ops.layout.job(item.job_id)
+        ordinal = counters.seq + i
+        compare.append(rq.none_in(*keys.directory))
+        puts = [
+            rq.put(keys.queue, QueueMarker(qkeys.queue, nonce, len(item.payload)).encode()),
+            rq.put(qkeys.member(item.job_id), item.payload),
+            rq.put(qkeys.pending(item.job_id), ordinal_bytes(ordinal)),
+            rq.put(qkeys.entry(ordinal, item.job_id), b""),
+        ]
+        if item.max_attempts is not None:
+            puts.append(rq.put(keys.limit, Limit(item.max_attempts, 0, nonce).encode()))
+        success.append(etcdrpc.RequestOp(request_txn=rq.txn(success=puts)))
+    compare += [rq.mod_is(ops.layout.job(job_id).queue, revision)
+                for job_id, revision in known.items()]
+    success += counters.taking(qkeys, len(new), sum(len(item.payload) for item in new))
+    return rq.txn(compare=compare, success=success, failure=Counters.reads(qkeys))
+
+
+def _classify(ops: Ops, qkeys: QueueKeys, items: Sequence[EnqueueItem], known: dict[str, int],
+              what: str) -> None:
+    """Read each job's queue marker and key count (read-only transactions of 64 jobs):
+    note in ``known`` those already in this queue (their marker's mod revision).
+
+    Raises:
+        InvalidArgument: a job exists outside this queue.
+    """
+    def reads(chunk: Sequence[EnqueueItem]) -> Any:
+        found = []
+        for item in chunk:
+            keys = ops.layout.job(item.job_id)
+            found += [rq.get(keys.queue), rq.span_count(*keys.directory)]
+        return rq.txn(success=found)
+
+    for chunk, answer in ops.txn_limit.read_split(ops, items, 64, reads, what):
+        for i, item in enumerate(chunk):
+            marker_kv = rq.kv_of(answer.responses[2 * i])
+            found = queue_of(marker_kv)
+            if found == qkeys.queue and marker_kv is not None:
+                known[item.job_id] = int(marker_kv.mod_revision)
+            elif found is not None or answer.responses[2 * i + 1].response_range.count > 0:
+                where = "a job claimed by name" if found is None else f"in queue {found!r}"
+                raise InvalidArgument(
+                    f"{what}: {item.job_id!r} already exists outside this queue ({where}); "
+                    f"nothing of this batch was written", job_id=item.job_id)
+            else:
+                known.pop(item.job_id, None)  # purged meanwhile: new again
+
+
+def _enqueue_chunk(ops: Ops, qkeys: QueueKeys, items: Sequence[EnqueueItem],
+                   what: str) -> list[bool]:
+    """One atomic chunk: every new job of ``items`` added in one transaction, or none.
+    The transaction compares ``seq`` (taken from the cache, or read) and that each new
+    job has no key; its ``else`` branch answers the counters. Refused with ``seq`` as
+    expected, the jobs' markers are read: those already in this queue are left alone
+    (their markers compared unchanged in the next round), one outside it raises; with
+    ``seq`` moved (another producer), the next round takes the new one.
+
+    Raises:
+        InvalidArgument: a job exists outside this queue; nothing was written.
+        QueueFull: the queue would exceed :data:`MAX_QUEUE_JOBS`; nothing was written.
+        OutcomeUnknown / BackendUnavailable / AuthenticationFailed.
+    """
+    cache = ops.queues
+    queue = qkeys.queue
+    counters = cache.counters(queue) or read_counters(ops, qkeys, what)
+    known: dict[str, int] = {}
+    for _ in range(ENQUEUE_ROUNDS):
+        new = [item for item in items if item.job_id not in known]
+        if not new:
+            return [False] * len(items)
+        size = sum(len(item.payload) for item in new)
+        if _over(counters, len(new), size):
+            counters = read_counters(ops, qkeys, what)  # the cached ones may be old
+            cache.set_counters(queue, counters)
+            if _over(counters, len(new), size):
+                raise QueueFull(
+                    f"{what}: queue {queue!r} holds {counters.jobs} jobs with "
+                    f"{counters.payload_bytes} payload bytes; {len(new)} more with {size} "
+                    f"bytes would exceed the etcd backend's capacity of {MAX_QUEUE_JOBS} "
+                    f"jobs (capabilities.max_queue_jobs) and {MAX_QUEUE_PAYLOAD_BYTES} "
+                    f"payload bytes per queue; nothing of this batch was written. Purge "
+                    f"completed jobs, or spread the work over more queues or stores")
+        nonce = secrets.token_hex(8)
+        request = _enqueue_request(ops, qkeys, new, known, counters, nonce)
+        mine = QueueMarker(queue, nonce)
+
+        def decide(kvs: list[Any], mine: QueueMarker = mine) -> Settled | None:
+            marker_kv = kvs[0]
+            found = None if marker_kv is None else QueueMarker.decode(marker_kv.value,
+                                                                      marker_kv.key)
+            if found is not None and (found.queue, found.nonce) == (mine.queue, mine.nonce):
+                return Settled(True)  # ours landed (the whole chunk: one transaction)
+            return None  # not applied (yet): the same request again (compared)
+
+        answer = ops.send_guarded(request, what, job_id=new[0].job_id, generation=None,
+                                  read_back=[ops.layout.job(new[0].job_id).queue],
+                                  decide=decide)
+        added = {item.job_id for item in new}
+        if isinstance(answer, Settled):
+            cache.set_counters(queue, None)  # read them again next time
+            return [item.job_id in added for item in items]
+        if answer.succeeded:
+            cache.set_counters(queue, counters.after(len(new), size))
+            cache.mark_current(queue)
+            return [item.job_id in added for item in items]
+        fresh = Counters.of(*(rq.kv_of(r) for r in answer.responses))
+        cache.set_counters(queue, fresh)
+        if fresh.seq == counters.seq and fresh.exists == counters.exists:
+            _classify(ops, qkeys, items, known, what)  # refused for a job, not for seq
+        counters = fresh
+    raise BackendUnavailable(f"{what}: the queue kept changing; try again",
+                             job_id=items[0].job_id)
+
+
+def _over(counters: Counters, jobs: int, size: int) -> bool:
+    """Whether ``jobs`` more jobs with ``size`` payload bytes exceed the capacity."""
+    return (counters.jobs + jobs > MAX_QUEUE_JOBS
+            or counters.payload_bytes + size > MAX_QUEUE_PAYLOAD_BYTES)
 
 
 # -- claimable candidates ----------------------------------------------------------------
@@ -172,59 +315,24 @@ def enqueue(ops: Ops, queue: str, job_id: str, payload: bytes,
 
 def candidates(ops: Ops, queue: str, limit: int) -> list[tuple[str, bytes]]:
     """See :meth:`EtcdBackend.queue_candidates
-    <consensus_lease.backends.etcd.EtcdBackend.queue_candidates>`."""
-    qkeys = ops.layout.queue(queue)
-    out: list[tuple[str, bytes]] = []
-    min_create = 0
-    what = f"listing the candidates of queue {queue!r}"
-    while len(out) < limit:
-        page = ops.read(sorted_pending(qkeys, CANDIDATES_PAGE, min_create), what)
-        jobs = page_jobs(qkeys, page.kvs)
-        checked = ops.txn_limit.read_split(
-            ops, jobs, CANDIDATES_PAGE, lambda chunk: _candidate_checks(ops, qkeys, chunk), what
-        )
-        for chunk, answer in checked:
-            found = answer.responses
-            for i, (job_id, _) in enumerate(chunk):
-                owner, delay, pending, member = found[4 * i : 4 * i + 4]
-                member_kv = rq.kv_of(member)
-                if (owner.response_range.count == 0 and delay.response_range.count == 0
-                        and pending.response_range.count > 0 and member_kv is not None):
-                    out.append((job_id, bytes(member_kv.value)))
-        if not page.more or not page.kvs:
-            break
-        min_create = int(page.kvs[-1].create_revision) + 1
-    return out[:limit]
-
-
-def _candidate_checks(ops: Ops, qkeys: QueueKeys, jobs: Sequence[tuple[str, int]]) -> Any:
-    """The read-only transaction asking, per job, whether its owner, not-before and
-    pending keys exist, and its payload (4 operations per job)."""
-    checks = []
-    for job_id, _ in jobs:
-        keys = ops.layout.job(job_id)
-        checks += [
-            rq.count(keys.owner),
-            rq.count(keys.not_before),
-            rq.count(qkeys.pending(job_id)),
-            rq.get(qkeys.member(job_id)),
-        ]
-    return rq.txn(success=checks)
+    <consensus_lease.backends.etcd.EtcdBackend.queue_candidates>` and
+    :func:`._queue_index.candidates`."""
+    return _queue_index.candidates(ops, queue, limit)
 
 
 # -- listing ---------------------------------------------------------------------------
 
 
 def _all_keys(ops: Ops, span: tuple[bytes, bytes], revision: int,
-              what: str) -> tuple[int, list[Any]]:
-    """Every key (keys only) of ``span`` at ``revision`` (0: now), in key order; returns
-    the revision read and the key-values."""
+              what: str, keys_only: bool = True) -> tuple[int, list[Any]]:
+    """Every key (keys only, unless not ``keys_only``) of ``span`` at ``revision`` (0:
+    now), in key order; returns the revision read and the key-values."""
     start, end = span
     out: list[Any] = []
     while True:
         page = ops.read(
-            etcdrpc.RangeRequest(key=start, range_end=end, limit=KEYS_PAGE, keys_only=True,
-                                 revision=revision),
+            etcdrpc.RangeRequest(key=start, range_end=end, limit=KEYS_PAGE,
+                                 keys_only=keys_only, revision=revision),
             what,
         )
         revision = revision or int(page.header.revision)
@@ -265,14 +373,20 @@ def list_jobs(ops: Ops, queue: str, limit: int | None) -> list[QueuedJob]:
 
 
 def purge(ops: Ops, queue: str) -> int:
-    """See :meth:`EtcdBackend.purge <consensus_lease.backends.etcd.EtcdBackend.purge>`."""
+    """See :meth:`EtcdBackend.purge <consensus_lease.backends.etcd.EtcdBackend.purge>`.
+    Also deletes the queue's stale index entries (those of jobs no longer open, or open
+    under a later ordinal, at the revision read)."""
     qkeys = ops.layout.queue(queue)
     what = f"purging queue {queue!r}"
     revision, members = _all_keys(ops, qkeys.members, 0, what)
-    _, pendings = _all_keys(ops, qkeys.pendings, revision, what)
-    open_jobs = {job_id for job_id, _ in page_jobs(qkeys, pendings)}
+    _, pendings = _all_keys(ops, qkeys.pendings, revision, what, keys_only=False)
+    open_jobs = {qkeys.job_of(bytes(kv.key)): ordinal_of(kv) for kv in pendings}
     done = [job_id for job_id, _ in sorted(page_jobs(qkeys, members), key=lambda j: j[1])
             if job_id not in open_jobs]
+    _, entries = _all_keys(ops, qkeys.entries(0, 10**20 - 1), revision, what)
+    stale = [bytes(kv.key) for kv in entries
+             if (e := qkeys.entry_of(bytes(kv.key))) is not None and open_jobs.get(e[1]) != e[0]]
+    _queue_index.delete_stale(ops, qkeys, stale)
     purged, start = 0, 0
     while start < len(done):
         window = done[start : start + PURGE_BATCH]
@@ -289,32 +403,48 @@ def purge(ops: Ops, queue: str) -> int:
     return purged
 
 
-def _purge_request(ops: Ops, qkeys: QueueKeys, job_ids: Sequence[str]) -> Any:
-    """One transaction with a nested one per job: if its completion record exists,
-    delete its keys."""
+def _purge_request(ops: Ops, qkeys: QueueKeys, job_ids: Sequence[str],
+                   purged_kv: Any = None, size: int = 0) -> Any:
+    """One transaction: if every job of ``job_ids`` is still completed and the purge
+    counter is as read (``purged_kv``), delete each job's keys (a nested transaction per
+    job, so a batch fits ``--max-txn-ops``) and add ``len(job_ids)`` jobs and ``size``
+    payload bytes (from their queue markers) to the counter; else answer which are still
+    completed."""
+    counter = qkeys.counter("purged")
+    compare = [rq.mod_is(counter, 0 if purged_kv is None else int(purged_kv.mod_revision))]
     nested = []
     for job_id in job_ids:
         keys = ops.layout.job(job_id)
+        compare.append(rq.exists(keys.completion))
         doomed = (keys.completion, keys.history, keys.queue, keys.attempts, keys.error,
                   keys.limit, qkeys.member(job_id), qkeys.pending(job_id))
         nested.append(etcdrpc.RequestOp(request_txn=rq.txn(
-            compare=[rq.exists(keys.completion)], success=[rq.delete(k) for k in doomed],
-        )))
-    return rq.txn(success=nested)
+            success=[rq.delete(k) for k in doomed])))
+    jobs, before = pair_of(purged_kv)
+    nested.append(rq.put(counter, pair_bytes(jobs + len(job_ids), before + size)))
+    failure = [rq.count(ops.layout.job(j).completion) for j in job_ids]
+    return rq.txn(compare=compare, success=nested, failure=failure)
 
 
 def _purge_batch(ops: Ops, qkeys: QueueKeys, job_ids: list[str], what: str) -> int:
     """Delete the keys of those of ``job_ids`` that are completed, in one transaction
-    (a nested one per job, guarded by its completion record existing: a FAILED job, also
-    without a pending key, is left alone); return how many. After a lost answer the
-    member keys are read back: those gone were purged (by this request, or a concurrent
-    purge), the rest are sent again (a FAILED job's nested compare fails again)."""
+    that also counts them in ``QDIR/k/purged`` (:func:`_purge_request`); return how
+    many. A job no longer completed (purged meanwhile) is left out and the rest sent
+    again. After a lost answer the counter and member keys are read back: a counter
+    moved and the members gone means it landed (or a concurrent purge took them); the
+    members still there are sent again."""
     purged = 0
     deadline = time.monotonic() + ops.config.connect_timeout_s
-    while job_ids:
+    counter = qkeys.counter("purged")
+    for _ in range(PURGE_ROUNDS):
+        if not job_ids:
+            break
+        purged_kv, *markers = ops.read_keys(
+            [counter, *(ops.layout.job(j).queue for j in job_ids)], what, deadline, job_ids[0])
+        size = sum(QueueMarker.decode(kv.value, kv.key).size for kv in markers if kv is not None)
+        request = _purge_request(ops, qkeys, job_ids, purged_kv, size)
         try:
-            answer = ops.transport.send("kv", "Txn", _purge_request(ops, qkeys, job_ids),
-                                        what=what, job_id=job_ids[0])
+            answer = ops.transport.send("kv", "Txn", request, what=what, job_id=job_ids[0])
         except Failure as failure:
             log.warning("etcd: %s: no answer (%s); reading back", what, failure)
             try:
@@ -332,5 +462,8 @@ def _purge_batch(ops: Ops, qkeys: QueueKeys, job_ids: list[str], what: str) -> i
                 raise OutcomeUnknown(f"{what}: not applied when read back, and no time left",
                                      job_id=job_ids[0]) from failure.__cause__
             continue
-        return purged + sum(bool(r.response_txn.succeeded) for r in answer.responses)
+        if answer.succeeded:
+            return purged + len(job_ids)
+        job_ids = [j for j, r in zip(job_ids, answer.responses, strict=True)
+                   if r.response_range.count]
     return purged

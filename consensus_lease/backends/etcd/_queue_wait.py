@@ -1,9 +1,9 @@
 """Waiting for a job of a work queue to become claimable: a read, then etcd watches.
 
-First the queue's open jobs (its pending keys, oldest first) and their owner and
-not-before keys are read: if one is neither held nor in a retry delay, there is nothing
-to wait for. Otherwise two watches on one stream, from the revision after that read, wake
-the waiter:
+First the queue's open jobs (its pending keys, in key order; only the first page of them
+in a queue deeper than :data:`WAIT_TRACKED`) and their owner and not-before keys are
+read: if one is neither held nor in a retry delay, there is nothing to wait for.
+Otherwise two watches on one stream, from the revision after that read, wake the waiter:
 
 * PUTs under the queue's pending keys: an enqueue (or a requeue);
 * DELETEs of job keys of a job held or delayed at the read: its owner key without its
@@ -22,11 +22,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from pyetcd import etcdrpc
+
 from ...errors import BackendUnavailable
 from . import _requests as rq
 from ._keys import HISTORY, NOT_BEFORE, OWNER, QueueKeys
 from ._ops import Ops
-from ._queue import page_jobs, sorted_pending
+from ._queue import page_jobs
 from ._transport import Failure
 from ._watch import NODELETE, NOPUT, WatchRange, wait_for_events
 
@@ -51,10 +53,12 @@ def _held_snapshot(ops: Ops, qkeys: QueueKeys,
     were held."""
     what = f"reading queue {qkeys.queue!r} before waiting"
     held: set[str] = set()
-    revision, min_create = 0, 0
+    revision = 0
+    start, end = qkeys.pendings
     while True:
-        page = ops.read(sorted_pending(qkeys, SNAPSHOT_PAGE, min_create), what,
-                        budget_s=budget_s)
+        page = ops.read(etcdrpc.RangeRequest(key=start, range_end=end, limit=SNAPSHOT_PAGE,
+                                             keys_only=True, revision=revision),
+                        what, budget_s=budget_s)
         revision = revision or int(page.header.revision)
         jobs = page_jobs(qkeys, page.kvs)
         checked = ops.txn_limit.read_split(ops, jobs, SNAPSHOT_PAGE, lambda c: _checks(ops, c),
@@ -67,9 +71,9 @@ def _held_snapshot(ops: Ops, qkeys: QueueKeys,
                 held.add(job_id)
         if not page.more or not page.kvs:
             return revision, held, True
-        if len(held) >= WAIT_TRACKED:
+        if len(held) >= WAIT_TRACKED or page.count > WAIT_TRACKED:
             return revision, held, False
-        min_create = int(page.kvs[-1].create_revision) + 1
+        start = bytes(page.kvs[-1].key) + b"\x00"
 
 
 def _checks(ops: Ops, jobs: Sequence[tuple[str, int]]) -> Any:

@@ -16,10 +16,13 @@ __all__ = [
     "kv_of",
     "lease_is",
     "mod_is",
+    "none_in",
     "put",
     "span",
+    "span_count",
     "txn",
     "value_is",
+    "value_less",
     "version_is",
 ]
 
@@ -31,6 +34,18 @@ def create_is(key: bytes, revision: int) -> Any:
         target=etcdrpc.Compare.CREATE,
         result=etcdrpc.Compare.EQUAL,
         create_revision=revision,
+    )
+
+
+def none_in(key: bytes, range_end: bytes) -> Any:
+    """Compare: no key exists in ``[key, range_end)`` (etcd compares every key of a
+    compare's range, and an empty range as one absent key: create revision 0)."""
+    return etcdrpc.Compare(
+        key=key,
+        range_end=range_end,
+        target=etcdrpc.Compare.CREATE,
+        result=etcdrpc.Compare.EQUAL,
+        create_revision=0,
     )
 
 
@@ -65,6 +80,13 @@ def value_is(key: bytes, value: bytes) -> Any:
     )
 
 
+def value_less(key: bytes, value: bytes) -> Any:
+    """Compare: the key's value sorts (bytewise) before ``value`` (false if absent)."""
+    return etcdrpc.Compare(
+        key=key, target=etcdrpc.Compare.VALUE, result=etcdrpc.Compare.LESS, value=value
+    )
+
+
 def lease_is(key: bytes, lease_id: int) -> Any:
     return etcdrpc.Compare(
         key=key, target=etcdrpc.Compare.LEASE, result=etcdrpc.Compare.EQUAL, lease=lease_id
@@ -86,6 +108,14 @@ def span(key: bytes, range_end: bytes, revision: int = 0) -> Any:
     """A get of every key in ``[key, range_end)`` (at ``revision``; 0: now)."""
     return etcdrpc.RequestOp(
         request_range=etcdrpc.RangeRequest(key=key, range_end=range_end, revision=revision)
+    )
+
+
+def span_count(key: bytes, range_end: bytes) -> Any:
+    """A count of the keys in ``[key, range_end)`` (``response_range.count``; etcd walks
+    its in-memory index over the range, sends no key)."""
+    return etcdrpc.RequestOp(
+        request_range=etcdrpc.RangeRequest(key=key, range_end=range_end, count_only=True)
     )
 
 

@@ -104,6 +104,8 @@ class EtcdClaim:
             only succeeds without a limit key, or comparing the one it read).
         epoch: the store epoch the claim was made in (also in ``owner_value``); its
             token is ``epoch * 2**44 + create revision``.
+        ordinal: the job's place in ``queue`` (its index entry, which complete and a
+            FAILED verdict delete), when the claim read it (``None``: not known).
     """
 
     lease_id: int
@@ -114,6 +116,7 @@ class EtcdClaim:
     attempt: int = 0
     limit: Limit | None = None
     epoch: int = 0
+    ordinal: int | None = None
 
     @staticmethod
     def of(claim: ClaimResult, session: EtcdSession, job_id: str) -> EtcdClaim | None:

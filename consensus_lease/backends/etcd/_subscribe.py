@@ -237,7 +237,9 @@ class Subscriptions:
             if jobs and not claimable:
                 claimable = self._any_unheld(jobs, what)
             open_jobs.update(jobs)
-            if len(open_jobs) > WAIT_TRACKED:
+            if len(open_jobs) > WAIT_TRACKED or page.count > WAIT_TRACKED:
+                # A deep queue: not tracked by name (each page would cost etcd a walk of
+                # its index over the whole queue); one look at the first page decides.
                 return revision, None, claimable
             if not page.more or not page.kvs:
                 return revision, open_jobs, claimable

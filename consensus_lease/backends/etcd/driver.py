@@ -31,8 +31,20 @@ from ...errors import (
     SessionExpired,
     StoreRegressed,
 )
-from ...record import ClaimResult, LeaseRecord, QueuedJob
-from . import _claim, _epoch, _failure, _hold, _queue, _queue_wait, _records, _tokens, _value
+from ...record import ClaimResult, EnqueueItem, LeaseRecord, QueuedJob, QueueStats
+from . import (
+    _claim,
+    _epoch,
+    _failure,
+    _hold,
+    _queue,
+    _queue_index,
+    _queue_upgrade,
+    _queue_wait,
+    _records,
+    _tokens,
+    _value,
+)
 from . import _requests as rq
 from ._config import EtcdConfig, parse_url
 from ._keepalive import KeepAliveStreams
@@ -68,6 +80,8 @@ class EtcdBackend(Backend):
         max_batch_claim=_claim.MAX_BATCH_CLAIM,
         queues=True,
         max_payload_bytes=_queue.MAX_PAYLOAD_BYTES,  # under --max-request-bytes (1.5 MiB)
+        max_enqueue_batch=_queue.ENQUEUE_BATCH,  # one txn within --max-txn-ops (128)
+        max_queue_jobs=_queue.MAX_QUEUE_JOBS,  # a quarter of the default 2 GB quota
         description="etcd v3: a lease per session, one transaction per claim/complete/release",
         epoch=True,
         elections=True,
@@ -497,11 +511,8 @@ class EtcdBackend(Backend):
     def enqueue(
         self, queue: str, job_id: str, payload: bytes, max_attempts: int | None = None
     ) -> bool:
-        """One transaction: if the job has no key at all (owner, history, completion,
-        queue marker), put its queue marker, the queue's member key (value: ``payload``;
-        its create revision is the job's ``seq``) and pending key, and with
-        ``max_attempts`` the limit key. A lost answer is settled by reading the job's
-        keys back (the marker carries a per-request nonce).
+        """:meth:`enqueue_many` of one job: one transaction (two the first time this
+        driver enqueues into the queue: the queue's counters are read first).
 
         ``payload`` is at most ``capabilities.max_payload_bytes`` (1 MiB, under etcd's
         default ``--max-request-bytes`` of 1.5 MiB; the core checks it before sending).
@@ -509,30 +520,108 @@ class EtcdBackend(Backend):
         Raises:
             InvalidArgument: the job exists outside this queue (in another queue, or as a
                 job claimed by name), or ``job_id`` is an election key, or etcd refused
-                the request's size, or its ``--max-txn-ops`` is below the 4 operations
-                the transaction needs (the message names the flag and the limit);
-                nothing was written.
+                the request's size, or its ``--max-txn-ops`` is below the operations
+                the transaction needs (the message names the flag and the limit), or the
+                queue was written by the first queue layout (the message names the
+                upgrade step); nothing was written.
+            QueueFull: the queue holds ``capabilities.max_queue_jobs`` jobs, or its
+                payloads would exceed 256 MiB (``_queue.MAX_QUEUE_PAYLOAD_BYTES``).
             OutcomeUnknown / BackendUnavailable / AuthenticationFailed.
         """
-        if is_election_key(job_id):
-            raise InvalidArgument(f"{job_id!r} is an election, not a job: it cannot be "
-                                  f"enqueued", job_id=job_id)
-        return _queue.enqueue(self._ops, queue, job_id, payload, max_attempts)
+        return self.enqueue_many(queue, [EnqueueItem(job_id, payload, max_attempts)])[0]
 
-    def queue_candidates(self, queue: str, limit: int) -> list[tuple[str, bytes]]:
-        """Two linearizable reads per page of 32 open jobs: the queue's pending keys
-        sorted by create revision (oldest enqueued first; completed and FAILED jobs have
-        none), then one read-only transaction with each job's owner key (held?),
-        not-before key (retry delay?) and payload. Stops
-        once ``limit`` unheld jobs are found or the queue is exhausted. A hint: the
-        claim decides. On a server whose ``--max-txn-ops`` is below 128 the check is
-        split to it (learnt from its first refusal, see :mod:`._txn_limit`).
+    def enqueue_many(self, queue: str, items: Sequence[EnqueueItem]) -> list[bool]:
+        """One transaction for the whole chunk (at most ``max_enqueue_batch`` = 24 jobs,
+        within etcd's default ``--max-txn-ops`` of 128; a server allowing fewer gets
+        smaller transactions, each atomic): it compares the queue's ordinal counter
+        ``QDIR/k/seq`` and the absence of each new job's keys, and puts each job's queue
+        marker (with a per-request nonce), member key (the payload; its create revision
+        is the job's ``seq``), pending key and index entry (the job's ordinal, so key
+        order is FIFO order), limit key (with ``max_attempts``) and the counter. Its
+        ``else`` branch reads the counter and each job's marker and key count: jobs
+        already in this queue are left unchanged (``False``) and compared in the next
+        round; concurrent producers of the queue make it go round again. A lost answer
+        is settled by reading back the first new job's marker (the nonce); the chunk is
+        one transaction, so all of it landed or none. See :mod:`._queue`.
 
         Raises:
+            InvalidArgument: a job exists outside this queue or is an election key, or
+                as for :meth:`enqueue`; nothing of the chunk was written.
+            QueueFull: the queue would exceed ``capabilities.max_queue_jobs`` jobs or
+                256 MiB of payloads (checked from its counters before sending; purge
+                gives completed jobs' room back); nothing of the chunk was written.
+            OutcomeUnknown / BackendUnavailable / AuthenticationFailed.
+        """
+        for item in items:
+            if is_election_key(item.job_id):
+                raise InvalidArgument(f"{item.job_id!r} is an election, not a job: it "
+                                      f"cannot be enqueued", job_id=item.job_id)
+        if not items:
+            return []
+        return _queue.enqueue_items(self._ops, queue, items)
+
+    def queue_candidates(self, queue: str, limit: int) -> list[tuple[str, bytes]]:
+        """A scan of the queue's FIFO index (see :mod:`._queue_index`), from this
+        driver's cursor (where its last scan found a candidate) or from the low-water
+        mark (when the cursor finds nothing, after this driver released a job of the
+        queue, and at least every second): per page of 32 entries, one read-only
+        transaction with the entries (a key-ordered range spanning at most 1,024
+        ordinals, so etcd's cost does not grow with the queue's depth), the ordinal
+        counter and the mark, then one with each entry's pending key (stale?), owner key
+        (held?), not-before key (retry delay?) and payload. Stops once ``limit`` unheld
+        jobs are found or the queue is exhausted (at most 512 pages). Its cost grows
+        with the held and delayed jobs at the front of the queue, not with its depth.
+        Candidates come oldest ordinal first (enqueue commit order; a requeued job goes
+        to the back; a released or expired one keeps its place, offered again within a
+        second by other drivers). A hint: the claim decides (and puts the job's held
+        marker in the queue, and reads its ordinal, so the completion deletes its index
+        entry).
+
+        Raises:
+            InvalidArgument: the queue was written by the first queue layout (the
+                message names the upgrade step).
             BackendUnavailable / AuthenticationFailed.
         """
         with self._transport.bounded():
             return _queue.candidates(self._ops, queue, limit)
+
+    def queue_stats(self, queue: str) -> QueueStats:
+        """One read-only transaction, so one revision: the queue's counters (ordinals
+        handed out, and the versions of the keys each completion, FAILED verdict and
+        requeue puts, and the purged count) and its held markers (a key on the holder's
+        lease per held job, deleted with the hold by etcd on expiry): cost O(held jobs)
+        in the server, independent of the queue's depth. The counts are mutually
+        consistent (``available + held + completed + failed`` is the number of jobs of
+        the queue at that revision). ``oldest_held_lease_until``: the earliest end
+        (local wall clock + remaining TTL) among the leases of at most 8 of the first
+        64 held jobs' holders, one ``LeaseTimeToLive`` each (display only). A job
+        claimed by name whose held marker could not be written (see ``claim``) counts
+        as available while held. See :mod:`._queue_index`.
+
+        Raises:
+            InvalidArgument: the queue was written by the first queue layout.
+            BackendUnavailable / AuthenticationFailed.
+        """
+        with self._transport.bounded():
+            return _queue_index.stats(self._ops, queue)
+
+    def upgrade_queue(self, queue: str) -> int:
+        """Upgrade a queue written by an earlier consensus_lease (queue layout 1, which
+        this version refuses with ``InvalidArgument``) to the FIFO index, in place; run
+        it once with the queue's workers and producers stopped. Open jobs keep their
+        order (and their claims, tokens and attempts); completed and FAILED jobs are
+        counted into the new counters. Returns how many open jobs were indexed; 0 for a
+        queue that needs no upgrade (idempotent). Cost: O(jobs of the queue): a listing,
+        one read per 64 finished jobs, one transaction per 40 open jobs. See
+        :mod:`._queue_upgrade`.
+
+        Raises:
+            BackendUnavailable: the queue changed meanwhile (a worker or producer still
+                runs; run it again once they are stopped), or a job is inconsistent.
+            AuthenticationFailed.
+        """
+        with self._transport.bounded():
+            return _queue_upgrade.upgrade_queue(self._ops, queue)
 
     def queue_jobs(self, queue: str, limit: int | None = None) -> list[QueuedJob]:
         """Every job of the queue, oldest enqueued first, at one revision: the queue's
