@@ -33,7 +33,7 @@ from consensus_lease import (
     UnsupportedBackend,
     open_store,
 )
-from consensus_lease._election import election_key
+from consensus_lease._election import election_key, is_election_key
 from consensus_lease.backends.etcd import EtcdBackend, EtcdClaim, EtcdSession
 from consensus_lease.backends.etcd._config import DEFAULT_PREFIX, parse_url
 from consensus_lease.backends.etcd._failure import delay_ttl_s
@@ -101,7 +101,9 @@ _SURROGATES: tuple[Literal["Cs"]] = ("Cs",)
 _job_ids = st.text(
     alphabet=st.characters(blacklist_categories=_SURROGATES, blacklist_characters="\x00"),
     min_size=1,
-).filter(lambda s: len(s.encode()) <= MAX_JOB_ID_BYTES)
+).filter(lambda s: len(s.encode()) <= MAX_JOB_ID_BYTES and not is_election_key(s))
+"""Valid job ids: check_job_id refuses the prefix reserved for election keys (an id such
+as ``"\x1fe:"`` is an election key with an empty name, which parses as an election)."""
 
 
 @settings(max_examples=300)
