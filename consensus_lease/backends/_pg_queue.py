@@ -137,7 +137,7 @@ class QueueOps(Backend):
         this session now holds.
 
         Raises:
-            SessionExpired / BackendUnavailable / OutcomeUnknown.
+            SessionExpired / BackendUnavailable / OutcomeUnknown: see :mod:`consensus_lease.errors`.
         """
         params = {"queue": queue, "sid": session.session_id, "owner": session.owner}
 
