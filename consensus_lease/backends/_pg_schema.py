@@ -32,12 +32,24 @@ from ..errors import InvalidArgument
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "Names", "check_schema_name"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """The version of the tables this library reads and writes."""
 
-MIGRATIONS: dict[int, tuple[str, ...]] = {}
+_EXHAUSTED_INDEX = (
+    "CREATE INDEX IF NOT EXISTS cl_jobs_exhausted_by_queue ON {s}.cl_jobs (queue, seq) "
+    "WHERE queue IS NOT NULL AND completed_at IS NULL AND failed_at IS NULL "
+    "AND max_attempts IS NOT NULL AND attempt - attempt_base >= max_attempts"
+)
+
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (_EXHAUSTED_INDEX,),
+}
 """``v -> statements`` taking a store from version ``v`` to ``v + 1`` (``{s}``: the
-quoted schema). Empty: version 1 is the first."""
+quoted schema).
+
+* 1 -> 2: the partial index ``cl_jobs_exhausted_by_queue`` of the open jobs whose
+  attempts are used up, so that ``claim_next`` finds the ones to mark FAILED without
+  reading every open job of the queue (before it, a claim cost O(queue depth))."""
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,47}")
 
@@ -131,5 +143,6 @@ class Names:
             "WHERE queue IS NOT NULL",
             f"CREATE INDEX IF NOT EXISTS cl_jobs_open_by_queue ON {self.jobs} (queue, seq) "
             "WHERE queue IS NOT NULL AND completed_at IS NULL AND failed_at IS NULL",
+            _EXHAUSTED_INDEX.format(s=self.s),
             f"CREATE SEQUENCE IF NOT EXISTS {self.seq}",
         ]

@@ -50,6 +50,17 @@ How the protocol maps onto PostgreSQL (the same tables as the SQLite store,
   (:mod:`consensus_lease.backends._pg_schema` has the migration path).
 * **Transactional fencing**: :meth:`~consensus_lease.Lease.transaction` locks the lease's
   row inside your own transaction on this database (:mod:`._pg_txn`).
+* Capacity (``capabilities.max_queue_jobs`` is ``None``): no limit is enforced; like
+  SQLite, a queue is bounded by the database's disk: about 190 bytes per job (its row
+  and index entries, measured with short ids and empty payloads) plus its payload and
+  result, payloads up to ``max_payload_bytes`` (16 MiB). ``claim_next`` reads the head of
+  the partial index of the queue's open jobs, ``(queue, seq)``, and finds exhausted jobs
+  through a partial index of their own, so its cost does not grow with the number of
+  waiting jobs (it grows with the jobs held or delayed at the head, which it skips).
+  ``queue_stats`` is one statement: HELD from the live sessions' jobs, the other counts
+  from one pass over the queue's rows inside the server, so it is O(jobs in the queue,
+  completed ones until ``purge``) — measured about 20 ms at 100,000 jobs on a 2-core VM.
+  ``enqueue_many`` takes up to 1,000 jobs per call, one transaction.
 
 Not detected: a database restored from a backup while workers run (no file identity to
 compare, as SQLite has): follow the runbook, stop the workers, restore, ``bump-epoch``.

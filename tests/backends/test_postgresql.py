@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from consensus_lease import LeaseStore, open_store
+from consensus_lease.backends._pg_schema import SCHEMA_VERSION
 from consensus_lease.backends.postgresql import PostgresBackend
 from consensus_lease.errors import (
     AuthenticationFailed,
@@ -190,10 +191,52 @@ def test_schema_is_versioned_and_a_newer_one_is_refused(store: LeaseStore, url: 
     b = backend_of(store)
     with psycopg.connect(base, autocommit=True) as side:
         version = side.execute(f"SELECT schema_version FROM {b.names.meta}").fetchone()
-        assert version == (1,)
+        assert version == (SCHEMA_VERSION,)
         side.execute(f"UPDATE {b.names.meta} SET schema_version = 99")
     with pytest.raises(InvalidArgument, match="newer consensus_lease"):
         open_store(url)
+
+
+def _has_index(base: str, schema: str, name: str) -> bool:
+    with psycopg.connect(base, autocommit=True) as side:
+        row = side.execute("SELECT 1 FROM pg_indexes WHERE schemaname = %s AND indexname = %s",
+                           (schema, name)).fetchone()
+    return row is not None
+
+
+def test_a_version_1_store_is_migrated_on_open(store: LeaseStore, url: str, base: str) -> None:
+    """Version 1 had no index of exhausted jobs: opening it adds the index, records the
+    new version, and keeps the jobs."""
+    b = backend_of(store)
+    store.enqueue("q", "kept")
+    with psycopg.connect(base, autocommit=True) as side:
+        side.execute(f"DROP INDEX {b.names.s}.cl_jobs_exhausted_by_queue")
+        side.execute(f"UPDATE {b.names.meta} SET schema_version = 1")
+    assert not _has_index(base, b.names.schema, "cl_jobs_exhausted_by_queue")
+    reopened = open_store(url)
+    try:
+        assert _has_index(base, b.names.schema, "cl_jobs_exhausted_by_queue")
+        with psycopg.connect(base, autocommit=True) as side:
+            version = side.execute(f"SELECT schema_version FROM {b.names.meta}").fetchone()
+        assert version == (SCHEMA_VERSION,) == (2,)
+        assert reopened.queue_stats("q").available == 1
+    finally:
+        reopened.close()
+
+
+def test_claim_next_reads_only_exhausted_jobs_to_fail_them(store: LeaseStore, base: str) -> None:
+    """``claim_next`` fails the exhausted jobs at the queue's head through the partial
+    index, not by reading every open job: the plan of its statement on a queue of 2,000
+    open jobs uses ``cl_jobs_exhausted_by_queue``."""
+    b = backend_of(store)
+    for start in range(0, 2000, 1000):
+        store.enqueue_many("deep", [f"d{i:05d}" for i in range(start, start + 1000)])
+    with psycopg.connect(base, autocommit=True) as side:
+        side.execute(f"ANALYZE {b.names.jobs}")
+        plan = "\n".join(r[0] for r in side.execute(
+            "EXPLAIN " + b.sql.claim_from_queue,
+            {"queue": "deep", "sid": "nobody", "owner": "nobody"}).fetchall())
+    assert "cl_jobs_exhausted_by_queue" in plan
 
 
 def _listener_pids(base: str, channel: str) -> set[int]:
