@@ -8,8 +8,8 @@ problem — and route every queue (or job) to one of them with :func:`shard_for`
     from consensus_lease import open_store
     from consensus_lease.shard import shard_for
 
-    SHARDS = ["etcd://10.0.1.1:2379,10.0.1.2:2379,10.0.1.3:2379/jobs",
-              "etcd://10.0.2.1:2379,10.0.2.2:2379,10.0.2.3:2379/jobs"]
+    SHARDS = ["etcd://etcd-a1:2379,etcd-a2:2379,etcd-a3:2379/jobs",
+              "etcd://etcd-b1:2379,etcd-b2:2379,etcd-b3:2379/jobs"]
     stores = {url: open_store(url) for url in SHARDS}
     stores[shard_for("invoices", SHARDS)].enqueue("invoices", "inv-42", b"...")
 

@@ -17,7 +17,7 @@ import consensus_lease
 from consensus_lease.errors import InvalidArgument
 from consensus_lease.shard import shard_for
 
-SHARDS = [f"etcd://10.0.{i}.1:2379,10.0.{i}.2:2379,10.0.{i}.3:2379/jobs" for i in range(1, 5)]
+SHARDS = [f"etcd://shard{i}-a:2379,shard{i}-b:2379,shard{i}-c:2379/jobs" for i in range(1, 5)]
 KEYS = [f"queue-{i}" for i in range(10_000)]
 PACKAGE_ROOT = str(Path(consensus_lease.__file__).resolve().parents[1])
 
@@ -25,11 +25,11 @@ PACKAGE_ROOT = str(Path(consensus_lease.__file__).resolve().parents[1])
 def test_known_answers_are_pinned() -> None:
     """The mapping is part of every deployment's data layout: a change of the hash would
     move every queue to another shard. These answers must never change."""
-    urls = [f"etcd://10.0.{i}.1:2379/jobs" for i in range(1, 5)]
+    urls = [f"etcd://shard{i}:2379/jobs" for i in range(1, 5)]
     got = {k: urls.index(shard_for(k, urls)) for k in
            ["invoices", "emails", "q-0", "q-1", "q-2", "q-3", "job-42", "é"]}
-    assert got == {"invoices": 2, "emails": 2, "q-0": 1, "q-1": 3, "q-2": 1, "q-3": 2,
-                   "job-42": 3, "é": 0}
+    assert got == {"invoices": 1, "emails": 0, "q-0": 3, "q-1": 2, "q-2": 0, "q-3": 3,
+                   "job-42": 1, "é": 2}
 
 
 def _in_fresh_interpreter(seed: str) -> Any:
@@ -66,7 +66,7 @@ def test_keys_spread_evenly_over_four_shards() -> None:
 
 
 def test_adding_a_shard_moves_only_what_the_new_shard_takes() -> None:
-    new = "etcd://10.0.5.1:2379/jobs"
+    new = "etcd://shard5:2379/jobs"
     before = {k: shard_for(k, SHARDS) for k in KEYS}
     after = {k: shard_for(k, [*SHARDS, new]) for k in KEYS}
     moved = [k for k in KEYS if before[k] != after[k]]
