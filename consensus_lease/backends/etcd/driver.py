@@ -613,7 +613,7 @@ class EtcdBackend(Backend):
         counted into the new counters. Returns how many open jobs were indexed; 0 for a
         queue that needs no upgrade (idempotent). Cost: O(jobs of the queue): a listing,
         one read per 64 finished jobs, one transaction per 40 open jobs. See
-        :mod:`._queue_upgrade`.
+        :mod:`._queue_upgrade`; the command ``consensus-lease upgrade-queue`` calls it.
 
         Raises:
             BackendUnavailable: the queue changed meanwhile (a worker or producer still
