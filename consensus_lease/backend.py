@@ -484,7 +484,8 @@ class Backend(abc.ABC):
         driver overrides it, else reads :meth:`queue_candidates` and claims them one by one.
 
         Raises:
-            SessionExpired / BackendUnavailable / OutcomeUnknown.
+            SessionExpired / BackendUnavailable / OutcomeUnknown: see
+                :mod:`consensus_lease.errors`.
             UnsupportedOperation: the default.
         """
         raise UnsupportedOperation(f"the {self.scheme} backend has no one-step queue claim")

@@ -531,7 +531,7 @@ class EtcdBackend(Backend):
         return self.enqueue_many(queue, [EnqueueItem(job_id, payload, max_attempts)])[0]
 
     def enqueue_many(self, queue: str, items: Sequence[EnqueueItem]) -> list[bool]:
-        """One transaction for the whole chunk (at most ``max_enqueue_batch`` = 24 jobs,
+        """One transaction for the whole chunk (at most ``max_enqueue_batch`` = 100 jobs,
         within etcd's default ``--max-txn-ops`` of 128; a server allowing fewer gets
         smaller transactions, each atomic): it compares the queue's ordinal counter
         ``QDIR/k/seq`` and the absence of each new job's keys, and puts each job's queue
