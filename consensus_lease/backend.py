@@ -484,7 +484,8 @@ class Backend(abc.ABC):
         driver overrides it, else reads :meth:`queue_candidates` and claims them one by one.
 
         Raises:
-            SessionExpired / BackendUnavailable / OutcomeUnknown: see :mod:`consensus_lease.errors`.
+            SessionExpired / BackendUnavailable / OutcomeUnknown: see
+                :mod:`consensus_lease.errors`.
             UnsupportedOperation: the default.
         """
         raise UnsupportedOperation(f"the {self.scheme} backend has no one-step queue claim")
@@ -521,6 +522,25 @@ class Backend(abc.ABC):
         """Delete the records of ``queue``'s COMPLETED jobs; return how many. Held and
         available jobs are untouched."""
         raise UnsupportedOperation(f"the {self.scheme} backend has no work queues")
+
+    def upgrade_queue(self, queue: str) -> int:
+        """Bring ``queue``, written by an earlier consensus_lease, to this version's queue
+        layout in place, for a store whose queues need an operator step for that; return
+        how many open jobs were rewritten (0: nothing to do). Run it with the queue's
+        workers and producers stopped. ``consensus-lease upgrade-queue`` calls it.
+
+        The default is for a store that needs no such step: it upgrades its layout itself
+        when opened (SQLite, PostgreSQL) or keeps nothing between processes (memory). A
+        driver whose stores refuse queues of an earlier layout overrides it: etcd rewrites
+        the queue; ZooKeeper raises an error giving the manual steps.
+
+        Raises:
+            UnsupportedOperation: the default: the store has no upgrade step (nothing to
+                do; nothing was read or changed).
+            BackendUnavailable / OutcomeUnknown: see :mod:`consensus_lease.errors`.
+        """
+        raise UnsupportedOperation(
+            f"the {self.scheme} store upgrades its queues itself when opened: nothing to do")
 
     # -- the store epoch (tokens that survive a restore) ---------------------------------
 

@@ -24,6 +24,7 @@ EXTRA_COMMANDS: list[str] = [
     "consensus_lease.admin.enqueue",
     "consensus_lease.admin.requeue",
     "consensus_lease.admin.bump_epoch",
+    "consensus_lease.admin.upgrade_queue",
     "consensus_lease.verify.command",
     "consensus_lease.bench.command",
     "consensus_lease.runcmd.command",

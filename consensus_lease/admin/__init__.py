@@ -1,5 +1,6 @@
-"""Operator subcommands: ``inspect``, ``enqueue``, ``requeue`` and ``bump-epoch`` (one
-module each, registered through ``consensus_lease.cli.EXTRA_COMMANDS``).
+"""Operator subcommands: ``inspect``, ``enqueue``, ``requeue``, ``bump-epoch`` and
+``upgrade-queue`` (one module each, registered through
+``consensus_lease.cli.EXTRA_COMMANDS``).
 
 Results go to stdout, messages and errors to stderr (one line each, never a traceback).
 Exit status, the same for each::
@@ -10,16 +11,17 @@ Exit status, the same for each::
         were done
     2   usage error or bad input (option, URL, job id, payload, payload file, a
         ``bump-epoch --above`` past the store's token range, a store without an
-        epoch): nothing was changed
+        epoch, an ``upgrade-queue`` the store does not need or cannot do in place):
+        nothing was changed
     69  the store could not be reached, refused service, or could not tell whether a
         request was applied (OutcomeUnknown); jobs reported before the error were done
 
 (``consensus-lease run`` has codes of its own, from sysexits: it passes on its command's
 status, which is often a small number like these.)
 
-Commands that read or repair an existing store (``inspect``, ``requeue``) open it with
-:func:`open_existing_store`: a SQLite URL naming a missing file (a typo) is refused
-(exit 2) instead of creating an empty store there.
+Commands that read or repair an existing store (``inspect``, ``requeue``,
+``upgrade-queue``) open it with :func:`open_existing_store`: a SQLite URL naming a
+missing file (a typo) is refused (exit 2) instead of creating an empty store there.
 """
 
 from __future__ import annotations

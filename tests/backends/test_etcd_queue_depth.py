@@ -26,6 +26,7 @@ from consensus_lease import (
     open_store,
 )
 from consensus_lease.backends.etcd import _queue, _queue_state
+from consensus_lease.cli import main
 from consensus_lease.testing.conformance import poll_until
 
 
@@ -375,7 +376,7 @@ def _to_first_layout(store: LeaseStore, queue: str) -> None:
 
 
 def test_a_queue_of_the_first_layout_is_refused_until_upgraded(
-    store: LeaseStore, url: str
+    store: LeaseStore, url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     store.enqueue_many("q", [EnqueueItem("a"), EnqueueItem("b"), EnqueueItem("c"),
                              EnqueueItem("d"), EnqueueItem("f", max_attempts=1)])
@@ -390,11 +391,13 @@ def test_a_queue_of_the_first_layout_is_refused_until_upgraded(
                      lambda: backend_of(old).queue_candidates("q", 10)):
             with pytest.raises(InvalidArgument) as exc:
                 call()
-            assert "upgrade_queue('q')" in str(exc.value), exc.value
+            assert "consensus-lease upgrade-queue --backend URL q`" in str(exc.value)
         with old.session("W", ttl_s=30) as w, pytest.raises(InvalidArgument):
             w.claim_next("q")
         assert old.get("e") is None
-        assert backend_of(old).upgrade_queue("q") == 3  # b, c, d are open
+        capsys.readouterr()
+        assert main(["upgrade-queue", "--backend", url, "q"]) == 0
+        assert capsys.readouterr().out == "queue q: 3 open jobs indexed\n"  # b, c, d
         assert backend_of(old).upgrade_queue("q") == 0  # nothing left to do
         assert old.queue_stats("q") == QueueStats("q", 3, 0, 1, None, 1)
         assert _candidates(old, "q") == ["b", "c", "d"]  # the old order

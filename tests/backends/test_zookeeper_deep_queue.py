@@ -38,6 +38,7 @@ from consensus_lease.backends.zookeeper._layout import (
     QueueTag,
     encode_job_id,
 )
+from consensus_lease.cli import main
 from consensus_lease.errors import InvalidArgument, UnsupportedOperation
 from consensus_lease.record import JobState
 from consensus_lease.session import Session
@@ -392,7 +393,8 @@ def test_a_full_queue_refuses_more_before_sending(
 
 
 def test_a_queue_of_the_layout_before_buckets_is_refused_with_the_upgrade_step(
-    store: LeaseStore, opened: Callable[..., Session], zk_url: str
+    store: LeaseStore, opened: Callable[..., Session], zk_url: str,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """A queue written by layout 1 (flat open/held lists, empty head): queue operations
     are refused naming the upgrade step; its jobs still complete by name."""
@@ -424,6 +426,16 @@ def test_a_queue_of_the_layout_before_buckets_is_refused_with_the_upgrade_step(
             call()
         assert isinstance(refused.value, UnsupportedOperation)
     assert store.get("new") is None
+    with pytest.raises(LegacyQueueLayout, match="deleteall"):  # no in-place upgrade
+        store.backend.upgrade_queue("legacy")
+    capsys.readouterr()
+    assert main(["upgrade-queue", "--backend", zk_url, "legacy"]) == 2
+    err = capsys.readouterr().err
+    assert "LegacyQueueLayout" in err and "deleteall" in err, err
+    store.enqueue("current", "c")
+    assert store.backend.upgrade_queue("current") == 0  # served as it is
+    assert store.backend.upgrade_queue("unknown") == 0
+    assert children(zk_url, "queues") == ["current", "legacy"]  # nothing made
     a = opened("A")
     lease = a.claim("old")  # by name: its tag gives the old paths
     assert lease is not None

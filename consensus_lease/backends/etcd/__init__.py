@@ -89,9 +89,10 @@ transaction. Its cost depends on the held and delayed jobs at the front of the q
 not on its depth. ``queue_stats`` is one read of counters kept in the same transactions
 (see :mod:`._queue_index`). A queue holds at most 250,000 jobs and 256 MiB of payloads
 (``max_queue_jobs``, ``QueueFull``: together under half of etcd's default 2 GB quota).
-Queues written by the first layout are refused until ``upgrade_queue`` ran
-(:mod:`._queue_upgrade`). Waiting is a watch (enqueues and requeues; owner keys deleted
-by release, fail or expiry; not-before keys deleted by their lease's expiry). Payloads
+Queues written by the first layout are refused until ``upgrade_queue`` ran (the
+command ``consensus-lease upgrade-queue``; :mod:`._queue_upgrade`). Waiting is a watch
+(enqueues and requeues; owner keys deleted by release, fail or expiry; not-before keys
+deleted by their lease's expiry). Payloads
 are limited to 1 MiB (``max_payload_bytes``), under etcd's default
 ``--max-request-bytes`` of 1.5 MiB, with room for the keys; a server configured lower
 refuses larger enqueues with ``InvalidArgument``.

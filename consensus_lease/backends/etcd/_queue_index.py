@@ -55,6 +55,7 @@ transaction, i.e. at one revision: the counts are one consistent snapshot, and
 from __future__ import annotations
 
 import logging
+import shlex
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -107,8 +108,9 @@ def layout_refused(queue: str) -> InvalidArgument:
         f"etcd queue {queue!r} was written by an earlier consensus_lease (queue layout 1, "
         f"without FIFO ordinals) and is not served by this version; nothing was written. "
         f"Upgrade step: stop its workers and producers, then run "
-        f"`store.backend.upgrade_queue({queue!r})` once (it rewrites the queue's index and "
-        f"counters in place), then start them with this version")
+        f"`consensus-lease upgrade-queue --backend URL {shlex.quote(queue)}` once (it "
+        f"rewrites the queue's index and counters in place), then start them with this "
+        f"version")
 
 def _probe(qkeys: QueueKeys) -> Any:
     """A read answering whether the queue has any member key (count)."""

@@ -125,4 +125,4 @@ def _write(ops: Ops, request: Any, what: str) -> None:
 def _changed(what: str) -> BackendUnavailable:
     return BackendUnavailable(
         f"{what}: the queue changed while upgrading (a worker or producer is still "
-        f"running); stop them and run upgrade_queue again")
+        f"running); stop them and run it again (consensus-lease upgrade-queue)")

@@ -531,7 +531,7 @@ class EtcdBackend(Backend):
         return self.enqueue_many(queue, [EnqueueItem(job_id, payload, max_attempts)])[0]
 
     def enqueue_many(self, queue: str, items: Sequence[EnqueueItem]) -> list[bool]:
-        """One transaction for the whole chunk (at most ``max_enqueue_batch`` = 24 jobs,
+        """One transaction for the whole chunk (at most ``max_enqueue_batch`` = 100 jobs,
         within etcd's default ``--max-txn-ops`` of 128; a server allowing fewer gets
         smaller transactions, each atomic): it compares the queue's ordinal counter
         ``QDIR/k/seq`` and the absence of each new job's keys, and puts each job's queue
@@ -613,7 +613,7 @@ class EtcdBackend(Backend):
         counted into the new counters. Returns how many open jobs were indexed; 0 for a
         queue that needs no upgrade (idempotent). Cost: O(jobs of the queue): a listing,
         one read per 64 finished jobs, one transaction per 40 open jobs. See
-        :mod:`._queue_upgrade`.
+        :mod:`._queue_upgrade`; the command ``consensus-lease upgrade-queue`` calls it.
 
         Raises:
             BackendUnavailable: the queue changed meanwhile (a worker or producer still

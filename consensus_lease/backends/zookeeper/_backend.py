@@ -29,7 +29,14 @@ from ._epoch import Epochs
 from ._errors import KAZOO_ERRORS
 from ._history import KEEPALIVE_FRACTION, History, Prober, new_identity
 from ._holds import Holds
-from ._layout import EPOCH_SHIFT, JobPaths, decode_name, job_paths, to_record
+from ._layout import (
+    EPOCH_SHIFT,
+    JobPaths,
+    QueueHead,
+    decode_name,
+    job_paths,
+    to_record,
+)
 from ._lifecycle import Lifecycle
 from ._options import ZkConfig, parse_url
 from ._queues import (
@@ -874,6 +881,27 @@ class ZooKeeperBackend(Backend):
                 within ``SETTLE_GRACE_S`` more).
         """
         return self._queues.purge(queue)
+
+    @_bounded
+    def upgrade_queue(self, queue: str) -> int:
+        """ZooKeeper's queues have no in-place upgrade: this reads the queue's head
+        (after a ``sync``) and returns 0 if this version serves the queue (or it does not
+        exist; nothing is made). A queue of layout 1 (before buckets) is upgraded by hand
+        (:class:`~._layout.LegacyQueueLayout` gives the steps): drain it with the
+        previous release, purge it, delete its znode and enqueue again. The command
+        ``consensus-lease upgrade-queue`` calls it.
+
+        Raises:
+            LegacyQueueLayout (an ``UnsupportedOperation``): a queue of layout 1; its
+                message gives the manual steps. Nothing was changed.
+            BackendUnavailable: not done within ``timeout_s``.
+        """
+        q = self._queues.paths(queue)
+        answer = self._wire.reader_read([("sync", self.config.base), ("get", q.node)],
+                                        f"reading queue {queue!r}'s layout")[1]
+        if answer is not None:
+            QueueHead.parse(answer[0], q.node, queue)  # raises for layout 1
+        return 0
 
     # -- the store epoch -----------------------------------------------------------------------
 
