@@ -83,11 +83,7 @@ def complete(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult,
         rq.delete(keys.history),
     ]
     if queue is not None:
-        qkeys = ops.layout.queue(queue)
-        success += [rq.delete(qkeys.pending(job_id)), rq.delete(qkeys.held(job_id)),
-                    rq.put(qkeys.counter("done"), b"")]
-        if known is not None and known.ordinal is not None:  # else the scan deletes it
-            success.append(rq.delete(qkeys.entry(known.ordinal, job_id)))
+        success += _leaving_queue(ops, queue, job_id, known)
     success += ops.ending(keys)
     success += [rq.get(keys.attempts), rq.get(keys.error), rq.get(keys.limit)]
     request = rq.txn(
@@ -129,6 +125,17 @@ def complete(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult,
             raise ops.not_held(handle, keys, generation, owner_kv, completion_kv, what)
         done = repeat
     return _completed(job_id, done, _lifecycle(ops, keys))
+
+
+def _leaving_queue(ops: Ops, queue: str, job_id: str, known: EtcdClaim | None) -> list[Any]:
+    """The completion's writes to the job's queue: its pending key, held marker and index
+    entry deleted, the completed counter bumped (a put: its version counts)."""
+    qkeys = ops.layout.queue(queue)
+    writes = [rq.delete(qkeys.pending(job_id)), rq.delete(qkeys.held(job_id)),
+              rq.put(qkeys.counter("done"), b"")]
+    if known is not None and known.ordinal is not None:  # else the scan deletes it
+        writes.append(rq.delete(qkeys.entry(known.ordinal, job_id)))
+    return writes
 
 
 def _completed(job_id: str, done: Completion, life: Lifecycle) -> LeaseRecord:

@@ -170,6 +170,32 @@ def candidates(ops: Ops, queue: str, limit: int) -> list[tuple[str, bytes]]:
     return _scan(ops, qkeys, limit, None)
 
 
+def _classify(ops: Ops, qkeys: QueueKeys, entries: list[tuple[int, str]], what: str,
+              stale: list[bytes], out: list[tuple[str, bytes]]) -> tuple[int | None, int | None]:
+    """Read the jobs of one page of index ``entries``: append the stale entries (pending
+    key gone or moved) to ``stale`` and the claimable jobs (no owner, no retry delay) to
+    ``out``; return the ordinals of the first live and the first claimable entry."""
+    first_live: int | None = None
+    first_found: int | None = None
+    for chunk, answer in ops.txn_limit.read_split(
+            ops, entries, SCAN_PAGE, lambda c: _checks(ops, qkeys, c), what):
+        for i, (ordinal, job_id) in enumerate(chunk):
+            pending, owner, delay, member = answer.responses[4 * i : 4 * i + 4]
+            if ordinal_of(rq.kv_of(pending)) != ordinal:
+                stale.append(qkeys.entry(ordinal, job_id))
+                continue
+            if first_live is None:
+                first_live = ordinal
+            member_kv = rq.kv_of(member)
+            if (owner.response_range.count == 0 and delay.response_range.count == 0
+                    and member_kv is not None):
+                out.append((job_id, bytes(member_kv.value)))
+                ops.queues.hint(job_id, qkeys.queue)
+                if first_found is None:
+                    first_found = ordinal
+    return first_live, first_found
+
+
 def _scan(ops: Ops, qkeys: QueueKeys, limit: int,
           cursor: int | None) -> list[tuple[str, bytes]]:
     """Up to ``limit`` candidates, from ``cursor`` on, or (``None``) from the low-water
@@ -210,22 +236,9 @@ def _scan(ops: Ops, qkeys: QueueKeys, limit: int,
             continue
         entries = [e for e in (qkeys.entry_of(bytes(kv.key)) for kv in found.kvs)
                    if e is not None]
-        for chunk, answer in ops.txn_limit.read_split(
-                ops, entries, SCAN_PAGE, lambda c: _checks(ops, qkeys, c), what):
-            for i, (ordinal, job_id) in enumerate(chunk):
-                pending, owner, delay, member = answer.responses[4 * i : 4 * i + 4]
-                if ordinal_of(rq.kv_of(pending)) != ordinal:
-                    stale.append(qkeys.entry(ordinal, job_id))
-                    continue
-                if first_live is None:
-                    first_live = ordinal
-                member_kv = rq.kv_of(member)
-                if (owner.response_range.count == 0 and delay.response_range.count == 0
-                        and member_kv is not None):
-                    out.append((job_id, bytes(member_kv.value)))
-                    cache.hint(job_id, queue)
-                    if first_found is None:
-                        first_found = ordinal
+        live, claimable = _classify(ops, qkeys, entries, what, stale, out)
+        first_live = live if first_live is None else first_live
+        first_found = claimable if first_found is None else first_found
         if len(out) >= limit:
             break
         pos = entries[-1][0] + 1 if found.more and entries else high

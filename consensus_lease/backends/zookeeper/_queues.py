@@ -101,7 +101,7 @@ from ._layout import (
 from ._lifecycle import DelayHints
 from ._options import ZkConfig
 from ._watch import SharedWatches
-from ._wire import Read, Wire, clock_ms
+from ._wire import Multi, Read, Wire, clock_ms
 
 __all__ = [
     "ENQUEUE_BATCH",
@@ -382,6 +382,48 @@ class Queues:
                 size = cost
         return parts
 
+    def _enqueue_multi(self, q: QueuePaths, todo: list[EnqueueItem], head: QueueHead,
+                       new_head: QueueHead, version: int,
+                       what: str) -> tuple[Multi, list[BucketPaths]]:
+        """Send the multi adding ``todo`` after ``head`` (compared at ``version``) and
+        writing ``new_head``; a lost answer is settled by reading back the first job's
+        tag. Returns the commit's outcome and the buckets the multi created."""
+        first_id = todo[0].job_id
+        nonce = new_nonce()
+        tags: list[QueueTag] = []
+        new_buckets: list[BucketPaths] = []
+        for seq in range(head.seq + 1, head.seq + len(todo) + 1):
+            if (seq - 1) % BUCKET_JOBS == 0:
+                new_buckets.append(q.bucket(bucket_of(seq)))
+            tags.append(QueueTag(q.name, member_name(seq, todo[len(tags)].job_id), nonce,
+                                 bucket_of(seq)))
+        batch = list(zip(todo, tags, strict=True))
+
+        def build(tx: Any, new_head: QueueHead = new_head, version: int = version,
+                  new_buckets: list[BucketPaths] = new_buckets,
+                  batch: list[tuple[EnqueueItem, QueueTag]] = batch) -> None:
+            tx.set_data(q.node, new_head.dump(), version)
+            for bucket in new_buckets:
+                for path in bucket.dirs():
+                    tx.create(path, b"")
+            for item, tag in batch:
+                paths, bucket = self.job_paths(item.job_id), q.bucket(tag.bucket or 0)
+                tx.create(paths.job, dump_new(item.max_attempts))
+                tx.create(paths.tag, tag.dump())
+                tx.create(bucket.member(tag.member), item.payload)
+                tx.create(bucket.marker(tag.member), b"")
+
+        def settle(deadline: float, tag: QueueTag = tags[0],
+                   path: str = self.job_paths(todo[0].job_id).tag) -> bool:
+            reads: list[Read] = [("sync", self.config.base), ("get", path)]
+            answer = self.wire.read(self.wire.reader(deadline), reads, deadline,
+                                    f"{what} (reading back)", worker=False,
+                                    job_id=first_id)[1]
+            return answer is not None and QueueTag.parse(answer[0], path) == tag
+
+        multi = self.wire.reader_commit(build, settle, what, first_id)
+        return multi, new_buckets
+
     def _enqueue_part(self, q: QueuePaths, todo: list[EnqueueItem],
                       what: str) -> dict[str, bool]:
         """One multi adding ``todo`` (sent again while other enqueues take the seqs);
@@ -406,41 +448,9 @@ class Queues:
                 czxid, version, head = self._head(q, what, fresh=True)
                 nbytes = sum(len(item.payload) for item in todo)
                 self._check_capacity(q, head, len(todo), nbytes, what)
-            nonce = new_nonce()
-            tags: list[QueueTag] = []
-            new_buckets: list[BucketPaths] = []
-            for seq in range(head.seq + 1, head.seq + len(todo) + 1):
-                if (seq - 1) % BUCKET_JOBS == 0:
-                    new_buckets.append(q.bucket(bucket_of(seq)))
-                tags.append(QueueTag(q.name, member_name(seq, todo[len(tags)].job_id), nonce,
-                                     bucket_of(seq)))
             new_head = QueueHead(head.seq + len(todo), head.jobs + len(todo),
                                  head.payload_bytes + nbytes)
-            batch = list(zip(todo, tags, strict=True))
-
-            def build(tx: Any, new_head: QueueHead = new_head, version: int = version,
-                      new_buckets: list[BucketPaths] = new_buckets,
-                      batch: list[tuple[EnqueueItem, QueueTag]] = batch) -> None:
-                tx.set_data(q.node, new_head.dump(), version)
-                for bucket in new_buckets:
-                    for path in bucket.dirs():
-                        tx.create(path, b"")
-                for item, tag in batch:
-                    paths, bucket = self.job_paths(item.job_id), q.bucket(tag.bucket or 0)
-                    tx.create(paths.job, dump_new(item.max_attempts))
-                    tx.create(paths.tag, tag.dump())
-                    tx.create(bucket.member(tag.member), item.payload)
-                    tx.create(bucket.marker(tag.member), b"")
-
-            def settle(deadline: float, tag: QueueTag = tags[0],
-                       path: str = self.job_paths(todo[0].job_id).tag) -> bool:
-                reads: list[Read] = [("sync", self.config.base), ("get", path)]
-                answer = self.wire.read(self.wire.reader(deadline), reads, deadline,
-                                        f"{what} (reading back)", worker=False,
-                                        job_id=first_id)[1]
-                return answer is not None and QueueTag.parse(answer[0], path) == tag
-
-            multi = self.wire.reader_commit(build, settle, what, first_id)
+            multi, new_buckets = self._enqueue_multi(q, todo, head, new_head, version, what)
             if multi.applied:
                 with self._lock:
                     self._heads[q.queue] = (czxid, version + 1, new_head)
