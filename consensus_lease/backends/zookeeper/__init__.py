@@ -318,10 +318,11 @@ Limits worth knowing:
   with kazoo), or fail with ``BackendUnavailable``: raise ``timeout_s`` for them. At most
   100 requests per client are in flight at once, so kazoo never blocks a caller while it
   reconnects (``_gate``).
-* ``queue_candidates`` and ``wait_for_queue`` list every open and every held job's name
-  (``queue_jobs`` and ``purge`` every member's): one round trip, but its size grows with
-  the queue (about 30 bytes a job with short ids). Purge completed jobs; keep a queue's
-  backlog within some 100,000 jobs.
+* ``queue_jobs`` and ``purge`` read every bucket of the queue (their cost grows with it;
+  ``queue_candidates``, ``wait_for_queue`` and ``queue_stats`` do not: see the queue
+  layout above), and emptied buckets stay behind as a few znodes per 256 seqs. The
+  capacity (``max_queue_jobs``) is per queue; every queue of the store shares the
+  servers' heap, so size the heap for all of them together.
 * A waiter is also woken (spuriously) by every claim and completion in its queue; it
   looks again and waits again. ZooKeeper watches fire once and kazoo cannot remove one:
   a watch whose waiters all timed out stays registered (one per path) until it fires.
