@@ -120,6 +120,9 @@ class Hold:
             ``None``: not queued, or a layout-1 queue).
         tally: a queued job's tally entries (layout 2): held goes with the held marker,
             done is made by the completion, failed with the failed marker.
+        exact: ``attempt``, ``max_attempts`` and ``failure`` are what the store holds
+            (``False`` for a hold rebuilt without them), so a release may remember them
+            (see :mod:`._known`).
     """
 
     session: ZkSession = field(repr=False)
@@ -136,6 +139,7 @@ class Hold:
     nonce: str | None = None
     failed: str | None = None
     tally: Tally | None = None
+    exact: bool = True
 
     @property
     def exhausted(self) -> bool:
@@ -385,9 +389,11 @@ class Holds:
             None if hold.failure is None else hold.failure.error, None, hold.max_attempts,
         )
 
-    def release(self, h: ZkSession, paths: JobPaths, claim: ClaimResult) -> None:
+    def release(self, h: ZkSession, paths: JobPaths, claim: ClaimResult) -> Hold | None:
         """One multi: ``check`` version == generation + ``delete`` of the owner znode
-        (and of a queued job's held marker)."""
+        (and of a queued job's held marker). Returns the hold released (``None`` if its
+        answer was lost and reading back showed it applied: what the job holds is then
+        not known exactly)."""
         job_id, generation = paths.job_id, claim.generation
 
         def ops(hold: Hold) -> tuple[list[Op], list[Op]]:
@@ -400,9 +406,11 @@ class Holds:
                                    deadline, "release (reading back)", job_id=job_id)[1]
             return owner is None or owner.ephemeralOwner != h.sid
 
-        if isinstance(self._end(h, paths, claim, "release", ops, landed), LeaseRecord):
+        done = self._end(h, paths, claim, "release", ops, landed)
+        if isinstance(done, LeaseRecord):
             raise StaleLeaseError(f"release: {job_id!r} is completed", job_id=job_id,
                                   generation=generation, current_generation=generation)
+        return done[0] if done[1] else None
 
     def fail(
         self, h: ZkSession, paths: JobPaths, claim: ClaimResult, error: str, retry_in_s: float
