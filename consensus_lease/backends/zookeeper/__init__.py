@@ -37,8 +37,10 @@ How leases map onto ZooKeeper
   followed by the same read, to say why, and to recognise a retry of this session's own
   completion. No table of claims is kept per session (only claims whose outcome is
   unknown, until settled: see below).
-* ``renew`` reads, after a write barrier, the job znode (version, epoch) and the owner znode's
-  ``ephemeralOwner`` in one pipelined round trip.
+* ``renew`` with the claim's handle is one multi of two ``check``s (job znode at version
+  == generation, owner znode at the hold's version), a write that changes nothing;
+  without it, or if that fails, it reads, after a write barrier, the job znode (version,
+  epoch) and the owner znode's ``ephemeralOwner`` in one pipelined round trip.
 * Connection states reach the core as session events: kazoo SUSPENDED -> SUSPENDED,
   CONNECTED again with the same session -> RECONNECTED, LOST -> EXPIRED. An expired
   session's client is never reused (kazoo would open a new session on it).
@@ -291,7 +293,7 @@ TLS files must exist when the store is opened.
 
 ``capabilities.min_ttl_s`` / ``max_ttl_s`` (0.2 s / 24 h) bound what may be *requested*;
 the server clamps the request to its own range and the granted timeout is what counts.
-``max_batch_claim`` is 100 claims per multi (split further to stay far below 1 MiB).
+``max_batch_claim`` is 128 claims per multi (split further to stay far below 1 MiB).
 
 kazoo logs each failed connection attempt (a refused ``open_store`` makes some twenty
 "Connection dropped" warnings): unless the application configured the ``kazoo`` logger,

@@ -52,6 +52,10 @@ log = logging.getLogger("consensus_lease.backends.zookeeper")
 READ_CHUNK = 256
 """Reads pipelined at once by records()."""
 
+MAX_BATCH_CLAIM = 128
+"""Claims per ``claim_many`` multi (as ``max_enqueue_batch``): about 50 KB with short
+ids; ``Claims.size_chunks`` splits further by size."""
+
 PATHS_CACHED = 4096
 """Job ids whose znode paths are kept built (the ids most recently used)."""
 
@@ -134,7 +138,7 @@ class ZooKeeperBackend(Backend):
         consecutive_generations=True,
         min_ttl_s=0.2,
         max_ttl_s=24 * 3600.0,
-        max_batch_claim=100,
+        max_batch_claim=MAX_BATCH_CLAIM,
         queues=True,
         max_payload_bytes=MAX_PAYLOAD_BYTES,
         description="ZooKeeper (kazoo): session per worker, ephemeral owner znodes, "
@@ -480,10 +484,13 @@ class ZooKeeperBackend(Backend):
 
     @_bounded
     def renew(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> float:
-        """Check, after a write barrier, that the job znode's version is
-        ``claim.generation`` and its owner znode's ephemeralOwner is this session (one
-        pipelined round trip). Success also proves the session alive, like
-        :meth:`keepalive`.
+        """Check that the job znode's version is ``claim.generation`` and its owner znode
+        is this session's: with the claim's hold, one multi of two ``check``s (job znode
+        at that version, owner znode at the version the hold knows: only this session's
+        claim can have made it while the version stands); otherwise, or if it fails,
+        after a write barrier, the job znode and the owner znode's ephemeralOwner (one
+        pipelined round trip). Either is a write the current leader orders: success also
+        proves the session alive, like :meth:`keepalive`.
 
         Raises:
             InvalidArgument: ``claim`` is not a ClaimResult.

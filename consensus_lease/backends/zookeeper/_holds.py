@@ -1,5 +1,5 @@
-"""Holding a claimed job: renew (a read), complete, release and fail (one multi each,
-sent without reading first for a claim this session made).
+"""Holding a claimed job: renew, complete, release and fail (one multi each, sent without
+reading first for a claim this session made; renew's changes nothing).
 
 Each claim of a session that the store applied returns a :class:`Hold` as its
 ``ClaimResult.handle`` (the generation, the owner znode and its version, a queued job's
@@ -238,12 +238,25 @@ class Holds:
         return self.wire.session_read(h, reads, what, paths.job_id)[-4:]
 
     def renew(self, h: ZkSession, paths: JobPaths, claim: ClaimResult, send: float) -> None:
-        """After a write barrier (see ``keepalive``: it proves the current leader has the
-        session), read the job znode (its version, and the epoch its claim recorded) and
-        the owner znode's ephemeralOwner in one pipelined round trip. Raises unless held
-        (and then marks the claim's hold ended: no complete/release will follow)."""
+        """With the claim's hold (see :func:`own_hold`): one multi of two ``check``s, the
+        job znode at version == generation and the owner znode at the hold's version
+        (while the version is the generation, that owner znode can only be this
+        session's: see the module docstring). It changes nothing, but like any write it
+        is ordered by the current leader (which thus has the session) and answered once
+        the quorum has committed it. Without a hold, or if that multi failed (or its
+        answer was lost): after a write barrier, read the job znode (its version, and the
+        epoch its claim recorded) and the owner znode's ephemeralOwner in one pipelined
+        round trip. Raises unless held (and then marks the claim's hold ended: no
+        complete/release will follow)."""
         generation = claim.generation
         deadline = send + min(self.wire.config.timeout_s, max(1.0, h.granted_ttl_s))
+        hold = own_hold(h, paths, claim)
+        if hold is not None and self.wire.checks(
+            h, [(paths.job, local(generation)), (paths.owner, hold.owner_version)], deadline,
+            "renew",
+        ):
+            h.check_alive()
+            return
         _, job, owner_stat = self.wire.session_read(
             h, [("barrier", self.base), ("get", paths.job), ("exists", paths.owner)],
             "renew", paths.job_id, deadline,
