@@ -20,6 +20,7 @@ from consensus_lease import open_store
 from consensus_lease._election import election_key
 from consensus_lease.backends.zookeeper import ZooKeeperBackend
 from consensus_lease.backends.zookeeper._history import History
+from consensus_lease.backends.zookeeper._known import UNSEEN, Known, Released
 from consensus_lease.backends.zookeeper._layout import (
     BUCKET_JOBS,
     CorruptData,
@@ -428,3 +429,24 @@ def test_queue_tags_name_their_bucket_and_layout_1_tags_keep_the_flat_paths() ->
                          + b'","nonce":"n"}', "/t")
     assert old.bucket is None and old.failed("/c") is None and old.tally("/c") is None
     assert old.marker("/c/queues") == f"/c/queues/q/open/{member}"
+
+
+# -- what the backend knows of jobs without reading (_known) ---------------------------------
+
+
+def _released(version: int) -> Released:
+    return Released(0, version, version, None, None, None, None, None, None, None)
+
+
+def test_known_jobs_seen_released_stale_and_bounded() -> None:
+    known = Known(limit=3)
+    assert known.get("a") is UNSEEN
+    known.released("a", _released(4))
+    known.seen(["a", "b"])  # seen does not forget a release
+    assert known.get("a") == _released(4) and known.get("b") is None
+    known.stale(["a"])  # a failed guess, a claim: read next time
+    assert known.get("a") is None
+    known.seen(["c", "d"])  # over the limit: the oldest ("b") is forgotten
+    assert known.get("b") is UNSEEN and known.get("d") is None
+    known.clear()
+    assert known.get("a") is UNSEEN

@@ -28,9 +28,9 @@ from ._claims import Claims
 from ._epoch import Epochs
 from ._errors import KAZOO_ERRORS
 from ._history import KEEPALIVE_FRACTION, History, Prober, new_identity
-from ._holds import Holds, local
+from ._holds import Holds
 from ._known import Released
-from ._layout import EPOCH_SHIFT, JobPaths, decode_name, job_paths, to_record
+from ._layout import EPOCH_SHIFT, JobPaths, decode_name, job_paths, split_token, to_record
 from ._lifecycle import Lifecycle
 from ._options import ZkConfig, parse_url
 from ._queues import (
@@ -303,6 +303,7 @@ class ZooKeeperBackend(Backend):
         """The store's history went back: end every session with it (each reports it to
         the core as an expiry; its client is stopped, which hands its jobs back), and
         drop the shared client (it has seen zxids the store no longer has)."""
+        self._claims.known.clear()  # job znodes may hold other data at the same versions
         with self._lock:
             sessions = list(self._sessions.values())
         for h in sessions:
@@ -560,7 +561,7 @@ class ZooKeeperBackend(Backend):
             hold = self._holds.release(h, self._paths(job_id), claim)
         if hold is not None and hold.exact:  # the next claim here need not read first
             self._claims.known.released(job_id, Released(
-                local(hold.generation), hold.attempt, hold.max_attempts, hold.failure,
+                *split_token(hold.generation), hold.attempt, hold.max_attempts, hold.failure,
                 hold.held, hold.open, hold.delayed, hold.failed, hold.tally,
             ))
 

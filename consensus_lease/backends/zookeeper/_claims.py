@@ -214,7 +214,9 @@ class Claims:
         skip: set[str] = set()  # delayed markers found missing (deleted by hand)
         guesses = self._guesses(h, todo)
         if guesses:  # sent without reading; a failed one is read below (see ._known)
-            self.known.stale(self.send(h, guesses, outcome, skip))
+            # a job released here is not guessed again after an epoch bump (see ._known)
+            resend = all(plan.version is None for plan in guesses)
+            self.known.stale(self.send(h, guesses, outcome, skip, resend))
             todo = [job_id for job_id in todo if job_id not in outcome]
         for round_ in range(CLAIM_ATTEMPTS):
             if not todo:
@@ -229,6 +231,7 @@ class Claims:
         :mod:`._known`): a job never seen (guessed new) or released here (at the version
         it left). Never a job with a claim of unknown outcome (its read may adopt it)."""
         plans: dict[str, Plan] = {}
+        epoch: int | None = None
         for job_id in job_ids:
             if job_id in plans or job_id in h.uncertain:
                 continue
@@ -239,6 +242,10 @@ class Claims:
                 plans[job_id] = Plan(self.paths(job_id), None, new_nonce())
                 continue
             assert isinstance(known, Released)
+            if epoch is None:
+                epoch = self.epochs.cached(h)[0]
+            if known.epoch != epoch:
+                continue  # released before the epoch was raised: read (see ._known)
             failure = known.failure
             if failure is not None and (failure.failed or failure.delaying(known.version)):
                 continue
@@ -369,11 +376,13 @@ class Claims:
         return ClaimResult(pending[0], None, parsed.attempt, hold)
 
     def send(
-        self, h: ZkSession, plans: list[Plan], outcome: dict[str, Outcome], skip: set[str]
+        self, h: ZkSession, plans: list[Plan], outcome: dict[str, Outcome], skip: set[str],
+        resend: bool = True,
     ) -> list[str]:
         """One multi carrying every plan, headed by the check of the epoch znode at the
         version cached; if that check alone failed (a bump since), the epoch is read again
-        and the multi sent once more. Fills ``outcome``; returns the job ids to retry."""
+        and the multi sent once more (unless not ``resend``: the jobs are then read).
+        Fills ``outcome``; returns the job ids to retry."""
         for _ in range(EPOCH_SENDS):
             epoch = self.epochs.cached(h)
             multi, landed = self._commit(h, plans, epoch)
@@ -389,6 +398,8 @@ class Claims:
             log.info("the store epoch changed since it was read; reading it again",
                      extra={"job_id": plans[0].paths.job_id, "session_id": h.session_id})
             self.epochs.refresh(h)
+            if not resend:
+                break
         return [p.paths.job_id for p in plans]
 
     def _commit(

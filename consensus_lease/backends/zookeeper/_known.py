@@ -18,11 +18,15 @@ for two common cases the answer is already known, and the claim multi is sent at
   holder writes it (``fail``), and a claim bumps the version, except to make an
   exhausted job FAILED or to requeue a FAILED one, and such a job is never guessed.
 
-A guess that fails (any operation) decides nothing: the job is marked as *seen* and read,
-as every claim did before (see :mod:`._claims`); a lost answer is read back as for any
-claim. Everything else (a job seen to exist: read by a claim, offered by
-``queue_candidates``, enqueued here, claimed, completed) is *seen*: its next claim reads
-first, so polling a held job stays a read any member answers, not a failing write.
+A released job is guessed only in the store epoch it was released in (a store wiped or
+restored from a backup may hold other data at that version; raising the epoch, which
+that takes, ends such guesses), and a guess of a released job whose multi failed on the
+epoch check is not sent again: the job is read. A guess that fails (any operation)
+decides nothing: the job is marked as *seen* and read, as every claim did before (see
+:mod:`._claims`); a lost answer is read back as for any claim. Everything else (a job
+seen to exist: read by a claim, offered by ``queue_candidates``, enqueued here, claimed,
+completed) is *seen*: its next claim reads first, so polling a held job stays a read any
+member answers, not a failing write.
 
 The table is bounded (:data:`MAX_KNOWN` ids, oldest forgotten first); forgetting only
 costs a guess that may fail. It is per backend: every session of the backend shares it
@@ -48,8 +52,11 @@ MAX_KNOWN = 65_536
 class Released:
     """A job this backend released: its job znode at ``version`` holds the claim data of
     ``attempt`` and ``max_attempts``; the failure znode and queue markers as the hold had
-    them (see :class:`._holds.Hold`)."""
+    them (see :class:`._holds.Hold`). Only in store epoch ``epoch``: a store wiped or
+    restored from a backup (then the epoch is raised) may hold other data at that
+    version."""
 
+    epoch: int
     version: int
     attempt: int
     max_attempts: int | None
@@ -100,6 +107,11 @@ class Known:
         with self._lock:
             self._jobs.pop(job_id, None)
             self._put(job_id, state)
+
+    def clear(self) -> None:
+        """Forget everything (the store's history went back)."""
+        with self._lock:
+            self._jobs.clear()
 
     def _put(self, job_id: str, value: Released | None) -> None:
         self._jobs[job_id] = value
