@@ -345,7 +345,7 @@ Limits worth knowing:
   elsewhere (enqueued by another process, claimed by name) and never seen here costs its
   first claim a failing multi before the read: a write the quorum orders. Jobs seen
   (read, enqueued here, offered by ``queue_candidates``) are read first; the backend
-  remembers 65,536 job ids.
+  remembers 16,384 job ids.
 """
 
 from ._backend import ZooKeeperBackend

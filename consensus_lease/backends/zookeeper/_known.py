@@ -44,8 +44,9 @@ from ._layout import Failure, Tally
 
 __all__ = ["MAX_KNOWN", "UNSEEN", "Known", "Released"]
 
-MAX_KNOWN = 65_536
-"""Job ids remembered per backend (about 10 MB at most with long ids)."""
+MAX_KNOWN = 16_384
+"""Job ids remembered per backend: about 2 MB with short ids, up to some 16 MB if every
+one were a queued job with a long id released here (its marker paths are kept)."""
 
 
 @dataclass(frozen=True, slots=True)
