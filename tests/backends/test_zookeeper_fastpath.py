@@ -274,6 +274,41 @@ def test_owner_znode_rewritten_is_read_and_still_completed(
     assert synced(raw).exists(owner) is None
 
 
+def test_renew_with_the_hold_is_one_multi_of_checks(
+    store: LeaseStore, backend: ZooKeeperBackend, opened: Callable[..., Session], raw: KazooClient
+) -> None:
+    """Renew sends one multi of two checks (nothing read); a hold whose owner znode went
+    (deleted by hand) fails it, and the read that follows says why."""
+    a = opened("A")
+    lease = a.claim("job")
+    assert lease is not None
+    sent = requests(handle(a))
+    assert backend.renew(a.handle, "job", lease.claim_result) > 0
+    assert sent == ["Transaction"]
+    version = synced(raw).get(paths(backend, "job").job)[1].version
+    assert version == 1  # the checks changed nothing
+    raw.delete(paths(backend, "job").owner)
+    del sent[:]
+    with pytest.raises(StaleLeaseError):
+        backend.renew(a.handle, "job", lease.claim_result)
+    assert sent[0] == "Transaction" and "GetData" in sent
+    assert hold(lease.claim_result).ended  # final: no complete/release will follow
+
+
+def test_renew_with_the_owner_znode_rewritten_is_read_and_still_held(
+    store: LeaseStore, backend: ZooKeeperBackend, opened: Callable[..., Session], raw: KazooClient
+) -> None:
+    a = opened("A")
+    lease = a.claim("job")
+    assert lease is not None
+    owner = paths(backend, "job").owner
+    raw.set(owner, synced(raw).get(owner)[0])  # version 1: the hold's check fails
+    sent = requests(handle(a))
+    backend.renew(a.handle, "job", lease.claim_result)
+    assert sent.count("Transaction") == 2  # the checks, then the read's write barrier
+    assert lease.complete(b"ok").state is JobState.COMPLETED
+
+
 def test_expired_session_completes_nothing(
     store: LeaseStore, backend: ZooKeeperBackend, opened: Callable[..., Session]
 ) -> None:

@@ -10,16 +10,20 @@ import sys
 import textwrap
 import time
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, RolledBackError
+from kazoo.security import make_acl
 
 from consensus_lease import open_store
 from consensus_lease._election import election_key
 from consensus_lease.backends.zookeeper import ZooKeeperBackend
 from consensus_lease.backends.zookeeper._history import History
+from consensus_lease.backends.zookeeper._known import UNSEEN, Known, Released
 from consensus_lease.backends.zookeeper._layout import (
     BUCKET_JOBS,
     CorruptData,
@@ -51,7 +55,7 @@ from consensus_lease.backends.zookeeper._layout import (
     to_record,
     token,
 )
-from consensus_lease.backends.zookeeper._ops import marker_trouble
+from consensus_lease.backends.zookeeper._ops import Lean, marker_trouble
 from consensus_lease.backends.zookeeper._options import parse_url
 from consensus_lease.backends.zookeeper._session import NegotiatedTimeouts, session_text
 from consensus_lease.errors import (
@@ -428,3 +432,43 @@ def test_queue_tags_name_their_bucket_and_layout_1_tags_keep_the_flat_paths() ->
                          + b'","nonce":"n"}', "/t")
     assert old.bucket is None and old.failed("/c") is None and old.tally("/c") is None
     assert old.marker("/c/queues") == f"/c/queues/q/open/{member}"
+
+
+# -- what the backend knows of jobs without reading (_known) ---------------------------------
+
+
+def _released(version: int) -> Released:
+    return Released(0, version, version, None, None, None, None, None, None, None)
+
+
+def test_known_jobs_seen_released_stale_and_bounded() -> None:
+    known = Known(limit=3)
+    assert known.get("a") is UNSEEN
+    known.released("a", _released(4))
+    known.seen(["a", "b"])  # seen does not forget a release
+    assert known.get("a") == _released(4) and known.get("b") is None
+    known.stale(["a"])  # a failed guess, a claim: read next time
+    assert known.get("a") is None
+    known.seen(["c", "d"])  # over the limit: the oldest ("b") is forgotten
+    assert known.get("b") is UNSEEN and known.get("d") is None
+    known.clear()
+    assert known.get("a") is UNSEEN
+
+
+@pytest.mark.parametrize("acl", [None, [make_acl("world", "anyone", read=True)]])
+def test_lean_operations_are_the_records_kazoo_makes(acl: list[Any] | None) -> None:
+    """``_ops.Lean`` skips kazoo's per-operation checks and path normalisation: for our
+    (absolute, normalised) paths on a client without a chroot of its own, the records
+    are kazoo's own."""
+    client = KazooClient(hosts="127.0.0.1:1", default_acl=acl)
+    ours, kazoos = client.transaction(), client.transaction()
+    for tx in (Lean(ours), kazoos):
+        tx.check("/c/epoch", 3)
+        tx.create("/c/jobs/a%2Eb", b"")
+        tx.set_data("/c/jobs/a%2Eb", b"held", 0)
+        tx.create("/c/jobs/a%2Eb/owner", b"me", ephemeral=True)
+        tx.delete("/c/jobs/a%2Eb/owner", 2)
+        tx.delete("/c/q/held/x")
+    assert ours.operations == kazoos.operations
+    with pytest.raises(ValueError):
+        Lean(KazooClient(hosts="127.0.0.1:1/chroot").transaction())

@@ -17,6 +17,11 @@ How leases map onto ZooKeeper
   "Store epoch" below). A claim is one multi: ``set_data`` at the version just
   read (or ``create`` + ``set_data`` the first time) and ``create`` of the EPHEMERAL owner
   znode ``.../owner`` (owner label, session id, a nonce per claim). Tokens are consecutive.
+  The read is skipped where the backend knows the answer (``_known``): a job it never
+  saw is claimed as a new one, a job it released at the version it left it; the multi's
+  versioned operations are the compare, and only a multi that fails is followed by the
+  read (and a second multi). So a claim+complete cycle of a new job, or claim+release of
+  a job released here, is two multis and nothing else.
 * Completion is one multi: ``set_data`` of the completion record (result bytes and the
   generation that completed it) at version == generation, and ``delete`` of the owner
   znode. It bumps the version, so a claim prepared against the held state fails.
@@ -32,8 +37,10 @@ How leases map onto ZooKeeper
   followed by the same read, to say why, and to recognise a retry of this session's own
   completion. No table of claims is kept per session (only claims whose outcome is
   unknown, until settled: see below).
-* ``renew`` reads, after a write barrier, the job znode (version, epoch) and the owner znode's
-  ``ephemeralOwner`` in one pipelined round trip.
+* ``renew`` with the claim's handle is one multi of two ``check``s (job znode at version
+  == generation, owner znode at the hold's version), a write that changes nothing;
+  without it, or if that fails, it reads, after a write barrier, the job znode (version,
+  epoch) and the owner znode's ``ephemeralOwner`` in one pipelined round trip.
 * Connection states reach the core as session events: kazoo SUSPENDED -> SUSPENDED,
   CONNECTED again with the same session -> RECONNECTED, LOST -> EXPIRED. An expired
   session's client is never reused (kazoo would open a new session on it).
@@ -286,7 +293,7 @@ TLS files must exist when the store is opened.
 
 ``capabilities.min_ttl_s`` / ``max_ttl_s`` (0.2 s / 24 h) bound what may be *requested*;
 the server clamps the request to its own range and the granted timeout is what counts.
-``max_batch_claim`` is 100 claims per multi (split further to stay far below 1 MiB).
+``max_batch_claim`` is 128 claims per multi (split further to stay far below 1 MiB).
 
 kazoo logs each failed connection attempt (a refused ``open_store`` makes some twenty
 "Connection dropped" warnings): unless the application configured the ``kazoo`` logger,
@@ -334,9 +341,12 @@ Limits worth knowing:
   change of leader between the ``fail()`` and the claim): keep the members' clocks
   synchronised (NTP), as any deployment of ZooKeeper should. Resolution is 1 ms.
 * A claim reads the job before its multi (one round trip on the session's own member,
-  with no quorum): its version alone would not tell a completed job from a claimable
-  one. So a claim+complete cycle is a read and two multis, where the bare minimum for a
-  job known to be new is two multis.
+  with no quorum) unless this backend never saw the job or released it itself: its
+  version alone would not tell a completed job from a claimable one. A job made
+  elsewhere (enqueued by another process, claimed by name) and never seen here costs its
+  first claim a failing multi before the read: a write the quorum orders. Jobs seen
+  (read, enqueued here, offered by ``queue_candidates``) are read first; the backend
+  remembers 16,384 job ids.
 """
 
 from ._backend import ZooKeeperBackend

@@ -29,12 +29,14 @@ from ._epoch import Epochs
 from ._errors import KAZOO_ERRORS
 from ._history import KEEPALIVE_FRACTION, History, Prober, new_identity
 from ._holds import Holds
+from ._known import Released
 from ._layout import (
     EPOCH_SHIFT,
     JobPaths,
     QueueHead,
     decode_name,
     job_paths,
+    split_token,
     to_record,
 )
 from ._lifecycle import Lifecycle
@@ -57,6 +59,13 @@ log = logging.getLogger("consensus_lease.backends.zookeeper")
 
 READ_CHUNK = 256
 """Reads pipelined at once by records()."""
+
+MAX_BATCH_CLAIM = 128
+"""Claims per ``claim_many`` multi (as ``max_enqueue_batch``): about 50 KB with short
+ids; ``Claims.size_chunks`` splits further by size."""
+
+PATHS_CACHED = 4096
+"""Job ids whose znode paths are kept built (the ids most recently used)."""
 
 EXPIRY_NOTICE_S = 0.25
 """How long ``expire_session`` waits for the session's client to see the server close
@@ -137,7 +146,7 @@ class ZooKeeperBackend(Backend):
         consecutive_generations=True,
         min_ttl_s=0.2,
         max_ttl_s=24 * 3600.0,
-        max_batch_claim=100,
+        max_batch_claim=MAX_BATCH_CLAIM,
         queues=True,
         max_payload_bytes=MAX_PAYLOAD_BYTES,
         description="ZooKeeper (kazoo): session per worker, ephemeral owner znodes, "
@@ -151,6 +160,9 @@ class ZooKeeperBackend(Backend):
     def __init__(self, config: ZkConfig) -> None:
         self.config = config
         self.hosts = config.hosts_text
+        # Every call builds a job's paths (percent-encoding): the hot ones are cached.
+        self._job_paths = functools.lru_cache(maxsize=PATHS_CACHED)(
+            functools.partial(job_paths, config.base, config.elections_base))
         self._history = History(self.hosts, self._on_regressed)
         self._wire = Wire(config, self._history)
         self._epochs = Epochs(self._wire, self._history)
@@ -202,7 +214,7 @@ class ZooKeeperBackend(Backend):
     def _paths(self, job_id: str) -> JobPaths:
         """A job's znodes under ``{chroot}/jobs``, an election key's under
         ``{chroot}/elections`` (see :mod:`._layout`)."""
-        return job_paths(self.config.base, self.config.elections_base, job_id)
+        return self._job_paths(job_id)
 
     # -- sessions --------------------------------------------------------------------------
 
@@ -299,6 +311,7 @@ class ZooKeeperBackend(Backend):
         """The store's history went back: end every session with it (each reports it to
         the core as an expiry; its client is stopped, which hands its jobs back), and
         drop the shared client (it has seen zxids the store no longer has)."""
+        self._claims.known.clear()  # job znodes may hold other data at the same versions
         with self._lock:
             sessions = list(self._sessions.values())
         for h in sessions:
@@ -430,7 +443,10 @@ class ZooKeeperBackend(Backend):
         """Claim ``job_id`` in one multi: a versioned ``set_data`` on the job znode (the
         version just read; the new version is the generation) plus the ephemeral owner
         znode. Fails as a whole if anyone changed the job since the read — including a
-        completion — or a live session owns it.
+        completion — or a live session owns it. Not read first if this backend never saw
+        the job (claimed as new: ``create`` + ``set_data`` at 0) or released it (at the
+        version it left): the multi is sent at once, and read and decided as above only
+        if it fails (see :mod:`._known`).
 
         The same ``set_data`` writes the attempt number (the one read + 1). The job's
         failure znode is read with it: a FAILED job is refused; a job whose attempts are
@@ -477,10 +493,13 @@ class ZooKeeperBackend(Backend):
 
     @_bounded
     def renew(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> float:
-        """Check, after a write barrier, that the job znode's version is
-        ``claim.generation`` and its owner znode's ephemeralOwner is this session (one
-        pipelined round trip). Success also proves the session alive, like
-        :meth:`keepalive`.
+        """Check that the job znode's version is ``claim.generation`` and its owner znode
+        is this session's: with the claim's hold, one multi of two ``check``s (job znode
+        at that version, owner znode at the version the hold knows: only this session's
+        claim can have made it while the version stands); otherwise, or if it fails,
+        after a write barrier, the job znode and the owner znode's ephemeralOwner (one
+        pipelined round trip). Either is a write the current leader orders: success also
+        proves the session alive, like :meth:`keepalive`.
 
         Raises:
             InvalidArgument: ``claim`` is not a ClaimResult.
@@ -547,7 +566,12 @@ class ZooKeeperBackend(Backend):
         h = self._handle(session)
         claim = _checked(claim)
         with _concerning(job_id, claim.generation):
-            self._holds.release(h, self._paths(job_id), claim)
+            hold = self._holds.release(h, self._paths(job_id), claim)
+        if hold is not None and hold.exact:  # the next claim here need not read first
+            self._claims.known.released(job_id, Released(
+                *split_token(hold.generation), hold.attempt, hold.max_attempts, hold.failure,
+                hold.held, hold.open, hold.delayed, hold.failed, hold.tally,
+            ))
 
     @_bounded
     def fail(
@@ -762,6 +786,7 @@ class ZooKeeperBackend(Backend):
                 same queue kept winning the race for ``seq`` for ``timeout_s``).
             OutcomeUnknown: the answer was lost and reading back the tag failed.
         """
+        self._claims.known.seen([job_id])  # its claims read first (see ._known)
         return self._queues.enqueue(queue, job_id, payload, max_attempts)
 
     @_bounded
@@ -785,6 +810,7 @@ class ZooKeeperBackend(Backend):
             BackendUnavailable: that multi and later ones were not applied.
             OutcomeUnknown: a lost answer could not be read back.
         """
+        self._claims.known.seen(item.job_id for item in items)  # read first (see ._known)
         return self._queues.enqueue_many(queue, items)
 
     @_bounded
@@ -828,7 +854,9 @@ class ZooKeeperBackend(Backend):
             LegacyQueueLayout: a queue written before the bucketed layout.
             BackendUnavailable: not done within ``timeout_s`` of the call's start.
         """
-        return self._queues.candidates(queue, limit)
+        candidates = self._queues.candidates(queue, limit)
+        self._claims.known.seen(job_id for job_id, _ in candidates)  # read first (._known)
+        return candidates
 
     @_bounded
     def queue_jobs(self, queue: str, limit: int | None = None) -> list[QueuedJob]:

@@ -1,5 +1,6 @@
-"""Claiming: read the job znodes, then one multi per batch that bumps each job znode's
-version with a versioned ``set_data`` and creates its ephemeral owner znode.
+"""Claiming: read the job znodes (unless their state is known: see :mod:`._known`), then
+one multi per batch that bumps each job znode's version with a versioned ``set_data``
+and creates its ephemeral owner znode.
 
 The race this closes, step by step::
 
@@ -41,15 +42,16 @@ back, so completion and release send their multi without reading first (see
 ``ZkSession.uncertain`` until a later claim adopts it (returning its hold) or keepalive
 hands it back.
 
-Why the claim itself still reads first: the version alone does not say whether the job
-may be claimed. A completed job's version is as current as a held one's, and a blind
+Reading first, and when not: the version alone does not say whether the job may be
+claimed. A completed job's version is as current as a held one's, and a blind
 ``set_data`` at it would overwrite the completion record; what the job znode held at that
-version (and its queue tag, for the held marker) comes from the read. A version
-remembered from an earlier read (a claim that found the job held, a watch) would be
-exact while it stands (a znode's data at a given version never changes) but would turn
-each poll of a held job, today a read any member answers, into a failing multi that
-ZooKeeper still orders and logs through the quorum; and the common case, a job this
-session has not seen, has nothing to remember.
+version (and its queue tag, for the held marker) comes from the read. Where the backend
+knows that without reading (a job it never saw: guessed new; a job it released: at the
+version it left, see :mod:`._known`) the multi is sent first, as it would be after such
+a read; the versioned ``create``/``set_data`` fails if the guess was wrong, nothing is
+written, and that job is read and decided as any other (a lost answer is read back as
+always). A job seen to exist is read first, so each poll of a held job stays a read any
+member answers rather than a failing multi that ZooKeeper orders through the quorum.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ from ...record import ClaimResult
 from ._epoch import Epochs
 from ._errors import translate
 from ._holds import Hold, make_hold
+from ._known import UNSEEN, Known, Released
 from ._layout import (
     MAX_EPOCH,
     Failure,
@@ -89,7 +92,7 @@ from ._layout import (
     token,
 )
 from ._lifecycle import Exhausted, Lifecycle, job_failed
-from ._ops import first_error
+from ._ops import Lean, first_error
 from ._session import ZkSession
 from ._wire import Multi, Read, Wire
 
@@ -182,6 +185,7 @@ class Claims:
         self.lifecycle = lifecycle
         self.epochs = epochs
         self.queues_base = wire.config.queues_base
+        self.known = Known()
 
     def size_chunks(self, h: ZkSession, job_ids: list[str]) -> list[list[str]]:
         """Split ``job_ids`` so no multi comes near jute.maxbuffer."""
@@ -208,12 +212,53 @@ class Claims:
         outcome: dict[str, Outcome] = {}
         todo = list(job_ids)
         skip: set[str] = set()  # delayed markers found missing (deleted by hand)
+        guesses = self._guesses(h, todo)
+        if guesses:  # sent without reading; a failed one is read below (see ._known)
+            # a job released here is not guessed again after an epoch bump (see ._known)
+            resend = all(plan.version is None for plan in guesses)
+            self.known.stale(self.send(h, guesses, outcome, skip, resend))
+            todo = [job_id for job_id in todo if job_id not in outcome]
         for round_ in range(CLAIM_ATTEMPTS):
             if not todo:
                 break
             todo = self._round(h, todo, round_ > 0, outcome, skip)
+        self.known.stale(job_ids)  # exists now (claimed, or read): read next time
         h.check_alive()  # a claim applied as the session ended is no claim
         return [outcome.get(job_id) for job_id in job_ids]  # still contended: None
+
+    def _guesses(self, h: ZkSession, job_ids: list[str]) -> list[Plan]:
+        """The claims of ``job_ids`` whose state this backend knows without reading (see
+        :mod:`._known`): a job never seen (guessed new) or released here (at the version
+        it left). Never a job with a claim of unknown outcome (its read may adopt it)."""
+        plans: dict[str, Plan] = {}
+        epoch: int | None = None
+        for job_id in job_ids:
+            if job_id in plans or job_id in h.uncertain:
+                continue
+            known = self.known.get(job_id)
+            if known is None:
+                continue
+            if known is UNSEEN:
+                plans[job_id] = Plan(self.paths(job_id), None, new_nonce())
+                continue
+            assert isinstance(known, Released)
+            if epoch is None:
+                epoch = self.epochs.cached(h)[0]
+            if known.epoch != epoch:
+                continue  # released before the epoch was raised: read (see ._known)
+            failure = known.failure
+            if failure is not None and (failure.failed or failure.delaying(known.version)):
+                continue
+            base = 0 if failure is None else failure.base
+            if known.max_attempts is not None and known.attempt - base >= known.max_attempts:
+                continue  # exhausted: the read path makes it FAILED
+            plans[job_id] = Plan(
+                self.paths(job_id), known.version, new_nonce(), known.held, known.open,
+                known.delayed, JobData("held", attempt=known.attempt,
+                                       max_attempts=known.max_attempts),
+                failure, failed=known.failed, tally=known.tally,
+            )
+        return list(plans.values())
 
     def _round(
         self, h: ZkSession, todo: list[str], synced: bool, outcome: dict[str, Outcome],
@@ -331,11 +376,13 @@ class Claims:
         return ClaimResult(pending[0], None, parsed.attempt, hold)
 
     def send(
-        self, h: ZkSession, plans: list[Plan], outcome: dict[str, Outcome], skip: set[str]
+        self, h: ZkSession, plans: list[Plan], outcome: dict[str, Outcome], skip: set[str],
+        resend: bool = True,
     ) -> list[str]:
         """One multi carrying every plan, headed by the check of the epoch znode at the
         version cached; if that check alone failed (a bump since), the epoch is read again
-        and the multi sent once more. Fills ``outcome``; returns the job ids to retry."""
+        and the multi sent once more (unless not ``resend``: the jobs are then read).
+        Fills ``outcome``; returns the job ids to retry."""
         for _ in range(EPOCH_SENDS):
             epoch = self.epochs.cached(h)
             multi, landed = self._commit(h, plans, epoch)
@@ -351,6 +398,8 @@ class Claims:
             log.info("the store epoch changed since it was read; reading it again",
                      extra={"job_id": plans[0].paths.job_id, "session_id": h.session_id})
             self.epochs.refresh(h)
+            if not resend:
+                break
         return [p.paths.job_id for p in plans]
 
     def _commit(
@@ -359,11 +408,16 @@ class Claims:
         """Send the claim multi of ``plans`` in store epoch ``epoch[0]`` (its znode at
         version ``epoch[1]``). Returns its outcome and, if its answer was lost, the job
         ids reading back found claimed."""
-        def build(tx: Any) -> None:
+        claim_data: dict[tuple[int, int | None], bytes] = {}  # alike for most plans
+
+        def build(kazoo_tx: Any) -> None:
+            tx = Lean(kazoo_tx)
             tx.check(self.epochs.node, epoch[1])
             for plan in plans:
-                held = dump_claim(h.owner, h.session_id, plan.attempt, plan.job.max_attempts,
-                                  epoch[0])
+                key = (plan.attempt, plan.job.max_attempts)
+                held = claim_data.get(key)
+                if held is None:
+                    held = claim_data[key] = dump_claim(h.owner, h.session_id, *key, epoch[0])
                 if plan.version is None:  # first claim: create, then bump to version 1
                     tx.create(plan.paths.job, b"")
                     tx.set_data(plan.paths.job, held, 0)
@@ -464,6 +518,7 @@ class Claims:
                         queue_tag = None if tag is None else QueueTag.parse(tag[0], paths.tag)
                         hold = make_hold(h, generation, paths, owner[1].version, 0, None, None,
                                          queue_tag, self.queues_base)
+                        hold.exact = False  # attempt, limit, failure not read
                         release(h, job_id, ClaimResult(generation, None, 0, hold))
                         log.warning("handed back a claim whose outcome had been unknown",
                                     extra={"job_id": job_id, "generation": generation})

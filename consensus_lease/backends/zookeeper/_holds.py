@@ -1,5 +1,5 @@
-"""Holding a claimed job: renew (a read), complete, release and fail (one multi each,
-sent without reading first for a claim this session made).
+"""Holding a claimed job: renew, complete, release and fail (one multi each, sent without
+reading first for a claim this session made; renew's changes nothing).
 
 Each claim of a session that the store applied returns a :class:`Hold` as its
 ``ClaimResult.handle`` (the generation, the owner znode and its version, a queued job's
@@ -120,6 +120,9 @@ class Hold:
             ``None``: not queued, or a layout-1 queue).
         tally: a queued job's tally entries (layout 2): held goes with the held marker,
             done is made by the completion, failed with the failed marker.
+        exact: ``attempt``, ``max_attempts`` and ``failure`` are what the store holds
+            (``False`` for a hold rebuilt without them), so a release may remember them
+            (see :mod:`._known`).
     """
 
     session: ZkSession = field(repr=False)
@@ -136,6 +139,7 @@ class Hold:
     nonce: str | None = None
     failed: str | None = None
     tally: Tally | None = None
+    exact: bool = True
 
     @property
     def exhausted(self) -> bool:
@@ -234,12 +238,25 @@ class Holds:
         return self.wire.session_read(h, reads, what, paths.job_id)[-4:]
 
     def renew(self, h: ZkSession, paths: JobPaths, claim: ClaimResult, send: float) -> None:
-        """After a write barrier (see ``keepalive``: it proves the current leader has the
-        session), read the job znode (its version, and the epoch its claim recorded) and
-        the owner znode's ephemeralOwner in one pipelined round trip. Raises unless held
-        (and then marks the claim's hold ended: no complete/release will follow)."""
+        """With the claim's hold (see :func:`own_hold`): one multi of two ``check``s, the
+        job znode at version == generation and the owner znode at the hold's version
+        (while the version is the generation, that owner znode can only be this
+        session's: see the module docstring). It changes nothing, but like any write it
+        is ordered by the current leader (which thus has the session) and answered once
+        the quorum has committed it. Without a hold, or if that multi failed (or its
+        answer was lost): after a write barrier, read the job znode (its version, and the
+        epoch its claim recorded) and the owner znode's ephemeralOwner in one pipelined
+        round trip. Raises unless held (and then marks the claim's hold ended: no
+        complete/release will follow)."""
         generation = claim.generation
         deadline = send + min(self.wire.config.timeout_s, max(1.0, h.granted_ttl_s))
+        hold = own_hold(h, paths, claim)
+        if hold is not None and self.wire.checks(
+            h, [(paths.job, local(generation)), (paths.owner, hold.owner_version)], deadline,
+            "renew",
+        ):
+            h.check_alive()
+            return
         _, job, owner_stat = self.wire.session_read(
             h, [("barrier", self.base), ("get", paths.job), ("exists", paths.owner)],
             "renew", paths.job_id, deadline,
@@ -385,9 +402,11 @@ class Holds:
             None if hold.failure is None else hold.failure.error, None, hold.max_attempts,
         )
 
-    def release(self, h: ZkSession, paths: JobPaths, claim: ClaimResult) -> None:
+    def release(self, h: ZkSession, paths: JobPaths, claim: ClaimResult) -> Hold | None:
         """One multi: ``check`` version == generation + ``delete`` of the owner znode
-        (and of a queued job's held marker)."""
+        (and of a queued job's held marker). Returns the hold released (``None`` if its
+        answer was lost and reading back showed it applied: what the job holds is then
+        not known exactly)."""
         job_id, generation = paths.job_id, claim.generation
 
         def ops(hold: Hold) -> tuple[list[Op], list[Op]]:
@@ -400,9 +419,11 @@ class Holds:
                                    deadline, "release (reading back)", job_id=job_id)[1]
             return owner is None or owner.ephemeralOwner != h.sid
 
-        if isinstance(self._end(h, paths, claim, "release", ops, landed), LeaseRecord):
+        done = self._end(h, paths, claim, "release", ops, landed)
+        if isinstance(done, LeaseRecord):
             raise StaleLeaseError(f"release: {job_id!r} is completed", job_id=job_id,
                                   generation=generation, current_generation=generation)
+        return done[0] if done[1] else None
 
     def fail(
         self, h: ZkSession, paths: JobPaths, claim: ClaimResult, error: str, retry_in_s: float

@@ -70,6 +70,8 @@ class NegotiatedTimeouts(logging.LoggerAdapter):  # type: ignore[type-arg]
             and isinstance(args[2], int)
         ):
             self.timeouts_ms[args[0]] = args[2]
+        if not self.logger.isEnabledFor(level):  # kazoo logs every request and operation
+            return
         kwargs.setdefault("stacklevel", 2)  # report kazoo's line, not this one
         super().log(level, msg, *args, **kwargs)
 

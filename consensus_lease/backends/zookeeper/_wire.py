@@ -202,6 +202,26 @@ class Wire:
         self._answered(client, floor, what)
         return out
 
+    def checks(
+        self, h: ZkSession, versions: Sequence[tuple[str, int]], deadline: float, what: str
+    ) -> bool | None:
+        """One multi of ``check``s on the session's client (it changes nothing, but like
+        any write it is ordered by the leader and answered once the quorum committed it):
+        ``True`` if every ``(path, version)`` holds, ``False`` if one does not, ``None``
+        if no answer came by ``deadline`` (not connected, connection lost, any kazoo
+        error): a read then says how things are."""
+        transaction = h.client.transaction()
+        for path, version in versions:
+            transaction.check(path, version)
+        floor = self.history.highest()
+        try:
+            results = self.gate(h.client).start(transaction.commit_async, deadline).get(
+                timeout=max(0.0, deadline - time.monotonic()))
+        except KAZOO_ERRORS:
+            return None
+        self._answered(h.client, floor, what)
+        return not any(isinstance(r, Exception) for r in results)
+
     def _answered(self, client: KazooClient, floor: int | None, what: str) -> None:
         """``client`` was answered: show the history its zxid (the answer to a write sent
         when the highest zxid seen was ``floor``, or ``None`` for reads alone). kazoo
