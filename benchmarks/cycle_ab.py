@@ -44,7 +44,10 @@ def run_side(tree: str, url: str, duration_s: float) -> float:
     prefix = f"ab-{uuid.uuid4().hex[:8]}"
     out = subprocess.run(
         [sys.executable, "-c", LOOP, url, prefix, str(duration_s)],
-        env=env, capture_output=True, text=True, timeout=duration_s + 120, check=True,
+        # cwd=tree: ``python -c`` puts the working directory first on sys.path, so run
+        # from inside another checkout both sides would import that checkout.
+        env=env, cwd=os.path.abspath(tree), capture_output=True, text=True,
+        timeout=duration_s + 120, check=True,
     )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     return float(result["cycles"]) / float(result["elapsed_s"])
