@@ -143,8 +143,9 @@ CREATE TABLE IF NOT EXISTS cl_jobs (
     epoch             INTEGER NOT NULL DEFAULT 0,
     value             BLOB
 );
-CREATE INDEX IF NOT EXISTS cl_jobs_by_session ON cl_jobs(session_id);
-CREATE INDEX IF NOT EXISTS cl_jobs_by_queue ON cl_jobs(queue, completed_at, seq);
+CREATE INDEX IF NOT EXISTS cl_jobs_by_session ON cl_jobs(session_id)
+    WHERE session_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS cl_jobs_by_queue ON cl_jobs(queue, seq) WHERE queue IS NOT NULL;
 CREATE TABLE IF NOT EXISTS cl_seq (id INTEGER PRIMARY KEY CHECK (id = 1), last INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS cl_meta (
     id       INTEGER PRIMARY KEY CHECK (id = 1),
@@ -160,7 +161,7 @@ SCHEMA_OBJECTS = frozenset(
 
 QUEUE_SCHEMA = (
     "CREATE INDEX IF NOT EXISTS cl_jobs_open ON cl_jobs(queue, seq) "
-    "WHERE completed_at IS NULL AND failed_at IS NULL",
+    "WHERE completed_at IS NULL AND failed_at IS NULL AND queue IS NOT NULL",
     "CREATE TABLE IF NOT EXISTS cl_queue_counts (queue TEXT PRIMARY KEY, "
     "jobs INTEGER NOT NULL, completed INTEGER NOT NULL, failed INTEGER NOT NULL) WITHOUT ROWID",
     "CREATE TRIGGER IF NOT EXISTS cl_count_insert AFTER INSERT ON cl_jobs "
@@ -200,6 +201,71 @@ COUNTS_FILL = (
     "count(failed_at) FROM cl_jobs WHERE queue IS NOT NULL GROUP BY queue"
 )
 """The counts of a store written before ``cl_queue_counts`` existed (one scan, once)."""
+
+PARTIAL_INDEXES = {
+    "cl_jobs_by_session": "CREATE INDEX cl_jobs_by_session ON cl_jobs(session_id) "
+                          "WHERE session_id IS NOT NULL",
+    "cl_jobs_by_queue": "CREATE INDEX cl_jobs_by_queue ON cl_jobs(queue, seq) "
+                        "WHERE queue IS NOT NULL",
+    "cl_jobs_open": "CREATE INDEX cl_jobs_open ON cl_jobs(queue, seq) "
+                    "WHERE completed_at IS NULL AND failed_at IS NULL AND queue IS NOT NULL",
+}
+"""The secondary indexes as this version defines them: each holds only the rows its
+statements look for, so a claim+complete cycle of a job outside any queue writes
+``cl_jobs_by_session`` alone besides the table, and completing a queue job moves no entry
+of ``cl_jobs_by_queue``. An earlier version's file (whole-table indexes, ``completed_at``
+in ``cl_jobs_by_queue``) has them rebuilt once on first open; every query of every
+version can use either definition (a partial index serves any ``=`` on its column)."""
+
+CLAIM_TRIGGERS = (
+    "CREATE TRIGGER IF NOT EXISTS cl_claims_insert AFTER INSERT ON cl_jobs "
+    "WHEN NEW.generation > 0 BEGIN "
+    "UPDATE cl_meta SET claims = claims + 1 WHERE id = 1; END",
+    "CREATE TRIGGER IF NOT EXISTS cl_claims_update AFTER UPDATE OF generation ON cl_jobs "
+    "WHEN NEW.generation <> OLD.generation BEGIN "
+    "UPDATE cl_meta SET claims = claims + 1 WHERE id = 1; END",
+)
+"""The claim count (``cl_meta.claims``, see :mod:`._sqlite_history`) goes +1 in the very
+statement that applies a claim (the row inserted with generation 1, or its generation
+raised): enqueue inserts generation 0 and nothing but a claim moves ``generation``. An
+earlier version's writers also add 1 themselves: +2 per claim of theirs, still never
+back, which is all the regression check needs."""
+
+CLAIM_OBJECTS = frozenset({"cl_claims_insert", "cl_claims_update"})
+
+
+def _returning_offset() -> int | None:
+    """What to add to a ``RETURNING (SELECT claims FROM cl_meta)`` of the claim statement
+    to get the count after that claim: 1 if this SQLite evaluates RETURNING before the
+    AFTER triggers ran (3.35 to 3.45 do), 0 if after, ``None`` if it does neither
+    consistently (then every claim reads the count in a statement of its own). Probed
+    once per process on an in-memory database, on both paths of the upsert."""
+    db = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        db.executescript(
+            "CREATE TABLE m (n INTEGER); INSERT INTO m VALUES (0); "
+            "CREATE TABLE j (k TEXT PRIMARY KEY, g INTEGER); "
+            "CREATE TRIGGER ti AFTER INSERT ON j BEGIN UPDATE m SET n = n + 1; END; "
+            "CREATE TRIGGER tu AFTER UPDATE OF g ON j BEGIN UPDATE m SET n = n + 1; END;"
+        )
+        seen = [
+            db.execute("INSERT INTO j VALUES ('a', 1) ON CONFLICT (k) DO UPDATE "
+                       "SET g = g + 1 RETURNING (SELECT n FROM m)").fetchall()[0][0]
+            for _ in range(3)
+        ]
+    except sqlite3.Error:
+        return None
+    finally:
+        db.close()
+    return {(0, 1, 2): 1, (1, 2, 3): 0}.get(tuple(seen))
+
+
+RETURNING_OFFSET = _returning_offset()
+
+
+def _words(sql: str | None) -> str | None:
+    """A definition from ``sqlite_master`` with its white space normalised."""
+    return None if sql is None else " ".join(sql.split())
 
 META_INSERT = "INSERT OR IGNORE INTO cl_meta (id, epoch, identity, claims) VALUES (1, 0, ?, 0)"
 """The store's one ``cl_meta`` row: epoch 0, a new random identity, no claims yet."""
@@ -244,6 +310,30 @@ ALIVE_J = (
 """The holder of the ``cl_jobs j`` row is alive."""
 
 ALIVE = f"EXISTS (SELECT 1 FROM cl_sessions s WHERE s.session_id = ? AND s.expires_at > {NOW})"
+
+CLAIM_SQL = (
+    "INSERT INTO cl_jobs (job_id, generation, owner, session_id, attempt, epoch) "
+    "SELECT ?, 1, ?, ?, 1, m.epoch FROM cl_meta m WHERE m.id = 1 AND m.identity = ? "
+    f"AND m.claims >= ? AND {ALIVE} "
+    "ON CONFLICT (job_id) DO UPDATE SET generation = cl_jobs.generation + 1, "
+    "attempt = cl_jobs.attempt + 1, not_before = NULL, epoch = excluded.epoch, "
+    "owner = excluded.owner, session_id = excluded.session_id, value = NULL "
+    "WHERE cl_jobs.completed_at IS NULL AND cl_jobs.failed_at IS NULL "
+    f"AND NOT {EXHAUSTED} "
+    f"AND (cl_jobs.not_before IS NULL OR cl_jobs.not_before <= {NOW}) "
+    "AND NOT EXISTS (SELECT 1 FROM cl_sessions s "
+    f"WHERE s.session_id = cl_jobs.session_id AND s.expires_at > {NOW}) "
+    "RETURNING generation, "
+    "(SELECT expires_at FROM cl_sessions WHERE session_id = cl_jobs.session_id), "
+    "attempt, epoch, (SELECT claims FROM cl_meta WHERE id = 1)"
+)
+"""The claim: insert the job's row, or take it over if claimable (not completed, FAILED,
+out of attempts, in a retry delay, nor held by a live session), with the store's epoch
+and only if the claiming session is alive and ``cl_meta`` still has the identity and at
+least the claim count this process saw (bind job id, owner, session id, identity, claims
+seen, session id). Returns generation, the session's expiry, attempt, epoch and the claim
+count as :data:`RETURNING_OFFSET` explains. The count goes +1 by trigger
+(:data:`CLAIM_TRIGGERS`)."""
 
 
 OPTIONS = OptionTable(
@@ -339,12 +429,10 @@ class SqliteBackend(Backend):
         # (even a paused one) and opening must not wait for it.
         try:
             mode = self._db.execute("PRAGMA journal_mode").fetchone()[0]
-            present = {
-                row[0]
-                for row in self._db.execute(
-                    "SELECT name FROM sqlite_master WHERE type IN ('table', 'index', 'trigger')"
-                )
-            }
+            definitions = dict(self._db.execute(
+                "SELECT name, sql FROM sqlite_master WHERE type IN ('table', 'index', 'trigger')"
+            ).fetchall())
+            present = set(definitions)
         except sqlite3.DatabaseError as exc:
             if create:
                 raise
@@ -368,6 +456,10 @@ class SqliteBackend(Backend):
         self._migrate()
         if not QUEUE_OBJECTS.issubset(present):
             self._add_queue_objects()
+        stale = [name for name, sql in PARTIAL_INDEXES.items()
+                 if _words(definitions.get(name)) != _words(sql)]
+        if stale or not CLAIM_OBJECTS.issubset(present):
+            self._upgrade_indexes(stale)
         identity, claims = self._db.execute(
             "SELECT identity, claims FROM cl_meta WHERE id = 1").fetchone()
         self._history.baseline(str(identity), int(claims))
@@ -398,6 +490,20 @@ class SqliteBackend(Backend):
                 db.execute(statement)
             if had is None:
                 db.execute(COUNTS_FILL)
+
+    def _upgrade_indexes(self, stale: list[str]) -> None:
+        """Rebuild the indexes of ``stale`` as :data:`PARTIAL_INDEXES` defines them (a
+        store written by an earlier version) and add :data:`CLAIM_TRIGGERS`, in one
+        transaction; an index another process rebuilt meanwhile is left alone."""
+        with self._transaction() as db:
+            for name in stale:
+                row = db.execute("SELECT sql FROM sqlite_master WHERE name = ?",
+                                 (name,)).fetchone()
+                if row is None or _words(row[0]) != _words(PARTIAL_INDEXES[name]):
+                    db.execute(f"DROP INDEX IF EXISTS {name}")
+                    db.execute(PARTIAL_INDEXES[name])
+            for statement in CLAIM_TRIGGERS:
+                db.execute(statement)
 
     @classmethod
     def from_url(cls, url: str, options: Mapping[str, object]) -> SqliteBackend:
@@ -471,6 +577,16 @@ class SqliteBackend(Backend):
 
     def _read(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         with self._turn(), self._translate():
+            return self._db.execute(sql, params).fetchall()
+
+    def _write(
+        self, sql: str, params: tuple[Any, ...], job_id: str | None = None
+    ) -> list[tuple[Any, ...]]:
+        """One writing statement as its own transaction (SQLite's autocommit: the write
+        lock is taken when it starts, waiting up to the busy timeout, and it commits when
+        it has returned every row). For a compare-and-write whose ``WHERE`` is the whole
+        check: no ``BEGIN``/``COMMIT`` round trips. Never inside :meth:`_transaction`."""
+        with self._turn(job_id), self._translate(job_id):
             return self._db.execute(sql, params).fetchall()
 
     @staticmethod
@@ -573,14 +689,30 @@ class SqliteBackend(Backend):
         """Claim ``job_id`` (see :meth:`Backend.claim`); the token carries the store's
         epoch, read in the claim statement itself.
 
+        A claim that applies is one statement (its own transaction): the upsert whose
+        ``WHERE`` checks that the session is alive and the store is the one this process
+        saw (identity, claim count not below the last seen), raises the claim count by
+        trigger and returns the new count. Only a claim it refuses takes the diagnosing
+        ``BEGIN IMMEDIATE`` transaction, which tries once more and tells why.
+
         Raises:
             StoreRegressed: the store went back (:mod:`._sqlite_history`); nothing claimed.
             JobCompleted / JobFailed / SessionExpired / BackendUnavailable.
         """
+        if RETURNING_OFFSET is not None:
+            with self._turn(job_id), self._translate(job_id):
+                self._history.check_file()
+                if not self._history.regressed:
+                    row = self._db.execute(
+                        CLAIM_SQL, self._claim_params(session, job_id)).fetchall()
+                    if row:
+                        return self._claimed(row[0], int(row[0][4]) + RETURNING_OFFSET)
         with self._transaction(job_id, check_file=True) as db:
             self._claim_checks(db, session, job_id)
             claimed = self._claim_one(db, session, job_id)
             refusal = None if claimed else self._refusal(db, job_id)  # raised after COMMIT
+            if claimed is not None:
+                self._count_claims(db)
         if refusal is not None:
             raise refusal
         if claimed is not None and is_election_key(job_id):
@@ -610,6 +742,8 @@ class SqliteBackend(Backend):
                 if claimed is None:
                     self._refusal(db, job_id)  # marks a used-up job FAILED, as claim does
                 results.append(claimed)
+            if any(r is not None for r in results):
+                self._count_claims(db)
         if any(r is not None and is_election_key(j) for j, r in zip(job_ids, results, strict=True)):
             self.wake_subscribers()
         return results
@@ -617,45 +751,38 @@ class SqliteBackend(Backend):
     def _claim_checks(self, db: sqlite3.Connection, session: SessionHandle, job_id: str) -> None:
         """Before a claim, in its transaction: StoreRegressed if the store went back and
         was not bumped since, SessionExpired if the session is not alive in the store."""
-        if self._history.regressed:
-            self._history.check(db.execute(HISTORY_ROW, (None,)).fetchone(), None)
+        self._history.check(db.execute(HISTORY_ROW, (None,)).fetchone(), None)
         if not self._alive(db, session.session_id):
             raise SessionExpired(
                 f"session {session.session_id} expired in the store", job_id=job_id
             )
 
+    def _claim_params(self, session: SessionHandle, job_id: str) -> tuple[Any, ...]:
+        return (job_id, session.owner, session.session_id, self._history.identity,
+                self._history.claims_seen, session.session_id)
+
     def _claim_one(
         self, db: sqlite3.Connection, session: SessionHandle, job_id: str
     ) -> ClaimResult | None:
-        """The claim statement: insert the job's row, or take it over if claimable; the
-        claim count goes +1 with it (raising there rolls the transaction back)."""
-        row = db.execute(
-            "INSERT INTO cl_jobs (job_id, generation, owner, session_id, attempt, epoch) "
-            "VALUES (?, 1, ?, ?, 1, coalesce((SELECT epoch FROM cl_meta WHERE id = 1), 0)) "
-            "ON CONFLICT (job_id) DO UPDATE SET generation = cl_jobs.generation + 1, "
-            "attempt = cl_jobs.attempt + 1, not_before = NULL, epoch = excluded.epoch, "
-            "owner = excluded.owner, session_id = excluded.session_id, value = NULL "
-            "WHERE cl_jobs.completed_at IS NULL AND cl_jobs.failed_at IS NULL "
-            f"AND NOT {EXHAUSTED} "
-            f"AND (cl_jobs.not_before IS NULL OR cl_jobs.not_before <= {NOW}) "
-            "AND NOT EXISTS (SELECT 1 FROM cl_sessions s "
-            f"WHERE s.session_id = cl_jobs.session_id AND s.expires_at > {NOW}) "
-            "RETURNING generation, "
-            "(SELECT expires_at FROM cl_sessions WHERE session_id = cl_jobs.session_id), "
-            "attempt, epoch",
-            (job_id, session.owner, session.session_id),
-        ).fetchone()
-        if row is None:
-            return None
-        self._count_claim(db)
+        """The claim statement in a transaction (the claim count is read after it, by
+        :meth:`_count_claims`)."""
+        row = db.execute(CLAIM_SQL, self._claim_params(session, job_id)).fetchall()
+        return self._to_claim(row[0]) if row else None
+
+    def _to_claim(self, row: tuple[Any, ...]) -> ClaimResult:
         token = compose(int(row[3]), int(row[0]), self.epoch_shift)
         return ClaimResult(token, float(row[1]), int(row[2]))
 
-    def _count_claim(self, db: sqlite3.Connection) -> None:
-        """+1 on the store's claim count; StoreRegressed if the store went back."""
-        meta = db.execute(
-            "UPDATE cl_meta SET claims = claims + 1 WHERE id = 1 RETURNING identity, claims, epoch"
-        ).fetchone()
+    def _claimed(self, row: tuple[Any, ...], claims: int) -> ClaimResult:
+        """A claim applied in a statement of its own, which raised the count to
+        ``claims`` (the statement's ``WHERE`` compared identity and count already)."""
+        self._history.claimed(self._history.identity, claims, int(row[3]))
+        return self._to_claim(row)
+
+    def _count_claims(self, db: sqlite3.Connection) -> None:
+        """After claims in this transaction (each raised ``cl_meta.claims`` by trigger):
+        note the count; StoreRegressed if the store went back (rolls the claims back)."""
+        meta = db.execute("SELECT identity, claims, epoch FROM cl_meta WHERE id = 1").fetchone()
         if meta is None:
             self._history.check(None, None)
         else:
@@ -696,32 +823,44 @@ class SqliteBackend(Backend):
     def renew(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> float:
         generation = claim.generation
         epoch, local = split(generation, self.epoch_shift)
-        with self._transaction(job_id) as db:
-            row = db.execute(
-                f"UPDATE cl_sessions SET expires_at = {NOW} + ttl_s "
-                f"WHERE session_id = ? AND expires_at > {NOW} AND EXISTS (SELECT 1 FROM cl_jobs j "
-                "WHERE j.job_id = ? AND j.session_id = ? AND j.generation = ? AND j.epoch = ? "
-                "AND j.completed_at IS NULL) RETURNING ttl_s",
-                (session.session_id, job_id, session.session_id, local, epoch),
-            ).fetchone()
-            if row is None:
+        rows = self._write(
+            f"UPDATE cl_sessions SET expires_at = {NOW} + ttl_s "
+            f"WHERE session_id = ? AND expires_at > {NOW} AND EXISTS (SELECT 1 FROM cl_jobs j "
+            "WHERE j.job_id = ? AND j.session_id = ? AND j.generation = ? AND j.epoch = ? "
+            "AND j.completed_at IS NULL) RETURNING ttl_s",
+            (session.session_id, job_id, session.session_id, local, epoch), job_id,
+        )
+        if not rows:
+            with self._transaction(job_id) as db:
                 raise self._reject(db, session, job_id, generation)
-        return float(row[0])
+        return float(rows[0][0])
 
     def complete(
         self, session: SessionHandle, job_id: str, claim: ClaimResult, result: bytes
     ) -> LeaseRecord:
+        """Complete the job (see :meth:`Backend.complete`): one ``UPDATE`` (its own
+        transaction) whose ``WHERE`` makes the owner + generation compare and whose
+        ``RETURNING`` is the record; only a refused one reads back, in a transaction,
+        whether this session completed it already (idempotent) or why not.
+
+        Raises:
+            StaleLeaseError / SessionExpired / BackendUnavailable.
+        """
         generation = claim.generation
         epoch, local = split(generation, self.epoch_shift)
-        with self._transaction(job_id) as db:
-            done = db.execute(
-                f"UPDATE cl_jobs SET completed_at = {NOW}, completed_session = session_id, "
-                "result = ?, session_id = NULL, value = NULL "
-                f"WHERE job_id = ? AND session_id = ? AND generation = ? AND epoch = ? "
-                f"AND completed_at IS NULL AND {ALIVE} RETURNING owner",
-                (result, job_id, session.session_id, local, epoch, session.session_id),
-            ).fetchone()
-            if done is None:
+        rows = self._write(
+            f"UPDATE cl_jobs SET completed_at = {NOW}, completed_session = session_id, "
+            "result = ?, session_id = NULL, value = NULL "
+            f"WHERE job_id = ? AND session_id = ? AND generation = ? AND epoch = ? "
+            f"AND completed_at IS NULL AND {ALIVE} RETURNING job_id, owner, NULL, "
+            "generation, completed_at, NULL, 0, failed_at, attempt, error, NULL, "
+            "max_attempts, epoch, NULL",
+            (result, job_id, session.session_id, local, epoch, session.session_id), job_id,
+        )
+        if rows:
+            record = self._to_record((*rows[0][:5], result, *rows[0][6:]))
+        else:
+            with self._transaction(job_id) as db:
                 again = db.execute(
                     "SELECT 1 FROM cl_jobs WHERE job_id = ? AND generation = ? AND epoch = ? "
                     "AND completed_session = ?",
@@ -729,22 +868,23 @@ class SqliteBackend(Backend):
                 ).fetchone()
                 if again is None:
                     raise self._reject(db, session, job_id, generation)
-            record = self._get(db, job_id)
-        assert record is not None
+                found = self._get(db, job_id)
+            assert found is not None
+            record = found
         self.wake_subscribers()
         return record
 
     def release(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> None:
         generation = claim.generation
         epoch, local = split(generation, self.epoch_shift)
-        with self._transaction(job_id) as db:
-            row = db.execute(
-                "UPDATE cl_jobs SET session_id = NULL, owner = NULL, value = NULL "
-                "WHERE job_id = ? AND session_id = ? AND generation = ? AND epoch = ? "
-                f"AND completed_at IS NULL AND {ALIVE} RETURNING 1",
-                (job_id, session.session_id, local, epoch, session.session_id),
-            ).fetchone()
-            if row is None:
+        rows = self._write(
+            "UPDATE cl_jobs SET session_id = NULL, owner = NULL, value = NULL "
+            "WHERE job_id = ? AND session_id = ? AND generation = ? AND epoch = ? "
+            f"AND completed_at IS NULL AND {ALIVE} RETURNING 1",
+            (job_id, session.session_id, local, epoch, session.session_id), job_id,
+        )
+        if not rows:
+            with self._transaction(job_id) as db:
                 raise self._reject(db, session, job_id, generation)
         self.wake_subscribers()
 
