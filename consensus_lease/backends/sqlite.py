@@ -97,6 +97,7 @@ from urllib.parse import quote
 
 from .._election import ELECTION_PREFIX, ChangeTracker, is_election_key
 from .._epoch import compose, next_epoch, split
+from .._subscriptions import Unsubscribe, WakeCallback
 from ..backend import Backend, Capabilities, SessionHandle, StateListener
 from ..errors import (
     BackendUnavailable,
@@ -110,6 +111,7 @@ from ..errors import (
 from ..options import Option, OptionTable
 from ..record import ClaimResult, EnqueueItem, JobState, LeaseRecord, QueuedJob, QueueStats
 from ._sqlite_history import SESSION_GC_S, History
+from ._sqlite_watch import ChangeWatch
 
 __all__ = ["SqliteBackend"]
 
@@ -296,6 +298,10 @@ HISTORY_ROW = (
 )
 """What the regression check compares (see :meth:`History.check`)."""
 
+WATCH_MIN_S = 0.001
+"""Seconds between two ``PRAGMA data_version`` reads right after a change was seen (the
+schedule then doubles up to ``watch_interval_s``; see :mod:`._sqlite_watch`)."""
+
 HINT_CHUNK = 500
 """Job ids per statement of :meth:`SqliteBackend.claimable_hint` (SQLite limits the
 number of parameters of one statement)."""
@@ -343,6 +349,9 @@ OPTIONS = OptionTable(
                "how long a statement waits for another process's write lock"),
         Option("poll_interval_s", "seconds", 0.05,
                "interval between re-checks while claim(..., wait_s=) waits"),
+        Option("watch_interval_s", "seconds", 0.005,
+               "longest interval between two checks for another process's change "
+               "while claims wait"),
         Option("create", "bool", True,
                "create the file and the store's tables if missing (false: refuse)"),
     ],
@@ -357,6 +366,8 @@ class SqliteBackend(Backend):
         path: the database file, or ``":memory:"``.
         busy_timeout_s: seconds to wait for another writer.
         poll_interval_s: seconds between re-checks while waiting for a job.
+        watch_interval_s: longest seconds between two ``PRAGMA data_version`` reads while
+            claims wait (:mod:`._sqlite_watch`).
         create: create the file and the tables if missing; with ``False`` open only an
             existing store.
 
@@ -385,10 +396,14 @@ class SqliteBackend(Backend):
 
     def __init__(
         self, path: str, *, busy_timeout_s: float = 5.0, poll_interval_s: float = 0.05,
-        create: bool = True,
+        create: bool = True, watch_interval_s: float = 0.005,
     ) -> None:
         self.path = path
         self.poll_interval_s = poll_interval_s
+        self._watch = None if path in ("", ":memory:") else ChangeWatch(
+            path, self.wake_subscribers, self._claims_wait, min_interval_s=WATCH_MIN_S,
+            max_interval_s=watch_interval_s, busy_timeout_s=busy_timeout_s,
+        )
         self.busy_timeout_s = busy_timeout_s
         self._lock = threading.Lock()
         self._history = History(path)
@@ -518,6 +533,7 @@ class SqliteBackend(Backend):
             path,
             busy_timeout_s=parsed.seconds("busy_timeout_s"),
             poll_interval_s=parsed.seconds("poll_interval_s"),
+            watch_interval_s=parsed.seconds("watch_interval_s"),
             create=parsed.flag("create"),
         )
 
@@ -1157,6 +1173,23 @@ class SqliteBackend(Backend):
             db.execute("UPDATE cl_meta SET epoch = ? WHERE id = 1", (new,))
         return new
 
+    def subscribe_job(self, job_id: str, callback: WakeCallback) -> Unsubscribe:
+        """See :meth:`Backend.subscribe_job`: the default poller, woken also by the
+        change watch (:mod:`._sqlite_watch`) when another process changed the file."""
+        if self._watch is not None:
+            self._watch.ensure()
+        return super().subscribe_job(job_id, callback)
+
+    def subscribe_queue(self, queue: str, callback: WakeCallback) -> Unsubscribe:
+        """See :meth:`Backend.subscribe_queue` and :meth:`subscribe_job`."""
+        if self._watch is not None:
+            self._watch.ensure()
+        return super().subscribe_queue(queue, callback)
+
+    def _claims_wait(self) -> bool:
+        poller = self._poller
+        return poller is not None and len(poller) > 0
+
     def wait_for_change(self, job_id: str, timeout_s: float) -> None:
         # SQLite cannot notify another process: poll (capabilities.store_watch is False).
         time.sleep(max(0.0, min(timeout_s, self.poll_interval_s)))
@@ -1204,6 +1237,8 @@ class SqliteBackend(Backend):
         return states
 
     def close(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
         self.close_subscriptions()
         with self._lock:
             with suppress(sqlite3.Error):  # a broken handle: nothing left to release
