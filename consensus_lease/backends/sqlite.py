@@ -561,36 +561,46 @@ class SqliteBackend(Backend):
 
     # -- plumbing --------------------------------------------------------------------
 
+    def _unavailable(self, exc: sqlite3.DatabaseError, job_id: str | None) -> BackendUnavailable:
+        what = "unavailable" if isinstance(exc, sqlite3.OperationalError) else "unusable"
+        return BackendUnavailable(f"SQLite database {self.path!r} {what}: {exc}", job_id=job_id)
+
     @contextmanager
     def _translate(self, job_id: str | None = None) -> Iterator[None]:
         try:
             yield
-        except sqlite3.OperationalError as exc:
-            raise BackendUnavailable(
-                f"SQLite database {self.path!r} unavailable: {exc}", job_id=job_id
-            ) from exc
         except sqlite3.DatabaseError as exc:
-            raise BackendUnavailable(
-                f"SQLite database {self.path!r} unusable: {exc}", job_id=job_id
-            ) from exc
+            raise self._unavailable(exc, job_id) from exc
+
+    def _acquire(self, job_id: str | None) -> None:
+        """This process's turn on the connection, within one ``busy_timeout_s`` budget:
+        waiting for the other threads of this process, then (SQLite's busy timeout, set
+        to what is left) for other processes' locks. The caller releases ``_lock``."""
+        full_ms = int(self.busy_timeout_s * 1000)
+        if self._lock.acquire(blocking=False):  # no other thread: the whole budget
+            left_ms = full_ms
+        else:
+            deadline = time.monotonic() + self.busy_timeout_s
+            if not self._lock.acquire(timeout=self.busy_timeout_s):
+                raise BackendUnavailable(
+                    f"SQLite database {self.path!r}: other threads of this process kept it "
+                    f"busy for busy_timeout_s ({self.busy_timeout_s:g} s)", job_id=job_id,
+                )
+            left_ms = max(1, int((deadline - time.monotonic()) * 1000))
+        if abs(left_ms - self._busy_ms) > 50:  # waited for a thread: less is left
+            try:
+                self._db.execute(f"PRAGMA busy_timeout = {left_ms}")
+            except sqlite3.DatabaseError as exc:
+                self._lock.release()
+                raise self._unavailable(exc, job_id) from exc
+            self._busy_ms = left_ms
 
     @contextmanager
     def _turn(self, job_id: str | None = None) -> Iterator[None]:
-        """This process's turn on the connection, within one ``busy_timeout_s`` budget:
-        waiting for the other threads of this process, then (SQLite's busy timeout, set
-        to what is left) for other processes' locks."""
-        deadline = time.monotonic() + self.busy_timeout_s
-        if not self._lock.acquire(timeout=self.busy_timeout_s):
-            raise BackendUnavailable(
-                f"SQLite database {self.path!r}: other threads of this process kept it busy "
-                f"for busy_timeout_s ({self.busy_timeout_s:g} s)", job_id=job_id,
-            )
+        """:meth:`_acquire` for a ``with`` block (sqlite3 errors in it translated)."""
+        self._acquire(job_id)
         try:
             with self._translate(job_id):
-                left_ms = max(1, int((deadline - time.monotonic()) * 1000))
-                if abs(left_ms - self._busy_ms) > 50:  # waited for a thread: less is left
-                    self._db.execute(f"PRAGMA busy_timeout = {left_ms}")
-                    self._busy_ms = left_ms
                 yield
         finally:
             self._lock.release()
@@ -624,8 +634,13 @@ class SqliteBackend(Backend):
         lock is taken when it starts, waiting up to the busy timeout, and it commits when
         it has returned every row). For a compare-and-write whose ``WHERE`` is the whole
         check: no ``BEGIN``/``COMMIT`` round trips. Never inside :meth:`_transaction`."""
-        with self._turn(job_id), self._translate(job_id):
+        self._acquire(job_id)  # no context managers on the hot path: each costs µs
+        try:
             return self._db.execute(sql, params).fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise self._unavailable(exc, job_id) from exc
+        finally:
+            self._lock.release()
 
     @staticmethod
     def _alive(db: sqlite3.Connection, session_id: str) -> bool:
@@ -785,7 +800,8 @@ class SqliteBackend(Backend):
         nothing (or cannot be used: a regressed store, an unknown RETURNING order)."""
         if RETURNING_OFFSET is None:
             return None
-        with self._turn(job_id), self._translate(job_id):
+        self._acquire(job_id)
+        try:
             self._history.check_file()
             if self._history.regressed:
                 return None
@@ -796,6 +812,10 @@ class SqliteBackend(Backend):
             self._history.claimed(self._history.identity,
                                   int(rows[0][4]) + RETURNING_OFFSET, int(rows[0][3]))
             return self._to_claim(rows[0])
+        except sqlite3.DatabaseError as exc:
+            raise self._unavailable(exc, job_id) from exc
+        finally:
+            self._lock.release()
 
     def _claim_checks(self, db: sqlite3.Connection, session: SessionHandle, job_id: str) -> None:
         """Before a claim, in its transaction: StoreRegressed if the store went back and
