@@ -104,7 +104,10 @@ class ChangeWatch:
         last = self._version(db)
         ready.set()
         interval, quiet = self.min_interval_s, True
-        while not self._stop.wait(interval):
+        while True:
+            time.sleep(interval)  # cheaper than Event.wait; close() is seen within it
+            if self._stop.is_set():
+                return
             if self._active():
                 self._touched = time.monotonic()
             elif self._idle_exit():
