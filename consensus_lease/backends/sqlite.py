@@ -72,9 +72,10 @@ How the protocol maps onto SQLite:
   +1 by trigger, :data:`CLAIM_TRIGGERS`) and the complete's ``UPDATE ... RETURNING`` the
   record; renew and release are one statement too. Only a refused one opens a
   ``BEGIN IMMEDIATE`` transaction to find out why (and to retry a claim once). The
-  secondary indexes are partial (:data:`PARTIAL_INDEXES`): a cycle writes about 6 WAL
-  pages (job row, its primary key, ``cl_jobs_by_session``, ``cl_meta``), a queue job's
-  about 7. Other operations take one ``BEGIN IMMEDIATE`` transaction each.
+  secondary indexes are partial (:data:`PARTIAL_INDEXES`): a cycle writes 4 WAL pages
+  (the job row's twice, its primary key's and ``cl_meta``'s once; a raw insert + update
+  writes 3), a queue job's about 7 (also ``cl_jobs_by_session``, ``cl_jobs_open`` and
+  ``cl_queue_counts``). Other operations take one ``BEGIN IMMEDIATE`` transaction each.
 
 Options (URL query string or keyword arguments of ``open_store``; keyword arguments win;
 parsed as every backend's, see :mod:`consensus_lease.options`: an unknown name, a name
@@ -169,7 +170,7 @@ CREATE TABLE IF NOT EXISTS cl_jobs (
     value             BLOB
 );
 CREATE INDEX IF NOT EXISTS cl_jobs_by_session ON cl_jobs(session_id)
-    WHERE session_id IS NOT NULL;
+    WHERE session_id IS NOT NULL AND queue IS NOT NULL;
 CREATE INDEX IF NOT EXISTS cl_jobs_by_queue ON cl_jobs(queue, seq) WHERE queue IS NOT NULL;
 CREATE TABLE IF NOT EXISTS cl_seq (id INTEGER PRIMARY KEY CHECK (id = 1), last INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS cl_meta (
@@ -229,18 +230,23 @@ COUNTS_FILL = (
 
 PARTIAL_INDEXES = {
     "cl_jobs_by_session": "CREATE INDEX cl_jobs_by_session ON cl_jobs(session_id) "
-                          "WHERE session_id IS NOT NULL",
+                          "WHERE session_id IS NOT NULL AND queue IS NOT NULL",
     "cl_jobs_by_queue": "CREATE INDEX cl_jobs_by_queue ON cl_jobs(queue, seq) "
                         "WHERE queue IS NOT NULL",
     "cl_jobs_open": "CREATE INDEX cl_jobs_open ON cl_jobs(queue, seq) "
                     "WHERE completed_at IS NULL AND failed_at IS NULL AND queue IS NOT NULL",
 }
 """The secondary indexes as this version defines them: each holds only the rows its
-statements look for, so a claim+complete cycle of a job outside any queue writes
-``cl_jobs_by_session`` alone besides the table, and completing a queue job moves no entry
-of ``cl_jobs_by_queue``. An earlier version's file (whole-table indexes, ``completed_at``
-in ``cl_jobs_by_queue``) has them rebuilt once on first open; every query of every
-version can use either definition (a partial index serves any ``=`` on its column)."""
+statements look for, so a claim+complete cycle of a job outside any queue writes no
+secondary index at all (only its row, its primary key and the claim count), and
+completing a queue job moves no entry of ``cl_jobs_by_queue``. ``cl_jobs_by_session``
+serves ``queue_stats`` (the held jobs of a queue) and ``close_session``, which releases
+the session's queue jobs by it; its other jobs keep the closed session's id, like the
+jobs of a session that expired (a job is held iff its session row is alive). An
+earlier version's file (whole-table indexes, ``completed_at`` in ``cl_jobs_by_queue``)
+has them rebuilt once on first open (one transaction, as long as building them takes);
+every query of this version and of earlier ones can use either definition, except an
+earlier version's ``close_session``, which then reads the whole table."""
 
 CLAIM_TRIGGERS = (
     "CREATE TRIGGER IF NOT EXISTS cl_claims_insert AFTER INSERT ON cl_jobs "
@@ -723,9 +729,11 @@ class SqliteBackend(Backend):
             self._history.forget_session(session.session_id)
         with self._transaction() as db:
             db.execute("DELETE FROM cl_sessions WHERE session_id = ?", (session.session_id,))
+            # Its other jobs (and election keys) keep the id of a session that is no more,
+            # as an expired session's do: no index to find them by (PARTIAL_INDEXES).
             db.execute(
-                "UPDATE cl_jobs SET session_id = NULL, value = NULL WHERE session_id = ?",
-                (session.session_id,),
+                "UPDATE cl_jobs SET session_id = NULL, value = NULL WHERE session_id = ? "
+                "AND queue IS NOT NULL", (session.session_id,),
             )
         self.wake_subscribers()
 
