@@ -194,3 +194,19 @@ def test_closing_a_session_frees_its_jobs_in_and_out_of_queues(path: str) -> Non
             again = second.claim("named")
             assert again is not None and again.generation == 2
             assert second.claim_next("q") is not None
+
+
+def test_the_one_statement_claim_notes_the_exact_claim_count(path: str) -> None:
+    """What a claim notes as the store's claim count is the count in the file (the
+    RETURNING order probed at import matches the claim statement): one too high would
+    report a false regression at the next refused claim, one too low would miss a
+    restore that lost this claim."""
+    with open_store(f"sqlite:///{path}") as store, store.session("W", 30.0) as worker:
+        backend = backend_of(store)
+        for i in range(3):
+            lease = worker.claim(f"job-{i}")  # inserted
+            assert lease is not None
+            lease.release()
+            assert worker.claim(f"job-{i}") is not None  # taken over: the update path
+            stored = backend._db.execute("SELECT claims FROM cl_meta").fetchone()[0]
+            assert backend._history.claims_seen == stored

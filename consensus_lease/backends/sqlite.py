@@ -276,12 +276,15 @@ def _returning_offset() -> int | None:
         db.executescript(
             "CREATE TABLE m (n INTEGER); INSERT INTO m VALUES (0); "
             "CREATE TABLE j (k TEXT PRIMARY KEY, g INTEGER); "
-            "CREATE TRIGGER ti AFTER INSERT ON j BEGIN UPDATE m SET n = n + 1; END; "
-            "CREATE TRIGGER tu AFTER UPDATE OF g ON j BEGIN UPDATE m SET n = n + 1; END;"
+            "CREATE TRIGGER ti AFTER INSERT ON j WHEN NEW.g > 0 BEGIN "
+            "UPDATE m SET n = n + 1; END; "
+            "CREATE TRIGGER tu AFTER UPDATE OF g ON j WHEN NEW.g <> OLD.g BEGIN "
+            "UPDATE m SET n = n + 1; END;"
         )
-        seen = [
-            db.execute("INSERT INTO j VALUES ('a', 1) ON CONFLICT (k) DO UPDATE "
-                       "SET g = g + 1 RETURNING (SELECT n FROM m)").fetchall()[0][0]
+        seen = [  # the shape of CLAIM_SQL: INSERT ... SELECT ... WHERE, upsert, RETURNING
+            db.execute("INSERT INTO j SELECT 'a', 1 FROM m WHERE n >= 0 ON CONFLICT (k) "
+                       "DO UPDATE SET g = g + 1 WHERE j.g > 0 "
+                       "RETURNING g, (SELECT n FROM m)").fetchall()[0][1]
             for _ in range(3)
         ]
     except sqlite3.Error:
