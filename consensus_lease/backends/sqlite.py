@@ -268,7 +268,7 @@ CLAIM_OBJECTS = frozenset({"cl_claims_insert", "cl_claims_update"})
 def _returning_offset() -> int | None:
     """What to add to a ``RETURNING (SELECT claims FROM cl_meta)`` of the claim statement
     to get the count after that claim: 1 if this SQLite evaluates RETURNING before the
-    AFTER triggers ran (3.35 to 3.45 do), 0 if after, ``None`` if it does neither
+    AFTER triggers ran (3.40 does), 0 if after, ``None`` if it does neither
     consistently (then every claim reads the count in a statement of its own). Probed
     once per process on an in-memory database, on both paths of the upsert."""
     db = sqlite3.connect(":memory:", isolation_level=None)
