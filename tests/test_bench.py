@@ -376,8 +376,9 @@ def test_w1_reports_spread_cpu_and_requests_per_cycle(one_worker: Any, tmp_path:
     assert row["ratio"] == pytest.approx(row["ours_cycles_per_s"] / row["raw_cycles_per_s"])
     assert data["requests"]["raw"]["per_cycle"] == 6.0  # 2 x BEGIN, write, COMMIT
     ours = data["requests"]["ours"]
-    assert ours["per_cycle"] >= 4 and ours["transports"] == ["sqlite3"]
-    assert ours["by_name"]["COMMIT"] >= 2  # at least a transaction to claim and one to complete
+    assert ours["per_cycle"] >= 2 and ours["transports"] == ["sqlite3"]
+    # at least a write to claim and one to complete
+    assert ours["by_name"].get("INSERT", 0) + ours["by_name"].get("UPDATE", 0) >= 2
 
     results = {"meta": {"quick": True, "started_utc": "-", "duration_s": 1.0, "command": "-",
                         "machine": {"cpu": "-", "cores": 2, "memory_gib": 1, "os": "-",

@@ -6,8 +6,9 @@ marks and checks them on every keepalive (and every applied claim):
 * the store's **identity**: a random id written into ``cl_meta`` when the file is
   created. A file deleted and created afresh, or another store's file copied in, has a
   different one;
-* the **claim count**: ``cl_meta.claims``, +1 in every applied claim's transaction. A
-  copy taken before claims this process saw (or made) has a lower count;
+* the **claim count**: ``cl_meta.claims``, +1 in every applied claim's statement (a
+  trigger), which itself refuses to claim where the count is below the last one this
+  process saw. A copy taken before claims this process saw (or made) has a lower count;
 * **this file**: the path's device and inode. A file moved into place (``mv``, most
   copy tools writing a new file then renaming) leaves this process's connection on the
   old, unlinked file, which nobody else sees any more;

@@ -10,9 +10,11 @@ gRPC (etcd)  every unary call and every message sent on a stream, by method     
 kazoo (ZK)   every request kazoo's connection writes to the socket, by request   request
              class (``ConnectionHandler._submit``), pings left out; a ``multi``
              is one ``Transaction``
-sqlite3      every statement SQLite starts on a connection made by               statement
-             ``sqlite3.connect`` while counting (``set_trace_callback``), by
-             first word; trigger bodies are counted apart as ``TRIGGER``
+sqlite3      every statement started on a connection made by                     statement
+             ``sqlite3.connect`` while counting (``execute``; ``executemany``:
+             one per row; ``executescript``: one per statement), by first
+             word; trigger bodies (``set_trace_callback``) are counted apart
+             as ``TRIGGER``
 ===========  ==================================================================  =======
 
 :func:`counting` patches those three entry points *in this process* for the duration of
@@ -141,15 +143,56 @@ def _patch_kazoo(stack: contextlib.ExitStack, count: RequestCount) -> None:
 def _patch_sqlite(stack: contextlib.ExitStack, count: RequestCount) -> None:
     import sqlite3
 
-    def trace(statement: str) -> None:
+    # SQLite's trace callback also fires when a statement with RETURNING runs a trigger
+    # program (once more per row, with the statement's own text): a statement is
+    # counted when it is started (execute / executemany, one per row / executescript,
+    # one per statement traced), the callback counting only trigger bodies and scripts.
+    scripts = threading.local()
+
+    def add(statement: str) -> None:
         text = statement.lstrip()
-        if text.startswith("--"):  # a trigger's body: "-- TRIGGER name"
+        count.add(text.split(None, 1)[0].upper() if text else "?")
+
+    def trace(statement: str) -> None:
+        if statement.lstrip().startswith("--"):  # a trigger's body: "-- TRIGGER name"
             count.add("TRIGGER")
-        else:
-            count.add(text.split(None, 1)[0].upper() if text else "?")
+        elif getattr(scripts, "active", False):
+            add(statement)
+
+    class CountedCursor(sqlite3.Cursor):
+        def execute(self, sql: str, *args: Any) -> Any:
+            add(sql)
+            return super().execute(sql, *args)
+
+        def executemany(self, sql: str, rows: Iterable[Any]) -> Any:
+            rows = list(rows)
+            for _ in rows:
+                add(sql)
+            return super().executemany(sql, rows)
+
+        def executescript(self, script: str) -> Any:
+            scripts.active = True
+            try:
+                return super().executescript(script)
+            finally:
+                scripts.active = False
+
+    class CountedConnection(sqlite3.Connection):
+        def cursor(self, factory: Any = CountedCursor) -> Any:
+            return super().cursor(factory)
+
+        def execute(self, sql: str, *args: Any) -> Any:
+            return self.cursor().execute(sql, *args)
+
+        def executemany(self, sql: str, rows: Iterable[Any]) -> Any:
+            return self.cursor().executemany(sql, rows)
+
+        def executescript(self, script: str) -> Any:
+            return self.cursor().executescript(script)
 
     def wrap(connect: Callable[..., Any]) -> Callable[..., Any]:
         def counted_connect(*args: Any, **kwargs: Any) -> Any:
+            kwargs.setdefault("factory", CountedConnection)
             connection = connect(*args, **kwargs)
             connection.set_trace_callback(trace)
             return connection
