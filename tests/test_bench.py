@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from consensus_lease.bench.config import BACKENDS, QUICK, Target
+from consensus_lease.bench.config import BACKENDS, QUICK, SMOKE, Target
 from consensus_lease.bench.depth import depths_for, w7_depth
 from consensus_lease.bench.goals import evaluate
 from consensus_lease.bench.plots import PLOTS
@@ -36,7 +36,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def bench(out: Path, *args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", CLI, "bench", "--quick", "--out", str(out), *args],
+        [sys.executable, "-c", CLI, "bench", "--smoke", "--out", str(out), *args],
         capture_output=True, text=True, timeout=timeout_s,
     )
 
@@ -91,7 +91,7 @@ def check_measured(data: dict[str, Any], backend: str) -> None:
     assert w5["supported"] == (entry["capabilities"]["max_batch_claim"] > 1)
     assert ("speedup" in w5) == w5["supported"]
     w7 = loads["w7_depth"]
-    assert [r["depth"] for r in w7["rows"]] == list(depths_for(backend, QUICK))
+    assert [r["depth"] for r in w7["rows"]] == list(depths_for(backend, SMOKE))
     assert all(r["cycle_ms"]["n"] > 0 for r in w7["rows"] if "skipped" not in r)
     workloads_with_goals = {g["workload"] for g in data["goals"] if g["backend"] == backend}
     assert {"W1", "W3", "W4", "W5", "W7"} <= workloads_with_goals
@@ -146,13 +146,13 @@ def test_workloads_option_is_checked_and_selects() -> None:
 
 @pytest.mark.containers
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(600)
 def test_quick_bench_on_every_backend(docker_engine: Any, tmp_path: Path) -> None:
     """Starts its own etcd cluster and ZooKeeper ensemble through the kit (bench slots,
     not the test suite's), so it needs only the engine and images."""
     from consensus_lease.bench.clusters import backend_problem
 
-    result = bench(tmp_path, timeout_s=840)
+    result = bench(tmp_path, timeout_s=540)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
     data = check_files(tmp_path, set(BACKENDS))
     for backend in BACKENDS:

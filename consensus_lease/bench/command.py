@@ -62,6 +62,9 @@ def add_parser(subparsers: Any) -> None:
                         help="comma-separated, from w1,w2,w3,w4,w5,w6,w7,w8 (default: all)")
     parser.add_argument("--quick", action="store_true",
                         help="small sizes and few trials (a few minutes at most)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the smallest sizes: checks that every workload runs end to end "
+                        "(the test suite uses it); its numbers mean nothing")
     parser.add_argument("--out", type=Path, default=None, metavar="DIR",
                         help="output folder (default: ./bench-results; with --replot, the "
                         "folder of RESULTS_JSON)")
@@ -118,7 +121,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
     options = BenchOptions(
         backends=tuple(args.backends),
-        quick=bool(args.quick),
+        quick=bool(args.quick) or bool(args.smoke),
+        smoke=bool(args.smoke),
         out=Path(args.out) if args.out is not None else Path("bench-results"),
         etcd_url=args.etcd_url,
         zk_url=args.zk_url,

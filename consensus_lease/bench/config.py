@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["BACKENDS", "FULL", "QUICK", "Sizes", "Target"]
+__all__ = ["BACKENDS", "FULL", "QUICK", "SMOKE", "Sizes", "Target"]
 
 BACKENDS = ("sqlite", "etcd", "zookeeper", "postgresql")
 """Backend names accepted by ``--backends``, in the order they run."""
@@ -117,6 +117,45 @@ QUICK = Sizes(
     w7_rate_budget_s=5.0,
     w7_cleanup_budget_s=60.0,
 )
+
+SMOKE = Sizes(
+    quick=True,
+    w1_workers=(1, 2),
+    w1_duration_s=0.4,
+    w1_repeats=1,
+    w1_warmup=3,
+    w1_windows=2,
+    w1_warmup_s=0.1,
+    w1_count_cycles=5,
+    w2_samples=10,
+    w3_sizes=(10, 50),
+    w3_window_s=4.0,  # at least one keepalive (every TTL/3) per window
+    w3_ttl_s=5.0,
+    w4_trials=1,
+    w4_ttl_s=2.0,
+    w5_rounds=1,
+    w5_batch=16,
+    w6_duration_s=0.4,
+    w6_repeats=1,
+    w6_windows=2,
+    w6_warmup_s=0.1,
+    w8_tasks=20,
+    w8_processes=2,
+    w8_duration_s=0.4,
+    w8_windows=2,
+    w8_repeats=1,
+    w7_depths=(200, 1_000),
+    w7_deep_depths=(),
+    w7_samples=10,
+    w7_stats_samples=2,
+    w7_step_budget_s=10.0,
+    w7_fill_budget_s=30.0,
+    w7_rate_jobs=30,
+    w7_rate_budget_s=3.0,
+    w7_cleanup_budget_s=30.0,
+)
+"""The smallest sizes, only to check that every workload runs end to end (the test
+suite's bench runs): its numbers mean nothing."""
 
 FULL = Sizes(
     quick=False,

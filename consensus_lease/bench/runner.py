@@ -33,7 +33,7 @@ from rich.table import Table
 from ..store import ENTRY_POINT_GROUP
 from . import clusters
 from .asyncrate import w8_async
-from .config import BACKENDS, FULL, QUICK, Sizes, Target
+from .config import BACKENDS, FULL, QUICK, SMOKE, Sizes, Target
 from .depth import w7_depth
 from .goals import evaluate
 from .holding import w3_keepalive
@@ -65,6 +65,8 @@ LABELS = {
 class BenchOptions:
     backends: tuple[str, ...] = BACKENDS
     quick: bool = False
+    smoke: bool = False
+    """The smallest sizes (:data:`.config.SMOKE`): checks the harness, measures nothing."""
     out: Path = Path("bench-results")
     etcd_url: str | None = None
     zk_url: str | None = None
@@ -76,6 +78,8 @@ class BenchOptions:
 
     @property
     def sizes(self) -> Sizes:
+        if self.smoke:
+            return SMOKE
         return QUICK if self.quick else FULL
 
 
@@ -182,7 +186,9 @@ def _command(options: BenchOptions) -> str:
     argv = ["consensus-lease", "bench"]
     if options.backends != BACKENDS:
         argv += ["--backends", ",".join(options.backends)]
-    if options.quick:
+    if options.smoke:
+        argv.append("--smoke")
+    elif options.quick:
         argv.append("--quick")
     if options.workloads != WORKLOADS:
         argv += ["--workloads", ",".join(k[:2] for k in options.workloads)]
