@@ -162,8 +162,12 @@ def translate(
     *,
     job_id: str | None = None,
     generation: int | None = None,
+    members: Sequence[str] = (),
 ) -> LeaseError:
-    """The library error for a failed request. Raise it ``from`` the gRPC error."""
+    """The library error for a failed request. Raise it ``from`` the gRPC error.
+    ``members``: every configured endpoint, named in an unavailability message beside
+    the ones tried (an operator checks all of them, also those the retries never
+    reached before the time ran out)."""
     code, details = failure.code, failure.details
     ids: dict[str, Any] = {"job_id": job_id, "generation": generation}
     if (
@@ -181,9 +185,11 @@ def translate(
     attempts = list(tried) or [failure]
     seen = sorted({f.endpoint for f in attempts})
     last = "; ".join(dict.fromkeys(str(f) for f in attempts[-3:]))
+    others = [m for m in members if m not in seen]
+    also = f"; not reached in time: {', '.join(others)}" if others else ""
     return BackendUnavailable(
         f"etcd {what}: no answer after {len(attempts)} attempt(s) on {', '.join(seen)} "
-        f"(last: {last})",
+        f"(last: {last}){also}",
         **ids,
     )
 
@@ -372,7 +378,8 @@ class Transport:
                         raise
         except Failure as failure:
             raise translate(
-                failure, what, failures, job_id=job_id, generation=generation
+                failure, what, failures, job_id=job_id, generation=generation,
+                members=[m.target for m in self.members],
             ) from failure.__cause__
         raise AssertionError("unreachable")
 
