@@ -290,19 +290,15 @@ def claim_batch(ops: Ops, handle: EtcdSession,
 def _send_batch(ops: Ops, handle: EtcdSession, all_keys: list[JobKeys], claimant: Claimant,
                 nonce: str) -> Batch | None:
     """Send one batch transaction; ``None`` if the epoch had changed (now cached)."""
-    request = rq.txn(
-        compare=[claimant.same_epoch],
-        success=[
-            etcdrpc.RequestOp(request_txn=rq.txn(
-                compare=unlimited(k),
-                success=claiming(k, claimant.value, claimant.lease_id, claimant.epoch,
-                                 _queued(ops, k.job_id)),
-                failure=[rq.count(k.limit)],
-            ))
-            for k in all_keys
-        ],
-        failure=[rq.get(ops.layout.epoch)],
-    )
+    request = etcdrpc.TxnRequest()
+    request.compare.append(claimant.same_epoch)
+    for k in all_keys:
+        nested = request.success.add().request_txn
+        unlimited(nested.compare, k)
+        claiming(nested.success, k, claimant.value, claimant.lease_id, claimant.epoch,
+                 _queued(ops, k.job_id))
+        nested.failure.append(rq.count(k.limit))
+    rq.add_get(request.failure, ops.layout.epoch)
     try:
         answer = ops.send_guarded(
             request, f"batch claim of {len(all_keys)} jobs", job_id=all_keys[0].job_id,

@@ -5,6 +5,7 @@ revision is the generation's (the token below its epoch bits) and its value is o
 (which records the epoch). Then::
 
     renew:     (nothing)                    else get o, get c
+               (sent with the session's keepalive: one round trip for both)
     complete:  put c = record, delete o, h  else get o, get c
                (+ delete QDIR/p/HEX for a queued job)
                (+ delete v for an election)
@@ -27,7 +28,10 @@ queue marker, release in one read first.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
+
+from pyetcd import etcdrpc
 
 from ...record import ClaimResult, JobState, LeaseRecord
 from . import _requests as rq
@@ -39,25 +43,41 @@ from ._session import EtcdClaim, EtcdSession
 __all__ = ["check_held", "complete", "release"]
 
 
-def check_held(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult) -> None:
-    """One read-only transaction: raise unless ``handle`` holds the job at
-    ``claim.generation``. Idempotent, so retried over the members within ``timeout_s``."""
+def check_held(ops: Ops, handle: EtcdSession, job_id: str,
+               claim: ClaimResult) -> Callable[[], None]:
+    """Send one read-only transaction checking that ``handle`` holds the job at
+    ``claim.generation``, without waiting: returns ``finish()``, which waits for the
+    answer and raises unless it is held. Idempotent, so retried over the members within
+    ``timeout_s``.
+
+    Raises (from ``finish()``):
+        StaleLeaseError / SessionExpired: not held at ``claim.generation``.
+        BackendUnavailable / StoreRegressed / AuthenticationFailed: as
+            :meth:`~._transport.Transport.call`.
+    """
     known = EtcdClaim.of(claim, handle, job_id)
     generation = claim.generation
     keys = ops.layout.job(job_id)
     what = f"renewal of {job_id!r} generation {generation}"
-    answer = ops.transport.call(
-        "kv", "Txn",
-        rq.txn(compare=ops.holds(handle, keys, generation, known),
-               success=[] if known is not None else [rq.get(keys.owner)],
-               failure=[rq.get(keys.owner), rq.get(keys.completion)]),
-        what=what, budget_s=ops.config.timeout_s, job_id=job_id, generation=generation,
-    )
-    if not answer.succeeded:
-        owner_kv, completion_kv = (rq.kv_of(r) for r in answer.responses)
-        raise ops.not_held(handle, keys, generation, owner_kv, completion_kv, what)
+    request = etcdrpc.TxnRequest()
+    ops.add_holds(request.compare, handle, keys, generation, known)
     if known is None:
-        ops.check_epoch(keys, generation, rq.kv_of(answer.responses[0]), what)
+        rq.add_get(request.success, keys.owner)
+    rq.add_get(request.failure, keys.owner)
+    rq.add_get(request.failure, keys.completion)
+    answered = ops.transport.start("kv", "Txn", request, what=what,
+                                   budget_s=ops.config.timeout_s, job_id=job_id,
+                                   generation=generation)
+
+    def finish() -> None:
+        answer = answered()
+        if not answer.succeeded:
+            owner_kv, completion_kv = (rq.kv_of(r) for r in answer.responses)
+            raise ops.not_held(handle, keys, generation, owner_kv, completion_kv, what)
+        if known is None:
+            ops.check_epoch(keys, generation, rq.kv_of(answer.responses[0]), what)
+
+    return finish
 
 
 def complete(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult,
@@ -77,24 +97,24 @@ def complete(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult,
         queue = queue_of(marker_kv)
         if known is None:
             ops.check_epoch(keys, generation, owner_kv, what)
-    success = [
-        rq.put(keys.completion, record.encode()),
-        rq.delete(keys.owner),
-        rq.delete(keys.history),
-    ]
+    request = etcdrpc.TxnRequest()
+    ops.add_holds(request.compare, handle, keys, generation, known)
+    success = request.success
+    rq.add_put(success, keys.completion, record.encode())
+    rq.add_delete(success, keys.owner)
+    rq.add_delete(success, keys.history)
     if queue is not None:
         qkeys = ops.layout.queue(queue)
-        success += [rq.delete(qkeys.pending(job_id)), rq.delete(qkeys.held(job_id)),
-                    rq.put(qkeys.counter("done"), b"")]
+        rq.add_delete(success, qkeys.pending(job_id))
+        rq.add_delete(success, qkeys.held(job_id))
+        rq.add_put(success, qkeys.counter("done"), b"")
         if known is not None and known.ordinal is not None:  # else the scan deletes it
-            success.append(rq.delete(qkeys.entry(known.ordinal, job_id)))
-    success += ops.ending(keys)
-    success += [rq.get(keys.attempts), rq.get(keys.error), rq.get(keys.limit)]
-    request = rq.txn(
-        compare=ops.holds(handle, keys, generation, known),
-        success=success,
-        failure=[rq.get(keys.owner), rq.get(keys.completion)],
-    )
+            rq.add_delete(success, qkeys.entry(known.ordinal, job_id))
+    success.extend(ops.ending(keys))
+    for key in (keys.attempts, keys.error, keys.limit):
+        rq.add_get(success, key)
+    rq.add_get(request.failure, keys.owner)
+    rq.add_get(request.failure, keys.completion)
 
     def ours(completion_kv: Any) -> Completion | None:
         """The completion record if this session made it at this generation."""

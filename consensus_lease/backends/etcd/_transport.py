@@ -32,7 +32,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -375,6 +375,63 @@ class Transport:
                 failure, what, failures, job_id=job_id, generation=generation
             ) from failure.__cause__
         raise AssertionError("unreachable")
+
+    def start(
+        self,
+        stub: str,
+        method: str,
+        request: Any,
+        *,
+        what: str,
+        budget_s: float,
+        job_id: str | None = None,
+        generation: int | None = None,
+    ) -> Callable[[], Any]:
+        """Send an idempotent request without waiting for its answer; returns
+        ``finish()``, which waits for it and returns it as :meth:`call` would. So a caller
+        can do something else (a keepalive) during the round trip. A transient failure
+        (or a rejected token) is retried by ``finish()`` through :meth:`call`, within
+        what is left of ``budget_s`` from now.
+
+        Raises (from ``finish()``): as :meth:`call`; StoreRegressed as :meth:`attempt`.
+        """
+        remaining = self._left(what, job_id, generation)
+        budget = budget_s if remaining is None else min(budget_s, remaining)
+        deadline = time.monotonic() + budget
+
+        def retry() -> Any:
+            return self.call(stub, method, request, what=what,
+                             budget_s=max(0.05, deadline - time.monotonic()),
+                             job_id=job_id, generation=generation)
+
+        member = self.member()
+        mark = self.guard.mark() if (stub, method) in _LINEARIZABLE else None
+        try:
+            future = getattr(getattr(member, stub), method).future(
+                request, timeout=max(0.05, min(self.config.timeout_s, budget)),
+                metadata=self.metadata())
+        except ValueError:  # grpc: "Cannot invoke RPC on closed channel!"
+            return retry
+
+        def finish() -> Any:
+            try:
+                response = future.result()
+            except grpc.RpcError as exc:
+                failure = Failure.from_rpc(member.target, exc)
+                if failure.transient:
+                    self.rotate(member)
+                if failure.transient or (failure.token_rejected and self.config.user is not None):
+                    return retry()
+                raise translate(failure, what, job_id=job_id,
+                                generation=generation) from exc
+            except grpc.FutureCancelledError:
+                return retry()
+            reason = self.guard.observe(response.header, mark, member.target)
+            if reason is not None:
+                raise StoreRegressed(reason)
+            return response
+
+        return finish
 
     def send(
         self,
