@@ -102,6 +102,7 @@ _CALL: ContextVar[tuple[Transport, float] | None] = ContextVar(
 )
 """The transport and deadline of the bounded call this thread (or task) is in, if any."""
 
+_LEADER_ONLY: tuple[tuple[str, str], ...] = (("hasleader", "true"),)
 _TOKEN_REJECTED = ("invalid auth token", "revision of auth store is old")
 _AUTH_MESSAGES = (
     "authentication failed",
@@ -229,16 +230,19 @@ class Transport:
         self._lock = threading.Lock()
         self._current = random.randrange(len(self.members))  # spread clients over members
         self._token: str | None = None
+        self._metadata: tuple[tuple[str, str], ...] = _LEADER_ONLY
         self._closed = False
         self.guard = RevisionGuard()
 
     # -- member selection ---------------------------------------------------------------
 
     def member(self) -> Member:
-        with self._lock:
-            if self._closed:
-                raise BackendUnavailable(f"{self.config.describe()}: the store is closed")
-            return self.members[self._current]
+        """The current member. Lock-free: one read of ``_closed`` and of ``_current``,
+        each atomic; a close right after it makes the request fail as "closed channel",
+        as it would a moment later."""
+        if self._closed:
+            raise BackendUnavailable(f"{self.config.describe()}: the store is closed")
+        return self.members[self._current]
 
     def rotate(self, failed: Member) -> None:
         """Move off ``failed`` to the next member (no-op if another thread already did)."""
@@ -251,10 +255,9 @@ class Transport:
                 )
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
-        md: tuple[tuple[str, str], ...] = (("hasleader", "true"),)
-        with self._lock:
-            token = self._token
-        return md if token is None else (*md, ("token", token))
+        """``hasleader``, and the auth token once there is one (one atomic read of the
+        tuple :meth:`authenticate` replaces)."""
+        return self._metadata
 
     # -- time ---------------------------------------------------------------------------
 
@@ -308,7 +311,7 @@ class Transport:
         for retry_auth in (True, False):
             member = self.member()
             rpc = getattr(getattr(member, stub), method)
-            metadata = self.metadata() if method != "Authenticate" else (("hasleader", "true"),)
+            metadata = self._metadata if method != "Authenticate" else _LEADER_ONLY
             mark = self.guard.mark() if (stub, method) in _LINEARIZABLE else None
             try:
                 response = rpc(request, timeout=timeout_s, metadata=metadata)
@@ -475,6 +478,7 @@ class Transport:
         response = self.call("auth", "Authenticate", request, what="authentication")
         with self._lock:
             self._token = str(response.token)
+            self._metadata = (*_LEADER_ONLY, ("token", self._token))
 
     def close(self) -> None:
         with self._lock:
