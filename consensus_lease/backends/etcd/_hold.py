@@ -110,7 +110,8 @@ def complete(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult,
         rq.add_put(success, qkeys.counter("done"), b"")
         if known is not None and known.ordinal is not None:  # else the scan deletes it
             rq.add_delete(success, qkeys.entry(known.ordinal, job_id))
-    success.extend(ops.ending(keys))
+    if keys.is_election:
+        success.extend(ops.ending(keys))
     for key in (keys.attempts, keys.error, keys.limit):
         rq.add_get(success, key)
     rq.add_get(request.failure, keys.owner)
@@ -140,7 +141,9 @@ def complete(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult,
     if isinstance(answer, Settled):
         done: Completion = answer.value
     elif answer.succeeded:
-        life = Lifecycle.of(*(rq.kv_of(r) for r in answer.responses[-3:]))
+        responses = answer.responses
+        life = Lifecycle.of(rq.kv_of(responses[-3]), rq.kv_of(responses[-2]),
+                            rq.kv_of(responses[-1]))
         return _completed(job_id, record, life)
     else:
         owner_kv, completion_kv = (rq.kv_of(r) for r in answer.responses)
