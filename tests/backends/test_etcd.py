@@ -38,7 +38,7 @@ from consensus_lease._election import election_key, is_election_key
 from consensus_lease.backends.etcd import EtcdBackend, EtcdClaim, EtcdSession
 from consensus_lease.backends.etcd._config import DEFAULT_PREFIX, parse_url
 from consensus_lease.backends.etcd._failure import delay_ttl_s
-from consensus_lease.backends.etcd._keys import Completion, Layout, Owner, _dump
+from consensus_lease.backends.etcd._keys import Completion, History, Layout, Owner, _dump
 from consensus_lease.backends.etcd._transport import Failure
 from consensus_lease.record import ClaimResult, LeaseRecord
 from consensus_lease.testing.conformance import poll_until
@@ -153,7 +153,7 @@ _texts = st.text(alphabet=st.characters(blacklist_categories=_SURROGATES))
 def test_owner_and_completion_values_are_the_json_they_always_were(
         owner: str, session: str, nonce: str, epoch: int, generation: int,
         result: bytes) -> None:
-    """The hot path writes owner and completion values directly; they stay byte for byte
+    """The hot path writes owner, completion and release values directly; they stay byte for byte
     the sorted, compact JSON every earlier version wrote and reads, and read back."""
     held = Owner(owner, session, nonce, epoch)
     fields: dict[str, object] = {"nonce": nonce, "owner": owner, "session": session}
@@ -166,6 +166,13 @@ def test_owner_and_completion_values_are_the_json_they_always_were(
                                    "result": base64.b64encode(result).decode(),
                                    "session": session})
     assert Completion.decode(done.encode(), b"k") == done
+    for marker in (History(None, session, nonce, generation, released=True),
+                   History(owner, session, nonce)):
+        fields = {"nonce": nonce, "owner": marker.owner, "session": session}
+        if marker.generation is not None:
+            fields.update(generation=generation, released=True)
+        assert marker.encode() == _dump(fields)
+        assert History.decode(marker.encode(), b"k") == marker
 
 
 def test_foreign_keys_under_the_prefix_are_ignored() -> None:

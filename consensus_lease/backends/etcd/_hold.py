@@ -183,13 +183,17 @@ def release(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult) -> N
         queue = queue_of(marker_kv)
         if known is None:
             ops.check_epoch(keys, generation, owner_kv, what)
-    unmark = [] if queue is None else [rq.delete(ops.layout.queue(queue).held(job_id))]
-    request = rq.txn(
-        compare=ops.holds(handle, keys, generation, known),
-        success=[rq.delete(keys.owner), rq.put(keys.history, marker.encode()),
-                 *unmark, *ops.ending(keys)],
-        failure=[rq.get(keys.owner), rq.get(keys.history), rq.get(keys.completion)],
-    )
+    request = etcdrpc.TxnRequest()
+    ops.add_holds(request.compare, handle, keys, generation, known)
+    success = request.success
+    rq.add_delete(success, keys.owner)
+    rq.add_put(success, keys.history, marker.encode())
+    if queue is not None:
+        rq.add_delete(success, ops.layout.queue(queue).held(job_id))
+    if keys.is_election:
+        success.extend(ops.ending(keys))
+    for key in (keys.owner, keys.history, keys.completion):
+        rq.add_get(request.failure, key)
     resent = False
 
     def is_marker(history_kv: Any) -> bool:

@@ -546,12 +546,14 @@ class History:
     epoch: int = 0
 
     def encode(self) -> bytes:
-        obj: dict[str, Any] = {"nonce": self.nonce, "owner": self.owner, "session": self.session}
-        if self.generation is not None:
-            obj["generation"] = self.generation
-        if self.released:
-            obj["released"] = True
-        return _dump(obj)
+        """The JSON object ``{"generation", "nonce", "owner", "released", "session"}``
+        (``generation`` left out when ``None``, ``released`` unless true), byte for byte
+        what :func:`_dump` makes of it, written out directly (one per release)."""
+        head = "{" if self.generation is None else f'{{"generation":{int(self.generation)},'
+        owner = "null" if self.owner is None else _quote(self.owner)
+        released = ',"released":true' if self.released else ""
+        return (f'{head}"nonce":{_quote(self.nonce)},"owner":{owner}{released},'
+                f'"session":{_quote(self.session)}}}').encode()
 
     @classmethod
     def decode(cls, raw: bytes, key: bytes) -> History:
