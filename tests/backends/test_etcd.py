@@ -7,6 +7,7 @@ conformance suite in ``test_etcd_conformance.py``.
 
 from __future__ import annotations
 
+import base64
 import re
 import threading
 import time
@@ -37,7 +38,7 @@ from consensus_lease._election import election_key, is_election_key
 from consensus_lease.backends.etcd import EtcdBackend, EtcdClaim, EtcdSession
 from consensus_lease.backends.etcd._config import DEFAULT_PREFIX, parse_url
 from consensus_lease.backends.etcd._failure import delay_ttl_s
-from consensus_lease.backends.etcd._keys import Layout
+from consensus_lease.backends.etcd._keys import Completion, History, Layout, Owner, _dump
 from consensus_lease.backends.etcd._transport import Failure
 from consensus_lease.record import ClaimResult, LeaseRecord
 from consensus_lease.testing.conformance import poll_until
@@ -143,6 +144,37 @@ def test_election_keys_live_apart_from_every_job(name: str, job: str) -> None:
     assert election.owner < layout.jobs_range_end
 
 
+_texts = st.text(alphabet=st.characters(blacklist_categories=_SURROGATES))
+
+
+@settings(max_examples=300)
+@given(owner=_texts, session=_texts, nonce=_texts, epoch=st.integers(0, 2**19 - 1),
+       generation=st.integers(0, 2**63 - 1), result=st.binary(max_size=64))
+def test_owner_and_completion_values_are_the_json_they_always_were(
+        owner: str, session: str, nonce: str, epoch: int, generation: int,
+        result: bytes) -> None:
+    """The hot path writes owner, completion and release values directly; they stay byte for byte
+    the sorted, compact JSON every earlier version wrote and reads, and read back."""
+    held = Owner(owner, session, nonce, epoch)
+    fields: dict[str, object] = {"nonce": nonce, "owner": owner, "session": session}
+    if epoch:
+        fields["epoch"] = epoch
+    assert held.encode() == _dump(fields)
+    assert Owner.decode(held.encode(), b"k") == held
+    done = Completion(owner, session, generation, result)
+    assert done.encode() == _dump({"generation": generation, "owner": owner,
+                                   "result": base64.b64encode(result).decode(),
+                                   "session": session})
+    assert Completion.decode(done.encode(), b"k") == done
+    for marker in (History(None, session, nonce, generation, released=True),
+                   History(owner, session, nonce)):
+        fields = {"nonce": nonce, "owner": marker.owner, "session": session}
+        if marker.generation is not None:
+            fields.update(generation=generation, released=True)
+        assert marker.encode() == _dump(fields)
+        assert History.decode(marker.encode(), b"k") == marker
+
+
 def test_foreign_keys_under_the_prefix_are_ignored() -> None:
     layout = Layout(b"/a")
     assert layout.parse(b"/a/62/6a6f62/o") is None  # a nested prefix /a/62's key
@@ -243,6 +275,77 @@ def test_claim_with_a_dead_lease_is_session_expired(store: LeaseStore) -> None:
         backend.keepalive(handle)
     assert store.get("job") is None
     backend.close_session(handle)  # idempotent on a lease already gone
+
+
+class _Unavailable(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return "injected: connection reset"
+
+
+class _Lost:
+    """A request future whose answer never comes: the connection broke."""
+
+    def result(self) -> Any:
+        raise _Unavailable()
+
+
+def test_renew_sends_its_check_and_the_keepalive_in_one_round_trip(
+        store: LeaseStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ownership check is sent, the keepalive made during its round trip, then the
+    check's answer read; a check whose answer is lost is asked again (it is a read), and
+    a stale claim is still refused by it."""
+    backend = backend_of(store)
+    transport = backend._transport
+    events: list[str] = []
+    real_start, real_keepalive = transport.start, backend._keepalives.keepalive
+
+    def start(*args: Any, **kwargs: Any) -> Any:
+        finish = real_start(*args, **kwargs)
+        events.append("check sent")
+
+        def answered() -> Any:
+            events.append("check answered")
+            return finish()
+        return answered
+
+    def keepalive(*args: Any, **kwargs: Any) -> Any:
+        events.append("keepalive")
+        return real_keepalive(*args, **kwargs)
+
+    monkeypatch.setattr(transport, "start", start)
+    monkeypatch.setattr(backend._keepalives, "keepalive", keepalive)
+    with store.session("A", ttl_s=5) as session:
+        lease = session.claim("job")
+        assert lease is not None
+        events.clear()
+        lease.renew()
+        assert events == ["check sent", "keepalive", "check answered"]
+
+        kv = transport.members[transport._current].kv
+        lost: list[int] = []
+        real_future = kv.Txn.future
+
+        class Flaky:
+            def __call__(self, *args: Any, **kwargs: Any) -> Any:
+                return real_txn(*args, **kwargs)
+
+            def future(self, *args: Any, **kwargs: Any) -> Any:
+                if not lost:
+                    lost.append(1)
+                    return _Lost()
+                return real_future(*args, **kwargs)
+
+        real_txn = kv.Txn
+        monkeypatch.setattr(kv, "Txn", Flaky())
+        lease.renew()  # the lost answer is asked again
+        assert lost == [1]
+        stale = ClaimResult(lease.generation + 1, handle=None)
+        with pytest.raises(StaleLeaseError):
+            backend.renew(session.handle, "job", stale)
+        lease.complete(b"")
 
 
 def test_a_claim_carries_its_owner_value_and_is_checked_without_it(store: LeaseStore) -> None:

@@ -33,7 +33,7 @@ from consensus_lease import (
 )
 from consensus_lease.backends.etcd import EtcdBackend
 from consensus_lease.backends.etcd._keys import History, Owner, StoreEpoch
-from consensus_lease.backends.etcd._regression import RevisionGuard
+from consensus_lease.backends.etcd._regression import Mark, RevisionGuard
 from consensus_lease.backends.etcd._tokens import EPOCH_SHIFT, TokenOverflow, compose, split
 from consensus_lease.record import ClaimResult
 from consensus_lease.testing.conformance import poll_until
@@ -203,6 +203,7 @@ def _pretend_seen(store: LeaseStore, ahead: int) -> None:
     the next answers come from a history that went back."""
     guard = backend_of(store)._transport.guard
     guard._high += ahead
+    guard._mark = Mark(guard._era, guard._high)  # what requests are marked with
 
 
 def test_a_claim_answered_below_a_seen_revision_is_handed_back(

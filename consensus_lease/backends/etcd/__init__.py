@@ -10,8 +10,9 @@ consecutive (``consecutive_generations=False``). The store epoch (key ``PREFIX/e
 0 until ``bump_epoch`` first runs, so tokens are plain revisions until then) is compared
 inside every claim transaction against the driver's cached copy and recorded in the
 owner value; see :mod:`._tokens` and :mod:`._epoch`.
-``renew`` is two round trips, not one atomic step: a read-only transaction comparing the
-owner key, then one keepalive of the session's lease.
+``renew`` is two requests in one round trip, not one atomic step: a read-only
+transaction comparing the owner key, and one keepalive of the session's lease sent while
+it is under way (the comparison's verdict is raised first).
 Each claim returns its own state as ``ClaimResult.handle`` (an :class:`EtcdClaim`: the
 exact owner value written, the job's work queue, the attempt and the attempt limit),
 which the lease hands back with renew, complete, release and fail; the driver keeps no

@@ -33,6 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pyetcd import etcdrpc
+
 from ...errors import JobCompleted, JobFailed
 from ...record import ClaimResult
 from . import _requests as rq
@@ -98,6 +100,13 @@ class Snapshot:
         """The reads that answer a snapshot inside a transaction: the job's directory
         (one range) and the epoch key."""
         return [rq.span(*keys.directory), rq.get(keys.epoch)]
+
+    @staticmethod
+    def add_reads(ops: Any, keys: JobKeys) -> None:
+        """Append :meth:`reads` to the repeated ``ops`` field of a transaction being
+        built."""
+        rq.add_span(ops, *keys.directory)
+        rq.add_get(ops, keys.epoch)
 
     @classmethod
     def of(cls, keys: JobKeys, responses: Any) -> Snapshot:
@@ -166,18 +175,21 @@ def assess(handle: EtcdSession, keys: JobKeys, snap: Snapshot,
     return Plan(snap, limit.exhausted(snap.attempt))
 
 
-def claiming(keys: JobKeys, value: bytes, lease_id: int, epoch: int,
-             queued: tuple[bytes, bytes] | None = None) -> list[Any]:
-    """The claim's writes: the owner key (on the lease) and the history key, both
-    ``value``, the attempts key (``epoch``, answering its previous version); then the
-    queue marker read; last, for a job known to be queued (``queued``: its held marker
-    and pending key there), put the held marker (on the lease) and read the pending key
-    (the job's ordinal)."""
-    writes = [rq.put(keys.owner, value, lease_id), rq.put(keys.history, value),
-              rq.put(keys.attempts, attempts_value(epoch), prev_kv=True), rq.get(keys.queue)]
+def claiming(success: Any, keys: JobKeys, value: bytes, lease_id: int, epoch: int,
+             queued: tuple[bytes, bytes] | None = None) -> None:
+    """Append the claim's writes to the repeated ``success`` field of a transaction
+    being built: the owner key (on the lease) and the history key, both ``value``, the
+    attempts key (``epoch``, answering its previous version); then the queue marker
+    read; last, for a job known to be queued (``queued``: its held marker and pending
+    key there), put the held marker (on the lease) and read the pending key (the job's
+    ordinal)."""
+    rq.add_put(success, keys.owner, value, lease_id)
+    rq.add_put(success, keys.history, value)
+    rq.add_put(success, keys.attempts, attempts_value(epoch), prev_kv=True)
+    rq.add_get(success, keys.queue)
     if queued is not None:
-        writes += [rq.put(queued[0], b"", lease_id), rq.get(queued[1])]
-    return writes
+        rq.add_put(success, queued[0], b"", lease_id)
+        rq.add_get(success, queued[1])
 
 
 def claimed_attempt(put_response: Any) -> int:
@@ -185,12 +197,13 @@ def claimed_attempt(put_response: Any) -> int:
     return int(put_response.response_put.prev_kv.version) + 1
 
 
-def unlimited(keys: JobKeys) -> list[Any]:
-    """The common claim's compares: not held, completed, delayed or limited (a job with a
-    limit key takes a :class:`Plan` with a snapshot instead; it cannot be FAILED without
-    one)."""
-    return [rq.create_is(k, 0) for k in (keys.owner, keys.completion, keys.not_before,
-                                         keys.limit)]
+def unlimited(compare: Any, keys: JobKeys) -> None:
+    """Append the common claim's compares to the repeated ``compare`` field: not held,
+    completed, delayed or limited (a job with a limit key takes a :class:`Plan` with a
+    snapshot instead; it cannot be FAILED without one)."""
+    base = keys.base
+    for kind in (OWNER, COMPLETION, NOT_BEFORE, LIMIT):
+        rq.add_create_is(compare, base + kind, 0)
 
 
 def dead_letter(snap: Snapshot, nonce: str) -> tuple[DeadLetter, bool]:
@@ -228,17 +241,22 @@ def plan_request(layout: Layout, keys: JobKeys, plan: Plan, claimant: Claimant,
     """The transaction of ``plan`` (see the module docstring); its ``else`` branch
     answers a fresh :class:`Snapshot`."""
     snap = plan.snapshot
-    writes = claiming(keys, claimant.value, claimant.lease_id, claimant.epoch, claimant.queued)
+    if snap is None or not plan.exhausted:
+        request = etcdrpc.TxnRequest()
+        claiming(request.success, keys, claimant.value, claimant.lease_id, claimant.epoch,
+                 claimant.queued)
+        Snapshot.add_reads(request.failure, keys)
     if snap is None:
-        return rq.txn(compare=[*unlimited(keys), claimant.same_epoch], success=writes,
-                      failure=Snapshot.reads(keys))
+        unlimited(request.compare, keys)
+        request.compare.append(claimant.same_epoch)
+        return request
     free = (keys.owner, keys.completion, keys.not_before, keys.failed)
     compare = [rq.create_is(k, 0) for k in free]
     compare += [rq.mod_is(keys.limit, int(snap.limit.mod_revision)),
                 rq.version_is(keys.attempts, snap.attempt)]
     if not plan.exhausted:
-        return rq.txn(compare=[*compare, claimant.same_epoch], success=writes,
-                      failure=Snapshot.reads(keys))
+        request.compare.extend([*compare, claimant.same_epoch])
+        return request
     compare.append(rq.mod_is(keys.error, 0 if snap.error is None else
                              int(snap.error.mod_revision)))
     dead, with_error = dead_letter(snap, nonce)

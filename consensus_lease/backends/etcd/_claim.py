@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import random
 import secrets
 import time
 from collections.abc import Sequence
@@ -99,7 +100,7 @@ a held job."""
 def claim_one(ops: Ops, handle: EtcdSession, job_id: str) -> ClaimResult | None:
     """See :meth:`EtcdBackend.claim <consensus_lease.backends.etcd.EtcdBackend.claim>`."""
     keys = ops.layout.job(job_id)
-    nonce = secrets.token_hex(8)
+    nonce = _nonce()
     plan = Plan()
     for _ in range(MAX_PLANS):
         outcome = _send_plan(ops, handle, keys, plan, nonce)
@@ -107,6 +108,14 @@ def claim_one(ops: Ops, handle: EtcdSession, job_id: str) -> ClaimResult | None:
             return outcome
         plan = outcome
     return None
+
+
+def _nonce() -> str:
+    """A claim request's nonce: 16 hex digits, random. It only has to differ from this
+    session's other claims of the job (an owner value is ours by session id *and*
+    nonce), not be unpredictable: the module ``random`` (reseeded in a fork's child)
+    instead of a system call per claim."""
+    return f"{random.getrandbits(64):016x}"
 
 
 def _claimant(ops: Ops, handle: EtcdSession, nonce: str, job_id: str | None = None) -> Claimant:
@@ -219,11 +228,12 @@ def _claimed(handle: EtcdSession, keys: JobKeys, plan: Plan, claimant: Claimant,
     Raises:
         TokenOverflow: the revision reached 2**44.
     """
-    attempt = claimed_attempt(answer.responses[2])
+    responses = answer.responses
+    attempt = claimed_attempt(responses[2])
     limit = None if plan.snapshot is None else limit_of(plan.snapshot.limit)
-    ordinal = None if len(answer.responses) < 6 else ordinal_of(rq.kv_of(answer.responses[5]))
+    ordinal = None if len(responses) < 6 else ordinal_of(rq.kv_of(responses[5]))
     known = EtcdClaim(handle.lease_id, keys.job_id, claimant.value, True,
-                      queue_of(rq.kv_of(answer.responses[3])), attempt, limit, claimant.epoch,
+                      queue_of(rq.kv_of(responses[3])), attempt, limit, claimant.epoch,
                       ordinal)
     token = compose(claimant.epoch, int(answer.header.revision))
     return ClaimResult(token, attempt=attempt, handle=known)
@@ -290,19 +300,15 @@ def claim_batch(ops: Ops, handle: EtcdSession,
 def _send_batch(ops: Ops, handle: EtcdSession, all_keys: list[JobKeys], claimant: Claimant,
                 nonce: str) -> Batch | None:
     """Send one batch transaction; ``None`` if the epoch had changed (now cached)."""
-    request = rq.txn(
-        compare=[claimant.same_epoch],
-        success=[
-            etcdrpc.RequestOp(request_txn=rq.txn(
-                compare=unlimited(k),
-                success=claiming(k, claimant.value, claimant.lease_id, claimant.epoch,
-                                 _queued(ops, k.job_id)),
-                failure=[rq.count(k.limit)],
-            ))
-            for k in all_keys
-        ],
-        failure=[rq.get(ops.layout.epoch)],
-    )
+    request = etcdrpc.TxnRequest()
+    request.compare.append(claimant.same_epoch)
+    for k in all_keys:
+        nested = request.success.add().request_txn
+        unlimited(nested.compare, k)
+        claiming(nested.success, k, claimant.value, claimant.lease_id, claimant.epoch,
+                 _queued(ops, k.job_id))
+        nested.failure.append(rq.count(k.limit))
+    rq.add_get(request.failure, ops.layout.epoch)
     try:
         answer = ops.send_guarded(
             request, f"batch claim of {len(all_keys)} jobs", job_id=all_keys[0].job_id,

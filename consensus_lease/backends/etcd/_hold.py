@@ -5,6 +5,7 @@ revision is the generation's (the token below its epoch bits) and its value is o
 (which records the epoch). Then::
 
     renew:     (nothing)                    else get o, get c
+               (sent with the session's keepalive: one round trip for both)
     complete:  put c = record, delete o, h  else get o, get c
                (+ delete QDIR/p/HEX for a queued job)
                (+ delete v for an election)
@@ -27,7 +28,10 @@ queue marker, release in one read first.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
+
+from pyetcd import etcdrpc
 
 from ...record import ClaimResult, JobState, LeaseRecord
 from . import _requests as rq
@@ -39,25 +43,41 @@ from ._session import EtcdClaim, EtcdSession
 __all__ = ["check_held", "complete", "release"]
 
 
-def check_held(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult) -> None:
-    """One read-only transaction: raise unless ``handle`` holds the job at
-    ``claim.generation``. Idempotent, so retried over the members within ``timeout_s``."""
+def check_held(ops: Ops, handle: EtcdSession, job_id: str,
+               claim: ClaimResult) -> Callable[[], None]:
+    """Send one read-only transaction checking that ``handle`` holds the job at
+    ``claim.generation``, without waiting: returns ``finish()``, which waits for the
+    answer and raises unless it is held. Idempotent, so retried over the members within
+    ``timeout_s``.
+
+    Raises (from ``finish()``):
+        StaleLeaseError / SessionExpired: not held at ``claim.generation``.
+        BackendUnavailable / StoreRegressed / AuthenticationFailed: as
+            :meth:`~._transport.Transport.call`.
+    """
     known = EtcdClaim.of(claim, handle, job_id)
     generation = claim.generation
     keys = ops.layout.job(job_id)
     what = f"renewal of {job_id!r} generation {generation}"
-    answer = ops.transport.call(
-        "kv", "Txn",
-        rq.txn(compare=ops.holds(handle, keys, generation, known),
-               success=[] if known is not None else [rq.get(keys.owner)],
-               failure=[rq.get(keys.owner), rq.get(keys.completion)]),
-        what=what, budget_s=ops.config.timeout_s, job_id=job_id, generation=generation,
-    )
-    if not answer.succeeded:
-        owner_kv, completion_kv = (rq.kv_of(r) for r in answer.responses)
-        raise ops.not_held(handle, keys, generation, owner_kv, completion_kv, what)
+    request = etcdrpc.TxnRequest()
+    ops.add_holds(request.compare, handle, keys, generation, known)
     if known is None:
-        ops.check_epoch(keys, generation, rq.kv_of(answer.responses[0]), what)
+        rq.add_get(request.success, keys.owner)
+    rq.add_get(request.failure, keys.owner)
+    rq.add_get(request.failure, keys.completion)
+    answered = ops.transport.start("kv", "Txn", request, what=what,
+                                   budget_s=ops.config.timeout_s, job_id=job_id,
+                                   generation=generation)
+
+    def finish() -> None:
+        answer = answered()
+        if not answer.succeeded:
+            owner_kv, completion_kv = (rq.kv_of(r) for r in answer.responses)
+            raise ops.not_held(handle, keys, generation, owner_kv, completion_kv, what)
+        if known is None:
+            ops.check_epoch(keys, generation, rq.kv_of(answer.responses[0]), what)
+
+    return finish
 
 
 def complete(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult,
@@ -68,29 +88,21 @@ def complete(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult,
     keys = ops.layout.job(job_id)
     record = Completion(handle.owner, handle.session_id, generation, result)
     what = f"completion of {job_id!r} generation {generation}"
-    queue = None if known is None else known.queue
-    if known is None or not known.queue_known:
-        marker_kv, owner_kv = ops.read_keys(
-            [keys.queue, keys.owner], f"reading the queue of {job_id!r}",
-            time.monotonic() + ops.config.timeout_s, job_id,
-        )
-        queue = queue_of(marker_kv)
-        if known is None:
-            ops.check_epoch(keys, generation, owner_kv, what)
-    success = [
-        rq.put(keys.completion, record.encode()),
-        rq.delete(keys.owner),
-        rq.delete(keys.history),
-    ]
+    queue = _queue(ops, keys, known, job_id, generation, what)
+    request = etcdrpc.TxnRequest()
+    ops.add_holds(request.compare, handle, keys, generation, known)
+    success = request.success
+    rq.add_put(success, keys.completion, record.encode())
+    rq.add_delete(success, keys.owner)
+    rq.add_delete(success, keys.history)
     if queue is not None:
-        success += _leaving_queue(ops, queue, job_id, known)
-    success += ops.ending(keys)
-    success += [rq.get(keys.attempts), rq.get(keys.error), rq.get(keys.limit)]
-    request = rq.txn(
-        compare=ops.holds(handle, keys, generation, known),
-        success=success,
-        failure=[rq.get(keys.owner), rq.get(keys.completion)],
-    )
+        _leaving_queue(success, ops, queue, job_id, known)
+    if keys.is_election:
+        success.extend(ops.ending(keys))
+    for key in (keys.attempts, keys.error, keys.limit):
+        rq.add_get(success, key)
+    rq.add_get(request.failure, keys.owner)
+    rq.add_get(request.failure, keys.completion)
 
     def ours(completion_kv: Any) -> Completion | None:
         """The completion record if this session made it at this generation."""
@@ -116,7 +128,9 @@ def complete(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult,
     if isinstance(answer, Settled):
         done: Completion = answer.value
     elif answer.succeeded:
-        life = Lifecycle.of(*(rq.kv_of(r) for r in answer.responses[-3:]))
+        responses = answer.responses
+        life = Lifecycle.of(rq.kv_of(responses[-3]), rq.kv_of(responses[-2]),
+                            rq.kv_of(responses[-1]))
         return _completed(job_id, record, life)
     else:
         owner_kv, completion_kv = (rq.kv_of(r) for r in answer.responses)
@@ -127,15 +141,32 @@ def complete(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult,
     return _completed(job_id, done, _lifecycle(ops, keys))
 
 
-def _leaving_queue(ops: Ops, queue: str, job_id: str, known: EtcdClaim | None) -> list[Any]:
-    """The completion's writes to the job's queue: its pending key, held marker and index
-    entry deleted, the completed counter bumped (a put: its version counts)."""
+def _queue(ops: Ops, keys: JobKeys, known: EtcdClaim | None, job_id: str, generation: int,
+           what: str) -> str | None:
+    """The job's queue: as the claim read it, else read now (with the epoch check of a
+    claim this process did not make)."""
+    if known is not None and known.queue_known:
+        return known.queue
+    marker_kv, owner_kv = ops.read_keys(
+        [keys.queue, keys.owner], f"reading the queue of {job_id!r}",
+        time.monotonic() + ops.config.timeout_s, job_id,
+    )
+    if known is None:
+        ops.check_epoch(keys, generation, owner_kv, what)
+    return queue_of(marker_kv)
+
+
+def _leaving_queue(success: Any, ops: Ops, queue: str, job_id: str,
+                   known: EtcdClaim | None) -> None:
+    """Add the completion's writes to the job's queue to ``success``: its pending key,
+    held marker and index entry deleted, the completed counter bumped (a put: its version
+    counts)."""
     qkeys = ops.layout.queue(queue)
-    writes = [rq.delete(qkeys.pending(job_id)), rq.delete(qkeys.held(job_id)),
-              rq.put(qkeys.counter("done"), b"")]
+    rq.add_delete(success, qkeys.pending(job_id))
+    rq.add_delete(success, qkeys.held(job_id))
+    rq.add_put(success, qkeys.counter("done"), b"")
     if known is not None and known.ordinal is not None:  # else the scan deletes it
-        writes.append(rq.delete(qkeys.entry(known.ordinal, job_id)))
-    return writes
+        rq.add_delete(success, qkeys.entry(known.ordinal, job_id))
 
 
 def _completed(job_id: str, done: Completion, life: Lifecycle) -> LeaseRecord:
@@ -167,13 +198,17 @@ def release(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult) -> N
         queue = queue_of(marker_kv)
         if known is None:
             ops.check_epoch(keys, generation, owner_kv, what)
-    unmark = [] if queue is None else [rq.delete(ops.layout.queue(queue).held(job_id))]
-    request = rq.txn(
-        compare=ops.holds(handle, keys, generation, known),
-        success=[rq.delete(keys.owner), rq.put(keys.history, marker.encode()),
-                 *unmark, *ops.ending(keys)],
-        failure=[rq.get(keys.owner), rq.get(keys.history), rq.get(keys.completion)],
-    )
+    request = etcdrpc.TxnRequest()
+    ops.add_holds(request.compare, handle, keys, generation, known)
+    success = request.success
+    rq.add_delete(success, keys.owner)
+    rq.add_put(success, keys.history, marker.encode())
+    if queue is not None:
+        rq.add_delete(success, ops.layout.queue(queue).held(job_id))
+    if keys.is_election:
+        success.extend(ops.ending(keys))
+    for key in (keys.owner, keys.history, keys.completion):
+        rq.add_get(request.failure, key)
     resent = False
 
     def is_marker(history_kv: Any) -> bool:

@@ -124,6 +124,7 @@ import base64
 import binascii
 import json
 from dataclasses import dataclass
+from json.encoder import encode_basestring as _encode_basestring
 from typing import Any
 
 from ..._election import election_key, election_name, is_election_key
@@ -450,6 +451,12 @@ def _dump(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+def _quote(text: str) -> str:
+    """``text`` as a JSON string, as :func:`_dump` writes one (``ensure_ascii=False``:
+    the json module's own C-accelerated quoting)."""
+    return _encode_basestring(text)
+
+
 def _load(raw: bytes, what: str, key: bytes) -> dict[str, Any]:
     try:
         obj = json.loads(raw)
@@ -508,11 +515,12 @@ class Owner:
     epoch: int = 0
 
     def encode(self) -> bytes:
-        obj: dict[str, Any] = {"nonce": self.nonce, "owner": self.owner,
-                               "session": self.session}
-        if self.epoch:
-            obj["epoch"] = self.epoch
-        return _dump(obj)
+        """The JSON object ``{"epoch", "nonce", "owner", "session"}`` (``epoch`` left out
+        when 0), byte for byte what :func:`_dump` makes of it (sorted keys, no spaces),
+        written out directly: a claim encodes one per request."""
+        head = f'{{"epoch":{int(self.epoch)},' if self.epoch else "{"
+        return (f'{head}"nonce":{_quote(self.nonce)},"owner":{_quote(self.owner)},'
+                f'"session":{_quote(self.session)}}}').encode()
 
     @classmethod
     def decode(cls, raw: bytes, key: bytes) -> Owner:
@@ -538,12 +546,14 @@ class History:
     epoch: int = 0
 
     def encode(self) -> bytes:
-        obj: dict[str, Any] = {"nonce": self.nonce, "owner": self.owner, "session": self.session}
-        if self.generation is not None:
-            obj["generation"] = self.generation
-        if self.released:
-            obj["released"] = True
-        return _dump(obj)
+        """The JSON object ``{"generation", "nonce", "owner", "released", "session"}``
+        (``generation`` left out when ``None``, ``released`` unless true), byte for byte
+        what :func:`_dump` makes of it, written out directly (one per release)."""
+        head = "{" if self.generation is None else f'{{"generation":{int(self.generation)},'
+        owner = "null" if self.owner is None else _quote(self.owner)
+        released = ',"released":true' if self.released else ""
+        return (f'{head}"nonce":{_quote(self.nonce)},"owner":{owner}{released},'
+                f'"session":{_quote(self.session)}}}').encode()
 
     @classmethod
     def decode(cls, raw: bytes, key: bytes) -> History:
@@ -573,14 +583,12 @@ class Completion:
     result: bytes
 
     def encode(self) -> bytes:
-        return _dump(
-            {
-                "generation": self.generation,
-                "owner": self.owner,
-                "result": base64.b64encode(self.result).decode("ascii"),
-                "session": self.session,
-            }
-        )
+        """The JSON object ``{"generation", "owner", "result" (base64), "session"}``,
+        byte for byte what :func:`_dump` makes of it, written out directly (one per
+        completion)."""
+        result = base64.b64encode(self.result).decode("ascii")
+        return (f'{{"generation":{int(self.generation)},"owner":{_quote(self.owner)},'
+                f'"result":"{result}","session":{_quote(self.session)}}}').encode()
 
     @classmethod
     def decode(cls, raw: bytes, key: bytes) -> Completion:

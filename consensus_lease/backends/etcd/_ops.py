@@ -148,6 +148,18 @@ class Ops:
         )
         return [rq.create_is(keys.owner, split(generation)[1]), same]
 
+    @staticmethod
+    def add_holds(compare: Any, handle: EtcdSession, keys: JobKeys, generation: int,
+                  known: EtcdClaim | None) -> None:
+        """Append :meth:`holds` to the repeated ``compare`` field of a transaction being
+        built."""
+        owner = keys.owner
+        rq.add_create_is(compare, owner, split(generation)[1])
+        if known is not None:
+            rq.add_value_is(compare, owner, known.owner_value)
+        else:
+            compare.append(rq.lease_is(owner, handle.lease_id))
+
     def held_by(self, handle: EtcdSession, owner_kv: Any, generation: int,
                 known: EtcdClaim | None) -> bool:
         """The read-back twin of :meth:`holds` (with the epoch checked in both cases)."""

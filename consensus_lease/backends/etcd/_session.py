@@ -58,8 +58,7 @@ class EtcdSession(SessionHandle):
         Raises:
             StoreRegressed: see :meth:`end_by_regression`.
         """
-        with self._lock:
-            reason = self._regressed
+        reason = self._regressed  # one atomic read (set once, never cleared)
         if reason is not None:
             raise StoreRegressed(f"session {self.session_id}: {reason}")
 

@@ -81,16 +81,15 @@ class EpochCache:
         self._lock = threading.Lock()
         self._raw: bytes | None = None
         self._epoch = 0
+        self._compare = rq.create_is(key, 0)
 
     def current(self) -> tuple[int, Any]:
         """``(epoch, compare)``: the cached epoch, and the compare that holds while the
         epoch key is exactly as cached (its value carries a per-bump nonce, so it never
-        repeats)."""
+        repeats). The compare is shared: put it into requests (protobuf copies it), never
+        change it."""
         with self._lock:
-            raw, epoch = self._raw, self._epoch
-        if raw is None:
-            return epoch, rq.create_is(self.key, 0)
-        return epoch, rq.value_is(self.key, raw)
+            return self._epoch, self._compare
 
     def update(self, kv: Any) -> bool:
         """Cache the epoch key's key-value ``kv`` (``None``: absent); returns whether
@@ -104,9 +103,10 @@ class EpochCache:
     def set(self, raw: bytes | None) -> bool:
         """Cache the epoch key's value ``raw`` (``None``: absent); see :meth:`update`."""
         epoch = 0 if raw is None else StoreEpoch.decode(raw, self.key).epoch
+        compare = rq.create_is(self.key, 0) if raw is None else rq.value_is(self.key, raw)
         with self._lock:
             changed = raw != self._raw
-            self._raw, self._epoch = raw, epoch
+            self._raw, self._epoch, self._compare = raw, epoch, compare
         return changed
 
     @property

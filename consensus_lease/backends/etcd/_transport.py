@@ -32,7 +32,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -102,6 +102,7 @@ _CALL: ContextVar[tuple[Transport, float] | None] = ContextVar(
 )
 """The transport and deadline of the bounded call this thread (or task) is in, if any."""
 
+_LEADER_ONLY: tuple[tuple[str, str], ...] = (("hasleader", "true"),)
 _TOKEN_REJECTED = ("invalid auth token", "revision of auth store is old")
 _AUTH_MESSAGES = (
     "authentication failed",
@@ -235,16 +236,19 @@ class Transport:
         self._lock = threading.Lock()
         self._current = random.randrange(len(self.members))  # spread clients over members
         self._token: str | None = None
+        self._metadata: tuple[tuple[str, str], ...] = _LEADER_ONLY
         self._closed = False
         self.guard = RevisionGuard()
 
     # -- member selection ---------------------------------------------------------------
 
     def member(self) -> Member:
-        with self._lock:
-            if self._closed:
-                raise BackendUnavailable(f"{self.config.describe()}: the store is closed")
-            return self.members[self._current]
+        """The current member. Lock-free: one read of ``_closed`` and of ``_current``,
+        each atomic; a close right after it makes the request fail as "closed channel",
+        as it would a moment later."""
+        if self._closed:
+            raise BackendUnavailable(f"{self.config.describe()}: the store is closed")
+        return self.members[self._current]
 
     def rotate(self, failed: Member) -> None:
         """Move off ``failed`` to the next member (no-op if another thread already did)."""
@@ -257,10 +261,9 @@ class Transport:
                 )
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
-        md: tuple[tuple[str, str], ...] = (("hasleader", "true"),)
-        with self._lock:
-            token = self._token
-        return md if token is None else (*md, ("token", token))
+        """``hasleader``, and the auth token once there is one (one atomic read of the
+        tuple :meth:`authenticate` replaces)."""
+        return self._metadata
 
     # -- time ---------------------------------------------------------------------------
 
@@ -314,7 +317,7 @@ class Transport:
         for retry_auth in (True, False):
             member = self.member()
             rpc = getattr(getattr(member, stub), method)
-            metadata = self.metadata() if method != "Authenticate" else (("hasleader", "true"),)
+            metadata = self._metadata if method != "Authenticate" else _LEADER_ONLY
             mark = self.guard.mark() if (stub, method) in _LINEARIZABLE else None
             try:
                 response = rpc(request, timeout=timeout_s, metadata=metadata)
@@ -383,6 +386,63 @@ class Transport:
             ) from failure.__cause__
         raise AssertionError("unreachable")
 
+    def start(
+        self,
+        stub: str,
+        method: str,
+        request: Any,
+        *,
+        what: str,
+        budget_s: float,
+        job_id: str | None = None,
+        generation: int | None = None,
+    ) -> Callable[[], Any]:
+        """Send an idempotent request without waiting for its answer; returns
+        ``finish()``, which waits for it and returns it as :meth:`call` would. So a caller
+        can do something else (a keepalive) during the round trip. A transient failure
+        (or a rejected token) is retried by ``finish()`` through :meth:`call`, within
+        what is left of ``budget_s`` from now.
+
+        Raises (from ``finish()``): as :meth:`call`; StoreRegressed as :meth:`attempt`.
+        """
+        remaining = self._left(what, job_id, generation)
+        budget = budget_s if remaining is None else min(budget_s, remaining)
+        deadline = time.monotonic() + budget
+
+        def retry() -> Any:
+            return self.call(stub, method, request, what=what,
+                             budget_s=max(0.05, deadline - time.monotonic()),
+                             job_id=job_id, generation=generation)
+
+        member = self.member()
+        mark = self.guard.mark() if (stub, method) in _LINEARIZABLE else None
+        try:
+            future = getattr(getattr(member, stub), method).future(
+                request, timeout=max(0.05, min(self.config.timeout_s, budget)),
+                metadata=self.metadata())
+        except ValueError:  # grpc: "Cannot invoke RPC on closed channel!"
+            return retry
+
+        def finish() -> Any:
+            try:
+                response = future.result()
+            except grpc.RpcError as exc:
+                failure = Failure.from_rpc(member.target, exc)
+                if failure.transient:
+                    self.rotate(member)
+                if failure.transient or (failure.token_rejected and self.config.user is not None):
+                    return retry()
+                raise translate(failure, what, job_id=job_id,
+                                generation=generation) from exc
+            except grpc.FutureCancelledError:
+                return retry()
+            reason = self.guard.observe(response.header, mark, member.target)
+            if reason is not None:
+                raise StoreRegressed(reason)
+            return response
+
+        return finish
+
     def send(
         self,
         stub: str,
@@ -425,6 +485,7 @@ class Transport:
         response = self.call("auth", "Authenticate", request, what="authentication")
         with self._lock:
             self._token = str(response.token)
+            self._metadata = (*_LEADER_ONLY, ("token", self._token))
 
     def close(self) -> None:
         with self._lock:

@@ -385,8 +385,10 @@ class EtcdBackend(Backend):
         """A read-only transaction comparing the owner key's create revision with
         ``claim.generation`` and its value with the one the claim wrote (its
         :class:`EtcdClaim` handle; with ``handle`` ``None``, or one made by another
-        session or for another job: its lease with the session's), then one keepalive of
-        the session's lease. Returns the granted TTL (seconds).
+        session or for another job: its lease with the session's), and one keepalive of
+        the session's lease sent during the transaction's round trip (one round trip for
+        both; the check's verdict is raised first, as if it had run before). Returns the
+        granted TTL (seconds).
 
         Raises:
             StaleLeaseError: not held at ``claim.generation`` (the lease is lost).
@@ -395,8 +397,20 @@ class EtcdBackend(Backend):
             BackendUnavailable: no answer; still held until the local deadline.
             InvalidArgument: ``claim.handle`` is not an :class:`EtcdClaim`.
         """
-        self._run(session, lambda h: _hold.check_held(self._ops, h, job_id, claim))
-        return self.keepalive(session)
+        return self._run(session, lambda h: self._renew(h, job_id, claim))
+
+    def _renew(self, handle: EtcdSession, job_id: str, claim: ClaimResult) -> float:
+        """The ownership check sent first, the keepalive during its round trip; the
+        check's verdict is raised before the keepalive's (as if one ran after the
+        other)."""
+        finish = _hold.check_held(self._ops, handle, job_id, claim)
+        try:
+            ttl = self.keepalive(handle)
+        except LeaseError:
+            finish()
+            raise
+        finish()
+        return ttl
 
     def complete(
         self, session: SessionHandle, job_id: str, claim: ClaimResult, result: bytes
