@@ -116,7 +116,7 @@ from ..errors import (
     StaleLeaseError,
 )
 from ..options import Option, OptionTable
-from ..record import ClaimResult, LeaseRecord
+from ..record import ClaimResult, JobState, LeaseRecord
 from ._pg_client import Client, Listener, SentMaybe, translate
 from ._pg_queue import QueueOps
 from ._pg_schema import MIGRATIONS, NOW, SCHEMA_VERSION, Names, check_schema_name
@@ -452,8 +452,15 @@ class PostgresBackend(QueueOps):
         # completion below, so the result is applied at most once).
         row = self.client.write(job_id, run, lambda: self.client.write(job_id, run))
         self.wake_subscribers()
-        if row is not None:
-            return self._to_record(row)  # the statement returns the COMPLETED record
+        if row is not None:  # the COMPLETED record: what the statement returns + ours
+            owner, attempt, error, max_attempts = row
+            return LeaseRecord(
+                job_id=job_id, owner=owner, lease_until=None, generation=claim.generation,
+                state=JobState.COMPLETED, result=bytes(result), attempt=int(attempt), error=error,
+                not_before=None,
+                max_attempts=None if max_attempts is None else int(max_attempts),
+                value=None,
+            )
         if self._one(again_sql, params, job_id) is None:
             raise self._reject(session, job_id, claim.generation)
         record = self.get(job_id)  # a repeat of this session's completion
