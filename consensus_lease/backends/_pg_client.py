@@ -109,6 +109,7 @@ class Client:
         self._pool_size = pool_size
         self._hot: psycopg.Connection[tuple[Any, ...]] | None = None
         self._hot_since = 0.0
+        self._hot_cur: psycopg.Cursor[tuple[Any, ...]] | None = None
         self._hot_lock = threading.Lock()
 
     HOT_LIFETIME_S = 60.0
@@ -232,8 +233,18 @@ class Client:
             self._hot = conn
             return
         if hot:
-            self._hot = None
+            self._hot = self._hot_cur = None
         pool.putconn(conn)
+
+    def cursor(self, conn: psycopg.Connection[tuple[Any, ...]]) -> psycopg.Cursor[tuple[Any, ...]]:
+        """A cursor on ``conn`` (inside :meth:`call`'s ``run``): the hot connection's is
+        made once and reused (psycopg's ``Connection.execute`` makes one per statement)."""
+        if conn is not self._hot:
+            return conn.cursor()
+        cur = self._hot_cur
+        if cur is None:
+            cur = self._hot_cur = conn.cursor()
+        return cur
 
     def read(self, sql: str, params: Any = None, job_id: str | None = None) \
             -> list[tuple[Any, ...]]:
@@ -283,7 +294,7 @@ class Client:
             return
         got = self._hot_lock.acquire(timeout=self.timeout_s)  # a call in flight ends first
         try:
-            hot, self._hot = self._hot, None
+            hot, self._hot, self._hot_cur = self._hot, None, None
             if hot is not None:
                 with suppress(Exception):
                     pool.putconn(hot)

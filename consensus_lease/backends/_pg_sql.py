@@ -77,6 +77,10 @@ class Statements:
             "result = %(result)s, session_id = NULL, value = NULL "
             f"WHERE {held} RETURNING j.owner, j.attempt, j.error, j.max_attempts"
         )
+        self.completed_by_me = (
+            f"SELECT 1 FROM {j} WHERE job_id = %(job)s AND generation = %(gen)s "
+            "AND epoch = %(epoch)s AND completed_session = %(sid)s"
+        )
         self.release = (
             f"WITH u AS (UPDATE {j} j SET session_id = NULL, owner = NULL, value = NULL "
             f"WHERE {held} RETURNING 1) SELECT pg_notify(%(chan)s, '') FROM u"
