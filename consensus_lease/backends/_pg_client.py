@@ -2,10 +2,12 @@
 
 * :class:`Client` owns a ``psycopg_pool.ConnectionPool`` of autocommit connections (one
   statement, one transaction, one round trip) and translates every psycopg error into a
-  :mod:`consensus_lease.errors` type (:func:`translate`). One of the pool's connections
-  is kept out of it as the *hot* connection: a call that finds it free uses it without
-  the pool's checkout and return (most of a statement's client CPU after psycopg's own);
-  a call that finds it busy takes a pooled one as before.
+  :mod:`consensus_lease.errors` type (:func:`translate`). With ``pool_size`` >= 2, one
+  of the pool's connections is kept out of it as the *hot* connection: a :meth:`~Client.call`
+  that finds it free uses it (and one reused cursor) without the pool's checkout and
+  return, about a quarter of the Python calls of a claim+complete cycle; a call that finds
+  it busy takes a pooled one. (With ``pool_size`` 1 the only connection stays in the pool:
+  the keepalive, which takes pooled connections, must never wait for an idle hot one.)
 * :class:`Listener` keeps one more connection that ``LISTEN``\\ s on the store's channel and
   calls a callback on every notification; the backend pokes its subscription poller with
   it, so a waiting claim is woken when a release, completion or enqueue commits. When the
@@ -111,6 +113,7 @@ class Client:
         self._hot_since = 0.0
         self._hot_cur: psycopg.Cursor[tuple[Any, ...]] | None = None
         self._hot_lock = threading.Lock()
+        self._hot_ok = pool_size >= 2
 
     HOT_LIFETIME_S = 60.0
     """Seconds after which the hot connection goes back to the pool (which then applies
@@ -194,7 +197,7 @@ class Client:
         pool = self._pool
         if pool is None:
             raise BackendUnavailable(f"PostgreSQL store {self.where} is closed", job_id=job_id)
-        hot = self._hot_lock.acquire(blocking=False)
+        hot = self._hot_ok and self._hot_lock.acquire(blocking=False)
         try:
             conn = self._hot if hot else None
             if conn is None:
