@@ -69,15 +69,17 @@ class Statements:
         held = ("j.job_id = %(job)s AND j.session_id = %(sid)s AND j.generation = %(gen)s "
                 f"AND j.epoch = %(epoch)s AND j.completed_at IS NULL AND {self.my_alive}")
         self.held = held
-        done_cols = ("j.job_id, j.owner, NULL::float8, j.generation, j.completed_at, j.result, "
-                     "false, j.failed_at, j.attempt, j.error, NULL::float8, j.max_attempts, "
-                     "j.epoch, j.value")
         # No notification: a completion makes nothing claimable (a waiter on the job
         # learns of it at its next poll), and NOTIFY serialises committing transactions.
+        # It returns only what the caller does not know already (not the result it sent).
         self.complete = (
             f"UPDATE {j} j SET completed_at = {NOW}, completed_session = session_id, "
             "result = %(result)s, session_id = NULL, value = NULL "
-            f"WHERE {held} RETURNING {done_cols}"
+            f"WHERE {held} RETURNING j.owner, j.attempt, j.error, j.max_attempts"
+        )
+        self.completed_by_me = (
+            f"SELECT 1 FROM {j} WHERE job_id = %(job)s AND generation = %(gen)s "
+            "AND epoch = %(epoch)s AND completed_session = %(sid)s"
         )
         self.release = (
             f"WITH u AS (UPDATE {j} j SET session_id = NULL, owner = NULL, value = NULL "

@@ -116,7 +116,7 @@ from ..errors import (
     StaleLeaseError,
 )
 from ..options import Option, OptionTable
-from ..record import ClaimResult, LeaseRecord
+from ..record import ClaimResult, JobState, LeaseRecord
 from ._pg_client import Client, Listener, SentMaybe, translate
 from ._pg_queue import QueueOps
 from ._pg_schema import MIGRATIONS, NOW, SCHEMA_VERSION, Names, check_schema_name
@@ -374,7 +374,7 @@ class PostgresBackend(QueueOps):
 
         def run(c: psycopg.Connection[tuple[Any, ...]]) -> tuple[Any, ...] | None:
             try:
-                return c.execute(sql, params).fetchone()
+                return self.client.cursor(c).execute(sql, params).fetchone()
             except pgerrors.LockNotAvailable:
                 return ()  # the row is locked (an open lease.transaction): held
 
@@ -442,19 +442,24 @@ class PostgresBackend(QueueOps):
         self, session: SessionHandle, job_id: str, claim: ClaimResult, result: bytes
     ) -> LeaseRecord:
         params = self._p(session, job_id, claim, result=result)
-        again_sql = (f"SELECT 1 FROM {self.names.jobs} WHERE job_id = %(job)s AND generation "
-                     "= %(gen)s AND epoch = %(epoch)s AND completed_session = %(sid)s")
 
         def run(c: psycopg.Connection[tuple[Any, ...]]) -> tuple[Any, ...] | None:
-            return c.execute(self.sql.complete, params).fetchone()
+            return self.client.cursor(c).execute(self.sql.complete, params).fetchone()
 
         # A lost answer: once more on another connection (a repeat finds its own
         # completion below, so the result is applied at most once).
         row = self.client.write(job_id, run, lambda: self.client.write(job_id, run))
         self.wake_subscribers()
-        if row is not None:
-            return self._to_record(row)  # the statement returns the COMPLETED record
-        if self._one(again_sql, params, job_id) is None:
+        if row is not None:  # the COMPLETED record: what the statement returns + ours
+            owner, attempt, error, max_attempts = row
+            return LeaseRecord(
+                job_id=job_id, owner=owner, lease_until=None, generation=claim.generation,
+                state=JobState.COMPLETED, result=bytes(result), attempt=int(attempt),
+                error=error, not_before=None,
+                max_attempts=None if max_attempts is None else int(max_attempts),
+                value=None,
+            )
+        if self._one(self.sql.completed_by_me, params, job_id) is None:
             raise self._reject(session, job_id, claim.generation)
         record = self.get(job_id)  # a repeat of this session's completion
         assert record is not None

@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from consensus_lease import LeaseStore, open_store
+from consensus_lease import JobState, LeaseStore, open_store
 from consensus_lease.backends._pg_schema import SCHEMA_VERSION
 from consensus_lease.backends.postgresql import PostgresBackend
 from consensus_lease.errors import (
@@ -147,6 +147,49 @@ def test_a_broken_connection_before_a_claim_is_settled_by_reading_back(url: str,
         assert lease is not None and lease.generation == 1
         lease.complete(b"ok")
         assert s.get("job").result == b"ok"  # type: ignore[union-attr]
+    finally:
+        s.close()
+
+
+def test_a_broken_hot_connection_is_settled_and_replaced(url: str, base: str) -> None:
+    """The connection kept out of the pool for the hot path (pool_size >= 2) breaks between
+    two statements: the claim reads back and retries on a pooled one, and a new hot
+    connection serves the next statements."""
+    s = open_store(url, pool_size=2)
+    try:
+        b = backend_of(s)
+        session = s.session("w", ttl_s=30.0)
+        first = session.claim("warm")
+        assert first is not None
+        first.complete(b"")
+        hot = b.client._hot
+        assert hot is not None, "a call with the hot connection free keeps it"
+        with psycopg.connect(base, autocommit=True) as side:
+            side.execute("SELECT pg_terminate_backend(%s)", (hot.info.backend_pid,))
+        lease = session.claim("job")
+        assert lease is not None and lease.generation == 1
+        assert lease.complete(b"ok").result == b"ok"
+        assert b.client._hot is not None and b.client._hot is not hot
+        assert s.get("job").result == b"ok"  # type: ignore[union-attr]
+    finally:
+        s.close()
+
+
+def test_with_one_pooled_connection_the_keepalive_is_not_starved(url: str) -> None:
+    """pool_size=1: no connection is kept out of the pool, so the keepalive thread gets
+    the only one between the caller's statements and the session outlives 2 x TTL."""
+    s = open_store(url, pool_size=1)
+    try:
+        session = s.session("w", ttl_s=1.0)
+        lease = session.claim("job")
+        assert lease is not None
+        assert backend_of(s).client._hot is None
+        until = time.monotonic() + 2 * session.granted_ttl_s
+        while time.monotonic() < until:
+            assert s.get("job").state is JobState.HELD  # type: ignore[union-attr]
+            time.sleep(session.granted_ttl_s / 10)
+        lease.renew()
+        lease.complete(b"")
     finally:
         s.close()
 
