@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from .lease import Lease
     from .session import Session
 
-__all__ = ["QUEUE_CANDIDATES", "QUEUE_RETRIES", "QUEUE_SPREAD", "claim_next"]
+__all__ = ["QUEUE_CANDIDATES", "QUEUE_READS", "QUEUE_RETRIES", "QUEUE_SPREAD", "claim_next"]
 
 QUEUE_CANDIDATES = 32
 """How many claimable-looking jobs ``claim_next`` asks the store for at a time."""
@@ -33,6 +33,14 @@ QUEUE_SPREAD = 8
 QUEUE_RETRIES = 3
 """Reads of the candidates, one after the other, while others take every candidate
 first, before the claim waits (or returns ``None``)."""
+
+QUEUE_READS = 32
+"""Most reads of the candidates by one claim attempt in all. A read whose list turned out
+stale (a candidate completed or FAILED meanwhile: another worker finished it) is read
+again without counting as one of :data:`QUEUE_RETRIES`: on a busy deep queue that is
+the common case, and ``None`` must mean "nothing claimable", not "others were quick"."""
+
+_NONE, _TAKEN, _STALE = "none", "taken", "stale"
 
 
 def claim_next(
@@ -56,41 +64,46 @@ def claim_next(
 def _claim_once(session: Session, holdings: Holdings, queue: str) -> Lease | None:
     """Claim a job of ``queue`` without waiting: read the candidates and try them,
     reading again (up to :data:`QUEUE_RETRIES` times) while others take every one."""
-    for _ in range(QUEUE_RETRIES):
+    taken = 0
+    for _ in range(QUEUE_READS):
         session.ensure_alive()
-        lease, tried = _try_candidates(session, holdings, queue)
-        if lease is not None or not tried:
+        lease, outcome = _try_candidates(session, holdings, queue)
+        if lease is not None or outcome == _NONE:
             return lease
+        if outcome == _TAKEN:
+            taken += 1
+            if taken >= QUEUE_RETRIES:
+                return None
     return None
 
 
 def _try_candidates(
     session: Session, holdings: Holdings, queue: str
-) -> tuple[Lease | None, bool]:
-    """Try the queue's current candidates once: ``(lease, False)`` on success,
-    ``(None, True)`` if there were candidates but none could be claimed, ``(None,
-    False)`` if there were none."""
+) -> tuple[Lease | None, str]:
+    """Try the queue's current candidates once: ``(lease, _NONE)`` on success,
+    ``(None, _NONE)`` if there were none, ``(None, _TAKEN)`` if others held every one,
+    ``(None, _STALE)`` if one had been completed or FAILED meanwhile (read again)."""
     backend, handle = session.backend, session.handle
     if type(backend).claim_from_queue is not Backend.claim_from_queue:
         picked = holdings.liveness.call(lambda: backend.claim_from_queue(handle, queue))
         if picked is None:
-            return None, False
+            return None, _NONE
         job_id, result, payload = picked
         if result is None:
-            return None, True
-        return holdings.adopt(session, job_id, result, payload, queue), False
+            return None, _TAKEN
+        return holdings.adopt(session, job_id, result, payload, queue), _NONE
     candidates = [
         c for c in backend.queue_candidates(queue, QUEUE_CANDIDATES)
         if not holdings.holds(c[0])
     ]
     if not candidates:
-        return None, False
+        return None, _NONE
     start = random.randrange(min(len(candidates), QUEUE_SPREAD))
     for job_id, payload in candidates[start:] + candidates[:start]:
         try:
             result = holdings.liveness.call(lambda j=job_id: backend.claim(handle, j))  # type: ignore[misc]
         except (JobCompleted, JobFailed):
-            break  # the list is stale: read a fresh one rather than walk it
+            return None, _STALE  # the list is stale: read a fresh one rather than walk it
         if result is not None:
-            return holdings.adopt(session, job_id, result, payload, queue), False
-    return None, True
+            return holdings.adopt(session, job_id, result, payload, queue), _NONE
+    return None, _TAKEN
