@@ -25,6 +25,7 @@ from rich.console import Console
 
 from ._workerproc import WorkerProcess
 from .errors import InvalidArgument, LeaseError, UnsupportedOperation
+from .options import redact_url
 from .record import JobState
 from .store import LeaseStore, open_store
 
@@ -89,7 +90,7 @@ def run_demo(backend_url: str | None, ttl_s: float, *, unfenced: bool = False,
     with tempfile.TemporaryDirectory(prefix="consensus-lease-demo-") as tmp:
         url = backend_url or f"sqlite:///{Path(tmp) / 'leases.db'}"
         fence_path = str(Path(tmp) / "destination.db")
-        console.print(f"[bold]store[/]       {url}")
+        console.print(f"[bold]store[/]       {redact_url(url)}")
         console.print(f"[bold]destination[/] {fence_path} "
                       f"({'UNFENCED: tokens not checked' if unfenced else 'fenced by token'})")
         console.print(f"[bold]TTL[/]         {ttl_s} s (times: since start; the store's clock)\n")
@@ -131,8 +132,8 @@ def _open_demo_store(url: str, ttl_s: float) -> LeaseStore:
     if not store.capabilities.cross_process:
         store.close()
         raise UnsupportedOperation(
-            f"the demo runs two worker processes, but {url!r} is a store of one process "
-            "only; use sqlite:///..., etcd://... or zk://..."
+            f"the demo runs two worker processes, but {redact_url(url)!r} is a store of one "
+            "process only; use sqlite:///..., postgresql://..., etcd://... or zk://..."
         )
     caps = store.capabilities
     if not caps.min_ttl_s <= ttl_s <= caps.max_ttl_s:

@@ -101,6 +101,7 @@ from .fencing import (
     first_by_effect_id,
     rejection_message,
 )
+from .options import redact_url
 from .validation import check_job_id
 
 __all__ = ["FenceRetryable", "SqlFence", "Strategy"]
@@ -531,7 +532,7 @@ def _make_engine(url: str, busy_timeout_s: float) -> Engine:
             return create_engine(url, pool_pre_ping=True)
         engine = create_engine(url, connect_args={"timeout": busy_timeout_s})
     except (exc.ArgumentError, ImportError) as error:
-        raise InvalidArgument(f"cannot build an engine for {url!r}: {error}") from error
+        raise InvalidArgument(f"cannot build an engine for {redact_url(url)!r}: {error}") from error
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:

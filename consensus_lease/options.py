@@ -52,6 +52,7 @@ __all__ = [
     "ParsedOptions",
     "merge_options",
     "query_options",
+    "redact_url",
 ]
 
 Kind = Literal["seconds", "int", "bool", "str", "path", "object"]
@@ -268,6 +269,20 @@ class OptionTable:
         return ParsedOptions(values, given)
 
 
+_SECRET_QUERY = re.compile(r"(?i)(^|[?&])(password|passwd|pwd)=[^&#]*")
+_USERINFO_PASSWORD = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^/@:?#]*):[^/@?#]*@")
+
+
+def redact_url(url: object) -> str:
+    """``url`` as it may appear in a message or a log: a password in the user info
+    (``scheme://user:PASSWORD@host``) or the query string (``password=...``) replaced
+    by ``***``. Anything that is not a str is shown with ``repr``."""
+    if not isinstance(url, str):
+        return repr(url)
+    shown = _USERINFO_PASSWORD.sub(r"\1:***@", url)
+    return _SECRET_QUERY.sub(lambda m: f"{m.group(1)}{m.group(2)}=***", shown)
+
+
 def query_options(url: str) -> dict[str, str]:
     """The options in ``url``'s query string, percent-decoded.
 
@@ -278,7 +293,7 @@ def query_options(url: str) -> dict[str, str]:
     try:
         pairs = parse_qsl(urlsplit(url).query, keep_blank_values=True, strict_parsing=False)
     except ValueError as exc:
-        raise UnsupportedBackend(f"malformed store URL {url!r}: {exc}") from exc
+        raise UnsupportedBackend(f"malformed store URL {redact_url(url)!r}: {exc}") from exc
     options: dict[str, str] = {}
     for name, value in pairs:
         if name in options:

@@ -66,6 +66,7 @@ import hashlib
 from collections.abc import Sequence
 
 from .errors import InvalidArgument
+from .options import redact_url
 
 __all__ = ["shard_for"]
 
@@ -98,7 +99,7 @@ def _check_urls(urls: Sequence[str]) -> list[str]:
             raise InvalidArgument(f"each shard URL must be a non-empty str, not {url!r}")
     if len(set(checked)) != len(checked):
         twice = sorted({u for u in checked if checked.count(u) > 1})
-        raise InvalidArgument(f"a shard URL is listed twice: {twice[0]!r}")
+        raise InvalidArgument(f"a shard URL is listed twice: {redact_url(twice[0])!r}")
     return checked
 
 

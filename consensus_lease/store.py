@@ -22,7 +22,7 @@ from .election import LeaderRecord, leader_record, require_elections
 from .errors import InvalidArgument, StoreClosed, UnsupportedBackend, UnsupportedOperation
 from .leader_watch import LeaderWatch
 from .observe import Observer
-from .options import merge_options
+from .options import merge_options, redact_url
 from .record import EnqueueItem, LeaseRecord, QueuedJob, QueueStats
 from .retry import DEFAULT_RETRY, RetryPolicies, RetryPolicy, check_max_attempts
 from .session import Session
@@ -99,14 +99,14 @@ def open_store(
     """
     if not isinstance(url, str) or "://" not in url:
         raise UnsupportedBackend(
-            f"not a store URL: {url!r}; expected SCHEME://..., with SCHEME one of "
+            f"not a store URL: {redact_url(url)!r}; expected SCHEME://..., with SCHEME one of "
             f"{', '.join(available_schemes())}"
         )
     scheme = url.split("://", 1)[0].lower()
     matches = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == scheme]
     if not matches:
         raise UnsupportedBackend(
-            f"no backend for scheme {scheme!r} in {url!r}; installed: "
+            f"no backend for scheme {scheme!r} in {redact_url(url)!r}; installed: "
             f"{', '.join(available_schemes()) or 'none (is consensus_lease installed?)'}"
         )
     try:

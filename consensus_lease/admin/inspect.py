@@ -31,6 +31,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ..options import redact_url
 from ..record import JobState, LeaseRecord, QueuedJob
 from ..store import LeaseStore
 from . import EXIT_CODES_HELP, EXIT_OK, guarded, open_existing_store
@@ -146,7 +147,7 @@ def _cell(record: LeaseRecord, now: float) -> tuple[str, str, str, str]:
 
 
 def _records_table(url: str, rows: list[Row], console: Console, epoch: int | None) -> None:
-    title = f"lease records in {url}"
+    title = f"lease records in {redact_url(url)}"
     if epoch is not None:
         title += f" (store epoch {epoch})"
     table = Table(title=title)
@@ -170,7 +171,7 @@ def _counts(store: LeaseStore, args: argparse.Namespace, console: Console) -> in
     if args.json:
         print(json.dumps([asdict(s) for s in stats], indent=2))
         return EXIT_OK
-    table = Table(title=f"work queues in {args.backend}")
+    table = Table(title=f"work queues in {redact_url(args.backend)}")
     for col in ("queue", "available", "held", "completed", "failed",
                 "oldest held lease ends in (s)"):
         table.add_column(col)

@@ -257,3 +257,28 @@ def test_sqlite_create_false_opens_only_an_existing_store(tmp_path: Path) -> Non
         pass
     with open_store(f"sqlite:///{missing}", create=False) as store:
         assert store.records() == []
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql://app:s3cret@db:5432/jobs?schema=q", "postgresql://app:***@db:5432/jobs?schema=q"),
+        ("etcd://h:2379/p?user=root&password=pw&timeout_s=1", "etcd://h:2379/p?user=root&password=***&timeout_s=1"),
+        ("zk://h:2181/c?PASSWORD=x", "zk://h:2181/c?PASSWORD=***"),
+        ("sqlite:////tmp/a.db", "sqlite:////tmp/a.db"),
+        ("postgresql://app@db/jobs", "postgresql://app@db/jobs"),
+    ],
+)
+def test_urls_in_messages_never_show_a_password(url: str, shown: str) -> None:
+    from consensus_lease.options import redact_url
+
+    assert redact_url(url) == shown
+
+
+def test_an_unknown_scheme_error_hides_the_password() -> None:
+    from consensus_lease import open_store
+    from consensus_lease.errors import UnsupportedBackend
+
+    with pytest.raises(UnsupportedBackend) as error:
+        open_store("nosuch://app:s3cret@db/jobs")
+    assert "s3cret" not in str(error.value) and "app:***@db" in str(error.value)
