@@ -19,7 +19,14 @@ from ._waiting import Waiters
 from .backend import Backend, Capabilities
 from .clock import Clock, SystemClock
 from .election import LeaderRecord, leader_record, require_elections
-from .errors import InvalidArgument, StoreClosed, UnsupportedBackend, UnsupportedOperation
+from .errors import (
+    BackendUnavailable,
+    InvalidArgument,
+    QueueFull,
+    StoreClosed,
+    UnsupportedBackend,
+    UnsupportedOperation,
+)
 from .leader_watch import LeaderWatch
 from .observe import Observer
 from .options import merge_options, redact_url
@@ -454,6 +461,10 @@ class LeaseStore:
             BackendUnavailable / OutcomeUnknown: a chunk's outcome; earlier chunks are in.
         """
         check_queue_name(queue)
+        if isinstance(items, (str, bytes, bytearray, memoryview)):
+            raise InvalidArgument(
+                "enqueue_many takes an iterable of items (EnqueueItem, (job_id, payload) or "
+                f"job_id), not a single {type(items).__name__}: wrap one job in a list")
         self._require_queues()
         limit = self.backend.capabilities.max_payload_bytes
         default_attempts = self.retry_policies.get(queue).max_attempts
@@ -495,7 +506,16 @@ class LeaseStore:
         size = max(1, self.backend.capabilities.max_enqueue_batch)
         added: list[bool] = []
         for start in range(0, len(batch), size):
-            added.extend(self.backend.enqueue_many(queue, batch[start:start + size]))
+            try:
+                added.extend(self.backend.enqueue_many(queue, batch[start:start + size]))
+            except (InvalidArgument, QueueFull, BackendUnavailable) as exc:
+                if not start:
+                    raise
+                raise type(exc)(
+                    f"{exc} (the first {start} items, in earlier chunks of {size}, were "
+                    "enqueued; calling again with the same items adds only what is missing)",
+                    job_id=exc.job_id, generation=exc.generation,
+                ) from exc
         return added
 
     def queue_jobs(self, queue: str, limit: int | None = None) -> list[QueuedJob]:

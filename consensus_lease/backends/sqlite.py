@@ -1073,7 +1073,7 @@ class SqliteBackend(Backend):
                 if where != queue:
                     raise InvalidArgument(
                         f"{job_id!r} already exists outside queue {queue!r}; nothing of "
-                        f"this batch was enqueued", job_id=job_id)
+                        f"this chunk was enqueued", job_id=job_id)
             new = [item for item in items if item.job_id not in present]
             if new:
                 last = int(db.execute(

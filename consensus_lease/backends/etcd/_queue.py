@@ -233,7 +233,7 @@ def _classify(ops: Ops, qkeys: QueueKeys, items: Sequence[EnqueueItem], known: d
                 where = "a job claimed by name" if found is None else f"in queue {found!r}"
                 raise InvalidArgument(
                     f"{what}: {item.job_id!r} already exists outside this queue ({where}); "
-                    f"nothing of this batch was written", job_id=item.job_id)
+                    f"nothing of this chunk was written", job_id=item.job_id)
             else:
                 known.pop(item.job_id, None)  # purged meanwhile: new again
 
@@ -270,7 +270,7 @@ def _enqueue_chunk(ops: Ops, qkeys: QueueKeys, items: Sequence[EnqueueItem],
                     f"{counters.payload_bytes} payload bytes; {len(new)} more with {size} "
                     f"bytes would exceed the etcd backend's capacity of {MAX_QUEUE_JOBS} "
                     f"jobs (capabilities.max_queue_jobs) and {MAX_QUEUE_PAYLOAD_BYTES} "
-                    f"payload bytes per queue; nothing of this batch was written. Purge "
+                    f"payload bytes per queue; nothing of this chunk was written. Purge "
                     f"completed jobs, or spread the work over more queues or stores")
         nonce = secrets.token_hex(8)
         request = _enqueue_request(ops, qkeys, new, known, counters, nonce)
