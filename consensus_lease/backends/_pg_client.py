@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,7 +29,13 @@ import psycopg
 import psycopg_pool
 from psycopg import errors as pgerrors
 
-from ..errors import AuthenticationFailed, BackendUnavailable, LeaseError, OutcomeUnknown
+from ..errors import (
+    AuthenticationFailed,
+    BackendUnavailable,
+    InvalidArgument,
+    LeaseError,
+    OutcomeUnknown,
+)
 
 __all__ = ["Client", "Listener", "SentMaybe", "translate"]
 
@@ -40,7 +47,8 @@ _IDLE = psycopg.pq.TransactionStatus.IDLE
 
 _AUTH_STATES = frozenset({"28000", "28P01"})
 _AUTH_WORDS = ("password authentication failed", "authentication failed",
-               "no pg_hba.conf entry", "role \"")
+               "no pg_hba.conf entry", "no password supplied", "role \"")
+_NO_DATABASE = re.compile(r'database "(.*)" does not exist')
 
 
 class SentMaybe(Exception):
@@ -52,14 +60,25 @@ class SentMaybe(Exception):
 
 
 def translate(exc: BaseException, where: str, job_id: str | None = None) -> LeaseError:
-    """The library error for a psycopg / pool error (never raises it)."""
+    """The library error for a psycopg / pool error (never raises it): credentials
+    refused or missing (``no password supplied``) are :class:`AuthenticationFailed`, a
+    database that does not exist :class:`InvalidArgument`, anything else
+    :class:`BackendUnavailable`."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     state = getattr(exc, "sqlstate", None)
     if state in _AUTH_STATES or (
         isinstance(exc, psycopg.OperationalError) and state is None
-        and any(w in str(exc) for w in _AUTH_WORDS[:3])
+        and any(w in str(exc) for w in _AUTH_WORDS[:4])
     ):
         return AuthenticationFailed(f"{where}: {text}", job_id=job_id)
+    missing = _NO_DATABASE.search(str(exc))
+    if missing is not None and (state == "3D000" or (
+            isinstance(exc, psycopg.OperationalError) and state is None)):
+        return InvalidArgument(
+            f"{where}: the database {missing.group(1)!r} does not exist on the server "
+            "(the store creates its schema and tables, never the database: create it, or "
+            "fix the URL's database name)", job_id=job_id,
+        )
     if isinstance(exc, pgerrors.InvalidPassword | pgerrors.InvalidAuthorizationSpecification):
         return AuthenticationFailed(f"{where}: {text}", job_id=job_id)
     if isinstance(exc, pgerrors.QueryCanceled):

@@ -67,7 +67,10 @@ after waiting for its lock."""
 
 def check_schema_name(name: str) -> str:
     """Return ``name`` if it is a plain lower-case identifier (letters, digits, ``_``,
-    at most 48 characters, not starting with a digit).
+    at most 48 characters, not starting with a digit) and not one of PostgreSQL's own
+    schemas (``information_schema``, ``pg_*``: ``pg_catalog``, ``pg_toast``, ... which
+    PostgreSQL reserves, https://www.postgresql.org/docs/15/ddl-schemas.html). Checked
+    before anything is sent to the server.
 
     Raises:
         InvalidArgument: anything else (quoting rules are not worth a surprise).
@@ -76,6 +79,11 @@ def check_schema_name(name: str) -> str:
         raise InvalidArgument(
             f"PostgreSQL schema must be a lower-case identifier ([a-z_][a-z0-9_]*, at most "
             f"48 characters), not {name!r}"
+        )
+    if name == "information_schema" or name.startswith("pg_"):
+        raise InvalidArgument(
+            f"PostgreSQL schema {name!r} is one of PostgreSQL's own (information_schema, "
+            "pg_*): choose a schema of your own for the store's tables"
         )
     return name
 

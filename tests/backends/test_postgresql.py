@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -208,6 +209,35 @@ def test_wrong_password_is_authentication_failed(base: str) -> None:
     user = userinfo.split(":", 1)[0]
     with pytest.raises(AuthenticationFailed):
         open_store(f"{scheme}://{user}:not-the-password@{host}")
+
+
+def test_missing_password_is_authentication_failed(
+    base: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    scheme, rest = base.split("://", 1)
+    userinfo, host = rest.split("@", 1)
+    user = userinfo.split(":", 1)[0]
+    monkeypatch.setenv("PGPASSFILE", str(tmp_path / "none"))  # no ~/.pgpass either
+    monkeypatch.delenv("PGPASSWORD", raising=False)
+    with pytest.raises(AuthenticationFailed, match="no password supplied"):
+        open_store(f"{scheme}://{user}@{host}", connect_timeout_s=2.0)
+
+
+def test_a_missing_database_is_invalid_argument_naming_it(base: str) -> None:
+    head, _ = base.rsplit("/", 1)
+    with pytest.raises(InvalidArgument, match="'nodb_cl_test' does not exist") as info:
+        open_store(f"{head}/nodb_cl_test", connect_timeout_s=2.0)
+    assert not isinstance(info.value, BackendUnavailable)
+    with psycopg.connect(base, autocommit=True) as side:
+        row = side.execute("SELECT 1 FROM pg_database WHERE datname = 'nodb_cl_test'").fetchone()
+    assert row is None
+
+
+@pytest.mark.parametrize("bad", ["pg_catalog", "information_schema", "pg_toast", "pg_x"])
+def test_postgresql_own_schemas_are_refused_before_connecting(bad: str) -> None:
+    # an unreachable server: a refusal that sent anything would be BackendUnavailable
+    with pytest.raises(InvalidArgument, match="PostgreSQL's own"):
+        open_store(f"postgresql://u:p@127.0.0.1:1/db?schema={bad}", connect_timeout_s=2.0)
 
 
 @pytest.mark.parametrize("bad", ["Upper", "1x", "x-y", 'x"', "a" * 49])
