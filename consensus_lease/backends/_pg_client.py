@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import psycopg
 import psycopg_pool
 from psycopg import errors as pgerrors
+from psycopg.conninfo import conninfo_to_dict
 
 from ..errors import (
     AuthenticationFailed,
@@ -98,7 +99,9 @@ class Client:
 
     Args:
         conninfo: a libpq connection string or ``postgresql://`` URI (no query options of
-            ours in it).
+            ours in it). The libpq parameters it sets win over the defaults here
+            (keepalives, ``application_name``); its ``options`` are kept, followed by the
+            store's ``statement_timeout`` and ``lock_timeout``.
         connect_timeout_s: seconds to open a connection.
         timeout_s: seconds one statement may run (``statement_timeout``) and one TCP send
             may stay unacknowledged (``tcp_user_timeout``); also how long a caller waits
@@ -114,16 +117,26 @@ class Client:
         self.timeout_s = timeout_s
         self.conninfo = conninfo
         ms = max(1, int(timeout_s * 1000))
-        self.kwargs: dict[str, Any] = {
-            "autocommit": True,
-            "connect_timeout": max(2, round(connect_timeout_s)),
+        try:
+            given = conninfo_to_dict(conninfo)
+        except psycopg.ProgrammingError as exc:
+            raise InvalidArgument(f"malformed PostgreSQL connection string "
+                                  f"({type(exc).__name__})") from None
+        ours = f"-c statement_timeout={ms} -c lock_timeout={self.lock_wait_ms(timeout_s)}"
+        defaults: dict[str, Any] = {
             "tcp_user_timeout": ms,
             "keepalives": 1,
             "keepalives_idle": max(1, int(timeout_s)),
             "keepalives_interval": 1,
             "keepalives_count": 3,
             "application_name": "consensus_lease",
-            "options": f"-c statement_timeout={ms} -c lock_timeout={self.lock_wait_ms(timeout_s)}",
+        }
+        self.kwargs: dict[str, Any] = {
+            "autocommit": True,
+            "connect_timeout": max(2, round(connect_timeout_s)),
+            **{k: v for k, v in defaults.items() if k not in given},
+            # the store's timeouts last: a later -c wins over the user's own options
+            "options": f"{given['options']} {ours}" if given.get("options") else ours,
         }
         self.connect_timeout_s = connect_timeout_s
         self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[tuple[Any, ...]]] | None = None

@@ -3,7 +3,10 @@
 ``open_store("postgresql://user:password@host:5432/dbname?schema=jobs")``: psycopg 3 with a
 ``psycopg_pool`` connection pool (``pip install consensus_lease[postgresql]``). The part
 before ``?`` is handed to libpq as it is (any libpq URI works: percent-encoded password,
-``host=/run/postgresql`` sockets ...); the query string carries only the options below.
+several hosts ...); the query string carries the options below: the store's own and a set
+of libpq connection parameters, which are handed to libpq (``?host=/run/postgresql`` for a
+Unix socket, ``?sslmode=verify-full&ca_file=/etc/ssl/db-ca.pem``). Any other name is
+``InvalidArgument`` listing the accepted ones.
 
 How the protocol maps onto PostgreSQL (the same tables as the SQLite store,
 :mod:`consensus_lease.backends.sqlite`, in the URL's ``schema``):
@@ -81,12 +84,32 @@ poll_interval_s    0.1              the fallback poll of waiting claims (expiry;
 pool_size          10               most pooled connections of this process (+1 listener)
 create             true             create the schema and tables if missing; ``false``:
                                     a missing store is ``InvalidArgument``
+ca_file            none             PEM CA file verifying the server: libpq
+                                    ``sslrootcert``, and ``sslmode=verify-full`` unless
+                                    ``sslmode`` is given
+cert_file          none             client certificate (libpq ``sslcert``)
+key_file           none             its private key (libpq ``sslkey``)
+user, password     from the URL     credentials (libpq ``user``/``password``), win over
+                                    the URL's
+libpq parameters   libpq's          ``host hostaddr port sslmode sslrootcert sslcert
+                                    sslkey sslcrl application_name target_session_attrs
+                                    options passfile channel_binding gssencmode
+                                    keepalives keepalives_idle keepalives_interval
+                                    keepalives_count``, with libpq's meaning
 =================  ===============  =====================================================
 
-Errors: an unreachable server is ``BackendUnavailable``, bad credentials
-``AuthenticationFailed``; a connection that breaks after a write was sent is settled by
-reading back (``OutcomeUnknown`` only where that cannot tell). No psycopg exception
-escapes.
+``connect_timeout`` is refused: use ``connect_timeout_s``. A libpq ``options`` value is
+kept and the store's ``statement_timeout``/``lock_timeout`` are set after it (they win).
+Without ``application_name`` the connections are named ``consensus_lease``; without the
+``keepalives*`` parameters the store sets TCP keepalives from ``timeout_s``. A shared name
+and its libpq name together (``ca_file`` and ``sslrootcert``) are ``InvalidArgument``.
+
+Errors: an unreachable server is ``BackendUnavailable``; bad or missing credentials
+(``no password supplied``) ``AuthenticationFailed``; a database that does not exist
+``InvalidArgument`` naming it (the store never creates a database); a schema of
+PostgreSQL's own (``information_schema``, ``pg_*``) ``InvalidArgument`` before
+connecting; a connection that breaks after a write was sent is settled by reading back
+(``OutcomeUnknown`` only where that cannot tell). No psycopg exception escapes.
 """
 
 from __future__ import annotations
@@ -100,7 +123,7 @@ from urllib.parse import urlsplit
 
 import psycopg
 from psycopg import errors as pgerrors
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from .._election import ELECTION_PREFIX, ChangeTracker, is_election_key
 from .._epoch import compose, next_epoch, split
@@ -115,7 +138,7 @@ from ..errors import (
     SessionExpired,
     StaleLeaseError,
 )
-from ..options import Option, OptionTable
+from ..options import Option, OptionTable, ParsedOptions
 from ..record import ClaimResult, JobState, LeaseRecord
 from ._pg_client import Client, Listener, SentMaybe, translate
 from ._pg_queue import QueueOps
@@ -134,9 +157,68 @@ OPTIONS = OptionTable(
                "fallback re-check interval of waiting claims (expiry)"),
         Option("pool_size", "int", 10, "most pooled connections", minimum=1, maximum=1000),
         Option("create", "bool", True, "create the schema and tables if missing"),
+        Option("ca_file", "path", None, "PEM CA file to verify the server (libpq sslrootcert);"
+               " sslmode verify-full unless sslmode is given"),
+        Option("cert_file", "path", None, "client certificate file (libpq sslcert)"),
+        Option("key_file", "path", None, "client certificate's key file (libpq sslkey)"),
+        Option("user", "str", None, "user name (libpq user; overrides the URL's)"),
+        Option("password", "str", None, "password (libpq password; overrides the URL's)",
+               secret=True),
+        Option("sslmode", "str", None, "libpq sslmode",
+               choices=("disable", "allow", "prefer", "require", "verify-ca", "verify-full")),
+        Option("gssencmode", "str", None, "libpq gssencmode",
+               choices=("disable", "prefer", "require")),
+        Option("channel_binding", "str", None, "libpq channel_binding",
+               choices=("disable", "prefer", "require")),
+        Option("target_session_attrs", "str", None, "libpq target_session_attrs",
+               choices=("any", "read-write", "read-only", "primary", "standby",
+                        "prefer-standby")),
+        *(Option(name, "str", None, f"libpq {name}") for name in (
+            "host", "hostaddr", "port", "sslrootcert", "sslcert", "sslkey", "sslcrl",
+            "application_name", "options", "passfile")),
+        Option("keepalives", "int", None, "libpq keepalives (1 on, 0 off)", minimum=0,
+               maximum=1),
+        *(Option(name, "int", None, f"libpq {name}", minimum=0) for name in (
+            "keepalives_idle", "keepalives_interval", "keepalives_count")),
     ],
 )
 """The options of ``postgresql://`` URLs (see the module docstring)."""
+
+LIBPQ_OPTIONS = (
+    "host", "hostaddr", "port", "sslmode", "sslrootcert", "sslcert", "sslkey", "sslcrl",
+    "application_name", "target_session_attrs", "options", "passfile", "channel_binding",
+    "gssencmode", "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
+    "user", "password",
+)
+"""Options handed to libpq under their own name (with their libpq meaning,
+https://www.postgresql.org/docs/15/libpq-connect.html#LIBPQ-PARAMKEYWORDS)."""
+
+SHARED_TO_LIBPQ = {"ca_file": "sslrootcert", "cert_file": "sslcert", "key_file": "sslkey"}
+"""The library's shared option names and the libpq parameter each one sets."""
+
+
+def libpq_params(parsed: ParsedOptions) -> dict[str, str]:
+    """The libpq connection parameters the options give (``ca_file`` ... mapped to their
+    libpq names; ``ca_file`` without ``sslmode`` means ``sslmode=verify-full``).
+
+    Raises:
+        InvalidArgument: a shared name and its libpq name both given (``ca_file`` and
+            ``sslrootcert``); ``connect_timeout`` (use ``connect_timeout_s``).
+    """
+    params = {name: str(parsed.values[name]) for name in LIBPQ_OPTIONS
+              if parsed.values[name] is not None}
+    for shared, libpq in SHARED_TO_LIBPQ.items():
+        value = parsed.text(shared)
+        if value is None:
+            continue
+        if libpq in params:
+            raise InvalidArgument(
+                f"PostgreSQL options {shared} and {libpq} are the same setting: give one"
+            )
+        params[libpq] = value
+    if parsed.values["ca_file"] is not None and "sslmode" not in params:
+        params["sslmode"] = "verify-full"
+    return params
 
 
 class PostgresBackend(QueueOps):
@@ -205,7 +287,18 @@ class PostgresBackend(QueueOps):
                 _ = parts.port
         except (psycopg.ProgrammingError, ValueError) as exc:
             raise InvalidArgument(f"malformed PostgreSQL URL: {exc}") from None
+        if "connect_timeout" in options:
+            raise InvalidArgument(
+                "PostgreSQL option connect_timeout: use connect_timeout_s (seconds)"
+            )
         parsed = OPTIONS.parse(options)
+        extra = libpq_params(parsed)
+        if extra:
+            try:
+                conninfo = make_conninfo(conninfo, **extra)
+            except psycopg.ProgrammingError as exc:
+                raise InvalidArgument("malformed PostgreSQL connection options "
+                                      f"({type(exc).__name__})") from None
         return cls(
             conninfo,
             schema=parsed.text("schema") or "consensus_lease",

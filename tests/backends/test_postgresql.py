@@ -20,7 +20,7 @@ import pytest
 
 from consensus_lease import JobState, LeaseStore, open_store
 from consensus_lease.backends._pg_schema import SCHEMA_VERSION
-from consensus_lease.backends.postgresql import PostgresBackend
+from consensus_lease.backends.postgresql import OPTIONS, PostgresBackend, libpq_params
 from consensus_lease.errors import (
     AuthenticationFailed,
     BackendUnavailable,
@@ -246,9 +246,61 @@ def test_bad_schema_name_is_refused(base: str, bad: str) -> None:
         open_store(base, schema=bad)
 
 
-def test_unknown_option_is_refused(base: str) -> None:
-    with pytest.raises(InvalidArgument, match="unknown PostgreSQL option"):
-        open_store(f"{base}?sslmode=disable")
+def test_unknown_option_is_refused_listing_the_accepted_ones(base: str) -> None:
+    with pytest.raises(InvalidArgument, match="unknown PostgreSQL option") as info:
+        open_store(f"{base}?ssl_mode=disable")
+    for name in ("sslmode", "host", "ca_file", "schema"):
+        assert name in str(info.value)
+    with pytest.raises(InvalidArgument, match="connect_timeout_s"):
+        open_store(f"{base}?connect_timeout=3")
+
+
+def _server_setting(store: LeaseStore, sql: str) -> Any:
+    rows = backend_of(store).client.read(sql)
+    return rows[0][0]
+
+
+def test_libpq_parameters_in_the_query_string_reach_libpq(url: str) -> None:
+    # host/port as parameters, sslmode, application_name and options of the user's own
+    with open_store(f"{url}&host=127.0.0.1&sslmode=disable&application_name=cl-test"
+                    "&options=-c%20work_mem%3D5MB&keepalives_idle=7") as store:
+        assert _server_setting(store, "SELECT current_setting('application_name')") == "cl-test"
+        assert _server_setting(store, "SELECT current_setting('work_mem')") == "5MB"
+        # the store's own timeouts are still applied after the user's options
+        assert _server_setting(store, "SELECT current_setting('lock_timeout')") != "0"
+        assert backend_of(store).client.kwargs.get("keepalives_idle") is None  # libpq's 7
+        assert "keepalives_idle='7'" in backend_of(store).client.conninfo \
+            or "keepalives_idle=7" in backend_of(store).client.conninfo
+
+
+def test_sslmode_require_is_passed_to_libpq(url: str) -> None:
+    # the test server has no TLS: libpq itself refuses, which shows the option reached it
+    with pytest.raises(BackendUnavailable, match="SSL"):
+        open_store(f"{url}&sslmode=require", connect_timeout_s=2.0)
+
+
+def test_shared_tls_names_map_to_libpq(url: str, tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not a certificate\n")
+    parsed = OPTIONS.parse({"ca_file": str(ca), "user": "u", "password": "p"})
+    assert libpq_params(parsed) == {"sslrootcert": str(ca), "sslmode": "verify-full",
+                                    "user": "u", "password": "p"}
+    with pytest.raises(InvalidArgument, match="same setting"):
+        libpq_params(OPTIONS.parse({"ca_file": str(ca), "sslrootcert": str(ca)}))
+    with pytest.raises(InvalidArgument, match="no such file"):
+        open_store(f"{url}&ca_file={tmp_path / 'missing.pem'}")
+    with pytest.raises(InvalidArgument, match="sslmode"):
+        open_store(f"{url}&sslmode=sometimes")
+
+
+def test_user_and_password_options_override_the_url(base: str) -> None:
+    scheme, rest = base.split("://", 1)
+    userinfo, host = rest.split("@", 1)
+    user, password = userinfo.split(":", 1)
+    with pytest.raises(AuthenticationFailed):
+        open_store(base, password="not-the-password", connect_timeout_s=2.0)
+    open_store(f"{scheme}://nobody:wrong@{host}", user=user, password=password,
+               connect_timeout_s=2.0).close()
 
 
 def test_create_false_on_a_missing_store_creates_nothing(url: str, base: str) -> None:
