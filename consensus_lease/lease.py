@@ -208,8 +208,11 @@ class Lease:
         this job: ``with lease.transaction(conn): conn.execute(...)``. Only where the lease
         store and the effect share a database (``postgresql://``): ``conn`` is your own
         psycopg 3 connection to it. Named after ``conn.transaction()``, which it wraps: it
-        begins (or opens a savepoint in) a transaction, locks the lease's row as its first
-        statement, and commits at the end of the block (rolls back on an error).
+        begins a transaction (a savepoint inside your own ``with conn.transaction():``,
+        which then commits it), locks the lease's row as its first statement, and commits
+        at the end of the block (rolls back on an error). A transaction psycopg opened
+        implicitly (a statement on a connection without ``autocommit=True``, not yet
+        committed) is refused: the block could not commit it.
 
         Guarantee: the block runs only if the store says this session holds the job at
         :attr:`generation` when the lock is taken (server clock); until the transaction
@@ -227,7 +230,8 @@ class Lease:
         Raises:
             UnsupportedOperation: the store is not PostgreSQL; nothing was sent.
             InvalidArgument: ``conn`` is not a psycopg connection to the store's database,
-                or a bad ``lock_timeout_s``; rolled back.
+                has an implicit or aborted transaction open, or a bad ``lock_timeout_s``;
+                rolled back (nothing sent for an open transaction); still held.
             LeaseLost (StaleLeaseError, SessionExpired): not held (locally or in the
                 store); rolled back; the lease is lost.
             LeaseSuspended: ownership cannot be proven now; nothing was sent.

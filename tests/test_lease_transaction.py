@@ -212,13 +212,12 @@ def test_refuses_a_connection_to_another_database_or_store(
     with fresh_schema(base) as other_schema:
         other = open_store(f"{base}?schema={other_schema}")
         other.close()
-        with psycopg.connect(base) as conn:
+        with psycopg.connect(base) as conn, conn.transaction(force_rollback=True):
             conn.execute(f'ALTER SCHEMA "{schema}" RENAME TO "{schema}_x"')
             conn.execute(f'ALTER SCHEMA "{other_schema}" RENAME TO "{schema}"')
             with pytest.raises(InvalidArgument, match="another consensus_lease store"):
                 with lease.transaction(conn):
                     pass
-            conn.rollback()
     with sqlite3.connect(":memory:") as not_pg:
         with pytest.raises(InvalidArgument, match="psycopg"):
             with lease.transaction(not_pg):
@@ -247,3 +246,61 @@ def test_bad_lock_timeout_is_invalid(store: LeaseStore, base: str) -> None:
         with pytest.raises(InvalidArgument):
             with lease.transaction(conn, lock_timeout_s=-1):
                 pass
+
+
+def test_refuses_an_implicit_transaction_that_the_block_could_not_commit(
+    store: LeaseStore, base: str, schema: str
+) -> None:
+    lease = store.session("A", ttl_s=30.0).claim("job")
+    assert lease is not None
+    with psycopg.connect(base) as conn:  # not autocommit: psycopg begins at a statement
+        conn.execute("SELECT 1")
+        with pytest.raises(InvalidArgument, match="already has a transaction open"):
+            with lease.transaction(conn):
+                pytest.fail("the block must not run")
+        # nothing was locked: the lease ends at once (it would wait on its own lock)
+        conn.commit()
+        with lease.transaction(conn):
+            conn.execute(f'INSERT INTO "{schema}".effects VALUES (%s, %s, %s)',
+                         ("job", lease.generation, "A"))
+        assert effects(base, schema) == [("job", lease.generation, "A")]  # committed
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            conn.execute("SELECT 1 / 0")
+        with pytest.raises(InvalidArgument, match="aborted"):
+            with lease.transaction(conn):
+                pytest.fail("the block must not run")
+        conn.rollback()
+    started = time.monotonic()
+    lease.complete(b"done")
+    assert time.monotonic() - started < 5.0
+
+
+def test_nesting_inside_an_explicit_transaction_commits_with_it(
+    store: LeaseStore, base: str, schema: str
+) -> None:
+    lease = store.session("A", ttl_s=30.0).claim("job")
+    assert lease is not None
+    with psycopg.connect(base) as conn:
+        assert hasattr(conn, "_num_transactions"), "psycopg changed: see _pg_txn"
+        with conn.transaction():
+            conn.execute("SELECT 1")
+            with lease.transaction(conn):
+                conn.execute(f'INSERT INTO "{schema}".effects VALUES (%s, %s, %s)',
+                             ("job", lease.generation, "A"))
+            assert effects(base, schema) == []  # the outer block has not ended
+        assert effects(base, schema) == [("job", lease.generation, "A")]
+    lease.complete(b"done")
+
+
+def test_a_lock_timeout_of_complete_names_an_open_transaction_as_the_cause(
+    base: str, schema: str
+) -> None:
+    with open_store(f"{base}?schema={schema}", timeout_s=1.0) as s:
+        lease = s.session("A", ttl_s=30.0).claim("job")
+        assert lease is not None
+        with psycopg.connect(base) as conn, conn.transaction(force_rollback=True):
+            with lease.transaction(conn):
+                pass  # the outer block still holds the row lock
+            with pytest.raises(BackendUnavailable, match="commit it first"):
+                lease.complete(b"done")
+        lease.complete(b"done")

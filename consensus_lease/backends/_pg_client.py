@@ -86,7 +86,12 @@ def translate(exc: BaseException, where: str, job_id: str | None = None) -> Leas
         return BackendUnavailable(f"{where}: the statement ran out of time ({text})",
                                   job_id=job_id)
     if isinstance(exc, pgerrors.LockNotAvailable):
-        return BackendUnavailable(f"{where}: a lock was not granted in time ({text})",
+        hint = "" if job_id is None else (
+            "; if a transaction of this process (a lease.transaction block nested in an "
+            "outer transaction, or a psycopg transaction not yet committed) touched this "
+            "job's row, commit it first"
+        )
+        return BackendUnavailable(f"{where}: a lock was not granted in time ({text}){hint}",
                                   job_id=job_id)
     if isinstance(exc, psycopg_pool.PoolTimeout):
         return BackendUnavailable(f"{where}: no connection within the timeout ({text})",

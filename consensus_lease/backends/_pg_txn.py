@@ -2,8 +2,13 @@
 
 When the effect's destination is the lease store's own database, the effect and the
 ownership check can be one transaction. ``with lease.transaction(conn):`` opens a
-transaction on *your* psycopg connection (a savepoint if one is already open, exactly as
-``conn.transaction()`` does) and, as its first statement, locks the lease's job row::
+transaction on *your* psycopg connection and, as its first statement, locks the lease's
+job row. Inside a ``with conn.transaction():`` block of yours it is a savepoint (exactly
+as a nested ``conn.transaction()``), and its effects and lock last until *your* block
+ends. A transaction psycopg opened implicitly (a statement run on a connection without
+``autocommit=True`` and not committed) is refused with ``InvalidArgument``: the block
+would be a savepoint of it, commit nothing, and keep the row locked, so a ``complete``
+after the block would wait for this very lock. The lock statement::
 
     SELECT ... FROM cl_jobs j JOIN cl_sessions s ...
     WHERE j.job_id = ... AND j.session_id = <this session> AND j.generation = <g>
@@ -75,7 +80,10 @@ def lease_transaction(
 
     Raises:
         InvalidArgument: ``conn`` is not an open synchronous psycopg connection, or not to
-            the lease store's database (another database, or another store in it).
+            the lease store's database (another database, or another store in it); or
+            it has a transaction open that is not a ``with conn.transaction():`` block
+            of the caller (psycopg's implicit one: the block would commit nothing), or
+            an aborted one. Nothing is sent; the lease is still held.
         StaleLeaseError / SessionExpired: not held at this generation; rolled back.
         BackendUnavailable: the lock was not granted within ``lock_timeout_s`` or the
             server did not answer; rolled back; the lease may still be held.
@@ -90,6 +98,7 @@ def lease_transaction(
         )
     if conn.closed:
         raise InvalidArgument("lease.transaction(): the connection is closed", job_id=job_id)
+    _check_open_transaction(conn, job_id)
     n = backend.names
     epoch, local = split(claim.generation, backend.epoch_shift)
     params = {"job": job_id, "sid": session.session_id, "gen": local, "epoch": epoch}
@@ -125,6 +134,42 @@ def lease_transaction(
                 "claim of the job)", job_id=job_id, generation=claim.generation,
             ) from exc
         raise
+
+
+def _check_open_transaction(conn: psycopg.Connection[Any], job_id: str) -> None:
+    """Refuse a connection whose transaction the block could not commit.
+
+    psycopg (without ``autocommit=True``) begins a transaction at a connection's first
+    statement and keeps it open until ``commit()``. A block entered then would only be
+    a savepoint of it: nothing would commit at the block's end, and the lease's row lock
+    would stay taken, so a ``complete``/``release`` after the block would wait for it and
+    fail with a lock timeout. Nesting in a transaction the caller opened on purpose with
+    ``with conn.transaction():`` is allowed (it commits at that block's end). psycopg has
+    no public "inside ``conn.transaction()``" flag: this reads its ``_num_transactions``
+    counter (``tests/test_lease_transaction.py`` checks psycopg still has it; if a later
+    psycopg drops it, every open transaction is refused, never silently allowed).
+
+    Raises:
+        InvalidArgument: an implicit transaction is open, or the transaction is aborted.
+    """
+    status = conn.info.transaction_status
+    if status == psycopg.pq.TransactionStatus.INERROR:
+        raise InvalidArgument(
+            "lease.transaction(): the connection's transaction is aborted by an earlier "
+            "error: roll it back first (conn.rollback())", job_id=job_id,
+        )
+    if status == psycopg.pq.TransactionStatus.INTRANS \
+            and not getattr(conn, "_num_transactions", 0):
+        raise InvalidArgument(
+            "lease.transaction(): the connection already has a transaction open (psycopg "
+            "begins one at the first statement unless autocommit=True), so the block would "
+            "be only a savepoint: nothing would commit at its end, and lease.complete() "
+            "after it would wait for this transaction's lock on the job's row. Call "
+            "conn.commit() (or rollback()) before the block, connect with "
+            "autocommit=True, or nest the block on purpose inside "
+            "'with conn.transaction():' (it then commits when that block ends)",
+            job_id=job_id,
+        )
 
 
 def _lock(
