@@ -13,8 +13,9 @@ import psycopg
 from .._epoch import compose
 from ..backend import Backend, SessionHandle
 from ..errors import InvalidArgument, OutcomeUnknown, SessionExpired
-from ..record import ClaimResult, EnqueueItem, JobState, LeaseRecord, QueuedJob, QueueStats
+from ..record import ClaimResult, EnqueueItem, LeaseRecord, QueuedJob, QueueStats
 from ._pg_schema import NOW
+from ._sql_row import record_of_row
 
 if TYPE_CHECKING:
     from ._pg_client import Client
@@ -46,29 +47,7 @@ class QueueOps(Backend):
 
     @classmethod
     def _to_record(cls, row: Sequence[Any]) -> LeaseRecord:
-        (job_id, owner, expires_at, generation, completed_at, result, alive, failed_at,
-         attempt, error, not_before, max_attempts, epoch, value) = row
-        if completed_at is not None:
-            state = JobState.COMPLETED
-        elif failed_at is not None:
-            state = JobState.FAILED
-        elif alive:
-            state = JobState.HELD
-        else:
-            state = JobState.AVAILABLE
-        return LeaseRecord(
-            job_id=job_id,
-            owner=owner,
-            lease_until=float(expires_at) if state is JobState.HELD else None,
-            generation=compose(int(epoch), int(generation), cls.epoch_shift),
-            state=state,
-            result=None if result is None else bytes(result),
-            attempt=int(attempt),
-            error=error,
-            not_before=float(not_before) if state is JobState.AVAILABLE and not_before else None,
-            max_attempts=None if max_attempts is None else int(max_attempts),
-            value=bytes(value) if value is not None and state is JobState.HELD else None,
-        )
+        return record_of_row(row, cls.epoch_shift)
 
     # -- work queues ---------------------------------------------------------------------
 

@@ -133,7 +133,8 @@ from ..errors import (
     StaleLeaseError,
 )
 from ..options import Option, OptionTable
-from ..record import ClaimResult, EnqueueItem, JobState, LeaseRecord, QueuedJob, QueueStats
+from ..record import ClaimResult, EnqueueItem, LeaseRecord, QueuedJob, QueueStats
+from ._sql_row import record_of_row
 from ._sqlite_history import SESSION_GC_S, History
 from ._sqlite_watch import ChangeWatch
 
@@ -1163,29 +1164,7 @@ class SqliteBackend(Backend):
 
     @classmethod
     def _to_record(cls, row: tuple[Any, ...]) -> LeaseRecord:
-        (job_id, owner, expires_at, generation, completed_at, result, alive, failed_at,
-         attempt, error, not_before, max_attempts, epoch, value) = row
-        if completed_at is not None:
-            state = JobState.COMPLETED
-        elif failed_at is not None:
-            state = JobState.FAILED
-        elif alive:
-            state = JobState.HELD
-        else:
-            state = JobState.AVAILABLE
-        return LeaseRecord(
-            job_id=job_id,
-            owner=owner,
-            lease_until=float(expires_at) if state is JobState.HELD else None,
-            generation=compose(int(epoch), int(generation), cls.epoch_shift),
-            state=state,
-            result=None if result is None else bytes(result),
-            attempt=int(attempt),
-            error=error,
-            not_before=float(not_before) if state is JobState.AVAILABLE and not_before else None,
-            max_attempts=None if max_attempts is None else int(max_attempts),
-            value=bytes(value) if value is not None and state is JobState.HELD else None,
-        )
+        return record_of_row(row, cls.epoch_shift)
 
     def _get(self, db: sqlite3.Connection, job_id: str) -> LeaseRecord | None:
         row = db.execute(self._SELECT + " WHERE j.job_id = ?", (job_id,)).fetchone()
