@@ -416,7 +416,7 @@ def test_w6_rates_are_window_medians_with_spread(monkeypatch: pytest.MonkeyPatch
     def fake(name: str, fencing: bool, pause_s: float) -> Any:
         def opener() -> Any:
             def cycle() -> None:
-                time.sleep(pause_s)
+                time.sleep(pause_s)  # a fake peer cycle that takes real time
 
             return cycle, lambda: None
 

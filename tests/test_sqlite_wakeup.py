@@ -78,7 +78,7 @@ def test_the_watch_reads_sparingly_while_nothing_changes(tmp_path: Path) -> None
         waiting.set()
         watch.ensure()
         start, reads = time.monotonic(), watch.reads
-        time.sleep(0.5)
+        time.sleep(0.5)  # real idle time passes: the watch must back off while nothing changes
         elapsed = time.monotonic() - start
         assert watch.reads - reads <= elapsed / 0.01 + 10  # ~1 per 10 ms after backing off
         assert not changes
