@@ -172,7 +172,8 @@ class Liveness:
         """Raise ``StoreInherited`` in a fork's child, ``StoreClosed`` once the store
         was closed; no lock taken (one held by a parent's thread at the fork would never
         be released in the child)."""
-        self.origin.check(f"session {self.handle.session_id}")
+        if self.origin.inherited():  # the message is built only when it is raised
+            self.origin.check(f"session {self.handle.session_id}")
         if self.store_closed:
             raise StoreClosed(
                 f"the store of session {self.handle.session_id} was closed; open a new one"

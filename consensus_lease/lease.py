@@ -175,7 +175,9 @@ class Lease:
             StoreInherited: this is a child made by ``fork()``: the lease is the
                 parent's, not this process's.
         """
-        self._holdings.liveness.origin.check(f"lease on {self.job_id!r}")
+        origin = self._holdings.liveness.origin
+        if origin.inherited():
+            origin.check(f"lease on {self.job_id!r}")
         with self._lock:
             state, reason = self._state, self._lost_reason
         if state is LeaseState.LOST:
