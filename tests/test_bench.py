@@ -165,7 +165,7 @@ def test_quick_bench_on_every_backend(docker_engine: Any, tmp_path: Path) -> Non
         if peers:
             assert peers[0]["fencing"] is True
             assert all(p["fencing"] is False for p in peers[1:])
-            assert len(peers) == 3
+            assert len(peers) == 4 and peers[-1]["library"] == "raw"  # the ceiling row
 
 
 W7_TINY = dataclasses.replace(
@@ -413,23 +413,27 @@ def test_w8_reports_window_spread(one_worker: Any, tmp_path: Path) -> None:
 def test_w6_rates_are_window_medians_with_spread(monkeypatch: pytest.MonkeyPatch) -> None:
     from consensus_lease.bench import peers
 
-    def fake(name: str, fencing: bool, pause_s: float) -> Any:
+    def fake(name: str, library: str, pause_s: float) -> Any:
         def opener() -> Any:
             def cycle() -> None:
                 time.sleep(pause_s)  # a fake peer cycle that takes real time
 
             return cycle, lambda: None
 
-        return peers.Peer(name, "tooz" if not fencing else "consensus_lease", fencing, opener)
+        return peers.Peer(name, library, library == "consensus_lease", opener)
 
     monkeypatch.setattr(peers, "peers_for", lambda target, sizes, prefix: [
-        fake("ours", True, 0.001), fake("slow peer", False, 0.004)])
+        fake("ours", "consensus_lease", 0.001), fake("slow peer", "tooz", 0.004),
+        fake("raw client", peers.RAW_FLOOR, 0.0005)])
     data = peers.w6_peers(Target("memory", url="memory://"), TINY, "t6")
-    ours, slow = data["peers"]
-    for row in (ours, slow):
+    ours, slow, floor = data["peers"]
+    for row in (ours, slow, floor):
         assert row["spread"]["n"] == 2 * 3  # two repeats of three windows
         assert row["spread"]["min"] <= row["cycles_per_s"] <= row["spread"]["max"]
     assert slow["ours_over_peer"] > 1 and slow["ratio_spread"]["n"] == 6
+    # The raw client's row is the ceiling, shown next to the goal, not a goal itself.
     (goal,) = evaluate({"backends": {"zookeeper": {
         "available": True, "workloads": {"w6_peers": {**data, "status": "ok"}}}}})
     assert "[" in goal.measured and goal.status in {"pass", "miss"}
+    ceiling = floor["cycles_per_s"] / slow["cycles_per_s"]
+    assert f"ceiling: the raw client's 2-request cycle is {ceiling:.2f}x this peer" in goal.note

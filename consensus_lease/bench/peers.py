@@ -13,7 +13,13 @@ kazoo ``Lock``            ZooKeeper   create sequential ephemeral + get_children
 tooz ``zookeeper``        ZooKeeper   kazoo's ``Lock`` behind tooz's API
 tooz ``postgresql``       PostgreSQL  ``pg_try_advisory_lock``, ``pg_advisory_unlock``
                                       (psycopg2)
+raw client                every one   W1's raw claim+complete (:mod:`.raw`) on a new
+                                      job id per cycle: two requests, no lock logic
 ========================  ==========  ===============================================
+
+The raw client's row is no peer but the ceiling: any acquire+release of two requests
+on that client is at best that fast, so ``raw / peer`` is the most a two-request lock
+can be ahead of a peer on this machine (the goal table shows it next to each goal).
 
 None of the peers hands out a fencing token: a paused holder's late write cannot be
 rejected by the destination. Ours hands out ``lease.generation``.
@@ -32,6 +38,7 @@ from typing import Any
 
 from ..store import open_store
 from .config import Sizes, Target
+from .raw import raw_cycler
 from .stats import median
 from .windows import Windows, paired_ratios, spread
 
@@ -169,19 +176,40 @@ def _kazoo_lock(target: Target, name: str) -> Peer:
     return Peer("kazoo Lock", "kazoo", False, opener)
 
 
+RAW_FLOOR = "raw"
+"""``Peer.library`` of the raw client's row: a ceiling, not a peer (no goal of its own)."""
+
+
+def _raw_floor(target: Target, prefix: str) -> Peer:
+    def opener() -> Any:
+        cycler = raw_cycler(target.raw)
+        cycler.open()
+        n = iter(range(10_000_000))
+
+        def cycle() -> None:
+            cycler.cycle(f"{prefix}-{next(n)}")
+
+        return cycle, cycler.close
+
+    return Peer("raw client (2 requests, no lock logic)", RAW_FLOOR, False, opener)
+
+
 def peers_for(target: Target, sizes: Sizes, prefix: str) -> list[Peer]:
+    """Ours first, then each peer library, then the raw client's ceiling."""
     ours = _ours(target, sizes.session_ttl_s, f"{prefix}-lock")
+    floor = _raw_floor(target, f"{prefix}-raw")
     if target.backend == "etcd":
         gateway = f"etcd3+{target.raw['gateway']}?api_version=v3&timeout=10"
         return [ours, _pyetcd_lock(target, sizes.session_ttl_s, f"{prefix}-pyetcd"),
-                _tooz(gateway, f"{prefix}-tooz", "tooz etcd3gw (gRPC gateway /v3)")]
+                _tooz(gateway, f"{prefix}-tooz", "tooz etcd3gw (gRPC gateway /v3)"), floor]
     if target.backend == "zookeeper":
         hosts = target.raw["hosts"]
         return [ours, _kazoo_lock(target, f"{prefix}-kazoo"),
-                _tooz(f"zookeeper://{hosts}?timeout=10", f"{prefix}-tooz", "tooz zookeeper")]
+                _tooz(f"zookeeper://{hosts}?timeout=10", f"{prefix}-tooz", "tooz zookeeper"),
+                floor]
     if target.backend == "postgresql":
         return [ours, _tooz(target.raw["tooz"], f"{prefix}-tooz",
-                            "tooz postgresql (advisory lock)")]
+                            "tooz postgresql (advisory lock)"), floor]
     return []
 
 
