@@ -116,6 +116,8 @@ class History:
 
     def saw(self, zxid: int) -> None:
         """A client got an answer at ``zxid`` (any request)."""
+        if zxid <= self._highest:  # nothing to raise (it only grows, but at a recovery)
+            return
         with self._lock:
             self._highest = max(self._highest, zxid)
 
