@@ -209,6 +209,30 @@ def test_job_data_round_trips() -> None:
     assert (owner.owner, owner.session, owner.nonce) == ("é", "0x2", "abc")
 
 
+@given(st.text(max_size=12), st.text(max_size=12), st.text(max_size=12),
+       st.integers(-(2**40), 2**40), st.one_of(st.none(), st.integers(1, 99)),
+       st.integers(0, 2**31))
+def test_job_and_owner_data_are_the_bytes_json_dumps_writes(
+    owner: str, session: str, nonce: str, number: int, limit: int | None, epoch: int,
+) -> None:
+    # The headers are written without json.dumps (cheaper); the bytes stay the same.
+    import json
+
+    def dumped(header: dict[str, Any], payload: bytes = b"") -> bytes:
+        return json.dumps({"format": 1, **header}, separators=(",", ":")).encode() + b"\n" \
+            + payload
+
+    extra = {} if limit is None else {"max_attempts": limit}
+    extra = extra if epoch == 0 else {**extra, "epoch": epoch}
+    assert dump_claim(owner, session, number, limit, epoch) == dumped(
+        {"state": "held", "owner": owner, "session": session, "attempt": number, **extra})
+    assert dump_completed(owner, session, number, nonce, b"r\n", 3, limit, epoch) == dumped(
+        {"state": "completed", "owner": owner, "session": session, "generation": number,
+         "nonce": nonce, "attempt": 3, **extra}, b"r\n")
+    assert dump_owner(owner, session, nonce) == json.dumps(
+        {"owner": owner, "session": session, "nonce": nonce}).encode()
+
+
 @pytest.mark.parametrize("data", [b"garbage", b'{"format":9}\n', b'{"format":1,"state":"x"}\n'])
 def test_foreign_data_is_an_error_not_a_crash(data: bytes) -> None:
     with pytest.raises(CorruptData) as info:

@@ -7,8 +7,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar, Concatenate, ParamSpec, TypeVar
 
 from ..._election import is_election_key
@@ -87,8 +86,13 @@ def _bounded(
 
     @functools.wraps(method)
     def call(self: ZooKeeperBackend, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
-        with self._wire.bounded():
+        # Wire.enter/leave rather than ``with Wire.bounded()``: no generator per call.
+        entered = self._wire.enter()
+        try:
             return method(self, *args, **kwargs)
+        finally:
+            if entered is not None:
+                self._wire.leave(entered)
 
     return call
 
@@ -108,17 +112,25 @@ def quiet_kazoo_by_default() -> None:
 quiet_kazoo_by_default()
 
 
-@contextmanager
-def _concerning(job_id: str, generation: int | None = None) -> Iterator[None]:
-    """Attach the job (and generation) to any library error raised without them."""
-    try:
-        yield
-    except LeaseError as exc:
-        if exc.job_id is None:
-            exc.job_id = job_id
-        if exc.generation is None:
-            exc.generation = generation
-        raise
+class _concerning:  # used as a function: ``with _concerning(...)``
+    """Attach the job (and generation) to any library error raised without them. (A
+    class, not a generator-based context manager: cheaper on every call.)"""
+
+    __slots__ = ("generation", "job_id")
+
+    def __init__(self, job_id: str, generation: int | None = None) -> None:
+        self.job_id = job_id
+        self.generation = generation
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, LeaseError):
+            if exc.job_id is None:
+                exc.job_id = self.job_id
+            if exc.generation is None:
+                exc.generation = self.generation
 
 
 def _checked(claim: object) -> ClaimResult:

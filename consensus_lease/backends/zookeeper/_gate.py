@@ -83,24 +83,21 @@ class Gate:
                     self._starting += 1
                 elif busy is None and self.client.state == KazooState.LOST:
                     raise SessionExpiredError("the ZooKeeper session of this client is lost")
-            if go:
-                return self._begin(begin)
+            if go:  # (the start is written out here, not in a method: one call fewer)
+                result = None
+                try:
+                    result = begin()
+                    return result
+                finally:
+                    with self._lock:
+                        self._starting -= 1
+                        if isinstance(result, AsyncResult):  # (a stand-in, in tests, counts
+                            self._in_flight.append(result)  # as answered)
             left = max(0.0, deadline - time.monotonic())
             if busy is not None:
                 busy.wait(left)
             else:
                 threading.Event().wait(min(left, RECONNECT_POLL_S))  # reconnecting
-
-    def _begin(self, begin: Callable[[], Any]) -> Any:
-        result = None
-        try:
-            result = begin()
-            return result
-        finally:
-            with self._lock:
-                self._starting -= 1
-                if isinstance(result, AsyncResult):  # (a stand-in, in tests, counts as answered)
-                    self._in_flight.append(result)
 
     def _busy(self) -> Any:
         """``None`` if a slot is free, else something to wait on: a request in flight

@@ -111,11 +111,12 @@ class History:
 
     def highest(self) -> int:
         """The highest zxid seen so far (0: none)."""
-        with self._lock:
-            return self._highest
+        return self._highest  # one attribute read: no lock needed
 
     def saw(self, zxid: int) -> None:
         """A client got an answer at ``zxid`` (any request)."""
+        if zxid <= self._highest:  # nothing to raise (it only grows, but at a recovery)
+            return
         with self._lock:
             self._highest = max(self._highest, zxid)
 

@@ -305,6 +305,11 @@ class ZkSession(SessionHandle):
     def check_alive(self) -> None:
         """Raise SessionExpired (``StoreRegressed`` if that ended it) unless the session
         may be used."""
+        # Fast path without the lock: the status leaves _LIVE before (or as) an error is
+        # set, and never comes back, so a live status read now is the session at this
+        # moment (the locked path below only builds the error).
+        if self._status in _LIVE and self.error is None:
+            return
         with self._cond:
             status, reason, error = self._status, self.reason, self.error
         if error is not None:
@@ -319,6 +324,8 @@ class ZkSession(SessionHandle):
             SessionExpired: the session ended.
             BackendUnavailable: still disconnected at the deadline; nothing was sent.
         """
+        if self._status is Status.CONNECTED and self.error is None:
+            return  # connected and alive (read without the lock: see check_alive)
         with self._cond:
             while self._status in (Status.SUSPENDED, Status.CONNECTING):
                 left = deadline - time.monotonic()

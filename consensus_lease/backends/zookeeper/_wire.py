@@ -20,7 +20,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -146,6 +146,21 @@ class Wire:
         finally:
             _CALL.reset(token)
 
+    def enter(self, budget_s: float | None = None) -> Token[tuple[Wire, float] | None] | None:
+        """Start a public call as :meth:`bounded` does, without a context manager: its
+        deadline is set (unless inside a call already: then ``None``, and the outer
+        deadline stays). Pass what it returned to :meth:`leave` when the call ends."""
+        outer = _CALL.get()
+        if outer is not None and outer[0] is self:
+            return None
+        budget = self.config.timeout_s if budget_s is None else budget_s
+        return _CALL.set((self, time.monotonic() + budget))
+
+    @staticmethod
+    def leave(token: Token[tuple[Wire, float] | None]) -> None:
+        """End a call :meth:`enter` started."""
+        _CALL.reset(token)
+
     def deadline(self) -> float:
         """The current call's deadline (see :meth:`bounded`); outside one, ``timeout_s``
         from now."""
@@ -156,6 +171,9 @@ class Wire:
 
     def gate(self, client: KazooClient) -> Gate:
         """The gate every request to ``client`` is started through."""
+        gate = self._gates.get(client)  # made once per client: look without the lock
+        if gate is not None:
+            return gate
         with self._gates_lock:
             gate = self._gates.get(client)
             if gate is None:
@@ -314,8 +332,7 @@ class Wire:
         except KAZOO_ERRORS as exc:
             raise self._error(exc, what, job_id=job_id, generation=generation) from exc
         self._answered(h.client, floor, what)
-        failed = any(isinstance(r, Exception) for r in results)
-        return Multi(not failed, list(results))
+        return _outcome(results)
 
     def _settle(
         self, h: ZkSession, probe: Callable[[float], bool], what: str, job_id: str | None,
@@ -419,8 +436,7 @@ class Wire:
         except KAZOO_ERRORS as exc:
             raise self._error(exc, what, worker=False, job_id=job_id) from exc
         self._answered(client, floor, what)
-        failed = any(isinstance(r, Exception) for r in results)
-        return Multi(not failed, list(results))
+        return _outcome(results)
 
     def _settle_shared(
         self, probe: Callable[[float], bool], what: str, job_id: str | None,
@@ -463,6 +479,14 @@ class Wire:
                 reader.close()
             except KAZOO_ERRORS as exc:
                 raise BackendUnavailable(f"stopping the read client: {exc!r}") from exc
+
+
+def _outcome(results: list[Any]) -> Multi:
+    """The :class:`Multi` of an answered multi's per-op ``results``."""
+    for result in results:
+        if isinstance(result, Exception):
+            return Multi(False, list(results))
+    return Multi(True, list(results))
 
 
 def _stop_quietly(client: KazooClient) -> None:
