@@ -105,6 +105,11 @@ class EtcdClaim:
             token is ``epoch * 2**44 + create revision``.
         ordinal: the job's place in ``queue`` (its index entry, which complete and a
             FAILED verdict delete), when the claim read it (``None``: not known).
+
+    What the claim knows of the job's attempts is final while it holds the job: no other
+    claim can bump the attempts key, and only the holder's ``fail`` writes an error. So
+    complete builds the record it returns from ``attempt`` and ``limit`` without reading
+    them again (see :attr:`first_attempt`).
     """
 
     lease_id: int
@@ -116,6 +121,15 @@ class EtcdClaim:
     limit: Limit | None = None
     epoch: int = 0
     ordinal: int | None = None
+
+    @property
+    def first_attempt(self) -> bool:
+        """Whether this claim is the job's first (attempt 1) and the job has no attempt
+        limit, so no last-error key can exist: one is written only by ``fail`` of an
+        earlier hold (whose claim put the attempts key, which then makes this claim's
+        attempt at least 2; only ``purge`` deletes that key, and the error key with it)
+        or by a claim that finds a limited job's attempts used up."""
+        return self.attempt == 1 and self.limit is None
 
     @staticmethod
     def of(claim: ClaimResult, session: EtcdSession, job_id: str) -> EtcdClaim | None:
