@@ -160,6 +160,7 @@ def test_owner_and_completion_values_are_the_json_they_always_were(
     if epoch:
         fields["epoch"] = epoch
     assert held.encode() == _dump(fields)
+    assert Owner.encoder(owner, session)(nonce, epoch) == held.encode()  # a session's
     assert Owner.decode(held.encode(), b"k") == held
     done = Completion(owner, session, generation, result)
     assert done.encode() == _dump({"generation": generation, "owner": owner,
@@ -362,6 +363,8 @@ def test_a_claim_carries_its_owner_value_and_is_checked_without_it(store: LeaseS
             "job", True, None,
         )
         assert claim.attempt == claim.handle.attempt == 1
+        assert claim.handle.nonce == claim.handle.claim_nonce == Owner.decode(
+            claim.handle.owner_value, b"o").nonce
         bare = ClaimResult(claim.generation, attempt=1)
         assert bare == claim  # the handle is not compared
         assert backend.renew(a, "job", claim) > 0

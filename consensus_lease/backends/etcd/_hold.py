@@ -36,7 +36,7 @@ from pyetcd import etcdrpc
 
 from ...record import ClaimResult, JobState, LeaseRecord
 from . import _requests as rq
-from ._keys import Completion, History, JobKeys, LastError, Owner, queue_of
+from ._keys import Completion, History, JobKeys, LastError, queue_of
 from ._ops import Ops, Settled
 from ._records import Lifecycle
 from ._session import EtcdClaim, EtcdSession
@@ -214,7 +214,7 @@ def release(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult) -> N
     known = EtcdClaim.of(claim, handle, job_id)
     generation = claim.generation
     keys = ops.layout.job(job_id)
-    nonce = "" if known is None else Owner.decode(known.owner_value, keys.owner).nonce
+    nonce = "" if known is None else known.claim_nonce
     marker = History(None, handle.session_id, nonce, generation, released=True)
     what = f"release of {job_id!r} generation {generation}"
     queue = None if known is None else known.queue

@@ -43,6 +43,13 @@ class EtcdSession(SessionHandle):
         self._lock = threading.Lock()
         self._unsettled: dict[str, set[str]] = {}
         self._regressed: str | None = None
+        self._owner_value = Owner.encoder(owner, self.session_id)
+
+    def owner_value(self, nonce: str, epoch: int) -> bytes:
+        """The owner value a claim request of this session writes: exactly
+        ``Owner(owner, session_id, nonce, epoch).encode()`` (the part naming the owner
+        and the session is encoded once per session)."""
+        return self._owner_value(nonce, epoch)
 
     def end_by_regression(self, reason: str) -> None:
         """The store's history went back while this session was open: it is over. The
@@ -105,6 +112,8 @@ class EtcdClaim:
             token is ``epoch * 2**44 + create revision``.
         ordinal: the job's place in ``queue`` (its index entry, which complete and a
             FAILED verdict delete), when the claim read it (``None``: not known).
+        nonce: the claim request's nonce (also in ``owner_value``), which release and
+            fail put in their marker (``None``: read from ``owner_value``).
 
     What the claim knows of the job's attempts is final while it holds the job: no other
     claim can bump the attempts key, and only the holder's ``fail`` writes an error. So
@@ -121,6 +130,18 @@ class EtcdClaim:
     limit: Limit | None = None
     epoch: int = 0
     ordinal: int | None = None
+    nonce: str | None = None
+
+    @property
+    def claim_nonce(self) -> str:
+        """The claim request's nonce: :attr:`nonce`, else decoded from ``owner_value``.
+
+        Raises:
+            BackendUnavailable: ``owner_value`` is not an owner record.
+        """
+        if self.nonce is not None:
+            return self.nonce
+        return Owner.decode(self.owner_value, b"(claim handle)").nonce
 
     @property
     def first_attempt(self) -> bool:
