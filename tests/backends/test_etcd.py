@@ -160,6 +160,7 @@ def test_owner_and_completion_values_are_the_json_they_always_were(
     if epoch:
         fields["epoch"] = epoch
     assert held.encode() == _dump(fields)
+    assert Owner.encoder(owner, session)(nonce, epoch) == held.encode()  # a session's
     assert Owner.decode(held.encode(), b"k") == held
     done = Completion(owner, session, generation, result)
     assert done.encode() == _dump({"generation": generation, "owner": owner,
@@ -362,6 +363,8 @@ def test_a_claim_carries_its_owner_value_and_is_checked_without_it(store: LeaseS
             "job", True, None,
         )
         assert claim.attempt == claim.handle.attempt == 1
+        assert claim.handle.nonce == claim.handle.claim_nonce == Owner.decode(
+            claim.handle.owner_value, b"o").nonce
         bare = ClaimResult(claim.generation, attempt=1)
         assert bare == claim  # the handle is not compared
         assert backend.renew(a, "job", claim) > 0
@@ -640,6 +643,66 @@ def test_held_and_completed_records_show_the_attempt_limit(store: LeaseStore) ->
         done = lease.complete(b"r")
         assert (done.max_attempts, done.not_before) == (3, None)
         assert store.get("job") == done
+
+
+def _completion_reads(store: LeaseStore, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Record, per completion transaction sent, how many reads its success branch has."""
+    transport = backend_of(store)._transport
+    real = transport.send
+    reads: list[int] = []
+
+    def send(*args: Any, **kwargs: Any) -> Any:
+        request = args[2]
+        if str(kwargs.get("what", "")).startswith("completion of"):
+            reads.append(sum(op.HasField("request_range") for op in request.success))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(transport, "send", send)
+    return reads
+
+
+def test_completion_record_comes_from_the_claim_handle(
+    store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record complete returns equals what ``get`` reads afterwards, whether the
+    claim's handle told the whole lifecycle (first attempt, no limit: no read in the
+    transaction), only the attempt and limit (a later attempt: the error key is read),
+    or nothing (a claim without its handle: attempts, error and limit are read)."""
+    reads = _completion_reads(store, monkeypatch)
+    with store.session("A", ttl_s=30) as a:
+        first = a.claim("first")
+        assert first is not None
+        assert first.complete(b"1") == store.get("first")
+
+        lease = a.claim("again")
+        assert lease is not None
+        lease.fail("boom", retry_in_s=0)
+        lease = a.claim("again")
+        assert lease is not None and lease.attempt == 2
+        done = lease.complete(b"2")
+        assert (done.attempt, done.error) == (2, "boom")
+        assert done == store.get("again")
+
+        assert store.enqueue("q", "limited", b"p", max_attempts=4)
+        lease = a.claim("limited")
+        assert lease is not None
+        done = lease.complete(b"3")
+        assert (done.attempt, done.error, done.max_attempts) == (1, None, 4)
+        assert done == store.get("limited")
+    assert reads == [0, 1, 1]
+
+    backend = backend_of(store)
+    session = backend.open_session("B", 30)
+    try:
+        claim = backend.claim(session, "bare")
+        assert claim is not None
+        bare = ClaimResult(claim.generation, attempt=claim.attempt)  # no handle
+        done = backend.complete(session, "bare", bare, b"4")
+        assert (done.attempt, done.error, done.max_attempts) == (1, None, None)
+        assert done == store.get("bare")
+        assert reads == [0, 1, 1, 3]
+    finally:
+        backend.close_session(session)
 
 
 # -- elections: the leader's value -----------------------------------------------------------

@@ -121,8 +121,11 @@ Job lifecycle (attempts, ``fail``, retry delays, FAILED, ``requeue``; see
   the TTL; a new leader extends leases), which wakes waiting claims. ``not_before`` in
   records is local wall clock + the lease's remaining TTL (display only). Without a
   delay (``retry_in_s == 0``) or when the job becomes FAILED, no lease is granted.
-* The completion transaction also gets ``a``, ``e`` and ``l`` (for the record it
-  returns): three reads in the same round trip.
+* The record a completion returns (attempt, last error, limit) comes from the claim's
+  handle, which knows the attempt and the limit (neither changes while the job is
+  held); the completion transaction also gets ``e`` when the claim was not the job's
+  first attempt (an earlier one may have failed), and ``a``, ``e`` and ``l`` for a
+  claim without its handle: reads in the same round trip.
 * A FAILED job has ``f``, which every claim's compares refuse (the common claim through
   ``l``, which a FAILED job always has), and no pending key, so no candidate list
   offers it. ``requeue`` is one transaction comparing ``mod_revision(f)``: delete ``f``,

@@ -122,7 +122,7 @@ def _claimant(ops: Ops, handle: EtcdSession, nonce: str, job_id: str | None = No
     """What a claim request writes, in the epoch cached now; for a job that was a
     candidate of a queue lately, that queue's held marker too."""
     epoch, same_epoch = ops.epochs.current()
-    value = Owner(handle.owner, handle.session_id, nonce, epoch).encode()
+    value = handle.owner_value(nonce, epoch)
     return Claimant(value, handle.lease_id, epoch, same_epoch,
                     None if job_id is None else _queued(ops, job_id))
 
@@ -203,7 +203,7 @@ def _send_plan(ops: Ops, handle: EtcdSession, keys: JobKeys, plan: Plan,
         if plan.exhausted:
             assert plan.snapshot is not None
             raise job_failed(job_id, dead_letter(plan.snapshot, nonce)[0])
-        claimed = _claimed(handle, keys, plan, claimant, answer)
+        claimed = _claimed(handle, keys, plan, claimant, answer, nonce)
         known = claimed.handle
         assert isinstance(known, EtcdClaim)
         right = None if known.queue is None else ops.layout.queue(known.queue).held(job_id)
@@ -222,7 +222,7 @@ def _send_plan(ops: Ops, handle: EtcdSession, keys: JobKeys, plan: Plan,
 
 
 def _claimed(handle: EtcdSession, keys: JobKeys, plan: Plan, claimant: Claimant,
-             answer: Any) -> ClaimResult:
+             answer: Any, nonce: str) -> ClaimResult:
     """The claim from the answer of a claiming transaction that applied.
 
     Raises:
@@ -234,7 +234,7 @@ def _claimed(handle: EtcdSession, keys: JobKeys, plan: Plan, claimant: Claimant,
     ordinal = None if len(responses) < 6 else ordinal_of(rq.kv_of(responses[5]))
     known = EtcdClaim(handle.lease_id, keys.job_id, claimant.value, True,
                       queue_of(rq.kv_of(responses[3])), attempt, limit, claimant.epoch,
-                      ordinal)
+                      ordinal, nonce)
     token = compose(claimant.epoch, int(answer.header.revision))
     return ClaimResult(token, attempt=attempt, handle=known)
 

@@ -61,7 +61,6 @@ from ._keys import (
     JobKeys,
     LastError,
     Limit,
-    Owner,
     attempts_of,
     limit_of,
     ordinal_bytes,
@@ -112,7 +111,7 @@ def fail(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult, error: 
     queue, attempt, limit = _facts(ops, keys, generation, known, what)
     exhausted = limit is not None and limit.exhausted(attempt)
     nonce = secrets.token_hex(8)
-    claim_nonce = "" if known is None else Owner.decode(known.owner_value, keys.owner).nonce
+    claim_nonce = "" if known is None else known.claim_nonce
     marker = History(None, handle.session_id, claim_nonce, generation, released=True)
     success = [rq.delete(keys.owner), rq.put(keys.history, marker.encode()),
                rq.put(keys.error, LastError(error, handle.session_id, generation, attempt,

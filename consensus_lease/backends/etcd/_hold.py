@@ -9,7 +9,8 @@ revision is the generation's (the token below its epoch bits) and its value is o
     complete:  put c = record, delete o, h  else get o, get c
                (+ delete QDIR/p/HEX for a queued job)
                (+ delete v for an election)
-               get a, e, l (for the record it returns)
+               get a, e, l (for the record it returns; only e, or
+               nothing, when the claim's handle tells the rest)
     release:   delete o, put h = marker     else get o, get c
                (+ delete v for an election)
 
@@ -35,7 +36,7 @@ from pyetcd import etcdrpc
 
 from ...record import ClaimResult, JobState, LeaseRecord
 from . import _requests as rq
-from ._keys import Completion, History, JobKeys, Owner, queue_of
+from ._keys import Completion, History, JobKeys, LastError, queue_of
 from ._ops import Ops, Settled
 from ._records import Lifecycle
 from ._session import EtcdClaim, EtcdSession
@@ -99,7 +100,8 @@ def complete(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult,
         _leaving_queue(success, ops, queue, job_id, known)
     if keys.is_election:
         success.extend(ops.ending(keys))
-    for key in (keys.attempts, keys.error, keys.limit):
+    reads = _lifecycle_reads(keys, known)
+    for key in reads:
         rq.add_get(success, key)
     rq.add_get(request.failure, keys.owner)
     rq.add_get(request.failure, keys.completion)
@@ -129,9 +131,8 @@ def complete(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult,
         done: Completion = answer.value
     elif answer.succeeded:
         responses = answer.responses
-        life = Lifecycle.of(rq.kv_of(responses[-3]), rq.kv_of(responses[-2]),
-                            rq.kv_of(responses[-1]))
-        return _completed(job_id, record, life)
+        kvs = [rq.kv_of(r) for r in responses[len(responses) - len(reads):]]
+        return _completed(job_id, record, _answered_lifecycle(known, kvs))
     else:
         owner_kv, completion_kv = (rq.kv_of(r) for r in answer.responses)
         repeat = ours(completion_kv)  # a retry of a completion that already landed
@@ -175,6 +176,31 @@ def _completed(job_id: str, done: Completion, life: Lifecycle) -> LeaseRecord:
                        max_attempts=life.max_attempts)
 
 
+def _lifecycle_reads(keys: JobKeys, known: EtcdClaim | None) -> tuple[bytes, ...]:
+    """The keys the completion's ``success`` branch reads for the record it returns:
+    none when the claim's handle tells the whole lifecycle (its first attempt, no
+    limit: :attr:`EtcdClaim.first_attempt`), the error key when the handle tells the
+    attempt and the limit, else the attempts, error and limit keys. The handle's
+    knowledge holds because the branch runs only while the owner key has the handle's
+    exact value, i.e. while its claim still holds the job."""
+    if known is None:
+        return (keys.attempts, keys.error, keys.limit)
+    if known.first_attempt:
+        return ()
+    return (keys.error,)
+
+
+def _answered_lifecycle(known: EtcdClaim | None, kvs: list[Any]) -> Lifecycle:
+    """The lifecycle from the handle and the key-values :func:`_lifecycle_reads` asked
+    for (in its order)."""
+    if known is None:
+        return Lifecycle.of(*kvs)
+    error = None if not kvs or kvs[0] is None else LastError.decode(kvs[0].value,
+                                                                    kvs[0].key).error
+    limit = known.limit
+    return Lifecycle(known.attempt, error, None if limit is None else limit.max_attempts)
+
+
 def _lifecycle(ops: Ops, keys: JobKeys) -> Lifecycle:
     """The job's attempt, error and limit, read (after a completion settled by reading
     back: one more round trip, on that rare path only)."""
@@ -188,7 +214,7 @@ def release(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult) -> N
     known = EtcdClaim.of(claim, handle, job_id)
     generation = claim.generation
     keys = ops.layout.job(job_id)
-    nonce = "" if known is None else Owner.decode(known.owner_value, keys.owner).nonce
+    nonce = "" if known is None else known.claim_nonce
     marker = History(None, handle.session_id, nonce, generation, released=True)
     what = f"release of {job_id!r} generation {generation}"
     queue = None if known is None else known.queue

@@ -123,6 +123,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from json.encoder import encode_basestring as _encode_basestring
 from typing import Any
@@ -398,14 +399,23 @@ class Layout:
 
     def __init__(self, prefix: bytes) -> None:
         self.root = prefix.rstrip(b"/") + b"/"
+        self._epoch_key = self.root + EPOCH
+        self._last: JobKeys | None = None
 
     def job(self, job_id: str) -> JobKeys:
         """The keys of ``job_id``: ``PREFIX/HEX/...``, or ``PREFIX/elections/NHEX/...``
-        for an election key."""
+        for an election key. The last job's keys are kept (one atomic reference, so
+        thread-safe): a claim's complete, release or renew finds them there."""
+        last = self._last
+        if last is not None and last.job_id == job_id:
+            return last
         if is_election_key(job_id):
-            return JobKeys(job_id, self.elections + _hex(election_name(job_id)) + b"/",
-                           self.epoch)
-        return JobKeys(job_id, self.root + _hex(job_id) + b"/", self.epoch)
+            keys = JobKeys(job_id, self.elections + _hex(election_name(job_id)) + b"/",
+                           self._epoch_key)
+        else:
+            keys = JobKeys(job_id, self.root + _hex(job_id) + b"/", self._epoch_key)
+        self._last = keys
+        return keys
 
     @property
     def elections(self) -> bytes:
@@ -521,6 +531,18 @@ class Owner:
         head = f'{{"epoch":{int(self.epoch)},' if self.epoch else "{"
         return (f'{head}"nonce":{_quote(self.nonce)},"owner":{_quote(self.owner)},'
                 f'"session":{_quote(self.session)}}}').encode()
+
+    @staticmethod
+    def encoder(owner: str, session: str) -> Callable[[str, int], bytes]:
+        """``encode(nonce, epoch)``: :meth:`encode` of ``Owner(owner, session, nonce,
+        epoch)``, byte for byte, with the part after the nonce made once."""
+        tail = f',"owner":{_quote(owner)},"session":{_quote(session)}}}'.encode()
+
+        def encode(nonce: str, epoch: int) -> bytes:
+            head = f'{{"epoch":{int(epoch)},"nonce":' if epoch else '{"nonce":'
+            return (head + _quote(nonce)).encode() + tail
+
+        return encode
 
     @classmethod
     def decode(cls, raw: bytes, key: bytes) -> Owner:

@@ -43,6 +43,13 @@ class EtcdSession(SessionHandle):
         self._lock = threading.Lock()
         self._unsettled: dict[str, set[str]] = {}
         self._regressed: str | None = None
+        self._owner_value = Owner.encoder(owner, self.session_id)
+
+    def owner_value(self, nonce: str, epoch: int) -> bytes:
+        """The owner value a claim request of this session writes: exactly
+        ``Owner(owner, session_id, nonce, epoch).encode()`` (the part naming the owner
+        and the session is encoded once per session)."""
+        return self._owner_value(nonce, epoch)
 
     def end_by_regression(self, reason: str) -> None:
         """The store's history went back while this session was open: it is over. The
@@ -105,6 +112,13 @@ class EtcdClaim:
             token is ``epoch * 2**44 + create revision``.
         ordinal: the job's place in ``queue`` (its index entry, which complete and a
             FAILED verdict delete), when the claim read it (``None``: not known).
+        nonce: the claim request's nonce (also in ``owner_value``), which release and
+            fail put in their marker (``None``: read from ``owner_value``).
+
+    What the claim knows of the job's attempts is final while it holds the job: no other
+    claim can bump the attempts key, and only the holder's ``fail`` writes an error. So
+    complete builds the record it returns from ``attempt`` and ``limit`` without reading
+    them again (see :attr:`first_attempt`).
     """
 
     lease_id: int
@@ -116,6 +130,27 @@ class EtcdClaim:
     limit: Limit | None = None
     epoch: int = 0
     ordinal: int | None = None
+    nonce: str | None = None
+
+    @property
+    def claim_nonce(self) -> str:
+        """The claim request's nonce: :attr:`nonce`, else decoded from ``owner_value``.
+
+        Raises:
+            BackendUnavailable: ``owner_value`` is not an owner record.
+        """
+        if self.nonce is not None:
+            return self.nonce
+        return Owner.decode(self.owner_value, b"(claim handle)").nonce
+
+    @property
+    def first_attempt(self) -> bool:
+        """Whether this claim is the job's first (attempt 1) and the job has no attempt
+        limit, so no last-error key can exist: one is written only by ``fail`` of an
+        earlier hold (whose claim put the attempts key, which then makes this claim's
+        attempt at least 2; only ``purge`` deletes that key, and the error key with it)
+        or by a claim that finds a limited job's attempts used up."""
+        return self.attempt == 1 and self.limit is None
 
     @staticmethod
     def of(claim: ClaimResult, session: EtcdSession, job_id: str) -> EtcdClaim | None:
