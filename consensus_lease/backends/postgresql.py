@@ -193,6 +193,10 @@ LIBPQ_OPTIONS = (
 """Options handed to libpq under their own name (with their libpq meaning,
 https://www.postgresql.org/docs/15/libpq-connect.html#LIBPQ-PARAMKEYWORDS)."""
 
+MAX_BATCH_CLAIM = 1000
+"""Most jobs one :meth:`PostgresBackend.claim_many` statement claims
+(``capabilities.max_batch_claim``; the session splits longer lists)."""
+
 SHARED_TO_LIBPQ = {"ca_file": "sslrootcert", "cert_file": "sslcert", "key_file": "sslkey"}
 """The library's shared option names and the libpq parameter each one sets."""
 
@@ -243,7 +247,7 @@ class PostgresBackend(QueueOps):
         consecutive_generations=True,
         min_ttl_s=0.05,
         max_ttl_s=7 * 24 * 3600.0,
-        max_batch_claim=1,
+        max_batch_claim=MAX_BATCH_CLAIM,
         queues=True,
         max_payload_bytes=16 * 1024 * 1024,
         description="PostgreSQL database (LISTEN/NOTIFY, server clock)",
@@ -492,6 +496,68 @@ class PostgresBackend(QueueOps):
         if refusal is not None:
             raise refusal
         return None
+
+    def claim_many(
+        self, session: SessionHandle, job_ids: Sequence[str]
+    ) -> list[ClaimResult | None]:
+        """Claim each of ``job_ids`` (distinct, at most ``capabilities.max_batch_claim``)
+        in **one statement** (one round trip, one transaction): for each id the claim of
+        :meth:`claim` (own generation +1, attempt counted, epoch read in it), then the
+        jobs whose attempts are used up and which nobody holds are marked FAILED, as
+        :meth:`claim`'s refusal does. Element ``i`` answers ``job_ids[i]``: a
+        ``ClaimResult``, or ``None`` (held elsewhere, delayed, completed or FAILED).
+        The job rows are locked in job-id order, so concurrent batches do not deadlock
+        on them. A lost answer is settled by reading back which of the ids this session
+        now holds (none: the statement did not apply, and runs once more).
+
+        Batches with an election key, and a batch that meets a job row locked by an
+        open ``lease.transaction`` (``lock_timeout``) or a deadlock with a concurrent
+        ``close_session``, are claimed one job at a time by :meth:`claim` (the same
+        answers, one round trip per job).
+
+        Raises:
+            InvalidArgument: duplicate ids; nothing is claimed.
+            SessionExpired: the session is not alive in the store; nothing is claimed.
+            BackendUnavailable / OutcomeUnknown: as :meth:`claim`.
+        """
+        ids = list(job_ids)
+        if not ids:
+            return []
+        if len(set(ids)) != len(ids):
+            raise InvalidArgument("claim_many: job_ids contains duplicates")
+        if len(ids) > MAX_BATCH_CLAIM:
+            raise InvalidArgument(
+                f"claim_many: at most {MAX_BATCH_CLAIM} job ids per call, got {len(ids)}"
+            )
+        if any(is_election_key(j) for j in ids):
+            return super().claim_many(session, ids)
+        params = {"jobs": ids, "sid": session.session_id, "owner": session.owner}
+        sql = self.sql.claim_many
+
+        def run(c: psycopg.Connection[tuple[Any, ...]]) -> list[tuple[Any, ...]] | None:
+            try:
+                return self.client.cursor(c).execute(sql, params).fetchall()
+            except (pgerrors.LockNotAvailable, pgerrors.DeadlockDetected):
+                return None  # rolled back: one at a time below
+
+        def settle() -> list[tuple[Any, ...]] | None:
+            rows = self.client.read(self.sql.claimed_many, params, ids[0])
+            if rows:  # it was applied (the session alive then)
+                return [(*r, True) for r in rows]
+            return self.client.write(ids[0], run)  # it was not: once more
+
+        rows = self.client.write(ids[0], run, settle)
+        if rows is None:
+            return super().claim_many(session, ids)
+        got: dict[str, ClaimResult] = {}
+        for row in rows:
+            if row[0] is not None:
+                got[row[0]] = ClaimResult(compose(int(row[3]), int(row[1]), self.epoch_shift),
+                                          float(row[4]), int(row[2]))
+        if not got and rows and not rows[0][5]:
+            raise SessionExpired(f"session {session.session_id} expired in the store",
+                                 job_id=ids[0])
+        return [got.get(j) for j in ids]
 
     def _refusal(self, session: SessionHandle, job_id: str) -> LeaseError | None:
         """After a claim did not apply: SessionExpired, JobCompleted or JobFailed if that

@@ -18,13 +18,14 @@ from typing import Any
 import psycopg
 import pytest
 
-from consensus_lease import JobState, LeaseStore, open_store
+from consensus_lease import EnqueueItem, JobState, LeaseStore, open_store
 from consensus_lease.backends._pg_schema import SCHEMA_VERSION
 from consensus_lease.backends.postgresql import OPTIONS, PostgresBackend, libpq_params
 from consensus_lease.errors import (
     AuthenticationFailed,
     BackendUnavailable,
     InvalidArgument,
+    SessionExpired,
 )
 from consensus_lease.testing.conformance import poll_until
 from consensus_lease.testing.postgresql import fresh_schema, postgres_url
@@ -428,3 +429,96 @@ def test_malformed_url_is_invalid_argument_without_the_password(bad: str) -> Non
     with pytest.raises(InvalidArgument) as info:
         open_store(bad, connect_timeout_s=2.0)
     assert "secret" not in str(info.value)
+
+
+def _count_statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record the first word of every statement psycopg executes from now on."""
+    sent: list[str] = []
+    real = psycopg.Cursor.execute
+
+    def execute(self: Any, query: Any, *a: Any, **k: Any) -> Any:
+        sent.append(str(query).split(None, 1)[0])
+        return real(self, query, *a, **k)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", execute)
+    return sent
+
+
+def test_claim_many_is_one_statement_with_the_rules_of_claim(
+    store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """128 jobs (new, released, delayed, completed, held elsewhere, used up) in one
+    statement: each claimed one gets its own generation and attempt, the others None, the
+    used-up one FAILED."""
+    b = backend_of(store)
+    assert b.capabilities.max_batch_claim >= 128
+    other = store.session("other", ttl_s=30.0)
+    store.enqueue_many("q", [EnqueueItem("used", b"", 1)])
+    setup = {j: other.claim(j) for j in ("released", "delayed", "done", "held", "used")}
+    for job_id in ("released", "used"):
+        setup[job_id].release()  # type: ignore[union-attr]
+    setup["delayed"].fail("later", retry_in_s=60.0)  # type: ignore[union-attr]
+    setup["done"].complete(b"r")  # type: ignore[union-attr]
+    session = store.session("w", ttl_s=30.0)
+    ids = [*(f"n-{i:03d}" for i in range(122)), "released", "delayed", "done", "held", "used",
+           "n-last"]
+    sent = _count_statements(monkeypatch)
+    leases = session.claim_many(ids)
+    assert sent == ["WITH"]
+    got = dict(zip(ids, leases, strict=True))
+    assert all(got[j] is None for j in ("delayed", "done", "held", "used"))
+    released = got["released"]
+    assert released is not None and released.attempt == 2
+    assert released.generation > setup["released"].generation  # type: ignore[union-attr]
+    fresh = [got[j] for j in ids if j.startswith("n-")]
+    assert all(lease is not None and lease.attempt == 1 for lease in fresh)
+    records = {j: store.get(j) for j in ids}
+    assert records["used"].state is JobState.FAILED  # type: ignore[union-attr]
+    assert records["done"].state is JobState.COMPLETED  # type: ignore[union-attr]
+    assert records["held"].owner == "other"  # type: ignore[union-attr]
+    assert sum(r.state is JobState.HELD and r.owner == "w"  # type: ignore[union-attr]
+               for r in records.values()) == 124
+
+
+def test_claim_many_of_an_expired_session_claims_nothing(store: LeaseStore) -> None:
+    b = backend_of(store)
+    handle = b.open_session("w", 30.0)
+    b.expire_session(handle.session_id)
+    with pytest.raises(SessionExpired):
+        b.claim_many(handle, ["a", "b"])
+    assert store.get("a") is None and store.get("b") is None
+
+
+def test_claim_many_with_a_locked_row_falls_back_to_one_claim_per_job(
+    store: LeaseStore, base: str
+) -> None:
+    """A job row locked by another transaction (a lease.transaction): the statement waits
+    ``lock_timeout`` and is rolled back; the jobs are then claimed one by one, the locked
+    one answered None as a single claim does."""
+    b = backend_of(store)
+    first = store.session("o", ttl_s=30.0).claim("locked")
+    assert first is not None
+    first.release()
+    session = store.session("w", ttl_s=30.0)
+    with psycopg.connect(base) as side:
+        side.execute(f"SELECT 1 FROM {b.names.jobs} WHERE job_id = 'locked' FOR UPDATE")
+        leases = session.claim_many(["a", "locked", "b"])
+        side.rollback()
+    assert leases[1] is None and leases[0] is not None and leases[2] is not None
+    assert {lease.job_id for lease in session.leases()} == {"a", "b"}
+
+
+def test_a_broken_connection_during_claim_many_is_settled_by_reading_back(
+    url: str, base: str
+) -> None:
+    s = open_store(url, pool_size=1)
+    try:
+        b = backend_of(s)
+        session = s.session("w", ttl_s=30.0)
+        pid = b.client.read("SELECT pg_backend_pid()")[0][0]
+        with psycopg.connect(base, autocommit=True) as side:
+            side.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        leases = session.claim_many(["a", "b"])
+        assert [lease.generation if lease else None for lease in leases] == [1, 1]
+    finally:
+        s.close()
