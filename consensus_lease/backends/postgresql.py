@@ -20,7 +20,11 @@ How the protocol maps onto PostgreSQL (the same tables as the SQLite store,
 * A job is a row of ``cl_jobs``: ``generation`` (the fencing token, +1 per claim), the
   holder's ``session_id``, the completion record, the lifecycle columns (``attempt``,
   ``max_attempts``, ``not_before``, ``failed_at``, ``error``), the ``epoch`` of its claim
-  and an election leader's ``value``. A job is held iff its session row is alive.
+  and an election leader's ``value``. A job is held iff its session row is alive; a
+  job whose session row is gone is free. Closing a session deletes its row (its jobs
+  are free at once, no job row written); ``open_session`` deletes the rows of sessions
+  expired for a minute. No index covers a column that completing a named job changes,
+  so that completion is a HOT update (no index entry written; :mod:`._pg_schema`).
 * Every operation on a job is **one statement** (one round trip, its own transaction):
   a claim is one ``INSERT ... ON CONFLICT (job_id) DO UPDATE ... WHERE <claimable>
   RETURNING generation``; complete, release, fail and set_value are one ``UPDATE ...
@@ -34,6 +38,8 @@ How the protocol maps onto PostgreSQL (the same tables as the SQLite store,
   before the claim but committed after the claim's snapshot makes the claim wait and then
   see the new expiry, instead of taking the job from a worker that was just renewed; a
   keepalive arriving after the claim's lock waits and then finds its session expired.
+  A session row being deleted (closed) is not waited for: the claim answers "held"
+  (ordered before the close) and the close's notification wakes waiting claims.
   Lock order is always the job row, then the session row.
 * Waiting claims (``claim(wait_s=)``, ``claim_next(wait_s=)``) are woken by
   ``LISTEN/NOTIFY``: every statement that can make a job claimable (release, fail,
@@ -433,13 +439,11 @@ class PostgresBackend(QueueOps):
     def close_session(self, session: SessionHandle) -> None:
         n = self.names
 
+        # Deleting the session row frees every job it held (a job whose session row is
+        # gone is free: the claim's check): no job row is written, none looked for.
         def run(c: psycopg.Connection[tuple[Any, ...]]) -> None:
-            with c.transaction():  # job rows first, then the session row: the lock order
-                c.execute(f"UPDATE {n.jobs} SET session_id = NULL, value = NULL "
-                          "WHERE session_id = %s", (session.session_id,))
-                c.execute(f"DELETE FROM {n.sessions} WHERE session_id = %s",
-                          (session.session_id,))
-                c.execute("SELECT pg_notify(%s, '')", (n.channel,))
+            c.execute(f"WITH d AS (DELETE FROM {n.sessions} WHERE session_id = %s "
+                      "RETURNING 1) SELECT pg_notify(%s, '')", (session.session_id, n.channel))
 
         with suppress(BackendUnavailable):  # best effort: the TTL ends it
             self.client.write(None, run, lambda: None)
@@ -688,7 +692,9 @@ class PostgresBackend(QueueOps):
     def requeue(self, job_id: str) -> LeaseRecord:
         n = self.names
         row = self.client.write(job_id, lambda c: c.execute(
-            f"WITH u AS (UPDATE {n.jobs} SET failed_at = NULL, not_before = NULL, "
+            f"WITH u AS (UPDATE {n.jobs} SET failed_at = NULL, "
+            "closed = CASE WHEN queue IS NULL THEN true END, "
+            "not_before = NULL, "
             "attempt_base = attempt WHERE job_id = %s AND failed_at IS NOT NULL RETURNING 1) "
             "SELECT pg_notify(%s, '') FROM u", (job_id, n.channel)).fetchone())
         record = self.get(job_id)
@@ -784,7 +790,8 @@ class PostgresBackend(QueueOps):
             "AND j.completed_at IS NULL AND j.failed_at IS NULL "
             f"AND ((j.not_before IS NOT NULL AND j.not_before > {NOW}) OR {self.sql.alive_j}) "
             f"UNION ALL SELECT 'q', q FROM unnest(%(queues)s::text[]) q WHERE EXISTS "
-            f"(SELECT 1 FROM {n.jobs} j WHERE j.queue = q AND j.completed_at IS NULL "
+            f"(SELECT 1 FROM {n.jobs} j WHERE j.queue = q AND j.closed IS NULL "
+            "AND j.completed_at IS NULL "
             f"AND j.failed_at IS NULL AND (j.not_before IS NULL OR j.not_before <= {NOW}) "
             f"AND NOT {self.sql.alive_j})",
             {"ids": list(job_ids), "queues": list(queues)},

@@ -344,10 +344,101 @@ def test_a_version_1_store_is_migrated_on_open(store: LeaseStore, url: str, base
         assert _has_index(base, b.names.schema, "cl_jobs_exhausted_by_queue")
         with psycopg.connect(base, autocommit=True) as side:
             version = side.execute(f"SELECT schema_version FROM {b.names.meta}").fetchone()
-        assert version == (SCHEMA_VERSION,) == (2,)
+        assert version == (SCHEMA_VERSION,) == (3,)
         assert reopened.queue_stats("q").available == 1
     finally:
         reopened.close()
+
+
+def test_a_version_2_store_is_migrated_on_open(store: LeaseStore, url: str, base: str) -> None:
+    """Version 2 had no ``closed`` column and indexed session_id and the open jobs by
+    completed_at/failed_at: opening it adds and fills the column, replaces the indexes,
+    and every job keeps its state (the open queue job is the one claim_next finds)."""
+    b = backend_of(store)
+    worker = store.session("w", ttl_s=30.0)
+    store.enqueue_many("q", ["open", "done", EnqueueItem("failed", b"", 1)])
+    done = worker.claim("done")
+    failed = worker.claim("failed")
+    named = worker.claim("named")
+    assert done is not None and failed is not None and named is not None
+    done.complete(b"d")
+    failed.fail("no", retry_in_s=0)
+    named.complete(b"n")
+    held = worker.claim("held")
+    assert held is not None
+    s = b.names.s
+    with psycopg.connect(base, autocommit=True) as side:
+        side.execute(f"ALTER TABLE {s}.cl_jobs DROP COLUMN closed")  # and its indexes
+        side.execute(f"CREATE INDEX cl_jobs_by_session ON {s}.cl_jobs (session_id) "
+                     "WHERE session_id IS NOT NULL")
+        side.execute(f"CREATE INDEX cl_jobs_open_by_queue ON {s}.cl_jobs (queue, seq) "
+                     "WHERE queue IS NOT NULL AND completed_at IS NULL AND failed_at IS NULL")
+        side.execute(f"UPDATE {b.names.meta} SET schema_version = 2")
+    reopened = open_store(url)
+    try:
+        assert not _has_index(base, b.names.schema, "cl_jobs_by_session")
+        assert _has_index(base, b.names.schema, "cl_jobs_exhausted_by_queue")
+        with psycopg.connect(base, autocommit=True) as side:
+            version = side.execute(f"SELECT schema_version FROM {b.names.meta}").fetchone()
+            closed = dict(side.execute(f"SELECT job_id, closed FROM {s}.cl_jobs").fetchall())
+        assert version == (3,)
+        assert closed == {"open": None, "done": True, "failed": True, "named": True,
+                          "held": True}
+        stats = reopened.queue_stats("q")
+        assert (stats.available, stats.held, stats.completed, stats.failed) == (1, 0, 1, 1)
+        other = reopened.session("o", ttl_s=30.0)
+        lease = other.claim_next("q")
+        assert lease is not None and lease.job_id == "open"
+        assert other.claim("held") is None  # still held by "w"
+        held.complete(b"h")
+    finally:
+        reopened.close()
+
+
+def test_completing_a_named_job_is_a_hot_update(store: LeaseStore, base: str) -> None:
+    """The completion of a named job changes no indexed column (index predicates
+    included): PostgreSQL updates the row in place of its page, writing no index entry
+    (pg_stat_get_xact_tuples_hot_updated in the completing transaction)."""
+    b = backend_of(store)
+    session = store.session("w", ttl_s=30.0)
+    lease = session.claim("named")
+    assert lease is not None
+    epoch, gen = divmod(lease.generation, 2 ** b.epoch_shift)
+    params = {"job": "named", "sid": session.handle.session_id, "gen": gen, "epoch": epoch,
+              "result": b"r"}
+    with psycopg.connect(base) as side:
+        assert side.execute(b.sql.complete, params).fetchone() is not None
+        hot = side.execute("SELECT pg_stat_get_xact_tuples_hot_updated(%s::regclass)",
+                           (f"{b.names.s}.cl_jobs",)).fetchone()
+        side.commit()
+    assert hot == (1,)
+    record = store.get("named")
+    assert record is not None and record.state is JobState.COMPLETED and record.result == b"r"
+
+
+def test_a_session_row_collected_long_after_its_expiry_frees_its_jobs(
+    store: LeaseStore, base: str
+) -> None:
+    """Opening a session deletes the rows of sessions expired over SESSION_GC_S ago even
+    while their jobs still name them (no job row is read or written): such a job is
+    free, and the next claim takes it at the next generation."""
+    b = backend_of(store)
+    gone = b.open_session("gone", 30.0)
+    first = b.claim(gone, "job")
+    assert first is not None
+    with psycopg.connect(base, autocommit=True) as side:
+        side.execute(f"UPDATE {b.names.sessions} SET expires_at = expires_at - 1000 "
+                     "WHERE session_id = %s", (gone.session_id,))
+    later = store.session("later", ttl_s=30.0)  # collects the expired row
+    with psycopg.connect(base, autocommit=True) as side:
+        rows = side.execute(f"SELECT 1 FROM {b.names.sessions} WHERE session_id = %s",
+                            (gone.session_id,)).fetchall()
+        job_session = side.execute(f"SELECT session_id FROM {b.names.jobs}").fetchone()
+    assert rows == [] and job_session == (gone.session_id,)
+    record = store.get("job")
+    assert record is not None and record.state is JobState.AVAILABLE
+    lease = later.claim("job")
+    assert lease is not None and lease.generation == first.generation + 1
 
 
 def test_claim_next_reads_only_exhausted_jobs_to_fail_them(store: LeaseStore, base: str) -> None:
