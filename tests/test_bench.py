@@ -346,6 +346,57 @@ def test_counting_sees_every_sqlite_statement_and_unpatches(tmp_path: Path) -> N
         pass
 
 
+def test_counting_sees_every_psycopg_statement_and_unpatches() -> None:
+    """The raw PostgreSQL client's cycle is an INSERT and an UPDATE; ours (claim +
+    complete) is one INSERT ... ON CONFLICT and one UPDATE, by the same counter."""
+    import psycopg
+
+    from consensus_lease import open_store
+    from consensus_lease.bench.raw import PostgresRaw
+    from consensus_lease.bench.roundtrips import counting, requests_total
+    from consensus_lease.testing.postgresql import fresh_schema, postgres_url
+
+    base = postgres_url()
+    execute, executemany = psycopg.Cursor.execute, psycopg.Cursor.executemany
+    with fresh_schema(base) as schema:
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+            conn.execute(f'CREATE TABLE "{schema}".raw_jobs (job_id text PRIMARY KEY, '
+                         "generation bigint NOT NULL, owner text, done boolean NOT NULL)")
+        with counting(["psycopg"]) as count:
+            raw = PostgresRaw(base, f'"{schema}".raw_jobs')
+            raw.open()
+            count.reset()
+            raw.cycle("a")
+            raw.cycle("b")
+            seen_raw = count.snapshot()
+            raw.close()
+            with open_store(f"{base}?schema={schema}") as store:
+                session = store.session("w", ttl_s=60.0)
+                count.reset()
+                for job_id in ("a", "b"):
+                    lease = session.claim(job_id)
+                    assert lease is not None
+                    lease.complete(b"")
+                seen_ours = count.snapshot()
+            with psycopg.connect(base, autocommit=True) as conn, conn.cursor() as cur:
+                count.reset()
+                cur.executemany("SELECT %s", [(1,), (2,), (3,)])
+                assert count.snapshot() == {"SELECT": 3}
+        assert count.transports == {"psycopg"}
+    assert (psycopg.Cursor.execute, psycopg.Cursor.executemany) == (execute, executemany)
+    assert seen_raw == {"INSERT": 2, "UPDATE": 2}
+    assert seen_ours == {"INSERT": 2, "UPDATE": 2} and requests_total(seen_ours) == 4
+
+
+def test_w7_cleanup_on_postgresql_names_the_schema_dropped_at_the_end() -> None:
+    from consensus_lease.bench.depth import _cleanup
+
+    target = Target("postgresql", url="postgresql://u@h/db?schema=clbench_x")
+    text = _cleanup(target, "postgresql://u@h/db?schema=clbench_x", 1.0)
+    assert "clbench_x" in text and "dropped" in text and "nothing to delete (" not in text
+
+
 @pytest.fixture(scope="module")
 def one_worker() -> Any:
     from consensus_lease.bench.pool import WorkerPool

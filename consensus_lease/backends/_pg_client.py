@@ -44,7 +44,9 @@ log = logging.getLogger("consensus_lease")
 
 T = TypeVar("T")
 
-_IDLE = psycopg.pq.TransactionStatus.IDLE
+_IDLE = int(psycopg.pq.TransactionStatus.IDLE)
+"""Compared with ``conn.pgconn.transaction_status`` (an int): ``conn.info`` builds a
+``ConnectionInfo`` and an enum on every read, twice per cycle on the hot path."""
 
 _AUTH_STATES = frozenset({"28000", "28P01"})
 _AUTH_WORDS = ("password authentication failed", "authentication failed",
@@ -268,7 +270,7 @@ class Client:
         healthy, idle, young enough and the store still open; else return it to ``pool``
         (a broken one is discarded, an open transaction rolled back)."""
         if (hot and self._pool is not None and not conn.broken
-                and conn.info.transaction_status == _IDLE
+                and conn.pgconn.transaction_status == _IDLE
                 and time.monotonic() - self._hot_since < self.HOT_LIFETIME_S):
             self._hot = conn
             return

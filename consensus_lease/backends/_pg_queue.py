@@ -170,9 +170,9 @@ class QueueOps(Backend):
     def queue_stats(self, queue: str) -> QueueStats:
         """Counts of ``queue``'s jobs by state: one statement, one consistent snapshot (a
         claim committing meanwhile is either counted or not, never half), the server's
-        clock read once for it. HELD comes from the live sessions' jobs (the
-        ``cl_jobs_by_session`` index: O(jobs held)); the other counts from one pass over
-        the queue's rows inside the server (O(jobs in the queue), completed ones until
+        clock read once for it. HELD comes from the queue's open jobs whose session is
+        alive (the ``cl_jobs_open_by_queue`` index: O(open jobs)); the other counts from
+        one pass over the queue's rows inside the server (O(jobs in the queue), completed ones until
         purged: about 20 ms per 100,000 jobs on a 2-core VM); only the counts travel.
         Bounded by ``timeout_s`` (``BackendUnavailable`` past it)."""
         n = self.names
@@ -182,6 +182,7 @@ class QueueOps(Backend):
             "h AS MATERIALIZED (SELECT count(*) AS held, min(s.expires_at) AS oldest "
             f"FROM {n.sessions} s JOIN {n.jobs} j ON j.session_id = s.session_id "
             f"CROSS JOIN t WHERE s.expires_at > t.now AND j.queue = %(queue)s "
+            "AND j.closed IS NULL "
             f"AND {open_job}) "
             "SELECT count(*) FILTER (WHERE j.completed_at IS NOT NULL), "
             "count(*) FILTER (WHERE j.completed_at IS NULL AND j.failed_at IS NOT NULL), "

@@ -32,24 +32,54 @@ from ..errors import InvalidArgument
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "Names", "check_schema_name"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The version of the tables this library reads and writes."""
 
-_EXHAUSTED_INDEX = (
+_EXHAUSTED_INDEX_V2 = (
     "CREATE INDEX IF NOT EXISTS cl_jobs_exhausted_by_queue ON {s}.cl_jobs (queue, seq) "
     "WHERE queue IS NOT NULL AND completed_at IS NULL AND failed_at IS NULL "
     "AND max_attempts IS NOT NULL AND attempt - attempt_base >= max_attempts"
 )
 
+_OPEN_INDEX = (
+    "CREATE INDEX IF NOT EXISTS cl_jobs_open_by_queue ON {s}.cl_jobs (queue, seq) "
+    "WHERE closed IS NULL"
+)
+_EXHAUSTED_INDEX = (
+    "CREATE INDEX IF NOT EXISTS cl_jobs_exhausted_by_queue ON {s}.cl_jobs (queue, seq) "
+    "WHERE closed IS NULL AND max_attempts IS NOT NULL "
+    "AND attempt - attempt_base >= max_attempts"
+)
+
 MIGRATIONS: dict[int, tuple[str, ...]] = {
-    1: (_EXHAUSTED_INDEX,),
+    1: (_EXHAUSTED_INDEX_V2,),
+    2: (
+        "ALTER TABLE {s}.cl_jobs ADD COLUMN IF NOT EXISTS closed boolean",
+        "UPDATE {s}.cl_jobs SET closed = true WHERE queue IS NULL "
+        "OR completed_at IS NOT NULL OR failed_at IS NOT NULL",
+        "DROP INDEX IF EXISTS {s}.cl_jobs_by_session",
+        "DROP INDEX IF EXISTS {s}.cl_jobs_open_by_queue",
+        "DROP INDEX IF EXISTS {s}.cl_jobs_exhausted_by_queue",
+        _OPEN_INDEX,
+        _EXHAUSTED_INDEX,
+    ),
 }
 """``v -> statements`` taking a store from version ``v`` to ``v + 1`` (``{s}``: the
 quoted schema).
 
 * 1 -> 2: the partial index ``cl_jobs_exhausted_by_queue`` of the open jobs whose
   attempts are used up, so that ``claim_next`` finds the ones to mark FAILED without
-  reading every open job of the queue (before it, a claim cost O(queue depth))."""
+  reading every open job of the queue (before it, a claim cost O(queue depth)).
+* 2 -> 3: completing a named job is a HOT update (PostgreSQL writes no index entry for
+  it, https://www.postgresql.org/docs/15/storage-hot.html: no indexed column, index
+  predicates included, changes). The column ``closed`` (NULL while the job is an open
+  job of a queue, neither COMPLETED nor FAILED; ``true`` for every other job, named
+  ones from their first claim, so completing one writes the value it had) replaces
+  ``completed_at``/``failed_at`` in the queue indexes' predicates (``IS NULL``, which
+  the planner takes for selective before the table is analyzed), and the index
+  ``cl_jobs_by_session`` is dropped: a job whose session row is gone counts as free, so
+  closing a session deletes its row and writes no job row, and expired session rows are
+  collected without looking for their jobs."""
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,47}")
 
@@ -140,17 +170,16 @@ class Names:
                 not_before        double precision,
                 failed_at         double precision,
                 epoch             bigint  NOT NULL DEFAULT 0,
-                value             bytea
+                value             bytea,
+                closed            boolean
             )""",
-            # Partial indexes: a named job (no queue) is in none of the queue indexes, and
-            # a job nobody holds is not in cl_jobs_by_session, so a claim or completion of
-            # a named job writes as few index entries as possible.
-            f"CREATE INDEX IF NOT EXISTS cl_jobs_by_session ON {self.jobs} (session_id) "
-            "WHERE session_id IS NOT NULL",
+            # Partial indexes: a named job (closed from its first claim) is in none of the
+            # queue indexes; and no index covers a column a completion of a named job
+            # changes (session_id, completed_at, result, value), so that completion is a
+            # HOT update: no index entry written (MIGRATIONS, 2 -> 3).
             f"CREATE INDEX IF NOT EXISTS cl_jobs_by_queue ON {self.jobs} (queue, seq) "
             "WHERE queue IS NOT NULL",
-            f"CREATE INDEX IF NOT EXISTS cl_jobs_open_by_queue ON {self.jobs} (queue, seq) "
-            "WHERE queue IS NOT NULL AND completed_at IS NULL AND failed_at IS NULL",
+            _OPEN_INDEX.format(s=self.s),
             _EXHAUSTED_INDEX.format(s=self.s),
             f"CREATE SEQUENCE IF NOT EXISTS {self.seq}",
         ]

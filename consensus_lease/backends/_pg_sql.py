@@ -35,10 +35,14 @@ class Statements:
                         f"AND s.expires_at > {NOW})")
         self.my_alive = (f"EXISTS (SELECT 1 FROM {s} s WHERE s.session_id = %(sid)s "
                          f"AND s.expires_at > {NOW})")
-        # Free: unowned, or its holder's session row is visibly expired, locked while
-        # checked so that a concurrent keepalive is waited for (module docstring).
-        self.free_j = (f"(j.session_id IS NULL OR EXISTS (SELECT 1 FROM {s} s WHERE "
-                       f"s.session_id = j.session_id AND s.expires_at <= {NOW} FOR SHARE))")
+        # Free: unowned, its holder's session row is gone (closed, or collected long
+        # after it expired: a session id is never reused), or that row is visibly
+        # expired, locked while checked so that a concurrent keepalive is waited for
+        # (module docstring).
+        self.free_j = (f"(j.session_id IS NULL OR NOT EXISTS (SELECT 1 FROM {s} s WHERE "
+                       "s.session_id = j.session_id) OR EXISTS (SELECT 1 FROM "
+                       f"{s} s WHERE s.session_id = j.session_id AND s.expires_at <= {NOW} "
+                       "FOR SHARE))")
         self.claimable_j = (
             f"j.completed_at IS NULL AND j.failed_at IS NULL AND NOT {EXHAUSTED} "
             f"AND (j.not_before IS NULL OR j.not_before <= {NOW}) AND {self.free_j}"
@@ -53,8 +57,8 @@ class Statements:
     def _writes(self, n: Names) -> None:
         j, s = n.jobs, n.sessions
         self.claim = (
-            f"INSERT INTO {j} AS j (job_id, generation, owner, session_id, attempt, epoch) "
-            f"SELECT %(job)s, 1, %(owner)s, %(sid)s, 1, m.epoch FROM {n.meta} m "
+            f"INSERT INTO {j} AS j (job_id, generation, owner, session_id, attempt, epoch, "
+            f"closed) SELECT %(job)s, 1, %(owner)s, %(sid)s, 1, m.epoch, true FROM {n.meta} m "
             f"WHERE m.id = 1 AND {self.my_alive} "
             "ON CONFLICT (job_id) DO UPDATE SET generation = j.generation + 1, "
             "attempt = j.attempt + 1, not_before = NULL, epoch = excluded.epoch, "
@@ -62,6 +66,35 @@ class Statements:
             f"WHERE {self.claimable_j} "
             "RETURNING j.generation, j.attempt, j.epoch, "
             f"(SELECT expires_at FROM {s} WHERE session_id = %(sid)s)"
+        )
+        # The claim of several named jobs, one statement: the claim above for each id
+        # (locked in job-id order, so two batches cannot deadlock on their job rows),
+        # then the exhausted-budget rule of the refusal below for the ids it did not
+        # claim (rows the first part locked; none it changed). At least one row comes
+        # back: the claimed ids (job_id NULL if none), and whether the session is alive.
+        self.claim_many = (
+            f"WITH c AS (INSERT INTO {j} AS j (job_id, generation, owner, session_id, "
+            f"attempt, epoch, closed) SELECT x.job, 1, %(owner)s, %(sid)s, 1, m.epoch, true FROM "
+            f"unnest(%(jobs)s::text[]) x(job) CROSS JOIN {n.meta} m "
+            f'WHERE m.id = 1 AND {self.my_alive} ORDER BY x.job COLLATE "C" '
+            "ON CONFLICT (job_id) DO UPDATE SET generation = j.generation + 1, "
+            "attempt = j.attempt + 1, not_before = NULL, epoch = excluded.epoch, "
+            "owner = excluded.owner, session_id = excluded.session_id, value = NULL "
+            f"WHERE {self.claimable_j} RETURNING j.job_id, j.generation, j.attempt, j.epoch), "
+            f"x AS (UPDATE {j} j SET failed_at = {NOW}, closed = true, session_id = NULL, "
+            "value = NULL, "
+            "error = coalesce(error, 'attempts exhausted: attempt ' || attempt || "
+            "' ended without completion') WHERE j.job_id = ANY(%(jobs)s::text[]) "
+            "AND j.job_id NOT IN (SELECT job_id FROM c) AND j.completed_at IS NULL "
+            f"AND j.failed_at IS NULL AND {EXHAUSTED} AND {self.free_j} RETURNING 1) "
+            "SELECT c.job_id, c.generation, c.attempt, c.epoch, "
+            f"(SELECT expires_at FROM {s} WHERE session_id = %(sid)s), {self.my_alive}, "
+            "(SELECT count(*) FROM x) FROM (SELECT 1) one LEFT JOIN c ON true"
+        )
+        self.claimed_many = (
+            f"SELECT j.job_id, j.generation, j.attempt, j.epoch, s.expires_at FROM {j} j "
+            f"JOIN {s} s ON s.session_id = j.session_id WHERE j.job_id = ANY(%(jobs)s::text[]) "
+            "AND j.session_id = %(sid)s AND j.completed_at IS NULL"
         )
         self.claim_notify = (
             f"WITH c AS ({self.claim}) SELECT c.*, pg_notify(%(chan)s, '') FROM c"
@@ -74,7 +107,7 @@ class Statements:
         # It returns only what the caller does not know already (not the result it sent).
         self.complete = (
             f"UPDATE {j} j SET completed_at = {NOW}, completed_session = session_id, "
-            "result = %(result)s, session_id = NULL, value = NULL "
+            "result = %(result)s, session_id = NULL, value = NULL, closed = true "
             f"WHERE {held} RETURNING j.owner, j.attempt, j.error, j.max_attempts"
         )
         self.completed_by_me = (
@@ -92,6 +125,7 @@ class Statements:
         self.fail = (
             f"WITH u AS (UPDATE {j} j SET session_id = NULL, value = NULL, error = %(error)s, "
             f"failed_at = CASE WHEN {EXHAUSTED} THEN {NOW} END, "
+            f"closed = CASE WHEN {EXHAUSTED} THEN true ELSE closed END, "
             f"not_before = CASE WHEN NOT {EXHAUSTED} AND %(retry)s > 0 "
             f"THEN {NOW} + %(retry)s END WHERE {held} RETURNING 1) "
             "SELECT pg_notify(%(chan)s, '') FROM u"
@@ -115,13 +149,11 @@ class Statements:
             f"INSERT INTO {s} (session_id, owner, ttl_s, expires_at) "
             f"VALUES (%s, %s, %s, {NOW} + %s) RETURNING expires_at"
         )
-        self.gc_sessions = (
-            f"DELETE FROM {s} s WHERE s.expires_at < {NOW} - {SESSION_GC_S} "
-            f"AND NOT EXISTS (SELECT 1 FROM {j} j WHERE j.session_id = s.session_id)"
-        )
+        # A job whose session row is gone is free (free_j): no need to look for them.
+        self.gc_sessions = f"DELETE FROM {s} s WHERE s.expires_at < {NOW} - {SESSION_GC_S}"
         self.exhaust = (
-            f"UPDATE {j} j SET failed_at = {NOW}, session_id = NULL, value = NULL, "
-            "error = coalesce(error, 'attempts exhausted: attempt ' || attempt || "
+            f"UPDATE {j} j SET failed_at = {NOW}, closed = true, session_id = NULL, "
+            "value = NULL, error = coalesce(error, 'attempts exhausted: attempt ' || attempt || "
             "' ended without completion') WHERE j.job_id = %(job)s AND j.completed_at IS "
             f"NULL AND j.failed_at IS NULL AND {EXHAUSTED} AND {self.free_j}"
         )
@@ -136,6 +168,7 @@ class Statements:
         )
         self.candidates = (
             f"SELECT j.job_id, j.payload FROM {j} j WHERE j.queue = %(queue)s "
+            "AND j.closed IS NULL "
             "AND j.completed_at IS NULL AND j.failed_at IS NULL "
             f"AND (j.not_before IS NULL OR j.not_before <= {NOW}) AND NOT {self.alive_j} "
             "ORDER BY j.seq LIMIT %(limit)s"
@@ -143,14 +176,15 @@ class Statements:
 
     def _queue_claim(self, n: Names) -> None:
         j, s = n.jobs, n.sessions
-        open_in_queue = ("j.queue = %(queue)s AND j.completed_at IS NULL "
-                         "AND j.failed_at IS NULL")
+        open_in_queue = ("j.queue = %(queue)s AND j.closed IS NULL "
+                         "AND j.completed_at IS NULL AND j.failed_at IS NULL")
         # One statement: fail the exhausted free jobs at the head of the queue, pick the
         # oldest claimable job nobody is locking right now (SKIP LOCKED), claim it with
         # the re-check of a named claim (the holder's session row locked), and report
         # what was picked even when the re-check refused it (a race: try again).
         self.claim_from_queue = (
-            f"WITH dead AS (UPDATE {j} j SET failed_at = {NOW}, session_id = NULL, "
+            f"WITH dead AS (UPDATE {j} j SET failed_at = {NOW}, closed = true, "
+            "session_id = NULL, "
             "value = NULL, error = coalesce(error, 'attempts exhausted: attempt ' || "
             "attempt || ' ended without completion') WHERE j.job_id IN (SELECT j.job_id "
             f"FROM {j} j WHERE {open_in_queue} AND {EXHAUSTED} AND NOT {self.alive_j} "

@@ -20,7 +20,11 @@ How the protocol maps onto PostgreSQL (the same tables as the SQLite store,
 * A job is a row of ``cl_jobs``: ``generation`` (the fencing token, +1 per claim), the
   holder's ``session_id``, the completion record, the lifecycle columns (``attempt``,
   ``max_attempts``, ``not_before``, ``failed_at``, ``error``), the ``epoch`` of its claim
-  and an election leader's ``value``. A job is held iff its session row is alive.
+  and an election leader's ``value``. A job is held iff its session row is alive; a
+  job whose session row is gone is free. Closing a session deletes its row (its jobs
+  are free at once, no job row written); ``open_session`` deletes the rows of sessions
+  expired for a minute. No index covers a column that completing a named job changes,
+  so that completion is a HOT update (no index entry written; :mod:`._pg_schema`).
 * Every operation on a job is **one statement** (one round trip, its own transaction):
   a claim is one ``INSERT ... ON CONFLICT (job_id) DO UPDATE ... WHERE <claimable>
   RETURNING generation``; complete, release, fail and set_value are one ``UPDATE ...
@@ -34,6 +38,8 @@ How the protocol maps onto PostgreSQL (the same tables as the SQLite store,
   before the claim but committed after the claim's snapshot makes the claim wait and then
   see the new expiry, instead of taking the job from a worker that was just renewed; a
   keepalive arriving after the claim's lock waits and then finds its session expired.
+  A session row being deleted (closed) is not waited for: the claim answers "held"
+  (ordered before the close) and the close's notification wakes waiting claims.
   Lock order is always the job row, then the session row.
 * Waiting claims (``claim(wait_s=)``, ``claim_next(wait_s=)``) are woken by
   ``LISTEN/NOTIFY``: every statement that can make a job claimable (release, fail,
@@ -193,6 +199,10 @@ LIBPQ_OPTIONS = (
 """Options handed to libpq under their own name (with their libpq meaning,
 https://www.postgresql.org/docs/15/libpq-connect.html#LIBPQ-PARAMKEYWORDS)."""
 
+MAX_BATCH_CLAIM = 1000
+"""Most jobs one :meth:`PostgresBackend.claim_many` statement claims
+(``capabilities.max_batch_claim``; the session splits longer lists)."""
+
 SHARED_TO_LIBPQ = {"ca_file": "sslrootcert", "cert_file": "sslcert", "key_file": "sslkey"}
 """The library's shared option names and the libpq parameter each one sets."""
 
@@ -243,7 +253,7 @@ class PostgresBackend(QueueOps):
         consecutive_generations=True,
         min_ttl_s=0.05,
         max_ttl_s=7 * 24 * 3600.0,
-        max_batch_claim=1,
+        max_batch_claim=MAX_BATCH_CLAIM,
         queues=True,
         max_payload_bytes=16 * 1024 * 1024,
         description="PostgreSQL database (LISTEN/NOTIFY, server clock)",
@@ -429,13 +439,11 @@ class PostgresBackend(QueueOps):
     def close_session(self, session: SessionHandle) -> None:
         n = self.names
 
+        # Deleting the session row frees every job it held (a job whose session row is
+        # gone is free: the claim's check): no job row is written, none looked for.
         def run(c: psycopg.Connection[tuple[Any, ...]]) -> None:
-            with c.transaction():  # job rows first, then the session row: the lock order
-                c.execute(f"UPDATE {n.jobs} SET session_id = NULL, value = NULL "
-                          "WHERE session_id = %s", (session.session_id,))
-                c.execute(f"DELETE FROM {n.sessions} WHERE session_id = %s",
-                          (session.session_id,))
-                c.execute("SELECT pg_notify(%s, '')", (n.channel,))
+            c.execute(f"WITH d AS (DELETE FROM {n.sessions} WHERE session_id = %s "
+                      "RETURNING 1) SELECT pg_notify(%s, '')", (session.session_id, n.channel))
 
         with suppress(BackendUnavailable):  # best effort: the TTL ends it
             self.client.write(None, run, lambda: None)
@@ -492,6 +500,68 @@ class PostgresBackend(QueueOps):
         if refusal is not None:
             raise refusal
         return None
+
+    def claim_many(
+        self, session: SessionHandle, job_ids: Sequence[str]
+    ) -> list[ClaimResult | None]:
+        """Claim each of ``job_ids`` (distinct, at most ``capabilities.max_batch_claim``)
+        in **one statement** (one round trip, one transaction): for each id the claim of
+        :meth:`claim` (own generation +1, attempt counted, epoch read in it), then the
+        jobs whose attempts are used up and which nobody holds are marked FAILED, as
+        :meth:`claim`'s refusal does. Element ``i`` answers ``job_ids[i]``: a
+        ``ClaimResult``, or ``None`` (held elsewhere, delayed, completed or FAILED).
+        The job rows are locked in job-id order, so concurrent batches do not deadlock
+        on them. A lost answer is settled by reading back which of the ids this session
+        now holds (none: the statement did not apply, and runs once more).
+
+        Batches with an election key, and a batch that meets a job row locked by an
+        open ``lease.transaction`` (``lock_timeout``) or a deadlock with a concurrent
+        ``close_session``, are claimed one job at a time by :meth:`claim` (the same
+        answers, one round trip per job).
+
+        Raises:
+            InvalidArgument: duplicate ids; nothing is claimed.
+            SessionExpired: the session is not alive in the store; nothing is claimed.
+            BackendUnavailable / OutcomeUnknown: as :meth:`claim`.
+        """
+        ids = list(job_ids)
+        if not ids:
+            return []
+        if len(set(ids)) != len(ids):
+            raise InvalidArgument("claim_many: job_ids contains duplicates")
+        if len(ids) > MAX_BATCH_CLAIM:
+            raise InvalidArgument(
+                f"claim_many: at most {MAX_BATCH_CLAIM} job ids per call, got {len(ids)}"
+            )
+        if any(is_election_key(j) for j in ids):
+            return super().claim_many(session, ids)
+        params = {"jobs": ids, "sid": session.session_id, "owner": session.owner}
+        sql = self.sql.claim_many
+
+        def run(c: psycopg.Connection[tuple[Any, ...]]) -> list[tuple[Any, ...]] | None:
+            try:
+                return self.client.cursor(c).execute(sql, params).fetchall()
+            except (pgerrors.LockNotAvailable, pgerrors.DeadlockDetected):
+                return None  # rolled back: one at a time below
+
+        def settle() -> list[tuple[Any, ...]] | None:
+            rows = self.client.read(self.sql.claimed_many, params, ids[0])
+            if rows:  # it was applied (the session alive then)
+                return [(*r, True) for r in rows]
+            return self.client.write(ids[0], run)  # it was not: once more
+
+        rows = self.client.write(ids[0], run, settle)
+        if rows is None:
+            return super().claim_many(session, ids)
+        got: dict[str, ClaimResult] = {}
+        for row in rows:
+            if row[0] is not None:
+                got[row[0]] = ClaimResult(compose(int(row[3]), int(row[1]), self.epoch_shift),
+                                          float(row[4]), int(row[2]))
+        if not got and rows and not rows[0][5]:
+            raise SessionExpired(f"session {session.session_id} expired in the store",
+                                 job_id=ids[0])
+        return [got.get(j) for j in ids]
 
     def _refusal(self, session: SessionHandle, job_id: str) -> LeaseError | None:
         """After a claim did not apply: SessionExpired, JobCompleted or JobFailed if that
@@ -622,7 +692,9 @@ class PostgresBackend(QueueOps):
     def requeue(self, job_id: str) -> LeaseRecord:
         n = self.names
         row = self.client.write(job_id, lambda c: c.execute(
-            f"WITH u AS (UPDATE {n.jobs} SET failed_at = NULL, not_before = NULL, "
+            f"WITH u AS (UPDATE {n.jobs} SET failed_at = NULL, "
+            "closed = CASE WHEN queue IS NULL THEN true END, "
+            "not_before = NULL, "
             "attempt_base = attempt WHERE job_id = %s AND failed_at IS NOT NULL RETURNING 1) "
             "SELECT pg_notify(%s, '') FROM u", (job_id, n.channel)).fetchone())
         record = self.get(job_id)
@@ -718,7 +790,8 @@ class PostgresBackend(QueueOps):
             "AND j.completed_at IS NULL AND j.failed_at IS NULL "
             f"AND ((j.not_before IS NOT NULL AND j.not_before > {NOW}) OR {self.sql.alive_j}) "
             f"UNION ALL SELECT 'q', q FROM unnest(%(queues)s::text[]) q WHERE EXISTS "
-            f"(SELECT 1 FROM {n.jobs} j WHERE j.queue = q AND j.completed_at IS NULL "
+            f"(SELECT 1 FROM {n.jobs} j WHERE j.queue = q AND j.closed IS NULL "
+            "AND j.completed_at IS NULL "
             f"AND j.failed_at IS NULL AND (j.not_before IS NULL OR j.not_before <= {NOW}) "
             f"AND NOT {self.sql.alive_j})",
             {"ids": list(job_ids), "queues": list(queues)},

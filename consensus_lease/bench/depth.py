@@ -34,8 +34,9 @@ taken just before the deep queue is filled: the row's ``server`` (``bytes_per_jo
 
 Afterwards the bench's own W7 key prefix (etcd) or chroot (ZooKeeper) is deleted with
 the raw client, within ``w7_cleanup_budget_s``; a SQLite file is the run's temporary
-file. The store URL of W7 is the target's with ``-w7`` appended to its prefix, so the
-deep queue never slows the other workloads.
+file; PostgreSQL's W7 jobs are in the run's schema, dropped when the run ends. The
+store URL of W7 is the target's with ``-w7`` appended to its prefix (etcd, ZooKeeper),
+so the deep queue never slows the other workloads.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from ..errors import LeaseError
 from ..record import EnqueueItem
@@ -292,7 +293,8 @@ def _rates(store: LeaseStore, sizes: Sizes, queue: str) -> dict[str, Any]:
 
 
 def _cleanup(target: Target, url: str, budget_s: float) -> str:
-    """Delete W7's own prefix (etcd) or chroot (ZooKeeper) with the raw client."""
+    """Delete W7's own prefix (etcd) or chroot (ZooKeeper) with the raw client; say
+    what happens to the rest (PostgreSQL: the run's schema is dropped at its end)."""
     if target.backend == "etcd":
         import pyetcd
 
@@ -307,6 +309,10 @@ def _cleanup(target: Target, url: str, budget_s: float) -> str:
     if target.backend == "zookeeper":
         return _zk_delete_tree(str(target.raw["hosts"]), urlsplit(url).path.rstrip("/"),
                                budget_s)
+    if target.backend == "postgresql":
+        schema = dict(parse_qsl(urlsplit(url).query)).get("schema", "?")
+        return (f"nothing to delete now: W7's jobs are in the run's schema {schema}, "
+                "dropped (DROP SCHEMA ... CASCADE) when the run ends")
     return "nothing to delete (the run's temporary SQLite file, or a memory store)"
 
 

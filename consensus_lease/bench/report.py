@@ -302,7 +302,8 @@ def markdown(results: dict[str, Any], goals: list[Goal], plots: list[str]) -> st
         f"{s.get('w1_count_cycles', 0)} cycles of each side on a client of their own, "
         "counted at the transport (etcd: gRPC calls and stream messages, by an "
         "interceptor; ZooKeeper: requests kazoo writes to the socket, pings left out, a "
-        "multi counts once; SQLite: statements started, BEGIN and COMMIT included). Raw "
+        "multi counts once; SQLite: statements started, BEGIN and COMMIT included; "
+        "PostgreSQL: statements psycopg executes). Raw "
         "client: the same two store operations (sqlite3: two write transactions; pyetcd: "
         "a compare-create txn, then a compare-delete+put txn; kazoo: two multis; psycopg: "
         "two autocommit statements).",

@@ -15,9 +15,13 @@ sqlite3      every statement started on a connection made by                    
              one per row; ``executescript``: one per statement), by first
              word; trigger bodies (``set_trace_callback``) are counted apart
              as ``TRIGGER``
+psycopg      every statement a ``psycopg.Cursor`` (and so ``Connection.execute``)  statement
+(PostgreSQL) executes while counting, by first word (``WITH`` for a CTE;
+             ``executemany``: one per row); on every connection of the process,
+             also one made before the block
 ===========  ==================================================================  =======
 
-:func:`counting` patches those three entry points *in this process* for the duration of
+:func:`counting` patches those entry points *in this process* for the duration of
 a ``with`` block; clients must be created inside it (a channel or connection made before
 is not seen). It is meant for a bench worker process that counts a few cycles on a
 client of its own, then closes it: the interceptor and the trace callback cost CPU, so
@@ -203,16 +207,59 @@ def _patch_sqlite(stack: contextlib.ExitStack, count: RequestCount) -> None:
     count.transports.add("sqlite3")
 
 
-TRANSPORTS = {"etcd": "grpc", "zookeeper": "kazoo", "sqlite": "sqlite3"}
+def _first_word(query: Any, cursor: Any) -> str:
+    if isinstance(query, bytes):
+        query = query.decode("utf-8", "replace")
+    elif not isinstance(query, str):  # psycopg.sql.Composable
+        try:
+            query = query.as_string(cursor)
+        except Exception:  # a count must never break the statement
+            return type(query).__name__
+    text = query.lstrip()
+    return text.split(None, 1)[0].upper() if text else "?"
+
+
+def _patch_psycopg(stack: contextlib.ExitStack, count: RequestCount) -> None:
+    try:
+        import psycopg
+    except ImportError:
+        return
+
+    def wrap_execute(execute: Callable[..., Any]) -> Callable[..., Any]:
+        def counted_execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+            count.add(_first_word(query, self))
+            return execute(self, query, *args, **kwargs)
+
+        return counted_execute
+
+    def wrap_executemany(executemany: Callable[..., Any]) -> Callable[..., Any]:
+        def counted_executemany(self: Any, query: Any, params_seq: Iterable[Any],
+                                *args: Any, **kwargs: Any) -> Any:
+            rows = list(params_seq)
+            name = _first_word(query, self)
+            for _ in rows:
+                count.add(name)
+            return executemany(self, query, rows, *args, **kwargs)
+
+        return counted_executemany
+
+    stack.enter_context(_patched(psycopg.Cursor, "execute", wrap_execute))
+    stack.enter_context(_patched(psycopg.Cursor, "executemany", wrap_executemany))
+    count.transports.add("psycopg")
+
+
+TRANSPORTS = {"etcd": "grpc", "zookeeper": "kazoo", "sqlite": "sqlite3",
+              "postgresql": "psycopg"}
 """The transport each backend's requests go through."""
 
-_PATCHES = {"grpc": _patch_grpc, "kazoo": _patch_kazoo, "sqlite3": _patch_sqlite}
+_PATCHES = {"grpc": _patch_grpc, "kazoo": _patch_kazoo, "sqlite3": _patch_sqlite,
+            "psycopg": _patch_psycopg}
 
 
 @contextlib.contextmanager
 def counting(transports: Iterable[str] = tuple(_PATCHES)) -> Iterator[RequestCount]:
     """Count the requests of every client of ``transports`` (``grpc``, ``kazoo``,
-    ``sqlite3``; default all) created inside the block (see the module docstring); the
+    ``sqlite3``, ``psycopg``; default all) created inside the block (see the module docstring); the
     patches are removed on exit. A transport whose library is not installed is left out
     of ``RequestCount.transports``.
 

@@ -82,7 +82,7 @@ def count_requests(pool: WorkerPool, kind: str, target: Target, prefix: str,
     """Store requests per claim+complete cycle of ``kind`` (``ours`` or ``raw``),
     counted at the transport on a client of their own in one worker (see
     :mod:`.roundtrips`); ``{"error": ..}`` if that fails."""
-    unit = "statements" if target.backend == "sqlite" else "requests"
+    unit = "statements" if target.backend in ("sqlite", "postgresql") else "requests"
     try:
         reply = pool.call([{"op": "count", "kind": kind, "url": target.url, "raw": target.raw,
                             "ttl_s": sizes.session_ttl_s, "owner": "bench-count",

@@ -18,13 +18,14 @@ from typing import Any
 import psycopg
 import pytest
 
-from consensus_lease import JobState, LeaseStore, open_store
+from consensus_lease import EnqueueItem, JobState, LeaseStore, open_store
 from consensus_lease.backends._pg_schema import SCHEMA_VERSION
 from consensus_lease.backends.postgresql import OPTIONS, PostgresBackend, libpq_params
 from consensus_lease.errors import (
     AuthenticationFailed,
     BackendUnavailable,
     InvalidArgument,
+    SessionExpired,
 )
 from consensus_lease.testing.conformance import poll_until
 from consensus_lease.testing.postgresql import fresh_schema, postgres_url
@@ -343,10 +344,101 @@ def test_a_version_1_store_is_migrated_on_open(store: LeaseStore, url: str, base
         assert _has_index(base, b.names.schema, "cl_jobs_exhausted_by_queue")
         with psycopg.connect(base, autocommit=True) as side:
             version = side.execute(f"SELECT schema_version FROM {b.names.meta}").fetchone()
-        assert version == (SCHEMA_VERSION,) == (2,)
+        assert version == (SCHEMA_VERSION,) == (3,)
         assert reopened.queue_stats("q").available == 1
     finally:
         reopened.close()
+
+
+def test_a_version_2_store_is_migrated_on_open(store: LeaseStore, url: str, base: str) -> None:
+    """Version 2 had no ``closed`` column and indexed session_id and the open jobs by
+    completed_at/failed_at: opening it adds and fills the column, replaces the indexes,
+    and every job keeps its state (the open queue job is the one claim_next finds)."""
+    b = backend_of(store)
+    worker = store.session("w", ttl_s=30.0)
+    store.enqueue_many("q", ["open", "done", EnqueueItem("failed", b"", 1)])
+    done = worker.claim("done")
+    failed = worker.claim("failed")
+    named = worker.claim("named")
+    assert done is not None and failed is not None and named is not None
+    done.complete(b"d")
+    failed.fail("no", retry_in_s=0)
+    named.complete(b"n")
+    held = worker.claim("held")
+    assert held is not None
+    s = b.names.s
+    with psycopg.connect(base, autocommit=True) as side:
+        side.execute(f"ALTER TABLE {s}.cl_jobs DROP COLUMN closed")  # and its indexes
+        side.execute(f"CREATE INDEX cl_jobs_by_session ON {s}.cl_jobs (session_id) "
+                     "WHERE session_id IS NOT NULL")
+        side.execute(f"CREATE INDEX cl_jobs_open_by_queue ON {s}.cl_jobs (queue, seq) "
+                     "WHERE queue IS NOT NULL AND completed_at IS NULL AND failed_at IS NULL")
+        side.execute(f"UPDATE {b.names.meta} SET schema_version = 2")
+    reopened = open_store(url)
+    try:
+        assert not _has_index(base, b.names.schema, "cl_jobs_by_session")
+        assert _has_index(base, b.names.schema, "cl_jobs_exhausted_by_queue")
+        with psycopg.connect(base, autocommit=True) as side:
+            version = side.execute(f"SELECT schema_version FROM {b.names.meta}").fetchone()
+            closed = dict(side.execute(f"SELECT job_id, closed FROM {s}.cl_jobs").fetchall())
+        assert version == (3,)
+        assert closed == {"open": None, "done": True, "failed": True, "named": True,
+                          "held": True}
+        stats = reopened.queue_stats("q")
+        assert (stats.available, stats.held, stats.completed, stats.failed) == (1, 0, 1, 1)
+        other = reopened.session("o", ttl_s=30.0)
+        lease = other.claim_next("q")
+        assert lease is not None and lease.job_id == "open"
+        assert other.claim("held") is None  # still held by "w"
+        held.complete(b"h")
+    finally:
+        reopened.close()
+
+
+def test_completing_a_named_job_is_a_hot_update(store: LeaseStore, base: str) -> None:
+    """The completion of a named job changes no indexed column (index predicates
+    included): PostgreSQL updates the row in place of its page, writing no index entry
+    (pg_stat_get_xact_tuples_hot_updated in the completing transaction)."""
+    b = backend_of(store)
+    session = store.session("w", ttl_s=30.0)
+    lease = session.claim("named")
+    assert lease is not None
+    epoch, gen = divmod(lease.generation, 2 ** b.epoch_shift)
+    params = {"job": "named", "sid": session.handle.session_id, "gen": gen, "epoch": epoch,
+              "result": b"r"}
+    with psycopg.connect(base) as side:
+        assert side.execute(b.sql.complete, params).fetchone() is not None
+        hot = side.execute("SELECT pg_stat_get_xact_tuples_hot_updated(%s::regclass)",
+                           (f"{b.names.s}.cl_jobs",)).fetchone()
+        side.commit()
+    assert hot == (1,)
+    record = store.get("named")
+    assert record is not None and record.state is JobState.COMPLETED and record.result == b"r"
+
+
+def test_a_session_row_collected_long_after_its_expiry_frees_its_jobs(
+    store: LeaseStore, base: str
+) -> None:
+    """Opening a session deletes the rows of sessions expired over SESSION_GC_S ago even
+    while their jobs still name them (no job row is read or written): such a job is
+    free, and the next claim takes it at the next generation."""
+    b = backend_of(store)
+    gone = b.open_session("gone", 30.0)
+    first = b.claim(gone, "job")
+    assert first is not None
+    with psycopg.connect(base, autocommit=True) as side:
+        side.execute(f"UPDATE {b.names.sessions} SET expires_at = expires_at - 1000 "
+                     "WHERE session_id = %s", (gone.session_id,))
+    later = store.session("later", ttl_s=30.0)  # collects the expired row
+    with psycopg.connect(base, autocommit=True) as side:
+        rows = side.execute(f"SELECT 1 FROM {b.names.sessions} WHERE session_id = %s",
+                            (gone.session_id,)).fetchall()
+        job_session = side.execute(f"SELECT session_id FROM {b.names.jobs}").fetchone()
+    assert rows == [] and job_session == (gone.session_id,)
+    record = store.get("job")
+    assert record is not None and record.state is JobState.AVAILABLE
+    lease = later.claim("job")
+    assert lease is not None and lease.generation == first.generation + 1
 
 
 def test_claim_next_reads_only_exhausted_jobs_to_fail_them(store: LeaseStore, base: str) -> None:
@@ -428,3 +520,96 @@ def test_malformed_url_is_invalid_argument_without_the_password(bad: str) -> Non
     with pytest.raises(InvalidArgument) as info:
         open_store(bad, connect_timeout_s=2.0)
     assert "secret" not in str(info.value)
+
+
+def _count_statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record the first word of every statement psycopg executes from now on."""
+    sent: list[str] = []
+    real = psycopg.Cursor.execute
+
+    def execute(self: Any, query: Any, *a: Any, **k: Any) -> Any:
+        sent.append(str(query).split(None, 1)[0])
+        return real(self, query, *a, **k)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", execute)
+    return sent
+
+
+def test_claim_many_is_one_statement_with_the_rules_of_claim(
+    store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """128 jobs (new, released, delayed, completed, held elsewhere, used up) in one
+    statement: each claimed one gets its own generation and attempt, the others None, the
+    used-up one FAILED."""
+    b = backend_of(store)
+    assert b.capabilities.max_batch_claim >= 128
+    other = store.session("other", ttl_s=30.0)
+    store.enqueue_many("q", [EnqueueItem("used", b"", 1)])
+    setup = {j: other.claim(j) for j in ("released", "delayed", "done", "held", "used")}
+    for job_id in ("released", "used"):
+        setup[job_id].release()  # type: ignore[union-attr]
+    setup["delayed"].fail("later", retry_in_s=60.0)  # type: ignore[union-attr]
+    setup["done"].complete(b"r")  # type: ignore[union-attr]
+    session = store.session("w", ttl_s=30.0)
+    ids = [*(f"n-{i:03d}" for i in range(122)), "released", "delayed", "done", "held", "used",
+           "n-last"]
+    sent = _count_statements(monkeypatch)
+    leases = session.claim_many(ids)
+    assert sent == ["WITH"]
+    got = dict(zip(ids, leases, strict=True))
+    assert all(got[j] is None for j in ("delayed", "done", "held", "used"))
+    released = got["released"]
+    assert released is not None and released.attempt == 2
+    assert released.generation > setup["released"].generation  # type: ignore[union-attr]
+    fresh = [got[j] for j in ids if j.startswith("n-")]
+    assert all(lease is not None and lease.attempt == 1 for lease in fresh)
+    records = {j: store.get(j) for j in ids}
+    assert records["used"].state is JobState.FAILED  # type: ignore[union-attr]
+    assert records["done"].state is JobState.COMPLETED  # type: ignore[union-attr]
+    assert records["held"].owner == "other"  # type: ignore[union-attr]
+    assert sum(r.state is JobState.HELD and r.owner == "w"  # type: ignore[union-attr]
+               for r in records.values()) == 124
+
+
+def test_claim_many_of_an_expired_session_claims_nothing(store: LeaseStore) -> None:
+    b = backend_of(store)
+    handle = b.open_session("w", 30.0)
+    b.expire_session(handle.session_id)
+    with pytest.raises(SessionExpired):
+        b.claim_many(handle, ["a", "b"])
+    assert store.get("a") is None and store.get("b") is None
+
+
+def test_claim_many_with_a_locked_row_falls_back_to_one_claim_per_job(
+    store: LeaseStore, base: str
+) -> None:
+    """A job row locked by another transaction (a lease.transaction): the statement waits
+    ``lock_timeout`` and is rolled back; the jobs are then claimed one by one, the locked
+    one answered None as a single claim does."""
+    b = backend_of(store)
+    first = store.session("o", ttl_s=30.0).claim("locked")
+    assert first is not None
+    first.release()
+    session = store.session("w", ttl_s=30.0)
+    with psycopg.connect(base) as side:
+        side.execute(f"SELECT 1 FROM {b.names.jobs} WHERE job_id = 'locked' FOR UPDATE")
+        leases = session.claim_many(["a", "locked", "b"])
+        side.rollback()
+    assert leases[1] is None and leases[0] is not None and leases[2] is not None
+    assert {lease.job_id for lease in session.leases()} == {"a", "b"}
+
+
+def test_a_broken_connection_during_claim_many_is_settled_by_reading_back(
+    url: str, base: str
+) -> None:
+    s = open_store(url, pool_size=1)
+    try:
+        b = backend_of(s)
+        session = s.session("w", ttl_s=30.0)
+        pid = b.client.read("SELECT pg_backend_pid()")[0][0]
+        with psycopg.connect(base, autocommit=True) as side:
+            side.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        leases = session.claim_many(["a", "b"])
+        assert [lease.generation if lease else None for lease in leases] == [1, 1]
+    finally:
+        s.close()
