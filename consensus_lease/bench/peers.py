@@ -184,10 +184,11 @@ def _raw_floor(target: Target, prefix: str) -> Peer:
     def opener() -> Any:
         cycler = raw_cycler(target.raw)
         cycler.open()
+        run = uuid.uuid4().hex[:8]  # each repeat opens again: new job ids every time
         n = iter(range(10_000_000))
 
         def cycle() -> None:
-            cycler.cycle(f"{prefix}-{next(n)}")
+            cycler.cycle(f"{prefix}-{run}-{next(n)}")
 
         return cycle, cycler.close
 
