@@ -166,6 +166,7 @@ def test_quick_bench_on_every_backend(docker_engine: Any, tmp_path: Path) -> Non
             assert peers[0]["fencing"] is True
             assert all(p["fencing"] is False for p in peers[1:])
             assert len(peers) == 4 and peers[-1]["library"] == "raw"  # the ceiling row
+            assert peers[-1]["error"] is None, peers[-1]["error"]  # measured every repeat
 
 
 W7_TINY = dataclasses.replace(
