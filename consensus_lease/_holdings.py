@@ -23,6 +23,7 @@ from .errors import (
     SessionExpired,
     StaleLeaseError,
 )
+from .lease import Lease
 from .observe import notify
 from .record import ClaimResult, LeaseRecord
 from .retry import RetryPolicies, RetryPolicy
@@ -30,7 +31,6 @@ from .states import LeaseState
 
 if TYPE_CHECKING:
     from ._liveness import Liveness
-    from .lease import Lease
     from .session import Session
 
 __all__ = ["Holdings"]
@@ -85,8 +85,6 @@ class Holdings:
     def adopt(self, session: Session, job_id: str, result: ClaimResult,
               payload: bytes | None = None, queue: str | None = None) -> Lease:
         """Wrap a claim the store granted in a HELD lease and register it."""
-        from .lease import Lease
-
         return self.register(Lease(session, self, job_id, result, payload, queue))
 
     def register(self, lease: L) -> L:
