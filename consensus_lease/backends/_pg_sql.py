@@ -28,6 +28,7 @@ class Statements:
     def __init__(self, n: Names) -> None:
         self._conditions(n)
         self._writes(n)
+        self._batch(n)
 
     def _conditions(self, n: Names) -> None:
         j, s = n.jobs, n.sessions
@@ -67,35 +68,6 @@ class Statements:
             "RETURNING j.generation, j.attempt, j.epoch, "
             f"(SELECT expires_at FROM {s} WHERE session_id = %(sid)s)"
         )
-        # The claim of several named jobs, one statement: the claim above for each id
-        # (locked in job-id order, so two batches cannot deadlock on their job rows),
-        # then the exhausted-budget rule of the refusal below for the ids it did not
-        # claim (rows the first part locked; none it changed). At least one row comes
-        # back: the claimed ids (job_id NULL if none), and whether the session is alive.
-        self.claim_many = (
-            f"WITH c AS (INSERT INTO {j} AS j (job_id, generation, owner, session_id, "
-            f"attempt, epoch, closed) SELECT x.job, 1, %(owner)s, %(sid)s, 1, m.epoch, true FROM "
-            f"unnest(%(jobs)s::text[]) x(job) CROSS JOIN {n.meta} m "
-            f'WHERE m.id = 1 AND {self.my_alive} ORDER BY x.job COLLATE "C" '
-            "ON CONFLICT (job_id) DO UPDATE SET generation = j.generation + 1, "
-            "attempt = j.attempt + 1, not_before = NULL, epoch = excluded.epoch, "
-            "owner = excluded.owner, session_id = excluded.session_id, value = NULL "
-            f"WHERE {self.claimable_j} RETURNING j.job_id, j.generation, j.attempt, j.epoch), "
-            f"x AS (UPDATE {j} j SET failed_at = {NOW}, closed = true, session_id = NULL, "
-            "value = NULL, "
-            "error = coalesce(error, 'attempts exhausted: attempt ' || attempt || "
-            "' ended without completion') WHERE j.job_id = ANY(%(jobs)s::text[]) "
-            "AND j.job_id NOT IN (SELECT job_id FROM c) AND j.completed_at IS NULL "
-            f"AND j.failed_at IS NULL AND {EXHAUSTED} AND {self.free_j} RETURNING 1) "
-            "SELECT c.job_id, c.generation, c.attempt, c.epoch, "
-            f"(SELECT expires_at FROM {s} WHERE session_id = %(sid)s), {self.my_alive}, "
-            "(SELECT count(*) FROM x) FROM (SELECT 1) one LEFT JOIN c ON true"
-        )
-        self.claimed_many = (
-            f"SELECT j.job_id, j.generation, j.attempt, j.epoch, s.expires_at FROM {j} j "
-            f"JOIN {s} s ON s.session_id = j.session_id WHERE j.job_id = ANY(%(jobs)s::text[]) "
-            "AND j.session_id = %(sid)s AND j.completed_at IS NULL"
-        )
         self.claim_notify = (
             f"WITH c AS ({self.claim}) SELECT c.*, pg_notify(%(chan)s, '') FROM c"
         )
@@ -132,6 +104,38 @@ class Statements:
         )
         self._queue_claim(n)
         self._sessions(n)
+
+    def _batch(self, n: Names) -> None:
+        j, s = n.jobs, n.sessions
+        # The claim of several named jobs, one statement: the claim above for each id
+        # (locked in job-id order, so two batches cannot deadlock on their job rows),
+        # then the exhausted-budget rule of the refusal below for the ids it did not
+        # claim (rows the first part locked; none it changed). At least one row comes
+        # back: the claimed ids (job_id NULL if none), and whether the session is alive.
+        self.claim_many = (
+            f"WITH c AS (INSERT INTO {j} AS j (job_id, generation, owner, session_id, "
+            f"attempt, epoch, closed) SELECT x.job, 1, %(owner)s, %(sid)s, 1, m.epoch, true FROM "
+            f"unnest(%(jobs)s::text[]) x(job) CROSS JOIN {n.meta} m "
+            f'WHERE m.id = 1 AND {self.my_alive} ORDER BY x.job COLLATE "C" '
+            "ON CONFLICT (job_id) DO UPDATE SET generation = j.generation + 1, "
+            "attempt = j.attempt + 1, not_before = NULL, epoch = excluded.epoch, "
+            "owner = excluded.owner, session_id = excluded.session_id, value = NULL "
+            f"WHERE {self.claimable_j} RETURNING j.job_id, j.generation, j.attempt, j.epoch), "
+            f"x AS (UPDATE {j} j SET failed_at = {NOW}, closed = true, session_id = NULL, "
+            "value = NULL, "
+            "error = coalesce(error, 'attempts exhausted: attempt ' || attempt || "
+            "' ended without completion') WHERE j.job_id = ANY(%(jobs)s::text[]) "
+            "AND j.job_id NOT IN (SELECT job_id FROM c) AND j.completed_at IS NULL "
+            f"AND j.failed_at IS NULL AND {EXHAUSTED} AND {self.free_j} RETURNING 1) "
+            "SELECT c.job_id, c.generation, c.attempt, c.epoch, "
+            f"(SELECT expires_at FROM {s} WHERE session_id = %(sid)s), {self.my_alive}, "
+            "(SELECT count(*) FROM x) FROM (SELECT 1) one LEFT JOIN c ON true"
+        )
+        self.claimed_many = (
+            f"SELECT j.job_id, j.generation, j.attempt, j.epoch, s.expires_at FROM {j} j "
+            f"JOIN {s} s ON s.session_id = j.session_id WHERE j.job_id = ANY(%(jobs)s::text[]) "
+            "AND j.session_id = %(sid)s AND j.completed_at IS NULL"
+        )
 
     def _sessions(self, n: Names) -> None:
         j, s = n.jobs, n.sessions
