@@ -399,6 +399,9 @@ def test_a_queue_of_the_first_layout_is_refused_until_upgraded(
         assert main(["upgrade-queue", "--backend", url, "q"]) == 0
         assert capsys.readouterr().out == "queue q: 3 open jobs indexed\n"  # b, c, d
         assert backend_of(old).upgrade_queue("q") == 0  # nothing left to do
+        keys_before = [kv.key for kv in _range(store, b"\0", b"\0")]  # every key
+        assert backend_of(old).upgrade_queue("no-such-queue") == 0
+        assert [kv.key for kv in _range(store, b"\0", b"\0")] == keys_before  # none written
         assert old.queue_stats("q") == QueueStats("q", 3, 0, 1, None, 1)
         assert _candidates(old, "q") == ["b", "c", "d"]  # the old order
         assert old.enqueue("q", "e") is True

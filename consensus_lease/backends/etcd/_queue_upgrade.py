@@ -48,6 +48,8 @@ def upgrade_queue(ops: Ops, queue: str) -> int:
         ops.queues.mark_current(queue)
         return 0
     revision, members = _all_keys(ops, qkeys.members, 0, what)
+    if not members:  # no such queue: nothing to upgrade, and nothing is written
+        return 0
     _, pendings = _all_keys(ops, qkeys.pendings, revision, what)
     opened = sorted((int(kv.create_revision), job_id) for kv in pendings
                      if (job_id := qkeys.job_of(bytes(kv.key))) is not None)
