@@ -210,3 +210,33 @@ def test_the_one_statement_claim_notes_the_exact_claim_count(path: str) -> None:
             assert worker.claim(f"job-{i}") is not None  # taken over: the update path
             stored = backend._db.execute("SELECT claims FROM cl_meta").fetchone()[0]
             assert backend._history.claims_seen == stored
+
+
+def test_complete_returns_the_row_it_wrote_and_the_file_has_no_capture_trigger(
+    path: str,
+) -> None:
+    """The complete's record comes from a TEMP trigger of the store's own connection
+    (COMPLETED_CAPTURE): it must be the record a read gives afterwards (an earlier
+    attempt's error and the attempt limit included), and the trigger must not be in the
+    file, where other processes and versions would run it."""
+    with open_store(f"sqlite:///{path}") as store, store.session("W", 30.0) as worker:
+        store.enqueue("q", "a", b"p", max_attempts=3)
+        first = worker.claim("a")
+        assert first is not None
+        first.fail("boom", retry_in_s=0)
+        second = worker.claim("a")
+        assert second is not None
+        record = second.complete(b"done")
+        assert record == store.get("a")
+        assert (record.state, record.result, record.attempt, record.error,
+                record.max_attempts, record.owner) == (
+                    JobState.COMPLETED, b"done", 2, "boom", 3, "W")
+        assert record.generation == second.fencing_token
+        # completed again by the same session: the idempotent read-back path
+        assert second.complete(b"done") == record
+        plain = worker.claim("plain")
+        assert plain is not None
+        assert plain.complete(b"") == store.get("plain")
+    with sqlite3.connect(path) as db:
+        names = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
+    assert not any("capture" in name for name in names)
