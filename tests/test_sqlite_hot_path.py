@@ -12,6 +12,7 @@ import pytest
 from consensus_lease import JobState, LeaseStore, StoreRegressed, open_store
 from consensus_lease.backends.sqlite import (
     CLAIM_OBJECTS,
+    CLAIM_SQL,
     PARTIAL_INDEXES,
     SqliteBackend,
 )
@@ -238,3 +239,29 @@ def test_complete_returns_the_row_it_wrote_and_the_file_has_no_capture_trigger(
     with sqlite3.connect(path) as db:
         names = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
     assert not any("capture" in name for name in names)
+
+
+def test_a_refused_claim_statement_neither_inserts_nor_takes_over(path: str) -> None:
+    """CLAIM_SQL's store conditions (identity, claim count, the claiming session alive)
+    guard both of the upsert's paths: run directly with a condition failing, it changes
+    no row, whether the job's row exists (claimable) or not."""
+    with open_store(f"sqlite:///{path}") as store:
+        backend = backend_of(store)
+        handle = backend.open_session("W", 30.0)
+        claim = backend.claim(handle, "old")
+        assert claim is not None
+        backend.release(handle, "old", claim)
+        before = backend._db.execute("SELECT * FROM cl_jobs ORDER BY job_id").fetchall()
+        good = backend._claim_params(handle, "old")
+        for bad in (
+            (good[0], "another identity", *good[2:]),
+            (good[0], good[1], good[2] + 1, *good[3:]),
+            (*good[:3], "no such session", good[4], "no such session"),
+        ):
+            for job_id in ("old", "new"):
+                params = (job_id, *bad[1:])
+                changed = backend._db.execute(CLAIM_SQL, params).rowcount
+                assert changed == 0, (job_id, bad)
+        assert backend._db.execute(
+            "SELECT * FROM cl_jobs ORDER BY job_id").fetchall() == before
+        assert backend._db.execute(CLAIM_SQL, ("new", *good[1:])).rowcount == 1
