@@ -12,8 +12,8 @@ import pytest
 from consensus_lease import JobState, LeaseStore, StoreRegressed, open_store
 from consensus_lease.backends.sqlite import (
     CLAIM_OBJECTS,
+    CLAIM_SQL,
     PARTIAL_INDEXES,
-    RETURNING_OFFSET,
     SqliteBackend,
 )
 from consensus_lease.bench.roundtrips import counting, requests_total
@@ -40,10 +40,9 @@ def backend_of(store: LeaseStore) -> SqliteBackend:
     return backend
 
 
-def test_this_sqlite_takes_the_one_statement_claim() -> None:
-    # 3.35+ has RETURNING; the probe found out when it sees the trigger's count
+def test_this_sqlite_has_what_the_one_statement_claim_needs() -> None:
+    # the upsert (3.24+) and the RETURNING of the other statements (3.35+)
     assert sqlite3.sqlite_version_info >= (3, 35)
-    assert RETURNING_OFFSET in (0, 1)
 
 
 def test_a_cycle_is_two_statements(path: str) -> None:
@@ -197,8 +196,8 @@ def test_closing_a_session_frees_its_jobs_in_and_out_of_queues(path: str) -> Non
 
 
 def test_the_one_statement_claim_notes_the_exact_claim_count(path: str) -> None:
-    """What a claim notes as the store's claim count is the count in the file (the
-    RETURNING order probed at import matches the claim statement): one too high would
+    """What a claim notes as the store's claim count is the count in the file (as the
+    count's trigger wrote it, handed over by CLAIM_CAPTURES): one too high would
     report a false regression at the next refused claim, one too low would miss a
     restore that lost this claim."""
     with open_store(f"sqlite:///{path}") as store, store.session("W", 30.0) as worker:
@@ -210,3 +209,59 @@ def test_the_one_statement_claim_notes_the_exact_claim_count(path: str) -> None:
             assert worker.claim(f"job-{i}") is not None  # taken over: the update path
             stored = backend._db.execute("SELECT claims FROM cl_meta").fetchone()[0]
             assert backend._history.claims_seen == stored
+
+
+def test_complete_returns_the_row_it_wrote_and_the_file_has_no_capture_trigger(
+    path: str,
+) -> None:
+    """The complete's record comes from a TEMP trigger of the store's own connection
+    (COMPLETED_CAPTURE): it must be the record a read gives afterwards (an earlier
+    attempt's error and the attempt limit included), and the trigger must not be in the
+    file, where other processes and versions would run it."""
+    with open_store(f"sqlite:///{path}") as store, store.session("W", 30.0) as worker:
+        store.enqueue("q", "a", b"p", max_attempts=3)
+        first = worker.claim("a")
+        assert first is not None
+        first.fail("boom", retry_in_s=0)
+        second = worker.claim("a")
+        assert second is not None
+        record = second.complete(b"done")
+        assert record == store.get("a")
+        assert (record.state, record.result, record.attempt, record.error,
+                record.max_attempts, record.owner) == (
+                    JobState.COMPLETED, b"done", 2, "boom", 3, "W")
+        assert record.generation == second.fencing_token
+        # completed again by the same session: the idempotent read-back path
+        assert second.complete(b"done") == record
+        plain = worker.claim("plain")
+        assert plain is not None
+        assert plain.complete(b"") == store.get("plain")
+    with sqlite3.connect(path) as db:
+        names = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
+    assert not any("capture" in name for name in names)
+
+
+def test_a_refused_claim_statement_neither_inserts_nor_takes_over(path: str) -> None:
+    """CLAIM_SQL's store conditions (identity, claim count, the claiming session alive)
+    guard both of the upsert's paths: run directly with a condition failing, it changes
+    no row, whether the job's row exists (claimable) or not."""
+    with open_store(f"sqlite:///{path}") as store:
+        backend = backend_of(store)
+        handle = backend.open_session("W", 30.0)
+        claim = backend.claim(handle, "old")
+        assert claim is not None
+        backend.release(handle, "old", claim)
+        before = backend._db.execute("SELECT * FROM cl_jobs ORDER BY job_id").fetchall()
+        good = backend._claim_params(handle, "old")
+        for bad in (
+            (good[0], "another identity", *good[2:]),
+            (good[0], good[1], good[2] + 1, *good[3:]),
+            (*good[:3], "no such session", good[4], "no such session"),
+        ):
+            for job_id in ("old", "new"):
+                params = (job_id, *bad[1:])
+                changed = backend._db.execute(CLAIM_SQL, params).rowcount
+                assert changed == 0, (job_id, bad)
+        assert backend._db.execute(
+            "SELECT * FROM cl_jobs ORDER BY job_id").fetchall() == before
+        assert backend._db.execute(CLAIM_SQL, ("new", *good[1:])).rowcount == 1

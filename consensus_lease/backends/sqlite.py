@@ -69,8 +69,11 @@ How the protocol maps onto SQLite:
 * The claim+complete cycle is two statements, each its own (autocommit) transaction,
   which takes the write lock as it starts: the claim's upsert (:data:`CLAIM_SQL`: it
   also checks the session, the store's identity and its claim count, and the count goes
-  +1 by trigger, :data:`CLAIM_TRIGGERS`) and the complete's ``UPDATE ... RETURNING`` the
-  record; renew and release are one statement too. Only a refused one opens a
+  +1 by trigger, :data:`CLAIM_TRIGGERS`) and the complete's ``UPDATE``. Neither has a
+  ``RETURNING`` clause (SQLite builds a temporary B-tree for one, about as much CPU as a
+  whole raw transaction): what they wrote is handed over, inside the statement, by TEMP
+  triggers of the store's own connection (:data:`CLAIM_CAPTURES`,
+  :data:`COMPLETED_CAPTURE`); renew and release are one statement too. Only a refused one opens a
   ``BEGIN IMMEDIATE`` transaction to find out why (and to retry a claim once). The
   secondary indexes are partial (:data:`PARTIAL_INDEXES`): a cycle writes 4 WAL pages
   (the job row's twice, its primary key's and ``cl_meta``'s once; a raw insert + update
@@ -266,38 +269,6 @@ back, which is all the regression check needs."""
 CLAIM_OBJECTS = frozenset({"cl_claims_insert", "cl_claims_update"})
 
 
-def _returning_offset() -> int | None:
-    """What to add to a ``RETURNING (SELECT claims FROM cl_meta)`` of the claim statement
-    to get the count after that claim: 1 if this SQLite evaluates RETURNING before the
-    AFTER triggers ran (3.40 does), 0 if after, ``None`` if it does neither
-    consistently (then every claim reads the count in a statement of its own). Probed
-    once per process on an in-memory database, on both paths of the upsert."""
-    db = sqlite3.connect(":memory:", isolation_level=None)
-    try:
-        db.executescript(
-            "CREATE TABLE m (n INTEGER); INSERT INTO m VALUES (0); "
-            "CREATE TABLE j (k TEXT PRIMARY KEY, g INTEGER); "
-            "CREATE TRIGGER ti AFTER INSERT ON j WHEN NEW.g > 0 BEGIN "
-            "UPDATE m SET n = n + 1; END; "
-            "CREATE TRIGGER tu AFTER UPDATE OF g ON j WHEN NEW.g <> OLD.g BEGIN "
-            "UPDATE m SET n = n + 1; END;"
-        )
-        seen = [  # the shape of CLAIM_SQL: INSERT ... SELECT ... WHERE, upsert, RETURNING
-            db.execute("INSERT INTO j SELECT 'a', 1 FROM m WHERE n >= 0 ON CONFLICT (k) "
-                       "DO UPDATE SET g = g + 1 WHERE j.g > 0 "
-                       "RETURNING g, (SELECT n FROM m)").fetchall()[0][1]
-            for _ in range(3)
-        ]
-    except sqlite3.Error:
-        return None
-    finally:
-        db.close()
-    return {(0, 1, 2): 1, (1, 2, 3): 0}.get(tuple(seen))
-
-
-RETURNING_OFFSET = _returning_offset()
-
-
 def _words(sql: str | None) -> str | None:
     """A definition from ``sqlite_master`` with its white space normalised."""
     return None if sql is None else " ".join(sql.split())
@@ -351,28 +322,91 @@ ALIVE_J = (
 ALIVE = f"EXISTS (SELECT 1 FROM cl_sessions s WHERE s.session_id = ? AND s.expires_at > {NOW})"
 
 CLAIM_SQL = (
-    "INSERT INTO cl_jobs (job_id, generation, owner, session_id, attempt, epoch) "
-    "SELECT ?, 1, ?, ?, 1, m.epoch FROM cl_meta m WHERE m.id = 1 AND m.identity = ? "
-    f"AND m.claims >= ? AND {ALIVE} "
+    "INSERT OR IGNORE INTO cl_jobs (job_id, generation, owner, session_id, attempt, epoch) "
+    "VALUES (?, (SELECT 1 FROM cl_meta m WHERE m.id = 1 AND m.identity = ? "
+    f"AND m.claims >= ? AND {ALIVE}), ?, ?, 1, (SELECT epoch FROM cl_meta WHERE id = 1)) "
     "ON CONFLICT (job_id) DO UPDATE SET generation = cl_jobs.generation + 1, "
     "attempt = cl_jobs.attempt + 1, not_before = NULL, epoch = excluded.epoch, "
     "owner = excluded.owner, session_id = excluded.session_id, value = NULL "
-    "WHERE cl_jobs.completed_at IS NULL AND cl_jobs.failed_at IS NULL "
+    "WHERE excluded.generation IS NOT NULL "
+    "AND cl_jobs.completed_at IS NULL AND cl_jobs.failed_at IS NULL "
     f"AND NOT {EXHAUSTED} "
     f"AND (cl_jobs.not_before IS NULL OR cl_jobs.not_before <= {NOW}) "
     "AND NOT EXISTS (SELECT 1 FROM cl_sessions s "
-    f"WHERE s.session_id = cl_jobs.session_id AND s.expires_at > {NOW}) "
-    "RETURNING generation, "
-    "(SELECT expires_at FROM cl_sessions WHERE session_id = cl_jobs.session_id), "
-    "attempt, epoch, (SELECT claims FROM cl_meta WHERE id = 1)"
+    f"WHERE s.session_id = cl_jobs.session_id AND s.expires_at > {NOW})"
 )
 """The claim: insert the job's row, or take it over if claimable (not completed, FAILED,
 out of attempts, in a retry delay, nor held by a live session), with the store's epoch
 and only if the claiming session is alive and ``cl_meta`` still has the identity and at
-least the claim count this process saw (bind job id, owner, session id, identity, claims
-seen, session id). Returns generation, the session's expiry, attempt, epoch and the claim
-count as :data:`RETURNING_OFFSET` explains. The count goes +1 by trigger
-(:data:`CLAIM_TRIGGERS`)."""
+least the claim count this process saw (bind job id, identity, claims seen, session id,
+owner, session id). Those store conditions make the new row's ``generation`` 1, or
+``NULL`` if any fails: a ``NULL`` row is never inserted (``generation`` is ``NOT NULL``
+and ``OR IGNORE`` skips the row; the table's only other constraints are ``NOT NULL``
+ones, met by every claim, and the primary key, which the upsert handles) and never
+takes a row over (``excluded.generation IS NOT NULL`` in the upsert's ``WHERE``). A
+``VALUES`` row, not ``INSERT ... SELECT ... WHERE``: SQLite copies a ``SELECT``'s rows
+through a temporary B-tree when the table has triggers (about 18,000 instructions per
+claim). It changes one row iff it applied. The count goes +1 by trigger
+(:data:`CLAIM_TRIGGERS`). No ``RETURNING`` (see :data:`COMPLETED_CAPTURE`): the row as
+the claim wrote it (generation, attempt, epoch, the session's expiry) and the count
+after it are handed over by :data:`CLAIM_CAPTURES`."""
+
+CLAIMED_READ = (
+    "SELECT j.job_id, j.generation, j.attempt, j.epoch, s.expires_at, m.claims "
+    "FROM cl_jobs j JOIN cl_sessions s ON s.session_id = j.session_id "
+    "JOIN cl_meta m ON m.id = 1 WHERE j.job_id = ? AND j.session_id = ?"
+)
+"""What a claim wrote, read back if :data:`CLAIM_CAPTURES` did not hand it over."""
+
+CLAIMED_FUNCTION = "cl_claimed_row"
+COUNTED_FUNCTION = "cl_claims_counted"
+_CLAIMED_ROW = (
+    f"BEGIN SELECT {CLAIMED_FUNCTION}(NEW.job_id, NEW.generation, NEW.attempt, NEW.epoch, "
+    "(SELECT expires_at FROM cl_sessions WHERE session_id = NEW.session_id)); END"
+)
+
+CLAIM_CAPTURES = (
+    "CREATE TEMP TRIGGER IF NOT EXISTS cl_claimed_insert AFTER INSERT ON main.cl_jobs "
+    f"WHEN NEW.generation > 0 {_CLAIMED_ROW}",
+    "CREATE TEMP TRIGGER IF NOT EXISTS cl_claimed_update AFTER UPDATE OF generation "
+    f"ON main.cl_jobs WHEN NEW.generation <> OLD.generation {_CLAIMED_ROW}",
+    "CREATE TEMP TRIGGER IF NOT EXISTS cl_claims_counted AFTER UPDATE OF claims "
+    f"ON main.cl_meta BEGIN SELECT {COUNTED_FUNCTION}(NEW.claims); END",
+)
+"""How a claim statement hands over what it wrote, as :data:`COMPLETED_CAPTURE` does
+for the complete (TEMP triggers of this connection, never in the file): the claimed row,
+on the same conditions as :data:`CLAIM_TRIGGERS` (the only statements that move
+``generation`` are claims), and ``cl_meta.claims`` each time the claim count's trigger
+raised it (so the count noted is the one after this claim, whatever order SQLite runs
+the triggers in)."""
+
+
+COMPLETE_SQL = (
+    f"UPDATE cl_jobs SET completed_at = {NOW}, completed_session = session_id, "
+    "result = ?, session_id = NULL, value = NULL "
+    "WHERE job_id = ? AND session_id = ? AND generation = ? AND epoch = ? "
+    f"AND completed_at IS NULL AND {ALIVE}"
+)
+"""The complete: the owner + generation compare and the write in one statement (bind
+result, job id, session id, generation, epoch, session id). No ``RETURNING``: what the
+record needs from the row is handed over by :data:`COMPLETED_CAPTURE`."""
+
+CAPTURE_FUNCTION = "cl_completed_row"
+
+COMPLETED_CAPTURE = (
+    "CREATE TEMP TRIGGER IF NOT EXISTS cl_completed_capture AFTER UPDATE OF completed_at "
+    "ON main.cl_jobs WHEN OLD.completed_at IS NULL AND NEW.completed_at IS NOT NULL BEGIN "
+    f"SELECT {CAPTURE_FUNCTION}(NEW.job_id, NEW.owner, NEW.completed_at, NEW.failed_at, "
+    "NEW.attempt, NEW.error, NEW.max_attempts); END"
+)
+"""How :meth:`SqliteBackend.complete` learns the completed row: a trigger of this
+connection only (``TEMP``: in its own temp schema, never in the file, so other processes
+and other versions neither see nor run it) that passes the row, as the very statement
+that completed it wrote it, to a function of this connection (``create_function``), in
+that statement. A ``RETURNING`` clause would give the same values but costs SQLite a
+temporary B-tree per statement: about 45,000 instructions, the CPU of a whole raw
+transaction. The values are used only if the statement then returned without error
+(it committed)."""
 
 
 OPTIONS = OptionTable(
@@ -442,6 +476,9 @@ class SqliteBackend(Backend):
         self._lock = threading.Lock()
         self._history = History(path)
         self._elections = ChangeTracker()
+        self._completed: list[tuple[Any, ...]] = []  # rows COMPLETED_CAPTURE handed over
+        self._claimed: list[tuple[Any, ...]] = []  # and CLAIM_CAPTURES
+        self._counted: list[int] = []
         create = create or path == ":memory:"
         self._db = self._connect(path, busy_timeout_s, create)
         self._busy_ms = int(busy_timeout_s * 1000)  # the connection's busy_timeout now
@@ -512,6 +549,12 @@ class SqliteBackend(Backend):
         identity, claims = self._db.execute(
             "SELECT identity, claims FROM cl_meta WHERE id = 1").fetchone()
         self._history.baseline(str(identity), int(claims))
+        completed, claimed = self._completed, self._claimed
+        self._db.create_function(CAPTURE_FUNCTION, 7, lambda *row: completed.append(row))
+        self._db.create_function(CLAIMED_FUNCTION, 5, lambda *row: claimed.append(row))
+        self._db.create_function(COUNTED_FUNCTION, 1, self._counted.append)
+        for statement in (COMPLETED_CAPTURE, *CLAIM_CAPTURES):
+            self._db.execute(statement)
 
     def _migrate(self) -> None:
         """Add the columns and the ``cl_meta`` row a store written by an earlier version
@@ -811,25 +854,50 @@ class SqliteBackend(Backend):
 
     def _claim_alone(self, session: SessionHandle, job_id: str) -> ClaimResult | None:
         """The claim statement as a transaction of its own; ``None`` if it applied
-        nothing (or cannot be used: a regressed store, an unknown RETURNING order)."""
-        if RETURNING_OFFSET is None:
-            return None
+        nothing (or cannot be used: a regressed store)."""
         self._acquire(job_id)
         try:
             self._history.check_file()
             if self._history.regressed:
                 return None
-            rows = self._db.execute(CLAIM_SQL, self._claim_params(session, job_id)).fetchall()
-            if not rows:
+            claimed = self._run_claim(self._db, session, job_id)
+            if claimed is None:
                 return None
+            result, count = claimed
             # the WHERE compared identity and count: this notes the count, never raises
-            self._history.claimed(self._history.identity,
-                                  int(rows[0][4]) + RETURNING_OFFSET, int(rows[0][3]))
-            return self._to_claim(rows[0])
+            self._history.claimed(self._history.identity, count,
+                                  split(result.generation, self.epoch_shift)[0])
+            return result
         except sqlite3.DatabaseError as exc:
             raise self._unavailable(exc, job_id) from exc
         finally:
             self._lock.release()
+
+    def _run_claim(
+        self, db: sqlite3.Connection, session: SessionHandle, job_id: str
+    ) -> tuple[ClaimResult, int] | None:
+        """Run :data:`CLAIM_SQL` (``_lock`` held): ``None`` if it applied nothing, else
+        the claim as the statement wrote it and the claim count after it."""
+        claimed, counted = self._claimed, self._counted
+        claimed.clear()
+        counted.clear()
+        try:
+            applied = db.execute(CLAIM_SQL, self._claim_params(session, job_id)).rowcount == 1
+            row = claimed[-1] if claimed else None
+            count = counted[-1] if counted else None
+        finally:
+            claimed.clear()
+            counted.clear()
+        if not applied:
+            return None
+        if row is None or row[0] != job_id or count is None:
+            # not handed over (the triggers always run): read back what was claimed
+            row = db.execute(CLAIMED_READ, (job_id, session.session_id)).fetchone()
+            if row is None:
+                raise sqlite3.DatabaseError(f"the claim of {job_id!r} applied but its row "
+                                            "is no longer this session's")
+            count = row[5]
+        return self._to_claim(row[1:5]), int(count)
 
     def _claim_checks(self, db: sqlite3.Connection, session: SessionHandle, job_id: str) -> None:
         """Before a claim, in its transaction: StoreRegressed if the store went back and
@@ -841,20 +909,21 @@ class SqliteBackend(Backend):
             )
 
     def _claim_params(self, session: SessionHandle, job_id: str) -> tuple[Any, ...]:
-        return (job_id, session.owner, session.session_id, self._history.identity,
-                self._history.claims_seen, session.session_id)
+        return (job_id, self._history.identity, self._history.claims_seen,
+                session.session_id, session.owner, session.session_id)
 
     def _claim_one(
         self, db: sqlite3.Connection, session: SessionHandle, job_id: str
     ) -> ClaimResult | None:
         """The claim statement in a transaction (the claim count is read after it, by
         :meth:`_count_claims`)."""
-        row = db.execute(CLAIM_SQL, self._claim_params(session, job_id)).fetchall()
-        return self._to_claim(row[0]) if row else None
+        claimed = self._run_claim(db, session, job_id)
+        return None if claimed is None else claimed[0]
 
     def _to_claim(self, row: tuple[Any, ...]) -> ClaimResult:
-        token = compose(int(row[3]), int(row[0]), self.epoch_shift)
-        return ClaimResult(token, float(row[1]), int(row[2]))
+        """``row`` is ``(generation, attempt, epoch, the session's expires_at)``."""
+        token = compose(int(row[2]), int(row[0]), self.epoch_shift)
+        return ClaimResult(token, float(row[3]), int(row[1]))
 
     def _count_claims(self, db: sqlite3.Connection) -> None:
         """After claims in this transaction (each raised ``cl_meta.claims`` by trigger):
@@ -916,26 +985,40 @@ class SqliteBackend(Backend):
         self, session: SessionHandle, job_id: str, claim: ClaimResult, result: bytes
     ) -> LeaseRecord:
         """Complete the job (see :meth:`Backend.complete`): one ``UPDATE`` (its own
-        transaction) whose ``WHERE`` makes the owner + generation compare and whose
-        ``RETURNING`` is the record; only a refused one reads back, in a transaction,
-        whether this session completed it already (idempotent) or why not.
+        transaction) whose ``WHERE`` makes the owner + generation compare; the record is
+        the row that statement wrote, handed over by :data:`COMPLETED_CAPTURE`. Only a
+        refused one reads back, in a transaction, whether this session completed it
+        already (idempotent) or why not.
 
         Raises:
             StaleLeaseError / SessionExpired / BackendUnavailable.
         """
         generation = claim.generation
         epoch, local = split(generation, self.epoch_shift)
-        rows = self._write(
-            f"UPDATE cl_jobs SET completed_at = {NOW}, completed_session = session_id, "
-            "result = ?, session_id = NULL, value = NULL "
-            f"WHERE job_id = ? AND session_id = ? AND generation = ? AND epoch = ? "
-            f"AND completed_at IS NULL AND {ALIVE} RETURNING job_id, owner, NULL, "
-            "generation, completed_at, NULL, 0, failed_at, attempt, error, NULL, "
-            "max_attempts, epoch, NULL",
-            (result, job_id, session.session_id, local, epoch, session.session_id), job_id,
-        )
-        if rows:
-            record = self._to_record((*rows[0][:5], result, *rows[0][6:]))
+        captured = self._completed
+        self._acquire(job_id)  # as _write does, the row handed over by the trigger kept
+        try:
+            captured.clear()
+            applied = self._db.execute(
+                COMPLETE_SQL,
+                (result, job_id, session.session_id, local, epoch, session.session_id),
+            ).rowcount == 1
+            row = captured[0] if applied and len(captured) == 1 else None
+            captured.clear()
+        except sqlite3.DatabaseError as exc:
+            captured.clear()
+            raise self._unavailable(exc, job_id) from exc
+        finally:
+            self._lock.release()
+        if row is not None and row[0] == job_id:
+            _, owner, completed_at, failed_at, attempt, error, max_attempts = row
+            record = self._to_record((job_id, owner, None, local, completed_at, result, 0,
+                                      failed_at, attempt, error, None, max_attempts, epoch,
+                                      None))
+        elif applied:  # completed, but its row was not handed over: read it back
+            found = self.get(job_id)
+            assert found is not None
+            record = found
         else:
             with self._transaction(job_id) as db:
                 again = db.execute(
