@@ -263,12 +263,16 @@ def test_replot_draws_the_committed_results_again(
     from consensus_lease import cli
 
     monkeypatch.setattr(cli, "EXTRA_COMMANDS", ["consensus_lease.bench.command"])
-    (tmp_path / "w8_async.png").write_bytes(b"stale")  # W7, W8 are not in these results
+    (tmp_path / "w7_depth.png").write_bytes(b"stale")  # W7 is not in these results
     code = cli.main(["bench", "--replot", str(RESULTS_JSON), "--out", str(tmp_path)])
     assert code == 0
     drawn = sorted(p.name for p in tmp_path.glob("*.png"))
-    assert drawn == sorted(set(PLOTS) - {"w7_depth.png", "w8_async.png"})
+    assert drawn == sorted(set(PLOTS) - {"w7_depth.png"})
     assert all((tmp_path / n).read_bytes()[:8] == PNG_MAGIC for n in drawn)
+    markdown = (tmp_path / "results.md").read_text()
+    assert "## Goals: measured against target" in markdown
+    assert "*Not part of this run* (`--workloads` left W7 out)." in markdown  # no empty table
+    assert "*Not part of this run*" not in markdown.split("## W7")[0]
 
 
 def test_replot_refuses_a_file_that_is_not_results(

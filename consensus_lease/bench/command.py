@@ -69,8 +69,9 @@ def add_parser(subparsers: Any) -> None:
                         help="output folder (default: ./bench-results; with --replot, the "
                         "folder of RESULTS_JSON)")
     parser.add_argument("--replot", type=Path, metavar="RESULTS_JSON",
-                        help="measure nothing: draw the plots again from a results.json "
-                        "written by an earlier run")
+                        help="measure nothing: draw the plots and write results.md again "
+                        "(goals evaluated anew) from a results.json written by an earlier "
+                        "run")
     parser.add_argument("--etcd-url", metavar="URL",
                         help="use this etcd (etcd://h1:2379,h2:2379,...) instead of starting one; "
                         "the bench keeps its keys under its own prefix")
@@ -90,7 +91,8 @@ def add_parser(subparsers: Any) -> None:
 
 
 def replot(results_json: Path, out: Path | None, console: Console) -> int:
-    """Draw the plots of an earlier run again from its ``results.json``.
+    """Draw the plots of an earlier run again from its ``results.json``, and write its
+    ``results.md`` again with the goals evaluated by this version.
 
     Raises:
         OSError: the file cannot be read or the folder written.
@@ -99,7 +101,9 @@ def replot(results_json: Path, out: Path | None, console: Console) -> int:
     """
     import json
 
+    from .goals import evaluate
     from .plots import write_plots
+    from .report import write_markdown
 
     results = json.loads(results_json.read_text())
     if not isinstance(results, dict) or not isinstance(results.get("backends"), dict):
@@ -108,9 +112,11 @@ def replot(results_json: Path, out: Path | None, console: Console) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     try:
         written = write_plots(results, folder)
+        write_markdown(results, evaluate(results), written, folder)
     except (KeyError, TypeError) as exc:
         raise ValueError(f"{results_json} lacks what a plot needs: {exc!r}") from exc
-    console.print(f"wrote {len(written)} plots in {folder}: {', '.join(written)}")
+    console.print(f"wrote {len(written)} plots and results.md in {folder}: "
+                  f"{', '.join(written)}")
     return 0
 
 

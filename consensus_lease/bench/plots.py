@@ -230,8 +230,8 @@ def _w5(results: dict[str, Any], path: Path) -> bool:
 
 def _w6(results: dict[str, Any], path: Path) -> bool:
     found = [(b, d) for b, d in _ok(results, "w6_peers") if d.get("peers")]
-    title = ("W6 acquire+release cycles/s on the same store (hatched: no fencing token; "
-             "whiskers: windows' IQR)")
+    title = ("W6 acquire+release cycles/s on the same store (hatched: a peer with no fencing "
+             "token; grey: the raw client's ceiling; whiskers: windows' IQR)")
     if not found:
         return False
     fig, axes = _figure(len(found), title)
@@ -241,8 +241,9 @@ def _w6(results: dict[str, Any], path: Path) -> bool:
             value = _num(peer["cycles_per_s"])
             err: list[list[float]] = [[], []]
             _whisker(err, value, peer.get("spread"))
-            ax.bar(i, value, color=OURS if peer["fencing"] else PEER,
-                   hatch=None if peer["fencing"] else "//", yerr=err, capsize=3)
+            ceiling = peer["library"] == "raw"  # the raw client: grey, as in W1
+            ax.bar(i, value, color=OURS if peer["fencing"] else RAW if ceiling else PEER,
+                   hatch=None if peer["fencing"] or ceiling else "//", yerr=err, capsize=3)
             ax.text(i, value, "failed" if peer["error"] else f"{value:.0f}", ha="center",
                     va="bottom", fontsize="small")
         ax.set_xticks(range(len(peers)), [p["name"].replace(" (", "\n(") for p in peers],

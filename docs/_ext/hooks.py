@@ -19,8 +19,8 @@ SUFFIXES = {".md", ".png", ".txt", ".json"}
 
 
 def on_files(files: Files, config: Any, **kwargs: Any) -> Files:
-    for path in sorted(RESULTS.iterdir()):
+    for path in sorted(RESULTS.rglob("*")):  # with the runs in subfolders (w7/)
         if path.suffix in SUFFIXES and path.is_file():
-            uri = f"benchmarks/results/{path.name}"
+            uri = f"benchmarks/results/{path.relative_to(RESULTS).as_posix()}"
             files.append(File.generated(config, uri, abs_src_path=str(path)))
     return files
