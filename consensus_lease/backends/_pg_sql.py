@@ -116,12 +116,13 @@ class Statements:
         # disjoint, and every CASE reads the row as it was. At least one row comes back:
         # the claimed ids (job_id NULL if none), and whether the session is alive.
         # One modifying part and few subqueries keep planning short (psycopg prepares
-        # the statement, but the server plans its first five runs with their values).
+        # the statement, but the server plans its first five runs with their values);
+        # the ids are sent in binary (no quoting to decide per id).
         ex = f"({EXHAUSTED})"
         self.claim_many = (
             f"WITH c AS (INSERT INTO {j} AS j (job_id, generation, owner, session_id, "
             f"attempt, epoch, closed) SELECT x.job, 1, %(owner)s, %(sid)s, 1, m.epoch, true FROM "
-            f"unnest(%(jobs)s::text[]) x(job) CROSS JOIN {n.meta} m "
+            f"unnest(%(jobs)b::text[]) x(job) CROSS JOIN {n.meta} m "
             f'WHERE m.id = 1 AND {self.my_alive} ORDER BY x.job COLLATE "C" '
             f"ON CONFLICT (job_id) DO UPDATE SET "
             f"generation = CASE WHEN {ex} THEN j.generation ELSE j.generation + 1 END, "
