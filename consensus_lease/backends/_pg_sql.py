@@ -107,29 +107,43 @@ class Statements:
 
     def _batch(self, n: Names) -> None:
         j, s = n.jobs, n.sessions
-        # The claim of several named jobs, one statement: the claim above for each id
-        # (locked in job-id order, so two batches cannot deadlock on their job rows),
-        # then the exhausted-budget rule of the refusal below for the ids it did not
-        # claim (rows the first part locked; none it changed). At least one row comes
-        # back: the claimed ids (job_id NULL if none), and whether the session is alive.
+        # The claim of several named jobs, one upsert (rows locked in job-id order, so
+        # two batches cannot deadlock on their job rows): an id with no row is inserted
+        # as the claim above inserts it; an existing row nobody holds that is neither
+        # completed nor FAILED is, per row, either claimed as the claim above claims it
+        # (claimable_j) or, if its attempts are used up, marked FAILED as the refusal
+        # below marks it (exhaust; then NULL job_id comes back). The two cases are
+        # disjoint, and every CASE reads the row as it was. At least one row comes back:
+        # the claimed ids (job_id NULL if none), and whether the session is alive.
+        # One modifying part and few subqueries keep planning short (psycopg prepares
+        # the statement, but the server plans its first five runs with their values);
+        # the ids are sent in binary (no quoting to decide per id).
+        ex = f"({EXHAUSTED})"
         self.claim_many = (
             f"WITH c AS (INSERT INTO {j} AS j (job_id, generation, owner, session_id, "
             f"attempt, epoch, closed) SELECT x.job, 1, %(owner)s, %(sid)s, 1, m.epoch, true FROM "
-            f"unnest(%(jobs)s::text[]) x(job) CROSS JOIN {n.meta} m "
+            f"unnest(%(jobs)b::text[]) x(job) CROSS JOIN {n.meta} m "
             f'WHERE m.id = 1 AND {self.my_alive} ORDER BY x.job COLLATE "C" '
-            "ON CONFLICT (job_id) DO UPDATE SET generation = j.generation + 1, "
-            "attempt = j.attempt + 1, not_before = NULL, epoch = excluded.epoch, "
-            "owner = excluded.owner, session_id = excluded.session_id, value = NULL "
-            f"WHERE {self.claimable_j} RETURNING j.job_id, j.generation, j.attempt, j.epoch), "
-            f"x AS (UPDATE {j} j SET failed_at = {NOW}, closed = true, session_id = NULL, "
+            f"ON CONFLICT (job_id) DO UPDATE SET "
+            f"generation = CASE WHEN {ex} THEN j.generation ELSE j.generation + 1 END, "
+            f"attempt = CASE WHEN {ex} THEN j.attempt ELSE j.attempt + 1 END, "
+            f"not_before = CASE WHEN {ex} THEN j.not_before END, "
+            f"epoch = CASE WHEN {ex} THEN j.epoch ELSE excluded.epoch END, "
+            f"owner = CASE WHEN {ex} THEN j.owner ELSE excluded.owner END, "
+            f"session_id = CASE WHEN {ex} THEN NULL ELSE excluded.session_id END, "
             "value = NULL, "
-            "error = coalesce(error, 'attempts exhausted: attempt ' || attempt || "
-            "' ended without completion') WHERE j.job_id = ANY(%(jobs)s::text[]) "
-            "AND j.job_id NOT IN (SELECT job_id FROM c) AND j.completed_at IS NULL "
-            f"AND j.failed_at IS NULL AND {EXHAUSTED} AND {self.free_j} RETURNING 1) "
-            "SELECT c.job_id, c.generation, c.attempt, c.epoch, "
-            f"(SELECT expires_at FROM {s} WHERE session_id = %(sid)s), {self.my_alive}, "
-            "(SELECT count(*) FROM x) FROM (SELECT 1) one LEFT JOIN c ON true"
+            f"failed_at = CASE WHEN {ex} THEN {NOW} END, "
+            f"closed = CASE WHEN {ex} THEN true ELSE j.closed END, "
+            f"error = CASE WHEN {ex} THEN coalesce(j.error, 'attempts exhausted: attempt ' "
+            "|| j.attempt || ' ended without completion') ELSE j.error END "
+            "WHERE j.completed_at IS NULL AND j.failed_at IS NULL "
+            f"AND ({ex} OR j.not_before IS NULL OR j.not_before <= {NOW}) "
+            f"AND {self.free_j} "
+            "RETURNING CASE WHEN j.failed_at IS NULL THEN j.job_id END, j.generation, "
+            "j.attempt, j.epoch) "
+            "SELECT c.*, "
+            f"(SELECT expires_at FROM {s} WHERE session_id = %(sid)s), {self.my_alive} "
+            "FROM (SELECT 1) one LEFT JOIN c ON true"
         )
         self.claimed_many = (
             f"SELECT j.job_id, j.generation, j.attempt, j.epoch, s.expires_at FROM {j} j "

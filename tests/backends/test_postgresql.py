@@ -25,8 +25,11 @@ from consensus_lease.errors import (
     AuthenticationFailed,
     BackendUnavailable,
     InvalidArgument,
+    JobCompleted,
+    JobFailed,
     SessionExpired,
 )
+from consensus_lease.record import ClaimResult
 from consensus_lease.testing.conformance import poll_until
 from consensus_lease.testing.postgresql import fresh_schema, postgres_url
 
@@ -569,6 +572,50 @@ def test_claim_many_is_one_statement_with_the_rules_of_claim(
     assert records["held"].owner == "other"  # type: ignore[union-attr]
     assert sum(r.state is JobState.HELD and r.owner == "w"  # type: ignore[union-attr]
                for r in records.values()) == 124
+
+
+def test_claim_many_leaves_every_row_as_single_claims_leave_it(store: LeaseStore) -> None:
+    """Each situation twice (prefix ``m-`` and ``s-``): ``claim_many`` of the ``m-`` jobs
+    and one ``claim`` per ``s-`` job answer alike and leave the rows alike, down to the
+    attempt, the owner and why a used-up job FAILED (a used-up job held by a live session
+    stays held; one whose holder expired, or that nobody holds, is FAILED)."""
+    b = backend_of(store)
+    other, dead, me = (b.open_session(o, 30.0) for o in ("other", "dead", "w"))
+    kinds = ["new", "released", "delayed", "done", "held", "dead-holder", "used",
+             "used-held", "used-dead", "failed"]
+    budget = {"used", "used-held", "used-dead", "failed"}
+    for p in ("m-", "s-"):
+        store.enqueue_many("q", [EnqueueItem(p + k, b"", 1 if k in budget else None)
+                                 for k in kinds if k != "new"])
+        got = {k: b.claim(dead if "dead" in k else other, p + k) for k in kinds[1:]}
+        for k in ("released", "used"):
+            b.release(other, p + k, got[k])  # type: ignore[arg-type]
+        b.fail(other, p + "delayed", got["delayed"], "later", 60.0)  # type: ignore[arg-type]
+        b.fail(other, p + "failed", got["failed"], "boom", 0.0)  # type: ignore[arg-type]
+        b.complete(other, p + "done", got["done"], b"r")  # type: ignore[arg-type]
+    b.expire_session(dead.session_id)
+    many = dict(zip(kinds, b.claim_many(me, ["m-" + k for k in kinds]), strict=True))
+    single: dict[str, object] = {}
+    for k in kinds:
+        try:
+            single[k] = b.claim(me, "s-" + k)
+        except (JobCompleted, JobFailed):
+            single[k] = None
+    assert {k for k, c in many.items() if c is not None} == {"new", "released", "dead-holder"}
+    for k in kinds:
+        m, one = many[k], single[k]
+        assert (m is None) == (one is None), k
+        if m is not None and isinstance(one, ClaimResult):
+            assert m.attempt == one.attempt and m.generation == one.generation, k
+        mr, sr = store.get("m-" + k), store.get("s-" + k)
+        assert mr is not None and sr is not None
+        assert (mr.state, mr.owner, mr.attempt, mr.error, mr.generation, mr.not_before is None) \
+            == (sr.state, sr.owner, sr.attempt, sr.error, sr.generation, sr.not_before is None), k
+    assert store.get("m-used-held").state is JobState.HELD  # type: ignore[union-attr]
+    for k in ("used", "used-dead"):
+        record = store.get("m-" + k)
+        assert record is not None and record.state is JobState.FAILED
+        assert record.error == "attempts exhausted: attempt 1 ended without completion"
 
 
 def test_claim_many_of_an_expired_session_claims_nothing(store: LeaseStore) -> None:
