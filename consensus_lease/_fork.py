@@ -32,12 +32,12 @@ __all__ = ["Origin", "abandon"]
 
 _forks = 0
 """How many forks this process is away from the interpreter's first process, counted by
-the ``after_in_child`` hook. CPython runs that hook in every child of a fork that returns
-to the interpreter (``os.fork``, ``os.forkpty``, multiprocessing's ``fork`` start method,
-a C extension calling ``PyOS_AfterFork_Child``, ``subprocess`` with ``preexec_fn``); a
-child that only ``exec``s runs no Python. So this count, not the pid, tells a child from
-its parent: cheaper (no ``getpid()`` system call on every store call) and right where a
-pid is not (a fork into a new pid namespace can reuse the parent's pid)."""
+the ``after_in_child`` hook, which CPython runs in the child of ``os.fork``,
+``os.forkpty``, multiprocessing's ``fork`` start method and ``subprocess`` with
+``preexec_fn``. It tells a child from its parent where the pid cannot (a fork into a new
+pid namespace can reuse the parent's pid). A fork that bypasses the hook (``fork()``
+called through ctypes or cffi, or by a C extension that skips
+``PyOS_AfterFork_Child``) leaves it unchanged: the pid catches that one."""
 
 _abandoned: list[object] = []
 """Inherited drivers, kept until the process exits (no lock: a lock held by a thread
@@ -54,8 +54,8 @@ if hasattr(os, "register_at_fork"):  # POSIX; there is no fork() elsewhere
 
 
 class Origin:
-    """The process an object was made in. Cheap to check: one comparison of integers,
-    no system call (see ``_forks``); the pid is kept for messages."""
+    """The process an object was made in: its pid and the fork count (see ``_forks``);
+    checking costs one ``getpid()``."""
 
     __slots__ = ("forks", "pid")
 
@@ -65,7 +65,7 @@ class Origin:
 
     def inherited(self) -> bool:
         """Whether this is not the process that made the object (a fork's child)."""
-        return self.forks != _forks
+        return self.forks != _forks or self.pid != os.getpid()
 
     def check(self, what: str) -> None:
         """Raise ``StoreInherited`` if this is a fork's child.

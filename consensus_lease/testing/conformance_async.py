@@ -43,8 +43,12 @@ CLOSE_RETURNS_WITHIN_S = 1.0
 SIGINT_EXITS_WITHIN_S = 2.0
 
 _SIGINT_SCRIPT = """
-import asyncio, sys
+import asyncio, signal, sys
 from consensus_lease.aio import open_store
+
+# A test run started in the background of a non-interactive shell (``cmd &``) passes
+# SIGINT on ignored, and Python then installs no KeyboardInterrupt handler: put it back.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 async def main():
     async with await open_store(sys.argv[1]) as store:

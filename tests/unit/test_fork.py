@@ -5,6 +5,7 @@ at all, not even when its frozen copy of the session's deadline has passed."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import sys
@@ -25,11 +26,11 @@ from consensus_lease.store import LeaseStore as Store
 WAIT_S = 30.0
 
 
-def in_child(action: Callable[[], object]) -> object:
-    """Run ``action`` in a child made by os.fork(); return what it returned (JSON), or
-    ``"<TypeName>: message"`` for what it raised."""
+def in_child(action: Callable[[], object], fork: Callable[[], int] = os.fork) -> object:
+    """Run ``action`` in a child made by ``fork`` (os.fork() by default); return what it
+    returned (JSON), or ``"<TypeName>: message"`` for what it raised."""
     read_end, write_end = os.pipe()
-    pid = os.fork()
+    pid = fork()
     if pid == 0:  # the child: report, then leave without running anything of pytest's
         os.close(read_end)
         try:
@@ -91,6 +92,17 @@ def test_origin_knows_a_forked_child() -> None:
         f"StoreInherited: this thing was opened by process {os.getpid()}"
     )
     assert in_child(lambda: Origin().inherited()) is False  # made in the child: its own
+
+
+def test_origin_knows_a_child_forked_past_the_interpreter() -> None:
+    """libc's fork() called through ctypes runs none of Python's after-fork hooks (as a C
+    extension that skips PyOS_AfterFork_Child): the pid still tells the child."""
+    libc_fork = ctypes.CDLL(None).fork
+    origin = Origin()
+    assert in_child(origin.inherited, fork=libc_fork) is True
+    assert str(in_child(lambda: origin.check("thing"), fork=libc_fork)).startswith(
+        "StoreInherited: this thing was opened by process"
+    )
 
 
 def test_close_in_the_child_sends_nothing(spy: LeaseStore) -> None:
