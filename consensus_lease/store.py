@@ -112,9 +112,15 @@ def open_store(
     scheme = url.split("://", 1)[0].lower()
     matches = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == scheme]
     if not matches:
+        base, plus, _ = scheme.partition("+")
+        hint = (f" ({scheme!r} is SQLAlchemy's dialect+driver form: the store URL is the "
+                f"same with {base + '://'!r})"
+                if plus and any(ep.name == base for ep in entry_points(group=ENTRY_POINT_GROUP))
+                else "")
         raise UnsupportedBackend(
             f"no backend for scheme {scheme!r} in {redact_url(url)!r}; installed: "
             f"{', '.join(available_schemes()) or 'none (is consensus_lease installed?)'}"
+            f"{hint}"
         )
     try:
         backend_cls = matches[0].load()

@@ -24,6 +24,18 @@ def test_bad_urls_name_the_supported_schemes(url: object) -> None:
     assert "sqlite" in str(exc.value) and "memory" in str(exc.value)
 
 
+def test_a_sqlalchemy_url_is_answered_with_the_store_url() -> None:
+    """``scripts/start-postgres.sh`` exports a SQLAlchemy URL (for the SQL fence); given to
+    open_store, the error says which store URL that is, without the password."""
+    with pytest.raises(UnsupportedBackend) as exc:
+        open_store("postgresql+psycopg://u:secret@127.0.0.1:1/db")
+    assert "the store URL is the same with 'postgresql://'" in str(exc.value)
+    assert "secret" not in str(exc.value)
+    with pytest.raises(UnsupportedBackend) as exc:
+        open_store("mysql+pymysql://u@127.0.0.1/db")  # no such store: no hint
+    assert "dialect+driver" not in str(exc.value)
+
+
 def test_unknown_option_rejected(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgument):
         open_store(f"sqlite:///{tmp_path}/x.db?colour=blue")
