@@ -493,3 +493,14 @@ def test_w6_rates_are_window_medians_with_spread(monkeypatch: pytest.MonkeyPatch
     assert "[" in goal.measured and goal.status in {"pass", "miss"}
     ceiling = floor["cycles_per_s"] / slow["cycles_per_s"]
     assert f"ceiling: the raw client's 2-request cycle is {ceiling:.2f}x this peer" in goal.note
+
+
+@pytest.mark.parametrize(("trials", "noted"), [(3, True), (20, False)])
+def test_w4_handover_of_few_trials_is_noted_as_inconclusive(trials: int, noted: bool) -> None:
+    data = {"status": "ok", "trials": trials, "granted_ttl_s": 2.0,
+            "kill_s": {"p50": 2.0, "p99": 2.1}, "graceful_ms": {"p50": 5.0, "p99": 34.0}}
+    goals = evaluate({"backends": {"etcd": {"available": True,
+                                            "workloads": {"w4_takeover": data}}}})
+    (graceful,) = [g for g in goals if g.goal.startswith("graceful")]
+    assert graceful.status == "miss"  # still reported as measured
+    assert ("too few to tell a miss from one slow trial" in graceful.note) is noted
