@@ -192,7 +192,7 @@ def test_with_one_pooled_connection_the_keepalive_is_not_starved(url: str) -> No
         until = time.monotonic() + 2 * session.granted_ttl_s
         while time.monotonic() < until:
             assert s.get("job").state is JobState.HELD  # type: ignore[union-attr]
-            time.sleep(session.granted_ttl_s / 10)
+            time.sleep(session.granted_ttl_s / 10)  # real time must pass: 2 x TTL of use
         lease.renew()
         lease.complete(b"")
     finally:
