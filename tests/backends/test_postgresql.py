@@ -57,6 +57,14 @@ def backend_of(store: LeaseStore) -> PostgresBackend:
     return store.backend
 
 
+def terminate_pooled_connection(backend: PostgresBackend, base: str) -> None:
+    """Have the server end the connection the store's one-connection pool holds, from
+    a side connection: the store's next statement meets a dead connection."""
+    pid = backend.client.read("SELECT pg_backend_pid()")[0][0]
+    with psycopg.connect(base, autocommit=True) as side:
+        side.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+
 def test_claim_waits_for_a_keepalive_in_flight_and_then_refuses(store: LeaseStore, base: str) -> None:
     """The holder's session is expired by the clock, but a keepalive that found it alive
     is not committed yet: the claim must wait for it and then see the new expiry."""
@@ -145,9 +153,7 @@ def test_a_broken_connection_before_a_claim_is_settled_by_reading_back(url: str,
     try:
         b = backend_of(s)
         session = s.session("w", ttl_s=30.0)
-        pid = b.client.read("SELECT pg_backend_pid()")[0][0]
-        with psycopg.connect(base, autocommit=True) as side:
-            side.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        terminate_pooled_connection(b, base)
         lease = session.claim("job")  # the pooled connection is dead: read back, retry
         assert lease is not None and lease.generation == 1
         lease.complete(b"ok")
@@ -653,9 +659,7 @@ def test_a_broken_connection_during_claim_many_is_settled_by_reading_back(
     try:
         b = backend_of(s)
         session = s.session("w", ttl_s=30.0)
-        pid = b.client.read("SELECT pg_backend_pid()")[0][0]
-        with psycopg.connect(base, autocommit=True) as side:
-            side.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        terminate_pooled_connection(b, base)
         leases = session.claim_many(["a", "b"])
         assert [lease.generation if lease else None for lease in leases] == [1, 1]
     finally:
