@@ -245,7 +245,9 @@ class Backend(abc.ABC):
 
         Raises:
             StaleLeaseError: owner or generation no longer match (or job completed).
-            SessionExpired / BackendUnavailable: see :mod:`consensus_lease.errors`.
+            SessionExpired: the session is over (expired or closed) and no newer
+                generation exists (the rule in :meth:`complete`).
+            BackendUnavailable: see :mod:`consensus_lease.errors`.
         """
 
     @abc.abstractmethod
@@ -258,10 +260,24 @@ class Backend(abc.ABC):
         A repeat of a completion this session already made at this generation returns
         the existing record without applying anything again.
 
+        Which error a refused call raises (the same rule for :meth:`renew`,
+        :meth:`release`, :meth:`fail` and :meth:`set_value`; the conformance suite holds
+        every store to it): if the session is over in the store -- expired, or ended by
+        :meth:`close_session` (``Session.close()``) in this or another process -- and the
+        job is still at ``claim.generation`` with no other holder and not completed,
+        ``SessionExpired``: the end of the session is why it is not held, and nothing of
+        this session can be held again (open a new one). If another session has claimed
+        the job since (a newer generation) or it was completed, ``StaleLeaseError`` with
+        ``current_generation``: the newer holder is the reason, and the store reports it.
+        Both are ``LeaseLost``. The two cases are told apart by the store's own record,
+        never by what this process believes about its session.
+
         Raises:
             StaleLeaseError: not held at that generation (another holder, released,
-                expired, or completed by someone else).
-            SessionExpired / BackendUnavailable / OutcomeUnknown: see :mod:`consensus_lease.errors`.
+                or completed by someone else).
+            SessionExpired: the session is over and the job still at that generation
+                (above).
+            BackendUnavailable / OutcomeUnknown: see :mod:`consensus_lease.errors`.
         """
 
     @abc.abstractmethod
@@ -270,8 +286,8 @@ class Backend(abc.ABC):
         claimable at once.
 
         Raises:
-            StaleLeaseError / SessionExpired / BackendUnavailable / OutcomeUnknown: see
-                :mod:`consensus_lease.errors`.
+            StaleLeaseError / SessionExpired: not held; which one as in :meth:`complete`.
+            BackendUnavailable / OutcomeUnknown: see :mod:`consensus_lease.errors`.
         """
 
     @abc.abstractmethod
@@ -301,8 +317,9 @@ class Backend(abc.ABC):
         (``Capabilities.elections``) for the leader's value; ``job_id`` is an election key.
 
         Raises:
-            StaleLeaseError: not held at that generation.
-            SessionExpired / BackendUnavailable / OutcomeUnknown: see :mod:`consensus_lease.errors`.
+            StaleLeaseError / SessionExpired: not held at that generation; which one as in
+                :meth:`complete`.
+            BackendUnavailable / OutcomeUnknown: see :mod:`consensus_lease.errors`.
             UnsupportedOperation: the backend has no elections (the default).
         """
         raise UnsupportedOperation(f"the {self.scheme} backend has no leader elections")

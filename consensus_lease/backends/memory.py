@@ -197,20 +197,25 @@ class MemoryBackend(Backend):
         return compose(job.epoch, job.generation, self.epoch_shift)
 
     def _holds(self, session: SessionHandle, job_id: str, generation: int) -> _Job:
+        """The job if ``session`` holds it at ``generation``. Otherwise ``SessionExpired``
+        while the job is still at that generation with no other holder (the session's
+        end, by expiry or ``close_session``, is the reason), else ``StaleLeaseError``
+        (see :meth:`Backend.complete <consensus_lease.backend.Backend.complete>`)."""
         job = self._jobs.get(job_id)
         epoch, local = split(generation, self.epoch_shift)
-        if (job is None or job.session_id != session.session_id
-                or (job.epoch, job.generation) != (epoch, local)):
-            current = None if job is None else self._token(job)
-            raise StaleLeaseError(
-                f"{job_id!r} is not held by session {session.session_id} at generation "
-                f"{generation} (store has generation {current})",
-                job_id=job_id,
-                generation=generation,
-                current_generation=current,
-            )
-        self._require_alive(session, job_id, generation)
-        return job
+        if (job is not None and (job.epoch, job.generation) == (epoch, local)
+                and not job.completed and job.session_id in (session.session_id, None)):
+            self._require_alive(session, job_id, generation)
+            if job.session_id == session.session_id:
+                return job
+        current = None if job is None else self._token(job)
+        raise StaleLeaseError(
+            f"{job_id!r} is not held by session {session.session_id} at generation "
+            f"{generation} (store has generation {current})",
+            job_id=job_id,
+            generation=generation,
+            current_generation=current,
+        )
 
     def _record(self, job_id: str, job: _Job) -> LeaseRecord:
         if job.completed:

@@ -704,7 +704,11 @@ class SqliteBackend(Backend):
     def _reject(
         self, db: sqlite3.Connection, session: SessionHandle, job_id: str, generation: int
     ) -> Exception:
-        """Explain why an owner+generation compare failed (inside the same transaction)."""
+        """Explain why an owner+generation compare failed (inside the same transaction):
+        ``SessionExpired`` while the job is still at ``generation`` with no other holder
+        and the session is over (expired, or closed: ``close_session`` clears a queued
+        job's holder), else ``StaleLeaseError`` (see
+        :meth:`consensus_lease.backend.Backend.complete`)."""
         row = db.execute(
             "SELECT generation, session_id, completed_at, epoch FROM cl_jobs WHERE job_id = ?",
             (job_id,),
@@ -713,7 +717,8 @@ class SqliteBackend(Backend):
         if (
             row is not None
             and current == generation
-            and row[1] == session.session_id
+            and row[1] in (session.session_id, None)
+            and row[2] is None
             and not self._alive(db, session.session_id)
         ):
             return SessionExpired(
