@@ -504,3 +504,39 @@ def test_w4_handover_of_few_trials_is_noted_as_inconclusive(trials: int, noted: 
     (graceful,) = [g for g in goals if g.goal.startswith("graceful")]
     assert graceful.status == "miss"  # still reported as measured
     assert ("too few to tell a miss from one slow trial" in graceful.note) is noted
+
+
+@pytest.mark.timeout(120)
+def test_w5_rounds_have_a_spread_and_a_budget(tmp_path: Path) -> None:
+    from consensus_lease.bench.clusters import sqlite_target
+    from consensus_lease.bench.report import markdown
+    from consensus_lease.bench.workloads import w5_batch
+
+    assert QUICK.w5_rounds >= 15 and QUICK.w5_budget_s <= 60  # a median, quickly
+    sizes = dataclasses.replace(SMOKE, w5_rounds=5, w5_batch=8)
+    data = w5_batch(sqlite_target(str(tmp_path)), sizes, "t5")
+    assert data["rounds"] == 5 and data["single_ms"]["n"] == data["batch_ms"]["n"] == 5
+    for key in ("single_spread", "batch_spread", "speedup_spread"):
+        assert set(data[key]) == SPREAD_KEYS and data[key]["n"] == 5
+    sp = data["single_spread"]
+    assert sp["min"] <= data["single_ms"]["p50"] <= sp["max"]
+    assert data["speedup"] == pytest.approx(data["single_ms"]["p50"] / data["batch_ms"]["p50"])
+    assert data["store_requests_per_batch"] == 1  # SQLite: one transaction
+
+    results = {"meta": {"quick": True, "started_utc": "-", "duration_s": 1.0, "command": "-",
+                        "machine": {"cpu": "-", "cores": 2, "memory_gib": 1, "os": "-",
+                                    "kernel": "-", "python": "-", "sqlite": "-",
+                                    "load_average_at_start": "-", "libraries": {}},
+                        "load_average_at_end": "-", "sizes": dataclasses.asdict(sizes)},
+               "backends": {"sqlite": {"available": True, "origin": "-", "url": "-",
+                                       "workloads": {"w5_batch": {**data, "status": "ok"}}}}}
+    (goal,) = evaluate(results)
+    assert goal.workload == "W5" and "[" in goal.measured and "5 rounds" in goal.measured
+    text = markdown(results, [goal], [])
+    assert "| sqlite | 1000 | 5 | " in text and "(median [IQR])" in text
+    assert "- sqlite: single claims " in text and "speedup " in text
+
+    # The budget stops the rounds (one always runs).
+    short = w5_batch(sqlite_target(str(tmp_path)), dataclasses.replace(sizes, w5_budget_s=0.0),
+                     "t5b")
+    assert short["rounds"] == 1 and short["rounds_planned"] == 5

@@ -32,6 +32,7 @@ class Sizes:
     w4_trials: int
     w4_ttl_s: float
     w5_rounds: int
+    """Most measured W5 rounds (after one untimed warm-up round)."""
     w5_batch: int
     w6_duration_s: float
     """Measured seconds per peer and repeat (``w6_windows`` windows)."""
@@ -77,6 +78,8 @@ class Sizes:
     w6_warmup_s: float = 1.0
     """Seconds of unmeasured cycles of each peer before its windows."""
     w8_windows: int = 5
+    w5_budget_s: float = 120.0
+    """Most seconds of measured W5 rounds: no round starts after it (at least one runs)."""
 
     @property
     def pool_size(self) -> int:
@@ -98,8 +101,9 @@ QUICK = Sizes(
     w3_ttl_s=5.0,
     w4_trials=3,
     w4_ttl_s=2.0,
-    w5_rounds=3,
+    w5_rounds=21,
     w5_batch=128,
+    w5_budget_s=30.0,
     w6_duration_s=2.0,
     w6_repeats=2,
     w6_windows=5,
@@ -135,6 +139,7 @@ SMOKE = Sizes(
     w4_ttl_s=2.0,
     w5_rounds=1,
     w5_batch=16,
+    w5_budget_s=10.0,
     w6_duration_s=0.4,
     w6_repeats=1,
     w6_windows=2,
@@ -169,7 +174,7 @@ FULL = Sizes(
     w3_ttl_s=5.0,
     w4_trials=20,
     w4_ttl_s=2.0,
-    w5_rounds=10,
+    w5_rounds=41,
     w5_batch=128,
     w6_duration_s=4.0,
     w6_repeats=3,

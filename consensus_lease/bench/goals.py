@@ -191,9 +191,14 @@ def _w5(rows: _Rows, data: dict[str, Any]) -> None:
                  "max_batch_claim = 1: one request per job")
         return
     speedup = data["speedup"]
+    sp = data.get("speedup_spread")
+    rounds = f", {data['rounds']} rounds" if "rounds" in data else ""
     rows.add("W5", name, target,
-             f"{speedup:.1f}x ({data['store_requests_per_batch']} requests per batch)",
-             _status(speedup >= W5_MIN_SPEEDUP))
+             f"{speedup:.1f}x{span(sp, '.1f')} ({data['store_requests_per_batch']} requests "
+             f"per batch{rounds})",
+             _status(speedup >= W5_MIN_SPEEDUP),
+             "the middle half of the rounds' speedups straddles the target: within the noise"
+             if _straddles(sp, W5_MIN_SPEEDUP) else "")
 
 
 def _ceiling(peers: list[dict[str, Any]], peer: dict[str, Any]) -> str:

@@ -159,18 +159,41 @@ def _discarded(results: dict[str, Any]) -> list[str]:
 
 
 def _w5(results: dict[str, Any]) -> list[str]:
-    rows = []
+    rows, ranges = [], []
     for backend, data in _ok_workloads(results, "w5_batch"):
+        single = _f(data["single_ms"]["p50"], ".1f") + span(data.get("single_spread"), ".1f")
         if data["supported"]:
-            rows.append([backend, data["max_batch_claim"], _f(data["single_ms"]["p50"], ".1f"),
-                         _f(data["batch_ms"]["p50"], ".1f"), data["store_requests_per_batch"],
-                         _f(data["speedup"], ".1f", "x")])
+            rows.append([backend, data["max_batch_claim"], _f(data.get("rounds"), "d"), single,
+                         _f(data["batch_ms"]["p50"], ".1f")
+                         + span(data.get("batch_spread"), ".2f"),
+                         data["store_requests_per_batch"],
+                         _f(data["speedup"], ".1f", "x")
+                         + span(data.get("speedup_spread"), ".1f")])
         else:
-            rows.append([backend, data["max_batch_claim"], _f(data["single_ms"]["p50"], ".1f"),
+            rows.append([backend, data["max_batch_claim"], _f(data.get("rounds"), "d"), single,
                          "not supported", "-", "-"])
-    return _table(["backend", "max_batch_claim", f"{_batch(results)} single claims ms (median)",
-                   "claim_many ms (median)", "store requests per claim_many", "speedup"],
-                  rows) + _errors(results, "w5_batch")
+        parts = []
+        for key, label, spec, unit in (("single_spread", "single claims", ".1f", " ms"),
+                                       ("batch_spread", "claim_many", ".2f", " ms"),
+                                       ("speedup_spread", "speedup", ".1f", "x")):
+            sp = data.get(key)
+            if isinstance(sp, dict):
+                parts.append(f"{label} {_min_max(sp, spec)}{unit}")
+        if parts:
+            ranges.append(f"- {backend}: {', '.join(parts)}")
+    lines = _table(["backend", "max_batch_claim", "rounds",
+                    f"{_batch(results)} single claims ms (median [IQR])",
+                    "claim_many ms (median [IQR])", "store requests per claim_many",
+                    "speedup [rounds' IQR]"], rows)
+    if ranges:
+        lines += ["Least-most over the rounds (a wide range means a busy machine; the "
+                  "medians above are the result):", "", *ranges, ""]
+    return lines + _errors(results, "w5_batch")
+
+
+def _min_max(sp: dict[str, Any], spec: str) -> str:
+    """``"70.1-229.4"``: the least and the most of a :func:`~.windows.spread`."""
+    return f"{_f(sp.get('min'), spec)}-{_f(sp.get('max'), spec)}"
 
 
 def _batch(results: dict[str, Any]) -> int:
@@ -341,6 +364,13 @@ def markdown(results: dict[str, Any], goals: list[Goal], plots: list[str]) -> st
         *_w4(results),
         *_discarded(results),
         f"## W5 — claim_many of {_batch(results)} jobs",
+        "",
+        f"Each round claims {_batch(results)} fresh jobs one by one, then "
+        f"{_batch(results)} other fresh jobs with one `claim_many`, in one session; one "
+        f"untimed warm-up round first, then up to {s['w5_rounds']} rounds (none started "
+        f"after {s.get('w5_budget_s', '-')} s). Medians over the rounds with their "
+        "interquartile range [p25-p75]; the speedup is the ratio of the medians, its "
+        "range that of each round's single claims over its `claim_many`.",
         "",
         *_w5(results),
         "## W6 — peers on the same store",

@@ -183,47 +183,70 @@ def w2_latency(target: Target, sizes: Sizes, prefix: str) -> dict[str, Any]:
 
 def w5_batch(target: Target, sizes: Sizes, prefix: str) -> dict[str, Any]:
     """``session.claim_many`` of ``w5_batch`` jobs against as many single claims, on
-    fresh jobs each round. Store requests are counted by wrapping the backend's
-    ``claim`` and ``claim_many``."""
+    fresh jobs each round: one untimed warm-up round, then up to ``w5_rounds`` measured
+    rounds, fewer if ``w5_budget_s`` seconds of them have passed (at least one). The
+    results are medians over the rounds with their spread (``*_spread``: n, median, min,
+    max, p25, p75); the speedup's spread is that of each round's singles over its batch.
+    Store requests are counted by wrapping the backend's ``claim`` and ``claim_many``."""
     assert target.url is not None
     n = sizes.w5_batch
     with open_store(target.url) as store:
         max_batch = store.capabilities.max_batch_claim
         out: dict[str, Any] = {"batch": n, "max_batch_claim": max_batch,
-                               "supported": max_batch > 1, "rounds": sizes.w5_rounds}
+                               "supported": max_batch > 1, "rounds_planned": sizes.w5_rounds,
+                               "budget_s": sizes.w5_budget_s}
         calls = CallLog(store.backend, ("claim", "claim_many"))
         singles: list[float] = []
         batches: list[float] = []
         batch_requests: list[int] = []
         with store.session("bench-w5", sizes.session_ttl_s) as s:
+            _w5_round(s, n, max_batch, f"{prefix}-warm", calls)  # caches, statements
+            give_up = time.monotonic() + sizes.w5_budget_s
             for r in range(sizes.w5_rounds):
-                t0 = time.perf_counter()
-                for i in range(n):
-                    if s.claim(f"{prefix}-r{r}-single-{i}") is None:
-                        raise RuntimeError("uncontended single claim refused")
-                singles.append(time.perf_counter() - t0)
-                if max_batch <= 1:
-                    continue
-                before = (calls.count("claim"), calls.count("claim_many"))
-                t0 = time.perf_counter()
-                leases = s.claim_many([f"{prefix}-r{r}-batch-{i}" for i in range(n)])
-                batches.append(time.perf_counter() - t0)
-                if any(lease is None for lease in leases):
-                    raise RuntimeError("uncontended batch claim refused a job")
-                single_calls = calls.count("claim") - before[0]
-                many_calls = calls.count("claim_many") - before[1]
-                # A driver that falls back to single claims inside claim_many shows
-                # them as claim calls: then those are the store requests.
-                batch_requests.append(single_calls if single_calls else many_calls)
+                if r and time.monotonic() >= give_up:
+                    break
+                single_s, batch = _w5_round(s, n, max_batch, f"{prefix}-r{r}", calls)
+                singles.append(single_s)
+                if batch is not None:
+                    batches.append(batch[0])
+                    batch_requests.append(batch[1])
         calls.restore()
+    out["rounds"] = len(singles)
     out["single_ms"] = summarize(singles, 1000.0)
+    out["single_spread"] = spread([t * 1000.0 for t in singles])
     out["single_claims_per_s"] = n / median(singles)
     if out["supported"]:
         out["batch_ms"] = summarize(batches, 1000.0)
+        out["batch_spread"] = spread([t * 1000.0 for t in batches])
         out["batch_claims_per_s"] = n / median(batches)
         out["store_requests_per_batch"] = max(batch_requests)
         out["speedup"] = median(singles) / median(batches)
+        out["speedup_spread"] = spread(paired_ratios(singles, batches))
     else:
         out["note"] = (f"not supported: the {target.backend} backend declares "
                        "max_batch_claim == 1, so claim_many makes one request per job")
     return out
+
+
+def _w5_round(session: Any, n: int, max_batch: int, name: str,
+              calls: CallLog) -> tuple[float, tuple[float, int] | None]:
+    """One W5 round on fresh jobs: seconds of ``n`` single claims, and (``None``
+    without batching) seconds of one ``claim_many`` of ``n`` with its store requests."""
+    t0 = time.perf_counter()
+    for i in range(n):
+        if session.claim(f"{name}-single-{i}") is None:
+            raise RuntimeError("uncontended single claim refused")
+    single_s = time.perf_counter() - t0
+    if max_batch <= 1:
+        return single_s, None
+    before = (calls.count("claim"), calls.count("claim_many"))
+    t0 = time.perf_counter()
+    leases = session.claim_many([f"{name}-batch-{i}" for i in range(n)])
+    batch_s = time.perf_counter() - t0
+    if any(lease is None for lease in leases):
+        raise RuntimeError("uncontended batch claim refused a job")
+    single_calls = calls.count("claim") - before[0]
+    many_calls = calls.count("claim_many") - before[1]
+    # A driver that falls back to single claims inside claim_many shows them as claim
+    # calls: then those are the store requests.
+    return single_s, (batch_s, single_calls if single_calls else many_calls)
