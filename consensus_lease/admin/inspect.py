@@ -10,6 +10,12 @@ JSON (see :mod:`consensus_lease.admin` for the exit status).
 
 plus ``"queue"``, ``"payload"`` and ``"payload_encoding"`` for jobs listed from a queue
 (``--queue Q --state S``). Times are seconds since the epoch on the *store's* clock.
+
+``--queue Q --state S`` reads at most ``--limit`` jobs of each queue (its oldest first)
+and lists at most ``--limit`` in all, so its cost does not grow with the queue's depth;
+the table shows the queue's counts (``queue_stats``) in full above the jobs, and a line
+per queue with how many jobs in those states were not listed (with ``--json``: on
+stderr, stdout staying one JSON array).
 Bytes (result, payload) are base64 by default; with ``--bytes utf-8`` they are text when
 they are valid UTF-8 and base64 otherwise, and the ``*_encoding`` field says which, so no
 byte is ever lost. Queue counts (``--queue`` without ``--state``) are objects with
@@ -32,7 +38,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..options import redact_url
-from ..record import JobState, LeaseRecord, QueuedJob
+from ..record import JobState, LeaseRecord, QueuedJob, QueueStats
 from ..store import LeaseStore
 from . import EXIT_CODES_HELP, EXIT_OK, guarded, open_existing_store
 
@@ -67,7 +73,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--backend", metavar="URL", required=True, help="store URL")
     parser.add_argument("jobs", nargs="*", metavar="JOB", help="only these jobs")
     parser.add_argument("--limit", type=_limit, default=1000,
-                        help="at most this many records (default 1000)")
+                        help="at most this many records (default 1000); with --queue and "
+                        "--state, also the most jobs read from each queue (its oldest): the "
+                        "queue's counts are shown in full, with how many were not listed")
     parser.add_argument("--queue", action="append", default=[], metavar="QUEUE",
                         help="show this work queue's counts instead (repeatable)")
     parser.add_argument("--state", action="append", default=[],
@@ -115,15 +123,41 @@ def record_json(row: Row, encoding: str) -> dict[str, Any]:
 def _rows(store: LeaseStore, args: argparse.Namespace) -> list[Row]:
     states = {JobState(s) for s in args.state}
     rows: list[Row]
-    if args.queue:
-        rows = [(j.record.job_id, j.record, j) for q in args.queue for j in store.queue_jobs(q)]
-    elif args.jobs:
+    if args.jobs:
         rows = [(job, store.get(job), None) for job in args.jobs]
     else:
         rows = [(r.job_id, r, None) for r in store.records(None if states else args.limit)]
     if states:
         rows = [row for row in rows if row[1] is not None and row[1].state in states]
     return rows[: args.limit]
+
+
+def _queue_rows(
+    store: LeaseStore, args: argparse.Namespace
+) -> tuple[list[Row], list[QueueStats], list[str]]:
+    """The jobs of ``args.queue`` in ``args.state``, their queues' counts, and one line
+    per queue with jobs in those states that are not listed. Bounded: at most
+    ``args.limit`` jobs are read from each queue (its oldest) and listed in all, plus one
+    ``queue_stats`` per queue; the counts and the listing are two reads, not a snapshot."""
+    states = [JobState(s) for s in args.state]
+    rows: list[Row] = []
+    stats: list[QueueStats] = []
+    notes: list[str] = []
+    for queue in args.queue:
+        counts = store.queue_stats(queue)
+        stats.append(counts)
+        jobs = store.queue_jobs(queue, args.limit)
+        matching = [(j.record.job_id, j.record, j) for j in jobs if j.record.state in states]
+        shown = matching[: max(0, args.limit - len(rows))]
+        rows += shown
+        left = sum(getattr(counts, state.value) for state in states) - len(shown)
+        if left > 0:
+            read = (f"only its oldest {len(jobs)} jobs were read"
+                    if len(jobs) >= args.limit else "not within --limit")
+            notes.append(f"{left} more {'/'.join(s.value for s in states)} job(s) of queue "
+                         f"{queue!r} not listed ({read}; --limit {args.limit}: raise it to "
+                         "see more)")
+    return rows, stats, notes
 
 
 def _cell(record: LeaseRecord, now: float) -> tuple[str, str, str, str]:
@@ -171,32 +205,47 @@ def _counts(store: LeaseStore, args: argparse.Namespace, console: Console) -> in
     if args.json:
         print(json.dumps([asdict(s) for s in stats], indent=2))
         return EXIT_OK
-    table = Table(title=f"work queues in {redact_url(args.backend)}")
+    _counts_table(args.backend, stats, console)
+    return EXIT_OK
+
+
+def _counts_table(url: str, stats: list[QueueStats], console: Console) -> None:
+    table = Table(title=f"work queues in {redact_url(url)}")
     for col in ("queue", "available", "held", "completed", "failed",
                 "oldest held lease ends in (s)"):
         table.add_column(col)
     now = time.time()  # display only: lease_until is on the store's clock
     for s in stats:
         end = s.oldest_held_lease_until
-        table.add_row(s.queue, str(s.available), str(s.held), str(s.completed),
+        table.add_row(Text(s.queue), str(s.available), str(s.held), str(s.completed),
                       str(s.failed), "-" if end is None else f"{end - now:.1f}")
     console.print(table)
-    return EXIT_OK
 
 
 def _inspect(args: argparse.Namespace, console: Console) -> int:
+    stats: list[QueueStats] = []
+    notes: list[str] = []
     with open_existing_store(args.backend) as store:
         if args.queue and not args.state:
             return _counts(store, args, console)
-        rows = _rows(store, args)
+        if args.queue:
+            rows, stats, notes = _queue_rows(store, args)
+        else:
+            rows = _rows(store, args)
         # One more read, for the table's title only (not part of the JSON output).
         epoch = store.epoch() if store.capabilities.epoch and not args.json else None
     if args.json:
         print(json.dumps([record_json(row, args.bytes) for row in rows], indent=2,
                          ensure_ascii=False))
         sys.stdout.flush()
-    else:
-        _records_table(args.backend, rows, console, epoch)
+        for note in notes:  # stdout stays one JSON array
+            print(note, file=sys.stderr)
+        return EXIT_OK
+    if stats:
+        _counts_table(args.backend, stats, console)
+    _records_table(args.backend, rows, console, epoch)
+    for note in notes:
+        console.print(Text(note))
     return EXIT_OK
 
 
