@@ -101,8 +101,10 @@ class LeaseLost(LeaseNotHeld):
 
 class SessionExpired(LeaseLost):
     """The store reports the worker session expired (etcd lease TTL reached, ZooKeeper
-    session expired, SQLite session row past its expiry). Every lease of the session is
-    lost. Never retried away: open a new session."""
+    session expired, SQLite session row past its expiry), or no longer has it because it
+    was closed (``Session.close()``), and no newer claim of the job exists (then
+    ``StaleLeaseError``; see ``Backend.complete``). Every lease of the session is lost.
+    Never retried away: open a new session."""
 
 
 class StoreRegressed(SessionExpired):
