@@ -5,6 +5,7 @@ what decides that the store's history went back."""
 from __future__ import annotations
 
 import logging
+import socket
 import subprocess
 import sys
 import textwrap
@@ -17,11 +18,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, RolledBackError
+from kazoo.handlers.utils import selector_select
 from kazoo.security import make_acl
 
 from consensus_lease import open_store
 from consensus_lease._election import election_key
 from consensus_lease.backends.zookeeper import ZooKeeperBackend
+from consensus_lease.backends.zookeeper._handler import PollHandler, poll_select
 from consensus_lease.backends.zookeeper._history import History
 from consensus_lease.backends.zookeeper._known import UNSEEN, Known, Released
 from consensus_lease.backends.zookeeper._layout import (
@@ -496,3 +499,52 @@ def test_lean_operations_are_the_records_kazoo_makes(acl: list[Any] | None) -> N
     assert ours.operations == kazoos.operations
     with pytest.raises(ValueError):
         Lean(KazooClient(hosts="127.0.0.1:1/chroot").transaction())
+
+
+# -- the connection thread's select ---------------------------------------------------------
+
+
+def test_poll_select_answers_as_kazoos_select() -> None:
+    """``_handler.poll_select`` (one poll(2)) reports what kazoo's ``selector_select``
+    does: readable (data, or the peer hung up), writable, nothing by the timeout; an
+    object in both lists as readable if it is."""
+    a, b = socket.socketpair()
+    c, d = socket.socketpair()
+    try:
+        cases: list[tuple[list[Any], list[Any]]] = [
+            ([a, c], []), ([], [a]), ([a], [a]), ([a, c], [c]),
+        ]
+        for select in (poll_select, selector_select):
+            assert select([a, c], [], [], 0) == ([], [], [])  # nothing to read yet
+        b.send(b"x")
+        d.close()  # c's peer hung up: readable (its recv returns b"")
+        for rlist, wlist in cases:
+            expected = selector_select(rlist, wlist, [], 0.5)
+            got = poll_select(rlist, wlist, [], 0.5)
+            assert got == expected, (rlist, wlist)
+        assert poll_select([a, c], [], [], None) == ([a, c], [], [])
+        start = time.monotonic()
+        assert poll_select([b], [], [], 0.05) == ([], [], [])  # waits out the timeout
+        assert time.monotonic() - start >= 0.04
+    finally:
+        for sock in (a, b, c, d):
+            sock.close()
+
+
+def test_poll_select_refuses_what_kazoos_select_refuses() -> None:
+    closed = socket.socket()
+    closed.close()  # fileno() -1
+    with pytest.raises(TypeError):
+        poll_select([closed], [], [], 0)
+    with pytest.raises(TypeError):
+        poll_select([object()], [], [], 0)
+    with pytest.raises(TypeError):
+        poll_select([], [], [], "1")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        poll_select([], [], [], -1)
+
+
+def test_clients_wait_on_their_sockets_through_the_poll_handler() -> None:
+    client = parse_url("zk://127.0.0.1:1/c", {}).new_client(10.0)
+    assert isinstance(client.handler, PollHandler)
+    assert client.handler.select([], [], [], 0) == ([], [], [])
