@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, RolledBackError
 from kazoo.handlers.utils import selector_select
+from kazoo.protocol.serialization import Transaction as KazooTransaction
 from kazoo.security import make_acl
 
 from consensus_lease import open_store
@@ -58,7 +59,7 @@ from consensus_lease.backends.zookeeper._layout import (
     to_record,
     token,
 )
-from consensus_lease.backends.zookeeper._ops import Lean, marker_trouble
+from consensus_lease.backends.zookeeper._ops import Lean, Transaction, marker_trouble
 from consensus_lease.backends.zookeeper._options import parse_url
 from consensus_lease.backends.zookeeper._session import NegotiatedTimeouts, session_text
 from consensus_lease.errors import (
@@ -548,3 +549,48 @@ def test_clients_wait_on_their_sockets_through_the_poll_handler() -> None:
     client = parse_url("zk://127.0.0.1:1/c", {}).new_client(10.0)
     assert isinstance(client.handler, PollHandler)
     assert client.handler.select([], [], [], 0) == ([], [], [])
+
+
+_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["check", "create", "ephemeral", "set_data", "delete"]),
+        st.text(st.characters(blacklist_characters="/"), min_size=1, max_size=30)
+        .map(lambda name: "/c/" + name),  # normalised, as the backend builds them
+        st.binary(max_size=40),
+        st.integers(min_value=-1, max_value=2**31 - 1),
+    ),
+    min_size=1, max_size=6,
+)
+
+
+@given(_OPS, st.sampled_from([None, [make_acl("world", "anyone", read=True)],
+                              [make_acl("digest", "u:h\u00e9", all=True),
+                               make_acl("world", "anyone", read=True)]]))
+def test_packed_multis_are_the_bytes_kazoo_sends(
+    ops: list[tuple[str, str, bytes, int]], acl: list[Any] | None
+) -> None:
+    """``_ops.Transaction`` packs a multi as it is built: the bytes are those of kazoo's
+    ``Transaction`` of the records kazoo's ``TransactionRequest`` makes, and its answer
+    is decoded by kazoo's."""
+    client = KazooClient(hosts="127.0.0.1:1", default_acl=acl)
+    ours, kazoos = Transaction(client), client.transaction()
+    for kind, path, data, version in ops:
+        if kind == "check":
+            ours.check(path, version)
+            kazoos.check(path, version)
+        elif kind in ("create", "ephemeral"):
+            ours.create(path, data, ephemeral=kind == "ephemeral")
+            kazoos.create(path, data, ephemeral=kind == "ephemeral")
+        elif kind == "set_data":
+            ours.set_data(path, data, version)
+            kazoos.set_data(path, data, version)
+        else:
+            ours.delete(path, version)
+            kazoos.delete(path, version)
+    assert ours.serialize() == bytes(KazooTransaction(kazoos.operations).serialize())
+    assert ours.type == KazooTransaction.type and type(ours).__name__ == "Transaction"
+    assert ours.op_types == [op.type for op in kazoos.operations]
+    answer = bytes(KazooTransaction([]).serialize())  # an answer of no results
+    assert ours.deserialize(answer, 0) == KazooTransaction.deserialize(answer, 0) == []
+    with pytest.raises(ValueError):
+        Transaction(KazooClient(hosts="127.0.0.1:1/chroot"))
