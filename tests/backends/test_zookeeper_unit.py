@@ -213,7 +213,8 @@ def test_job_data_round_trips() -> None:
     assert (owner.owner, owner.session, owner.nonce) == ("é", "0x2", "abc")
 
 
-@given(st.text(max_size=12), st.text(max_size=12), st.text(max_size=12),
+@given(st.text(max_size=12), st.text(max_size=12),
+       st.one_of(st.text(max_size=12), st.binary(min_size=8, max_size=8).map(bytes.hex)),
        st.integers(-(2**40), 2**40), st.one_of(st.none(), st.integers(1, 99)),
        st.integers(0, 2**31))
 def test_job_and_owner_data_are_the_bytes_json_dumps_writes(
