@@ -555,7 +555,7 @@ def test_clients_wait_on_their_sockets_through_the_poll_handler() -> None:
 _OPS = st.lists(
     st.tuples(
         st.sampled_from(["check", "create", "ephemeral", "set_data", "delete"]),
-        st.text(st.characters(blacklist_characters="/"), min_size=1, max_size=30)
+        st.text(st.characters(blacklist_characters="/", blacklist_categories=("Cs",)), min_size=1, max_size=30)
         .map(lambda name: "/c/" + name),  # normalised, as the backend builds them
         st.binary(max_size=40),
         st.integers(min_value=-1, max_value=2**31 - 1),
