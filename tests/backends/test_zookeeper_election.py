@@ -17,9 +17,11 @@ from typing import Any
 import pytest
 from kazoo.protocol.serialization import CheckVersion
 from zk_local import (  # noqa: F401  (fixtures)
+    MULTI_TYPE,
     backend,
     chroot_of,
     lose_next_answer,
+    multi_op_types,
     raw_client,
     store,
     zk_target,
@@ -76,17 +78,16 @@ def owner_znode(zk_url: str, key: str = KEY) -> tuple[bytes, Any] | None:
 def count_writes(h: ZkSession) -> Callable[[], int]:
     """``writes()``: how many multis ``h``'s client started since, those of ``check``s
     alone (write barriers, renew's checks), which change nothing, left out."""
-    real = h.client.transaction
-    started: list[Any] = []
+    real = h.client._call
+    started: list[list[int]] = []
 
-    def transaction() -> Any:
-        started.append(real())
-        return started[-1]
+    def call(request: Any, async_object: Any) -> Any:
+        if request.type == MULTI_TYPE:
+            started.append(multi_op_types(request))
+        return real(request, async_object)
 
-    h.client.transaction = transaction
-    return lambda: sum(
-        any(not isinstance(op, CheckVersion) for op in t.operations) for t in started
-    )
+    h.client._call = call
+    return lambda: sum(any(t != CheckVersion.type for t in types) for types in started)
 
 
 def test_value_is_kept_with_the_hold_and_read_by_get(

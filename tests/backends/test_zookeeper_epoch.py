@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 from kazoo.client import KazooClient
 from zk_local import (  # noqa: F401  (fixtures)
-    LostAnswer,
     backend,
     chroot_of,
     handle,
+    lose_answer,
     raw_client,
     store,
     zk_target,
@@ -163,15 +163,7 @@ def lose_answer_of_multi(client: KazooClient, nth: int, apply: bool) -> list[int
     """The ``nth`` multi (1-based) ``client`` starts loses its answer, after being applied
     if ``apply``. Returns a list that grows by one per multi started (write barriers are
     multis too)."""
-    real = client.transaction
-    calls: list[int] = []
-
-    def transaction() -> Any:
-        calls.append(1)
-        return LostAnswer(real(), apply) if len(calls) == nth else real()
-
-    client.transaction = transaction
-    return calls
+    return lose_answer(client, apply, nth=nth)
 
 
 @pytest.mark.parametrize("apply", [True, False], ids=["applied", "not-applied"])

@@ -24,6 +24,7 @@ from zk_local import (  # noqa: F401  (fixtures)
     LostAnswer,
     backend,
     handle,
+    lose_next_answer,
     opened,
     raw_client,
     session_ttl_s,
@@ -336,7 +337,7 @@ def test_adopted_and_handed_back_claims_carry_their_hold(zk_url: str) -> None:
     try:
         h = backend.open_session("A", 10.0)
         assert isinstance(h, ZkSession)
-        real_read, real_tx = backend._wire.read, h.client.transaction
+        real_read = backend._wire.read
 
         def failing(*args: Any, **kwargs: Any) -> Any:
             if "reading back" in args[3]:
@@ -345,10 +346,9 @@ def test_adopted_and_handed_back_claims_carry_their_hold(zk_url: str) -> None:
 
         backend._wire.read = failing  # type: ignore[method-assign]
         for job in ("adopted", "handed-back"):
-            h.client.transaction = lambda: LostAnswer(real_tx())  # applied, answer lost
+            lose_next_answer(h.client, apply=True)  # the claim's multi: applied, answer lost
             with pytest.raises(OutcomeUnknown):
                 backend.claim(h, job)
-            h.client.transaction = real_tx
         assert set(h.uncertain) == {"adopted", "handed-back"}
         backend._wire.read = real_read  # type: ignore[method-assign]
         claim = backend.claim(h, "adopted")  # its own claim, found again

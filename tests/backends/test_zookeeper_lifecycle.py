@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 from kazoo.client import KazooClient
 from zk_local import (  # noqa: F401  (fixtures)
-    LostAnswer,
     backend,
     handle,
+    lose_answer,
+    multi_op_types,
     opened,
     raw_client,
     session_ttl_s,
@@ -95,26 +96,7 @@ def lose_next_multi(client: KazooClient, apply: bool) -> list[int]:
     """The next multi of more than one operation ``client`` commits loses its answer
     (after being applied if ``apply``); write barriers (one ``check``) and later multis go
     through. Returns a list that grows by one per such multi committed."""
-    real = client.transaction
-    calls: list[int] = []
-
-    class Maybe:
-        def __init__(self) -> None:
-            self.tx = real()
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self.tx, name)
-
-        def commit_async(self) -> Any:
-            if len(self.tx.operations) < 2:
-                return self.tx.commit_async()
-            calls.append(1)
-            if len(calls) > 1:
-                return self.tx.commit_async()
-            return LostAnswer(self.tx, apply).commit_async()
-
-    client.transaction = Maybe
-    return calls
+    return lose_answer(client, apply, counts=lambda request: len(multi_op_types(request)) > 1)
 
 
 # -- layout ---------------------------------------------------------------------------------

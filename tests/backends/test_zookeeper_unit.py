@@ -5,6 +5,7 @@ what decides that the store's history went back."""
 from __future__ import annotations
 
 import logging
+import socket
 import subprocess
 import sys
 import textwrap
@@ -17,11 +18,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, RolledBackError
+from kazoo.handlers.utils import selector_select
+from kazoo.protocol.serialization import Transaction as KazooTransaction
 from kazoo.security import make_acl
 
 from consensus_lease import open_store
 from consensus_lease._election import election_key
 from consensus_lease.backends.zookeeper import ZooKeeperBackend
+from consensus_lease.backends.zookeeper._handler import PollHandler, poll_select
 from consensus_lease.backends.zookeeper._history import History
 from consensus_lease.backends.zookeeper._known import UNSEEN, Known, Released
 from consensus_lease.backends.zookeeper._layout import (
@@ -55,7 +59,7 @@ from consensus_lease.backends.zookeeper._layout import (
     to_record,
     token,
 )
-from consensus_lease.backends.zookeeper._ops import Lean, marker_trouble
+from consensus_lease.backends.zookeeper._ops import Lean, Transaction, marker_trouble
 from consensus_lease.backends.zookeeper._options import parse_url
 from consensus_lease.backends.zookeeper._session import NegotiatedTimeouts, session_text
 from consensus_lease.errors import (
@@ -209,7 +213,8 @@ def test_job_data_round_trips() -> None:
     assert (owner.owner, owner.session, owner.nonce) == ("é", "0x2", "abc")
 
 
-@given(st.text(max_size=12), st.text(max_size=12), st.text(max_size=12),
+@given(st.text(max_size=12), st.text(max_size=12),
+       st.one_of(st.text(max_size=12), st.binary(min_size=8, max_size=8).map(bytes.hex)),
        st.integers(-(2**40), 2**40), st.one_of(st.none(), st.integers(1, 99)),
        st.integers(0, 2**31))
 def test_job_and_owner_data_are_the_bytes_json_dumps_writes(
@@ -496,3 +501,97 @@ def test_lean_operations_are_the_records_kazoo_makes(acl: list[Any] | None) -> N
     assert ours.operations == kazoos.operations
     with pytest.raises(ValueError):
         Lean(KazooClient(hosts="127.0.0.1:1/chroot").transaction())
+
+
+# -- the connection thread's select ---------------------------------------------------------
+
+
+def test_poll_select_answers_as_kazoos_select() -> None:
+    """``_handler.poll_select`` (one poll(2)) reports what kazoo's ``selector_select``
+    does: readable (data, or the peer hung up), writable, nothing by the timeout; an
+    object in both lists as readable if it is."""
+    a, b = socket.socketpair()
+    c, d = socket.socketpair()
+    try:
+        cases: list[tuple[list[Any], list[Any]]] = [
+            ([a, c], []), ([], [a]), ([a], [a]), ([a, c], [c]),
+        ]
+        for select in (poll_select, selector_select):
+            assert select([a, c], [], [], 0) == ([], [], [])  # nothing to read yet
+        b.send(b"x")
+        d.close()  # c's peer hung up: readable (its recv returns b"")
+        for rlist, wlist in cases:
+            expected = selector_select(rlist, wlist, [], 0.5)
+            got = poll_select(rlist, wlist, [], 0.5)
+            assert got == expected, (rlist, wlist)
+        assert poll_select([a, c], [], [], None) == ([a, c], [], [])
+        start = time.monotonic()
+        assert poll_select([b], [], [], 0.05) == ([], [], [])  # waits out the timeout
+        assert time.monotonic() - start >= 0.04
+    finally:
+        for sock in (a, b, c, d):
+            sock.close()
+
+
+def test_poll_select_refuses_what_kazoos_select_refuses() -> None:
+    closed = socket.socket()
+    closed.close()  # fileno() -1
+    with pytest.raises(TypeError):
+        poll_select([closed], [], [], 0)
+    with pytest.raises(TypeError):
+        poll_select([object()], [], [], 0)
+    with pytest.raises(TypeError):
+        poll_select([], [], [], "1")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        poll_select([], [], [], -1)
+
+
+def test_clients_wait_on_their_sockets_through_the_poll_handler() -> None:
+    client = parse_url("zk://127.0.0.1:1/c", {}).new_client(10.0)
+    assert isinstance(client.handler, PollHandler)
+    assert client.handler.select([], [], [], 0) == ([], [], [])
+
+
+_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["check", "create", "ephemeral", "set_data", "delete"]),
+        st.text(st.characters(blacklist_characters="/", blacklist_categories=("Cs",)), min_size=1, max_size=30)
+        .map(lambda name: "/c/" + name),  # normalised, as the backend builds them
+        st.binary(max_size=40),
+        st.integers(min_value=-1, max_value=2**31 - 1),
+    ),
+    min_size=1, max_size=6,
+)
+
+
+@given(_OPS, st.sampled_from([None, [make_acl("world", "anyone", read=True)],
+                              [make_acl("digest", "u:h\u00e9", all=True),
+                               make_acl("world", "anyone", read=True)]]))
+def test_packed_multis_are_the_bytes_kazoo_sends(
+    ops: list[tuple[str, str, bytes, int]], acl: list[Any] | None
+) -> None:
+    """``_ops.Transaction`` packs a multi as it is built: the bytes are those of kazoo's
+    ``Transaction`` of the records kazoo's ``TransactionRequest`` makes, and its answer
+    is decoded by kazoo's."""
+    client = KazooClient(hosts="127.0.0.1:1", default_acl=acl)
+    ours, kazoos = Transaction(client), client.transaction()
+    for kind, path, data, version in ops:
+        if kind == "check":
+            ours.check(path, version)
+            kazoos.check(path, version)
+        elif kind in ("create", "ephemeral"):
+            ours.create(path, data, ephemeral=kind == "ephemeral")
+            kazoos.create(path, data, ephemeral=kind == "ephemeral")
+        elif kind == "set_data":
+            ours.set_data(path, data, version)
+            kazoos.set_data(path, data, version)
+        else:
+            ours.delete(path, version)
+            kazoos.delete(path, version)
+    assert ours.serialize() == bytes(KazooTransaction(kazoos.operations).serialize())
+    assert ours.type == KazooTransaction.type and type(ours).__name__ == "Transaction"
+    assert ours.op_types == [op.type for op in kazoos.operations]
+    answer = bytes(KazooTransaction([]).serialize())  # an answer of no results
+    assert ours.deserialize(answer, 0) == KazooTransaction.deserialize(answer, 0) == []
+    with pytest.raises(ValueError):
+        Transaction(KazooClient(hosts="127.0.0.1:1/chroot"))

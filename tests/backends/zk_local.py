@@ -45,6 +45,8 @@ ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
 ZOOKEEPER_CONF_DIR = Path("/etc/zookeeper/conf")
 NETTY_CODEC_JAR = Path("/usr/share/java/netty-codec.jar")
 MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
+MULTI_TYPE = 14
+"""ZooKeeper's request type of a multi (kazoo's ``Transaction.type``)."""
 
 
 def available() -> str | None:
@@ -377,14 +379,45 @@ class LostAnswer:
 
 
 def lose_next_answer(client: KazooClient, apply: bool) -> list[int]:
-    """The next multi ``client`` starts loses its answer, after being applied if ``apply``;
-    later ones go through. Returns a list that grows by one per multi started."""
-    real = client.transaction
+    """The next multi ``client`` starts loses its answer (``ConnectionLoss``), after being
+    applied if ``apply``; later ones go through. Returns a list that grows by one per
+    multi started (write barriers are multis too). See :func:`lose_answer`."""
+    return lose_answer(client, apply)
+
+
+def multi_op_types(request: Any) -> list[int]:
+    """The operation types of a multi request: kazoo's ``Transaction`` or the backend's
+    (``_ops.Transaction``, which packs its operations as they are added)."""
+    op_types = getattr(request, "op_types", None)
+    if op_types is not None:
+        return list(op_types)
+    return [op.type for op in request.operations]
+
+
+def lose_answer(
+    client: KazooClient, apply: bool, *, nth: int = 1,
+    counts: Callable[[Any], bool] = lambda request: True,
+) -> list[int]:
+    """The ``nth`` multi (from 1) ``client`` starts of those ``counts(request)`` is true
+    for loses its answer (``ConnectionLoss``), after being applied if ``apply``; every
+    other request goes through. Returns a list that grows by one per multi counted.
+    Hooks ``KazooClient._call``, which every request goes through: kazoo's transactions
+    and the backend's own (``_ops.Transaction``) alike."""
+    real = client._call
     calls: list[int] = []
 
-    def transaction() -> Any:
+    def call(request: Any, async_object: Any) -> Any:
+        if request.type != MULTI_TYPE or not counts(request):
+            return real(request, async_object)
         calls.append(1)
-        return LostAnswer(real(), apply) if len(calls) == 1 else real()
+        if len(calls) != nth:
+            return real(request, async_object)
+        if apply:
+            applied = client.handler.async_result()
+            real(request, applied)
+            applied.get(timeout=30)
+        async_object.set_exception(ConnectionLoss())
+        return True
 
-    client.transaction = transaction
+    client._call = call
     return calls

@@ -92,7 +92,7 @@ from ._layout import (
     token,
 )
 from ._lifecycle import Exhausted, Lifecycle, job_failed
-from ._ops import Lean, first_error
+from ._ops import Transaction, first_error
 from ._session import ZkSession
 from ._wire import Multi, Read, Wire
 
@@ -410,8 +410,7 @@ class Claims:
         ids reading back found claimed."""
         claim_data: dict[tuple[int, int | None], bytes] = {}  # alike for most plans
 
-        def build(kazoo_tx: Any) -> None:
-            tx = Lean(kazoo_tx)
+        def build(tx: Transaction) -> None:
             tx.check(self.epochs.node, epoch[1])
             for plan in plans:
                 key = (plan.attempt, plan.job.max_attempts)

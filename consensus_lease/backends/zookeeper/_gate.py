@@ -64,8 +64,9 @@ class Gate:
         self._starting = 0  # slots taken by requests being started right now
 
     def start(self, begin: Callable[[], Any], deadline: float) -> Any:
-        """Start one request with ``begin()`` (a kazoo ``*_async`` call, or a transaction's
-        ``commit_async``) and return its async result, once the client is connected and a
+        """Start one request with ``begin()`` (a kazoo ``*_async`` call, a transaction's
+        ``commit_async``, or a packed multi queued on the client's connection: see
+        ``_wire._send``) and return its async result, once the client is connected and a
         slot is free, by ``deadline`` (``time.monotonic()`` seconds).
 
         Raises:

@@ -81,7 +81,7 @@ from ._layout import (
     to_record,
     written_by,
 )
-from ._ops import Op, add_ops, marker_trouble
+from ._ops import Op, Transaction, add_ops, marker_trouble
 from ._session import ZkSession
 from ._wire import Read, Wire
 
@@ -350,7 +350,7 @@ class Holds:
             core, markers = ops(current)
             markers = [m for m in markers if m[1] not in skip]
 
-            def build(tx: Any, todo: list[Op] = core + markers) -> None:
+            def build(tx: Transaction, todo: list[Op] = core + markers) -> None:
                 add_ops(tx, todo)
 
             multi = self.wire.commit(h, build, landed, what, job_id, generation)

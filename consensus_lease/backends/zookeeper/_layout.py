@@ -578,6 +578,13 @@ def dump_completed(
 ) -> bytes:
     """The completion record; ``generation`` is the job znode's version it completed at
     (the token's local part), ``epoch`` the claim's epoch."""
+    if _plain(nonce):  # every completion writes one: the session's fields quoted once
+        tail = f'{generation:d},"nonce":"{nonce}","attempt":{attempt:d}'
+        if max_attempts is not None:
+            tail += f',"max_attempts":{max_attempts:d}'
+        if epoch != 0:
+            tail += f',"epoch":{epoch:d}'
+        return f"{_completed_head(owner, session)}{tail}}}\n".encode() + result
     header = {
         "state": "completed",
         "owner": owner,
@@ -589,12 +596,33 @@ def dump_completed(
     return _dump({**header, **_limit(max_attempts, epoch)}, result)
 
 
+def _plain(nonce: str) -> bool:
+    """``nonce`` is written as it is inside JSON quotes (ASCII letters and digits, as
+    :func:`new_nonce` makes)."""
+    return nonce.isascii() and nonce.isalnum()
+
+
+@functools.lru_cache(maxsize=256)  # one session completes jobs again and again
+def _completed_head(owner: str, session: str) -> str:
+    """A completion record's JSON up to the generation's value."""
+    return _flat_json({"format": FORMAT, "state": "completed", "owner": owner,
+                       "session": session}, ",", ":")[:-1] + ',"generation":'
+
+
+@functools.lru_cache(maxsize=256)  # one session claims jobs again and again
+def _owner_head(owner: str, session: str) -> str:
+    """An owner znode's JSON (without a value) up to the nonce's value."""
+    return _flat_json({"owner": owner, "session": session}, ", ", ": ")[:-1] + ', "nonce": "'
+
+
 def dump_owner(
     owner: str, session: str, nonce: str, value: bytes | None = None,
     value_nonce: str = "",
 ) -> bytes:
     """The owner znode's data: the JSON fields alone without a value (as every claim
     writes it), else the fields with ``vnonce`` then a newline and the value."""
+    if value is None and _plain(nonce):  # every claim writes one
+        return f'{_owner_head(owner, session)}{nonce}"}}'.encode()
     fields = {"owner": owner, "session": session, "nonce": nonce}
     if value is None:
         return _flat_json(fields, ", ", ": ").encode()

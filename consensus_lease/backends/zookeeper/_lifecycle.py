@@ -39,7 +39,7 @@ from ._layout import (
     token,
     written_by,
 )
-from ._ops import Op, add_ops, marker_trouble
+from ._ops import Op, Transaction, add_ops, marker_trouble
 from ._session import ZkSession
 from ._wire import Read, Wire, clock_ms
 
@@ -166,7 +166,7 @@ class Lifecycle:
             core, markers, error = job.ops(nonce)
             markers = [m for m in markers if m[1] not in skip]
 
-            def build(tx: Any, todo: list[Op] = core + markers) -> None:
+            def build(tx: Transaction, todo: list[Op] = core + markers) -> None:
                 add_ops(tx, todo)
 
             multi = self.wire.commit(h, build, landed, "claim", job_id,

@@ -13,14 +13,16 @@ multi; those before it as rolled back, those after it as not run.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
 from kazoo.exceptions import NodeExistsError, NoNodeError, RolledBackError, RuntimeInconsistency
 from kazoo.protocol.serialization import CheckVersion, Create, Delete, SetData
+from kazoo.protocol.serialization import Transaction as KazooTransaction
 from kazoo.security import OPEN_ACL_UNSAFE
 
-__all__ = ["Lean", "Op", "Trouble", "add_ops", "first_error", "marker_trouble"]
+__all__ = ["Lean", "Op", "Transaction", "Trouble", "add_ops", "first_error", "marker_trouble"]
 
 Op = tuple[str, str, bytes, int]
 """``(kind, path, data, version)``: kind ``"check"``, ``"set"``, ``"create"`` (persistent,
@@ -62,9 +64,100 @@ class Lean:
         self._append(Delete(path, version))
 
 
+_OP = struct.Struct("!iBii")
+"""An operation's multi header (its type, done = 0, err = -1), then its path's length."""
+_INT = struct.Struct("!i")
+_END = struct.Struct("!iBi").pack(-1, 1, -1)
+"""The header that ends a multi (type -1, done, err -1)."""
+_FLAGS = (_INT.pack(0), _INT.pack(1))  # a create's flags: persistent, ephemeral
+_ACLS: dict[tuple[Any, ...], bytes] = {}  # an ACL list -> its bytes (a few per process)
+
+
+def _acl_bytes(acl: list[Any] | tuple[Any, ...]) -> bytes:
+    key = tuple(acl)
+    packed = _ACLS.get(key)
+    if packed is None:
+        parts = [_INT.pack(len(key))]
+        for entry in key:
+            scheme, ident = entry.id.scheme.encode(), entry.id.id.encode()
+            parts += (_INT.pack(entry.perms), _INT.pack(len(scheme)), scheme,
+                      _INT.pack(len(ident)), ident)
+        packed = _ACLS[key] = b"".join(parts)
+    return packed
+
+
+class Transaction:
+    """A multi request, packed into the bytes kazoo would send for it as its operations
+    are added (with the method names of kazoo's ``TransactionRequest``, as :class:`Lean`),
+    and handed to the client's connection (``KazooClient._call``) in place of kazoo's own
+    ``Transaction`` record: the same request type, and the same name (request counts
+    read alike). kazoo's ``Transaction.serialize`` makes a ``MultiHeader`` record and a
+    bytearray per operation and per field, on kazoo's connection thread: some 10 us for
+    a claim's four operations, 1.5 us here. The answer is decoded by kazoo's own
+    ``Transaction.deserialize``. Paths are absolute and normalised and the client has no
+    chroot of its own (as for :class:`Lean`); creates get the client's default ACL, as
+    kazoo's do.
+
+    Args:
+        client: the kazoo client it will be sent on.
+
+    Attributes:
+        op_types: the ZooKeeper type of each operation added, in order (``check`` 13,
+            ``create`` 1, ``set_data`` 5, ``delete`` 2).
+
+    Raises:
+        ValueError: the client has a chroot of its own (never made by this backend).
+    """
+
+    type = KazooTransaction.type
+    __slots__ = ("_acl", "_parts", "op_types")
+
+    def __init__(self, client: Any) -> None:
+        if client.chroot:
+            raise ValueError("a kazoo client with a chroot of its own")
+        self._acl = _acl_bytes(client.default_acl or OPEN_ACL_UNSAFE)
+        self._parts: list[bytes] = []
+        self.op_types: list[int] = []
+
+    def check(self, path: str, version: int) -> None:
+        name = path.encode()
+        self._parts += (_OP.pack(13, 0, -1, len(name)), name, _INT.pack(version))
+        self.op_types.append(13)
+
+    def create(self, path: str, value: bytes = b"", ephemeral: bool = False) -> None:
+        name = path.encode()
+        self._parts += (_OP.pack(1, 0, -1, len(name)), name, _INT.pack(len(value)), value,
+                        self._acl, _FLAGS[1 if ephemeral else 0])
+        self.op_types.append(1)
+
+    def set_data(self, path: str, value: bytes, version: int = -1) -> None:
+        name = path.encode()
+        self._parts += (_OP.pack(5, 0, -1, len(name)), name, _INT.pack(len(value)), value,
+                        _INT.pack(version))
+        self.op_types.append(5)
+
+    def delete(self, path: str, version: int = -1) -> None:
+        name = path.encode()
+        self._parts += (_OP.pack(2, 0, -1, len(name)), name, _INT.pack(version))
+        self.op_types.append(2)
+
+    def serialize(self) -> bytes:
+        """The request's body (kazoo's connection adds its length, xid and type)."""
+        return b"".join(self._parts) + _END
+
+    @staticmethod
+    def deserialize(buffer: bytes, offset: int) -> list[Any]:
+        """The answer's per-operation results, as kazoo decodes a multi's."""
+        return KazooTransaction.deserialize(buffer, offset)  # type: ignore[no-any-return]
+
+    def __repr__(self) -> str:  # kazoo's debug log names the request
+        return f"Transaction(packed, operation types {self.op_types})"
+
+
 def add_ops(tx: Any, ops: list[Op]) -> None:
-    """Add ``ops`` to the kazoo transaction ``tx``, in order (see :class:`Lean`)."""
-    lean = Lean(tx)
+    """Add ``ops`` to ``tx`` (a :class:`Transaction`, or a kazoo transaction: see
+    :class:`Lean`), in order."""
+    lean = tx if isinstance(tx, Transaction) else Lean(tx)
     for kind, path, data, version in ops:
         if kind == "check":
             lean.check(path, version)

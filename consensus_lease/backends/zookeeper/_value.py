@@ -37,6 +37,7 @@ from ...errors import BackendUnavailable, StaleLeaseError
 from ...record import ClaimResult
 from ._holds import WRITE_ATTEMPTS, Hold, Holds, local, mark_ended, own_hold
 from ._layout import JobPaths, dump_owner, new_nonce, parse_owner
+from ._ops import Transaction
 from ._session import ZkSession
 from ._wire import Read, Wire
 
@@ -94,7 +95,7 @@ class Values:
                     raise
             data = dump_owner(h.owner, h.session_id, current.nonce, value, nonce)
 
-            def build(tx: Any, version: int = current.version, data: bytes = data) -> None:
+            def build(tx: Transaction, version: int = current.version, data: bytes = data) -> None:
                 tx.check(paths.job, local(generation))
                 tx.set_data(paths.owner, data, version)
 

@@ -38,6 +38,7 @@ from ...errors import (
 )
 from ._errors import KAZOO_ERRORS, translate
 from ._gate import Gate
+from ._ops import Transaction
 from ._options import ZkConfig
 from ._session import ZkSession
 
@@ -228,12 +229,13 @@ class Wire:
         ``True`` if every ``(path, version)`` holds, ``False`` if one does not, ``None``
         if no answer came by ``deadline`` (not connected, connection lost, any kazoo
         error): a read then says how things are."""
-        transaction = h.client.transaction()
+        request = Transaction(h.client)
         for path, version in versions:
-            transaction.check(path, version)
+            request.check(path, version)
         floor = self.history.highest()
         try:
-            results = self.gate(h.client).start(transaction.commit_async, deadline).get(
+            results = self.gate(h.client).start(partial(_send, h.client, request),
+                                                deadline).get(
                 timeout=max(0.0, deadline - time.monotonic()))
         except KAZOO_ERRORS:
             return None
@@ -298,14 +300,15 @@ class Wire:
             return out
 
     def commit(
-        self, h: ZkSession, build: Callable[[Any], None], settle: Callable[[float], bool],
+        self, h: ZkSession, build: Callable[[Transaction], None], settle: Callable[[float], bool],
         what: str, job_id: str | None, generation: int | None = None,
     ) -> Multi:
-        """Send one multi (``build(transaction)`` adds its operations) on the session's
-        client. If its answer is lost (connection loss, timeout, kazoo protocol error) it
-        may or may not have been applied: read back with ``settle(deadline) -> applied``
-        once the session is connected again, never re-send blindly. Sent by the call's
-        deadline; read back by :data:`SETTLE_GRACE_S` after it.
+        """Send one multi (``build(request)`` adds its operations to a
+        :class:`._ops.Transaction`) on the session's client. If its answer is lost (connection
+        loss, timeout, kazoo protocol error) it may or may not have been applied: read
+        back with ``settle(deadline) -> applied`` once the session is connected again,
+        never re-send blindly. Sent by the call's deadline; read back by
+        :data:`SETTLE_GRACE_S` after it.
 
         Raises:
             SessionExpired: the session ended (before sending, or while reading back).
@@ -314,11 +317,11 @@ class Wire:
         """
         deadline = self.deadline()
         h.wait_connected(deadline)
-        transaction = h.client.transaction()
-        build(transaction)
+        request = Transaction(h.client)
+        build(request)
         floor = self.history.highest()
         try:
-            pending = self.gate(h.client).start(transaction.commit_async, deadline)
+            pending = self.gate(h.client).start(partial(_send, h.client, request), deadline)
         except KAZOO_ERRORS as exc:
             raise self._error(exc, what, job_id=job_id, generation=generation) from exc
         try:
@@ -479,6 +482,16 @@ class Wire:
                 reader.close()
             except KAZOO_ERRORS as exc:
                 raise BackendUnavailable(f"stopping the read client: {exc!r}") from exc
+
+
+def _send(client: KazooClient, request: Transaction) -> Any:
+    """Start ``request`` on ``client``, as kazoo's ``TransactionRequest.commit_async``
+    starts its own: an async result from the client's handler, and the request queued
+    for the connection thread (or the result failed at once if the client is closed,
+    its session expired or its authentication failed)."""
+    result = client.handler.async_result()
+    client._call(request, result)
+    return result
 
 
 def _outcome(results: list[Any]) -> Multi:
