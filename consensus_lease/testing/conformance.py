@@ -68,15 +68,6 @@ from .conformance_usage import UsageConformance
 
 __all__ = ["BackendConformance", "poll_until"]
 
-CLOSED_THEN_CLAIMED_NOT_STALE: frozenset[str] = frozenset({"zk"})
-"""Store schemes that do not yet answer ``StaleLeaseError`` for a lease of a closed
-session whose job another session has claimed since (they raise ``SessionExpired``, also
-a ``LeaseLost``): ``test_closed_session_is_reported_as_session_expired`` holds them to
-``LeaseLost`` only. ZooKeeper: a closed session's client can send nothing, and the
-driver raises ``SessionExpired`` before reading the job. Remove a scheme once its driver
-reads the job back first (``backends/zookeeper/_holds.py``)."""
-
-
 def poll_until(predicate: Any, timeout_s: float, interval_s: float = 0.02) -> Any:
     """Call ``predicate()`` until it returns a truthy value or ``timeout_s`` passes.
     Returns the value; raises AssertionError on timeout. Bounded in time and count."""
@@ -528,11 +519,11 @@ class BackendConformance(
         assert fourth is not None
         newer = b.claim(fourth.job_id)
         assert newer is not None and newer.generation > fourth.generation
-        exact = backend.scheme not in CLOSED_THEN_CLAIMED_NOT_STALE
-        with pytest.raises(StaleLeaseError if exact else LeaseLost) as exc:
-            fourth.complete(b"late")
-        if exact:
-            assert isinstance(exc.value, StaleLeaseError)
+        for call in (lambda: fourth.complete(b"late"),
+                     lambda: backend.release(a.handle, fourth.job_id, fourth.claim_result),
+                     lambda: backend.renew(a.handle, fourth.job_id, fourth.claim_result)):
+            with pytest.raises(StaleLeaseError) as exc:
+                call()
             assert exc.value.current_generation == newer.generation
         record = store.get(fourth.job_id)
         assert record is not None and record.state is JobState.HELD

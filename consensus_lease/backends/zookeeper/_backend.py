@@ -20,6 +20,7 @@ from ...errors import (
     JobFailed,
     LeaseError,
     SessionExpired,
+    StaleLeaseError,
     StoreRegressed,
 )
 from ...record import ClaimResult, EnqueueItem, LeaseRecord, QueuedJob, QueueStats
@@ -114,13 +115,22 @@ quiet_kazoo_by_default()
 
 class _concerning:  # used as a function: ``with _concerning(...)``
     """Attach the job (and generation) to any library error raised without them. (A
-    class, not a generator-based context manager: cheaper on every call.)"""
+    class, not a generator-based context manager: cheaper on every call.)
 
-    __slots__ = ("generation", "job_id")
+    With ``holds``, ``h`` and ``paths`` (a call on a hold of ``h``), a SessionExpired
+    is first checked against the store (:meth:`Holds.after_expiry`): StaleLeaseError
+    instead if another session claimed or completed the job since, the rule of
+    :meth:`Backend.complete`."""
 
-    def __init__(self, job_id: str, generation: int | None = None) -> None:
+    __slots__ = ("generation", "h", "holds", "job_id", "paths", "what")
+
+    def __init__(
+        self, job_id: str, generation: int | None = None, holds: Holds | None = None,
+        h: ZkSession | None = None, paths: JobPaths | None = None, what: str = "",
+    ) -> None:
         self.job_id = job_id
         self.generation = generation
+        self.holds, self.h, self.paths, self.what = holds, h, paths, what
 
     def __enter__(self) -> None:
         return None
@@ -131,6 +141,19 @@ class _concerning:  # used as a function: ``with _concerning(...)``
                 exc.job_id = self.job_id
             if exc.generation is None:
                 exc.generation = self.generation
+            if isinstance(exc, SessionExpired) and self.holds is not None:
+                self._explain(exc)
+
+    def _explain(self, expired: SessionExpired) -> None:
+        assert self.holds is not None and self.h is not None and self.paths is not None
+        assert self.generation is not None
+        done = self.holds.after_expiry(self.h, self.paths, self.generation, expired, self.what)
+        if done is not None:  # this session completed it at this generation
+            raise StaleLeaseError(
+                f"{self.what}: {self.job_id!r} is completed (by this session, at "
+                f"generation {self.generation})", job_id=self.job_id,
+                generation=self.generation, current_generation=self.generation,
+            ) from expired
 
 
 def _checked(claim: object) -> ClaimResult:
@@ -522,8 +545,9 @@ class ZooKeeperBackend(Backend):
         h = self._handle(session)
         claim = _checked(claim)
         send = time.monotonic()
-        with _concerning(job_id, claim.generation):
-            self._holds.renew(h, self._paths(job_id), claim, send)
+        paths = self._paths(job_id)
+        with _concerning(job_id, claim.generation, self._holds, h, paths, "renew"):
+            self._holds.renew(h, paths, claim, send)
         return h.current_ttl_s()
 
     @_bounded
@@ -577,8 +601,9 @@ class ZooKeeperBackend(Backend):
         """
         h = self._handle(session)
         claim = _checked(claim)
-        with _concerning(job_id, claim.generation):
-            hold = self._holds.release(h, self._paths(job_id), claim)
+        paths = self._paths(job_id)
+        with _concerning(job_id, claim.generation, self._holds, h, paths, "release"):
+            hold = self._holds.release(h, paths, claim)
         if hold is not None and hold.exact:  # the next claim here need not read first
             self._claims.known.released(job_id, Released(
                 *split_token(hold.generation), hold.attempt, hold.max_attempts, hold.failure,
@@ -615,8 +640,9 @@ class ZooKeeperBackend(Backend):
         """
         h = self._handle(session)
         claim = _checked(claim)
-        with _concerning(job_id, claim.generation):
-            return self._holds.fail(h, self._paths(job_id), claim, error, retry_in_s)
+        paths = self._paths(job_id)
+        with _concerning(job_id, claim.generation, self._holds, h, paths, "fail"):
+            return self._holds.fail(h, paths, claim, error, retry_in_s)
 
     @_bounded
     def set_value(
@@ -647,8 +673,9 @@ class ZooKeeperBackend(Backend):
                 f"max_result_bytes; ZooKeeper's jute.maxbuffer bounds it), got {size}",
                 job_id=job_id, generation=claim.generation,
             )
-        with _concerning(job_id, claim.generation):
-            self._values.set_value(h, self._paths(job_id), claim, value)
+        paths = self._paths(job_id)
+        with _concerning(job_id, claim.generation, self._holds, h, paths, "set_value"):
+            self._values.set_value(h, paths, claim, value)
 
     @_bounded
     def requeue(self, job_id: str) -> LeaseRecord:

@@ -283,24 +283,59 @@ class Holds:
         """One multi: ``set_data`` of the completion record at version == generation (so
         the version moves on and any claim prepared earlier fails) + ``delete`` of the
         owner znode (+ the markers). Recognises this session's own earlier completion."""
-        generation = claim.generation
         try:
             return self._complete(h, paths, claim, result)
         except SessionExpired as expired:
             # The completion record outlives the session: a retry is still recognised.
-            try:
-                _, job, failure = self.wire.reader_read(
-                    [("barrier", self.base), ("get", paths.job), ("get", paths.failure)],
-                    "complete", paths.job_id)
-            except BackendUnavailable:
-                raise expired from None
-            parsed = None if job is None else parse_job(job[0], paths.job)
-            if parsed is not None and parsed.completed and parsed.session == h.session_id \
-                    and parsed.token(job[1].version) == generation:
-                record = to_record(paths, job, None, failure)
-                assert record is not None
-                return record
-            raise
+            record = self.after_expiry(h, paths, claim.generation, expired, "complete")
+            if record is None:
+                raise
+            return record
+
+    def after_expiry(
+        self, h: ZkSession, paths: JobPaths, generation: int, expired: SessionExpired,
+        what: str,
+    ) -> LeaseRecord | None:
+        """Why a call on ``h``'s hold of ``generation`` failed with ``expired`` (this
+        session ended: expired, or closed by this process), read on the shared client
+        after a write barrier (``h``'s own client can send nothing any more).
+
+        Returns:
+            This session's completion record at ``generation``, if the job has one (a
+            repeated complete is recognised after the session ended); else ``None``:
+            the job is still at ``generation`` and nobody else completed it, so the
+            session ending is the reason (the caller re-raises ``expired``).
+
+        Raises:
+            StaleLeaseError: another session claimed the job since (a newer generation,
+                in ``current_generation``), or completed it: the newer holder is the
+                reason (the rule of :meth:`Backend.complete`). Chained to ``expired``.
+        """
+        try:
+            _, job, failure = self.wire.reader_read(
+                [("barrier", self.base), ("get", paths.job), ("get", paths.failure)],
+                what, paths.job_id)
+        except BackendUnavailable:
+            return None  # the session's end is still the answer we know
+        if job is None:
+            return None
+        parsed = parse_job(job[0], paths.job)
+        current = parsed.token(job[1].version)
+        if parsed.completed and parsed.session == h.session_id and current == generation:
+            return to_record(paths, job, None, failure)
+        if parsed.completed:
+            raise StaleLeaseError(
+                f"{what}: {paths.job_id!r} was completed at generation {current} (and "
+                f"session {h.session_id} has ended)", job_id=paths.job_id,
+                generation=generation, current_generation=current,
+            ) from expired
+        if current != generation:
+            raise StaleLeaseError(
+                f"{what}: {paths.job_id!r} was claimed again since (store: generation "
+                f"{current}; session {h.session_id} has ended)", job_id=paths.job_id,
+                generation=generation, current_generation=current,
+            ) from expired
+        return None
 
     def _reread(
         self, h: ZkSession, paths: JobPaths, generation: int, what: str
