@@ -471,11 +471,14 @@ class PostgresBackend(QueueOps):
         """
         election = is_election_key(job_id)
         sql = self.sql.claim_notify if election else self.sql.claim
-        params = self._p(session, job_id)
+        # Built here, not by _p (W1's hot path); chan is for an election's notify. Rows in
+        # binary: no number formatting on the server, no parsing here.
+        params = {"job": job_id, "sid": session.session_id, "owner": session.owner,
+                  "chan": self.names.channel}
 
         def run(c: psycopg.Connection[tuple[Any, ...]]) -> tuple[Any, ...] | None:
             try:
-                return self.client.cursor(c).execute(sql, params).fetchone()
+                return self.client.cursor(c).execute(sql, params, binary=True).fetchone()
             except pgerrors.LockNotAvailable:
                 return ()  # the row is locked (an open lease.transaction): held
 
@@ -609,10 +612,12 @@ class PostgresBackend(QueueOps):
     def complete(
         self, session: SessionHandle, job_id: str, claim: ClaimResult, result: bytes
     ) -> LeaseRecord:
-        params = self._p(session, job_id, claim, result=result)
+        epoch, gen = split(claim.generation, self.epoch_shift)
+        params = {"job": job_id, "sid": session.session_id, "gen": gen, "epoch": epoch,
+                  "result": result}
 
         def run(c: psycopg.Connection[tuple[Any, ...]]) -> tuple[Any, ...] | None:
-            return self.client.cursor(c).execute(self.sql.complete, params).fetchone()
+            return self.client.cursor(c).execute(self.sql.complete, params, binary=True).fetchone()
 
         # A lost answer: once more on another connection (a repeat finds its own
         # completion below, so the result is applied at most once).
