@@ -60,8 +60,9 @@ How the protocol maps onto PostgreSQL (the same tables as the SQLite store,
 * **Transactional fencing**: :meth:`~consensus_lease.Lease.transaction` locks the lease's
   row inside your own transaction on this database (:mod:`._pg_txn`).
 * Capacity (``capabilities.max_queue_jobs`` is ``None``): no limit is enforced; like
-  SQLite, a queue is bounded by the database's disk: about 190 bytes per job (its row
-  and index entries, measured with short ids and empty payloads) plus its payload and
+  SQLite, a queue is bounded by the database's disk: about 190 bytes per waiting job
+  and 260 per completed one (its row and index entries; schema v3, 10-character ids,
+  empty payloads, ``pg_total_relation_size`` over 100,000 jobs) plus its payload and
   result, payloads up to ``max_payload_bytes`` (16 MiB). ``claim_next`` reads the head of
   the partial index of the queue's open jobs, ``(queue, seq)``, and finds exhausted jobs
   through a partial index of their own, so its cost does not grow with the number of
