@@ -83,8 +83,9 @@ quoted schema).
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,47}")
 
-NOW = "extract(epoch FROM clock_timestamp())::float8"
-"""Store time, seconds since the epoch, read from the server's clock *when evaluated*.
+NOW = "date_part('epoch', clock_timestamp())"
+"""Store time, seconds since the epoch (``double precision``), read from the server's
+clock *when evaluated*.
 
 Not ``now()``: ``now()`` is the start of the transaction. A statement that waited for a
 row lock (a claim waiting for a :meth:`~consensus_lease.Lease.transaction`, a keepalive
@@ -92,7 +93,13 @@ waiting for a claim) would compare expiries with a time from before its wait, an
 transaction of several statements (``lease.transaction``) every check would use the time
 of ``BEGIN``: a session could be found alive long after it expired. ``clock_timestamp()``
 is read at the moment of the comparison, including when PostgreSQL re-checks a row
-after waiting for its lock."""
+after waiting for its lock.
+
+``date_part``, not ``extract(epoch FROM ...)::float8``: since PostgreSQL 14 ``extract``
+computes a ``numeric`` that the cast then converts, about 1.5 % of the server's work in a
+claim+complete cycle; ``date_part`` divides the microseconds as a double, the same value
+(both round the exact quotient to the nearest double; checked equal on a million
+timestamps)."""
 
 
 def check_schema_name(name: str) -> str:

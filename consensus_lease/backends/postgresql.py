@@ -60,8 +60,9 @@ How the protocol maps onto PostgreSQL (the same tables as the SQLite store,
 * **Transactional fencing**: :meth:`~consensus_lease.Lease.transaction` locks the lease's
   row inside your own transaction on this database (:mod:`._pg_txn`).
 * Capacity (``capabilities.max_queue_jobs`` is ``None``): no limit is enforced; like
-  SQLite, a queue is bounded by the database's disk: about 190 bytes per job (its row
-  and index entries, measured with short ids and empty payloads) plus its payload and
+  SQLite, a queue is bounded by the database's disk: about 190 bytes per waiting job
+  and 260 per completed one (its row and index entries; schema v3, 10-character ids,
+  empty payloads, ``pg_total_relation_size`` over 100,000 jobs) plus its payload and
   result, payloads up to ``max_payload_bytes`` (16 MiB). ``claim_next`` reads the head of
   the partial index of the queue's open jobs, ``(queue, seq)``, and finds exhausted jobs
   through a partial index of their own, so its cost does not grow with the number of
@@ -471,11 +472,14 @@ class PostgresBackend(QueueOps):
         """
         election = is_election_key(job_id)
         sql = self.sql.claim_notify if election else self.sql.claim
-        params = self._p(session, job_id)
+        # Built here, not by _p (W1's hot path); chan is for an election's notify. Rows in
+        # binary: no number formatting on the server, no parsing here.
+        params = {"job": job_id, "sid": session.session_id, "owner": session.owner,
+                  "chan": self.names.channel}
 
         def run(c: psycopg.Connection[tuple[Any, ...]]) -> tuple[Any, ...] | None:
             try:
-                return self.client.cursor(c).execute(sql, params).fetchone()
+                return self.client.cursor(c).execute(sql, params, binary=True).fetchone()
             except pgerrors.LockNotAvailable:
                 return ()  # the row is locked (an open lease.transaction): held
 
@@ -609,10 +613,12 @@ class PostgresBackend(QueueOps):
     def complete(
         self, session: SessionHandle, job_id: str, claim: ClaimResult, result: bytes
     ) -> LeaseRecord:
-        params = self._p(session, job_id, claim, result=result)
+        epoch, gen = split(claim.generation, self.epoch_shift)
+        params = {"job": job_id, "sid": session.session_id, "gen": gen, "epoch": epoch,
+                  "result": result}
 
         def run(c: psycopg.Connection[tuple[Any, ...]]) -> tuple[Any, ...] | None:
-            return self.client.cursor(c).execute(self.sql.complete, params).fetchone()
+            return self.client.cursor(c).execute(self.sql.complete, params, binary=True).fetchone()
 
         # A lost answer: once more on another connection (a repeat finds its own
         # completion below, so the result is applied at most once).

@@ -9,6 +9,7 @@ with deadlines.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -664,3 +665,51 @@ def test_a_broken_connection_during_claim_many_is_settled_by_reading_back(
         assert [lease.generation if lease else None for lease in leases] == [1, 1]
     finally:
         s.close()
+
+
+_PARAM = re.compile(r"%\((\w+)\)[sb]")
+_PARAM_TYPES = {
+    "job": "text", "owner": "text", "sid": "text", "gen": "int8", "epoch": "int8",
+    "result": "bytea", "chan": "text", "jobs": "text[]", "queue": "text", "limit": "int8",
+}
+
+
+@pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
+def test_on_a_never_analysed_store_the_hot_statements_use_the_keys(
+    store: LeaseStore, base: str, mode: str
+) -> None:
+    """A new store has no statistics (nothing analysed yet): the planner must still find
+    each job and session by its key and a queue's head by its index, in the plan psycopg
+    prepares (generic) and in the first runs' (custom): no scan of every row, no hashed
+    subplan (one scan of every session row)."""
+    b = backend_of(store)
+    session = store.session("w", ttl_s=30.0)
+    values = {"job": "j", "owner": "w", "sid": session.session_id, "gen": 1, "epoch": 0,
+              "result": b"", "chan": b.names.channel, "jobs": ["a", "b"], "queue": "q",
+              "limit": 5}
+    with psycopg.connect(base, autocommit=True, cursor_factory=psycopg.ClientCursor) as c:
+        assert c.execute(
+            "SELECT count(*) FROM pg_stat_user_tables WHERE schemaname = %s AND "
+            "(last_analyze IS NOT NULL OR last_autoanalyze IS NOT NULL)", (b.names.schema,)
+        ).fetchone() == (0,)
+        c.execute(f"SET plan_cache_mode = {mode}")
+        plans = {}
+        for name in ("claim", "complete", "claim_from_queue", "claim_many", "refusal"):
+            order: list[str] = []
+
+            def number(m: re.Match[str], order: list[str] = order) -> str:
+                if m.group(1) not in order:
+                    order.append(m.group(1))
+                return f"${order.index(m.group(1)) + 1}"
+
+            sql = _PARAM.sub(number, getattr(b.sql, name))
+            c.execute(f"PREPARE p_{name} ({', '.join(_PARAM_TYPES[k] for k in order)}) "
+                      f"AS {sql}")
+            args = ", ".join(f"%s::{_PARAM_TYPES[k]}" for k in order)
+            plans[name] = "\n".join(r[0] for r in c.execute(
+                f"EXPLAIN (COSTS OFF) EXECUTE p_{name}({args})", [values[k] for k in order]))
+    for name, plan in plans.items():
+        assert "Seq Scan" not in plan and "hashed" not in plan, f"{name}:\n{plan}"
+    assert "Index Scan using cl_jobs_pkey" in plans["complete"]
+    assert "Index Scan using cl_sessions_pkey" in plans["claim"]
+    assert "Index Scan using cl_jobs_open_by_queue" in plans["claim_from_queue"]
