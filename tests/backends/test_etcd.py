@@ -38,7 +38,15 @@ from consensus_lease._election import election_key, is_election_key
 from consensus_lease.backends.etcd import EtcdBackend, EtcdClaim, EtcdSession
 from consensus_lease.backends.etcd._config import DEFAULT_PREFIX, parse_url
 from consensus_lease.backends.etcd._failure import delay_ttl_s
-from consensus_lease.backends.etcd._keys import Completion, History, Layout, Owner, _dump
+from consensus_lease.backends.etcd._keys import (
+    JOB_KINDS,
+    Completion,
+    History,
+    Layout,
+    Owner,
+    _dump,
+    free_range,
+)
 from consensus_lease.backends.etcd._transport import Failure
 from consensus_lease.record import ClaimResult, LeaseRecord
 from consensus_lease.testing.conformance import poll_until
@@ -174,6 +182,16 @@ def test_owner_and_completion_values_are_the_json_they_always_were(
             fields.update(generation=generation, released=True)
         assert marker.encode() == _dump(fields)
         assert History.decode(marker.encode(), b"k") == marker
+
+
+def test_the_claims_range_compare_covers_exactly_limit_not_before_and_owner() -> None:
+    """A common claim compares one range, ``l`` to ``o``, for the limit, not-before and
+    owner keys: no other kind of job key may sort inside it (a claim would then be
+    refused by that key too), none of the three outside."""
+    base = Layout(b"/a").job("job").base
+    key, end = free_range(base)
+    inside = {kind for kind in JOB_KINDS if key <= base + kind < end}
+    assert inside == {b"l", b"n", b"o"}
 
 
 def test_foreign_keys_under_the_prefix_are_ignored() -> None:

@@ -2,8 +2,8 @@
 
 The claim transaction::
 
-    if create_revision(PREFIX/HEX/o) == 0 and create_revision(PREFIX/HEX/c) == 0
-            and create_revision(PREFIX/HEX/n) == 0 and create_revision(PREFIX/HEX/l) == 0
+    if create_revision(PREFIX/HEX/c) == 0
+            and no key in [PREFIX/HEX/l, PREFIX/HEX/o]     (l, n, o: one range compare)
             and PREFIX/epoch is as cached (absent, or the exact value seen):
         put PREFIX/HEX/o = {owner, session, nonce, epoch}  (on the session's lease)
         put PREFIX/HEX/h = the same value
@@ -85,7 +85,7 @@ __all__ = ["MAX_BATCH_CLAIM", "MAX_PLANS", "claim_batch", "claim_one", "fix_held
 log = logging.getLogger("consensus_lease.etcd")
 
 MAX_BATCH_CLAIM = 64
-"""Claims per batch transaction. Each is one nested transaction of 4 compares, 3 puts
+"""Claims per batch transaction. Each is one nested transaction of 2 compares, 3 puts
 and a get (a count when refused), and for a job lately offered by a queue scan one more
 put (its held marker) and get (its ordinal); etcd checks a nested transaction against
 ``--max-txn-ops`` (default 128) minus the outer transaction's size, so 64 leaves room

@@ -21,6 +21,7 @@ __all__ = [
     "add_create_is",
     "add_delete",
     "add_get",
+    "add_none_in",
     "add_put",
     "add_span",
     "add_value_is",
@@ -169,6 +170,16 @@ def add_create_is(compares: Any, key: bytes, revision: int) -> None:
     c.create_revision = revision  # set even when 0: it selects the compare's target field
 
 
+def add_none_in(compares: Any, key: bytes, range_end: bytes) -> None:
+    """Append :func:`none_in` to the repeated ``compares`` field."""
+    c = compares.add()
+    c.key = key
+    c.range_end = range_end
+    c.target = _CREATE
+    c.result = _EQUAL
+    c.create_revision = 0
+
+
 def add_value_is(compares: Any, key: bytes, value: bytes) -> None:
     """Append :func:`value_is` to the repeated ``compares`` field."""
     c = compares.add()
@@ -205,3 +216,4 @@ def add_span(ops: Any, key: bytes, range_end: bytes) -> None:
 def add_delete(ops: Any, key: bytes) -> None:
     """Append :func:`delete` to the repeated ``ops`` field."""
     ops.add().request_delete_range.key = key
+
