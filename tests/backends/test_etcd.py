@@ -182,6 +182,8 @@ def test_owner_and_completion_values_are_the_json_they_always_were(
             fields.update(generation=generation, released=True)
         assert marker.encode() == _dump(fields)
         assert History.decode(marker.encode(), b"k") == marker
+    assert History.release_encoder(session)(nonce, generation) == History(
+        None, session, nonce, generation, released=True).encode()  # a session's
 
 
 def test_the_claims_range_compare_covers_exactly_limit_not_before_and_owner() -> None:

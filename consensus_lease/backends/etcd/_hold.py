@@ -216,7 +216,7 @@ def release(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult) -> N
     generation = claim.generation
     keys = ops.layout.job(job_id)
     nonce = "" if known is None else known.claim_nonce
-    marker = History(None, handle.session_id, nonce, generation, released=True)
+    marker = handle.release_marker(nonce, generation)
     what = f"release of {job_id!r} generation {generation}"
     queue = None if known is None else known.queue
     if known is None or not known.queue_known:
@@ -225,11 +225,14 @@ def release(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult) -> N
         queue = queue_of(marker_kv)
         if known is None:
             ops.check_epoch(keys, generation, owner_kv, what)
-    request = _release_request(ops, handle, keys, generation, known, queue, marker.encode())
+    request = _release_request(ops, handle, keys, generation, known, queue, marker)
     resent = False
 
     def is_marker(history_kv: Any) -> bool:
-        return history_kv is not None and History.decode(history_kv.value, history_kv.key) == marker
+        if history_kv is None:
+            return False
+        mine = History(None, handle.session_id, nonce, generation, released=True)
+        return History.decode(history_kv.value, history_kv.key) == mine
 
     def decide(kvs: list[Any]) -> Settled | None:
         nonlocal resent
@@ -241,10 +244,12 @@ def release(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult) -> N
             return None  # not applied: send again
         raise ops.not_held(handle, keys, generation, owner_kv, completion_kv, what)
 
-    answer = ops.send_guarded(
-        request, what, job_id=job_id, generation=generation,
-        read_back=(keys.owner, keys.history, keys.completion), decide=decide,
-    )
+    def read_back(deadline: float) -> list[Any]:
+        return ops.read_keys((keys.owner, keys.history, keys.completion),
+                             f"reading back {what}", deadline, job_id)
+
+    answer = ops.send_guarded(request, what, job_id=job_id, generation=generation,
+                              read_back=read_back, decide=decide)
     if queue is not None:
         ops.queues.forget_cursor(queue)  # its place is at the front: scan from there
     if isinstance(answer, Settled) or answer.succeeded:

@@ -587,6 +587,18 @@ class History:
         return (f'{head}"nonce":{_quote(self.nonce)},"owner":{owner}{released},'
                 f'"session":{_quote(self.session)}}}').encode()
 
+    @staticmethod
+    def release_encoder(session: str) -> Callable[[str, int], bytes]:
+        """``encode(nonce, generation)``: :meth:`encode` of the release marker
+        ``History(None, session, nonce, generation, released=True)``, byte for byte,
+        with the part after the nonce made once."""
+        tail = f',"owner":null,"released":true,"session":{_quote(session)}}}'.encode()
+
+        def encode(nonce: str, generation: int) -> bytes:
+            return (f'{{"generation":{int(generation)},"nonce":' + _quote(nonce)).encode() + tail
+
+        return encode
+
     @classmethod
     def decode(cls, raw: bytes, key: bytes) -> History:
         obj = _load(raw, "history", key)
