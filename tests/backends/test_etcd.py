@@ -38,7 +38,15 @@ from consensus_lease._election import election_key, is_election_key
 from consensus_lease.backends.etcd import EtcdBackend, EtcdClaim, EtcdSession
 from consensus_lease.backends.etcd._config import DEFAULT_PREFIX, parse_url
 from consensus_lease.backends.etcd._failure import delay_ttl_s
-from consensus_lease.backends.etcd._keys import Completion, History, Layout, Owner, _dump
+from consensus_lease.backends.etcd._keys import (
+    JOB_KINDS,
+    Completion,
+    History,
+    Layout,
+    Owner,
+    _dump,
+    free_range,
+)
 from consensus_lease.backends.etcd._transport import Failure
 from consensus_lease.record import ClaimResult, LeaseRecord
 from consensus_lease.testing.conformance import poll_until
@@ -174,6 +182,18 @@ def test_owner_and_completion_values_are_the_json_they_always_were(
             fields.update(generation=generation, released=True)
         assert marker.encode() == _dump(fields)
         assert History.decode(marker.encode(), b"k") == marker
+    assert History.release_encoder(session)(nonce, generation) == History(
+        None, session, nonce, generation, released=True).encode()  # a session's
+
+
+def test_the_claims_range_compare_covers_exactly_limit_not_before_and_owner() -> None:
+    """A common claim compares one range, ``l`` to ``o``, for the limit, not-before and
+    owner keys: no other kind of job key may sort inside it (a claim would then be
+    refused by that key too), none of the three outside."""
+    base = Layout(b"/a").job("job").base
+    key, end = free_range(base)
+    inside = {kind for kind in JOB_KINDS if key <= base + kind < end}
+    assert inside == {b"l", b"n", b"o"}
 
 
 def test_foreign_keys_under_the_prefix_are_ignored() -> None:
@@ -703,6 +723,90 @@ def test_completion_record_comes_from_the_claim_handle(
         assert reads == [0, 1, 1, 3]
     finally:
         backend.close_session(session)
+
+
+def _sent_txns(store: LeaseStore, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
+    """Record each write transaction sent: ``(what, a copy of the request)``."""
+    transport = backend_of(store)._transport
+    real = transport.send
+    sent: list[tuple[str, Any]] = []
+
+    def send(*args: Any, **kwargs: Any) -> Any:
+        copy = etcdrpc.TxnRequest()
+        copy.CopyFrom(args[2])
+        sent.append((str(kwargs.get("what", "")), copy))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(transport, "send", send)
+    return sent
+
+
+def _without(request: Any, *fields: tuple[str, int, str]) -> Any:
+    """A copy of a transaction with the fields ``(list, index, name)`` cleared."""
+    copy = etcdrpc.TxnRequest()
+    copy.CopyFrom(request)
+    for where, index, name in fields:
+        part = getattr(copy, where)[index]
+        if where == "success":
+            part = part.request_put
+        if name == "value":
+            part.ClearField(name)
+        else:
+            setattr(part, name, 0)
+    return copy
+
+
+def test_claims_and_releases_of_one_name_copy_the_last_request(
+    store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lock claimed and released again and again sends a copy of the last claim
+    (release) transaction with its own owner value (generation, marker): the request is
+    the one built afresh, and a release with an older claim is still refused."""
+    sent = _sent_txns(store, monkeypatch)
+    backend = backend_of(store)
+    session = backend.open_session("A", 30)
+    try:
+        claims = []
+        for _ in range(3):
+            claim = backend.claim(session, "lock")
+            assert claim is not None
+            claims.append(claim)
+            backend.release(session, "lock", claim)
+            other = backend.claim(session, f"other-{len(claims)}")  # kept: another job's
+            assert other is not None
+            backend.release(session, f"other-{len(claims)}", other)
+        stale = backend.claim(session, "lock")
+        assert stale is not None
+        backend.release(session, "lock", stale)
+        again = backend.claim(session, "lock")
+        assert again is not None
+        with pytest.raises(StaleLeaseError):
+            backend.release(session, "lock", stale)  # the kept request had its generation
+        backend.release(session, "lock", again)
+        record = store.get("lock")
+        assert record is not None and record.state is JobState.AVAILABLE
+    finally:
+        backend.close_session(session)
+    lock_claims = [r for what, r in sent if what == "claim of 'lock'"]
+    lock_releases = [r for what, r in sent if what.startswith("release of 'lock'")]
+    assert len(lock_claims) == 5 and len(lock_releases) == 6
+    values = [r.success[0].request_put.value for r in lock_claims]
+    assert all(r.success[1].request_put.value == v for r, v in zip(lock_claims, values,
+                                                                    strict=True))
+    assert len(set(values)) == 5  # each with its own nonce
+    bare = [_without(r, ("success", 0, "value"), ("success", 1, "value")) for r in lock_claims]
+    assert all(b == bare[0] for b in bare)
+    others = [r for what, r in sent if what.startswith("claim of 'other")]
+    assert _without(others[0], ("success", 0, "value"), ("success", 1, "value")) != bare[0]
+    for release, claim, value in zip(lock_releases, [*claims, stale, stale, again],
+                                     [*values[:4], values[3], values[4]], strict=True):
+        assert release.compare[0].create_revision == claim.generation
+        assert release.compare[1].value == value
+        marker = History.decode(release.success[1].request_put.value, b"h")
+        assert (marker.generation, marker.released) == (claim.generation, True)
+    bare = [_without(r, ("compare", 0, "create_revision"), ("compare", 1, "value"),
+                     ("success", 1, "value")) for r in lock_releases]
+    assert all(b == bare[0] for b in bare)
 
 
 # -- elections: the leader's value -----------------------------------------------------------

@@ -56,6 +56,7 @@ from ._keys import (
     attempts_epoch,
     attempts_of,
     attempts_value,
+    free_range,
     limit_of,
     queue_of,
 )
@@ -198,12 +199,15 @@ def claimed_attempt(put_response: Any) -> int:
 
 
 def unlimited(compare: Any, keys: JobKeys) -> None:
-    """Append the common claim's compares to the repeated ``compare`` field: not held,
-    completed, delayed or limited (a job with a limit key takes a :class:`Plan` with a
-    snapshot instead; it cannot be FAILED without one)."""
+    """Append the common claim's compares to the repeated ``compare`` field: not
+    completed (``c`` absent), and not limited, delayed or held: no key from ``l`` to
+    ``o`` (:func:`~._keys.free_range`: exactly the limit, not-before and owner keys of
+    the job's kinds; one range compare instead of three, which etcd checks key by key:
+    etcd's ``Compare.range_end``, API reference "Compare"). A job with a limit key takes
+    a :class:`Plan` with a snapshot instead; it cannot be FAILED without one."""
     base = keys.base
-    for kind in (OWNER, COMPLETION, NOT_BEFORE, LIMIT):
-        rq.add_create_is(compare, base + kind, 0)
+    rq.add_create_is(compare, base + COMPLETION, 0)
+    rq.add_none_in(compare, *free_range(base))
 
 
 def dead_letter(snap: Snapshot, nonce: str) -> tuple[DeadLetter, bool]:

@@ -2,8 +2,8 @@
 
 The claim transaction::
 
-    if create_revision(PREFIX/HEX/o) == 0 and create_revision(PREFIX/HEX/c) == 0
-            and create_revision(PREFIX/HEX/n) == 0 and create_revision(PREFIX/HEX/l) == 0
+    if create_revision(PREFIX/HEX/c) == 0
+            and no key in [PREFIX/HEX/l, PREFIX/HEX/o]     (l, n, o: one range compare)
             and PREFIX/epoch is as cached (absent, or the exact value seen):
         put PREFIX/HEX/o = {owner, session, nonce, epoch}  (on the session's lease)
         put PREFIX/HEX/h = the same value
@@ -85,7 +85,7 @@ __all__ = ["MAX_BATCH_CLAIM", "MAX_PLANS", "claim_batch", "claim_one", "fix_held
 log = logging.getLogger("consensus_lease.etcd")
 
 MAX_BATCH_CLAIM = 64
-"""Claims per batch transaction. Each is one nested transaction of 4 compares, 3 puts
+"""Claims per batch transaction. Each is one nested transaction of 2 compares, 3 puts
 and a get (a count when refused), and for a job lately offered by a queue scan one more
 put (its held marker) and get (its ordinal); etcd checks a nested transaction against
 ``--max-txn-ops`` (default 128) minus the outer transaction's size, so 64 leaves room
@@ -175,7 +175,7 @@ def _send_plan(ops: Ops, handle: EtcdSession, keys: JobKeys, plan: Plan,
     """Send the transaction of ``plan``; answer the claim, or the next plan."""
     job_id = keys.job_id
     claimant = _claimant(ops, handle, nonce, job_id)
-    request = plan_request(ops.layout, keys, plan, claimant, nonce)
+    request = _request(ops, keys, plan, claimant, nonce)
 
     def read_back(deadline: float) -> list[Any]:
         return ops.read_ops(Snapshot.reads(keys), f"reading back the claim of {job_id!r}",
@@ -219,6 +219,27 @@ def _send_plan(ops: Ops, handle: EtcdSession, keys: JobKeys, plan: Plan,
     except (StoreRegressed, TokenOverflow):
         hand_back(ops, [keys], claimant.value)
         raise
+
+
+def _request(ops: Ops, keys: JobKeys, plan: Plan, claimant: Claimant, nonce: str) -> Any:
+    """The transaction of ``plan``: for the common one (no snapshot), a copy of the last
+    one built if that was for the same job, lease, epoch and queue, with this claim's
+    owner value (the only per-request part: it holds the nonce) put in the owner and
+    history puts (:func:`~._attempts.claiming`'s first two operations)."""
+    if plan.snapshot is not None:
+        return plan_request(ops.layout, keys, plan, claimant, nonce)
+    key = (keys.base, claimant.lease_id, claimant.epoch, claimant.same_epoch,
+           claimant.queued)
+    request = ops.kept_claim.copy(key)
+    if request is None:
+        request = plan_request(ops.layout, keys, plan, claimant, nonce)
+        ops.kept_claim.keep(key, request)
+        return request
+    success = request.success
+    value = claimant.value
+    success[0].request_put.value = value
+    success[1].request_put.value = value
+    return request
 
 
 def _claimed(handle: EtcdSession, keys: JobKeys, plan: Plan, claimant: Claimant,

@@ -40,6 +40,7 @@ from ._keys import Completion, History, JobKeys, LastError, queue_of
 from ._ops import Ops, Settled
 from ._records import Lifecycle
 from ._session import EtcdClaim, EtcdSession
+from ._tokens import split
 
 __all__ = ["check_held", "complete", "release"]
 
@@ -215,7 +216,7 @@ def release(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult) -> N
     generation = claim.generation
     keys = ops.layout.job(job_id)
     nonce = "" if known is None else known.claim_nonce
-    marker = History(None, handle.session_id, nonce, generation, released=True)
+    marker = handle.release_marker(nonce, generation)
     what = f"release of {job_id!r} generation {generation}"
     queue = None if known is None else known.queue
     if known is None or not known.queue_known:
@@ -224,21 +225,14 @@ def release(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult) -> N
         queue = queue_of(marker_kv)
         if known is None:
             ops.check_epoch(keys, generation, owner_kv, what)
-    request = etcdrpc.TxnRequest()
-    ops.add_holds(request.compare, handle, keys, generation, known)
-    success = request.success
-    rq.add_delete(success, keys.owner)
-    rq.add_put(success, keys.history, marker.encode())
-    if queue is not None:
-        rq.add_delete(success, ops.layout.queue(queue).held(job_id))
-    if keys.is_election:
-        success.extend(ops.ending(keys))
-    for key in (keys.owner, keys.history, keys.completion):
-        rq.add_get(request.failure, key)
+    request = _release_request(ops, handle, keys, generation, known, queue, marker)
     resent = False
 
     def is_marker(history_kv: Any) -> bool:
-        return history_kv is not None and History.decode(history_kv.value, history_kv.key) == marker
+        if history_kv is None:
+            return False
+        mine = History(None, handle.session_id, nonce, generation, released=True)
+        return History.decode(history_kv.value, history_kv.key) == mine
 
     def decide(kvs: list[Any]) -> Settled | None:
         nonlocal resent
@@ -250,10 +244,12 @@ def release(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult) -> N
             return None  # not applied: send again
         raise ops.not_held(handle, keys, generation, owner_kv, completion_kv, what)
 
-    answer = ops.send_guarded(
-        request, what, job_id=job_id, generation=generation,
-        read_back=(keys.owner, keys.history, keys.completion), decide=decide,
-    )
+    def read_back(deadline: float) -> list[Any]:
+        return ops.read_keys((keys.owner, keys.history, keys.completion),
+                             f"reading back {what}", deadline, job_id)
+
+    answer = ops.send_guarded(request, what, job_id=job_id, generation=generation,
+                              read_back=read_back, decide=decide)
     if queue is not None:
         ops.queues.forget_cursor(queue)  # its place is at the front: scan from there
     if isinstance(answer, Settled) or answer.succeeded:
@@ -262,3 +258,34 @@ def release(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult) -> N
     if resent and is_marker(history_kv):  # the first copy landed before the re-send
         return
     raise ops.not_held(handle, keys, generation, owner_kv, completion_kv, what)
+
+
+def _release_request(ops: Ops, handle: EtcdSession, keys: JobKeys, generation: int,
+                     known: EtcdClaim | None, queue: str | None, marker: bytes) -> Any:
+    """The release transaction (see the module docstring). With the claim's handle, a
+    copy of the last one built for the same job and queue (:class:`~._requests.Kept`)
+    with this release's three per-request fields set: the owner key's create revision
+    and value compared, and the marker put."""
+    key = None if known is None else (keys.base, queue)
+    request = None if key is None else ops.kept_release.copy(key)
+    if request is not None:
+        assert known is not None
+        compare = request.compare
+        compare[0].create_revision = split(generation)[1]
+        compare[1].value = known.owner_value
+        request.success[1].request_put.value = marker
+        return request
+    request = etcdrpc.TxnRequest()
+    ops.add_holds(request.compare, handle, keys, generation, known)
+    success = request.success
+    rq.add_delete(success, keys.owner)
+    rq.add_put(success, keys.history, marker)
+    if queue is not None:
+        rq.add_delete(success, ops.layout.queue(queue).held(keys.job_id))
+    if keys.is_election:
+        success.extend(ops.ending(keys))
+    for read in (keys.owner, keys.history, keys.completion):
+        rq.add_get(request.failure, read)
+    if key is not None:
+        ops.kept_release.keep(key, request)
+    return request

@@ -147,6 +147,7 @@ __all__ = [
     "attempts_epoch",
     "attempts_of",
     "attempts_value",
+    "free_range",
     "limit_of",
     "ordinal_bytes",
     "ordinal_of",
@@ -193,6 +194,15 @@ def _unhex(raw: bytes) -> str | None:
         return text.decode("utf-8")
     except (UnicodeDecodeError, ValueError):
         return None
+
+
+def free_range(base: bytes) -> tuple[bytes, bytes]:
+    """``(key, range_end)`` from the limit key ``l`` through the owner key ``o`` of the
+    job whose keys start with ``base``: of the job's kinds, exactly the limit,
+    not-before and owner keys sort there, the three a common claim needs absent
+    besides the completion. (Were a prefix nested in ours against the rules, the range
+    could also hold such a prefix's keys, as :attr:`JobKeys.directory` does.)"""
+    return base + LIMIT, base + OWNER + b"\x00"
 
 
 def prefix_range_end(prefix: bytes) -> bytes:
@@ -576,6 +586,18 @@ class History:
         released = ',"released":true' if self.released else ""
         return (f'{head}"nonce":{_quote(self.nonce)},"owner":{owner}{released},'
                 f'"session":{_quote(self.session)}}}').encode()
+
+    @staticmethod
+    def release_encoder(session: str) -> Callable[[str, int], bytes]:
+        """``encode(nonce, generation)``: :meth:`encode` of the release marker
+        ``History(None, session, nonce, generation, released=True)``, byte for byte,
+        with the part after the nonce made once."""
+        tail = f',"owner":null,"released":true,"session":{_quote(session)}}}'.encode()
+
+        def encode(nonce: str, generation: int) -> bytes:
+            return (f'{{"generation":{int(generation)},"nonce":' + _quote(nonce)).encode() + tail
+
+        return encode
 
     @classmethod
     def decode(cls, raw: bytes, key: bytes) -> History:

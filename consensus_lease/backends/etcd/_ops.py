@@ -59,7 +59,8 @@ class Ops:
     """The driver's shared context: config, transport, key layout, the cached store
     epoch (:class:`~._tokens.EpochCache`), what is known of the server's
     ``--max-txn-ops`` (:mod:`._txn_limit`) and of the work queues
-    (:class:`~._queue_state.QueueCache`)."""
+    (:class:`~._queue_state.QueueCache`), and the last claim and release transactions
+    built (:class:`~._requests.Kept`)."""
 
     def __init__(self, config: EtcdConfig, transport: Transport, layout: Layout) -> None:
         self.config = config
@@ -68,6 +69,8 @@ class Ops:
         self.epochs = EpochCache(layout.epoch)
         self.txn_limit = TxnLimit()
         self.queues = QueueCache()
+        self.kept_claim = rq.Kept()
+        self.kept_release = rq.Kept()
 
     # -- reading --------------------------------------------------------------------------
 

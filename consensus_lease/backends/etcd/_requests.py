@@ -18,9 +18,11 @@ from typing import Any
 from pyetcd import etcdrpc
 
 __all__ = [
+    "Kept",
     "add_create_is",
     "add_delete",
     "add_get",
+    "add_none_in",
     "add_put",
     "add_span",
     "add_value_is",
@@ -169,6 +171,16 @@ def add_create_is(compares: Any, key: bytes, revision: int) -> None:
     c.create_revision = revision  # set even when 0: it selects the compare's target field
 
 
+def add_none_in(compares: Any, key: bytes, range_end: bytes) -> None:
+    """Append :func:`none_in` to the repeated ``compares`` field."""
+    c = compares.add()
+    c.key = key
+    c.range_end = range_end
+    c.target = _CREATE
+    c.result = _EQUAL
+    c.create_revision = 0
+
+
 def add_value_is(compares: Any, key: bytes, value: bytes) -> None:
     """Append :func:`value_is` to the repeated ``compares`` field."""
     c = compares.add()
@@ -205,3 +217,34 @@ def add_span(ops: Any, key: bytes, range_end: bytes) -> None:
 def add_delete(ops: Any, key: bytes) -> None:
     """Append :func:`delete` to the repeated ``ops`` field."""
     ops.add().request_delete_range.key = key
+
+
+class Kept:
+    """The last transaction built for one purpose (a claim, a release) and what it was
+    built for (``key``: the job's keys, the lease, ...), to build the next one for the
+    same ``key`` as a copy (protobuf ``CopyFrom``: one call into the C library) with
+    its few per-request fields set, instead of piece by piece: a lock or an election
+    claims and releases one name again and again. The request is the same either way.
+
+    Thread-safe: one reference to an immutable pair, replaced whole; a kept request is
+    the one that was sent, and nothing changes a request once built (a lost answer
+    sends the same one again).
+    """
+
+    __slots__ = ("_kept",)
+
+    def __init__(self) -> None:
+        self._kept: tuple[object, Any] | None = None
+
+    def copy(self, key: object) -> Any | None:
+        """A copy of the request kept for ``key`` (compared by ``==``), else ``None``."""
+        kept = self._kept
+        if kept is None or kept[0] != key:
+            return None
+        request = etcdrpc.TxnRequest()
+        request.CopyFrom(kept[1])
+        return request
+
+    def keep(self, key: object, request: Any) -> None:
+        """Keep ``request``, built for ``key``; the caller changes it no more."""
+        self._kept = (key, request)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from ...backend import SessionEvent, SessionHandle, StateListener
 from ...errors import InvalidArgument, StoreRegressed
 from ...record import ClaimResult
-from ._keys import Limit, Owner, session_text
+from ._keys import History, Limit, Owner, session_text
 from ._tokens import split
 
 __all__ = ["EtcdClaim", "EtcdSession"]
@@ -44,12 +44,19 @@ class EtcdSession(SessionHandle):
         self._unsettled: dict[str, set[str]] = {}
         self._regressed: str | None = None
         self._owner_value = Owner.encoder(owner, self.session_id)
+        self._release_marker = History.release_encoder(self.session_id)
 
     def owner_value(self, nonce: str, epoch: int) -> bytes:
         """The owner value a claim request of this session writes: exactly
         ``Owner(owner, session_id, nonce, epoch).encode()`` (the part naming the owner
         and the session is encoded once per session)."""
         return self._owner_value(nonce, epoch)
+
+    def release_marker(self, nonce: str, generation: int) -> bytes:
+        """The history value a release of this session's claim ``nonce`` at
+        ``generation`` writes: exactly ``History(None, session_id, nonce, generation,
+        released=True).encode()`` (the part naming the session is encoded once)."""
+        return self._release_marker(nonce, generation)
 
     def end_by_regression(self, reason: str) -> None:
         """The store's history went back while this session was open: it is over. The
