@@ -540,3 +540,30 @@ def test_w5_rounds_have_a_spread_and_a_budget(tmp_path: Path) -> None:
     short = w5_batch(sqlite_target(str(tmp_path)), dataclasses.replace(sizes, w5_budget_s=0.0),
                      "t5b")
     assert short["rounds"] == 1 and short["rounds_planned"] == 5
+
+
+@pytest.mark.parametrize("kind", ["etcd", "zookeeper"])
+def test_ours_raw_and_peers_reach_the_same_member(kind: str) -> None:
+    """Our etcd transport starts at a random member and kazoo at a random host: a given
+    multi-member URL is pinned to its first member for ours as for the raw client, so a
+    ratio never compares a write through a follower with one through the leader."""
+    import contextlib
+
+    from consensus_lease.bench.clusters import etcd_target, zookeeper_target
+
+    notes: list[str] = []
+    with contextlib.ExitStack() as stack:
+        if kind == "etcd":
+            target = etcd_target("etcd://127.0.0.5:2379,127.0.0.6:2379,127.0.0.7:2379/x?timeout_s=5",
+                                 "r1", stack, notes.append)
+            assert (target.raw["host"], target.raw["port"]) == ("127.0.0.5", 2379)
+        else:
+            target = zookeeper_target("zk://127.0.0.5:2181,127.0.0.6:2181/x", "r1", stack,
+                                      notes.append, tick_ms=250)
+            assert target.raw["hosts"] == "127.0.0.5:2181"
+    assert target.reason is None, target.reason
+    assert target.url is not None
+    member = "127.0.0.5:2379" if kind == "etcd" else "127.0.0.5:2181"
+    assert target.url.split("://", 1)[1].split("/", 1)[0] == member
+    if kind == "etcd":
+        assert target.url.endswith("/clbench-r1?timeout_s=5")  # the options are kept
