@@ -309,6 +309,17 @@ TINY = dataclasses.replace(
 SPREAD_KEYS = {"n", "median", "min", "max", "p25", "p75"}
 
 
+def _sqlite_results(sizes: Any, workload: str, data: dict[str, Any]) -> dict[str, Any]:
+    """A results.json of one SQLite workload, with placeholder run metadata."""
+    return {"meta": {"quick": True, "started_utc": "-", "duration_s": 1.0, "command": "-",
+                     "machine": {"cpu": "-", "cores": 2, "memory_gib": 1, "os": "-",
+                                 "kernel": "-", "python": "-", "sqlite": "-",
+                                 "load_average_at_start": "-", "libraries": {}},
+                     "load_average_at_end": "-", "sizes": dataclasses.asdict(sizes)},
+            "backends": {"sqlite": {"available": True, "origin": "-", "url": "-",
+                                    "workloads": {workload: {**data, "status": "ok"}}}}}
+
+
 def test_windows_count_warmup_apart_and_stop_after_the_last() -> None:
     from consensus_lease.bench.windows import Windows, paired_ratios, spread
 
@@ -436,14 +447,7 @@ def test_w1_reports_spread_cpu_and_requests_per_cycle(one_worker: Any, tmp_path:
     # at least a write to claim and one to complete
     assert ours["by_name"].get("INSERT", 0) + ours["by_name"].get("UPDATE", 0) >= 2
 
-    results = {"meta": {"quick": True, "started_utc": "-", "duration_s": 1.0, "command": "-",
-                        "machine": {"cpu": "-", "cores": 2, "memory_gib": 1, "os": "-",
-                                    "kernel": "-", "python": "-", "sqlite": "-",
-                                    "load_average_at_start": "-", "libraries": {}},
-                        "load_average_at_end": "-", "sizes": dataclasses.asdict(TINY)},
-               "backends": {"sqlite": {"available": True, "origin": "-", "url": "-",
-                                       "workloads": {"w1_throughput": {**data,
-                                                                       "status": "ok"}}}}}
+    results = _sqlite_results(TINY, "w1_throughput", data)
     (goal,) = evaluate(results)
     assert goal.workload == "W1" and "[" in goal.measured
     assert "ms CPU /" in goal.note and "statements per cycle vs raw" in goal.note
@@ -523,13 +527,7 @@ def test_w5_rounds_have_a_spread_and_a_budget(tmp_path: Path) -> None:
     assert data["speedup"] == pytest.approx(data["single_ms"]["p50"] / data["batch_ms"]["p50"])
     assert data["store_requests_per_batch"] == 1  # SQLite: one transaction
 
-    results = {"meta": {"quick": True, "started_utc": "-", "duration_s": 1.0, "command": "-",
-                        "machine": {"cpu": "-", "cores": 2, "memory_gib": 1, "os": "-",
-                                    "kernel": "-", "python": "-", "sqlite": "-",
-                                    "load_average_at_start": "-", "libraries": {}},
-                        "load_average_at_end": "-", "sizes": dataclasses.asdict(sizes)},
-               "backends": {"sqlite": {"available": True, "origin": "-", "url": "-",
-                                       "workloads": {"w5_batch": {**data, "status": "ok"}}}}}
+    results = _sqlite_results(sizes, "w5_batch", data)
     (goal,) = evaluate(results)
     assert goal.workload == "W5" and "[" in goal.measured and "5 rounds" in goal.measured
     text = markdown(results, [goal], [])
