@@ -519,15 +519,29 @@ class BackendConformance(
         assert fourth is not None
         newer = b.claim(fourth.job_id)
         assert newer is not None and newer.generation > fourth.generation
-        for call in (lambda: fourth.complete(b"late"),
-                     lambda: backend.release(a.handle, fourth.job_id, fourth.claim_result),
-                     lambda: backend.renew(a.handle, fourth.job_id, fourth.claim_result)):
-            with pytest.raises(StaleLeaseError) as exc:
-                call()
-            assert exc.value.current_generation == newer.generation
+
+        def stale_since(current: int) -> None:
+            for call in (lambda: backend.complete(a.handle, fourth.job_id,
+                                                  fourth.claim_result, b"late"),
+                         lambda: backend.release(a.handle, fourth.job_id, fourth.claim_result),
+                         lambda: backend.renew(a.handle, fourth.job_id, fourth.claim_result)):
+                with pytest.raises(StaleLeaseError) as exc:
+                    call()
+                assert exc.value.current_generation == current
+
+        with pytest.raises(StaleLeaseError) as exc:
+            fourth.complete(b"late")
+        assert exc.value.current_generation == newer.generation
+        stale_since(newer.generation)  # B holds it
         record = store.get(fourth.job_id)
         assert record is not None and record.state is JobState.HELD
         assert record.generation == newer.generation and record.owner == "B"
+        newer.release()
+        stale_since(newer.generation)  # B claimed and released it: nobody holds it
+        last = b.claim(fourth.job_id)
+        assert last is not None
+        last.complete(b"b's")
+        stale_since(last.generation)  # B claimed and completed it
 
     # -- liveness --------------------------------------------------------------------
 

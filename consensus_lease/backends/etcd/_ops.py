@@ -29,7 +29,7 @@ from ...errors import (
 )
 from . import _requests as rq
 from ._config import EtcdConfig
-from ._keys import Completion, JobKeys, Layout, Owner
+from ._keys import Completion, History, JobKeys, Layout, Owner
 from ._queue_state import QueueCache
 from ._session import EtcdClaim, EtcdSession
 from ._tokens import EpochCache, compose, split
@@ -208,14 +208,23 @@ class Ops:
     def not_held(self, handle: EtcdSession, keys: JobKeys, generation: int,
                  owner_kv: Any, completion_kv: Any, what: str) -> LeaseError:
         """The error for a failed ownership compare: ``SessionExpired`` if the owner key is
-        gone and etcd says our lease is gone too, else ``StaleLeaseError`` with the
-        generation the store has now."""
+        gone, etcd says our lease is gone too, and nobody claimed or completed the job
+        since ``generation`` (the rule of :meth:`Backend.complete`); else
+        ``StaleLeaseError`` with the generation the store has now."""
         if owner_kv is None:
             ttl = self.lease_ttl(handle.lease_id)
             if ttl is not None and ttl <= 0:
-                return SessionExpired(
-                    f"{what}: session {handle.session_id} (etcd lease) has expired",
-                    job_id=keys.job_id, generation=generation,
+                since = self._generation_since(keys, generation, completion_kv, what)
+                if since is None:
+                    return SessionExpired(
+                        f"{what}: session {handle.session_id} (etcd lease) has expired",
+                        job_id=keys.job_id, generation=generation,
+                    )
+                return StaleLeaseError(
+                    f"{what}: {keys.job_id!r} was claimed or completed again since "
+                    f"generation {generation} (store has generation {since}; session "
+                    f"{handle.session_id} has expired too)",
+                    job_id=keys.job_id, generation=generation, current_generation=since,
                 )
         current = None
         if owner_kv is not None:
@@ -227,6 +236,27 @@ class Ops:
             f"{generation} (store has generation {current})",
             job_id=keys.job_id, generation=generation, current_generation=current,
         )
+
+    def _generation_since(self, keys: JobKeys, generation: int, completion_kv: Any,
+                          what: str) -> int | None:
+        """With the job not held (owner key gone): the generation of a completion, or of
+        a claim made after ``generation`` (the history key: every claim writes it, a
+        release or fail rewrites it with its generation, a completion deletes it), or
+        ``None`` if there is neither (or the history key cannot be read: the session's
+        end is then the answer known)."""
+        if completion_kv is not None:
+            return Completion.decode(completion_kv.value, completion_kv.key).generation
+        try:
+            history_kv = self.read_keys([keys.history], f"{what} (reading the history)",
+                                        time.monotonic() + self.config.timeout_s,
+                                        keys.job_id)[0]
+        except BackendUnavailable:
+            return None
+        if history_kv is None:
+            return None
+        past = History.decode(history_kv.value, history_kv.key)
+        last = past.generation or compose(past.epoch, int(history_kv.mod_revision))
+        return None if last == generation else last
 
     # -- writing --------------------------------------------------------------------------
 
