@@ -128,6 +128,6 @@ def shared(store: LeaseStore) -> LeaseStore:
         store.close()
         raise InvalidArgument(
             f"the {store.backend.scheme} store lives inside one process; a command cannot "
-            f"share it (use sqlite:////path/to/file.db, etcd:// or zk://)"
+            f"share it (use sqlite:////path/to/file.db, etcd://, zk:// or postgresql://)"
         )
     return store

@@ -193,9 +193,10 @@ def _w5(rows: _Rows, data: dict[str, Any]) -> None:
     speedup = data["speedup"]
     sp = data.get("speedup_spread")
     rounds = f", {data['rounds']} rounds" if "rounds" in data else ""
+    requests = data["store_requests_per_batch"]
     rows.add("W5", name, target,
-             f"{speedup:.1f}x{span(sp, '.1f')} ({data['store_requests_per_batch']} requests "
-             f"per batch{rounds})",
+             f"{speedup:.1f}x{span(sp, '.1f')} ({requests} store "
+             f"request{'' if requests == 1 else 's'} per batch{rounds})",
              _status(speedup >= W5_MIN_SPEEDUP),
              "the middle half of the rounds' speedups straddles the target: within the noise"
              if _straddles(sp, W5_MIN_SPEEDUP) else "")
