@@ -37,6 +37,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ..errors import InvalidArgument
 from ..options import redact_url
 from ..record import JobState, LeaseRecord, QueuedJob, QueueStats
 from ..store import LeaseStore
@@ -223,6 +224,12 @@ def _counts_table(url: str, stats: list[QueueStats], console: Console) -> None:
 
 
 def _inspect(args: argparse.Namespace, console: Console) -> int:
+    if args.queue and args.jobs:
+        raise InvalidArgument(
+            "inspect: give JOB ids or --queue, not both (--queue shows a queue's counts, "
+            "and with --state its jobs in those states)"
+        )
+    args.queue = list(dict.fromkeys(args.queue))  # a queue named twice is shown once
     stats: list[QueueStats] = []
     notes: list[str] = []
     with open_existing_store(args.backend) as store:

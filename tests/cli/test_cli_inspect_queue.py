@@ -92,3 +92,18 @@ def test_everything_listed_says_nothing_more(
     captured = capsys.readouterr()
     assert len(json.loads(captured.out)) == FAILED and captured.err == ""
     assert reads == [1000]  # the default --limit
+
+
+def test_job_ids_with_a_queue_are_refused(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """JOB ids and --queue ask two different questions: refused (usage error), rather
+    than the ids being ignored."""
+    assert main(["inspect", "--backend", url, "--queue", "deep", "--state", "failed",
+                 "job-000"]) == 2
+    assert "not both" in capsys.readouterr().err
+
+
+def test_a_queue_named_twice_is_shown_once(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", "--backend", url, "--queue", "deep", "--queue", "deep",
+                 "--state", "failed", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert sorted(r["job_id"] for r in listed) == [f"job-{i:03d}" for i in range(FAILED)]
