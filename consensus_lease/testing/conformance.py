@@ -474,12 +474,11 @@ class BackendConformance(
         """After ``session.close()`` every store answers a lease of that session the same
         way (the contract in :meth:`Backend.complete <consensus_lease.backend.Backend.complete>`):
         ``SessionExpired`` while the store still shows the lease's generation (the end of
-        the session is why it is not held), ``StaleLeaseError`` once another session has
-        claimed the job (a newer generation is the reason, and it is reported). Plain and
+        the session is why it is not held; for a newer claim see the next test). Plain and
         queued jobs, the lease's own calls and the backend's, and ``set_value`` where the
         store has elections."""
         a = self.open(store, "A")
-        plain = [a.claim(f"closed-{i}") for i in range(4)]
+        plain = [a.claim(f"closed-{i}") for i in range(3)]
         queued: list[Lease] = []
         if store.capabilities.queues:
             for i in range(4):
@@ -503,7 +502,7 @@ class BackendConformance(
                 backend.fail(a.handle, job_id, claim, "e", 0.0)
             with pytest.raises(SessionExpired):
                 backend.complete(a.handle, job_id, claim, b"r")
-        first, second, third, fourth = plain
+        first, second, third = plain
         assert first is not None and second is not None and third is not None
         with pytest.raises(SessionExpired):
             first.complete(b"r")
@@ -514,31 +513,42 @@ class BackendConformance(
         if leader is not None:
             with pytest.raises(SessionExpired):
                 backend.set_value(a.handle, leader.job_id, leader.claim_result, b"v")
-        # Another session claims one of the jobs: its newer generation is the answer.
+
+    def test_closed_session_after_a_newer_claim_is_stale(
+        self, store: LeaseStore, sessions: list[Session]
+    ) -> None:
+        """After ``session.close()``, once another session has claimed the job the newer
+        generation is the reason (``StaleLeaseError`` with ``current_generation``; the
+        contract in :meth:`Backend.complete <consensus_lease.backend.Backend.complete>`),
+        whether that session still holds the job, released it, or completed it."""
+        a = self.open(store, "A")
+        old = a.claim("closed-then-claimed")
+        assert old is not None
+        a.close()
+        backend = store.backend
         b = self.open(store, "B")
-        assert fourth is not None
-        newer = b.claim(fourth.job_id)
-        assert newer is not None and newer.generation > fourth.generation
+        newer = b.claim(old.job_id)
+        assert newer is not None and newer.generation > old.generation
 
         def stale_since(current: int) -> None:
-            for call in (lambda: backend.complete(a.handle, fourth.job_id,
-                                                  fourth.claim_result, b"late"),
-                         lambda: backend.release(a.handle, fourth.job_id, fourth.claim_result),
-                         lambda: backend.renew(a.handle, fourth.job_id, fourth.claim_result)):
+            for call in (lambda: backend.complete(a.handle, old.job_id, old.claim_result,
+                                                  b"late"),
+                         lambda: backend.release(a.handle, old.job_id, old.claim_result),
+                         lambda: backend.renew(a.handle, old.job_id, old.claim_result)):
                 with pytest.raises(StaleLeaseError) as exc:
                     call()
                 assert exc.value.current_generation == current
 
         with pytest.raises(StaleLeaseError) as exc:
-            fourth.complete(b"late")
+            old.complete(b"late")
         assert exc.value.current_generation == newer.generation
         stale_since(newer.generation)  # B holds it
-        record = store.get(fourth.job_id)
+        record = store.get(old.job_id)
         assert record is not None and record.state is JobState.HELD
         assert record.generation == newer.generation and record.owner == "B"
         newer.release()
         stale_since(newer.generation)  # B claimed and released it: nobody holds it
-        last = b.claim(fourth.job_id)
+        last = b.claim(old.job_id)
         assert last is not None
         last.complete(b"b's")
         stale_since(last.generation)  # B claimed and completed it
