@@ -12,6 +12,7 @@ created in the database libpq's defaults lead to.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -21,8 +22,9 @@ import psycopg_pool
 import pytest
 
 from consensus_lease import InvalidArgument, open_store
+from consensus_lease.aio import open_store as aio_open_store
 from consensus_lease.backends.postgresql import LIBPQ_OPTIONS, OPTIONS, PostgresBackend
-from consensus_lease.testing.postgresql import postgres_url
+from consensus_lease.testing.postgresql import fresh_schema, postgres_url
 
 SECRET = "s3cr3t"
 NOWHERE = f"postgresql://u:{SECRET}@127.0.0.1:1/db"
@@ -158,3 +160,19 @@ def test_a_nul_in_the_password_creates_nothing_in_the_default_database(
             side.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
     assert created is None, "the store created its schema in database postgres"
 
+
+def test_aio_pool_size_is_the_connection_pool_and_threads_the_thread_pool() -> None:
+    base = postgres_url()
+
+    async def main() -> None:
+        with fresh_schema(base) as schema:
+            store = await aio_open_store(f"{base}?schema={schema}", pool_size=3, threads=5)
+            try:
+                backend = store.sync.backend
+                assert isinstance(backend, PostgresBackend)
+                assert backend.client._pool_size == 3  # it used to stay 10
+                assert store.threads == 5
+            finally:
+                await store.close()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
