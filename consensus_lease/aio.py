@@ -13,12 +13,16 @@ What asyncio adds is waiting without threads, and delivering lease loss as
                 await do_the_work(token=lease.generation)
                 await lease.complete(b"done")
 
-Threads. Round trips run on a pool of ``pool_size`` threads that the
-:class:`AsyncLeaseStore` owns (never the event loop's default executor; ended by
-``close()``). A *waiting* claim holds none of them while it waits: it subscribes to the
-job or queue (:meth:`Backend.subscribe_job`) and awaits a future that the subscription's
+Threads. Round trips run on a pool of ``threads`` threads that the
+:class:`AsyncLeaseStore` owns (``open_store(url, threads=8)``; never the event loop's
+default executor; ended by ``close()``). Every other keyword of :func:`open_store` is the
+store's, as in :func:`consensus_lease.open_store`: ``pool_size`` is the PostgreSQL store's
+connection pool there too, and a store without such an option refuses it.
+
+A *waiting* claim holds none of the threads while it waits: it subscribes to the job or
+queue (:meth:`Backend.subscribe_job`) and awaits a future that the subscription's
 callback, the session's end or the deadline completes; only its claim attempts run on the
-pool, one at a time per waiting claim. Claim attempts use at most ``pool_size - 2`` (at
+pool, one at a time per waiting claim. Claim attempts use at most ``threads - 2`` (at
 least 1) threads at once, so ``renew``, ``complete``, ``release`` and ``fail`` always find
 a free one, however many claims wait; and the re-tries of woken waiting claims use at most
 half of those, so a new claim does not queue behind them. Thousands of waiting claims
@@ -61,7 +65,7 @@ from .store import open_store as open_sync_store
 from .validation import check_election_name, check_job_id, check_queue_name, check_wait
 
 __all__ = [
-    "DEFAULT_POOL_SIZE",
+    "DEFAULT_THREADS",
     "RESERVED_THREADS",
     "AsyncLeaderWatch",
     "AsyncLeadership",
@@ -74,24 +78,38 @@ __all__ = [
 T = TypeVar("T")
 LeaseT = TypeVar("LeaseT", bound=Lease)
 
-DEFAULT_POOL_SIZE = 8
-"""Threads of an :class:`AsyncLeaseStore`'s pool unless ``pool_size`` says otherwise."""
+DEFAULT_THREADS = 8
+"""Threads of an :class:`AsyncLeaseStore`'s pool unless ``threads`` says otherwise."""
 
 RESERVED_THREADS = 2
 """Threads of the pool that claim attempts never use: kept for lease operations."""
 
-MAX_POOL_SIZE = 1024
+MAX_THREADS = 1024
+"""Most threads an :class:`AsyncLeaseStore`'s pool may have."""
 
 
-def check_pool_size(pool_size: object) -> int:
-    """``pool_size`` as an int from 2 to :data:`MAX_POOL_SIZE`, else ``InvalidArgument``."""
-    if isinstance(pool_size, bool) or not isinstance(pool_size, int) or not (
-        2 <= pool_size <= MAX_POOL_SIZE
+def check_threads(threads: object) -> int:
+    """``threads`` as an int from 2 to :data:`MAX_THREADS`, else ``InvalidArgument``."""
+    if isinstance(threads, bool) or not isinstance(threads, int) or not (
+        2 <= threads <= MAX_THREADS
     ):
         raise InvalidArgument(
-            f"pool_size must be an int from 2 to {MAX_POOL_SIZE}, not {pool_size!r}"
+            f"threads (the asyncio adapter's thread pool) must be an int from 2 to "
+            f"{MAX_THREADS}, not {threads!r}"
         )
-    return pool_size
+    return threads
+
+
+def _named_for_threads(exc: InvalidArgument, options: dict[str, object]) -> InvalidArgument:
+    """``exc``, or, when the store refused ``pool_size`` as unknown, ``exc`` with a hint:
+    the asyncio adapter's thread pool is ``threads``, not ``pool_size``."""
+    text = str(exc)
+    if "pool_size" not in options or not text.startswith("unknown") or "pool_size" not in text:
+        return exc
+    return InvalidArgument(
+        f"{text} (pool_size is a store option: the PostgreSQL connection pool; the asyncio "
+        "adapter's thread pool is threads=)"
+    )
 
 
 # -- the pool ------------------------------------------------------------------------
@@ -607,19 +625,19 @@ class AsyncLeaseStore:
 
     Args:
         store: the synchronous store.
-        pool_size: threads of the pool (int, 2 to 1024; default
-            :data:`DEFAULT_POOL_SIZE`); claim attempts use at most ``pool_size - 2`` of
+        threads: threads of the pool (int, 2 to 1024; default
+            :data:`DEFAULT_THREADS`); claim attempts use at most ``threads - 2`` of
             them at once (at least 1).
 
     Raises:
-        InvalidArgument: bad ``pool_size``.
+        InvalidArgument: bad ``threads``.
 
     Attributes:
         sync: the underlying :class:`~consensus_lease.LeaseStore`.
     """
 
-    def __init__(self, store: LeaseStore, *, pool_size: int = DEFAULT_POOL_SIZE) -> None:
-        self._setup(store, _Workers(check_pool_size(pool_size)))
+    def __init__(self, store: LeaseStore, *, threads: int = DEFAULT_THREADS) -> None:
+        self._setup(store, _Workers(check_threads(threads)))
 
     def _setup(self, store: LeaseStore, workers: _Workers) -> None:
         self.sync = store
@@ -628,15 +646,21 @@ class AsyncLeaseStore:
 
     @classmethod
     async def open(
-        cls, url: str, *, pool_size: int = DEFAULT_POOL_SIZE, clock: Clock | None = None,
+        cls, url: str, *, threads: int = DEFAULT_THREADS, clock: Clock | None = None,
         observer: Observer | None = None, retry: RetryPolicy | None = None,
         **options: object,
     ) -> AsyncLeaseStore:
         """See :func:`open_store`."""
-        workers = _Workers(check_pool_size(pool_size))
+        workers = _Workers(check_threads(threads))
         try:
             store = await workers.run(partial(
                 open_sync_store, url, clock=clock, observer=observer, retry=retry, **options))
+        except InvalidArgument as exc:
+            workers.shutdown()
+            named = _named_for_threads(exc, options)
+            if named is exc:
+                raise
+            raise named from exc
         except BaseException:
             workers.shutdown()
             raise
@@ -649,7 +673,7 @@ class AsyncLeaseStore:
         return self.sync.capabilities
 
     @property
-    def pool_size(self) -> int:
+    def threads(self) -> int:
         """Threads of this store's pool."""
         return self._workers.size
 
@@ -750,21 +774,27 @@ class AsyncLeaseStore:
 
 
 async def open_store(
-    url: str, *, pool_size: int = DEFAULT_POOL_SIZE, clock: Clock | None = None,
+    url: str, *, threads: int = DEFAULT_THREADS, clock: Clock | None = None,
     observer: Observer | None = None, retry: RetryPolicy | None = None, **options: object,
 ) -> AsyncLeaseStore:
     """Open a lease store for asyncio: :func:`consensus_lease.open_store` (same URL,
     options and errors), run on the new store's own pool.
 
     Args:
-        pool_size: threads of the store's pool (int, 2 to 1024, default 8). Round trips
-            run there; claim attempts use at most ``pool_size - 2`` of them at once, so
+        threads: threads of the store's pool (int, 2 to 1024, default 8). Round trips
+            run there; claim attempts use at most ``threads - 2`` of them at once, so
             lease operations always find a free one. Waiting claims hold none.
+        **options: the store's options, exactly those of
+            :func:`consensus_lease.open_store` (``pool_size`` is the PostgreSQL store's
+            connection pool here too); every one reaches the store, which refuses those
+            it does not know.
 
     Raises:
-        InvalidArgument: bad ``pool_size``, and as :func:`consensus_lease.open_store`.
+        InvalidArgument: bad ``threads``; an option the store does not know (for
+            ``pool_size`` the message names ``threads``); and as
+            :func:`consensus_lease.open_store`.
     """
-    return await AsyncLeaseStore.open(url, pool_size=pool_size, clock=clock,
+    return await AsyncLeaseStore.open(url, threads=threads, clock=clock,
                                       observer=observer, retry=retry, **options)
 
 

@@ -91,6 +91,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import make_url
 
 from .errors import BackendUnavailable, FenceRejected, InvalidArgument
 from .fencing import (
@@ -525,8 +526,51 @@ def _translate(error: exc.DBAPIError, what: str) -> BackendUnavailable:
     return BackendUnavailable(f"{what}: {message.strip()}")
 
 
+def _check_url_values(url: str) -> None:
+    """Refuse a URL with a part the driver cannot carry, before anything is sent: a NUL
+    character (also as ``%00``, which SQLAlchemy decodes) makes libpq stop reading its
+    connection string there and connect with its defaults for the rest (another host,
+    port or database); sqlite3 raises a raw ``ValueError``; a lone surrogate cannot be
+    encoded.
+
+    Raises:
+        InvalidArgument: naming the part (never the password's value).
+    """
+    try:
+        parsed = make_url(url)
+    except exc.ArgumentError:
+        return  # create_engine says what is wrong
+    parts: list[tuple[str, object]] = [
+        ("user name", parsed.username), ("password", parsed.password),
+        ("host", parsed.host), ("database", parsed.database),
+    ]
+    for name, given in parsed.query.items():
+        parts.append(("query option name", name))
+        parts.extend((f"query option {name[:32]!r}", v)
+                     for v in (given if isinstance(given, tuple) else (given,)))
+    for what, value in parts:
+        if not isinstance(value, str):
+            continue
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidArgument(f"SQL fence URL's {what} contains a character UTF-8 "
+                                  "cannot encode (a lone surrogate)") from None
+        if "\x00" in value:
+            raise InvalidArgument(
+                f"SQL fence URL's {what} contains a NUL character (%00): the driver would "
+                "stop reading the connection parameters there and use its defaults"
+            )
+
+
 def _make_engine(url: str, busy_timeout_s: float) -> Engine:
-    """An engine for ``url``; SQLite gets WAL, a busy timeout and BEGIN IMMEDIATE."""
+    """An engine for ``url``; SQLite gets WAL, a busy timeout and BEGIN IMMEDIATE.
+
+    Raises:
+        InvalidArgument: a URL SQLAlchemy cannot use, or with a part the driver cannot
+            carry (:func:`_check_url_values`).
+    """
+    _check_url_values(url)
     try:
         if not url.startswith("sqlite"):
             return create_engine(url, pool_pre_ping=True)

@@ -153,6 +153,26 @@ def test_bad_arguments_are_rejected_before_any_sql(
     assert fence.effects() == []
 
 
+@pytest.mark.parametrize(("url", "part"), [
+    ("postgresql+psycopg://u:s3cr3t%00x@127.0.0.1:1/db", "password"),
+    ("postgresql+psycopg://u:s3cr3t@127.0.0.1:1/d%00b", "database"),
+    ("postgresql+psycopg://u:s3cr3t@127.0.0.1:1/db?application_name=a%00b",
+     "query option 'application_name'"),
+    ("postgresql+psycopg://u:s3cr3t\udc80@127.0.0.1:1/db", "password"),
+    ("sqlite:///{tmp}/a%00b.db", "database"),
+])
+def test_a_url_part_the_driver_cannot_carry_is_refused_before_connecting(
+    url: str, part: str, tmp_path: Path
+) -> None:
+    """libpq stops reading its connection string at a NUL (the host, port or database
+    after it replaced by its defaults); sqlite3 raises a bare ValueError. Port 1: a
+    connection attempt would be BackendUnavailable, not InvalidArgument."""
+    with pytest.raises(InvalidArgument, match=f"URL's {part}") as info:
+        SqlFence(url.format(tmp=tmp_path))
+    assert "s3cr3t" not in str(info.value)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_as_fence_is_the_plain_fence_protocol(fence: SqlFence) -> None:
     plain = fence.as_fence()
     assert plain.apply("job", 2, "a") is FenceOutcome.ACCEPTED

@@ -37,6 +37,7 @@ from ..errors import (
     LeaseError,
     OutcomeUnknown,
 )
+from ._pg_conninfo import check_conninfo
 
 __all__ = ["Client", "Listener", "SentMaybe", "translate"]
 
@@ -114,6 +115,10 @@ class Client:
             may stay unacknowledged (``tcp_user_timeout``); also how long a caller waits
             for a pooled connection.
         pool_size: most connections the pool opens.
+
+    Raises:
+        InvalidArgument: ``conninfo`` is malformed, or holds a NUL or a character UTF-8
+            cannot encode (nothing is sent).
     """
 
     def __init__(
@@ -124,9 +129,10 @@ class Client:
         self.timeout_s = timeout_s
         self.conninfo = conninfo
         ms = max(1, int(timeout_s * 1000))
+        check_conninfo(conninfo)  # libpq would stop at a NUL: the rest silently dropped
         try:
             given = conninfo_to_dict(conninfo)
-        except psycopg.ProgrammingError as exc:
+        except (psycopg.ProgrammingError, ValueError) as exc:
             raise InvalidArgument(f"malformed PostgreSQL connection string "
                                   f"({type(exc).__name__})") from None
         ours = f"-c statement_timeout={ms} -c lock_timeout={self.lock_wait_ms(timeout_s)}"

@@ -115,8 +115,13 @@ Errors: an unreachable server is ``BackendUnavailable``; bad or missing credenti
 (``no password supplied``) ``AuthenticationFailed``; a database that does not exist
 ``InvalidArgument`` naming it (the store never creates a database); a schema of
 PostgreSQL's own (``information_schema``, ``pg_*``) ``InvalidArgument`` before
-connecting; a connection that breaks after a write was sent is settled by reading back
-(``OutcomeUnknown`` only where that cannot tell). No psycopg exception escapes.
+connecting; so is a value libpq cannot carry, in any URL part (``user``, ``password``,
+``host``, ``port``, ``dbname``, after percent-decoding) or option (query string or keyword
+argument): a NUL character or ``%00`` (libpq would stop reading there and connect with its
+defaults for the rest), a lone surrogate, a stray ``%`` in the URL; the error names the
+parameter, never a password's value (:mod:`._pg_conninfo`); a connection that breaks
+after a write was sent is settled by reading back (``OutcomeUnknown`` only where that
+cannot tell). No psycopg exception escapes.
 """
 
 from __future__ import annotations
@@ -148,6 +153,7 @@ from ..errors import (
 from ..options import Option, OptionTable, ParsedOptions
 from ..record import ClaimResult, JobState, LeaseRecord
 from ._pg_client import Client, Listener, SentMaybe, translate
+from ._pg_conninfo import check_option_values, check_url, hide_password
 from ._pg_queue import QueueOps
 from ._pg_schema import MIGRATIONS, NOW, SCHEMA_VERSION, Names, check_schema_name
 from ._pg_sql import Statements
@@ -190,6 +196,9 @@ OPTIONS = OptionTable(
     ],
 )
 """The options of ``postgresql://`` URLs (see the module docstring)."""
+
+SECRET_OPTIONS = frozenset(o.name for o in OPTIONS.options.values() if o.secret)
+"""Options whose value no error message quotes."""
 
 LIBPQ_OPTIONS = (
     "host", "hostaddr", "port", "sslmode", "sslrootcert", "sslcert", "sslkey", "sslcrl",
@@ -241,7 +250,8 @@ class PostgresBackend(QueueOps):
         connect_timeout_s / timeout_s / poll_interval_s / pool_size / create: the options.
 
     Raises:
-        InvalidArgument: bad schema name; ``create`` is false and there is no store; the
+        InvalidArgument: bad schema name; ``conninfo`` holds a NUL or an unencodable
+            character (nothing is sent); ``create`` is false and there is no store; the
             store was written by a newer version (``schema_version`` above ours).
         AuthenticationFailed: the server refused the credentials.
         BackendUnavailable: the server cannot be reached within ``connect_timeout_s``.
@@ -291,18 +301,21 @@ class PostgresBackend(QueueOps):
                 f"PostgreSQL URL must be postgresql://user:password@host:port/dbname, got "
                 f"{conninfo.split('@')[-1]!r}"
             )
+        check_url(conninfo)  # NUL, %00, unencodable: named, before libpq sees them
         try:
             conninfo_to_dict(conninfo)  # libpq's own parser
             parts = urlsplit(conninfo)
             if "," not in parts.netloc:  # one host: libpq checks its port only on connect
                 _ = parts.port
         except (psycopg.ProgrammingError, ValueError) as exc:
-            raise InvalidArgument(f"malformed PostgreSQL URL: {exc}") from None
+            raise InvalidArgument(
+                f"malformed PostgreSQL URL: {hide_password(str(exc), conninfo)}") from None
         if "connect_timeout" in options:
             raise InvalidArgument(
                 "PostgreSQL option connect_timeout: use connect_timeout_s (seconds)"
             )
         parsed = OPTIONS.parse(options)
+        check_option_values(parsed.values, SECRET_OPTIONS)
         extra = libpq_params(parsed)
         if extra:
             try:

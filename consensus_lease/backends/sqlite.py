@@ -605,6 +605,11 @@ class SqliteBackend(Backend):
                 f"SQLite URL must be sqlite:///relative.db or sqlite:////absolute.db, got {url!r}"
             )
         path = rest[1:]
+        if "\x00" in path:  # sqlite3 would raise a bare ValueError (no file name holds one)
+            raise InvalidArgument(
+                f"SQLite URL's path contains a NUL character: {path!r}; the path is used "
+                "as written (no percent-decoding: %00 is three characters of a file name)"
+            )
         parsed = OPTIONS.parse(options)
         return cls(
             path,

@@ -154,8 +154,8 @@ class _NoDefaultExecutor(ThreadPoolExecutor):
 def test_round_trips_run_on_the_stores_own_pool(url: str) -> None:
     async def main() -> None:
         asyncio.get_running_loop().set_default_executor(_NoDefaultExecutor(1))
-        store = await aio_open_store(url, pool_size=3)
-        assert store.pool_size == 3
+        store = await aio_open_store(url, threads=3)
+        assert store.threads == 3
         async with store.session("A", ttl_s=10) as a:
             lease = await a.claim("job", wait_s=1)
             assert lease is not None
@@ -175,14 +175,33 @@ def test_round_trips_run_on_the_stores_own_pool(url: str) -> None:
 
 
 @pytest.mark.parametrize("bad", [0, 1, 2.5, True, "8", 4096])
-def test_bad_pool_size_is_rejected(bad: object) -> None:
+def test_bad_threads_is_rejected(bad: object) -> None:
     async def main() -> None:
-        with pytest.raises(InvalidArgument, match="pool_size"):
-            await aio_open_store("memory://", pool_size=bad)  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgument, match="threads"):
+            await aio_open_store("memory://", threads=bad)  # type: ignore[arg-type]
 
     asyncio.run(main())
-    with pytest.raises(InvalidArgument, match="pool_size"):
-        AsyncLeaseStore(open_store("memory://"), pool_size=bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="threads"):
+        AsyncLeaseStore(open_store("memory://"), threads=bad)  # type: ignore[arg-type]
+
+
+def test_pool_size_is_the_stores_option_never_the_thread_pool(url: str) -> None:
+    """``pool_size`` means the PostgreSQL connection pool in both APIs: aio hands it to
+    the store like every other option (it used to size the thread pool and never reach
+    the store); a store without it refuses it, and the message names ``threads``."""
+    async def main() -> None:
+        with pytest.raises(InvalidArgument, match=r"unknown .*pool_size.*threads=") as info:
+            await aio_open_store(url, pool_size=4)
+        assert "the asyncio adapter's thread pool is threads=" in str(info.value)
+        with pytest.raises(InvalidArgument, match=r"unknown .*colour"):
+            await aio_open_store(url, colour="blue")
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+    with pytest.raises(InvalidArgument, match=r"unknown .*pool_size") as info:
+        open_store(url, pool_size=4)
+    assert "threads" not in str(info.value)  # the sync API has no thread pool to name
+    with pytest.raises(InvalidArgument, match=r"unknown .*threads"):
+        open_store(url, threads=4)  # nor a threads option
 
 
 def test_async_parity_with_the_sync_api(url: str) -> None:

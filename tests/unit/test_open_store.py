@@ -55,6 +55,17 @@ def test_relative_and_absolute_sqlite_paths(tmp_path: Path, monkeypatch: pytest.
     assert (tmp_path / "abs.db").exists()
 
 
+def test_a_nul_in_a_sqlite_path_is_invalid_argument(tmp_path: Path) -> None:
+    """sqlite3 raised a bare ValueError; the path is not percent-decoded, so ``%00`` is
+    three characters of a file name."""
+    with pytest.raises(InvalidArgument, match="NUL"):
+        open_store(f"sqlite:///{tmp_path}/a\x00b.db")
+    assert list(tmp_path.iterdir()) == []
+    with open_store(f"sqlite:///{tmp_path}/a%00b.db"):
+        pass
+    assert [p.name for p in tmp_path.iterdir()] == ["a%00b.db"]
+
+
 def test_unreadable_or_corrupt_file_is_backend_unavailable(tmp_path: Path) -> None:
     with pytest.raises(BackendUnavailable):
         open_store(f"sqlite:///{tmp_path}/missing-dir/x.db")
