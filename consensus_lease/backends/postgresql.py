@@ -91,6 +91,12 @@ poll_interval_s    0.1              the fallback poll of waiting claims (expiry;
 pool_size          10               most pooled connections of this process (+1 listener)
 create             true             create the schema and tables if missing; ``false``:
                                     a missing store is ``InvalidArgument``
+pooling            none             the pooler in between: ``none`` (direct), ``session``
+                                    or ``transaction`` (PgBouncer's ``pool_mode``; below)
+listen_url         none             ``postgresql://`` URL of a direct connection to the
+                                    same database for ``LISTEN`` (credentials and TLS
+                                    options inherited unless it sets them); without it
+                                    and with ``pooling=transaction``: polling
 ca_file            none             PEM CA file verifying the server: libpq
                                     ``sslrootcert``, and ``sslmode=verify-full`` unless
                                     ``sslmode`` is given
@@ -110,6 +116,18 @@ kept and the store's ``statement_timeout``/``lock_timeout`` are set after it (th
 Without ``application_name`` the connections are named ``consensus_lease``; without the
 ``keepalives*`` parameters the store sets TCP keepalives from ``timeout_s``. A shared name
 and its libpq name together (``ca_file`` and ``sslrootcert``) are ``InvalidArgument``.
+
+PgBouncer (1.18 and later; session and transaction pooling, not statement pooling):
+``pooling=transaction`` prepares nothing on the server (``prepare_threshold=None``),
+sends no ``options`` and sets ``statement_timeout``/``lock_timeout`` with
+``set_config(..., true)`` in the same pipeline (one Sync, one round trip) as each
+statement, and LISTENs only on ``listen_url`` (else waiting claims poll every
+``poll_interval_s``). ``pooling=session`` sets both timeouts on each new connection.
+Without ``pooling`` a pooler is refused at open with ``InvalidArgument`` naming
+transaction pooling and the option: PgBouncer refusing the ``options`` startup parameter
+(its default), or dropping it (``ignore_startup_parameters = options``: the timeouts read
+back after connecting differ from the asked ones). ``options`` with ``pooling`` other
+than ``none`` is ``InvalidArgument``.
 
 Errors: an unreachable server is ``BackendUnavailable``; bad or missing credentials
 (``no password supplied``) ``AuthenticationFailed``; a database that does not exist
