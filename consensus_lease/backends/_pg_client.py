@@ -13,6 +13,16 @@
   it, so a waiting claim is woken when a release, completion or enqueue commits. When the
   listener's connection breaks it reconnects (bounded back-off); meanwhile the poller's
   own interval is the fallback.
+* Connection poolers (:data:`POOLING`): with ``pooling=none`` the store's
+  ``statement_timeout`` and ``lock_timeout`` travel in the libpq ``options`` startup
+  parameter, and :meth:`Client.check_settings` refuses a connection on which they did not
+  take effect (a pooler that dropped them). ``pooling=session`` sends no ``options`` and
+  sets them with ``set_config`` on each new connection (each is a server session of its
+  own). ``pooling=transaction`` keeps no state on a server connection from one
+  transaction to the next: no server-side prepared statement (``prepare_threshold=None``),
+  and every statement is sent in one pipeline with a ``set_config(..., true)`` of both
+  settings before it, ended by one Sync: one transaction, one round trip
+  (:func:`per_transaction_cursor`).
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import psycopg
 import psycopg_pool
@@ -39,7 +49,7 @@ from ..errors import (
 )
 from ._pg_conninfo import check_conninfo
 
-__all__ = ["Client", "Listener", "SentMaybe", "translate"]
+__all__ = ["POOLING", "Client", "Listener", "SentMaybe", "per_transaction_cursor", "translate"]
 
 log = logging.getLogger("consensus_lease")
 
@@ -53,6 +63,51 @@ _AUTH_STATES = frozenset({"28000", "28P01"})
 _AUTH_WORDS = ("password authentication failed", "authentication failed",
                "no pg_hba.conf entry", "no password supplied", "role \"")
 _NO_DATABASE = re.compile(r'database "(.*)" does not exist')
+
+POOLING = ("none", "session", "transaction")
+"""The values of the ``pooling`` option: what sits between the store and the server."""
+
+POOLER_HINT = (
+    "behind PgBouncer in transaction pooling mode (pool_mode = transaction) open the store "
+    "with pooling=transaction (and listen_url= a direct connection for LISTEN, or waiting "
+    "claims poll every poll_interval_s); in session pooling mode with pooling=session"
+)
+"""What a refusal of a pooler names (:func:`translate`, :meth:`Client.check_settings`)."""
+
+
+_SET_SQL = ("SELECT set_config('statement_timeout', '{statement_timeout}', {local}), "
+            "set_config('lock_timeout', '{lock_timeout}', {local})")
+"""The store's timeouts (milliseconds) as one statement: ``local`` ``true`` for the current
+transaction only (``pooling=transaction``), ``false`` for the session (``session``)."""
+
+
+def per_transaction_cursor(
+    statement_timeout_ms: int, lock_timeout_ms: int
+) -> type[psycopg.Cursor[tuple[Any, ...]]]:
+    """The cursor class of ``pooling=transaction`` connections: each :meth:`execute` sends
+    ``set_config(..., true)`` of both timeouts and then the statement in one pipeline
+    ended by one Sync, so that PostgreSQL runs them as one transaction (an implicit one
+    ends at the Sync, https://www.postgresql.org/docs/15/protocol-flow.html#PROTOCOL-FLOW-
+    PIPELINING) and PgBouncer hands both to the same server connection, which it takes
+    back at the Sync's ReadyForQuery: the settings never outlive the statement's
+    transaction (inside an explicit transaction they last until its end). One round trip:
+    the results are read after the Sync. Never prepared (``prepare=False``): a prepared
+    statement would stay on a server connection that other clients then use."""
+    settings = _SET_SQL.format(statement_timeout=statement_timeout_ms,
+                               lock_timeout=lock_timeout_ms, local="true")
+
+    class PerTransactionCursor(psycopg.Cursor[tuple[Any, ...]]):
+        def execute(
+            self, query: Any, params: Any = None, *, prepare: bool | None = None,
+            binary: bool | None = None,
+        ) -> Self:
+            conn = self.connection
+            with conn.pipeline():
+                psycopg.Cursor(conn).execute(settings, prepare=False)
+                super().execute(query, params, prepare=False, binary=binary)
+            return self
+
+    return PerTransactionCursor
 
 
 class SentMaybe(Exception):
@@ -70,6 +125,12 @@ def translate(exc: BaseException, where: str, job_id: str | None = None) -> Leas
     :class:`BackendUnavailable`."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     state = getattr(exc, "sqlstate", None)
+    if "unsupported startup parameter: options" in str(exc):
+        return InvalidArgument(
+            f"{where}: a connection pooler refused the libpq startup parameter 'options' "
+            "(PgBouncer does by default), in which the store sends its statement_timeout "
+            f"and lock_timeout: {POOLER_HINT}", job_id=job_id,
+        )
     if state in _AUTH_STATES or (
         isinstance(exc, psycopg.OperationalError) and state is None
         and any(w in str(exc) for w in _AUTH_WORDS[:4])
@@ -115,15 +176,19 @@ class Client:
             may stay unacknowledged (``tcp_user_timeout``); also how long a caller waits
             for a pooled connection.
         pool_size: most connections the pool opens.
+        pooling: one of :data:`POOLING` (the module docstring).
+        listen_conninfo: where the :class:`Listener` connects (a direct connection to the
+            same database); ``None``: ``conninfo``.
 
     Raises:
-        InvalidArgument: ``conninfo`` is malformed, or holds a NUL or a character UTF-8
-            cannot encode (nothing is sent).
+        InvalidArgument: a malformed connection string, or one holding a NUL or a
+            character UTF-8 cannot encode (nothing is sent); ``options`` with ``pooling``
+            other than ``none`` (a pooler does not pass it on).
     """
 
     def __init__(
         self, conninfo: str, *, connect_timeout_s: float, timeout_s: float, pool_size: int,
-        where: str,
+        where: str, pooling: str = "none", listen_conninfo: str | None = None,
     ) -> None:
         self.where = where
         self.timeout_s = timeout_s
@@ -135,7 +200,19 @@ class Client:
         except (psycopg.ProgrammingError, ValueError) as exc:
             raise InvalidArgument(f"malformed PostgreSQL connection string "
                                   f"({type(exc).__name__})") from None
-        ours = f"-c statement_timeout={ms} -c lock_timeout={self.lock_wait_ms(timeout_s)}"
+        if pooling not in POOLING:
+            raise InvalidArgument(f"PostgreSQL option pooling must be one of "
+                                  f"{', '.join(POOLING)}, not {pooling!r}")
+        if pooling != "none" and given.get("options"):
+            raise InvalidArgument(
+                f"PostgreSQL option options cannot be used with pooling={pooling}: a pooler "
+                "does not pass the startup parameter on (PgBouncer refuses or drops it); "
+                "set server parameters per role or database (ALTER ROLE ... SET) instead"
+            )
+        self.pooling = pooling
+        lock_ms = self.lock_wait_ms(timeout_s)
+        self.settings = {"statement_timeout": ms, "lock_timeout": lock_ms}
+        ours = f"-c statement_timeout={ms} -c lock_timeout={lock_ms}"
         defaults: dict[str, Any] = {
             "tcp_user_timeout": ms,
             "keepalives": 1,
@@ -148,9 +225,16 @@ class Client:
             "autocommit": True,
             "connect_timeout": max(2, round(connect_timeout_s)),
             **{k: v for k, v in defaults.items() if k not in given},
-            # the store's timeouts last: a later -c wins over the user's own options
-            "options": f"{given['options']} {ours}" if given.get("options") else ours,
         }
+        self.listen_conninfo = conninfo if listen_conninfo is None else listen_conninfo
+        self.listen_kwargs = dict(self.kwargs)
+        if pooling == "none":
+            # the store's timeouts last: a later -c wins over the user's own options
+            self.kwargs["options"] = f"{given['options']} {ours}" if given.get("options") \
+                else ours
+        elif pooling == "transaction":
+            self.kwargs["prepare_threshold"] = None
+            self.kwargs["cursor_factory"] = per_transaction_cursor(ms, lock_ms)
         self.connect_timeout_s = connect_timeout_s
         self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[tuple[Any, ...]]] | None = None
         self._pool_size = pool_size
@@ -179,9 +263,59 @@ class Client:
             AuthenticationFailed / BackendUnavailable.
         """
         try:
-            return psycopg.connect(self.conninfo, **self.kwargs)
+            conn = psycopg.connect(self.conninfo, **self.kwargs)
         except (psycopg.Error, OSError) as exc:
             raise translate(exc, f"cannot connect to PostgreSQL {self.where}") from exc
+        try:
+            self._configure(conn)
+        except psycopg.Error as exc:
+            conn.close()
+            raise translate(exc, f"cannot connect to PostgreSQL {self.where}") from exc
+        return conn
+
+    def connect_listener(self) -> psycopg.Connection[tuple[Any, ...]]:
+        """A new connection for the :class:`Listener`: to ``listen_conninfo``, without the
+        store's statement settings (it runs ``LISTEN`` and waits).
+
+        Raises:
+            AuthenticationFailed / BackendUnavailable / InvalidArgument (see
+            :func:`translate`).
+        """
+        try:
+            return psycopg.connect(self.listen_conninfo, **self.listen_kwargs)
+        except (psycopg.Error, OSError) as exc:
+            raise translate(exc, f"cannot connect the listener of PostgreSQL "
+                                 f"{self.where}") from exc
+
+    def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        """``pooling=session``: set the store's timeouts on a new connection (its own
+        server session until it closes; PgBouncer resets it for the next client)."""
+        if self.pooling == "session":
+            conn.execute(_SET_SQL.format(local="false", **self.settings))
+
+    def check_settings(self, conn: psycopg.Connection[Any]) -> None:
+        """Refuse a connection on which the store's ``statement_timeout`` and
+        ``lock_timeout`` are not in effect: a pooler between the store and the server
+        dropped them (PgBouncer with ``ignore_startup_parameters = options``).
+
+        Raises:
+            InvalidArgument: naming transaction pooling and the ``pooling`` option.
+            psycopg.Error: from the read (the caller translates it).
+        """
+        row = conn.execute(
+            "SELECT (SELECT setting FROM pg_settings WHERE name = 'statement_timeout'), "
+            "(SELECT setting FROM pg_settings WHERE name = 'lock_timeout')"
+        ).fetchone()
+        asked = (str(self.settings["statement_timeout"]), str(self.settings["lock_timeout"]))
+        if row is None or tuple(row) != asked:
+            got = ("?", "?") if row is None else row
+            raise InvalidArgument(
+                f"PostgreSQL {self.where}: the server runs with statement_timeout="
+                f"{got[0]} ms and lock_timeout={got[1]} ms where the store asked for "
+                f"{asked[0]} ms and {asked[1]} ms in the libpq startup parameter "
+                "'options': a connection pooler dropped it (PgBouncer with "
+                f"ignore_startup_parameters = options); {POOLER_HINT}"
+            )
 
     def open_pool(self) -> None:
         """Start the pool (its first connection is opened within ``connect_timeout_s``).
@@ -193,6 +327,7 @@ class Client:
             psycopg_pool.ConnectionPool(
                 self.conninfo, kwargs=self.kwargs, min_size=1, max_size=self._pool_size,
                 timeout=self.timeout_s, open=False, name=f"consensus-lease-{self.where}",
+                configure=self._configure if self.pooling == "session" else None,
                 reconnect_timeout=max(self.connect_timeout_s, 1.0) * 4,
             )
         )
@@ -385,7 +520,7 @@ class Listener:
         failures = 0
         while not self._stop.is_set():
             try:
-                conn = self._client.connect()
+                conn = self._client.connect_listener()
             except LeaseError as exc:
                 log.debug("postgresql listener cannot connect", extra={"error": repr(exc)})
                 failures += 1

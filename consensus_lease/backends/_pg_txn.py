@@ -177,15 +177,20 @@ def _lock(
     lock_timeout_s: float | None, job_id: str,
 ) -> None:
     """Take the row lock (see the module docstring) or raise."""
+    # Behind a transaction pooler nothing is prepared on the caller's connection either:
+    # a prepared statement would stay on a server connection other clients then use.
+    prepare = False if backend.pooling == "transaction" else None
     try:
         previous = None
         if lock_timeout_s is not None:
-            previous = conn.execute("SELECT current_setting('lock_timeout')").fetchone()
+            previous = conn.execute("SELECT current_setting('lock_timeout')",
+                                    prepare=prepare).fetchone()
             conn.execute("SELECT set_config('lock_timeout', %s, true)",
-                         (f"{max(1, int(lock_timeout_s * 1000))}ms",))
-        row = conn.execute(sql, params).fetchone()
+                         (f"{max(1, int(lock_timeout_s * 1000))}ms",), prepare=prepare)
+        row = conn.execute(sql, params, prepare=prepare).fetchone()
         if previous is not None:
-            conn.execute("SELECT set_config('lock_timeout', %s, true)", (previous[0],))
+            conn.execute("SELECT set_config('lock_timeout', %s, true)", (previous[0],),
+                         prepare=prepare)
     except pgerrors.UndefinedTable as exc:
         raise InvalidArgument(
             f"lease.transaction(): the connection's database has no consensus_lease store "

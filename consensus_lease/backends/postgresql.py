@@ -91,6 +91,12 @@ poll_interval_s    0.1              the fallback poll of waiting claims (expiry;
 pool_size          10               most pooled connections of this process (+1 listener)
 create             true             create the schema and tables if missing; ``false``:
                                     a missing store is ``InvalidArgument``
+pooling            none             the pooler in between: ``none`` (direct), ``session``
+                                    or ``transaction`` (PgBouncer's ``pool_mode``; below)
+listen_url         none             ``postgresql://`` URL of a direct connection to the
+                                    same database for ``LISTEN`` (credentials and TLS
+                                    options inherited unless it sets them); without it
+                                    and with ``pooling=transaction``: polling
 ca_file            none             PEM CA file verifying the server: libpq
                                     ``sslrootcert``, and ``sslmode=verify-full`` unless
                                     ``sslmode`` is given
@@ -110,6 +116,18 @@ kept and the store's ``statement_timeout``/``lock_timeout`` are set after it (th
 Without ``application_name`` the connections are named ``consensus_lease``; without the
 ``keepalives*`` parameters the store sets TCP keepalives from ``timeout_s``. A shared name
 and its libpq name together (``ca_file`` and ``sslrootcert``) are ``InvalidArgument``.
+
+PgBouncer (1.18 and later; session and transaction pooling, not statement pooling):
+``pooling=transaction`` prepares nothing on the server (``prepare_threshold=None``),
+sends no ``options`` and sets ``statement_timeout``/``lock_timeout`` with
+``set_config(..., true)`` in the same pipeline (one Sync, one round trip) as each
+statement, and LISTENs only on ``listen_url`` (else waiting claims poll every
+``poll_interval_s``). ``pooling=session`` sets both timeouts on each new connection.
+Without ``pooling`` a pooler is refused at open with ``InvalidArgument`` naming
+transaction pooling and the option: PgBouncer refusing the ``options`` startup parameter
+(its default), or dropping it (``ignore_startup_parameters = options``: the timeouts read
+back after connecting differ from the asked ones). ``options`` with ``pooling`` other
+than ``none`` is ``InvalidArgument``.
 
 Errors: an unreachable server is ``BackendUnavailable``; bad or missing credentials
 (``no password supplied``) ``AuthenticationFailed``; a database that does not exist
@@ -152,7 +170,7 @@ from ..errors import (
 )
 from ..options import Option, OptionTable, ParsedOptions
 from ..record import ClaimResult, JobState, LeaseRecord
-from ._pg_client import Client, Listener, SentMaybe, translate
+from ._pg_client import POOLING, Client, Listener, SentMaybe, translate
 from ._pg_conninfo import check_option_values, check_url, hide_password
 from ._pg_queue import QueueOps
 from ._pg_schema import MIGRATIONS, NOW, SCHEMA_VERSION, Names, check_schema_name
@@ -170,6 +188,11 @@ OPTIONS = OptionTable(
                "fallback re-check interval of waiting claims (expiry)"),
         Option("pool_size", "int", 10, "most pooled connections", minimum=1, maximum=1000),
         Option("create", "bool", True, "create the schema and tables if missing"),
+        Option("pooling", "str", "none", "the connection pooler in between (PgBouncer's "
+               "pool_mode): none, session or transaction", choices=POOLING),
+        Option("listen_url", "str", None, "postgresql:// URL of a direct connection to the "
+               "same database for LISTEN (with pooling=transaction: none, waiting claims "
+               "poll)", secret=True),
         Option("ca_file", "path", None, "PEM CA file to verify the server (libpq sslrootcert);"
                " sslmode verify-full unless sslmode is given"),
         Option("cert_file", "path", None, "client certificate file (libpq sslcert)"),
@@ -215,6 +238,24 @@ MAX_BATCH_CLAIM = 1000
 
 SHARED_TO_LIBPQ = {"ca_file": "sslrootcert", "cert_file": "sslcert", "key_file": "sslkey"}
 """The library's shared option names and the libpq parameter each one sets."""
+
+
+def _listen_conninfo(url: str, extra: Mapping[str, str]) -> str:
+    """The listener's connection string: ``url`` (a libpq URI or connection string) with
+    the libpq parameters given as options (credentials, TLS ...) it does not set itself;
+    never the store's ``host``/``hostaddr``/``port``, which is what it differs in.
+
+    Raises:
+        InvalidArgument: ``url`` is malformed (the message leaves the password out).
+    """
+    try:
+        own = conninfo_to_dict(url)
+        inherited = {k: v for k, v in extra.items()
+                     if k not in own and k not in ("host", "hostaddr", "port")}
+        return make_conninfo(url, **inherited) if inherited else url
+    except psycopg.ProgrammingError:
+        raise InvalidArgument("PostgreSQL option listen_url is not a valid libpq URI or "
+                              "connection string") from None
 
 
 def libpq_params(parsed: ParsedOptions) -> dict[str, str]:
@@ -277,7 +318,7 @@ class PostgresBackend(QueueOps):
     def __init__(
         self, conninfo: str, *, schema: str = "consensus_lease", connect_timeout_s: float = 5.0,
         timeout_s: float = 5.0, poll_interval_s: float = 0.1, pool_size: int = 10,
-        create: bool = True,
+        create: bool = True, pooling: str = "none", listen_conninfo: str | None = None,
     ) -> None:
         self.names = Names(check_schema_name(schema))
         self.sql = Statements(self.names)
@@ -285,12 +326,19 @@ class PostgresBackend(QueueOps):
         self.timeout_s = timeout_s
         self.where = f"store {schema!r}"
         self.client = Client(conninfo, connect_timeout_s=connect_timeout_s,
-                             timeout_s=timeout_s, pool_size=pool_size, where=self.where)
+                             timeout_s=timeout_s, pool_size=pool_size, where=self.where,
+                             pooling=pooling, listen_conninfo=listen_conninfo)
+        self.pooling = pooling
+        # pooling=transaction without a direct connection: no LISTEN (it would stay on a
+        # pooled server connection); waiting claims poll every poll_interval_s
+        self.listens = pooling != "transaction" or listen_conninfo is not None
         self._elections = ChangeTracker()
         self._listener: Listener | None = None
         self._listener_lock = threading.Lock()
         self._closed = False
         self.identity = self._prepare(create)
+        if listen_conninfo is not None:
+            self._check_listen_target()
         self.client.open_pool()
 
     @classmethod
@@ -323,8 +371,15 @@ class PostgresBackend(QueueOps):
             except psycopg.ProgrammingError as exc:
                 raise InvalidArgument("malformed PostgreSQL connection options "
                                       f"({type(exc).__name__})") from None
+        listen = parsed.text("listen_url")
+        if listen is not None:
+            if "://" in listen:
+                check_url(listen.split("?", 1)[0])  # a %00 in its password: as the store's URL
+            listen = _listen_conninfo(listen, extra)
         return cls(
             conninfo,
+            pooling=parsed.text("pooling") or "none",
+            listen_conninfo=listen,
             schema=parsed.text("schema") or "consensus_lease",
             connect_timeout_s=parsed.seconds("connect_timeout_s"),
             timeout_s=parsed.seconds("timeout_s"),
@@ -341,6 +396,8 @@ class PostgresBackend(QueueOps):
         n = self.names
         conn = self.client.connect()
         try:
+            if self.client.pooling == "none":
+                self.client.check_settings(conn)  # a pooler that dropped them: refused
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
                              (f"consensus_lease:{n.schema}",))
@@ -382,6 +439,30 @@ class PostgresBackend(QueueOps):
             raise translate(exc, f"PostgreSQL {self.where}: preparing the schema") from exc
         finally:
             conn.close()
+
+    def _check_listen_target(self) -> None:
+        """Refuse a ``listen_url`` that does not reach this store's database (its
+        notifications would never come), with the connection's own error if it cannot
+        connect.
+
+        Raises:
+            InvalidArgument / AuthenticationFailed / BackendUnavailable.
+        """
+        conn = self.client.connect_listener()
+        try:
+            row = conn.execute(
+                f"SELECT identity FROM {self.names.meta} WHERE id = 1").fetchone()
+        except psycopg.Error:
+            row = None
+        finally:
+            conn.close()
+        if row is None or row[0] != self.identity:
+            raise InvalidArgument(
+                f"PostgreSQL option listen_url does not reach the database of "
+                f"{self.where} (no store with its identity in schema "
+                f"{self.names.schema!r} there): it must be a direct connection to the "
+                "same database"
+            )
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -785,7 +866,7 @@ class PostgresBackend(QueueOps):
         """Start the LISTEN connection on first use; wait (bounded) until it listens so
         that a change right after the caller subscribed is not missed (if it cannot, the
         poll interval covers it)."""
-        if self._listener is not None or self._closed:
+        if self._listener is not None or self._closed or not self.listens:
             return
         with self._listener_lock:
             if self._listener is None and not self._closed:

@@ -176,3 +176,16 @@ def test_aio_pool_size_is_the_connection_pool_and_threads_the_thread_pool() -> N
                 await store.close()
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+@pytest.mark.usefixtures("nothing_sent")
+@pytest.mark.parametrize("listen", [
+    f"postgresql://u:{SECRET}%00x0x@127.0.0.1:1/db",
+    f"postgresql://u:{SECRET}@127.0.0.1:1/db%00x",
+    f"postgresql://u:{SECRET}\x00x@127.0.0.1:1/db",
+])
+def test_listen_url_parts_are_checked_like_the_store_url(listen: str) -> None:
+    """``listen_url`` (the direct LISTEN connection behind a pooler) is a libpq URL too:
+    a ``%00`` in its password or database would redirect the listener."""
+    message = refused(NOWHERE, pooling="transaction", listen_url=listen)
+    assert "NUL character" in message
