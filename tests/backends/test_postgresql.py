@@ -354,7 +354,7 @@ def test_a_version_1_store_is_migrated_on_open(store: LeaseStore, url: str, base
         assert _has_index(base, b.names.schema, "cl_jobs_exhausted_by_queue")
         with psycopg.connect(base, autocommit=True) as side:
             version = side.execute(f"SELECT schema_version FROM {b.names.meta}").fetchone()
-        assert version == (SCHEMA_VERSION,) == (3,)
+        assert version == (SCHEMA_VERSION,) == (4,)
         assert reopened.queue_stats("q").available == 1
     finally:
         reopened.close()
@@ -391,7 +391,7 @@ def test_a_version_2_store_is_migrated_on_open(store: LeaseStore, url: str, base
         with psycopg.connect(base, autocommit=True) as side:
             version = side.execute(f"SELECT schema_version FROM {b.names.meta}").fetchone()
             closed = dict(side.execute(f"SELECT job_id, closed FROM {s}.cl_jobs").fetchall())
-        assert version == (3,)
+        assert version == (SCHEMA_VERSION,)
         assert closed == {"open": None, "done": True, "failed": True, "named": True,
                           "held": True}
         stats = reopened.queue_stats("q")
