@@ -136,10 +136,20 @@ class StandbyPair:
         hba = self.primary / "pg_hba.conf"
         hba.write_text("host replication all 127.0.0.0/8 reject\n" + hba.read_text())
         self._sql(PRIMARY_HOST, "SELECT pg_reload_conf()")
-        # the reload is asynchronous: until the WAL sender stays away, end it again
-        poll_until(lambda: self._sql(
-            PRIMARY_HOST, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_replication"
-        ) == 0, 30.0)
+        # Until the WAL sender stays away (none on two looks 0.3 s apart, longer than the
+        # standby's retry interval: a reconnect before the reload applied is ended too).
+        since: list[float] = []
+
+        def gone() -> bool:
+            ended = self._sql(PRIMARY_HOST, "SELECT count(pg_terminate_backend(pid)) "
+                              "FROM pg_stat_replication")
+            if ended != 0:
+                since.clear()
+                return False
+            since.append(time.monotonic())
+            return since[-1] - since[0] >= 0.3
+
+        poll_until(gone, 30.0)
 
     def kill_primary(self) -> None:
         """The primary stops at once, as in a crash (``immediate`` shutdown)."""
