@@ -110,7 +110,9 @@ class SessionExpired(LeaseLost):
 class StoreRegressed(SessionExpired):
     """The store's history went back: it was restored from an older backup or wiped
     (etcd: a response at a lower revision than one already seen, or another cluster id;
-    ZooKeeper: a lower zxid, or its identity znode gone or changed). Tokens handed out
+    ZooKeeper: a lower zxid, or its identity znode gone or changed; PostgreSQL: another
+    WAL timeline or system identifier than the store recorded, after a standby was
+    promoted or a backup restored). Tokens handed out
     from now on could be *lower* than tokens already used, so every session of this store
     is over, and a claim answered from the regressed history is handed back.
 

@@ -12,7 +12,7 @@ import psycopg
 
 from .._epoch import compose
 from ..backend import Backend, SessionHandle
-from ..errors import InvalidArgument, OutcomeUnknown, SessionExpired
+from ..errors import InvalidArgument, OutcomeUnknown, SessionExpired, StoreRegressed
 from ..record import ClaimResult, EnqueueItem, LeaseRecord, QueuedJob, QueueStats
 from ._pg_schema import NOW
 from ._sql_row import record_of_row
@@ -32,6 +32,10 @@ class QueueOps(Backend):
     client: Client
     names: Names
     sql: Statements
+
+    def _expired(self, session_id: str, job_id: str | None = None,
+                 generation: int | None = None) -> SessionExpired:
+        raise NotImplementedError  # PostgresBackend's
 
     def _one(self, sql: str, params: Any, job_id: str | None = None) -> tuple[Any, ...] | None:
         rows = self.client.read(sql, params, job_id)
@@ -116,6 +120,7 @@ class QueueOps(Backend):
         this session now holds.
 
         Raises:
+            StoreRegressed: the server is not the store's any more (failover, restore).
             SessionExpired / BackendUnavailable / OutcomeUnknown: see :mod:`consensus_lease.errors`.
         """
         params = {"queue": queue, "sid": session.session_id, "owner": session.owner}
@@ -139,12 +144,13 @@ class QueueOps(Backend):
         job_id, local, attempt, epoch, payload, expires_at, alive, dead = row
         if dead:
             self.wake_subscribers()  # waiters on those jobs learn they FAILED
+        if local is None and not alive:  # not alive here: why (a failover: StoreRegressed)
+            expired = self._expired(session.session_id, job_id)
+            if job_id is not None or isinstance(expired, StoreRegressed):
+                raise expired
         if job_id is None:
             return None
         if local is None:
-            if not alive:
-                raise SessionExpired(f"session {session.session_id} expired in the store",
-                                     job_id=job_id)
             return job_id, None, b""
         claim = ClaimResult(compose(int(epoch), int(local), self.epoch_shift),
                             float(expires_at), int(attempt))

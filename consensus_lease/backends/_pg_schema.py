@@ -30,10 +30,24 @@ import re
 
 from ..errors import InvalidArgument
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "Names", "check_schema_name"]
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "SYSTEM_ID", "TIMELINE", "Names", "check_schema_name"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The version of the tables this library reads and writes."""
+
+TIMELINE = "substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)"
+"""The server's current WAL timeline (8 hex digits, ``text``): it changes when a standby
+is promoted (failover or planned switchover) and when a backup is restored with
+point-in-time recovery. Read from shared memory (the WAL insert position and the insert
+timeline), so cheap enough for every statement; ``pg_control_checkpoint()`` is not: it
+reads ``pg_control`` from disk, and its ``timeline_id`` stays the old one after
+``pg_promote()`` until the next checkpoint (checked on PostgreSQL 15). An error on a
+server in recovery (a hot standby), where the store cannot write anyway."""
+
+SYSTEM_ID = "(SELECT system_identifier::text FROM pg_control_system())"
+"""The cluster's system identifier (``text``): set by ``initdb``, kept by physical
+replicas and backups, different in another cluster (a logical dump restored into one).
+Reads ``pg_control`` from disk: only at open, ``open_session`` and ``bump_epoch``."""
 
 _EXHAUSTED_INDEX_V2 = (
     "CREATE INDEX IF NOT EXISTS cl_jobs_exhausted_by_queue ON {s}.cl_jobs (queue, seq) "
@@ -63,6 +77,13 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         _OPEN_INDEX,
         _EXHAUSTED_INDEX,
     ),
+    3: (
+        "ALTER TABLE {s}.cl_meta ADD COLUMN IF NOT EXISTS system_id text",
+        "ALTER TABLE {s}.cl_meta ADD COLUMN IF NOT EXISTS timeline text",
+        "ALTER TABLE {s}.cl_sessions ADD COLUMN IF NOT EXISTS timeline text",
+        f"UPDATE {{s}}.cl_meta SET system_id = {SYSTEM_ID}, timeline = {TIMELINE}",
+        f"UPDATE {{s}}.cl_sessions SET timeline = {TIMELINE}",
+    ),
 }
 """``v -> statements`` taking a store from version ``v`` to ``v + 1`` (``{s}``: the
 quoted schema).
@@ -79,7 +100,15 @@ quoted schema).
   the planner takes for selective before the table is analyzed), and the index
   ``cl_jobs_by_session`` is dropped: a job whose session row is gone counts as free, so
   closing a session deletes its row and writes no job row, and expired session rows are
-  collected without looking for their jobs."""
+  collected without looking for their jobs.
+* 3 -> 4: failover detection. ``cl_meta.system_id`` and ``cl_meta.timeline`` record the
+  server the store's history is on (:data:`SYSTEM_ID`, :data:`TIMELINE`; taken from the
+  server that migrates), ``cl_sessions.timeline`` the timeline a session was opened on.
+  Every statement that keeps or uses a session compares the session's timeline with the
+  server's; ``open_session`` compares ``cl_meta``'s (and the system identifier). A
+  promoted standby or a restored backup answers with another one: ``StoreRegressed``
+  until ``bump-epoch`` records the new server (module docstring of
+  :mod:`consensus_lease.backends.postgresql`)."""
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,47}")
 
@@ -151,13 +180,16 @@ class Names:
                 id             integer PRIMARY KEY CHECK (id = 1),
                 schema_version integer NOT NULL,
                 epoch          bigint  NOT NULL DEFAULT 0,
-                identity       text    NOT NULL
+                identity       text    NOT NULL,
+                system_id      text,
+                timeline       text
             )""",
             f"""CREATE TABLE IF NOT EXISTS {self.sessions} (
                 session_id text PRIMARY KEY,
                 owner      text NOT NULL,
                 ttl_s      double precision NOT NULL,
-                expires_at double precision NOT NULL
+                expires_at double precision NOT NULL,
+                timeline   text
             )""",
             f"""CREATE TABLE IF NOT EXISTS {self.jobs} (
                 job_id            text PRIMARY KEY,

@@ -2,12 +2,14 @@
 :mod:`consensus_lease.backends.postgresql` for how each statement keeps the protocol).
 
 Every time is the server's clock read at the comparison (:data:`._pg_schema.NOW`); lock
-order is always the job row, then the session row.
+order is always the job row, then the session row. Every statement that keeps or uses a
+session finds it alive only on the timeline it was opened on (:data:`._pg_schema.TIMELINE`:
+failover detection, ``MIGRATIONS`` 3 -> 4); reads that only show state do not compare it.
 """
 
 from __future__ import annotations
 
-from ._pg_schema import NOW, Names
+from ._pg_schema import NOW, SYSTEM_ID, TIMELINE, Names
 
 __all__ = ["EXHAUSTED", "SESSION_GC_S", "Statements"]
 
@@ -34,8 +36,10 @@ class Statements:
         j, s = n.jobs, n.sessions
         self.alive_j = (f"EXISTS (SELECT 1 FROM {s} s WHERE s.session_id = j.session_id "
                         f"AND s.expires_at > {NOW})")
+        # My session is alive, and on the server's timeline: a session row that came
+        # over to a promoted standby (or back with a restored backup) is not.
         self.my_alive = (f"EXISTS (SELECT 1 FROM {s} s WHERE s.session_id = %(sid)s "
-                         f"AND s.expires_at > {NOW})")
+                         f"AND s.expires_at > {NOW} AND s.timeline = {TIMELINE})")
         # Free: unowned, its holder's session row is gone (closed, or collected long
         # after it expired: a session id is never reused), or that row is visibly
         # expired, locked while checked so that a concurrent keepalive is waited for
@@ -67,7 +71,8 @@ class Statements:
         # the planner's estimate of ``me`` at one row on a never-analysed store.
         self.claim = (
             f"WITH me AS MATERIALIZED (SELECT m.epoch, s.expires_at FROM {n.meta} m, {s} s "
-            f"WHERE m.id = 1 AND s.session_id = %(sid)s AND s.expires_at > {NOW}) "
+            f"WHERE m.id = 1 AND s.session_id = %(sid)s AND s.expires_at > {NOW} "
+            f"AND s.timeline = {TIMELINE}) "
             f"INSERT INTO {j} AS j (job_id, generation, owner, session_id, attempt, epoch, "
             "closed) SELECT %(job)s, 1, %(owner)s, %(sid)s, 1, me.epoch, true FROM me "
             "ON CONFLICT (job_id) DO UPDATE SET generation = j.generation + 1, "
@@ -163,17 +168,27 @@ class Statements:
         j, s = n.jobs, n.sessions
         self.renew = (
             f"UPDATE {s} SET expires_at = {NOW} + ttl_s WHERE session_id = %(sid)s "
-            f"AND expires_at > {NOW} AND EXISTS (SELECT 1 FROM {j} j WHERE j.job_id = %(job)s "
+            f"AND expires_at > {NOW} AND timeline = {TIMELINE} "
+            f"AND EXISTS (SELECT 1 FROM {j} j WHERE j.job_id = %(job)s "
             "AND j.session_id = %(sid)s AND j.generation = %(gen)s AND j.epoch = %(epoch)s "
             "AND j.completed_at IS NULL FOR SHARE) RETURNING ttl_s"
         )
         self.keepalive = (
             f"UPDATE {s} SET expires_at = {NOW} + ttl_s "
-            f"WHERE session_id = %s AND expires_at > {NOW} RETURNING ttl_s"
+            f"WHERE session_id = %s AND expires_at > {NOW} AND timeline = {TIMELINE} "
+            "RETURNING ttl_s"
         )
+        # Only on the server cl_meta names (no row: StoreRegressed, see identity).
         self.open_session = (
-            f"INSERT INTO {s} (session_id, owner, ttl_s, expires_at) "
-            f"VALUES (%s, %s, %s, {NOW} + %s) RETURNING expires_at"
+            f"INSERT INTO {s} (session_id, owner, ttl_s, expires_at, timeline) "
+            f"SELECT %s, %s, %s, {NOW} + %s, m.timeline FROM {n.meta} m WHERE m.id = 1 "
+            f"AND m.timeline = {TIMELINE} AND m.system_id = {SYSTEM_ID} RETURNING expires_at"
+        )
+        # The server the store's history is on against the one answering, and the
+        # session's timeline (after a refusal; also at open): see PostgresBackend._expired.
+        self.identity = (
+            f"SELECT m.system_id, m.timeline, {SYSTEM_ID}, {TIMELINE}, m.epoch, "
+            f"(SELECT timeline FROM {s} WHERE session_id = %s) FROM {n.meta} m WHERE m.id = 1"
         )
         # A job whose session row is gone is free (free_j): no need to look for them.
         self.gc_sessions = f"DELETE FROM {s} s WHERE s.expires_at < {NOW} - {SESSION_GC_S}"

@@ -13,13 +13,15 @@ after the block would wait for this very lock. The lock statement::
     SELECT ... FROM cl_jobs j JOIN cl_sessions s ...
     WHERE j.job_id = ... AND j.session_id = <this session> AND j.generation = <g>
       AND j.completed_at IS NULL AND s.expires_at > clock_timestamp()
+      AND s.timeline = <the server's WAL timeline>
     FOR SHARE OF j
 
 What it guarantees (effects *inside this database*):
 
 * The block runs only if, when the lock was taken, this session held the job at this
   generation on the server's clock; otherwise ``StaleLeaseError`` / ``SessionExpired``
-  and the transaction is rolled back.
+  and the transaction is rolled back; ``StoreRegressed`` on a server that is not the
+  store's any more (the session was opened on another timeline: a failover).
 * From then until the transaction ends (the outer commit or rollback, savepoint or not:
   row locks are kept until then), no claim of the job can commit: a claim locks the same
   row for update (``ON CONFLICT DO UPDATE``) and waits. So the transaction's effects
@@ -62,7 +64,7 @@ from .._epoch import compose, split
 from ..backend import SessionHandle
 from ..errors import InvalidArgument, OutcomeUnknown, StaleLeaseError
 from ._pg_client import translate
-from ._pg_schema import NOW
+from ._pg_schema import NOW, TIMELINE
 
 if TYPE_CHECKING:
     from ..record import ClaimResult
@@ -107,6 +109,7 @@ def lease_transaction(
         f"SELECT j.job_id FROM {n.jobs} j JOIN {n.sessions} s ON s.session_id = j.session_id "
         "WHERE j.job_id = %(job)s AND j.session_id = %(sid)s AND j.generation = %(gen)s "
         f"AND j.epoch = %(epoch)s AND j.completed_at IS NULL AND s.expires_at > {NOW} "
+        f"AND s.timeline = {TIMELINE} "
         "FOR SHARE OF j) l ON true WHERE m.id = 1"
     )
     try:

@@ -29,6 +29,7 @@ from consensus_lease.errors import (
     JobCompleted,
     JobFailed,
     SessionExpired,
+    StoreRegressed,
 )
 from consensus_lease.record import ClaimResult
 from consensus_lease.testing.conformance import poll_until
@@ -354,7 +355,7 @@ def test_a_version_1_store_is_migrated_on_open(store: LeaseStore, url: str, base
         assert _has_index(base, b.names.schema, "cl_jobs_exhausted_by_queue")
         with psycopg.connect(base, autocommit=True) as side:
             version = side.execute(f"SELECT schema_version FROM {b.names.meta}").fetchone()
-        assert version == (SCHEMA_VERSION,) == (3,)
+        assert version == (SCHEMA_VERSION,) == (4,)
         assert reopened.queue_stats("q").available == 1
     finally:
         reopened.close()
@@ -391,7 +392,7 @@ def test_a_version_2_store_is_migrated_on_open(store: LeaseStore, url: str, base
         with psycopg.connect(base, autocommit=True) as side:
             version = side.execute(f"SELECT schema_version FROM {b.names.meta}").fetchone()
             closed = dict(side.execute(f"SELECT job_id, closed FROM {s}.cl_jobs").fetchall())
-        assert version == (3,)
+        assert version == (SCHEMA_VERSION,)
         assert closed == {"open": None, "done": True, "failed": True, "named": True,
                           "held": True}
         stats = reopened.queue_stats("q")
@@ -401,6 +402,63 @@ def test_a_version_2_store_is_migrated_on_open(store: LeaseStore, url: str, base
         assert lease is not None and lease.job_id == "open"
         assert other.claim("held") is None  # still held by "w"
         held.complete(b"h")
+    finally:
+        reopened.close()
+
+
+def test_a_version_3_store_is_migrated_on_open(store: LeaseStore, url: str, base: str) -> None:
+    """Version 3 did not record the server: opening it records this one (system
+    identifier, timeline) and gives the open sessions its timeline, so a lease held
+    across the migration keeps working."""
+    b = backend_of(store)
+    worker = store.session("w", ttl_s=30.0, keepalive=False)
+    held = worker.claim("held")
+    assert held is not None
+    s = b.names.s
+    with psycopg.connect(base, autocommit=True) as side:
+        side.execute(f"ALTER TABLE {s}.cl_meta DROP COLUMN system_id, DROP COLUMN timeline")
+        side.execute(f"ALTER TABLE {s}.cl_sessions DROP COLUMN timeline")
+        side.execute(f"UPDATE {b.names.meta} SET schema_version = 3")
+    reopened = open_store(url)
+    try:
+        with psycopg.connect(base, autocommit=True) as side:
+            meta = side.execute(
+                f"SELECT schema_version, system_id = (SELECT system_identifier::text FROM "
+                "pg_control_system()), timeline = substr(pg_walfile_name(pg_current_wal_lsn()), "
+                f"1, 8) FROM {b.names.meta}").fetchone()
+        assert meta == (SCHEMA_VERSION, True, True) == (4, True, True)
+        worker.keepalive()
+        held.complete(b"h")
+        assert reopened.session("o", ttl_s=30.0).claim("new") is not None
+    finally:
+        reopened.close()
+
+
+def test_a_store_restored_into_another_cluster_is_regressed_until_bump(
+    store: LeaseStore, url: str, base: str
+) -> None:
+    """cl_meta names another cluster (as a logical dump restored into this one would,
+    with the same timeline number): opening the store ends every session row, so the
+    running holder's keepalive is StoreRegressed, as is opening a session; bump-epoch
+    records this server and tokens go above every earlier one."""
+    b = backend_of(store)
+    worker = store.session("w", ttl_s=30.0, keepalive=False)
+    held = worker.claim("job")
+    assert held is not None
+    with psycopg.connect(base, autocommit=True) as side:
+        side.execute(f"UPDATE {b.names.meta} SET system_id = '1'")
+    worker.keepalive()  # nothing noticed it yet: the session row is as it was
+    reopened = open_store(url)
+    try:
+        with pytest.raises(StoreRegressed, match="another PostgreSQL cluster"):
+            worker.keepalive()
+        with pytest.raises(StoreRegressed):
+            held.ensure_held()
+        with pytest.raises(StoreRegressed):
+            reopened.session("o", ttl_s=30.0)
+        reopened.bump_epoch()
+        after = reopened.session("o", ttl_s=30.0).claim("job")  # the old session is gone
+        assert after is not None and after.generation > held.generation
     finally:
         reopened.close()
 
