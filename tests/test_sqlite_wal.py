@@ -169,6 +169,32 @@ def test_a_reader_blocking_checkpoints_is_warned_about_and_measured(
                                for r in caplog.records), 10.0)
 
 
+def test_a_large_write_transaction_is_not_taken_for_a_reader(
+    path: str, reader: sqlite3.Connection, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A WAL above the bound while a writer's own transaction is still open (every
+    committed page checkpointed): no warning, nothing reported blocked."""
+    seen = WalSeen()
+    url = f"sqlite:///{path}?wal_limit_bytes={SMALL_LIMIT}&wal_interval_s=0.05"
+    with open_store(url, observer=seen) as store, store.session("W", 30.0) as worker:
+        cycles(worker, "warm", 10)
+        backend = store.backend
+        assert isinstance(backend, SqliteBackend) and backend._wal is not None
+        caplog.set_level(logging.WARNING, logger="consensus_lease")
+        reader.execute("BEGIN IMMEDIATE")  # as a large enqueue_many would
+        reader.execute("CREATE TABLE scratch (b BLOB)")
+        reader.execute("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n "
+                       "WHERE i < 64) INSERT INTO scratch SELECT randomblob(65536) FROM n")
+        poll_until(lambda: wal_bytes(path) > 2 * SMALL_LIMIT, 10.0)  # the cache spilled
+        checks = backend._wal.checks
+        poll_until(lambda: backend._wal is not None and backend._wal.checks >= checks + 5,
+                   10.0)
+        assert wal_bytes(path) > SMALL_LIMIT
+        reader.execute("ROLLBACK")
+        assert not seen.blocked_sizes()
+        assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+
+
 def test_the_wal_options_are_checked_and_the_guard_ends_with_the_store(path: str) -> None:
     for bad in ({"wal_limit_bytes": 0}, {"wal_limit_bytes": "16M"},
                 {"wal_limit_bytes": 1024 * 1024 - 1}, {"wal_interval_s": 0}):

@@ -24,8 +24,9 @@ So a store keeps the WAL under ``limit_bytes`` (``wal_limit_bytes``, default 16 
   only if that copied every page, TRUNCATE, which takes the write lock for the few pages
   committed since and empties the file. Its busy timeout is 0: it never waits for a
   lock, so it never holds up a claim (https://www.sqlite.org/c3ref/wal_checkpoint_v2.html).
-* When the WAL is still above ``limit_bytes`` after a checkpoint on two checks in a row
-  (a reader holds an old snapshot), a WARNING on the ``consensus_lease`` logger names
+* When the WAL is still above ``limit_bytes`` after a checkpoint on two checks in a row,
+  and committed pages were left uncopied (a reader holds an old snapshot; a large write
+  transaction still open is not that), a WARNING on the ``consensus_lease`` logger names
   the WAL's size and what to do, at most once per :data:`WARN_EVERY_S` while it lasts,
   and an INFO line once it is back under the bound.
 
@@ -115,13 +116,18 @@ class WalGuard:
 
     def check(self) -> tuple[int, bool]:
         """One check (see the module docstring): the WAL's size after it, in bytes, and
-        whether it stayed above the bound after a checkpoint twice in a row."""
+        whether a reader blocks checkpoints (two checks in a row left the WAL above the
+        bound with committed pages a checkpoint could not copy)."""
         self.checks += 1
         size = wal_bytes(self.path)
+        held_back: bool | None = False
         if size > self.limit_bytes:
-            self._checkpoint()
+            held_back = self._checkpoint()
             size = wal_bytes(self.path)
-        self._over = self._over + 1 if size > self.limit_bytes else 0
+        if size <= self.limit_bytes or held_back is False:
+            self._over = 0  # under the bound, or over it only for a writer's transaction
+        elif held_back:
+            self._over += 1
         blocked = self._over >= 2
         self._tell(size, blocked)
         try:
@@ -130,17 +136,27 @@ class WalGuard:
             log.exception("SQLite WAL report of %s failed", self.path)
         return size, blocked
 
-    def _checkpoint(self) -> None:
-        """PASSIVE, then TRUNCATE if PASSIVE copied every page; never waits for a lock."""
+    def _checkpoint(self) -> bool | None:
+        """PASSIVE, then TRUNCATE if PASSIVE copied every page; never waits for a lock.
+        Whether committed pages were left uncopied, which only a reader's older snapshot
+        causes (``None``: not known, e.g. another connection was checkpointing). A WAL
+        that stays large with every committed page copied is a write transaction still
+        open (a large ``enqueue_many``), not a reader: the TRUNCATE then waits for the
+        next check."""
         try:
             db = self._connection()
             self.checkpoints += 1
             _, frames, copied = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-            if 0 <= frames <= copied:
-                db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-        except sqlite3.Error as exc:  # busy, or the file went away: the next check retries
+            if frames < 0 or copied < 0:
+                return None
+            if copied < frames:
+                return True
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            return False
+        except sqlite3.Error as exc:  # the file went away, ...: the next check retries
             log.debug("SQLite WAL checkpoint of %s failed", self.path,
                       extra={"error": repr(exc)})
+            return None
 
     def _connection(self) -> sqlite3.Connection:
         if self._db is None:

@@ -490,6 +490,7 @@ class SqliteBackend(Backend):
     ) -> None:
         self.path = path
         self.wal_limit_bytes = wal_limit_bytes
+        self._wal: WalGuard | None = None  # started once the file is prepared
         self.poll_interval_s = poll_interval_s
         self._watch = None if path in ("", ":memory:") else ChangeWatch(
             path, self.wake_subscribers, self._claims_wait, min_interval_s=WATCH_MIN_S,
@@ -512,11 +513,9 @@ class SqliteBackend(Backend):
         except BaseException:
             self.close()
             raise
-        self._wal = None if path in ("", ":memory:") else WalGuard(
-            path, limit_bytes=wal_limit_bytes, interval_s=wal_interval_s,
-            report=self._wal_measured,
-        )
-        if self._wal is not None:
+        if path not in ("", ":memory:"):
+            self._wal = WalGuard(path, limit_bytes=wal_limit_bytes,
+                                 interval_s=wal_interval_s, report=self._wal_measured)
             self._wal.start()
 
     def _wal_measured(self, wal_bytes: int, blocked: bool) -> None:
@@ -1404,9 +1403,8 @@ class SqliteBackend(Backend):
     def close(self) -> None:
         if self._watch is not None:
             self._watch.close()
-        wal = getattr(self, "_wal", None)  # None until __init__ prepared the file
-        if wal is not None:
-            wal.close()
+        if self._wal is not None:
+            self._wal.close()
         self.close_subscriptions()
         with self._lock:
             with suppress(sqlite3.Error):  # a broken handle: nothing left to release
