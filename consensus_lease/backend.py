@@ -32,6 +32,7 @@ from typing import ClassVar
 
 from ._subscriptions import Poller, Unsubscribe, WakeCallback
 from .errors import SessionExpired, UnsupportedOperation
+from .observe import Observer
 from .record import ClaimResult, EnqueueItem, JobState, LeaseRecord, QueuedJob, QueueStats
 
 __all__ = [
@@ -151,6 +152,9 @@ class Backend(abc.ABC):
 
     scheme: ClassVar[str]
     capabilities: ClassVar[Capabilities]
+    observer: Observer | None = None
+    """Where the driver reports measurements of the store itself (SQLite's WAL size):
+    set by the :class:`~consensus_lease.LeaseStore` given this driver and an observer."""
 
     @classmethod
     @abc.abstractmethod

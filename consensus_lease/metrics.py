@@ -18,6 +18,8 @@ consensus_lease_losses_total                 counter      store, scope (lease / 
 consensus_lease_stale_rejections_total       counter      store, by (store / fence)
 consensus_lease_renewal_latency_seconds      histogram    store
 consensus_lease_renewal_headroom_seconds     histogram    store
+consensus_lease_wal_bytes                    gauge        store, path (SQLite: the -wal file)
+consensus_lease_wal_checkpoint_blocked       gauge        store, path (1: a reader blocks)
 ===========================================  ===========  ==================================
 """
 
@@ -48,7 +50,7 @@ class PrometheusObserver(Observer):
 
     def __init__(self, registry: Any = None, namespace: str = "consensus_lease") -> None:
         try:
-            from prometheus_client import REGISTRY, Counter, Histogram
+            from prometheus_client import REGISTRY, Counter, Gauge, Histogram
         except ModuleNotFoundError as exc:
             if missing_dependency(exc) != "prometheus_client":
                 raise
@@ -73,6 +75,13 @@ class PrometheusObserver(Observer):
             f"{namespace}_renewal_headroom_seconds",
             "Time left before the local deadline when a renewal succeeded",
             ["store"], buckets=_HEADROOM_BUCKETS, registry=reg)
+        self.wal_bytes = Gauge(f"{namespace}_wal_bytes",
+                               "Size of the store file's write-ahead log, bytes",
+                               ["store", "path"], registry=reg)
+        self.wal_blocked = Gauge(
+            f"{namespace}_wal_checkpoint_blocked",
+            "1 while checkpoints cannot bring the write-ahead log under its bound",
+            ["store", "path"], registry=reg)
 
     def claimed(self, store: str, job_id: str, generation: int, owner: str) -> None:
         self.claims.labels(store).inc()
@@ -89,3 +98,7 @@ class PrometheusObserver(Observer):
 
     def stale_rejected(self, store: str, by: str, job_id: str, generation: int) -> None:
         self.stale.labels(store, by).inc()
+
+    def wal_measured(self, store: str, path: str, wal_bytes: int, blocked: bool) -> None:
+        self.wal_bytes.labels(store, path).set(wal_bytes)
+        self.wal_blocked.labels(store, path).set(1 if blocked else 0)

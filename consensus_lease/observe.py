@@ -48,6 +48,12 @@ class Observer:
         """A stale operation was rejected ``by`` ``"store"`` (owner/generation compare) or
         ``"fence"`` (a destination saw a higher token)."""
 
+    def wal_measured(self, store: str, path: str, wal_bytes: int, blocked: bool) -> None:
+        """The write-ahead log of the store file ``path`` is ``wal_bytes`` bytes now
+        (SQLite: measured every ``wal_interval_s``). ``blocked``: it stayed above
+        its bound (``wal_limit_bytes``) after checkpoints on two checks in a row, which
+        means a reader holds an old snapshot open (see the SQLite store's page)."""
+
 
 def notify(observer: Observer | None, event: Callable[[Observer], None]) -> None:
     """Deliver one event: ``event(observer)``, e.g. ``notify(obs, lambda o: o.claimed(...))``.

@@ -175,6 +175,8 @@ class LeaseStore:
         self.backend = backend
         self.clock: Clock = clock or SystemClock()
         self.observer = observer
+        if observer is not None:
+            backend.observer = observer  # for the driver's own measurements
         self.retry_policies = RetryPolicies(DEFAULT_RETRY if retry is None else retry)
         self._closed = False
         self._origin = Origin()

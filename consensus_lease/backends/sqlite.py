@@ -79,6 +79,14 @@ How the protocol maps onto SQLite:
   (the job row's twice, its primary key's and ``cl_meta``'s once; a raw insert + update
   writes 3), a queue job's about 7 (also ``cl_jobs_by_session``, ``cl_jobs_open`` and
   ``cl_queue_counts``). Other operations take one ``BEGIN IMMEDIATE`` transaction each.
+* The WAL stays under ``wal_limit_bytes`` (16 MiB) while no reader keeps an old snapshot
+  open: ``PRAGMA journal_size_limit``, and a thread per store object that checks the
+  ``-wal`` file's size every ``wal_interval_s`` and checkpoints (PASSIVE, then
+  TRUNCATE) when it is above, never waiting for a lock. A read transaction left open
+  (by any process) stops every checkpoint: the WAL then grows with each commit, a
+  WARNING names its size and what to do, and the observer's
+  :meth:`~consensus_lease.observe.Observer.wal_measured` reports it
+  (:mod:`._sqlite_wal`).
 
 Options (URL query string or keyword arguments of ``open_store``; keyword arguments win;
 parsed as every backend's, see :mod:`consensus_lease.options`: an unknown name, a name
@@ -104,6 +112,10 @@ create            true     create the file and the store's tables if missing. Wi
                            commands (``inspect``, ``requeue``) open stores so, and a
                            typo in their URL is reported instead of creating an empty
                            store
+wal_limit_bytes   16 MiB   bound of the ``-wal`` file, bytes (int >= 1 MiB): above it
+                           the store checkpoints, and warns if a reader blocks that
+wal_interval_s    1.0      seconds between two checks of the WAL's size (one
+                           ``os.stat``; a checkpoint only when above the bound)
 ================  =======  ==========================================================
 
 A locked, unreadable or corrupt file raises ``BackendUnavailable``, never a raw
@@ -135,10 +147,12 @@ from ..errors import (
     SessionExpired,
     StaleLeaseError,
 )
+from ..observe import notify
 from ..options import Option, OptionTable
 from ..record import ClaimResult, EnqueueItem, LeaseRecord, QueuedJob, QueueStats
 from ._sql_row import record_of_row
 from ._sqlite_history import SESSION_GC_S, History
+from ._sqlite_wal import DEFAULT_LIMIT_BYTES, WalGuard
 from ._sqlite_watch import ChangeWatch
 
 __all__ = ["SqliteBackend"]
@@ -421,6 +435,11 @@ OPTIONS = OptionTable(
                "while claims wait"),
         Option("create", "bool", True,
                "create the file and the store's tables if missing (false: refuse)"),
+        Option("wal_limit_bytes", "int", DEFAULT_LIMIT_BYTES,
+               "bound of the -wal file in bytes: checkpoints above it, a warning if blocked",
+               minimum=1024 * 1024, maximum=2**62),
+        Option("wal_interval_s", "seconds", 1.0,
+               "interval between two checks of the WAL's size"),
     ],
 )
 """The options of ``sqlite://`` URLs (see the module docstring)."""
@@ -437,6 +456,8 @@ class SqliteBackend(Backend):
             claims wait (:mod:`._sqlite_watch`).
         create: create the file and the tables if missing; with ``False`` open only an
             existing store.
+        wal_limit_bytes: the ``-wal`` file's bound in bytes (:mod:`._sqlite_wal`).
+        wal_interval_s: seconds between two checks of the WAL's size.
 
     Raises:
         InvalidArgument: ``create`` is false and the file does not exist or holds no
@@ -465,8 +486,11 @@ class SqliteBackend(Backend):
     def __init__(
         self, path: str, *, busy_timeout_s: float = 5.0, poll_interval_s: float = 0.05,
         create: bool = True, watch_interval_s: float = 0.005,
+        wal_limit_bytes: int = DEFAULT_LIMIT_BYTES, wal_interval_s: float = 1.0,
     ) -> None:
         self.path = path
+        self.wal_limit_bytes = wal_limit_bytes
+        self._wal: WalGuard | None = None  # started once the file is prepared
         self.poll_interval_s = poll_interval_s
         self._watch = None if path in ("", ":memory:") else ChangeWatch(
             path, self.wake_subscribers, self._claims_wait, min_interval_s=WATCH_MIN_S,
@@ -489,6 +513,15 @@ class SqliteBackend(Backend):
         except BaseException:
             self.close()
             raise
+        if path not in ("", ":memory:"):
+            self._wal = WalGuard(path, limit_bytes=wal_limit_bytes,
+                                 interval_s=wal_interval_s, report=self._wal_measured)
+            self._wal.start()
+
+    def _wal_measured(self, wal_bytes: int, blocked: bool) -> None:
+        """A WAL check's result, to the store's observer (:mod:`._sqlite_wal`)."""
+        notify(self.observer, lambda o: o.wal_measured(self.scheme, self.path, wal_bytes,
+                                                        blocked))
 
     @staticmethod
     def _connect(path: str, busy_timeout_s: float, create: bool) -> sqlite3.Connection:
@@ -534,6 +567,8 @@ class SqliteBackend(Backend):
             )
         if self.path != ":memory:" and str(mode).lower() != "wal":
             self._db.execute("PRAGMA journal_mode = WAL")
+        # a writer that starts the WAL over truncates a larger file to the bound
+        self._db.execute(f"PRAGMA journal_size_limit = {int(self.wal_limit_bytes)}")
         if not SCHEMA_OBJECTS.issubset(present):
             with self._transaction() as db:
                 for statement in filter(str.strip, SCHEMA.split(";")):
@@ -617,6 +652,8 @@ class SqliteBackend(Backend):
             poll_interval_s=parsed.seconds("poll_interval_s"),
             watch_interval_s=parsed.seconds("watch_interval_s"),
             create=parsed.flag("create"),
+            wal_limit_bytes=parsed.integer("wal_limit_bytes"),
+            wal_interval_s=parsed.seconds("wal_interval_s"),
         )
 
     # -- plumbing --------------------------------------------------------------------
@@ -1371,6 +1408,8 @@ class SqliteBackend(Backend):
     def close(self) -> None:
         if self._watch is not None:
             self._watch.close()
+        if self._wal is not None:
+            self._wal.close()
         self.close_subscriptions()
         with self._lock:
             with suppress(sqlite3.Error):  # a broken handle: nothing left to release

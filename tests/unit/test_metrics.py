@@ -55,3 +55,20 @@ def test_takeover_shows_in_metrics(tmp_path: Path) -> None:
     assert value("consensus_lease_losses_total", store="sqlite", scope="lease") >= 1
     assert value("consensus_lease_renewal_headroom_seconds_count", store="sqlite") >= 1
     assert value("consensus_lease_renewal_headroom_seconds_sum", store="sqlite") > 0
+
+
+def test_wal_size_is_a_gauge_per_store_file() -> None:
+    registry = prometheus_client.CollectorRegistry()
+    observer = PrometheusObserver(registry=registry)
+    observer.wal_measured("sqlite", "/a.db", 40 * 2**20, True)
+    observer.wal_measured("sqlite", "/b.db", 4096, False)
+    observer.wal_measured("sqlite", "/a.db", 3 * 2**20, False)  # the reader ended
+
+    def value(name: str, path: str) -> float | None:
+        return registry.get_sample_value(name, {"store": "sqlite", "path": path})
+
+    assert value("consensus_lease_wal_bytes", "/a.db") == 3 * 2**20
+    assert value("consensus_lease_wal_bytes", "/b.db") == 4096
+    assert value("consensus_lease_wal_checkpoint_blocked", "/a.db") == 0
+    observer.wal_measured("sqlite", "/b.db", 20 * 2**20, True)
+    assert value("consensus_lease_wal_checkpoint_blocked", "/b.db") == 1
