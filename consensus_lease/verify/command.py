@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .checker import COUNTS, VIOLATIONS
+from .interrupts import Interrupted
 from .nemesis import CLUSTER_FAULTS, FAULTS, WORKER_FAULTS, parse_faults
 from .progress import ProgressBar
 from .runner import VerifyConfig, VerifyResult, run_verify
@@ -233,10 +234,15 @@ def run(args: argparse.Namespace, console: Console) -> int:
     def say(message: str) -> None:
         console.print(f"[dim]{message}[/]", highlight=False)
 
-    if _wants_bar(console):
-        with ProgressBar(console) as bar:
-            result = run_verify(config, progress=say, watch=bar)
-    else:
-        result = run_verify(config, progress=say)
+    try:
+        if _wants_bar(console):
+            with ProgressBar(console) as bar:
+                result = run_verify(config, progress=say, watch=bar)
+        else:
+            result = run_verify(config, progress=say)
+    except Interrupted as stopped:
+        console.print(f"[yellow]{stopped}: every fault healed, every worker stopped; no "
+                      "verdict[/]", highlight=False)
+        return stopped.exit_status
     render(result, console, unfenced=config.unfenced)
     return result.exit_status

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from .interrupts import deferred
 from .worker import WorkerConfig
 
 __all__ = ["PausePoint", "WorkerHandle", "WorkerPool"]
@@ -141,12 +142,13 @@ class WorkerPool:
             # --regid sets the real and the effective gid (adding --egid is an error).
             argv = ["setpriv", f"--regid={gid}", "--clear-groups", *argv]
         log_path = self.logs_dir / f"{name}.log"
-        with log_path.open("wb") as log:
+        # A SIGTERM between the fork and the bookkeeping would leave a worker nobody stops.
+        with deferred(), log_path.open("wb") as log:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                     start_new_session=True)
-        handle = WorkerHandle(slot, name, proc, config, gid, log_path)
-        self._current[slot] = handle
-        self._all.append(handle)
+            handle = WorkerHandle(slot, name, proc, config, gid, log_path)
+            self._current[slot] = handle
+            self._all.append(handle)
         return handle
 
     def handle(self, slot: int) -> WorkerHandle | None:

@@ -49,6 +49,7 @@ from ..store import LeaseStore, open_store
 from .checker import Report, check
 from .destination import Destination, job_effects, open_destination
 from .history import HistoryWriter, read_parts, write_history
+from .interrupts import deferred, interruptible
 from .kit import KitCluster
 from .nemesis import (
     CLUSTER_FAULTS,
@@ -315,13 +316,17 @@ def run_verify(config: VerifyConfig, progress: Progress | None = None, *,
             schedule every fault kind once).
         UnsupportedBackend / BackendUnavailable: the store or destination cannot be used.
         Exception: the container kit's errors when it cannot start the cluster.
+        Interrupted: (a ``KeyboardInterrupt``) SIGINT or SIGTERM stopped the run (in the
+            main thread, both are handled so while it runs): every fault was healed and
+            every worker it started was thawed and ended first; no result.
     """
     config.validate(cluster_given=cluster is not None)
-    run = _Run(config, progress or (lambda _message: None), watch, cluster)
-    try:
-        return run.execute()
-    finally:
-        run.close()
+    with interruptible():
+        run = _Run(config, progress or (lambda _message: None), watch, cluster)
+        try:
+            return run.execute()
+        finally:
+            run.close()
 
 
 class _Ends(NamedTuple):
@@ -515,16 +520,20 @@ class _Run:
         return result
 
     def close(self) -> None:
-        if self.pool is not None:
-            self.pool.stop_all(STOP_GRACE_S)
-        self.recorder.close()
-        self.nemesis_rec.close()
-        if self.store is not None:
-            self.store.close()
-        if self.destination is not None:
-            self.destination.close()
-        if self.cluster is not None:
-            self.cluster.stop()
+        """Stop every worker (thawed first), heal, release; a signal waits till the end."""
+        with deferred():
+            if self.nemesis is not None:
+                self.nemesis.ctx.stop.set()
+            if self.pool is not None:
+                self.pool.stop_all(STOP_GRACE_S)
+            self.recorder.close()
+            self.nemesis_rec.close()
+            if self.store is not None:
+                self.store.close()
+            if self.destination is not None:
+                self.destination.close()
+            if self.cluster is not None:
+                self.cluster.stop()  # heals its partitions (iptables rules) too
 
 
 def _add_notes(result: VerifyResult, config: VerifyConfig) -> None:
