@@ -8,8 +8,11 @@ proves nothing — a worker crashed, a fault kind asked for never happened, or t
 was never tested (no ``pause-at-check`` ran, or none of them led to a stale write
 rejected by the fence or a stale completion refused by the store) — and also when the
 run could not be set up (bad options, unreachable store). On a terminal a progress bar
-shows the fault and quiet periods (elapsed / total seconds, faults injected,
-completions); otherwise only one line per phase is printed.
+shows the fault and quiet periods (elapsed / total seconds, faults injected, claims,
+completions / jobs, violations seen so far, stale writes fenced, time since the start);
+otherwise one line per phase is printed, and the same figures every 30 s. SIGTERM or
+SIGINT ends the run early: every fault healed and every worker it started ended, exit
+status 128 + the signal's number.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from rich.table import Table
 from .checker import COUNTS, VIOLATIONS
 from .interrupts import Interrupted
 from .nemesis import CLUSTER_FAULTS, FAULTS, WORKER_FAULTS, parse_faults
-from .progress import ProgressBar
+from .progress import ProgressBar, StatusLines
 from .runner import VerifyConfig, VerifyResult, run_verify
 
 __all__ = ["EXIT_STATUSES", "NAME", "add_parser", "config_from_args", "render", "run"]
@@ -239,7 +242,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
             with ProgressBar(console) as bar:
                 result = run_verify(config, progress=say, watch=bar)
         else:
-            result = run_verify(config, progress=say)
+            result = run_verify(config, progress=say, watch=StatusLines(say))
     except Interrupted as stopped:
         console.print(f"[yellow]{stopped}: every fault healed, every worker stopped; no "
                       "verdict[/]", highlight=False)

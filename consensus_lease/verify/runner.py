@@ -61,7 +61,7 @@ from .nemesis import (
     plan,
 )
 from .pool import PausePoint, WorkerPool
-from .progress import CompletionCounter, RunStatus, StatusTicker
+from .progress import HistoryTally, RunStatus, StatusTicker
 from .worker import WorkerConfig
 
 __all__ = ["DEFAULT_FAULTS", "VerifyConfig", "VerifyResult", "run_verify"]
@@ -360,7 +360,7 @@ class _Run:
         self.nemesis: Nemesis | None = None
         self.schedule: list[PlannedFault] = []
         self.phase: tuple[str, float, float] = ("faults", time.monotonic(), config.duration_s)
-        self.completions = CompletionCounter()
+        self.tally = HistoryTally()
         self.recorder = HistoryWriter(self.parts_dir / "verifier.jsonl", "verifier")
         self.nemesis_rec = HistoryWriter(self.parts_dir / "nemesis.jsonl", "nemesis")
 
@@ -482,11 +482,15 @@ class _Run:
     def _status(self) -> RunStatus:
         phase, since, total_s = self.phase
         pool = self.pool
-        done = self.completions.update(pool.part_files() if pool is not None else [])
+        tally = self.tally
+        tally.update(pool.part_files() if pool is not None else [])
+        now = time.monotonic()
         return RunStatus(
-            phase=phase, elapsed_s=time.monotonic() - since, total_s=total_s,
+            phase=phase, elapsed_s=now - since, total_s=total_s,
             faults_injected=self.nemesis.injected if self.nemesis is not None else 0,
-            faults_planned=len(self.schedule), completions=done, jobs=len(self.jobs))
+            faults_planned=len(self.schedule), completions=tally.completions,
+            jobs=len(self.jobs), claims=tally.claims, violations_seen=tally.violations,
+            fenced=tally.fenced, run_elapsed_s=now - self.started)
 
     def _collect(self, pool: WorkerPool, ends: _Ends, faults_from_wall: float,
                  all_completed_at: float | None) -> VerifyResult:
