@@ -18,10 +18,16 @@ status 128 + the signal's number.
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
+import platform
 import sys
 from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from rich.console import Console
 from rich.table import Table
@@ -32,7 +38,8 @@ from .nemesis import CLUSTER_FAULTS, FAULTS, WORKER_FAULTS, parse_faults
 from .progress import ProgressBar, StatusLines
 from .runner import VerifyConfig, VerifyResult, run_verify
 
-__all__ = ["EXIT_STATUSES", "NAME", "add_parser", "config_from_args", "render", "run"]
+__all__ = ["EXIT_STATUSES", "NAME", "VERDICTS", "add_parser", "config_from_args", "render",
+           "run", "summary"]
 
 NAME = "verify"
 
@@ -115,6 +122,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "over the fault period, at most TTL/3)")
     parser.add_argument("--run-dir", metavar="DIR", help="where the run's files go (default: "
                         "a new temporary directory)")
+    parser.add_argument("--summary", metavar="PATH", help="also write the verdict, the "
+                        "options, the violations, counts and faults as JSON to PATH (a few "
+                        "KB, to keep with the results)")
     return parser
 
 
@@ -248,4 +258,47 @@ def run(args: argparse.Namespace, console: Console) -> int:
                       "verdict[/]", highlight=False)
         return stopped.exit_status
     render(result, console, unfenced=config.unfenced)
+    if args.summary:
+        Path(args.summary).write_text(json.dumps(summary(result, config), indent=2) + "\n",
+                                      encoding="utf-8")
     return result.exit_status
+
+
+VERDICTS = {0: "PASS", 1: "FAIL", 2: "INCONCLUSIVE"}
+
+
+def _no_password(url: str | None) -> str | None:
+    """``url`` with the password of its user part (if any) replaced by ``***``."""
+    if url is None or "://" not in url:
+        return url
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = f"{parts.username or ''}:***@"
+    return urlunsplit(parts._replace(netloc=user + parts.netloc.rpartition("@")[2]))
+
+
+def summary(result: VerifyResult, config: VerifyConfig) -> dict[str, Any]:
+    """The run in a few KB (``--summary``): verdict and exit status, the options, the
+    violations and counts (:mod:`~consensus_lease.verify.checker`), faults injected per
+    kind, timings (seconds) and the machine (``os.uname``, CPU count)."""
+    report = result.report
+    options = {k: v for k, v in asdict(config).items()
+               if k not in ("history", "run_dir")}
+    return {
+        "verdict": VERDICTS.get(result.exit_status, "?"), "exit_status": result.exit_status,
+        "options": {**options, "backend": _no_password(config.backend),
+                    "destination": _no_password(config.destination)},
+        "store": _no_password(result.store_url),
+        "destination": _no_password(result.destination),
+        "violations": {name: report.violations[name] for name in VIOLATIONS},
+        "counts": {name: report.counts[name] for name in COUNTS},
+        "faults_injected": dict(report.faults), "faults_scheduled": dict(report.faults_scheduled),
+        "fault_outcomes": {k: dict(v) for k, v in report.fault_outcomes.items()},
+        "examples": report.examples[:5], "inconclusive": result.inconclusive,
+        "worker_crashes": [c[:300] for c in result.worker_crashes], "notes": result.notes,
+        "elapsed_s": round(result.elapsed_s, 1),
+        "all_completed_at_s": result.all_completed_at_s,
+        "machine": {"system": platform.platform(), "cpus": os.cpu_count(),
+                    "python": platform.python_version()},
+    }
