@@ -65,9 +65,19 @@ class RunStatus:
 
 
 @dataclass
+class _Write:
+    """An accepted write: when it was invoked and returned, its generation, and whether
+    it is known to be stale."""
+
+    invoked: float
+    returned: float
+    generation: int
+    stale: bool = False
+
+
+@dataclass
 class _Job:
-    writes: list[tuple[float, float, int]] = field(default_factory=list)
-    """Accepted writes: (invoked, returned, generation)."""
+    writes: list[_Write] = field(default_factory=list)
     claimed: set[int] = field(default_factory=set)
     completed: set[int] = field(default_factory=set)
     stale: int = 0
@@ -149,16 +159,20 @@ class HistoryTally:
         elif op == "write" and outcome == "fence_rejected":
             self.fenced += 1
         elif op == "write" and outcome == "accepted":
-            mine = (float(invoked["t"]), t, generation)
-            job.stale += sum(1 for other in job.writes if _stale(mine, other)
-                             or _stale(other, mine))
+            mine = _Write(float(invoked["t"]), t, generation)
+            mine.stale = any(_stale(mine, other) for other in job.writes)
+            job.stale += mine.stale
+            for other in job.writes:  # its part may have been read after this one's
+                if not other.stale and _stale(other, mine):
+                    other.stale = True
+                    job.stale += 1
             job.writes.append(mine)
         self.violations += job.violations() - before
 
 
-def _stale(late: tuple[float, float, int], early: tuple[float, float, int]) -> bool:
+def _stale(late: _Write, early: _Write) -> bool:
     """``late`` was invoked after ``early`` returned, with a lower generation."""
-    return late[0] > early[1] and late[2] < early[2]
+    return late.invoked > early.returned and late.generation < early.generation
 
 
 class StatusTicker:

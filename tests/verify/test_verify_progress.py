@@ -102,14 +102,15 @@ def _op(writer: HistoryWriter, op: str, job: str, generation: int, outcome: str)
 def test_claims_fence_rejections_and_visible_violations_are_counted(tmp_path: Path) -> None:
     """Whatever order the parts are read in, a write accepted after a higher generation's
     write had returned is seen as stale; so are a second completing generation and a
-    claim above the completing one. Overlapping writes prove nothing: not counted."""
+    claim above the completing one; each stale write counts once."""
     a, b = tmp_path / "w0.jsonl", tmp_path / "w1.jsonl"
     w0, w1 = HistoryWriter(a, "w0"), HistoryWriter(b, "w1")
     _op(w0, "claim", "j1", 1, "claimed")
     _op(w1, "claim", "j1", 2, "claimed")
     _op(w1, "write", "j1", 2, "accepted")
     _op(w0, "write", "j1", 1, "fence_rejected")
-    _op(w0, "write", "j1", 1, "accepted")          # stale: after generation 2's write
+    _op(w1, "write", "j1", 2, "accepted")
+    _op(w0, "write", "j1", 1, "accepted")          # stale: after generation 2's writes
     _op(w1, "claim", "j2", 1, "held")
     w1.close()
     tally = HistoryTally()
