@@ -259,6 +259,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         return stopped.exit_status
     render(result, console, unfenced=config.unfenced)
     if args.summary:
+        Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
         Path(args.summary).write_text(json.dumps(summary(result, config), indent=2) + "\n",
                                       encoding="utf-8")
     return result.exit_status
@@ -278,10 +279,16 @@ def _no_password(url: str | None) -> str | None:
     return urlunsplit(parts._replace(netloc=user + parts.netloc.rpartition("@")[2]))
 
 
+def _round(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 1)
+
+
 def summary(result: VerifyResult, config: VerifyConfig) -> dict[str, Any]:
     """The run in a few KB (``--summary``): verdict and exit status, the options, the
     violations and counts (:mod:`~consensus_lease.verify.checker`), faults injected per
-    kind, timings (seconds) and the machine (``os.uname``, CPU count)."""
+    kind, timings (seconds: the whole run; when the store showed every job completed and
+    when the last completion returned, both after the fault period began) and the
+    machine (platform, CPU count, Python)."""
     report = result.report
     options = {k: v for k, v in asdict(config).items()
                if k not in ("history", "run_dir")}
@@ -298,7 +305,8 @@ def summary(result: VerifyResult, config: VerifyConfig) -> dict[str, Any]:
         "examples": report.examples[:5], "inconclusive": result.inconclusive,
         "worker_crashes": [c[:300] for c in result.worker_crashes], "notes": result.notes,
         "elapsed_s": round(result.elapsed_s, 1),
-        "all_completed_at_s": result.all_completed_at_s,
+        "all_completed_at_s": _round(result.all_completed_at_s),
+        "last_completion_s": _round(result.last_completion_s),
         "machine": {"system": platform.platform(), "cpus": os.cpu_count(),
                     "python": platform.python_version()},
     }
