@@ -212,7 +212,8 @@ def _render_where(result: VerifyResult, console: Console, *, unfenced: bool) -> 
     done = ("all jobs completed" if result.all_completed_at_s is not None
             else "NOT all jobs completed")
     console.print(f"[bold]duration[/]    {result.elapsed_s:.1f} s; {result.faults_injected} "
-                  f"faults; {report.counts['claims']} claims; {done}", highlight=False)
+                  f"faults; {report.counts['claims']} claims ({result.claims_under_faults} "
+                  f"during the fault period); {done}", highlight=False)
     for note in result.notes:
         console.print(f"[yellow]note:[/] {note}", highlight=False)
     for crash in result.worker_crashes:
@@ -286,9 +287,9 @@ def _round(seconds: float | None) -> float | None:
 def summary(result: VerifyResult, config: VerifyConfig) -> dict[str, Any]:
     """The run in a few KB (``--summary``): verdict and exit status, the options, the
     violations and counts (:mod:`~consensus_lease.verify.checker`), faults injected per
-    kind, timings (seconds: the whole run; when the store showed every job completed and
-    when the last completion returned, both after the fault period began) and the
-    machine (platform, CPU count, Python)."""
+    kind, the claims made during the fault period, timings (seconds: the whole run; when
+    the store showed every job completed and when the last completion returned, both
+    after the fault period began) and the machine (platform, CPU count, Python)."""
     report = result.report
     options = {k: v for k, v in asdict(config).items()
                if k not in ("history", "run_dir")}
@@ -307,6 +308,7 @@ def summary(result: VerifyResult, config: VerifyConfig) -> dict[str, Any]:
         "elapsed_s": round(result.elapsed_s, 1),
         "all_completed_at_s": _round(result.all_completed_at_s),
         "last_completion_s": _round(result.last_completion_s),
+        "claims_under_faults": result.claims_under_faults,
         "machine": {"system": platform.platform(), "cpus": os.cpu_count(),
                     "python": platform.python_version()},
     }

@@ -186,6 +186,8 @@ class VerifyResult:
             showed every job completed (polled in the quiet period), or ``None``.
         last_completion_s: seconds after the fault period began at which the last
             successful ``complete()`` returned (from the history), or ``None``.
+        claims_under_faults: successful claims invoked before the fault period ended
+            (the others came in the quiet period, without faults), or ``None``.
         worker_crashes: workers that died on their own (``name (exit N): output``).
         notes: remarks for the reader (e.g. jobs ran out before the faults ended).
     """
@@ -199,6 +201,7 @@ class VerifyResult:
     faults_injected: int
     all_completed_at_s: float | None
     last_completion_s: float | None = None
+    claims_under_faults: int | None = None
     worker_crashes: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -359,6 +362,7 @@ class _Run:
         self.destination: Destination | None = None
         self.nemesis: Nemesis | None = None
         self.schedule: list[PlannedFault] = []
+        self.faults_until_wall: float | None = None
         self.phase: tuple[str, float, float] = ("faults", time.monotonic(), config.duration_s)
         self.tally = HistoryTally()
         self.recorder = HistoryWriter(self.parts_dir / "verifier.jsonl", "verifier")
@@ -460,6 +464,7 @@ class _Run:
             injected = self.nemesis.run(self.schedule, self.config.duration_s)
         finally:
             watchdog.stop()
+        self.faults_until_wall = time.time()
         self.say(f"fault period over: {injected} faults injected and healed; quiet period "
                  f"(at most {self.config.quiet_s} s)")
         return faults_from, faults_from_wall
@@ -518,6 +523,9 @@ class _Run:
             faults_injected=self.nemesis.injected if self.nemesis is not None else 0,
             all_completed_at_s=all_completed_at,
             last_completion_s=max(completions) - faults_from_wall if completions else None,
+            claims_under_faults=None if self.faults_until_wall is None else sum(
+                1 for o in ops if o.op == "claim" and o.outcome == "claimed"
+                and o.t_invoke < self.faults_until_wall),
             worker_crashes=pool.crashes(),
         )
         _add_notes(result, self.config)

@@ -58,6 +58,8 @@ def test_the_default_schedule_tests_the_fence_and_passes(tmp_path: Path) -> None
         assert report.faults[kind] >= 1, explain(result)
     c = report.counts
     assert c["claims"] > config.jobs, explain(result)          # some jobs were taken over
+    assert result.claims_under_faults is not None
+    assert 0 < result.claims_under_faults <= c["claims"], explain(result)
     assert c["completions"] == config.jobs, explain(result)
     assert c["losses_detected"] + c["sessions_lost"] >= 1, explain(result)
     assert c["stale_writes_rejected"] + c["stale_completions_rejected"] >= 1, explain(result)
@@ -143,6 +145,7 @@ def test_cli_without_faults_is_inconclusive_and_prints_the_history(tmp_path: Pat
     written = json.loads(summary.read_text(encoding="utf-8"))
     assert (written["verdict"], written["exit_status"]) == ("INCONCLUSIVE", 2)
     assert written["options"]["jobs"] == 4 and written["counts"]["completions"] == 4
+    assert 0 <= written["claims_under_faults"] <= written["counts"]["claims"]
     assert set(written["violations"]) == set(VIOLATIONS) and not any(
         written["violations"].values())
 
