@@ -9,7 +9,10 @@
 * :mod:`~consensus_lease.verify.checker` — ``check(history, effects)``, a pure function
   (violations, and why a run without any may still be inconclusive);
 * :mod:`~consensus_lease.verify.destination` — the fenced destination (SQLite file or SQL);
-* :mod:`~consensus_lease.verify.progress` — a run's progress as it runs (the terminal bar);
+* :mod:`~consensus_lease.verify.progress` — a run's progress as it runs (the terminal bar,
+  or a line every 30 s in a log);
+* :mod:`~consensus_lease.verify.interrupts` — SIGTERM/SIGINT as an exception at a safe
+  point, so an interrupted run still heals every fault and ends every worker;
 * :mod:`~consensus_lease.verify.runner` — one run; :mod:`~consensus_lease.verify.command`
   — the CLI subcommand (exit status 0 PASS, 1 FAIL, 2 INCONCLUSIVE).
 

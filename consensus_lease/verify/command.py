@@ -8,27 +8,38 @@ proves nothing — a worker crashed, a fault kind asked for never happened, or t
 was never tested (no ``pause-at-check`` ran, or none of them led to a stale write
 rejected by the fence or a stale completion refused by the store) — and also when the
 run could not be set up (bad options, unreachable store). On a terminal a progress bar
-shows the fault and quiet periods (elapsed / total seconds, faults injected,
-completions); otherwise only one line per phase is printed.
+shows the fault and quiet periods (elapsed / total seconds, faults injected, claims,
+completions / jobs, violations seen so far, stale writes fenced, time since the start);
+otherwise one line per phase is printed, and the same figures every 30 s. SIGTERM or
+SIGINT ends the run early: every fault healed and every worker it started ended, exit
+status 128 + the signal's number.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
+import platform
 import sys
 from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from rich.console import Console
 from rich.table import Table
 
 from .checker import COUNTS, VIOLATIONS
+from .interrupts import Interrupted
 from .nemesis import CLUSTER_FAULTS, FAULTS, WORKER_FAULTS, parse_faults
-from .progress import ProgressBar
+from .progress import ProgressBar, StatusLines
 from .runner import VerifyConfig, VerifyResult, run_verify
 
-__all__ = ["EXIT_STATUSES", "NAME", "add_parser", "config_from_args", "render", "run"]
+__all__ = ["EXIT_STATUSES", "NAME", "VERDICTS", "add_parser", "config_from_args", "render",
+           "run", "summary"]
 
 NAME = "verify"
 
@@ -111,6 +122,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "over the fault period, at most TTL/3)")
     parser.add_argument("--run-dir", metavar="DIR", help="where the run's files go (default: "
                         "a new temporary directory)")
+    parser.add_argument("--summary", metavar="PATH", help="also write the verdict, the "
+                        "options, the violations, counts and faults as JSON to PATH (a few "
+                        "KB, to keep with the results)")
     return parser
 
 
@@ -198,7 +212,8 @@ def _render_where(result: VerifyResult, console: Console, *, unfenced: bool) -> 
     done = ("all jobs completed" if result.all_completed_at_s is not None
             else "NOT all jobs completed")
     console.print(f"[bold]duration[/]    {result.elapsed_s:.1f} s; {result.faults_injected} "
-                  f"faults; {report.counts['claims']} claims; {done}", highlight=False)
+                  f"faults; {report.counts['claims']} claims ({result.claims_under_faults} "
+                  f"during the fault period); {done}", highlight=False)
     for note in result.notes:
         console.print(f"[yellow]note:[/] {note}", highlight=False)
     for crash in result.worker_crashes:
@@ -233,10 +248,67 @@ def run(args: argparse.Namespace, console: Console) -> int:
     def say(message: str) -> None:
         console.print(f"[dim]{message}[/]", highlight=False)
 
-    if _wants_bar(console):
-        with ProgressBar(console) as bar:
-            result = run_verify(config, progress=say, watch=bar)
-    else:
-        result = run_verify(config, progress=say)
+    try:
+        if _wants_bar(console):
+            with ProgressBar(console) as bar:
+                result = run_verify(config, progress=say, watch=bar)
+        else:
+            result = run_verify(config, progress=say, watch=StatusLines(say))
+    except Interrupted as stopped:
+        console.print(f"[yellow]{stopped}: every fault healed, every worker stopped; no "
+                      "verdict[/]", highlight=False)
+        return stopped.exit_status
     render(result, console, unfenced=config.unfenced)
+    if args.summary:
+        Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.summary).write_text(json.dumps(summary(result, config), indent=2) + "\n",
+                                      encoding="utf-8")
     return result.exit_status
+
+
+VERDICTS = {0: "PASS", 1: "FAIL", 2: "INCONCLUSIVE"}
+
+
+def _no_password(url: str | None) -> str | None:
+    """``url`` with the password of its user part (if any) replaced by ``***``."""
+    if url is None or "://" not in url:
+        return url
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = f"{parts.username or ''}:***@"
+    return urlunsplit(parts._replace(netloc=user + parts.netloc.rpartition("@")[2]))
+
+
+def _round(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 1)
+
+
+def summary(result: VerifyResult, config: VerifyConfig) -> dict[str, Any]:
+    """The run in a few KB (``--summary``): verdict and exit status, the options, the
+    violations and counts (:mod:`~consensus_lease.verify.checker`), faults injected per
+    kind, the claims made during the fault period, timings (seconds: the whole run; when
+    the store showed every job completed and when the last completion returned, both
+    after the fault period began) and the machine (platform, CPU count, Python)."""
+    report = result.report
+    options = {k: v for k, v in asdict(config).items()
+               if k not in ("history", "run_dir")}
+    return {
+        "verdict": VERDICTS.get(result.exit_status, "?"), "exit_status": result.exit_status,
+        "options": {**options, "backend": _no_password(config.backend),
+                    "destination": _no_password(config.destination)},
+        "store": _no_password(result.store_url),
+        "destination": _no_password(result.destination),
+        "violations": {name: report.violations[name] for name in VIOLATIONS},
+        "counts": {name: report.counts[name] for name in COUNTS},
+        "faults_injected": dict(report.faults), "faults_scheduled": dict(report.faults_scheduled),
+        "fault_outcomes": {k: dict(v) for k, v in report.fault_outcomes.items()},
+        "examples": report.examples[:5], "inconclusive": result.inconclusive,
+        "worker_crashes": [c[:300] for c in result.worker_crashes], "notes": result.notes,
+        "elapsed_s": round(result.elapsed_s, 1),
+        "all_completed_at_s": _round(result.all_completed_at_s),
+        "last_completion_s": _round(result.last_completion_s),
+        "claims_under_faults": result.claims_under_faults,
+        "machine": {"system": platform.platform(), "cpus": os.cpu_count(),
+                    "python": platform.python_version()},
+    }

@@ -47,6 +47,7 @@ from typing import ClassVar, Protocol
 from ..errors import InvalidArgument
 from .checker import STALE_FAULTS
 from .history import HistoryWriter
+from .interrupts import deferred
 from .pool import PausePoint
 
 __all__ = [
@@ -506,16 +507,19 @@ class Nemesis:
                 self.rec.ret(index, "healed", description=active.description, held_s=held_s)
 
     def heal_all(self) -> None:
-        """Thaw every worker and restore the cluster (healing partitions)."""
-        index = self.rec.invoke("heal_all")
-        errors = []
-        try:
-            self.ctx.workers.resume_all()
-        except Exception as error:
-            errors.append(repr(error))
-        if self.ctx.cluster is not None:
+        """Thaw every worker and restore the cluster (healing partitions). A SIGINT or
+        SIGTERM arriving meanwhile is raised once this is done
+        (:func:`~consensus_lease.verify.interrupts.deferred`)."""
+        with deferred():
+            index = self.rec.invoke("heal_all")
+            errors = []
             try:
-                self.ctx.cluster.restore()
+                self.ctx.workers.resume_all()
             except Exception as error:
                 errors.append(repr(error))
-        self.rec.ret(index, "error" if errors else "ok", errors=errors)
+            if self.ctx.cluster is not None:
+                try:
+                    self.ctx.cluster.restore()
+                except Exception as error:
+                    errors.append(repr(error))
+            self.rec.ret(index, "error" if errors else "ok", errors=errors)

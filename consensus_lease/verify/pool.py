@@ -4,7 +4,10 @@ A *slot* is a place for one worker; a kill or a clock-skew restart puts a fresh 
 (named ``w<slot>.<n>``) in the same slot, with the same group id, so a partition that
 targets the slot's gid still applies. Processes are started with ``subprocess`` (never
 forked) in their own session, so a Ctrl-C on the verifier does not reach them; their
-output goes to ``<logs_dir>/<name>.log``.
+output goes to ``<logs_dir>/<name>.log``. Each process's :class:`WorkerConfig` (with the
+run's whole job list) is written to ``<logs_dir>/<name>.config.json`` and only that path
+goes on its command line, so the number of jobs is not bounded by the kernel's argument
+size limit (``E2BIG``, 128 KiB per argument).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from .interrupts import deferred
 from .worker import WorkerConfig
 
 __all__ = ["PausePoint", "WorkerHandle", "WorkerPool"]
@@ -130,17 +134,21 @@ class WorkerPool:
             pause_flag_path=str(self.logs_dir / f"{name}.pause-at-check"),
         )
         gid = self.gids[slot] if self.gids is not None else None
-        argv: list[str] = [sys.executable, "-m", "consensus_lease.verify.worker", config.to_json()]
+        config_path = self.logs_dir / f"{name}.config.json"
+        config_path.write_text(config.to_json(), encoding="utf-8")
+        argv: list[str] = [sys.executable, "-m", "consensus_lease.verify.worker",
+                           str(config_path)]
         if gid is not None:
             # --regid sets the real and the effective gid (adding --egid is an error).
             argv = ["setpriv", f"--regid={gid}", "--clear-groups", *argv]
         log_path = self.logs_dir / f"{name}.log"
-        with log_path.open("wb") as log:
+        # A SIGTERM between the fork and the bookkeeping would leave a worker nobody stops.
+        with deferred(), log_path.open("wb") as log:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                     start_new_session=True)
-        handle = WorkerHandle(slot, name, proc, config, gid, log_path)
-        self._current[slot] = handle
-        self._all.append(handle)
+            handle = WorkerHandle(slot, name, proc, config, gid, log_path)
+            self._current[slot] = handle
+            self._all.append(handle)
         return handle
 
     def handle(self, slot: int) -> WorkerHandle | None:

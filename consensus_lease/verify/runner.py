@@ -49,6 +49,7 @@ from ..store import LeaseStore, open_store
 from .checker import Report, check
 from .destination import Destination, job_effects, open_destination
 from .history import HistoryWriter, read_parts, write_history
+from .interrupts import deferred, interruptible
 from .kit import KitCluster
 from .nemesis import (
     CLUSTER_FAULTS,
@@ -60,7 +61,7 @@ from .nemesis import (
     plan,
 )
 from .pool import PausePoint, WorkerPool
-from .progress import CompletionCounter, RunStatus, StatusTicker
+from .progress import HistoryTally, RunStatus, StatusTicker
 from .worker import WorkerConfig
 
 __all__ = ["DEFAULT_FAULTS", "VerifyConfig", "VerifyResult", "run_verify"]
@@ -185,6 +186,8 @@ class VerifyResult:
             showed every job completed (polled in the quiet period), or ``None``.
         last_completion_s: seconds after the fault period began at which the last
             successful ``complete()`` returned (from the history), or ``None``.
+        claims_under_faults: successful claims invoked before the fault period ended
+            (the others came in the quiet period, without faults), or ``None``.
         worker_crashes: workers that died on their own (``name (exit N): output``).
         notes: remarks for the reader (e.g. jobs ran out before the faults ended).
     """
@@ -198,6 +201,7 @@ class VerifyResult:
     faults_injected: int
     all_completed_at_s: float | None
     last_completion_s: float | None = None
+    claims_under_faults: int | None = None
     worker_crashes: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -315,13 +319,17 @@ def run_verify(config: VerifyConfig, progress: Progress | None = None, *,
             schedule every fault kind once).
         UnsupportedBackend / BackendUnavailable: the store or destination cannot be used.
         Exception: the container kit's errors when it cannot start the cluster.
+        Interrupted: (a ``KeyboardInterrupt``) SIGINT or SIGTERM stopped the run (in the
+            main thread, both are handled so while it runs): every fault was healed and
+            every worker it started was thawed and ended first; no result.
     """
     config.validate(cluster_given=cluster is not None)
-    run = _Run(config, progress or (lambda _message: None), watch, cluster)
-    try:
-        return run.execute()
-    finally:
-        run.close()
+    with interruptible():
+        run = _Run(config, progress or (lambda _message: None), watch, cluster)
+        try:
+            return run.execute()
+        finally:
+            run.close()
 
 
 class _Ends(NamedTuple):
@@ -354,8 +362,9 @@ class _Run:
         self.destination: Destination | None = None
         self.nemesis: Nemesis | None = None
         self.schedule: list[PlannedFault] = []
+        self.faults_until_wall: float | None = None
         self.phase: tuple[str, float, float] = ("faults", time.monotonic(), config.duration_s)
-        self.completions = CompletionCounter()
+        self.tally = HistoryTally()
         self.recorder = HistoryWriter(self.parts_dir / "verifier.jsonl", "verifier")
         self.nemesis_rec = HistoryWriter(self.parts_dir / "nemesis.jsonl", "nemesis")
 
@@ -455,6 +464,7 @@ class _Run:
             injected = self.nemesis.run(self.schedule, self.config.duration_s)
         finally:
             watchdog.stop()
+        self.faults_until_wall = time.time()
         self.say(f"fault period over: {injected} faults injected and healed; quiet period "
                  f"(at most {self.config.quiet_s} s)")
         return faults_from, faults_from_wall
@@ -477,11 +487,15 @@ class _Run:
     def _status(self) -> RunStatus:
         phase, since, total_s = self.phase
         pool = self.pool
-        done = self.completions.update(pool.part_files() if pool is not None else [])
+        tally = self.tally
+        tally.update(pool.part_files() if pool is not None else [])
+        now = time.monotonic()
         return RunStatus(
-            phase=phase, elapsed_s=time.monotonic() - since, total_s=total_s,
+            phase=phase, elapsed_s=now - since, total_s=total_s,
             faults_injected=self.nemesis.injected if self.nemesis is not None else 0,
-            faults_planned=len(self.schedule), completions=done, jobs=len(self.jobs))
+            faults_planned=len(self.schedule), completions=tally.completions,
+            jobs=len(self.jobs), claims=tally.claims, violations_seen=tally.violations,
+            fenced=tally.fenced, run_elapsed_s=now - self.started)
 
     def _collect(self, pool: WorkerPool, ends: _Ends, faults_from_wall: float,
                  all_completed_at: float | None) -> VerifyResult:
@@ -509,22 +523,29 @@ class _Run:
             faults_injected=self.nemesis.injected if self.nemesis is not None else 0,
             all_completed_at_s=all_completed_at,
             last_completion_s=max(completions) - faults_from_wall if completions else None,
+            claims_under_faults=None if self.faults_until_wall is None else sum(
+                1 for o in ops if o.op == "claim" and o.outcome == "claimed"
+                and o.t_invoke < self.faults_until_wall),
             worker_crashes=pool.crashes(),
         )
         _add_notes(result, self.config)
         return result
 
     def close(self) -> None:
-        if self.pool is not None:
-            self.pool.stop_all(STOP_GRACE_S)
-        self.recorder.close()
-        self.nemesis_rec.close()
-        if self.store is not None:
-            self.store.close()
-        if self.destination is not None:
-            self.destination.close()
-        if self.cluster is not None:
-            self.cluster.stop()
+        """Stop every worker (thawed first), heal, release; a signal waits till the end."""
+        with deferred():
+            if self.nemesis is not None:
+                self.nemesis.ctx.stop.set()
+            if self.pool is not None:
+                self.pool.stop_all(STOP_GRACE_S)
+            self.recorder.close()
+            self.nemesis_rec.close()
+            if self.store is not None:
+                self.store.close()
+            if self.destination is not None:
+                self.destination.close()
+            if self.cluster is not None:
+                self.cluster.stop()  # heals its partitions (iptables rules) too
 
 
 def _add_notes(result: VerifyResult, config: VerifyConfig) -> None:

@@ -1,4 +1,4 @@
-"""The verifier's worker process: ``python -m consensus_lease.verify.worker CONFIG_JSON``.
+"""The verifier's worker process: ``python -m consensus_lease.verify.worker CONFIG_FILE``.
 
 Started by :class:`consensus_lease.verify.pool.WorkerPool` as a fresh interpreter (never
 forked: gRPC and kazoo clients are created here, inside the process). It goes over the
@@ -68,7 +68,7 @@ SUSPENDED before the job is given up."""
 
 @dataclass
 class WorkerConfig:
-    """Everything a worker process needs (sent as JSON on its command line).
+    """Everything a worker process needs (a JSON file named on its command line).
 
     Attributes:
         name: the worker's name in the history (``w3``, ``w3.1`` for a replacement).
@@ -368,12 +368,15 @@ class Worker:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: ``argv[0]`` is the config as JSON (see :class:`WorkerConfig`)."""
+    """Entry point: ``argv[0]`` is the path of a file holding the config as JSON (see
+    :class:`WorkerConfig`; the job list can be too long for a command line)."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m consensus_lease.verify.worker CONFIG_JSON", file=sys.stderr)
+        print("usage: python -m consensus_lease.verify.worker CONFIG_FILE", file=sys.stderr)
         return 2
-    worker = Worker(WorkerConfig.from_json(args[0]))
+    with open(args[0], encoding="utf-8") as file:
+        config = WorkerConfig.from_json(file.read())
+    worker = Worker(config)
     worker.install_signal_handlers()
     return worker.run()
 

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -20,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from consensus_lease import InvalidArgument
-from consensus_lease.verify.checker import Report, check
+from consensus_lease.verify.checker import VIOLATIONS, Report, check
+from consensus_lease.verify.command import summary
 from consensus_lease.verify.history import Op, read_history
 from consensus_lease.verify.nemesis import WORKER_FAULTS
 from consensus_lease.verify.progress import RunStatus
@@ -56,6 +58,8 @@ def test_the_default_schedule_tests_the_fence_and_passes(tmp_path: Path) -> None
         assert report.faults[kind] >= 1, explain(result)
     c = report.counts
     assert c["claims"] > config.jobs, explain(result)          # some jobs were taken over
+    assert result.claims_under_faults is not None
+    assert 0 < result.claims_under_faults <= c["claims"], explain(result)
     assert c["completions"] == config.jobs, explain(result)
     assert c["losses_detected"] + c["sessions_lost"] >= 1, explain(result)
     assert c["stale_writes_rejected"] + c["stale_completions_rejected"] >= 1, explain(result)
@@ -127,10 +131,10 @@ def _words(text: str) -> str:
 
 
 def test_cli_without_faults_is_inconclusive_and_prints_the_history(tmp_path: Path) -> None:
-    history = tmp_path / "h.jsonl"
+    history, summary = tmp_path / "h.jsonl", tmp_path / "summary.json"
     done = _cli("--workers", "2", "--jobs", "4", "--steps", "2", "--duration-s", "0",
                 "--quiet-s", "30", "--faults", "", "--think-s", "0.01", "--history", str(history),
-                "--run-dir", str(tmp_path / "run"))
+                "--run-dir", str(tmp_path / "run"), "--summary", str(summary))
     assert done.returncode == 2, done.stdout + done.stderr
     out = _words(done.stdout)
     assert "INCONCLUSIVE" in out and "PASS" not in out, out
@@ -138,6 +142,24 @@ def test_cli_without_faults_is_inconclusive_and_prints_the_history(tmp_path: Pat
     assert str(history) in done.stdout.replace("\n", "")
     assert history.exists()
     assert "completed 0/" not in out  # no progress bar: stdout is not a terminal
+    written = json.loads(summary.read_text(encoding="utf-8"))
+    assert (written["verdict"], written["exit_status"]) == ("INCONCLUSIVE", 2)
+    assert written["options"]["jobs"] == 4 and written["counts"]["completions"] == 4
+    assert 0 <= written["claims_under_faults"] <= written["counts"]["claims"]
+    assert set(written["violations"]) == set(VIOLATIONS) and not any(
+        written["violations"].values())
+
+
+def test_the_summary_shows_no_password() -> None:
+    config = VerifyConfig(backend="postgresql://u:s3cret@127.0.0.1:5432/db?schema=v",
+                          destination="postgresql+psycopg://u:s3cret@127.0.0.1/db")
+    report = check([Op("verifier", 1, "run", 0.0, 0.0, "ok", detail={"jobs": []})], [])
+    result = VerifyResult(report=report, history_path=Path("h"), run_dir=Path("r"),
+                          store_url=str(config.backend), destination=str(config.destination),
+                          elapsed_s=1.0, faults_injected=0, all_completed_at_s=None)
+    text = json.dumps(summary(result, config))
+    assert "s3cret" not in text
+    assert "postgresql://u:***@127.0.0.1:5432/db?schema=v" in text
 
 
 @pytest.mark.slow
