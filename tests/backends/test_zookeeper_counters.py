@@ -14,10 +14,11 @@ ZooKeeper tests these run on the container ensemble unless ``CONSENSUS_LEASE_ZK=
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 from zk_local import (  # noqa: F401  (fixtures)
+    LocalZooKeeper,
     backend,
     chroot_of,
     opened,
@@ -27,6 +28,8 @@ from zk_local import (  # noqa: F401  (fixtures)
     zk_target,
     zk_url,
 )
+from zk_local import available as zk_local_available
+from zk_snapshot import write_snapshot
 
 from consensus_lease import LeaseStore, open_store
 from consensus_lease.backends.zookeeper import _claims, _queues
@@ -144,3 +147,73 @@ def test_the_queue_head_rotates_before_its_version_limit(
     assert (stats.available, stats.completed) == (14, 0)
     tail = [(job.record.job_id, job.seq) for job in store.queue_jobs("q")][-3:]
     assert tail == [("late0", 13), ("late1", 14), ("late2", 15)]
+
+
+@pytest.fixture
+def near_limit() -> Iterator[str]:
+    """A throw-away standalone server started from a snapshot (``zk_snapshot.py``) in
+    which, under the chroot ``/t``: job ``high`` is at version 2**31 - 3, job ``edge``
+    two versions below the claim ceiling, job ``wrapped`` at -2**31 (as a release
+    without the guard left it), and queue ``q``'s head at version 2**31 - 3. Yields the
+    store URL."""
+    reason = zk_local_available()
+    if reason is not None:
+        pytest.skip(reason)
+    server = LocalZooKeeper("127.0.250.1")
+    head = b'{"layout":2,"seq":0,"jobs":0,"bytes":0}'
+    queue = "/t/queues/q"
+    write_snapshot(server.dir / "data", {
+        "/t/jobs/high": (b"", MAX_VERSION - 2),
+        "/t/jobs/edge": (b"", _claims.VERSION_CEILING - 2),
+        "/t/jobs/wrapped": (b"", -(2**31)),
+        queue: (head, MAX_VERSION - 2),
+        f"{queue}/b": (b"", 0), f"{queue}/tally": (b"", 0),
+        **{f"{queue}/tally/{kind}": (b"", 0) for kind in ("held", "done", "failed")},
+    })
+    try:
+        server.start()
+        yield server.url("/t")
+    finally:
+        server.kill()
+
+
+def test_real_znodes_near_two_to_the_31(near_limit: str) -> None:
+    """On znodes whose versions really are near 2**31: no raw exception, no
+    non-positive or repeated token, nothing wraps."""
+    store = open_store(near_limit, connect_timeout_s=30)
+    try:
+        with store.session("A", 10.0) as a:
+            for job in ("high", "wrapped"):
+                with pytest.raises(TokenSpaceExhausted):
+                    a.claim(job)
+            tokens = []
+            for _ in range(2):
+                lease = a.claim("edge")
+                assert lease is not None
+                tokens.append(lease.generation)
+                lease.ensure_held()
+                lease.release()
+            assert tokens == [_claims.VERSION_CEILING - 1, _claims.VERSION_CEILING]
+            with pytest.raises(TokenSpaceExhausted):
+                a.claim("edge")
+            # the queue's head: rotated, then enqueued into
+            assert store.enqueue("q", "first", b"1") is True
+            assert store.enqueue_many("q", ["second", "third"]) == [True, True]
+            assert [(j.record.job_id, j.seq) for j in store.queue_jobs("q")] == [
+                ("first", 1), ("second", 2), ("third", 3)]
+            lease = a.claim_next("q")
+            assert lease is not None and lease.generation == 1
+            lease.complete(b"")
+            assert store.purge("q") == 1
+        client = raw_client(near_limit)
+        try:
+            assert client.get("/t/jobs/high")[1].version == MAX_VERSION - 2  # untouched
+            assert client.get("/t/jobs/edge")[1].version == _claims.VERSION_CEILING
+            pointer = json.loads(client.get("/t/queues/q")[0])
+            assert pointer == {"layout": 3, "head": 1}
+            assert client.get("/t/queues/q/h/0000000001")[1].version == 3  # enqueue, enqueue_many, purge
+        finally:
+            client.stop()
+            client.close()
+    finally:
+        store.close()
