@@ -309,6 +309,25 @@ class Queues:
         raise BackendUnavailable(f"{what}: the head of queue {q.queue!r} kept moving "
                                  f"(rotated by others) while it was read")
 
+    def _head_due(self, q: QueuePaths, what: str, deadline: float,
+                  fresh: bool = False) -> _Head:
+        """The head as :meth:`_head` gives it, rotated first (and read again) while its
+        version is at or above :data:`HEAD_VERSION_CEILING`: what a write may compare.
+
+        Raises:
+            BackendUnavailable: still at the ceiling at ``deadline`` (others kept
+                writing it); nothing of the caller's was sent.
+        """
+        while True:
+            at = self._head(q, what, fresh)
+            if at.version < HEAD_VERSION_CEILING:
+                return at
+            self._rotate(q, at, what)
+            fresh = True
+            if time.monotonic() >= deadline:
+                raise BackendUnavailable(f"{what}: the head of queue {q.queue!r} kept "
+                                         f"changing while it was rotated; nothing was sent")
+
     def _rotate(self, q: QueuePaths, at: _Head, what: str) -> None:
         """Move the head ``at`` (at or above :data:`HEAD_VERSION_CEILING`) to a fresh
         znode at version 0, in one multi compared at ``at.version``: the queue node then
@@ -532,16 +551,8 @@ class Queues:
         first_id = todo[0].job_id
         fresh = False
         while todo:
-            at = self._head(q, what, fresh)
+            at = self._head_due(q, what, deadline, fresh)
             fresh = False
-            if at.version >= HEAD_VERSION_CEILING:
-                self._rotate(q, at, what)
-                fresh = True
-                if time.monotonic() >= deadline:
-                    raise BackendUnavailable(f"{what}: the queue's head kept changing while "
-                                             f"it was rotated; nothing more was applied",
-                                             job_id=first_id)
-                continue
             head = at.head
             nbytes = sum(len(item.payload) for item in todo)
             if head.jobs + len(todo) > MAX_QUEUE_JOBS \
@@ -553,9 +564,7 @@ class Queues:
                 todo = [item for item in todo if item.job_id not in known]
                 if not todo:
                     break
-                at = self._head(q, what, fresh=True)
-                if at.version >= HEAD_VERSION_CEILING:
-                    continue  # rotated at the top of the loop
+                at = self._head_due(q, what, deadline, fresh=True)
                 head = at.head
                 nbytes = sum(len(item.payload) for item in todo)
                 self._check_capacity(q, head, len(todo), nbytes, what)
@@ -985,13 +994,7 @@ class Queues:
         deleted first is not counted)."""
         deadline = self.wire.deadline()
         while True:
-            at = self._head(q, what)
-            if at.version >= HEAD_VERSION_CEILING:
-                self._rotate(q, at, what)
-                if time.monotonic() >= deadline:
-                    raise BackendUnavailable(f"{what}: the queue's head kept changing while "
-                                             f"it was rotated")
-                continue
+            at = self._head_due(q, what, deadline)
             head, version = at.head, at.version
             freed = sum(job.payload_bytes for job in batch)
             new_head = QueueHead(head.seq, max(0, head.jobs - len(batch)),
