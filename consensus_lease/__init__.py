@@ -53,6 +53,7 @@ from .errors import (
     StoreClosed,
     StoreInherited,
     StoreRegressed,
+    TokenSpaceExhausted,
     UnsupportedBackend,
     UnsupportedOperation,
 )
@@ -114,6 +115,7 @@ __all__ = [
     "StoreInherited",
     "StoreRegressed",
     "SystemClock",
+    "TokenSpaceExhausted",
     "UnsupportedBackend",
     "UnsupportedOperation",
     "open_store",

@@ -21,6 +21,9 @@
     │   └── UnsupportedBackend      unknown or malformed store URL
     ├── QueueFull                   the queue is at the backend's documented capacity;
     │                               nothing was enqueued
+    ├── TokenSpaceExhausted         a store counter behind a job's tokens (ZooKeeper's
+    │                               32-bit znode version) is at its limit; nothing was
+    │                               written; the operator retires the job (see its docs)
     ├── UnsupportedOperation        the backend declares (in its Capabilities) that it
     │                               cannot do this
     ├── StoreClosed                 the LeaseStore was closed; open a new one
@@ -60,6 +63,7 @@ __all__ = [
     "StoreClosed",
     "StoreInherited",
     "StoreRegressed",
+    "TokenSpaceExhausted",
     "UnsupportedBackend",
     "UnsupportedOperation",
 ]
@@ -194,6 +198,34 @@ class QueueFull(LeaseError):
     (``capabilities.max_queue_jobs``); refused before anything is sent, so the server is
     never pushed past what it can serve. Nothing was enqueued by the refused request.
     Purge completed jobs, or shard queues across stores."""
+
+
+class TokenSpaceExhausted(LeaseError):
+    """A counter the store compares or turns into fencing tokens is at its limit, and
+    going on would wrap it: on ZooKeeper, a znode version (a signed 32-bit int; a job's
+    version is its token's low part) at or above the backend's ceiling, or one that
+    already wrapped (negative: written past the limit by a release without this guard).
+    Refused before anything is sent: nothing was written. A lease already held is
+    still held: the ceiling leaves room for its renewals, completion and release.
+
+    Remedy (the job's tokens must go on above every earlier one): raise the store epoch
+    above the job's last token, then retire the job's znode so its version starts again
+    (on ZooKeeper: ``consensus-lease bump-epoch --above TOKEN``, then, while the job is
+    not held, ``deleteall {chroot}/jobs/{name}`` in ``zkCli.sh``; a queued job is
+    enqueued again under a new id). See the ZooKeeper store's page, "32-bit counters".
+
+    Attributes:
+        path: the znode whose counter is at the limit.
+        version: its version as read (or as it would have been sent).
+    """
+
+    def __init__(
+        self, message: str, *, path: str, version: int, job_id: str | None = None,
+        generation: int | None = None,
+    ) -> None:
+        super().__init__(message, job_id=job_id, generation=generation)
+        self.path = path
+        self.version = version
 
 
 class UnsupportedOperation(LeaseError):

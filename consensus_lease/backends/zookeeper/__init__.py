@@ -311,7 +311,12 @@ Limits worth knowing:
   release stops making it, opening a session fails loudly rather than guess a TTL.
 * A released job's record still names its last holder as ``owner`` (only a write to the
   job znode could clear it, and that would bump the version, which is the generation).
-* Versions are 32-bit: about 2**31 claims per job, and 2**31 enqueues per queue.
+* Versions are 32-bit (ZooKeeper increments them without a check): a claim that would
+  set a job znode's version above ``_claims.VERSION_CEILING`` (2**31 - 2**16 - 1) is
+  refused with ``TokenSpaceExhausted`` (remedy: ``bump-epoch --above`` the job's token,
+  then delete its znode); a queue's head is rotated to a fresh znode before its own
+  ceiling (``_queues.HEAD_VERSION_CEILING``); every multi checks each version it carries
+  is in [0, 2**31 - 1] before it is sent. See the store's page, "32-bit counters".
 * Enqueues into one queue are serialised by the store (each takes the next ``seq`` with a
   versioned write): producers in several processes retry on collisions, so one queue
   takes roughly one enqueue per round trip to the leader however many producers it has.

@@ -22,6 +22,7 @@ from ...errors import (
     SessionExpired,
     StaleLeaseError,
     StoreRegressed,
+    TokenSpaceExhausted,
 )
 from ...record import ClaimResult, EnqueueItem, LeaseRecord, QueuedJob, QueueStats
 from ._claims import Claims
@@ -497,6 +498,10 @@ class ZooKeeperBackend(Backend):
         Raises:
             JobCompleted: the job has a completion record (its generation attached).
             JobFailed: the job is FAILED (now or before).
+            TokenSpaceExhausted: the job znode's version (the token's low part) is at
+                the ceiling of ZooKeeper's 32-bit versions
+                (:data:`._claims.VERSION_CEILING`); nothing was written. The remedy is
+                in the message (and on the store's page, "32-bit counters").
             SessionExpired: this session is over; nothing is held.
             BackendUnavailable: nothing was applied.
             OutcomeUnknown: the answer was lost and reading back failed; if it was applied,
@@ -506,7 +511,7 @@ class ZooKeeperBackend(Backend):
         h = self._handle(session)
         with _concerning(job_id):
             outcome = self._claims.claim(h, [job_id])[0]
-        if isinstance(outcome, (JobCompleted, JobFailed)):
+        if isinstance(outcome, (JobCompleted, JobFailed, TokenSpaceExhausted)):
             raise outcome
         return outcome
 
@@ -516,12 +521,14 @@ class ZooKeeperBackend(Backend):
     ) -> list[ClaimResult | None]:
         """Claim several jobs, all candidates in one multi (split to stay far below
         jute.maxbuffer); completed, FAILED or held jobs (and those whose retry delay has
-        not passed) yield ``None``. Raises as :meth:`claim`."""
+        not passed, or whose version is at the ceiling: logged at ERROR) yield ``None``.
+        Raises as :meth:`claim`."""
         h = self._handle(session)
         out: list[ClaimResult | None] = []
         for chunk in self._claims.size_chunks(h, list(job_ids)):
             for outcome in self._claims.claim(h, chunk):
-                out.append(None if isinstance(outcome, (JobCompleted, JobFailed)) else outcome)
+                out.append(None if isinstance(outcome, (JobCompleted, JobFailed,
+                                                        TokenSpaceExhausted)) else outcome)
         return out
 
     # -- holding, completing, releasing -------------------------------------------------------
@@ -967,7 +974,7 @@ class ZooKeeperBackend(Backend):
         answer = self._wire.reader_read([("sync", self.config.base), ("get", q.node)],
                                         f"reading queue {queue!r}'s layout")[1]
         if answer is not None:
-            QueueHead.parse(answer[0], q.node, queue)  # raises for layout 1
+            QueueHead.rotation(answer[0], q.node, queue)  # raises for layout 1
         return 0
 
     # -- the store epoch -----------------------------------------------------------------------

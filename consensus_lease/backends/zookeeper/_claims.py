@@ -70,7 +70,14 @@ from kazoo.exceptions import (
     RuntimeInconsistency,
 )
 
-from ...errors import JobCompleted, JobFailed, LeaseError, OutcomeUnknown, StaleLeaseError
+from ...errors import (
+    JobCompleted,
+    JobFailed,
+    LeaseError,
+    OutcomeUnknown,
+    StaleLeaseError,
+    TokenSpaceExhausted,
+)
 from ...record import ClaimResult
 from ._epoch import Epochs
 from ._errors import translate
@@ -92,11 +99,12 @@ from ._layout import (
     token,
 )
 from ._lifecycle import Exhausted, Lifecycle, job_failed
-from ._ops import Transaction, first_error
+from ._ops import MAX_VERSION, Transaction, first_error
 from ._session import ZkSession
 from ._wire import Multi, Read, Wire
 
-__all__ = ["CLAIM_ATTEMPTS", "EPOCH_SENDS", "Claims", "Outcome", "Plan"]
+__all__ = ["CLAIM_ATTEMPTS", "EPOCH_SENDS", "VERSION_CEILING", "Claims", "Outcome", "Plan",
+           "exhausted"]
 
 log = logging.getLogger("consensus_lease.backends.zookeeper")
 
@@ -108,7 +116,28 @@ epoch cached, once more after reading it again."""
 MAX_MULTI_BYTES = 512 * 1024
 """Largest claim multi sent (estimated), well under ZooKeeper's jute.maxbuffer (1 MiB)."""
 
-Outcome = ClaimResult | JobCompleted | JobFailed | None
+VERSION_CEILING = MAX_VERSION - 2**16
+"""The highest job znode version a claim may set (the token's low part). A job znode's
+version is a signed 32-bit int that ZooKeeper increments without a check; a claim from
+this version on is refused with :class:`TokenSpaceExhausted` (the job is read first, so
+the refusal costs no write). The 65,536 versions left above it are room to spare: a
+claim at the ceiling still completes (one more), and renew and release never move it."""
+
+Outcome = ClaimResult | JobCompleted | JobFailed | TokenSpaceExhausted | None
+
+
+def exhausted(paths: JobPaths, version: int, token_now: int) -> TokenSpaceExhausted:
+    """The refusal of a claim of a job whose znode is at ``version`` (at or above
+    :data:`VERSION_CEILING`, or negative: wrapped by a release without this guard)."""
+    return TokenSpaceExhausted(
+        f"{paths.job_id!r}: its job znode {paths.job} is at version {version}, the "
+        f"ceiling for claims is {VERSION_CEILING} (ZooKeeper's znode versions are 32-bit, "
+        f"at most {MAX_VERSION}); nothing was written. Remedy: stop claiming the job, run "
+        f"`consensus-lease bump-epoch --above {max(token_now, 0)}` (tokens go on above "
+        f"every earlier one), then delete its znode while it is not held "
+        f"(zkCli.sh: deleteall {paths.job}) so its version starts again, and enqueue it "
+        f"again if it was queued", path=paths.job, version=version, job_id=paths.job_id,
+        generation=token_now if token_now >= 0 else None)
 
 NEVER_CLAIMED = JobData("new")
 
@@ -246,6 +275,8 @@ class Claims:
                 epoch = self.epochs.cached(h)[0]
             if known.epoch != epoch:
                 continue  # released before the epoch was raised: read (see ._known)
+            if known.version >= VERSION_CEILING:
+                continue  # at the ceiling: the read path refuses it
             failure = known.failure
             if failure is not None and (failure.failed or failure.delaying(known.version)):
                 continue
@@ -320,6 +351,11 @@ class Claims:
             tally = None if queue_tag is None else queue_tag.tally(self.queues_base)
             return Exhausted(paths, version, parsed.attempt, failure, open_, parsed.epoch,
                              failed_, tally)
+        if not 0 <= version < VERSION_CEILING:  # the claim would pass it (or it wrapped)
+            exhaust = exhausted(paths, version, parsed.token(version))
+            log.error("job znode version at the 32-bit ceiling: claim refused",
+                      extra={"job_id": paths.job_id, "version": version})
+            return exhaust
         held = open_ = delayed = failed_ = None
         tally = None
         if queue_tag is not None:

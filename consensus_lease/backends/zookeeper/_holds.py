@@ -418,8 +418,8 @@ class Holds:
                               ("delete", paths.owner, b"", hold.owner_version)]
             markers = _deletes(hold.held, hold.open)
             if hold.tally is not None:
-                markers += [("delete", hold.tally.held, b"", -1),
-                            ("create", hold.tally.done, b"", -1)]
+                markers += [("delete", hold.tally.held, b"", None),
+                            ("create", hold.tally.done, b"", None)]
             return core, markers
 
         def landed(deadline: float) -> bool:
@@ -497,7 +497,7 @@ class Holds:
 
 
 def _deletes(*markers: str | None) -> list[Op]:
-    return [("delete", m, b"", -1) for m in markers if m is not None]
+    return [("delete", m, b"", None) for m in markers if m is not None]
 
 
 def _fail_ops(
@@ -512,16 +512,16 @@ def _fail_ops(
     core: list[Op] = [("check", paths.job, b"", version),
                       ("delete", paths.owner, b"", hold.owner_version)]
     if hold.failure is None:
-        core += [("create", paths.failure, b"", -1), ("set", paths.failure, data, 0)]
+        core += [("create", paths.failure, b"", None), ("set", paths.failure, data, 0)]
     else:
         core.append(("set", paths.failure, data, hold.failure.version))
     markers = _deletes(hold.held, None if hold.tally is None else hold.tally.held)
     if failed:
         markers += _deletes(hold.open)  # a FAILED job leaves the queue's listings
         if hold.failed is not None:  # and is counted among the bucket's failed
-            markers.append(("create", hold.failed, b"", -1))
+            markers.append(("create", hold.failed, b"", None))
         if hold.tally is not None:  # and the queue's
-            markers.append(("create", hold.tally.failed, b"", -1))
+            markers.append(("create", hold.tally.failed, b"", None))
     elif retry_in_s > 0 and hold.delayed is not None:
-        markers.append(("create", hold.delayed, dump_delayed(retry_in_s), -1))
+        markers.append(("create", hold.delayed, dump_delayed(retry_in_s), None))
     return core, markers

@@ -51,6 +51,16 @@ Work queues (``qname``: the queue name, encoded as job ids are), layout 2 (bucke
                     jobs enqueued and not purged, and their payload bytes. Every enqueue
                     (or ``enqueue_many`` multi) writes it at the version it read, so seqs
                     are issued in order and the counts are exact (see :mod:`._queues`)
+    {chroot}/queues/{qname}/h/{r}       persistent, the head once it has been rotated
+                                        (``{r:010d}``, r = 1, 2, ...): the head's data
+                                        as above. Rotation (before the head's 32-bit
+                                        version reaches the limit, see :mod:`._queues`)
+                                        writes ``{"layout":3,"head":r}`` into
+                                        ``{qname}`` itself and moves the head to ``h/{r}``
+                                        in one multi; each later rotation deletes
+                                        ``h/{r}`` and makes ``h/{r+1}``. Releases before
+                                        it read layout 3 as data they did not write and
+                                        refuse the queue (they would not know the head)
     {chroot}/queues/{qname}/b           persistent container of the buckets
     {chroot}/queues/{qname}/tally/held/{member}    EPHEMERAL, made and deleted with the
                                         job's held marker (same multis, same session)
@@ -178,6 +188,9 @@ MEMBERS_DIR, OPEN_DIR, HELD_DIR, DELAYED_DIR = "jobs", "open", "held", "delayed"
 FAILED_DIR, BUCKETS_DIR, TALLY_DIR, DONE_DIR = "failed", "b", "tally", "done"
 LAYOUT = 2
 """The queue layout this code writes (the head's ``"layout"``)."""
+ROTATED_LAYOUT = 3
+"""The ``"layout"`` of a queue node whose head was rotated into ``{qname}/h/{r}``."""
+HEAD_DIR = "h"
 BUCKET_JOBS = 256
 """Jobs (seqs) per bucket: a listing of one of a bucket's directories has at most this
 many names (each at most 779 bytes: ~200 KB worst case, ~35 KB with 120-character ids)."""
@@ -297,6 +310,15 @@ class QueuePaths:
         node = f"{queues_base}/{name}"
         return cls(queue, name, node, f"{node}/{BUCKETS_DIR}", f"{node}/{TALLY_DIR}")
 
+    @property
+    def heads(self) -> str:
+        """The container of the rotated heads."""
+        return f"{self.node}/{HEAD_DIR}"
+
+    def head_node(self, rotation: int) -> str:
+        """The znode holding the head after ``rotation`` rotations (0: the queue's own)."""
+        return self.node if rotation == 0 else f"{self.heads}/{rotation:0{BUCKET_DIGITS}d}"
+
     def tallies(self) -> tuple[str, str, str]:
         """The held, done and failed tallies' parents (their numChildren are counts)."""
         return (f"{self.tally}/{HELD_DIR}", f"{self.tally}/{DONE_DIR}",
@@ -330,6 +352,35 @@ class QueueHead:
     def dump(self) -> bytes:
         fields = {"layout": LAYOUT, "seq": self.seq, "jobs": self.jobs, "bytes": self.payload_bytes}
         return json.dumps(fields, separators=(",", ":")).encode()
+
+    @staticmethod
+    def rotation(data: bytes | None, path: str, queue: str) -> int:
+        """Where the head is, from the queue node's data: 0 (in it: layout 2) or the
+        rotation ``r`` whose ``{qname}/h/{r}`` holds it (layout 3).
+
+        Raises:
+            LegacyQueueLayout: empty data: a queue of layout 1.
+            CorruptData: anything else we did not write.
+        """
+        if not data:
+            raise LegacyQueueLayout(path, queue)
+        try:
+            fields = json.loads(data)
+            if fields["layout"] == LAYOUT:
+                return 0
+            rotation = fields["head"]
+            if fields["layout"] != ROTATED_LAYOUT or type(rotation) is not int \
+                    or rotation <= 0:
+                raise ValueError(fields)
+        except (ValueError, KeyError, TypeError):
+            raise CorruptData(f"{path} holds data consensus_lease did not write") from None
+        return rotation
+
+    @staticmethod
+    def dump_rotated(rotation: int) -> bytes:
+        """The queue node's data once its head moved to ``{qname}/h/{rotation}``."""
+        return json.dumps({"layout": ROTATED_LAYOUT, "head": rotation},
+                          separators=(",", ":")).encode()
 
     @classmethod
     def parse(cls, data: bytes | None, path: str, queue: str) -> QueueHead:

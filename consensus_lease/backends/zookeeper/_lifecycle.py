@@ -111,14 +111,15 @@ class Exhausted:
         data = dump_failure(Failure(True, self.version, base, 0.0, error, nonce))
         core: list[Op] = [("check", self.paths.job, b"", self.version)]
         if self.failure is None:
-            core += [("create", self.paths.failure, b"", -1), ("set", self.paths.failure, data, 0)]
+            core += [("create", self.paths.failure, b"", None),
+                     ("set", self.paths.failure, data, 0)]
         else:
             core.append(("set", self.paths.failure, data, self.failure.version))
-        markers: list[Op] = [] if self.open is None else [("delete", self.open, b"", -1)]
+        markers: list[Op] = [] if self.open is None else [("delete", self.open, b"", None)]
         if self.failed is not None:
-            markers.append(("create", self.failed, b"", -1))
+            markers.append(("create", self.failed, b"", None))
         if self.tally is not None:
-            markers.append(("create", self.tally.failed, b"", -1))
+            markers.append(("create", self.tally.failed, b"", None))
         return core, markers, error
 
 
@@ -222,10 +223,10 @@ class Lifecycle:
             marker = queue_tag.marker(self.queues_base)
             failed = queue_tag.failed(self.queues_base)
             tally = queue_tag.tally(self.queues_base)
-            markers = [] if marker in skip else [("create", marker, b"", -1)]
+            markers = [] if marker in skip else [("create", marker, b"", None)]
             for path in (failed, None if tally is None else tally.failed):
                 if path is not None and path not in skip:
-                    markers.append(("delete", path, b"", -1))
+                    markers.append(("delete", path, b"", None))
 
         def build(tx: Any) -> None:
             add_ops(tx, core + markers)

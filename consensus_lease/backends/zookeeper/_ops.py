@@ -22,11 +22,43 @@ from kazoo.protocol.serialization import CheckVersion, Create, Delete, SetData
 from kazoo.protocol.serialization import Transaction as KazooTransaction
 from kazoo.security import OPEN_ACL_UNSAFE
 
-__all__ = ["Lean", "Op", "Transaction", "Trouble", "add_ops", "first_error", "marker_trouble"]
+from ...errors import TokenSpaceExhausted
 
-Op = tuple[str, str, bytes, int]
+__all__ = [
+    "MAX_VERSION", "Checked", "Lean", "Op", "Transaction", "Trouble", "add_ops", "first_error",
+    "marker_trouble", "wire_version",
+]
+
+Op = tuple[str, str, bytes, int | None]
 """``(kind, path, data, version)``: kind ``"check"``, ``"set"``, ``"create"`` (persistent,
-the client's default ACL) or ``"delete"``; version -1 means any."""
+the client's default ACL) or ``"delete"``; version ``None`` means any (ignored for a
+create)."""
+
+MAX_VERSION = 2**31 - 1
+"""The highest znode version: ZooKeeper keeps it as a signed 32-bit int (Java ``int``),
+which its server increments without a check (past it comes -2**31, and -1 means "any
+version" in a request)."""
+
+
+def wire_version(version: int | None, path: str) -> int:
+    """The version field a request carries for ``version``: -1 for ``None`` (any
+    version, said so on purpose), else ``version`` itself, which must be a real znode
+    version, ``0 <= version <= MAX_VERSION``. Every versioned operation this backend
+    sends goes through here, so a counter past the limit (or a negative one read from a
+    znode that already wrapped) is a typed error before anything is sent, never a
+    ``struct.error`` nor a -1 that the server would take for "any version".
+
+    Raises:
+        TokenSpaceExhausted: ``version`` is not in ``[0, MAX_VERSION]``; nothing was sent.
+    """
+    if version is None:
+        return -1
+    if type(version) is not int or not 0 <= version <= MAX_VERSION:
+        raise TokenSpaceExhausted(
+            f"{path}: version {version!r} is outside ZooKeeper's 32-bit range "
+            f"[0, {MAX_VERSION}]; nothing was sent (see TokenSpaceExhausted for the remedy)",
+            path=path, version=version if type(version) is int else -1)
+    return version
 
 
 class Lean:
@@ -51,17 +83,44 @@ class Lean:
         self._append = tx.operations.append
         self._acl = tx.client.default_acl or OPEN_ACL_UNSAFE
 
-    def check(self, path: str, version: int) -> None:
-        self._append(CheckVersion(path, version))
+    def check(self, path: str, version: int | None) -> None:
+        self._append(CheckVersion(path, wire_version(version, path)))
 
     def create(self, path: str, value: bytes = b"", ephemeral: bool = False) -> None:
         self._append(Create(path, value, self._acl, 1 if ephemeral else 0))
 
-    def set_data(self, path: str, value: bytes, version: int = -1) -> None:
-        self._append(SetData(path, value, version))
+    def set_data(self, path: str, value: bytes, version: int | None = None) -> None:
+        self._append(SetData(path, value, wire_version(version, path)))
 
-    def delete(self, path: str, version: int = -1) -> None:
-        self._append(Delete(path, version))
+    def delete(self, path: str, version: int | None = None) -> None:
+        self._append(Delete(path, wire_version(version, path)))
+
+
+class Checked:
+    """A kazoo ``TransactionRequest`` (the shared client's multis: enqueue, purge, the
+    epoch) behind the method names of :class:`Transaction`, with every version passed
+    through :func:`wire_version` (``None``: any) before kazoo sees it.
+
+    Raises:
+        TokenSpaceExhausted: from any method, for a version out of range.
+    """
+
+    __slots__ = ("_tx",)
+
+    def __init__(self, tx: Any) -> None:
+        self._tx = tx
+
+    def check(self, path: str, version: int | None) -> None:
+        self._tx.check(path, wire_version(version, path))
+
+    def create(self, path: str, value: bytes = b"", ephemeral: bool = False) -> None:
+        self._tx.create(path, value, ephemeral=ephemeral)
+
+    def set_data(self, path: str, value: bytes, version: int | None = None) -> None:
+        self._tx.set_data(path, value, wire_version(version, path))
+
+    def delete(self, path: str, version: int | None = None) -> None:
+        self._tx.delete(path, wire_version(version, path))
 
 
 _OP = struct.Struct("!iBii")
@@ -96,7 +155,7 @@ class Transaction:
     a claim's four operations, 1.5 us here. The answer is decoded by kazoo's own
     ``Transaction.deserialize``. Paths are absolute and normalised and the client has no
     chroot of its own (as for :class:`Lean`); creates get the client's default ACL, as
-    kazoo's do.
+    kazoo's do. Every version is checked by :func:`wire_version` (``None``: any).
 
     Args:
         client: the kazoo client it will be sent on.
@@ -107,6 +166,7 @@ class Transaction:
 
     Raises:
         ValueError: the client has a chroot of its own (never made by this backend).
+        TokenSpaceExhausted: from an operation method, for a version out of range.
     """
 
     type = KazooTransaction.type
@@ -119,9 +179,10 @@ class Transaction:
         self._parts: list[bytes] = []
         self.op_types: list[int] = []
 
-    def check(self, path: str, version: int) -> None:
+    def check(self, path: str, version: int | None) -> None:
         name = path.encode()
-        self._parts += (_OP.pack(13, 0, -1, len(name)), name, _INT.pack(version))
+        self._parts += (_OP.pack(13, 0, -1, len(name)), name,
+                        _INT.pack(wire_version(version, path)))
         self.op_types.append(13)
 
     def create(self, path: str, value: bytes = b"", ephemeral: bool = False) -> None:
@@ -130,15 +191,16 @@ class Transaction:
                         self._acl, _FLAGS[1 if ephemeral else 0])
         self.op_types.append(1)
 
-    def set_data(self, path: str, value: bytes, version: int = -1) -> None:
+    def set_data(self, path: str, value: bytes, version: int | None = None) -> None:
         name = path.encode()
         self._parts += (_OP.pack(5, 0, -1, len(name)), name, _INT.pack(len(value)), value,
-                        _INT.pack(version))
+                        _INT.pack(wire_version(version, path)))
         self.op_types.append(5)
 
-    def delete(self, path: str, version: int = -1) -> None:
+    def delete(self, path: str, version: int | None = None) -> None:
         name = path.encode()
-        self._parts += (_OP.pack(2, 0, -1, len(name)), name, _INT.pack(version))
+        self._parts += (_OP.pack(2, 0, -1, len(name)), name,
+                        _INT.pack(wire_version(version, path)))
         self.op_types.append(2)
 
     def serialize(self) -> bytes:
@@ -155,9 +217,9 @@ class Transaction:
 
 
 def add_ops(tx: Any, ops: list[Op]) -> None:
-    """Add ``ops`` to ``tx`` (a :class:`Transaction`, or a kazoo transaction: see
-    :class:`Lean`), in order."""
-    lean = tx if isinstance(tx, Transaction) else Lean(tx)
+    """Add ``ops`` to ``tx`` (a :class:`Transaction` or :class:`Checked`, or a kazoo
+    transaction: see :class:`Lean`), in order."""
+    lean = tx if isinstance(tx, (Transaction, Checked)) else Lean(tx)
     for kind, path, data, version in ops:
         if kind == "check":
             lean.check(path, version)

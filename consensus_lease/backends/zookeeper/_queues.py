@@ -60,13 +60,14 @@ session is involved before the claim.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from kazoo.exceptions import (
     BadVersionError,
@@ -99,18 +100,22 @@ from ._layout import (
     to_record,
 )
 from ._lifecycle import DelayHints
+from ._ops import MAX_VERSION
 from ._options import ZkConfig
 from ._watch import SharedWatches
 from ._wire import Multi, Read, Wire, clock_ms
 
 __all__ = [
     "ENQUEUE_BATCH",
+    "HEAD_VERSION_CEILING",
     "JUTE_MAXBUFFER",
     "MAX_PAYLOAD_BYTES",
     "MAX_QUEUE_BYTES",
     "MAX_QUEUE_JOBS",
     "Queues",
 ]
+
+log = logging.getLogger("consensus_lease.backends.zookeeper")
 
 JUTE_MAXBUFFER = 0xFFFFF
 """ZooKeeper's default ``jute.maxbuffer`` (1 MiB - 1): the largest request a server
@@ -183,6 +188,28 @@ PURGE_MULTI_BYTES = 512 * 1024
 """Largest purge multi sent (estimated), far below ``JUTE_MAXBUFFER``."""
 
 
+HEAD_VERSION_CEILING = MAX_VERSION - 2**16
+"""The highest version of a queue's head znode written in place: every enqueue and
+purge multi writes the head at the version read (a signed 32-bit int that ZooKeeper
+increments without a check; about 25 days at 1,000 enqueue multis a second). The multi
+that would write it at this version or above rotates the head first instead: one multi
+moves it, compared at that version, to a fresh znode ``{qname}/h/{r}`` at version 0
+(see :mod:`._layout`), and the enqueue or purge goes on there. A rotated head is never
+made again (each rotation takes the next ``r``), so a stale cached version can never
+match it."""
+
+
+class _Head(NamedTuple):
+    """A queue's head as last seen: the queue node's czxid (which queue it is), the
+    znode holding the head (the queue's own, or ``{qname}/h/{r}`` once rotated), its
+    version, and the head."""
+
+    czxid: int
+    path: str
+    version: int
+    head: QueueHead
+
+
 @dataclass(slots=True)
 class _Scan:
     """What a look at a queue's buckets found."""
@@ -214,7 +241,8 @@ class Queues:
         self.watches = SharedWatches()
         self._lock = threading.Lock()
         self._queue_locks: dict[str, threading.Lock] = {}
-        self._heads: dict[str, tuple[int, int, QueueHead]] = {}  # (czxid, version, head)
+        self._heads: dict[str, _Head] = {}
+        self._rotations: dict[str, int] = {}  # queue -> the rotation of its head last seen
         self._floors: dict[str, tuple[int, int]] = {}  # queue -> (czxid, floor)
         self._cache: OrderedDict[tuple[str, int, str], bytes] = OrderedDict()  # payloads
         self._cache_bytes = 0
@@ -224,9 +252,9 @@ class Queues:
 
     # -- the head and the floor ---------------------------------------------------------
 
-    def _head(self, q: QueuePaths, what: str, fresh: bool = False) -> tuple[int, int, QueueHead]:
-        """``(czxid, version, head)`` of the queue, as last seen (read if not known or
-        ``fresh``); the queue is made if missing.
+    def _head(self, q: QueuePaths, what: str, fresh: bool = False) -> _Head:
+        """The queue's head, as last seen (read if not known or ``fresh``); the queue is
+        made if missing.
 
         Raises:
             LegacyQueueLayout: a queue of layout 1.
@@ -236,16 +264,106 @@ class Queues:
         if known is not None:
             return known
         for _ in range(3):
-            answer = self.wire.reader_read([("sync", self.config.base), ("get", q.node)],
-                                           what)[1]
-            if answer is not None:
-                entry = (int(answer[1].czxid), int(answer[1].version),
-                         QueueHead.parse(answer[0], q.node, q.queue))
-                with self._lock:
-                    self._heads[q.queue] = entry
+            entry = self._read_head(q, [], what)[0]
+            if entry is not None:
                 return entry
             self._create(q, what)
         raise BackendUnavailable(f"{what}: {q.node} keeps disappearing")
+
+    def _read_head(self, q: QueuePaths, reads: list[Read],
+                   what: str) -> tuple[_Head | None, list[Any]]:
+        """After a ``sync``, the head (``None``: no such queue), then ``reads``, in one
+        round trip and in that order (the head before what it says anything about). A
+        rotated head is read with its queue node, at the rotation this process last saw;
+        a newer one costs one more round trip. The head read is cached.
+
+        Raises:
+            LegacyQueueLayout: a queue of layout 1. BackendUnavailable: the head kept
+            moving (rotations by others) for three round trips.
+        """
+        for _ in range(3):
+            with self._lock:
+                seen = self._rotations.get(q.queue, 0)
+            head_reads: list[Read] = [("get", q.node)]
+            if seen:
+                head_reads.append(("get", q.head_node(seen)))
+            answers = self.wire.reader_read(
+                [("sync", self.config.base), *head_reads, *reads], what)[1:]
+            node, rest = answers[0], answers[len(head_reads):]
+            if node is None:
+                return None, rest
+            rotation = QueueHead.rotation(node[0], q.node, q.queue)
+            if rotation != seen:
+                with self._lock:
+                    self._rotations[q.queue] = rotation
+                continue  # read again with it (the reads after it must follow the head)
+            path = q.head_node(rotation)
+            found = node if rotation == 0 else answers[1]
+            if found is None:
+                continue  # rotated again between the two reads
+            entry = _Head(int(node[1].czxid), path, int(found[1].version),
+                          QueueHead.parse(found[0], path, q.queue))
+            with self._lock:
+                self._heads[q.queue] = entry
+            return entry, rest
+        raise BackendUnavailable(f"{what}: the head of queue {q.queue!r} kept moving "
+                                 f"(rotated by others) while it was read")
+
+    def _head_due(self, q: QueuePaths, what: str, deadline: float,
+                  fresh: bool = False) -> _Head:
+        """The head as :meth:`_head` gives it, rotated first (and read again) while its
+        version is at or above :data:`HEAD_VERSION_CEILING`: what a write may compare.
+
+        Raises:
+            BackendUnavailable: still at the ceiling at ``deadline`` (others kept
+                writing it); nothing of the caller's was sent.
+        """
+        while True:
+            at = self._head(q, what, fresh)
+            if at.version < HEAD_VERSION_CEILING:
+                return at
+            self._rotate(q, at, what)
+            fresh = True
+            if time.monotonic() >= deadline:
+                raise BackendUnavailable(f"{what}: the head of queue {q.queue!r} kept "
+                                         f"changing while it was rotated; nothing was sent")
+
+    def _rotate(self, q: QueuePaths, at: _Head, what: str) -> None:
+        """Move the head ``at`` (at or above :data:`HEAD_VERSION_CEILING`) to a fresh
+        znode at version 0, in one multi compared at ``at.version``: the queue node then
+        names it (``{"layout":3,"head":r}``) and the old rotated head is deleted. If
+        another enqueue, purge or rotation wrote the head first, nothing changes; either
+        way the cached head is dropped and the caller reads it again."""
+        rotation = 0 if at.path == q.node else int(at.path.rsplit("/", 1)[1])
+        target = q.head_node(rotation + 1)
+        def build(tx: Any) -> None:
+            if rotation == 0:
+                tx.set_data(q.node, QueueHead.dump_rotated(1), at.version)
+                tx.create(q.heads, b"")
+            else:
+                tx.delete(at.path, at.version)
+                tx.set_data(q.node, QueueHead.dump_rotated(rotation + 1))  # compared above
+            tx.create(target, at.head.dump())
+
+        def settle(deadline: float) -> bool:
+            answer = self.wire.read(self.wire.reader(deadline),
+                                    [("sync", self.config.base), ("get", target)], deadline,
+                                    f"{what} (reading back the head's rotation)",
+                                    worker=False)[1]
+            return answer is not None
+
+        multi = self.wire.reader_commit(build, settle, f"{what} (rotating the queue's head)")
+        self._forget_head(q.queue)
+        if multi.applied:
+            with self._lock:
+                self._rotations[q.queue] = max(self._rotations.get(q.queue, 0), rotation + 1)
+            log.warning("queue head rotated before its 32-bit version's limit",
+                        extra={"queue": q.queue, "version": at.version,
+                               "rotation": rotation + 1})
+        elif multi.results:
+            _, error = _first_error(multi.results)
+            if not isinstance(error, (BadVersionError, NoNodeError, NodeExistsError)):
+                raise translate(error, what, self.wire.hosts, worker_session=False)
 
     def _create(self, q: QueuePaths, what: str) -> None:
         """Make the queue (its head and buckets container), and ``{chroot}/jobs``."""
@@ -299,14 +417,14 @@ class Queues:
         with self._lock:
             head = self._heads.get(queue)
             floors = self._floors.get(queue)
-        floor = 0 if floors is None or (head is not None and floors[0] != head[0]) \
+        floor = 0 if floors is None or (head is not None and floors[0] != head.czxid) \
             else floors[1]
-        newest = floor if head is None else max(floor, head[2].last_bucket)
+        newest = floor if head is None else max(floor, head.head.last_bucket)
         paths: list[str] = []
         for index in range(floor, min(newest, floor + MAX_WATCH_BUCKETS - 1) + 1):
             bucket = q.bucket(index)
             paths += [bucket.open, bucket.held, bucket.delayed]
-        frontier = head is not None and floor >= bucket_of(head[2].seq + 1)
+        frontier = head is not None and floor >= bucket_of(head.head.seq + 1)
         return tuple(paths), frontier
 
     # -- enqueue ------------------------------------------------------------------------
@@ -382,13 +500,13 @@ class Queues:
                 size = cost
         return parts
 
-    def _enqueue_multi(self, q: QueuePaths, todo: list[EnqueueItem], head: QueueHead,
-                       new_head: QueueHead, version: int,
-                       what: str) -> tuple[Multi, list[BucketPaths]]:
-        """Send the multi adding ``todo`` after ``head`` (compared at ``version``) and
-        writing ``new_head``; a lost answer is settled by reading back the first job's
+    def _enqueue_multi(self, q: QueuePaths, todo: list[EnqueueItem], at: _Head,
+                       new_head: QueueHead, what: str) -> tuple[Multi, list[BucketPaths]]:
+        """Send the multi adding ``todo`` after ``at`` (the head, compared at its version)
+        and writing ``new_head``; a lost answer is settled by reading back the first job's
         tag. Returns the commit's outcome and the buckets the multi created."""
         first_id = todo[0].job_id
+        head, version = at.head, at.version
         nonce = new_nonce()
         tags: list[QueueTag] = []
         new_buckets: list[BucketPaths] = []
@@ -402,7 +520,7 @@ class Queues:
         def build(tx: Any, new_head: QueueHead = new_head, version: int = version,
                   new_buckets: list[BucketPaths] = new_buckets,
                   batch: list[tuple[EnqueueItem, QueueTag]] = batch) -> None:
-            tx.set_data(q.node, new_head.dump(), version)
+            tx.set_data(at.path, new_head.dump(), version)
             for bucket in new_buckets:
                 for path in bucket.dirs():
                     tx.create(path, b"")
@@ -433,8 +551,9 @@ class Queues:
         first_id = todo[0].job_id
         fresh = False
         while todo:
-            czxid, version, head = self._head(q, what, fresh)
+            at = self._head_due(q, what, deadline, fresh)
             fresh = False
+            head = at.head
             nbytes = sum(len(item.payload) for item in todo)
             if head.jobs + len(todo) > MAX_QUEUE_JOBS \
                     or head.payload_bytes + nbytes > MAX_QUEUE_BYTES:
@@ -445,15 +564,16 @@ class Queues:
                 todo = [item for item in todo if item.job_id not in known]
                 if not todo:
                     break
-                czxid, version, head = self._head(q, what, fresh=True)
+                at = self._head_due(q, what, deadline, fresh=True)
+                head = at.head
                 nbytes = sum(len(item.payload) for item in todo)
                 self._check_capacity(q, head, len(todo), nbytes, what)
             new_head = QueueHead(head.seq + len(todo), head.jobs + len(todo),
                                  head.payload_bytes + nbytes)
-            multi, new_buckets = self._enqueue_multi(q, todo, head, new_head, version, what)
+            multi, new_buckets = self._enqueue_multi(q, todo, at, new_head, what)
             if multi.applied:
                 with self._lock:
-                    self._heads[q.queue] = (czxid, version + 1, new_head)
+                    self._heads[q.queue] = _Head(at.czxid, at.path, at.version + 1, new_head)
                 out.update((item.job_id, True) for item in todo)
                 return out
             self._forget_head(q.queue)
@@ -544,20 +664,16 @@ class Queues:
         with self._lock:
             floors = self._floors.get(queue)
         guess = 0 if floors is None else floors[1]
-        answers = self.wire.reader_read(
-            [("sync", self.config.base), ("get", q.node),
-             *self._bucket_reads(q.bucket(guess))], what)
+        at, answers = self._read_head(q, self._bucket_reads(q.bucket(guess)), what)
         scan = _Scan()
-        if answers[1] is None:
+        if at is None:
             return scan
-        scan.head = head = QueueHead.parse(answers[1][0], q.node, queue)
-        scan.czxid = czxid = int(answers[1][1].czxid)
-        with self._lock:
-            self._heads[queue] = (czxid, int(answers[1][1].version), head)
+        scan.head = head = at.head
+        scan.czxid = czxid = at.czxid
         floor = self._floor(queue, czxid)
         looks: list[tuple[int, list[Any]]] = []
         if floor == guess:
-            looks.append((floor, answers[2:]))
+            looks.append((floor, answers))
         index = floor if not looks else floor + 1
         done_upto = floor  # buckets below it are done
         contiguous = True
@@ -699,12 +815,11 @@ class Queues:
         what = f"counting the jobs of queue {queue!r}"
         held_path, done_path, failed_path = q.tallies()
         # the head first, held last: see queue_stats for what that gives
-        node, done, failed, held = self.wire.reader_read(
-            [("sync", self.config.base), ("get", q.node), ("exists", done_path),
-             ("exists", failed_path), ("exists", held_path)], what)[1:]
-        if node is None:
+        at, (done, failed, held) = self._read_head(
+            q, [("exists", done_path), ("exists", failed_path), ("exists", held_path)], what)
+        if at is None:
             return QueueStats(queue, 0, 0, 0, None, 0)
-        head = QueueHead.parse(node[0], q.node, queue)
+        head = at.head
         n_done = 0 if done is None else int(done.numChildren)
         n_failed = 0 if failed is None else int(failed.numChildren)
         n_held = 0 if held is None else int(held.numChildren)
@@ -723,10 +838,10 @@ class Queues:
         <consensus_lease.backends.zookeeper.ZooKeeperBackend.queue_jobs>`."""
         q = self.paths(queue)
         what = f"listing queue {queue!r}"
-        node = self.wire.reader_read([("sync", self.config.base), ("get", q.node)], what)[1]
-        if node is None:
+        at = self._read_head(q, [], what)[0]
+        if at is None:
             return []
-        head = QueueHead.parse(node[0], q.node, queue)
+        head = at.head
         out: list[QueuedJob] = []
         for b in range(0, head.last_bucket + 1):
             if limit is not None and len(out) >= limit:
@@ -824,10 +939,10 @@ class Queues:
         <consensus_lease.backends.zookeeper.ZooKeeperBackend.purge>`."""
         q = self.paths(queue)
         what = f"purge of queue {queue!r}"
-        node = self.wire.reader_read([("sync", self.config.base), ("get", q.node)], what)[1]
-        if node is None:
+        at = self._read_head(q, [], what)[0]
+        if at is None:
             return 0
-        head = QueueHead.parse(node[0], q.node, queue)
+        head = at.head
         purged = 0
         for b in range(0, head.last_bucket + 1):
             bucket = q.bucket(b)
@@ -879,13 +994,15 @@ class Queues:
         deleted first is not counted)."""
         deadline = self.wire.deadline()
         while True:
-            czxid, version, head = self._head(q, what)
+            at = self._head_due(q, what, deadline)
+            head, version = at.head, at.version
             freed = sum(job.payload_bytes for job in batch)
             new_head = QueueHead(head.seq, max(0, head.jobs - len(batch)),
                                  max(0, head.payload_bytes - freed))
 
-            def build(tx: Any, new_head: QueueHead = new_head, version: int = version) -> None:
-                tx.set_data(q.node, new_head.dump(), version)
+            def build(tx: Any, new_head: QueueHead = new_head, version: int = version,
+                      path: str = at.path) -> None:
+                tx.set_data(path, new_head.dump(), version)
                 for job in batch:
                     tx.delete(job.paths.tag, job.tag_version)
                     if job.failure_version is not None:
@@ -905,7 +1022,7 @@ class Queues:
             multi = self.wire.reader_commit(build, settle, what)
             if multi.applied:
                 with self._lock:
-                    self._heads[q.queue] = (czxid, version + 1, new_head)
+                    self._heads[q.queue] = _Head(at.czxid, at.path, version + 1, new_head)
                 return len(batch)
             self._forget_head(q.queue)
             if not multi.results:

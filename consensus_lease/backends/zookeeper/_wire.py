@@ -38,7 +38,7 @@ from ...errors import (
 )
 from ._errors import KAZOO_ERRORS, translate
 from ._gate import Gate
-from ._ops import Transaction
+from ._ops import Checked, Transaction
 from ._options import ZkConfig
 from ._session import ZkSession
 
@@ -311,6 +311,8 @@ class Wire:
         :data:`SETTLE_GRACE_S` after it.
 
         Raises:
+            TokenSpaceExhausted: a version out of range (see :func:`._ops.wire_version`);
+                nothing was sent.
             SessionExpired: the session ended (before sending, or while reading back).
             BackendUnavailable: not connected by the deadline; nothing was sent.
             OutcomeUnknown: reading back could not settle it in time.
@@ -413,18 +415,20 @@ class Wire:
         self, build: Callable[[Any], None], settle: Callable[[float], bool], what: str,
         job_id: str | None = None,
     ) -> Multi:
-        """One multi on the shared client (writes no session owns: enqueue, purge). A lost
+        """One multi on the shared client (writes no session owns: enqueue, purge).
+        ``build`` gets a :class:`._ops.Checked` (versions ``None``: any). A lost
         answer is settled as in :meth:`commit`: ``settle(deadline) -> applied``, with reads
         on the shared client (which reconnects, or opens a new session, by itself).
 
         Raises:
             BackendUnavailable: nothing was applied (or the store refused the multi as a
                 whole). OutcomeUnknown: reading back could not settle it in time.
+            TokenSpaceExhausted: a version out of range; nothing was sent.
         """
         deadline = self.deadline()
         client = self.reader(deadline)
         transaction = client.transaction()
-        build(transaction)
+        build(Checked(transaction))  # every version in range before anything is sent
         floor = self.history.highest()
         try:
             pending = self.gate(client).start(transaction.commit_async, deadline)
