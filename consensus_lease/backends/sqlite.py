@@ -457,6 +457,7 @@ class SqliteBackend(Backend):
         description="embedded SQLite file (one machine, many processes; waiting claims "
                     "woken within ~5 ms by a data_version watch)",
         epoch=True,
+        regression_refusal=True,
         elections=True,
         max_enqueue_batch=10_000,
         max_queue_jobs=None,

@@ -187,6 +187,7 @@ class ZooKeeperBackend(Backend):
         description="ZooKeeper (kazoo): session per worker, ephemeral owner znodes, "
         "job znode version as fencing token",
         epoch=True,
+        regression_refusal=True,
         elections=True,
         max_enqueue_batch=ENQUEUE_BATCH,
         max_queue_jobs=MAX_QUEUE_JOBS,
