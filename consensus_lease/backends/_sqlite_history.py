@@ -47,8 +47,8 @@ from typing import Any
 
 from ..errors import BackendUnavailable, StoreRegressed
 
-__all__ = ["MARKER_CHECK", "MARKER_EXISTS", "MARKER_TABLE", "MARKER_WRITE", "SESSION_GC_S", "History",
-           "marker_error"]
+__all__ = ["MARKER_CHECK", "MARKER_EXISTS", "MARKER_TABLE", "MARKER_WRITE", "SESSION_GC_S",
+           "History", "marker_error"]
 
 MARKER_TABLE = ("CREATE TABLE IF NOT EXISTS cl_regressed (id INTEGER PRIMARY KEY "
                 "CHECK (id = 1), epoch INTEGER NOT NULL, why TEXT NOT NULL)")
