@@ -66,6 +66,9 @@ class PrometheusObserver(Observer):
         self.stale = Counter(f"{namespace}_stale_rejections",
                              "Stale operations rejected by the store or a fence",
                              ["store", "by"], registry=reg)
+        self.callback_failures = Counter(
+            f"{namespace}_callback_failures", "User callbacks (on_lost) that raised",
+            ["store", "registration"], registry=reg)
         self.renewal_latency = Histogram(
             f"{namespace}_renewal_latency_seconds", "Send-to-answer time of renewals",
             ["store"], buckets=_LATENCY_BUCKETS, registry=reg)
@@ -89,3 +92,6 @@ class PrometheusObserver(Observer):
 
     def stale_rejected(self, store: str, by: str, job_id: str, generation: int) -> None:
         self.stale.labels(store, by).inc()
+
+    def callback_failed(self, store: str, registration: str) -> None:
+        self.callback_failures.labels(store, registration).inc()

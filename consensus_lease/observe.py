@@ -48,6 +48,11 @@ class Observer:
         """A stale operation was rejected ``by`` ``"store"`` (owner/generation compare) or
         ``"fence"`` (a destination saw a higher token)."""
 
+    def callback_failed(self, store: str, registration: str) -> None:
+        """A user callback raised (logged at ERROR on ``consensus_lease.callbacks``);
+        ``registration`` is where it was registered (``"Session.on_lost"``,
+        ``"Lease.on_lost"``, ``"AsyncSession.on_lost"``)."""
+
 
 def notify(observer: Observer | None, event: Callable[[Observer], None]) -> None:
     """Deliver one event: ``event(observer)``, e.g. ``notify(obs, lambda o: o.claimed(...))``.
