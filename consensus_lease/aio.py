@@ -47,6 +47,7 @@ from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
 
+from ._callbacks import check_callback, run_callback
 from ._election import election_key
 from ._subscriptions import Unsubscribe
 from ._waiting import Subscribe, check_usable, closing_aware
@@ -477,16 +478,26 @@ class AsyncSession:
         """Register ``callback(session, reason)``, run once on the running event loop
         when the session is lost (soon, if it already is). Call from a coroutine.
 
+        An exception from the callback is logged at ERROR on
+        ``consensus_lease.callbacks`` (on stderr when logging is not configured) and
+        counted (``Observer.callback_failed``).
+
         Returns:
             A function that unregisters it.
+
+        Raises:
+            InvalidArgument: not a callable, or one that cannot be called with two
+                positional arguments (its signature); nothing registered.
         """
-        if not callable(callback):
-            raise InvalidArgument(f"on_lost needs a callable, not {callback!r}")
+        check_callback(callback, 2, "AsyncSession.on_lost", "callback(session, reason)")
         loop = asyncio.get_running_loop()
+        sync = self.sync
 
         def relay(_session: Session, reason: LeaseLost) -> None:
             with contextlib.suppress(RuntimeError):  # the loop is closed
-                loop.call_soon_threadsafe(callback, self, reason)
+                loop.call_soon_threadsafe(partial(
+                    run_callback, callback, (self, reason), "AsyncSession.on_lost",
+                    sync.observer, sync.backend.scheme, session_id=sync.session_id))
 
         return self.sync.on_lost(relay)
 

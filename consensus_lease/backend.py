@@ -80,6 +80,12 @@ class Capabilities:
             per-job method, keeps them out of ``records()`` and queues, and implements
             :meth:`Backend.set_value`. ``False``: ``session.campaign`` and
             ``store.leader``/``observe`` raise ``UnsupportedOperation``.
+        regression_refusal: the store can notice that its history went back
+            (``StoreRegressed``: restored from an older backup, wiped, a lagging standby
+            promoted) and then refuses every session and claim, of the store object
+            that noticed and of every one opened on the store afterwards, until
+            ``bump_epoch``. ``False`` (memory: no history to go back): it never raises
+            ``StoreRegressed``.
     """
 
     cross_process: bool
@@ -95,6 +101,7 @@ class Capabilities:
     elections: bool = False
     max_enqueue_batch: int = 1
     max_queue_jobs: int | None = None
+    regression_refusal: bool = False
 
 
 class SessionEvent(enum.Enum):

@@ -9,6 +9,7 @@ from contextlib import ExitStack, contextmanager
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from ._callbacks import check_callback, run_callback
 from .backend import Backend
 from .errors import (
     BackendUnavailable,
@@ -463,11 +464,14 @@ class Lease:
             self._lost_reason = lost
             listeners, self._listeners = self._listeners, []
         for listener in listeners:
-            try:
-                listener(self, lost)
-            except Exception:
-                log.exception("lease on_lost callback raised", extra={"job_id": self.job_id})
+            self._run_callback(listener, lost)
         return True
+
+    def _run_callback(self, callback: Callable[[Lease, LeaseLost], None],
+                      reason: LeaseLost) -> None:
+        session = self.session
+        run_callback(callback, (self, reason), "Lease.on_lost", session.observer,
+                     session.backend.scheme, job_id=self.job_id)
 
     def on_lost(self, callback: Callable[[Lease, LeaseLost], None]) -> Callable[[], None]:
         """Register ``callback(lease, reason)``, called once, from the thread that saw
@@ -475,21 +479,25 @@ class Lease:
         closed, or its store was closed. Not called when the holder itself completes,
         releases or fails it. Called at once if the lease is already LOST.
 
+        An exception from the callback is not raised: it is logged at ERROR on
+        ``consensus_lease.callbacks`` (on stderr when logging is not configured) and
+        counted (``Observer.callback_failed``).
+
         Returns:
             A function that unregisters the callback (a no-op once it ran).
 
         Raises:
-            InvalidArgument: ``callback`` is not callable.
+            InvalidArgument: ``callback`` is not callable, or cannot be called with two
+                positional arguments (its signature); nothing registered.
         """
-        if not callable(callback):
-            raise InvalidArgument(f"on_lost needs a callable, not {callback!r}")
+        check_callback(callback, 2, "Lease.on_lost", "callback(lease, reason)")
         with self._lock:
             if self._state is not LeaseState.LOST:
                 self._listeners.append(callback)
                 return lambda: self._remove_listener(callback)
             reason = self._lost_reason
         if reason is not None:
-            callback(self, reason)
+            self._run_callback(callback, reason)
         return lambda: None
 
     def _remove_listener(self, callback: Callable[[Lease, LeaseLost], None]) -> None:

@@ -68,6 +68,9 @@ class PrometheusObserver(Observer):
         self.stale = Counter(f"{namespace}_stale_rejections",
                              "Stale operations rejected by the store or a fence",
                              ["store", "by"], registry=reg)
+        self.callback_failures = Counter(
+            f"{namespace}_callback_failures", "User callbacks (on_lost) that raised",
+            ["store", "registration"], registry=reg)
         self.renewal_latency = Histogram(
             f"{namespace}_renewal_latency_seconds", "Send-to-answer time of renewals",
             ["store"], buckets=_LATENCY_BUCKETS, registry=reg)
@@ -102,3 +105,6 @@ class PrometheusObserver(Observer):
     def wal_measured(self, store: str, path: str, wal_bytes: int, blocked: bool) -> None:
         self.wal_bytes.labels(store, path).set(wal_bytes)
         self.wal_blocked.labels(store, path).set(1 if blocked else 0)
+
+    def callback_failed(self, store: str, registration: str) -> None:
+        self.callback_failures.labels(store, registration).inc()

@@ -54,6 +54,11 @@ class Observer:
         its bound (``wal_limit_bytes``) after checkpoints on two checks in a row, which
         means a reader holds an old snapshot open (see the SQLite store's page)."""
 
+    def callback_failed(self, store: str, registration: str) -> None:
+        """A user callback raised (logged at ERROR on ``consensus_lease.callbacks``);
+        ``registration`` is where it was registered (``"Session.on_lost"``,
+        ``"Lease.on_lost"``, ``"AsyncSession.on_lost"``)."""
+
 
 def notify(observer: Observer | None, event: Callable[[Observer], None]) -> None:
     """Deliver one event: ``event(observer)``, e.g. ``notify(obs, lambda o: o.claimed(...))``.

@@ -18,6 +18,7 @@ from types import TracebackType
 from typing import overload
 
 from . import _campaign, _queue_claim
+from ._callbacks import check_callback, run_callback
 from ._callsite import entered_by_with
 from ._fork import abandon
 from ._holdings import Holdings
@@ -158,17 +159,20 @@ class Session:
     def on_lost(self, callback: LossCallback) -> Callable[[], None]:
         """Register ``callback(session, reason)``, called once, from the thread that
         detects the loss, when the session is lost. Called at once if already lost.
-        Exceptions from callbacks are logged, not raised into the keepalive thread.
+        An exception from the callback is not raised into the keepalive thread: it is
+        logged at ERROR on ``consensus_lease.callbacks`` (on stderr when logging is not
+        configured) and counted (``Observer.callback_failed``).
 
         Returns:
             A function that unregisters the callback (a no-op once it ran).
 
         Raises:
-            InvalidArgument: not a callable. StoreClosed / StoreInherited.
+            InvalidArgument: not a callable, or one that cannot be called with two
+                positional arguments (its signature); nothing registered.
+            StoreClosed / StoreInherited: the store was closed / this is a fork's child.
         """
         self._liveness.check_usable()
-        if not callable(callback):
-            raise InvalidArgument(f"on_lost needs a callable, not {callback!r}")
+        check_callback(callback, 2, "Session.on_lost", "callback(session, reason)")
 
         def listener(reason: LeaseLost) -> None:
             self._run_callback(callback, reason)
@@ -180,10 +184,8 @@ class Session:
         return lambda: None
 
     def _run_callback(self, callback: LossCallback, reason: LeaseLost) -> None:
-        try:
-            callback(self, reason)
-        except Exception:
-            log.exception("on_lost callback raised", extra={"session_id": self.session_id})
+        run_callback(callback, (self, reason), "Session.on_lost", self.observer,
+                     self.backend.scheme, session_id=self.session_id)
 
     # -- claiming --------------------------------------------------------------------
 

@@ -4,12 +4,17 @@ PostgreSQL comes from ``CONSENSUS_LEASE_POSTGRES_URL`` (``eval "$(bash
 scripts/start-postgres.sh)"`` starts one on loopback and exports it; ``make test`` does).
 Without it these tests are skipped with that reason — except under ``CI=true``, where they
 fail. Each test gets its own schema, dropped afterwards.
+
+The regression case (``regress``) makes ``cl_meta`` and the session rows name another
+WAL timeline than the server's, which is what the store sees after a standby was
+promoted (the real failover is ``tests/backends/test_postgresql_failover.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
+import psycopg
 import pytest
 
 from consensus_lease import LeaseStore, open_store
@@ -25,7 +30,14 @@ class TestPostgresConformance(BackendConformance):
         base = postgres_url()
         with fresh_schema(base) as schema:
             self.url = f"{base}?schema={schema}"
+            self.base, self.schema = base, schema
             yield
+
+    def regress(self, store: LeaseStore, between: Callable[[], None]) -> None:
+        between()
+        with psycopg.connect(self.base, autocommit=True, connect_timeout=5) as conn:
+            for table in ("cl_meta", "cl_sessions"):  # as written before a promotion
+                conn.execute(f'UPDATE "{self.schema}".{table} SET timeline = %s', ("0000FFFF",))
 
     def open_store_for_test(self) -> LeaseStore:
         return open_store(self.url)

@@ -24,11 +24,20 @@ until the store's epoch is raised above what it was then (``consensus-lease
 bump-epoch``): from then on it trusts the file as it is. A file replaced under the
 process stays regressed for good: the process must open the store again.
 
+A process that notices writes the **regression marker** into the store (the one-row
+table ``cl_regressed``: the store epoch when noticed, and why; made on first use), so
+that a process opening the store afterwards refuses to open sessions too
+(``open_session`` raises ``StoreRegressed`` while the marker's epoch is at least the
+store's): one rule for every store object, until ``bump-epoch`` raises the epoch above
+the marker's. A file replaced under the process gets no marker (this process's
+connection is on the old file).
+
 What this cannot see: a copy restored in place that has the same identity, at least as
 many claims as this process saw, and every session row this process relies on (a copy
-taken moments ago, with no claim since); a process started after the restore (it has
-seen nothing to compare with). Neither case is safe without ``bump-epoch``: the runbook
-(README: "Restoring a store") says to stop the workers, restore, bump, restart.
+taken moments ago, with no claim since); a process started after the restore before
+any process noticed (it has seen nothing to compare with). Neither case is safe without
+``bump-epoch``: the runbook (README: "Restoring a store") says to stop the workers,
+restore, bump, restart.
 """
 
 from __future__ import annotations
@@ -38,7 +47,20 @@ from typing import Any
 
 from ..errors import BackendUnavailable, StoreRegressed
 
-__all__ = ["SESSION_GC_S", "History"]
+__all__ = ["MARKER_CHECK", "MARKER_EXISTS", "MARKER_TABLE", "MARKER_WRITE", "SESSION_GC_S",
+           "History", "marker_error"]
+
+MARKER_TABLE = ("CREATE TABLE IF NOT EXISTS cl_regressed (id INTEGER PRIMARY KEY "
+                "CHECK (id = 1), epoch INTEGER NOT NULL, why TEXT NOT NULL)")
+"""The regression marker's table (made by the first process that notices)."""
+MARKER_WRITE = ("INSERT OR REPLACE INTO cl_regressed (id, epoch, why) SELECT 1, epoch, ? "
+                "FROM cl_meta WHERE id = 1 AND epoch <= ?")
+"""The marker at the store's epoch, unless the epoch was raised since it was noticed."""
+MARKER_EXISTS = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'cl_regressed'"
+MARKER_CHECK = ("SELECT r.why FROM cl_regressed r JOIN cl_meta m ON m.id = 1 "
+                "WHERE r.id = 1 AND r.epoch >= m.epoch")
+"""Why the store is regressed now, by its marker (no row: it is not; run only where
+:data:`MARKER_EXISTS` found the table)."""
 
 SESSION_GC_S = 60.0
 """Seconds after its expiry after which ``open_session`` deletes a session's row."""
@@ -60,11 +82,23 @@ class History:
         self._file: tuple[int, int] | None = None
         self._floors: dict[str, float] = {}
         self._regressed: tuple[str, int] | None = None  # (why, the store's epoch then)
+        self._marked = False  # the marker of this regression is written
 
     @property
     def regressed(self) -> bool:
         """A regression was seen and no epoch bump since."""
         return self._regressed is not None
+
+    def to_mark(self) -> tuple[str, int] | None:
+        """``(why, the store's epoch then)`` of a regression whose marker is not written
+        yet (and can be: not a file replaced); the caller writes it, then
+        :meth:`marked`."""
+        if self._regressed is None or self._marked or self._regressed[1] < 0:
+            return None
+        return self._regressed
+
+    def marked(self) -> None:
+        self._marked = True
 
     def baseline(self, identity: str, claims: int) -> None:
         """Take the marks of the store as it is now (at open)."""
@@ -133,6 +167,7 @@ class History:
         if row is None or self._file_changed() is not None or int(row[2]) <= self._regressed[1]:
             raise self._error()
         self._regressed = None
+        self._marked = False
         self._floors.clear()
         self.identity, self.claims_seen = str(row[0]), int(row[1])
 
@@ -175,10 +210,14 @@ class History:
         return status.st_dev, status.st_ino
 
     def _error(self) -> StoreRegressed:
-        why = "" if self._regressed is None else self._regressed[0]
-        return StoreRegressed(
-            f"SQLite store {self.path!r} went back: {why}. Every session of it is over: "
-            "stop the workers, run `consensus-lease bump-epoch --backend URL --above "
-            "HIGHEST` (the highest token any destination accepted), then start them "
-            "(README: Restoring a store)"
-        )
+        return marker_error(self.path, "" if self._regressed is None else self._regressed[0])
+
+
+def marker_error(path: str, why: str) -> StoreRegressed:
+    """The error of a store that went back, ``why`` said."""
+    return StoreRegressed(
+        f"SQLite store {path!r} went back: {why}. Every session of it is over: "
+        "stop the workers, run `consensus-lease bump-epoch --backend URL --above "
+        "HIGHEST` (the highest token any destination accepted), then start them "
+        "(README: Restoring a store)"
+    )

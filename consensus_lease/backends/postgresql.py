@@ -368,6 +368,7 @@ class PostgresBackend(QueueOps):
         max_payload_bytes=16 * 1024 * 1024,
         description="PostgreSQL database (LISTEN/NOTIFY, server clock)",
         epoch=True,
+        regression_refusal=True,
         elections=True,
         max_enqueue_batch=1000,
         max_queue_jobs=None,

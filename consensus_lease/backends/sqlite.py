@@ -124,6 +124,7 @@ A locked, unreadable or corrupt file raises ``BackendUnavailable``, never a raw
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import threading
@@ -146,16 +147,27 @@ from ..errors import (
     LeaseError,
     SessionExpired,
     StaleLeaseError,
+    StoreRegressed,
 )
 from ..observe import notify
 from ..options import Option, OptionTable
 from ..record import ClaimResult, EnqueueItem, LeaseRecord, QueuedJob, QueueStats
 from ._sql_row import record_of_row
-from ._sqlite_history import SESSION_GC_S, History
+from ._sqlite_history import (
+    MARKER_CHECK,
+    MARKER_EXISTS,
+    MARKER_TABLE,
+    MARKER_WRITE,
+    SESSION_GC_S,
+    History,
+    marker_error,
+)
 from ._sqlite_wal import DEFAULT_LIMIT_BYTES, WalGuard
 from ._sqlite_watch import ChangeWatch
 
 __all__ = ["SqliteBackend"]
+
+log = logging.getLogger("consensus_lease.sqlite")
 
 # Store time, seconds since the epoch, read from the database's clock inside a statement.
 NOW = "((julianday('now') - 2440587.5) * 86400.0)"
@@ -478,6 +490,7 @@ class SqliteBackend(Backend):
         description="embedded SQLite file (one machine, many processes; waiting claims "
                     "woken within ~5 ms by a data_version watch)",
         epoch=True,
+        regression_refusal=True,
         elections=True,
         max_enqueue_batch=10_000,
         max_queue_jobs=None,
@@ -715,10 +728,37 @@ class SqliteBackend(Backend):
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
+            except StoreRegressed:
+                self._db.execute("ROLLBACK")
+                self._mark_regressed()
+                raise
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
+
+    def _mark_regressed(self) -> None:
+        """Write the regression marker (``_lock`` held, outside a transaction) if this
+        process noticed a regression and has not written it (:mod:`._sqlite_history`).
+        Best effort: the refusal here does not depend on it."""
+        noticed = self._history.to_mark()
+        if noticed is None:
+            return
+        why, epoch = noticed
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute(MARKER_TABLE)
+                self._db.execute(MARKER_WRITE, (why, epoch))
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            log.warning("SQLite store %r: writing the regression marker failed (%s); "
+                        "processes opened later may not refuse sessions", self.path, exc)
+            return
+        self._history.marked()
 
     def _read(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         with self._turn(), self._translate():
@@ -785,6 +825,10 @@ class SqliteBackend(Backend):
         session_id = uuid.uuid4().hex
         with self._transaction(check_file=True) as db:
             self._history.check(db.execute(HISTORY_ROW, (None,)).fetchone(), None)
+            exists = db.execute(MARKER_EXISTS).fetchone() is not None
+            marker = db.execute(MARKER_CHECK).fetchone() if exists else None
+            if marker is not None:  # another process noticed; no bump since
+                raise marker_error(self.path, str(marker[0]))
             # Sessions expired a minute ago hold nothing any more: drop their rows.
             db.execute(f"DELETE FROM cl_sessions WHERE expires_at < {NOW} - {SESSION_GC_S}")
             expires_at = db.execute(

@@ -22,6 +22,9 @@ Hooks a subclass provides:
   lease revoke, ZooKeeper: session expiry from a second client); without one it lets the
   TTL run out in real time (bounded by ``10 x short_ttl_s``).
 * ``short_ttl_s``: a TTL the store grants and that tests may wait out (default 1.0 s).
+* ``regress(store, between)``: make the store's history go back to before ``between()``
+  ran (required with ``capabilities.regression_refusal``; see
+  :mod:`.conformance_regression`).
 
 What a backend cannot do is declared in its
 :class:`~consensus_lease.backend.Capabilities`; tests check the declaration is true
@@ -64,6 +67,7 @@ from .conformance_depth import QueueDepthConformance
 from .conformance_election import ElectionConformance
 from .conformance_epoch import EpochConformance
 from .conformance_lifecycle import LifecycleConformance
+from .conformance_regression import RegressionConformance
 from .conformance_usage import UsageConformance
 
 __all__ = ["BackendConformance", "poll_until"]
@@ -103,7 +107,7 @@ session.close()
 
 class BackendConformance(
     LifecycleConformance, EpochConformance, UsageConformance, AsyncConformance,
-    ElectionConformance, BatchConformance, QueueDepthConformance,
+    ElectionConformance, BatchConformance, QueueDepthConformance, RegressionConformance,
 ):
     """The suite. See the module docstring for the hooks."""
 

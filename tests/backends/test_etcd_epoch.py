@@ -5,8 +5,8 @@ was written before epochs existed) and the revision guard on fake headers. On on
 member: bump_epoch (tokens, stale caches in other drivers, lost answers), claims without
 their handle, and a driver that sees a revision below one it saw. On a member restored
 from an ``etcdctl`` snapshot: the running holder gets ``StoreRegressed`` within one
-keepalive interval, the fence rejects it, and after ``bump_epoch`` the next holder's
-tokens are above every earlier one.
+keepalive interval, the fence rejects it, a new worker cannot open a session, and after
+``bump_epoch`` the next holder's tokens are above every earlier one.
 """
 
 from __future__ import annotations
@@ -221,8 +221,15 @@ def test_a_claim_answered_below_a_seen_revision_is_handed_back(
             held.ensure_held()  # every session open at the time is over
         with pytest.raises(StoreRegressed):
             a.keepalive()
-        with store.session("C", 30) as c:  # the new history is the baseline now
-            assert c.claim("new") is not None
+        with pytest.raises(StoreRegressed):  # refused until the epoch is raised
+            store.session("C", 30)
+        with open_store(url) as fresh:  # by the store's marker, in a new store object too
+            with pytest.raises(StoreRegressed):
+                fresh.session("C", 30)
+            assert fresh.bump_epoch() == 1
+        with store.session("C", 30) as c:
+            new = c.claim("new")
+            assert new is not None and split(new.generation)[0] == 1
 
 
 def test_an_idle_holder_learns_of_it_at_its_next_keepalive(store: LeaseStore) -> None:
@@ -275,20 +282,19 @@ def test_restored_store_ends_running_sessions_and_bump_puts_tokens_above(
 
 
 def _next_holders(url: str, fence: SqliteFence, seen: int, finished: int) -> None:
-    """A worker started on the restored store: before bump_epoch its token went back
-    and the fence rejects it; after, every token is above every earlier one."""
-    with open_store(url) as store, store.session("next", 30) as worker:
-        before = worker.claim("job")
-        assert before is not None and before.generation <= seen
-        with pytest.raises(FenceRejected, match=str(seen)):
-            fence.apply("job", before.generation, "step-1")
-        before.release()
+    """A worker started on the restored store: before bump_epoch it cannot open a
+    session (the marker the holder's driver wrote says the store went back); after,
+    every token is above every earlier one."""
+    with open_store(url) as store:
+        with pytest.raises(StoreRegressed):
+            store.session("next", 30)
         highest = fence.highest_token("job")
         assert highest == seen
         epoch = store.bump_epoch(above=highest)
         assert epoch >= 1
-        after = worker.claim("job")
-        assert after is not None and after.generation > seen
-        fence.apply("job", after.generation, "step-1")
-        again = worker.claim("finished")  # completed after the snapshot: claimable again
-        assert again is not None and again.generation > finished
+        with store.session("next", 30) as worker:
+            after = worker.claim("job", wait_s=15)  # the old holder's lease may linger
+            assert after is not None and after.generation > seen
+            fence.apply("job", after.generation, "step-1")
+            again = worker.claim("finished")  # completed after the snapshot: claimable again
+            assert again is not None and again.generation > finished

@@ -25,6 +25,7 @@ from zk_local import (  # noqa: F401  (fixtures)
     ZkTarget,
     available,
     backend,
+    chroot_of,
     handle,
     lose_next_answer,
     opened,
@@ -86,6 +87,17 @@ class TestZooKeeperConformance(BackendConformance):
 
     def process_url(self, store: LeaseStore) -> str | None:
         return self.url
+
+    def regress(self, store: LeaseStore, between: Callable[[], None]) -> None:
+        """The store identity deleted, as a wipe of the ensemble leaves it (the real
+        wipe: ``test_zookeeper_epoch``); the job znodes keep their versions."""
+        between()
+        raw = raw_client(self.url)
+        try:
+            raw.delete(f"{chroot_of(self.url)}/identity")
+        finally:
+            raw.stop()
+            raw.close()
 
 
 # -- ZooKeeper-specific behaviour ------------------------------------------------------------

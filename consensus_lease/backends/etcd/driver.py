@@ -50,6 +50,7 @@ from ._config import EtcdConfig, parse_url
 from ._keepalive import KeepAliveStreams
 from ._keys import Layout, session_text
 from ._ops import Ops
+from ._refusal import Refusal
 from ._regression import Mark
 from ._session import EtcdClaim, EtcdSession
 from ._subscribe import Subscriptions
@@ -84,6 +85,7 @@ class EtcdBackend(Backend):
         max_queue_jobs=_queue.MAX_QUEUE_JOBS,  # a quarter of the default 2 GB quota
         description="etcd v3: a lease per session, one transaction per claim/complete/release",
         epoch=True,
+        regression_refusal=True,
         elections=True,
     )
     epoch_shift: ClassVar[int] = _tokens.EPOCH_SHIFT
@@ -96,6 +98,7 @@ class EtcdBackend(Backend):
         self._keepalives = KeepAliveStreams(self._transport)
         self._lock = threading.Lock()
         self._sessions: dict[int, EtcdSession] = {}
+        self._refusal = Refusal(self._ops)
         self._transport.guard.subscribe(self._regressed)
         self._subscriptions_etcd = Subscriptions(self._ops)
 
@@ -123,10 +126,13 @@ class EtcdBackend(Backend):
                     etcdrpc.RequestOp(request_range=etcdrpc.RangeRequest(
                         key=layout.root, range_end=layout.range_end, limit=1, keys_only=True)),
                     rq.get(layout.epoch),
+                    rq.get(backend._refusal.key),
                 ]),
                 f"connecting to {backend.config.describe()}",
             )
-            backend._ops.epochs.update(rq.kv_of(answer.responses[1]))
+            epoch_kv = rq.kv_of(answer.responses[1])
+            backend._ops.epochs.update(epoch_kv)
+            backend._refusal.adopt(epoch_kv, rq.kv_of(answer.responses[2]))
         except BaseException:
             backend.close()
             raise
@@ -143,10 +149,13 @@ class EtcdBackend(Backend):
 
         Raises:
             InvalidArgument: not an etcd session.
-            StoreRegressed: the store's history went back while it was open.
+            StoreRegressed: the store's history went back while it was open, or this
+                driver (or any process, see :mod:`._refusal`) found it went back and the
+                epoch has not been raised since.
         """
         handle = self._typed(session)
         handle.check_history()
+        self._refusal.check()
         return handle
 
     def _run(self, session: SessionHandle, op: Callable[[EtcdSession], T]) -> T:
@@ -173,6 +182,7 @@ class EtcdBackend(Backend):
     def _regressed(self, reason: str) -> None:
         """The guard's listener: the history went back; every open session is over (its
         listener hears ``REGRESSED``)."""
+        self._refusal.noticed(reason)
         with self._lock:
             handles = list(self._sessions.values())
         log.error("etcd: %s (%d open session(s) ended)", reason, len(handles))
@@ -228,7 +238,9 @@ class EtcdBackend(Backend):
                 must stay below 2**63); nothing changed.
             OutcomeUnknown / BackendUnavailable / AuthenticationFailed.
         """
-        return _epoch.bump(self._ops, above)
+        epoch = _epoch.bump(self._ops, above)
+        self._refusal.bumped()
+        return epoch
 
     # -- sessions -----------------------------------------------------------------------
 
@@ -246,9 +258,11 @@ class EtcdBackend(Backend):
 
         Raises:
             BackendUnavailable / AuthenticationFailed: no session was created.
-            StoreRegressed: the answer showed the store's history went back (the sessions
-                open until then are over); a new session may be opened.
+            StoreRegressed: the store's history went back (noticed by this driver, now
+                or earlier, or by any process: the marker of :mod:`._refusal`) and the
+                epoch has not been raised since (``bump_epoch``); no session was created.
         """
+        self._refusal.check()
         answer = self._transport.call(
             "lease", "LeaseGrant", etcdrpc.LeaseGrantRequest(TTL=max(1, math.ceil(ttl_s))),
             what="opening a session (LeaseGrant)",

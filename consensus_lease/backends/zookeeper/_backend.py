@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import ClassVar, Concatenate, ParamSpec, TypeVar
+from typing import Any, ClassVar, Concatenate, ParamSpec, TypeVar
 
 from ..._election import is_election_key
 from ..._subscriptions import Unsubscribe, WakeCallback
@@ -28,7 +28,14 @@ from ...record import ClaimResult, EnqueueItem, LeaseRecord, QueuedJob, QueueSta
 from ._claims import Claims
 from ._epoch import Epochs
 from ._errors import KAZOO_ERRORS
-from ._history import KEEPALIVE_FRACTION, History, Prober, new_identity
+from ._history import (
+    KEEPALIVE_FRACTION,
+    History,
+    Prober,
+    marker_error,
+    new_identity,
+    parse_marker,
+)
 from ._holds import Holds
 from ._known import Released
 from ._layout import (
@@ -188,6 +195,7 @@ class ZooKeeperBackend(Backend):
         description="ZooKeeper (kazoo): session per worker, ephemeral owner znodes, "
         "job znode version as fencing token",
         epoch=True,
+        regression_refusal=True,
         elections=True,
         max_enqueue_batch=ENQUEUE_BATCH,
         max_queue_jobs=MAX_QUEUE_JOBS,
@@ -314,17 +322,20 @@ class ZooKeeperBackend(Backend):
         # After a write barrier: a member lagging behind the identity's creation (or a
         # bump) must not look like a store that lost them.
         reads: list[Read] = [("barrier", config.base), ("get", config.identity_node),
-                             ("get", config.epoch_node)]
+                             ("get", config.epoch_node), ("get", config.regressed_node)]
         first = not self._base_ready or self._history.regressed
         if first:
             self._wire.ensure_path(h.client, config.base, what)
-        identity, epoch = self._wire.session_read(h, reads, what)[1:]
+        identity, epoch, marker = self._wire.session_read(h, reads, what)[1:]
         if first and (identity is None or epoch is None):  # a store never used: make them
             missing = [(config.identity_node, new_identity())] if identity is None else []
             missing += [(config.epoch_node, b"0")] if epoch is None else []
             self._wire.create_missing(h.client, missing, what)
-            identity, epoch = self._wire.session_read(h, reads, what)[1:]
+            identity, epoch, marker = self._wire.session_read(h, reads, what)[1:]
         self._base_ready = True
+        mark, now_epoch = parse_marker(marker), self._epochs.parse(epoch)
+        if mark is not None and mark[0] >= (0 if now_epoch is None else now_epoch[0]):
+            raise marker_error(self.hosts, mark[1])  # noticed elsewhere; no bump since
         if self._history.regressed:
             now = self._epochs.parse(epoch)
             if now is None or not self._history.recover(now, identity, h.client.last_zxid):
@@ -353,6 +364,43 @@ class ZooKeeperBackend(Backend):
         for h in sessions:
             h.expire_locally(str(error), StoreRegressed(str(error)))
         self._wire.reset_reader()
+        threading.Thread(target=self._write_marker, args=(str(error),),
+                         name="zk-regression-marker", daemon=True).start()
+
+    def _write_marker(self, why: str) -> None:
+        """Write ``{chroot}/regressed`` (see :mod:`._history`) at the store's epoch, in
+        one multi checking the epoch znode's version; nothing if the epoch was raised
+        since the regression was noticed. Best effort (a warning if it fails)."""
+        config, what = self.config, "writing the regression marker"
+        try:
+            known = self._history.regressed_epoch()
+            _, epoch, marker = self._wire.reader_read(
+                [("barrier", config.base), ("get", config.epoch_node),
+                 ("get", config.regressed_node)], what)
+            now = self._epochs.parse(epoch)
+            if known is None or now is None or now[0] > known:
+                return  # bumped since (or nothing to mark against)
+            data = f"{now[0]} {why}".encode()[:4096]
+
+            def build(tx: Any) -> None:
+                tx.check(config.epoch_node, now[1])
+                if marker is None:
+                    tx.create(config.regressed_node, data)
+                else:
+                    tx.set_data(config.regressed_node, data, marker[1].version)
+
+            def settle(deadline: float) -> bool:
+                found = self._wire.reader_read([("get", config.regressed_node)], what,
+                                               deadline=deadline)[0]
+                return found is not None and found[0] == data
+
+            multi = self._wire.reader_commit(build, settle, what)
+            if multi.applied:
+                log.error("regression marker written: every backend opened on this store "
+                          "refuses sessions until bump-epoch", extra={"epoch": now[0]})
+        except Exception as exc:  # a background thread: tell, never raise
+            log.warning("writing the regression marker failed; backends opened later may "
+                        "not refuse sessions", extra={"error": repr(exc)})
 
     def _disconnected(self) -> list[tuple[float, float]]:
         """``(since, granted_ttl_s)`` of each session now disconnected (for the prober)."""

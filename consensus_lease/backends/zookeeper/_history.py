@@ -40,6 +40,13 @@ backend raises ``StoreRegressed`` too, until the store's epoch has been raised a
 one this backend knew (``bump_epoch``, here or in another process): then it starts
 again from what the store now holds (identity, epoch, zxid).
 
+The backend that noticed also writes the **regression marker** ``{chroot}/regressed``
+(data: the store epoch when written, a space, why), from a background thread, in one
+multi that checks the epoch znode's version; a backend opening a session on the store
+reads it with the identity and the epoch and refuses (``StoreRegressed``) while its
+epoch is at least the store's. So one rule holds for every backend on the store, in any
+process: no session until ``bump_epoch`` raises the epoch above the marker's.
+
 A restored ensemble whose zxids have already passed the ones a client saw by the time
 it reconnects (a busy ensemble restored from a recent backup) accepts the client: its
 identity is the backed-up one and its zxids are higher, so only a probe made while the
@@ -61,7 +68,7 @@ from ...errors import BackendUnavailable, StoreRegressed
 from ._errors import KAZOO_ERRORS
 from ._wire import Wire
 
-__all__ = ["History", "Prober", "new_identity"]
+__all__ = ["History", "Prober", "marker_error", "new_identity", "parse_marker"]
 
 log = logging.getLogger("consensus_lease.backends.zookeeper")
 
@@ -81,6 +88,24 @@ KEEPALIVE_FRACTION = 1 / 3
 def new_identity() -> bytes:
     """The data of a new ``{chroot}/identity``."""
     return uuid.uuid4().hex.encode()
+
+
+def parse_marker(answer: tuple[bytes, Any] | None) -> tuple[int, str] | None:
+    """``(epoch, why)`` of the regression marker as read (``None``: absent or unreadable)."""
+    if answer is None:
+        return None
+    epoch, _, why = answer[0].decode("utf-8", "replace").partition(" ")
+    return (int(epoch), why) if epoch.isdigit() else None
+
+
+def marker_error(hosts: str, why: str) -> StoreRegressed:
+    """The error of a store whose marker says it went back."""
+    return StoreRegressed(
+        f"the ZooKeeper store at {hosts} went back in its history (noticed by a backend "
+        f"that wrote the regression marker: {why}); no session can be opened until "
+        f"consensus-lease bump-epoch --backend URL --above HIGHEST (the highest token any "
+        f"destination accepted) raises the store epoch"
+    )
 
 
 def _identity_text(answer: tuple[bytes, Any] | None) -> str | None:
@@ -189,6 +214,11 @@ class History:
     def regressed(self) -> bool:
         with self._lock:
             return self._regressed is not None
+
+    def regressed_epoch(self) -> int | None:
+        """The epoch known when the regression was noticed (``None``: not regressed)."""
+        with self._lock:
+            return None if self._regressed is None else self._regressed_epoch
 
     def error(self) -> StoreRegressed | None:
         """A new StoreRegressed to raise, or ``None`` if not regressed."""

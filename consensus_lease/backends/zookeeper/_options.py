@@ -117,6 +117,12 @@ class ZkConfig:
         return f"{self.chroot}/{EPOCH_NODE}"
 
     @property
+    def regressed_node(self) -> str:
+        """Absolute path of the regression marker (see ``_history``): the store epoch
+        when a backend noticed the store's history went back, and why."""
+        return f"{self.chroot}/regressed"
+
+    @property
     def identity_node(self) -> str:
         """Absolute path of the znode holding the store's identity."""
         return f"{self.chroot}/{IDENTITY_NODE}"

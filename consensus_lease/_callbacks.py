@@ -1,0 +1,101 @@
+"""User callbacks (``on_lost``): refused at registration if they cannot take the
+arguments they will get, and never failing silently when they run.
+
+* **Shape**: :func:`check_callback` binds the arguments a callback will be called with
+  to its :func:`inspect.signature`; one that cannot take them is refused with
+  ``InvalidArgument`` (nothing registered). A callable without an inspectable signature
+  (some builtins and C extensions) is accepted.
+* **Failure**: :func:`run_callback` calls it; an exception is logged at ERROR on the
+  ``consensus_lease.callbacks`` logger, with its traceback, and counted
+  (:meth:`~consensus_lease.observe.Observer.callback_failed`). The package puts a
+  ``NullHandler`` on ``consensus_lease`` (the standard library's advice for libraries:
+  an application that configures no logging is not shown the library's internals), which
+  also hides the ``lastResort`` handler Python would otherwise use to show WARNING and
+  above on stderr. A failed loss notification is the application's own bug, not the
+  library's internals, and dropping it would swallow a lease loss: so when no handler
+  other than a ``NullHandler`` would receive the record (logging left unconfigured), it
+  goes to :data:`logging.lastResort` (stderr, WARNING and above), exactly where Python
+  shows it for code without a library's ``NullHandler``. An application that configures
+  logging gets it through its own handlers only.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from .errors import InvalidArgument
+from .observe import Observer, notify
+
+__all__ = ["check_callback", "log", "run_callback"]
+
+log = logging.getLogger("consensus_lease.callbacks")
+
+
+def check_callback(callback: object, nargs: int, what: str, shape: str) -> None:
+    """Refuse ``callback`` unless it can be called with ``nargs`` positional arguments.
+
+    Args:
+        what: the registration, for the message (``"Session.on_lost"``).
+        shape: the call it will get, for the message (``"callback(session, reason)"``).
+
+    Raises:
+        InvalidArgument: not callable, or its signature cannot take ``nargs`` positional
+            arguments (an ``async def`` where a plain function is called is accepted
+            only where the caller says so; see the registrations).
+    """
+    if not callable(callback):
+        raise InvalidArgument(f"{what} needs a callable, not {callback!r}")
+    try:
+        signature = inspect.signature(callback)
+    except (TypeError, ValueError):
+        return  # no signature to check (a builtin, a C extension): accepted
+    try:
+        signature.bind(*([None] * nargs))
+    except TypeError as exc:
+        raise InvalidArgument(
+            f"{what}: {callback!r} cannot be called as {shape} (its signature is "
+            f"{signature}: {exc}); nothing was registered"
+        ) from None
+
+
+def run_callback(callback: Callable[..., object], args: tuple[Any, ...], what: str,
+                 observer: Observer | None, store: str, **extra: Any) -> None:
+    """Call ``callback(*args)``; an exception is logged (see the module docstring) and
+    counted, never raised (the caller is a keepalive or a loss path)."""
+    try:
+        callback(*args)
+    except Exception:
+        report_failure(callback, what, **extra)
+        notify(observer, lambda o: o.callback_failed(store, what))
+
+
+def report_failure(callback: object, what: str, **extra: Any) -> None:
+    """Log the exception being handled, raised by ``callback`` registered with ``what``,
+    where it will be seen (see the module docstring)."""
+    if not log.isEnabledFor(logging.ERROR):
+        return
+    record = log.makeRecord(
+        log.name, logging.ERROR, __file__, 0,
+        "%s callback %r raised: the loss notification it was given did not complete",
+        (what, callback), sys.exc_info(), extra=extra or None,
+    )
+    log.handle(record)
+    if not _handled(log, record.levelno) and logging.lastResort is not None:
+        logging.lastResort.handle(record)
+
+
+def _handled(logger: logging.Logger, level: int) -> bool:
+    """Whether a record of ``level`` reaches a handler other than a ``NullHandler``."""
+    current: logging.Logger | None = logger
+    while current is not None:
+        for handler in current.handlers:
+            if not isinstance(handler, logging.NullHandler) and level >= handler.level:
+                return True
+        if not current.propagate:
+            return False
+        current = current.parent
+    return False
