@@ -80,6 +80,7 @@ from kazoo.exceptions import (
 from ..._election import is_election_key
 from ...errors import BackendUnavailable, InvalidArgument, QueueFull
 from ...record import EnqueueItem, QueuedJob, QueueStats
+from ._capacity import StoreCapacity
 from ._errors import translate
 from ._gate import Gate
 from ._layout import (
@@ -218,6 +219,7 @@ class Queues:
         self._floors: dict[str, tuple[int, int]] = {}  # queue -> (czxid, floor)
         self._cache: OrderedDict[tuple[str, int, str], bytes] = OrderedDict()  # payloads
         self._cache_bytes = 0
+        self.capacity = StoreCapacity(wire)  # the store-wide limits (._capacity)
 
     def paths(self, queue: str) -> QueuePaths:
         return QueuePaths.of(self.config.queues_base, queue)
@@ -448,12 +450,17 @@ class Queues:
                 czxid, version, head = self._head(q, what, fresh=True)
                 nbytes = sum(len(item.payload) for item in todo)
                 self._check_capacity(q, head, len(todo), nbytes, what)
+            todo = self._check_store(q, todo, what, out)
+            if not todo:
+                break
+            nbytes = sum(len(item.payload) for item in todo)
             new_head = QueueHead(head.seq + len(todo), head.jobs + len(todo),
                                  head.payload_bytes + nbytes)
             multi, new_buckets = self._enqueue_multi(q, todo, head, new_head, version, what)
             if multi.applied:
                 with self._lock:
                     self._heads[q.queue] = (czxid, version + 1, new_head)
+                self.capacity.added(nbytes)
                 out.update((item.job_id, True) for item in todo)
                 return out
             self._forget_head(q.queue)
@@ -493,6 +500,28 @@ class Queues:
                 f"{what}: queue {q.queue!r} holds {head.payload_bytes} payload bytes; "
                 f"{nbytes} more would pass its capacity of {MAX_QUEUE_BYTES} on ZooKeeper (purge "
                 f"completed jobs, or shard the queue across stores); nothing was enqueued")
+
+    def _check_store(self, q: QueuePaths, todo: list[EnqueueItem], what: str,
+                     out: dict[str, bool]) -> list[EnqueueItem]:
+        """The store-wide limits (:mod:`._capacity`) before an enqueue multi: ``todo``
+        if it fits; if not, the jobs already in this queue are left out (recorded in
+        ``out`` as not added) and the rest checked again.
+
+        Raises:
+            QueueFull: the rest would pass ``store_max_jobs`` or ``store_max_bytes``.
+        """
+        try:
+            self.capacity.check(len(todo), sum(len(i.payload) for i in todo), what)
+            return todo
+        except QueueFull:
+            known = self._classify(q, todo, what)
+            if not known:
+                raise
+        out.update(known)
+        todo = [item for item in todo if item.job_id not in known]
+        if todo:
+            self.capacity.check(len(todo), sum(len(i.payload) for i in todo), what)
+        return todo
 
     def _classify(self, q: QueuePaths, items: list[EnqueueItem],
                   what: str) -> dict[str, bool]:
