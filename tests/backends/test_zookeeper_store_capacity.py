@@ -12,6 +12,8 @@ Runs on the 3-member container ensemble unless ``CONSENSUS_LEASE_ZK=local`` (see
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from zk_local import zk_target, zk_url  # noqa: F401  (fixtures)
 
@@ -81,5 +83,43 @@ def test_payload_bytes_of_every_queue_count_against_store_max_bytes(zk_url: str)
             other.close()
         with pytest.raises(QueueFull, match="store_max_bytes"):
             store.enqueue("a", "a-more", b"!")
+    finally:
+        store.close()
+
+
+def test_a_large_queue_listing_is_paced_by_progress_and_leaves_slots_free(
+    zk_url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 25, item 7: a 5,000-job ``queue_jobs`` on a loaded ensemble failed after
+    ``timeout_s`` with "not connected (or 100 requests already unanswered)": its 20,000
+    reads took longer than the call's one deadline, holding every request slot of the
+    shared client meanwhile. Now at most ``READ_WINDOW`` of them are in flight, and each
+    answer is due ``timeout_s`` after the previous one."""
+    from consensus_lease.backends.zookeeper import _gate, _paged
+
+    setup = open_store(zk_url, connect_timeout_s=30, timeout_s=60)
+    try:
+        jobs = 2_500
+        for start in range(0, jobs, 500):
+            setup.enqueue_many("big", [(f"big-{i:05d}", b"p" * 10)
+                                       for i in range(start, start + 500)])
+    finally:
+        setup.close()
+    store = open_store(zk_url, connect_timeout_s=30, timeout_s=1.0)
+    most = [0]
+    real_start = _gate.Gate.start
+
+    def start(self: _gate.Gate, begin: object, deadline: float) -> object:
+        most[0] = max(most[0], self.in_flight() + 1)
+        return real_start(self, begin, deadline)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_gate.Gate, "start", start)
+    try:
+        begun = time.monotonic()
+        listed = store.queue_jobs("big")
+        took_s = time.monotonic() - begun
+        assert [job.record.job_id for job in listed] == [f"big-{i:05d}" for i in range(jobs)]
+        assert most[0] <= _paged.READ_WINDOW < _gate.IN_FLIGHT, most[0]
+        print(f"listed {jobs} jobs (4 reads each) in {took_s:.2f} s with timeout_s=1")
     finally:
         store.close()

@@ -333,8 +333,10 @@ Limits worth knowing:
   backend): with payloads near the limit, keep large data elsewhere and enqueue a
   reference to it.
 * ``timeout_s`` bounds each call as a whole (one deadline from its start, however many
-  round trips it makes; see ``_wire``): ``queue_jobs``, ``queue_stats``, ``records`` and
-  ``purge`` of a very large queue must finish within it (a few thousand reads a second
+  round trips it makes; see ``_wire``), except ``queue_jobs``, whose reads are paced by
+  progress (at most 50 in flight, each answer due within ``timeout_s`` of the previous:
+  ``_paged``): ``queue_stats``, ``records`` and ``purge`` of a very large queue must
+  finish within it (a few thousand reads a second
   with kazoo), or fail with ``BackendUnavailable``: raise ``timeout_s`` for them. At most
   100 requests per client are in flight at once, so kazoo never blocks a caller while it
   reconnects (``_gate``).

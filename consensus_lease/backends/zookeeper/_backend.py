@@ -903,9 +903,14 @@ class ZooKeeperBackend(Backend):
         payload and ``seq``; an unknown queue is empty. One listing per bucket, then
         pipelined reads of each job's znode, owner znode and member. O(jobs read).
 
+        The reads are paced by progress (:mod:`._paged`): at most 50 in flight (half the
+        shared client's cap, so other calls on it find room), each answer due within
+        ``timeout_s`` of the previous one; the listing as a whole is bounded by the
+        queue's size, not by ``timeout_s``.
+
         Raises:
-            BackendUnavailable: not done within ``timeout_s`` of the call's start (every
-                read of the listing included: raise it for a very large queue).
+            BackendUnavailable: no answer for ``timeout_s`` (not connected, or the store
+                stopped answering).
         """
         return self._queues.jobs(queue, limit)
 

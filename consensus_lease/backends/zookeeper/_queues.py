@@ -101,6 +101,7 @@ from ._layout import (
 )
 from ._lifecycle import DelayHints
 from ._options import ZkConfig
+from ._paged import read_window
 from ._watch import SharedWatches
 from ._wire import Multi, Read, Wire, clock_ms
 
@@ -761,8 +762,10 @@ class Queues:
             if limit is not None and len(out) >= limit:
                 break
             bucket = q.bucket(b)
-            members = _sorted_members(self.wire.reader_read([("children", bucket.members)],
-                                                            what)[0])
+            # Paced by progress, at most READ_WINDOW in flight (._paged): a large queue
+            # neither fails for its size nor takes every slot of the shared client.
+            members = _sorted_members(read_window(self.wire, [("children", bucket.members)],
+                                                  what)[0])
             if limit is not None:
                 members = members[: limit - len(out)]
             for start in range(0, len(members), READ_CHUNK):
@@ -772,7 +775,7 @@ class Queues:
                     paths = self.job_paths(job_id)
                     reads += [("get", paths.job), ("get", paths.owner),
                               ("get", bucket.member(member)), ("get", paths.failure)]
-                answers = self.wire.reader_read(reads, what)
+                answers = read_window(self.wire, reads, what)
                 for i, (seq, job_id, _) in enumerate(chunk):
                     job, owner, payload, failure = answers[4 * i : 4 * i + 4]
                     record = to_record(self.job_paths(job_id), job, owner, failure)
