@@ -818,7 +818,10 @@ class ZooKeeperBackend(Backend):
                 another queue), ``job_id`` is an election key, or the request would
                 exceed jute.maxbuffer (a very long chroot); nothing was written.
             QueueFull: the queue holds ``MAX_QUEUE_JOBS`` (25,000) jobs or
-                ``MAX_QUEUE_BYTES`` (16 MiB) of payloads; nothing was written.
+                ``MAX_QUEUE_BYTES`` (16 MiB) of payloads, or the whole store (every queue
+                and named job) ``store_max_jobs`` jobs or all its queues
+                ``store_max_bytes`` payload bytes (options; see ``._capacity``); nothing
+                was written.
             LegacyQueueLayout (an ``UnsupportedOperation``): a queue written before the
                 bucketed layout; nothing was written (the message names the upgrade step).
             BackendUnavailable: nothing was applied (also when other enqueues into the
@@ -844,7 +847,9 @@ class ZooKeeperBackend(Backend):
                 carries it, nor of later ones, is added), an election key, or a request
                 over jute.maxbuffer.
             QueueFull: the queue would pass ``MAX_QUEUE_JOBS`` jobs or
-                ``MAX_QUEUE_BYTES`` of payloads; that multi and later ones are not added.
+                ``MAX_QUEUE_BYTES`` of payloads, or the store its store-wide
+                ``store_max_jobs`` or ``store_max_bytes`` (options); that multi and later
+                ones are not added.
             LegacyQueueLayout: a queue written before the bucketed layout.
             BackendUnavailable: that multi and later ones were not applied.
             OutcomeUnknown: a lost answer could not be read back.
