@@ -192,6 +192,14 @@ Work queues (``capabilities.queues``; layout in ``_layout``, operations in ``_qu
   queue (until purged), checked from the head before anything is sent (``QueueFull``):
   ~3 KB of every server's heap per job; measured to keep a 256 MB-heap server with the
   default jute.maxbuffer serving. More: purge, or shard queues across ensembles.
+* Store-wide capacity (options ``store_max_jobs``, default 30,000, and
+  ``store_max_bytes``, default 16 MiB): every job of the store (queued or named, until
+  purged: the ``numChildren`` of ``{chroot}/jobs``) and the payload bytes of all its
+  queues (the sum of the queue heads), read before each enqueue multi (one pipelined
+  round trip of reads; ``QueueFull`` naming the option, nothing sent). The defaults fit
+  a 256 MB heap: heap needed ~ 96 MB + (store_max_jobs x 3 KB + store_max_bytes) x 1.5
+  (see ``docs/capacity.md``). Stores (chroots) sharing one ensemble share its heap:
+  their limits together must fit it.
 * Claim, renew, release and completion of a queued job are those of any job, plus its
   markers (named by its tag): the claim multi also creates the EPHEMERAL held marker
   (same session as the owner znode, so it goes with the session too), release and
@@ -285,6 +293,11 @@ timeout_s             10.0                            seconds one call may take,
                                                       ``OutcomeUnknown``)
 max_result_bytes      1000000                         largest completion result, and leader
                                                       value (jute.maxbuffer is 1 MiB by default)
+store_max_jobs        30000                           most jobs in the whole store: every queue
+                                                      and named job (then ``QueueFull``); size
+                                                      the servers' heap for it
+store_max_bytes       16777216                        most payload bytes in all the store's
+                                                      queues together (then ``QueueFull``)
 ====================  ==============================  ============================================
 
 Renamed: ``op_timeout_s`` -> ``timeout_s``, ``ca`` -> ``ca_file``, ``certfile`` ->
@@ -325,8 +338,10 @@ Limits worth knowing:
   backend): with payloads near the limit, keep large data elsewhere and enqueue a
   reference to it.
 * ``timeout_s`` bounds each call as a whole (one deadline from its start, however many
-  round trips it makes; see ``_wire``): ``queue_jobs``, ``queue_stats``, ``records`` and
-  ``purge`` of a very large queue must finish within it (a few thousand reads a second
+  round trips it makes; see ``_wire``), except ``queue_jobs``, whose reads are paced by
+  progress (at most 50 in flight, each answer due within ``timeout_s`` of the previous:
+  ``_paged``): ``queue_stats``, ``records`` and ``purge`` of a very large queue must
+  finish within it (a few thousand reads a second
   with kazoo), or fail with ``BackendUnavailable``: raise ``timeout_s`` for them. At most
   100 requests per client are in flight at once, so kazoo never blocks a caller while it
   reconnects (``_gate``).
@@ -334,7 +349,7 @@ Limits worth knowing:
   ``queue_candidates``, ``wait_for_queue`` and ``queue_stats`` do not: see the queue
   layout above), and emptied buckets stay behind as a few znodes per 256 seqs. The
   capacity (``max_queue_jobs``) is per queue; every queue of the store shares the
-  servers' heap, so size the heap for all of them together.
+  servers' heap, which ``store_max_jobs`` and ``store_max_bytes`` guard together.
 * A waiter is also woken (spuriously) by every claim and completion in its queue; it
   looks again and waits again. ZooKeeper watches fire once and kazoo cannot remove one:
   a watch whose waiters all timed out stays registered (one per path) until it fires.

@@ -873,7 +873,10 @@ class ZooKeeperBackend(Backend):
                 another queue), ``job_id`` is an election key, or the request would
                 exceed jute.maxbuffer (a very long chroot); nothing was written.
             QueueFull: the queue holds ``MAX_QUEUE_JOBS`` (25,000) jobs or
-                ``MAX_QUEUE_BYTES`` (16 MiB) of payloads; nothing was written.
+                ``MAX_QUEUE_BYTES`` (16 MiB) of payloads, or the whole store (every queue
+                and named job) ``store_max_jobs`` jobs or all its queues
+                ``store_max_bytes`` payload bytes (options; see ``._capacity``); nothing
+                was written.
             LegacyQueueLayout (an ``UnsupportedOperation``): a queue written before the
                 bucketed layout; nothing was written (the message names the upgrade step).
             BackendUnavailable: nothing was applied (also when other enqueues into the
@@ -899,7 +902,9 @@ class ZooKeeperBackend(Backend):
                 carries it, nor of later ones, is added), an election key, or a request
                 over jute.maxbuffer.
             QueueFull: the queue would pass ``MAX_QUEUE_JOBS`` jobs or
-                ``MAX_QUEUE_BYTES`` of payloads; that multi and later ones are not added.
+                ``MAX_QUEUE_BYTES`` of payloads, or the store its store-wide
+                ``store_max_jobs`` or ``store_max_bytes`` (options); that multi and later
+                ones are not added.
             LegacyQueueLayout: a queue written before the bucketed layout.
             BackendUnavailable: that multi and later ones were not applied.
             OutcomeUnknown: a lost answer could not be read back.
@@ -958,9 +963,14 @@ class ZooKeeperBackend(Backend):
         payload and ``seq``; an unknown queue is empty. One listing per bucket, then
         pipelined reads of each job's znode, owner znode and member. O(jobs read).
 
+        The reads are paced by progress (:mod:`._paged`): at most 50 in flight (half the
+        shared client's cap, so other calls on it find room), each answer due within
+        ``timeout_s`` of the previous one; the listing as a whole is bounded by the
+        queue's size, not by ``timeout_s``.
+
         Raises:
-            BackendUnavailable: not done within ``timeout_s`` of the call's start (every
-                read of the listing included: raise it for a very large queue).
+            BackendUnavailable: no answer for ``timeout_s`` (not connected, or the store
+                stopped answering).
         """
         return self._queues.jobs(queue, limit)
 

@@ -38,6 +38,8 @@ ELECTIONS_NODE = "elections"
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MAX_RESULT_BYTES = 1_000_000
+DEFAULT_STORE_MAX_JOBS = 30_000  # see ._capacity (heap measured per job)
+DEFAULT_STORE_MAX_BYTES = 16 * 1024 * 1024
 
 OPTIONS = OptionTable(
     "ZooKeeper",
@@ -59,6 +61,10 @@ OPTIONS = OptionTable(
                "time to wait for an answer or for a lost connection to come back"),
         Option("max_result_bytes", "int", DEFAULT_MAX_RESULT_BYTES,
                "largest completion result (and leader value), bytes", minimum=0),
+        Option("store_max_jobs", "int", DEFAULT_STORE_MAX_JOBS,
+               "most jobs in the whole store (every queue and named job)", minimum=1),
+        Option("store_max_bytes", "int", DEFAULT_STORE_MAX_BYTES,
+               "most payload bytes in every queue of the store together", minimum=1),
     ],
 )
 """The options of ``zk://`` URLs (see the package docstring)."""
@@ -89,6 +95,8 @@ class ZkConfig:
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
     timeout_s: float = DEFAULT_TIMEOUT_S
     max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES
+    store_max_jobs: int = DEFAULT_STORE_MAX_JOBS
+    store_max_bytes: int = DEFAULT_STORE_MAX_BYTES
 
     @property
     def hosts_text(self) -> str:
@@ -264,4 +272,6 @@ def _apply_options(config: ZkConfig, options: Mapping[str, object]) -> ZkConfig:
         connect_timeout_s=parsed.seconds("connect_timeout_s"),
         timeout_s=parsed.seconds("timeout_s"),
         max_result_bytes=parsed.integer("max_result_bytes"),
+        store_max_jobs=parsed.integer("store_max_jobs"),
+        store_max_bytes=parsed.integer("store_max_bytes"),
     )

@@ -81,6 +81,7 @@ from kazoo.exceptions import (
 from ..._election import is_election_key
 from ...errors import BackendUnavailable, InvalidArgument, QueueFull
 from ...record import EnqueueItem, QueuedJob, QueueStats
+from ._capacity import StoreCapacity
 from ._errors import translate
 from ._gate import Gate
 from ._layout import (
@@ -102,6 +103,7 @@ from ._layout import (
 from ._lifecycle import DelayHints
 from ._ops import MAX_VERSION
 from ._options import ZkConfig
+from ._paged import read_window
 from ._watch import SharedWatches
 from ._wire import Multi, Read, Wire, clock_ms
 
@@ -246,6 +248,7 @@ class Queues:
         self._floors: dict[str, tuple[int, int]] = {}  # queue -> (czxid, floor)
         self._cache: OrderedDict[tuple[str, int, str], bytes] = OrderedDict()  # payloads
         self._cache_bytes = 0
+        self.capacity = StoreCapacity(wire)  # the store-wide limits (._capacity)
 
     def paths(self, queue: str) -> QueuePaths:
         return QueuePaths.of(self.config.queues_base, queue)
@@ -568,12 +571,17 @@ class Queues:
                 head = at.head
                 nbytes = sum(len(item.payload) for item in todo)
                 self._check_capacity(q, head, len(todo), nbytes, what)
+            todo = self._check_store(q, todo, what, out)
+            if not todo:
+                break
+            nbytes = sum(len(item.payload) for item in todo)
             new_head = QueueHead(head.seq + len(todo), head.jobs + len(todo),
                                  head.payload_bytes + nbytes)
             multi, new_buckets = self._enqueue_multi(q, todo, at, new_head, what)
             if multi.applied:
                 with self._lock:
                     self._heads[q.queue] = _Head(at.czxid, at.path, at.version + 1, new_head)
+                self.capacity.added(nbytes)
                 out.update((item.job_id, True) for item in todo)
                 return out
             self._forget_head(q.queue)
@@ -613,6 +621,28 @@ class Queues:
                 f"{what}: queue {q.queue!r} holds {head.payload_bytes} payload bytes; "
                 f"{nbytes} more would pass its capacity of {MAX_QUEUE_BYTES} on ZooKeeper (purge "
                 f"completed jobs, or shard the queue across stores); nothing was enqueued")
+
+    def _check_store(self, q: QueuePaths, todo: list[EnqueueItem], what: str,
+                     out: dict[str, bool]) -> list[EnqueueItem]:
+        """The store-wide limits (:mod:`._capacity`) before an enqueue multi: ``todo``
+        if it fits; if not, the jobs already in this queue are left out (recorded in
+        ``out`` as not added) and the rest checked again.
+
+        Raises:
+            QueueFull: the rest would pass ``store_max_jobs`` or ``store_max_bytes``.
+        """
+        try:
+            self.capacity.check(len(todo), sum(len(i.payload) for i in todo), what)
+            return todo
+        except QueueFull:
+            known = self._classify(q, todo, what)
+            if not known:
+                raise
+        out.update(known)
+        todo = [item for item in todo if item.job_id not in known]
+        if todo:
+            self.capacity.check(len(todo), sum(len(i.payload) for i in todo), what)
+        return todo
 
     def _classify(self, q: QueuePaths, items: list[EnqueueItem],
                   what: str) -> dict[str, bool]:
@@ -847,8 +877,10 @@ class Queues:
             if limit is not None and len(out) >= limit:
                 break
             bucket = q.bucket(b)
-            members = _sorted_members(self.wire.reader_read([("children", bucket.members)],
-                                                            what)[0])
+            # Paced by progress, at most READ_WINDOW in flight (._paged): a large queue
+            # neither fails for its size nor takes every slot of the shared client.
+            members = _sorted_members(read_window(self.wire, [("children", bucket.members)],
+                                                  what)[0])
             if limit is not None:
                 members = members[: limit - len(out)]
             for start in range(0, len(members), READ_CHUNK):
@@ -858,7 +890,7 @@ class Queues:
                     paths = self.job_paths(job_id)
                     reads += [("get", paths.job), ("get", paths.owner),
                               ("get", bucket.member(member)), ("get", paths.failure)]
-                answers = self.wire.reader_read(reads, what)
+                answers = read_window(self.wire, reads, what)
                 for i, (seq, job_id, _) in enumerate(chunk):
                     job, owner, payload, failure = answers[4 * i : 4 * i + 4]
                     record = to_record(self.job_paths(job_id), job, owner, failure)

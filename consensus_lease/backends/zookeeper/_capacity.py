@@ -1,0 +1,216 @@
+"""The store-wide capacity: every job and payload byte of one store (chroot), over every
+queue and named job, against the options ``store_max_jobs`` and ``store_max_bytes``.
+
+Every ZooKeeper server keeps every znode in its heap, so the ensemble, not one queue,
+is what runs out: on a 256 MB-heap ensemble about 61,000 queued jobs (two full queues
+and part of a third) made two of three servers exit. The per-queue capacity
+(:data:`._queues.MAX_QUEUE_JOBS`) cannot see that; this check can, and refuses the
+enqueue with ``QueueFull`` before anything is sent.
+
+What is counted, and how (no counter of our own, so nothing can drift):
+
+* jobs: the ``numChildren`` of ``{chroot}/jobs``, kept by the server itself. Every job
+  znode is a child, queued or named (claimed by name), until purged; one ``exists``
+  read, O(1), exact at the moment it is read whatever other processes do.
+* payload bytes: the sum of the queue heads' ``bytes`` (each exact: every enqueue and
+  purge multi writes its queue's head at the version read). O(queues): the queue list
+  (the children of ``{chroot}/queues``) is kept and listed again only when the parent's
+  ``cversion`` says a queue was made or deleted; every head is read in the same
+  pipelined round trip as the job count. While the sum is below half of
+  ``store_max_bytes`` (and was read less than :data:`BYTES_MAX_AGE_S` ago) the heads
+  are not read again; above, before every enqueue multi.
+
+The check is made before each enqueue multi (one round trip of reads, no ``sync``): it
+is exact for one process; enqueues of other processes in flight at that moment (at
+most ``ENQUEUE_BATCH`` jobs and ``ENQUEUE_MULTI_BYTES`` each) can pass it together.
+Completion results of named jobs are not payload bytes and are not counted (they are
+bounded by ``max_result_bytes`` each, and by the job count).
+
+Sizing (measured, ``docs/capacity.md``): a job (120-character id, 100-byte payload) is
+about 2.8 KB of live heap on every server, a named job claimed and completed about
+1.7 KB; on top, each server keeps its last 500 writes whole (the committed log, up to
+about 80 MB while enqueue multis fill a queue) and ~16 MB of its own. Heap needed ≈
+96 MB + (store_max_jobs x 3 KB + store_max_bytes) x 1.5.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from ...errors import QueueFull
+from . import _options
+from ._layout import BUCKET_DIGITS, HEAD_DIR, CorruptData, LegacyQueueLayout, QueueHead
+from ._wire import Read, Wire
+
+__all__ = ["BYTES_MAX_AGE_S", "DEFAULT_STORE_MAX_BYTES", "DEFAULT_STORE_MAX_JOBS",
+           "StoreCapacity"]
+
+DEFAULT_STORE_MAX_JOBS = _options.DEFAULT_STORE_MAX_JOBS
+"""Default of the option ``store_max_jobs``: jobs of every queue and named job, for the
+ZooKeeper heap the kit and ``docker/`` run (256 MB): 96 MB + (30,000 x 3 KB + 16 MiB) x
+1.5 ≈ 256 MB. One full queue (25,000) fits beside 5,000 more jobs."""
+
+DEFAULT_STORE_MAX_BYTES = _options.DEFAULT_STORE_MAX_BYTES
+"""Default of the option ``store_max_bytes``: payload bytes of every queue (the same as
+one queue's ``MAX_QUEUE_BYTES``)."""
+
+BYTES_MAX_AGE_S = 1.0
+"""How long a sum of the queue heads' bytes below half of ``store_max_bytes`` is used
+before the heads are read again."""
+
+_HEADS_CHUNK = 64
+"""Queue heads read per round trip (below the gate's cap on requests in flight)."""
+
+
+class StoreCapacity:
+    """The store-wide check before an enqueue multi. Thread-safe.
+
+    Args:
+        wire: the round trips (reads on the shared client).
+    """
+
+    def __init__(self, wire: Wire) -> None:
+        self.wire = wire
+        self.config = wire.config
+        self._lock = threading.Lock()
+        self._queues: tuple[int, tuple[str, ...]] | None = None  # (cversion, names)
+        self._bytes: tuple[float, int] | None = None  # (monotonic time read, sum)
+
+    def check(self, jobs: int, nbytes: int, what: str) -> None:
+        """Refuse adding ``jobs`` jobs of ``nbytes`` payload bytes if the store would
+        then hold more than ``store_max_jobs`` jobs or ``store_max_bytes`` bytes.
+
+        Raises:
+            QueueFull: it would; nothing was enqueued.
+            BackendUnavailable: the counts could not be read by the call's deadline.
+        """
+        max_jobs, max_bytes = self.config.store_max_jobs, self.config.store_max_bytes
+        with self._lock:
+            known = self._bytes
+        fresh = known is not None and time.monotonic() - known[0] < BYTES_MAX_AGE_S \
+            and known[1] + nbytes <= max_bytes // 2
+        held_jobs, held_bytes = self.usage(read_bytes=not fresh, what=what)
+        if held_bytes is None:
+            assert known is not None
+            held_bytes = known[1]
+        if held_jobs + jobs > max_jobs:
+            raise QueueFull(
+                f"{what}: the store holds {held_jobs} jobs (every queue and named job); "
+                f"{jobs} more would pass its store-wide limit of {max_jobs} (option "
+                f"store_max_jobs: size it, and the servers' heap, as docs/capacity.md "
+                f"says; or purge completed jobs); nothing was enqueued")
+        if held_bytes + nbytes > max_bytes:
+            raise QueueFull(
+                f"{what}: the store's queues hold {held_bytes} payload bytes; {nbytes} "
+                f"more would pass its store-wide limit of {max_bytes} (option "
+                f"store_max_bytes: size it, and the servers' heap, as docs/capacity.md "
+                f"says; or purge completed jobs); nothing was enqueued")
+
+    def added(self, nbytes: int) -> None:
+        """An enqueue multi of this process added ``nbytes`` payload bytes."""
+        with self._lock:
+            if self._bytes is not None:
+                self._bytes = (self._bytes[0], self._bytes[1] + nbytes)
+
+    def usage(self, *, read_bytes: bool = True, what: str = "store usage",
+              ) -> tuple[int, int | None]:
+        """``(jobs, payload bytes)`` of the store now (bytes ``None`` unless
+        ``read_bytes``): the ``numChildren`` of ``{chroot}/jobs`` and the sum of the
+        queue heads' ``bytes``."""
+        base, queues_base = self.config.base, self.config.queues_base
+        for _ in range(3):
+            with self._lock:
+                listed = self._queues
+            names = () if listed is None or not read_bytes else listed[1]
+            reads: list[Read] = [("exists", base), ("exists", queues_base)]
+            reads += [("get", f"{queues_base}/{name}") for name in names[:_HEADS_CHUNK]]
+            answers = self.wire.reader_read(reads, what)
+            jobs = 0 if answers[0] is None else int(answers[0].numChildren)
+            if not read_bytes:
+                return jobs, None
+            parent = answers[1]
+            if parent is None:
+                self._store_bytes(0)
+                return jobs, 0
+            if listed is None or listed[0] != int(parent.cversion):
+                self._list_queues()  # a queue was made or deleted: list them again
+                continue
+            heads = answers[2:]
+            for start in range(_HEADS_CHUNK, len(names), _HEADS_CHUNK):
+                heads += self.wire.reader_read(
+                    [("get", f"{queues_base}/{name}")
+                     for name in names[start : start + _HEADS_CHUNK]], what)
+            total = self._sum_heads(names, heads, what)
+            self._store_bytes(total)
+            return jobs, total
+        # Queues keep being made meanwhile: the heads listed last are still a sum.
+        total = self._sum_listed(what)
+        self._store_bytes(total)
+        return jobs, total
+
+    def _list_queues(self) -> None:
+        queues_base = self.config.queues_base
+        stat, names = self.wire.reader_read(
+            [("exists", queues_base), ("children", queues_base)], "listing the queues")
+        if stat is not None and names is not None:
+            with self._lock:
+                self._queues = (int(stat.cversion), tuple(sorted(names)))
+
+    def _sum_listed(self, what: str) -> int:
+        with self._lock:
+            names = () if self._queues is None else self._queues[1]
+        queues_base = self.config.queues_base
+        total = 0
+        for start in range(0, len(names), _HEADS_CHUNK):
+            chunk = names[start : start + _HEADS_CHUNK]
+            heads = self.wire.reader_read([("get", f"{queues_base}/{n}") for n in chunk], what)
+            total += self._sum_heads(chunk, heads, what)
+        return total
+
+    def _sum_heads(self, names: tuple[str, ...], heads: list[Any], what: str) -> int:
+        """The payload bytes of the queues ``names`` from their nodes' answers ``heads``;
+        a rotated queue (its node says ``{"layout":3,"head":r}``) is followed to the
+        znode that holds its head, ``{qname}/h/{r}``, in one more round trip for all of
+        them (a rotated queue counted as 0 would let the store pass ``store_max_bytes``)."""
+        queues_base = self.config.queues_base
+        total, follow = 0, []
+        for name, answer in zip(names, heads, strict=True):
+            path = f"{queues_base}/{name}"
+            rotation = _rotation(answer, path, name)
+            if rotation:
+                follow.append((f"{path}/{HEAD_DIR}/{rotation:0{BUCKET_DIGITS}d}", name))
+            else:
+                total += _head_bytes(answer, path, name)
+        for start in range(0, len(follow), _HEADS_CHUNK):
+            chunk = follow[start : start + _HEADS_CHUNK]
+            answers = self.wire.reader_read([("get", path) for path, _ in chunk], what)
+            total += sum(_head_bytes(answer, path, name)
+                         for (path, name), answer in zip(chunk, answers, strict=True))
+        return total
+
+    def _store_bytes(self, total: int) -> None:
+        with self._lock:
+            self._bytes = (time.monotonic(), total)
+
+
+def _rotation(answer: Any, path: str, name: str) -> int:
+    """The rotation a queue node's answer points at (0: the head is in it, or the node is
+    gone, of layout 1, or not ours)."""
+    if answer is None:
+        return 0
+    try:
+        return QueueHead.rotation(answer[0], path, name)
+    except (LegacyQueueLayout, CorruptData):
+        return 0
+
+
+def _head_bytes(answer: Any, path: str, name: str) -> int:
+    """A queue head's payload bytes (0: deleted meanwhile, layout 1, or not ours)."""
+    if answer is None:
+        return 0
+    try:
+        return QueueHead.parse(answer[0], path, name).payload_bytes
+    except (LegacyQueueLayout, CorruptData):
+        return 0
