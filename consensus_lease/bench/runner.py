@@ -41,6 +41,7 @@ from .machine import describe_machine, load_average, member_role, server_version
 from .peers import w6_peers
 from .pool import WorkerPool
 from .report import write_json, write_markdown
+from .sessions import w9_sessions
 from .takeover import w4_takeover
 from .workloads import w1_throughput, w2_latency, w5_batch
 
@@ -48,7 +49,7 @@ __all__ = ["BenchOptions", "run_bench"]
 
 SCHEMA = 1
 WORKLOADS = ("w1_throughput", "w2_latency", "w3_keepalive", "w4_takeover", "w5_batch",
-             "w6_peers", "w8_async", "w7_depth")
+             "w6_peers", "w8_async", "w7_depth", "w9_sessions")
 LABELS = {
     "w1_throughput": "W1 cycle throughput vs raw client",
     "w2_latency": "W2 latency",
@@ -58,6 +59,7 @@ LABELS = {
     "w6_peers": "W6 peers",
     "w8_async": "W8 asyncio vs processes",
     "w7_depth": "W7 deep queue",
+    "w9_sessions": "W9 many sessions on a busy host",
 }
 
 
@@ -128,6 +130,8 @@ def _workload(key: str, target: Target, sizes: Sizes, pool: WorkerPool | None, w
     if key == "w8_async":
         assert pool is not None
         return w8_async(target, sizes, pool, prefix)
+    if key == "w9_sessions":
+        return w9_sessions(target, sizes, prefix)
     return w6_peers(target, sizes, prefix)
 
 
