@@ -10,7 +10,8 @@ machine's cores busy, started before the sessions are opened and killed by PID a
 
 Sessions have TTL ``w9_ttl_s`` and renew on their own keepalive threads. A worker is a
 subprocess (``python -m consensus_lease.bench.sessions worker URL N TTL HOLD``) that
-opens its sessions with 20 threads, holds them, and prints one JSON line: sessions
+opens its sessions with 20 threads (an open that fails is tried again, up to 5 times,
+and counted), holds them, and prints one JSON line: sessions
 lost (not ACTIVE at the end: each one a false loss, the cluster being healthy), the
 renewals seen, their latency p50/p99/max (send to answer, from the store's observer)
 and the smallest headroom (time left before the local deadline at a renewal).
@@ -27,12 +28,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ..errors import BackendUnavailable
 from ..observe import Observer
 from ..states import SessionState
 from ..store import open_store
 from .config import Sizes, Target
 
 __all__ = ["w9_sessions"]
+
+OPEN_TRIES = 5
+"""Tries to open one session (a busy host's LeaseGrant may time out)."""
 
 
 class _Renewals(Observer):
@@ -56,19 +61,29 @@ def _quantile(sorted_values: list[float], q: float) -> float | None:
 
 def _worker(url: str, count: int, ttl_s: float, hold_s: float) -> dict[str, Any]:
     observer = _Renewals()
+    refused = [0]  # session opens that failed (BackendUnavailable) and were tried again
+
+    def open_one(store: Any, i: int) -> Any:
+        for _ in range(OPEN_TRIES - 1):
+            try:
+                return store.session(f"s{i}", ttl_s)
+            except BackendUnavailable:
+                refused[0] += 1  # an overloaded host: opening is not what is measured
+        return store.session(f"s{i}", ttl_s)
+
     with open_store(url, observer=observer) as store, ThreadPoolExecutor(20) as pool:
         opened = time.monotonic()
-        sessions = list(pool.map(lambda i: store.session(f"s{i}", ttl_s), range(count)))
+        sessions = list(pool.map(lambda i: open_one(store, i), range(count)))
         open_s = time.monotonic() - opened
         time.sleep(hold_s)  # the workload: hold every session this long
         lost = [s for s in sessions if s.state is not SessionState.ACTIVE]
         reasons: dict[str, int] = {}
         for session in lost:
-            text = str(session.lost_reason)[:80]
+            text = str(session.lost_reason).split(": ", 1)[-1][:80]  # without the id
             reasons[text] = reasons.get(text, 0) + 1
         list(pool.map(lambda s: s.close(), sessions))
     latencies = sorted(observer.latencies)
-    return {"sessions": count, "lost": len(lost), "open_s": open_s,
+    return {"sessions": count, "lost": len(lost), "open_s": open_s, "open_retries": refused[0],
             "renewals": len(latencies), "p50_s": _quantile(latencies, 0.5),
             "p99_s": _quantile(latencies, 0.99), "max_s": latencies[-1] if latencies else None,
             "min_headroom_s": observer.min_headroom_s, "loss_reasons": reasons}
