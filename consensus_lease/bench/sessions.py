@@ -36,6 +36,8 @@ from .config import Sizes, Target
 
 __all__ = ["w9_sessions"]
 
+HOG = "import os\nparent = os.getppid()\nwhile os.getppid() == parent: pass"
+"""A busy loop that ends when its parent does (a killed bench leaves no hog behind)."""
 OPEN_TRIES = 5
 """Tries to open one session (a busy host's LeaseGrant may time out)."""
 
@@ -116,7 +118,7 @@ def w9_sessions(target: Target, sizes: Sizes, prefix: str) -> dict[str, Any]:
     """Both phases (see the module docstring) on ``target``; the hogs run throughout."""
     assert target.url is not None  # sessions write no keys: the run's URL is enough
     url = target.url
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    hogs = [subprocess.Popen([sys.executable, "-c", HOG])
             for _ in range(sizes.w9_hogs)]
     try:
         spread = _phase(url, sizes.w9_processes, sizes.w9_sessions_per_process,

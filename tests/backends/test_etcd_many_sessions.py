@@ -18,12 +18,14 @@ SESSIONS = 300
 TTL_S = 2.0  # the kit's etcd minimum: a keepalive every 0.67 s, 450 a second in all
 HOLD_S = 15.0
 HOGS = 2  # busy loops beside the client: this 2-core machine's cores stay busy
+HOG = "import os\nparent = os.getppid()\nwhile os.getppid() == parent: pass"
+"""A busy loop that ends when its parent does (an interrupted run leaves none behind)."""
 
 
 @pytest.fixture
 def cpu_hogs() -> Iterator[None]:
     """Busy-loop processes beside the test's process; killed by PID afterwards."""
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(HOGS)]
+    hogs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(HOGS)]
     try:
         yield
     finally:
