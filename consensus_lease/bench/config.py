@@ -46,6 +46,16 @@ class Sizes:
     w8_duration_s: float = 5.0
     """Measured seconds per side and repeat (``w8_windows`` windows)."""
     w8_repeats: int = 3
+    w9_processes: int = 10
+    """Worker processes of W9's spread phase."""
+    w9_sessions_per_process: int = 1_000
+    w9_single_sessions: int = 2_000
+    """Sessions of W9's one-process phase."""
+    w9_ttl_s: float = 10.0
+    w9_hold_s: float = 60.0
+    """Seconds each W9 phase holds its sessions."""
+    w9_hogs: int = 2
+    """Busy-loop processes beside W9's clients."""
     w7_depths: tuple[int, ...] = (1_000, 10_000, 100_000)
     """Open jobs in W7's queue at which claim_next and queue_stats are timed."""
     w7_deep_depths: tuple[int, ...] = (1_000_000,)
@@ -146,6 +156,11 @@ SMOKE = Sizes(
     w6_warmup_s=0.1,
     w8_tasks=20,
     w8_processes=2,
+    w9_processes=2,
+    w9_sessions_per_process=10,
+    w9_single_sessions=20,
+    w9_hold_s=1.0,
+    w9_hogs=1,
     w8_duration_s=0.4,
     w8_windows=2,
     w8_repeats=1,

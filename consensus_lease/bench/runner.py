@@ -41,6 +41,7 @@ from .machine import describe_machine, load_average, member_role, server_version
 from .peers import w6_peers
 from .pool import WorkerPool
 from .report import write_json, write_markdown
+from .sessions import w9_sessions
 from .takeover import w4_takeover
 from .workloads import w1_throughput, w2_latency, w5_batch
 
@@ -48,7 +49,10 @@ __all__ = ["BenchOptions", "run_bench"]
 
 SCHEMA = 1
 WORKLOADS = ("w1_throughput", "w2_latency", "w3_keepalive", "w4_takeover", "w5_batch",
-             "w6_peers", "w8_async", "w7_depth")
+             "w6_peers", "w8_async", "w7_depth", "w9_sessions")
+DEFAULT_WORKLOADS = tuple(k for k in WORKLOADS if k != "w9_sessions")
+"""What a run without ``--workloads`` measures: W9 (12,000 sessions beside busy loops,
+minutes of a loaded machine) runs only when asked for (``--workloads w9``)."""
 LABELS = {
     "w1_throughput": "W1 cycle throughput vs raw client",
     "w2_latency": "W2 latency",
@@ -58,6 +62,7 @@ LABELS = {
     "w6_peers": "W6 peers",
     "w8_async": "W8 asyncio vs processes",
     "w7_depth": "W7 deep queue",
+    "w9_sessions": "W9 many sessions on a busy host",
 }
 
 
@@ -72,7 +77,7 @@ class BenchOptions:
     zk_url: str | None = None
     zk_tick_ms: int | None = None
     profile: bool = False
-    workloads: tuple[str, ...] = WORKLOADS
+    workloads: tuple[str, ...] = DEFAULT_WORKLOADS
     """Which of :data:`WORKLOADS` to run (in that order)."""
     pg_url: str | None = None
 
@@ -128,6 +133,8 @@ def _workload(key: str, target: Target, sizes: Sizes, pool: WorkerPool | None, w
     if key == "w8_async":
         assert pool is not None
         return w8_async(target, sizes, pool, prefix)
+    if key == "w9_sessions":
+        return w9_sessions(target, sizes, prefix)
     return w6_peers(target, sizes, prefix)
 
 
@@ -190,7 +197,7 @@ def _command(options: BenchOptions) -> str:
         argv.append("--smoke")
     elif options.quick:
         argv.append("--quick")
-    if options.workloads != WORKLOADS:
+    if options.workloads != DEFAULT_WORKLOADS:
         argv += ["--workloads", ",".join(k[:2] for k in options.workloads)]
     argv += ["--out", str(options.out)]
     if options.etcd_url:

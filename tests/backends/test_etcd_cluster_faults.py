@@ -42,17 +42,18 @@ class _Headroom(Observer):
 
 CHURN_TTL_S = 5.0
 CHURN_SESSIONS = 20
-CHURN_KILLS = 5
+CHURN_KILLS = 3
 CHURN_SPACING_S = 2.0
-CHURN_RAFT = {"heartbeat_interval_ms": 50, "election_timeout_ms": 500}
+CHURN_RAFT = {"heartbeat_interval_ms": 25, "election_timeout_ms": 250, "extra_args": ["--pre-vote"]}
 """Raft timing of the churn cluster. Each kill costs the cluster an election, during
-which no client can renew: with the kit's default 1 s election timeout (randomized to
-1-2 s, and the restarted member can force another round) that alone was measured at up
-to 2.1 s, which with a renewal just before the kill leaves 4.5 - 1.67 - 2.1 = 0.7 s
-whatever the client does; and an election longer than the 2 s spacing has the next kill
-hit a leader elected a moment before, one outage of over 3 s (leases were lost so, by
-design: no renewal could be answered). Half that timing bounds the cluster's share, so
-the assertion measures the client's."""
+which no member renews a lease: a renewal due then is answered when the new leader is
+there, and leaves ``TTL - margin - TTL/3 - E`` (see :mod:`consensus_lease.backends.etcd.
+_keepalive`). Measured here from kill to the held renewals' answers, E was 0.8-1.2 s
+with a 500 ms election timeout (38% of the TTL left at best, whatever the client does)
+and 0.6-0.7 s with 250 ms. Pre-vote keeps the restarted member from forcing a second
+election when it comes back. So the assertion measures the client's share: what it
+adds to the election (a stream left waiting on a dead or restarting member, an attempt
+that gives up on a follower holding the renewal) comes off the 40%."""
 
 
 def _churn_report(observer: _Headroom, kills: list[float]) -> str:
@@ -70,11 +71,12 @@ def _churn_report(observer: _Headroom, kills: list[float]) -> str:
 
 @pytest.mark.parametrize("fresh_etcd_cluster", [CHURN_RAFT], indirect=True)
 def test_leader_churn_keeps_renewal_headroom(fresh_etcd_cluster: Any, key_prefix: str) -> None:
-    """TTL 5 s, 20 sessions holding a lease each (one shared keepalive stream, renewals
-    spread over the interval); the leader is killed and restarted 5 times, 2 s apart
-    (each kill waits for a leader to exist). No lease may be lost, and every renewal must come with at least 20% of the
-    TTL left before the local deadline: a keepalive stuck on a member that does not
-    answer, or waiting out a long per-request timeout, leaves far less."""
+    """TTL 5 s, 20 sessions holding a lease each (shared keepalive streams, renewals
+    spread over the interval); the leader is killed and restarted 3 times, 2 s apart
+    (each kill waits for a leader to exist). No lease may be lost, and every renewal must
+    come with at least 40% of the TTL left before the local deadline: a keepalive stuck
+    on a member that does not answer, or waiting out a long per-request timeout, leaves
+    far less."""
     cluster = fresh_etcd_cluster
     observer = _Headroom()
     with open_store(cluster.url_with_prefix(key_prefix), observer=observer) as store:
@@ -113,7 +115,9 @@ def test_leader_churn_keeps_renewal_headroom(fresh_etcd_cluster: Any, key_prefix
             report = _churn_report(observer, kills)
             print(f"leader churn: smallest headroom {smallest:.2f} s = "
                   f"{smallest / CHURN_TTL_S:.0%} of the TTL; {report}")
-            assert smallest >= 0.2 * CHURN_TTL_S, report
+            # The goal is 40% (measured 43-44% here under load); the assertion keeps a
+            # margin for a busy CI host, where the election itself takes longer.
+            assert smallest >= 0.35 * CHURN_TTL_S, report
         finally:
             for session in sessions:
                 session.close()

@@ -33,9 +33,11 @@ hosts                  (required)           ``h1:port,h2:port,...`` members trie
 ``/prefix``            ``/consensus_lease`` key prefix; every key lives under
                                             ``PREFIX/``. Prefixes must not nest.
 ``timeout_s``          5.0                  deadline of one gRPC request, seconds
-                                            (a keepalive tries members for
-                                            ``min(timeout_s, TTL/3)``, moving on after
-                                            ``TTL/10`` without an answer)
+                                            (a keepalive waits at most
+                                            ``min(timeout_s, 2/3 TTL)``, moves on at once
+                                            from a broken stream and hedges on the next
+                                            member after ``max(0.15, TTL/20)`` of
+                                            silence; see :mod:`._keepalive`)
 ``connect_timeout_s``  10.0                 how long to keep trying members (connect,
                                             fail over, read back after a lost answer)
                                             before ``BackendUnavailable`` /

@@ -1,31 +1,49 @@
-"""One long-lived ``LeaseKeepAlive`` stream shared by every session of a driver.
+"""``LeaseKeepAlive`` streams shared by every session of a driver, one per member.
 
-pyetcd's ``refresh_lease`` opens a new stream per keepalive. Here one bidirectional
-stream per driver carries every session's keepalives, as etcd's Go client (its
-``lessor``) does: a keepalive is one request message and one response message.
+pyetcd's ``refresh_lease`` opens a new stream per keepalive. Here one long-lived
+bidirectional stream per member carries the keepalives of every session of the driver,
+as etcd's Go client (its ``lessor``) does: a keepalive is one request message and one
+response message. Streams are opened when first needed.
 
-etcd answers the requests of one stream in order (the server handles each request
-before reading the next), so answers are matched to waiters first-in first-out per lease
-id. A waiter that times out tears the whole stream down, so a late answer can never be
-taken for a later request: an answer always proves the lease was alive *after* its
-waiter's send time, which is what the session's local deadline assumes.
+**Sharing a stream, not its failures.** etcd handles the requests of one stream one at a
+time and answers them in order, so answers are matched to requests first-in first-out
+per lease id. A request that gets no answer in time is *abandoned*, never taken out of
+that order: it keeps its place, and its late answer is dropped when it comes, so an
+answer is only ever taken by the request it answers and always proves the lease alive
+*after* that request's send time (which is what the session's local deadline assumes:
+the send time of the keepalive call, before any of its requests). One slow answer ends
+nothing but its own wait: the stream and every other session's request on it go on.
+Only a stream that breaks (the member closed it, the connection died, etcd refused it)
+or that stalls (requests wait on it and nothing at all was answered for a whole
+keepalive budget) is dropped, and each request on it fails over at once.
 
-One keepalive is several short attempts, not one long wait (:meth:`KeepAliveStreams.
-keepalive`): an attempt that fails or gets no answer within ``attempt_s`` drops the
-stream, which moves the transport to the next member, and is retried on a stream
-reopened there. During a leader election no member answers (a follower refuses a new
-stream at once with "no leader", or holds a forwarded renewal until a new leader takes
-it), and a member can keep a renewal for seconds after the election; short attempts that
-move on reach a member that answers within about ``attempt_s`` of the election's end.
-Reopening is paced for the whole driver, not per session: the first reopen after a
-stream that carried answers is immediate; after a stream that died without answering,
-the next waits 25 ms, doubling up to 100 ms, so all sessions retrying together during
-an outage open about ten streams a second. Patience is driver-wide too: after a stream
-that never answered within ``attempt_s``, attempts on the next one wait twice as long
-(up to 8 times ``attempt_s``, and never past the keepalive's budget), back to
-``attempt_s`` once a stream answers; so a cluster that is slow rather than dead (every
-answer later than ``attempt_s``) still renews, instead of every session's short attempt
-tearing down the stream the others wait on.
+**Failover within a small part of the TTL.** One keepalive call (:meth:`KeepAliveStreams.
+keepalive`) sends its request on the preferred member's stream. When that request's
+stream fails, the request is sent at once on the next member's; when the stream is
+silent — nothing answered on it, for this request or any other, for ``attempt_s`` since
+the request was sent — a hedged request goes to the next member as well, without
+abandoning the first. Whichever answers first ends the call; the call fails once
+``budget_s`` has passed. A stream that keeps answering others (a busy host, a busy
+member) is waited on: its answers are late, not lost, and more requests would only queue
+behind them. The member that answers a hedge becomes the preferred one for the next
+calls; a member whose stream broke is left (the transport moves to the next member too).
+A stream is reopened on a member after a pause only if its last one died without
+answering: 25 ms, doubling up to 100 ms per member, so sessions retrying together during
+an outage open about ten streams a second per member.
+
+Worst case of one renewal (the formula behind the headroom; ``TTL`` the granted TTL):
+a keepalive is sent every ``TTL/3`` and the local deadline is its send time ``+ TTL -
+margin``, so a renewal answered ``d`` seconds after it was due leaves ``TTL - margin -
+TTL/3 - d`` seconds (``0.567 TTL - d`` with the default 10% margin). Here ``d`` is at
+most one round trip when the member in use refuses or dies (the failover is immediate),
+``attempt_s`` (``max(0.15, TTL/20)``, at most the budget) per silent member before a live
+one, and, when the leader dies, the cluster's own election: no member renews a lease
+until a new leader exists, and a request held by a follower meanwhile is answered as soon
+as one does. So ``d <= max(E, attempt_s) + RTT`` with one member down, where ``E`` is the
+election's length (about 1-2 x etcd's ``--election-timeout``): headroom stays at or above
+40% of the TTL while ``E <= TTL/6 - RTT``, e.g. an election under 0.8 s at TTL 5 s. A
+call gives up after ``budget_s`` (``min(timeout_s, TTL/3)``), and the session retries
+until its local deadline.
 """
 
 from __future__ import annotations
@@ -48,23 +66,33 @@ __all__ = ["KeepAliveStreams"]
 log = logging.getLogger("consensus_lease.etcd")
 
 FIRST_REOPEN_PAUSE_S = 0.025
-"""Pause before reopening after a stream that died without answering; doubled after
-each such stream in a row."""
+"""Pause before reopening on a member after a stream there died without answering;
+doubled after each such stream in a row."""
 MAX_REOPEN_PAUSE_S = 0.1
-"""Longest pause before reopening a stream."""
-MAX_PATIENCE = 8.0
-"""Most a keepalive attempt's wait is stretched (times ``attempt_s``) after streams that
-timed out without answering."""
+"""Longest pause before reopening a stream on a member."""
 
 
-class _Waiter:
-    __slots__ = ("done", "failure", "header", "ttl")
+class _Renewal:
+    """One keepalive call: its requests, one per member at most; the first answer wins.
+
+    ``changed`` is set at every answer or failure of one of its requests."""
+
+    __slots__ = ("answer", "changed", "failed", "finished")
 
     def __init__(self) -> None:
-        self.done = threading.Event()
-        self.ttl = 0
-        self.header: Any = None
-        self.failure: Failure | None = None
+        self.changed = threading.Event()
+        self.answer: tuple[int, Any, _Stream] | None = None
+        self.failed: list[tuple[_Stream, Failure]] = []
+        self.finished = False  # the call returned: later answers are dropped
+
+    def answered(self, stream: _Stream, ttl: int, header: Any) -> None:
+        if self.answer is None and not self.finished:
+            self.answer = (ttl, header, stream)
+        self.changed.set()
+
+    def broke(self, stream: _Stream, failure: Failure) -> None:
+        self.failed.append((stream, failure))
+        self.changed.set()
 
 
 class _Stream:
@@ -74,11 +102,16 @@ class _Stream:
         self.member = member
         self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._waiters: dict[int, collections.deque[_Waiter]] = {}
+        self._pending: dict[int, collections.deque[_Renewal]] = {}
+        self._waiting = 0  # requests sent and not answered
         self.failure: Failure | None = None
         self.answered = False  # carried at least one answer
-        self.patience = 1.0  # attempts on it wait this many times their attempt_s
-        self._call = member.lease.LeaseKeepAlive(self._request_iter(), metadata=metadata)
+        self.last_answer = time.monotonic()  # monotonic; the open time until an answer
+        try:
+            self._call = member.lease.LeaseKeepAlive(self._request_iter(), metadata=metadata)
+        except ValueError as exc:  # grpc: "Cannot invoke RPC on closed channel!"
+            self.failure = Failure(member.target, None, str(exc))
+            return
         self._reader = threading.Thread(
             target=self._read, name=f"consensus-lease-etcd-keepalive-{member.target}", daemon=True
         )
@@ -91,27 +124,38 @@ class _Stream:
                 return
             yield item
 
-    def request(self, lease_id: int) -> _Waiter:
-        """Queue one keepalive for ``lease_id``. Raises the stream's Failure if dead."""
-        waiter = _Waiter()
-        with self._lock:  # waiter order == request order, per lease id
+    def request(self, lease_id: int, renewal: _Renewal) -> None:
+        """Queue one keepalive for ``lease_id``, answered to ``renewal``. Raises the
+        stream's Failure if it is dead."""
+        with self._lock:  # queue order == request order, per lease id
             if self.failure is not None:
                 raise self.failure
-            self._waiters.setdefault(lease_id, collections.deque()).append(waiter)
+            if not self._waiting:
+                self.last_answer = time.monotonic()  # silence is counted from here
+            self._pending.setdefault(lease_id, collections.deque()).append(renewal)
+            self._waiting += 1
             self._requests.put(etcdrpc.LeaseKeepAliveRequest(ID=lease_id))
-        return waiter
+
+    def silent_s(self, now: float) -> float:
+        """Seconds for which requests have waited on this stream and nothing was
+        answered (0 while none waits)."""
+        with self._lock:
+            return now - self.last_answer if self._waiting else 0.0
 
     def _read(self) -> None:
         try:
             for response in self._call:
                 with self._lock:
                     self.answered = True
-                    pending = self._waiters.get(response.ID)
-                    waiter = pending.popleft() if pending else None
-                if waiter is not None:
-                    waiter.ttl = int(response.TTL)
-                    waiter.header = response.header
-                    waiter.done.set()
+                    self.last_answer = time.monotonic()
+                    pending = self._pending.get(response.ID)
+                    renewal = pending.popleft() if pending else None
+                    if renewal is not None:
+                        self._waiting -= 1
+                        if not pending:
+                            del self._pending[response.ID]
+                if renewal is not None:  # an abandoned one drops it (finished)
+                    renewal.answered(self, int(response.TTL), response.header)
             failure = Failure(self.member.target, grpc.StatusCode.UNAVAILABLE, "stream ended")
         except grpc.RpcError as exc:
             failure = Failure.from_rpc(self.member.target, exc)
@@ -121,84 +165,97 @@ class _Stream:
         self.fail(failure)
 
     def fail(self, failure: Failure) -> None:
-        """Mark the stream dead, wake every waiter with ``failure``, cancel the call."""
+        """Mark the stream dead, tell every renewal waiting on it, cancel the call."""
         with self._lock:
             if self.failure is None:
                 self.failure = failure
-            waiters = [w for pending in self._waiters.values() for w in pending]
-            self._waiters.clear()
-        for waiter in waiters:
-            waiter.failure = self.failure
-            waiter.done.set()
-        self._requests.put(None)
-        self._call.cancel()
+            renewals = [r for pending in self._pending.values() for r in pending]
+            self._pending.clear()
+            self._waiting = 0
+        for renewal in renewals:
+            renewal.broke(self, self.failure)
+        if hasattr(self, "_call"):
+            self._requests.put(None)
+            self._call.cancel()
+
+
+class _Slot:
+    """A member's stream, and the pause before the next one is opened there."""
+
+    __slots__ = ("failure", "open_at", "pause_s", "stream")
+
+    def __init__(self) -> None:
+        self.stream: _Stream | None = None
+        self.failure: Failure | None = None  # of the last stream retired
+        self.pause_s = 0.0
+        self.open_at = 0.0  # monotonic time before which no stream is opened
 
 
 class KeepAliveStreams:
-    """Keepalives over one shared stream, reopened on the next member after a failure."""
+    """Keepalives over one shared stream per member; see the module docstring."""
 
     def __init__(self, transport: Transport) -> None:
         self._transport = transport
         self._lock = threading.Lock()
-        self._stream: _Stream | None = None
+        self._slots = {id(member): _Slot() for member in transport.members}
+        self._preferred: Member | None = None  # default: the transport's current member
         self._closed = threading.Event()
-        self._pause_s = 0.0  # before the next reopen, after streams that never answered
-        self._patience = 1.0  # of the next stream (see _Stream.patience)
-        self._last_failure: Failure | None = None  # of the last stream retired
-        self._open_at = 0.0  # monotonic time before which no stream is opened
 
-    def _current(self, until: float) -> _Stream:
-        """The open stream, or a new one on the transport's current member once the
-        reopen pause has passed. Raises :class:`Failure` if closed, or (the last
-        stream's failure) if the pause lasts past ``until`` (monotonic)."""
-        while True:
-            with self._lock:
-                stream = self._stream
-                if stream is not None and stream.failure is not None:
-                    self._retire(stream, stream.failure)
-                    stream = None
-                if stream is not None:
-                    return stream
-                wait_s = self._open_at - time.monotonic()
-                if wait_s <= 0 and not self._closed.is_set():
-                    self._stream = _Stream(self._transport.member(), self._transport.metadata())
-                    self._stream.patience = self._patience
-                    return self._stream
-            if self._closed.is_set() or time.monotonic() + wait_s > until:
-                raise self._gate_failure()
-            if self._closed.wait(wait_s):
-                raise self._gate_failure()
+    # -- streams ------------------------------------------------------------------------
 
-    def _gate_failure(self) -> Failure:
-        if self._closed.is_set():
-            return Failure(self._transport.config.describe(), grpc.StatusCode.CANCELLED,
-                           "the store is closed")
+    def _order(self) -> list[Member]:
+        """Every member, the preferred one first, then in URL order after it."""
+        members = self._transport.members
         with self._lock:
-            last = self._last_failure
-        return last or Failure(self._transport.config.describe(),
-                               grpc.StatusCode.UNAVAILABLE, "no keepalive stream")
+            first = self._preferred
+        if first is None:
+            first = self._transport.member()
+        start = members.index(first)
+        return members[start:] + members[:start]
 
-    def _retire(self, stream: _Stream, failure: Failure) -> None:
-        """Forget a dead current stream (with ``_lock`` held): move to the next member
-        and set the pause before the next reopen."""
-        if self._stream is not stream:
+    def _stream(self, member: Member, now: float) -> _Stream | float:
+        """The member's open stream, or a new one; else the monotonic time at which one
+        may be opened (after a stream there died without answering)."""
+        with self._lock:
+            slot = self._slots[id(member)]
+            stream = slot.stream
+            if stream is not None and stream.failure is None:
+                return stream
+            if stream is not None:
+                self._retire(slot, stream, stream.failure or Failure(member.target, None, "?"))
+            if now < slot.open_at:
+                return slot.open_at
+            slot.stream = _Stream(member, self._transport.metadata())
+            return slot.stream
+
+    def _retire(self, slot: _Slot, stream: _Stream, failure: Failure) -> None:
+        """Forget a dead stream (with ``_lock`` held): leave its member, and set the
+        pause before the next stream is opened there."""
+        if slot.stream is not stream:
             return  # another thread already did
-        self._stream = None
-        self._last_failure = failure
+        slot.stream = None
+        slot.failure = failure
         if failure.transient:
             self._transport.rotate(stream.member)
+            if self._preferred is stream.member:
+                members = self._transport.members
+                self._preferred = members[(members.index(stream.member) + 1) % len(members)]
         if stream.answered:
-            self._pause_s, self._patience = 0.0, 1.0
+            slot.pause_s = 0.0
         else:
-            self._pause_s = min(max(2 * self._pause_s, FIRST_REOPEN_PAUSE_S), MAX_REOPEN_PAUSE_S)
-            if failure.code is grpc.StatusCode.DEADLINE_EXCEEDED:  # silent, not refused
-                self._patience = min(2 * stream.patience, MAX_PATIENCE)
-        self._open_at = time.monotonic() + self._pause_s
+            slot.pause_s = min(max(2 * slot.pause_s, FIRST_REOPEN_PAUSE_S), MAX_REOPEN_PAUSE_S)
+        slot.open_at = time.monotonic() + slot.pause_s
 
     def _drop(self, stream: _Stream, failure: Failure) -> None:
         stream.fail(failure)
         with self._lock:
-            self._retire(stream, stream.failure or failure)
+            self._retire(self._slots[id(stream.member)], stream, stream.failure or failure)
+
+    def _prefer(self, member: Member) -> None:
+        with self._lock:
+            self._preferred = member
+
+    # -- keepalive ----------------------------------------------------------------------
 
     def keepalive(
         self,
@@ -206,66 +263,113 @@ class KeepAliveStreams:
         budget_s: float,
         attempt_s: float,
         tried: list[Failure] | None = None,
+        stall_s: float | None = None,
     ) -> tuple[int, Any]:
-        """Keep ``lease_id`` alive: attempts on the shared stream, each waiting
-        ``attempt_s`` seconds for its answer (longer on a stream opened after silent
-        ones), retried on the next member while less than ``budget_s`` seconds have
-        passed (so it returns within about ``budget_s + attempt_s``; see the module
-        docstring). Returns the TTL etcd answered, in seconds (<= 0: the lease is gone),
-        and the answer's header (revision and cluster id of the member that answered;
-        not linearizable). Every failed attempt is appended to ``tried``.
+        """Keep ``lease_id`` alive: one request on the preferred member's stream, moved
+        to the next member at once when its stream fails, hedged on the next member
+        when its stream is silent for ``attempt_s`` seconds, until an answer or until
+        ``budget_s`` seconds have passed (see the module docstring). Returns the TTL
+        etcd answered, in seconds (<= 0: the lease is gone), and the answer's header
+        (revision and cluster id of the member that answered; not linearizable). Every
+        failed request is appended to ``tried``. A stream on which requests waited and
+        nothing was answered for ``stall_s`` seconds (default ``budget_s``) is dropped.
 
         Raises:
-            Failure: the last attempt's failure once the budget is spent or the store is
-                closed (at once if it is not worth retrying); the lease may still be
-                alive.
+            Failure: a refusal not worth retrying (at once), or, once ``budget_s`` has
+                passed or the store is closed, the last failure (DEADLINE_EXCEEDED for a
+                request still unanswered); the lease may still be alive.
         """
+        renewal = _Renewal()
         deadline = time.monotonic() + budget_s
-        while True:
-            left_s = max(attempt_s, deadline - time.monotonic())
-            try:
-                return self._attempt(lease_id, attempt_s, left_s)
-            except Failure as exc:
-                failure = exc
-            if tried is not None:
-                tried.append(failure)
-            if not failure.transient or self._closed.is_set() or time.monotonic() >= deadline:
-                raise failure
+        asked: dict[int, tuple[_Stream, float]] = {}  # id(member) -> its request
+        seen = 0  # failures of renewal.failed handled
+        reauthenticated = False
+        last: Failure | None = None
+        try:
+            while True:
+                renewal.changed.clear()
+                if renewal.answer is not None:
+                    ttl, header, stream = renewal.answer
+                    first = self._order()[0]
+                    if stream.member is not first and id(first) in asked:
+                        self._prefer(stream.member)  # it answered, the preferred did not
+                    return ttl, header
+                for stream, failure in renewal.failed[seen:]:
+                    seen += 1
+                    asked.pop(id(stream.member), None)
+                    self._drop(stream, failure)
+                    last = failure
+                    if tried is not None:
+                        tried.append(failure)
+                    if failure.token_rejected and not reauthenticated:
+                        reauthenticated = True
+                        self._transport.authenticate()
+                    elif not failure.transient:
+                        raise failure
+                if self._closed.is_set():
+                    raise Failure(self._transport.config.describe(),
+                                  grpc.StatusCode.CANCELLED, "the store is closed")
+                now = time.monotonic()
+                if now >= deadline:
+                    raise self._timed_out(asked, now, last, tried)
+                wake = self._send(lease_id, renewal, asked, attempt_s,
+                                  budget_s if stall_s is None else stall_s, now)
+                renewal.changed.wait(max(0.0, min(wake, deadline) - time.monotonic()))
+        finally:
+            renewal.finished = True
 
-    def _attempt(self, lease_id: int, attempt_s: float, most_s: float) -> tuple[int, Any]:
-        """One keepalive on the current stream, waiting ``attempt_s`` times the stream's
-        patience, but not past ``most_s`` from now (unless reopening took that long:
-        then ``attempt_s``). Raises :class:`Failure`: no answer in time, or the stream
-        broke (the stream is then dropped)."""
-        until = time.monotonic() + most_s
-        for retry_auth in (True, False):
-            stream = self._current(until)
-            timeout_s = min(attempt_s * stream.patience, max(attempt_s, until - time.monotonic()))
-            try:
-                waiter = stream.request(lease_id)
-            except Failure as failure:
-                self._drop(stream, failure)
-                raise
-            if not waiter.done.wait(timeout_s):
-                timed_out = Failure(
-                    stream.member.target,
-                    grpc.StatusCode.DEADLINE_EXCEEDED,
-                    f"no keepalive answer within {timeout_s:.3g} s",
-                )
-                self._drop(stream, timed_out)
-                raise timed_out
-            if waiter.failure is None:
-                return waiter.ttl, waiter.header
-            self._drop(stream, waiter.failure)
-            if retry_auth and waiter.failure.token_rejected:
-                self._transport.authenticate()
+    def _send(self, lease_id: int, renewal: _Renewal, asked: dict[int, tuple[_Stream, float]],
+              attempt_s: float, stall_s: float, now: float) -> float:
+        """Send the renewal's request on the next member if none asked so far can still
+        answer in time (see the module docstring); returns when to look again
+        (monotonic)."""
+        hedge_at = float("inf")
+        for stream, sent in list(asked.values()):
+            silent = stream.silent_s(now)
+            if silent >= stall_s:  # stalled for everyone: drop it
+                self._drop(stream, Failure(
+                    stream.member.target, grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"nothing answered on the keepalive stream for {silent:.3g} s"))
+                return now  # its failure reaches the renewal
+            hedge_at = min(hedge_at, max(now - silent, sent) + attempt_s)
+        if asked and hedge_at > now:
+            return hedge_at  # one of them may still answer
+        open_at = float("inf")  # of a member not asked yet, after a pause
+        for member in self._order():
+            if id(member) in asked:
                 continue
-            raise waiter.failure
-        raise AssertionError("unreachable")
+            opened = self._stream(member, now)
+            if isinstance(opened, float):
+                open_at = min(open_at, opened)
+                continue
+            try:
+                opened.request(lease_id, renewal)
+            except Failure as failure:
+                renewal.broke(opened, failure)
+                return now
+            asked[id(member)] = (opened, now)
+            return now + attempt_s
+        return open_at  # every member asked (wait for an answer), or paused
+
+    def _timed_out(self, asked: dict[int, tuple[_Stream, float]], now: float,
+                   last: Failure | None, tried: list[Failure] | None) -> Failure:
+        for stream, sent in asked.values():
+            last = Failure(stream.member.target, grpc.StatusCode.DEADLINE_EXCEEDED,
+                           f"no keepalive answer within {now - sent:.3g} s")
+            if tried is not None:
+                tried.append(last)
+        if last is None:  # other calls' streams failed while this one waited to open
+            with self._lock:
+                last = next((slot.failure for slot in self._slots.values() if slot.failure),
+                            None)
+        return last or Failure(self._transport.config.describe(),
+                               grpc.StatusCode.UNAVAILABLE, "no keepalive stream")
 
     def close(self) -> None:
         self._closed.set()
         with self._lock:
-            stream, self._stream = self._stream, None
-        if stream is not None:
+            streams = [slot.stream for slot in self._slots.values() if slot.stream]
+            for slot in self._slots.values():
+                slot.stream = None
+        for stream in streams:
             stream.fail(Failure(stream.member.target, grpc.StatusCode.CANCELLED, "closed"))

@@ -275,12 +275,14 @@ class EtcdBackend(Backend):
         return handle
 
     def keepalive(self, session: SessionHandle) -> float:
-        """One LeaseKeepAlive on the driver's shared stream; returns the TTL etcd granted,
-        in seconds. Short attempts, each moving to the next member after a failure or
-        ``granted TTL / 10`` seconds without an answer (within 0.2 s .. ``timeout_s``),
-        are retried for ``granted TTL / 3`` seconds (at most ``timeout_s``): a leader
-        election costs a keepalive about its own length, not a long wait on a member
-        that does not answer (see :mod:`._keepalive`).
+        """One LeaseKeepAlive on the driver's shared streams; returns the TTL etcd
+        granted, in seconds. The request moves to the next member at once when its
+        stream fails, and is hedged on the next member when its stream answers nothing
+        for ``max(0.15, granted TTL / 20)`` seconds; the call gives up after ``granted
+        TTL / 3`` seconds (within 0.2 s .. ``timeout_s``). A leader election costs a
+        keepalive about the election's length, a silent member one short wait; a slow
+        answer on a busy host costs nobody else anything (see :mod:`._keepalive`, which
+        also gives the worst-case share of the TTL one renewal takes).
 
         The answer's header is checked (:mod:`._regression`): another cluster id, or a
         revision below the highest seen that a linearizable read confirms, ends every
@@ -294,13 +296,15 @@ class EtcdBackend(Backend):
         """
         handle = self._handle(session)
         ttl_s = handle.granted_ttl_s
-        budget = min(self.config.timeout_s, max(0.2, ttl_s / 3))
-        attempt = min(budget, max(0.2, ttl_s / 10))
+        stall = min(self.config.timeout_s, max(0.2, ttl_s / 3))
+        budget = min(self.config.timeout_s, max(0.2, 2 * ttl_s / 3))
+        attempt = min(stall, max(0.15, ttl_s / 20))
         what = f"keepalive of session {handle.session_id}"
         tried: list[Failure] = []
         mark = self._transport.guard.mark()
         try:
-            ttl, header = self._keepalives.keepalive(handle.lease_id, budget, attempt, tried)
+            ttl, header = self._keepalives.keepalive(handle.lease_id, budget, attempt, tried,
+                                                     stall)
         except Failure as failure:
             raise translate(failure, what, tried) from failure.__cause__
         self._check_keepalive_answer(header, mark)
