@@ -2,11 +2,12 @@
 
 ``python benchmarks/stale_leader_revoke.py [--sessions 20] [--ttl-s 3] [--pause-s 5]``
 
-Starts a 3-member etcd cluster with the container kit (or uses ``--url``), opens
+Starts a 3-member etcd cluster with the container kit, opens
 ``--sessions`` sessions of ``--ttl-s`` in one store, each holding a job, and a contender
-(another store, one session of ``--contender-ttl-s``) waiting on every job. Then the leader is frozen
-(``docker pause``) for ``--pause-s`` and thawed. etcd 3.4.23 (etcd#15247) revokes every
-lease about 50 ms after the thaw although the holders renewed with the new leader.
+(another store, one session of ``--contender-ttl-s``) waiting on every job. Then the
+leader is frozen (``docker pause``) for ``--pause-s`` and thawed. etcd 3.4.23
+(etcd#15247) revokes leases about 50 ms after the thaw although the holders renewed with
+the new leader.
 
 Per job it prints, relative to the thaw (monotonic seconds of this process): the owner
 key's deletion as a raw watch saw it, the contender's claim (returned), and the last

@@ -9,6 +9,7 @@ revoke that another client sends (etcd answers after the deletion is committed).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -156,6 +157,11 @@ SCENARIO_PAUSE_S = 5.0
 SCENARIO_ROUNDS = 2
 
 
+def _settled(lost_at: dict[str, float], sessions: int, thawed: float) -> bool:
+    """Every session lost, or one TTL passed since the thaw."""
+    return len(lost_at) == sessions or time.monotonic() > thawed + SCENARIO_TTL_S
+
+
 def test_stale_leader_revoking_early_is_heard_within_a_delivery(
     fresh_etcd_cluster: Any, key_prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -195,8 +201,8 @@ def test_stale_leader_revoking_early_is_heard_within_a_delivery(
                     fresh_etcd_cluster.unpause(leader)
                 thawed = time.monotonic()
                 # Settled: every session lost, or still held one TTL after the thaw.
-                poll_until(lambda: len(lost_at) == len(sessions)
-                           or time.monotonic() > thawed + SCENARIO_TTL_S, 3 * SCENARIO_TTL_S)
+                poll_until(functools.partial(_settled, lost_at, len(sessions), thawed),
+                           3 * SCENARIO_TTL_S)
             finally:
                 deletions.close()
             early = []  # (session id, seconds from the deletion to the loss)
