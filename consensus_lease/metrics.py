@@ -16,6 +16,7 @@ consensus_lease_claims_total                 counter      store
 consensus_lease_completions_total            counter      store
 consensus_lease_losses_total                 counter      store, scope (lease / session)
 consensus_lease_stale_rejections_total       counter      store, by (store / fence)
+consensus_lease_early_revocations_total      counter      store (sessions ended before TTL)
 consensus_lease_renewal_latency_seconds      histogram    store
 consensus_lease_renewal_headroom_seconds     histogram    store
 consensus_lease_wal_bytes                    gauge        store, path (SQLite: the -wal file)
@@ -71,6 +72,10 @@ class PrometheusObserver(Observer):
         self.callback_failures = Counter(
             f"{namespace}_callback_failures", "User callbacks (on_lost) that raised",
             ["store", "registration"], registry=reg)
+        self.early_revocations = Counter(
+            f"{namespace}_early_revocations",
+            "Sessions the store ended before the TTL its last renewal granted",
+            ["store"], registry=reg)
         self.renewal_latency = Histogram(
             f"{namespace}_renewal_latency_seconds", "Send-to-answer time of renewals",
             ["store"], buckets=_LATENCY_BUCKETS, registry=reg)
@@ -101,6 +106,9 @@ class PrometheusObserver(Observer):
 
     def stale_rejected(self, store: str, by: str, job_id: str, generation: int) -> None:
         self.stale.labels(store, by).inc()
+
+    def early_revocation(self, store: str, session_id: str, early_by_s: float) -> None:
+        self.early_revocations.labels(store).inc()
 
     def wal_measured(self, store: str, path: str, wal_bytes: int, blocked: bool) -> None:
         self.wal_bytes.labels(store, path).set(wal_bytes)

@@ -7,6 +7,13 @@ exports them; write your own subclass for other systems. Observers are called fr
 worker and keepalive threads and must be fast and thread-safe; an exception raised by
 one is logged and otherwise ignored, so metrics can never break lease handling.
 
+**Early revocations** count sessions the store ended before the TTL it granted: the
+deadline from the send time of the last answered renewal plus the TTL that answer
+granted, against the time the end was seen, both on the worker's monotonic clock (no
+wall clocks are compared across machines). A store that does so breaks the lease
+protocol's premise; the etcd driver reports it (a stale leader's revoke, etcd#15247),
+and logs each at ERROR.
+
 **Renewal headroom** is the time left before the local deadline when a renewal succeeds:
 the early warning that a holder is getting close to losing its lease (slow store, GC
 pauses, an overloaded machine) before it does.
@@ -47,6 +54,12 @@ class Observer:
     def stale_rejected(self, store: str, by: str, job_id: str, generation: int) -> None:
         """A stale operation was rejected ``by`` ``"store"`` (owner/generation compare) or
         ``"fence"`` (a destination saw a higher token)."""
+
+    def early_revocation(self, store: str, session_id: str, early_by_s: float) -> None:
+        """The store ended session ``session_id`` at least ``early_by_s`` seconds (> 0)
+        before the deadline its last renewal granted (see the module docstring). The
+        session is lost; another holder may have claimed its jobs before this worker
+        heard of it. Called once per session."""
 
     def wal_measured(self, store: str, path: str, wal_bytes: int, blocked: bool) -> None:
         """The write-ahead log of the store file ``path`` is ``wal_bytes`` bytes now

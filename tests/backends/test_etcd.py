@@ -268,6 +268,8 @@ def test_generation_is_the_owner_keys_create_revision(store: LeaseStore) -> None
         lease = a.claim("job/../x y")
         assert lease is not None
         keys = _keys_under(store)
+        session_key = backend_of(store)._layout.session(int(a.session_id, 16))
+        assert keys.pop(session_key).lease == int(a.session_id, 16)  # the session's own
         owners = [kv for k, kv in keys.items() if k.endswith(b"/o")]
         assert len(owners) == 1 and len(keys) == 3  # owner, history, attempts
         (owner,) = owners

@@ -58,6 +58,14 @@ One key of the prefix is not a job's: ``PREFIX/epoch`` (:class:`StoreEpoch`), th
 store epoch, absent until ``bump_epoch`` first runs. It has no ``/`` after the prefix,
 so :meth:`Layout.parse` leaves it out.
 
+Each open session has one key of its own, ``PREFIX/sessions/LEASE`` (``LEASE``: the
+lease id as 16 lowercase hex digits; value: the owner label), attached to its lease and
+put when the session is opened: etcd deletes it in the same revision as every other key
+of the lease when the lease ends (expiry or revoke), so one watch of ``PREFIX/sessions/``
+tells a process that a session of its own ended (see :mod:`._revocation`). Nothing else
+deletes it; deleting it by hand ends that session as a revoke would. ``sessions`` is no
+hex either, and sorts after ``q``: outside the job range.
+
 The suffixes sort ``a < c < e < f < h < l < n < o < q < v``, so one watch on
 ``[c, o\\0)`` sees every change that can make a job claimable (owner and not-before
 deleted, completion, failure, requeue); an election's watch reaches to ``v`` (a new
@@ -171,6 +179,8 @@ JOB_KINDS = frozenset({ATTEMPTS, COMPLETION, ERROR, FAILED, HISTORY, LIMIT, NOT_
                        QUEUE, VALUE})
 ELECTIONS = b"elections/"  # no canonical hex: no job directory is or contains it
 EPOCH = b"epoch"
+SESSIONS = b"sessions/"  # no canonical hex; after JOBS_END and QUEUE
+_HEX_DIGITS = b"0123456789abcdef"
 MEMBER = b"j/"
 PENDING = b"p/"
 HELD = b"h/"
@@ -436,6 +446,24 @@ class Layout:
     def epoch(self) -> bytes:
         """The store epoch's key, ``PREFIX/epoch``."""
         return self.root + EPOCH
+
+    def session(self, lease_id: int) -> bytes:
+        """The session key of lease ``lease_id``: ``PREFIX/sessions/`` + 16 hex digits."""
+        return self.root + SESSIONS + b"%016x" % lease_id
+
+    @property
+    def sessions(self) -> tuple[bytes, bytes]:
+        """``(key, range_end)`` of every session key."""
+        start = self.root + SESSIONS
+        return start, prefix_range_end(start)
+
+    def session_lease(self, key: bytes) -> int | None:
+        """The lease id a session key names; ``None`` for any other key."""
+        start = self.root + SESSIONS
+        rest = key[len(start):]
+        if not key.startswith(start) or len(rest) != 16 or rest.strip(_HEX_DIGITS):
+            return None
+        return int(rest, 16)
 
     def queue(self, queue: str) -> QueueKeys:
         return QueueKeys(queue, self.root + QUEUE + b"/" + _hex(queue) + b"/")

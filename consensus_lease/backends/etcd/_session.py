@@ -6,7 +6,7 @@ import threading
 from dataclasses import dataclass
 
 from ...backend import SessionEvent, SessionHandle, StateListener
-from ...errors import InvalidArgument, StoreRegressed
+from ...errors import InvalidArgument, SessionExpired, StoreRegressed
 from ...record import ClaimResult
 from ._keys import History, Limit, Owner, session_text
 from ._tokens import split
@@ -29,7 +29,15 @@ class EtcdSession(SessionHandle):
 
     A session open when the driver noticed that the store's history went back is over
     (:meth:`end_by_regression`): its listener is told (``SessionEvent.REGRESSED``) and
-    every later operation on it raises ``StoreRegressed``.
+    every later operation on it raises ``StoreRegressed``. A session whose lease etcd
+    ended (seen by the watch of the session keys, or a keepalive answering TTL 0) is
+    over too (:meth:`end_by_store`): its listener is told ``SessionEvent.EXPIRED``.
+
+    The session remembers the store's last promise (:meth:`promised`): the lease lives at
+    least until the send time of the last answered grant or keepalive plus the TTL the
+    answer granted (monotonic clock of this process; etcd starts the TTL no earlier than
+    it receives the request). An end observed before that time is an early revocation
+    (:meth:`ended_early`).
 
     Attributes:
         lease_id: the etcd lease id (int).
@@ -45,6 +53,47 @@ class EtcdSession(SessionHandle):
         self._regressed: str | None = None
         self._owner_value = Owner.encoder(owner, self.session_id)
         self._release_marker = History.release_encoder(self.session_id)
+        self._promise: tuple[float, float, str] | None = None  # (sent, ttl_s, member)
+        self._ended = False
+
+    def promised(self, sent: float, ttl_s: float, member: str) -> None:
+        """An answer to a grant or keepalive sent at ``sent`` (monotonic seconds) granted
+        ``ttl_s`` seconds, from ``member``: the lease lives until ``sent + ttl_s`` at
+        least (a later promise replaces an earlier one, never shortens it)."""
+        with self._lock:
+            last = self._promise
+            if last is None or sent + ttl_s >= last[0] + last[1]:
+                self._promise = (sent, ttl_s, member)
+
+    def ended_early(self, now: float) -> tuple[float, float, str] | None:
+        """The lease was seen gone at ``now`` (monotonic): the last promise ``(sent,
+        ttl_s, member)`` if that is before ``sent + ttl_s`` (an early end), else
+        ``None``. Answers once per session: later calls return ``None``."""
+        with self._lock:
+            if self._ended:
+                return None
+            self._ended = True
+            promise = self._promise
+        if promise is None or now >= promise[0] + promise[1]:
+            return None
+        return promise
+
+    def end_expected(self) -> None:
+        """The lease is being ended on purpose (a revoke this process asked for): its
+        end is no early revocation (:meth:`ended_early` answers ``None`` from now)."""
+        with self._lock:
+            self._ended = True
+
+    def end_by_store(self, reason: str) -> None:
+        """etcd ended the lease (its keys are gone): the session is over. The listener
+        is told ``SessionEvent.EXPIRED`` once (the core loses the session with a
+        ``SessionExpired`` naming ``reason``), from the calling thread."""
+        with self._lock:
+            first = self.expiry is None and self._regressed is None
+            if first:
+                self.expiry = SessionExpired(f"session {self.session_id}: {reason}")
+        if first and self._on_event is not None:
+            self._on_event(SessionEvent.EXPIRED)
 
     def owner_value(self, nonce: str, epoch: int) -> bytes:
         """The owner value a claim request of this session writes: exactly

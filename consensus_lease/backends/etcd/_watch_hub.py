@@ -168,6 +168,13 @@ class WatchHub:
             return len(self._watches)
 
     @property
+    def member_target(self) -> str:
+        """The member the current stream is on (``""`` if none): on the hub's thread,
+        during a delivery, the member that sent the events."""
+        stream = self._stream  # one atomic read
+        return "" if stream is None else stream.member.target
+
+    @property
     def watch_ids(self) -> int:
         """The number of watch ids etcd has created on the current stream."""
         with self._lock:

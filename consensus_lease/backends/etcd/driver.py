@@ -31,6 +31,7 @@ from ...errors import (
     SessionExpired,
     StoreRegressed,
 )
+from ...observe import notify
 from ...record import ClaimResult, EnqueueItem, LeaseRecord, QueuedJob, QueueStats
 from . import (
     _claim,
@@ -52,6 +53,7 @@ from ._keys import Layout, session_text
 from ._ops import Ops
 from ._refusal import Refusal
 from ._regression import Mark
+from ._revocation import SessionWatch
 from ._session import EtcdClaim, EtcdSession
 from ._subscribe import Subscriptions
 from ._transport import Failure, Transport, translate
@@ -101,6 +103,8 @@ class EtcdBackend(Backend):
         self._refusal = Refusal(self._ops)
         self._transport.guard.subscribe(self._regressed)
         self._subscriptions_etcd = Subscriptions(self._ops)
+        self._session_watch = SessionWatch(self._ops, self._subscriptions_etcd.hub,
+                                           self._store_ended)
 
     def __repr__(self) -> str:
         return f"EtcdBackend({self.config.describe()!r})"
@@ -204,6 +208,46 @@ class EtcdBackend(Backend):
         self._ops.read(rq.txn(success=[rq.count(self._layout.epoch)]),
                        "checking the store's history", budget_s=self.config.timeout_s)
 
+    # -- the store ending a lease -------------------------------------------------------
+
+    def _store_ended(self, handle: EtcdSession, how: str, member: str, revision: int) -> None:
+        """etcd deleted the session's key (:mod:`._revocation`): its lease is gone. Ends
+        the session (its listener hears ``EXPIRED``) unless it was closed meanwhile, and
+        reports an end before the granted TTL."""
+        with self._lock:
+            if self._sessions.get(handle.lease_id) is not handle:
+                return
+        now = time.monotonic()
+        promise = handle.ended_early(now)
+        at = f" at revision {revision}" if revision else ""
+        handle.end_by_store(f"etcd ended its lease: {how}{at}")  # first: then the report
+        self._report_early(handle, promise, now, how, member, revision)
+
+    def _report_early(self, handle: EtcdSession, promise: tuple[float, float, str] | None,
+                      now: float, how: str, member: str, revision: int) -> None:
+        """Log at ERROR and count (``Observer.early_revocation``) a lease seen gone at
+        ``now`` before the deadline the store granted (``promise``, from
+        :meth:`EtcdSession.ended_early`: the send time of the last answered grant or
+        keepalive plus the TTL it granted, both on this process's monotonic clock; a
+        lease seen gone after its deadline is an ordinary expiry)."""
+        if promise is None:
+            return
+        sent, ttl_s, by = promise
+        early_s = sent + ttl_s - now
+        log.error(
+            "etcd: session %s: the store ended its lease %.3f s before the granted TTL: %s "
+            "(seen from member %s%s); the last renewal was sent %.3f s before and granted "
+            "%g s by member %s. Either another client revoked the lease, or the store broke "
+            "its TTL: a stale leader revoking every lease after a pause is a known bug of "
+            "etcd before 3.4.31 / 3.5.13 (etcd#15247, etcd#12528)",
+            handle.session_id, early_s, how, member or "?",
+            f", revision {revision}" if revision else "", now - sent, ttl_s, by,
+            extra={"session_id": handle.session_id, "owner": handle.owner,
+                   "early_by_s": early_s, "member": member},
+        )
+        notify(self.observer,
+               lambda o: o.early_revocation(self.scheme, handle.session_id, early_s))
+
     def _check_keepalive_answer(self, header: Any, mark: Mark) -> None:
         """A keepalive answer's header: another cluster id is final; a revision below
         the one seen when it was sent may be a lagging member, or the history going
@@ -254,7 +298,11 @@ class EtcdBackend(Backend):
         an answer is a risk only until the session's local deadline.
 
         A LeaseGrant whose answer is lost is retried on another member; the orphan lease
-        holds no keys and expires after its TTL.
+        holds no keys and expires after its TTL. Then the session's key
+        (``PREFIX/sessions/LEASE``, on the lease; one more round trip) is put and
+        watched (:mod:`._revocation`): when etcd ends the lease, the session hears
+        ``EXPIRED`` from that key's deletion, within a watch delivery; an end before
+        the granted TTL is logged at ERROR and counted (``Observer.early_revocation``).
 
         Raises:
             BackendUnavailable / AuthenticationFailed: no session was created.
@@ -263,6 +311,7 @@ class EtcdBackend(Backend):
                 epoch has not been raised since (``bump_epoch``); no session was created.
         """
         self._refusal.check()
+        sent = time.monotonic()
         answer = self._transport.call(
             "lease", "LeaseGrant", etcdrpc.LeaseGrantRequest(TTL=max(1, math.ceil(ttl_s))),
             what="opening a session (LeaseGrant)",
@@ -270,9 +319,34 @@ class EtcdBackend(Backend):
         if answer.error:
             raise BackendUnavailable(f"etcd refused LeaseGrant: {answer.error}")
         handle = EtcdSession(int(answer.ID), owner, float(answer.TTL), on_event)
+        handle.promised(sent, float(answer.TTL), _member(answer.header))
         with self._lock:
             self._sessions[handle.lease_id] = handle
+        self._session_watch.expect(handle)
+        try:
+            put = self._transport.call(
+                "kv", "Put", etcdrpc.PutRequest(key=self._layout.session(handle.lease_id),
+                                                value=owner.encode(), lease=handle.lease_id),
+                what=f"opening session {handle.session_id} (its session key)",
+            )
+        except BaseException as exc:
+            self._abandon(handle)
+            if isinstance(exc, SessionExpired) and not isinstance(exc, StoreRegressed):
+                raise BackendUnavailable(
+                    f"opening a session: lease {handle.session_id} was gone before its "
+                    f"session key was put: {exc}") from exc
+            raise
+        self._session_watch.armed(handle, int(put.header.revision))
         return handle
+
+    def _abandon(self, handle: EtcdSession) -> None:
+        """A session whose opening failed: forgotten, its lease revoked (best effort:
+        else its TTL ends it; it holds no job)."""
+        with self._lock:
+            self._sessions.pop(handle.lease_id, None)
+        self._session_watch.forget(handle)
+        with contextlib.suppress(LeaseError):
+            self._revoke(handle.lease_id, budget_s=self.config.timeout_s)
 
     def keepalive(self, session: SessionHandle) -> float:
         """One LeaseKeepAlive on the driver's shared streams; returns the TTL etcd
@@ -302,6 +376,7 @@ class EtcdBackend(Backend):
         what = f"keepalive of session {handle.session_id}"
         tried: list[Failure] = []
         mark = self._transport.guard.mark()
+        sent = time.monotonic()
         try:
             ttl, header = self._keepalives.keepalive(handle.lease_id, budget, attempt, tried,
                                                      stall)
@@ -310,7 +385,11 @@ class EtcdBackend(Backend):
         self._check_keepalive_answer(header, mark)
         handle.check_history()
         if ttl <= 0:
+            now = time.monotonic()
+            self._report_early(handle, handle.ended_early(now), now,
+                               "a keepalive answered TTL 0", _member(header), 0)
             raise SessionExpired(f"{what}: etcd says the lease expired or was revoked")
+        handle.promised(sent, float(ttl), _member(header))
         return float(ttl)
 
     def close_session(self, session: SessionHandle) -> None:
@@ -324,13 +403,21 @@ class EtcdBackend(Backend):
         handle = self._typed(session)
         with self._lock:
             self._sessions.pop(handle.lease_id, None)
+        self._session_watch.forget(handle)
         self._revoke(handle.lease_id, budget_s=self.config.timeout_s)
 
     def expire_session(self, session_id: str) -> None:
         """Test hook: make etcd end a session now, as its TTL running out would (revoke
-        the lease ``session_id``, hex). Its owner finds out at its next keepalive (TTL 0)
-        or store operation."""
-        self._revoke(int(session_id, 16), budget_s=self.config.connect_timeout_s)
+        the lease ``session_id``, hex). Its owner finds out from the deletion of its
+        session key (within a watch delivery), else at its next keepalive (TTL 0) or
+        store operation. A session of this driver ended so is not reported as an early
+        revocation (one of another driver is: to it, the store ended the lease early)."""
+        lease_id = int(session_id, 16)
+        with self._lock:
+            handle = self._sessions.get(lease_id)
+        if handle is not None:
+            handle.end_expected()
+        self._revoke(lease_id, budget_s=self.config.connect_timeout_s)
 
     def _revoke(self, lease_id: int, budget_s: float) -> None:
         with contextlib.suppress(SessionExpired):  # already gone: fine
@@ -799,7 +886,13 @@ class EtcdBackend(Backend):
             except LeaseError as exc:
                 log.warning("etcd: could not revoke lease %s on close: %s", handle.session_id, exc)
                 break
+        self._session_watch.close()
         self._keepalives.close()
         self._subscriptions_etcd.stop()
         self._transport.close()
         self.close_subscriptions()
+
+
+def _member(header: Any) -> str:
+    """The member that sent an answer, from its header (``"id HEX"``)."""
+    return f"id {int(header.member_id):x}"
