@@ -566,7 +566,7 @@ class _Run:
 def _add_notes(result: VerifyResult, config: VerifyConfig) -> None:
     done = result.last_completion_s
     all_done = result.report.violations["not_completed"] == 0
-    if done is not None and all_done and done < config.duration_s * 0.8:
+    if done is not None and all_done and done < config.duration_s * 0.8 and not config.until_done:
         result.notes.append(
             f"the last job was completed {done:.1f} s into the {config.duration_s} s fault "
             "period: later faults hit idle workers; raise --jobs"

@@ -109,6 +109,7 @@ def test_until_done_ends_the_fault_period_when_the_work_is_done(tmp_path: Path) 
     assert result.claims_under_faults == result.report.counts["claims"], explain(result)
     assert result.elapsed_s < 100, (result.elapsed_s, said)  # the work takes seconds
     assert any("every worker finished" in line for line in said), said
+    assert not any("later faults hit idle workers" in note for note in result.notes)
 
 
 def _postgres_url_or_skip() -> str:
