@@ -123,7 +123,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--run-dir", metavar="DIR", help="where the run's files go (default: "
                         "a new temporary directory)")
     parser.add_argument("--until-done", action="store_true", help="end the fault period "
-                        "as soon as every job is completed (every worker finished): with a "
+                        "as soon as every job is completed: with a "
                         "long --duration-s, every claim is made under faults")
     parser.add_argument("--summary", metavar="PATH", help="also write the verdict, the "
                         "options, the violations, counts and faults as JSON to PATH (a few "

@@ -101,10 +101,10 @@ class VerifyConfig:
             ``duration_s``, at most TTL/3.
         renew_probability: chance of an explicit ``renew()`` after each step.
         run_dir: where the run's files go (default: a new temporary directory).
-        until_done: end the fault period early, as soon as every worker has finished on
-            its own (every job completed): with a ``duration_s`` longer than the work
-            takes, every claim is made under faults and no time is spent faulting idle
-            workers.
+        until_done: end the fault period early, as soon as the workers' histories show
+            every job completed (or every worker finished on its own): with a
+            ``duration_s`` longer than the work takes, every claim is made under faults
+            and no time is spent faulting idle workers.
     """
 
     backend: str | None = None
@@ -283,27 +283,33 @@ def _final_record(store: LeaseStore, job: str, attempts: int = 10) -> LeaseRecor
 
 class _CrashWatch(threading.Thread):
     """Ends the fault period early (sets ``abort``) when a worker crashes: the run is
-    inconclusive then, and waiting on would only waste time. With ``until_done``, also
-    once every worker has finished on its own (``finished`` is set too)."""
+    inconclusive then, and waiting on would only waste time. With ``until_done`` (the
+    number of jobs), also once the histories show every job completed, or every worker
+    has finished on its own (``finished`` is set too)."""
 
     def __init__(self, pool: WorkerPool, abort: threading.Event, *,
-                 until_done: bool = False) -> None:
+                 until_done: int | None = None) -> None:
         super().__init__(name="verify-crash-watch", daemon=True)
         self.pool = pool
         self.abort = abort
         self.until_done = until_done
         self.finished = threading.Event()
         self._done = threading.Event()
+        self._tally = HistoryTally()
 
     def run(self) -> None:
         while not self._done.wait(_POLL_S):
             if self.pool.crashed():
                 self.abort.set()
                 return
-            if self.until_done and self.pool.finished():
+            if self.until_done is not None and self._work_done(self.until_done):
                 self.finished.set()
                 self.abort.set()
                 return
+
+    def _work_done(self, jobs: int) -> bool:
+        self._tally.update(self.pool.part_files())
+        return self._tally.jobs_completed >= jobs or self.pool.finished()
 
     def stop(self) -> None:
         self._done.set()
@@ -471,14 +477,15 @@ class _Run:
         self.nemesis = Nemesis(ctx, self.nemesis_rec)
         faults_from, faults_from_wall = time.monotonic(), time.time()
         self.phase = ("faults", faults_from, self.config.duration_s)
-        watchdog = _CrashWatch(pool, ctx.stop, until_done=self.config.until_done)
+        watchdog = _CrashWatch(pool, ctx.stop, until_done=len(self.jobs)
+                               if self.config.until_done else None)
         watchdog.start()
         try:
             injected = self.nemesis.run(self.schedule, self.config.duration_s)
         finally:
             watchdog.stop()
         self.faults_until_wall = time.time()
-        early = (f" after {time.monotonic() - faults_from:.1f} s: every worker finished"
+        early = (f" after {time.monotonic() - faults_from:.1f} s: every job completed"
                  if watchdog.finished.is_set() else "")
         self.say(f"fault period over{early}: {injected} faults injected and healed; quiet "
                  f"period (at most {self.config.quiet_s} s)")
