@@ -41,9 +41,15 @@ def row(name: str, run: dict[str, Any]) -> str:
             f"{'?' if under is None else f'{under:,}'} | "
             f"{counts['completions']:,} | {bad} | "
             f"{counts['stale_writes_rejected']} + {counts['stale_completions_rejected']} | "
-            f"{faults} ({len(run['faults_injected'])} kinds) over "
-            f"{run['options']['duration_s']:.0f} s | {_seconds(run.get('last_completion_s'))} | "
+            f"{faults} ({len(run['faults_injected'])} kinds) {period(run['options'])} | "
+            f"{_seconds(run.get('last_completion_s'))} | "
             f"{run['elapsed_s']:.0f} s |")
+
+
+def period(options: dict[str, Any]) -> str:
+    """How long the fault period lasted (as asked for)."""
+    limit = f"{options['duration_s']:.0f} s"
+    return f"until done (at most {limit})" if options.get("until_done") else f"over {limit}"
 
 
 def _seconds(value: float | None) -> str:
