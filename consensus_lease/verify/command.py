@@ -122,6 +122,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "over the fault period, at most TTL/3)")
     parser.add_argument("--run-dir", metavar="DIR", help="where the run's files go (default: "
                         "a new temporary directory)")
+    parser.add_argument("--until-done", action="store_true", help="end the fault period "
+                        "as soon as every job is completed: with a "
+                        "long --duration-s, every claim is made under faults")
     parser.add_argument("--summary", metavar="PATH", help="also write the verdict, the "
                         "options, the violations, counts and faults as JSON to PATH (a few "
                         "KB, to keep with the results)")
@@ -140,7 +143,7 @@ def config_from_args(args: argparse.Namespace) -> VerifyConfig:
         steps=args.steps, ttl_s=args.ttl_s, duration_s=args.duration_s, quiet_s=args.quiet_s,
         seed=args.seed, faults=tuple(faults), history=args.history,
         destination=args.destination, unfenced=args.unfenced, think_s=args.think_s,
-        run_dir=args.run_dir,
+        run_dir=args.run_dir, until_done=args.until_done,
     )
 
 

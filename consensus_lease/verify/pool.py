@@ -279,6 +279,13 @@ class WorkerPool:
     def all_exited(self) -> bool:
         return all(h.proc.poll() is not None for h in self._current.values())
 
+    def finished(self) -> bool:
+        """True once every slot's current worker exited 0 on its own (a worker does when
+        it has seen every job completed, or at its ``stop_at``); False while one runs, or
+        if one was killed or stopped by the verifier (its replacement may be due)."""
+        return bool(self._current) and all(
+            h.proc.poll() == 0 and not h.expected_exit for h in self._current.values())
+
     def stop_all(self, timeout_s: float = 15.0) -> None:
         """SIGTERM (and SIGCONT) every worker; SIGKILL those still alive after
         ``timeout_s``. Their exits count as expected."""

@@ -115,6 +115,12 @@ class HistoryTally:
         """Completions so far."""
         return self.completions
 
+    @property
+    def jobs_completed(self) -> int:
+        """Distinct jobs with a successful completion so far (a completion the store
+        accepted: the job is completed for good)."""
+        return sum(1 for job in self._jobs.values() if job.completed)
+
     def update(self, paths: Iterable[Path]) -> int:
         """Read what ``paths`` gained; returns the completions counted so far."""
         for path in paths:

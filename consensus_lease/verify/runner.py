@@ -101,6 +101,10 @@ class VerifyConfig:
             ``duration_s``, at most TTL/3.
         renew_probability: chance of an explicit ``renew()`` after each step.
         run_dir: where the run's files go (default: a new temporary directory).
+        until_done: end the fault period early, as soon as the workers' histories show
+            every job completed (or every worker finished on its own): with a
+            ``duration_s`` longer than the work takes, every claim is made under faults
+            and no time is spent faulting idle workers.
     """
 
     backend: str | None = None
@@ -119,6 +123,7 @@ class VerifyConfig:
     think_s: float | None = None
     renew_probability: float = 0.3
     run_dir: str | None = None
+    until_done: bool = False
 
     def validate(self, *, cluster_given: bool = False) -> None:
         """Raises InvalidArgument naming the first bad parameter."""
@@ -278,19 +283,33 @@ def _final_record(store: LeaseStore, job: str, attempts: int = 10) -> LeaseRecor
 
 class _CrashWatch(threading.Thread):
     """Ends the fault period early (sets ``abort``) when a worker crashes: the run is
-    inconclusive then, and waiting on would only waste time."""
+    inconclusive then, and waiting on would only waste time. With ``until_done`` (the
+    number of jobs), also once the histories show every job completed, or every worker
+    has finished on its own (``finished`` is set too)."""
 
-    def __init__(self, pool: WorkerPool, abort: threading.Event) -> None:
+    def __init__(self, pool: WorkerPool, abort: threading.Event, *,
+                 until_done: int | None = None) -> None:
         super().__init__(name="verify-crash-watch", daemon=True)
         self.pool = pool
         self.abort = abort
+        self.until_done = until_done
+        self.finished = threading.Event()
         self._done = threading.Event()
+        self._tally = HistoryTally()
 
     def run(self) -> None:
         while not self._done.wait(_POLL_S):
             if self.pool.crashed():
                 self.abort.set()
                 return
+            if self.until_done is not None and self._work_done(self.until_done):
+                self.finished.set()
+                self.abort.set()
+                return
+
+    def _work_done(self, jobs: int) -> bool:
+        self._tally.update(self.pool.part_files())
+        return self._tally.jobs_completed >= jobs or self.pool.finished()
 
     def stop(self) -> None:
         self._done.set()
@@ -458,15 +477,18 @@ class _Run:
         self.nemesis = Nemesis(ctx, self.nemesis_rec)
         faults_from, faults_from_wall = time.monotonic(), time.time()
         self.phase = ("faults", faults_from, self.config.duration_s)
-        watchdog = _CrashWatch(pool, ctx.stop)
+        watchdog = _CrashWatch(pool, ctx.stop, until_done=len(self.jobs)
+                               if self.config.until_done else None)
         watchdog.start()
         try:
             injected = self.nemesis.run(self.schedule, self.config.duration_s)
         finally:
             watchdog.stop()
         self.faults_until_wall = time.time()
-        self.say(f"fault period over: {injected} faults injected and healed; quiet period "
-                 f"(at most {self.config.quiet_s} s)")
+        early = (f" after {time.monotonic() - faults_from:.1f} s: every job completed"
+                 if watchdog.finished.is_set() else "")
+        self.say(f"fault period over{early}: {injected} faults injected and healed; quiet "
+                 f"period (at most {self.config.quiet_s} s)")
         return faults_from, faults_from_wall
 
     def _quiet_period(self, pool: WorkerPool, store: LeaseStore,
@@ -551,7 +573,7 @@ class _Run:
 def _add_notes(result: VerifyResult, config: VerifyConfig) -> None:
     done = result.last_completion_s
     all_done = result.report.violations["not_completed"] == 0
-    if done is not None and all_done and done < config.duration_s * 0.8:
+    if done is not None and all_done and done < config.duration_s * 0.8 and not config.until_done:
         result.notes.append(
             f"the last job was completed {done:.1f} s into the {config.duration_s} s fault "
             "period: later faults hit idle workers; raise --jobs"

@@ -31,6 +31,7 @@ Every operation goes to the worker's own history part file (see
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -53,7 +54,7 @@ from ..errors import (
 from ..lease import Lease
 from ..session import Session
 from ..states import LeaseState, SessionState
-from ..store import open_store
+from ..store import LeaseStore, open_store
 from .destination import open_destination
 from .history import HistoryWriter, outcome_of
 
@@ -87,6 +88,8 @@ class WorkerConfig:
         pause_flag_path: the file whose existence arms a pause at the next check.
         idle_s: wait after a pass that claimed nothing, seconds.
         max_passes: bound on passes over the job list.
+        open_timeout_s: how long opening the store is retried while it is unavailable,
+            seconds.
     """
 
     name: str
@@ -105,6 +108,7 @@ class WorkerConfig:
     pause_flag_path: str = ""
     idle_s: float = 0.1
     max_passes: int = 100_000
+    open_timeout_s: float = 60.0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -123,13 +127,36 @@ class Worker:
         self.rec = HistoryWriter(config.history_path, config.name)
         self.stop = threading.Event()
         clock = SkewedClock(config.clock_offset_s) if config.clock_offset_s else None
-        self.store = open_store(config.store_url, clock=clock)
+        self.store = self._open_store(clock)
         self.destination = open_destination(
             config.destination, enforce_tokens=config.enforce_tokens, create_tables=False
         )
         self.session: Session | None = None
         self.sessions_opened = 0
         self.completed: set[str] = set()
+
+    def _open_store(self, clock: SkewedClock | None) -> LeaseStore:
+        """``open_store``, retried (one ``open_store`` operation per attempt) while the
+        store is unavailable — a replacement worker may start while a member is down or
+        the machine is overloaded — for at most ``open_timeout_s``.
+
+        Raises:
+            BackendUnavailable: still unavailable then (the worker exits: a crash).
+        """
+        give_up = time.monotonic() + self.config.open_timeout_s
+        for attempt in itertools.count(1):
+            index = self.rec.invoke("open_store", attempt=attempt)
+            try:
+                store = open_store(self.config.store_url, clock=clock)
+            except BackendUnavailable as error:
+                self.rec.ret(index, outcome_of(error), error=str(error))
+                if time.monotonic() >= give_up:
+                    raise
+                time.sleep(min(1.0, max(0.0, give_up - time.monotonic())))
+                continue
+            self.rec.ret(index, "ok")
+            return store
+        raise AssertionError("unreachable")  # pragma: no cover
 
     # -- signals ---------------------------------------------------------------------
 

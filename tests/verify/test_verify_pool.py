@@ -118,3 +118,36 @@ def test_a_signalled_run_thaws_and_ends_every_worker(tmp_path: Path, signum: int
         for pid in workers:  # what the run before this fix left: ours to end
             if _live(pid) and _is_worker(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_worker_retries_opening_an_unavailable_store(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replacement worker can start while a member is down (or the machine is
+    overloaded): opening the store is retried (bounded) instead of crashing the worker
+    — which made a whole etcd run INCONCLUSIVE."""
+    from consensus_lease.errors import BackendUnavailable
+    from consensus_lease.verify import worker as worker_module
+
+    real_open, calls = worker_module.open_store, []
+
+    def flaky_open(url: str, **options: object) -> object:
+        calls.append(url)
+        if len(calls) <= 2:
+            raise BackendUnavailable("no answer after 4 attempt(s)")
+        return real_open(url, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(worker_module, "open_store", flaky_open)
+    open_destination(str(tmp_path / "destination.db")).close()
+    config = WorkerConfig(name="w0", store_url=f"sqlite:///{tmp_path / 'store.db'}",
+                          destination=str(tmp_path / "destination.db"), jobs=["j"],
+                          history_path=str(tmp_path / "w0.jsonl"), stop_at=time.time())
+    worker = worker_module.Worker(config)
+    assert worker.run() == 0 and len(calls) == 3
+    opens = [o.outcome for o in read_parts([tmp_path / "w0.jsonl"]) if o.op == "open_store"]
+    assert opens == ["unavailable", "unavailable", "ok"]
+
+    calls.clear()
+    config.open_timeout_s, config.history_path = 0.0, str(tmp_path / "w1.jsonl")
+    with pytest.raises(BackendUnavailable):
+        worker_module.Worker(config)
+    assert len(calls) == 1

@@ -96,6 +96,22 @@ def test_unfenced_control_run_reports_violations(tmp_path: Path) -> None:
     assert any("accepted with token" in e for e in report.examples)
 
 
+@pytest.mark.slow
+def test_until_done_ends_the_fault_period_when_the_work_is_done(tmp_path: Path) -> None:
+    """A 120 s fault period for a few seconds of work: with ``until_done`` it ends once
+    every job is completed, every claim made under faults."""
+    config = VerifyConfig(cluster="sqlite", workers=2, jobs=20, steps=2, ttl_s=0.5,
+                          duration_s=120.0, quiet_s=20.0, think_s=0.02, faults=("pause",),
+                          until_done=True, run_dir=str(tmp_path / "run"))
+    said: list[str] = []
+    result = run_verify(config, said.append)
+    assert result.report.counts["completions"] == 20, explain(result)
+    assert result.claims_under_faults == result.report.counts["claims"], explain(result)
+    assert result.elapsed_s < 100, (result.elapsed_s, said)  # the work takes seconds
+    assert any("every job completed" in line for line in said), said
+    assert not any("later faults hit idle workers" in note for note in result.notes)
+
+
 def _postgres_url_or_skip() -> str:
     url = os.environ.get(POSTGRES_ENV, "").strip()
     if not url:
