@@ -47,7 +47,9 @@ EXIT_STATUSES = (
     "fence was tested (a stale write rejected by the fence, or a stale completion refused "
     "by the store, after a pause-at-check); 1 FAIL: violations; 2 INCONCLUSIVE: no "
     "violation, but a worker crashed, a fault kind never happened, or the fence was never "
-    "tested (e.g. --faults pause,skew) -- or the run could not be set up."
+    "tested (e.g. --faults pause,skew) -- or the run could not be set up; 128+N: "
+    "stopped by signal N (130 SIGINT, 143 SIGTERM), every fault healed and every worker "
+    "ended, no verdict."
 )
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -26,8 +27,9 @@ from rich.console import Console
 
 from consensus_lease import InvalidArgument
 from consensus_lease.verify.checker import VIOLATIONS, Report, check
-from consensus_lease.verify.command import render, summary
+from consensus_lease.verify.command import EXIT_STATUSES, render, summary
 from consensus_lease.verify.history import Op, read_history, read_parts, write_history
+from consensus_lease.verify.interrupts import Interrupted
 from consensus_lease.verify.nemesis import WORKER_FAULTS
 from consensus_lease.verify.progress import RunStatus
 from consensus_lease.verify.runner import VerifyConfig, VerifyResult, _Ends, _Run, run_verify
@@ -280,6 +282,13 @@ def test_cli_rejects_bad_options() -> None:
     assert done.returncode == 2 and "--cluster etcd" in done.stdout
     done = _cli("--backend", "x://y", "--cluster", "etcd")
     assert done.returncode == 2 and "not allowed with" in done.stderr
+
+
+def test_help_lists_the_signal_exit_status() -> None:
+    """A SIGTERM'd run exits 143 (``Interrupted.exit_status``): --help says so."""
+    text = " ".join(EXIT_STATUSES.split())
+    assert "128+N: stopped by signal N (130 SIGINT, 143 SIGTERM)" in text, text
+    assert Interrupted(signal.SIGTERM).exit_status == 143
 
 
 def test_the_subcommand_plugs_into_the_cli(monkeypatch: pytest.MonkeyPatch) -> None:
