@@ -1,6 +1,7 @@
-"""``consensus-lease bump-epoch``: raise the store's epoch after a restore, so that every
-fencing token handed out from now on exceeds every token handed out before (see
-:mod:`consensus_lease.admin` for the exit status, and README: "Restoring a store").
+"""``consensus-lease bump-epoch``: raise the store's epoch after a restore, a PostgreSQL
+failover or switchover, or any ``StoreRegressed``, so that every fencing token handed out
+from now on exceeds every token handed out before (exit status: :data:`EXIT_CODES_HELP`;
+docs/operations.md: "Restoring a store").
 
 Prints three lines to stdout::
 
@@ -20,11 +21,17 @@ from typing import Any
 from rich.console import Console
 
 from ..store import open_store
-from . import EXIT_CODES_HELP, EXIT_OK, guarded
+from . import EXIT_OK, guarded
 
-__all__ = ["NAME", "add_parser", "run"]
+__all__ = ["EXIT_CODES_HELP", "NAME", "add_parser", "run"]
 
 NAME = "bump-epoch"
+
+EXIT_CODES_HELP = """\
+exit status: 0 epoch bumped (the three lines printed); 2 usage error or bad input,
+nothing changed; 69 store unreachable or outcome unknown (run `inspect` to see the
+epoch; bumping again is safe, tokens only go up)"""
+"""``bump-epoch``'s exit statuses (it refuses no job, so never 1: :func:`guarded`)."""
 
 
 def _token(text: str) -> int:
@@ -42,12 +49,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``bump-epoch`` subcommand to ``subparsers``."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
         NAME,
-        help="raise the store's epoch after restoring it (tokens keep increasing)",
+        help="raise the store's epoch after a restore, a PostgreSQL failover or "
+        "StoreRegressed (tokens keep increasing)",
         description="Raise the store's epoch in one atomic store operation, so that "
         "every fencing token handed out from now on is higher than every token handed "
-        "out before and than --above. Run it after restoring the store from a backup or "
-        "wiping it, with every worker stopped, and give --above the highest token any "
-        "of your destinations has accepted (e.g. SqliteFence.highest_token).",
+        "out before and than --above. Run it, with every worker stopped, after restoring "
+        "the store from a backup or wiping it, after a PostgreSQL failover or switchover "
+        "(a promoted standby), and after any StoreRegressed: the store keeps a regression "
+        "marker and refuses every session and claim until the bump. Give --above the "
+        "highest token any of your destinations has accepted (e.g. "
+        "SqliteFence.highest_token).",
         epilog=EXIT_CODES_HELP,
     )
     parser.add_argument("--backend", metavar="URL", required=True, help="store URL")

@@ -27,7 +27,6 @@ from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from rich.console import Console
 from rich.table import Table
@@ -36,7 +35,7 @@ from .checker import COUNTS, VIOLATIONS
 from .interrupts import Interrupted
 from .nemesis import CLUSTER_FAULTS, FAULTS, WORKER_FAULTS, parse_faults
 from .progress import ProgressBar, StatusLines
-from .runner import VerifyConfig, VerifyResult, run_verify
+from .runner import VerifyConfig, VerifyResult, no_password, run_verify
 
 __all__ = ["EXIT_STATUSES", "NAME", "VERDICTS", "add_parser", "config_from_args", "render",
            "run", "summary"]
@@ -48,7 +47,9 @@ EXIT_STATUSES = (
     "fence was tested (a stale write rejected by the fence, or a stale completion refused "
     "by the store, after a pause-at-check); 1 FAIL: violations; 2 INCONCLUSIVE: no "
     "violation, but a worker crashed, a fault kind never happened, or the fence was never "
-    "tested (e.g. --faults pause,skew) -- or the run could not be set up."
+    "tested (e.g. --faults pause,skew) -- or the run could not be set up; 128+N: "
+    "stopped by signal N (130 SIGINT, 143 SIGTERM), every fault healed and every worker "
+    "ended, no verdict."
 )
 
 
@@ -207,8 +208,8 @@ def _render_bad_jobs(result: VerifyResult, console: Console) -> None:
 
 def _render_where(result: VerifyResult, console: Console, *, unfenced: bool) -> None:
     report = result.report
-    console.print(f"[bold]store[/]       {result.store_url}", highlight=False)
-    console.print(f"[bold]destination[/] {result.destination}"
+    console.print(f"[bold]store[/]       {no_password(result.store_url)}", highlight=False)
+    console.print(f"[bold]destination[/] {no_password(result.destination)}"
                   f"{' (UNFENCED)' if unfenced else ''}", highlight=False)
     console.print(f"[bold]history[/]     {result.history_path}", highlight=False)
     console.print(f"[bold]run dir[/]     {result.run_dir}", highlight=False)
@@ -272,17 +273,6 @@ def run(args: argparse.Namespace, console: Console) -> int:
 VERDICTS = {0: "PASS", 1: "FAIL", 2: "INCONCLUSIVE"}
 
 
-def _no_password(url: str | None) -> str | None:
-    """``url`` with the password of its user part (if any) replaced by ``***``."""
-    if url is None or "://" not in url:
-        return url
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = f"{parts.username or ''}:***@"
-    return urlunsplit(parts._replace(netloc=user + parts.netloc.rpartition("@")[2]))
-
-
 def _round(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds, 1)
 
@@ -298,10 +288,10 @@ def summary(result: VerifyResult, config: VerifyConfig) -> dict[str, Any]:
                if k not in ("history", "run_dir")}
     return {
         "verdict": VERDICTS.get(result.exit_status, "?"), "exit_status": result.exit_status,
-        "options": {**options, "backend": _no_password(config.backend),
-                    "destination": _no_password(config.destination)},
-        "store": _no_password(result.store_url),
-        "destination": _no_password(result.destination),
+        "options": {**options, "backend": no_password(config.backend),
+                    "destination": no_password(config.destination)},
+        "store": no_password(result.store_url),
+        "destination": no_password(result.destination),
         "violations": {name: report.violations[name] for name in VIOLATIONS},
         "counts": {name: report.counts[name] for name in COUNTS},
         "faults_injected": dict(report.faults), "faults_scheduled": dict(report.faults_scheduled),

@@ -7,7 +7,8 @@ forked) in their own session, so a Ctrl-C on the verifier does not reach them; t
 output goes to ``<logs_dir>/<name>.log``. Each process's :class:`WorkerConfig` (with the
 run's whole job list) is written to ``<logs_dir>/<name>.config.json`` and only that path
 goes on its command line, so the number of jobs is not bounded by the kernel's argument
-size limit (``E2BIG``, 128 KiB per argument).
+size limit (``E2BIG``, 128 KiB per argument). That file holds the store URL with its
+password, so it is created mode 0600 (never readable by others, not even for a moment).
 """
 
 from __future__ import annotations
@@ -64,6 +65,15 @@ class WorkerHandle:
     gid: int | None
     log_path: Path
     expected_exit: bool = False
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` to a new file ``path`` created mode 0600 (a file left there by an
+    earlier run in the same run directory is replaced, not reused with its mode)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as file:
+        file.write(text)
 
 
 def _signal(handle: WorkerHandle, signum: signal.Signals) -> bool:
@@ -135,7 +145,7 @@ class WorkerPool:
         )
         gid = self.gids[slot] if self.gids is not None else None
         config_path = self.logs_dir / f"{name}.config.json"
-        config_path.write_text(config.to_json(), encoding="utf-8")
+        _write_private(config_path, config.to_json())
         argv: list[str] = [sys.executable, "-m", "consensus_lease.verify.worker",
                            str(config_path)]
         if gid is not None:

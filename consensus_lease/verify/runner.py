@@ -41,7 +41,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, overload
+from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import BackendUnavailable, InvalidArgument, LeaseError, UnsupportedOperation
 from ..record import JobState, LeaseRecord
@@ -351,6 +352,26 @@ def run_verify(config: VerifyConfig, progress: Progress | None = None, *,
             run.close()
 
 
+@overload
+def no_password(url: str) -> str: ...
+
+
+@overload
+def no_password(url: None) -> None: ...
+
+
+def no_password(url: str | None) -> str | None:
+    """``url`` with the password of its user part (if any) replaced by ``***``: how a
+    store or destination URL appears in the report, ``--summary`` and the history."""
+    if url is None or "://" not in url:
+        return url
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = f"{parts.username or ''}:***@"
+    return urlunsplit(parts._replace(netloc=user + parts.netloc.rpartition("@")[2]))
+
+
 class _Ends(NamedTuple):
     """Where leases and effects live during a run."""
 
@@ -370,8 +391,10 @@ class _Run:
         self.run_dir = Path(config.run_dir or tempfile.mkdtemp(
             prefix=f"consensus-lease-verify-{self.run_id}-"))
         self.parts_dir, self.logs_dir = self.run_dir / "parts", self.run_dir / "logs"
-        self.parts_dir.mkdir(parents=True, exist_ok=True)
-        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        # 0700: the workers' config files in logs/ carry the store URL with its password.
+        self.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.parts_dir.mkdir(mode=0o700, exist_ok=True)
+        self.logs_dir.mkdir(mode=0o700, exist_ok=True)
         self.jobs = [f"v{self.run_id}-j{i:03d}" for i in range(config.jobs)]
         random.Random(config.seed).shuffle(self.jobs)  # the order every worker tries them in
         self.think_s = config.effective_think_s()
@@ -424,7 +447,8 @@ class _Run:
         caps = store.capabilities
         if not caps.cross_process:
             raise UnsupportedOperation(
-                f"verify runs workers as separate processes, but {store_url!r} is a store of "
+                f"verify runs workers as separate processes, but {no_password(store_url)!r} is a "
+                "store of "
                 "one process only; use sqlite:///..., etcd://... or zk://..."
             )
         if not caps.min_ttl_s <= config.ttl_s <= caps.max_ttl_s:
@@ -437,9 +461,11 @@ class _Run:
     def _record_run(self, ends: _Ends) -> None:
         config = self.config
         self.recorder.event(
-            "run", run_id=self.run_id, jobs=self.jobs, store=ends.store_url,
-            destination=ends.destination_spec, think_s=self.think_s,
-            config={k: v for k, v in asdict(config).items() if k != "faults"},
+            "run", run_id=self.run_id, jobs=self.jobs, store=no_password(ends.store_url),
+            destination=no_password(ends.destination_spec), think_s=self.think_s,
+            config={**{k: v for k, v in asdict(config).items() if k != "faults"},
+                    "backend": no_password(config.backend),
+                    "destination": no_password(config.destination)},
             faults=list(config.faults), schedule=[asdict(p) for p in self.schedule])
 
     def _start_workers(self, ends: _Ends) -> WorkerPool:

@@ -77,3 +77,18 @@ def test_errors_are_one_line_with_their_exit_status(
     assert "BackendUnavailable" in err[1]
     assert "UnsupportedOperation" in err[2]
     assert epoch_of(url) == 0
+
+
+def test_help_names_every_occasion_and_only_its_exit_statuses(
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--help``: a restore is not the only reason to bump (a PostgreSQL failover, any
+    StoreRegressed), and the exit statuses are bump-epoch's own: it refuses no job, so no 1."""
+    with pytest.raises(SystemExit):
+        main(["bump-epoch", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for occasion in ("restoring the store", "PostgreSQL failover or switchover",
+                     "StoreRegressed"):
+        assert occasion in text, text
+    assert "exit status: 0 epoch bumped" in text and "69 store unreachable" in text, text
+    assert "jobs refused" not in text and "; 1 " not in text, text

@@ -12,21 +12,27 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
+from rich.console import Console
 
 from consensus_lease import InvalidArgument
 from consensus_lease.verify.checker import VIOLATIONS, Report, check
-from consensus_lease.verify.command import summary
-from consensus_lease.verify.history import Op, read_history
+from consensus_lease.verify.command import EXIT_STATUSES, render, summary
+from consensus_lease.verify.history import Op, read_history, read_parts, write_history
+from consensus_lease.verify.interrupts import Interrupted
 from consensus_lease.verify.nemesis import WORKER_FAULTS
 from consensus_lease.verify.progress import RunStatus
-from consensus_lease.verify.runner import VerifyConfig, VerifyResult, run_verify
+from consensus_lease.verify.runner import VerifyConfig, VerifyResult, _Ends, _Run, run_verify
 
 POSTGRES_ENV = "CONSENSUS_LEASE_POSTGRES_URL"
 
@@ -164,6 +170,14 @@ def test_cli_without_faults_is_inconclusive_and_prints_the_history(tmp_path: Pat
     assert 0 <= written["claims_under_faults"] <= written["counts"]["claims"]
     assert set(written["violations"]) == set(VIOLATIONS) and not any(
         written["violations"].values())
+    # The run directory the verifier created is private, and so is each worker's config
+    # file (it carries the store URL with its password): created 0600, not chmod-ed after.
+    run_dir = tmp_path / "run"
+    assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
+    configs = sorted((run_dir / "logs").glob("*.config.json"))
+    assert configs, sorted(p.name for p in (run_dir / "logs").iterdir())
+    for path in configs:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
 
 
 def test_the_summary_shows_no_password() -> None:
@@ -176,6 +190,33 @@ def test_the_summary_shows_no_password() -> None:
     text = json.dumps(summary(result, config))
     assert "s3cret" not in text
     assert "postgresql://u:***@127.0.0.1:5432/db?schema=v" in text
+
+
+def test_the_report_and_the_history_show_no_password(tmp_path: Path) -> None:
+    """The report on standard output (CI logs) and the run's history files mask the
+    password exactly as ``--summary`` does; only the workers' 0600 config files (which
+    must connect) carry it."""
+    store = "postgresql://u:s3cret@127.0.0.1:5432/db?schema=v"
+    dest = "postgresql+psycopg://u:s3cret@127.0.0.1/db"
+    masked = "postgresql://u:***@127.0.0.1:5432/db?schema=v"
+    config = VerifyConfig(backend=store, destination=dest, run_dir=str(tmp_path / "run"))
+    run = _Run(config, lambda _message: None, None, None)
+    run._record_run(_Ends(cast(Any, None), cast(Any, None), store, dest))
+    run.recorder.close()
+    run.nemesis_rec.close()
+    history = write_history(read_parts([run.parts_dir / "verifier.jsonl"]),
+                            tmp_path / "run" / "history.jsonl")
+    for path in (history, run.parts_dir / "verifier.jsonl"):
+        text = path.read_text(encoding="utf-8")
+        assert "s3cret" not in text and masked in text, text
+
+    report = check([Op("verifier", 1, "run", 0.0, 0.0, "ok", detail={"jobs": []})], [])
+    result = VerifyResult(report=report, history_path=history, run_dir=run.run_dir,
+                          store_url=store, destination=dest, elapsed_s=1.0,
+                          faults_injected=0, all_completed_at_s=None)
+    out = io.StringIO()
+    render(result, Console(file=out, width=200))
+    assert "s3cret" not in out.getvalue() and masked in out.getvalue(), out.getvalue()
 
 
 @pytest.mark.slow
@@ -241,6 +282,13 @@ def test_cli_rejects_bad_options() -> None:
     assert done.returncode == 2 and "--cluster etcd" in done.stdout
     done = _cli("--backend", "x://y", "--cluster", "etcd")
     assert done.returncode == 2 and "not allowed with" in done.stderr
+
+
+def test_help_lists_the_signal_exit_status() -> None:
+    """A SIGTERM'd run exits 143 (``Interrupted.exit_status``): --help says so."""
+    text = " ".join(EXIT_STATUSES.split())
+    assert "128+N: stopped by signal N (130 SIGINT, 143 SIGTERM)" in text, text
+    assert Interrupted(signal.SIGTERM).exit_status == 143
 
 
 def test_the_subcommand_plugs_into_the_cli(monkeypatch: pytest.MonkeyPatch) -> None:
