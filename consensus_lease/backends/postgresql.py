@@ -119,7 +119,8 @@ pool_size          10               most pooled connections of this process (+1 
 create             true             create the schema and tables if missing; ``false``:
                                     a missing store is ``InvalidArgument``
 pooling            none             the pooler in between: ``none`` (direct), ``session``
-                                    or ``transaction`` (PgBouncer's ``pool_mode``; below)
+                                    or ``transaction`` (PgBouncer's ``pool_mode``; below);
+                                    behind either nothing is prepared on the server
 listen_url         none             ``postgresql://`` URL of a direct connection to the
                                     same database for ``LISTEN`` (credentials and TLS
                                     options inherited unless it sets them); without it
@@ -149,7 +150,11 @@ PgBouncer (1.18 and later; session and transaction pooling, not statement poolin
 sends no ``options`` and sets ``statement_timeout``/``lock_timeout`` with
 ``set_config(..., true)`` in the same pipeline (one Sync, one round trip) as each
 statement, and LISTENs only on ``listen_url`` (else waiting claims poll every
-``poll_interval_s``). ``pooling=session`` sets both timeouts on each new connection.
+``poll_interval_s``). ``pooling=session`` sets both timeouts on each new connection,
+LISTENs on it, and prepares nothing on the server either: a pooler that is in fact in
+transaction mode then cannot run a statement prepared by another client under the same
+name (the cost: each statement is parsed and planned on every run, as with
+``pooling=transaction``).
 Without ``pooling`` a pooler is refused at open with ``InvalidArgument`` naming
 transaction pooling and the option: PgBouncer refusing the ``options`` startup parameter
 (its default), or dropping it (``ignore_startup_parameters = options``: the timeouts read
