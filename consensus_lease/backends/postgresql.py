@@ -122,8 +122,9 @@ pooling            none             the pooler in between: ``none`` (direct), ``
                                     or ``transaction`` (PgBouncer's ``pool_mode``; below);
                                     behind either nothing is prepared on the server
 listen_url         none             ``postgresql://`` URL of a direct connection to the
-                                    same database for ``LISTEN`` (credentials and TLS
-                                    options inherited unless it sets them); without it
+                                    same database for ``LISTEN`` (the store URL's user
+                                    and password, the credential and TLS options
+                                    inherited unless it sets them); without it
                                     and with ``pooling=transaction``: polling
 ca_file            none             PEM CA file verifying the server: libpq
                                     ``sslrootcert``, and ``sslmode=verify-full`` unless
@@ -281,17 +282,21 @@ SHARED_TO_LIBPQ = {"ca_file": "sslrootcert", "cert_file": "sslcert", "key_file":
 """The library's shared option names and the libpq parameter each one sets."""
 
 
-def _listen_conninfo(url: str, extra: Mapping[str, str]) -> str:
+def _listen_conninfo(url: str, extra: Mapping[str, str], store_url: str = "") -> str:
     """The listener's connection string: ``url`` (a libpq URI or connection string) with
-    the libpq parameters given as options (credentials, TLS ...) it does not set itself;
-    never the store's ``host``/``hostaddr``/``port``, which is what it differs in.
+    the libpq parameters given as options (credentials, TLS ...) and the ``user`` and
+    ``password`` of ``store_url`` (the store's URL; options win over it) that it does not
+    set itself; never the store's ``host``/``hostaddr``/``port``, which is what it
+    differs in.
 
     Raises:
         InvalidArgument: ``url`` is malformed (the message leaves the password out).
     """
     try:
         own = conninfo_to_dict(url)
-        inherited = {k: v for k, v in extra.items()
+        store = conninfo_to_dict(store_url) if store_url else {}
+        given = {k: str(store[k]) for k in ("user", "password") if store.get(k)}
+        inherited = {k: v for k, v in {**given, **extra}.items()
                      if k not in own and k not in ("host", "hostaddr", "port")}
         return make_conninfo(url, **inherited) if inherited else url
     except psycopg.ProgrammingError:
@@ -439,7 +444,7 @@ class PostgresBackend(QueueOps):
         if listen is not None:
             if "://" in listen:
                 check_url(listen.split("?", 1)[0])  # a %00 in its password: as the store's URL
-            listen = _listen_conninfo(listen, extra)
+            listen = _listen_conninfo(listen, extra, url.split("?", 1)[0])
         return cls(
             conninfo,
             pooling=parsed.text("pooling") or "none",

@@ -19,11 +19,17 @@ from typing import Any
 
 import psycopg
 import psycopg_pool
+from psycopg.conninfo import conninfo_to_dict
 import pytest
 
 from consensus_lease import InvalidArgument, open_store
 from consensus_lease.aio import open_store as aio_open_store
-from consensus_lease.backends.postgresql import LIBPQ_OPTIONS, OPTIONS, PostgresBackend
+from consensus_lease.backends.postgresql import (
+    LIBPQ_OPTIONS,
+    OPTIONS,
+    PostgresBackend,
+    _listen_conninfo,
+)
 from consensus_lease.testing.postgresql import fresh_schema, postgres_url
 
 SECRET = "s3cr3t"
@@ -189,3 +195,19 @@ def test_listen_url_parts_are_checked_like_the_store_url(listen: str) -> None:
     a ``%00`` in its password or database would redirect the listener."""
     message = refused(NOWHERE, pooling="transaction", listen_url=listen)
     assert "NUL character" in message
+
+
+def test_listen_url_inherits_the_store_urls_credentials_unless_it_sets_them() -> None:
+    """The store URL's user and password go to a ``listen_url`` that sets none (options
+    win over the URL's); a ``listen_url``'s own credentials and host are kept."""
+    store = f"postgresql://app:{SECRET}@bouncer:6432/db"
+    got = conninfo_to_dict(_listen_conninfo("postgresql://db1:5432/db", {}, store))
+    assert (got["user"], got["password"], got["host"], got["port"]) == (
+        "app", SECRET, "db1", "5432")
+    got = conninfo_to_dict(_listen_conninfo(
+        "postgresql://db1:5432/db", {"password": "opt", "sslmode": "require",
+                                     "port": "6432"}, store))
+    assert (got["user"], got["password"], got["sslmode"], got["port"]) == (
+        "app", "opt", "require", "5432")
+    got = conninfo_to_dict(_listen_conninfo("postgresql://me:mine@db1/db", {}, store))
+    assert (got["user"], got["password"]) == ("me", "mine")

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 import pytest
 from pgbouncer_local import pgbouncer
 
@@ -284,3 +285,35 @@ def test_session_pooling_against_a_transaction_pooler_runs_no_wrong_statement(
             assert len(done) == threads_n * cycles and set(done) == {1}
         finally:
             store.close()
+
+
+def test_a_listen_url_without_credentials_takes_the_store_urls(
+    base: str, schema: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """``listen_url`` with host, port and database only takes the user and password of
+    the store's URL (was AuthenticationFailed: libpq's defaults); its listener wakes a
+    waiting claim (the poll at 30 s, the wait 20 s)."""
+    monkeypatch.setenv("PGPASSFILE", str(tmp_path / "none"))  # no ~/.pgpass either
+    for name in ("PGPASSWORD", "PGUSER"):
+        monkeypatch.delenv(name, raising=False)
+    parts = conninfo_to_dict(base)
+    listen = f"postgresql://{parts['host']}:{parts['port']}/{parts['dbname']}"
+    store = open_store(base, schema=schema, pooling="transaction", listen_url=listen,
+                       poll_interval_s=30.0)
+    try:
+        holder = store.session("holder", ttl_s=30.0)
+        lease = holder.claim("job")
+        assert lease is not None
+        waiter = store.session("waiter", ttl_s=30.0)
+        got: dict[str, Any] = {}
+        thread = threading.Thread(target=lambda: got.update(
+            lease=waiter.claim("job", wait_s=20.0)))
+        thread.start()
+        poll_until(lambda: len(backend_of(store)._subscriptions()) > 0, 10.0)
+        lease.release()
+        thread.join(25.0)
+        assert got["lease"].generation == 2
+        holder.close()
+        waiter.close()
+    finally:
+        store.close()
