@@ -21,8 +21,9 @@
   own) and prepares nothing on the server (``prepare_threshold=None``): should the pooler
   really be in transaction mode, a statement prepared on one server connection would be
   run by name on another (a different statement of the same name, or an error), while
-  an unprepared one is the same statement wherever it runs. ``pooling=transaction`` keeps no state on a server connection from one
-  transaction to the next: no server-side prepared statement (``prepare_threshold=None``),
+  an unprepared one is the same statement wherever it runs. ``pooling=transaction``
+  keeps no state on a server connection from one transaction to the next: no server-side
+  prepared statement (``prepare_threshold=None``),
   and every statement is sent in one pipeline with a ``set_config(..., true)`` of both
   settings before it, ended by one Sync: one transaction, one round trip
   (:func:`per_transaction_cursor`).

@@ -140,6 +140,8 @@ libpq parameters   libpq's          ``host hostaddr port sslmode sslrootcert ssl
                                     keepalives_count``, with libpq's meaning
 =================  ===============  =====================================================
 
+``port`` is a port number in 1..65535 (a str or an int) or a comma-separated list of them,
+one per host; anything else is ``InvalidArgument`` before connecting.
 ``connect_timeout`` is refused: use ``connect_timeout_s``. A libpq ``options`` value is
 kept and the store's ``statement_timeout``/``lock_timeout`` are set after it (they win).
 Without ``application_name`` the connections are named ``consensus_lease``; without the
@@ -304,6 +306,33 @@ def _listen_conninfo(url: str, extra: Mapping[str, str], store_url: str = "") ->
                               "connection string") from None
 
 
+def _port_option(options: Mapping[str, object]) -> Mapping[str, object]:
+    """``options`` with an int ``port`` keyword (not a bool) as its text, so that
+    ``port=5432`` is accepted like ``?port=5432``."""
+    port = options.get("port")
+    if isinstance(port, int) and not isinstance(port, bool):
+        return {**options, "port": str(port)}
+    return options
+
+
+def _check_port(port: str | None) -> None:
+    """Refuse a ``port`` option that is not a port number in 1..65535, or a
+    comma-separated list of them (one per host), before libpq sees it.
+
+    Raises:
+        InvalidArgument: naming the option and the range.
+    """
+    if port is None:
+        return
+    for part in port.split(","):
+        text = part.strip()
+        if not (text.isascii() and text.isdigit() and 1 <= int(text) <= 65535):
+            raise InvalidArgument(
+                f"PostgreSQL option port must be a port number in 1..65535, or a "
+                f"comma-separated list of them (one per host), not {port!r}"
+            )
+
+
 def libpq_params(parsed: ParsedOptions) -> dict[str, str]:
     """The libpq connection parameters the options give (``ca_file`` ... mapped to their
     libpq names; ``ca_file`` without ``sslmode`` means ``sslmode=verify-full``).
@@ -431,8 +460,9 @@ class PostgresBackend(QueueOps):
             raise InvalidArgument(
                 "PostgreSQL option connect_timeout: use connect_timeout_s (seconds)"
             )
-        parsed = OPTIONS.parse(options)
+        parsed = OPTIONS.parse(_port_option(options))
         check_option_values(parsed.values, SECRET_OPTIONS)
+        _check_port(parsed.text("port"))
         extra = libpq_params(parsed)
         if extra:
             try:

@@ -17,9 +17,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
 import pytest
 from pgbouncer_local import pgbouncer
+from psycopg.conninfo import conninfo_to_dict
 
 from consensus_lease import LeaseStore, open_store
 from consensus_lease.backends.postgresql import PostgresBackend
