@@ -16,10 +16,14 @@
 * Connection poolers (:data:`POOLING`): with ``pooling=none`` the store's
   ``statement_timeout`` and ``lock_timeout`` travel in the libpq ``options`` startup
   parameter, and :meth:`Client.check_settings` refuses a connection on which they did not
-  take effect (a pooler that dropped them). ``pooling=session`` sends no ``options`` and
+  take effect (a pooler that dropped them). ``pooling=session`` sends no ``options``,
   sets them with ``set_config`` on each new connection (each is a server session of its
-  own). ``pooling=transaction`` keeps no state on a server connection from one
-  transaction to the next: no server-side prepared statement (``prepare_threshold=None``),
+  own) and prepares nothing on the server (``prepare_threshold=None``): should the pooler
+  really be in transaction mode, a statement prepared on one server connection would be
+  run by name on another (a different statement of the same name, or an error), while
+  an unprepared one is the same statement wherever it runs. ``pooling=transaction``
+  keeps no state on a server connection from one transaction to the next: no server-side
+  prepared statement (``prepare_threshold=None``),
   and every statement is sent in one pipeline with a ``set_config(..., true)`` of both
   settings before it, ended by one Sync: one transaction, one round trip
   (:func:`per_transaction_cursor`).
@@ -232,9 +236,14 @@ class Client:
             # the store's timeouts last: a later -c wins over the user's own options
             self.kwargs["options"] = f"{given['options']} {ours}" if given.get("options") \
                 else ours
-        elif pooling == "transaction":
+        else:
+            # Nothing prepared on the server behind any pooler: with session pooling too,
+            # so that a pooler really in transaction mode (a misconfigured pool_mode) can
+            # never run a prepared statement by name on another client's server
+            # connection (another statement of the same name, or a parameter-count error).
             self.kwargs["prepare_threshold"] = None
-            self.kwargs["cursor_factory"] = per_transaction_cursor(ms, lock_ms)
+            if pooling == "transaction":
+                self.kwargs["cursor_factory"] = per_transaction_cursor(ms, lock_ms)
         self.connect_timeout_s = connect_timeout_s
         self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[tuple[Any, ...]]] | None = None
         self._pool_size = pool_size

@@ -119,10 +119,12 @@ pool_size          10               most pooled connections of this process (+1 
 create             true             create the schema and tables if missing; ``false``:
                                     a missing store is ``InvalidArgument``
 pooling            none             the pooler in between: ``none`` (direct), ``session``
-                                    or ``transaction`` (PgBouncer's ``pool_mode``; below)
+                                    or ``transaction`` (PgBouncer's ``pool_mode``; below);
+                                    behind either nothing is prepared on the server
 listen_url         none             ``postgresql://`` URL of a direct connection to the
-                                    same database for ``LISTEN`` (credentials and TLS
-                                    options inherited unless it sets them); without it
+                                    same database for ``LISTEN`` (the store URL's user
+                                    and password, the credential and TLS options
+                                    inherited unless it sets them); without it
                                     and with ``pooling=transaction``: polling
 ca_file            none             PEM CA file verifying the server: libpq
                                     ``sslrootcert``, and ``sslmode=verify-full`` unless
@@ -138,6 +140,8 @@ libpq parameters   libpq's          ``host hostaddr port sslmode sslrootcert ssl
                                     keepalives_count``, with libpq's meaning
 =================  ===============  =====================================================
 
+``port`` is a port number in 1..65535 (a str or an int) or a comma-separated list of them,
+one per host; anything else is ``InvalidArgument`` before connecting.
 ``connect_timeout`` is refused: use ``connect_timeout_s``. A libpq ``options`` value is
 kept and the store's ``statement_timeout``/``lock_timeout`` are set after it (they win).
 Without ``application_name`` the connections are named ``consensus_lease``; without the
@@ -149,7 +153,11 @@ PgBouncer (1.18 and later; session and transaction pooling, not statement poolin
 sends no ``options`` and sets ``statement_timeout``/``lock_timeout`` with
 ``set_config(..., true)`` in the same pipeline (one Sync, one round trip) as each
 statement, and LISTENs only on ``listen_url`` (else waiting claims poll every
-``poll_interval_s``). ``pooling=session`` sets both timeouts on each new connection.
+``poll_interval_s``). ``pooling=session`` sets both timeouts on each new connection,
+LISTENs on it, and prepares nothing on the server either: a pooler that is in fact in
+transaction mode then cannot run a statement prepared by another client under the same
+name (the cost: each statement is parsed and planned on every run, as with
+``pooling=transaction``).
 Without ``pooling`` a pooler is refused at open with ``InvalidArgument`` naming
 transaction pooling and the option: PgBouncer refusing the ``options`` startup parameter
 (its default), or dropping it (``ignore_startup_parameters = options``: the timeouts read
@@ -276,22 +284,53 @@ SHARED_TO_LIBPQ = {"ca_file": "sslrootcert", "cert_file": "sslcert", "key_file":
 """The library's shared option names and the libpq parameter each one sets."""
 
 
-def _listen_conninfo(url: str, extra: Mapping[str, str]) -> str:
+def _listen_conninfo(url: str, extra: Mapping[str, str], store_url: str = "") -> str:
     """The listener's connection string: ``url`` (a libpq URI or connection string) with
-    the libpq parameters given as options (credentials, TLS ...) it does not set itself;
-    never the store's ``host``/``hostaddr``/``port``, which is what it differs in.
+    the libpq parameters given as options (credentials, TLS ...) and the ``user`` and
+    ``password`` of ``store_url`` (the store's URL; options win over it) that it does not
+    set itself; never the store's ``host``/``hostaddr``/``port``, which is what it
+    differs in.
 
     Raises:
         InvalidArgument: ``url`` is malformed (the message leaves the password out).
     """
     try:
         own = conninfo_to_dict(url)
-        inherited = {k: v for k, v in extra.items()
+        store = conninfo_to_dict(store_url) if store_url else {}
+        given = {k: str(store[k]) for k in ("user", "password") if store.get(k)}
+        inherited = {k: v for k, v in {**given, **extra}.items()
                      if k not in own and k not in ("host", "hostaddr", "port")}
         return make_conninfo(url, **inherited) if inherited else url
     except psycopg.ProgrammingError:
         raise InvalidArgument("PostgreSQL option listen_url is not a valid libpq URI or "
                               "connection string") from None
+
+
+def _port_option(options: Mapping[str, object]) -> Mapping[str, object]:
+    """``options`` with an int ``port`` keyword (not a bool) as its text, so that
+    ``port=5432`` is accepted like ``?port=5432``."""
+    port = options.get("port")
+    if isinstance(port, int) and not isinstance(port, bool):
+        return {**options, "port": str(port)}
+    return options
+
+
+def _check_port(port: str | None) -> None:
+    """Refuse a ``port`` option that is not a port number in 1..65535, or a
+    comma-separated list of them (one per host), before libpq sees it.
+
+    Raises:
+        InvalidArgument: naming the option and the range.
+    """
+    if port is None:
+        return
+    for part in port.split(","):
+        text = part.strip()
+        if not (text.isascii() and text.isdigit() and 1 <= int(text) <= 65535):
+            raise InvalidArgument(
+                f"PostgreSQL option port must be a port number in 1..65535, or a "
+                f"comma-separated list of them (one per host), not {port!r}"
+            )
 
 
 def libpq_params(parsed: ParsedOptions) -> dict[str, str]:
@@ -421,8 +460,9 @@ class PostgresBackend(QueueOps):
             raise InvalidArgument(
                 "PostgreSQL option connect_timeout: use connect_timeout_s (seconds)"
             )
-        parsed = OPTIONS.parse(options)
+        parsed = OPTIONS.parse(_port_option(options))
         check_option_values(parsed.values, SECRET_OPTIONS)
+        _check_port(parsed.text("port"))
         extra = libpq_params(parsed)
         if extra:
             try:
@@ -434,7 +474,7 @@ class PostgresBackend(QueueOps):
         if listen is not None:
             if "://" in listen:
                 check_url(listen.split("?", 1)[0])  # a %00 in its password: as the store's URL
-            listen = _listen_conninfo(listen, extra)
+            listen = _listen_conninfo(listen, extra, url.split("?", 1)[0])
         return cls(
             conninfo,
             pooling=parsed.text("pooling") or "none",

@@ -20,10 +20,16 @@ from typing import Any
 import psycopg
 import psycopg_pool
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from consensus_lease import InvalidArgument, open_store
 from consensus_lease.aio import open_store as aio_open_store
-from consensus_lease.backends.postgresql import LIBPQ_OPTIONS, OPTIONS, PostgresBackend
+from consensus_lease.backends.postgresql import (
+    LIBPQ_OPTIONS,
+    OPTIONS,
+    PostgresBackend,
+    _listen_conninfo,
+)
 from consensus_lease.testing.postgresql import fresh_schema, postgres_url
 
 SECRET = "s3cr3t"
@@ -189,3 +195,53 @@ def test_listen_url_parts_are_checked_like_the_store_url(listen: str) -> None:
     a ``%00`` in its password or database would redirect the listener."""
     message = refused(NOWHERE, pooling="transaction", listen_url=listen)
     assert "NUL character" in message
+
+
+def test_listen_url_inherits_the_store_urls_credentials_unless_it_sets_them() -> None:
+    """The store URL's user and password go to a ``listen_url`` that sets none (options
+    win over the URL's); a ``listen_url``'s own credentials and host are kept."""
+    store = f"postgresql://app:{SECRET}@bouncer:6432/db"
+    got = conninfo_to_dict(_listen_conninfo("postgresql://db1:5432/db", {}, store))
+    assert (got["user"], got["password"], got["host"], got["port"]) == (
+        "app", SECRET, "db1", "5432")
+    got = conninfo_to_dict(_listen_conninfo(
+        "postgresql://db1:5432/db", {"password": "opt", "sslmode": "require",
+                                     "port": "6432"}, store))
+    assert (got["user"], got["password"], got["sslmode"], got["port"]) == (
+        "app", "opt", "require", "5432")
+    got = conninfo_to_dict(_listen_conninfo("postgresql://me:mine@db1/db", {}, store))
+    assert (got["user"], got["password"]) == ("me", "mine")
+
+
+@pytest.mark.parametrize("port", ["abc", "-1", "0", "99999", "5432,x", "5432,", " "])
+@pytest.mark.parametrize("given", ["query", "keyword"])
+def test_a_bad_port_option_is_refused_before_connecting(
+    port: str, given: str, nothing_sent: None
+) -> None:
+    """Was BackendUnavailable with libpq's text (``abc``), or sent on (``99999``)."""
+    message = refused(f"{NOWHERE}?port={port}") if given == "query" \
+        else refused(NOWHERE, port=port)
+    assert "option port" in message and "1..65535" in message
+
+
+@pytest.mark.parametrize("port", [-1, 0, 65536, 99999])
+def test_an_int_port_out_of_range_is_refused(port: int, nothing_sent: None) -> None:
+    assert "1..65535" in refused(NOWHERE, port=port)
+
+
+def test_a_port_given_as_an_int_or_a_list_connects() -> None:
+    """``port=55432`` as an int keyword (was refused: "must be a non-empty str"), and a
+    list of one port per host."""
+    base = postgres_url()
+    parts = conninfo_to_dict(base)
+    port = int(parts["port"])
+    with fresh_schema(base) as schema:
+        for i, (host, given) in enumerate([
+            (parts["host"], port), (f"{parts['host']},{parts['host']}", f"{port},{port}"),
+        ]):
+            store = open_store(base, schema=schema, host=host, port=given)
+            try:
+                with store.session("w", ttl_s=30.0) as session:
+                    assert session.claim(f"job{i}") is not None
+            finally:
+                store.close()

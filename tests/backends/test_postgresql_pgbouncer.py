@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 from pgbouncer_local import pgbouncer
+from psycopg.conninfo import conninfo_to_dict
 
 from consensus_lease import LeaseStore, open_store
 from consensus_lease.backends.postgresql import PostgresBackend
@@ -242,3 +243,77 @@ def test_a_listen_url_to_another_database_is_refused(base: str, schema: str) -> 
     other = base.rsplit("/", 1)[0] + "/postgres"
     with pytest.raises(InvalidArgument, match="listen_url does not reach"):
         open_store(base, schema=schema, pooling="transaction", listen_url=other)
+
+
+def test_session_pooling_against_a_transaction_pooler_runs_no_wrong_statement(
+    base: str, schema: str
+) -> None:
+    """``pooling=session`` pointed at PgBouncer in *transaction* mode (a misconfigured
+    mode): 4 threads of one store (pool 4) over 2 server connections, 40 claim+complete
+    cycles each, finish with no error. Before, psycopg prepared each statement on the
+    server after 5 runs and ran it by name on whichever server connection PgBouncer gave
+    next (``bind message supplies 3 parameters, but prepared statement "_pg3_0" requires
+    5`` as BackendUnavailable; with matching counts another statement under that name).
+    ``pooling=session`` prepares nothing on the server either."""
+    threads_n, cycles = 4, 40
+    with pgbouncer(base, pool_mode="transaction", pool_size=2) as url:
+        store = open_store(url, schema=schema, pooling="session", pool_size=threads_n)
+        try:
+            errors: list[BaseException] = []
+            done: list[int] = []
+            lock = threading.Lock()
+
+            def work(n: int) -> None:
+                try:
+                    with store.session(f"w{n}", ttl_s=30.0) as session:
+                        for i in range(cycles):
+                            lease = session.claim(f"job-{n}-{i}")
+                            assert lease is not None
+                            lease.complete(b"ok")
+                            with lock:
+                                done.append(lease.generation)
+                except BaseException as exc:
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=work, args=(n,)) for n in range(threads_n)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120.0)
+            assert not errors, errors[:3]
+            assert not any(t.is_alive() for t in threads)
+            assert len(done) == threads_n * cycles and set(done) == {1}
+        finally:
+            store.close()
+
+
+def test_a_listen_url_without_credentials_takes_the_store_urls(
+    base: str, schema: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """``listen_url`` with host, port and database only takes the user and password of
+    the store's URL (was AuthenticationFailed: libpq's defaults); its listener wakes a
+    waiting claim (the poll at 30 s, the wait 20 s)."""
+    monkeypatch.setenv("PGPASSFILE", str(tmp_path / "none"))  # no ~/.pgpass either
+    for name in ("PGPASSWORD", "PGUSER"):
+        monkeypatch.delenv(name, raising=False)
+    parts = conninfo_to_dict(base)
+    listen = f"postgresql://{parts['host']}:{parts['port']}/{parts['dbname']}"
+    store = open_store(base, schema=schema, pooling="transaction", listen_url=listen,
+                       poll_interval_s=30.0)
+    try:
+        holder = store.session("holder", ttl_s=30.0)
+        lease = holder.claim("job")
+        assert lease is not None
+        waiter = store.session("waiter", ttl_s=30.0)
+        got: dict[str, Any] = {}
+        thread = threading.Thread(target=lambda: got.update(
+            lease=waiter.claim("job", wait_s=20.0)))
+        thread.start()
+        poll_until(lambda: len(backend_of(store)._subscriptions()) > 0, 10.0)
+        lease.release()
+        thread.join(25.0)
+        assert got["lease"].generation == 2
+        holder.close()
+        waiter.close()
+    finally:
+        store.close()
