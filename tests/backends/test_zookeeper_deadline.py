@@ -25,6 +25,7 @@ from kazoo.handlers.utils import AsyncResult
 from zk_local import LocalZooKeeper, available, backend_of
 
 from consensus_lease import LeaseStore, open_store
+from consensus_lease.backends.zookeeper import _queues
 from consensus_lease.backends.zookeeper._gate import IN_FLIGHT, Gate, NotSent
 from consensus_lease.backends.zookeeper._wire import SETTLE_GRACE_S
 from consensus_lease.errors import BackendUnavailable, OutcomeUnknown
@@ -121,15 +122,24 @@ def _kill_on_read(
     """SIGKILL the server as the store's ``nth`` batch of reads is about to be sent."""
     wire = backend_of(store)._wire
     real = wire.read
+    real_window = _queues.read_window
     reads: list[int] = []
 
-    def read(*args: Any, **kwargs: Any) -> Any:
+    def counted() -> None:
         reads.append(1)
         if len(reads) == nth:
             server.stop()
+
+    def read(*args: Any, **kwargs: Any) -> Any:
+        counted()
         return real(*args, **kwargs)
 
+    def window(*args: Any, **kwargs: Any) -> Any:  # a large listing's paged reads
+        counted()
+        return real_window(*args, **kwargs)
+
     monkeypatch.setattr(wire, "read", read)
+    monkeypatch.setattr(_queues, "read_window", window)
 
 
 LISTINGS: dict[str, Callable[[LeaseStore], Any]] = {
