@@ -15,18 +15,19 @@ arguments they will get, and never failing silently when they run.
   library's internals, and dropping it would swallow a lease loss: so when no handler
   other than a ``NullHandler`` would receive the record (logging left unconfigured), it
   goes to :data:`logging.lastResort` (stderr, WARNING and above), exactly where Python
-  shows it for code without a library's ``NullHandler``. An application that configures
-  logging gets it through its own handlers only.
+  shows it for code without a library's ``NullHandler`` (the rule is
+  :func:`consensus_lease._visible.log_visible`). An application that configures logging
+  gets it through its own handlers only.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
-import sys
 from collections.abc import Callable
 from typing import Any
 
+from ._visible import log_visible
 from .errors import InvalidArgument
 from .observe import Observer, notify
 
@@ -76,26 +77,8 @@ def run_callback(callback: Callable[..., object], args: tuple[Any, ...], what: s
 def report_failure(callback: object, what: str, **extra: Any) -> None:
     """Log the exception being handled, raised by ``callback`` registered with ``what``,
     where it will be seen (see the module docstring)."""
-    if not log.isEnabledFor(logging.ERROR):
-        return
-    record = log.makeRecord(
-        log.name, logging.ERROR, __file__, 0,
+    log_visible(
+        log, logging.ERROR,
         "%s callback %r raised: the loss notification it was given did not complete",
-        (what, callback), sys.exc_info(), extra=extra or None,
+        what, callback, exc_info=True, extra=extra or None,
     )
-    log.handle(record)
-    if not _handled(log, record.levelno) and logging.lastResort is not None:
-        logging.lastResort.handle(record)
-
-
-def _handled(logger: logging.Logger, level: int) -> bool:
-    """Whether a record of ``level`` reaches a handler other than a ``NullHandler``."""
-    current: logging.Logger | None = logger
-    while current is not None:
-        for handler in current.handlers:
-            if not isinstance(handler, logging.NullHandler) and level >= handler.level:
-                return True
-        if not current.propagate:
-            return False
-        current = current.parent
-    return False
