@@ -486,7 +486,9 @@ class AsyncSession:
             A function that unregisters it.
 
         Raises:
-            InvalidArgument: not a callable, or one that cannot be called with two
+            InvalidArgument: not a callable, an ``async def`` (called, never
+                awaited, it would never run: see :mod:`consensus_lease.aio`), or one that
+                cannot be called with two
                 positional arguments (its signature); nothing registered.
         """
         check_callback(callback, 2, "AsyncSession.on_lost", "callback(session, reason)")
