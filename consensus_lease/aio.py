@@ -40,12 +40,12 @@ import asyncio
 import contextlib
 import contextvars
 import threading
-from collections.abc import AsyncIterator, Callable, Generator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from functools import partial
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Never, TypeVar
 
 from ._callbacks import check_callback, run_callback
 from ._election import election_key
@@ -111,6 +111,18 @@ def _named_for_threads(exc: InvalidArgument, options: dict[str, object]) -> Inva
         f"{text} (pool_size is a store option: the PostgreSQL connection pool; the asyncio "
         "adapter's thread pool is threads=)"
     )
+
+
+def _unknown_arguments(unknown: Mapping[str, object]) -> InvalidArgument:
+    """The refusal of ``AsyncLeaseStore(store, **unknown)``; ``pool_size`` gets the hint
+    of :func:`_named_for_threads`."""
+    names = ", ".join(sorted(unknown))
+    text = f"unknown argument(s) of AsyncLeaseStore: {names} (it takes store and threads=)"
+    if "pool_size" in unknown:
+        text += (" (pool_size is a store option: the PostgreSQL connection pool, given to "
+                 "open_store when the store is opened; the asyncio adapter's thread pool "
+                 "is threads=)")
+    return InvalidArgument(text)
 
 
 # -- the pool ------------------------------------------------------------------------
@@ -486,7 +498,9 @@ class AsyncSession:
             A function that unregisters it.
 
         Raises:
-            InvalidArgument: not a callable, or one that cannot be called with two
+            InvalidArgument: not a callable, an ``async def`` (called, never
+                awaited, it would never run: see :mod:`consensus_lease.aio`), or one that
+                cannot be called with two
                 positional arguments (its signature); nothing registered.
         """
         check_callback(callback, 2, "AsyncSession.on_lost", "callback(session, reason)")
@@ -641,13 +655,18 @@ class AsyncLeaseStore:
             them at once (at least 1).
 
     Raises:
-        InvalidArgument: bad ``threads``.
+        InvalidArgument: bad ``threads``, or any other keyword argument (``pool_size``
+            is a store option, given when the store is opened: the message says so);
+            nothing is started.
 
     Attributes:
         sync: the underlying :class:`~consensus_lease.LeaseStore`.
     """
 
-    def __init__(self, store: LeaseStore, *, threads: int = DEFAULT_THREADS) -> None:
+    def __init__(self, store: LeaseStore, *, threads: int = DEFAULT_THREADS,
+                 **unknown: Never) -> None:
+        if unknown:  # type checkers refuse them already (Never); say so at run time too
+            raise _unknown_arguments(unknown)
         self._setup(store, _Workers(check_threads(threads)))
 
     def _setup(self, store: LeaseStore, workers: _Workers) -> None:

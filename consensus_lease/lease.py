@@ -487,7 +487,9 @@ class Lease:
             A function that unregisters the callback (a no-op once it ran).
 
         Raises:
-            InvalidArgument: ``callback`` is not callable, or cannot be called with two
+            InvalidArgument: ``callback`` is not callable, is an ``async def``
+                (called, never awaited, it would never run: see :mod:`consensus_lease.aio`),
+                or cannot be called with two
                 positional arguments (its signature); nothing registered.
         """
         check_callback(callback, 2, "Lease.on_lost", "callback(lease, reason)")

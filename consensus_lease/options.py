@@ -40,7 +40,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import unquote_to_bytes, urlsplit
 
 from .errors import InvalidArgument, UnsupportedBackend
 
@@ -284,22 +284,54 @@ def redact_url(url: object) -> str:
 
 
 def query_options(url: str) -> dict[str, str]:
-    """The options in ``url``'s query string, percent-decoded.
+    """The options in ``url``'s query string (``name=value`` pairs joined by ``&``; ``+``
+    is a space), percent-decoded as UTF-8, checked as the URL's other parts are: a
+    ``%`` not followed by two hex digits, or bytes that are not UTF-8 once decoded, are
+    refused (never passed on literally, never replaced by U+FFFD). A message names the
+    option, never its value (it may be a password).
 
     Raises:
-        InvalidArgument: a name given twice.
-        UnsupportedBackend: the query string cannot be parsed.
+        InvalidArgument: a name given twice; a name or value badly percent-encoded or
+            not UTF-8.
+        UnsupportedBackend: the URL cannot be split into its parts.
     """
     try:
-        pairs = parse_qsl(urlsplit(url).query, keep_blank_values=True, strict_parsing=False)
+        query = urlsplit(url).query
     except ValueError as exc:
         raise UnsupportedBackend(f"malformed store URL {redact_url(url)!r}: {exc}") from exc
     options: dict[str, str] = {}
-    for name, value in pairs:
+    for pair in query.split("&"):
+        if not pair:
+            continue  # "a=1&&b=2", a trailing "&": nothing, as urllib.parse.parse_qsl
+        raw_name, _, raw_value = pair.partition("=")
+        name = _query_part(raw_name, "an option name")
+        value = _query_part(raw_value, f"option {name!r}")
         if name in options:
             raise InvalidArgument(f"option {name!r} is given twice in the URL's query string")
         options[name] = value
     return options
+
+
+_BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+"""A ``%`` not followed by two hex digits."""
+
+
+def _query_part(raw: str, what: str) -> str:
+    """One name or value of a query string, decoded (``+`` a space, ``%XX`` a byte, the
+    bytes UTF-8), else ``InvalidArgument`` naming ``what`` without its text."""
+    raw = raw.replace("+", " ")
+    if _BAD_PERCENT.search(raw):
+        raise InvalidArgument(
+            f"{what} in the URL's query string has a % not followed by two hex digits "
+            "(percent-encode a literal % as %25)"
+        )
+    try:
+        return unquote_to_bytes(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidArgument(
+            f"{what} in the URL's query string is not UTF-8 once percent-decoded "
+            "(percent-encode the UTF-8 bytes of the text)"
+        ) from None
 
 
 def merge_options(url: str, keywords: Mapping[str, object]) -> dict[str, object]:

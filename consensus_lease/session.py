@@ -167,7 +167,9 @@ class Session:
             A function that unregisters the callback (a no-op once it ran).
 
         Raises:
-            InvalidArgument: not a callable, or one that cannot be called with two
+            InvalidArgument: not a callable, an ``async def`` (called, never
+                awaited, it would never run: see :mod:`consensus_lease.aio`), or one that
+                cannot be called with two
                 positional arguments (its signature); nothing registered.
             StoreClosed / StoreInherited: the store was closed / this is a fork's child.
         """

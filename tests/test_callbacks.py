@@ -62,12 +62,37 @@ def test_callbacks_that_can_take_two_arguments_are_accepted(callback: Any) -> No
         lease.on_lost(callback)()
 
 
+async def _async_two(a: Any, b: Any) -> None: ...
+
+
+class _AsyncCall:
+    async def __call__(self, a: Any, b: Any) -> None: ...
+
+
+ASYNC: list[Any] = [_async_two, functools.partial(_async_two, 1),
+                    functools.partial(functools.partial(_async_two), 1), _AsyncCall()]
+
+
+@pytest.mark.parametrize("callback", ASYNC)
+def test_an_async_def_callback_is_refused_pointing_at_aio(callback: Any) -> None:
+    """It would never run (called, not awaited): refused, nothing registered."""
+    with open_store("memory://") as store, store.session("A", 30) as session:
+        lease = session.claim("job")
+        assert lease is not None
+        with pytest.raises(InvalidArgument, match=r"Session.on_lost.*async def.*aio"):
+            session.on_lost(callback)
+        with pytest.raises(InvalidArgument, match=r"Lease.on_lost.*async def.*aio"):
+            lease.on_lost(callback)
+
+
 def test_async_on_lost_checks_the_shape() -> None:
     async def main() -> None:
         async with AsyncLeaseStore(open_store("memory://")) as store:
             session = await store.session("A", 30)
             with pytest.raises(InvalidArgument, match=r"AsyncSession.on_lost"):
                 session.on_lost(lambda reason: None)
+            with pytest.raises(InvalidArgument, match=r"AsyncSession.on_lost.*async def"):
+                session.on_lost(_async_two)
             session.on_lost(_two)()
             await session.close()
 

@@ -197,9 +197,13 @@ def test_a_large_write_transaction_is_not_taken_for_a_reader(
 
 def test_the_wal_options_are_checked_and_the_guard_ends_with_the_store(path: str) -> None:
     for bad in ({"wal_limit_bytes": 0}, {"wal_limit_bytes": "16M"},
-                {"wal_limit_bytes": 1024 * 1024 - 1}, {"wal_interval_s": 0}):
-        with pytest.raises(InvalidArgument):
+                {"wal_limit_bytes": 1024 * 1024 - 1}, {"wal_interval_s": 0},
+                {"wal_interval_s": 1e-9}, {"wal_interval_s": 0.0099}):
+        with pytest.raises(InvalidArgument, match=next(iter(bad))):
             open_store(f"sqlite:///{path}", **bad)
+    with pytest.raises(InvalidArgument, match=r"wal_interval_s must be >= 0.01"):
+        open_store(f"sqlite:///{path}?wal_interval_s=1e-9")  # 30% of a core when idle
+    open_store(f"sqlite:///{path}", wal_interval_s=0.01).close()
     store = open_store(f"sqlite:///{path}", wal_limit_bytes=SMALL_LIMIT)
     backend = store.backend
     assert isinstance(backend, SqliteBackend) and backend._wal is not None

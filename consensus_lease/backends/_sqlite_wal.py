@@ -27,7 +27,9 @@ So a store keeps the WAL under ``limit_bytes`` (``wal_limit_bytes``, default 16 
 * When the WAL is still above ``limit_bytes`` after a checkpoint on two checks in a row,
   and committed pages were left uncopied (a reader holds an old snapshot; a large write
   transaction still open is not that), a WARNING on the ``consensus_lease`` logger names
-  the WAL's size and what to do, at most once per :data:`WARN_EVERY_S` while it lasts,
+  the WAL's size and what to do (on stderr when logging is not configured:
+  :func:`consensus_lease._visible.log_visible`), at most once per :data:`WARN_EVERY_S`
+  while it lasts,
   and an INFO line once it is back under the bound.
 
 Each check reports ``(wal_bytes, blocked)`` to ``report`` (the driver passes it on to the
@@ -43,6 +45,8 @@ import threading
 import time
 from collections.abc import Callable
 from urllib.parse import quote
+
+from .._visible import log_visible
 
 __all__ = ["DEFAULT_LIMIT_BYTES", "WARN_EVERY_S", "WalGuard", "wal_bytes"]
 
@@ -183,7 +187,8 @@ class WalGuard:
         if self._warned_at is not None and now - self._warned_at < WARN_EVERY_S:
             return
         self._warned_at = now
-        log.warning(
+        log_visible(
+            log, logging.WARNING,
             "SQLite WAL of %s is %.1f MiB, above its bound (wal_limit_bytes %.1f MiB), and "
             "checkpoints cannot shrink it: a read transaction open on the file (in any "
             "process: a sqlite3 shell, a report, a backup, a BEGIN without COMMIT) keeps "

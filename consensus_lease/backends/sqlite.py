@@ -114,8 +114,9 @@ create            true     create the file and the store's tables if missing. Wi
                            store
 wal_limit_bytes   16 MiB   bound of the ``-wal`` file, bytes (int >= 1 MiB): above it
                            the store checkpoints, and warns if a reader blocks that
-wal_interval_s    1.0      seconds between two checks of the WAL's size (one
-                           ``os.stat``; a checkpoint only when above the bound)
+wal_interval_s    1.0      seconds between two checks of the WAL's size (float >=
+                           0.01; one ``os.stat``, a checkpoint only when above the
+                           bound)
 ================  =======  ==========================================================
 
 A locked, unreadable or corrupt file raises ``BackendUnavailable``, never a raw
@@ -451,7 +452,7 @@ OPTIONS = OptionTable(
                "bound of the -wal file in bytes: checkpoints above it, a warning if blocked",
                minimum=1024 * 1024, maximum=2**62),
         Option("wal_interval_s", "seconds", 1.0,
-               "interval between two checks of the WAL's size"),
+               "interval between two checks of the WAL's size", minimum=0.01),
     ],
 )
 """The options of ``sqlite://`` URLs (see the module docstring)."""

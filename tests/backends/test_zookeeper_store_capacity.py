@@ -26,6 +26,12 @@ def test_the_default_limits_are_the_documented_ones() -> None:
     assert (config.store_max_jobs, config.store_max_bytes) == (30_000, 16 * 1024 * 1024)
     with pytest.raises(InvalidArgument, match="store_max_jobs"):
         _options.parse_url("zk://127.0.0.1/x", {"store_max_jobs": 0})
+    # the server's numChildren of {chroot}/jobs is a 32-bit int: a limit above it is none
+    for bad in (2**31, 10_000_000_000):
+        with pytest.raises(InvalidArgument, match=r"store_max_jobs must be in \[1, 2147483647\]"):
+            _options.parse_url("zk://127.0.0.1/x", {"store_max_jobs": bad})
+    config = _options.parse_url("zk://127.0.0.1/x", {"store_max_jobs": 2**31 - 1})
+    assert config.store_max_jobs == 2**31 - 1
 
 
 def test_jobs_of_every_queue_and_named_job_count_against_store_max_jobs(zk_url: str) -> None:

@@ -185,6 +185,18 @@ def test_bad_threads_is_rejected(bad: object) -> None:
         AsyncLeaseStore(open_store("memory://"), threads=bad)  # type: ignore[arg-type]
 
 
+def test_async_lease_store_refuses_pool_size_naming_threads() -> None:
+    """The wrapper of an opened store: ``pool_size`` (or any other keyword) is refused
+    with the hint of ``aio.open_store``, not a raw TypeError, and starts nothing."""
+    with open_store("memory://") as store:
+        with pytest.raises(InvalidArgument, match=r"unknown .*pool_size.*threads=") as info:
+            AsyncLeaseStore(store, pool_size=3)  # type: ignore[arg-type]
+        assert "the asyncio adapter's thread pool is threads=" in str(info.value)
+        with pytest.raises(InvalidArgument, match=r"unknown .*colour") as info:
+            AsyncLeaseStore(store, colour="blue")  # type: ignore[arg-type]
+        assert "pool_size" not in str(info.value)
+
+
 def test_pool_size_is_the_stores_option_never_the_thread_pool(url: str) -> None:
     """``pool_size`` means the PostgreSQL connection pool in both APIs: aio hands it to
     the store like every other option (it used to size the thread pool and never reach

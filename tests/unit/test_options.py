@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import math
 from pathlib import Path
+from urllib.parse import parse_qsl
 
 import pytest
 
@@ -108,6 +109,40 @@ def test_keyword_arguments_override_the_query_string() -> None:
     assert _zk("zk://h/p?timeout_s=1&connect_timeout_s=4", timeout_s="3").timeout_s == 3.0
     assert merge_options("x://h?a=1&b=2", {"b": 5}) == {"a": "1", "b": 5}
     assert query_options("x://h/p?a=%20b&c=") == {"a": " b", "c": ""}
+
+
+@pytest.mark.parametrize("query", [
+    "a=%20b&c=", "a=1+2&b=x%2By", "a&b=&&c=%E2%82%AC", "p%61ss=%25&x=%7e", "=v&a=b=c",
+])
+def test_the_query_string_decodes_as_urllib_parse(query: str) -> None:
+    """``+`` is a space, ``%XX`` a byte, blank values kept: as ``parse_qsl``."""
+    assert query_options(f"x://h/p?{query}") == dict(parse_qsl(query, keep_blank_values=True))
+
+
+@pytest.mark.parametrize(("url", "problem"), [
+    ("postgresql://u@127.0.0.1:9/db?password=sec%zzret", "% not followed by two hex"),
+    ("postgresql://u@127.0.0.1:9/db?password=secret%4", "% not followed by two hex"),
+    ("postgresql://u@127.0.0.1:9/db?password=sec%ED%A0%80ret", "not UTF-8"),
+    ("postgresql://u@127.0.0.1:9/db?application_name=%ED%A0%80", "not UTF-8"),
+    ("sqlite:///x.db?busy_timeout_s=1%", "% not followed by two hex"),
+    ("zk://127.0.0.1:2181/x?timeout_s=%FF", "not UTF-8"),
+])
+def test_a_badly_encoded_query_value_is_refused_naming_the_option(
+    url: str, problem: str,
+) -> None:
+    """As the URL's own parts are: never passed on literally, never decoded to U+FFFD;
+    the message names the option, never the value (a password)."""
+    name = url.split("?")[1].split("=")[0]
+    with pytest.raises(InvalidArgument, match=f"option '{name}' .*{problem}") as info:
+        open_store(url)
+    assert not isinstance(info.value, UnsupportedBackend)
+    assert url.split("=", 1)[1] not in str(info.value) and "sec" not in str(info.value)
+
+
+def test_a_badly_encoded_query_name_is_refused() -> None:
+    for query in ("pass%zzword=x", "%ED%A0%80=x"):
+        with pytest.raises(InvalidArgument, match="an option name in the URL's query"):
+            query_options(f"x://h/p?{query}")
 
 
 @pytest.mark.parametrize(

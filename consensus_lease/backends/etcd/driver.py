@@ -23,6 +23,7 @@ from pyetcd import etcdrpc
 
 from ..._election import is_election_key
 from ..._subscriptions import Unsubscribe, WakeCallback
+from ..._visible import log_visible
 from ...backend import Backend, Capabilities, SessionHandle, StateListener
 from ...errors import (
     BackendUnavailable,
@@ -229,12 +230,14 @@ class EtcdBackend(Backend):
         ``now`` before the deadline the store granted (``promise``, from
         :meth:`EtcdSession.ended_early`: the send time of the last answered grant or
         keepalive plus the TTL it granted, both on this process's monotonic clock; a
-        lease seen gone after its deadline is an ordinary expiry)."""
+        lease seen gone after its deadline is an ordinary expiry). On stderr when logging
+        is not configured (:func:`consensus_lease._visible.log_visible`)."""
         if promise is None:
             return
         sent, ttl_s, by = promise
         early_s = sent + ttl_s - now
-        log.error(
+        log_visible(
+            log, logging.ERROR,
             "etcd: session %s: the store ended its lease %.3f s before the granted TTL: %s "
             "(seen from member %s%s); the last renewal was sent %.3f s before and granted "
             "%g s by member %s. Either another client revoked the lease, or the store broke "

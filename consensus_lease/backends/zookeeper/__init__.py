@@ -295,7 +295,8 @@ max_result_bytes      1000000                         largest completion result,
                                                       value (jute.maxbuffer is 1 MiB by default)
 store_max_jobs        30000                           most jobs in the whole store: every queue
                                                       and named job (then ``QueueFull``); size
-                                                      the servers' heap for it
+                                                      the servers' heap for it; 1 to 2**31 - 1
+                                                      (``numChildren`` is a 32-bit int)
 store_max_bytes       16777216                        most payload bytes in all the store's
                                                       queues together (then ``QueueFull``)
 ====================  ==============================  ============================================

@@ -62,7 +62,8 @@ OPTIONS = OptionTable(
         Option("max_result_bytes", "int", DEFAULT_MAX_RESULT_BYTES,
                "largest completion result (and leader value), bytes", minimum=0),
         Option("store_max_jobs", "int", DEFAULT_STORE_MAX_JOBS,
-               "most jobs in the whole store (every queue and named job)", minimum=1),
+               "most jobs in the whole store (every queue and named job)", minimum=1,
+               maximum=2**31 - 1),  # the server's numChildren is a 32-bit int
         Option("store_max_bytes", "int", DEFAULT_STORE_MAX_BYTES,
                "most payload bytes in every queue of the store together", minimum=1),
     ],
