@@ -56,6 +56,7 @@ def test_get_after_claim_sees_it_when_the_read_client_is_on_a_deposed_leader(
                        timeout_s=30)
     session = store.session("A", 30.0)
     got: list[Any] = []
+    failed: list[BaseException] = []
     try:
         assert store.get("job") is None  # the read client is now connected to the leader
         reader = store.backend._wire.reader()
@@ -70,14 +71,20 @@ def test_get_after_claim_sees_it_when_the_read_client_is_on_a_deposed_leader(
                     assert time.monotonic() < give_up, "no claim through the new leader"
                     time.sleep(0.1)  # poll interval inside a deadline loop
             assert lease.generation == 1
-            getter = threading.Thread(target=lambda: got.append(store.get("job")))
+            def get() -> None:
+                try:
+                    got.append(store.get("job"))
+                except Exception as exc:  # shown by the assertion below
+                    failed.append(exc)
+
+            getter = threading.Thread(target=get)
             getter.start()
             # the get's requests are sent and unanswered: they wait on the frozen leader
             poll_until(lambda: len(reader._pending) >= 3, 10)
         finally:
             cluster.unpause(leader)
         getter.join(60)
-        assert got, "get did not return"
+        assert got, f"get did not return: {failed!r}"
         record = got[0]
         assert record is not None, "get missed a claim completed before it was called"
         assert record.state is JobState.HELD and record.generation == lease.generation
