@@ -181,7 +181,7 @@ class StandbyPair:
                 deadline = time.monotonic() + 10.0
                 while time.monotonic() < deadline:
                     os.kill(pid, 0)
-                    time.sleep(0.05)
+                    time.sleep(0.05)  # poll interval of a deadline loop (until the pid is gone)
         shutil.rmtree(self.root, ignore_errors=True)
 
 

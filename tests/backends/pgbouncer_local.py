@@ -94,7 +94,7 @@ def pgbouncer(
                 log = (work / "pgbouncer.log").read_text(errors="replace") \
                     if (work / "pgbouncer.log").exists() else ""
                 raise RuntimeError(f"pgbouncer did not start: {err}\n{log[-2000:]}")
-            time.sleep(0.02)
+            time.sleep(0.02)  # poll interval of a deadline loop (until it accepts connections)
         yield f"postgresql://{user}:{password}@{ADDRESS}:{port}/{dbname}"
     finally:
         if process.poll() is None:

@@ -196,7 +196,7 @@ def test_stale_leader_revoking_early_is_heard_within_a_delivery(
             try:
                 # A renewal of every session on the leader before it is frozen (pacing
                 # the fault: real time must pass).
-                time.sleep(SCENARIO_TTL_S / 3)
+                time.sleep(SCENARIO_TTL_S / 3)  # real time must pass: one renewal each
                 fresh_etcd_cluster.pause(leader)
                 try:
                     time.sleep(SCENARIO_PAUSE_S)  # the fault's length: real time must pass
