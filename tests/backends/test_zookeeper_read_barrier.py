@@ -84,7 +84,20 @@ def test_get_after_claim_sees_it_when_the_read_client_is_on_a_deposed_leader(
         finally:
             cluster.unpause(leader)
         getter.join(60)
-        assert got, f"get did not return: {failed!r}"
+        assert got or failed, "get neither returned nor raised within 60 s"
+        if failed:
+            # The pinned member may take longer than timeout_s to rejoin (a full suite
+            # leaves a large data set to sync): a typed, bounded failure is safe — what
+            # must never happen is a stale answer. Once it serves again, the get sees
+            # the claim.
+            assert isinstance(failed[0], BackendUnavailable), failed
+            give_up = time.monotonic() + 60
+            while not got:
+                try:
+                    got.append(store.get("job"))
+                except BackendUnavailable:
+                    assert time.monotonic() < give_up, "the member never served again"
+                    time.sleep(0.2)  # poll interval inside a deadline loop
         record = got[0]
         assert record is not None, "get missed a claim completed before it was called"
         assert record.state is JobState.HELD and record.generation == lease.generation
