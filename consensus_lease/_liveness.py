@@ -1,12 +1,13 @@
-"""A session's liveness: the local deadline, its state, the keepalive and the watchdog.
+"""A session's liveness: the local deadline, its state, its keepalive schedule.
 
 One implementation for every backend. The deadline is ``send time of the last successful
 renewal + granted TTL - safety margin`` on the worker's monotonic clock (never the
-receive time: the store started its TTL no earlier than it received the request). The
-keepalive thread renews every ``granted TTL / 3``, and after a failed renewal retries
-50 ms later, doubling the delay up to a third of that interval (never waiting for the
-next regular tick); the watchdog thread declares the session LOST the moment the
-deadline passes, whatever the backend does or fails to do.
+receive time: the store started its TTL no earlier than it received the request). A
+keepalive is sent every ``granted TTL / 3``, and after a failed renewal retried 50 ms
+later, doubling the delay up to a third of that interval (never waiting for the next
+regular tick); the session is declared LOST the moment the deadline passes, whatever the
+backend does or fails to do. The threads that do this are shared by the sessions of a
+store (:mod:`._renewer`); what is per session (deadline, retry delays, errors) is here.
 When the session is lost, the store-side session is ended as well (best effort, from a
 background thread), so that a client library which keeps its connection alive by itself
 (kazoo's pings) cannot keep this worker's jobs held after it has given them up.
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from ._fork import Origin
+from ._renewer import Renewer
 from .backend import Backend, SessionEvent, SessionHandle
 from .clock import Clock
 from .errors import (
@@ -119,23 +121,30 @@ class Liveness:
         self._listeners: list[LossListener] = []
         self.lost = threading.Event()
         self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self._renewer: Renewer | None = None
+        self._own_renewer = False
+        # the keepalive schedule (see keepalive_due / keepalive_step)
+        self._last_send = send_time
+        self._retry_s: float | None = None
+        self._failures = 0  # in a row
+        self._step_idle = threading.Event()  # no keepalive_step is running
+        self._step_idle.set()
+        self._step_thread: threading.Thread | None = None
         self.origin = Origin()
         self.store_closed = False
         """Set (before the session is closed) when its store is closed: every
         operation then raises ``StoreClosed``."""
 
-    def start(self, *, keepalive: bool) -> None:
-        """Start the watchdog, and the keepalive thread unless ``keepalive`` is false."""
-        if keepalive:
-            self._start_thread(self._keepalive_loop, "keepalive")
-        self._start_thread(self._watchdog_loop, "deadline")
-
-    def _start_thread(self, target: Callable[[], None], what: str) -> None:
-        name = f"consensus-lease-{what}-{self.handle.session_id}"
-        thread = threading.Thread(target=target, name=name, daemon=True)
-        self._threads.append(thread)
-        thread.start()
+    def start(self, renewer: Renewer | None, *, keepalive: bool) -> None:
+        """Watch the deadline, and renew every granted TTL / 3 unless ``keepalive`` is
+        false, on ``renewer``'s threads (shared with other sessions), or on a renewer of
+        this session's own if ``None`` (ended with the session)."""
+        if renewer is None:
+            renewer = Renewer(self.clock)
+            self._own_renewer = True
+        self._renewer = renewer
+        self._last_send = self.clock.monotonic()
+        renewer.add(self, keepalive=keepalive)
 
     # -- reading ---------------------------------------------------------------------
 
@@ -167,6 +176,10 @@ class Liveness:
     def lost_reason(self) -> LeaseLost | None:
         with self._lock:
             return self._lost_reason
+
+    def ended(self) -> bool:
+        """LOST or CLOSED (its renewer then drops it)."""
+        return self._stop.is_set()
 
     def check_usable(self) -> None:
         """Raise ``StoreInherited`` in a fork's child, ``StoreClosed`` once the store
@@ -286,6 +299,7 @@ class Liveness:
             listeners, self._listeners = self._listeners, []
         self.lost.set()
         self._stop.set()
+        self._release_renewer()
         scheme = self.backend.scheme
         notify(self.observer, lambda o: o.lost(scheme, None, None, str(reason)))
         log.error(
@@ -306,18 +320,27 @@ class Liveness:
         return True
 
     def close(self) -> bool:
-        """Make the session CLOSED and stop the threads (joined, unless called from one
-        of them). Returns False if it was already closed."""
+        """Make the session CLOSED and stop renewing it; waits (up to 5 s) for a
+        keepalive in flight, unless called from within it. Returns False if it was
+        already closed."""
         with self._lock:
             already = self._state is SessionState.CLOSED
             if self._state is not SessionState.LOST:
                 self._state = SessionState.CLOSED
             self._listeners = []
         self._stop.set()
-        for thread in self._threads:
-            if thread is not threading.current_thread():
-                thread.join(timeout=5)
+        if self._step_thread is not threading.current_thread():
+            self._step_idle.wait(timeout=5)
+        self._release_renewer()
         return not already
+
+    def _release_renewer(self) -> None:
+        if self._renewer is None:
+            return
+        if self._own_renewer:
+            self._renewer.close()
+        else:
+            self._renewer.discard(self)
 
     def end_store_session(self) -> None:
         """End the session in the store (its jobs become claimable at once); best
@@ -340,28 +363,39 @@ class Liveness:
             log.exception("ending a lost session failed",
                           extra={"session_id": self.handle.session_id})
 
-    # -- threads ---------------------------------------------------------------------
+    # -- the keepalive schedule (run by the renewer's threads) --------------------------
 
-    def _keepalive_loop(self) -> None:
-        last_send = self.clock.monotonic()
-        retry_s: float | None = None
-        failures = 0  # in a row
-        while not self._stop.is_set():
-            interval = self.granted_ttl_s * KEEPALIVE_FRACTION
-            next_at = last_send + (interval if retry_s is None else retry_s)
-            if self.clock.wait(self._stop, next_at - self.clock.monotonic()):
-                return
+    def keepalive_due(self) -> float | None:
+        """Monotonic time of the next keepalive; ``None`` once the session is over."""
+        if self._stop.is_set():
+            return None
+        interval = self.granted_ttl_s * KEEPALIVE_FRACTION
+        return self._last_send + (interval if self._retry_s is None else self._retry_s)
+
+    def keepalive_step(self) -> None:
+        """The keepalive that is due: sent (ACTIVE), skipped for a short while
+        (SUSPENDED: the backend's reconnect resumes the session), or nothing (over)."""
+        self._step_idle.clear()  # before the state is read: close() waits for it
+        self._step_thread = threading.current_thread()
+        try:
             state = self.state
-            if state in (SessionState.LOST, SessionState.CLOSED):
+            if state in (SessionState.LOST, SessionState.CLOSED) or self._stop.is_set():
                 return
-            last_send = self.clock.monotonic()
+            interval = self.granted_ttl_s * KEEPALIVE_FRACTION
+            self._last_send = self.clock.monotonic()
             if state is SessionState.SUSPENDED:
-                retry_s = min(interval, 0.2)
-                continue
-            retry_s = self._keepalive_once(interval, failures)
-            failures = 0 if retry_s is None else failures + 1
-            if self._stop.is_set():
+                self._retry_s = min(interval, 0.2)
                 return
+            self._retry_s = self._keepalive_once(interval, self._failures)
+            self._failures = 0 if self._retry_s is None else self._failures + 1
+        finally:
+            self._step_thread = None
+            self._step_idle.set()
+
+    def deadline_check(self) -> None:
+        """LOST if the deadline has passed (the renewer's watchdog calls it then)."""
+        if self.remaining_s() <= 0 and self.state is not SessionState.CLOSED:
+            self.mark_lost(self._deadline_passed())
 
     def _keepalive_once(self, interval: float, failures: int) -> float | None:
         """One keepalive; returns the retry delay after a failure (``failures``: the
@@ -384,16 +418,6 @@ class Liveness:
             self.mark_lost(LeaseLost(f"keepalive failed unexpectedly: {exc!r}"))
             log.exception("keepalive crashed", extra={"session_id": self.handle.session_id})
             return None
-
-    def _watchdog_loop(self) -> None:
-        while not self._stop.is_set():
-            left = self.remaining_s()
-            if left <= 0:
-                if self.state is not SessionState.CLOSED:
-                    self.mark_lost(self._deadline_passed())
-                return
-            if self.clock.wait(self._stop, left):
-                return
 
     def _deadline_passed(self) -> LeaseLost:
         return LeaseLost(

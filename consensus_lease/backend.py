@@ -154,8 +154,8 @@ class SessionHandle:
 
 
 class Backend(abc.ABC):
-    """A store driver. Thread-safe: the core calls it from user threads and from each
-    session's keepalive thread at once."""
+    """A store driver. Thread-safe: the core calls it from user threads and from the
+    store's keepalive runners (:mod:`consensus_lease._renewer`) at once."""
 
     scheme: ClassVar[str]
     capabilities: ClassVar[Capabilities]

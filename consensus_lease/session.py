@@ -3,9 +3,10 @@
 Many job leases live under one session, so renewal traffic grows with workers, not with
 jobs: one keepalive every ``granted TTL / 3`` whatever the number of leases held (each
 backend's docstring says what that request is). The session is composed of two parts, one
-concept each: :mod:`._liveness` (deadline, state, keepalive and watchdog threads: the same
-for every backend) and :mod:`._holdings` (the leases held and the one path every lease
-operation takes). Claiming from a work queue is in :mod:`._queue_claim`.
+concept each: :mod:`._liveness` (deadline, state and keepalive schedule, run on threads
+shared by the store's sessions, :mod:`._renewer`; the same for every backend) and
+:mod:`._holdings` (the leases held and the one path every lease operation takes).
+Claiming from a work queue is in :mod:`._queue_claim`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ._callsite import entered_by_with
 from ._fork import abandon
 from ._holdings import Holdings
 from ._liveness import EventRelay, Liveness
+from ._renewer import Renewer
 from ._waiting import Waiters, wait_and_claim
 from .backend import Backend, SessionEvent, SessionHandle
 from .clock import Clock
@@ -80,6 +82,7 @@ class Session:
         observer: Observer | None = None,
         events: EventRelay | None = None,
         retry: RetryPolicies | None = None,
+        renewer: Renewer | None = None,
     ) -> None:
         self.backend = backend
         self.observer = observer
@@ -95,7 +98,7 @@ class Session:
         self._liveness.on_loss(lambda _reason: self._waiters.wake_all())
         self.lost = self._liveness.lost
         """Set once the session is LOST."""
-        self._liveness.start(keepalive=keepalive)
+        self._liveness.start(renewer, keepalive=keepalive)
         if events is not None:
             events.bind(self._on_backend_event)
 
@@ -406,7 +409,7 @@ class Session:
     def keepalive(self) -> float:
         """Renew the session now, in one round trip; return the granted TTL.
 
-        The background thread does this every ``granted TTL / 3`` unless the session was
+        The store's renewal threads do this every ``granted TTL / 3`` unless the session was
         opened with ``keepalive=False``, in which case the worker must call it.
 
         Raises:

@@ -15,6 +15,7 @@ from ._election import election_key
 from ._extras import BACKEND_EXTRAS, DISTRIBUTION, install_hint, missing_dependency
 from ._fork import Origin, abandon
 from ._liveness import EventRelay
+from ._renewer import Renewer
 from ._waiting import Waiters
 from .backend import Backend, Capabilities
 from .clock import Clock, SystemClock
@@ -182,6 +183,9 @@ class LeaseStore:
         self._origin = Origin()
         self._sessions: weakref.WeakSet[Session] = weakref.WeakSet()
         self._sessions_lock = threading.Lock()
+        self._renewer = Renewer(self.clock)
+        """Keepalives and deadlines of the sessions on the store's clock (threads
+        shared by all of them: see :mod:`._renewer`)."""
         self._watchers = Waiters()
         """Every open ``observe`` iterator: woken when the store is closed."""
 
@@ -213,7 +217,8 @@ class LeaseStore:
                 ``session.granted_ttl_s``. Must be within ``capabilities``' range.
             safety_margin_s: taken off the local deadline to cover clock-rate drift and
                 scheduling delay (default 10% of the granted TTL).
-            keepalive: renew in a background thread every granted TTL / 3 (default).
+            keepalive: renew every granted TTL / 3 (default), on the store's shared
+                renewal threads (see ``consensus_lease._renewer``).
                 With ``False`` the worker calls ``session.keepalive()`` itself.
             clock: overrides the store's clock for this session.
 
@@ -244,6 +249,7 @@ class LeaseStore:
                 observer=self.observer,
                 events=events,
                 retry=self.retry_policies,
+                renewer=self._renewer if use_clock is self.clock else None,
             )
         except BaseException:
             self.backend.close_session(handle)
@@ -572,6 +578,7 @@ class LeaseStore:
             sessions = list(self._sessions)
         for session in sessions:
             session._close_with_store()
+        self._renewer.close()
         self._watchers.close()
         self.backend.close()
 

@@ -8,13 +8,18 @@ machine's cores busy, started before the sessions are opened and killed by PID a
   sessions each (10 x 1,000 by default);
 * ``single``: one process with ``w9_single_sessions`` sessions (2,000 by default).
 
-Sessions have TTL ``w9_ttl_s`` and renew on their own keepalive threads. A worker is a
+Sessions have TTL ``w9_ttl_s`` and renew on their store's shared renewal threads
+(:mod:`consensus_lease._renewer`: one scheduler, one watchdog and the keepalive
+runners, not two threads per session). A worker is a
 subprocess (``python -m consensus_lease.bench.sessions worker URL N TTL HOLD``) that
 opens its sessions with 20 threads (an open that fails is tried again, up to 5 times,
 and counted), holds them, and prints one JSON line: sessions
 lost (not ACTIVE at the end: each one a false loss, the cluster being healthy), the
 renewals seen, their latency p50/p99/max (send to answer, from the store's observer)
-and the smallest headroom (time left before the local deadline at a renewal).
+and the smallest headroom (time left before the local deadline at a renewal), with the
+losses split by cause: ``store_ended`` (the store ended the lease, e.g. before its TTL:
+counted by the driver as an early revocation, which is the store's fault, not this
+client's) and ``client`` (the local deadline passed: a false loss of this library).
 Not a timed test: the goal (0 lost) is reported, never asserted.
 """
 
@@ -28,7 +33,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..errors import BackendUnavailable
+from ..errors import BackendUnavailable, SessionExpired
 from ..observe import Observer
 from ..states import SessionState
 from ..store import open_store
@@ -78,14 +83,18 @@ def _worker(url: str, count: int, ttl_s: float, hold_s: float) -> dict[str, Any]
         sessions = list(pool.map(lambda i: open_one(store, i), range(count)))
         open_s = time.monotonic() - opened
         time.sleep(hold_s)  # the workload: hold every session this long
+        threads = threading.active_count()
         lost = [s for s in sessions if s.state is not SessionState.ACTIVE]
         reasons: dict[str, int] = {}
+        store_ended = sum(isinstance(s.lost_reason, SessionExpired) for s in lost)
         for session in lost:
             text = str(session.lost_reason).split(": ", 1)[-1][:80]  # without the id
             reasons[text] = reasons.get(text, 0) + 1
         list(pool.map(lambda s: s.close(), sessions))
     latencies = sorted(observer.latencies)
-    return {"sessions": count, "lost": len(lost), "open_s": open_s, "open_retries": refused[0],
+    return {"sessions": count, "lost": len(lost), "store_ended": store_ended,
+            "client_lost": len(lost) - store_ended,
+            "threads": threads, "open_s": open_s, "open_retries": refused[0],
             "renewals": len(latencies), "p50_s": _quantile(latencies, 0.5),
             "p99_s": _quantile(latencies, 0.99), "max_s": latencies[-1] if latencies else None,
             "min_headroom_s": observer.min_headroom_s, "loss_reasons": reasons}
@@ -108,6 +117,9 @@ def _phase(url: str, processes: int, per_process: int, ttl_s: float,
     heads = [r["min_headroom_s"] for r in done if r["min_headroom_s"] is not None]
     return {"processes": processes, "sessions": processes * per_process,
             "lost": sum(r["lost"] for r in done), "failed_workers": len(replies) - len(done),
+            "store_ended": sum(r["store_ended"] for r in done),
+            "client_lost": sum(r["client_lost"] for r in done),
+            "threads_max_process": max((r["threads"] for r in done), default=None),
             "renewals": sum(r["renewals"] for r in done),
             "p99_s_worst_process": max(p99s) if p99s else None,
             "min_headroom_s": min(heads) if heads else None,

@@ -1,0 +1,100 @@
+"""The renewal scheduler shared by a store's sessions (`_renewer.py`), on a fake clock:
+threads do not grow with sessions, and sharing them shares no failure."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from consensus_lease import LeaseLost, LeaseStore, SessionState
+from consensus_lease.backend import SessionHandle
+from consensus_lease.backends.memory import MemoryBackend
+from consensus_lease.testing import FakeClock
+from consensus_lease.testing.conformance import poll_until
+
+
+class CountingBackend(MemoryBackend):
+    """Memory backend counting keepalives per session; one session's can be held."""
+
+    def __init__(self, store_clock: Any) -> None:
+        super().__init__(store_clock)
+        self.counts: dict[str, int] = {}
+        self.hold: str | None = None  # session id whose keepalive blocks
+        self.release = threading.Event()
+        self._count_lock = threading.Lock()
+
+    def keepalive(self, session: SessionHandle) -> float:
+        with self._count_lock:
+            self.counts[session.session_id] = self.counts.get(session.session_id, 0) + 1
+        if session.session_id == self.hold:
+            self.release.wait(30)
+        return super().keepalive(session)
+
+
+def _consensus_threads() -> int:
+    return sum(t.name.startswith("consensus-lease") for t in threading.enumerate())
+
+
+def test_threads_do_not_grow_with_sessions() -> None:
+    clock = FakeClock()
+    backend = CountingBackend(clock)
+    store = LeaseStore(backend, clock=clock)
+    before = _consensus_threads()
+    sessions = [store.session(f"w{i}", ttl_s=3.0) for i in range(300)]
+    try:
+        clock.advance(1.0)  # every session is due
+        poll_until(lambda: len(backend.counts) == 300, 20)
+        # one scheduler, one watchdog and the runners (at most MAX_RUNNERS), never
+        # two threads per session (which was 600 here)
+        assert _consensus_threads() - before <= 2 + 64
+        assert all(s.state is SessionState.ACTIVE for s in sessions)
+    finally:
+        store.close()
+
+
+def test_a_stuck_keepalive_delays_no_other_session() -> None:
+    clock = FakeClock()
+    backend = CountingBackend(clock)
+    store = LeaseStore(backend, clock=clock)
+    try:
+        stuck = store.session("stuck", ttl_s=3.0)
+        others = [store.session(f"w{i}", ttl_s=3.0) for i in range(5)]
+        backend.hold = stuck.session_id
+        for step in range(1, 4):  # three keepalive intervals
+            clock.advance(1.0)
+            poll_until(lambda step=step: all(
+                backend.counts.get(s.session_id, 0) >= step for s in others), 10)
+        assert backend.counts[stuck.session_id] == 1  # still in its first call
+        assert all(s.state is SessionState.ACTIVE for s in others)
+        clock.advance(1.0)  # the stuck one's deadline (3 - 0.3 s) has passed
+        poll_until(lambda: stuck.state is SessionState.LOST, 10)
+        assert all(s.state is SessionState.ACTIVE for s in others)
+    finally:
+        backend.release.set()
+        store.close()
+
+
+def test_a_slow_loss_callback_delays_no_other_loss() -> None:
+    clock = FakeClock()
+    backend = CountingBackend(clock)
+    store = LeaseStore(backend, clock=clock)
+    slow_entered = threading.Event()
+    release = threading.Event()
+    heard: list[str] = []
+
+    def slow(_session: Any, _reason: LeaseLost) -> None:
+        slow_entered.set()
+        release.wait(30)
+
+    try:
+        first = store.session("first", ttl_s=3.0, keepalive=False)
+        first.on_lost(slow)
+        second = store.session("second", ttl_s=3.0, keepalive=False)
+        second.on_lost(lambda s, _r: heard.append(s.session_id))
+        clock.advance(1.0)  # the second one was opened later: its deadline is not first
+        clock.advance(2.0)  # both deadlines passed
+        poll_until(slow_entered.is_set, 10)
+        poll_until(lambda: heard == [second.session_id], 10)
+    finally:
+        release.set()
+        store.close()
