@@ -227,10 +227,12 @@ class Liveness:
                 self.mark_lost(exc)
             raise
 
-    def keepalive(self) -> float:
-        """One keepalive round trip; moves the deadline on success. Returns the TTL."""
-        send = self.clock.monotonic()
-        ttl = self.call(lambda: self.backend.keepalive(self.handle))
+    def keepalive(self, outcome: Callable[[], float] | None = None,
+                  send_time: float | None = None) -> float:
+        """One keepalive round trip (or the ``outcome`` of one sent at ``send_time``);
+        moves the deadline on success. Returns the TTL."""
+        send = self.clock.monotonic() if send_time is None else send_time
+        ttl = self.call(outcome or (lambda: self.backend.keepalive(self.handle)))
         self.renewed(send, ttl)
         return ttl
 
@@ -375,33 +377,64 @@ class Liveness:
     def keepalive_step(self) -> None:
         """The keepalive that is due: sent (ACTIVE), skipped for a short while
         (SUSPENDED: the backend's reconnect resumes the session), or nothing (over)."""
+        if self.keepalive_begin():
+            try:
+                interval = self.granted_ttl_s * KEEPALIVE_FRACTION
+                self._retry_s = self._keepalive_once(interval, self._failures)
+                self._failures = 0 if self._retry_s is None else self._failures + 1
+            finally:
+                self._step_done()
+
+    def keepalive_begin(self) -> bool:
+        """The first half of :meth:`keepalive_step` for a keepalive the caller sends
+        with others (``Backend.keepalive_many``): ``True`` if one is to be sent now, and
+        then :meth:`keepalive_end` must follow, on the same thread."""
         self._step_idle.clear()  # before the state is read: close() waits for it
         self._step_thread = threading.current_thread()
+        state = self.state
+        if state in (SessionState.LOST, SessionState.CLOSED) or self._stop.is_set():
+            self._step_done()
+            return False
+        self._last_send = self.clock.monotonic()
+        if state is SessionState.SUSPENDED:
+            self._retry_s = min(self.granted_ttl_s * KEEPALIVE_FRACTION, 0.2)
+            self._step_done()
+            return False
+        return True
+
+    def keepalive_end(self, send_time: float, result: float | Exception) -> None:
+        """The second half: the keepalive sent at ``send_time`` (before the request)
+        ended with the TTL granted or an error, handled as :meth:`keepalive_step`
+        handles its own."""
+        def outcome() -> float:
+            if isinstance(result, Exception):
+                raise result
+            return result
+
         try:
-            state = self.state
-            if state in (SessionState.LOST, SessionState.CLOSED) or self._stop.is_set():
-                return
             interval = self.granted_ttl_s * KEEPALIVE_FRACTION
-            self._last_send = self.clock.monotonic()
-            if state is SessionState.SUSPENDED:
-                self._retry_s = min(interval, 0.2)
-                return
-            self._retry_s = self._keepalive_once(interval, self._failures)
+            self._retry_s = self._keepalive_once(interval, self._failures, outcome, send_time)
             self._failures = 0 if self._retry_s is None else self._failures + 1
         finally:
-            self._step_thread = None
-            self._step_idle.set()
+            self._step_done()
+
+    def _step_done(self) -> None:
+        self._step_thread = None
+        self._step_idle.set()
 
     def deadline_check(self) -> None:
         """LOST if the deadline has passed (the renewer's watchdog calls it then)."""
         if self.remaining_s() <= 0 and self.state is not SessionState.CLOSED:
             self.mark_lost(self._deadline_passed())
 
-    def _keepalive_once(self, interval: float, failures: int) -> float | None:
-        """One keepalive; returns the retry delay after a failure (``failures``: the
-        failures just before this one), ``None`` on success."""
+    def _keepalive_once(self, interval: float, failures: int,
+                        outcome: Callable[[], float] | None = None,
+                        send_time: float | None = None) -> float | None:
+        """One keepalive (or the ``outcome`` of one sent at ``send_time``); returns the
+        retry delay after a failure (``failures``: the failures just before this one),
+        ``None`` on success."""
         try:
-            self.keepalive()
+            self.keepalive(outcome, send_time)
             return None
         except SessionExpired:
             return None  # call() marked the session lost; the loop ends

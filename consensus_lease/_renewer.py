@@ -10,7 +10,10 @@ lost). Here the sessions of one store share
   outcome (:meth:`Liveness.keepalive_step`), so one session never has two keepalives in
   flight, and a session's schedule is exactly what its own thread would have kept;
 * **runners**: daemon threads that make the keepalive calls, started when every runner
-  is busy and a session is due, up to :data:`MAX_RUNNERS`. A slow or failing keepalive
+  is busy and a session is due, up to :data:`MAX_RUNNERS`. A driver that can pipeline
+  keepalives (etcd: many requests on one stream, ``Backend.keepalive_batch``) is handed
+  the sessions due together in one call, and each session's answer is handled as it
+  comes; others get one session per call. A slow or failing keepalive
   occupies one runner and delays nobody else's (each call is bounded by its driver's
   per-call budget); a healthy store needs a handful of runners for thousands of
   sessions. (Not :class:`concurrent.futures.ThreadPoolExecutor`: its threads are joined
@@ -45,7 +48,7 @@ from .clock import Clock
 if TYPE_CHECKING:  # the renewer drives Liveness objects, which are given one
     from ._liveness import Liveness
 
-__all__ = ["MAX_RUNNERS", "Renewer"]
+__all__ = ["COALESCE_S", "MAX_RUNNERS", "Renewer"]
 
 log = logging.getLogger("consensus_lease")
 
@@ -53,6 +56,12 @@ MAX_RUNNERS = 64
 """Most keepalive calls of one store in flight at once. A call is bounded by its
 driver's budget (at most a third of the TTL, or ``timeout_s``); more sessions than this
 due at once wait their turn in due order."""
+
+
+COALESCE_S = 0.05
+"""For a driver that pipelines keepalives (``Backend.keepalive_batch`` > 1), sessions due
+within this many seconds are renewed together: a renewal sent up to 50 ms early only
+moves that session's deadline 50 ms less far (the deadline counts from the send)."""
 
 
 class Renewer:
@@ -155,7 +164,8 @@ class Renewer:
         while not self._stop.is_set():
             now = clock.monotonic()
             with self._lock:
-                while self._due and self._due[0][0] <= now:
+                while self._due and self._due[0][0] <= now + (
+                        COALESCE_S if self._due[0][2].backend.keepalive_batch > 1 else 0.0):
                     _, _, liveness = heapq.heappop(self._due)
                     self._ready.append(liveness)
                 if self._ready:
@@ -171,7 +181,8 @@ class Renewer:
 
     def _dispatch(self) -> None:
         """Hand ready sessions to idle runners, starting runners as needed (lock held)."""
-        want = len(self._ready) - self._idle
+        batch = max(1, self._ready[0].backend.keepalive_batch)
+        want = -(-len(self._ready) // batch) - self._idle  # runners needed, rounded up
         while want > 0 and self._runners < self._max_runners:
             self._runners += 1
             self._idle += 1
@@ -189,26 +200,70 @@ class Renewer:
                     self._runners -= 1
                     self._idle -= 1
                     return
-                liveness = self._ready.popleft()
+                batch = [self._ready.popleft()]
+                backend = batch[0].backend
+                while (len(batch) < backend.keepalive_batch and self._ready
+                       and self._ready[0].backend is backend):
+                    batch.append(self._ready.popleft())
                 self._idle -= 1
-            due: float | None = None
-            try:
-                liveness.keepalive_step()
-                due = liveness.keepalive_due()
-            except Exception:  # a bug here must not end the runner or other sessions
-                log.exception("keepalive step crashed",
-                              extra={"session_id": liveness.handle.session_id})
+            if len(batch) == 1:
+                self._step(batch[0])
+            else:
+                self._step_many(batch)
             with self._lock:
                 self._idle += 1
-                if due is None or self._stop.is_set():
-                    continue
-                heapq.heappush(self._due, (due, next(self._seq), liveness))
-                if not self._scheduling:  # it ended while this call was in flight
-                    self._scheduling = True
-                    self._thread(self._scheduler_loop, "keepalives")
-                wake = due < self._scheduler_until
-            if wake:
-                self._wake_scheduler.set()
+
+    def _step(self, liveness: Liveness) -> None:
+        try:
+            liveness.keepalive_step()
+        except Exception:  # a bug here must not end the runner or other sessions
+            log.exception("keepalive step crashed",
+                          extra={"session_id": liveness.handle.session_id})
+        self._reschedule(liveness)
+
+    def _step_many(self, batch: list[Liveness]) -> None:
+        """The keepalives of ``batch`` (one backend) sent together: each session's
+        outcome is handled, and the session rescheduled, as its own answer comes."""
+        sending = [liveness for liveness in batch if liveness.keepalive_begin()]
+        for liveness in batch:
+            if liveness not in sending:
+                self._reschedule(liveness)
+        if not sending:
+            return
+        ended = [False] * len(sending)
+        send = self.clock.monotonic()
+
+        def on_result(i: int, result: float | Exception) -> None:
+            ended[i] = True
+            liveness = sending[i]
+            try:
+                liveness.keepalive_end(send, result)
+            except Exception:
+                log.exception("keepalive step crashed",
+                              extra={"session_id": liveness.handle.session_id})
+            self._reschedule(liveness)
+
+        try:
+            batch[0].backend.keepalive_many([liveness.handle for liveness in sending],
+                                            on_result)
+        except Exception as exc:  # a driver bug: each session still gets an outcome
+            log.exception("keepalive_many crashed")
+            for i, done in enumerate(ended):
+                if not done:
+                    on_result(i, exc)
+
+    def _reschedule(self, liveness: Liveness) -> None:
+        due = liveness.keepalive_due()
+        with self._lock:
+            if due is None or self._stop.is_set():
+                return
+            heapq.heappush(self._due, (due, next(self._seq), liveness))
+            if not self._scheduling:  # it ended while this call was in flight
+                self._scheduling = True
+                self._thread(self._scheduler_loop, "keepalives")
+            wake = due < self._scheduler_until
+        if wake:
+            self._wake_scheduler.set()
 
     # -- deadlines ------------------------------------------------------------------------
 

@@ -202,6 +202,29 @@ class Backend(abc.ABC):
             BackendUnavailable: no answer; the session may still be alive.
         """
 
+    keepalive_batch: ClassVar[int] = 1
+    """How many sessions' keepalives :meth:`keepalive_many` sends at once; 1 (the
+    default): one after another, so the core hands it one session at a time, and one
+    slow keepalive never delays the sending of another's."""
+
+    def keepalive_many(
+        self, sessions: Sequence[SessionHandle],
+        on_result: Callable[[int, float | Exception], None],
+    ) -> None:
+        """:meth:`keepalive` for each of ``sessions`` (at most :attr:`keepalive_batch`),
+        sent at once by a driver that can (etcd pipelines them on its streams), else
+        one after another. ``on_result(i, ttl_or_error)`` is called for each as it ends,
+        with the TTL granted or the exception its keepalive raised (``SessionExpired``,
+        ``BackendUnavailable``, ...), never raised from here. Every session's request is
+        sent after this call began: the caller's send time is before all of them."""
+        for i, session in enumerate(sessions):
+            try:
+                ttl = self.keepalive(session)
+            except Exception as exc:  # the session's own result, as keepalive() says
+                on_result(i, exc)
+                continue
+            on_result(i, ttl)
+
     @abc.abstractmethod
     def close_session(self, session: SessionHandle) -> None:
         """End the session in the store; every job it holds becomes claimable at once.

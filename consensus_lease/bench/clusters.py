@@ -102,7 +102,10 @@ def _start_kit_cluster(kind: str, stack: contextlib.ExitStack, note: Note) -> An
     from ..testing.cluster import ClusterError, EtcdCluster, ZooKeeperCluster
 
     for slot in BENCH_SLOTS:
-        cluster = EtcdCluster(slot=slot) if kind == "etcd" else ZooKeeperCluster(slot=slot)
+        # maxClientCnxns=0: W9 opens thousands of ZooKeeper sessions (one connection
+        # each) from this one address; ZooKeeper's default refuses the 61st
+        cluster = (EtcdCluster(slot=slot) if kind == "etcd" else
+                   ZooKeeperCluster(slot=slot, extra_config={"maxClientCnxns": "0"}))
         try:
             cluster.start(timeout_s=90.0)
         except ClusterError as exc:

@@ -98,3 +98,64 @@ def test_a_slow_loss_callback_delays_no_other_loss() -> None:
     finally:
         release.set()
         store.close()
+
+
+class PipeliningBackend(MemoryBackend):
+    """Memory backend that says it pipelines keepalives: records each batch, answers
+    every session at once except a held one, whose answer waits for ``release``."""
+
+    keepalive_batch = 16
+
+    def __init__(self, store_clock: Any) -> None:
+        super().__init__(store_clock)
+        self.batches: list[int] = []
+        self.hold: str | None = None
+        self.release = threading.Event()
+        self.renewed: dict[str, int] = {}
+
+    def keepalive_many(self, sessions: Any, on_result: Any) -> None:
+        self.batches.append(len(sessions))
+        held = []
+        for i, session in enumerate(sessions):
+            if session.session_id == self.hold:
+                held.append(i)
+                continue
+            self.renewed[session.session_id] = self.renewed.get(session.session_id, 0) + 1
+            on_result(i, super().keepalive(session))
+        for i in held:
+            self.release.wait(30)
+            on_result(i, super().keepalive(sessions[i]))
+
+
+def test_a_pipelining_driver_gets_the_sessions_due_together_in_one_call() -> None:
+    clock = FakeClock()
+    backend = PipeliningBackend(clock)
+    store = LeaseStore(backend, clock=clock)
+    try:
+        sessions = [store.session(f"w{i}", ttl_s=3.0) for i in range(40)]
+        clock.advance(1.0)
+        poll_until(lambda: len(backend.renewed) == 40, 10)
+        assert max(backend.batches) == 16 and len(backend.batches) <= 6
+        assert all(s.state is SessionState.ACTIVE for s in sessions)
+    finally:
+        store.close()
+
+
+def test_an_unanswered_session_in_a_batch_holds_back_no_other() -> None:
+    clock = FakeClock()
+    backend = PipeliningBackend(clock)
+    store = LeaseStore(backend, clock=clock)
+    try:
+        stuck = store.session("stuck", ttl_s=3.0)
+        others = [store.session(f"w{i}", ttl_s=3.0) for i in range(5)]
+        backend.hold = stuck.session_id
+        for step in range(1, 4):
+            clock.advance(1.0)
+            poll_until(lambda step=step: all(
+                backend.renewed.get(s.session_id, 0) >= step for s in others), 10)
+        clock.advance(1.0)  # past the stuck one's deadline only
+        poll_until(lambda: stuck.state is SessionState.LOST, 10)
+        assert all(s.state is SessionState.ACTIVE for s in others)
+    finally:
+        backend.release.set()
+        store.close()

@@ -53,7 +53,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import grpc
@@ -61,7 +61,7 @@ from pyetcd import etcdrpc
 
 from ._transport import Failure, Member, Transport
 
-__all__ = ["KeepAliveStreams"]
+__all__ = ["KeepAliveCall", "KeepAliveStreams"]
 
 log = logging.getLogger("consensus_lease.etcd")
 
@@ -75,12 +75,13 @@ MAX_REOPEN_PAUSE_S = 0.1
 class _Renewal:
     """One keepalive call: its requests, one per member at most; the first answer wins.
 
-    ``changed`` is set at every answer or failure of one of its requests."""
+    ``changed`` is set at every answer or failure of one of its requests (an event
+    shared by the calls one thread runs together)."""
 
     __slots__ = ("answer", "changed", "failed", "finished")
 
-    def __init__(self) -> None:
-        self.changed = threading.Event()
+    def __init__(self, changed: threading.Event) -> None:
+        self.changed = changed
         self.answer: tuple[int, Any, _Stream] | None = None
         self.failed: list[tuple[_Stream, Failure]] = []
         self.finished = False  # the call returned: later answers are dropped
@@ -93,6 +94,30 @@ class _Renewal:
     def broke(self, stream: _Stream, failure: Failure) -> None:
         self.failed.append((stream, failure))
         self.changed.set()
+
+
+class KeepAliveCall:
+    """One lease's keepalive call (see :meth:`KeepAliveStreams.keepalive`) and its state
+    while it runs; ``result`` is the TTL and header answered, or the ``Failure`` it
+    ended with."""
+
+    __slots__ = ("asked", "attempt_s", "budget_s", "deadline", "last", "lease_id",
+                 "reauthenticated", "renewal", "result", "seen", "stall_s", "tried")
+
+    def __init__(self, lease_id: int, budget_s: float, attempt_s: float,
+                 stall_s: float | None = None, tried: list[Failure] | None = None) -> None:
+        self.lease_id = lease_id
+        self.budget_s = budget_s
+        self.attempt_s = attempt_s
+        self.stall_s = stall_s
+        self.tried = tried
+        self.result: tuple[int, Any] | Failure | None = None
+        self.renewal = _Renewal(threading.Event())
+        self.deadline = 0.0  # monotonic; set when it starts
+        self.asked: dict[int, tuple[_Stream, float]] = {}  # id(member) -> its request
+        self.seen = 0  # failures of renewal.failed handled
+        self.reauthenticated = False
+        self.last: Failure | None = None
 
 
 class _Stream:
@@ -279,44 +304,84 @@ class KeepAliveStreams:
                 passed or the store is closed, the last failure (DEADLINE_EXCEEDED for a
                 request still unanswered); the lease may still be alive.
         """
-        renewal = _Renewal()
-        deadline = time.monotonic() + budget_s
-        asked: dict[int, tuple[_Stream, float]] = {}  # id(member) -> its request
-        seen = 0  # failures of renewal.failed handled
-        reauthenticated = False
-        last: Failure | None = None
+        call = KeepAliveCall(lease_id, budget_s, attempt_s, stall_s, tried)
+        self.keepalive_many([call])
+        if isinstance(call.result, Failure):
+            raise call.result
+        assert call.result is not None
+        return call.result
+
+    def keepalive_many(
+        self, calls: Sequence[KeepAliveCall],
+        on_result: Callable[[KeepAliveCall], None] | None = None,
+    ) -> None:
+        """Run every call as :meth:`keepalive` runs one, all at once from this thread:
+        their requests are sent together (pipelined on the streams) and each call ends
+        on its own answer, failure or budget, setting its ``result``;
+        ``on_result(call)`` is called as each one ends (not when the last one does),
+        from this thread."""
+        changed = threading.Event()  # shared by the calls' renewals: one thread waits
+        now = time.monotonic()
+        for call in calls:
+            call.renewal = _Renewal(changed)
+            call.deadline = now + call.budget_s
+        pending = list(calls)
         try:
-            while True:
-                renewal.changed.clear()
-                if renewal.answer is not None:
-                    ttl, header, stream = renewal.answer
-                    first = self._order()[0]
-                    if stream.member is not first and id(first) in asked:
-                        self._prefer(stream.member)  # it answered, the preferred did not
-                    return ttl, header
-                for stream, failure in renewal.failed[seen:]:
-                    seen += 1
-                    asked.pop(id(stream.member), None)
-                    self._drop(stream, failure)
-                    last = failure
-                    if tried is not None:
-                        tried.append(failure)
-                    if failure.token_rejected and not reauthenticated:
-                        reauthenticated = True
-                        self._transport.authenticate()
-                    elif not failure.transient:
-                        raise failure
-                if self._closed.is_set():
-                    raise Failure(self._transport.config.describe(),
-                                  grpc.StatusCode.CANCELLED, "the store is closed")
-                now = time.monotonic()
-                if now >= deadline:
-                    raise self._timed_out(asked, now, last, tried)
-                wake = self._send(lease_id, renewal, asked, attempt_s,
-                                  budget_s if stall_s is None else stall_s, now)
-                renewal.changed.wait(max(0.0, min(wake, deadline) - time.monotonic()))
+            while pending:
+                changed.clear()
+                wake = float("inf")
+                still: list[KeepAliveCall] = []
+                for call in pending:
+                    at = self._step(call)
+                    if at is None:
+                        call.renewal.finished = True
+                        if on_result is not None:
+                            on_result(call)
+                    else:
+                        still.append(call)
+                        wake = min(wake, at)
+                pending = still
+                if pending:
+                    changed.wait(max(0.0, wake - time.monotonic()))
         finally:
-            renewal.finished = True
+            for call in calls:
+                call.renewal.finished = True
+
+    def _step(self, call: KeepAliveCall) -> float | None:
+        """Look at one call after something changed: ``None`` once it has its result,
+        else the monotonic time at which to look again."""
+        renewal = call.renewal
+        if renewal.answer is not None:
+            ttl, header, stream = renewal.answer
+            first = self._order()[0]
+            if stream.member is not first and id(first) in call.asked:
+                self._prefer(stream.member)  # it answered, the preferred did not
+            call.result = (ttl, header)
+            return None
+        for stream, failure in renewal.failed[call.seen:]:
+            call.seen += 1
+            call.asked.pop(id(stream.member), None)
+            self._drop(stream, failure)
+            call.last = failure
+            if call.tried is not None:
+                call.tried.append(failure)
+            if failure.token_rejected and not call.reauthenticated:
+                call.reauthenticated = True
+                self._transport.authenticate()
+            elif not failure.transient:
+                call.result = failure
+                return None
+        if self._closed.is_set():
+            call.result = Failure(self._transport.config.describe(),
+                                  grpc.StatusCode.CANCELLED, "the store is closed")
+            return None
+        now = time.monotonic()
+        if now >= call.deadline:
+            call.result = self._timed_out(call.asked, now, call.last, call.tried)
+            return None
+        wake = self._send(call.lease_id, renewal, call.asked, call.attempt_s,
+                          call.budget_s if call.stall_s is None else call.stall_s, now)
+        return min(wake, call.deadline)
 
     def _send(self, lease_id: int, renewal: _Renewal, asked: dict[int, tuple[_Stream, float]],
               attempt_s: float, stall_s: float, now: float) -> float:

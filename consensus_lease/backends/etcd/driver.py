@@ -49,7 +49,7 @@ from . import (
 )
 from . import _requests as rq
 from ._config import EtcdConfig, parse_url
-from ._keepalive import KeepAliveStreams
+from ._keepalive import KeepAliveCall, KeepAliveStreams
 from ._keys import Layout, session_text
 from ._ops import Ops
 from ._refusal import Refusal
@@ -92,6 +92,8 @@ class EtcdBackend(Backend):
         elections=True,
     )
     epoch_shift: ClassVar[int] = _tokens.EPOCH_SHIFT
+    keepalive_batch: ClassVar[int] = 128
+    """Sessions whose keepalives :meth:`keepalive_many` pipelines at once."""
 
     def __init__(self, config: EtcdConfig) -> None:
         self.config = config
@@ -372,19 +374,52 @@ class EtcdBackend(Backend):
             BackendUnavailable: no answer; the lease may still be alive.
         """
         handle = self._handle(session)
+        call = self._keepalive_call(handle)
+        mark = self._transport.guard.mark()
+        sent = time.monotonic()
+        self._keepalives.keepalive_many([call])
+        return self._keepalive_outcome(handle, call, mark, sent)
+
+    def keepalive_many(
+        self, sessions: Sequence[SessionHandle],
+        on_result: Callable[[int, float | Exception], None],
+    ) -> None:
+        """:meth:`keepalive` for every session at once: their requests are pipelined on
+        the shared streams, each ends on its own answer, failover or budget exactly as
+        alone, and ``on_result(i, ttl or error)`` hears each as it ends (a slow one holds
+        back no other's result)."""
+        handles = [self._handle(session) for session in sessions]
+        calls = [self._keepalive_call(handle) for handle in handles]
+        index = {id(call): i for i, call in enumerate(calls)}
+        mark = self._transport.guard.mark()
+        sent = time.monotonic()
+
+        def ended(call: KeepAliveCall) -> None:
+            i = index[id(call)]
+            try:
+                ttl = self._keepalive_outcome(handles[i], call, mark, sent)
+            except Exception as exc:  # every error is this session's own result
+                on_result(i, exc)
+                return
+            on_result(i, ttl)
+
+        self._keepalives.keepalive_many(calls, ended)
+
+    def _keepalive_call(self, handle: EtcdSession) -> KeepAliveCall:
         ttl_s = handle.granted_ttl_s
         stall = min(self.config.timeout_s, max(0.2, ttl_s / 3))
         budget = min(self.config.timeout_s, max(0.2, 2 * ttl_s / 3))
         attempt = min(stall, max(0.15, ttl_s / 20))
+        return KeepAliveCall(handle.lease_id, budget, attempt, stall, [])
+
+    def _keepalive_outcome(self, handle: EtcdSession, call: KeepAliveCall, mark: Mark,
+                           sent: float) -> float:
+        """The TTL granted by a finished call, or its error (see :meth:`keepalive`)."""
         what = f"keepalive of session {handle.session_id}"
-        tried: list[Failure] = []
-        mark = self._transport.guard.mark()
-        sent = time.monotonic()
-        try:
-            ttl, header = self._keepalives.keepalive(handle.lease_id, budget, attempt, tried,
-                                                     stall)
-        except Failure as failure:
-            raise translate(failure, what, tried) from failure.__cause__
+        if isinstance(call.result, Failure):
+            raise translate(call.result, what, call.tried or []) from call.result.__cause__
+        assert call.result is not None
+        ttl, header = call.result
         self._check_keepalive_answer(header, mark)
         handle.check_history()
         if ttl <= 0:
