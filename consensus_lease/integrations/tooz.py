@@ -82,9 +82,17 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, Generic, TypeVar
 
-import tooz
-from tooz import coordination, locking
-from tooz import utils as tooz_utils
+from .._extras import install_hint
+
+try:
+    import tooz
+    from tooz import coordination, locking
+    from tooz import utils as tooz_utils
+except ModuleNotFoundError as exc:  # pragma: no cover - the [tooz] extra is missing
+    if exc.name is None or exc.name.partition(".")[0] != "tooz":
+        raise
+    raise ImportError(f"consensus_lease.integrations.tooz needs tooz: {install_hint('tooz')}",
+                      name=exc.name) from exc
 
 from ..election import Leadership
 from ..errors import (
@@ -94,7 +102,6 @@ from ..errors import (
     JobCompleted,
     LeaseError,
     LeaseLost,
-    LeaseNotHeld,
     OutcomeUnknown,
 )
 from ..lease import Lease
@@ -117,13 +124,12 @@ __all__ = [
     "ZooKeeperCoordinator",
 ]
 
-LOG = logging.getLogger(__name__)
-T = TypeVar("T")
+_LOG = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 DEFAULT_TIMEOUT_S = 30.0
 """The session TTL when the URL sets no ``timeout`` (tooz's etcd3gw driver's default)."""
 
-SCHEME_PREFIX = "consensus-lease+"
 _WAIT_CHUNK_S = 300.0
 """A blocking acquire without a timeout waits in chunks of this many seconds."""
 _POLL_MIN_S, _POLL_MAX_S = 0.02, 0.5
@@ -131,7 +137,7 @@ _POLL_MIN_S, _POLL_MAX_S = 0.02, 0.5
 _DELETE_WAIT_S = 10.0
 """How long a join waits for a concurrent ``delete_group`` to finish or give up."""
 
-GROUPS_QUEUE = "tooz/groups"
+_GROUPS_QUEUE = "tooz/groups"
 
 
 class SessionLost(coordination.ToozError):
@@ -181,14 +187,14 @@ def _translated() -> Iterator[None]:
         raise coordination.ToozError(str(exc)) from exc
 
 
-class _Done(coordination.CoordAsyncResult[T], Generic[T]):
+class _Done(coordination.CoordAsyncResult[_T], Generic[_T]):
     """The result of a call already made (the driver calls the store synchronously)."""
 
-    def __init__(self, value: T | None = None, error: BaseException | None = None) -> None:
+    def __init__(self, value: _T | None = None, error: BaseException | None = None) -> None:
         self._value = value
         self._error = error
 
-    def get(self, timeout: float | None = None) -> T:
+    def get(self, timeout: float | None = None) -> _T:
         if self._error is not None:
             raise self._error
         return self._value  # type: ignore[return-value]
@@ -197,7 +203,7 @@ class _Done(coordination.CoordAsyncResult[T], Generic[T]):
         return True
 
 
-def _run(call: Callable[[], T]) -> _Done[T]:
+def _run(call: Callable[[], _T]) -> _Done[_T]:
     """Run ``call`` now; its value, or its tooz error, for ``get()``."""
     try:
         with _translated():
@@ -437,7 +443,7 @@ class Coordinator(coordination.CoordinationDriverCachedRunWatchers):
         self._store, self._session = store, session
 
     def _on_lost(self, session: Session, reason: LeaseLost) -> None:
-        LOG.error("tooz coordinator %r lost its consensus_lease session (%s): its locks, "
+        _LOG.error("tooz coordinator %r lost its consensus_lease session (%s): its locks, "
                   "leaderships and memberships have ended; stop() and start() it",
                   self._member_id, reason)
 
@@ -489,7 +495,7 @@ class Coordinator(coordination.CoordinationDriverCachedRunWatchers):
         if wait is None:
             return None
         try:
-            seconds = float(wait)  # type: ignore[arg-type]
+            seconds = float(wait)
         except (TypeError, ValueError):
             seconds = float("nan")
         if not seconds >= 0:
@@ -642,12 +648,12 @@ class Coordinator(coordination.CoordinationDriverCachedRunWatchers):
         """Release ``lease``: ``True`` if the store handed it back, ``False`` if it had
         been lost already (logged: a lost hold is never silent)."""
         if lease.state is not LeaseState.HELD and lease.state is not LeaseState.SUSPENDED:
-            LOG.warning("tooz lock hold %r was already %s", lease.job_id, lease.state.value)
+            _LOG.warning("tooz lock hold %r was already %s", lease.job_id, lease.state.value)
             return False
         try:
             lease.release()
         except LeaseLost as exc:
-            LOG.warning("tooz lock hold %r was lost before its release: %s", lease.job_id, exc)
+            _LOG.warning("tooz lock hold %r was lost before its release: %s", lease.job_id, exc)
             return False
         return True
 
@@ -686,12 +692,12 @@ class Coordinator(coordination.CoordinationDriverCachedRunWatchers):
 
         def create() -> None:
             store = self._live()[0]
-            if store.enqueue(GROUPS_QUEUE, self._group_job(group)):
+            if store.enqueue(_GROUPS_QUEUE, self._group_job(group)):
                 return
             record = store.get(self._group_job(group))
             if record is not None and record.state is JobState.COMPLETED:
-                store.purge(GROUPS_QUEUE)  # deleted, not yet purged
-                if store.enqueue(GROUPS_QUEUE, self._group_job(group)):
+                store.purge(_GROUPS_QUEUE)  # deleted, not yet purged
+                if store.enqueue(_GROUPS_QUEUE, self._group_job(group)):
                     return
             raise coordination.GroupAlreadyExist(group)
 
@@ -701,7 +707,7 @@ class Coordinator(coordination.CoordinationDriverCachedRunWatchers):
         def groups() -> list[bytes]:
             prefix = len("tooz/group/")
             return [_unquote(job.record.job_id[prefix:])
-                    for job in self._live()[0].queue_jobs(GROUPS_QUEUE)
+                    for job in self._live()[0].queue_jobs(_GROUPS_QUEUE)
                     if job.record.state is not JobState.COMPLETED]
 
         return _run(groups)
@@ -720,7 +726,7 @@ class Coordinator(coordination.CoordinationDriverCachedRunWatchers):
                 hold.release()
                 raise coordination.GroupNotEmpty(group)
             hold.complete(b"deleted")
-            store.purge(GROUPS_QUEUE)
+            store.purge(_GROUPS_QUEUE)
 
         return _run(delete)
 
