@@ -31,7 +31,7 @@ from pathlib import Path
 
 from consensus_lease.testing import engine
 from consensus_lease.testing.cluster import EtcdCluster, ZooKeeperCluster
-from consensus_lease.testing.postgresql import POSTGRES_ENV
+from consensus_lease.testing.postgresql import POSTGRES_ENV, fresh_schema
 from consensus_lease.testing.tooz_suite import SuiteCounts, run_tooz_suite
 
 
@@ -61,7 +61,8 @@ def _table(rows: list[tuple[str, str, SuiteCounts]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--stores", default="sqlite,etcd,zk,postgresql")
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="write the table there too (benchmarks/results/tooz_suite.md)")
     args = parser.parse_args(argv)
     stores = set(args.stores.split(","))
     run = uuid.uuid4().hex[:8]
@@ -98,8 +99,9 @@ def main(argv: list[str] | None = None) -> int:
             if base is None:
                 print(f"PostgreSQL skipped: {POSTGRES_ENV} is not set", file=sys.stderr)
             else:
-                record("consensus_lease", "PostgreSQL",
-                       f"consensus-lease+{base}?schema=tooz_{run}")
+                with fresh_schema(base) as schema:  # dropped afterwards
+                    record("consensus_lease", "PostgreSQL",
+                           f"consensus-lease+{base}?schema={schema}")
     finally:
         for cluster in (etcd, zk):
             if cluster is not None:

@@ -148,10 +148,12 @@ def run_tooz_suite(
         paths = [str(Path(consensus_lease.__file__).resolve().parent.parent)]
         if (shim := _entry_points_path(work / "entry-points")) is not None:
             paths.append(shim)
-        if os.environ.get("PYTHONPATH"):
-            paths.append(os.environ["PYTHONPATH"])
+        paths += os.environ.get("PYTHONPATH", "").split(os.pathsep)
+        # Each entry once: a folder listed twice shows its distributions twice, and tooz
+        # (stevedore) then finds two drivers per scheme and loads none.
+        unique = [p for i, p in enumerate(paths) if p and p not in paths[:i]]
         child_env = {**os.environ, **(env or {}), "TOOZ_TEST_URL": url,
-                     "PYTHONPATH": os.pathsep.join(paths)}
+                     "PYTHONPATH": os.pathsep.join(unique)}
         command = [sys.executable, "-m", "pytest", "--pyargs", SUITE, "-q", "-rs",
                    "-p", "no:cacheprovider", "-p", "no:consensus_lease",
                    "-o", "addopts=", f"--timeout={per_test_timeout_s:g}",

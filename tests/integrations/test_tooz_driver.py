@@ -76,6 +76,37 @@ def coordinator(tmp_path: Path) -> Iterator[Callable[..., Coordinator]]:
             coord.stop()
 
 
+# --8<-- [start:example]
+from consensus_lease import FenceRejected, SqliteFence  # noqa: E402
+
+
+def test_a_tooz_lock_fences_a_late_write(tmp_path: Path) -> None:
+    url = f"consensus-lease+sqlite:///{tmp_path}/leases.db"
+    fence = SqliteFence(str(tmp_path / "effects.db"))      # the destination
+
+    a = coordination.get_coordinator(url + "?timeout=0.5", b"worker-a")
+    a.start()                          # no heart: "a" stops renewing, like a paused worker
+    lock_a = a.get_lock(b"invoice-42")
+    assert lock_a.acquire(blocking=False)
+    fence.apply("invoice-42", lock_a.fencing_token, "reserve")
+
+    b = coordination.get_coordinator(url, b"worker-b")
+    b.start(start_heart=True)          # heartbeats renew b's session
+    lock_b = b.get_lock(b"invoice-42")
+    assert lock_b.acquire(blocking=30.0)  # once the store expired a's session
+    assert lock_b.fencing_token > lock_a.fencing_token
+    fence.apply("invoice-42", lock_b.fencing_token, "reserve")
+
+    assert not lock_a.is_still_owner()    # a's local check says so ...
+    with pytest.raises(FenceRejected):    # ... and its late write is refused
+        fence.apply("invoice-42", lock_a.fencing_token, "charge")
+    assert not lock_a.release()           # the store compares owner and generation
+    assert lock_b.release()
+    a.stop()
+    b.stop()
+# --8<-- [end:example]
+
+
 def lock_of(coord: Coordinator, name: bytes) -> FencedLock:
     lock = coord.get_lock(name)
     assert isinstance(lock, FencedLock)
