@@ -34,6 +34,8 @@ from consensus_lease.testing.cluster import EtcdCluster, ZooKeeperCluster
 from consensus_lease.testing.postgresql import POSTGRES_ENV, fresh_schema
 from consensus_lease.testing.tooz_suite import SuiteCounts, run_tooz_suite
 
+TITLE = "tooz's own test suite per driver and store"
+
 
 def _pg_base() -> str | None:
     url = os.environ.get(POSTGRES_ENV, "").strip()
@@ -108,8 +110,10 @@ def main(argv: list[str] | None = None) -> int:
                 cluster.stop()
     text = _table(rows)
     print(text)
-    if args.out is not None:
-        args.out.write_text(text)
+    if args.out is not None:  # the guide includes the table section (docs/integrations/tooz.md)
+        args.out.write_text(f"# {TITLE}\n\n(`python benchmarks/tooz_suite.py --out ...`)\n\n"
+                            f"<!-- --8<-- [start:table] -->\n{text}"
+                            "<!-- --8<-- [end:table] -->\n")
     return 0 if all(c.failed == c.errors == 0 for d, _, c in rows
                     if d == "consensus_lease") else 1
 

@@ -105,6 +105,7 @@ from ..errors import (
     OutcomeUnknown,
 )
 from ..lease import Lease
+from ..options import Option, OptionTable
 from ..record import JobState, LeaseRecord
 from ..session import Session
 from ..states import LeaseState
@@ -138,6 +139,13 @@ _DELETE_WAIT_S = 10.0
 """How long a join waits for a concurrent ``delete_group`` to finish or give up."""
 
 _GROUPS_QUEUE = "tooz/groups"
+
+_OPTIONS = OptionTable("tooz driver", [
+    Option("timeout", "seconds", DEFAULT_TIMEOUT_S, "the session TTL"),
+    Option("keepalive", "str", None, "who renews the session",
+           choices=("heartbeat", "background")),
+])
+"""The driver's own options (the module docstring's table); the rest go to the store."""
 
 
 class SessionLost(coordination.ToozError):
@@ -378,12 +386,13 @@ class Coordinator(coordination.CoordinationDriverCachedRunWatchers):
         super().__init__(member, parsed_url, options)
         opts = {key: (value[-1] if isinstance(value, list) else value)
                 for key, value in options.items()}
-        self._ttl_s = self._option_timeout(opts.pop("timeout", DEFAULT_TIMEOUT_S))
-        keepalive = str(opts.pop("keepalive", self.DEFAULT_KEEPALIVE))
-        if keepalive not in ("heartbeat", "background"):
-            raise InvalidToozArgument(
-                f"keepalive must be 'heartbeat' or 'background', not {keepalive!r}")
-        self._background = keepalive == "background"
+        ours = {name: opts.pop(name) for name in _OPTIONS.names if name in opts}
+        try:
+            parsed = _OPTIONS.parse(ours)
+        except InvalidArgument as exc:
+            raise InvalidToozArgument(str(exc)) from exc
+        self._ttl_s = parsed.seconds("timeout")
+        self._background = (parsed.text("keepalive") or self.DEFAULT_KEEPALIVE) == "background"
         if self._background and (coordination.Characteristics.NON_TIMEOUT_BASED
                                  not in self.CHARACTERISTICS):
             self.CHARACTERISTICS = (*self.CHARACTERISTICS,
@@ -403,18 +412,6 @@ class Coordinator(coordination.CoordinationDriverCachedRunWatchers):
         self._members: dict[bytes, _Membership] = {}
         self._leaderships: dict[bytes, Leadership] = {}
         self._stopping = threading.Event()
-
-    @staticmethod
-    def _option_timeout(value: object) -> float:
-        try:
-            ttl = float(value)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            ttl = float("nan")
-        if not ttl > 0 or ttl == float("inf"):
-            raise InvalidToozArgument(
-                f"timeout must be a number of seconds > 0, not {value!r}"
-            ) from InvalidArgument(f"timeout={value!r}")
-        return ttl
 
     # -- life ------------------------------------------------------------------------------
 
