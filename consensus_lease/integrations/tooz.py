@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import threading
 import time
 import urllib.parse
@@ -565,8 +566,8 @@ class Coordinator(coordination.CoordinationDriverCachedRunWatchers):
                 lease.release()  # shared holders came first: back off
             if deadline is not None and deadline - time.monotonic() <= 0:
                 return None
-            if not self._pause(delay, deadline):
-                return None
+            if not self._pause(delay * random.uniform(0.5, 1.0), deadline):
+                return None  # jittered: a writer and a reader never back off in step
             delay = min(delay * 2, _POLL_MAX_S)
 
     def _acquire_shared(self, lock: FencedLock, deadline: float | None) -> bool:
@@ -605,7 +606,7 @@ class Coordinator(coordination.CoordinationDriverCachedRunWatchers):
                 if record is None or record.state is not JobState.HELD:
                     return reader
                 reader.release()  # a writer came first: back off
-            if not self._pause(delay, deadline):
+            if not self._pause(delay * random.uniform(0.5, 1.0), deadline):
                 return None
             delay = min(delay * 2, _POLL_MAX_S)
 
