@@ -97,6 +97,14 @@ def _entry_points_path(into: Path) -> str | None:
     return str(into)
 
 
+def _python_path(first: list[str], inherited: str) -> str:
+    """``first``, then the inherited ``PYTHONPATH``, each folder once: a folder listed
+    twice shows its distributions twice, and tooz (stevedore) then finds two drivers per
+    scheme and loads none ("No 'tooz.backends' driver found")."""
+    paths = [*first, *inherited.split(os.pathsep)]
+    return os.pathsep.join(p for i, p in enumerate(paths) if p and p not in paths[:i])
+
+
 def _parse(counts: SuiteCounts, junit: Path) -> None:
     root = ET.parse(junit).getroot()
     for case in root.iter("testcase"):
@@ -148,12 +156,8 @@ def run_tooz_suite(
         paths = [str(Path(consensus_lease.__file__).resolve().parent.parent)]
         if (shim := _entry_points_path(work / "entry-points")) is not None:
             paths.append(shim)
-        paths += os.environ.get("PYTHONPATH", "").split(os.pathsep)
-        # Each entry once: a folder listed twice shows its distributions twice, and tooz
-        # (stevedore) then finds two drivers per scheme and loads none.
-        unique = [p for i, p in enumerate(paths) if p and p not in paths[:i]]
         child_env = {**os.environ, **(env or {}), "TOOZ_TEST_URL": url,
-                     "PYTHONPATH": os.pathsep.join(unique)}
+                     "PYTHONPATH": _python_path(paths, os.environ.get("PYTHONPATH", ""))}
         command = [sys.executable, "-m", "pytest", "--pyargs", SUITE, "-q", "-rs",
                    "-p", "no:cacheprovider", "-p", "no:consensus_lease",
                    "-o", "addopts=", f"--timeout={per_test_timeout_s:g}",

@@ -35,7 +35,11 @@ from consensus_lease.integrations.tooz import (  # noqa: E402
     SessionLost,
 )
 from consensus_lease.testing.conformance import poll_until  # noqa: E402
-from consensus_lease.testing.tooz_suite import TOOZ_SCHEMES, _entry_points_path  # noqa: E402
+from consensus_lease.testing.tooz_suite import (  # noqa: E402
+    TOOZ_SCHEMES,
+    _entry_points_path,
+    _python_path,
+)
 
 ROOT = Path(consensus_lease.__file__).resolve().parents[1]
 
@@ -300,3 +304,10 @@ def test_without_tooz_the_import_names_the_extra() -> None:
                           timeout=60, env=env)
     assert done.returncode == 0, done.stderr
     assert "pip install 'consensus_lease[tooz]'" in done.stdout, done.stdout
+
+
+def test_the_suite_runner_lists_each_folder_once() -> None:
+    # The checkout on PYTHONPATH and as the package's root: listed twice, its egg-info
+    # registered every scheme twice and tooz loaded no driver at all.
+    assert _python_path(["/repo", "/shim"], os.pathsep.join(["/repo", "", "/other"])) == (
+        os.pathsep.join(["/repo", "/shim", "/other"]))
