@@ -43,7 +43,7 @@ MODULE_EXTRAS: dict[str, str] = {
     "testcontainers": "testing",
     "docker": "testing",
     "matplotlib": "bench",
-    "tooz": "bench",
+    "tooz": "tooz",
     "etcd3gw": "bench",
     "pyinstrument": "bench",
 }

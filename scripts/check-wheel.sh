@@ -54,6 +54,16 @@ stray = sorted(n for n in names if n.endswith((".pyc", ".pyo")) or "__pycache__"
 assert not stray, f"files that must not ship: {stray}"
 data = sorted(n for n in names if n.startswith("consensus_lease/") and not n.endswith(".py"))
 print(f"  {len(names)} files; non-.py package files: {', '.join(data)}")
+# The tooz driver: tooz only behind an extra, the tooz.backends entry points declared.
+info = next(n for n in names if n.endswith(".dist-info/METADATA"))
+meta = zipfile.ZipFile(wheel).read(info).decode()
+requires = [line for line in meta.splitlines() if line.startswith("Requires-Dist:")]
+bare = [r for r in requires if "extra ==" not in r]
+assert not bare, f"the base install requires {bare}"
+assert any(r.startswith("Requires-Dist: tooz") and 'extra == "tooz"' in r for r in requires)
+points = zipfile.ZipFile(wheel).read(info.replace("METADATA", "entry_points.txt")).decode()
+assert "[tooz.backends]" in points and "consensus-lease+etcd" in points, points
+print(f"  {len(requires)} requirements, each behind an extra; tooz.backends declared")
 EOF
 
 venv="$work/venv"
@@ -68,7 +78,8 @@ pip install "$wheel"
 import importlib.metadata as md, sys
 import consensus_lease
 assert "/venv/" in consensus_lease.__file__, f"imported from {consensus_lease.__file__}"
-optional = ("rich", "tenacity", "grpc", "kazoo", "pyetcd", "sqlalchemy", "prometheus_client")
+optional = ("rich", "tenacity", "grpc", "kazoo", "pyetcd", "sqlalchemy", "prometheus_client",
+            "tooz")
 loaded = [name for name in optional if name in sys.modules]
 assert not loaded, f"import consensus_lease loaded {loaded}"
 installed = sorted(d.metadata["Name"].lower() for d in md.distributions())

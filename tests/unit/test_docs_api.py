@@ -35,6 +35,8 @@ NOT_IN_API_REFERENCE = {
     "consensus_lease.backends": "the store drivers",
     # Argument checks shared by the modules above; raises InvalidArgument only.
     "consensus_lease.validation": "internal argument checks",
+    # Adapters under other libraries' APIs: each module has its own page (below).
+    "consensus_lease.integrations": "the adapters (tooz); each has its own page",
 }
 """Direct submodules of the package that are public by name but have no API page, and why."""
 
@@ -42,6 +44,7 @@ SUBMODULES_WITH_PAGES = {
     "consensus_lease.testing.cluster",
     "consensus_lease.testing.conformance",
     "consensus_lease.testing.faultsuite",
+    "consensus_lease.integrations.tooz",
 }
 """Deeper modules that users import from directly, so they get a page of their own."""
 
