@@ -63,6 +63,7 @@ from .session import Session
 from .states import LeaseState, SessionState
 from .store import DEFAULT_TTL_S, LeaseStore
 from .store import open_store as open_sync_store
+from .transaction import LeaseTransaction
 from .validation import check_election_name, check_job_id, check_queue_name, check_wait
 
 __all__ = [
@@ -374,6 +375,44 @@ class AsyncLease:
     ) -> LeaseRecord:
         """See :meth:`Lease.fail` (same arguments and errors)."""
         return await self._run(partial(self.sync.fail, error, retry_in_s))
+
+    async def run_in_transaction(
+        self, conn: object, block: Callable[[LeaseTransaction], T], *,
+        lock_timeout_s: float | None = None,
+    ) -> T:
+        """asyncio's :meth:`Lease.transaction`: run ``block(tx)`` inside
+        ``with lease.transaction(conn, lock_timeout_s=...) as tx:`` on one of the store's
+        threads, and return what it returns::
+
+            def charge(tx: LeaseTransaction) -> bool:
+                if not tx.once("charge"):   # a generation of this job already did it
+                    return False
+                conn.execute("INSERT INTO charges VALUES (%s, %s)", (job_id, amount))
+                return True
+
+            charged = await lease.run_in_transaction(conn, charge)
+
+        ``conn`` is the same *synchronous* connection as for :meth:`Lease.transaction`
+        (``psycopg.Connection``, ``sqlite3.Connection``) and ``block`` a plain function:
+        the transaction's statements block, so they run on the thread, never on the event
+        loop. There is no ``async with lease.transaction(...)``: that would run them on
+        the loop. Use ``conn`` from one task at a time (one connection per task, or a pool).
+        Guarantees (per generation, and per job with ``tx.once``), errors and the lease's
+        state after each are those of :meth:`Lease.transaction`; an exception from
+        ``block`` rolls the transaction back and is raised here.
+
+        Cancelling the awaiting task does not stop ``block``: it runs to its end on the
+        thread, and the transaction commits (or rolls back) there; the cancellation is
+        raised at once (read the effects back if you must know).
+
+        Raises:
+            What :meth:`Lease.transaction` raises, and what ``block`` raises.
+        """
+        def run() -> T:
+            with self.sync.transaction(conn, lock_timeout_s=lock_timeout_s) as tx:
+                return block(tx)
+
+        return await self._run(run)
 
     @asynccontextmanager
     async def guard(self) -> AsyncIterator[AsyncLease]:

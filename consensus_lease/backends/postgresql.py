@@ -193,7 +193,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from .._election import ELECTION_PREFIX, ChangeTracker, is_election_key
 from .._epoch import compose, next_epoch, split
 from .._subscriptions import Unsubscribe, WakeCallback
-from ..backend import Capabilities, SessionHandle, StateListener
+from ..backend import Capabilities, OnceCheck, SessionHandle, StateListener
 from ..errors import (
     BackendUnavailable,
     InvalidArgument,
@@ -411,6 +411,7 @@ class PostgresBackend(QueueOps):
         elections=True,
         max_enqueue_batch=1000,
         max_queue_jobs=None,
+        transactions=True,
     )
 
     def __init__(
@@ -1068,7 +1069,7 @@ class PostgresBackend(QueueOps):
     def lock_in(
         self, session: SessionHandle, job_id: str, claim: ClaimResult, conn: object,
         lock_timeout_s: float | None,
-    ) -> AbstractContextManager[None]:
+    ) -> AbstractContextManager[OnceCheck]:
         """See :meth:`consensus_lease.Lease.transaction` and :mod:`._pg_txn`."""
         from ._pg_txn import lease_transaction
 
