@@ -406,7 +406,10 @@ class AsyncLease:
         raised at once (read the effects back if you must know).
 
         Raises:
-            What :meth:`Lease.transaction` raises, and what ``block`` raises.
+            LeaseError: what :meth:`Lease.transaction` raises (``UnsupportedOperation``,
+                ``InvalidArgument``, ``StaleLeaseError`` / ``SessionExpired``,
+                ``BackendUnavailable`` ...), with the same state of the lease after it.
+            Exception: what ``block`` raises, after the rollback.
         """
         def run() -> T:
             with self.sync.transaction(conn, lock_timeout_s=lock_timeout_s) as tx:
