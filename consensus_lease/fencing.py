@@ -178,6 +178,7 @@ class SqliteFence:
         self.path = path
         self.observer = observer
         self.name = name
+        notify(observer, lambda o: o.attached(name, "fence"))
         self.enforce_tokens = enforce_tokens
         self._lock = threading.Lock()
         try:

@@ -11,6 +11,8 @@ Each ```` ```python ```` block runs in a fresh namespace, in a temporary directo
   ``lease`` (held by ``session``), ``DB`` and ``conn`` (PostgreSQL: the store's database,
   with ``search_path`` the fresh schema, which has the tables ``charges`` and
   ``accounts``), and stand-ins for the reader's own code (:data:`STAND_INS`).
+* ``prometheus_client.start_http_server`` records its call instead of binding a port,
+  and ``PrometheusObserver()`` registers in a fresh registry (not the process's).
 * A marker, an HTML comment on the line before the block (a blank line between them),
   says what else it needs:
 
@@ -172,6 +174,15 @@ def test_docs_block(block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         return  # that test file runs it
     (tmp_path / "var/lib/app").mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
+    served: list[tuple[Any, ...]] = []
+    try:
+        import prometheus_client
+    except ImportError:
+        pass
+    else:
+        monkeypatch.setattr(prometheus_client, "REGISTRY", prometheus_client.CollectorRegistry())
+        monkeypatch.setattr(prometheus_client, "start_http_server",
+                            lambda *args, **kwargs: served.append((args, kwargs)))
     namespace: dict[str, Any] = {"__name__": "docs_block", **_stand_ins()}
     if block.marker.startswith("postgresql"):
         with _postgres_givens(namespace, opened) as ready:
