@@ -579,7 +579,12 @@ class AsyncSession:
         return None if lease is None else AsyncLease(lease, self)
 
     async def claim_next(self, queue: str, *, wait_s: float | None = None) -> AsyncLease | None:
-        """See :meth:`Session.claim_next`; waiting and cancellation as for :meth:`claim`."""
+        """See :meth:`Session.claim_next`; waiting and cancellation as for :meth:`claim`.
+
+        Raises:
+            ClaimTimeout: ``wait_s`` passed with no job of ``queue`` claimable.
+            LeaseError: the other errors of :meth:`Session.claim_next`.
+        """
         check_queue_name(queue)
         attempt = partial(self.sync.claim_next, queue)
         workers = self.store._workers

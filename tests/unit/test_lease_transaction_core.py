@@ -155,3 +155,17 @@ def test_a_store_without_transactions_says_so_before_any_check() -> None:
             with lease.transaction(object()):
                 pass
         assert not isinstance(UnsupportedOperation("x"), LeaseLost)
+
+
+def test_the_deadline_message_prints_seconds_as_written() -> None:
+    """ttl 3 s x the default margin fraction 0.1 is 0.30000000000000004 as a float; the
+    message says 0.3 (issue 31)."""
+    clock = FakeClock()
+    with LeaseStore(MemoryBackend(store_clock=clock), clock=clock) as store:
+        session = store.session("A", ttl_s=3.0, keepalive=False)
+        lease = session.claim("j")
+        assert lease is not None
+        clock.advance(5.0)
+        with pytest.raises(LeaseLost) as lost:
+            lease.ensure_held()
+        assert "granted TTL 3 s, margin 0.3 s" in str(lost.value), str(lost.value)
