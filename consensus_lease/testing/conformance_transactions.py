@@ -8,6 +8,7 @@ and its once-per-job records ``tx.once(effect_id)``, on every store that declare
   handler: exactly one effect row for the job.
 * A ``StaleLeaseError`` or ``SessionExpired`` at the start of the block leaves the lease
   and the session exactly as the same refusal through ``renew()`` does.
+* ``leadership.transaction``: ``tx.once`` is once per *election* across its leaders.
 * asyncio: ``await lease.run_in_transaction(conn, block)`` runs the same handler on the
   store's threads, once per job across generations, and an error in ``block`` rolls
   back.
@@ -244,6 +245,29 @@ class TransactionConformance:
                 holder.kill()
                 holder.wait(WAIT_S)
         assert self._effects(target) == [("invoice-1", first, "A")]
+
+    def test_leadership_transaction_is_once_per_election(
+        self, store: LeaseStore, sessions: list[Session]
+    ) -> None:
+        """A Leadership is a Lease: its block commits only while it leads, and ``tx.once``
+        is True for one leader of the election only."""
+        target = self._target(store)
+        if target is None or not store.capabilities.elections:
+            return  # no transactions: test_transactions_capability_is_true covers it
+        self._create_table(target)
+        conn = connect_effects(target)
+        wrote = []
+        try:
+            for owner in ("leader-1", "leader-2"):
+                leadership = self.open(store, owner).campaign("txn-election", wait_s=WAIT_S)
+                assert leadership is not None
+                wrote.append(charge_once(leadership, conn, target, owner))
+                leadership.resign()
+        finally:
+            conn.close()
+        assert wrote == [True, False]
+        rows = self._effects(target)
+        assert [row[2] for row in rows] == ["leader-1"], rows
 
     def test_async_run_in_transaction_is_once_per_job(
         self, store: LeaseStore, sessions: list[Session]
