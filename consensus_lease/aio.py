@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import inspect
 import threading
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -406,14 +407,34 @@ class AsyncLease:
         raised at once (read the effects back if you must know).
 
         Raises:
+            InvalidArgument: ``block`` is not a plain callable (an ``async def`` would
+                never run inside the transaction: checked before anything is sent), or it
+                returned an awaitable (the transaction is rolled back); still held.
             LeaseError: what :meth:`Lease.transaction` raises (``UnsupportedOperation``,
                 ``InvalidArgument``, ``StaleLeaseError`` / ``SessionExpired``,
                 ``BackendUnavailable`` ...), with the same state of the lease after it.
             Exception: what ``block`` raises, after the rollback.
         """
+        if not callable(block) or inspect.iscoroutinefunction(block):
+            raise InvalidArgument(
+                f"run_in_transaction(conn, block): block must be a plain function "
+                f"block(tx) -> result, run on a thread inside the transaction, not {block!r}"
+                " (an async def would never run there)",
+                job_id=self.job_id, generation=self.generation,
+            )
+
         def run() -> T:
             with self.sync.transaction(conn, lock_timeout_s=lock_timeout_s) as tx:
-                return block(tx)
+                result = block(tx)
+                if inspect.isawaitable(result):  # rolled back: nothing of it ran
+                    if inspect.iscoroutine(result):
+                        result.close()
+                    raise InvalidArgument(
+                        "run_in_transaction: block returned an awaitable; it must do its "
+                        "statements itself (a plain function); rolled back",
+                        job_id=self.job_id, generation=self.generation,
+                    )
+                return result
 
         return await self._run(run)
 

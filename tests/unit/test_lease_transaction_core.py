@@ -157,6 +157,34 @@ def test_a_store_without_transactions_says_so_before_any_check() -> None:
         assert not isinstance(UnsupportedOperation("x"), LeaseLost)
 
 
+def test_run_in_transaction_refuses_an_async_block(
+    store: LeaseStore, backend: TransactionalMemory
+) -> None:
+    import asyncio
+
+    from consensus_lease.aio import AsyncLeaseStore
+
+    async def block(tx: Any) -> bool:  # would never run inside the transaction
+        return tx.once("charge")  # type: ignore[no-any-return]
+
+    async def main() -> None:
+        astore = AsyncLeaseStore(store)
+        session = await astore.session("A", 5.0)
+        lease = await session.claim("j")
+        assert lease is not None
+        with pytest.raises(InvalidArgument, match="plain function"):
+            await lease.run_in_transaction(object(), block)
+        with pytest.raises(InvalidArgument, match="awaitable"):
+            await lease.run_in_transaction(object(), lambda tx: block(tx))
+        assert await lease.run_in_transaction(object(), lambda tx: tx.once("x")) is True
+        assert lease.state is LeaseState.HELD
+        await session.close()
+        astore._workers.shutdown()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+    assert backend.effects == {("j", "x"): 1}  # the refused blocks recorded nothing
+
+
 def test_the_deadline_message_prints_seconds_as_written() -> None:
     """ttl 3 s x the default margin fraction 0.1 is 0.30000000000000004 as a float; the
     message says 0.3 (issue 31)."""
