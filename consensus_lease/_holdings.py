@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, TypeVar
 
+from .backend import Backend
 from .errors import (
     InvalidArgument,
     LeaseError,
@@ -160,8 +161,8 @@ class Holdings:
         ``SessionExpired`` the whole session, exactly as through ``renew()``."""
         live = self.liveness
         backend = live.backend
-        if not backend.capabilities.transactions:  # UnsupportedOperation, nothing sent
-            backend.lock_in(live.handle, lease.job_id, lease.claim_result, conn,
+        if not backend.capabilities.transactions:  # the base's UnsupportedOperation
+            Backend.lock_in(backend, live.handle, lease.job_id, lease.claim_result, conn,
                             lock_timeout_s)
         lease.ensure_held()
         locked = backend.lock_in(live.handle, lease.job_id, lease.claim_result, conn,

@@ -261,7 +261,9 @@ class Lease:
             LeaseSuspended: ownership cannot be proven now; nothing was sent.
             BackendUnavailable: the lock was not granted in time or no answer; rolled
                 back; the lease is still held until its deadline.
-            OutcomeUnknown: the connection broke while committing (PostgreSQL).
+            OutcomeUnknown: the connection broke while committing (PostgreSQL): the
+                effects may or may not have committed (if they did, before any later
+                claim); the lease is still held until its deadline.
             StoreClosed / StoreInherited: the store was closed / this is a fork's child;
                 nothing was sent.
         """
