@@ -58,7 +58,9 @@ How the protocol maps onto PostgreSQL (the same tables as the SQLite store,
 * The schema is created by the first process that opens the store and versioned
   (:mod:`consensus_lease.backends._pg_schema` has the migration path).
 * **Transactional fencing**: :meth:`~consensus_lease.Lease.transaction` locks the lease's
-  row inside your own transaction on this database (:mod:`._pg_txn`).
+  row inside your own transaction on this database, and ``tx.once(effect_id)`` inserts
+  into ``cl_effects`` (primary key ``(job_id, effect_id)``) in that transaction: once per
+  job across generations (:mod:`._pg_txn`).
 * Capacity (``capabilities.max_queue_jobs`` is ``None``): no limit is enforced; like
   SQLite, a queue is bounded by the database's disk: about 190 bytes per waiting job
   and 260 per completed one (its row and index entries; schema v3, 10-character ids,

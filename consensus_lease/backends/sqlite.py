@@ -44,6 +44,12 @@ How the protocol maps onto SQLite:
   same owner + generation compare and cleared by every statement that ends or takes the
   hold (an expired holder's value is not reported: a record shows it only while HELD).
   The poller also wakes subscribers of an election key when its holder or value changed.
+* **Transactional fencing** (``capabilities.transactions``):
+  :meth:`~consensus_lease.Lease.transaction` runs ``BEGIN IMMEDIATE`` on your own
+  ``sqlite3`` connection to this file, checks the hold in it, and ``tx.once(effect_id)``
+  inserts into ``cl_effects`` (key ``(job_id, effect_id)``, deleted with the job by a
+  trigger) in that transaction: once per job across generations. The block holds the
+  file's write lock: every other write waits for it (:mod:`._sqlite_txn`).
 * A file restored from an older copy, replaced or wiped while workers run is noticed
   (``StoreRegressed`` for every session of the store) where the file shows it: see
   :mod:`consensus_lease.backends._sqlite_history` for what is and is not detected.
