@@ -75,6 +75,12 @@ def connect_effects(target: EffectTarget) -> Any:
     raise ValueError(f"unknown effect driver {target.driver!r}")
 
 
+def _effects_table(target: EffectTarget) -> str:
+    """The store's once records, named as ``target.table`` is qualified."""
+    schema, dot, _ = target.table.rpartition(".")
+    return f"{schema}{dot}cl_effects"
+
+
 def _mark(target: EffectTarget) -> str:
     return "%s" if target.driver == "psycopg" else "?"
 
@@ -245,6 +251,33 @@ class TransactionConformance:
                 holder.kill()
                 holder.wait(WAIT_S)
         assert self._effects(target) == [("invoice-1", first, "A")]
+
+    def test_purge_drops_the_effect_records_with_their_jobs(
+        self, store: LeaseStore, sessions: list[Session]
+    ) -> None:
+        """The once records live as long as their job's record: ``purge`` of COMPLETED
+        jobs deletes them in the same transaction; other jobs' records stay."""
+        target = self._target(store)
+        if target is None or not store.capabilities.queues:
+            return  # no transactions: test_transactions_capability_is_true covers it
+        self._create_table(target)
+        session = self.open(store, "A")
+        store.enqueue("txn-q", "done")
+        store.enqueue("txn-q", "open")
+        conn = connect_effects(target)
+        try:
+            for _ in range(2):
+                lease = session.claim_next("txn-q", wait_s=WAIT_S)
+                assert lease is not None
+                assert charge_once(lease, conn, target, lease.job_id)
+                if lease.job_id == "done":
+                    lease.complete()
+            effects = f"SELECT job_id FROM {_effects_table(target)} ORDER BY job_id"
+            assert [r[0] for r in conn.execute(effects).fetchall()] == ["done", "open"]
+            assert store.purge("txn-q") == 1
+            assert [r[0] for r in conn.execute(effects).fetchall()] == ["open"]
+        finally:
+            conn.close()
 
     def test_leadership_transaction_is_once_per_election(
         self, store: LeaseStore, sessions: list[Session]
