@@ -1,4 +1,5 @@
-"""consensus_lease: expiring job leases with fencing tokens on etcd, ZooKeeper and SQLite.
+"""consensus_lease: expiring job leases with fencing tokens on etcd, ZooKeeper, PostgreSQL
+and SQLite.
 
 ::
 
@@ -66,6 +67,7 @@ from .retry import RetryPolicy
 from .session import Session
 from .states import LeaseState, SessionState
 from .store import DEFAULT_TTL_S, LeaseStore, open_store
+from .transaction import LeaseTransaction
 
 if TYPE_CHECKING:
     from .fencing_sql import FenceRetryable, SqlFence
@@ -99,6 +101,7 @@ __all__ = [
     "LeaseState",
     "LeaseStore",
     "LeaseSuspended",
+    "LeaseTransaction",
     "Observer",
     "OutcomeUnknown",
     "QueueFull",

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, TypeVar
 
+from .backend import Backend
 from .errors import (
     InvalidArgument,
     LeaseError,
@@ -28,6 +30,7 @@ from .observe import notify
 from .record import ClaimResult, LeaseRecord
 from .retry import RetryPolicies, RetryPolicy
 from .states import LeaseState
+from .transaction import LeaseTransaction
 
 if TYPE_CHECKING:
     from ._liveness import Liveness
@@ -148,6 +151,29 @@ class Holdings:
             live.handle, lease.job_id, lease.claim_result, value))
         log.info("value set", extra={"job_id": lease.job_id, "generation": lease.generation,
                                      "owner": lease.owner})
+
+    @contextmanager
+    def transaction(self, lease: Lease, conn: object,
+                    lock_timeout_s: float | None) -> Iterator[LeaseTransaction]:
+        """See :meth:`Lease.transaction`: ``lock_timeout_s`` is already checked. The
+        store's refusal at the start of the block takes the path of every other
+        operation (:meth:`_guarded`): a ``StaleLeaseError`` loses the lease, a
+        ``SessionExpired`` the whole session, exactly as through ``renew()``."""
+        live = self.liveness
+        backend = live.backend
+        if not backend.capabilities.transactions:  # the base's UnsupportedOperation
+            Backend.lock_in(backend, live.handle, lease.job_id, lease.claim_result, conn,
+                            lock_timeout_s)
+        lease.ensure_held()
+        locked = backend.lock_in(live.handle, lease.job_id, lease.claim_result, conn,
+                                 lock_timeout_s)
+        with ExitStack() as stack:  # its exit commits, or rolls back on an error
+            once = self._guarded(lease, lambda: stack.enter_context(locked))
+            tx = LeaseTransaction(lease.job_id, lease.generation, conn, once)
+            try:
+                yield tx
+            finally:
+                tx._close()
 
     def retry_policy(self, queue: str | None) -> RetryPolicy:
         return self.policies.get(queue)

@@ -110,7 +110,7 @@ class Liveness:
         margin = ttl * DEFAULT_MARGIN_FRACTION if safety_margin_s is None else safety_margin_s
         if not 0 <= margin < ttl:
             raise InvalidArgument(
-                f"safety_margin_s={margin} must be >= 0 and below the granted TTL {ttl} s"
+                f"safety_margin_s={margin:g} must be >= 0 and below the granted TTL {ttl:g} s"
             )
         self.safety_margin_s = margin
         self._granted_ttl_s = ttl
@@ -455,5 +455,5 @@ class Liveness:
     def _deadline_passed(self) -> LeaseLost:
         return LeaseLost(
             f"session {self.handle.session_id}: local deadline passed without a successful "
-            f"renewal (granted TTL {self.granted_ttl_s} s, margin {self.safety_margin_s} s)"
+            f"renewal (granted TTL {self.granted_ttl_s:g} s, margin {self.safety_margin_s:g} s)"
         )

@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import inspect
 import threading
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -63,6 +64,7 @@ from .session import Session
 from .states import LeaseState, SessionState
 from .store import DEFAULT_TTL_S, LeaseStore
 from .store import open_store as open_sync_store
+from .transaction import LeaseTransaction
 from .validation import check_election_name, check_job_id, check_queue_name, check_wait
 
 __all__ = [
@@ -375,6 +377,67 @@ class AsyncLease:
         """See :meth:`Lease.fail` (same arguments and errors)."""
         return await self._run(partial(self.sync.fail, error, retry_in_s))
 
+    async def run_in_transaction(
+        self, conn: object, block: Callable[[LeaseTransaction], T], *,
+        lock_timeout_s: float | None = None,
+    ) -> T:
+        """asyncio's :meth:`Lease.transaction`: run ``block(tx)`` inside
+        ``with lease.transaction(conn, lock_timeout_s=...) as tx:`` on one of the store's
+        threads, and return what it returns::
+
+            def charge(tx: LeaseTransaction) -> bool:
+                if not tx.once("charge"):   # a generation of this job already did it
+                    return False
+                conn.execute("INSERT INTO charges VALUES (%s, %s)", (job_id, amount))
+                return True
+
+            charged = await lease.run_in_transaction(conn, charge)
+
+        ``conn`` is the same *synchronous* connection as for :meth:`Lease.transaction`
+        (``psycopg.Connection``, ``sqlite3.Connection``) and ``block`` a plain function:
+        the transaction's statements block, so they run on the thread, never on the event
+        loop. There is no ``async with lease.transaction(...)``: that would run them on
+        the loop. Use ``conn`` from one task at a time (one connection per task, or a pool).
+        Guarantees (per generation, and per job with ``tx.once``), errors and the lease's
+        state after each are those of :meth:`Lease.transaction`; an exception from
+        ``block`` rolls the transaction back and is raised here.
+
+        Cancelling the awaiting task does not stop ``block``: it runs to its end on the
+        thread, and the transaction commits (or rolls back) there; the cancellation is
+        raised at once (read the effects back if you must know).
+
+        Raises:
+            InvalidArgument: ``block`` is not a plain callable (an ``async def`` would
+                never run inside the transaction: checked before anything is sent), or it
+                returned an awaitable (the transaction is rolled back); still held.
+            LeaseError: what :meth:`Lease.transaction` raises (``UnsupportedOperation``,
+                ``InvalidArgument``, ``StaleLeaseError`` / ``SessionExpired``,
+                ``BackendUnavailable`` ...), with the same state of the lease after it.
+            Exception: what ``block`` raises, after the rollback.
+        """
+        if not callable(block) or inspect.iscoroutinefunction(block):
+            raise InvalidArgument(
+                f"run_in_transaction(conn, block): block must be a plain function "
+                f"block(tx) -> result, run on a thread inside the transaction, not {block!r}"
+                " (an async def would never run there)",
+                job_id=self.job_id, generation=self.generation,
+            )
+
+        def run() -> T:
+            with self.sync.transaction(conn, lock_timeout_s=lock_timeout_s) as tx:
+                result = block(tx)
+                if inspect.isawaitable(result):  # rolled back: nothing of it ran
+                    if inspect.iscoroutine(result):
+                        result.close()
+                    raise InvalidArgument(
+                        "run_in_transaction: block returned an awaitable; it must do its "
+                        "statements itself (a plain function); rolled back",
+                        job_id=self.job_id, generation=self.generation,
+                    )
+                return result
+
+        return await self._run(run)
+
     @asynccontextmanager
     async def guard(self) -> AsyncIterator[AsyncLease]:
         """Run the body only while the lease is held; cancel it if the lease is lost.
@@ -537,7 +600,12 @@ class AsyncSession:
         return None if lease is None else AsyncLease(lease, self)
 
     async def claim_next(self, queue: str, *, wait_s: float | None = None) -> AsyncLease | None:
-        """See :meth:`Session.claim_next`; waiting and cancellation as for :meth:`claim`."""
+        """See :meth:`Session.claim_next`; waiting and cancellation as for :meth:`claim`.
+
+        Raises:
+            ClaimTimeout: ``wait_s`` passed with no job of ``queue`` claimable.
+            LeaseError: the other errors of :meth:`Session.claim_next`.
+        """
         check_queue_name(queue)
         attempt = partial(self.sync.claim_next, queue)
         workers = self.store._workers

@@ -38,6 +38,7 @@ from .record import ClaimResult, EnqueueItem, JobState, LeaseRecord, QueuedJob, 
 __all__ = [
     "Backend",
     "Capabilities",
+    "OnceCheck",
     "SessionEvent",
     "SessionHandle",
     "StateListener",
@@ -86,6 +87,12 @@ class Capabilities:
             that noticed and of every one opened on the store afterwards, until
             ``bump_epoch``. ``False`` (memory: no history to go back): it never raises
             ``StoreRegressed``.
+        transactions: the store is a database the caller can write to, and
+            :meth:`Backend.lock_in` (``lease.transaction(conn)``, with its once-per-job
+            effect records ``tx.once(effect_id)``) works on a connection of the caller's
+            to it (PostgreSQL: a psycopg 3 connection; SQLite: a ``sqlite3``
+            connection to the same file). ``False``: ``lease.transaction`` raises
+            ``UnsupportedOperation``.
     """
 
     cross_process: bool
@@ -102,6 +109,7 @@ class Capabilities:
     max_enqueue_batch: int = 1
     max_queue_jobs: int | None = None
     regression_refusal: bool = False
+    transactions: bool = False
 
 
 class SessionEvent(enum.Enum):
@@ -118,6 +126,13 @@ class SessionEvent(enum.Enum):
     """The store's history went back (restored from an older backup, or wiped): the
     session is over, lost with ``StoreRegressed``. Final."""
 
+
+OnceCheck = Callable[[str], bool]
+"""What :meth:`Backend.lock_in`'s context manager yields: ``once(effect_id)`` records
+``effect_id`` for the job in the caller's open transaction and returns ``True`` iff no
+committed transaction (nor this one) recorded it before for this job, at any
+generation. Raises ``BackendUnavailable`` if the database fails the statement (the
+transaction is then unusable: the block should end with the error)."""
 
 StateListener = Callable[[SessionEvent], None]
 """Called by a backend, from any thread, when a session's connection state changes.
@@ -361,14 +376,19 @@ class Backend(abc.ABC):
     def lock_in(
         self, session: SessionHandle, job_id: str, claim: ClaimResult, conn: object,
         lock_timeout_s: float | None,
-    ) -> AbstractContextManager[None]:
+    ) -> AbstractContextManager[OnceCheck]:
         """Transactional fencing (:meth:`consensus_lease.Lease.transaction`): a context
         manager that runs a transaction on ``conn`` (a connection to the store's own
-        database) in which ``job_id`` stays held at ``claim.generation`` until it ends.
+        database) in which ``job_id`` stays held at ``claim.generation`` until it ends:
+        entering it begins the transaction and checks (and locks) the hold, its exit
+        commits (rolls back on an error). It yields the transaction's :data:`OnceCheck`,
+        whose records live in the store's database and commit with the transaction.
 
         Raises:
             UnsupportedOperation: the store is not a database the caller can write to
-                (the default; only ``postgresql`` implements it).
+                (the default; ``postgresql`` and ``sqlite`` implement it, and declare
+                ``Capabilities.transactions``).
+            StaleLeaseError / SessionExpired: (entering) not held at that generation.
         """
         raise UnsupportedOperation(
             f"lease.transaction() needs the lease and the effect in one database: the "

@@ -48,7 +48,8 @@ def _positive_seconds(text: str) -> float:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="consensus-lease",
-        description="Expiring job leases with fencing tokens on etcd, ZooKeeper and SQLite.",
+        description="Expiring job leases with fencing tokens on etcd, ZooKeeper, PostgreSQL and "
+                    "SQLite (and memory://, for tests).",
     )
     from . import __version__
 

@@ -61,7 +61,7 @@ the fence then rejects the honest new holder (its token is below one accepted be
 When a rejected token looks like that case, the ``FenceRejected`` message says so and
 names the command with the resource's highest token: when the token's epoch part is
 below the highest token's (``token >> 32``: the fence assumes the 32-bit split of
-SQLite, memory and ZooKeeper tokens) or the token is more than ``2**31`` below the
+SQLite, PostgreSQL, memory and ZooKeeper tokens) or the token is more than ``2**31`` below the
 highest (which also covers etcd's 44-bit split). A stale holder from before a bump
 gets the same hint: it is a hint, not a diagnosis.
 """
@@ -178,6 +178,7 @@ class SqliteFence:
         self.path = path
         self.observer = observer
         self.name = name
+        notify(observer, lambda o: o.attached(name, "fence"))
         self.enforce_tokens = enforce_tokens
         self._lock = threading.Lock()
         try:

@@ -8,7 +8,7 @@ with the token check or not at all::
 
     fence = SqlFence(engine)                     # creates its two tables if missing
     with engine.begin() as conn:                 # one transaction
-        fence.apply(conn, "invoice-42", lease.generation, "charge", b"$10")
+        fence.apply("invoice-42", lease.generation, "charge", b"$10", conn=conn)
         conn.execute(text("UPDATE accounts SET ..."))   # commits only if the token passed
     # FenceRejected propagates out of the block: the transaction, your UPDATE included,
     # is rolled back.
@@ -16,7 +16,11 @@ with the token check or not at all::
 or, when there is nothing else to write, ``fence.apply_now(resource, token, effect_id)``
 (its own transaction, retried on serialization failures and deadlocks).
 
-Once per job: ``apply(conn, resource, token, effect_id, once_per_job=True)`` applies an
+The arguments are :class:`~consensus_lease.SqliteFence`'s, in its order, plus ``conn=``
+(the order ``apply(conn, resource, ...)`` of earlier versions still works, with a
+``DeprecationWarning``).
+
+Once per job: ``apply(resource, token, effect_id, once_per_job=True, conn=conn)`` applies an
 effect at most once per ``(resource, effect_id)`` across all tokens, so the next holder
 of a job skips the steps a lost holder already did (ALREADY_APPLIED) instead of doing
 them again, while a stale token is still rejected; the takeover race it closes is told
@@ -68,8 +72,9 @@ from __future__ import annotations
 
 import random
 import time
+import warnings
 from collections.abc import Callable
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 from sqlalchemy import (
     BigInteger,
@@ -219,16 +224,20 @@ class SqlFence:
 
     # -- the fence ------------------------------------------------------------------
 
+    @overload
     def apply(
-        self,
-        conn: Connection,
-        resource: str,
-        token: int,
-        effect_id: str,
-        payload: bytes = b"",
-        *,
-        once_per_job: bool = False,
-    ) -> FenceOutcome:
+        self, resource: str, token: int, effect_id: str, payload: bytes = b"", *,
+        conn: Connection, once_per_job: bool = False,
+    ) -> FenceOutcome: ...
+
+    @overload
+    def apply(  # deprecated: the order before SqliteFence's (warns)
+        self, conn: Connection, resource: str, token: int, effect_id: str,
+        payload: bytes = b"", *, once_per_job: bool = False,
+    ) -> FenceOutcome: ...
+
+    def apply(self, *args: Any, conn: Connection | None = None,
+              once_per_job: bool = False, **named: Any) -> FenceOutcome:
         """Inside the caller's open transaction on ``conn``: accept the effect iff
         ``token`` >= the highest token accepted for ``resource``, recording the token
         and the effect. Nothing is committed here: the caller's transaction commits
@@ -248,13 +257,18 @@ class SqlFence:
         returns ``ALREADY_APPLIED`` and records ``token`` as the highest (fencing out
         older holders: the new holder has acted on the resource).
 
+        The arguments are :meth:`SqliteFence.apply <consensus_lease.SqliteFence.apply>`'s,
+        in its order, plus ``conn=`` (keyword): ``fence.apply(resource, token, effect_id,
+        payload, conn=conn)``. The earlier order ``apply(conn, resource, token, ...)``
+        still works and warns (``DeprecationWarning``).
+
         Args:
-            conn: a connection in a transaction (``with engine.begin() as conn:``).
             resource: what the effect changes, usually the job id (same rules as job ids).
             token: the lease's generation, an int >= 1.
             effect_id: the caller's name for the effect, 1-256 characters.
             payload: bytes stored with the effect.
             once_per_job: apply at most once per ``(resource, effect_id)`` (see above).
+            conn: a connection in a transaction (``with engine.begin() as conn:``).
 
         Returns:
             ACCEPTED; DUPLICATE (default mode); ALREADY_APPLIED (``once_per_job``).
@@ -263,10 +277,31 @@ class SqlFence:
             FenceRejected: a higher token was accepted (``highest_seen`` set). Let it
                 propagate so the transaction rolls back.
             FenceRetryable: the database aborted the transaction; retry it whole.
-            InvalidArgument: bad arguments (``once_per_job`` not a bool, ...); nothing
-                executed.
+            InvalidArgument: bad arguments (``once_per_job`` not a bool, no ``conn``, ...);
+                nothing executed.
             BackendUnavailable: any other database error (the transaction is unusable).
         """
+        if args and isinstance(args[0], Connection):
+            warnings.warn(
+                "SqlFence.apply(conn, resource, token, effect_id, ...) is deprecated: use "
+                "apply(resource, token, effect_id, payload, conn=conn), SqliteFence's order",
+                DeprecationWarning, stacklevel=2,
+            )
+            if conn is not None:
+                raise InvalidArgument("SqlFence.apply: conn given twice")
+            conn, args = args[0], args[1:]
+        resource, token, effect_id, payload = _bind(args, named)
+        if not isinstance(conn, Connection):
+            raise InvalidArgument(
+                "SqlFence.apply needs conn=, a connection in your open transaction (with "
+                f"engine.begin() as conn:), not {type(conn).__name__}; for a transaction "
+                "of its own use apply_now(resource, token, effect_id)", job_id=str(resource),
+            )
+        return self._apply(conn, resource, token, effect_id, payload, once_per_job)
+
+    def _apply(self, conn: Connection, resource: str, token: int, effect_id: str,
+               payload: bytes, once_per_job: bool) -> FenceOutcome:
+        """:meth:`apply`, the arguments bound."""
         _check(resource, token, effect_id, payload, once_per_job)
         try:
             if self.strategy == "upsert":
@@ -383,9 +418,7 @@ class SqlFence:
         """
         _check(resource, token, effect_id, payload, once_per_job)
         return self._retrying(
-            lambda conn: self.apply(
-                conn, resource, token, effect_id, payload, once_per_job=once_per_job
-            )
+            lambda conn: self._apply(conn, resource, token, effect_id, payload, once_per_job)
         )
 
     def _retrying(self, work: Callable[[Connection], T]) -> T:
@@ -489,6 +522,27 @@ class _OwnTransactionFence:
 
     def applied(self, resource: str) -> dict[str, Effect]:
         return self.fence.applied(resource)
+
+
+_ARGUMENTS = ("resource", "token", "effect_id", "payload")
+
+
+def _bind(args: tuple[Any, ...], named: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
+    """``apply``'s ``resource, token, effect_id, payload`` from positions and names."""
+    if len(args) > len(_ARGUMENTS) or set(named) - set(_ARGUMENTS):
+        raise InvalidArgument(
+            "SqlFence.apply(resource, token, effect_id, payload=b'', *, conn, "
+            f"once_per_job=False): unexpected {args[4:] or sorted(set(named) - set(_ARGUMENTS))}"
+        )
+    values = dict(zip(_ARGUMENTS, args, strict=False))
+    for name, value in named.items():
+        if name in values:
+            raise InvalidArgument(f"SqlFence.apply: {name} given twice")
+        values[name] = value
+    missing = [name for name in _ARGUMENTS[:3] if name not in values]
+    if missing:
+        raise InvalidArgument(f"SqlFence.apply: missing {', '.join(missing)}")
+    return values["resource"], values["token"], values["effect_id"], values.get("payload", b"")
 
 
 def _dialect_insert(dialect: str, table: Table) -> postgresql.Insert | sqlite.Insert:

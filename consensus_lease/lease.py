@@ -5,12 +5,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from types import TracebackType
 from typing import TYPE_CHECKING
 
 from ._callbacks import check_callback, run_callback
-from .backend import Backend
 from .errors import (
     BackendUnavailable,
     InvalidArgument,
@@ -27,6 +26,7 @@ from .validation import check_retry_in, check_wait, error_text
 if TYPE_CHECKING:
     from ._holdings import Holdings
     from .session import Session
+    from .transaction import LeaseTransaction
 
 __all__ = ["Lease"]
 
@@ -206,57 +206,71 @@ class Lease:
     # -- transactional fencing (the store's own database) ----------------------------
 
     @contextmanager
-    def transaction(self, conn: object, *, lock_timeout_s: float | None = None) -> Iterator[None]:
+    def transaction(self, conn: object, *,
+                    lock_timeout_s: float | None = None) -> Iterator[LeaseTransaction]:
         """Run a transaction on ``conn`` that commits only ahead of any later claim of
-        this job: ``with lease.transaction(conn): conn.execute(...)``. Only where the lease
-        store and the effect share a database (``postgresql://``): ``conn`` is your own
-        psycopg 3 connection to it. Named after ``conn.transaction()``, which it wraps: it
-        begins a transaction (a savepoint inside your own ``with conn.transaction():``,
-        which then commits it), locks the lease's row as its first statement, and commits
-        at the end of the block (rolls back on an error). A transaction psycopg opened
-        implicitly (a statement on a connection without ``autocommit=True``, not yet
-        committed) is refused: the block could not commit it.
+        this job, with once-per-job effect records::
 
-        Guarantee: the block runs only if the store says this session holds the job at
-        :attr:`generation` when the lock is taken (server clock); until the transaction
-        ends no claim of the job can commit (it waits), so the effects commit before the
-        next generation exists and its holder sees them — even if this worker was paused
-        past its TTL inside the block. Effects elsewhere still need a fence. Cost: a
-        claim of the job waits for the open transaction; keep it short. Details:
-        :mod:`consensus_lease.backends._pg_txn`.
+            with lease.transaction(conn) as tx:
+                if tx.once("charge"):   # False: some generation of this job did it
+                    conn.execute(...)
+
+        Only where the lease store and the effect share a database
+        (``capabilities.transactions``): ``postgresql://`` with your own psycopg 3
+        connection to its database, ``sqlite://`` with your own ``sqlite3`` connection
+        to its file. It begins a transaction (PostgreSQL: ``conn.transaction()``, which
+        it wraps, a savepoint inside your own ``with conn.transaction():``, which then
+        commits it; SQLite: ``BEGIN IMMEDIATE``), checks and locks the lease's hold as
+        its first statement, and commits at the end of the block (rolls back on an
+        error). A transaction opened implicitly (psycopg: a statement on a connection
+        without ``autocommit=True``, not yet committed; SQLite: any open transaction) is
+        refused: the block could not commit it.
+
+        Guarantee, per generation: the block runs only if the store says this session
+        holds the job at :attr:`generation` when the lock is taken (store clock); until
+        the transaction ends no claim of the job can commit (it waits), so the effects
+        commit before the next generation exists and its holder sees them — even if this
+        worker was paused past its TTL inside the block. So the block alone is once per
+        *generation*: the next generation runs the job again. Per job: ``tx.once(id)``
+        (:class:`~consensus_lease.transaction.LeaseTransaction`) is ``True`` in exactly
+        one committed transaction of all the job's generations; write the effect only
+        then. Effects elsewhere still need a fence. Cost: a claim of the job waits for
+        the open transaction (SQLite: every write to the store does); keep it short.
+        Details: :mod:`consensus_lease.transaction`,
+        :mod:`consensus_lease.backends._pg_txn`, :mod:`consensus_lease.backends._sqlite_txn`.
 
         Args:
-            conn: a ``psycopg.Connection`` to the lease store's database.
+            conn: a ``psycopg.Connection`` to the lease store's database, or a
+                ``sqlite3.Connection`` to the store's file.
             lock_timeout_s: most seconds taking the lock may wait (float >= 0); ``None``:
-                the connection's ``lock_timeout``.
+                the connection's ``lock_timeout`` (SQLite: its busy timeout).
+
+        Yields:
+            A :class:`~consensus_lease.transaction.LeaseTransaction` (``tx.once``).
 
         Raises:
-            UnsupportedOperation: the store is not PostgreSQL; nothing was sent.
-            InvalidArgument: ``conn`` is not a psycopg connection to the store's database,
-                has an implicit or aborted transaction open, or a bad ``lock_timeout_s``;
-                rolled back (nothing sent for an open transaction); still held.
+            UnsupportedOperation: the store has no transactions (etcd, ZooKeeper,
+                memory); nothing was sent.
+            InvalidArgument: ``conn`` is not a connection to the store's database (or
+                file), has an implicit or aborted transaction open, or a bad
+                ``lock_timeout_s``; rolled back (nothing sent for an open transaction);
+                still held.
             LeaseLost (StaleLeaseError, SessionExpired): not held (locally or in the
-                store); rolled back; the lease is lost.
+                store); rolled back; the lease is LOST, and after ``SessionExpired`` the
+                session too — exactly as after the same error from :meth:`renew`.
             LeaseSuspended: ownership cannot be proven now; nothing was sent.
             BackendUnavailable: the lock was not granted in time or no answer; rolled
                 back; the lease is still held until its deadline.
-            OutcomeUnknown: the connection broke while committing.
+            OutcomeUnknown: the connection broke while committing (PostgreSQL): the
+                effects may or may not have committed (if they did, before any later
+                claim); the lease is still held until its deadline.
+            StoreClosed / StoreInherited: the store was closed / this is a fork's child;
+                nothing was sent.
         """
         timeout = None if lock_timeout_s is None else check_wait(lock_timeout_s,
                                                                  "lock_timeout_s")
-        backend = self.session.backend
-        if type(backend).lock_in is Backend.lock_in:
-            backend.lock_in(self.session.handle, self.job_id, self.claim_result, conn, timeout)
-        self.ensure_held()
-        locked = backend.lock_in(self.session.handle, self.job_id, self.claim_result, conn,
-                                 timeout)
-        with ExitStack() as stack:  # its exit commits, or rolls back on an error
-            try:
-                stack.enter_context(locked)
-            except LeaseLost as exc:  # the store says it is not held: lost, as renew()
-                self._lose(exc)
-                raise
-            yield
+        with self._holdings.transaction(self, conn, timeout) as tx:
+            yield tx
 
     # -- store round trips -----------------------------------------------------------
 

@@ -22,6 +22,10 @@ consensus_lease_renewal_headroom_seconds     histogram    store
 consensus_lease_wal_bytes                    gauge        store, path (SQLite: the -wal file)
 consensus_lease_wal_checkpoint_blocked       gauge        store, path (1: a reader blocks)
 ===========================================  ===========  ==================================
+
+Every counter's series of a store (each label value listed; a fence's stale rejections)
+is exported at 0 from the moment the store (or the fence) is made with the observer, not
+only after its first event.
 """
 
 from __future__ import annotations
@@ -90,6 +94,22 @@ class PrometheusObserver(Observer):
             f"{namespace}_wal_checkpoint_blocked",
             "1 while checkpoints cannot bring the write-ahead log under its bound",
             ["store", "path"], registry=reg)
+
+    def attached(self, store: str, kind: str = "store") -> None:
+        """Every counter's series of ``store`` exported at 0 from the start (Prometheus
+        convention: a series that appears only at its first event breaks ``rate()`` and
+        alerts on ``increase()``); a fence's one series, its stale rejections."""
+        if kind == "fence":
+            self.stale.labels(store, "fence")
+            return
+        self.claims.labels(store)
+        self.completions.labels(store)
+        for scope in ("lease", "session"):
+            self.losses.labels(store, scope)
+        self.stale.labels(store, "store")
+        self.early_revocations.labels(store)
+        for registration in ("Session.on_lost", "Lease.on_lost", "AsyncSession.on_lost"):
+            self.callback_failures.labels(store, registration)
 
     def claimed(self, store: str, job_id: str, generation: int, owner: str) -> None:
         self.claims.labels(store).inc()

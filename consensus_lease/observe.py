@@ -67,6 +67,12 @@ class Observer:
         its bound (``wal_limit_bytes``) after checkpoints on two checks in a row, which
         means a reader holds an old snapshot open (see the SQLite store's page)."""
 
+    def attached(self, store: str, kind: str = "store") -> None:
+        """A store of scheme ``store`` (``kind`` ``"store"``) or a fence labelled
+        ``store`` (``kind`` ``"fence"``: :class:`~consensus_lease.SqliteFence`) was made
+        with this observer, before any other event of it. Metrics exporters create their
+        series here, so that counters are exported at 0 before their first event."""
+
     def callback_failed(self, store: str, registration: str) -> None:
         """A user callback raised (logged at ERROR on ``consensus_lease.callbacks``);
         ``registration`` is where it was registered (``"Session.on_lost"``,

@@ -127,9 +127,12 @@ class EnqueueItem:
 
 @dataclass(frozen=True, slots=True)
 class QueueStats:
-    """Counts of a work queue's jobs by state.
+    """Counts of a work queue's jobs by state, as
+    ``QueueStats(queue, available, held, completed, oldest_held_lease_until, failed)``
+    (the order of the fields, positional and printed).
 
     Attributes:
+        queue: the queue's name.
         available / held / completed / failed: job counts.
         oldest_held_lease_until: the earliest ``lease_until`` among held jobs (store
             clock, seconds since the epoch), or ``None``.

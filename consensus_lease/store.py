@@ -29,7 +29,7 @@ from .errors import (
     UnsupportedOperation,
 )
 from .leader_watch import LeaderWatch
-from .observe import Observer
+from .observe import Observer, notify
 from .options import merge_options, redact_url
 from .record import EnqueueItem, LeaseRecord, QueuedJob, QueueStats
 from .retry import DEFAULT_RETRY, RetryPolicies, RetryPolicy, check_max_attempts
@@ -178,6 +178,7 @@ class LeaseStore:
         self.observer = observer
         if observer is not None:
             backend.observer = observer  # for the driver's own measurements
+            notify(observer, lambda o: o.attached(backend.scheme))
         self.retry_policies = RetryPolicies(DEFAULT_RETRY if retry is None else retry)
         self._closed = False
         self._origin = Origin()

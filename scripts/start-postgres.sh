@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Start a throw-away PostgreSQL server on loopback for the SQL fence tests. Idempotent.
 #
-#   eval "$(bash scripts/start-postgres.sh)"    # exports CONSENSUS_LEASE_POSTGRES_URL
+#   eval "$(bash scripts/start-postgres.sh)"    # exports the two URLs below
 #   bash scripts/start-postgres.sh --stop       # stops the server (data dir kept)
 #
-# stdout carries only the `export CONSENSUS_LEASE_POSTGRES_URL=...` line; progress goes to
-# stderr. The URL is also written to "$PGDIR/url". The server listens on 127.0.0.1 only,
+# stdout carries only two export lines; progress goes to stderr:
+#
+#   CONSENSUS_LEASE_POSTGRES_URL        postgresql+psycopg://...  (SQLAlchemy; the tests')
+#   CONSENSUS_LEASE_POSTGRES_STORE_URL  postgresql://...          (open_store, psycopg)
+#
+# The SQLAlchemy URL is also written to "$PGDIR/url". The server listens on 127.0.0.1 only,
 # on a non-default port, with its own data directory, socket directory and log:
 #
 #   CONSENSUS_LEASE_PG_DIR   state directory        default /tmp/consensus-lease-pg
@@ -24,6 +28,7 @@ DATA="$PGDIR/data"
 SOCKDIR="$PGDIR/run"
 LOG="$PGDIR/server.log"
 URL="postgresql+psycopg://$NAME:$PASSWORD@127.0.0.1:$PORT/$NAME"
+STORE_URL="postgresql://$NAME:$PASSWORD@127.0.0.1:$PORT/$NAME"
 
 say() { echo "start-postgres: $*" >&2; }
 
@@ -107,6 +112,7 @@ for _ in $(seq 1 100); do
         fi
         echo "$URL" > "$PGDIR/url"
         echo "export CONSENSUS_LEASE_POSTGRES_URL=$URL"
+        echo "export CONSENSUS_LEASE_POSTGRES_STORE_URL=$STORE_URL"
         exit 0
     fi
     sleep 0.1

@@ -19,6 +19,7 @@ import pytest
 
 from consensus_lease import LeaseStore, open_store
 from consensus_lease.testing.conformance import BackendConformance
+from consensus_lease.testing.conformance_transactions import EffectTarget
 from consensus_lease.testing.postgresql import fresh_schema, postgres_url
 
 
@@ -44,3 +45,6 @@ class TestPostgresConformance(BackendConformance):
 
     def process_url(self, store: LeaseStore) -> str | None:
         return self.url
+
+    def effect_target(self, store: LeaseStore) -> EffectTarget | None:
+        return EffectTarget("psycopg", self.base, f'"{self.schema}".charges')

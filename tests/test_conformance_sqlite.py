@@ -15,6 +15,7 @@ import pytest
 
 from consensus_lease import LeaseStore, open_store
 from consensus_lease.testing.conformance import BackendConformance
+from consensus_lease.testing.conformance_transactions import EffectTarget
 
 
 def _copy(source: Path, target: Path) -> None:
@@ -40,6 +41,9 @@ class TestSqliteConformance(BackendConformance):
 
     def process_url(self, store: LeaseStore) -> str | None:
         return self.url
+
+    def effect_target(self, store: LeaseStore) -> EffectTarget | None:
+        return EffectTarget("sqlite3", str(self.path), "charges")
 
     def regress(self, store: LeaseStore, between: Callable[[], None]) -> None:
         backup = self.path.with_name("backup.db")

@@ -193,14 +193,31 @@ def _ledger(fence: SqlFence, prefix: str) -> Table:
 def test_callers_own_write_commits_with_the_token_check(fence: SqlFence, db: Db) -> None:
     ledger = _ledger(fence, db.prefix)
     with fence.engine.begin() as conn:
-        assert fence.apply(conn, "job", 2, "charge") is FenceOutcome.ACCEPTED
+        assert fence.apply("job", 2, "charge", conn=conn) is FenceOutcome.ACCEPTED
         conn.execute(ledger.insert().values(what="charged by 2"))
     with pytest.raises(FenceRejected), fence.engine.begin() as conn:
         conn.execute(ledger.insert().values(what="charged by 1"))  # before the check
-        fence.apply(conn, "job", 1, "charge")
+        fence.apply("job", 1, "charge", conn=conn)
     with fence.engine.connect() as conn:
         assert conn.execute(select(ledger.c.what)).scalars().all() == ["charged by 2"]
     ledger.metadata.drop_all(fence.engine)
+
+
+def test_the_earlier_argument_order_still_works_and_warns(fence: SqlFence) -> None:
+    """apply(conn, resource, token, effect_id) was SqlFence's order before it took
+    SqliteFence's (resource, token, effect_id, payload) with conn= (issue 31)."""
+    with fence.engine.begin() as conn:
+        with pytest.warns(DeprecationWarning, match="conn=conn"):
+            assert fence.apply(conn, "job", 2, "charge") is FenceOutcome.ACCEPTED
+        with pytest.warns(DeprecationWarning):
+            outcome = fence.apply(conn, "job", 2, "charge", b"x", once_per_job=True)
+        assert outcome is FenceOutcome.ALREADY_APPLIED
+    for bad in ({}, {"conn": object()}):
+        with pytest.raises(InvalidArgument, match="conn="):
+            fence.apply("job", 3, "charge", **bad)  # type: ignore[call-overload]
+    with fence.engine.begin() as conn, pytest.raises(InvalidArgument, match="given twice"):
+        fence.apply("job", 3, "charge", b"", conn=conn, payload=b"")  # type: ignore[call-overload]
+    assert [e.token for e in fence.effects("job")] == [2]
 
 
 def test_a_rolled_back_transaction_records_no_token(fence: SqlFence) -> None:
@@ -208,7 +225,7 @@ def test_a_rolled_back_transaction_records_no_token(fence: SqlFence) -> None:
         pass
 
     with pytest.raises(Abort), fence.engine.begin() as conn:
-        fence.apply(conn, "job", 9, "a")
+        fence.apply("job", 9, "a", conn=conn)
         raise Abort
     assert fence.highest_token("job") is None and fence.effects() == []
     assert fence.apply_now("job", 3, "a") is FenceOutcome.ACCEPTED
@@ -249,7 +266,7 @@ def test_an_open_transaction_holds_the_resource_lock(fence: SqlFence, db: Db, co
 
     conn = fence.engine.connect()
     trans = conn.begin()
-    fence.apply(conn, "job", 5, "first")
+    fence.apply("job", 5, "first", conn=conn)
     thread = threading.Thread(target=t2)
     thread.start()
     t2_started.wait(10)
@@ -457,7 +474,7 @@ def test_a_serialization_failure_in_the_callers_transaction_is_retryable(
         late.execute(text("SELECT 1"))  # its snapshot starts here
         fence.apply_now("job", 3, "first")  # committed after that snapshot
         with pytest.raises(FenceRetryable):
-            fence.apply(late, "job", 4, "second")
+            fence.apply("job", 4, "second", conn=late)
         trans.rollback()
     assert fence.apply_now("job", 4, "second") is FenceOutcome.ACCEPTED
     engine.dispose()
@@ -476,7 +493,7 @@ def test_once_per_job_takeover_applies_each_effect_once(fence: SqlFence, db: Db)
 
     def run_step(token: int, step: str) -> FenceOutcome:
         with fence.engine.begin() as conn:
-            outcome = fence.apply(conn, "job", token, step, once_per_job=True)
+            outcome = fence.apply("job", token, step, once_per_job=True, conn=conn)
             if outcome is FenceOutcome.ACCEPTED:
                 conn.execute(ledger.insert().values(what=f"{step} by {token}"))
             return outcome
@@ -551,7 +568,7 @@ def test_a_rolled_back_once_per_job_effect_can_be_applied_again(fence: SqlFence)
         pass
 
     with pytest.raises(Abort), fence.engine.begin() as conn:
-        assert fence.apply(conn, "job", 1, "charge", once_per_job=True) is FenceOutcome.ACCEPTED
+        assert fence.apply("job", 1, "charge", once_per_job=True, conn=conn) is FenceOutcome.ACCEPTED
         raise Abort
     assert fence.applied("job") == {} and fence.highest_token("job") is None
     assert fence.apply_now("job", 2, "charge", once_per_job=True) is FenceOutcome.ACCEPTED
@@ -562,7 +579,7 @@ def test_non_bool_once_per_job_is_rejected_before_any_sql(fence: SqlFence, flag:
     with pytest.raises(InvalidArgument, match="once_per_job"):
         fence.apply_now("job", 1, "e", once_per_job=flag)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument, match="once_per_job"), fence.engine.begin() as conn:
-        fence.apply(conn, "job", 1, "e", once_per_job=flag)  # type: ignore[arg-type]
+        fence.apply("job", 1, "e", once_per_job=flag, conn=conn)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument):
         fence.applied("")
     assert fence.effects() == [] and fence.highest_token("job") is None
@@ -585,7 +602,7 @@ def test_a_racing_once_per_job_apply_waits_for_the_open_transaction(
     results: list[FenceOutcome] = []
     conn = fence.engine.connect()
     trans = conn.begin()
-    fence.apply(conn, "job", 5, "step-1", once_per_job=True)
+    fence.apply("job", 5, "step-1", once_per_job=True, conn=conn)
     thread = threading.Thread(
         target=lambda: results.append(fence.apply_now("job", 6, "step-1", once_per_job=True))
     )
@@ -691,7 +708,7 @@ def test_once_per_job_under_repeatable_read_is_retryable_not_doubled(
         late.execute(text("SELECT 1"))  # its snapshot starts here
         fence.apply_now("job", 8, "step-1", once_per_job=True)  # same token: 8 stays 8
         with pytest.raises(FenceRetryable):
-            fence.apply(late, "job", 9, "step-1", once_per_job=True)
+            fence.apply("job", 9, "step-1", once_per_job=True, conn=late)
         trans.rollback()
     assert fence.apply_now("job", 9, "step-1", once_per_job=True) is FenceOutcome.ALREADY_APPLIED
     assert [e.effect_id for e in fence.effects("job")] == ["step-0", "step-1"]

@@ -225,18 +225,45 @@ def test_refuses_a_connection_to_another_database_or_store(
     lease.ensure_held()
 
 
-def test_refuses_a_store_that_is_not_postgresql(tmp_path: Path, base: str) -> None:
-    s = open_store(f"sqlite:///{tmp_path / 'l.db'}")
-    try:
+def test_refuses_a_store_without_transactions_and_a_foreign_connection(
+    tmp_path: Path, base: str
+) -> None:
+    with open_store("memory://") as s:  # no database of the caller's: the capability says so
+        assert not s.capabilities.transactions
         lease = s.session("A", ttl_s=30.0).claim("job")
         assert lease is not None
         with psycopg.connect(base) as conn:
-            with pytest.raises(UnsupportedOperation, match="postgresql"):
+            with pytest.raises(UnsupportedOperation, match="one database"):
                 with lease.transaction(conn):
                     pass
         lease.ensure_held()
-    finally:
-        s.close()
+    with open_store(f"sqlite:///{tmp_path / 'l.db'}") as s:  # a psycopg connection to SQLite
+        lease = s.session("A", ttl_s=30.0).claim("job")
+        assert lease is not None
+        with psycopg.connect(base) as conn:
+            with pytest.raises(InvalidArgument, match=r"sqlite3\.Connection"):
+                with lease.transaction(conn):
+                    pass
+        lease.ensure_held()
+
+
+def test_a_version_4_store_gets_the_effect_records_on_open(
+    store: LeaseStore, base: str, schema: str
+) -> None:
+    with psycopg.connect(base, autocommit=True) as side:
+        side.execute(f'DROP TABLE "{schema}".cl_effects')
+        side.execute(f'UPDATE "{schema}".cl_meta SET schema_version = 4')
+    with open_store(f"{base}?schema={schema}") as reopened:
+        lease = reopened.session("A", ttl_s=30.0).claim("job")
+        assert lease is not None
+        with psycopg.connect(base, autocommit=True) as conn:
+            with lease.transaction(conn) as tx:
+                assert tx.once("charge") is True
+            with lease.transaction(conn) as tx:
+                assert tx.once("charge") is False
+        lease.complete()
+    with psycopg.connect(base, autocommit=True) as side:
+        assert side.execute(f'SELECT schema_version FROM "{schema}".cl_meta').fetchone() == (5,)
 
 
 def test_bad_lock_timeout_is_invalid(store: LeaseStore, base: str) -> None:

@@ -164,7 +164,10 @@ def _queue_rows(
 def _cell(record: LeaseRecord, now: float) -> tuple[str, str, str, str]:
     """attempt, expires in, retry in, error: display only (store-clock times vs ours)."""
     attempt = str(record.attempt)
-    if record.max_attempts is not None:
+    if record.max_attempts is not None and record.attempt > record.max_attempts:
+        # requeue gave a fresh budget of max_attempts; the count goes on from where it was
+        attempt += f" ({record.max_attempts} per requeue)"
+    elif record.max_attempts is not None:
         attempt += f"/{record.max_attempts}"
     expires = "-"
     if record.lease_until is not None and record.state is JobState.HELD:
@@ -172,7 +175,9 @@ def _cell(record: LeaseRecord, now: float) -> tuple[str, str, str, str]:
     retry = "-"
     if record.not_before is not None and record.not_before > now:
         retry = f"{record.not_before - now:.1f}"
-    lines = (record.error or "").splitlines()
+    # A COMPLETED job's last error is from an attempt before the one that completed it.
+    shown = None if record.state is JobState.COMPLETED else record.error
+    lines = (shown or "").splitlines()
     error = lines[0] + (" …" if len(lines) > 1 else "") if lines else "-"
     # A handler's exception text is not trusted: no terminal control sequences.
     error = "".join(ch if ch.isprintable() else "\N{REPLACEMENT CHARACTER}" for ch in error)

@@ -32,7 +32,7 @@ from ..errors import InvalidArgument
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "SYSTEM_ID", "TIMELINE", "Names", "check_schema_name"]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """The version of the tables this library reads and writes."""
 
 TIMELINE = "substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)"
@@ -53,6 +53,13 @@ _EXHAUSTED_INDEX_V2 = (
     "CREATE INDEX IF NOT EXISTS cl_jobs_exhausted_by_queue ON {s}.cl_jobs (queue, seq) "
     "WHERE queue IS NOT NULL AND completed_at IS NULL AND failed_at IS NULL "
     "AND max_attempts IS NOT NULL AND attempt - attempt_base >= max_attempts"
+)
+
+_EFFECTS_TABLE = (
+    "CREATE TABLE IF NOT EXISTS {s}.cl_effects ("
+    "job_id text NOT NULL REFERENCES {s}.cl_jobs (job_id) ON DELETE CASCADE, "
+    "effect_id text NOT NULL, generation bigint NOT NULL, "
+    "PRIMARY KEY (job_id, effect_id))"
 )
 
 _OPEN_INDEX = (
@@ -84,6 +91,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         f"UPDATE {{s}}.cl_meta SET system_id = {SYSTEM_ID}, timeline = {TIMELINE}",
         f"UPDATE {{s}}.cl_sessions SET timeline = {TIMELINE}",
     ),
+    4: (_EFFECTS_TABLE,),
 }
 """``v -> statements`` taking a store from version ``v`` to ``v + 1`` (``{s}``: the
 quoted schema).
@@ -108,7 +116,11 @@ quoted schema).
   server's; ``open_session`` compares ``cl_meta``'s (and the system identifier). A
   promoted standby or a restored backup answers with another one: ``StoreRegressed``
   until ``bump-epoch`` records the new server (module docstring of
-  :mod:`consensus_lease.backends.postgresql`)."""
+  :mod:`consensus_lease.backends.postgresql`).
+* 4 -> 5: ``cl_effects (job_id, effect_id, generation)``, the once-per-job effect
+  records of ``lease.transaction``'s ``tx.once(effect_id)``
+  (:mod:`consensus_lease.transaction`), written in the caller's transaction; deleted
+  with their job (``ON DELETE CASCADE``: ``purge``)."""
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,47}")
 
@@ -168,6 +180,7 @@ class Names:
         self.sessions = f"{self.s}.cl_sessions"
         self.meta = f"{self.s}.cl_meta"
         self.seq = f"{self.s}.cl_seq"
+        self.effects = f"{self.s}.cl_effects"
         self.channel = f"cl_{schema}"
         """The LISTEN/NOTIFY channel (a string for ``pg_notify``)."""
         self.listen = f'LISTEN "{self.channel}"'
@@ -221,4 +234,5 @@ class Names:
             _OPEN_INDEX.format(s=self.s),
             _EXHAUSTED_INDEX.format(s=self.s),
             f"CREATE SEQUENCE IF NOT EXISTS {self.seq}",
+            _EFFECTS_TABLE.format(s=self.s),
         ]

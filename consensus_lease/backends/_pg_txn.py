@@ -28,15 +28,22 @@ What it guarantees (effects *inside this database*):
   commit *before* the next generation's claim, and that claim (and its holder) sees them.
   A holder paused past its TTL in the middle of the block that resumes and commits still
   commits — but nobody claimed the job in between: the takeover happens strictly after
-  the commit. Effects are therefore exactly once per generation when the block also
-  records the generation (or the completion), and never after a takeover (a block that
-  starts after one fails at the lock).
+  the commit. The block alone is therefore once per *generation* (never after a
+  takeover: a block that starts after one fails at the lock), and the next generation
+  runs the job again.
+* Once per job: ``tx.once(effect_id)`` is ``INSERT INTO cl_effects (job_id, effect_id,
+  generation) ... ON CONFLICT DO NOTHING`` on the caller's connection, in the block's
+  transaction: ``True`` iff it inserted. The primary key ``(job_id, effect_id)`` makes a
+  second insert wait for an uncommitted first one and then do nothing if it committed;
+  the next generation's claim comes after the block's commit (above), so it finds the
+  record. Exactly one committed transaction per ``(job_id, effect_id)`` saw ``True``.
+  The caller's role needs ``INSERT`` on ``cl_effects``.
 * It says nothing about effects elsewhere (another database, an HTTP call): those still
   need a fence (:mod:`consensus_lease.fencing`).
 
 What it costs:
 
-* One statement (a round trip) at the start of the block.
+* One statement (a round trip) at the start of the block, one per ``tx.once``.
 * No claim of the job succeeds while the block is open — also after the holder's TTL
   ran out, for as long as the transaction stays open (bound it with the server's
   ``idle_in_transaction_session_timeout`` if you must). A claim waits for the row lock up
@@ -61,7 +68,7 @@ import psycopg
 from psycopg import errors as pgerrors
 
 from .._epoch import compose, split
-from ..backend import SessionHandle
+from ..backend import OnceCheck, SessionHandle
 from ..errors import InvalidArgument, OutcomeUnknown, StaleLeaseError
 from ._pg_client import translate
 from ._pg_schema import NOW, TIMELINE
@@ -77,8 +84,8 @@ __all__ = ["lease_transaction"]
 def lease_transaction(
     backend: PostgresBackend, session: SessionHandle, job_id: str, claim: ClaimResult,
     conn: object, lock_timeout_s: float | None,
-) -> Iterator[None]:
-    """See the module docstring.
+) -> Iterator[OnceCheck]:
+    """See the module docstring. Yields ``tx.once``'s check.
 
     Raises:
         InvalidArgument: ``conn`` is not an open synchronous psycopg connection, or not to
@@ -123,7 +130,7 @@ def lease_transaction(
         _quietly_exit(tx, exc)
         raise
     try:
-        yield
+        yield _once_check(conn, backend, job_id, claim.generation)
     except BaseException as exc:
         _quietly_exit(tx, exc)
         raise
@@ -137,6 +144,23 @@ def lease_transaction(
                 "claim of the job)", job_id=job_id, generation=claim.generation,
             ) from exc
         raise
+
+
+def _once_check(conn: psycopg.Connection[Any], backend: PostgresBackend, job_id: str,
+                generation: int) -> OnceCheck:
+    """``tx.once`` on ``conn`` (module docstring: once per job)."""
+    prepare = False if backend.pooling == "transaction" else None
+    insert = (f"INSERT INTO {backend.names.effects} (job_id, effect_id, generation) "
+              "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING")
+
+    def once(effect_id: str) -> bool:
+        try:
+            cursor = conn.execute(insert, (job_id, effect_id, generation), prepare=prepare)
+        except psycopg.Error as exc:
+            raise translate(exc, f"tx.once({effect_id!r})", job_id) from exc
+        return cursor.rowcount == 1
+
+    return once
 
 
 def _check_open_transaction(conn: psycopg.Connection[Any], job_id: str) -> None:

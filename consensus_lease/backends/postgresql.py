@@ -58,7 +58,9 @@ How the protocol maps onto PostgreSQL (the same tables as the SQLite store,
 * The schema is created by the first process that opens the store and versioned
   (:mod:`consensus_lease.backends._pg_schema` has the migration path).
 * **Transactional fencing**: :meth:`~consensus_lease.Lease.transaction` locks the lease's
-  row inside your own transaction on this database (:mod:`._pg_txn`).
+  row inside your own transaction on this database, and ``tx.once(effect_id)`` inserts
+  into ``cl_effects`` (primary key ``(job_id, effect_id)``) in that transaction: once per
+  job across generations (:mod:`._pg_txn`).
 * Capacity (``capabilities.max_queue_jobs`` is ``None``): no limit is enforced; like
   SQLite, a queue is bounded by the database's disk: about 190 bytes per waiting job
   and 260 per completed one (its row and index entries; schema v3, 10-character ids,
@@ -193,7 +195,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from .._election import ELECTION_PREFIX, ChangeTracker, is_election_key
 from .._epoch import compose, next_epoch, split
 from .._subscriptions import Unsubscribe, WakeCallback
-from ..backend import Capabilities, SessionHandle, StateListener
+from ..backend import Capabilities, OnceCheck, SessionHandle, StateListener
 from ..errors import (
     BackendUnavailable,
     InvalidArgument,
@@ -411,6 +413,7 @@ class PostgresBackend(QueueOps):
         elections=True,
         max_enqueue_batch=1000,
         max_queue_jobs=None,
+        transactions=True,
     )
 
     def __init__(
@@ -1068,7 +1071,7 @@ class PostgresBackend(QueueOps):
     def lock_in(
         self, session: SessionHandle, job_id: str, claim: ClaimResult, conn: object,
         lock_timeout_s: float | None,
-    ) -> AbstractContextManager[None]:
+    ) -> AbstractContextManager[OnceCheck]:
         """See :meth:`consensus_lease.Lease.transaction` and :mod:`._pg_txn`."""
         from ._pg_txn import lease_transaction
 

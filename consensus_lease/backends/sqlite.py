@@ -44,6 +44,12 @@ How the protocol maps onto SQLite:
   same owner + generation compare and cleared by every statement that ends or takes the
   hold (an expired holder's value is not reported: a record shows it only while HELD).
   The poller also wakes subscribers of an election key when its holder or value changed.
+* **Transactional fencing** (``capabilities.transactions``):
+  :meth:`~consensus_lease.Lease.transaction` runs ``BEGIN IMMEDIATE`` on your own
+  ``sqlite3`` connection to this file, checks the hold in it, and ``tx.once(effect_id)``
+  inserts into ``cl_effects`` (key ``(job_id, effect_id)``, deleted with the job by a
+  trigger) in that transaction: once per job across generations. The block holds the
+  file's write lock: every other write waits for it (:mod:`._sqlite_txn`).
 * A file restored from an older copy, replaced or wiped while workers run is noticed
   (``StoreRegressed`` for every session of the store) where the file shows it: see
   :mod:`consensus_lease.backends._sqlite_history` for what is and is not detected.
@@ -132,14 +138,14 @@ import threading
 import time
 import uuid
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import Any
 from urllib.parse import quote
 
 from .._election import ELECTION_PREFIX, ChangeTracker, is_election_key
 from .._epoch import compose, next_epoch, split
 from .._subscriptions import Unsubscribe, WakeCallback
-from ..backend import Backend, Capabilities, SessionHandle, StateListener
+from ..backend import Backend, Capabilities, OnceCheck, SessionHandle, StateListener
 from ..errors import (
     BackendUnavailable,
     InvalidArgument,
@@ -163,6 +169,7 @@ from ._sqlite_history import (
     History,
     marker_error,
 )
+from ._sqlite_txn import EFFECT_OBJECTS, EFFECT_SCHEMA, lease_transaction
 from ._sqlite_wal import DEFAULT_LIMIT_BYTES, WalGuard
 from ._sqlite_watch import ChangeWatch
 
@@ -495,6 +502,7 @@ class SqliteBackend(Backend):
         elections=True,
         max_enqueue_batch=10_000,
         max_queue_jobs=None,
+        transactions=True,
     )
 
     def __init__(
@@ -591,6 +599,10 @@ class SqliteBackend(Backend):
         self._migrate()
         if not QUEUE_OBJECTS.issubset(present):
             self._add_queue_objects()
+        if not EFFECT_OBJECTS.issubset(present):
+            with self._transaction() as db:
+                for statement in EFFECT_SCHEMA:
+                    db.execute(statement)
         stale = [name for name, sql in PARTIAL_INDEXES.items()
                  if _words(definitions.get(name)) != _words(sql)]
         if stale or not CLAIM_OBJECTS.issubset(present):
@@ -1449,6 +1461,15 @@ class SqliteBackend(Backend):
             )
             states.update((row[0], tuple(row[1:])) for row in rows)
         return states
+
+    # -- transactional fencing -----------------------------------------------------------
+
+    def lock_in(
+        self, session: SessionHandle, job_id: str, claim: ClaimResult, conn: object,
+        lock_timeout_s: float | None,
+    ) -> AbstractContextManager[OnceCheck]:
+        """See :meth:`consensus_lease.Lease.transaction` and :mod:`._sqlite_txn`."""
+        return lease_transaction(self, session, job_id, claim, conn, lock_timeout_s, NOW)
 
     def close(self) -> None:
         if self._watch is not None:

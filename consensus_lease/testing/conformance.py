@@ -25,6 +25,9 @@ Hooks a subclass provides:
 * ``regress(store, between)``: make the store's history go back to before ``between()``
   ran (required with ``capabilities.regression_refusal``; see
   :mod:`.conformance_regression`).
+* ``effect_target(store)``: how a caller connects to the store's own database, and a
+  table of the test's there (required with ``capabilities.transactions``; see
+  :mod:`.conformance_transactions`).
 
 What a backend cannot do is declared in its
 :class:`~consensus_lease.backend.Capabilities`; tests check the declaration is true
@@ -68,6 +71,7 @@ from .conformance_election import ElectionConformance
 from .conformance_epoch import EpochConformance
 from .conformance_lifecycle import LifecycleConformance
 from .conformance_regression import RegressionConformance
+from .conformance_transactions import TransactionConformance
 from .conformance_usage import UsageConformance
 
 __all__ = ["BackendConformance", "poll_until"]
@@ -108,6 +112,7 @@ session.close()
 class BackendConformance(
     LifecycleConformance, EpochConformance, UsageConformance, AsyncConformance,
     ElectionConformance, BatchConformance, QueueDepthConformance, RegressionConformance,
+    TransactionConformance,
 ):
     """The suite. See the module docstring for the hooks."""
 

@@ -7,13 +7,15 @@ neither docker nor testcontainers until a fixture below is used.
 Fixtures:
 
 =========================== ======== ===============================================
+fixture                     scope    what it gives
+=========================== ======== ===============================================
 ``docker_engine``           session  starts the Docker engine if none answers and
                                      builds (kit style) or pulls (upstream style)
                                      missing images
 ``etcd_cluster``            session  a shared 3-member etcd cluster
 ``zookeeper_cluster``       session  a shared 3-member ZooKeeper ensemble
 ``fresh_etcd_cluster``      function a cluster of its own, for tests that break it
-``fresh_zookeeper_cluster`` function
+``fresh_zookeeper_cluster`` function an ensemble of its own, for tests that break it
 ``key_prefix``              function a unique key prefix / chroot, e.g. ``t-test-x-1a2b3c4d``
 =========================== ======== ===============================================
 
@@ -24,13 +26,13 @@ marker; when one fails, each member's log is attached to its report.
 
 Images (options, else environment variables, else defaults):
 
-==================================== ================================== ================
-option                               environment variable               default
-==================================== ================================== ================
-``--consensus-lease-image-style``    ``CONSENSUS_LEASE_IMAGE_STYLE``    ``kit``
-``--consensus-lease-etcd-image``     ``CONSENSUS_LEASE_ETCD_IMAGE``     per style
+===================================== =================================== =========
+option                                environment variable                default
+===================================== =================================== =========
+``--consensus-lease-image-style``     ``CONSENSUS_LEASE_IMAGE_STYLE``     ``kit``
+``--consensus-lease-etcd-image``      ``CONSENSUS_LEASE_ETCD_IMAGE``      per style
 ``--consensus-lease-zookeeper-image`` ``CONSENSUS_LEASE_ZOOKEEPER_IMAGE`` per style
-==================================== ================================== ================
+===================================== =================================== =========
 
 ``kit`` runs ``consensus-lease/etcd:3.4`` and ``consensus-lease/zookeeper:3.8``, built
 from the recipes in the package (``consensus-lease kit build-images``; the plugin builds

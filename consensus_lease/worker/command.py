@@ -3,7 +3,10 @@
 Registered through ``consensus_lease.cli.EXTRA_COMMANDS`` (``NAME``, ``add_parser``,
 ``run``). Every setting can also come from an environment variable (see
 :data:`~consensus_lease.worker.config.ENVIRONMENT`); a command-line flag wins over its
-variable. Exit status: 0 after a normal stop (SIGTERM, or the queue drained with
+variable. ``--metrics-port PORT`` (thread mode) serves the store's Prometheus metrics
+(:class:`~consensus_lease.metrics.PrometheusObserver`, the ``metrics`` extra) on
+``http://ADDR:PORT/metrics``, ``ADDR`` from ``--metrics-addr`` (default ``127.0.0.1``).
+Exit status: 0 after a normal stop (SIGTERM, or the queue drained with
 ``--until-empty``); 1 on an error (the store cannot be opened, the handler cannot be
 imported, a worker slot or process failed, or one had to be killed after the grace
 period); 2 for a bad flag or variable; 130 after SIGINT.
@@ -27,6 +30,7 @@ from .config import (
     from_environment,
     parse_attempts,
     parse_count,
+    parse_port,
     parse_positive_seconds,
     parse_seconds,
 )
@@ -97,6 +101,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--owner", help="sessions' owner label: OWNER/slot (default "
                         "host:pid:random)")
     parser.add_argument("--log-level", metavar="LEVEL", help="worker log level (info)")
+    parser.add_argument("--metrics-port", type=_flag(parse_port), metavar="PORT",
+                        help="serve Prometheus metrics on this port (thread mode; needs "
+                        "the metrics extra)")
+    parser.add_argument("--metrics-addr", metavar="ADDR",
+                        help="address of the metrics endpoint (default 127.0.0.1)")
     return parser
 
 
@@ -142,12 +151,46 @@ def worker_arguments(values: Mapping[str, object]) -> dict[str, Any]:
     }
 
 
+def serve_metrics(values: Mapping[str, object], arguments: Mapping[str, Any]) -> Any:
+    """With ``metrics_port``: a :class:`~consensus_lease.metrics.PrometheusObserver`
+    whose registry is served on ``metrics_addr:metrics_port``; else ``None``.
+
+    Raises:
+        InvalidArgument: process mode (each process would need its own endpoint), the
+            metrics extra is missing, or the port cannot be bound.
+    """
+    port = values.get("metrics_port")
+    if port is None:
+        if "metrics_addr" in values:
+            raise InvalidArgument("--metrics-addr needs --metrics-port")
+        return None
+    if arguments["mode"] != "thread":
+        raise InvalidArgument("--metrics-port serves one process's metrics: not with "
+                              "--processes (run one worker command per port instead)")
+    try:
+        from prometheus_client import start_http_server
+
+        from ..metrics import PrometheusObserver
+    except ImportError as exc:
+        raise InvalidArgument(f"--metrics-port: {exc}") from exc
+    addr = str(values.get("metrics_addr", "127.0.0.1"))
+    observer = PrometheusObserver()
+    try:
+        start_http_server(int(str(port)), addr=addr)
+    except OSError as exc:
+        raise InvalidArgument(f"--metrics-port: cannot serve on {addr}:{port}: {exc}") from exc
+    return observer
+
+
 def run(args: argparse.Namespace, console: Console) -> int:
     """Run ``consensus-lease worker``; returns the exit status."""
     try:
         values = settings(args, os.environ)
         level = parse_level(_get(values, "log_level", "info"))
         arguments = worker_arguments(values)
+        observer = serve_metrics(values, arguments)
+        if observer is not None:
+            arguments["observer"] = observer
     except (InvalidArgument, ValueError) as exc:
         console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         return 2

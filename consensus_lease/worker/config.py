@@ -112,6 +112,17 @@ def parse_bool(text: str) -> bool:
     raise InvalidArgument(f"not a boolean (1/0, true/false, yes/no, on/off): {text!r}")
 
 
+def parse_port(text: str) -> int:
+    """A TCP port for the metrics endpoint: 1..65535."""
+    try:
+        port = int(text.strip())
+    except ValueError:
+        raise InvalidArgument(f"not a port number (1..65535): {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise InvalidArgument(f"port must be in 1..65535, not {port}")
+    return port
+
+
 def parse_text(text: str) -> str:
     if not text:
         raise InvalidArgument("must not be empty")
@@ -133,6 +144,8 @@ ENVIRONMENT: dict[str, tuple[str, Callable[[str], object]]] = {
     "retry_max_s": ("CONSENSUS_LEASE_RETRY_MAX_S", parse_seconds),
     "owner": ("CONSENSUS_LEASE_OWNER", parse_text),
     "log_level": ("CONSENSUS_LEASE_LOG_LEVEL", parse_text),
+    "metrics_port": ("CONSENSUS_LEASE_METRICS_PORT", parse_port),
+    "metrics_addr": ("CONSENSUS_LEASE_METRICS_ADDR", parse_text),
 }
 """Setting name -> (environment variable, parser). Command-line flags win."""
 

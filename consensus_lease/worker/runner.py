@@ -107,7 +107,7 @@ def run_worker(
             if not checked.capabilities.cross_process:
                 raise InvalidArgument(
                     f"mode='process' needs a store other processes can open; {store!r} "
-                    f"lives inside one process (use thread mode, or sqlite/etcd/zk)"
+                    f"lives inside one process (use thread mode, or sqlite/postgresql/etcd/zk)"
                 )
         return run_processes(store, config, target, control)
 

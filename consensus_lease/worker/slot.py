@@ -269,7 +269,7 @@ class Slot:
             try:
                 return True, op()
             except (LeaseLost, OutcomeUnknown) as exc:  # OutcomeUnknown: treated as lost
-                self._lost(lease, exc)
+                self._lost(lease, exc, handler_returned=what == "complete")
                 return False, None
             except (JobCompleted, JobFailed) as exc:
                 self.stats.skipped += 1
@@ -285,8 +285,15 @@ class Slot:
         self._close_session()
         return False, None
 
-    def _lost(self, lease: Lease, exc: Exception) -> None:
+    def _lost(self, lease: Lease, exc: Exception, *, handler_returned: bool = False) -> None:
         self.stats.leases_lost += 1
+        if handler_returned:  # its effects happened: say so, or the operator assumes not
+            log.warning("lease lost after the handler returned; job not completed by this "
+                        "worker, but the handler's effects stand (a committed "
+                        "lease.transaction block stays committed: the next holder's "
+                        "tx.once returns False for it)",
+                        extra={**self._fields(lease), "reason": repr(exc)})
+            return
         log.warning("lease lost; job not completed by this worker",
                     extra={**self._fields(lease), "reason": repr(exc)})
 

@@ -355,7 +355,7 @@ def test_a_version_1_store_is_migrated_on_open(store: LeaseStore, url: str, base
         assert _has_index(base, b.names.schema, "cl_jobs_exhausted_by_queue")
         with psycopg.connect(base, autocommit=True) as side:
             version = side.execute(f"SELECT schema_version FROM {b.names.meta}").fetchone()
-        assert version == (SCHEMA_VERSION,) == (4,)
+        assert version == (SCHEMA_VERSION,) == (5,)
         assert reopened.queue_stats("q").available == 1
     finally:
         reopened.close()
@@ -426,7 +426,7 @@ def test_a_version_3_store_is_migrated_on_open(store: LeaseStore, url: str, base
                 f"SELECT schema_version, system_id = (SELECT system_identifier::text FROM "
                 "pg_control_system()), timeline = substr(pg_walfile_name(pg_current_wal_lsn()), "
                 f"1, 8) FROM {b.names.meta}").fetchone()
-        assert meta == (SCHEMA_VERSION, True, True) == (4, True, True)
+        assert meta == (SCHEMA_VERSION, True, True) == (5, True, True)
         worker.keepalive()
         held.complete(b"h")
         assert reopened.session("o", ttl_s=30.0).claim("new") is not None

@@ -199,7 +199,8 @@ def test_lease_transaction_through_transaction_pooling(base: str, schema: str) -
                     for i in range(8):
                         lease = session.claim(f"job{i}")
                         assert lease is not None
-                        with lease.transaction(conn):
+                        with lease.transaction(conn) as tx:
+                            assert tx.once("charge")  # its INSERT is not prepared either
                             conn.execute(f'INSERT INTO "{schema}".effects VALUES '
                                          f"('job{i}', {lease.generation})")
                         lease.complete(b"")

@@ -159,6 +159,30 @@ def test_inspect_table_shows_attempts_and_errors(
     assert [c.strip() for c in row.split("│")[1:6]] == ["mail", "0", "0", "0", "1"]
 
 
+def test_inspect_after_requeue_and_completion(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A requeued job's count goes on past max_attempts (a fresh budget each requeue):
+    shown as such, not "3/2"; a COMPLETED job shows no error of an earlier attempt."""
+    with open_store(url) as store:
+        store.enqueue("mail", "job", max_attempts=2)
+        with store.session("w") as session:
+            for _ in range(2):
+                lease = session.claim("job")
+                assert lease is not None
+                lease.fail("smtp down", retry_in_s=0)
+            store.requeue("job")
+            lease = session.claim("job")
+            assert lease is not None and lease.attempt == 3
+            lease.complete(b"sent")
+    assert main(["inspect", "--backend", url]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if "job" in line
+               and "│" in line)
+    cells = [c.strip() for c in row.split("│")[1:-1]]
+    assert cells[3:5] == ["completed", "3 (2 per requeue)"] and cells[-1] == "-", cells
+    assert inspect_json(url, capsys)[0]["error"] == "smtp down"  # kept for the record
+
+
 def test_errors_are_one_line_with_their_exit_status(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -17,7 +17,7 @@ from consensus_lease import backend, errors, testing
 
 USER_API = {
     # store, session, lease
-    "DEFAULT_TTL_S", "LeaseStore", "open_store", "Session", "Lease",
+    "DEFAULT_TTL_S", "LeaseStore", "open_store", "Session", "Lease", "LeaseTransaction",
     # leader election
     "Leadership", "LeaderRecord", "LeaderWatch",
     # records and states

@@ -57,6 +57,25 @@ def test_takeover_shows_in_metrics(tmp_path: Path) -> None:
     assert value("consensus_lease_renewal_headroom_seconds_sum", store="sqlite") > 0
 
 
+def test_counters_are_exported_at_zero_before_their_first_event(tmp_path: Path) -> None:
+    registry = prometheus_client.CollectorRegistry()
+    observer = PrometheusObserver(registry=registry)
+    SqliteFence(str(tmp_path / "dest.db"), observer=observer)
+    with open_store(f"sqlite:///{tmp_path}/l.db", observer=observer):
+        scraped = prometheus_client.generate_latest(registry).decode()
+    for series in (
+        'consensus_lease_claims_total{store="sqlite"} 0.0',
+        'consensus_lease_completions_total{store="sqlite"} 0.0',
+        'consensus_lease_losses_total{scope="lease",store="sqlite"} 0.0',
+        'consensus_lease_losses_total{scope="session",store="sqlite"} 0.0',
+        'consensus_lease_stale_rejections_total{by="store",store="sqlite"} 0.0',
+        'consensus_lease_stale_rejections_total{by="fence",store="sqlite-fence"} 0.0',
+        'consensus_lease_early_revocations_total{store="sqlite"} 0.0',
+        'consensus_lease_callback_failures_total{registration="Lease.on_lost",store="sqlite"} 0.0',
+    ):
+        assert series in scraped, series
+
+
 def test_wal_size_is_a_gauge_per_store_file() -> None:
     registry = prometheus_client.CollectorRegistry()
     observer = PrometheusObserver(registry=registry)

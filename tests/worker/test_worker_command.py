@@ -119,3 +119,47 @@ def test_bad_flag_exits_2(tmp_path: Path, worker_command: Any) -> None:
                             "x:y")
     assert worker.wait(timeout_s=60) == 2
     assert "must be >= 1" in worker.log()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:  # a port nobody serves now, on loopback only
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_metrics_port_serves_the_workers_metrics(tmp_path: Path, worker_command: Any) -> None:
+    """--metrics-port: the store's counters on http://127.0.0.1:PORT/metrics, at 0 before
+    the first event and counting claims once a job runs."""
+    import urllib.request
+
+    pytest.importorskip("prometheus_client")  # the [metrics] extra (installed for tests)
+    url = f"sqlite:///{tmp_path}/store.db"
+    _enqueue(url, "job")
+    port = _free_port()
+    worker = worker_command("--backend", url, "--queue", "q", "--metrics-port", str(port),
+                            "worker_handlers:wait_for_go")
+
+    def scrape() -> str | None:
+        try:
+            direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+            with direct.open(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                return str(r.read().decode())
+        except OSError:
+            return None  # not serving yet
+
+    wait_for(lambda: sorted(tmp_path.glob("started-*")), 60, "the job started")
+    text = wait_for(scrape, 60, "the metrics endpoint answered")
+    assert 'consensus_lease_claims_total{store="sqlite"} 1.0' in text, text[:2000]
+    assert 'consensus_lease_losses_total{scope="lease",store="sqlite"} 0.0' in text
+    (tmp_path / "go").touch()
+    worker.proc.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout_s=60) == 0, worker.log()[-3000:]
+
+
+def test_metrics_port_refused_with_processes(tmp_path: Path, worker_command: Any) -> None:
+    worker = worker_command("--backend", f"sqlite:///{tmp_path}/s.db", "--queue", "q",
+                            "--processes", "--metrics-port", "9", "x:y")
+    assert worker.wait(timeout_s=60) == 2
+    assert "--metrics-port" in worker.output()

@@ -128,6 +128,25 @@ def test_lease_lost_in_the_handler_is_not_completed(store: LeaseStore) -> None:
     assert record is not None and record.result == b"attempt 2"
 
 
+def test_lease_lost_after_the_handler_returned_says_its_effects_stand(
+    store: LeaseStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The handler's work is done (a transaction committed, say), then the completion is
+    refused: the log says the effects stand, not only "not completed" (issue 31)."""
+    _enqueue(store, 1)
+
+    def handler(lease: Lease, payload: bytes) -> bytes:
+        if lease.attempt == 1:  # the store ends the hold behind the worker's back
+            store.backend.release(lease.session.handle, lease.job_id, lease.claim_result)
+        return f"attempt {lease.attempt}".encode()
+
+    with caplog.at_level("WARNING", logger="consensus_lease.worker"):
+        stats = run_worker(store, "q", handler, until_empty=True, **FAST)
+    assert stats.leases_lost == 1 and stats.completed == 1
+    said = [r.getMessage() for r in caplog.records if "not completed" in r.getMessage()]
+    assert len(said) == 1 and "the handler's effects stand" in said[0], said
+
+
 def test_lost_session_is_replaced_and_counted() -> None:
     store_clock = FakeClock()
     with open_store("memory://", store_clock=store_clock) as store:

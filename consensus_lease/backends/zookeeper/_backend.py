@@ -288,7 +288,7 @@ class ZooKeeperBackend(Backend):
             h.mark_closed()
             raise BackendUnavailable(
                 f"no ZooKeeper member of {self.hosts} answered within "
-                f"{self.config.connect_timeout_s} s"
+                f"{self.config.connect_timeout_s:g} s"
             ) from exc
         try:
             h.connected(ttl_s)

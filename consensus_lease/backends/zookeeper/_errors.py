@@ -1,18 +1,18 @@
 """kazoo's exceptions, translated into :mod:`consensus_lease.errors`.
 
-===================================================  ==========================================
-kazoo                                                consensus_lease
-===================================================  ==========================================
-``NoAuthError``, ``AuthFailedError``,                ``AuthenticationFailed``
-``SessionClosedRequireSaslError``
-``SessionExpiredError`` (and ``ConnectionClosedError``  ``SessionExpired`` for a worker session;
-on a stopped client)                                 ``BackendUnavailable`` for the read client
-``ConnectionLoss``, ``KazooTimeoutError``,           ``BackendUnavailable`` naming the hosts
-``OperationTimeoutError``, ``SessionMovedError``,    (and ``timeout_s``); for a write, the
-                                                     caller reads back first
-``ThrottledOpError``, ``RequestTimeoutError``
-any other kazoo or ZooKeeper error                   ``BackendUnavailable``
-===================================================  ==========================================
+=====================================  ===================================================
+kazoo                                  consensus_lease
+=====================================  ===================================================
+``NoAuthError``, ``AuthFailedError``   ``AuthenticationFailed``
+``SessionClosedRequireSaslError``      ``AuthenticationFailed``
+``SessionExpiredError``                ``SessionExpired`` for a worker session;
+                                       ``BackendUnavailable`` for the read client
+``ConnectionClosedError`` (stopped)    as ``SessionExpiredError`` (its subclass)
+``RuntimeError`` (kazoo#254)           ``BackendUnavailable``: the connection is reset
+``KazooTimeoutError``                  ``BackendUnavailable`` naming ``timeout_s``
+``ConnectionLoss``, any other          ``BackendUnavailable`` naming the hosts; for a
+                                       write, the caller reads back first
+=====================================  ===================================================
 
 Ambiguity (a write whose answer was lost) is not decided here: the backend reads back.
 """

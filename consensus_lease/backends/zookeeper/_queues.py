@@ -604,7 +604,7 @@ class Queues:
             if todo and time.monotonic() >= deadline:
                 raise BackendUnavailable(
                     f"{what}: other enqueues into the queue kept taking the next seq for "
-                    f"{self.config.timeout_s} s; nothing more was applied", job_id=first_id,
+                    f"{self.config.timeout_s:g} s; nothing more was applied", job_id=first_id,
                 )
         return out
 
@@ -1063,7 +1063,7 @@ class Queues:
             if index == 0 and isinstance(error, BadVersionError):
                 if time.monotonic() >= deadline:
                     raise BackendUnavailable(f"{what}: enqueues kept writing the queue's "
-                                             f"head for {self.config.timeout_s} s")
+                                             f"head for {self.config.timeout_s:g} s")
                 continue  # an enqueue wrote the head first
             if len(batch) > 1:
                 return sum(self._delete(q, [job], what) for job in batch)
