@@ -26,6 +26,7 @@ Not a timed test: the goal (0 lost) is reported, never asserted.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -88,7 +89,8 @@ def _worker(url: str, count: int, ttl_s: float, hold_s: float) -> dict[str, Any]
         reasons: dict[str, int] = {}
         store_ended = sum(isinstance(s.lost_reason, SessionExpired) for s in lost)
         for session in lost:
-            text = str(session.lost_reason).split(": ", 1)[-1][:80]  # without the id
+            text = re.sub(r"\b(0x)?[0-9a-f]{8,}\b", "ID",  # one line per cause, not per id
+                          str(session.lost_reason).split(": ", 1)[-1])[:80]
             reasons[text] = reasons.get(text, 0) + 1
         list(pool.map(lambda s: s.close(), sessions))
     latencies = sorted(observer.latencies)
