@@ -28,6 +28,7 @@ from ...record import ClaimResult, EnqueueItem, LeaseRecord, QueuedJob, QueueSta
 from ._claims import Claims
 from ._epoch import Epochs
 from ._errors import KAZOO_ERRORS
+from ._handler import SharedPollHandler
 from ._history import (
     KEEPALIVE_FRACTION,
     History,
@@ -211,6 +212,8 @@ class ZooKeeperBackend(Backend):
         self._wire = Wire(config, self._history)
         self._epochs = Epochs(self._wire, self._history)
         self._prober = Prober(self._wire, self._history, self._disconnected)
+        self._session_handler = SharedPollHandler()
+        """The worker threads of every session's kazoo client (see :mod:`._handler`)."""
         self._lifecycle = Lifecycle(self._wire, self._paths)
         self._subs = Subscriptions(self._wire, self._paths)
         self._lifecycle.hints = self._subs.hints  # delay ends noted wake the subscribers
@@ -278,7 +281,7 @@ class ZooKeeperBackend(Backend):
             if self._closed:
                 raise BackendUnavailable("this ZooKeeper backend is closed")
         timeouts = NegotiatedTimeouts()
-        client = self.config.new_client(ttl_s, logger=timeouts)
+        client = self.config.new_client(ttl_s, logger=timeouts, handler=self._session_handler)
         h = ZkSession(owner, client, timeouts, on_event, self.hosts)
         h.on_disconnected = self._prober.wake
         h.explain_loss = self._explain_loss

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import math
 import select
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 from kazoo.handlers.threading import SequentialThreadingHandler
 from kazoo.handlers.utils import fileobj_to_fd
 
-__all__ = ["PollHandler", "poll_select"]
+__all__ = ["PollHandler", "SharedPollHandler", "poll_select"]
 
 _READ = select.POLLIN if hasattr(select, "poll") else 1
 _WRITE = select.POLLOUT if hasattr(select, "poll") else 4
@@ -100,3 +101,37 @@ class PollHandler(SequentialThreadingHandler):  # type: ignore[misc]  # kazoo is
 
         def select(self, *args: Any, **kwargs: Any) -> tuple[list[Any], list[Any], list[Any]]:
             return poll_select(*args, **kwargs)
+
+
+class SharedPollHandler(PollHandler):
+    """One :class:`PollHandler` for the kazoo clients of a store's sessions: kazoo gives
+    every client a handler with two worker threads (watch callbacks, completions), so
+    2,000 sessions were 4,000 of them beside their 2,000 connection threads. Here each
+    client's ``start()`` and ``stop()`` are counted, the threads start with the first
+    client and end with the last.
+
+    What the shared threads run is the library's own short callbacks (a watch that sets
+    an event, an answer's completion): a session's state changes, and so its loss and
+    the user's loss callbacks, come on its own client's connection thread, which is not
+    shared.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._users = 0
+        self._users_lock = threading.Lock()
+
+    def start(self) -> None:
+        with self._users_lock:
+            self._users += 1
+            if self._users == 1:
+                super().start()
+
+    def stop(self) -> None:
+        with self._users_lock:
+            if self._users == 0:
+                return
+            self._users -= 1
+            if self._users == 0:
+                super().stop()
+

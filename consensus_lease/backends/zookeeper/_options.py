@@ -149,13 +149,15 @@ class ZkConfig:
         *,
         client_id: tuple[int, bytes] | None = None,
         logger: Any = None,
+        handler: Any = None,
     ) -> KazooClient:
         """A kazoo client (not started) for these hosts, credentials and TLS settings.
 
         Reconnection is retried forever with a short back-off capped at a quarter of
         the session timeout (kazoo's default cap is an hour), so a client whose member
         died reaches another member before its session can expire. Its handler is
-        :class:`._handler.PollHandler` (kazoo's, with a cheaper wait on its sockets).
+        :class:`._handler.PollHandler` (kazoo's, with a cheaper wait on its sockets),
+        or ``handler`` (one shared by the store's session clients).
         """
         max_delay = min(1.0, max(0.05, session_timeout_s / 4))
         retry = KazooRetry(
@@ -165,7 +167,7 @@ class ZkConfig:
         return KazooClient(
             hosts=self.hosts_text,
             timeout=session_timeout_s,
-            handler=PollHandler(),
+            handler=PollHandler() if handler is None else handler,
             client_id=client_id,
             default_acl=self.acl_list(),
             auth_data=auth,
