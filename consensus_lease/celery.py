@@ -36,7 +36,11 @@ A delivery:
    -> acked; still held -> again; the holder died (its lease expired in the store) -> it
    claims and runs the task. So a worker killed mid-task never loses the task, and no
    two copies ever run the body at once;
-6. if the lease is lost while the body runs (the worker was paused past its TTL, the
+6. a copy that cannot claim (the store does not answer, or cannot tell whether the claim
+   was applied) does not run the body: as in 5, a delayed copy asks again
+   (``reason="unavailable"``); after an unknown outcome the worker process's session is
+   closed first, so a claim it may hold ends in the store;
+7. if the lease is lost while the body runs (the worker was paused past its TTL, the
    store went away), the completion is refused; the copy publishes a delayed copy (as
    in 5), logs at ERROR and is acked without a result. The body's writes were fenced
    with its token, so a new holder's writes win.
@@ -91,7 +95,14 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from ._extras import install_hint, missing_dependency
-from .errors import InvalidArgument, JobCompleted, JobFailed, LeaseLost, OutcomeUnknown
+from .errors import (
+    BackendUnavailable,
+    InvalidArgument,
+    JobCompleted,
+    JobFailed,
+    LeaseLost,
+    OutcomeUnknown,
+)
 from .lease import Lease
 from .observe import notify
 from .session import Session
@@ -100,6 +111,7 @@ from .store import DEFAULT_TTL_S, LeaseStore, open_store
 
 try:
     import celery
+    from celery import signals
     from celery.exceptions import Ignore, Reject, Retry
 except ModuleNotFoundError as _exc:  # pragma: no cover - exercised by check-wheel
     if missing_dependency(_exc) not in ("celery", "kombu", "billiard"):
@@ -152,6 +164,15 @@ class _Process:
                 self.sessions[(spec, ttl_s)] = session
             return session
 
+    def discard(self, session: Session) -> None:
+        """Stop using ``session`` and close it (its claims end in the store)."""
+        with self.lock:
+            self.sessions = {k: v for k, v in self.sessions.items() if v is not session}
+        try:
+            session.close()
+        except Exception as exc:  # the store may be unreachable: its TTL ends it then
+            log.warning("closing the session after an unknown claim outcome: %s", exc)
+
     def close(self) -> None:
         with self.lock:
             sessions, self.sessions = list(self.sessions.values()), {}
@@ -181,8 +202,8 @@ def _close_process(**_: Any) -> None:
         process.close()
 
 
-celery.signals.worker_process_shutdown.connect(_close_process, weak=False)
-celery.signals.worker_shutdown.connect(_close_process, weak=False)
+signals.worker_process_shutdown.connect(_close_process, weak=False)
+signals.worker_shutdown.connect(_close_process, weak=False)
 
 
 class FencedTask(celery.Task):  # type: ignore[misc]
@@ -255,6 +276,16 @@ class FencedTask(celery.Task):  # type: ignore[misc]
             self._skip(session, job_id, "completed", republish=False)
         except JobFailed:
             self._skip(session, job_id, "failed", republish=False)
+        except (BackendUnavailable, LeaseLost) as exc:
+            # No answer, or this process's session just ended: the body did not run and
+            # the delayed copy asks the store again. A claim that may have been applied
+            # (OutcomeUnknown) would stay held by this session while it lives: end the
+            # session, so that claim expires in the store and the copy can claim.
+            log.warning("%s[%s]: could not claim job %s: %s", self.name, self.request.id,
+                        job_id, exc, extra={"job_id": job_id})
+            if isinstance(exc, OutcomeUnknown):
+                _this_process().discard(session)
+            self._skip(session, job_id, "unavailable", republish=True)
         if lease is None:
             self._skip(session, job_id, "held", republish=True)
         token = _current.set(lease)
@@ -299,7 +330,8 @@ class FencedTask(celery.Task):  # type: ignore[misc]
         log.info(
             "%s[%s]: not run: job %s %s; acked%s", self.name, self.request.id, job_id,
             {"completed": "is completed", "failed": "is FAILED (attempts ran out)",
-             "held": "is held by another worker"}[reason],
+             "held": "is held by another worker",
+             "unavailable": "could not be claimed (no answer)"}[reason],
             f", re-check in {self._recheck_s()} s" if republish else "",
             extra={"job_id": job_id, "reason": reason},
         )

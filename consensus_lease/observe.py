@@ -96,8 +96,9 @@ class Observer:
     def delivery_skipped(self, store: str, job_id: str, reason: str) -> None:
         """An integration (the Celery task base, :mod:`consensus_lease.celery`) did not
         run a delivered copy of job ``job_id``: ``reason`` is ``"completed"`` (done
-        already), ``"held"`` (another holder runs it now) or ``"failed"`` (its attempts
-        ran out)."""
+        already), ``"held"`` (another holder runs it now), ``"failed"`` (its attempts
+        ran out) or ``"unavailable"`` (the claim got no answer; a later copy asks
+        again)."""
 
     def callback_failed(self, store: str, registration: str) -> None:
         """A user callback raised (logged at ERROR on ``consensus_lease.callbacks``);

@@ -14,7 +14,15 @@ from typing import Any
 
 import pytest
 
-from consensus_lease import InvalidArgument, JobState, LeaseLost, open_store
+from consensus_lease import (
+    BackendUnavailable,
+    InvalidArgument,
+    JobState,
+    LeaseLost,
+    OutcomeUnknown,
+    SessionState,
+    open_store,
+)
 from consensus_lease.observe import Observer
 
 celery = pytest.importorskip("celery")  # the [celery] extra
@@ -114,6 +122,38 @@ def test_lease_lost_while_running_drops_the_result(app: Any) -> None:
     assert job.apply(task_id=task_id).state == "IGNORED"
     record = store.get(f"celery:{task_id}")
     assert record is not None and record.state is not JobState.COMPLETED
+
+
+@pytest.mark.parametrize("error", [BackendUnavailable, OutcomeUnknown])
+def test_a_claim_without_an_answer_does_not_run(app: Any, monkeypatch: Any,
+                                                error: type[Exception]) -> None:
+    app, store, skips = app
+    ran: list[int] = []
+
+    @app.task(bind=True, base=FencedTask, shared=False)
+    def job(self: Any) -> None:
+        ran.append(self.lease.generation)
+
+    assert job.apply().state == "SUCCESS"  # opens this process's session
+
+    def no_answer(*args: Any, **kwargs: Any) -> None:
+        raise error("no answer from the store")
+
+    from consensus_lease import celery as integration
+
+    session = next(iter(integration._this_process().sessions.values()))
+    monkeypatch.setattr(store.backend, "claim", no_answer)
+    task_id = str(uuid.uuid4())
+    assert job.apply(task_id=task_id).state == "IGNORED"
+    assert ran == [1]
+    assert skips.skipped[-1] == ("sqlite", f"celery:{task_id}", "unavailable")
+    # An unknown outcome ends the session (a claim it may hold expires in the store);
+    # no answer at all changes nothing.
+    closed = session.state is SessionState.CLOSED
+    assert closed is (error is OutcomeUnknown)
+    monkeypatch.undo()
+    assert job.apply(task_id=task_id).state == "SUCCESS"  # the re-check copy
+    assert len(ran) == 2
 
 
 def test_bad_configuration_is_invalid_argument(app: Any) -> None:
