@@ -43,7 +43,9 @@ A delivery:
 7. if the lease is lost while the body runs (the worker was paused past its TTL, the
    store went away), the completion is refused; the copy publishes a delayed copy (as
    in 5), logs at ERROR and is acked without a result. The body's writes were fenced
-   with its token, so a new holder's writes win.
+   with its token, so a new holder's writes win. The same when the completion (or the
+   failed attempt) gets no answer from the store; the worker process's session is then
+   closed, so the claim it may still hold ends in the store.
 
 Options (Celery task options: ``@app.task(base=FencedTask, lease_ttl_s=60, ...)``, or
 attributes of a subclass; ``lease_store`` also from ``app.conf.consensus_lease_store``):
@@ -106,7 +108,7 @@ from .errors import (
 from .lease import Lease
 from .observe import notify
 from .session import Session
-from .states import SessionState
+from .states import LeaseState, SessionState
 from .store import DEFAULT_TTL_S, LeaseStore, open_store
 
 try:
@@ -292,28 +294,32 @@ class FencedTask(celery.Task):  # type: ignore[misc]
         try:
             value = self.run(*args, **kwargs)
         except (Retry, Ignore, Reject):
-            self._hand_back(lease)
+            self._hand_back(session, lease)
             raise
         except Exception as exc:
+            if lease.state is LeaseState.LOST:  # e.g. ensure_held() or a fence said so
+                self._lost(session, lease, exc)
             try:
                 lease.fail(exc)
-            except (LeaseLost, OutcomeUnknown) as lost:
-                self._lost(session, lease, lost)
+            except (LeaseLost, BackendUnavailable) as unrecorded:
+                self._lost(session, lease, unrecorded)
             raise
         finally:
             _current.reset(token)
         try:
             lease.complete()
-        except (LeaseLost, OutcomeUnknown) as lost:
-            self._lost(session, lease, lost)
+        except (LeaseLost, BackendUnavailable) as unrecorded:
+            self._lost(session, lease, unrecorded)
         return value
 
-    def _hand_back(self, lease: Lease) -> None:
+    def _hand_back(self, session: Session, lease: Lease) -> None:
         try:
             lease.release()
-        except (LeaseLost, OutcomeUnknown) as exc:
+        except (LeaseLost, BackendUnavailable) as exc:
             log.warning("could not hand the lease back before the Celery retry: %s", exc,
                         extra={"job_id": lease.job_id, "generation": lease.generation})
+            if isinstance(exc, BackendUnavailable):
+                _this_process().discard(session)  # its claims then end in the store
 
     def _republish(self) -> None:
         if self.request.is_eager or self.request.called_directly:
@@ -340,13 +346,18 @@ class FencedTask(celery.Task):  # type: ignore[misc]
         raise Ignore()
 
     def _lost(self, session: Session, lease: Lease, exc: BaseException) -> NoReturn:
-        """The lease was lost while the body ran: its result is not recorded; a delayed
-        copy finds out (by claiming, i.e. reading the store) whether it must run again."""
+        """The body ran, but its end could not be recorded: the lease was lost (the store
+        refused, the session expired), or the store gave no answer (then this process's
+        session is closed, so the claim it may still hold ends in the store). The result
+        is dropped; a delayed copy finds out by claiming, i.e. by reading the store,
+        whether the task must run again."""
+        if isinstance(exc, BackendUnavailable):
+            _this_process().discard(session)
         self._republish()
         log.error(
-            "%s[%s]: lease of job %s lost while the task ran (%s); its result is dropped "
-            "and a copy re-checks in %s s", self.name, self.request.id, lease.job_id, exc,
-            self._recheck_s(),
+            "%s[%s]: job %s: the end of this run was not recorded (%s: %s); its result is "
+            "dropped and a copy re-checks in %s s", self.name, self.request.id,
+            lease.job_id, type(exc).__name__, exc, self._recheck_s(),
             extra={"job_id": lease.job_id, "generation": lease.generation},
         )
         raise Ignore() from exc

@@ -15,7 +15,7 @@ from typing import Any
 
 from celery import Celery
 
-from consensus_lease import FenceRejected
+from consensus_lease import FenceRejected, LeaseLost
 from consensus_lease.celery import FencedTask
 from consensus_lease.fencing import SqliteFence
 
@@ -70,7 +70,10 @@ def run_body(kind: str, n: int, hostname: str, token: int | None,
             effect(step)
         outcome = "ok"
     except FenceRejected:
-        outcome = "fenced"
+        outcome = "fenced"  # the fence refused a write: another holder took over
+        raise
+    except LeaseLost:
+        outcome = "lost"  # the local check refused first: nothing written
         raise
     finally:
         db.execute("UPDATE runs SET end = ?, outcome = ? WHERE id = ?",
@@ -81,10 +84,14 @@ def run_body(kind: str, n: int, hostname: str, token: int | None,
 # --8<-- [start:fenced]
 @app.task(bind=True, base=FencedTask, lease_ttl_s=TTL_S)
 def fenced_job(self: Any, n: int) -> None:
-    token = self.lease.generation  # the fencing token of this delivery's lease
-    run_body("fenced", n, self.request.hostname, token,
-             lambda step: fence().apply(f"task-{n}", token, f"step-{step}",
-                                        once_per_job=True))
+    lease = self.lease
+    token = lease.generation  # the fencing token of this delivery's lease
+
+    def effect(step: int) -> None:
+        lease.ensure_held()  # cheap and local: stop at once when the lease is gone
+        fence().apply(f"task-{n}", token, f"step-{step}", once_per_job=True)  # the race
+
+    run_body("fenced", n, self.request.hostname, token, effect)
 # --8<-- [end:fenced]
 
 

@@ -5,12 +5,15 @@ One run: a throw-away ``redis-server`` on 127.0.0.1 (a free port), 2 Celery work
 processes (prefork, ``--concurrency 2`` each, ``acks_late``, ``visibility_timeout``
 shorter than a task), ``tasks`` fenced tasks and as many plain ones (the control)
 interleaved, each writing 3 effects ``step_s`` apart; once a third of the fenced tasks
-ended, worker 1 and its pool processes are SIGKILLed. Then, per task:
+ended, worker 1 and its pool processes are SIGKILLed mid-task; then a pool process of
+worker 2 is frozen (SIGSTOP) mid-task for longer than its lease, and thawed. Then, per
+task:
 
 - fenced: exactly 3 effects accepted by the fence, once each; no accepted effect with a
   token below an earlier accepted one (no stale write accepted); runs of a task never
-  overlap in time (a run that the fence turned away may overlap its successor: it held
-  no lease by then, and wrote nothing); the job is COMPLETED in the lease store;
+  overlap in time, except a run that was frozen past its lease (it overlaps its
+  successor in time, but held no lease by then: its local check or the fence stopped
+  its next write); the job is COMPLETED in the lease store;
 - plain: the control: counts of runs and effects (duplicates expected).
 
 As a script (the full acceptance run; its result is committed under benchmarks/results/)::
@@ -50,6 +53,8 @@ class Settings:
     visibility_s: float = 1.0    # shorter than a task: every task is redelivered
     ttl_s: float = 4.0           # the lease store session's TTL
     concurrency: int = 2
+    pause: bool = True           # after the kill: SIGSTOP a pool process of worker 2
+                                 # mid-task past its lease, then SIGCONT (a stale holder)
     deadline_s: float = 600.0
 
 
@@ -67,6 +72,9 @@ class Result:
     fenced_overlaps: list[str] = field(default_factory=list)
     stale_accepted: list[str] = field(default_factory=list)
     fenced_rejected_runs: int = 0
+    paused_task: int | None = None
+    paused_for_s: float = 0.0
+    paused_run_outcome: str | None = None
     not_completed: list[str] = field(default_factory=list)
     skipped_log_lines: int = 0
     plain_runs: int = 0
@@ -237,6 +245,9 @@ def run(settings: Settings, workdir: Path) -> Result:
             "SELECT count(*) FROM runs WHERE kind = 'fenced' AND worker LIKE 'w1@%' AND "
             "end IS NULL")[0][0]
 
+        if settings.pause:
+            _pause_one(settings, runs, result, deadline)
+
         from consensus_lease import JobState, open_store
 
         with open_store(store_url) as store:
@@ -271,6 +282,36 @@ def run(settings: Settings, workdir: Path) -> Result:
         sys.path[:] = [p for p in sys.path if p != str(HERE)]
 
 
+def _pause_one(settings: Settings, runs: Any, result: Result, deadline: float) -> None:
+    """SIGSTOP the pool process running a fenced task on worker 2, in its second sleep
+    (one effect written, two to go), for longer than its lease lives and the task needs
+    to run again elsewhere; then SIGCONT it: a stale holder that wakes up mid-task."""
+    pause_s = settings.ttl_s + 4 * settings.step_s + 3.0
+    while True:
+        now = time.time()
+        rows = runs("SELECT id, task, pid FROM runs WHERE kind = 'fenced' AND worker LIKE "
+                    "'w2@%' AND end IS NULL AND start BETWEEN ? AND ?",
+                    now - 1.4 * settings.step_s, now - 1.2 * settings.step_s)
+        if rows:
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError("no fenced task to pause on worker 2")
+        time.sleep(0.02)  # poll interval of the deadline loop
+    run_id, task, pid = rows[0]
+    os.kill(pid, signal.SIGSTOP)  # a pool process of the worker started here
+    try:
+        time.sleep(pause_s)  # real time must pass: the paused holder's lease expires
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    result.paused_task, result.paused_for_s = int(task), pause_s
+    while True:  # its outcome, once it noticed
+        (outcome,), = runs("SELECT outcome FROM runs WHERE id = ?", run_id)
+        if outcome is not None or time.monotonic() > deadline:
+            result.paused_run_outcome = outcome
+            return
+        time.sleep(0.05)  # poll interval of the deadline loop
+
+
 def _check(result: Result, runs: Any, data: Path, settings: Settings,
            kill_wall: float) -> None:
     from consensus_lease.fencing import SqliteFence
@@ -290,7 +331,7 @@ def _check(result: Result, runs: Any, data: Path, settings: Settings,
                 result.fenced_tasks_run_more_than_once += 1
             for a, b in itertools.pairwise(task_runs):
                 end = a[3] if a[3] is not None else kill_wall
-                if end > b[2] and a[4] != "fenced":
+                if end > b[2] and a[4] not in ("fenced", "lost"):
                     result.fenced_overlaps.append(
                         f"task {n}: token {a[1]} ran until {end:.3f}, token {b[1]} "
                         f"started {b[2]:.3f}")

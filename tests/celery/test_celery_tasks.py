@@ -24,6 +24,7 @@ from consensus_lease import (
     open_store,
 )
 from consensus_lease.observe import Observer
+from consensus_lease.testing.conformance import poll_until
 
 celery = pytest.importorskip("celery")  # the [celery] extra
 from celery import Celery  # noqa: E402
@@ -156,6 +157,30 @@ def test_a_claim_without_an_answer_does_not_run(app: Any, monkeypatch: Any,
     assert len(ran) == 2
 
 
+def test_a_completion_without_an_answer_leaves_no_orphan_claim(app: Any,
+                                                                monkeypatch: Any) -> None:
+    app, store, _ = app
+    ran: list[int] = []
+
+    @app.task(bind=True, base=FencedTask, shared=False, lease_ttl_s=0.5)
+    def job(self: Any) -> None:
+        ran.append(self.lease.generation)
+
+    def no_answer(*args: Any, **kwargs: Any) -> None:
+        raise BackendUnavailable("no answer from the store")
+
+    monkeypatch.setattr(store.backend, "complete", no_answer)
+    task_id = str(uuid.uuid4())
+    assert job.apply(task_id=task_id).state == "IGNORED"  # the result was not recorded
+    monkeypatch.undo()
+    # The session that held the claim was closed: its claim ends in the store, and the
+    # re-check copy runs the task (instead of finding it held by an idle session forever).
+    assert poll_until(lambda: job.apply(task_id=task_id).state == "SUCCESS" or None, 10)
+    assert len(ran) >= 2 and ran[-1] > ran[0]
+    record = store.get(f"celery:{task_id}")
+    assert record is not None and record.state is JobState.COMPLETED
+
+
 def test_bad_configuration_is_invalid_argument(app: Any) -> None:
     app, _, _ = app
 
@@ -194,6 +219,9 @@ def test_redelivery_with_a_real_broker_and_a_killed_worker(tmp_path: Path) -> No
     assert result.killed_fenced_in_flight >= 1, result  # SIGKILLed in the middle of a task
     # Each task the kill interrupted ran again elsewhere, after its lease expired.
     assert result.fenced_tasks_run_more_than_once >= result.killed_fenced_in_flight
+    # Frozen past its lease mid-task, then thawed: its next write was refused (by the
+    # local check, or by the fence when the freeze fell between the check and the write).
+    assert result.paused_run_outcome in ("lost", "fenced"), result
     assert result.fenced_effects_wrong == []
     assert result.stale_accepted == []
     assert result.fenced_overlaps == []
