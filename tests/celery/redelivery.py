@@ -193,7 +193,11 @@ def run(settings: Settings, workdir: Path) -> Result:
         os.environ.update({k: v for k, v in env.items() if k.startswith("CL_CELERY_")})
         sys.path.insert(0, str(HERE))
         try:
+            import importlib
+
             import celery_app  # configured from the environment set just above
+
+            celery_app = importlib.reload(celery_app)  # a second run: its own broker
         finally:
             for k, v in saved.items():
                 if v is None:
