@@ -47,10 +47,9 @@ Span attributes: ``consensus_lease.store`` (the backend's scheme), ``consensus_l
 metric                                      instrument      attributes
 ==========================================  ==============  ============================
 ``consensus_lease.leases.held``             up-down counter store (observed at collection)
+``consensus_lease.operations``              counter         store, op, outcome
 ``consensus_lease.claim.duration``          histogram, s    store, op (claim /
                                                             claim_next), outcome
-``consensus_lease.operation.duration``      histogram, s    store, op (complete /
-                                                            release / fail), outcome
 ``consensus_lease.renewal.headroom``        histogram, s    store
 ``consensus_lease.renewal.duration``        histogram, s    store
 ``consensus_lease.losses``                  counter         store, scope
@@ -60,12 +59,14 @@ metric                                      instrument      attributes
 ``consensus_lease.callback_failures``       counter         store, registration
 ==========================================  ==============  ============================
 
-Claims and completions are counted by the histograms (their ``count``: e.g. claims that
-got the lease are ``claim.duration{outcome="ok"}``'s count), so each operation costs one
-histogram record, queued and handed to the SDK in batches (when a metric reader collects,
-and every 512 operations), since one record made right after a store round trip costs
-several times one made in a batch. What a collection exports is complete up to the
-collection; the histograms carry no exemplars.
+``operations`` counts every claim, claim_next, complete, release and fail by outcome
+(completions: ``op="complete", outcome="ok"``). It and ``leases.held`` are kept by this
+observer and read by the SDK when a metric reader collects, and the claim latencies are
+queued and handed to the SDK in batches (at collection, and every 512 claims): an SDK
+record made right after a store round trip costs several times one made in a batch, and
+this keeps the hot path at one list append and two dictionary updates per operation. What
+a collection exports is complete up to the collection; the histogram carries no
+exemplars. The latency of complete, release and fail is on their spans.
 
 ``leases.held`` goes up at each claim and down at each completion, release, recorded
 failure and lease loss (a lost session loses each of its leases). The renewal headroom is
@@ -149,21 +150,23 @@ class OTelObserver(Observer):
         meter.create_observable_up_down_counter(
             "consensus_lease.leases.held", callbacks=[self._observe_held], unit="{lease}",
             description="Leases held now")
-        # One histogram record per operation: its count is the number of claims (and of
-        # completions), so no separate counters are kept on the hot path. The records
-        # are queued (a list append) and handed to the SDK in batches: when a reader
-        # collects (the leases.held callback runs first) or every _PENDING_MAX
-        # operations. Right after a store round trip (a syscall, often a sleep) one SDK
-        # record took 60-80 us here, against 10 us in a batch.
-        self._pending: list[tuple[Any, float, dict[str, str]]] = []
+        # Operations (claim, complete, ...) counted the same way, by store, op and
+        # outcome; the claim latency is the one histogram on the hot path, one record per
+        # claim attempt, queued (a list append) and handed to the SDK in batches: when a
+        # reader collects (the observable instruments' callbacks run first) or every
+        # _PENDING_MAX claims. Right after a store round trip (a syscall, often a sleep)
+        # one SDK record took 60-80 us here, against 10 us in a batch. The latency of
+        # complete, release and fail is on their spans.
+        self._ops: dict[tuple[str, str, str], int] = {}
+        meter.create_observable_counter(
+            "consensus_lease.operations", callbacks=[self._observe_ops], unit="{operation}",
+            description="Lease operations (claim, claim_next, complete, release, fail) by "
+                        "outcome")
+        self._pending: list[tuple[float, dict[str, str]]] = []
         self._pending_lock = threading.Lock()
         self.claim_duration = meter.create_histogram(
             "consensus_lease.claim.duration", unit="s",
             description="Send-to-answer time of claim attempts (claim, claim_next)",
-            explicit_bucket_boundaries_advisory=_LATENCY_BOUNDARIES)
-        self.operation_duration = meter.create_histogram(
-            "consensus_lease.operation.duration", unit="s",
-            description="Send-to-answer time of complete, release and fail",
             explicit_bucket_boundaries_advisory=_LATENCY_BOUNDARIES)
         self.headroom = meter.create_histogram(
             "consensus_lease.renewal.headroom", unit="s",
@@ -209,21 +212,30 @@ class OTelObserver(Observer):
             if generation is not None:
                 attributes["consensus_lease.generation"] = generation
             self._span(f"consensus_lease.{op}", latency_s, attributes, outcome in _OK)
-        histogram = (self.claim_duration if op in ("claim", "claim_next")
-                     else self.operation_duration)
+        key = (store, op, outcome)
         with self._pending_lock:
-            self._pending.append((histogram, latency_s,
-                                  {"store": store, "op": op, "outcome": outcome}))
+            self._ops[key] = self._ops.get(key, 0) + 1
+            if op not in ("claim", "claim_next"):
+                return
+            self._pending.append((latency_s, {"store": store, "op": op, "outcome": outcome}))
             full = len(self._pending) >= _PENDING_MAX
         if full:
             self._record_pending()
 
     def _record_pending(self) -> None:
-        """Hand the queued operation latencies to the SDK's histograms, in one batch."""
+        """Hand the queued claim latencies to the SDK's histogram, in one batch."""
         with self._pending_lock:
             pending, self._pending = self._pending, []
-        for histogram, value, attributes in pending:
-            histogram.record(value, attributes)
+        record = self.claim_duration.record
+        for value, attributes in pending:
+            record(value, attributes)
+
+    def _observe_ops(self, options: Any) -> Iterable[Any]:
+        self._record_pending()  # a reader collects: the histogram first gets what waits
+        with self._pending_lock:
+            ops = dict(self._ops)
+        return [_metrics.Observation(count, {"store": store, "op": op, "outcome": outcome})
+                for (store, op, outcome), count in ops.items()]
 
     def _add_held(self, store: str, delta: int) -> None:
         with self._held_lock:

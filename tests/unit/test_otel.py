@@ -108,9 +108,14 @@ def test_claim_then_complete(tmp_path: Path, telemetry: Telemetry) -> None:
     held_out = [p for a, p in telemetry.points("consensus_lease.claim.duration")
                 if a == {"store": "sqlite", "op": "claim", "outcome": "held"}]
     assert held_out[0].count == 1
-    completions = [p for a, p in telemetry.points("consensus_lease.operation.duration")
-                   if a == {"store": "sqlite", "op": "complete", "outcome": "ok"}]
-    assert completions[0].count == 1
+    ops = {tuple(sorted(a.items())): p.value for a, p in telemetry.points(
+        "consensus_lease.operations")}
+
+    def count(op: str, outcome: str) -> Any:
+        return ops.get(tuple(sorted({"store": "sqlite", "op": op, "outcome": outcome}.items())))
+
+    assert count("claim", "ok") == 2 and count("claim", "held") == 1
+    assert count("complete", "ok") == 1 and count("release", "ok") == 1
     headroom = [p for a, p in telemetry.points("consensus_lease.renewal.headroom")]
     assert headroom[0].count >= 1 and headroom[0].sum > 0
     assert telemetry.value("consensus_lease.losses", store="sqlite", scope="lease") == 0
@@ -143,6 +148,9 @@ def test_loss_and_stale_rejection(tmp_path: Path, telemetry: Telemetry) -> None:
     assert loss.status.status_code is StatusCode.ERROR
     assert not telemetry.spans("consensus_lease.renew")  # renew_spans=False
     assert telemetry.value("consensus_lease.losses", store="sqlite", scope="lease") == 1
+    outcome = failed.attributes["consensus_lease.outcome"]
+    assert telemetry.value("consensus_lease.operations", store="sqlite", op="complete",
+                           outcome=outcome) == 1
     stale = telemetry.value("consensus_lease.stale_rejections", store="sqlite", by="store")
     assert stale == (1 if failed.attributes["consensus_lease.outcome"] == "stale" else 0)
     assert telemetry.value("consensus_lease.leases.held", store="sqlite") == 0
@@ -203,5 +211,5 @@ def test_docs_example(tmp_path: Path) -> None:
     data = metrics.get_metrics_data()
     assert data is not None
     found = {m.name for r in data.resource_metrics for s in r.scope_metrics for m in s.metrics}
-    assert {"consensus_lease.claim.duration", "consensus_lease.operation.duration",
+    assert {"consensus_lease.claim.duration", "consensus_lease.operations",
             "consensus_lease.leases.held"} <= found
