@@ -288,14 +288,15 @@ def run(settings: Settings, workdir: Path) -> Result:
 
 def _pause_one(settings: Settings, runs: Any, result: Result, deadline: float) -> None:
     """SIGSTOP the pool process running a fenced task on worker 2, in its second sleep
-    (one effect written, two to go), for longer than its lease lives and the task needs
-    to run again elsewhere; then SIGCONT it: a stale holder that wakes up mid-task."""
+    (one effect written, two to go; a wide window, so that a loaded machine's slow polls
+    still find one), for longer than its lease lives and the task needs to run again
+    elsewhere; then SIGCONT it: a stale holder that wakes up mid-task."""
     pause_s = settings.ttl_s + 4 * settings.step_s + 3.0
     while True:
         now = time.time()
         rows = runs("SELECT id, task, pid FROM runs WHERE kind = 'fenced' AND worker LIKE "
                     "'w2@%' AND end IS NULL AND start BETWEEN ? AND ?",
-                    now - 1.4 * settings.step_s, now - 1.2 * settings.step_s)
+                    now - 1.9 * settings.step_s, now - 1.1 * settings.step_s)
         if rows:
             break
         if time.monotonic() > deadline:
