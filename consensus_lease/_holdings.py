@@ -26,7 +26,7 @@ from .errors import (
     StaleLeaseError,
 )
 from .lease import Lease
-from .observe import notify
+from .observe import notify, outcome_of
 from .record import ClaimResult, LeaseRecord
 from .retry import RetryPolicies, RetryPolicy
 from .states import LeaseState
@@ -124,8 +124,9 @@ class Holdings:
     def complete(self, lease: Lease, result: bytes) -> LeaseRecord:
         """See :meth:`Lease.complete`: ``result`` is already checked."""
         live = self.liveness
-        record = self._guarded(lease, lambda: live.backend.complete(
-            live.handle, lease.job_id, lease.claim_result, result))
+        record = self._timed("complete", lease, lambda: self._guarded(
+            lease, lambda: live.backend.complete(
+                live.handle, lease.job_id, lease.claim_result, result)))
         lease._finish(LeaseState.COMPLETED, record, result)
         self._forget(lease)
         job_id, generation, owner = lease.job_id, lease.generation, lease.owner
@@ -136,12 +137,14 @@ class Holdings:
     def release(self, lease: Lease) -> None:
         """See :meth:`Lease.release`."""
         live = self.liveness
-        self._guarded(lease, lambda: live.backend.release(
-            live.handle, lease.job_id, lease.claim_result))
+        self._timed("release", lease, lambda: self._guarded(
+            lease, lambda: live.backend.release(live.handle, lease.job_id, lease.claim_result)))
         lease._finish(LeaseState.RELEASED, None)
         self._forget(lease)
-        log.info("released", extra={"job_id": lease.job_id, "generation": lease.generation,
-                                    "owner": lease.owner})
+        job_id, generation, owner = lease.job_id, lease.generation, lease.owner
+        notify(live.observer, lambda o: o.released(self.scheme, job_id, generation, owner))
+        log.info("released", extra={"job_id": job_id, "generation": generation,
+                                    "owner": owner})
 
     def set_value(self, lease: Lease, value: bytes) -> None:
         """See :meth:`Leadership.proclaim <consensus_lease.Leadership.proclaim>`:
@@ -181,14 +184,64 @@ class Holdings:
     def fail(self, lease: Lease, error: str, retry_in_s: float) -> LeaseRecord:
         """See :meth:`Lease.fail`: ``error`` and ``retry_in_s`` are already checked."""
         live = self.liveness
-        record = self._guarded(lease, lambda: live.backend.fail(
-            live.handle, lease.job_id, lease.claim_result, error, retry_in_s))
+        record = self._timed("fail", lease, lambda: self._guarded(
+            lease, lambda: live.backend.fail(
+                live.handle, lease.job_id, lease.claim_result, error, retry_in_s)))
         lease._finish(LeaseState.FAILED, record)
         self._forget(lease)
+        job_id, generation, owner = lease.job_id, lease.generation, lease.owner
+        state = record.state.value
+        notify(live.observer,
+               lambda o: o.failed(self.scheme, job_id, generation, owner, state))
         log.warning("failed", extra={"job_id": lease.job_id, "generation": lease.generation,
                                      "owner": lease.owner, "attempt": lease.attempt,
                                      "error": error[:200], "state": record.state.value})
         return record
+
+    def _timed(self, op: str, lease: Lease, call: Callable[[], T]) -> T:
+        """``call()``, reported to the observer as ``operation(op, ...)`` with its
+        latency and outcome; without an observer, just ``call()`` (no clock read)."""
+        observer = self.liveness.observer
+        if observer is None:
+            return call()
+        clock, scheme = self.liveness.clock, self.scheme
+        job_id, generation = lease.job_id, lease.generation
+        start = clock.monotonic()
+        try:
+            out = call()
+        except BaseException as exc:
+            outcome, latency = outcome_of(exc), clock.monotonic() - start
+            notify(observer, lambda o: o.operation(scheme, op, job_id, generation, outcome,
+                                                   latency))
+            raise
+        latency = clock.monotonic() - start
+        notify(observer, lambda o: o.operation(scheme, op, job_id, generation, "ok", latency))
+        return out
+
+    def timed_claim(self, op: str, job_id: str | None,
+                    call: Callable[[], Lease | None]) -> Lease | None:
+        """``call()`` (one claim attempt), reported as ``operation(op, ...)``: outcome
+        ``ok`` with the lease's job id and generation, ``held`` when it returned
+        ``None``; without an observer, just ``call()``."""
+        observer = self.liveness.observer
+        if observer is None:
+            return call()
+        clock, scheme = self.liveness.clock, self.scheme
+        start = clock.monotonic()
+        try:
+            lease = call()
+        except BaseException as exc:
+            outcome, latency = outcome_of(exc), clock.monotonic() - start
+            notify(observer, lambda o: o.operation(scheme, op, job_id, None, outcome,
+                                                   latency))
+            raise
+        latency = clock.monotonic() - start
+        if lease is None:
+            notify(observer, lambda o: o.operation(scheme, op, job_id, None, "held", latency))
+        else:
+            got, generation = lease.job_id, lease.generation
+            notify(observer, lambda o: o.operation(scheme, op, got, generation, "ok", latency))
+        return lease
 
     def _guarded(self, lease: Lease, call: Callable[[], T]) -> T:
         """Run a store call on ``lease``: a refusal (or an outcome nobody can tell)

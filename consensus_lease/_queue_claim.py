@@ -52,11 +52,14 @@ def claim_next(
     backend = session.backend
     if not backend.capabilities.queues:
         raise UnsupportedOperation(f"the {backend.scheme} backend has no work queues")
+    def once() -> Lease | None:
+        return holdings.timed_claim("claim_next", None,
+                                    lambda: _claim_once(session, holdings, queue))
+
     if wait is None:
-        return _claim_once(session, holdings, queue)
+        return once()
     return wait_and_claim(
-        session, lambda wake: backend.subscribe_queue(queue, wake),
-        lambda: _claim_once(session, holdings, queue), wait,
+        session, lambda wake: backend.subscribe_queue(queue, wake), once, wait,
         lambda: ClaimTimeout(f"no job of queue {queue!r} became claimable in {wait} s"),
     )
 

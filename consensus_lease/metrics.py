@@ -17,6 +17,8 @@ consensus_lease_completions_total            counter      store
 consensus_lease_losses_total                 counter      store, scope (lease / session)
 consensus_lease_stale_rejections_total       counter      store, by (store / fence)
 consensus_lease_early_revocations_total      counter      store (sessions ended before TTL)
+consensus_lease_skipped_deliveries_total     counter      store, reason (completed / held /
+                                                          failed: copies not run, Celery)
 consensus_lease_renewal_latency_seconds      histogram    store
 consensus_lease_renewal_headroom_seconds     histogram    store
 consensus_lease_wal_bytes                    gauge        store, path (SQLite: the -wal file)
@@ -80,6 +82,10 @@ class PrometheusObserver(Observer):
             f"{namespace}_early_revocations",
             "Sessions the store ended before the TTL its last renewal granted",
             ["store"], registry=reg)
+        self.skipped = Counter(
+            f"{namespace}_skipped_deliveries",
+            "Delivered copies of a job not run (completed, held elsewhere, failed)",
+            ["store", "reason"], registry=reg)
         self.renewal_latency = Histogram(
             f"{namespace}_renewal_latency_seconds", "Send-to-answer time of renewals",
             ["store"], buckets=_LATENCY_BUCKETS, registry=reg)
@@ -129,6 +135,9 @@ class PrometheusObserver(Observer):
 
     def early_revocation(self, store: str, session_id: str, early_by_s: float) -> None:
         self.early_revocations.labels(store).inc()
+
+    def delivery_skipped(self, store: str, job_id: str, reason: str) -> None:
+        self.skipped.labels(store, reason).inc()
 
     def wal_measured(self, store: str, path: str, wal_bytes: int, blocked: bool) -> None:
         self.wal_bytes.labels(store, path).set(wal_bytes)

@@ -24,7 +24,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-__all__ = ["Observer", "notify"]
+from .errors import (
+    BackendUnavailable,
+    InvalidArgument,
+    LeaseLost,
+    OutcomeUnknown,
+    StaleLeaseError,
+)
+
+__all__ = ["OUTCOMES", "Observer", "default_observer", "notify", "outcome_of",
+           "set_default_observer"]
 
 log = logging.getLogger("consensus_lease")
 
@@ -43,6 +52,23 @@ class Observer:
 
     def completed(self, store: str, job_id: str, generation: int, owner: str) -> None:
         """A completion was recorded."""
+
+    def released(self, store: str, job_id: str, generation: int, owner: str) -> None:
+        """A lease was handed back (the job is claimable again at once)."""
+
+    def failed(self, store: str, job_id: str, generation: int, owner: str, state: str) -> None:
+        """A failed attempt was recorded; ``state`` is the job's state after it
+        (``"available"``: claimable again after the retry delay; ``"failed"``: its
+        attempts ran out)."""
+
+    def operation(self, store: str, op: str, job_id: str | None, generation: int | None,
+                  outcome: str, latency_s: float) -> None:
+        """A store operation on a lease ended ``latency_s`` seconds (the session's
+        monotonic clock) after it was sent: ``op`` is ``"claim"``, ``"claim_next"``,
+        ``"complete"``, ``"release"`` or ``"fail"``; ``outcome`` one of
+        :data:`OUTCOMES`. ``job_id`` and ``generation`` are ``None`` where there is
+        none (a claim that found the job held; ``claim_next`` on an empty queue).
+        Only measured when the store has an observer: no clock is read without one."""
 
     def renewed(self, store: str, latency_s: float, headroom_s: float) -> None:
         """A session renewal succeeded ``latency_s`` after it was sent, with ``headroom_s``
@@ -73,10 +99,57 @@ class Observer:
         with this observer, before any other event of it. Metrics exporters create their
         series here, so that counters are exported at 0 before their first event."""
 
+    def delivery_skipped(self, store: str, job_id: str, reason: str) -> None:
+        """An integration (the Celery task base, :mod:`consensus_lease.celery`) did not
+        run a delivered copy of job ``job_id``: ``reason`` is ``"completed"`` (done
+        already), ``"held"`` (another holder runs it now), ``"failed"`` (its attempts
+        ran out) or ``"unavailable"`` (the claim got no answer; a later copy asks
+        again)."""
+
     def callback_failed(self, store: str, registration: str) -> None:
         """A user callback raised (logged at ERROR on ``consensus_lease.callbacks``);
         ``registration`` is where it was registered (``"Session.on_lost"``,
         ``"Lease.on_lost"``, ``"AsyncSession.on_lost"``)."""
+
+
+OUTCOMES = ("ok", "held", "stale", "lost", "unknown", "unavailable", "error")
+"""The ``outcome`` of :meth:`Observer.operation`: ``ok`` (done; a claim got the lease),
+``held`` (a claim found the job held elsewhere or nothing claimable), ``stale`` (the store
+refused: owner or generation no longer match), ``lost`` (another :class:`LeaseLost`,
+e.g. the session expired), ``unknown`` (:class:`OutcomeUnknown`: maybe applied),
+``unavailable`` (no answer) and ``error`` (anything else, e.g. ``JobCompleted``)."""
+
+
+def outcome_of(exc: BaseException) -> str:
+    """The :data:`OUTCOMES` word for an operation that raised ``exc``."""
+    if isinstance(exc, StaleLeaseError):
+        return "stale"
+    if isinstance(exc, LeaseLost):
+        return "lost"
+    if isinstance(exc, OutcomeUnknown):
+        return "unknown"
+    if isinstance(exc, BackendUnavailable):
+        return "unavailable"
+    return "error"
+
+
+_default: Observer | None = None
+
+
+def set_default_observer(observer: Observer | None) -> None:
+    """Make ``observer`` the observer of every store :func:`~consensus_lease.open_store`
+    opens from now on without an ``observer=`` argument (``None``: none again). Stores
+    already open keep theirs. :func:`consensus_lease.otel.instrument` calls this."""
+    global _default
+    if observer is not None and not isinstance(observer, Observer):
+        raise InvalidArgument(
+            f"observer must be a consensus_lease.observe.Observer, not {observer!r}")
+    _default = observer
+
+
+def default_observer() -> Observer | None:
+    """The observer set by :func:`set_default_observer`, or ``None``."""
+    return _default
 
 
 def notify(observer: Observer | None, event: Callable[[Observer], None]) -> None:

@@ -270,8 +270,11 @@ class Session:
 
     def _claim_once(self, job_id: str) -> Lease | None:
         """One claim round trip: the lease, or ``None`` if the job is held."""
-        result = self._liveness.call(lambda: self.backend.claim(self.handle, job_id))
-        return None if result is None else self._holdings.adopt(self, job_id, result)
+        def once() -> Lease | None:
+            result = self._liveness.call(lambda: self.backend.claim(self.handle, job_id))
+            return None if result is None else self._holdings.adopt(self, job_id, result)
+
+        return self._holdings.timed_claim("claim", job_id, once)
 
     @overload
     def claim_next(self, queue: str, *, wait_s: None = None) -> Lease | None: ...

@@ -29,7 +29,7 @@ from .errors import (
     UnsupportedOperation,
 )
 from .leader_watch import LeaderWatch
-from .observe import Observer, notify
+from .observe import Observer, default_observer, notify
 from .options import merge_options, redact_url
 from .record import EnqueueItem, LeaseRecord, QueuedJob, QueueStats
 from .retry import DEFAULT_RETRY, RetryPolicies, RetryPolicy, check_max_attempts
@@ -91,7 +91,9 @@ def open_store(
         url: the store URL.
         clock: clock for local deadlines and waiting in sessions of this store
             (default: the system monotonic clock). Never used to decide ownership.
-        observer: receives lease events for metrics (see :mod:`consensus_lease.observe`).
+        observer: receives lease events for metrics (see :mod:`consensus_lease.observe`);
+            default: the one set by :func:`consensus_lease.observe.set_default_observer`
+            (e.g. by :func:`consensus_lease.otel.instrument`), else none.
         **options: backend options.
 
     Raises:
@@ -128,6 +130,8 @@ def open_store(
     except ImportError as exc:
         raise UnsupportedBackend(_missing_client(scheme, matches[0].value, exc)) from exc
     backend = backend_cls.from_url(url, merge_options(url, options))
+    if observer is None:
+        observer = default_observer()
     return LeaseStore(backend, clock=clock, observer=observer, retry=retry)
 
 

@@ -13,12 +13,13 @@
 #   zookeeper, openjdk-17-jre-headless
 #                a local ZooKeeper for the TLS test (tests/backends/zk_local.py)
 #   pgbouncer    PgBouncer 1.18 in front of the test PostgreSQL (tests/backends/pgbouncer_local.py)
+#   redis-server the Celery broker of the fenced-task test (tests/celery/redelivery.py)
 #
 # Usage: docker/install-deps.sh [--with-compose]
 #   --with-compose  also docker-compose, for docker/docker-compose.yml (local dev only)
 set -eu
 [ "$(id -u)" = 0 ] || { echo "install-deps.sh: must run as root" >&2; exit 1; }
-packages="docker.io debootstrap iptables util-linux python3 etcd-server etcd-client openssl zookeeper openjdk-17-jre-headless pgbouncer"
+packages="docker.io debootstrap iptables util-linux python3 etcd-server etcd-client openssl zookeeper openjdk-17-jre-headless pgbouncer redis-server"
 [ "${1:-}" = "--with-compose" ] && packages="$packages docker-compose"
 
 missing=""

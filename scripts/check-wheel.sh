@@ -4,12 +4,15 @@
 #
 #   1. python -m build; twine check --strict; the wheel holds py.typed and every non-.py
 #      file under consensus_lease/ in git.
-#   2. base install: nothing but the package; `import consensus_lease` loads no rich,
-#      tenacity, grpc or kazoo; the command without rich prints the install line.
+#   2. base install: nothing but the package (no celery, redis, opentelemetry, tooz);
+#      `import consensus_lease` loads no rich, tenacity, grpc or kazoo; the command
+#      without rich prints the install line.
 #   3. [etcd]: an etcd store works (a claim against a local etcd when /usr/bin/etcd is
 #      there, else the backend loads and an unreachable server is BackendUnavailable).
-#   4. [cli]: consensus-lease demo.
-#   5. [cli,testing,metrics,sql]: the unit tests, from a copy of tests/.
+#   4. [otel]: opentelemetry-api and nothing more (no SDK, celery, redis); the observer
+#      runs on the API's no-op providers; consensus_lease.celery names the celery extra.
+#   5. [cli]: consensus-lease demo.
+#   6. [cli,testing,metrics,sql]: the unit tests, from a copy of tests/.
 #
 # Usage: scripts/check-wheel.sh            (PYTHON: an interpreter with build and twine,
 #                                           default .venv/bin/python; BASE_PYTHON: the one
@@ -79,7 +82,7 @@ import importlib.metadata as md, sys
 import consensus_lease
 assert "/venv/" in consensus_lease.__file__, f"imported from {consensus_lease.__file__}"
 optional = ("rich", "tenacity", "grpc", "kazoo", "pyetcd", "sqlalchemy", "prometheus_client",
-            "tooz")
+            "opentelemetry", "celery", "kombu", "redis", "tooz")
 loaded = [name for name in optional if name in sys.modules]
 assert not loaded, f"import consensus_lease loaded {loaded}"
 installed = sorted(d.metadata["Name"].lower() for d in md.distributions())
@@ -141,6 +144,28 @@ with store, store.session(ttl_s=5) as session:
     print(f"  etcd store works: claimed generation {lease.generation} and completed it")
 EOF
 if [ -n "$etcd_pid" ]; then kill "$etcd_pid"; wait "$etcd_pid" 2>/dev/null || true; etcd_pid=""; fi
+
+step "installing [otel]: the OpenTelemetry API only, no SDK, no celery"
+pip install "$wheel[otel]"
+"$venv/bin/python" - <<'EOF'
+import importlib.metadata as md
+installed = {d.metadata["Name"].lower().replace("_", "-") for d in md.distributions()}
+assert "opentelemetry-api" in installed, sorted(installed)
+unwanted = sorted(installed & {"opentelemetry-sdk", "celery", "kombu", "redis", "tooz"})
+assert not unwanted, f"the otel extra pulled in {unwanted}"
+from consensus_lease import open_store
+from consensus_lease.otel import OTelObserver
+# No SDK: the API's no-op providers; the observer runs and records nothing.
+with open_store("memory://", observer=OTelObserver()) as store, store.session() as session:
+    session.claim("otel-job").complete(b"")
+try:
+    import consensus_lease.celery  # noqa: F401
+except ImportError as exc:
+    assert "consensus_lease[celery]" in str(exc), exc
+else:
+    raise AssertionError("consensus_lease.celery imported without celery installed")
+print("  [otel]: opentelemetry-api only; consensus_lease.celery names its extra")
+EOF
 
 step "installing [cli], running the demo"
 pip install "$wheel[cli]"

@@ -91,3 +91,13 @@ def test_wal_size_is_a_gauge_per_store_file() -> None:
     assert value("consensus_lease_wal_checkpoint_blocked", "/a.db") == 0
     observer.wal_measured("sqlite", "/b.db", 20 * 2**20, True)
     assert value("consensus_lease_wal_checkpoint_blocked", "/b.db") == 1
+
+
+def test_skipped_deliveries_are_counted_by_reason() -> None:
+    registry = prometheus_client.CollectorRegistry()
+    observer = PrometheusObserver(registry=registry)
+    observer.delivery_skipped("sqlite", "celery:1", "held")
+    observer.delivery_skipped("sqlite", "celery:1", "completed")
+    observer.delivery_skipped("sqlite", "celery:2", "held")
+    labels = {"store": "sqlite", "reason": "held"}
+    assert registry.get_sample_value("consensus_lease_skipped_deliveries_total", labels) == 2
