@@ -108,6 +108,9 @@ class ZooKeeperCluster(Cluster):
             "initLimit": str(init_limit),
             "syncLimit": str(sync_limit),
             "maxSessionTimeout": "60000",
+            # every test client connects from 127.0.0.1, one connection per session:
+            # ZooKeeper's default of 60 per address would refuse a test's 61st session
+            "maxClientCnxns": "0",
             "admin.enableServer": "false",
             "4lw.commands.whitelist": "srvr,mntr,ruok",
             "standaloneEnabled": "false",

@@ -114,6 +114,24 @@ def test_granted_ttl_is_the_negotiated_session_timeout(
     assert middle.keepalive() == pytest.approx(3.0)
 
 
+def test_a_session_that_expires_while_opening_is_backend_unavailable(
+    store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a busy host a new session can expire before its setup read is answered: the
+    open fails like any other open (BackendUnavailable, nothing created), never with
+    SessionExpired, which means "the session you had is over"."""
+    backend: Any = store.backend
+    before = len(backend._sessions)
+
+    def expired(_h: Any) -> None:
+        raise SessionExpired("kazoo reported the session LOST (expired by the server)")
+
+    monkeypatch.setattr(backend, "_open_store", expired)
+    with pytest.raises(BackendUnavailable, match=r"opening a session: .*expired"):
+        store.session("late")
+    assert len(backend._sessions) == before
+
+
 def test_session_is_the_ephemeral_owner(store: LeaseStore, opened: Callable[..., Session],
                                         zk_url: str) -> None:
     a = opened("A")

@@ -273,9 +273,11 @@ class ZooKeeperBackend(Backend):
         its [minSessionTimeout, maxSessionTimeout], by default 2-20 x tickTime).
 
         Raises:
-            BackendUnavailable: no member answered within ``connect_timeout_s``; nothing
-                was created.
+            BackendUnavailable: no member answered within ``connect_timeout_s``, or the
+                new session expired before it was ready (a busy host); nothing was
+                created.
             AuthenticationFailed: the credentials do not grant access to the chroot.
+            StoreRegressed: the store's history went back; no session was created.
         """
         with self._lock:
             if self._closed:
@@ -296,9 +298,13 @@ class ZooKeeperBackend(Backend):
         try:
             h.connected(ttl_s)
             self._open_store(h)
-        except BaseException:
+        except BaseException as exc:
             h.mark_closed()
             h._stop_quietly()
+            if isinstance(exc, SessionExpired) and not isinstance(exc, StoreRegressed):
+                # expired before it was ready (a busy host): no session was created,
+                # as the contract says of every failed open
+                raise BackendUnavailable(f"opening a session: {exc}") from exc
             raise
         with self._lock:
             self._sessions[h.session_id] = h
