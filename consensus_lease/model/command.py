@@ -26,7 +26,7 @@ CI: tuple[tuple[str, Config, int], ...] = (
     ("2 workers, every fault", FULL, 11),
     ("3 workers, every fault", dataclasses.replace(FULL, workers=3), 9),
     ("2 workers, read-modify-write, no loss/duplication",
-     dataclasses.replace(LEAN, rmw=True), 13),
+     dataclasses.replace(LEAN, rmw=True), 12),
 )
 """What the unit tests check (tests/unit/test_model.py): name, configuration, depth."""
 

@@ -3,8 +3,10 @@
 Each :class:`MutationCase` is one :class:`~.store.Mutation` switched on in a
 configuration where the checker finds its counterexample; ``length`` is the number of
 steps of the shortest one (breadth-first), which the tests assert and docs/model.md
-shows. The two whose counterexample needs the longest trace run without message loss
-and duplication (``LEAN``): the same shortest trace, a fifth of the states.
+shows. The two whose counterexample needs the longest trace run with fewer faults, to
+keep the test suite fast: no-fence without message loss and duplication (``LEAN``: the
+same shortest trace, a fifth of the states), write-only-fenced also without release
+and fail (``LEANER``: one step longer than with them, 14, and half the states).
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ from .checker import CheckResult, check
 from .protocol import Config
 from .store import Mutation
 
-__all__ = ["CASES", "FULL", "LEAN", "MutationCase", "run_case"]
+__all__ = ["CASES", "FULL", "LEAN", "LEANER", "MutationCase", "run_case"]
 
 FULL = Config()
 """2 workers, TTL 3, margin 1, drift 1, loss, duplication, release and fail."""
 LEAN = Config(loss=False, duplication=False)
 """As :data:`FULL` without message loss and duplication."""
+LEANER = Config(loss=False, duplication=False, release_fail=False)
+"""As :data:`LEAN`, and holders only complete (a lease ends by expiry otherwise)."""
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,7 @@ CASES: tuple[MutationCase, ...] = (
     MutationCase(Mutation.NO_GENERATION_BUMP, FULL, "generation did not increase", 6),
     MutationCase(Mutation.NO_FENCE, LEAN, "accepted token", 12),
     MutationCase(Mutation.MARGIN_BELOW_DRIFT, FULL, "before its local deadline", 7),
-    MutationCase(Mutation.WRITE_ONLY_FENCED, LEAN, "acknowledged update was lost", 14),
+    MutationCase(Mutation.WRITE_ONLY_FENCED, LEANER, "acknowledged update was lost", 15),
 )
 """Every :class:`~.store.Mutation`, once."""
 
