@@ -107,48 +107,57 @@ def claim(rec: Record, owner: int, now: int, ttl: int,
     return Record(owner, rec.generation + bump, now + ttl, False), Answer.OK
 
 
-def _refusal(rec: Record, owner: int, generation: int, now: int,
-             compare_generation: bool) -> Answer | None:
+def _refusal(rec: Record, owner: int, generation: int, now: int, compare_generation: bool,
+             alive: bool | None) -> Answer | None:
     """``None`` if the request matches the hold, else the error the store answers: the
-    rule of :meth:`consensus_lease.backend.Backend.complete` (``SessionExpired`` when
-    this holder's lease ran out and the job is still at its generation, else stale)."""
-    same = rec.owner == owner and (rec.generation == generation or not compare_generation)
-    if not same or rec.completed:
+    rule of :meth:`consensus_lease.backend.Backend.complete`. A newer generation or a
+    completion is the reason: stale. Else, if the requester's session is over (``alive``;
+    ``None``: its lease on this record ran out), ``SessionExpired``. Else (released, or
+    another's): stale."""
+    if rec.completed or (compare_generation and rec.generation != generation):
         return Answer.STALE
-    if now >= rec.lease_until:
+    if alive is None:
+        alive = rec.owner == owner and now < rec.lease_until
+    if not alive:
         return Answer.EXPIRED
+    if rec.owner != owner:
+        return Answer.STALE
     return None
 
 
 def renew(rec: Record, owner: int, generation: int, now: int, ttl: int,
-          mutations: frozenset[Mutation]) -> tuple[Record, Answer]:
-    """Extend the lease to ``now + ttl`` iff owner and generation match, unexpired."""
+          mutations: frozenset[Mutation], alive: bool | None = None
+          ) -> tuple[Record, Answer]:
+    """Extend the lease to ``now + ttl`` iff owner and generation match, unexpired
+    (``alive``: whether the requester's session is live, if the caller tracks sessions)."""
     compare = Mutation.RENEW_WITHOUT_GENERATION not in mutations
-    refused = _refusal(rec, owner, generation, now, compare)
+    refused = _refusal(rec, owner, generation, now, compare, alive)
     if refused is not None:
         return rec, refused
     return rec._replace(lease_until=now + ttl), Answer.OK
 
 
 def complete(rec: Record, owner: int, generation: int, now: int,
-             mutations: frozenset[Mutation]) -> tuple[Record, Answer]:
+             mutations: frozenset[Mutation], alive: bool | None = None
+             ) -> tuple[Record, Answer]:
     """Record completion iff owner and generation match, unexpired; a repeat of this
     holder's own completion answers OK again and changes nothing."""
     if rec.completed and rec.owner == owner and rec.generation == generation:
         return rec, Answer.OK
     compare = Mutation.COMPLETE_WITHOUT_GENERATION not in mutations
-    refused = _refusal(rec, owner, generation, now, compare)
+    refused = _refusal(rec, owner, generation, now, compare, alive)
     if refused is not None:
         return rec, refused
     return rec._replace(completed=True, lease_until=0), Answer.OK
 
 
 def end_hold(rec: Record, owner: int, generation: int, now: int,
-             mutations: frozenset[Mutation]) -> tuple[Record, Answer]:
+             mutations: frozenset[Mutation], alive: bool | None = None
+             ) -> tuple[Record, Answer]:
     """release, or fail with no retry delay: end the hold iff owner and generation
     match, unexpired; the job is claimable at once."""
     compare = Mutation.COMPLETE_WITHOUT_GENERATION not in mutations
-    refused = _refusal(rec, owner, generation, now, compare)
+    refused = _refusal(rec, owner, generation, now, compare, alive)
     if refused is not None:
         return rec, refused
     return Record(NO_OWNER, rec.generation, 0, False), Answer.OK
