@@ -29,7 +29,7 @@ effect: the fence's case.
 The destination fences effects: accepts a token only if ``>=`` the highest it has seen,
 and dedupes ``(token, effect)``. In the read-modify-write client (``Config.rmw``) each
 holder reads the destination's set, then writes back the set plus its own item; the read
-records the token (the fenced read, :meth:`consensus_lease.SqliteFence.read`) unless
+records the token (the fenced read, :meth:`consensus_lease.SqliteFence.read_fenced`) unless
 :attr:`Mutation.WRITE_ONLY_FENCED`.
 
 States are tuples of small ints, hashable. Times are stored *relative* (store times
