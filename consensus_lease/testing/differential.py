@@ -7,9 +7,9 @@ operations: open a session, ``claim``, ``claim_next`` (stores with queues), ``re
 (the driver's ``expire_session`` test hook, when it has one) — each on any claim made
 so far, stale ones included. After each operation the store's answer (success, ``None``,
 or the error type: ``JobCompleted``, ``StaleLeaseError``, ``SessionExpired``) must be the
-model's, and each job's state (``records()``) the model's; tokens are compared by order (each
-claim's above every earlier one of the job), not value, since stores number them
-differently (etcd: revisions)::
+model's, and the state (``get``) of each job it may have changed the model's; tokens are
+compared by order (each claim's above every earlier one of the job), not value, since
+stores number them differently (etcd: revisions)::
 
     from consensus_lease.testing.differential import run_differential
 
@@ -90,6 +90,7 @@ def _answer(call: Callable[[], object]) -> tuple[Answer, object]:
 
 class _Machine(RuleBasedStateMachine):
     open_backend: OpenBackend
+    close_backend: bool
 
     def __init__(self) -> None:
         super().__init__()
@@ -99,12 +100,20 @@ class _Machine(RuleBasedStateMachine):
         self.claims: list[_Claim] = []
         self.tokens: dict[str, int] = {}
         self.queues = self.backend.capabilities.queues
-        if self.queues:
-            for job in QUEUED:
-                self.backend.enqueue(QUEUE, job, b"", None)
+        tag = uuid.uuid4().hex[:8]  # names of this sequence's own: a store may be shared
+        self.queue = f"{QUEUE}-{tag}"
+        self.queued = tuple(f"{j}-{tag}" for j in QUEUED) if self.queues else ()
+        self.jobs = (*(f"{j}-{tag}" for j in JOBS), *self.queued)
+        self.touched = set(self.jobs)
+        for job in self.queued:
+            self.backend.enqueue(self.queue, job, b"", None)
 
     def teardown(self) -> None:
-        self.backend.close()
+        for handle, alive in zip(self.sessions, self.model.alive, strict=True):
+            if alive:
+                self.backend.close_session(handle)
+        if type(self).close_backend:
+            self.backend.close()
 
     def _live(self, s: int) -> bool:
         return s < len(self.sessions) and self.model.alive[s]
@@ -128,13 +137,16 @@ class _Machine(RuleBasedStateMachine):
         else:
             self.backend.close_session(self.sessions[s])
         self.model.alive[s] = False
+        self.touched.update(self.jobs)
 
     # -- claims ----------------------------------------------------------------------
 
-    @rule(s=st.integers(0, MAX_SESSIONS - 1), j=st.sampled_from(JOBS + QUEUED))
-    def claim(self, s: int, j: str) -> None:
+    @rule(s=st.integers(0, MAX_SESSIONS - 1), n=st.integers(0, len(JOBS + QUEUED) - 1))
+    def claim(self, s: int, n: int) -> None:
+        j = self.jobs[n % len(self.jobs)]
         if not self._live(s):
             return
+        self.touched.add(j)
         after, expected = claim(self.model.record(j), s, 0, 1, frozenset())
         got, value = _answer(lambda: self.backend.claim(self.sessions[s], j))
         assert got is expected, (
@@ -156,8 +168,9 @@ class _Machine(RuleBasedStateMachine):
     def claim_next(self, s: int) -> None:
         if not self._live(s):
             return
-        claimable = [j for j in QUEUED if self.model.state(j) is JobState.AVAILABLE]
-        got = _claim_next(self.backend, self.sessions[s])
+        claimable = [j for j in self.queued if self.model.state(j) is JobState.AVAILABLE]
+        self.touched.update(self.queued)
+        got = _claim_next(self.backend, self.sessions[s], self.queue)
         if got is None:
             assert not claimable, f"claim_next by session {s}: None, model: {claimable}"
             return
@@ -173,6 +186,7 @@ class _Machine(RuleBasedStateMachine):
     def on_claim(self, c: int, op: str) -> None:
         made = self.claims[c % len(self.claims)]
         s, job, result = made.session, made.job, made.result
+        self.touched.add(job)
         rec, alive, token = self.model.record(job), self.model.alive[s], made.generation
         if op == "renew":
             after, expected = renew(rec, s, token, 0, 1, frozenset(), alive)
@@ -199,21 +213,23 @@ class _Machine(RuleBasedStateMachine):
 
     @invariant()
     def states_agree(self) -> None:
-        records = {r.job_id: r for r in self.backend.records()}  # one read
-        for job in (*JOBS, *QUEUED) if self.queues else JOBS:
-            record = records.get(job)
+        """Each job an operation may have changed is in the model's state."""
+        for job in sorted(self.touched):
+            record = self.backend.get(job)
             state = JobState.AVAILABLE if record is None else record.state
             assert state is self.model.state(job), (
                 f"{job}: store {state.name}, model {self.model.state(job).name}")
+        self.touched.clear()
 
 
-def _claim_next(backend: Backend, session: SessionHandle) -> tuple[str, ClaimResult] | None:
+def _claim_next(backend: Backend, session: SessionHandle, queue: str
+                ) -> tuple[str, ClaimResult] | None:
     """The store's one-step queue claim, or its candidates claimed one by one (what
     :meth:`consensus_lease.Session.claim_next` does, without waiting)."""
     try:
-        picked = backend.claim_from_queue(session, QUEUE)
+        picked = backend.claim_from_queue(session, queue)
     except UnsupportedOperation:
-        for job, _payload in backend.queue_candidates(QUEUE, 32):
+        for job, _payload in backend.queue_candidates(queue, 32):
             try:
                 result = backend.claim(session, job)
             except JobCompleted:
@@ -227,11 +243,17 @@ def _claim_next(backend: Backend, session: SessionHandle) -> tuple[str, ClaimRes
 
 
 def run_differential(open_backend: OpenBackend, *, examples: int = 200, steps: int = 25,
-                     shrink: bool = True) -> None:
-    """Run ``examples`` random sequences of up to ``steps`` operations on a new driver
-    from ``open_backend()`` each, against the model; raise AssertionError on the first
-    disagreement (shrunk to a minimal sequence unless ``shrink`` is false)."""
-    machine = type("DifferentialMachine", (_Machine,), {"open_backend": staticmethod(open_backend)})
+                     shrink: bool = True, close: bool = True) -> None:
+    """Run ``examples`` random sequences of up to ``steps`` operations against the
+    model, each on the driver ``open_backend()`` returns; raise AssertionError on the
+    first disagreement (shrunk to a minimal sequence unless ``shrink`` is false).
+
+    Each sequence uses job and queue names of its own and closes the sessions it opened,
+    so ``open_backend`` may return one shared driver every time (then pass ``close=False``,
+    and close it yourself): cheaper on a server than fresh data per sequence.
+    ``close=True`` closes each driver after its sequence."""
+    machine = type("DifferentialMachine", (_Machine,), {
+        "open_backend": staticmethod(open_backend), "close_backend": close})
     phases = [Phase.generate, Phase.shrink] if shrink else [Phase.generate]
     machine.TestCase.settings = settings(  # type: ignore[attr-defined]
         max_examples=examples, stateful_step_count=steps, deadline=None, database=None,
