@@ -625,8 +625,8 @@ class PostgresBackend(QueueOps):
         # At the lease's generation with no other holder (this session's, or released:
         # a claim since would have a newer generation) and the session over: its end is
         # why (the rule of Backend.complete).
-        no_other = row is not None and row[1] in (session.session_id, None)
-        if no_other and current == generation and row[2] is None and expired is not None:
+        if (row is not None and row[1] in (session.session_id, None) and row[2] is None
+                and current == generation and expired is not None):
             return expired
         what = "completed" if row is not None and row[2] is not None else "held or released"
         return StaleLeaseError(
