@@ -23,7 +23,7 @@ __all__ = ["CI", "DEEP", "NAME", "add_parser", "run"]
 NAME = "model-check"
 
 CI: tuple[tuple[str, Config, int], ...] = (
-    ("2 workers, every fault", FULL, 11),
+    ("2 workers, every fault", FULL, 12),
     ("3 workers, every fault", dataclasses.replace(FULL, workers=3), 9),
     ("2 workers, read-modify-write, no loss/duplication",
      dataclasses.replace(LEAN, rmw=True), 12),

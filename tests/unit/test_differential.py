@@ -5,13 +5,12 @@ that accepts a stale complete is caught."""
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from pathlib import Path
 
 import pytest
 
 from consensus_lease import open_store
-from consensus_lease.backend import Backend, SessionHandle
+from consensus_lease.backend import SessionHandle
 from consensus_lease.backends.memory import MemoryBackend
 from consensus_lease.record import ClaimResult, LeaseRecord
 from consensus_lease.testing.differential import run_differential
@@ -22,12 +21,8 @@ def test_memory_store_agrees_with_the_model() -> None:
 
 
 def test_sqlite_store_agrees_with_the_model(tmp_path: Path) -> None:
-    numbers = itertools.count()
-
-    def fresh() -> Backend:
-        return open_store(f"sqlite:///{tmp_path / f'diff-{next(numbers)}.db'}").backend
-
-    run_differential(fresh)
+    with open_store(f"sqlite:///{tmp_path / 'diff.db'}") as store:  # one file, shared
+        run_differential(lambda: store.backend, close=False)
 
 
 class StaleCompleteMemory(MemoryBackend):
