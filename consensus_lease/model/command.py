@@ -3,7 +3,7 @@
 Registered through ``consensus_lease.cli.EXTRA_COMMANDS``. Without arguments it runs
 :data:`DEEP`: each configuration to its depth with a progress bar (rich), then every
 mutation (:mod:`.mutations`), which must each be caught. ``--workers``/``--depth`` (and
-the fault switches) check one configuration instead. Exit status 0: no violation and
+the fault switches, ``--mutation``) check one configuration instead. Exit status 0: no violation and
 every mutation caught; 1: a violation (its shortest counterexample printed as a
 timeline) or a mutation not caught.
 """
@@ -17,6 +17,7 @@ from typing import Any
 from .checker import CheckResult, check, format_timeline
 from .mutations import CASES, FULL, LEAN, run_case
 from .protocol import Config
+from .store import Mutation
 
 __all__ = ["CI", "DEEP", "NAME", "add_parser", "run"]
 
@@ -48,25 +49,41 @@ def add_parser(subparsers: Any) -> None:
         "and check its invariants; then check that every mutation is caught. Exit 0 if "
         "no violation was found and every mutation was caught, else 1.",
     )
-    parser.add_argument("--workers", type=int, help="check one configuration: N workers")
-    parser.add_argument("--depth", type=int, default=12,
+    parser.add_argument("--workers", type=_bounded(1, 6),
+                        help="check one configuration: N workers (1-6)")
+    parser.add_argument("--depth", type=_bounded(1, 100), default=12,
                         help="steps explored with --workers (default 12)")
     parser.add_argument("--rmw", action="store_true",
                         help="with --workers: the read-modify-write client")
     parser.add_argument("--no-loss", action="store_true", help="with --workers: no loss")
     parser.add_argument("--no-duplication", action="store_true",
                         help="with --workers: no duplicated messages")
+    parser.add_argument("--mutation", choices=[m.value for m in Mutation], action="append",
+                        default=[], help="with --workers: switch this rule off (repeatable); "
+                        "the check must then find a counterexample")
     parser.add_argument("--skip-mutations", action="store_true",
                         help="do not check the mutations")
+
+
+def _bounded(low: int, high: int) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be {low}..{high}, got {value}")
+        return value
+    return parse
 
 
 def _configs(args: argparse.Namespace) -> tuple[tuple[str, Config, int], ...]:
     if args.workers is None:
         return DEEP
-    if not 1 <= args.workers <= 6 or args.depth < 1:
-        raise argparse.ArgumentTypeError("--workers must be 1..6 and --depth >= 1")
     config = dataclasses.replace(FULL, workers=args.workers, rmw=args.rmw,
                                  loss=not args.no_loss, duplication=not args.no_duplication)
+    for name in args.mutation:
+        config = config.with_mutation(Mutation(name))
     return ((f"{args.workers} workers", config, args.depth),)
 
 
