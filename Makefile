@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install demo test test-unit cluster-setup lint docs check-wheel bench clean
+.PHONY: install demo test test-unit cluster-setup lint docs check-wheel bench model-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +69,10 @@ docs: install
 ## run the demo and the unit tests against it (scripts/check-wheel.sh).
 check-wheel: install
 	PYTHON=$(abspath $(BIN))/python bash scripts/check-wheel.sh
+
+## The protocol model checked deeper than CI does, then every mutation (docs/model.md).
+model-check: $(VENV)/.demo-installed
+	$(BIN)/consensus-lease model-check
 
 clean:
 	rm -rf site $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info build dist

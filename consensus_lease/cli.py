@@ -31,6 +31,7 @@ EXTRA_COMMANDS: list[str] = [
     "consensus_lease.runcmd.elect",
     "consensus_lease.worker.command",
     "consensus_lease.testing.kitcmd",
+    "consensus_lease.model.command",
 ]
 """Modules providing further subcommands (see ``_command_modules``)."""
 

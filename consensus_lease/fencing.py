@@ -52,6 +52,29 @@ destinations implement :class:`Fence` the same way: compare-and-record inside th
 destination's own transaction (:class:`consensus_lease.fencing_sql.SqlFence` does it in
 any SQL database).
 
+Read-modify-write: fence the read too
+-------------------------------------
+
+Fencing only the write is not enough when the effect is a read-modify-write (read a
+set, add an item, write the set back): an old holder's write can land *after* the new
+holder's read, and the new holder's write-back then drops it — an acknowledged update
+lost, with every token check passing (the model checker's ``write-only-fenced``
+mutation, docs/model.md)::
+
+    A: token 7: reads {}           ; paused, its lease expires
+    B: token 8: reads {}           (A's write not there yet)
+    A: writes {a} with token 7     -> accepted: 7 >= 7, the highest seen so far
+    B: writes {b} with token 8     -> accepted; {a} is lost
+
+:meth:`SqliteFence.read_fenced` records the token *with the read* (a read with a token
+below the highest is refused), and :meth:`SqliteFence.write_fenced` writes back only if
+no higher token was recorded since and the value is still the version read. B's read
+then records 8 and A's late write is ``FenceRejected``::
+
+    read = fence.read_fenced("set-1", lease.generation)        # FencedRead
+    items = set(json.loads(read.value or b"[]")) | {"a"}
+    fence.write_fenced(read, json.dumps(sorted(items)).encode())  # or FenceRejected
+
 After a restore of the lease store
 ----------------------------------
 
@@ -80,7 +103,7 @@ from .errors import BackendUnavailable, FenceRejected, InvalidArgument
 from .observe import Observer, notify
 from .validation import check_job_id
 
-__all__ = ["Effect", "Fence", "FenceOutcome", "SqliteFence"]
+__all__ = ["Effect", "Fence", "FenceOutcome", "FencedRead", "SqliteFence"]
 
 HINT_EPOCH_SHIFT = 32
 """The bit split the restore hint assumes (``token >> 32`` is the store epoch)."""
@@ -117,6 +140,25 @@ class Effect:
     token: int
     effect_id: str
     payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class FencedRead:
+    """A value read with a token (:meth:`SqliteFence.read_fenced`,
+    :meth:`consensus_lease.fencing_sql.SqlFence.read_fenced`): hand it back to
+    ``write_fenced`` to write the new value.
+
+    Attributes:
+        resource: what was read (usually the job id).
+        token: the token recorded with the read (the lease's generation).
+        value: the bytes last written, or ``None`` if never written.
+        version: how many times the value was written (0: never).
+    """
+
+    resource: str
+    token: int
+    value: bytes | None
+    version: int
 
 
 class Fence(Protocol):
@@ -190,7 +232,7 @@ class SqliteFence:
             present = {
                 row[0] for row in self._db.execute("SELECT name FROM sqlite_master")
             }
-            if {"fence_tokens", "fence_effects"} <= present:
+            if {"fence_tokens", "fence_effects", "fence_values"} <= present:
                 return
             with self._transaction() as db:
                 db.execute(
@@ -202,6 +244,10 @@ class SqliteFence:
                     "AUTOINCREMENT, resource TEXT NOT NULL, token INTEGER NOT NULL, "
                     "effect_id TEXT NOT NULL, payload BLOB NOT NULL, "
                     "UNIQUE (resource, token, effect_id))"
+                )
+                db.execute(
+                    "CREATE TABLE IF NOT EXISTS fence_values (resource TEXT PRIMARY KEY, "
+                    "value BLOB NOT NULL, version INTEGER NOT NULL, token INTEGER NOT NULL)"
                 )
         except sqlite3.Error as exc:
             raise BackendUnavailable(f"fence database {path!r} unavailable: {exc}") from exc
@@ -303,6 +349,96 @@ class SqliteFence:
             raise
         return outcome
 
+    def read_fenced(self, resource: str, token: int) -> FencedRead:
+        """Read ``resource``'s value and record ``token`` as its highest, in one
+        transaction: from now on a write or effect with a lower token is rejected, so a
+        stale holder's write cannot land between this read and its write-back
+        (the module docstring: read-modify-write).
+
+        Args:
+            resource: what to read (usually the job id); same rules as job ids.
+            token: the lease's generation (int >= 1).
+
+        Returns:
+            The value (``None`` if never written), its version and the token.
+
+        Raises:
+            FenceRejected: a higher token was already recorded (``highest_seen`` set);
+                nothing read or recorded. The caller no longer holds the job.
+            InvalidArgument: bad arguments; nothing read.
+            BackendUnavailable: the file is locked or unusable; nothing recorded.
+        """
+        check_job_id(resource)
+        check_token(token)
+        with self._fenced(resource, token, "read") as db:
+            row = db.execute("SELECT value, version FROM fence_values WHERE resource = ?",
+                             (resource,)).fetchone()
+        value, version = (None, 0) if row is None else (bytes(row[0]), int(row[1]))
+        return FencedRead(resource, token, value, version)
+
+    def write_fenced(self, read: FencedRead, value: bytes) -> FencedRead:
+        """Write ``value`` back to ``read.resource`` iff no higher token than
+        ``read.token`` was recorded since the read and the value is still at
+        ``read.version``; record both in one transaction.
+
+        Args:
+            read: what :meth:`read_fenced` returned.
+            value: the new value (bytes).
+
+        Returns:
+            The state after the write (``version`` + 1), to write again from.
+
+        Raises:
+            FenceRejected: a higher token was recorded since (a newer holder read or
+                wrote), or the value was written since the read (another writer with
+                the same token); nothing written. Read again, or stop: the job may
+                have moved on.
+            InvalidArgument: ``read`` not a FencedRead or ``value`` not bytes.
+            BackendUnavailable: the file is locked or unusable; nothing written.
+        """
+        if not isinstance(read, FencedRead):
+            raise InvalidArgument(f"read must be a FencedRead, not {type(read).__name__}")
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            raise InvalidArgument(f"value must be bytes, not {type(value).__name__}")
+        with self._fenced(read.resource, read.token, "write") as db:
+            row = db.execute("SELECT version FROM fence_values WHERE resource = ?",
+                             (read.resource,)).fetchone()
+            version = 0 if row is None else int(row[0])
+            if version != read.version:
+                raise FenceRejected(
+                    f"fenced write on {read.resource!r} refused: written since the read "
+                    f"(version {version}, read {read.version})",
+                    job_id=read.resource, generation=read.token, highest_seen=read.token)
+            db.execute(
+                "INSERT INTO fence_values VALUES (?, ?, ?, ?) ON CONFLICT (resource) DO "
+                "UPDATE SET value = excluded.value, version = excluded.version, "
+                "token = excluded.token", (read.resource, bytes(value), version + 1,
+                                           read.token))
+        return FencedRead(read.resource, read.token, bytes(value), version + 1)
+
+    @contextmanager
+    def _fenced(self, resource: str, token: int, what: str) -> Iterator[sqlite3.Connection]:
+        """A transaction in which ``token`` passed the check and is recorded as the
+        highest (FenceRejected, nothing recorded, when below it)."""
+        try:
+            with self._transaction() as db:
+                row = db.execute("SELECT highest FROM fence_tokens WHERE resource = ?",
+                                 (resource,)).fetchone()
+                highest = None if row is None else int(row[0])
+                if self.enforce_tokens and highest is not None and token < highest:
+                    raise FenceRejected(
+                        rejection_message(resource, token, f"fenced {what}", highest),
+                        job_id=resource, generation=token, highest_seen=highest)
+                db.execute(
+                    "INSERT INTO fence_tokens VALUES (?, ?) ON CONFLICT (resource) DO "
+                    "UPDATE SET highest = max(highest, excluded.highest)", (resource, token))
+                yield db
+        except sqlite3.Error as exc:
+            raise BackendUnavailable(f"fence database {self.path!r}: {exc}") from exc
+        except FenceRejected:
+            notify(self.observer, lambda o: o.stale_rejected(self.name, "fence", resource, token))
+            raise
+
     def highest_token(self, resource: str) -> int | None:
         """The highest token accepted for ``resource``, or ``None``.
 
@@ -378,6 +514,15 @@ def check_effect_id(effect_id: object) -> str:
             f"effect_id must have no NUL and be at most {MAX_EFFECT_ID_BYTES} bytes of UTF-8"
         )
     return effect_id
+
+
+def check_token(token: object) -> int:
+    """``token`` if it is an int in 1 .. 2**63 - 1 (shared by the fences)."""
+    if isinstance(token, bool) or not isinstance(token, int) or token < 1:
+        raise InvalidArgument(f"token must be an int >= 1, got {token!r}")
+    if token >= 2**63:
+        raise InvalidArgument(f"token {token} does not fit a signed 64-bit integer")
+    return token
 
 
 def rejection_message(resource: str, token: int, effect_id: str, highest: int) -> str:

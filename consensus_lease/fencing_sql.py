@@ -101,9 +101,11 @@ from sqlalchemy.engine import make_url
 from .errors import BackendUnavailable, FenceRejected, InvalidArgument
 from .fencing import (
     Effect,
+    FencedRead,
     FenceOutcome,
     check_effect_id,
     check_once_per_job,
+    check_token,
     first_by_effect_id,
     rejection_message,
 )
@@ -137,7 +139,8 @@ class SqlFence:
         engine: an :class:`sqlalchemy.Engine`, or a URL to build one from (e.g.
             ``postgresql+psycopg://user:pw@127.0.0.1:5432/db``, ``sqlite:////abs/f.db``).
             An engine built here is disposed by :meth:`close`.
-        table_prefix: the tables are ``<prefix>tokens`` and ``<prefix>effects``.
+        table_prefix: the tables are ``<prefix>tokens``, ``<prefix>effects`` and
+            ``<prefix>values`` (:meth:`read_fenced` / :meth:`write_fenced`).
         enforce_tokens: ``False`` turns the token check off (idempotency keys still
             dedupe) — only to show what goes wrong without a fence.
         create_tables: create the tables if missing (safe to race from several
@@ -201,6 +204,14 @@ class SqlFence:
             UniqueConstraint("resource", "token", "effect_id"),
             sqlite_autoincrement=True,
         )
+        self.values_table = Table(
+            f"{table_prefix}values",
+            metadata,
+            Column("resource", String(1024), primary_key=True),
+            Column("value", LargeBinary, nullable=False),
+            Column("version", BigInteger, nullable=False),
+            Column("token", BigInteger, nullable=False),
+        )
         self._metadata = metadata
         if create_tables:
             self.create_tables()
@@ -208,7 +219,7 @@ class SqlFence:
     # -- set-up ---------------------------------------------------------------------
 
     def create_tables(self) -> None:
-        """Create the two tables if missing. A creation racing another process's is
+        """Create the fence's tables if missing. A creation racing another process's is
         retried once (PostgreSQL reports such a race as a unique violation).
 
         Raises:
@@ -399,6 +410,95 @@ class SqlFence:
             .limit(1)
         ).first()
         return found is not None
+
+    def read_fenced(self, conn: Connection, resource: str, token: int) -> FencedRead:
+        """Inside the caller's open transaction on ``conn``: record ``token`` as
+        ``resource``'s highest (refused when below it) and read the value, so a stale
+        holder's write cannot land between this read and the write-back
+        (:mod:`consensus_lease.fencing`: read-modify-write). The read and the write-back
+        may be two transactions: the recorded token keeps older holders out in between.
+
+        Args:
+            conn: a connection in a transaction (``with engine.begin() as conn:``).
+            resource: what to read, usually the job id (same rules as job ids).
+            token: the lease's generation, an int >= 1.
+
+        Returns:
+            The value (``None`` if never written), its version and the token.
+
+        Raises:
+            FenceRejected: a higher token was recorded (``highest_seen`` set); let it
+                propagate so the transaction rolls back. The caller no longer holds the
+                job.
+            FenceRetryable: the database aborted the transaction; retry it whole.
+            InvalidArgument: bad arguments; nothing executed.
+            BackendUnavailable: any other database error.
+        """
+        check_job_id(resource)
+        check_token(token)
+        try:
+            self._record_token(conn, resource, token, "fenced read")
+            values = self.values_table
+            row = conn.execute(select(values.c.value, values.c.version)
+                               .where(values.c.resource == resource)).first()
+        except exc.DBAPIError as error:
+            raise _translate(error, f"fenced read of {resource!r}") from error
+        if row is None:
+            return FencedRead(resource, token, None, 0)
+        return FencedRead(resource, token, bytes(row[0]), int(row[1]))
+
+    def write_fenced(self, conn: Connection, read: FencedRead, value: bytes) -> FencedRead:
+        """Inside the caller's open transaction on ``conn``: write ``value`` back iff no
+        higher token than ``read.token`` was recorded since the read and the value is
+        still at ``read.version``.
+
+        Returns:
+            The state after the write (``version`` + 1).
+
+        Raises:
+            FenceRejected: a higher token was recorded since, or the value was written
+                since the read; nothing written (let it propagate: the transaction
+                rolls back).
+            FenceRetryable / BackendUnavailable: as :meth:`apply`.
+            InvalidArgument: ``read`` not a FencedRead or ``value`` not bytes.
+        """
+        if not isinstance(read, FencedRead):
+            raise InvalidArgument(f"read must be a FencedRead, not {type(read).__name__}")
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            raise InvalidArgument(f"value must be bytes, not {type(value).__name__}")
+        values, resource = self.values_table, read.resource
+        try:
+            self._record_token(conn, resource, read.token, "fenced write")
+            new = {"value": bytes(value), "version": read.version + 1, "token": read.token}
+            if read.version == 0:
+                try:
+                    with conn.begin_nested():
+                        conn.execute(insert(values).values(resource=resource, **new))
+                    written = 1
+                except exc.IntegrityError:
+                    written = 0
+            else:
+                written = conn.execute(update(values).where(
+                    values.c.resource == resource, values.c.version == read.version,
+                ).values(**new)).rowcount
+        except exc.DBAPIError as error:
+            raise _translate(error, f"fenced write of {resource!r}") from error
+        if written != 1:
+            raise FenceRejected(
+                f"fenced write on {resource!r} refused: written since the read "
+                f"(read version {read.version})",
+                job_id=resource, generation=read.token, highest_seen=read.token)
+        return FencedRead(resource, read.token, bytes(value), read.version + 1)
+
+    def _record_token(self, conn: Connection, resource: str, token: int, what: str) -> None:
+        """Lock the token row and raise it to ``token``; FenceRejected when below."""
+        if self.strategy == "upsert":
+            highest = self._lock_upsert(conn, resource, token)
+        else:
+            highest = self._lock_select(conn, resource, token, always_write=True)
+        if highest is not None and self.enforce_tokens and token < highest:
+            raise FenceRejected(rejection_message(resource, token, what, highest),
+                                job_id=resource, generation=token, highest_seen=highest)
 
     def apply_now(
         self,

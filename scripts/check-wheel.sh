@@ -189,7 +189,11 @@ for key, value in options.items():
         print(f"{key} = {value}")
 EOF
 # test_docs_api.py checks the documentation sources of a checkout (mkdocs.yml, docs/),
-# which the wheel does not carry; `make docs` and the checkout's own run cover it.
+# which the wheel does not carry; `make docs` and the checkout's own run cover it. The
+# model check's exhaustive search to the CI bound (about a minute of pure Python, the
+# same on a wheel as on the checkout) runs once, in the checkout's run; the mutations
+# still run here against the wheel's copy of the model.
 "$venv/bin/python" -m pytest -p no:cacheprovider -q tests/unit -m "not containers" \
-    --ignore=tests/unit/test_docs_api.py
+    --ignore=tests/unit/test_docs_api.py \
+    --deselect tests/unit/test_model.py::test_no_violation_up_to_the_ci_bound
 step "passed"

@@ -625,8 +625,11 @@ class PostgresBackend(QueueOps):
             return expired
         row = None if found[0] is None else found
         current = None if row is None else compose(int(row[3]), int(row[0]), self.epoch_shift)
-        if row is not None and current == generation and row[1] == session.session_id \
-                and expired is not None:
+        # At the lease's generation with no other holder (this session's, or released:
+        # a claim since would have a newer generation) and the session over: its end is
+        # why (the rule of Backend.complete).
+        if (row is not None and row[1] in (session.session_id, None) and row[2] is None
+                and current == generation and expired is not None):
             return expired
         what = "completed" if row is not None and row[2] is not None else "held or released"
         return StaleLeaseError(

@@ -523,6 +523,31 @@ class BackendConformance(
             with pytest.raises(SessionExpired):
                 backend.set_value(a.handle, leader.job_id, leader.claim_result, b"v")
 
+    def test_released_then_closed_session_is_session_expired(
+        self, store: LeaseStore, sessions: list[Session]
+    ) -> None:
+        """A job released by its holder and claimed by nobody since is still at the
+        lease's generation with no other holder: once the session is over, a request on
+        that lease is ``SessionExpired`` (the rule of :meth:`Backend.complete
+        <consensus_lease.backend.Backend.complete>`), not stale. Found by the
+        differential test (:mod:`consensus_lease.testing.differential`) on PostgreSQL."""
+        a = self.open(store, "A")
+        lease = a.claim("released-closed")
+        assert lease is not None
+        backend, job_id, claim = store.backend, lease.job_id, lease.claim_result
+        backend.release(a.handle, job_id, claim)
+        with pytest.raises(StaleLeaseError):
+            backend.renew(a.handle, job_id, claim)  # released, the session alive: stale
+        a.close()
+        with pytest.raises(SessionExpired):
+            backend.renew(a.handle, job_id, claim)
+        with pytest.raises(SessionExpired):
+            backend.complete(a.handle, job_id, claim, b"r")
+        with pytest.raises(SessionExpired):
+            backend.fail(a.handle, job_id, claim, "e", 0.0)
+        with pytest.raises(SessionExpired):
+            backend.release(a.handle, job_id, claim)
+
     def test_closed_session_after_a_newer_claim_is_stale(
         self, store: LeaseStore, sessions: list[Session]
     ) -> None:

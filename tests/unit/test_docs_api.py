@@ -41,6 +41,10 @@ NOT_IN_API_REFERENCE = {
 """Direct submodules of the package that are public by name but have no API page, and why."""
 
 SUBMODULES_WITH_PAGES = {
+    "consensus_lease.model.checker",
+    "consensus_lease.model.mutations",
+    "consensus_lease.model.protocol",
+    "consensus_lease.model.store",
     "consensus_lease.testing.cluster",
     "consensus_lease.testing.conformance",
     "consensus_lease.testing.faultsuite",
