@@ -323,7 +323,7 @@ def test_renew_sends_its_check_and_the_keepalive_in_one_round_trip(
     backend = backend_of(store)
     transport = backend._transport
     events: list[str] = []
-    real_start, real_keepalive = transport.start, backend._keepalives.keepalive
+    real_start, real_keepalive = transport.start, backend._keepalives.keepalive_many
 
     def start(*args: Any, **kwargs: Any) -> Any:
         finish = real_start(*args, **kwargs)
@@ -339,7 +339,7 @@ def test_renew_sends_its_check_and_the_keepalive_in_one_round_trip(
         return real_keepalive(*args, **kwargs)
 
     monkeypatch.setattr(transport, "start", start)
-    monkeypatch.setattr(backend._keepalives, "keepalive", keepalive)
+    monkeypatch.setattr(backend._keepalives, "keepalive_many", keepalive)
     with store.session("A", ttl_s=5) as session:
         lease = session.claim("job")
         assert lease is not None
