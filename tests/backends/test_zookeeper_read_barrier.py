@@ -35,10 +35,10 @@ def _pin(monkeypatch: pytest.MonkeyPatch, reader: str, sessions: str) -> None:
     new_client = _options.ZkConfig.new_client
 
     def pinned(self: Any, session_timeout_s: float, *, client_id: Any = None,
-               logger: Any = None) -> KazooClient:
+               logger: Any = None, handler: Any = None) -> KazooClient:
         is_reader = logger is None and client_id is None
         client = new_client(self, 60.0 if is_reader else session_timeout_s,
-                            client_id=client_id, logger=logger)
+                            client_id=client_id, logger=logger, handler=handler)
         client.hosts = [(reader if is_reader else sessions, 2181)]
         return client
 
