@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from ._fork import Origin
-from ._renewer import Renewer
+from ._renewer import Renewer, on_renewer_thread
 from .backend import Backend, SessionEvent, SessionHandle
 from .clock import Clock
 from .errors import (
@@ -288,8 +288,9 @@ class Liveness:
                 self._listeners.remove(listener)
 
     def mark_lost(self, reason: LeaseLost) -> bool:
-        """Make the session LOST (final), run the loss listeners once, stop the threads
-        and end the store-side session in the background. False if already over, and in
+        """Make the session LOST (final), run the loss listeners once (on a thread of
+        their own when called from a renewal thread, which other sessions share), stop
+        renewing and end the store-side session in the background. False if already over, and in
         a fork's child (whose copy of the deadline stood still: the parent renews)."""
         if self.origin.inherited():
             return False
@@ -309,17 +310,26 @@ class Liveness:
             extra={"session_id": self.handle.session_id, "owner": self.handle.owner,
                    "reason": str(reason)},
         )
+        if on_renewer_thread():  # a keepalive's answer: the runner serves other sessions
+            threading.Thread(
+                target=self._run_listeners, args=(listeners, reason), daemon=True,
+                name=f"consensus-lease-lost-{self.handle.session_id}",
+            ).start()
+        else:
+            self._run_listeners(listeners, reason)
+        threading.Thread(
+            target=self._end_store_session, daemon=True,
+            name=f"consensus-lease-end-{self.handle.session_id}",
+        ).start()
+        return True
+
+    def _run_listeners(self, listeners: list[LossListener], reason: LeaseLost) -> None:
         for listener in listeners:
             try:
                 listener(reason)
             except Exception:
                 log.exception("session loss listener raised",
                               extra={"session_id": self.handle.session_id})
-        threading.Thread(
-            target=self._end_store_session, daemon=True,
-            name=f"consensus-lease-end-{self.handle.session_id}",
-        ).start()
-        return True
 
     def close(self) -> bool:
         """Make the session CLOSED and stop renewing it; waits (up to 5 s) for a

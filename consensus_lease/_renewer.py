@@ -44,11 +44,12 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from .clock import Clock
+from .errors import StoreClosed
 
 if TYPE_CHECKING:  # the renewer drives Liveness objects, which are given one
     from ._liveness import Liveness
 
-__all__ = ["COALESCE_S", "MAX_RUNNERS", "Renewer"]
+__all__ = ["COALESCE_S", "MAX_RUNNERS", "Renewer", "on_renewer_thread"]
 
 log = logging.getLogger("consensus_lease")
 
@@ -62,6 +63,15 @@ COALESCE_S = 0.05
 """For a driver that pipelines keepalives (``Backend.keepalive_batch`` > 1), sessions due
 within this many seconds are renewed together: a renewal sent up to 50 ms early only
 moves that session's deadline 50 ms less far (the deadline counts from the send)."""
+
+
+_local = threading.local()
+
+
+def on_renewer_thread() -> bool:
+    """Whether this thread is a keepalive runner (shared by the store's sessions):
+    whatever would block it, a user's loss callback above all, must go elsewhere."""
+    return bool(getattr(_local, "runner", False))
 
 
 class Renewer:
@@ -100,7 +110,7 @@ class Renewer:
         """Watch ``liveness``'s deadline, and renew it unless ``keepalive`` is false."""
         with self._lock:
             if self._stop.is_set():
-                raise RuntimeError("this renewer is closed")
+                raise StoreClosed("the store was closed while this session was opened")
             if not self._watching:
                 self._watching = True
                 self._thread(self._watchdog_loop, "deadlines")
@@ -191,6 +201,7 @@ class Renewer:
         self._work.notify(len(self._ready))
 
     def _runner_loop(self) -> None:
+        _local.runner = True
         while True:
             with self._lock:
                 while not self._ready and not self._stop.is_set():

@@ -188,9 +188,9 @@ class LeaseStore:
         self._origin = Origin()
         self._sessions: weakref.WeakSet[Session] = weakref.WeakSet()
         self._sessions_lock = threading.Lock()
-        self._renewer = Renewer(self.clock)
-        """Keepalives and deadlines of the sessions on the store's clock (threads
-        shared by all of them: see :mod:`._renewer`)."""
+        self._renewers: list[tuple[Clock, Renewer]] = []
+        """Keepalives and deadlines of the store's sessions, one renewer per clock
+        (threads shared by the sessions on that clock: see :mod:`._renewer`)."""
         self._watchers = Waiters()
         """Every open ``observe`` iterator: woken when the store is closed."""
 
@@ -254,14 +254,29 @@ class LeaseStore:
                 observer=self.observer,
                 events=events,
                 retry=self.retry_policies,
-                renewer=self._renewer if use_clock is self.clock else None,
+                renewer=self._renewer_for(use_clock),
             )
         except BaseException:
             self.backend.close_session(handle)
             raise
         with self._sessions_lock:
             self._sessions.add(session)
+            closed = self._closed
+        if closed:  # close() ran while this session was being opened: it missed it
+            session._close_with_store()
+            raise StoreClosed("this LeaseStore was closed while the session was opened")
         return session
+
+    def _renewer_for(self, clock: Clock) -> Renewer:
+        with self._sessions_lock:
+            if self._closed:
+                raise StoreClosed("this LeaseStore is closed; open a new one")
+            for known, renewer in self._renewers:
+                if known is clock:
+                    return renewer
+            renewer = Renewer(clock)
+            self._renewers.append((clock, renewer))
+            return renewer
 
     def get(self, job_id: str) -> LeaseRecord | None:
         """The job's lease record as the store has it now, or ``None`` if never seen.
@@ -583,7 +598,10 @@ class LeaseStore:
             sessions = list(self._sessions)
         for session in sessions:
             session._close_with_store()
-        self._renewer.close()
+        with self._sessions_lock:
+            renewers, self._renewers = self._renewers, []
+        for _, renewer in renewers:
+            renewer.close()
         self._watchers.close()
         self.backend.close()
 

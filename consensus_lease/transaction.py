@@ -84,10 +84,11 @@ class LeaseTransaction:
                 still held until its deadline.
         """
         if not isinstance(effect_id, str) or not effect_id or "\x00" in effect_id \
-                or len(effect_id) > MAX_EFFECT_ID_CHARS:
+                or len(effect_id) > MAX_EFFECT_ID_CHARS or not _encodable(effect_id):
             raise InvalidArgument(
                 f"effect_id must be a non-empty str of at most {MAX_EFFECT_ID_CHARS} "
-                f"characters without NUL, not {effect_id!r:.60}", job_id=self.job_id,
+                f"characters without NUL or lone surrogates, not {effect_id!r:.60}",
+                job_id=self.job_id,
                 generation=self.generation,
             )
         if not self._open:
@@ -105,3 +106,12 @@ class LeaseTransaction:
         state = "open" if self._open else "ended"
         return (f"LeaseTransaction(job_id={self.job_id!r}, generation={self.generation}, "
                 f"{state})")
+
+
+def _encodable(text: str) -> bool:
+    """Whether ``text`` is valid UTF-8 once encoded (no lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

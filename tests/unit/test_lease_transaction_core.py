@@ -126,7 +126,7 @@ def test_once_is_true_once_per_job_across_generations(
                                ("j", "receipt"): second.generation}
 
 
-@pytest.mark.parametrize("bad", ["", "x" * 201, "a\x00b", 7, None])
+@pytest.mark.parametrize("bad", ["", "x" * 201, "a\x00b", "\ud800", 7, None])
 def test_a_bad_effect_id_is_invalid_and_records_nothing(
     store: LeaseStore, backend: TransactionalMemory, bad: Any
 ) -> None:

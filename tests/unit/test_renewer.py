@@ -159,3 +159,82 @@ def test_an_unanswered_session_in_a_batch_holds_back_no_other() -> None:
     finally:
         backend.release.set()
         store.close()
+
+
+class RefusingBackend(CountingBackend):
+    """Answers the keepalives of the sessions in ``refuse`` with SessionExpired."""
+
+    def __init__(self, store_clock: Any) -> None:
+        super().__init__(store_clock)
+        self.refuse: set[str] = set()
+
+    def keepalive(self, session: SessionHandle) -> float:
+        if session.session_id in self.refuse:
+            from consensus_lease import SessionExpired
+            raise SessionExpired(f"session {session.session_id} expired in the store")
+        return super().keepalive(session)
+
+
+def test_slow_callbacks_of_sessions_the_store_ended_delay_no_other_session() -> None:
+    """More sessions than there are runners end by their keepalive's answer, each with a
+    callback that blocks: the runners hand the callbacks off, and the healthy sessions
+    keep being renewed (with the callbacks on the runners, all of them were lost)."""
+    clock = FakeClock()
+    backend = RefusingBackend(clock)
+    store = LeaseStore(backend, clock=clock)
+    release = threading.Event()
+    entered: list[str] = []
+    try:
+        doomed = [store.session(f"d{i}", ttl_s=3.0) for i in range(70)]
+        healthy = [store.session(f"h{i}", ttl_s=3.0) for i in range(5)]
+        for s in doomed:
+            s.on_lost(lambda s, _r: (entered.append(s.session_id), release.wait(30)))
+        backend.refuse = {s.session_id for s in doomed}
+        for step in range(1, 4):
+            clock.advance(1.0)
+            poll_until(lambda step=step: all(
+                backend.counts.get(s.session_id, 0) >= step for s in healthy), 10)
+        poll_until(lambda: len(entered) == 70, 10)
+        assert all(s.state is SessionState.LOST for s in doomed)
+        assert all(s.state is SessionState.ACTIVE for s in healthy)
+    finally:
+        release.set()
+        store.close()
+
+
+def test_sessions_on_one_overriding_clock_share_threads() -> None:
+    clock, other = FakeClock(), FakeClock()
+    backend = CountingBackend(clock)
+    store = LeaseStore(backend, clock=clock)
+    before = _consensus_threads()
+    try:
+        sessions = [store.session(f"w{i}", ttl_s=3.0, clock=other) for i in range(100)]
+        assert _consensus_threads() - before <= 2
+        assert all(s.state is SessionState.ACTIVE for s in sessions)
+    finally:
+        store.close()
+
+
+def test_a_session_opened_while_the_store_closes_is_closed_with_it() -> None:
+    from consensus_lease import StoreClosed
+
+    for _ in range(20):
+        store = LeaseStore(MemoryBackend())
+        opened: list[Any] = []
+        errors: list[BaseException] = []
+
+        def open_many(store: LeaseStore = store, opened: list[Any] = opened,
+                      errors: list[BaseException] = errors) -> None:
+            for i in range(50):
+                try:
+                    opened.append(store.session(f"w{i}", ttl_s=5.0))
+                except BaseException as exc:  # StoreClosed, or the bug
+                    errors.append(exc)
+                    return
+
+        opener = threading.Thread(target=open_many)
+        opener.start()
+        store.close()
+        opener.join(30)
+        assert all(isinstance(e, StoreClosed) for e in errors), errors
+        assert all(s.state is not SessionState.ACTIVE for s in opened)
