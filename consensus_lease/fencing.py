@@ -160,6 +160,17 @@ class FencedRead:
     value: bytes | None
     version: int
 
+    def __post_init__(self) -> None:
+        """One built by hand is held to what ``read_fenced`` checks: a job id, a token
+        1 .. 2**63 - 1, a version >= 0 (``InvalidArgument`` otherwise)."""
+        check_job_id(self.resource)
+        check_token(self.token)
+        if isinstance(self.version, bool) or not isinstance(self.version, int) \
+                or not 0 <= self.version < 2**63:
+            raise InvalidArgument(f"version must be an int >= 0, got {self.version!r}")
+        if self.value is not None and not isinstance(self.value, bytes):
+            raise InvalidArgument(f"value must be bytes or None, not {type(self.value).__name__}")
+
 
 class Fence(Protocol):
     """A destination that fences effects by token."""

@@ -173,3 +173,18 @@ def test_with_real_leases_the_taken_over_holder_cannot_drop_an_update(tmp_path: 
         lease_b.complete()
     assert fence.read_fenced("job", lease_b.generation).value == b'["b"]'
     fence.close()
+
+
+@pytest.mark.parametrize("fields", [
+    ("m3", 0, None, 0),  # token 0: below every lease's
+    (None, 1, None, 0), ("", 1, None, 0),  # no resource
+    ("m3", 2**64, None, 0),  # does not fit the fence's 64-bit column
+    ("m3", 1, "text", 0), ("m3", 1, None, -1),
+])
+def test_a_fenced_read_built_by_hand_is_held_to_what_read_fenced_checks(
+    fields: tuple[object, ...]
+) -> None:
+    """``FencedRead`` is public: one built by hand must not write with a token or a
+    resource ``read_fenced`` would have refused (it did: token 0, a NULL resource)."""
+    with pytest.raises(InvalidArgument):
+        FencedRead(*fields)  # type: ignore[arg-type]
