@@ -74,10 +74,10 @@ def test_unrelated_cancellation_is_not_turned_into_loss(url: str) -> None:
 
             async def work() -> None:
                 async with lease.guard():
-                    await asyncio.sleep(30)
+                    await asyncio.sleep(30)  # work that only a cancel ends
 
             task = asyncio.create_task(work())
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # one loop turn: the task enters its guard
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
@@ -262,11 +262,11 @@ def test_wait_lost_and_on_lost_hold_no_thread(url: str) -> None:
         assert isinstance(reason, LeaseLost) and session.state is SessionState.LOST
         give_up = loop.time() + 5
         while not seen and loop.time() < give_up:  # the callback comes through the loop
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # poll interval inside a deadline loop
         assert seen and seen[0][0] is session and seen[0][2]
         other = await store.session("B", ttl_s=10)
         waiting = asyncio.create_task(other.wait_lost())
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0)  # one loop turn: the task is waiting
         await other.close()
         assert await asyncio.wait_for(waiting, 5) is None
         await store.close()
@@ -288,7 +288,7 @@ def test_closing_cancels_the_guarded_work(url: str, end: str) -> None:
             async with lease.guard():
                 for i in range(300):  # 30 s unless cancelled
                     ran.append(i)
-                    await asyncio.sleep(0.1)
+                    await asyncio.sleep(0.1)  # the guarded work: real time passes
 
         task = asyncio.create_task(body())
         while not ran:

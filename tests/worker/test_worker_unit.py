@@ -62,7 +62,7 @@ def test_async_handler_runs_on_the_slots_loop(store: LeaseStore) -> None:
     loops: set[int] = set()
 
     async def handler(lease: Lease, payload: bytes) -> None:
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # yields once, as a real async handler would
         loops.add(id(asyncio.get_running_loop()))
 
     stats = run_worker(store, "q", handler, until_empty=True, **FAST)
