@@ -52,6 +52,9 @@ class Holdings:
         self.policies = policies
         self._lock = threading.Lock()
         self._leases: dict[str, Lease] = {}
+        # (id(lease), thread id) of each lease.transaction() block open on a thread: the
+        # lease's own store calls from inside it would wait on the block's own lock
+        self._blocks: set[tuple[int, int]] = set()
         liveness.on_loss(self.lose_all)
 
     @property
@@ -173,9 +176,12 @@ class Holdings:
         with ExitStack() as stack:  # its exit commits, or rolls back on an error
             once = self._guarded(lease, lambda: stack.enter_context(locked))
             tx = LeaseTransaction(lease.job_id, lease.generation, conn, once)
+            block = (id(lease), threading.get_ident())
+            self._blocks.add(block)
             try:
                 yield tx
             finally:
+                self._blocks.discard(block)
                 tx._close()
 
     def retry_policy(self, queue: str | None) -> RetryPolicy:
@@ -245,7 +251,17 @@ class Holdings:
 
     def _guarded(self, lease: Lease, call: Callable[[], T]) -> T:
         """Run a store call on ``lease``: a refusal (or an outcome nobody can tell)
-        loses the lease, a ``SessionExpired`` loses the session too."""
+        loses the lease, a ``SessionExpired`` loses the session too. Refused with
+        ``InvalidArgument`` (nothing sent, still held) from inside the lease's own
+        ``transaction()`` block on this thread: the call would wait for the lock the
+        block holds (SQLite: the store's write lock until the busy timeout; PostgreSQL:
+        the job's row lock, with no timeout of its own)."""
+        if (id(lease), threading.get_ident()) in self._blocks:
+            raise InvalidArgument(
+                f"{lease.job_id!r}: this lease's transaction() block is open on this "
+                "thread; end, renew or change the lease after the block (the call would "
+                "wait for the block's own lock)", job_id=lease.job_id,
+                generation=lease.generation)
         try:
             return self.liveness.call(call)
         except (LeaseLost, OutcomeUnknown) as exc:

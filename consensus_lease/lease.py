@@ -254,7 +254,13 @@ class Lease:
             InvalidArgument: ``conn`` is not a connection to the store's database (or
                 file), has an implicit or aborted transaction open, or a bad
                 ``lock_timeout_s``; rolled back (nothing sent for an open transaction);
-                still held.
+                still held. Also from inside the block: a store call on this lease on
+                the block's thread (``complete``, ``renew``, ``release``, ``fail``,
+                ``proclaim``, a nested ``transaction``) is refused at once, nothing
+                sent (it would wait for the block's own lock: end the lease after the
+                block); and at the block's end on SQLite when the block committed or
+                rolled back the transaction itself (``conn.commit()`` inside it): what
+                it wrote after that is rolled back, what it committed before stays.
             LeaseLost (StaleLeaseError, SessionExpired): not held (locally or in the
                 store); rolled back; the lease is LOST, and after ``SessionExpired`` the
                 session too — exactly as after the same error from :meth:`renew`.
@@ -277,9 +283,11 @@ class Lease:
     def renew(self) -> None:
         """Confirm in the store that this session still holds the job at this generation
         and extend the session's TTL. SQLite, memory and ZooKeeper do both in one atomic
-        store operation; etcd in two round trips (a read-only transaction comparing the
-        owner key, then a keepalive of the session's lease), which is safe because the
-        first proves ownership and the second can only extend the session that owns it.
+        store operation; etcd sends two requests in one round trip (a read-only
+        transaction comparing the owner key, and a keepalive of the session's lease sent
+        during its round trip; the check's verdict is raised first), which is safe because
+        the first proves ownership and the second can only extend the session that owns
+        it.
         The session's deadline moves to the *send* time of the request + granted TTL -
         margin.
 

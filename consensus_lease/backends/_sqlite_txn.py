@@ -19,7 +19,11 @@ check can be one SQLite transaction. ``with lease.transaction(conn) as tx:`` run
    store's own refusal rule, ``SqliteBackend._reject``);
 3. runs the block; ``tx.once(effect_id)`` is ``INSERT OR IGNORE INTO cl_effects`` in
    the same transaction (``True`` iff it inserted: the key is ``(job_id, effect_id)``);
-4. ``COMMIT`` at the end of the block (``ROLLBACK`` on an error).
+4. ``COMMIT`` at the end of the block (``ROLLBACK`` on an error). A block that commits
+   or rolls back itself (``conn.commit()`` inside it) is told apart by a savepoint the
+   commit ends, and ``InvalidArgument`` says what became of the writes after it: rolled
+   back (``sqlite3``'s default mode opened a transaction for them), or already
+   committed without the check (``isolation_level=None`` commits each statement).
 
 What it guarantees: the block runs only if this session held the job at this
 generation when the write lock was taken, and its effects commit before any later
@@ -64,6 +68,11 @@ EFFECT_SCHEMA = (
 
 EFFECT_OBJECTS = frozenset({"cl_effects", "cl_effects_purge"})
 
+_MARK = "consensus_lease_block"
+"""A savepoint taken after the hold check and released before ``COMMIT``: a commit or
+rollback inside the block ends it, so the block's own end can tell (``RELEASE`` then
+fails) instead of committing writes made after it without the check."""
+
 _HELD = (
     "SELECT 1 FROM cl_jobs j JOIN cl_sessions s ON s.session_id = j.session_id "
     "WHERE j.job_id = ? AND j.session_id = ? AND j.generation = ? AND j.epoch = ? "
@@ -86,6 +95,9 @@ def lease_transaction(
         BackendUnavailable: the write lock was not granted within ``lock_timeout_s``
             (the busy timeout), or the file failed; rolled back; the lease may still be
             held.
+        InvalidArgument: the block committed or rolled back the transaction itself;
+            what it wrote after that was rolled back, or with ``isolation_level=None``
+            committed unchecked (the message says which); the lease is still held.
         What the block raises, unchanged (``sqlite3`` errors of your own statements too).
     """
     db = _checked(conn, backend, job_id)
@@ -96,6 +108,7 @@ def lease_transaction(
                           (job_id, session.session_id, local, epoch)).fetchone()
         if held is None:
             raise backend._reject(db, session, job_id, claim.generation)
+        db.execute(f"SAVEPOINT {_MARK}")
     except sqlite3.DatabaseError as exc:
         _rollback(db)
         raise backend._unavailable(exc, job_id) from exc
@@ -107,6 +120,20 @@ def lease_transaction(
     except BaseException:
         _rollback(db)
         raise
+    try:
+        db.execute(f"RELEASE {_MARK}")
+    except sqlite3.OperationalError as exc:  # "no such savepoint": the block ended it
+        after = ("was rolled back" if db.in_transaction else
+                 "was committed statement by statement WITHOUT the hold check "
+                 "(isolation_level=None)")
+        _rollback(db)
+        raise InvalidArgument(
+            "lease.transaction(): the block ended the transaction itself (conn.commit() "
+            "or conn.rollback() inside it): what it wrote before that was committed (or "
+            f"rolled back) under the hold check; what it wrote after {after}. The block "
+            "commits at its end: do not commit inside it", job_id=job_id,
+            generation=claim.generation,
+        ) from exc
     try:
         db.execute("COMMIT")
     except sqlite3.DatabaseError as exc:

@@ -33,7 +33,13 @@ from typing import Any
 
 import pytest
 
-from ..errors import LeaseLost, SessionExpired, StaleLeaseError, UnsupportedOperation
+from ..errors import (
+    InvalidArgument,
+    LeaseLost,
+    SessionExpired,
+    StaleLeaseError,
+    UnsupportedOperation,
+)
 from ..lease import Lease
 from ..record import JobState
 from ..session import Session
@@ -401,3 +407,67 @@ class TransactionConformance:
                     held.ensure_held()
         finally:
             conn.close()
+
+    def test_ending_the_lease_or_committing_inside_the_block_is_refused(
+        self, store: LeaseStore, sessions: list[Session]
+    ) -> None:
+        """Inside its own block a lease's store calls would wait for the block's lock
+        (SQLite's write lock, PostgreSQL's row lock): refused at once, nothing sent, still
+        held, and the block still commits. A block that commits its transaction itself
+        is told at the block's end: SQLite raises InvalidArgument and rolls back what
+        was written after the commit; psycopg refuses the commit itself."""
+        target = self._target(store)
+        if target is None:
+            return  # no transactions: test_transactions_capability_is_true covers it
+        self._create_table(target)
+        mark = _mark(target)
+        insert = f"INSERT INTO {target.table} VALUES ({mark}, {mark}, {mark})"
+        lease = self.open(store, "A").claim("txn-misuse")
+        assert lease is not None
+        conn = connect_effects(target)
+        try:
+            with lease.transaction(conn):
+                conn.execute(insert, (lease.job_id, lease.generation, "in-block"))
+                for call in (lambda: lease.complete(b"x"), lease.renew, lease.release,
+                             lambda: lease.fail("x"),
+                             lambda: lease.transaction(conn).__enter__()):
+                    with pytest.raises(InvalidArgument, match="block is open"):
+                        call()
+                assert lease.state is LeaseState.HELD
+            lease.ensure_held()
+            if target.driver == "sqlite3":
+                refused: type[BaseException] = InvalidArgument
+                match = "ended the transaction itself"
+            else:
+                import psycopg
+
+                refused, match = psycopg.ProgrammingError, "commit"
+            with pytest.raises(refused, match=match) as raised:
+                with lease.transaction(conn):
+                    conn.execute(insert, (lease.job_id, lease.generation, "before"))
+                    conn.commit()
+                    conn.execute(insert, (lease.job_id, lease.generation, "after"))
+            lease.ensure_held()
+            lease.complete()
+        finally:
+            conn.close()
+        who = [row[2] for row in self._effects(target)]
+        assert "in-block" in who, who
+        if target.driver == "sqlite3":  # sqlite3's default mode: the rest is rolled back
+            legacy = sqlite3.connect(target.dsn, timeout=WAIT_S)
+            again = self.open(store, "B").claim("txn-misuse-legacy")
+            assert again is not None
+            try:
+                with pytest.raises(InvalidArgument, match="after was rolled back"):
+                    with again.transaction(legacy):
+                        legacy.execute(insert, (again.job_id, 0, "legacy-before"))
+                        legacy.commit()
+                        legacy.execute(insert, (again.job_id, 0, "legacy-after"))
+            finally:
+                legacy.close()
+            more = [row[2] for row in self._effects(target)]
+            assert "legacy-before" in more and "legacy-after" not in more, more
+            again.complete()
+        # sqlite3 with isolation_level=None commits each statement after the block's own
+        # commit at once; the error says so ("WITHOUT the hold check")
+        assert ("after" in who) == ("WITHOUT" in str(raised.value)), (who, raised.value)
