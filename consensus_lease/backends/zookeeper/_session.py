@@ -292,6 +292,12 @@ class ZkSession(SessionHandle):
                 raise BackendUnavailable(
                     f"stopping the client of ZooKeeper session {self.session_id}: {exc!r}"
                 ) from exc
+            except Exception as exc:  # kazoo's close() raises a bare Exception("Cannot
+                # close connection until it is stopped") when its connection thread has
+                # not ended yet (a loaded host): the socket is left to the thread
+                raise BackendUnavailable(
+                    f"closing the client of ZooKeeper session {self.session_id}: {exc}"
+                ) from exc
 
     def _stop_quietly(self) -> None:
         try:
