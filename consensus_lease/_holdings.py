@@ -243,7 +243,8 @@ class Holdings:
             raise
         latency = clock.monotonic() - start
         if lease is None:
-            notify(observer, lambda o: o.operation(scheme, op, job_id, None, "held", latency))
+            none = "held" if job_id is not None else "empty"  # a named job, or a queue
+            notify(observer, lambda o: o.operation(scheme, op, job_id, None, none, latency))
         else:
             got, generation = lease.job_id, lease.generation
             notify(observer, lambda o: o.operation(scheme, op, got, generation, "ok", latency))
@@ -288,10 +289,20 @@ class Holdings:
 
     # -- the whole session -------------------------------------------------------------
 
-    def lose_all(self, reason: LeaseLost) -> None:
-        """The session is lost or closed: every lease with it."""
+    def lose_all(self, reason: LeaseLost, *, closing: bool = False) -> None:
+        """The session is lost, or ``closing`` by its worker: every lease with it. A
+        close hands the jobs back: the observer hears ``released``, not ``lost``."""
         for lease in self.leases():
-            self._lose(lease, reason)
+            if not closing:
+                self._lose(lease, reason)
+                continue
+            self._forget(lease)
+            if lease._lose(reason):
+                job_id, generation, owner = lease.job_id, lease.generation, lease.owner
+                notify(self.liveness.observer,
+                       lambda o: o.released(self.scheme, job_id, generation, owner))
+                log.info("lease handed back: session closed",
+                         extra={"job_id": job_id, "generation": generation, "owner": owner})
 
     def reconfirm(self) -> None:
         """After a reconnect, re-confirm every lease in the store, then resume the

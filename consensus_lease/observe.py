@@ -54,7 +54,9 @@ class Observer:
         """A completion was recorded."""
 
     def released(self, store: str, job_id: str, generation: int, owner: str) -> None:
-        """A lease was handed back (the job is claimable again at once)."""
+        """A lease was handed back (the job is claimable again at once): by
+        ``release()``, or by closing its session (then the lease's own state reads
+        LOST, with the reason "session closed")."""
 
     def failed(self, store: str, job_id: str, generation: int, owner: str, state: str) -> None:
         """A failed attempt was recorded; ``state`` is the job's state after it
@@ -75,7 +77,8 @@ class Observer:
         left before the previous local deadline."""
 
     def lost(self, store: str, job_id: str | None, generation: int | None, reason: str) -> None:
-        """A lease (``job_id`` set) or a whole session (``job_id`` None) was lost."""
+        """A lease (``job_id`` set) or a whole session (``job_id`` None) was lost. Not
+        called for a session closed by its worker: its leases are :meth:`released`."""
 
     def stale_rejected(self, store: str, by: str, job_id: str, generation: int) -> None:
         """A stale operation was rejected ``by`` ``"store"`` (owner/generation compare) or
@@ -112,9 +115,10 @@ class Observer:
         ``"Lease.on_lost"``, ``"AsyncSession.on_lost"``)."""
 
 
-OUTCOMES = ("ok", "held", "stale", "lost", "unknown", "unavailable", "error")
+OUTCOMES = ("ok", "held", "empty", "stale", "lost", "unknown", "unavailable", "error")
 """The ``outcome`` of :meth:`Observer.operation`: ``ok`` (done; a claim got the lease),
-``held`` (a claim found the job held elsewhere or nothing claimable), ``stale`` (the store
+``held`` (a claim found the job held elsewhere), ``empty`` (``claim_next`` found nothing
+claimable in the queue), ``stale`` (the store
 refused: owner or generation no longer match), ``lost`` (another :class:`LeaseLost`,
 e.g. the session expired), ``unknown`` (:class:`OutcomeUnknown`: maybe applied),
 ``unavailable`` (no answer) and ``error`` (anything else, e.g. ``JobCompleted``)."""

@@ -27,21 +27,23 @@ span                           when
 =============================  ======================================================
 ``consensus_lease.claim``      a claim attempt (``claim``; outcome ``held`` when the
                                job was held elsewhere)
-``consensus_lease.claim_next`` a ``claim_next`` attempt
+``consensus_lease.claim_next`` a ``claim_next`` attempt (outcome ``empty`` when the
+                               queue had nothing claimable)
 ``consensus_lease.complete``   a completion
 ``consensus_lease.release``    a release
 ``consensus_lease.fail``       a failed attempt recorded
 ``consensus_lease.renew``      a session renewal that succeeded (``renew_spans=False``
                                turns these off: one per session every TTL/3)
-``consensus_lease.loss``       a lease or session was lost (zero length, status ERROR)
+``consensus_lease.loss``       a lease or session was lost (zero length, status ERROR;
+                               not for the leases of a session its worker closed)
 =============================  ======================================================
 
 Span attributes: ``consensus_lease.store`` (the backend's scheme), ``consensus_lease.job_id``,
 ``consensus_lease.generation`` (the fencing token), ``consensus_lease.outcome`` (one of
 :data:`consensus_lease.observe.OUTCOMES`; ``lost`` on a loss span), and on renew spans
 ``consensus_lease.headroom_s``, on loss spans ``consensus_lease.scope`` (``lease`` or
-``session``) and ``consensus_lease.reason``. A span whose outcome is not ``ok`` or
-``held`` has status ERROR.
+``session``) and ``consensus_lease.reason``. A span whose outcome is not ``ok``, ``held``
+or ``empty`` has status ERROR.
 
 ==========================================  ==============  ============================
 metric                                      instrument      attributes
@@ -99,7 +101,7 @@ __all__ = ["OTelObserver", "instrument", "uninstrument"]
 _SCOPE = "consensus_lease"
 _PENDING_MAX = 512
 """Operation latencies queued before they are recorded without waiting for a reader."""
-_OK = ("ok", "held")
+_OK = ("ok", "held", "empty")
 _HEADROOM_BOUNDARIES = (0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0)
 _LATENCY_BOUNDARIES = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                        1.0, 2.5)

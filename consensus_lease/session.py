@@ -473,7 +473,7 @@ class Session:
         self._waiters.close()
         if not self._liveness.close():
             return
-        self._holdings.lose_all(reason)
+        self._holdings.lose_all(reason, closing=True)
         self._liveness.end_store_session()
 
     def __enter__(self) -> Session:

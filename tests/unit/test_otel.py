@@ -121,6 +121,27 @@ def test_claim_then_complete(tmp_path: Path, telemetry: Telemetry) -> None:
     assert telemetry.value("consensus_lease.losses", store="sqlite", scope="lease") == 0
 
 
+def test_closing_a_session_hands_back_and_an_empty_queue_is_not_held(
+    tmp_path: Path, telemetry: Telemetry
+) -> None:
+    """A worker closing its session with a lease held hands the job back: no loss span,
+    no loss counted, held back to 0. ``claim_next`` on an empty queue is ``empty``, not
+    ``held``, and not an error."""
+    observer = telemetry.observer(root_spans=True)
+    with open_store(f"sqlite:///{tmp_path}/c.db", observer=observer) as store:
+        a = store.session("A", ttl_s=10)
+        assert a.claim("job") is not None
+        assert a.claim_next("nothing-queued") is None
+        assert telemetry.value("consensus_lease.leases.held", store="sqlite") == 1
+        a.close()
+    assert not telemetry.spans("consensus_lease.loss")
+    assert telemetry.value("consensus_lease.losses", store="sqlite", scope="lease") in (0, None)
+    assert telemetry.value("consensus_lease.leases.held", store="sqlite") == 0
+    (empty,) = telemetry.spans("consensus_lease.claim_next")
+    assert empty.attributes["consensus_lease.outcome"] == "empty"
+    assert empty.status.status_code is not StatusCode.ERROR
+
+
 def test_loss_and_stale_rejection(tmp_path: Path, telemetry: Telemetry) -> None:
     observer = telemetry.observer(renew_spans=False, root_spans=True)
     with open_store(f"sqlite:///{tmp_path}/l.db", observer=observer) as store:
