@@ -293,16 +293,21 @@ class Holdings:
         """The session is lost, or ``closing`` by its worker: every lease with it. A
         close hands the jobs back: the observer hears ``released``, not ``lost``."""
         for lease in self.leases():
-            if not closing:
+            if closing:
+                self._hand_back(lease, reason)
+            else:
                 self._lose(lease, reason)
-                continue
-            self._forget(lease)
-            if lease._lose(reason):
-                job_id, generation, owner = lease.job_id, lease.generation, lease.owner
-                notify(self.liveness.observer,
-                       lambda o: o.released(self.scheme, job_id, generation, owner))
-                log.info("lease handed back: session closed",
-                         extra={"job_id": job_id, "generation": generation, "owner": owner})
+
+    def _hand_back(self, lease: Lease, reason: LeaseLost) -> None:
+        """``lease``'s session is being closed by its worker: the job goes back."""
+        self._forget(lease)
+        if not lease._lose(reason):
+            return
+        job_id, generation, owner = lease.job_id, lease.generation, lease.owner
+        notify(self.liveness.observer,
+               lambda o: o.released(self.scheme, job_id, generation, owner))
+        log.info("lease handed back: session closed",
+                 extra={"job_id": job_id, "generation": generation, "owner": owner})
 
     def reconfirm(self) -> None:
         """After a reconnect, re-confirm every lease in the store, then resume the
