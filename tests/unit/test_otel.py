@@ -3,6 +3,7 @@ in-memory span exporter and metric reader (consensus_lease/otel.py)."""
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -219,7 +220,8 @@ def test_docs_example(tmp_path: Path) -> None:
                             meter_provider=MeterProvider(metric_readers=[metrics]))
     tracer = trace.get_tracer("shop", tracer_provider=tracer_provider)
 
-    with open_store(f"sqlite:///{tmp_path}/leases.db", observer=observer) as store:
+    directory = tempfile.mkdtemp()         # the example runs as it is, outside pytest
+    with open_store(f"sqlite:///{directory}/leases.db", observer=observer) as store:
         with store.session(ttl_s=10) as session, tracer.start_as_current_span("charge"):
             lease = session.claim("order-42")
             assert lease is not None
