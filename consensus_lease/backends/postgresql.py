@@ -445,6 +445,8 @@ class PostgresBackend(QueueOps):
     @classmethod
     def from_url(cls, url: str, options: Mapping[str, object]) -> PostgresBackend:
         conninfo = url.split("?", 1)[0]
+        if conninfo[:11].lower() == "postgres://":  # libpq's other spelling (Heroku's)
+            conninfo = "postgresql://" + conninfo[11:]
         if not conninfo.lower().startswith("postgresql://") or conninfo == "postgresql://":
             raise InvalidArgument(
                 f"PostgreSQL URL must be postgresql://user:password@host:port/dbname, got "

@@ -771,3 +771,16 @@ def test_on_a_never_analysed_store_the_hot_statements_use_the_keys(
     assert "Index Scan using cl_jobs_pkey" in plans["complete"]
     assert "Index Scan using cl_sessions_pkey" in plans["claim"]
     assert "Index Scan using cl_jobs_open_by_queue" in plans["claim_from_queue"]
+
+
+def test_the_postgres_scheme_is_libpqs_other_spelling(url: str) -> None:
+    """``postgres://`` (libpq takes it; Heroku and many .env files give it) opens the same
+    store as ``postgresql://``."""
+    assert url.startswith("postgresql://")
+    with open_store(url) as canonical, open_store("postgres://" + url[len("postgresql://"):]) as alias:
+        assert alias.backend.scheme == "postgresql"
+        lease = alias.session("A", 10.0).claim("spelled")
+        assert lease is not None
+        record = canonical.get("spelled")
+        assert record is not None and record.generation == lease.generation
+        lease.complete()
