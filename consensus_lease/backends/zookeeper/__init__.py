@@ -309,13 +309,13 @@ TLS files must exist when the store is opened.
 the server clamps the request to its own range and the granted timeout is what counts.
 ``max_batch_claim`` is 128 claims per multi (split further to stay far below 1 MiB).
 
-kazoo versions: the driver is tested with ``kazoo>=2.10,<2.12`` (the pin of the
+kazoo versions: the driver is tested with ``kazoo>=2.11,<2.12`` (the pin of the
 ``[zookeeper]`` extra; ``_kazoo.TESTED_SPEC``). The kazoo internals it relies on (its
 private ``KazooClient._call``, its request records, ``last_zxid``, the handler's
 ``select``) are used in ``_kazoo`` only. ``open_store`` checks the kazoo it imports:
 one lacking an internal is refused with ``UnsupportedBackend`` naming it, before anything
 is connected; one outside the tested range but with every internal warns
-(:class:`UntestedKazooWarning`, a ``UserWarning``) and goes on.
+(``UntestedKazooWarning``, a ``UserWarning``) and goes on.
 
 kazoo logs each failed connection attempt (a refused ``open_store`` makes some twenty
 "Connection dropped" warnings): unless the application configured the ``kazoo`` logger,

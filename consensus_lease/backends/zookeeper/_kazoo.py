@@ -8,7 +8,8 @@ Every other module of the driver uses kazoo's documented API only (``kazoo.clien
 ``timeout_exception`` is), plus the names of this module. The rule is enforced by
 ``tests/backends/test_zookeeper_kazoo.py``.
 
-What is relied on here, each verified on kazoo 2.10.0 and 2.11.0 (:data:`VERIFIED`):
+What is relied on here, each verified on kazoo 2.11.0 (:data:`VERIFIED`; all of it but
+``SessionClosedRequireSaslError`` is in 2.10.0 too):
 
 ========================================  ============================================
 kazoo internal                            used by
@@ -47,6 +48,8 @@ calling ``handler.start()`` /             many clients, counted)
                                           stand-in)
 ``ConnectionHandler._submit`` (and        :func:`count_requests` (the benchmarks'
 ``serialization.Ping``)                   request counter; never used by the driver)
+``kazoo.exceptions.                       :data:`AUTH_REFUSED` (public, but new in
+SessionClosedRequireSaslError``           2.11.0: the floor of the tested range)
 ========================================  ============================================
 
 The tested range is :data:`TESTED_SPEC` (also the pin in ``pyproject.toml``). When a
@@ -81,6 +84,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import kazoo
+import kazoo.exceptions
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import SequentialThreadingHandler
 from kazoo.security import OPEN_ACL_UNSAFE
@@ -88,6 +92,7 @@ from kazoo.security import OPEN_ACL_UNSAFE
 from ...errors import UnsupportedBackend
 
 __all__ = [
+    "AUTH_REFUSED",
     "TESTED_SPEC",
     "VERIFIED",
     "AsyncResult",
@@ -106,23 +111,25 @@ __all__ = [
     "send_request",
 ]
 
-TESTED_MIN = (2, 10)
+TESTED_MIN = (2, 11)
 """The oldest kazoo (major, minor) tested."""
 TESTED_BELOW = (2, 12)
 """The first kazoo (major, minor) not tested: the next minor after the newest verified."""
-TESTED_SPEC = ">=2.10,<2.12"
+TESTED_SPEC = ">=2.11,<2.12"
 """The tested range as a requirement specifier (the pin in ``pyproject.toml``)."""
-VERIFIED = ("2.10.0", "2.11.0")
+VERIFIED = ("2.11.0",)
 """The kazoo releases this module was verified against (the unit tests, the ZooKeeper
 backend tests and the conformance suite on the kit's 3-member ensemble). 2.11.0 is the
-newest on PyPI as of this module's writing."""
+newest on PyPI as of this module's writing. 2.10.0 has every internal below but not
+``kazoo.exceptions.SessionClosedRequireSaslError`` (new in 2.11.0): opening a store with
+it is refused (see :func:`check_installed`)."""
 
 
 class UntestedKazooWarning(UserWarning):
     """The installed kazoo is outside :data:`TESTED_SPEC`: every internal this driver
     relies on is there (else ``UnsupportedBackend``), but how they behave was not tested
     with that version. Install a kazoo in the tested range (``pip install
-    'kazoo>=2.10,<2.12'``)."""
+    'kazoo>=2.11,<2.12'``)."""
 
 
 # -- kazoo's private names, imported so that a kazoo without them still imports ------------
@@ -152,7 +159,17 @@ AsyncResult: Any = getattr(_handler_utils, "AsyncResult", None)
 """kazoo's async result class (``kazoo.handlers.utils.AsyncResult``; the threading
 handler's ``async_result()`` makes a subclass of it)."""
 
+SessionClosedRequireSaslError: Any = getattr(kazoo.exceptions,
+                                             "SessionClosedRequireSaslError", None)
+"""The error of a session the server closed for want of SASL authentication (new in kazoo
+2.11.0: before, kazoo failed such a reply with a bare ``RuntimeError``)."""
+AUTH_REFUSED: tuple[type[BaseException], ...] = tuple(
+    error for error in (kazoo.exceptions.NoAuthError, kazoo.exceptions.AuthFailedError,
+                        SessionClosedRequireSaslError) if error is not None)
+"""kazoo's errors of a server that refused the credentials (``AuthenticationFailed``)."""
+
 _IMPORTED = {
+    "kazoo.exceptions.SessionClosedRequireSaslError": "SessionClosedRequireSaslError",
     "kazoo.protocol.serialization.CheckVersion": "CheckVersion",
     "kazoo.protocol.serialization.Create": "Create",
     "kazoo.protocol.serialization.SetData": "SetData",
@@ -293,7 +310,7 @@ def send_request(client: KazooClient, request: Any) -> Any:
     (which fails the result at once if the client is closed, its session expired or its
     authentication failed). Returns the async result.
 
-    Relies on ``KazooClient._call`` (verified on kazoo 2.10.0, 2.11.0; looked up on each
+    Relies on ``KazooClient._call`` (verified on kazoo 2.11.0; looked up on each
     call, so a test may wrap it on one client)."""
     result = client.handler.async_result()
     client._call(request, result)
@@ -303,7 +320,7 @@ def send_request(client: KazooClient, request: Any) -> Any:
 def last_zxid(client: KazooClient) -> int:
     """The zxid of the last answer ``client`` was given (0 before any). kazoo sets
     ``KazooClient.last_zxid`` from each reply's header before it hands out the answer
-    (verified on kazoo 2.10.0, 2.11.0)."""
+    (verified on kazoo 2.11.0)."""
     return int(client.last_zxid or 0)
 
 
@@ -322,7 +339,7 @@ class KazooRecords:
     path)`` turns each version into the request's field (here -1 for ``None``).
 
     Relies on ``TransactionRequest.operations`` / ``.client``, ``KazooClient.chroot`` /
-    ``.default_acl`` and the record classes (verified on kazoo 2.10.0, 2.11.0).
+    ``.default_acl`` and the record classes (verified on kazoo 2.11.0).
 
     Raises:
         ValueError: the client has a chroot of its own.
@@ -385,7 +402,7 @@ class PackedMulti:
     version into the request's field (here -1 for ``None``).
 
     Relies on the request record protocol of ``kazoo.protocol.connection`` and on
-    ``serialization.Transaction`` (verified on kazoo 2.10.0, 2.11.0).
+    ``serialization.Transaction`` (verified on kazoo 2.11.0).
 
     Args:
         client: the kazoo client it will be sent on.
@@ -450,7 +467,7 @@ class PackedMulti:
 def count_requests(add: Callable[[str], None]) -> Iterator[None]:
     """While inside, call ``add(name)`` with the record class name of every request any
     kazoo connection of this process sends (pings left out): for the benchmarks' request
-    counts. Wraps ``ConnectionHandler._submit`` (verified on kazoo 2.10.0, 2.11.0).
+    counts. Wraps ``ConnectionHandler._submit`` (verified on kazoo 2.11.0).
 
     Raises:
         UnsupportedBackend: this kazoo has no such method (see :func:`check_installed`).
@@ -482,7 +499,7 @@ class NegotiatedTimeouts(logging.LoggerAdapter):  # type: ignore[type-arg]
     to [minSessionTimeout, maxSessionTimeout], by default 2-20 x tickTime) but keeps it
     in a local variable; the only place it surfaces is the "Session created" log call of
     ``ConnectionHandler._connect`` (args: session id, password, timeout in ms), made
-    before kazoo reports CONNECTED (verified on kazoo 2.10.0, 2.11.0). Everything else is
+    before kazoo reports CONNECTED (verified on kazoo 2.11.0). Everything else is
     logged unchanged to the ``kazoo.client`` logger.
 
     Attributes:
@@ -529,7 +546,7 @@ def poll_select(
 ) -> tuple[list[Any], list[Any], list[Any]]:
     """``select``'s contract as kazoo's connection uses it, with one ``poll(2)`` (no
     descriptor limit, unlike ``select(2)``), with the results kazoo's ``selector_select``
-    gives. Relies on ``kazoo.handlers.utils.fileobj_to_fd`` (verified on kazoo 2.10.0,
+    gives. Relies on ``kazoo.handlers.utils.fileobj_to_fd`` (verified on kazoo
     2.11.0).
 
     Args:
@@ -602,7 +619,7 @@ class SharedPollHandler(PollHandler):
     every client a handler with two worker threads (watch callbacks, completions), so
     2,000 sessions were 4,000 of them beside their 2,000 connection threads. Here each
     client's ``start()`` and ``stop()`` are counted (kazoo's client calls the handler's
-    once each: verified on kazoo 2.10.0, 2.11.0), the threads start with the first client
+    once each: verified on kazoo 2.11.0), the threads start with the first client
     and end with the last.
 
     What the shared threads run is the library's own short callbacks (a watch that sets
