@@ -126,21 +126,11 @@ def _patch_grpc(stack: contextlib.ExitStack, count: RequestCount) -> None:
 
 
 def _patch_kazoo(stack: contextlib.ExitStack, count: RequestCount) -> None:
-    try:
-        from kazoo.protocol.connection import ConnectionHandler
-        from kazoo.protocol.serialization import Ping
+    try:  # kazoo's internals are the ZooKeeper driver's to name (its _kazoo module)
+        from ..backends.zookeeper._kazoo import count_requests
     except ImportError:
         return
-
-    def wrap(submit: Callable[..., Any]) -> Callable[..., Any]:
-        def counted_submit(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-            if not isinstance(request, Ping):
-                count.add(type(request).__name__)
-            return submit(self, request, *args, **kwargs)
-
-        return counted_submit
-
-    stack.enter_context(_patched(ConnectionHandler, "_submit", wrap))
+    stack.enter_context(count_requests(count.add))
     count.transports.add("kazoo")
 
 

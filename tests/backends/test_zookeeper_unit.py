@@ -25,8 +25,8 @@ from kazoo.security import make_acl
 from consensus_lease import open_store
 from consensus_lease._election import election_key
 from consensus_lease.backends.zookeeper import ZooKeeperBackend
-from consensus_lease.backends.zookeeper._handler import PollHandler, poll_select
 from consensus_lease.backends.zookeeper._history import History
+from consensus_lease.backends.zookeeper._kazoo import PollHandler, poll_select
 from consensus_lease.backends.zookeeper._known import UNSEEN, Known, Released
 from consensus_lease.backends.zookeeper._layout import (
     BUCKET_JOBS,
@@ -507,7 +507,7 @@ def test_lean_operations_are_the_records_kazoo_makes(acl: list[Any] | None) -> N
 
 
 def test_poll_select_answers_as_kazoos_select() -> None:
-    """``_handler.poll_select`` (one poll(2)) reports what kazoo's ``selector_select``
+    """``_kazoo.poll_select`` (one poll(2)) reports what kazoo's ``selector_select``
     does: readable (data, or the peer hung up), writable, nothing by the timeout; an
     object in both lists as readable if it is."""
     a, b = socket.socketpair()

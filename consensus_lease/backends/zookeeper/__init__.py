@@ -309,6 +309,14 @@ TLS files must exist when the store is opened.
 the server clamps the request to its own range and the granted timeout is what counts.
 ``max_batch_claim`` is 128 claims per multi (split further to stay far below 1 MiB).
 
+kazoo versions: the driver is tested with ``kazoo>=2.11,<2.12`` (the pin of the
+``[zookeeper]`` extra; ``_kazoo.TESTED_SPEC``). The kazoo internals it relies on (its
+private ``KazooClient._call``, its request records, ``last_zxid``, the handler's
+``select``) are used in ``_kazoo`` only. ``open_store`` checks the kazoo it imports:
+one lacking an internal is refused with ``UnsupportedBackend`` naming it, before anything
+is connected; one outside the tested range but with every internal warns
+(``UntestedKazooWarning``, a ``UserWarning``) and goes on.
+
 kazoo logs each failed connection attempt (a refused ``open_store`` makes some twenty
 "Connection dropped" warnings): unless the application configured the ``kazoo`` logger,
 the backend gives it a ``NullHandler``, so nothing is printed by default and handlers the
@@ -321,7 +329,7 @@ Limits worth knowing:
   credentials protect nothing. A refused TLS handshake (bad or missing certificate) is
   retried by kazoo and surfaces as ``BackendUnavailable`` after ``connect_timeout_s``.
 * The negotiated timeout has no public kazoo API: it is read from the "Session created"
-  call kazoo makes to its logger (see ``_session.NegotiatedTimeouts``). If a kazoo
+  call kazoo makes to its logger (see ``_kazoo.NegotiatedTimeouts``). If a kazoo
   release stops making it, opening a session fails loudly rather than guess a TTL.
 * A released job's record still names its last holder as ``owner`` (only a write to the
   job znode could clear it, and that would bump the version, which is the generation).
@@ -371,5 +379,6 @@ Limits worth knowing:
 """
 
 from ._backend import ZooKeeperBackend
+from ._kazoo import UntestedKazooWarning
 
-__all__ = ["ZooKeeperBackend"]
+__all__ = ["UntestedKazooWarning", "ZooKeeperBackend"]

@@ -28,7 +28,6 @@ from ...record import ClaimResult, EnqueueItem, LeaseRecord, QueuedJob, QueueSta
 from ._claims import Claims
 from ._epoch import Epochs
 from ._errors import KAZOO_ERRORS
-from ._handler import SharedPollHandler
 from ._history import (
     KEEPALIVE_FRACTION,
     History,
@@ -38,6 +37,7 @@ from ._history import (
     parse_marker,
 )
 from ._holds import Holds
+from ._kazoo import SharedPollHandler, check_installed, last_zxid
 from ._known import Released
 from ._layout import (
     EPOCH_SHIFT,
@@ -213,7 +213,8 @@ class ZooKeeperBackend(Backend):
         self._epochs = Epochs(self._wire, self._history)
         self._prober = Prober(self._wire, self._history, self._disconnected)
         self._session_handler = SharedPollHandler()
-        """The worker threads of every session's kazoo client (see :mod:`._handler`)."""
+        """The worker threads of every session's kazoo client (see
+        :class:`._kazoo.SharedPollHandler`)."""
         self._lifecycle = Lifecycle(self._wire, self._paths)
         self._subs = Subscriptions(self._wire, self._paths)
         self._lifecycle.hints = self._subs.hints  # delay ends noted wake the subscribers
@@ -237,11 +238,20 @@ class ZooKeeperBackend(Backend):
         ZooKeeper session of its own, used for reads and waits), waiting at most
         ``connect_timeout_s``, as etcd's ``open_store`` does.
 
+        The installed kazoo is checked first (:func:`._kazoo.check_installed`).
+
         Raises:
-            UnsupportedBackend: malformed URL. InvalidArgument: unknown or bad option.
+            UnsupportedBackend: malformed URL; or the installed kazoo lacks an internal
+                this driver relies on (nothing was connected). InvalidArgument: unknown
+                or bad option.
             BackendUnavailable: no member answered within ``connect_timeout_s`` (or the
                 TLS handshake kept failing).
+
+        Warns:
+            UntestedKazooWarning: the installed kazoo is outside the tested range
+                (``_kazoo.TESTED_SPEC``, the pin in pyproject.toml).
         """
+        check_installed()
         backend = cls(parse_url(url, options))
         try:
             backend._wire.reader()
@@ -347,7 +357,7 @@ class ZooKeeperBackend(Backend):
             raise marker_error(self.hosts, mark[1])  # noticed elsewhere; no bump since
         if self._history.regressed:
             now = self._epochs.parse(epoch)
-            if now is None or not self._history.recover(now, identity, h.client.last_zxid):
+            if now is None or not self._history.recover(now, identity, last_zxid(h.client)):
                 raise self._regressed_error()
             return
         self._history.identity_seen(identity, what)
@@ -1079,7 +1089,7 @@ class ZooKeeperBackend(Backend):
         if self._history.regressed:
             identity = self._wire.reader_read([("get", self.config.identity_node)],
                                               "bump_epoch")[0]
-            self._history.recover(epoch, identity, self._wire.reader().last_zxid)
+            self._history.recover(epoch, identity, last_zxid(self._wire.reader()))
         return epoch[0]
 
     def close(self) -> None:

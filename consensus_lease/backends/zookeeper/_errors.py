@@ -19,17 +19,12 @@ Ambiguity (a write whose answer was lost) is not decided here: the backend reads
 
 from __future__ import annotations
 
-from kazoo.exceptions import (
-    AuthFailedError,
-    KazooException,
-    NoAuthError,
-    SessionClosedRequireSaslError,
-    SessionExpiredError,
-)
+from kazoo.exceptions import KazooException, SessionExpiredError
 from kazoo.handlers.threading import KazooTimeoutError
 
 from ...errors import AuthenticationFailed, BackendUnavailable, LeaseError, SessionExpired
 from ._gate import IN_FLIGHT, NotSent
+from ._kazoo import AUTH_REFUSED
 
 __all__ = ["KAZOO_ERRORS", "translate"]
 
@@ -57,7 +52,7 @@ def translate(
     where = f"ZooKeeper at {hosts}"
     if isinstance(exc, LeaseError):
         return exc
-    if isinstance(exc, (NoAuthError, AuthFailedError, SessionClosedRequireSaslError)):
+    if isinstance(exc, AUTH_REFUSED):  # NoAuth, AuthFailed, SessionClosedRequireSasl
         return AuthenticationFailed(
             f"{what}: {where} refused the credentials ({type(exc).__name__}); check the "
             f"user/password options and the ACLs of the chroot",

@@ -1,12 +1,13 @@
 """Starting kazoo requests without ever blocking past a deadline.
 
 kazoo queues a request and wakes its connection thread by writing one byte to a socket
-pair (``KazooClient._call``); the connection thread reads that byte back when it sends the
-request, which it only does while connected. While it reconnects (a member SIGKILLed) or
-is stuck writing to a stalled server, the bytes pile up; once the pair's buffer is full
-(about 278 one-byte writes on Linux) the caller's ``send`` blocks, inside kazoo and
-beyond any timeout, until a connection is made again. A few hundred pipelined reads get
-there: a ``queue_stats`` of 5,000 jobs blocked for as long as the server was down.
+pair (``KazooClient._call``: see :func:`._kazoo.send_request`); the connection thread
+reads that byte back when it sends the request, which it only does while connected.
+While it reconnects (a member SIGKILLed) or is stuck writing to a stalled server, the
+bytes pile up; once the pair's buffer is full (about 278 one-byte writes on Linux) the
+caller's ``send`` blocks, inside kazoo and beyond any timeout, until a connection is
+made again. A few hundred pipelined reads get there: a ``queue_stats`` of 5,000 jobs
+blocked for as long as the server was down.
 
 So every request the backend starts goes through the client's :class:`Gate`:
 
@@ -31,7 +32,8 @@ from typing import Any
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import SessionExpiredError
 from kazoo.handlers.threading import KazooTimeoutError
-from kazoo.handlers.utils import AsyncResult
+
+from ._kazoo import AsyncResult
 
 __all__ = ["IN_FLIGHT", "Gate", "NotSent"]
 
@@ -66,7 +68,7 @@ class Gate:
     def start(self, begin: Callable[[], Any], deadline: float) -> Any:
         """Start one request with ``begin()`` (a kazoo ``*_async`` call, a transaction's
         ``commit_async``, or a packed multi queued on the client's connection: see
-        ``_wire._send``) and return its async result, once the client is connected and a
+        ``_kazoo.send_request``) and return its async result, once the client is connected and a
         slot is free, by ``deadline`` (``time.monotonic()`` seconds).
 
         Raises:

@@ -13,16 +13,13 @@ multi; those before it as rolled back, those after it as not run.
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass, field
 from typing import Any
 
 from kazoo.exceptions import NodeExistsError, NoNodeError, RolledBackError, RuntimeInconsistency
-from kazoo.protocol.serialization import CheckVersion, Create, Delete, SetData
-from kazoo.protocol.serialization import Transaction as KazooTransaction
-from kazoo.security import OPEN_ACL_UNSAFE
 
 from ...errors import TokenSpaceExhausted
+from ._kazoo import KazooRecords, PackedMulti
 
 __all__ = [
     "MAX_VERSION", "Checked", "Lean", "Op", "Transaction", "Trouble", "add_ops", "first_error",
@@ -61,39 +58,24 @@ def wire_version(version: int | None, path: str) -> int:
     return version
 
 
-class Lean:
-    """Adds operations to a kazoo transaction as kazoo's own request records
-    (``kazoo.protocol.serialization``), with the method names of kazoo's
-    ``TransactionRequest``. kazoo's methods check the argument types, normalise every
-    path against the client's chroot and log each operation (some 3 us apiece, the most
-    of a multi's building); here the paths are already absolute and normalised (built by
-    :mod:`._layout`: ids percent-encoded, dots too) and the client has no chroot of its
-    own (the URL's chroot is part of every path), so the records are the ones kazoo
-    would make. Creates get the client's default ACL, as kazoo's do.
+class Lean(KazooRecords):
+    """Adds operations to a kazoo transaction as kazoo's own request records, with the
+    method names of kazoo's ``TransactionRequest`` (:class:`._kazoo.KazooRecords`).
+    kazoo's methods check the argument types, normalise every path against the client's
+    chroot and log each operation (some 3 us apiece, the most of a multi's building);
+    here the paths are already absolute and normalised (built by :mod:`._layout`: ids
+    percent-encoded, dots too) and the client has no chroot of its own (the URL's chroot
+    is part of every path), so the records are the ones kazoo would make. Creates get the
+    client's default ACL, as kazoo's do. Every version is checked by
+    :func:`wire_version` (``None``: any).
 
     Raises:
         ValueError: the client has a chroot of its own (never made by this backend).
+        TokenSpaceExhausted: from an operation method, for a version out of range.
     """
 
-    __slots__ = ("_acl", "_append")
-
-    def __init__(self, tx: Any) -> None:
-        if tx.client.chroot:
-            raise ValueError("a kazoo client with a chroot of its own")
-        self._append = tx.operations.append
-        self._acl = tx.client.default_acl or OPEN_ACL_UNSAFE
-
-    def check(self, path: str, version: int | None) -> None:
-        self._append(CheckVersion(path, wire_version(version, path)))
-
-    def create(self, path: str, value: bytes = b"", ephemeral: bool = False) -> None:
-        self._append(Create(path, value, self._acl, 1 if ephemeral else 0))
-
-    def set_data(self, path: str, value: bytes, version: int | None = None) -> None:
-        self._append(SetData(path, value, wire_version(version, path)))
-
-    def delete(self, path: str, version: int | None = None) -> None:
-        self._append(Delete(path, wire_version(version, path)))
+    __slots__ = ()
+    version_of = staticmethod(wire_version)
 
 
 class Checked:
@@ -123,39 +105,18 @@ class Checked:
         self._tx.delete(path, wire_version(version, path))
 
 
-_OP = struct.Struct("!iBii")
-"""An operation's multi header (its type, done = 0, err = -1), then its path's length."""
-_INT = struct.Struct("!i")
-_END = struct.Struct("!iBi").pack(-1, 1, -1)
-"""The header that ends a multi (type -1, done, err -1)."""
-_FLAGS = (_INT.pack(0), _INT.pack(1))  # a create's flags: persistent, ephemeral
-_ACLS: dict[tuple[Any, ...], bytes] = {}  # an ACL list -> its bytes (a few per process)
-
-
-def _acl_bytes(acl: list[Any] | tuple[Any, ...]) -> bytes:
-    key = tuple(acl)
-    packed = _ACLS.get(key)
-    if packed is None:
-        parts = [_INT.pack(len(key))]
-        for entry in key:
-            scheme, ident = entry.id.scheme.encode(), entry.id.id.encode()
-            parts += (_INT.pack(entry.perms), _INT.pack(len(scheme)), scheme,
-                      _INT.pack(len(ident)), ident)
-        packed = _ACLS[key] = b"".join(parts)
-    return packed
-
-
-class Transaction:
+class Transaction(PackedMulti):
     """A multi request, packed into the bytes kazoo would send for it as its operations
     are added (with the method names of kazoo's ``TransactionRequest``, as :class:`Lean`),
-    and handed to the client's connection (``KazooClient._call``) in place of kazoo's own
-    ``Transaction`` record: the same request type, and the same name (request counts
-    read alike). kazoo's ``Transaction.serialize`` makes a ``MultiHeader`` record and a
-    bytearray per operation and per field, on kazoo's connection thread: some 10 us for
-    a claim's four operations, 1.5 us here. The answer is decoded by kazoo's own
+    and handed to the client's connection (:func:`._kazoo.send_request`) in place of
+    kazoo's own ``Transaction`` record: the same request type, and the same name (request
+    counts read alike). kazoo's ``Transaction.serialize`` makes a ``MultiHeader`` record
+    and a bytearray per operation and per field, on kazoo's connection thread: some 10 us
+    for a claim's four operations, 1.5 us here. The answer is decoded by kazoo's own
     ``Transaction.deserialize``. Paths are absolute and normalised and the client has no
     chroot of its own (as for :class:`Lean`); creates get the client's default ACL, as
-    kazoo's do. Every version is checked by :func:`wire_version` (``None``: any).
+    kazoo's do. Every version is checked by :func:`wire_version` (``None``: any). The
+    packing and what kazoo's connection asks of a request: :class:`._kazoo.PackedMulti`.
 
     Args:
         client: the kazoo client it will be sent on.
@@ -169,51 +130,8 @@ class Transaction:
         TokenSpaceExhausted: from an operation method, for a version out of range.
     """
 
-    type = KazooTransaction.type
-    __slots__ = ("_acl", "_parts", "op_types")
-
-    def __init__(self, client: Any) -> None:
-        if client.chroot:
-            raise ValueError("a kazoo client with a chroot of its own")
-        self._acl = _acl_bytes(client.default_acl or OPEN_ACL_UNSAFE)
-        self._parts: list[bytes] = []
-        self.op_types: list[int] = []
-
-    def check(self, path: str, version: int | None) -> None:
-        name = path.encode()
-        self._parts += (_OP.pack(13, 0, -1, len(name)), name,
-                        _INT.pack(wire_version(version, path)))
-        self.op_types.append(13)
-
-    def create(self, path: str, value: bytes = b"", ephemeral: bool = False) -> None:
-        name = path.encode()
-        self._parts += (_OP.pack(1, 0, -1, len(name)), name, _INT.pack(len(value)), value,
-                        self._acl, _FLAGS[1 if ephemeral else 0])
-        self.op_types.append(1)
-
-    def set_data(self, path: str, value: bytes, version: int | None = None) -> None:
-        name = path.encode()
-        self._parts += (_OP.pack(5, 0, -1, len(name)), name, _INT.pack(len(value)), value,
-                        _INT.pack(wire_version(version, path)))
-        self.op_types.append(5)
-
-    def delete(self, path: str, version: int | None = None) -> None:
-        name = path.encode()
-        self._parts += (_OP.pack(2, 0, -1, len(name)), name,
-                        _INT.pack(wire_version(version, path)))
-        self.op_types.append(2)
-
-    def serialize(self) -> bytes:
-        """The request's body (kazoo's connection adds its length, xid and type)."""
-        return b"".join(self._parts) + _END
-
-    @staticmethod
-    def deserialize(buffer: bytes, offset: int) -> list[Any]:
-        """The answer's per-operation results, as kazoo decodes a multi's."""
-        return KazooTransaction.deserialize(buffer, offset)  # type: ignore[no-any-return]
-
-    def __repr__(self) -> str:  # kazoo's debug log names the request
-        return f"Transaction(packed, operation types {self.op_types})"
+    __slots__ = ()
+    version_of = staticmethod(wire_version)
 
 
 def add_ops(tx: Any, ops: list[Op]) -> None:

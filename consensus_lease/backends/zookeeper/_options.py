@@ -17,7 +17,7 @@ from kazoo.security import ACL, CREATOR_ALL_ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAF
 
 from ...errors import InvalidArgument, UnsupportedBackend
 from ...options import Option, OptionTable
-from ._handler import PollHandler
+from ._kazoo import PollHandler
 
 __all__ = ["DEFAULT_PORT", "OPTIONS", "ZkConfig", "parse_url"]
 
@@ -156,7 +156,7 @@ class ZkConfig:
         Reconnection is retried forever with a short back-off capped at a quarter of
         the session timeout (kazoo's default cap is an hour), so a client whose member
         died reaches another member before its session can expire. Its handler is
-        :class:`._handler.PollHandler` (kazoo's, with a cheaper wait on its sockets),
+        :class:`._kazoo.PollHandler` (kazoo's, with a cheaper wait on its sockets),
         or ``handler`` (one shared by the store's session clients).
         """
         max_delay = min(1.0, max(0.05, session_timeout_s / 4))

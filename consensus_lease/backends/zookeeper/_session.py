@@ -29,13 +29,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from kazoo.client import KazooClient, KazooState
 
 from ...backend import SessionEvent, SessionHandle, StateListener
 from ...errors import BackendUnavailable, SessionExpired
 from ._errors import KAZOO_ERRORS
+from ._kazoo import NegotiatedTimeouts
 
 __all__ = ["NegotiatedTimeouts", "Status", "ZkSession", "session_text"]
 
@@ -45,35 +45,6 @@ log = logging.getLogger("consensus_lease.backends.zookeeper")
 def session_text(session_id: int) -> str:
     """ZooKeeper's usual spelling of a session id: ``0x`` and 16 hex digits."""
     return f"0x{session_id & 0xFFFF_FFFF_FFFF_FFFF:016x}"
-
-
-class NegotiatedTimeouts(logging.LoggerAdapter):  # type: ignore[type-arg]
-    """The logger handed to a kazoo client, remembering each session's negotiated timeout.
-
-    kazoo learns the session timeout the server granted (ConnectResponse.timeOut, clamped
-    to [minSessionTimeout, maxSessionTimeout], by default 2-20 x tickTime) but keeps it
-    in a local variable; the only place it surfaces is the "Session created" debug log
-    call, made before kazoo reports CONNECTED. Everything else is logged unchanged to the
-    ``kazoo.client`` logger.
-    """
-
-    def __init__(self) -> None:
-        super().__init__(logging.getLogger("kazoo.client"), {})
-        self.timeouts_ms: dict[int, int] = {}
-
-    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
-        if (
-            isinstance(msg, str)
-            and msg.startswith("Session created")
-            and len(args) >= 3
-            and isinstance(args[0], int)
-            and isinstance(args[2], int)
-        ):
-            self.timeouts_ms[args[0]] = args[2]
-        if not self.logger.isEnabledFor(level):  # kazoo logs every request and operation
-            return
-        kwargs.setdefault("stacklevel", 2)  # report kazoo's line, not this one
-        super().log(level, msg, *args, **kwargs)
 
 
 class Status(enum.Enum):

@@ -38,6 +38,7 @@ from ...errors import (
 )
 from ._errors import KAZOO_ERRORS, translate
 from ._gate import Gate
+from ._kazoo import last_zxid, send_request
 from ._ops import Checked, Transaction
 from ._options import ZkConfig
 from ._session import ZkSession
@@ -234,7 +235,7 @@ class Wire:
             request.check(path, version)
         floor = self.history.highest()
         try:
-            results = self.gate(h.client).start(partial(_send, h.client, request),
+            results = self.gate(h.client).start(partial(send_request, h.client, request),
                                                 deadline).get(
                 timeout=max(0.0, deadline - time.monotonic()))
         except KAZOO_ERRORS:
@@ -245,9 +246,9 @@ class Wire:
     def _answered(self, client: KazooClient, floor: int | None, what: str) -> None:
         """``client`` was answered: show the history its zxid (the answer to a write sent
         when the highest zxid seen was ``floor``, or ``None`` for reads alone). kazoo
-        sets ``last_zxid`` before it hands out an answer, and a later answer on the same
-        connection (same member, applied in order) only raises it."""
-        zxid = int(client.last_zxid or 0)
+        sets it (:func:`._kazoo.last_zxid`) before it hands out an answer, and a later
+        answer on the same connection (same member, applied in order) only raises it."""
+        zxid = last_zxid(client)
         if floor is None:
             self.history.saw(zxid)
         else:
@@ -323,7 +324,7 @@ class Wire:
         build(request)
         floor = self.history.highest()
         try:
-            pending = self.gate(h.client).start(partial(_send, h.client, request), deadline)
+            pending = self.gate(h.client).start(partial(send_request, h.client, request), deadline)
         except KAZOO_ERRORS as exc:
             raise self._error(exc, what, job_id=job_id, generation=generation) from exc
         try:
@@ -486,16 +487,6 @@ class Wire:
                 reader.close()
             except KAZOO_ERRORS as exc:
                 raise BackendUnavailable(f"stopping the read client: {exc!r}") from exc
-
-
-def _send(client: KazooClient, request: Transaction) -> Any:
-    """Start ``request`` on ``client``, as kazoo's ``TransactionRequest.commit_async``
-    starts its own: an async result from the client's handler, and the request queued
-    for the connection thread (or the result failed at once if the client is closed,
-    its session expired or its authentication failed)."""
-    result = client.handler.async_result()
-    client._call(request, result)
-    return result
 
 
 def _outcome(results: list[Any]) -> Multi:
