@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from ..errors import InvalidArgument, LeaseError
+from ..record import JobState
 from .destination import LOCK_SET_MODES, LockSetMode, final_value
 from .history import Op, read_parts, write_history
 from .interrupts import interruptible
@@ -405,7 +406,9 @@ class _LockSetRun(_Run):
                 record = ends.store.get(self.jobs[0])
             except LeaseError:
                 return None
-            return None if record is None or record.owner is None else slot_of(record.owner)
+            if record is None or record.state is not JobState.HELD:
+                return None  # (the owner of a released job is its last holder)
+            return slot_of(record.owner)
 
         return holder
 
