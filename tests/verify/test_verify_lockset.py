@@ -209,3 +209,22 @@ def test_fenced_lock_set_on_postgresql_loses_nothing_across_takeovers(
     assert report.in_final_set == report.acknowledged, why
     assert report.takeovers >= 1, why                 # else the run proved nothing
     assert report.pauses == 2, why
+
+
+def test_progress_counts_acknowledged_updates_and_refused_reads(tmp_path: Path) -> None:
+    from consensus_lease.verify.history import HistoryWriter
+    from consensus_lease.verify.progress import HistoryTally, RunStatus, counts_text
+
+    part = tmp_path / "w0.jsonl"
+    rec = HistoryWriter(part, "w0")
+    rec.ret(rec.invoke("claim", job=JOB), "claimed", generation=1)
+    rec.ret(rec.invoke("read", job=JOB, generation=1), "ok")
+    rec.ret(rec.invoke("write", job=JOB, generation=1, item="w0-1"), "accepted")
+    rec.ret(rec.invoke("read", job=JOB, generation=1), "fence_rejected")
+    rec.close()
+    tally = HistoryTally()
+    tally.update([part])
+    assert (tally.claims, tally.acknowledged, tally.fenced, tally.violations) == (1, 1, 1, 0)
+    text = counts_text(RunStatus(phase="faults", elapsed_s=1.0, total_s=10.0, faults_injected=0,
+                                 faults_planned=2, completions=0, jobs=1, acknowledged=1))
+    assert "acknowledged 1" in text and "completed" not in text
