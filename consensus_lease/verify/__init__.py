@@ -14,7 +14,11 @@
 * :mod:`~consensus_lease.verify.interrupts` — SIGTERM/SIGINT as an exception at a safe
   point, so an interrupted run still heals every fault and ends every worker;
 * :mod:`~consensus_lease.verify.runner` — one run; :mod:`~consensus_lease.verify.command`
-  — the CLI subcommand (exit status 0 PASS, 1 FAIL, 2 INCONCLUSIVE).
+  — the CLI subcommand (exit status 0 PASS, 1 FAIL, 2 INCONCLUSIVE);
+* :mod:`~consensus_lease.verify.lockset` — ``--workload lock-set``: Jepsen's lock-set
+  workload (a set read and written back under the lease, a worker paused past its TTL
+  every 5 s), its lost-update accounting (``account``, pure) and its run
+  (``run_lockset``).
 
 Run one from Python with ``consensus_lease.verify.runner.run_verify(VerifyConfig(...))``.
 This package module imports only the pure parts (checker, history), so the worker

@@ -13,6 +13,14 @@ completions / jobs, violations seen so far, stale writes fenced, time since the 
 otherwise one line per phase is printed, and the same figures every 30 s. SIGTERM or
 SIGINT ends the run early: every fault healed and every worker it started ended, exit
 status 128 + the signal's number.
+
+``--workload lock-set`` runs Jepsen's lock-set workload instead
+(:mod:`~consensus_lease.verify.lockset`: a set read and written back under the lease,
+5 workers, TTL 2 s, a worker paused 3-5 s every 5 s, 90 s): ``--mode fenced``
+(``read_fenced`` / ``write_fenced``) or the ``--mode write-only`` control. Its exit
+status: 0 PASS no acknowledged update lost and at least one takeover; 1 FAIL an update
+lost (the expected result of the control, and the report says so); 2 INCONCLUSIVE no
+loss but no takeover (or a worker crashed).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import os
 import platform
 import sys
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -31,14 +40,32 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from ..errors import InvalidArgument
 from .checker import COUNTS, VIOLATIONS
+from .destination import LOCK_SET_MODES
 from .interrupts import Interrupted
+from .lockset import PAUSE_TARGETS, LockSetConfig, LockSetResult, lost_items_text, run_lockset
 from .nemesis import CLUSTER_FAULTS, FAULTS, WORKER_FAULTS, parse_faults
 from .progress import ProgressBar, StatusLines
 from .runner import VerifyConfig, VerifyResult, no_password, run_verify
 
-__all__ = ["EXIT_STATUSES", "NAME", "VERDICTS", "add_parser", "config_from_args", "render",
-           "run", "summary"]
+__all__ = ["EXIT_STATUSES", "NAME", "VERDICTS", "WORKLOADS", "add_parser", "config_from_args",
+           "lockset_config_from_args", "lockset_summary", "render", "render_lockset", "run",
+           "summary"]
+
+WORKLOADS = ("jobs", "lock-set")
+"""``jobs``: the job workload (claim, write each step fenced, complete); ``lock-set``:
+Jepsen's lock-set (:mod:`~consensus_lease.verify.lockset`)."""
+JOB_DEFAULTS = {"workers": 4, "ttl_s": 1.0, "duration_s": 30.0, "jobs": 100, "steps": 3,
+                "quiet_s": 20.0}
+LOCK_SET_DEFAULTS = {"workers": 5, "ttl_s": 2.0, "duration_s": 90.0, "pause_every_s": 5.0,
+                     "pause_min_s": 3.0, "pause_max_s": 5.0, "pause_target": "random",
+                     "mode": "fenced"}
+_JOB_ONLY = {"jobs": "--jobs", "steps": "--steps", "quiet_s": "--quiet-s", "faults": "--faults",
+             "think_s": "--think-s"}
+_LOCK_SET_ONLY = {"pause_every_s": "--pause-every-s", "pause_min_s": "--pause-min-s",
+                  "pause_max_s": "--pause-max-s", "pause_target": "--pause-target",
+                  "mode": "--mode"}
 
 NAME = "verify"
 
@@ -49,7 +76,10 @@ EXIT_STATUSES = (
     "violation, but a worker crashed, a fault kind never happened, or the fence was never "
     "tested (e.g. --faults pause,skew) -- or the run could not be set up; 128+N: "
     "stopped by signal N (130 SIGINT, 143 SIGTERM), every fault healed and every worker "
-    "ended, no verdict."
+    "ended, no verdict. --workload lock-set: 0 PASS: no acknowledged update lost and at "
+    "least one takeover; 1 FAIL: an update lost (the expected result of --mode write-only, "
+    "the control); 2 INCONCLUSIVE: nothing lost but no takeover happened or a worker "
+    "crashed -- or the run could not be set up."
 )
 
 
@@ -98,13 +128,20 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     where.add_argument("--cluster", choices=("sqlite", "etcd", "zookeeper"), default="sqlite",
                        help="a store the verifier creates: a SQLite file, or a 3-member "
                        "etcd/ZooKeeper cluster in containers (default sqlite)")
-    parser.add_argument("--workers", type=_positive_int, default=4, help="worker processes (4)")
-    parser.add_argument("--jobs", type=_positive_int, default=100, help="jobs to complete (100)")
-    parser.add_argument("--steps", type=_positive_int, default=3, help="effects per job (3)")
-    parser.add_argument("--ttl-s", type=_seconds, default=1.0, help="session TTL, s (1)")
-    parser.add_argument("--duration-s", type=_seconds, default=30.0,
-                        help="fault period, s (30)")
-    parser.add_argument("--quiet-s", type=_seconds, default=20.0,
+    parser.add_argument("--workload", choices=WORKLOADS, default="jobs",
+                        help="jobs (default): claim, write each step with the token, complete; "
+                        "lock-set: Jepsen's lock-set, a set read and written back under the "
+                        "lease by every worker in turn, a worker paused past its TTL every "
+                        "--pause-every-s")
+    parser.add_argument("--workers", type=_positive_int, default=None,
+                        help="worker processes (4; lock-set 5)")
+    parser.add_argument("--jobs", type=_positive_int, default=None, help="jobs to complete (100)")
+    parser.add_argument("--steps", type=_positive_int, default=None, help="effects per job (3)")
+    parser.add_argument("--ttl-s", type=_seconds, default=None, help="session TTL, s (1; "
+                        "lock-set 2)")
+    parser.add_argument("--duration-s", type=_seconds, default=None,
+                        help="fault period, s (30; lock-set: the whole run, 90)")
+    parser.add_argument("--quiet-s", type=_seconds, default=None,
                         help="longest quiet period after the faults, s (20)")
     parser.add_argument("--seed", type=int, default=1, help="derives the fault schedule (1)")
     parser.add_argument("--faults", type=_faults, default=None, metavar="LIST",
@@ -126,26 +163,165 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--until-done", action="store_true", help="end the fault period "
                         "as soon as every job is completed: with a "
                         "long --duration-s, every claim is made under faults")
+    lock_set = parser.add_argument_group("lock-set workload (--workload lock-set)")
+    lock_set.add_argument("--mode", choices=LOCK_SET_MODES, default=None,
+                          help="fenced (default): read_fenced / write_fenced; write-only: "
+                          "the control, the set read unfenced and only the write fenced "
+                          "(it can lose updates: a loss is its expected result)")
+    lock_set.add_argument("--pause-every-s", type=_seconds, default=None,
+                          help="a pause starts every this many seconds (5)")
+    lock_set.add_argument("--pause-min-s", type=_seconds, default=None,
+                          help="shortest pause, s (3)")
+    lock_set.add_argument("--pause-max-s", type=_seconds, default=None,
+                          help="longest pause, s (5)")
+    lock_set.add_argument("--pause-target", choices=PAUSE_TARGETS, default=None,
+                          help="random (default, Jepsen's): any worker; holder: the worker "
+                          "the store shows holding the job (every pause forces a takeover)")
     parser.add_argument("--summary", metavar="PATH", help="also write the verdict, the "
                         "options, the violations, counts and faults as JSON to PATH (a few "
                         "KB, to keep with the results)")
     return parser
 
 
+def _given(args: argparse.Namespace, names: dict[str, str]) -> list[str]:
+    return [flag for name, flag in names.items() if getattr(args, name, None) is not None]
+
+
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
 def config_from_args(args: argparse.Namespace) -> VerifyConfig:
-    """Build the run's configuration from parsed arguments."""
+    """Build the job workload's configuration from parsed arguments.
+
+    Raises:
+        InvalidArgument: a lock-set option given (``--mode``, ``--pause-*``).
+    """
+    wrong = _given(args, _LOCK_SET_ONLY)
+    if wrong:
+        raise InvalidArgument(f"{', '.join(wrong)}: only with --workload lock-set")
     faults = args.faults
     if faults is None:
         faults = WORKER_FAULTS
         if args.backend is None and args.cluster in ("etcd", "zookeeper"):
             faults = WORKER_FAULTS + CLUSTER_FAULTS
+    d = JOB_DEFAULTS
     return VerifyConfig(
-        backend=args.backend, cluster=args.cluster, workers=args.workers, jobs=args.jobs,
-        steps=args.steps, ttl_s=args.ttl_s, duration_s=args.duration_s, quiet_s=args.quiet_s,
-        seed=args.seed, faults=tuple(faults), history=args.history,
+        backend=args.backend, cluster=args.cluster, workers=_or(args.workers, d["workers"]),
+        jobs=_or(args.jobs, d["jobs"]), steps=_or(args.steps, d["steps"]),
+        ttl_s=_or(args.ttl_s, d["ttl_s"]), duration_s=_or(args.duration_s, d["duration_s"]),
+        quiet_s=_or(args.quiet_s, d["quiet_s"]), seed=args.seed, faults=tuple(faults),
+        history=args.history,
         destination=args.destination, unfenced=args.unfenced, think_s=args.think_s,
         run_dir=args.run_dir, until_done=args.until_done,
     )
+
+
+def lockset_config_from_args(args: argparse.Namespace) -> LockSetConfig:
+    """Build the lock-set workload's configuration from parsed arguments.
+
+    Raises:
+        InvalidArgument: an option of the job workload given (``--jobs``, ``--steps``,
+            ``--quiet-s``, ``--faults``, ``--think-s``, ``--unfenced``, ``--until-done``).
+    """
+    wrong = _given(args, _JOB_ONLY) + [flag for name, flag in (
+        ("unfenced", "--unfenced"), ("until_done", "--until-done")) if getattr(args, name)]
+    if wrong:
+        hint = " (the lock-set's control is --mode write-only)" if args.unfenced else ""
+        raise InvalidArgument(f"{', '.join(wrong)}: not with --workload lock-set{hint}")
+    d = LOCK_SET_DEFAULTS
+    return LockSetConfig(
+        backend=args.backend, cluster=args.cluster, workers=_or(args.workers, d["workers"]),
+        ttl_s=_or(args.ttl_s, d["ttl_s"]), duration_s=_or(args.duration_s, d["duration_s"]),
+        pause_every_s=_or(args.pause_every_s, d["pause_every_s"]),
+        pause_min_s=_or(args.pause_min_s, d["pause_min_s"]),
+        pause_max_s=_or(args.pause_max_s, d["pause_max_s"]),
+        pause_target=_or(args.pause_target, d["pause_target"]), mode=_or(args.mode, d["mode"]),
+        seed=args.seed, destination=args.destination, history=args.history,
+        run_dir=args.run_dir,
+    )
+
+
+def render_lockset(result: LockSetResult, console: Console) -> None:
+    """Print the lock-set's counts, where it ran and the verdict."""
+    report, config = result.report, result.config
+    how = "the write-only-fenced control" if result.control else "read_fenced / write_fenced"
+    table = Table(title=f"lock-set, {config.mode} ({how})")
+    table.add_column("count")
+    table.add_column("value", justify="right")
+    for name, value in (
+        ("acknowledged updates", report.acknowledged),
+        ("in the final set", report.in_final_set),
+        ("lost (acknowledged, not in the final set)", len(report.lost)),
+        ("pauses", report.pauses),
+        ("takeovers (claimed before its holder released it)", report.takeovers),
+        ("claims", report.claims),
+        ("fenced reads refused", report.reads_refused),
+        ("write-backs refused", report.writes_refused),
+        ("releases that found the lease lost", report.leases_lost),
+        ("in the set, never acknowledged", report.unacknowledged_in_set),
+    ):
+        table.add_row(name, str(value))
+    console.print(table)
+    console.print(f"[bold]store[/]       {no_password(result.store_url)}", highlight=False)
+    console.print(f"[bold]destination[/] {no_password(result.destination)}", highlight=False)
+    console.print(f"[bold]history[/]     {result.history_path}", highlight=False)
+    console.print(f"[bold]run dir[/]     {result.run_dir}", highlight=False)
+    console.print(f"[bold]duration[/]    {result.elapsed_s:.1f} s; {config.workers} workers, "
+                  f"TTL {config.ttl_s} s, pauses of {config.pause_min_s}-{config.pause_max_s} "
+                  f"s every {config.pause_every_s} s ({config.pause_target} worker)",
+                  highlight=False)
+    for crash in result.worker_crashes:
+        console.print(f"[red]worker crashed:[/] {crash}", highlight=False)
+    status = result.exit_status
+    if status == 1:
+        console.print(f"[bold red]FAIL: {len(report.lost)} acknowledged update(s) lost: "
+                      f"{lost_items_text(report.lost)}.[/]", highlight=False)
+        if result.control:
+            console.print("[yellow]expected: this is the write-only-fenced control. Fencing "
+                          "only the write does not protect a read-modify-write: a paused "
+                          "holder's write-back landed after the new holder's read, and the "
+                          "new holder's write-back dropped it (docs/model.md, the "
+                          "write-only-fenced mutation). --mode fenced must lose nothing.[/]")
+    elif status == 0:
+        console.print(f"[bold green]PASS: no acknowledged update lost ({report.takeovers} "
+                      f"takeover(s), {report.reads_refused + report.writes_refused} late "
+                      "read(s) or write-back(s) refused).[/]")
+        if result.control:
+            console.print("[yellow]note: the write-only-fenced control lost nothing this "
+                          "time: its loss needs a paused holder's write-back to land between "
+                          "a newer holder's read and that holder's own write-back, a narrow "
+                          "window; the model checker finds it in 15 steps (docs/model.md, "
+                          "write-only-fenced). Losses are its expected result.[/]")
+    else:
+        console.print("[bold yellow]INCONCLUSIVE: no update lost, but the run proves "
+                      "nothing:[/]")
+        for reason in result.inconclusive:
+            console.print(f"  [yellow]-[/] {reason}", highlight=False)
+
+
+def lockset_summary(result: LockSetResult) -> dict[str, Any]:
+    """A lock-set run as JSON (``--summary``): verdict and exit status, the options, the
+    accounting (:class:`~consensus_lease.verify.lockset.LockSetReport`, the lost items
+    capped at 50) and the machine."""
+    report = result.report
+    counts = {k: v for k, v in asdict(report).items() if k != "lost"}
+    return {
+        "workload": "lock-set", "verdict": VERDICTS.get(result.exit_status, "?"),
+        "exit_status": result.exit_status,
+        "expected": "FAIL or PASS (the control: a loss is expected)" if result.control
+        else "PASS",
+        "options": {**asdict(result.config), "backend": no_password(result.config.backend),
+                    "destination": no_password(result.config.destination)},
+        "store": no_password(result.store_url),
+        "destination": no_password(result.destination),
+        **counts, "lost": len(report.lost), "lost_items": report.lost[:50],
+        "inconclusive": result.inconclusive,
+        "worker_crashes": [c[:300] for c in result.worker_crashes],
+        "elapsed_s": round(result.elapsed_s, 1),
+        "machine": {"system": platform.platform(), "cpus": os.cpu_count(),
+                    "python": platform.python_version()},
+    }
 
 
 def render(result: VerifyResult, console: Console, *, unfenced: bool = False) -> None:
@@ -246,11 +422,19 @@ def _wants_bar(console: Console) -> bool:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    """Run ``consensus-lease verify``; returns the exit status (:data:`EXIT_STATUSES`)."""
-    config = config_from_args(args)
+    """Run ``consensus-lease verify``; returns the exit status (:data:`EXIT_STATUSES`).
 
+    Raises:
+        InvalidArgument: options that do not go together (e.g. ``--mode`` without
+            ``--workload lock-set``), or bad values (see :func:`run_verify`,
+            :func:`~consensus_lease.verify.lockset.run_lockset`).
+    """
     def say(message: str) -> None:
         console.print(f"[dim]{message}[/]", highlight=False)
+
+    if getattr(args, "workload", "jobs") == "lock-set":
+        return _run_lockset(args, console, say)
+    config = config_from_args(args)
 
     try:
         if _wants_bar(console):
@@ -266,6 +450,27 @@ def run(args: argparse.Namespace, console: Console) -> int:
     if args.summary:
         Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
         Path(args.summary).write_text(json.dumps(summary(result, config), indent=2) + "\n",
+                                      encoding="utf-8")
+    return result.exit_status
+
+
+def _run_lockset(args: argparse.Namespace, console: Console,
+                 say: Callable[[str], None]) -> int:
+    config = lockset_config_from_args(args)
+    try:
+        if _wants_bar(console):
+            with ProgressBar(console) as bar:
+                result = run_lockset(config, progress=say, watch=bar)
+        else:
+            result = run_lockset(config, progress=say, watch=StatusLines(say))
+    except Interrupted as stopped:
+        console.print(f"[yellow]{stopped}: every pause healed, every worker stopped; no "
+                      "verdict[/]", highlight=False)
+        return stopped.exit_status
+    render_lockset(result, console)
+    if args.summary:
+        Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.summary).write_text(json.dumps(lockset_summary(result), indent=2) + "\n",
                                       encoding="utf-8")
     return result.exit_status
 

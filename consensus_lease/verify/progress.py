@@ -49,6 +49,8 @@ class RunStatus:
             which also reads the destination, is the one that counts.
         fenced: stale writes the destination's fence rejected so far.
         run_elapsed_s: seconds since the run began (both phases).
+        acknowledged: the lock-set workload's acknowledged updates so far (write-backs
+            accepted), shown instead of the completions; ``None`` for the job workload.
     """
 
     phase: str
@@ -62,6 +64,7 @@ class RunStatus:
     violations_seen: int = 0
     fenced: int = 0
     run_elapsed_s: float = 0.0
+    acknowledged: int | None = None
 
 
 @dataclass
@@ -100,7 +103,8 @@ class HistoryTally:
 
     Attributes:
         claims / completions / fenced: successful claims, successful completions,
-            writes refused by the fence, so far.
+            writes (and the lock-set's fenced reads) refused by the fence, so far.
+        acknowledged: writes accepted so far (the lock-set's acknowledged updates).
         violations: violations seen so far.
     """
 
@@ -109,6 +113,7 @@ class HistoryTally:
         self._open: dict[tuple[str, int], dict[str, Any]] = {}
         self._jobs: dict[str, _Job] = {}
         self.claims = self.completions = self.fenced = self.violations = 0
+        self.acknowledged = 0
 
     @property
     def count(self) -> int:
@@ -144,7 +149,7 @@ class HistoryTally:
         except (ValueError, KeyError, TypeError):
             return
         if event == "invoke":
-            if record.get("op") in ("claim", "write", "complete"):
+            if record.get("op") in ("claim", "read", "write", "complete"):
                 self._open[key] = record
             return
         invoked = self._open.pop(key, None)
@@ -162,9 +167,10 @@ class HistoryTally:
         elif op == "complete" and outcome == "ok":
             self.completions += 1
             job.completed.add(generation)
-        elif op == "write" and outcome == "fence_rejected":
+        elif op in ("read", "write") and outcome == "fence_rejected":
             self.fenced += 1
         elif op == "write" and outcome == "accepted":
+            self.acknowledged += 1
             mine = _Write(float(invoked["t"]), t, generation)
             mine.stale = any(_stale(mine, other) for other in job.writes)
             job.stale += mine.stale
@@ -231,8 +237,10 @@ def counts_text(status: RunStatus) -> str:
     0:01:05`` (the bar's and the log line's figures)."""
     minutes, seconds = divmod(int(status.run_elapsed_s), 60)
     hours, minutes = divmod(minutes, 60)
+    done = (f"completed {status.completions}/{status.jobs}" if status.acknowledged is None
+            else f"acknowledged {status.acknowledged}")
     return (f"faults {status.faults_injected}/{status.faults_planned}  claims {status.claims}"
-            f"  completed {status.completions}/{status.jobs}  violations seen "
+            f"  {done}  violations seen "
             f"{status.violations_seen}  fenced {status.fenced}  elapsed "
             f"{hours}:{minutes:02d}:{seconds:02d}")
 

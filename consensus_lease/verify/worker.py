@@ -45,6 +45,7 @@ from types import FrameType
 from ..clock import SkewedClock
 from ..errors import (
     BackendUnavailable,
+    ClaimTimeout,
     FenceRejected,
     JobCompleted,
     LeaseError,
@@ -55,10 +56,10 @@ from ..lease import Lease
 from ..session import Session
 from ..states import LeaseState, SessionState
 from ..store import LeaseStore, open_store
-from .destination import open_destination
+from .destination import LockSetMode, open_destination, read_value, write_value
 from .history import HistoryWriter, outcome_of
 
-__all__ = ["WorkerConfig", "main"]
+__all__ = ["LockSetWorker", "WorkerConfig", "main"]
 
 WRITE_ATTEMPTS = 3
 """A write that fails with BackendUnavailable is retried with the same idempotency key."""
@@ -90,6 +91,10 @@ class WorkerConfig:
         max_passes: bound on passes over the job list.
         open_timeout_s: how long opening the store is retried while it is unavailable,
             seconds.
+        workload: ``jobs`` (this module's loop) or ``lock-set`` (:class:`LockSetWorker`:
+            the one job in ``jobs`` claimed over and over, a set read and written back).
+        mode: lock-set only: ``fenced`` or ``write-only`` (see
+            :data:`~consensus_lease.verify.destination.LOCK_SET_MODES`).
     """
 
     name: str
@@ -109,6 +114,8 @@ class WorkerConfig:
     idle_s: float = 0.1
     max_passes: int = 100_000
     open_timeout_s: float = 60.0
+    workload: str = "jobs"
+    mode: str = "fenced"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -394,6 +401,85 @@ class Worker:
             self._close_session()
 
 
+class LockSetWorker(Worker):
+    """Jepsen's lock-set client (:mod:`consensus_lease.verify.lockset`): until stopped,
+    claim the run's one job (waiting up to 2 TTL), read the set at the destination, add
+    this worker's next item (``<name>-<n>``), think ``think_s``, write the set back and
+    release. Recorded as ``claim``, ``read``, ``write`` (the item in its detail; an
+    ``accepted`` write is an acknowledged update) and ``release`` operations. It never
+    calls ``ensure_held()`` between the read and the write-back: a pause can land
+    anywhere, and only the destination stands between a late write-back and the set."""
+
+    def run(self) -> int:
+        c = self.config
+        job = c.jobs[0]
+        self.rec.event("worker_start", pid=os.getpid(), clock_offset_s=c.clock_offset_s,
+                       enforce_tokens=c.enforce_tokens, workload=c.workload, mode=c.mode)
+        items = 0
+        try:
+            while not self.should_stop():
+                session = self._ensure_session()
+                if session is None:
+                    continue
+                index = self.rec.invoke("claim", job=job)
+                try:
+                    lease = session.claim(job, wait_s=2 * c.ttl_s)
+                except ClaimTimeout as error:
+                    self.rec.ret(index, "timeout", error=str(error))
+                    continue
+                except LeaseError as error:
+                    self.rec.ret(index, outcome_of(error), error=str(error))
+                    if isinstance(error, LeaseLost):
+                        self._close_session()
+                    continue
+                self.rec.ret(index, "claimed", generation=lease.generation)
+                items += 1
+                self._read_modify_write(lease, f"{c.name}-{items}")
+                self._release(lease)
+        finally:
+            self._close_session()
+            self.rec.event("worker_exit", items=items, stopped=self.stop.is_set())
+            self.store.close()
+            self.destination.close()
+            self.rec.close()
+        return 0
+
+    def _read_modify_write(self, lease: Lease, item: str) -> None:
+        mode: LockSetMode = "write-only" if self.config.mode == "write-only" else "fenced"
+        job, token = lease.job_id, lease.generation
+        index = self.rec.invoke("read", job=job, generation=token, mode=mode)
+        try:
+            value, read = read_value(self.destination, mode, job, token)
+        except LeaseError as error:
+            self.rec.ret(index, outcome_of(error), error=str(error))
+            return
+        members = set(json.loads(value)) if value else set()
+        self.rec.ret(index, "ok", size=len(members))
+        self.stop.wait(self.config.think_s)  # the work between the read and the write-back
+        index = self.rec.invoke("write", job=job, generation=token, item=item, mode=mode)
+        try:
+            write_value(self.destination, mode, job, token, read, item,
+                        json.dumps(sorted(members | {item})).encode())
+        except FenceRejected as error:
+            self.rec.ret(index, "fence_rejected", highest_seen=error.highest_seen)
+            return
+        except LeaseError as error:
+            self.rec.ret(index, outcome_of(error), error=str(error))
+            return
+        self.rec.ret(index, "accepted")
+
+    def _release(self, lease: Lease) -> None:
+        index = self.rec.invoke("release", job=lease.job_id, generation=lease.generation)
+        try:
+            lease.release()
+        except LeaseError as error:
+            self.rec.ret(index, outcome_of(error), error=str(error))
+            if isinstance(error, LeaseLost):
+                self._close_session()
+            return
+        self.rec.ret(index, "ok")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: ``argv[0]`` is the path of a file holding the config as JSON (see
     :class:`WorkerConfig`; the job list can be too long for a command line)."""
@@ -403,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with open(args[0], encoding="utf-8") as file:
         config = WorkerConfig.from_json(file.read())
-    worker = Worker(config)
+    worker = LockSetWorker(config) if config.workload == "lock-set" else Worker(config)
     worker.install_signal_handlers()
     return worker.run()
 
