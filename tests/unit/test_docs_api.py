@@ -49,6 +49,7 @@ SUBMODULES_WITH_PAGES = {
     "consensus_lease.testing.conformance",
     "consensus_lease.testing.faultsuite",
     "consensus_lease.integrations.tooz",
+    "consensus_lease.verify.lockset",
 }
 """Deeper modules that users import from directly, so they get a page of their own."""
 
