@@ -15,6 +15,7 @@ would) and another session claims the job, while the lease object still says HEL
 
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import Any
 
@@ -241,3 +242,24 @@ class CompletionConformance:
             a.handle, "e-other", lease.claim_result, b"ok", "bq2")
         assert again.state is JobState.COMPLETED and again.generation == record.generation
         assert nothing is None  # e2 is this session's, e1 FAILED: nothing claimed twice
+
+    def test_async_fused_completion_and_complete_many(self, store: LeaseStore) -> None:
+        from ..aio import AsyncLeaseStore
+
+        store.enqueue_many("aq", ["a1", "a2", "a3"])
+
+        async def main() -> None:
+            astore = AsyncLeaseStore(store)
+            async with astore.session("A", 30.0) as a:
+                first = await a.claim_next("aq")
+                assert first is not None
+                record, second = await first.complete_and_claim_next(b"r")
+                assert record.state is JobState.COMPLETED and second is not None
+                third = await a.claim_next("aq")
+                assert third is not None
+                out = await a.complete_many([(second, b"r2"), third])
+                assert all(isinstance(r, LeaseRecord) for r in out)
+                assert {r.job_id for r in out if isinstance(r, LeaseRecord)} | {
+                    record.job_id} == {"a1", "a2", "a3"}
+
+        asyncio.run(asyncio.wait_for(main(), 60))
