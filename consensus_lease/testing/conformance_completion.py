@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
-from ..errors import InvalidArgument, StaleLeaseError
+from ..errors import InvalidArgument, SessionExpired, StaleLeaseError
 from ..lease import Lease
 from ..record import EnqueueItem, JobState, LeaseRecord
 from ..session import Session
-from ..states import LeaseState
+from ..states import LeaseState, SessionState
 from ..store import LeaseStore
 
 __all__ = ["CompletionConformance"]
@@ -56,6 +56,7 @@ class CompletionConformance:
     """complete_many and complete_and_claim_next, on every backend."""
 
     open: Any
+    expire: Any
 
     # -- complete_many ---------------------------------------------------------------
 
@@ -111,6 +112,23 @@ class CompletionConformance:
         assert held is not None and held.state is JobState.HELD
         assert held.generation == second.generation
         second.ensure_held()
+
+    def test_complete_many_after_the_session_expired(
+        self, store: LeaseStore, sessions: list[Session]
+    ) -> None:
+        """The store expired the session: each item is refused with ``SessionExpired``
+        (the job still at its generation, no other holder), the session is LOST."""
+        a = self.open(store, "A", keepalive=False)
+        leases = [a.claim(j) for j in ("e1", "e2")]
+        assert all(leases)
+        self.expire(store, a)
+        out = a.complete_many([lease for lease in leases if lease is not None])
+        assert all(isinstance(r, SessionExpired) for r in out), out
+        assert a.state is SessionState.LOST
+        assert all(lease is not None and lease.state is LeaseState.LOST for lease in leases)
+        for job_id in ("e1", "e2"):
+            record = store.get(job_id)
+            assert record is not None and record.state is not JobState.COMPLETED
 
     def test_complete_many_bad_input_changes_nothing(
         self, store: LeaseStore, sessions: list[Session], monkeypatch: pytest.MonkeyPatch

@@ -51,6 +51,9 @@ class TestLoopedDefaults(CompletionConformance):
         self._opened.append(session)
         return session
 
+    def expire(self, store: LeaseStore, session: Session) -> None:
+        store.backend.expire_session(session.session_id)  # type: ignore[attr-defined]
+
 
 def test_looped_fused_claim_failing_after_the_completion_returns_no_lease(
     monkeypatch: pytest.MonkeyPatch,
