@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import random
 import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -415,7 +416,8 @@ class Backend(abc.ABC):
 
     def _claim_queue_head(self, session: SessionHandle, queue: str) -> QueuePick | None:
         """The looped claim of :meth:`complete_and_claim_next`'s default: a few tries of
-        the oldest claimable jobs, ``None`` if none was taken."""
+        the oldest claimable jobs (from a random one of the oldest 8, as
+        ``claim_next``), ``None`` if none was taken."""
         from .errors import JobCompleted, JobFailed
 
         if type(self).claim_from_queue is not Backend.claim_from_queue:
@@ -427,7 +429,11 @@ class Backend(abc.ABC):
                 if picked_claim is not None:
                     return picked_id, picked_claim, payload
             return None
-        for candidate_id, payload in self.queue_candidates(queue, 32):
+        candidates = self.queue_candidates(queue, 32)
+        # Start at a random one of the oldest few, as claim_next does, so that workers
+        # completing at once do not all collide on the head of the queue.
+        start = random.randrange(min(len(candidates), 8)) if candidates else 0
+        for candidate_id, payload in candidates[start:] + candidates[:start]:
             try:
                 got = self.claim(session, candidate_id)
             except (JobCompleted, JobFailed):
