@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+from psycopg import errors as pgerrors
 
 from .._epoch import compose, split
 from ..backend import Backend, CompleteItem, QueuePick, SessionHandle
@@ -194,10 +195,12 @@ class QueueOps(Backend):
     ) -> list[LeaseRecord | LeaseError]:
         """Every item's completion (the compare and write of :meth:`complete`) in **one
         statement** (one round trip, one transaction; at most ``max_complete_batch``
-        items): each item its own outcome. Only refused items are read again (a repeat
-        of this session's completion, or why not). A lost answer is settled by reading
-        back which items this session completed; none: the statement did not apply and
-        runs once more.
+        items; the rows locked in job-id order): each item its own outcome. A batch that
+        meets a row locked by an open ``lease.transaction`` (``lock_timeout``) or a
+        deadlock is completed one job at a time by :meth:`complete`. Only refused items
+        are read again (a repeat of this session's completion, or why not). A lost
+        answer is settled by reading back which items this session completed; none: the
+        statement did not apply and runs once more.
 
         Raises:
             BackendUnavailable / OutcomeUnknown: nothing known to be applied.
@@ -210,11 +213,14 @@ class QueueOps(Backend):
                   "epochs": [e for e, _ in splits], "results": [it[2] for it in items],
                   "sid": session.session_id}
 
-        def run(c: psycopg.Connection[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-            return self.client.cursor(c).execute(
-                self.sql.complete_many, params, binary=True).fetchall()
+        def run(c: psycopg.Connection[tuple[Any, ...]]) -> list[tuple[Any, ...]] | None:
+            try:
+                return self.client.cursor(c).execute(
+                    self.sql.complete_many, params, binary=True).fetchall()
+            except (pgerrors.LockNotAvailable, pgerrors.DeadlockDetected):
+                return None  # rolled back: one at a time below
 
-        def settle() -> list[tuple[Any, ...]]:
+        def settle() -> list[tuple[Any, ...]] | None:
             done = {r[0] for r in self.client.read(self.sql.completed_many_by_me, params,
                                                    ids[0])}
             if not done:
@@ -222,6 +228,8 @@ class QueueOps(Backend):
             return [(j, None, None, None, None, False) for j in ids]  # each read below
 
         rows = self.client.write(ids[0], run, settle)
+        if rows is None:  # a row locked by a lease.transaction, or a deadlock
+            return super().complete_many(session, items)
         self.wake_subscribers()
         outcomes: list[LeaseRecord | LeaseError] = []
         for (job_id, claim, result), row in zip(items, rows, strict=True):

@@ -279,6 +279,10 @@ class Statements:
             f"done AS (UPDATE {j} j SET completed_at = {NOW}, "
             "completed_session = j.session_id, result = t.result, session_id = NULL, "
             "value = NULL, closed = true FROM t WHERE j.job_id = t.job_id "
+            # The rows locked in job-id order first, as claim_many does: concurrent
+            # batches never wait for each other in a cycle.
+            f"AND j.job_id IN (SELECT k.job_id FROM {j} k WHERE k.job_id = ANY(%(jobs)s) "
+            "ORDER BY k.job_id FOR UPDATE) "
             "AND j.session_id = %(sid)s AND j.generation = t.gen AND j.epoch = t.epoch "
             f"AND j.completed_at IS NULL AND {self.my_alive} "
             "RETURNING j.job_id, j.owner, j.attempt, j.error, j.max_attempts) "
