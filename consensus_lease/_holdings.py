@@ -21,9 +21,13 @@ from .errors import (
     InvalidArgument,
     LeaseError,
     LeaseLost,
+    LeaseNotHeld,
     OutcomeUnknown,
     SessionExpired,
     StaleLeaseError,
+    StoreClosed,
+    StoreInherited,
+    UnsupportedOperation,
 )
 from .lease import Lease
 from .observe import notify, outcome_of
@@ -31,6 +35,7 @@ from .record import ClaimResult, LeaseRecord
 from .retry import RetryPolicies, RetryPolicy
 from .states import LeaseState
 from .transaction import LeaseTransaction
+from .validation import check_queue_name
 
 if TYPE_CHECKING:
     from ._liveness import Liveness
@@ -130,12 +135,90 @@ class Holdings:
         record = self._timed("complete", lease, lambda: self._guarded(
             lease, lambda: live.backend.complete(
                 live.handle, lease.job_id, lease.claim_result, result)))
+        self._completed(lease, record, result)
+        return record
+
+    def _completed(self, lease: Lease, record: LeaseRecord, result: bytes) -> None:
+        """The store recorded ``lease``'s completion: the lease's state, the registry,
+        the observer and the log."""
         lease._finish(LeaseState.COMPLETED, record, result)
         self._forget(lease)
         job_id, generation, owner = lease.job_id, lease.generation, lease.owner
-        notify(live.observer, lambda o: o.completed(self.scheme, job_id, generation, owner))
+        notify(self.liveness.observer,
+               lambda o: o.completed(self.scheme, job_id, generation, owner))
         log.info("completed", extra={"job_id": job_id, "generation": generation, "owner": owner})
-        return record
+
+    def complete_many(
+        self, pairs: list[tuple[Lease, bytes]]
+    ) -> list[LeaseRecord | LeaseError]:
+        """See :meth:`Session.complete_many`: ``pairs`` are checked (this session's
+        leases, distinct, not ended, results valid)."""
+        live = self.liveness
+        backend = live.backend
+        step = max(1, backend.capabilities.max_complete_batch)
+        outcomes: list[LeaseRecord | LeaseError] = []
+        for start in range(0, len(pairs), step):
+            chunk = pairs[start : start + step]
+            items = [(lease.job_id, lease.claim_result, result) for lease, result in chunk]
+            begin = live.clock.monotonic()
+            answers: list[LeaseRecord | LeaseError]
+            try:
+                answers = live.call(lambda i=items: backend.complete_many(live.handle, i))  # type: ignore[misc]
+            except (StoreClosed, StoreInherited):
+                raise
+            except LeaseError as exc:  # the whole chunk's outcome
+                answers = [exc] * len(chunk)
+            latency = live.clock.monotonic() - begin
+            settled = list(zip(chunk, answers, strict=True))
+            # Completions first: a refusal that loses the session then loses only the
+            # leases the store did not complete.
+            settled.sort(key=lambda s: not isinstance(s[1], LeaseRecord))
+            for (lease, result), answer in settled:
+                self._settle_completion(lease, result, answer, latency)
+            outcomes.extend(answers)
+        return outcomes
+
+    def _settle_completion(self, lease: Lease, result: bytes,
+                           answer: LeaseRecord | LeaseError, latency: float) -> None:
+        """One item of :meth:`complete_many`: the same state changes as
+        :meth:`complete` and its refusals (:meth:`_guarded`)."""
+        observer = self.liveness.observer
+        if observer is not None:
+            scheme, job_id, generation = self.scheme, lease.job_id, lease.generation
+            outcome = "ok" if isinstance(answer, LeaseRecord) else outcome_of(answer)
+            notify(observer, lambda o: o.operation(scheme, "complete", job_id, generation,
+                                                   outcome, latency))
+        if isinstance(answer, LeaseRecord):
+            self._completed(lease, answer, result)
+            return
+        if isinstance(answer, SessionExpired):
+            self.liveness.mark_lost(answer)
+        if isinstance(answer, (LeaseLost, OutcomeUnknown)):
+            self.lease_failed(lease, answer)
+
+    def complete_and_claim_next(
+        self, lease: Lease, result: bytes, queue: str
+    ) -> tuple[LeaseRecord, Lease | None]:
+        """See :meth:`Lease.complete_and_claim_next`: ``result`` is checked, the lease
+        not ended by this process."""
+        check_queue_name(queue)
+        live = self.liveness
+        backend = live.backend
+        if not backend.capabilities.queues:
+            raise UnsupportedOperation(f"the {backend.scheme} backend has no work queues")
+        session = lease.session
+        try:
+            session.ensure_alive()
+        except LeaseNotHeld:  # cannot claim now: the completion alone, as complete()
+            return self.complete(lease, result), None
+        record, picked = self._timed("complete", lease, lambda: self._guarded(
+            lease, lambda: backend.complete_and_claim_next(
+                live.handle, lease.job_id, lease.claim_result, result, queue)))
+        self._completed(lease, record, result)
+        if picked is None:
+            return record, None
+        job_id, claim, payload = picked
+        return record, self.adopt(session, job_id, claim, payload, queue)
 
     def release(self, lease: Lease) -> None:
         """See :meth:`Lease.release`."""

@@ -371,6 +371,21 @@ class AsyncLease:
         """See :meth:`Lease.release` (same errors)."""
         await self._run(self.sync.release)
 
+    async def complete_and_claim_next(
+        self, result: bytes = b"", queue: str | None = None
+    ) -> tuple[LeaseRecord, AsyncLease | None]:
+        """See :meth:`Lease.complete_and_claim_next` (same arguments and errors). If the
+        caller is cancelled while the request runs, the completion still lands and a
+        lease it claimed is released off the loop."""
+        workers = self.session.store._workers
+
+        def orphan(done: tuple[LeaseRecord, Lease | None]) -> None:
+            workers.release_later(done[1])
+
+        record, lease = await workers.limited(
+            partial(self.sync.complete_and_claim_next, result, queue), orphan)
+        return record, None if lease is None else AsyncLease(lease, self.session)
+
     async def fail(
         self, error: str | BaseException, retry_in_s: float | None = None
     ) -> LeaseRecord:
@@ -651,6 +666,17 @@ class AsyncSession:
 
         leases = await workers.limited(partial(self.sync.claim_many, job_ids), orphans)
         return [None if lease is None else AsyncLease(lease, self) for lease in leases]
+
+    async def complete_many(
+        self, leases: Sequence[AsyncLease | tuple[AsyncLease, bytes]]
+    ) -> list[LeaseRecord | LeaseError]:
+        """See :meth:`Session.complete_many` (same answers and errors), for this
+        session's :class:`AsyncLease` objects."""
+        items: list[Any] = []
+        for item in leases:
+            lease, result = item if isinstance(item, tuple) and len(item) == 2 else (item, b"")
+            items.append((lease.sync if isinstance(lease, AsyncLease) else lease, result))
+        return await self.store._workers.run(partial(self.sync.complete_many, items))
 
     async def keepalive(self) -> float:
         """See :meth:`Session.keepalive`."""

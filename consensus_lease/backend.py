@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import random
 import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -31,14 +32,16 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ._subscriptions import Poller, Unsubscribe, WakeCallback
-from .errors import SessionExpired, UnsupportedOperation
+from .errors import LeaseError, SessionExpired, UnsupportedOperation
 from .observe import Observer
 from .record import ClaimResult, EnqueueItem, JobState, LeaseRecord, QueuedJob, QueueStats
 
 __all__ = [
     "Backend",
     "Capabilities",
+    "CompleteItem",
     "OnceCheck",
+    "QueuePick",
     "SessionEvent",
     "SessionHandle",
     "StateListener",
@@ -93,6 +96,16 @@ class Capabilities:
             to it (PostgreSQL: a psycopg 3 connection; SQLite: a ``sqlite3``
             connection to the same file). ``False``: ``lease.transaction`` raises
             ``UnsupportedOperation``.
+        max_complete_batch: most completions one :meth:`Backend.complete_many` round trip
+            carries, all decided in one atomic store operation (etcd transaction,
+            ZooKeeper multi, SQL transaction); the session splits longer lists. 1 means
+            no batching: the default :meth:`Backend.complete_many` sends one
+            :meth:`Backend.complete` per item.
+        fused_claim_next: :meth:`Backend.complete_and_claim_next` completes a job and
+            claims the next one of a queue in one atomic store operation (one round
+            trip). ``False``: the default sends a completion, then claims (two or more
+            round trips; a claim that fails after the completion committed returns no
+            next job).
     """
 
     cross_process: bool
@@ -110,6 +123,16 @@ class Capabilities:
     max_queue_jobs: int | None = None
     regression_refusal: bool = False
     transactions: bool = False
+    max_complete_batch: int = 1
+    fused_claim_next: bool = False
+
+
+CompleteItem = tuple[str, ClaimResult, bytes]
+"""One completion of :meth:`Backend.complete_many`: ``(job_id, claim, result)``, the
+arguments :meth:`Backend.complete` takes for it."""
+
+QueuePick = tuple[str, ClaimResult, bytes]
+"""A job claimed from a queue: ``(job_id, claim, payload)``."""
 
 
 class SessionEvent(enum.Enum):
@@ -328,6 +351,96 @@ class Backend(abc.ABC):
                 (above).
             BackendUnavailable / OutcomeUnknown: see :mod:`consensus_lease.errors`.
         """
+
+    def complete_many(
+        self, session: SessionHandle, items: Sequence[CompleteItem]
+    ) -> list[LeaseRecord | LeaseError]:
+        """:meth:`complete` for each of ``items`` (distinct job ids, at most
+        ``capabilities.max_complete_batch``), each checked for owner and generation by
+        the store in the same atomic operation that records it. Element ``i`` is the
+        COMPLETED record of ``items[i]``, or the error :meth:`complete` would raise for it
+        (``StaleLeaseError`` / ``SessionExpired``, by the rule in :meth:`complete`): a
+        refused item fails alone, the others commit. A repeat of a completion this
+        session made at this generation is its existing record, as in :meth:`complete`.
+
+        Drivers that batch (``max_complete_batch`` > 1) decide the whole list in one
+        atomic store operation and one round trip, and settle a lost answer by reading
+        back, as :meth:`complete` does; this default sends one :meth:`complete` per item,
+        and an item whose request fails is answered with that error
+        (``BackendUnavailable`` / ``OutcomeUnknown``) without stopping the others.
+
+        Raises:
+            BackendUnavailable: (batching drivers) nothing of the list was applied.
+            OutcomeUnknown: (batching drivers) the list may or may not have been applied
+                and reading back could not tell.
+            SessionExpired: the session is gone and no item could be decided otherwise.
+        """
+        outcomes: list[LeaseRecord | LeaseError] = []
+        for job_id, claim, result in items:
+            try:
+                outcomes.append(self.complete(session, job_id, claim, result))
+            except LeaseError as exc:  # that item's own outcome, as the docstring says
+                outcomes.append(exc)
+        return outcomes
+
+    def complete_and_claim_next(
+        self, session: SessionHandle, job_id: str, claim: ClaimResult, result: bytes,
+        queue: str,
+    ) -> tuple[LeaseRecord, QueuePick | None]:
+        """:meth:`complete` ``job_id``, then claim the oldest claimable job of ``queue``
+        for ``session`` (the rules of :meth:`claim`; exhausted jobs found on the way
+        become FAILED). Returns the COMPLETED record and ``(job_id, claim, payload)`` of
+        the job claimed, or ``None`` when no job of ``queue`` was claimable: the
+        completion commits either way. A refused completion claims nothing.
+
+        Drivers with ``capabilities.fused_claim_next`` do both in one atomic store
+        operation (one round trip), and settle a lost answer by reading back. This
+        default sends :meth:`complete`, then claims as ``Session.claim_next`` does without
+        waiting (:meth:`claim_from_queue` where the driver has it, else
+        :meth:`queue_candidates` and :meth:`claim`); once the completion committed, an
+        error of the claim is not raised: the call returns no next job.
+
+        Raises:
+            StaleLeaseError / SessionExpired: the completion was refused, as in
+                :meth:`complete`; nothing was claimed.
+            BackendUnavailable / OutcomeUnknown: as :meth:`complete`; nothing was claimed.
+            UnsupportedOperation: the backend has no work queues.
+        """
+        if not self.capabilities.queues:
+            raise UnsupportedOperation(f"the {self.scheme} backend has no work queues")
+        record = self.complete(session, job_id, claim, result)
+        try:
+            return record, self._claim_queue_head(session, queue)
+        except LeaseError:  # the completion stands; the caller may claim again
+            return record, None
+
+    def _claim_queue_head(self, session: SessionHandle, queue: str) -> QueuePick | None:
+        """The looped claim of :meth:`complete_and_claim_next`'s default: a few tries of
+        the oldest claimable jobs (from a random one of the oldest 8, as
+        ``claim_next``), ``None`` if none was taken."""
+        from .errors import JobCompleted, JobFailed
+
+        if type(self).claim_from_queue is not Backend.claim_from_queue:
+            for _ in range(3):
+                picked = self.claim_from_queue(session, queue)
+                if picked is None:
+                    return None
+                picked_id, picked_claim, payload = picked
+                if picked_claim is not None:
+                    return picked_id, picked_claim, payload
+            return None
+        candidates = self.queue_candidates(queue, 32)
+        # Start at a random one of the oldest few, as claim_next does, so that workers
+        # completing at once do not all collide on the head of the queue.
+        start = random.randrange(min(len(candidates), 8)) if candidates else 0
+        for candidate_id, payload in candidates[start:] + candidates[:start]:
+            try:
+                got = self.claim(session, candidate_id)
+            except (JobCompleted, JobFailed):
+                continue
+            if got is not None:
+                return candidate_id, got, payload
+        return None
 
     @abc.abstractmethod
     def release(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> None:

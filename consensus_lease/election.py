@@ -198,6 +198,16 @@ class Leadership(Lease):
         """
         raise self._not_a_job("complete")
 
+    def complete_and_claim_next(
+        self, result: bytes = b"", queue: str | None = None
+    ) -> tuple[LeaseRecord, Lease | None]:
+        """Refused: an election is never completed (use :meth:`resign`).
+
+        Raises:
+            InvalidArgument: always; nothing sent, still the leader.
+        """
+        raise self._not_a_job("complete_and_claim_next")
+
     def fail(self, error: str | BaseException, retry_in_s: float | None = None) -> LeaseRecord:
         """Refused: an election is never failed (use :meth:`resign`).
 

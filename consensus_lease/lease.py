@@ -338,6 +338,19 @@ class Lease:
                 nothing was sent.
         """
         self._holdings.check_usable()
+        data = self._check_result(result)
+        with self._lock:
+            state, record, recorded = self._state, self._record, self._result
+        if state is LeaseState.COMPLETED and record is not None:
+            if recorded != data:
+                raise self._ended("completed with another result", "complete")
+            return record
+        if state in (LeaseState.RELEASED, LeaseState.FAILED):
+            raise self._ended(state.value, "complete")
+        return self._holdings.complete(self, data)
+
+    def _check_result(self, result: object) -> bytes:
+        """``result`` as bytes, or ``InvalidArgument`` (not bytes, or too large)."""
         if not isinstance(result, (bytes, bytearray, memoryview)):
             raise InvalidArgument(
                 f"result must be bytes, not {type(result).__name__}",
@@ -352,16 +365,72 @@ class Lease:
                 job_id=self.job_id,
                 generation=self.generation,
             )
-        data = bytes(result)
+        return bytes(result)
+
+    def _check_not_ended(self, call: str) -> None:
+        """``InvalidArgument`` if this process already ended the lease (completed,
+        released or failed)."""
         with self._lock:
-            state, record, recorded = self._state, self._record, self._result
-        if state is LeaseState.COMPLETED and record is not None:
-            if recorded != data:
-                raise self._ended("completed with another result", "complete")
-            return record
-        if state in (LeaseState.RELEASED, LeaseState.FAILED):
-            raise self._ended(state.value, "complete")
-        return self._holdings.complete(self, data)
+            state = self._state
+        if state in (LeaseState.COMPLETED, LeaseState.RELEASED, LeaseState.FAILED):
+            raise self._ended(state.value, call)
+
+    def complete_and_claim_next(
+        self, result: bytes = b"", queue: str | None = None
+    ) -> tuple[LeaseRecord, Lease | None]:
+        """Complete this job and claim the next claimable job of ``queue`` for the same
+        session, in one atomic store operation where the store can
+        (``capabilities.fused_claim_next``: an etcd transaction, a ZooKeeper multi, one
+        SQL transaction; memory: its lock): one round trip per job instead of two.
+
+        The completion is the one :meth:`complete` makes (owner and generation compared
+        by the store in the same operation); the claim is the one
+        :meth:`Session.claim_next <consensus_lease.Session.claim_next>` makes without
+        waiting (oldest claimable job first, the same fencing guarantees), and the new
+        lease is held by this lease's session like any other. When no job of ``queue`` is
+        claimable the completion still commits and no lease is returned. A refused
+        completion claims nothing. Stores without ``fused_claim_next`` send the
+        completion, then the claim; there an error of the claim after the completion
+        committed is not raised: no lease is returned (call ``claim_next``).
+
+        When the session cannot claim (SUSPENDED, or past its local deadline) only the
+        completion is sent, as :meth:`complete` would, and no lease is returned.
+
+        Args:
+            result: bytes to store with the completion record (as :meth:`complete`).
+            queue: the queue to claim from; ``None``: this lease's own :attr:`queue`.
+
+        Returns:
+            ``(record, lease)``: the COMPLETED record of this job, and a HELD
+            :class:`Lease` on the next job (its :attr:`payload` and :attr:`queue` set), or
+            ``None`` when none was claimable.
+
+        Raises:
+            InvalidArgument: bad ``result`` or ``queue`` (or ``None`` for a lease not
+                from a queue), or this lease already completed, was released or failed
+                (by this process); nothing sent, lease as it was.
+            UnsupportedOperation: the backend has no work queues; nothing sent, still
+                held.
+            StaleLeaseError: another generation holds or completed the job, or it was
+                released; this lease is LOST and nothing was claimed.
+            SessionExpired: the session is gone; this lease (and every other of the
+                session) is LOST, nothing was claimed.
+            OutcomeUnknown: as for :meth:`complete` (the lease is treated as LOST);
+                nothing was claimed that this process knows of (a claim the store may
+                have applied keeps that job until the session ends).
+            BackendUnavailable: nothing was applied; still held until its deadline.
+            StoreClosed / StoreInherited: as for :meth:`complete`.
+        """
+        self._holdings.check_usable()
+        data = self._check_result(result)
+        target = self.queue if queue is None else queue
+        if target is None:
+            raise InvalidArgument(
+                f"lease on {self.job_id!r} is not from a queue: name the queue to claim from",
+                job_id=self.job_id, generation=self.generation,
+            )
+        self._check_not_ended("complete_and_claim_next")
+        return self._holdings.complete_and_claim_next(self, data, target)
 
     def fail(self, error: str | BaseException, retry_in_s: float | None = None) -> LeaseRecord:
         """Give the job up as failed: end the hold and record ``error``, in one atomic

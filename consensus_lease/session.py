@@ -32,12 +32,14 @@ from .election import Leadership
 from .errors import (
     ClaimTimeout,
     InvalidArgument,
+    LeaseError,
     LeaseLost,
     SessionExpired,
     StoreRegressed,
 )
 from .lease import Lease
 from .observe import Observer
+from .record import LeaseRecord
 from .retry import RetryPolicies
 from .states import SessionState
 from .validation import check_job_id, check_wait
@@ -406,6 +408,69 @@ class Session:
             for job_id, result in zip(chunk, results, strict=True):
                 out.append(None if result is None else self._holdings.adopt(self, job_id, result))
         return out
+
+    def complete_many(
+        self, leases: Sequence[Lease | tuple[Lease, bytes]]
+    ) -> list[LeaseRecord | LeaseError]:
+        """Complete several leases of this session, each as :meth:`Lease.complete` would
+        (owner and generation compared by the store in the operation that records it),
+        in as few round trips as the store allows: ``capabilities.max_complete_batch``
+        completions per round trip, all decided in one atomic store operation (an etcd
+        transaction, a ZooKeeper multi, one SQL transaction; memory: its lock). Where
+        ``max_complete_batch`` is 1 it sends one completion per lease.
+
+        Each lease has its own outcome: a stale one is refused while the others commit.
+
+        Args:
+            leases: HELD (or LOST: the store decides, as for ``complete``) leases of this
+                session, each alone (result ``b""``) or as ``(lease, result)`` with
+                ``result`` bytes (the limits of ``complete``).
+
+        Returns:
+            Element ``i`` answers ``leases[i]``: its COMPLETED :class:`LeaseRecord`, or
+            the error ``complete`` would have raised for it, returned, not raised, with
+            the lease left as that error leaves it: ``StaleLeaseError`` (LOST),
+            ``SessionExpired`` (LOST, with every lease of the session),
+            ``OutcomeUnknown`` (treated as LOST: read ``store.get``),
+            ``BackendUnavailable`` (nothing applied for it: still held until its
+            deadline, may be completed again).
+
+        Raises:
+            InvalidArgument: ``leases`` is empty or not a sequence, a result is not bytes
+                or too large, a lease is of another session or listed twice, or was
+                already completed, released or failed by this process; nothing sent,
+                every lease as it was.
+            StoreClosed / StoreInherited: the store was closed / this is a fork's child;
+                nothing sent (also: the store closed during the call, whose remaining
+                leases were not sent).
+        """
+        self._liveness.check_usable()
+        if isinstance(leases, (str, bytes)) or not isinstance(leases, Sequence):
+            raise InvalidArgument(
+                f"leases must be a sequence of leases, not {type(leases).__name__}")
+        if not leases:
+            raise InvalidArgument("complete_many() needs at least one lease")
+        pairs: list[tuple[Lease, bytes]] = []
+        seen: set[str] = set()
+        for item in leases:
+            lease, result = item if isinstance(item, tuple) and len(item) == 2 else (item, b"")
+            if not isinstance(lease, Lease) or isinstance(lease, Leadership):
+                raise InvalidArgument(
+                    f"complete_many() takes leases or (lease, result), not "
+                    f"{type(lease).__name__}")
+            if lease.session is not self:
+                raise InvalidArgument(
+                    f"lease on {lease.job_id!r} is held by session "
+                    f"{lease.session.session_id}, not {self.session_id}",
+                    job_id=lease.job_id, generation=lease.generation)
+            if lease.job_id in seen:
+                raise InvalidArgument(f"{lease.job_id!r} is listed twice",
+                                      job_id=lease.job_id, generation=lease.generation)
+            seen.add(lease.job_id)
+            data = lease._check_result(result)
+            lease._check_not_ended("complete_many")
+            pairs.append((lease, data))
+        return self._holdings.complete_many(pairs)
 
     # -- renewal ---------------------------------------------------------------------
 

@@ -9,11 +9,18 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+from psycopg import errors as pgerrors
 
-from .._epoch import compose
-from ..backend import Backend, SessionHandle
-from ..errors import InvalidArgument, OutcomeUnknown, SessionExpired, StoreRegressed
-from ..record import ClaimResult, EnqueueItem, LeaseRecord, QueuedJob, QueueStats
+from .._epoch import compose, split
+from ..backend import Backend, CompleteItem, QueuePick, SessionHandle
+from ..errors import (
+    InvalidArgument,
+    LeaseError,
+    OutcomeUnknown,
+    SessionExpired,
+    StoreRegressed,
+)
+from ..record import ClaimResult, EnqueueItem, JobState, LeaseRecord, QueuedJob, QueueStats
 from ._pg_schema import NOW
 from ._sql_row import record_of_row
 
@@ -155,6 +162,142 @@ class QueueOps(Backend):
         claim = ClaimResult(compose(int(epoch), int(local), self.epoch_shift),
                             float(expires_at), int(attempt))
         return job_id, claim, bytes(payload or b"")
+
+    def _completed_record(self, job_id: str, claim: ClaimResult, result: bytes,
+                          row: Sequence[Any]) -> LeaseRecord:
+        """The COMPLETED record from what the completion returned (owner, attempt,
+        error, max_attempts) and what the caller knows."""
+        owner, attempt, error, max_attempts = row
+        return LeaseRecord(
+            job_id=job_id, owner=owner, lease_until=None, generation=claim.generation,
+            state=JobState.COMPLETED, result=bytes(result), attempt=int(attempt),
+            error=error, not_before=None,
+            max_attempts=None if max_attempts is None else int(max_attempts), value=None,
+        )
+
+    def _reject(self, session: SessionHandle, job_id: str, generation: int) -> LeaseError:
+        raise NotImplementedError  # PostgresBackend's
+
+    def _refused_completion(self, session: SessionHandle, job_id: str,
+                            claim: ClaimResult) -> LeaseRecord | LeaseError:
+        """A completion that did not apply: this session's earlier completion at this
+        generation (a repeat: its record), else why not (``complete``'s rule)."""
+        epoch, gen = split(claim.generation, self.epoch_shift)
+        params = {"job": job_id, "sid": session.session_id, "gen": gen, "epoch": epoch}
+        if self._one(self.sql.completed_by_me, params, job_id) is None:
+            return self._reject(session, job_id, claim.generation)
+        record = self.get(job_id)
+        assert record is not None
+        return record
+
+    def complete_many(
+        self, session: SessionHandle, items: Sequence[CompleteItem]
+    ) -> list[LeaseRecord | LeaseError]:
+        """Every item's completion (the compare and write of :meth:`complete`) in **one
+        statement** (one round trip, one transaction; at most ``max_complete_batch``
+        items; the rows locked in job-id order): each item its own outcome. A batch that
+        meets a row locked by an open ``lease.transaction`` (``lock_timeout``) or a
+        deadlock is completed one job at a time by :meth:`complete`. Only refused items
+        are read again (a repeat of this session's completion, or why not). A lost
+        answer is settled by reading back which items this session completed; none: the
+        statement did not apply and runs once more.
+
+        Raises:
+            BackendUnavailable / OutcomeUnknown: nothing known to be applied.
+        """
+        if not items:
+            return []
+        ids = [it[0] for it in items]
+        splits = [split(it[1].generation, self.epoch_shift) for it in items]
+        params = {"jobs": ids, "gens": [g for _, g in splits],
+                  "epochs": [e for e, _ in splits], "results": [it[2] for it in items],
+                  "sid": session.session_id}
+
+        def run(c: psycopg.Connection[tuple[Any, ...]]) -> list[tuple[Any, ...]] | None:
+            try:
+                return self.client.cursor(c).execute(
+                    self.sql.complete_many, params, binary=True).fetchall()
+            except (pgerrors.LockNotAvailable, pgerrors.DeadlockDetected):
+                return None  # rolled back: one at a time below
+
+        def settle() -> list[tuple[Any, ...]] | None:
+            done = {r[0] for r in self.client.read(self.sql.completed_many_by_me, params,
+                                                   ids[0])}
+            if not done:
+                return self.client.write(ids[0], run)  # it was not applied: once more
+            return [(j, None, None, None, None, False) for j in ids]  # each read below
+
+        rows = self.client.write(ids[0], run, settle)
+        if rows is None:  # a row locked by a lease.transaction, or a deadlock
+            return super().complete_many(session, items)
+        self.wake_subscribers()
+        outcomes: list[LeaseRecord | LeaseError] = []
+        for (job_id, claim, result), row in zip(items, rows, strict=True):
+            if row[5]:
+                outcomes.append(self._completed_record(job_id, claim, result, row[1:5]))
+            else:
+                outcomes.append(self._refused_completion(session, job_id, claim))
+        return outcomes
+
+    def complete_and_claim_next(
+        self, session: SessionHandle, job_id: str, claim: ClaimResult, result: bytes,
+        queue: str,
+    ) -> tuple[LeaseRecord, QueuePick | None]:
+        """The completion of :meth:`complete` and ``claim_next``'s claim
+        (:meth:`claim_from_queue`: ``FOR UPDATE SKIP LOCKED``, exhausted jobs at the head
+        FAILED), gated on the completion, in **one statement** (one round trip, one
+        transaction). When the picked job's re-check lost a race, the completion stands
+        and :meth:`claim_from_queue` is tried (one more round trip each, a few times).
+
+        A lost answer is settled by reading back: the completion not applied, the
+        statement runs once more; applied, the record is returned with no next job (a job
+        it may have claimed stays this session's until the session ends: which one cannot
+        be told from the rows).
+
+        Raises:
+            StaleLeaseError / SessionExpired: the completion was refused; nothing claimed.
+            StoreRegressed: the server is not the store's any more; nothing claimed.
+            BackendUnavailable / OutcomeUnknown: as :meth:`complete`.
+        """
+        epoch, gen = split(claim.generation, self.epoch_shift)
+        params = {"job": job_id, "sid": session.session_id, "gen": gen, "epoch": epoch,
+                  "result": result, "queue": queue, "owner": session.owner}
+        lost = ("lost",)
+
+        def run(c: psycopg.Connection[tuple[Any, ...]]) -> tuple[Any, ...]:
+            row = self.client.cursor(c).execute(
+                self.sql.complete_claim_next, params, binary=True).fetchone()
+            assert row is not None  # the statement always returns its one row
+            return row
+
+        def settle() -> tuple[Any, ...]:
+            if self._one(self.sql.completed_by_me, params, job_id) is None:
+                return self.client.write(job_id, run)  # not applied: once more
+            return lost
+
+        row = self.client.write(job_id, run, settle)
+        self.wake_subscribers()
+        if row is lost:
+            record = self._refused_completion(session, job_id, claim)
+            assert isinstance(record, LeaseRecord)
+            return record, None
+        _, _, _, _, next_id, local, attempt, next_epoch, payload, expires_at, _, _ = row
+        if row[1] is None:  # the completion did not apply (attempt is never NULL)
+            refused = self._refused_completion(session, job_id, claim)
+            if isinstance(refused, LeaseError):
+                raise refused
+            return refused, self._claim_queue_head(session, queue)  # a repeat: claim alone
+        record = self._completed_record(job_id, claim, result, row[0:4])
+        if next_id is None:
+            return record, None
+        if local is None:  # the picked job's re-check lost a race: try the usual way
+            try:
+                return record, self._claim_queue_head(session, queue)
+            except LeaseError:  # the completion stands
+                return record, None
+        got = ClaimResult(compose(int(next_epoch), int(local), self.epoch_shift),
+                          float(expires_at), int(attempt))
+        return record, (next_id, got, bytes(payload or b""))
 
     def queue_candidates(self, queue: str, limit: int) -> list[tuple[str, bytes]]:
         rows = self.client.read(self.sql.candidates, {"queue": queue, "limit": int(limit)})

@@ -31,6 +31,7 @@ class Statements:
         self._conditions(n)
         self._writes(n)
         self._batch(n)
+        self._completions(n)
 
     def _conditions(self, n: Names) -> None:
         j, s = n.jobs, n.sessions
@@ -244,4 +245,54 @@ class Statements:
             "SELECT p.job_id, u.generation, u.attempt, u.epoch, u.payload, u.expires_at, "
             f"{self.my_alive}, (SELECT count(*) FROM dead) FROM (SELECT 1) one "
             "LEFT JOIN pick p ON true LEFT JOIN u ON true"
+        )
+
+    def _completions(self, n: Names) -> None:
+        j = n.jobs
+        # complete_and_claim_next: the completion of ``complete`` (done), then the claim
+        # of claim_from_queue gated on it (a refused completion claims nothing and
+        # fails no exhausted job), in one statement. The pick sees the snapshot before
+        # the completion: the job just completed was this live session's, never picked.
+        gate = "EXISTS (SELECT 1 FROM done)"
+        fused = self.claim_from_queue.replace(
+            "WITH dead AS (", f"WITH done AS ({self.complete}), dead AS (", 1)
+        fused = fused.replace(
+            f"AND {EXHAUSTED} AND NOT {self.alive_j} ",
+            f"AND {EXHAUSTED} AND NOT {self.alive_j} AND {gate} ", 1)
+        fused = fused.replace(
+            f"AND (j.not_before IS NULL OR j.not_before <= {NOW}) AND NOT {self.alive_j} "
+            "ORDER BY j.seq LIMIT 1 FOR UPDATE SKIP LOCKED",
+            f"AND (j.not_before IS NULL OR j.not_before <= {NOW}) AND NOT {self.alive_j} "
+            f"AND {gate} ORDER BY j.seq LIMIT 1 FOR UPDATE SKIP LOCKED", 1)
+        fused = fused.replace(
+            "SELECT p.job_id, u.generation",
+            "SELECT d.owner, d.attempt, d.error, d.max_attempts, p.job_id, u.generation", 1)
+        fused = fused.replace("LEFT JOIN pick p ON true",
+                              "LEFT JOIN done d ON true LEFT JOIN pick p ON true", 1)
+        assert fused.count(gate) == 2 and "done d" in fused
+        self.complete_claim_next = fused
+        # complete_many: every item's completion of ``complete`` in one statement.
+        self.complete_many = (
+            "WITH t AS (SELECT * FROM unnest(%(jobs)s::text[], %(gens)s::bigint[], "
+            "%(epochs)s::bigint[], %(results)s::bytea[]) WITH ORDINALITY "
+            "AS t(job_id, gen, epoch, result, ord)), "
+            f"done AS (UPDATE {j} j SET completed_at = {NOW}, "
+            "completed_session = j.session_id, result = t.result, session_id = NULL, "
+            "value = NULL, closed = true FROM t WHERE j.job_id = t.job_id "
+            # The rows locked in job-id order first, as claim_many does: concurrent
+            # batches never wait for each other in a cycle.
+            f"AND j.job_id IN (SELECT k.job_id FROM {j} k WHERE k.job_id = ANY(%(jobs)s) "
+            "ORDER BY k.job_id FOR UPDATE) "
+            "AND j.session_id = %(sid)s AND j.generation = t.gen AND j.epoch = t.epoch "
+            f"AND j.completed_at IS NULL AND {self.my_alive} "
+            "RETURNING j.job_id, j.owner, j.attempt, j.error, j.max_attempts) "
+            "SELECT t.job_id, d.owner, d.attempt, d.error, d.max_attempts, "
+            "d.job_id IS NOT NULL FROM t LEFT JOIN done d ON d.job_id = t.job_id "
+            "ORDER BY t.ord"
+        )
+        self.completed_many_by_me = (
+            "SELECT t.job_id FROM unnest(%(jobs)s::text[], %(gens)s::bigint[], "
+            f"%(epochs)s::bigint[]) AS t(job_id, gen, epoch) JOIN {j} j ON "
+            "j.job_id = t.job_id AND j.generation = t.gen AND j.epoch = t.epoch "
+            "AND j.completed_session = %(sid)s"
         )

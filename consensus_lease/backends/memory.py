@@ -25,6 +25,8 @@ and ``queue_stats`` costs O(jobs with a holder recorded), whatever the depth.
 ``enqueue_many`` adds up to ``max_enqueue_batch`` (1,000,000) jobs under the one lock,
 atomically. Capacity (``capabilities.max_queue_jobs`` is ``None``): no limit is enforced;
 a queue is bounded by the process's memory (about 1 KB per job plus its payload).
+``complete_many`` (up to ``max_complete_batch``, 1,000,000) and
+``complete_and_claim_next`` (``fused_claim_next``) run under the one lock: one atomic step.
 
 Options (keyword arguments of ``open_store``; anything else is ``InvalidArgument``, see
 :mod:`consensus_lease.options`):
@@ -48,9 +50,17 @@ from dataclasses import dataclass, field
 
 from .._election import ChangeTracker, is_election_key
 from .._epoch import compose, next_epoch, split
-from ..backend import Backend, Capabilities, SessionHandle, StateListener
+from ..backend import Backend, Capabilities, CompleteItem, QueuePick, SessionHandle, StateListener
 from ..clock import Clock, SystemClock
-from ..errors import InvalidArgument, JobCompleted, JobFailed, SessionExpired, StaleLeaseError
+from ..errors import (
+    InvalidArgument,
+    JobCompleted,
+    JobFailed,
+    LeaseError,
+    LeaseLost,
+    SessionExpired,
+    StaleLeaseError,
+)
 from ..options import Option, OptionTable
 from ..record import ClaimResult, EnqueueItem, JobState, LeaseRecord, QueuedJob, QueueStats
 
@@ -144,6 +154,8 @@ class MemoryBackend(Backend):
         elections=True,
         max_enqueue_batch=1_000_000,
         max_queue_jobs=None,
+        max_complete_batch=1_000_000,
+        fused_claim_next=True,
     )
     poll_interval_s = 0.02
 
@@ -368,6 +380,40 @@ class MemoryBackend(Backend):
             job.result = result
             self._changed()
             return self._record(job_id, job)
+
+    def complete_many(
+        self, session: SessionHandle, items: Sequence[CompleteItem]
+    ) -> list[LeaseRecord | LeaseError]:
+        """Every item under the one lock (one atomic step); each its own outcome."""
+        outcomes: list[LeaseRecord | LeaseError] = []
+        with self._cond:
+            for job_id, claim, result in items:
+                try:
+                    outcomes.append(self.complete(session, job_id, claim, result))
+                except LeaseLost as exc:
+                    outcomes.append(exc)
+        return outcomes
+
+    def complete_and_claim_next(
+        self, session: SessionHandle, job_id: str, claim: ClaimResult, result: bytes,
+        queue: str,
+    ) -> tuple[LeaseRecord, QueuePick | None]:
+        """The completion and the claim of the oldest claimable job of ``queue``, under
+        the one lock (one atomic step)."""
+        with self._cond:
+            record = self.complete(session, job_id, claim, result)
+            while True:
+                head = self._claimable(queue, 1)
+                if not head:
+                    return record, None
+                next_id, job = head[0]
+                try:
+                    got = self.claim(session, next_id)
+                except JobFailed:  # its attempts ran out: FAILED now, off the open list
+                    continue
+                if got is not None:
+                    return record, (next_id, got, job.payload)
+                return record, None  # cannot happen under the lock; no guessing
 
     def release(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> None:
         generation = claim.generation

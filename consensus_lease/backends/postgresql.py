@@ -405,6 +405,8 @@ class PostgresBackend(QueueOps):
         min_ttl_s=0.05,
         max_ttl_s=7 * 24 * 3600.0,
         max_batch_claim=MAX_BATCH_CLAIM,
+        max_complete_batch=MAX_BATCH_CLAIM,
+        fused_claim_next=True,
         queues=True,
         max_payload_bytes=16 * 1024 * 1024,
         description="PostgreSQL database (LISTEN/NOTIFY, server clock)",

@@ -59,7 +59,11 @@ How the protocol maps onto SQLite:
   claim costs the same at any depth and whatever number of COMPLETED or FAILED jobs
   (it skips only held jobs, and jobs in a retry delay, at the head). ``enqueue_many`` is one
   transaction per ``max_enqueue_batch`` (10,000) jobs, atomic; ``claim_many`` one
-  transaction per ``max_batch_claim`` (1,000) jobs. ``queue_stats`` is one statement:
+  transaction per ``max_batch_claim`` (1,000) jobs; ``complete_many`` one ``BEGIN
+  IMMEDIATE`` transaction per ``max_complete_batch`` (1,000) completions, each by the
+  statement ``complete`` runs with its own outcome; ``complete_and_claim_next`` one
+  transaction: the completion, then the claim statement on the oldest claimable job of
+  the queue (``fused_claim_next``). ``queue_stats`` is one statement:
   the per-queue counts of jobs, COMPLETED and FAILED ones in ``cl_queue_counts``, kept
   by triggers in the same statements that change them (an earlier version's writers
   keep them too; a file without the table gets it, counted once, on first open), plus
@@ -145,7 +149,15 @@ from urllib.parse import quote
 from .._election import ELECTION_PREFIX, ChangeTracker, is_election_key
 from .._epoch import compose, next_epoch, split
 from .._subscriptions import Unsubscribe, WakeCallback
-from ..backend import Backend, Capabilities, OnceCheck, SessionHandle, StateListener
+from ..backend import (
+    Backend,
+    Capabilities,
+    CompleteItem,
+    OnceCheck,
+    QueuePick,
+    SessionHandle,
+    StateListener,
+)
 from ..errors import (
     BackendUnavailable,
     InvalidArgument,
@@ -222,6 +234,10 @@ CREATE TABLE IF NOT EXISTS cl_meta (
 SCHEMA_OBJECTS = frozenset(
     {"cl_sessions", "cl_jobs", "cl_jobs_by_session", "cl_jobs_by_queue", "cl_seq", "cl_meta"}
 )
+
+QUEUE_PICK_TRIES = 32
+"""Most jobs ``complete_and_claim_next`` tries in its transaction (each one it cannot
+claim has used up its attempts and becomes FAILED) before it returns no next job."""
 
 QUEUE_SCHEMA = (
     "CREATE INDEX IF NOT EXISTS cl_jobs_open ON cl_jobs(queue, seq) "
@@ -493,6 +509,8 @@ class SqliteBackend(Backend):
         min_ttl_s=0.05,
         max_ttl_s=7 * 24 * 3600.0,
         max_batch_claim=1000,
+        max_complete_batch=1000,
+        fused_claim_next=True,
         queues=True,
         max_payload_bytes=16 * 1024 * 1024,
         description="embedded SQLite file (one machine, many processes; waiting claims "
@@ -1137,6 +1155,95 @@ class SqliteBackend(Backend):
             record = found
         self.wake_subscribers()
         return record
+
+    def _complete_in(
+        self, db: sqlite3.Connection, session: SessionHandle, job_id: str,
+        claim: ClaimResult, result: bytes,
+    ) -> LeaseRecord | LeaseError:
+        """:data:`COMPLETE_SQL` for one job inside an open transaction: the COMPLETED
+        record (also for a repeat of this session's completion), or the refusal
+        :meth:`Backend.complete` would raise, returned."""
+        epoch, local = split(claim.generation, self.epoch_shift)
+        try:
+            applied = db.execute(
+                COMPLETE_SQL,
+                (result, job_id, session.session_id, local, epoch, session.session_id),
+            ).rowcount == 1
+        finally:
+            self._completed.clear()  # the row handed over is read back below instead
+        if not applied:
+            again = db.execute(
+                "SELECT 1 FROM cl_jobs WHERE job_id = ? AND generation = ? AND epoch = ? "
+                "AND completed_session = ?",
+                (job_id, local, epoch, session.session_id),
+            ).fetchone()
+            if again is None:
+                refusal = self._reject(db, session, job_id, claim.generation)
+                assert isinstance(refusal, LeaseError)
+                return refusal
+        found = self._get(db, job_id)
+        assert found is not None
+        return found
+
+    def complete_many(
+        self, session: SessionHandle, items: Sequence[CompleteItem]
+    ) -> list[LeaseRecord | LeaseError]:
+        """Every item by the statement :meth:`complete` runs, in one ``BEGIN
+        IMMEDIATE`` transaction (at most ``max_complete_batch`` items): each its own
+        outcome, all committed at once.
+
+        Raises:
+            BackendUnavailable: nothing of the batch applied (the transaction rolled back).
+        """
+        if not items:
+            return []
+        with self._transaction(items[0][0]) as db:
+            outcomes = [self._complete_in(db, session, job_id, claim, result)
+                        for job_id, claim, result in items]
+        self.wake_subscribers()
+        return outcomes
+
+    def complete_and_claim_next(
+        self, session: SessionHandle, job_id: str, claim: ClaimResult, result: bytes,
+        queue: str,
+    ) -> tuple[LeaseRecord, QueuePick | None]:
+        """The completion of :meth:`complete` and the claim of the oldest claimable job of
+        ``queue`` (the statement :meth:`claim` runs, with its generation, attempt, epoch
+        and exhausted-budget rules), in one ``BEGIN IMMEDIATE`` transaction: a refused
+        completion rolls everything back; no claimable job leaves the completion alone.
+
+        Raises:
+            StaleLeaseError / SessionExpired: the completion was refused; nothing changed.
+            StoreRegressed: the store went back; nothing changed.
+            BackendUnavailable: nothing applied.
+        """
+        picked: QueuePick | None = None
+        with self._transaction(job_id, check_file=True) as db:
+            record = self._complete_in(db, session, job_id, claim, result)
+            if not isinstance(record, LeaseRecord):
+                raise record
+            self._history.check(db.execute(HISTORY_ROW, (None,)).fetchone(), None)
+            tries = QUEUE_PICK_TRIES if self._alive(db, session.session_id) else 0
+            for _ in range(tries):
+                row = db.execute(
+                    "SELECT j.job_id, j.payload FROM cl_jobs j INDEXED BY cl_jobs_open "
+                    "WHERE j.queue = ? AND j.completed_at IS NULL AND j.failed_at IS NULL "
+                    f"AND (j.not_before IS NULL OR j.not_before <= {NOW}) "
+                    "AND NOT EXISTS (SELECT 1 FROM cl_sessions s "
+                    f"WHERE s.session_id = j.session_id AND s.expires_at > {NOW}) "
+                    "ORDER BY j.seq LIMIT 1",
+                    (queue,),
+                ).fetchone()
+                if row is None:
+                    break
+                got = self._claim_one(db, session, row[0])
+                if got is not None:
+                    picked = (row[0], got, bytes(row[1] or b""))
+                    self._count_claims(db)
+                    break
+                self._refusal(db, row[0])  # a used-up job becomes FAILED: the next one
+        self.wake_subscribers()
+        return record, picked
 
     def release(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> None:
         generation = claim.generation

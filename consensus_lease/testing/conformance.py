@@ -66,6 +66,7 @@ from ..store import LeaseStore
 from ..validation import MAX_JOB_ID_BYTES
 from .conformance_async import AsyncConformance
 from .conformance_batch import BatchConformance
+from .conformance_completion import CompletionConformance
 from .conformance_depth import QueueDepthConformance
 from .conformance_election import ElectionConformance
 from .conformance_epoch import EpochConformance
@@ -112,7 +113,7 @@ session.close()
 class BackendConformance(
     LifecycleConformance, EpochConformance, UsageConformance, AsyncConformance,
     ElectionConformance, BatchConformance, QueueDepthConformance, RegressionConformance,
-    TransactionConformance,
+    TransactionConformance, CompletionConformance,
 ):
     """The suite. See the module docstring for the hooks."""
 

@@ -308,6 +308,12 @@ TLS files must exist when the store is opened.
 ``capabilities.min_ttl_s`` / ``max_ttl_s`` (0.2 s / 24 h) bound what may be *requested*;
 the server clamps the request to its own range and the granted timeout is what counts.
 ``max_batch_claim`` is 128 claims per multi (split further to stay far below 1 MiB).
+``complete_many`` (``max_complete_batch`` 128) sends one multi per up to 160 KB of
+results with every item's completion operations, applied whole or not at all: when each
+item is held as this session's claims left it, one round trip completes the batch; when
+that multi applies nothing (an item stale or expired), each item is completed alone and
+gets its own outcome. ``complete_and_claim_next`` is the looped default
+(``fused_claim_next`` false): the completion multi, then ``claim_next``'s claim.
 
 kazoo versions: the driver is tested with ``kazoo>=2.11,<2.12`` (the pin of the
 ``[zookeeper]`` extra; ``_kazoo.TESTED_SPEC``). The kazoo internals it relies on (its

@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Concatenate, ParamSpec, TypeVar
 
 from ..._election import is_election_key
 from ..._subscriptions import Unsubscribe, WakeCallback
-from ...backend import Backend, Capabilities, SessionHandle, StateListener
+from ...backend import Backend, Capabilities, CompleteItem, SessionHandle, StateListener
 from ...errors import (
     BackendUnavailable,
     InvalidArgument,
@@ -72,6 +72,15 @@ READ_CHUNK = 256
 MAX_BATCH_CLAIM = 128
 """Claims per ``claim_many`` multi (as ``max_enqueue_batch``): about 50 KB with short
 ids; ``Claims.size_chunks`` splits further by size."""
+
+MAX_COMPLETE_BATCH = 128
+"""Completions per ``complete_many`` call (``capabilities.max_complete_batch``); split
+further into multis of at most :data:`COMPLETE_MULTI_BYTES`."""
+
+COMPLETE_MULTI_BYTES = 160 * 1024
+"""Most bytes of results (plus about 512 per item for paths and records) one
+``complete_many`` multi carries: every server keeps its last writes whole in memory, as
+for the enqueue multis."""
 
 PATHS_CACHED = 4096
 """Job ids whose znode paths are kept built (the ids most recently used)."""
@@ -200,6 +209,7 @@ class ZooKeeperBackend(Backend):
         elections=True,
         max_enqueue_batch=ENQUEUE_BATCH,
         max_queue_jobs=MAX_QUEUE_JOBS,
+        max_complete_batch=MAX_COMPLETE_BATCH,
     )
 
     def __init__(self, config: ZkConfig) -> None:
@@ -659,6 +669,60 @@ class ZooKeeperBackend(Backend):
             )
         with _concerning(job_id, claim.generation):
             return self._holds.complete(h, self._paths(job_id), claim, result)
+
+    def complete_many(
+        self, session: SessionHandle, items: Sequence[CompleteItem]
+    ) -> list[LeaseRecord | LeaseError]:
+        """Complete the items in one multi per up to :data:`COMPLETE_MULTI_BYTES` of
+        results (at most ``max_complete_batch`` items): the operations of
+        :meth:`complete` for each, all applied or none. When every item is held as this
+        session's claims left them, that is one round trip for the batch. When the multi
+        applies nothing (an item stale or expired, a marker deleted by hand, a claim not
+        made by this process), each item of it is completed alone by :meth:`complete`,
+        which gives each its own outcome: the others still commit.
+
+        Raises:
+            nothing of its own: each item's error is its outcome.
+        """
+        h = self._handle(session)
+        outcomes: list[LeaseRecord | LeaseError | None] = [None] * len(items)
+        groups: list[list[int]] = []
+        size = 0
+        for i, (_, claim, result) in enumerate(items):
+            if not isinstance(claim, ClaimResult) or len(result) > self.config.max_result_bytes:
+                continue  # complete() below refuses it with its own error
+            cost = len(result) + 512
+            if groups and size + cost <= COMPLETE_MULTI_BYTES:
+                groups[-1].append(i)
+                size += cost
+            else:
+                groups.append([i])
+                size = cost
+        for group in groups:
+            batch = [(self._paths(items[i][0]), items[i][1], bytes(items[i][2]))
+                     for i in group]
+            entered = self._wire.enter()
+            try:
+                with _concerning(items[group[0]][0]):
+                    records = self._holds.complete_batch(h, batch)
+            except LeaseError:  # each item alone below finds its own outcome
+                records = None
+            finally:
+                if entered is not None:
+                    self._wire.leave(entered)
+            if records is not None:
+                for i, record in zip(group, records, strict=True):
+                    outcomes[i] = record
+        out: list[LeaseRecord | LeaseError] = []
+        for i, outcome in enumerate(outcomes):
+            if outcome is None:
+                job_id, claim, result = items[i]
+                try:
+                    outcome = self.complete(session, job_id, claim, result)
+                except LeaseError as exc:
+                    outcome = exc
+            out.append(outcome)
+        return out
 
     @_bounded
     def release(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> None:

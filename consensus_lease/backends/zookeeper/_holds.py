@@ -437,6 +437,61 @@ class Holds:
             None if hold.failure is None else hold.failure.error, None, hold.max_attempts,
         )
 
+    def complete_batch(
+        self, h: ZkSession, items: list[tuple[JobPaths, ClaimResult, bytes]]
+    ) -> list[LeaseRecord] | None:
+        """Complete every item in **one multi**: for each, the operations of
+        :meth:`complete` (``set_data`` of the completion record at version == generation,
+        ``delete`` of the owner znode, the markers), sent from the holds this session's
+        claims made. Returns the records, or ``None`` when the multi applied nothing (an
+        item not held at its generation, a marker missing, or an item whose hold this
+        process does not know): the caller then completes each item alone, which finds
+        each one's own outcome. A lost answer is settled by reading back the first job's
+        record (one nonce for the whole multi: it applied whole or not at all)."""
+        holds: list[Hold] = []
+        for paths, claim, _ in items:
+            hold = own_hold(h, paths, claim)
+            if hold is None:
+                return None
+            holds.append(hold)
+        nonce = new_nonce()
+        todo: list[Op] = []
+        for (paths, claim, result), hold in zip(items, holds, strict=True):
+            epoch, version = split_token(claim.generation)
+            data = dump_completed(h.owner, h.session_id, version, nonce, result,
+                                  hold.attempt, hold.max_attempts, epoch)
+            todo += [("set", paths.job, data, version),
+                     ("delete", paths.owner, b"", hold.owner_version)]
+            todo += _deletes(hold.held, hold.open)
+            if hold.tally is not None:
+                todo += [("delete", hold.tally.held, b"", None),
+                         ("create", hold.tally.done, b"", None)]
+        first = items[0][0]
+
+        def landed(deadline: float) -> bool:
+            answer = self.wire.read(h.client, [("barrier", self.base), ("get", first.job)],
+                                    deadline, "complete_many (reading back)",
+                                    job_id=first.job_id)[1]
+            parsed = None if answer is None else parse_job(answer[0], first.job)
+            return parsed is not None and parsed.completed and parsed.nonce == nonce
+
+        def build(tx: Transaction) -> None:
+            add_ops(tx, todo)
+
+        multi = self.wire.commit(h, build, landed, "complete_many", first.job_id,
+                                 items[0][1].generation)
+        if not multi.applied:
+            return None
+        records = []
+        for (paths, claim, result), hold in zip(items, holds, strict=True):
+            mark_ended(hold)
+            records.append(LeaseRecord(
+                paths.job_id, h.owner, None, claim.generation, JobState.COMPLETED, result,
+                hold.attempt, None if hold.failure is None else hold.failure.error, None,
+                hold.max_attempts,
+            ))
+        return records
+
     def release(self, h: ZkSession, paths: JobPaths, claim: ClaimResult) -> Hold | None:
         """One multi: ``check`` version == generation + ``delete`` of the owner znode
         (and of a queued job's held marker). Returns the hold released (``None`` if its
