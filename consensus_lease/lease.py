@@ -597,3 +597,17 @@ class Lease:
         with self._lock:
             if callback in self._listeners:
                 self._listeners.remove(callback)
+
+
+def checked_completion(lease: Lease, result: object, call: str) -> bytes:
+    """For :meth:`Session.complete_many <consensus_lease.Session.complete_many>`:
+    ``result`` as bytes for ``lease``'s completion by ``call``, with the checks
+    :meth:`Lease.complete` makes before sending anything.
+
+    Raises:
+        InvalidArgument: ``result`` is not bytes or too large, or this process already
+            completed, released or failed the lease; nothing sent, still as it was.
+    """
+    data = lease._check_result(result)
+    lease._check_not_ended(call)
+    return data

@@ -37,7 +37,7 @@ from .errors import (
     SessionExpired,
     StoreRegressed,
 )
-from .lease import Lease
+from .lease import Lease, checked_completion
 from .observe import Observer
 from .record import LeaseRecord
 from .retry import RetryPolicies
@@ -467,9 +467,7 @@ class Session:
                 raise InvalidArgument(f"{lease.job_id!r} is listed twice",
                                       job_id=lease.job_id, generation=lease.generation)
             seen.add(lease.job_id)
-            data = lease._check_result(result)
-            lease._check_not_ended("complete_many")
-            pairs.append((lease, data))
+            pairs.append((lease, checked_completion(lease, result, "complete_many")))
         return self._holdings.complete_many(pairs)
 
     # -- renewal ---------------------------------------------------------------------

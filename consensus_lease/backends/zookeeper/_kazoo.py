@@ -11,46 +11,35 @@ Every other module of the driver uses kazoo's documented API only (``kazoo.clien
 What is relied on here, each verified on kazoo 2.11.0 (:data:`VERIFIED`; all of it but
 ``SessionClosedRequireSaslError`` is in 2.10.0 too):
 
-========================================  ============================================
-kazoo internal                            used by
-========================================  ============================================
-``KazooClient._call(request, result)``    :func:`send_request` (a packed multi queued
-                                          on the client's connection)
-the request record protocol of            :class:`PackedMulti` (``type``,
-``kazoo.protocol.connection``             ``serialize()``, ``deserialize(buffer,
-(``ConnectionHandler._submit`` frames     offset)``; a record whose ``type`` is the
-``len, xid, type, serialize()``;          multi's is "unchrooted" by kazoo, a no-op
-``_read_response`` calls                  with no chroot)
-``deserialize``)
-``kazoo.protocol.serialization``:         :class:`KazooRecords` (kazoo's own records,
-``CheckVersion``, ``Create``,             appended to a ``TransactionRequest``),
-``SetData``, ``Delete``, ``Transaction``  :class:`PackedMulti` (``Transaction.type``
-                                          and ``Transaction.deserialize``)
-``TransactionRequest.operations``,        :class:`KazooRecords`
-``TransactionRequest.client``
-``KazooClient.chroot``,                   :class:`KazooRecords`, :class:`PackedMulti`
-``KazooClient.default_acl`` (attributes)
-``KazooClient.last_zxid``: set from each  :func:`last_zxid`
-reply header before the answer is
-handed out
-the "Session created" log call of         :class:`NegotiatedTimeouts` (the only place
-``ConnectionHandler._connect`` (args:     kazoo shows the negotiated session timeout)
-session id, password, negotiated
-timeout in ms)
-``kazoo.handlers.utils.fileobj_to_fd``;   :func:`poll_select`, :class:`PollHandler`
-the connection thread waiting through
-``handler.select``
-``KazooClient.start()`` / ``stop()``      :class:`SharedPollHandler` (one handler for
-calling ``handler.start()`` /             many clients, counted)
-``handler.stop()`` once each
-``kazoo.handlers.utils.AsyncResult``      :data:`AsyncResult` (what ``handler.
-                                          async_result()`` returns, told from a test's
-                                          stand-in)
-``ConnectionHandler._submit`` (and        :func:`count_requests` (the benchmarks'
-``serialization.Ping``)                   request counter; never used by the driver)
-``kazoo.exceptions.                       :data:`AUTH_REFUSED` (public, but new in
-SessionClosedRequireSaslError``           2.11.0: the floor of the tested range)
-========================================  ============================================
+* ``KazooClient._call(request, result)``: :func:`send_request` (a packed multi queued on
+  the client's connection).
+* the request record protocol of ``kazoo.protocol.connection``
+  (``ConnectionHandler._submit`` frames ``len, xid, type, serialize()``; ``_read_response`` calls
+  ``deserialize``): :class:`PackedMulti` (``type``, ``serialize()``, ``deserialize(buffer,
+  offset)``; a record whose ``type`` is the multi's is "unchrooted" by kazoo, a no-op
+  with no chroot).
+* ``kazoo.protocol.serialization``'s ``CheckVersion``, ``Create``, ``SetData``,
+  ``Delete``, ``Transaction``: :class:`KazooRecords` (kazoo's own records, appended to a
+  ``TransactionRequest``) and :class:`PackedMulti` (``Transaction.type`` and
+  ``Transaction.deserialize``).
+* ``TransactionRequest.operations`` and ``.client``: :class:`KazooRecords`.
+* ``KazooClient.chroot`` and ``.default_acl`` (attributes): :class:`KazooRecords`,
+  :class:`PackedMulti`.
+* ``KazooClient.last_zxid``, set from each reply header before the answer is handed out:
+  :func:`last_zxid`.
+* the "Session created" log call of ``ConnectionHandler._connect`` (args: session id,
+  password, negotiated timeout in ms): :class:`NegotiatedTimeouts` (the only place kazoo
+  shows the negotiated session timeout).
+* ``kazoo.handlers.utils.fileobj_to_fd``, and the connection thread waiting through
+  ``handler.select``: :func:`poll_select`, :class:`PollHandler`.
+* ``KazooClient.start()`` / ``stop()`` calling ``handler.start()`` / ``handler.stop()``
+  once each: :class:`SharedPollHandler` (one handler for many clients, counted).
+* ``kazoo.handlers.utils.AsyncResult``: :data:`AsyncResult` (what
+  ``handler.async_result()`` returns, told from a test's stand-in).
+* ``ConnectionHandler._submit`` and ``serialization.Ping``: :func:`count_requests` (the
+  benchmarks' request counter; never used by the driver).
+* ``kazoo.exceptions.SessionClosedRequireSaslError``: :data:`AUTH_REFUSED` (public, but
+  new in 2.11.0: the floor of the tested range).
 
 The tested range is :data:`TESTED_SPEC` (also the pin in ``pyproject.toml``). When a
 store is opened (:meth:`ZooKeeperBackend.from_url`), :func:`check_installed` looks at the
