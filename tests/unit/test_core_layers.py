@@ -3,7 +3,7 @@ import cycle between the core's modules, or a new access to another object's pri
 name in them, fails here (a ratchet: the lists below may only shrink).
 
 "Core" is the package's top-level modules (``consensus_lease/*.py``; drivers, tools and
-the test kit have packages of their own). A private access is ``x._name`` where ``x`` is
+the test kit have packages of their own, held so by ``test_package_root.py``). A private access is ``x._name`` where ``x`` is
 not ``self``, ``cls`` or ``super()`` — a name of another object's implementation, which
 its module may change without telling the reader. A runtime import is one at module
 level outside ``if TYPE_CHECKING:`` (imports inside functions are deferred and left out).
