@@ -19,7 +19,7 @@ the generation (see :mod:`consensus_lease.fencing`).
 
 Leader election is a lease on a name that is never completed: ``session.campaign(name)``
 returns a :class:`Leadership` whose generation is the fencing token; ``store.leader(name)``
-and ``store.observe(name)`` read and follow it (see :mod:`consensus_lease.election`).
+and ``store.watch_leader(name)`` read and follow it (see :mod:`consensus_lease.election`).
 
 This namespace is the user API: the store, sessions, leases, leaderships, records, states, every
 error, clocks, the :class:`Observer` base and the fences. ``SqlFence`` and

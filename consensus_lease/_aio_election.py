@@ -1,9 +1,9 @@
 """Leader election for asyncio: the leadership (:class:`AsyncLeadership`) and the
-observer (:class:`AsyncLeaderWatch`) that :mod:`consensus_lease.aio` hands out.
+leader watch (:class:`AsyncLeaderWatch`) that :mod:`consensus_lease.aio` hands out.
 
 As everywhere in :mod:`consensus_lease.aio`, nothing is re-implemented: round trips are
-the synchronous methods run on the store's pool, and the observer decides what to report
-with the same :class:`~consensus_lease.leader_watch.LeaderChanges` as ``store.observe``.
+the synchronous methods run on the store's pool, and the watch decides what to report
+with the same :class:`~consensus_lease.leader_watch.LeaderChanges` as ``store.watch_leader``.
 Waiting for a change holds no thread: the subscription's callback completes a future.
 """
 
@@ -68,7 +68,7 @@ class AsyncLeadership(AsyncLease):
 
 
 class AsyncLeaderWatch:
-    """What ``AsyncLeaseStore.observe(name)`` returns: an async iterator of the leader
+    """What ``AsyncLeaseStore.watch_leader(name)`` returns: an async iterator of the leader
     now (:class:`~consensus_lease.LeaderRecord` or ``None``) and then of each change,
     exactly as :class:`~consensus_lease.LeaderWatch` (same ends: ``timeout_s``,
     :meth:`aclose` or :meth:`close`, the store's close). An async context manager.
@@ -132,7 +132,7 @@ class AsyncLeaderWatch:
             await wake.wait(left)
 
     def close(self) -> None:
-        """Stop observing: cancel the subscription; the iteration ends (a waiting
+        """Stop watching: cancel the subscription; the iteration ends (a waiting
         ``__anext__`` returns at once). Idempotent; any thread."""
         if self._closed:
             return

@@ -828,11 +828,11 @@ class AsyncLeaseStore:
         """See :meth:`LeaseStore.leader`."""
         return await self._workers.run(partial(self.sync.leader, name))
 
-    def observe(self, name: str, *, timeout_s: float | None = None) -> AsyncLeaderWatch:
-        """See :meth:`LeaseStore.observe`: the same changes, as an async iterator that
+    def watch_leader(self, name: str, *, timeout_s: float | None = None) -> AsyncLeaderWatch:
+        """See :meth:`LeaseStore.watch_leader`: the same changes, as an async iterator that
         waits holding no thread::
 
-            async with store.observe("scheduler", timeout_s=60) as leaders:
+            async with store.watch_leader("scheduler", timeout_s=60) as leaders:
                 async for leader in leaders:
                     ...
 

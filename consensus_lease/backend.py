@@ -83,7 +83,7 @@ class Capabilities:
         elections: accepts election keys (:mod:`consensus_lease._election`) in every
             per-job method, keeps them out of ``records()`` and queues, and implements
             :meth:`Backend.set_value`. ``False``: ``session.campaign`` and
-            ``store.leader``/``observe`` raise ``UnsupportedOperation``.
+            ``store.leader``/``watch_leader`` raise ``UnsupportedOperation``.
         regression_refusal: the store can notice that its history went back
             (``StoreRegressed``: restored from an older backup, wiped, a lagging standby
             promoted) and then refuses every session and claim, of the store object
@@ -561,7 +561,7 @@ class Backend(abc.ABC):
         For an election key (:func:`consensus_lease._election.is_election_key`, backends
         with ``Capabilities.elections``) the callback is called after *every* change of
         the key, not only when it may have become claimable: also after each claim (a new
-        leader) and each :meth:`set_value` (a new value). ``store.observe(name)`` relies
+        leader) and each :meth:`set_value` (a new value). ``store.watch_leader(name)`` relies
         on it to report each leader; an extra call is harmless, a missed one is a bug.
 
         Returns:

@@ -8,7 +8,7 @@
                 leadership.ensure_held()                        # before every effect
                 fence.apply("schedule", leadership.generation, "tick")
 
-    for leader in store.observe("scheduler", timeout_s=30):     # None: nobody leads
+    for leader in store.watch_leader("scheduler", timeout_s=30):     # None: nobody leads
         print(leader and (leader.owner, leader.value, leader.generation))
 
 An election is held through the same claim / renew / release machinery as a job lease,
@@ -157,7 +157,7 @@ class Leadership(Lease):
         self.release()
 
     def proclaim(self, value: bytes) -> None:
-        """Announce a new value (observers see it), iff still the leader at this
+        """Announce a new value (leader watches see it), iff still the leader at this
         generation: the store compares owner and generation in the same atomic
         operation as the write (one round trip).
 

@@ -1,6 +1,6 @@
-"""Observing an election: ``store.observe(name)`` and its asyncio twin.
+"""Following an election's leader: ``store.watch_leader(name)`` and its asyncio twin.
 
-An observer subscribes to the election's key (:meth:`Backend.subscribe_job`, which for an
+A watch subscribes to the election's key (:meth:`Backend.subscribe_job`, which for an
 election key wakes after every claim, value and end of a hold), then reads the leader
 after each wake: subscribe first, read after, so no change between the two is missed. A
 read is reported only if it differs from the last one reported (another leader, another
@@ -36,7 +36,7 @@ def _same(a: LeaderRecord | None, b: LeaderRecord | None) -> bool:
 
 
 class LeaderChanges:
-    """Which reads of an election an observer reports: the first one, then each that
+    """Which reads of an election a leader watch reports: the first one, then each that
     differs from the last reported and is not older than it."""
 
     def __init__(self) -> None:
@@ -59,7 +59,7 @@ class LeaderChanges:
 
 
 class LeaderWatch:
-    """The iterator ``store.observe(name)`` returns: the leader now (a
+    """The iterator ``store.watch_leader(name)`` returns: the leader now (a
     :class:`~consensus_lease.LeaderRecord`, or ``None`` when nobody leads), then each
     change. Ends (``StopIteration``) when ``timeout_s`` passed, when :meth:`close` is
     called (from any thread; a blocked ``next()`` returns at once), or when the store is
@@ -106,7 +106,7 @@ class LeaderWatch:
             self._clock.wait(self._wake, min(left, FOREVER_S))
 
     def close(self) -> None:
-        """Stop observing: cancel the subscription; the iteration ends. Idempotent."""
+        """Stop watching: cancel the subscription; the iteration ends. Idempotent."""
         with self._lock:
             if self._closed:
                 return

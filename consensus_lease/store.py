@@ -192,7 +192,7 @@ class LeaseStore:
         """Keepalives and deadlines of the store's sessions, one renewer per clock
         (threads shared by the sessions on that clock: see :mod:`._renewer`)."""
         self._watchers = Waiters()
-        """Every open ``observe`` iterator: woken when the store is closed."""
+        """Every open ``watch_leader`` iterator: woken when the store is closed."""
 
     def _check_open(self) -> None:
         """Raise ``StoreInherited`` in a fork's child, ``StoreClosed`` once closed."""
@@ -311,7 +311,7 @@ class LeaseStore:
         require_elections(self.backend)
         return leader_record(name, self.backend.get(election_key(name)))
 
-    def observe(self, name: str, *, timeout_s: float | None = None) -> LeaderWatch:
+    def watch_leader(self, name: str, *, timeout_s: float | None = None) -> LeaderWatch:
         """Follow the election ``name``: an iterator of its leader now (a
         :class:`~consensus_lease.LeaderRecord`, or ``None`` when nobody leads), then of
         each change: a new leader, a new value (``proclaim``), nobody. Woken by the
@@ -325,7 +325,7 @@ class LeaseStore:
 
         ::
 
-            with store.observe("scheduler", timeout_s=60) as leaders:
+            with store.watch_leader("scheduler", timeout_s=60) as leaders:
                 for leader in leaders:
                     route_to(None if leader is None else leader.value)
 

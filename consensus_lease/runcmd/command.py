@@ -163,7 +163,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--retry-in-s", type=_seconds, default=None,
                         help="with --fail-on-error: retry delay, s (default: the store's "
                         "retry policy, 1 s doubling per attempt, at most 300 s)")
-    # dest is not "command": cli.py's subparsers use that name for the subcommand.
+    # dest is not "command": the cli package's subparsers use that name for the subcommand.
     parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG ...]",
                         help="the command to run")
     return parser

@@ -1,11 +1,11 @@
 """The leader-election part of the conformance suite: one leader per election, a fencing
-token that fences a paused ex-leader, watch-driven handover, observers that see every
-change in order, and elections that never show up as jobs.
+token that fences a paused ex-leader, watch-driven handover, leader watches that see
+every change in order, and elections that never show up as jobs.
 
 Mixed into :class:`~consensus_lease.testing.conformance.BackendConformance`, so every
 backend runs it; it uses that class's hooks (``open``, ``expire``, ``process_url``,
 fixtures). A backend whose ``Capabilities.elections`` is ``False`` passes only by raising
-``UnsupportedOperation`` from ``campaign``, ``leader`` and ``observe`` (checked in every
+``UnsupportedOperation`` from ``campaign``, ``leader`` and ``watch_leader`` (checked in every
 test): never a skip.
 
 Timing bounds are generous (a busy CI machine), and the measured latencies are printed
@@ -69,7 +69,7 @@ def _summary(record: LeaderRecord | None) -> tuple[str, int, bytes] | None:
 
 
 def _check_order(seen: list[LeaderRecord | None]) -> None:
-    """What an observer yields: no repeats, generations never going back, and a leader
+    """What a leader watch yields: no repeats, generations never going back, and a leader
     reported gone never coming back."""
     highest, gone = -1, False
     for i, record in enumerate(seen):
@@ -107,11 +107,11 @@ def _race(candidates: list[Session], name: str) -> list[Leadership]:
     return won
 
 
-class _Observer:
-    """``store.observe(name)`` consumed by a thread, into :attr:`seen`."""
+class _Follower:
+    """``store.watch_leader(name)`` consumed by a thread, into :attr:`seen`."""
 
     def __init__(self, store: LeaseStore, name: str) -> None:
-        self.watch = store.observe(name, timeout_s=WAIT_S * 4)
+        self.watch = store.watch_leader(name, timeout_s=WAIT_S * 4)
         self.seen: list[LeaderRecord | None] = []
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -130,7 +130,7 @@ class _Observer:
     def stop(self) -> list[LeaderRecord | None]:
         self.watch.close()
         self._thread.join(WAIT_S)
-        assert not self._thread.is_alive(), "observe() did not end after close()"
+        assert not self._thread.is_alive(), "watch_leader() did not end after close()"
         assert self.error is None, self.error
         return list(self.seen)
 
@@ -154,7 +154,7 @@ class ElectionConformance:
         with pytest.raises(UnsupportedOperation):
             store.leader("absent")
         with pytest.raises(UnsupportedOperation):
-            store.observe("absent")
+            store.watch_leader("absent")
         return False
 
     # -- one leader ------------------------------------------------------------------
@@ -432,52 +432,54 @@ class ElectionConformance:
         leadership.ensure_held()
         assert store.leader("forever") is not None
 
-    # -- observing -------------------------------------------------------------------------
+    # -- watching the leader ---------------------------------------------------------------
 
-    def test_election_observe_sees_every_change_in_order(
+    def test_election_watch_leader_sees_every_change_in_order(
         self, store: LeaseStore, sessions: list[Session]
     ) -> None:
         """Nobody; A (value a1); A (a2); nobody; B (b1); nobody (B's session closed): an
-        observer sees each, in this order, never a repeat nor an older generation."""
+        leader watch sees each, in this order, never a repeat nor an older generation."""
         a, b = self.open(store, "A"), self.open(store, "B")
         if not self._elections_or_declared_absent(store, a):
             return
-        observer = _Observer(store, "watched")
+        follower = _Follower(store, "watched")
         try:
-            observer.wait_for(lambda r: r is None)
+            follower.wait_for(lambda r: r is None)
             lead_a = a.campaign("watched", b"a1")
             assert lead_a is not None
-            observer.wait_for(lambda r: _summary(r) == ("A", lead_a.generation, b"a1"))
+            follower.wait_for(lambda r: _summary(r) == ("A", lead_a.generation, b"a1"))
             lead_a.proclaim(b"a2")
-            observer.wait_for(lambda r: _summary(r) == ("A", lead_a.generation, b"a2"))
+            follower.wait_for(lambda r: _summary(r) == ("A", lead_a.generation, b"a2"))
             lead_a.resign()
-            observer.wait_for(lambda r: r is None)
+            follower.wait_for(lambda r: r is None)
             lead_b = b.campaign("watched", b"b1")
             assert lead_b is not None
-            observer.wait_for(lambda r: _summary(r) == ("B", lead_b.generation, b"b1"))
+            follower.wait_for(lambda r: _summary(r) == ("B", lead_b.generation, b"b1"))
             b.close()
-            observer.wait_for(lambda r: r is None)
+            follower.wait_for(lambda r: r is None)
         finally:
-            seen = observer.stop()
+            seen = follower.stop()
         _check_order(seen)
         milestones = [None, ("A", lead_a.generation, b"a1"), ("A", lead_a.generation, b"a2"),
                       None, ("B", lead_b.generation, b"b1"), None]
         summaries = iter(_summary(r) for r in seen)
         assert all(m in summaries for m in milestones), seen  # in order
 
-    def test_election_observe_ends_on_timeout_and_on_store_close(self, store: LeaseStore) -> None:
+    def test_election_watch_leader_ends_on_timeout_and_on_store_close(
+        self, store: LeaseStore
+    ) -> None:
         a = store.session("A", self.long_ttl_s)
         if not self._elections_or_declared_absent(store, a):
             a.close()
             return
         started = time.monotonic()
-        assert list(store.observe("quiet", timeout_s=0.2)) == [None]
+        assert list(store.watch_leader("quiet", timeout_s=0.2)) == [None]
         assert time.monotonic() - started < WAIT_S
-        observer = _Observer(store, "quiet")
-        observer.wait_for(lambda r: r is None)
+        follower = _Follower(store, "quiet")
+        follower.wait_for(lambda r: r is None)
         store.close()
-        observer._thread.join(WAIT_S)
-        assert not observer._thread.is_alive(), "observe() did not end when the store closed"
+        follower._thread.join(WAIT_S)
+        assert not follower._thread.is_alive(), "watch_leader() did not end when the store closed"
 
     # -- elections are not jobs --------------------------------------------------------------
 
@@ -532,7 +534,7 @@ class ElectionConformance:
         with pytest.raises(InvalidArgument):
             a.campaign("ok", wait_s=-1)
         with pytest.raises(InvalidArgument):
-            store.observe("ok", timeout_s=-1)
+            store.watch_leader("ok", timeout_s=-1)
         assert a.campaign("x" * 253) is not None  # the longest name
         leadership = a.campaign("ok")
         assert leadership is not None
@@ -542,8 +544,8 @@ class ElectionConformance:
 
     # -- asyncio ---------------------------------------------------------------------------
 
-    def test_election_async_campaign_observe_and_loss(self, store: LeaseStore) -> None:
-        """asyncio: campaign, leader, observe as an async iterator, and loss of the
+    def test_election_async_campaign_watch_leader_and_loss(self, store: LeaseStore) -> None:
+        """asyncio: campaign, leader, watch_leader as an async iterator, and loss of the
         leadership delivered as cancellation of the guarded work."""
         from ..aio import AsyncLeaseStore
 
@@ -556,14 +558,14 @@ class ElectionConformance:
                 return
             seen: list[tuple[str, int, bytes] | None] = []
 
-            async def observe() -> None:
-                async with astore.observe("async", timeout_s=WAIT_S) as leaders:
+            async def follow() -> None:
+                async with astore.watch_leader("async", timeout_s=WAIT_S) as leaders:
                     async for leader in leaders:
                         seen.append(_summary(leader))
                         if leader is not None and leader.value == b"v2":
                             return
 
-            watcher = asyncio.create_task(observe())
+            watcher = asyncio.create_task(follow())
             leadership = await session.campaign("async", b"v1", wait_s=WAIT_S)
             assert leadership is not None
             assert (await astore.leader("async")) is not None

@@ -1,4 +1,4 @@
-"""An election observer across a member restart, on the 3-member etcd cluster and the
+"""A leader watch across a member restart, on the 3-member etcd cluster and the
 ZooKeeper ensemble in containers: it sees every leadership change, in generation order."""
 
 from __future__ import annotations
@@ -22,19 +22,19 @@ def cluster(request: pytest.FixtureRequest) -> Any:
     return request.getfixturevalue(f"{request.param}_cluster")
 
 
-def test_observer_sees_every_change_in_order_across_a_member_restart(cluster: Any) -> None:
+def test_leader_watch_sees_every_change_in_order_across_a_member_restart(cluster: Any) -> None:
     url = cluster.url_with_prefix(f"el-{uuid.uuid4().hex[:8]}")
     name = "scheduler"
     with open_store(url, connect_timeout_s=30) as store, \
             open_store(url, connect_timeout_s=30) as watcher:
         seen: list[LeaderRecord | None] = []
-        watch = watcher.observe(name, timeout_s=120)
+        watch = watcher.watch_leader(name, timeout_s=120)
 
-        def observe() -> None:
+        def follow() -> None:
             for record in watch:
                 seen.append(record)
 
-        thread = threading.Thread(target=observe, daemon=True)
+        thread = threading.Thread(target=follow, daemon=True)
         thread.start()
         leaders: list[tuple[str, int]] = []
         for i, owner in enumerate(("A", "B", "C")):

@@ -3,12 +3,13 @@ import cycle between the core's modules, or a new access to another module's pri
 name in them, fails here (a ratchet: the lists below may only shrink).
 
 "Core" is the package's top-level modules (``consensus_lease/*.py``; drivers, tools and
-the test kit have packages of their own). A private access is ``x._name`` where ``x`` is
-not ``self``, ``cls`` or ``super()`` and ``_name`` is not defined in the accessing
-module itself (as a function, class attribute, ``self._name = ...`` or module name): a
-name of another module's implementation, which that module may change without telling
-the reader. (A name defined in both modules is taken as the module's own: the check
-errs towards missing an access, never towards a false alarm.) A runtime import is one at module
+the test kit have packages of their own, held so by ``test_package_root.py``). A private
+access is ``x._name`` where ``x`` is not ``self``, ``cls`` or ``super()`` and ``_name``
+is not defined in the accessing module itself (as a function, class attribute,
+``self._name = ...`` or module name): a name of another module's implementation, which
+that module may change without telling the reader. (A name defined in both modules is
+taken as the module's own: the check errs towards missing an access, never towards a
+false alarm.) A runtime import is one at module
 level outside ``if TYPE_CHECKING:`` (imports inside functions are deferred and left out).
 """
 

@@ -29,7 +29,6 @@ NOT_IN_API_REFERENCE = {
     "consensus_lease.admin": "the operator commands (inspect, enqueue, requeue, bump-epoch)",
     "consensus_lease.bench": "consensus-lease bench",
     "consensus_lease.cli": "the consensus-lease command",
-    "consensus_lease.demo": "consensus-lease demo",
     "consensus_lease.runcmd": "consensus-lease run / elect",
     # Chosen by URL scheme; each module docstring is rendered on its Stores page.
     "consensus_lease.backends": "the store drivers",

@@ -1,5 +1,5 @@
-"""Leader election in the core, on the memory backend and fakes built from it: what an
-observer reports, a backend without elections, and a campaign whose value cannot be
+"""Leader election in the core, on the memory backend and fakes built from it: what a
+leader watch reports, a backend without elections, and a campaign whose value cannot be
 written (the claim is handed back, or resumed by the next campaign)."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def leader(owner: str, generation: int, value: bytes = b"") -> LeaderRecord:
     return LeaderRecord("e", owner, value, generation, None)
 
 
-# -- what an observer reports -----------------------------------------------------------
+# -- what a leader watch reports --------------------------------------------------------
 
 
 def test_changes_reports_the_first_read_then_differences_only() -> None:
@@ -69,7 +69,7 @@ class NoElections(MemoryBackend):
 def test_a_backend_without_elections_says_so() -> None:
     with LeaseStore(NoElections()) as store, store.session("A") as session:
         for call in (lambda: session.campaign("e"), lambda: store.leader("e"),
-                     lambda: store.observe("e")):
+                     lambda: store.watch_leader("e")):
             with pytest.raises(UnsupportedOperation, match="no leader elections"):
                 call()
         claim = store.backend.claim(session.handle, election_key("e"))
@@ -139,12 +139,12 @@ def test_a_claim_that_cannot_be_handed_back_is_resumed_by_the_next_campaign(
         a.campaign("e")
 
 
-# -- ending an observer ----------------------------------------------------------------
+# -- ending a leader watch -------------------------------------------------------------
 
 
 def test_close_from_another_thread_ends_a_waiting_next() -> None:
     with LeaseStore(MemoryBackend()) as store:
-        watch = store.observe("e")
+        watch = store.watch_leader("e")
         assert next(watch) is None
         threading.Timer(0.2, watch.close).start()
         started = time.monotonic()
@@ -153,26 +153,26 @@ def test_close_from_another_thread_ends_a_waiting_next() -> None:
         assert time.monotonic() - started < 10
 
 
-def test_async_observe_ends_on_close_and_on_timeout() -> None:
+def test_async_watch_leader_ends_on_close_and_on_timeout() -> None:
     async def main() -> None:
         astore = AsyncLeaseStore(LeaseStore(MemoryBackend()))
         try:
-            watch = astore.observe("e", timeout_s=30)
+            watch = astore.watch_leader("e", timeout_s=30)
             assert await anext(watch) is None
             asyncio.get_running_loop().call_later(0.2, watch.close)
             with pytest.raises(StopAsyncIteration):
                 await anext(watch)
-            assert [r async for r in astore.observe("e", timeout_s=0.1)] == [None]
+            assert [r async for r in astore.watch_leader("e", timeout_s=0.1)] == [None]
         finally:
             await astore.close()
 
     asyncio.run(asyncio.wait_for(main(), 30))
 
 
-def test_observe_after_store_close_is_refused() -> None:
+def test_watch_leader_after_store_close_is_refused() -> None:
     store = LeaseStore(MemoryBackend())
     store.close()
     with pytest.raises(StoreClosed):
-        store.observe("e")
+        store.watch_leader("e")
     with pytest.raises(StoreClosed):
         store.leader("e")

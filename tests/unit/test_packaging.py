@@ -148,7 +148,7 @@ def test_every_subcommand_loads_with_only_the_cli_extra() -> None:
         + """
 import importlib
 from consensus_lease.cli import EXTRA_COMMANDS, _parser
-for name in ["consensus_lease.demo", *EXTRA_COMMANDS]:
+for name in ["consensus_lease.cli.demo", *EXTRA_COMMANDS]:
     importlib.import_module(name)
 parser = _parser()
 assert not parser.epilog, parser.epilog

@@ -1,4 +1,8 @@
-"""The ``consensus-lease`` command.
+"""The ``consensus-lease`` command (also ``python -m consensus_lease.cli``).
+
+The subcommands live beside it: ``demo`` in :mod:`.demo`; the others in the tools'
+packages listed in ``EXTRA_COMMANDS`` (admin, verify, bench, runcmd, worker, the test
+kit's ``kit`` and the model checker), each loaded only when its libraries are installed.
 
 Needs the ``cli`` extra (rich): without it the command prints the install line and exits
 with status 2 instead of a traceback. A subcommand that needs another extra at run time
@@ -14,8 +18,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ._extras import MODULE_EXTRAS, install_hint, missing_dependency
-from .errors import LeaseError
+from .._extras import MODULE_EXTRAS, install_hint, missing_dependency
+from ..errors import LeaseError
 
 __all__ = ["main"]
 
@@ -52,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Expiring job leases with fencing tokens on etcd, ZooKeeper, PostgreSQL and "
                     "SQLite (and memory://, for tests).",
     )
-    from . import __version__
+    from .. import __version__
 
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -156,7 +160,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.print(f"[red]error:[/] {escape(line)}")
         return 2
     return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,11 +1,11 @@
 """A worker process driven over stdin/stdout, one JSON object per line.
 
-Started by :class:`consensus_lease._workerproc.WorkerProcess` (the demo and the test
-kit both drive it); not meant to be run by hand. Each request is ``{"id": N, "op":
-NAME, ...}``; each reply is ``{"id": N, "ok": true, ...}`` or ``{"id": N, "ok": false,
-"error": "LeaseLost", "message": "..."}``. Requests are served one at a time, in order,
-so a request sent while the process is stopped (SIGSTOP) is served right after SIGCONT
-— exactly as a paused worker resumes where it was.
+Started by :class:`consensus_lease.testing.workers.WorkerProcess` (the test kit's fault
+tests and ``consensus-lease demo`` drive it); not meant to be run by hand. Each request
+is ``{"id": N, "op": NAME, ...}``; each reply is ``{"id": N, "ok": true, ...}`` or
+``{"id": N, "ok": false, "error": "LeaseLost", "message": "..."}``. Requests are served
+one at a time, in order, so a request sent while the process is stopped (SIGSTOP) is
+served right after SIGCONT — exactly as a paused worker resumes where it was.
 
 Operations: ``open`` (url, owner, ttl_s, keepalive, clock_offset_s), ``claim`` (job,
 wait_s), ``campaign`` (name, value, wait_s: the leadership is then addressed as
@@ -21,13 +21,13 @@ import sys
 import time
 from typing import Any
 
-from . import errors
-from .clock import SkewedClock, SystemClock
-from .election import Leadership
-from .fencing import SqliteFence
-from .lease import Lease
-from .session import Session
-from .store import LeaseStore, open_store
+from .. import errors
+from ..clock import SkewedClock, SystemClock
+from ..election import Leadership
+from ..fencing import SqliteFence
+from ..lease import Lease
+from ..session import Session
+from ..store import LeaseStore, open_store
 
 
 class Agent:

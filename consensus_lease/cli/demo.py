@@ -23,11 +23,11 @@ from typing import Any
 
 from rich.console import Console
 
-from ._workerproc import WorkerProcess
-from .errors import InvalidArgument, LeaseError, UnsupportedOperation
-from .options import redact_url
-from .record import JobState
-from .store import LeaseStore, open_store
+from ..errors import InvalidArgument, LeaseError, UnsupportedOperation
+from ..options import redact_url
+from ..record import JobState
+from ..store import LeaseStore, open_store
+from ..testing.workers import WorkerProcess
 
 __all__ = ["DemoStep", "run_demo"]
 
