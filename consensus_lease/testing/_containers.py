@@ -47,16 +47,29 @@ def reap_stale() -> list[str]:
     Returns what was removed. Things owned by live processes are left alone.
     """
     removed = [f"rule {line}" for line in reap_stale_rules()] if os.geteuid() == 0 else []
+    not_found = docker_module("docker.errors").NotFound
     client = docker_client()
     try:
-        for container in client.containers.list(all=True, filters={"label": KIT_LABEL}):
-            owner = container.labels.get(OWNER_LABEL, "")
+        # sparse: the list's own answer, no inspect per container, which fails with
+        # NotFound when another process removes its container between list and inspect
+        for container in client.containers.list(all=True, sparse=True,
+                                                filters={"label": KIT_LABEL}):
+            owner = (container.attrs.get("Labels") or {}).get(OWNER_LABEL, "")
             if owner.isdigit() and not pid_alive(int(owner)):
-                container.remove(force=True, v=True)
-                removed.append(f"container {container.name}")
+                try:
+                    container.remove(force=True, v=True)
+                except not_found:  # another reaper got there first
+                    continue
+                removed.append(f"container {_sparse_name(container)}")
     finally:
         client.close()
     return removed
+
+
+def _sparse_name(container: Any) -> str:
+    """The name of a container from a sparse list (``attrs["Names"]``, ``/``-prefixed)."""
+    names = container.attrs.get("Names") or [container.id[:12]]
+    return str(names[0]).lstrip("/")
 
 
 def leftovers(pid: int | None = None, cluster: str | None = None) -> list[str]:
@@ -72,8 +85,9 @@ def leftovers(pid: int | None = None, cluster: str | None = None) -> list[str]:
         labels.append(f"{CLUSTER_LABEL}={cluster}")
     client = docker_client()
     try:
-        for container in client.containers.list(all=True, filters={"label": labels}):
-            found.append(f"container {container.name}")
+        for container in client.containers.list(all=True, sparse=True,
+                                                filters={"label": labels}):
+            found.append(f"container {_sparse_name(container)}")
     finally:
         client.close()
     return found
