@@ -153,6 +153,8 @@ class Holdings:
     ) -> list[LeaseRecord | LeaseError]:
         """See :meth:`Session.complete_many`: ``pairs`` are checked (this session's
         leases, distinct, not ended, results valid)."""
+        for lease, _ in pairs:
+            self._refuse_inside_block(lease)
         live = self.liveness
         backend = live.backend
         step = max(1, backend.capabilities.max_complete_batch)
@@ -340,17 +342,22 @@ class Holdings:
         ``transaction()`` block on this thread: the call would wait for the lock the
         block holds (SQLite: the store's write lock until the busy timeout; PostgreSQL:
         the job's row lock, with no timeout of its own)."""
+        self._refuse_inside_block(lease)
+        try:
+            return self.liveness.call(call)
+        except (LeaseLost, OutcomeUnknown) as exc:
+            self.lease_failed(lease, exc)
+            raise
+
+    def _refuse_inside_block(self, lease: Lease) -> None:
+        """``InvalidArgument`` if ``lease``'s own ``transaction()`` block is open on this
+        thread (see :meth:`_guarded`)."""
         if (id(lease), threading.get_ident()) in self._blocks:
             raise InvalidArgument(
                 f"{lease.job_id!r}: this lease's transaction() block is open on this "
                 "thread; end, renew or change the lease after the block (the call would "
                 "wait for the block's own lock)", job_id=lease.job_id,
                 generation=lease.generation)
-        try:
-            return self.liveness.call(call)
-        except (LeaseLost, OutcomeUnknown) as exc:
-            self.lease_failed(lease, exc)
-            raise
 
     def lease_failed(self, lease: Lease, exc: LeaseLost | OutcomeUnknown) -> None:
         """The store refused (or could not confirm) an operation on ``lease``."""

@@ -430,6 +430,7 @@ class TransactionConformance:
                 conn.execute(insert, (lease.job_id, lease.generation, "in-block"))
                 for call in (lambda: lease.complete(b"x"), lease.renew, lease.release,
                              lambda: lease.fail("x"),
+                             lambda: lease.session.complete_many([lease]),
                              lambda: lease.transaction(conn).__enter__()):
                     with pytest.raises(InvalidArgument, match="block is open"):
                         call()
