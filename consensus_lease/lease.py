@@ -380,8 +380,9 @@ class Lease:
     ) -> tuple[LeaseRecord, Lease | None]:
         """Complete this job and claim the next claimable job of ``queue`` for the same
         session, in one atomic store operation where the store can
-        (``capabilities.fused_claim_next``: an etcd transaction, a ZooKeeper multi, one
-        SQL transaction; memory: its lock): one round trip per job instead of two.
+        (``capabilities.fused_claim_next``: one SQL transaction on SQLite and
+        PostgreSQL, memory under its lock; not etcd or ZooKeeper, which send the
+        completion, then the claim): one round trip per job instead of two.
 
         The completion is the one :meth:`complete` makes (owner and generation compared
         by the store in the same operation); the claim is the one
