@@ -226,11 +226,24 @@ def etcd_cluster(docker_engine: KitImages, pytestconfig: pytest.Config) -> Itera
 def zookeeper_cluster(
     docker_engine: KitImages, pytestconfig: pytest.Config
 ) -> Iterator[ZooKeeperCluster]:
-    """A 3-member ZooKeeper ensemble shared by the session; restored after each test."""
+    """A 3-member ZooKeeper ensemble shared by the session; restored after each test.
+
+    Its members have :data:`SHARED_ZOOKEEPER_HEAP_MB` of heap: the ensemble keeps every
+    test's znodes for the whole session, and a member that rejoins by snapshot (after a
+    pause or a restart) holds two copies of that tree while it loads the leader's.
+    """
     from consensus_lease.testing.cluster import ZooKeeperCluster
 
-    cluster = ZooKeeperCluster(image=docker_engine.zookeeper, image_style=docker_engine.style)
+    cluster = ZooKeeperCluster(image=docker_engine.zookeeper, image_style=docker_engine.style,
+                               heap_mb=SHARED_ZOOKEEPER_HEAP_MB)
     yield from _run_cluster(cluster, pytestconfig)
+
+
+SHARED_ZOOKEEPER_HEAP_MB = 768
+"""Heap of each member of the session's shared ensemble, in MB. With the default 256 MB
+a full suite's data (tens of thousands of znodes from queue, tooz and many-session tests)
+made a deposed leader that rejoined by snapshot exit with ``OutOfMemoryError`` in
+``Learner.syncWithLeader`` (loading the leader's tree beside its own)."""
 
 
 @pytest.fixture
