@@ -22,7 +22,9 @@ process supervisor, in :mod:`.processes`. Summary:
 * each slot (a thread, or a ``spawn``-ed process) has its own session; a session found
   LOST is replaced by a new one (``sessions_lost``, logged at WARNING);
 * ``claim_next(queue, wait_s=claim_wait_s)`` -> ``lease.ensure_held()`` -> handler ->
-  ``complete(result)``; an exception -> ``lease.fail(exc)`` with the retry policy's delay
+  ``complete(result)`` (by default ``complete_and_claim_next(result, queue)``, whose
+  lease, if any, is the next job, with no ``claim_next`` for it; ``fused_claim=False``
+  turns that off); an exception -> ``lease.fail(exc)`` with the retry policy's delay
   (:class:`Retry` chooses the delay); ``LeaseLost`` -> logged, not completed;
   ``JobCompleted``/``JobFailed`` races -> skipped;
 * a stop (``stop_event``; SIGTERM/SIGINT in the command) stops claiming, gives jobs in

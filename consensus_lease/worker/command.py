@@ -91,6 +91,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "waited for; FAILED jobs are not)")
     parser.add_argument("--claim-wait-s", type=_flag(parse_positive_seconds), metavar="S",
                         help="one claim's wait, seconds (default 1)")
+    parser.add_argument("--fused-claim", action=argparse.BooleanOptionalAction, default=None,
+                        help="complete each job and claim the next in one call "
+                        "(complete_and_claim_next; the default); --no-fused-claim: "
+                        "complete, then claim_next")
     parser.add_argument("--max-attempts", type=_flag(parse_attempts), metavar="N",
                         help="the queue's RetryPolicy.max_attempts (recorded per job by "
                         "enqueue: set it where jobs are enqueued too)")
@@ -148,6 +152,7 @@ def worker_arguments(values: Mapping[str, object]) -> dict[str, Any]:
         "retry": retry, "grace_s": _get(values, "grace_s", 30.0),
         "until_empty": _get(values, "until_empty", False),
         "claim_wait_s": _get(values, "claim_wait_s", 1.0),
+        "fused_claim": _get(values, "fused_claim", True),
     }
 
 

@@ -37,6 +37,7 @@ class WorkerConfig:
     grace_s: float = 30.0
     until_empty: bool = False
     claim_wait_s: float = 1.0
+    fused_claim: bool = True
 
     def __post_init__(self) -> None:
         check_queue_name(self.queue)
@@ -56,6 +57,8 @@ class WorkerConfig:
             check_policy(self.retry)
         if not isinstance(self.until_empty, bool):
             raise InvalidArgument(f"until_empty must be a bool, not {self.until_empty!r}")
+        if not isinstance(self.fused_claim, bool):
+            raise InvalidArgument(f"fused_claim must be a bool, not {self.fused_claim!r}")
 
     def single(self) -> WorkerConfig:
         """This configuration for one worker process: one slot, in a thread."""
@@ -139,6 +142,7 @@ ENVIRONMENT: dict[str, tuple[str, Callable[[str], object]]] = {
     "grace_s": ("CONSENSUS_LEASE_GRACE_S", parse_seconds),
     "until_empty": ("CONSENSUS_LEASE_UNTIL_EMPTY", parse_bool),
     "claim_wait_s": ("CONSENSUS_LEASE_CLAIM_WAIT_S", parse_positive_seconds),
+    "fused_claim": ("CONSENSUS_LEASE_FUSED_CLAIM", parse_bool),
     "max_attempts": ("CONSENSUS_LEASE_MAX_ATTEMPTS", parse_attempts),
     "retry_initial_s": ("CONSENSUS_LEASE_RETRY_INITIAL_S", parse_seconds),
     "retry_max_s": ("CONSENSUS_LEASE_RETRY_MAX_S", parse_seconds),

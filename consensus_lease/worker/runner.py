@@ -33,6 +33,7 @@ def run_worker(
     grace_s: float = 30.0,
     until_empty: bool = False,
     claim_wait_s: float = 1.0,
+    fused_claim: bool = True,
     observer: Observer | None = None,
     stop_event: threading.Event | None = None,
     handle_signals: bool = False,
@@ -42,9 +43,11 @@ def run_worker(
     Each of ``concurrency`` slots (a thread, or with ``mode="process"`` a process of its
     own) opens its own session, claims with ``claim_next(queue, wait_s=claim_wait_s)``,
     checks ``lease.ensure_held()``, calls ``handler(lease, payload)`` and settles the job:
-    completed with the bytes returned; failed with the retry policy's delay if it raised
-    (or the delay of a :class:`~consensus_lease.worker.Retry` it raised; after the job's
-    last attempt the store makes it FAILED); nothing if the lease was lost (logged and
+    completed with the bytes returned (with ``fused_claim``, by
+    ``lease.complete_and_claim_next``, whose next lease is the slot's next job); failed
+    with the retry policy's delay if it raised (or the delay of a
+    :class:`~consensus_lease.worker.Retry` it raised; after the job's last attempt the
+    store makes it FAILED); nothing if the lease was lost (logged and
     counted). A lost session is replaced by a new one, logged and counted, never hidden.
     See :mod:`consensus_lease.worker` for the whole contract.
 
@@ -71,6 +74,12 @@ def run_worker(
             retry delay count as available), nothing held; FAILED jobs do not count.
         claim_wait_s: how long one ``claim_next`` waits (seconds > 0); also the longest
             delay before a stop request is noticed by an idle slot.
+        fused_claim: complete each job with ``lease.complete_and_claim_next`` and work
+            the lease it returns next (no ``claim_next`` of its own: one store round trip
+            per job on SQLite, PostgreSQL and memory, ``capabilities.fused_claim_next``;
+            two requests, as before, on etcd and ZooKeeper), the same fencing as
+            ``complete``. ``False``: ``complete``, then ``claim_next`` (the sequence
+            before this option). A slot that is stopping always uses ``complete``.
         observer: metrics observer for a store opened from a URL (thread mode).
         stop_event: set it to stop the worker (the library caller's way).
         handle_signals: install SIGTERM/SIGINT handlers (the command does; only from the
@@ -86,7 +95,7 @@ def run_worker(
     """
     config = WorkerConfig(queue=queue, concurrency=concurrency, mode=mode, ttl_s=ttl_s,
                           owner=owner, retry=retry, grace_s=grace_s, until_empty=until_empty,
-                          claim_wait_s=claim_wait_s)
+                          claim_wait_s=claim_wait_s, fused_claim=fused_claim)
     target = handler if isinstance(handler, str) else check_handler(handler)
     if stop_event is not None and not isinstance(stop_event, threading.Event):
         raise InvalidArgument(f"stop_event must be a threading.Event, not {stop_event!r}")

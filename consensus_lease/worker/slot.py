@@ -6,6 +6,17 @@ loops: ``claim_next(queue, wait_s=claim_wait_s)`` -> ``lease.ensure_held()`` -> 
 ``complete`` / ``fail`` (see :mod:`.handler` for the contract). Every log line is on the
 ``consensus_lease.worker`` logger with ``slot``, ``job_id``, ``generation`` and ``attempt``
 as record attributes.
+
+With ``WorkerConfig.fused_claim`` (the default) a job the handler finished is completed
+with ``lease.complete_and_claim_next(result, queue)``: the lease it returns is the next job
+this slot works, without a ``claim_next`` of its own (one store round trip per job where
+the store fuses the two, ``capabilities.fused_claim_next``); when it returns none the slot
+falls back to the waiting ``claim_next``. The completion is fenced exactly as
+``complete``'s: a refused one claims nothing. A slot told to stop completes with plain
+``complete`` (it claims nothing it would not run), and a next lease obtained as the stop
+came is released, as a claimed one is. An ``OutcomeUnknown`` of the fused call closes the
+session: the store may have claimed a next job for it that this process never saw, which
+closing hands back at once instead of leaving it held until the worker stops.
 """
 
 from __future__ import annotations
@@ -13,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import TypeVar
 
 from ..errors import (
     BackendUnavailable,
@@ -45,7 +57,7 @@ slot gives up and closes its session (which hands the job back, or lets the TTL 
 BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 """Waits after consecutive store errors (the last one repeats)."""
 
-Settle = Callable[[], "LeaseRecord | None"]
+T = TypeVar("T")
 
 _STILL_HELD = (LeaseState.HELD, LeaseState.SUSPENDED)
 
@@ -66,16 +78,21 @@ class Slot:
         self._lock = threading.Lock()
         self._session: Session | None = None
         self._current: Lease | None = None
+        self._next: Lease | None = None  # claimed by the last completion, not yet worked
         self._abandoned = False
         self._store_errors = 0
 
     def run(self) -> None:
         """Claim and work jobs until the worker stops."""
         try:
-            while not self.control.stopping:
+            while True:
                 try:
-                    lease = self._claim()
-                    if lease is not None:
+                    lease = self._take_next()
+                    if lease is None:
+                        if self.control.stopping:
+                            break
+                        lease = self._claim()
+                    if lease is not None:  # _work hands it back if the stop came
                         self._work(lease)
                 except StoreRegressed as exc:  # an operator must act: never retried away
                     self.stats.errors += 1
@@ -141,12 +158,20 @@ class Slot:
         return None if self.config.owner is None else f"{self.config.owner}/{self.name}"
 
     def _close_session(self) -> None:
+        """End the session (handing back what it holds, a next lease included)."""
         with self._lock:
             session, self._session = self._session, None
+            self._next = None
         if session is not None:
             session.close()
 
     # -- claiming ------------------------------------------------------------------------
+
+    def _take_next(self) -> Lease | None:
+        """The lease the last completion claimed (``complete_and_claim_next``), if any."""
+        with self._lock:
+            lease, self._next = self._next, None
+        return lease
 
     def _claim(self) -> Lease | None:
         session = self._open_session()
@@ -230,14 +255,40 @@ class Slot:
         if lease.state is LeaseState.COMPLETED:  # the handler completed it itself
             self.stats.completed += 1
             return
+        unknown = False
+
+        def complete() -> tuple[LeaseRecord, Lease | None]:
+            # chosen at each try: a stop that came meanwhile claims nothing more
+            nonlocal unknown
+            if not self.config.fused_claim or self.control.stopping:
+                return lease.complete(result), None
+            try:
+                return lease.complete_and_claim_next(result, self.config.queue)
+            except OutcomeUnknown:
+                unknown = True
+                raise
+
         try:
-            done, _ = self._settle(lease, "complete", lambda: lease.complete(result))
+            done, answer = self._settle(lease, "complete", complete)
         except InvalidArgument as exc:  # the result is too large for the store
             self._handler_failed(lease, exc)
             return
         if done:
             self.stats.completed += 1
             log.info("job completed", extra=self._fields(lease))
+            claimed = None if answer is None else answer[1]
+            if claimed is not None:
+                self.stats.fused_claims += 1
+                with self._lock:
+                    self._next = claimed
+        elif unknown:
+            # the store may have claimed a next job for this session that this process
+            # never saw: closing the session hands it back now (else it stays held, the
+            # session alive, until the worker stops); the next claim opens a new one
+            log.warning("completion outcome unknown: closing the session, which hands "
+                        "back a next job the store may have claimed for it",
+                        extra=self._fields(lease))
+            self._close_session()
 
     def _handler_failed(self, lease: Lease, exc: Exception) -> None:
         if isinstance(exc, LeaseLost) and lease.state not in _STILL_HELD:
@@ -261,10 +312,11 @@ class Slot:
             log.info("job will be retried", extra={**self._fields(lease),
                                                    "not_before": record.not_before})
 
-    def _settle(self, lease: Lease, what: str, op: Settle) -> tuple[bool, LeaseRecord | None]:
-        """Run ``op`` (complete / fail / release); ``(True, record)`` if the store applied
-        it. Retries what the store did not answer; a lost lease or a race is logged and
-        counted, never raised. ``InvalidArgument`` propagates (nothing was sent)."""
+    def _settle(self, lease: Lease, what: str, op: Callable[[], T]) -> tuple[bool, T | None]:
+        """Run ``op`` (complete / fail / release); ``(True, its answer)`` if the store
+        applied it. Retries what the store did not answer; a lost lease or a race is
+        logged and counted, never raised. ``InvalidArgument`` propagates (nothing was
+        sent)."""
         for attempt in range(1, SETTLE_ATTEMPTS + 1):
             try:
                 return True, op()

@@ -7,8 +7,8 @@ from dataclasses import dataclass, fields
 __all__ = ["WorkerStats"]
 
 _COUNTS = (
-    "claimed", "completed", "retried", "dead_lettered", "leases_lost", "sessions_lost",
-    "released", "skipped", "errors", "restarts",
+    "claimed", "fused_claims", "completed", "retried", "dead_lettered", "leases_lost",
+    "sessions_lost", "released", "skipped", "errors", "restarts",
 )
 
 
@@ -17,7 +17,10 @@ class WorkerStats:
     """Counts of what a worker did (returned by :func:`run_worker`).
 
     Attributes:
-        claimed: leases obtained with ``claim_next``.
+        claimed: leases obtained with ``claim_next``, or by the completion of the job
+            before (``complete_and_claim_next``).
+        fused_claims: of ``claimed``, those the completion of the job before claimed
+            (``WorkerConfig.fused_claim``): each one a ``claim_next`` round trip saved.
         completed: jobs this worker completed (the store recorded the completion).
         retried: failed attempts handed back for a later attempt (``lease.fail``).
         dead_lettered: failed attempts that made the job FAILED (its last attempt).
@@ -41,6 +44,7 @@ class WorkerStats:
     """
 
     claimed: int = 0
+    fused_claims: int = 0
     completed: int = 0
     retried: int = 0
     dead_lettered: int = 0

@@ -37,7 +37,8 @@ def run_threads(store: LeaseStore, config: WorkerConfig, handler: Handler,
     threads = [threading.Thread(target=s.run, name=f"consensus-lease-worker-{s.name}",
                                 daemon=True) for s in slots]
     log.info("worker started", extra={"queue": config.queue, "slots": len(slots),
-                                      "ttl_s": config.ttl_s, "until_empty": config.until_empty})
+                                      "ttl_s": config.ttl_s, "until_empty": config.until_empty,
+                                      "fused_claim": config.fused_claim})
     for thread in threads:
         thread.start()
     while not control.wait(IDLE_POLL_S):

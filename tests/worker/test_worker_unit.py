@@ -23,7 +23,7 @@ from consensus_lease import (
 from consensus_lease.retry import RetryPolicy
 from consensus_lease.testing import FakeClock
 from consensus_lease.worker import Retry, WorkerConfig, load_handler, run_worker
-from consensus_lease.worker.command import settings, worker_arguments
+from consensus_lease.worker.command import add_parser, settings, worker_arguments
 from consensus_lease.worker.config import from_environment
 
 FAST = {"claim_wait_s": 0.05, "ttl_s": 5.0}
@@ -220,6 +220,7 @@ def test_grace_period_over_releases_the_job(store: LeaseStore) -> None:
     ({"ttl_s": float("nan")}, "ttl_s"),
     ({"mode": "process"}, "needs a store URL"),
     ({"stop_event": "yes"}, "stop_event"),
+    ({"fused_claim": 1}, "fused_claim"),
 ])
 def test_bad_arguments(store: LeaseStore, kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidArgument, match=message):
@@ -274,6 +275,21 @@ def test_flags_win_over_the_environment() -> None:
     assert arguments["handler"] == "m:f" and arguments["store"] == "memory://"
     assert arguments["retry"] == RetryPolicy(max_attempts=4)
     WorkerConfig(**{k: v for k, v in arguments.items() if k not in ("store", "handler")})
+
+
+@pytest.mark.parametrize(("argv", "environ", "fused"), [
+    ([], {}, True),
+    (["--no-fused-claim"], {}, False),
+    ([], {"CONSENSUS_LEASE_FUSED_CLAIM": "off"}, False),
+    (["--fused-claim"], {"CONSENSUS_LEASE_FUSED_CLAIM": "0"}, True),
+])
+def test_fused_claim_is_on_unless_turned_off(argv: list[str], environ: dict[str, str],
+                                             fused: bool) -> None:
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(["worker", "--backend", "memory://", "--queue", "q", *argv,
+                              "m:f"])
+    assert worker_arguments(settings(args, environ))["fused_claim"] is fused
 
 
 @pytest.mark.parametrize(("variable", "value"), [
