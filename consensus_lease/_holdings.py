@@ -213,14 +213,32 @@ class Holdings:
             session.ensure_alive()
         except LeaseNotHeld:  # cannot claim now: the completion alone, as complete()
             return self.complete(lease, result), None
+        start = live.clock.monotonic() if live.observer is not None else 0.0
         record, picked = self._timed("complete", lease, lambda: self._guarded(
             lease, lambda: backend.complete_and_claim_next(
                 live.handle, lease.job_id, lease.claim_result, result, queue)))
         self._completed(lease, record, result)
-        if picked is None:
-            return record, None
-        job_id, claim, payload = picked
-        return record, self.adopt(session, job_id, claim, payload, queue)
+        nxt = None
+        if picked is not None:
+            job_id, claim, payload = picked
+            nxt = self.adopt(session, job_id, claim, payload, queue)
+        self._report_fused_claim(nxt, start)
+        return record, nxt
+
+    def _report_fused_claim(self, lease: Lease | None, start: float) -> None:
+        """The claim half of a fused call, reported as the ``claim_next`` it replaces
+        (outcome ``ok`` with the new lease, ``empty`` without; latency: the whole call),
+        so claim counts and rates stay right for workers that use it."""
+        observer = self.liveness.observer
+        if observer is None:
+            return
+        latency = self.liveness.clock.monotonic() - start
+        scheme = self.scheme
+        job_id = None if lease is None else lease.job_id
+        generation = None if lease is None else lease.generation
+        outcome = "empty" if lease is None else "ok"
+        notify(observer, lambda o: o.operation(scheme, "claim_next", job_id, generation,
+                                               outcome, latency))
 
     def release(self, lease: Lease) -> None:
         """See :meth:`Lease.release`."""

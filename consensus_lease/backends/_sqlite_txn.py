@@ -89,8 +89,9 @@ def lease_transaction(
 
     Raises:
         InvalidArgument: ``conn`` is not an open ``sqlite3.Connection`` to the store's
-            file, or has a transaction open (or ``autocommit=False``, Python 3.12+);
-            nothing was done; the lease is still held.
+            file, cannot write it (read-only), or has a transaction open (or
+            ``autocommit=False``, Python 3.12+); nothing was done; the lease is still
+            held.
         StaleLeaseError / SessionExpired: not held at this generation; rolled back.
         BackendUnavailable: the write lock was not granted within ``lock_timeout_s``
             (the busy timeout), or the file failed; rolled back; the lease may still be
@@ -160,9 +161,10 @@ def _checked(conn: object, backend: SqliteBackend, job_id: str) -> sqlite3.Conne
         raise backend._unavailable(exc, job_id) from exc
     if in_transaction or getattr(conn, "autocommit", None) is False:
         raise InvalidArgument(
-            "lease.transaction(): the connection has a transaction open (sqlite3 opens "
-            "one before an INSERT/UPDATE/DELETE unless isolation_level=None): call "
-            "conn.commit() (or rollback()) first; the block begins and commits its own",
+            "lease.transaction(): the connection has a transaction open (another "
+            "lease.transaction() block on it, or the one sqlite3 opens before an "
+            "INSERT/UPDATE/DELETE unless isolation_level=None): end it first (leave the "
+            "block; conn.commit() or rollback()); the block begins and commits its own",
             job_id=job_id,
         )
     main = next((row[2] for row in files if row[1] == "main"), "")
@@ -189,8 +191,17 @@ def _begin(db: sqlite3.Connection, lock_timeout_s: float | None, backend: Sqlite
         finally:
             if previous is not None:
                 db.execute(f"PRAGMA busy_timeout = {previous}")
+        # a read-only connection (mode=ro) begins fine and fails at its first write:
+        # a write of no row tells now, before the block runs
+        db.execute("UPDATE cl_effects SET generation = generation WHERE 0")
     except sqlite3.DatabaseError as exc:
         _rollback(db)
+        if "readonly" in str(exc):  # mode=ro, or a file it may not write: not transient
+            raise InvalidArgument(
+                f"lease.transaction(): the connection cannot write the store's file "
+                f"{backend.path!r} ({exc}): open it read-write; nothing was done",
+                job_id=job_id,
+            ) from exc
         raise BackendUnavailable(
             f"lease.transaction(): SQLite store {backend.path!r}: the write lock was not "
             f"granted ({exc}); nothing was done", job_id=job_id,

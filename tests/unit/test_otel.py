@@ -143,6 +143,27 @@ def test_closing_a_session_hands_back_and_an_empty_queue_is_not_held(
     assert empty.status.status_code is not StatusCode.ERROR
 
 
+def test_the_claim_of_a_fused_completion_counts_as_a_claim_next(
+    tmp_path: Path, telemetry: Telemetry
+) -> None:
+    """``complete_and_claim_next`` replaces a ``claim_next``: its claim is reported as
+    one (``ok`` with the next job, ``empty`` without), so claim rates stay right."""
+    observer = telemetry.observer(root_spans=True)
+    with open_store(f"sqlite:///{tmp_path}/f.db", observer=observer) as store:
+        store.enqueue_many("q", ["a", "b"])
+        with store.session("A", ttl_s=10) as a:
+            first = a.claim_next("q")
+            assert first is not None
+            _, second = first.complete_and_claim_next(b"done")
+            assert second is not None and second.job_id != first.job_id
+            _, none = second.complete_and_claim_next(b"done")
+            assert none is None
+    outcomes = [s.attributes["consensus_lease.outcome"]
+                for s in telemetry.spans("consensus_lease.claim_next")]
+    assert outcomes == ["ok", "ok", "empty"], outcomes
+    assert len(telemetry.spans("consensus_lease.complete")) == 2
+
+
 def test_loss_and_stale_rejection(tmp_path: Path, telemetry: Telemetry) -> None:
     observer = telemetry.observer(renew_spans=False, root_spans=True)
     with open_store(f"sqlite:///{tmp_path}/l.db", observer=observer) as store:
@@ -202,6 +223,7 @@ def test_instrument_is_the_default_of_open_store(tmp_path: Path, telemetry: Tele
 def test_docs_example(tmp_path: Path) -> None:
     """The example on docs/integrations/opentelemetry.md (included from here)."""
     # --8<-- [start:example]
+
     from opentelemetry import trace
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
