@@ -102,6 +102,21 @@ def _watchers(etcd: LocalEtcd) -> float:
     return _metric(etcd, "etcd_debugging_mvcc_watcher_total")
 
 
+def _settled_watchers(etcd: LocalEtcd, timeout_s: float = 10.0) -> float:
+    """The server's watcher count once it holds still for 0.3 s (bounded): watches a
+    session or an earlier test started or cancelled reach the server asynchronously, so
+    a baseline read while one is in flight is off by one."""
+    deadline = time.monotonic() + timeout_s
+    last = _watchers(etcd)
+    while time.monotonic() < deadline:
+        time.sleep(0.3)  # the interval over which the count must hold still
+        now = _watchers(etcd)
+        if now == last:
+            return now
+        last = now
+    raise AssertionError(f"the server's watcher count did not settle within {timeout_s} s")
+
+
 def _streams(etcd: LocalEtcd) -> float:
     return _metric(etcd, "etcd_debugging_mvcc_watch_stream_total")
 
@@ -305,7 +320,7 @@ def test_subscribers_of_one_job_share_its_watch_and_leave_one_by_one(
     with store.session("A", ttl_s=30) as a:
         lease = a.claim("job")
         assert lease is not None
-        watchers = _watchers(etcd_server)
+        watchers = _settled_watchers(etcd_server)  # the session's own watch included
         first, second = Calls(), Calls()
         leave_first = store.backend.subscribe_job("job", first)
         leave_second = store.backend.subscribe_job("job", second)
