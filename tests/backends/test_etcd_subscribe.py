@@ -109,7 +109,7 @@ def _settled_watchers(etcd: LocalEtcd, timeout_s: float = 10.0) -> float:
     deadline = time.monotonic() + timeout_s
     last = _watchers(etcd)
     while time.monotonic() < deadline:
-        time.sleep(0.3)  # the interval over which the count must hold still
+        time.sleep(0.3)  # poll interval of a deadline loop (until the count holds still)
         now = _watchers(etcd)
         if now == last:
             return now

@@ -131,7 +131,7 @@ def test_a_frozen_deadline_in_the_child_ends_nothing(spy: LeaseStore) -> None:
         while session.remaining_s() > 0 and time.monotonic() < until:
             time.sleep(0.02)  # waiting for the child's copy of the deadline to pass
         state = session.state
-        time.sleep(0.1)  # a thread started to end the session would have run by now
+        time.sleep(0.1)  # real time passes: an absence (no thread ending the session) cannot be polled for
         return [state.value, *spy_calls(spy)[before:]]
 
     assert in_child(child) == [SessionState.ACTIVE.value]
