@@ -672,6 +672,9 @@ class AsyncSession:
     ) -> list[LeaseRecord | LeaseError]:
         """See :meth:`Session.complete_many` (same answers and errors), for this
         session's :class:`AsyncLease` objects."""
+        if isinstance(leases, (str, bytes)) or not isinstance(leases, Sequence):
+            # the sync call names the error; it is checked before anything is sent
+            return await self.store._workers.run(partial(self.sync.complete_many, leases))
         items: list[Any] = []
         for item in leases:
             lease, result = item if isinstance(item, tuple) and len(item) == 2 else (item, b"")

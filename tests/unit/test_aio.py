@@ -313,3 +313,19 @@ def test_completing_inside_the_guard_does_not_cancel_it(url: str) -> None:
                 assert lease.state is LeaseState.COMPLETED
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("bad", [None, "job", 3])
+def test_complete_many_refuses_a_non_sequence_as_the_sync_call_does(url: str,
+                                                                     bad: object) -> None:
+    async def main() -> None:
+        async with await AsyncLeaseStore.open(url) as store:
+            async with store.session("A", ttl_s=10) as a:
+                lease = await a.claim("job")
+                assert lease is not None
+                with pytest.raises(InvalidArgument, match="sequence of leases"):
+                    await a.complete_many(bad)  # type: ignore[arg-type]
+                record = await store.get("job")
+                assert record is not None and record.state is JobState.HELD
+
+    asyncio.run(asyncio.wait_for(main(), 60))
