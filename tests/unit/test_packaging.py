@@ -11,6 +11,7 @@ from the installed metadata otherwise.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -213,3 +214,17 @@ except ImportError as exc:
     )
     assert done.returncode == 0, done.stderr
     assert "pip install 'consensus_lease[metrics]'" in done.stdout, done.stdout
+
+
+def test_readme_and_getting_started_name_every_extra() -> None:
+    readme, guide = PACKAGE_ROOT / "README.md", PACKAGE_ROOT / "docs" / "getting-started.md"
+    if not (readme.is_file() and guide.is_file()):
+        pytest.skip("the README and docs are in a checkout, not in the installed wheel")
+    listed = re.search(r"Every extra \(([^)]*)\)", readme.read_text())
+    assert listed, "the README's 'Every extra (...)' line is gone"
+    in_readme = set(re.findall(r"`([a-z-]+)`", listed.group(1)))
+    in_guide = set(re.findall(r"\[([a-z-]+)\]'", guide.read_text())) | \
+        set(re.findall(r"`([a-z-]+)` is the former name", guide.read_text()))
+    declared = set(declared_extras())
+    assert in_readme == declared, (declared - in_readme, in_readme - declared)
+    assert declared <= in_guide, declared - in_guide
