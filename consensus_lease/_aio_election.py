@@ -113,7 +113,7 @@ class AsyncLeaderWatch:
         wake = self._wake or await self._start()
         loop = asyncio.get_running_loop()
         while True:
-            if self._closed or self._store.sync._closed:
+            if self._closed or self._store.sync.closed:
                 self.close()
                 raise StopAsyncIteration
             wake.clear()

@@ -88,7 +88,7 @@ class LeaderWatch:
 
     def __next__(self) -> LeaderRecord | None:
         while True:
-            if self._closed or self._store._closed:
+            if self._closed or self._store.closed:
                 self.close()
                 raise StopIteration
             self._wake.clear()

@@ -204,6 +204,13 @@ class LeaseStore:
     def capabilities(self) -> Capabilities:
         return self.backend.capabilities
 
+    @property
+    def closed(self) -> bool:
+        """``True`` once :meth:`close` has been called (then every call raises
+        :class:`~consensus_lease.errors.StoreClosed`). A read of local state, no round
+        trip."""
+        return self._closed
+
     def session(
         self,
         owner: str | None = None,

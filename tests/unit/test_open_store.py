@@ -115,8 +115,9 @@ def test_closing_a_store_closes_its_sessions_and_refuses_later_use() -> None:
     store = open_store("memory://")
     session = store.session("A", 30)
     lease = session.claim("j")
-    assert lease is not None
+    assert lease is not None and not store.closed
     store.close()
+    assert store.closed
     with pytest.raises(LeaseLost):
         lease.ensure_held()
     for call in (lambda: store.session("B", 30), lambda: store.get("j"), store.records,
