@@ -165,6 +165,13 @@ def _settled(lost_at: dict[str, float], sessions: int, thawed: float) -> bool:
     return len(lost_at) == sessions or time.monotonic() > thawed + SCENARIO_TTL_S
 
 
+def _watch_saw_counted(deletions: Any, observer: Any, prefix: Any, jobs: dict[str, str]
+                       ) -> bool:
+    """Whether the test's watch has seen the owner key of every session counted early."""
+    return all(_owner_key(prefix, jobs[sid]) in deletions.seen
+               for sid, _ in list(observer.early))
+
+
 def test_stale_leader_revoking_early_is_heard_within_a_delivery(
     fresh_etcd_cluster: Any, key_prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -206,6 +213,10 @@ def test_stale_leader_revoking_early_is_heard_within_a_delivery(
                 # Settled: every session lost, or still held one TTL after the thaw.
                 poll_until(functools.partial(_settled, lost_at, len(sessions), thawed),
                            3 * SCENARIO_TTL_S)
+                # The test's own watch can deliver a deletion after the session heard it
+                # (a busy host): wait until it has seen every key the library counted.
+                poll_until(functools.partial(_watch_saw_counted, deletions, observer,
+                                             prefix, jobs), 3 * LOSS_BOUND_S)
             finally:
                 deletions.close()
             early = []  # (session id, seconds from the deletion to the loss)
