@@ -804,6 +804,13 @@ class AsyncLeaseStore:
         """Threads of this store's pool."""
         return self._workers.size
 
+    @property
+    def closed(self) -> bool:
+        """``True`` once this store or the :class:`LeaseStore` under it (``.sync``) was
+        closed: then every call raises :class:`~consensus_lease.errors.StoreClosed`. A
+        read of local state, no round trip."""
+        return self._closed or self.sync.closed
+
     def session(
         self, owner: str | None = None, ttl_s: float = DEFAULT_TTL_S, *,
         safety_margin_s: float | None = None, keepalive: bool = True,

@@ -45,6 +45,23 @@ def test_claim_complete_and_context_managers(url: str) -> None:
     asyncio.run(asyncio.wait_for(main(), 60))
 
 
+def test_closed_says_whether_the_store_or_the_sync_store_under_it_was_closed(
+        url: str) -> None:
+    async def main() -> None:
+        store = await AsyncLeaseStore.open(url)
+        assert not store.closed
+        await store.close()
+        assert store.closed and store.sync.closed
+        other = await AsyncLeaseStore.open(url)
+        other.sync.close()  # closed beneath it: its calls raise StoreClosed, so it says so
+        assert other.closed
+        with pytest.raises(StoreClosed):
+            await other.get("j")
+        await other.close()
+
+    asyncio.run(asyncio.wait_for(main(), 20))
+
+
 def test_lost_lease_cancels_the_guarded_work(url: str) -> None:
     async def main() -> None:
         store = await AsyncLeaseStore.open(url)

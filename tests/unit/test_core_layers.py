@@ -9,8 +9,8 @@ is not defined in the accessing module itself (as a function, class attribute,
 ``self._name = ...`` or module name): a name of another module's implementation, which
 that module may change without telling the reader. (A name defined in both modules is
 taken as the module's own only when no other core module defines it: ``lease._lose``
-in a module that has a ``_lose`` of its own is another module's name.) A runtime import is one at module
-level outside ``if TYPE_CHECKING:`` (imports inside functions are deferred and left out).
+in a module that has a ``_lose`` of its own is another module's name.) A runtime import
+is one at module level outside ``if TYPE_CHECKING:`` (imports inside functions are deferred and left out).
 """
 
 from __future__ import annotations
