@@ -37,8 +37,8 @@ from consensus_lease import (
 from consensus_lease._election import election_key, is_election_key
 from consensus_lease.backends.etcd import EtcdBackend, EtcdClaim, EtcdSession
 from consensus_lease.backends.etcd._config import DEFAULT_PREFIX, parse_url
-from consensus_lease.backends.etcd._failure import delay_ttl_s
-from consensus_lease.backends.etcd._keys import (
+from consensus_lease.backends.etcd._jobs_fail import delay_ttl_s
+from consensus_lease.backends.etcd._layout import (
     JOB_KINDS,
     Completion,
     History,

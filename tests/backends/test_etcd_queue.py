@@ -600,8 +600,8 @@ def test_a_job_too_large_for_the_servers_txn_limit_names_the_flag() -> None:
 
 
 def test_needed_ops_counts_nested_transactions_against_the_rest() -> None:
-    from consensus_lease.backends.etcd import _requests as rq
-    from consensus_lease.backends.etcd._txn_limit import needed_ops
+    from consensus_lease.backends.etcd import _transport_requests as rq
+    from consensus_lease.backends.etcd._transport_txn_limit import needed_ops
 
     nested = rq.txn(compare=[rq.exists(b"c")], success=[rq.delete(b"k")] * 8)
     outer = rq.txn(success=[etcdrpc.RequestOp(request_txn=nested)] * 3)

@@ -25,7 +25,7 @@ from consensus_lease import (
     QueueStats,
     open_store,
 )
-from consensus_lease.backends.etcd import _queue, _queue_state
+from consensus_lease.backends.etcd import _queues, _queues_state
 from consensus_lease.cli import main
 from consensus_lease.testing.conformance import poll_until
 
@@ -86,7 +86,7 @@ def test_enqueue_many_is_idempotent_and_keeps_fifo_order(store: LeaseStore) -> N
 def test_enqueue_many_sends_one_transaction_per_chunk(
     store: LeaseStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert backend_of(store).capabilities.max_enqueue_batch == _queue.ENQUEUE_BATCH == 100
+    assert backend_of(store).capabilities.max_enqueue_batch == _queues.ENQUEUE_BATCH == 100
     store.enqueue("q", "first")  # the driver has the queue's counters now
     sent = _count_sends(store, monkeypatch)
     assert store.enqueue_many("q", [f"j{i}" for i in range(250)]) == [True] * 250
@@ -172,7 +172,7 @@ def test_a_job_released_elsewhere_is_offered_again_within_the_rescan_time(
         lease.release()
         start = time.monotonic()
         poll_until(lambda: _candidates(other, "q") == ["a", "b", "c"], 10)
-        assert time.monotonic() - start < _queue_state.RESCAN_S + 2
+        assert time.monotonic() - start < _queues_state.RESCAN_S + 2
         assert _candidates(store, "q") == ["a", "b", "c"]  # at once where it was released
 
 
@@ -282,8 +282,8 @@ def test_queue_stats_stay_consistent_under_four_claimers(store: LeaseStore) -> N
 def test_a_full_queue_refuses_enqueues_until_purged(
     store: LeaseStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert backend_of(store).capabilities.max_queue_jobs == _queue.MAX_QUEUE_JOBS
-    monkeypatch.setattr(_queue, "MAX_QUEUE_JOBS", 5)
+    assert backend_of(store).capabilities.max_queue_jobs == _queues.MAX_QUEUE_JOBS
+    monkeypatch.setattr(_queues, "MAX_QUEUE_JOBS", 5)
     assert store.enqueue_many("q", ["a", "b", "c", "d"]) == [True] * 4
     with pytest.raises(QueueFull):
         store.enqueue_many("q", ["e", "f"])
@@ -304,7 +304,7 @@ def test_a_full_queue_refuses_enqueues_until_purged(
 def test_a_queue_over_its_payload_budget_refuses_enqueues_until_purged(
     store: LeaseStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_queue, "MAX_QUEUE_PAYLOAD_BYTES", 1000)
+    monkeypatch.setattr(_queues, "MAX_QUEUE_PAYLOAD_BYTES", 1000)
     assert store.enqueue_many("q", [("a", b"x" * 400), ("b", b"x" * 400)]) == [True, True]
     with pytest.raises(QueueFull) as exc:
         store.enqueue_many("q", [("c", b"x" * 100), ("d", b"x" * 101)])

@@ -21,9 +21,9 @@ from etcd_local import LocalEtcd, LocalMember, backend_of, local_members, requir
 from pyetcd import etcdrpc
 
 from consensus_lease import LeaseStore, open_store
-from consensus_lease.backends.etcd import _watch_hub
-from consensus_lease.backends.etcd._subscribe import Subscriptions
-from consensus_lease.backends.etcd._watch_hub import WatchHub
+from consensus_lease.backends.etcd import _watches_hub
+from consensus_lease.backends.etcd._watches_hub import WatchHub
+from consensus_lease.backends.etcd._watches_subscribe import Subscriptions
 from consensus_lease.testing.conformance import poll_until
 
 WAKES_WITHIN_S = 2.0
@@ -37,7 +37,7 @@ _HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 SESSION = 1
 """Watches the hub carries for the sessions while one is open (the session keys' watch,
-:mod:`consensus_lease.backends.etcd._revocation`)."""
+:mod:`consensus_lease.backends.etcd._sessions_revocation`)."""
 
 
 @pytest.fixture(scope="module")
@@ -391,7 +391,7 @@ def test_a_broken_stream_calls_once_and_resumes_without_losing_an_event(
 ) -> None:
     """The stream breaks: every subscriber is called once. A release while it is down is
     delivered by the re-created watch (from the revision after its last event)."""
-    monkeypatch.setattr(_watch_hub, "RETRY_MIN_S", 1.0)  # a long gap to change things in
+    monkeypatch.setattr(_watches_hub, "RETRY_MIN_S", 1.0)  # a long gap to change things in
     with store.session("A", ttl_s=30) as a:
         lease = a.claim("job")
         assert lease is not None
@@ -417,7 +417,7 @@ def test_a_compacted_watch_resumes_and_calls(
 ) -> None:
     """The stream is down while the store is compacted past the watch's revision: the
     watch resumes from the compaction and its subscribers are called."""
-    monkeypatch.setattr(_watch_hub, "RETRY_MIN_S", 1.0)
+    monkeypatch.setattr(_watches_hub, "RETRY_MIN_S", 1.0)
     backend = backend_of(store)
     with store.session("A", ttl_s=30) as a:
         lease = a.claim("job")
@@ -495,7 +495,7 @@ def test_a_silent_stream_is_probed_and_replaced(own_member: LocalEtcd) -> None:
         started = time.monotonic()
         own_member.pause(member)
         try:
-            calls.woken_within(started, _watch_hub.HEARTBEAT_S + 1.0 + 2 * _watch_hub.TICK_S
+            calls.woken_within(started, _watches_hub.HEARTBEAT_S + 1.0 + 2 * _watches_hub.TICK_S
                                + 0.5)
         finally:
             own_member.unpause(member)

@@ -15,8 +15,8 @@ import pytest
 from pyetcd import etcdrpc
 
 from consensus_lease.backends.etcd._config import EtcdConfig
-from consensus_lease.backends.etcd._keepalive import KeepAliveStreams
 from consensus_lease.backends.etcd._transport import Failure, Transport
+from consensus_lease.backends.etcd._transport_keepalive import KeepAliveStreams
 
 
 class _RpcError(grpc.RpcError):

@@ -1,4 +1,4 @@
-"""The etcd session watch (``_revocation.SessionWatch``) with a fake hub and store: a
+"""The etcd session watch (``_sessions_revocation.SessionWatch``) with a fake hub and store: a
 deleted session key ends its session; watch trouble (compaction) reads the keys again
 instead of assuming anything; a failed read never ends a session."""
 
@@ -10,10 +10,10 @@ from typing import Any
 from pyetcd import etcdrpc
 
 from consensus_lease.backend import SessionEvent
-from consensus_lease.backends.etcd._keys import Layout
-from consensus_lease.backends.etcd._revocation import SessionWatch
-from consensus_lease.backends.etcd._session import EtcdSession
-from consensus_lease.backends.etcd._watch_hub import Watch
+from consensus_lease.backends.etcd._layout import Layout
+from consensus_lease.backends.etcd._sessions import EtcdSession
+from consensus_lease.backends.etcd._sessions_revocation import SessionWatch
+from consensus_lease.backends.etcd._watches_hub import Watch
 from consensus_lease.errors import BackendUnavailable
 from consensus_lease.testing.conformance import poll_until
 

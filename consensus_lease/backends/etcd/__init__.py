@@ -9,7 +9,7 @@ revision: strictly increasing per job (and across the whole cluster), but not
 consecutive (``consecutive_generations=False``). The store epoch (key ``PREFIX/epoch``,
 0 until ``bump_epoch`` first runs, so tokens are plain revisions until then) is compared
 inside every claim transaction against the driver's cached copy and recorded in the
-owner value; see :mod:`._tokens` and :mod:`._epoch`.
+owner value; see :mod:`._tokens` and :mod:`._tokens_epoch`.
 ``renew`` is two requests in one round trip, not one atomic step: a read-only
 transaction comparing the owner key, and one keepalive of the session's lease sent while
 it is under way (the comparison's verdict is raised first).
@@ -37,7 +37,7 @@ hosts                  (required)           ``h1:port,h2:port,...`` members trie
                                             ``min(timeout_s, 2/3 TTL)``, moves on at once
                                             from a broken stream and hedges on the next
                                             member after ``max(0.15, TTL/20)`` of
-                                            silence; see :mod:`._keepalive`)
+                                            silence; see :mod:`._transport_keepalive`)
 ``connect_timeout_s``  10.0                 how long to keep trying members (connect,
                                             fail over, read back after a lost answer)
                                             before ``BackendUnavailable`` /
@@ -58,7 +58,7 @@ hosts                  (required)           ``h1:port,h2:port,...`` members trie
 Renamed: ``ca_cert`` -> ``ca_file``, ``cert_cert`` -> ``cert_file``, ``cert_key`` ->
 ``key_file``. TLS files must exist when the store is opened.
 
-Keys (see :mod:`._keys`): ``PREFIX/epoch`` the store epoch, ``PREFIX/HEX/o`` owner
+Keys (see :mod:`._layout`): ``PREFIX/epoch`` the store epoch, ``PREFIX/HEX/o`` owner
 (leased), ``PREFIX/HEX/h`` history, ``PREFIX/HEX/c`` completion record, ``PREFIX/HEX/q``
 queue marker, ``PREFIX/HEX/a`` attempts, ``PREFIX/HEX/e`` last error, ``PREFIX/HEX/f``
 FAILED record, ``PREFIX/HEX/l`` attempt limit, ``PREFIX/HEX/n`` not-before (on a lease
@@ -70,11 +70,11 @@ Leader elections (``Capabilities.elections``; see :mod:`consensus_lease._electio
 leases on the same keys under ``PREFIX/elections/NHEX/`` (``NHEX``: hex of the election
 name), claimed, renewed and released by the same transactions; the leader's value is
 the value key, put by one transaction comparing ownership as renew does (see
-:mod:`._value`) and deleted by the release. Elections are left out of ``records`` and
+:mod:`._jobs_value`) and deleted by the release. Elections are left out of ``records`` and
 cannot be enqueued; a subscription to one is woken by every change (a new leader, its
 value, its end), which observers follow.
 
-Work queues (see :mod:`._queue`, :mod:`._queue_index`): ``PREFIX/q/QHEX/j/HEX`` member
+Work queues (see :mod:`._queues`, :mod:`._queues_index`): ``PREFIX/q/QHEX/j/HEX`` member
 key (value: the payload; its create revision is the job's ``seq``),
 ``PREFIX/q/QHEX/p/HEX`` pending key (value: the job's ordinal; deleted by the completion
 transaction and by the one making the job FAILED, put back by requeue with a new
@@ -90,7 +90,7 @@ held marker ``PREFIX/q/QHEX/h/HEX`` on the session's lease and reads the job's q
 marker, so the completion can delete the pending key and held marker in its own
 transaction. Its cost depends on the held and delayed jobs at the front of the queue,
 not on its depth. ``queue_stats`` is one read of counters kept in the same transactions
-(see :mod:`._queue_index`). ``complete_many`` and ``complete_and_claim_next`` are the
+(see :mod:`._queues_index`). ``complete_many`` and ``complete_and_claim_next`` are the
 looped defaults of :class:`~consensus_lease.backend.Backend` (``max_complete_batch`` 1,
 ``fused_claim_next`` false): one completion transaction per job, then ``claim_next``'s
 reads and claim. Several completions of one queue cannot share a transaction as the
@@ -98,7 +98,7 @@ layout stands: each bumps the queue's completed counter by one put, and etcd ref
 transaction that puts one key twice. A queue holds at most 250,000 jobs and 256 MiB of payloads
 (``max_queue_jobs``, ``QueueFull``: together under half of etcd's default 2 GB quota).
 Queues written by the first layout are refused until ``upgrade_queue`` ran (the
-command ``consensus-lease upgrade-queue``; :mod:`._queue_upgrade`). Waiting is a watch
+command ``consensus-lease upgrade-queue``; :mod:`._queues_upgrade`). Waiting is a watch
 (enqueues and requeues; owner keys deleted by release, fail or expiry; not-before keys
 deleted by their lease's expiry). Payloads
 are limited to 1 MiB (``max_payload_bytes``), under etcd's default
@@ -106,7 +106,7 @@ are limited to 1 MiB (``max_payload_bytes``), under etcd's default
 refuses larger enqueues with ``InvalidArgument``.
 
 Job lifecycle (attempts, ``fail``, retry delays, FAILED, ``requeue``; see
-:mod:`._attempts` and :mod:`._failure`):
+:mod:`._jobs_attempts` and :mod:`._jobs_fail`):
 
 * ``attempt``: every claim transaction also puts the attempts key ``a`` (empty value);
   etcd adds 1 to a key's ``version`` on every put, so the version is the number of
@@ -170,7 +170,7 @@ reading back fails within ``connect_timeout_s``. Idempotent reads are retried ov
 members with ``tenacity`` for at most ``connect_timeout_s``. A ``LeaseGrant`` (session,
 retry delay) whose answer is lost is retried; the orphan lease holds no key and expires.
 
-Restores (see :mod:`._regression`): etcd's revisions only grow, so an answer whose
+Restores (see :mod:`._tokens_regression`): etcd's revisions only grow, so an answer whose
 header revision is below one already seen (every request is linearizable, compared with
 what was seen before it was sent) or that names another ``cluster_id`` means the
 cluster's history went back: it was restored from an older snapshot, or wiped. Tokens

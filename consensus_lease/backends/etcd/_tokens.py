@@ -6,7 +6,7 @@ years at 10,000 writes per second) leaves 19 bits of epoch under the int64 limit
 fences. Epoch 0, the store's epoch until ``bump_epoch`` first runs, makes the token the
 create revision itself, as before there were epochs.
 
-The epoch lives in the key ``PREFIX/epoch`` (:class:`~._keys.StoreEpoch`; absent: 0).
+The epoch lives in the key ``PREFIX/epoch`` (:class:`~._layout.StoreEpoch`; absent: 0).
 Each driver caches it (:class:`EpochCache`) and every claim transaction compares the
 key with the cached copy, so the epoch written into the owner value is the one in
 effect at the claim's revision, without a read before the claim. When the compare
@@ -20,8 +20,8 @@ import threading
 from typing import Any
 
 from ...errors import BackendUnavailable
-from . import _requests as rq
-from ._keys import StoreEpoch
+from . import _transport_requests as rq
+from ._layout import StoreEpoch
 
 __all__ = [
     "EPOCH_SHIFT",

@@ -17,7 +17,7 @@ Idempotent requests go through :meth:`Transport.call`, which retries on the next
 which tries once and hands an ambiguous failure back to the caller to settle by reading
 back (see the driver).
 
-Every answer's header goes through the driver's :class:`~._regression.RevisionGuard`
+Every answer's header goes through the driver's :class:`~._tokens_regression.RevisionGuard`
 (:meth:`Transport.attempt`); an answer from a history older than one already seen raises
 ``StoreRegressed``, which is never retried.
 
@@ -51,9 +51,9 @@ from ...errors import (
     StoreRegressed,
 )
 from ._config import EtcdConfig
-from ._regression import RevisionGuard
+from ._tokens_regression import RevisionGuard
 
-__all__ = ["Failure", "Member", "Transport", "translate"]
+__all__ = ["Failure", "Member", "Transport", "rpc_failures", "translate"]
 
 log = logging.getLogger("consensus_lease.etcd")
 
@@ -134,6 +134,21 @@ class Failure(Exception):
         details = exc.details() if hasattr(exc, "details") else str(exc)
         return cls(endpoint, code, str(details or ""))
 
+    @classmethod
+    def unavailable(cls, endpoint: str, details: str) -> Failure:
+        """A stream or member that stopped answering (``UNAVAILABLE``: transient)."""
+        return cls(endpoint, grpc.StatusCode.UNAVAILABLE, details)
+
+    @classmethod
+    def deadline(cls, endpoint: str, details: str) -> Failure:
+        """An attempt that ran out of time (``DEADLINE_EXCEEDED``: ambiguous)."""
+        return cls(endpoint, grpc.StatusCode.DEADLINE_EXCEEDED, details)
+
+    @property
+    def timed_out(self) -> bool:
+        """The attempt ran out of time (the member may still apply a write)."""
+        return self.code is grpc.StatusCode.DEADLINE_EXCEEDED
+
     @property
     def ambiguous(self) -> bool:
         """A write that failed like this may have been applied."""
@@ -154,6 +169,17 @@ class Failure(Exception):
     def tls(self) -> bool:
         text = self.details.lower()
         return any(m in text for m in _TLS_MESSAGES)
+
+
+@contextmanager
+def rpc_failures(endpoint: str) -> Iterator[None]:
+    """Inside the block, a gRPC error of a call to ``endpoint`` becomes a :class:`Failure`
+    (the one place, with :meth:`Transport.send`, that catches ``grpc.RpcError``: the
+    streaming readers of the keepalive and watch modules use it)."""
+    try:
+        yield
+    except grpc.RpcError as exc:
+        raise Failure.from_rpc(endpoint, exc) from exc
 
 
 def translate(

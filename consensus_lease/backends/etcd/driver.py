@@ -1,12 +1,13 @@
 """The etcd driver: sessions are etcd leases, claims are compare-and-put transactions.
 
-This module is the glue: sessions and waiting live here; the job operations live in
-:mod:`._claim` (with :mod:`._attempts` for jobs with an attempt limit), :mod:`._hold`,
-:mod:`._failure`, :mod:`._value` and :mod:`._records`, the work queues in :mod:`._queue` and
-:mod:`._queue_wait`, on the shared machinery of :mod:`._ops`. See the package
-docstring for the design, the URL options and the etcd guarantees relied on. The
-store epoch is in :mod:`._tokens` and :mod:`._epoch`, the detection of a history that
-went back in :mod:`._regression`.
+This module is the glue: each ``Backend`` method delegates to the template's modules
+(:mod:`consensus_lease.backends`): the job operations in :mod:`._jobs` and its parts
+(:mod:`._jobs_claim`, :mod:`._jobs_attempts` for jobs with an attempt limit,
+:mod:`._jobs_hold`, :mod:`._jobs_fail`, :mod:`._jobs_value`), the records in
+:mod:`._layout_records`, the work queues in :mod:`._queues` and :mod:`._watches_queue`.
+The store epoch is in :mod:`._tokens` and :mod:`._tokens_epoch`, the detection of a
+history that went back in :mod:`._tokens_regression`. See the package docstring for the
+design, the URL options and the etcd guarantees relied on.
 """
 
 from __future__ import annotations
@@ -35,30 +36,30 @@ from ...errors import (
 from ...observe import notify
 from ...record import ClaimResult, EnqueueItem, LeaseRecord, QueuedJob, QueueStats
 from . import (
-    _claim,
-    _epoch,
-    _failure,
-    _hold,
-    _queue,
-    _queue_index,
-    _queue_upgrade,
-    _queue_wait,
-    _records,
+    _jobs_claim,
+    _jobs_fail,
+    _jobs_hold,
+    _jobs_value,
+    _layout_records,
+    _queues,
+    _queues_index,
+    _queues_upgrade,
     _tokens,
-    _value,
+    _tokens_epoch,
+    _watches_queue,
 )
-from . import _requests as rq
+from . import _transport_requests as rq
 from ._config import EtcdConfig, parse_url
-from ._keepalive import KeepAliveCall, KeepAliveStreams
-from ._keys import Layout, session_text
-from ._ops import Ops
-from ._refusal import Refusal
-from ._regression import Mark
-from ._revocation import SessionWatch
-from ._session import EtcdClaim, EtcdSession
-from ._subscribe import Subscriptions
+from ._jobs import Ops
+from ._layout import Layout, session_text
+from ._sessions import EtcdClaim, EtcdSession
+from ._sessions_revocation import SessionWatch
+from ._tokens_refusal import Refusal
+from ._tokens_regression import Mark
 from ._transport import Failure, Transport, translate
-from ._watch import wait_for_event
+from ._transport_keepalive import KeepAliveCall, KeepAliveStreams
+from ._watches import wait_for_event
+from ._watches_subscribe import Subscriptions
 
 __all__ = ["EtcdBackend", "EtcdClaim", "EtcdSession"]
 
@@ -81,11 +82,11 @@ class EtcdBackend(Backend):
         consecutive_generations=False,
         min_ttl_s=1.0,  # requests round up to whole seconds; etcd may grant more
         max_ttl_s=MAX_LEASE_TTL_S,
-        max_batch_claim=_claim.MAX_BATCH_CLAIM,
+        max_batch_claim=_jobs_claim.MAX_BATCH_CLAIM,
         queues=True,
-        max_payload_bytes=_queue.MAX_PAYLOAD_BYTES,  # under --max-request-bytes (1.5 MiB)
-        max_enqueue_batch=_queue.ENQUEUE_BATCH,  # one txn within --max-txn-ops (128)
-        max_queue_jobs=_queue.MAX_QUEUE_JOBS,  # a quarter of the default 2 GB quota
+        max_payload_bytes=_queues.MAX_PAYLOAD_BYTES,  # under --max-request-bytes (1.5 MiB)
+        max_enqueue_batch=_queues.ENQUEUE_BATCH,  # one txn within --max-txn-ops (128)
+        max_queue_jobs=_queues.MAX_QUEUE_JOBS,  # a quarter of the default 2 GB quota
         description="etcd v3: a lease per session, one transaction per claim/complete/release",
         epoch=True,
         regression_refusal=True,
@@ -157,7 +158,7 @@ class EtcdBackend(Backend):
         Raises:
             InvalidArgument: not an etcd session.
             StoreRegressed: the store's history went back while it was open, or this
-                driver (or any process, see :mod:`._refusal`) found it went back and the
+                driver (or any process, see :mod:`._tokens_refusal`) found it went back and the
                 epoch has not been raised since.
         """
         handle = self._typed(session)
@@ -214,7 +215,7 @@ class EtcdBackend(Backend):
     # -- the store ending a lease -------------------------------------------------------
 
     def _store_ended(self, handle: EtcdSession, how: str, member: str, revision: int) -> None:
-        """etcd deleted the session's key (:mod:`._revocation`): its lease is gone. Ends
+        """etcd deleted the session's key (:mod:`._sessions_revocation`): its lease is gone. Ends
         the session (its listener hears ``EXPIRED``) unless it was closed meanwhile, and
         reports an end before the granted TTL."""
         with self._lock:
@@ -273,7 +274,7 @@ class EtcdBackend(Backend):
         Raises:
             BackendUnavailable / AuthenticationFailed.
         """
-        return _epoch.read(self._ops)
+        return _tokens_epoch.read(self._ops)
 
     def bump_epoch(self, above: int | None = None) -> int:
         """Read ``PREFIX/epoch``, then one compare-and-set transaction on its mod
@@ -287,7 +288,7 @@ class EtcdBackend(Backend):
                 must stay below 2**63); nothing changed.
             OutcomeUnknown / BackendUnavailable / AuthenticationFailed.
         """
-        epoch = _epoch.bump(self._ops, above)
+        epoch = _tokens_epoch.bump(self._ops, above)
         self._refusal.bumped()
         return epoch
 
@@ -305,14 +306,14 @@ class EtcdBackend(Backend):
         A LeaseGrant whose answer is lost is retried on another member; the orphan lease
         holds no keys and expires after its TTL. Then the session's key
         (``PREFIX/sessions/LEASE``, on the lease; one more round trip) is put and
-        watched (:mod:`._revocation`): when etcd ends the lease, the session hears
+        watched (:mod:`._sessions_revocation`): when etcd ends the lease, the session hears
         ``EXPIRED`` from that key's deletion, within a watch delivery; an end before
         the granted TTL is logged at ERROR and counted (``Observer.early_revocation``).
 
         Raises:
             BackendUnavailable / AuthenticationFailed: no session was created.
             StoreRegressed: the store's history went back (noticed by this driver, now
-                or earlier, or by any process: the marker of :mod:`._refusal`) and the
+                or earlier, or by any process: the marker of :mod:`._tokens_refusal`) and the
                 epoch has not been raised since (``bump_epoch``); no session was created.
         """
         self._refusal.check()
@@ -357,14 +358,15 @@ class EtcdBackend(Backend):
         """One LeaseKeepAlive on the driver's shared streams; returns the TTL etcd
         granted, in seconds. The request moves to the next member at once when its
         stream fails, and is hedged on the next member when its stream answers nothing
-        for ``max(0.15, granted TTL / 20)`` seconds; the call gives up after ``granted
-        TTL / 3`` seconds (within 0.2 s .. ``timeout_s``). A leader election costs a
-        keepalive about the election's length, a silent member one short wait; a slow
-        answer on a busy host costs nobody else anything (see :mod:`._keepalive`, which
-        also gives the worst-case share of the TTL one renewal takes).
+        for ``max(0.15, granted TTL / 20)`` seconds; a stream silent for ``granted TTL / 3``
+        is dropped, and the call gives up after ``2 x granted TTL / 3`` seconds (each
+        within 0.2 s .. ``timeout_s``). A leader election costs a keepalive about the
+        election's length, a silent member one short wait; a slow answer on a busy host
+        costs nobody else anything (see :mod:`._transport_keepalive`, which also gives the
+        worst-case share of the TTL one renewal takes).
 
-        The answer's header is checked (:mod:`._regression`): another cluster id, or a
-        revision below the highest seen that a linearizable read confirms, ends every
+        The answer's header is checked (:mod:`._tokens_regression`): another cluster id,
+        or a revision below the highest seen that a linearizable read confirms, ends every
         session open now with ``StoreRegressed``.
 
         Raises:
@@ -500,7 +502,7 @@ class EtcdBackend(Backend):
                 job adopts it.
             BackendUnavailable / AuthenticationFailed.
         """
-        return self._run(session, lambda h: _claim.claim_one(self._ops, h, job_id))
+        return self._run(session, lambda h: _jobs_claim.claim_one(self._ops, h, job_id))
 
     def claim_many(
         self, session: SessionHandle, job_ids: Sequence[str]
@@ -518,8 +520,8 @@ class EtcdBackend(Backend):
             StoreRegressed: as for :meth:`claim` (every claim of the batch handed back).
             OutcomeUnknown / BackendUnavailable / AuthenticationFailed.
         """
-        if 1 < len(job_ids) <= _claim.MAX_BATCH_CLAIM:
-            results = self._run(session, lambda h: _claim.claim_batch(self._ops, h, job_ids))
+        if 1 < len(job_ids) <= _jobs_claim.MAX_BATCH_CLAIM:
+            results = self._run(session, lambda h: _jobs_claim.claim_batch(self._ops, h, job_ids))
             if results is not None:
                 return results
         return super().claim_many(session, job_ids)
@@ -546,7 +548,7 @@ class EtcdBackend(Backend):
         """The ownership check sent first, the keepalive during its round trip; the
         check's verdict is raised before the keepalive's (as if one ran after the
         other)."""
-        finish = _hold.check_held(self._ops, handle, job_id, claim)
+        finish = _jobs_hold.check_held(self._ops, handle, job_id, claim)
         try:
             ttl = self.keepalive(handle)
         except LeaseError:
@@ -577,7 +579,7 @@ class EtcdBackend(Backend):
             OutcomeUnknown: sent, no answer, reading back failed.
             BackendUnavailable: nothing applied; still held.
         """
-        return self._run(session, lambda h: _hold.complete(self._ops, h, job_id, claim,
+        return self._run(session, lambda h: _jobs_hold.complete(self._ops, h, job_id, claim,
                                                              bytes(result)))
 
     def release(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> None:
@@ -592,7 +594,7 @@ class EtcdBackend(Backend):
                 (what the answer says was written stays, in the new history).
             OutcomeUnknown / BackendUnavailable / InvalidArgument: as for :meth:`complete`.
         """
-        self._run(session, lambda h: _hold.release(self._ops, h, job_id, claim))
+        self._run(session, lambda h: _jobs_hold.release(self._ops, h, job_id, claim))
 
     def set_value(
         self, session: SessionHandle, job_id: str, claim: ClaimResult, value: bytes
@@ -602,7 +604,7 @@ class EtcdBackend(Backend):
         ends with the hold when the lease does; release, complete and fail of an election
         delete it, and a value of an older hold is never shown by :meth:`get`. A lost
         answer is settled by reading back (the nonce); if the job is still held and the
-        value not there, the same request is sent again (see :mod:`._value`). A claim
+        value not there, the same request is sent again (see :mod:`._jobs_value`). A claim
         without its handle reads the owner key first (one more round trip).
 
         Raises:
@@ -615,7 +617,7 @@ class EtcdBackend(Backend):
             OutcomeUnknown: sent, no answer, reading back failed.
             BackendUnavailable: nothing applied; still held.
         """
-        self._run(session, lambda h: _value.set_value(self._ops, h, job_id, claim,
+        self._run(session, lambda h: _jobs_value.set_value(self._ops, h, job_id, claim,
                                                         bytes(value)))
 
     def fail(
@@ -647,7 +649,7 @@ class EtcdBackend(Backend):
             InvalidArgument: ``claim.handle`` is not an :class:`EtcdClaim`, or etcd
                 refused the request's size; still held.
         """
-        return self._run(session, lambda h: _failure.fail(self._ops, h, job_id, claim, error,
+        return self._run(session, lambda h: _jobs_fail.fail(self._ops, h, job_id, claim, error,
                                                             float(retry_in_s)))
 
     def requeue(self, job_id: str) -> LeaseRecord:
@@ -661,7 +663,7 @@ class EtcdBackend(Backend):
             InvalidArgument: the job is unknown or not FAILED; nothing changed.
             OutcomeUnknown / BackendUnavailable / AuthenticationFailed.
         """
-        return _failure.requeue(self._ops, job_id)
+        return _jobs_fail.requeue(self._ops, job_id)
 
     # -- work queues --------------------------------------------------------------------
 
@@ -682,7 +684,7 @@ class EtcdBackend(Backend):
                 queue was written by the first queue layout (the message names the
                 upgrade step); nothing was written.
             QueueFull: the queue holds ``capabilities.max_queue_jobs`` jobs, or its
-                payloads would exceed 256 MiB (``_queue.MAX_QUEUE_PAYLOAD_BYTES``).
+                payloads would exceed 256 MiB (``_queues.MAX_QUEUE_PAYLOAD_BYTES``).
             OutcomeUnknown / BackendUnavailable / AuthenticationFailed.
         """
         return self.enqueue_many(queue, [EnqueueItem(job_id, payload, max_attempts)])[0]
@@ -699,7 +701,7 @@ class EtcdBackend(Backend):
         already in this queue are left unchanged (``False``) and compared in the next
         round; concurrent producers of the queue make it go round again. A lost answer
         is settled by reading back the first new job's marker (the nonce); the chunk is
-        one transaction, so all of it landed or none. See :mod:`._queue`.
+        one transaction, so all of it landed or none. See :mod:`._queues`.
 
         Raises:
             InvalidArgument: a job exists outside this queue or is an election key, or
@@ -715,10 +717,10 @@ class EtcdBackend(Backend):
                                       f"cannot be enqueued", job_id=item.job_id)
         if not items:
             return []
-        return _queue.enqueue_items(self._ops, queue, items)
+        return _queues.enqueue_items(self._ops, queue, items)
 
     def queue_candidates(self, queue: str, limit: int) -> list[tuple[str, bytes]]:
-        """A scan of the queue's FIFO index (see :mod:`._queue_index`), from this
+        """A scan of the queue's FIFO index (see :mod:`._queues_index`), from this
         driver's cursor (where its last scan found a candidate) or from the low-water
         mark (when the cursor finds nothing, after this driver released a job of the
         queue, and at least every second): per page of 32 entries, one read-only
@@ -740,7 +742,7 @@ class EtcdBackend(Backend):
             BackendUnavailable / AuthenticationFailed.
         """
         with self._transport.bounded():
-            return _queue.candidates(self._ops, queue, limit)
+            return _queues.candidates(self._ops, queue, limit)
 
     def queue_stats(self, queue: str) -> QueueStats:
         """One read-only transaction, so one revision: the queue's counters (ordinals
@@ -753,14 +755,14 @@ class EtcdBackend(Backend):
         (local wall clock + remaining TTL) among the leases of at most 8 of the first
         64 held jobs' holders, one ``LeaseTimeToLive`` each (display only). A job
         claimed by name whose held marker could not be written (see ``claim``) counts
-        as available while held. See :mod:`._queue_index`.
+        as available while held. See :mod:`._queues_index`.
 
         Raises:
             InvalidArgument: the queue was written by the first queue layout.
             BackendUnavailable / AuthenticationFailed.
         """
         with self._transport.bounded():
-            return _queue_index.stats(self._ops, queue)
+            return _queues_index.stats(self._ops, queue)
 
     def upgrade_queue(self, queue: str) -> int:
         """Upgrade a queue written by an earlier consensus_lease (queue layout 1, which
@@ -770,7 +772,7 @@ class EtcdBackend(Backend):
         counted into the new counters. Returns how many open jobs were indexed; 0 for a
         queue that needs no upgrade (idempotent). Cost: O(jobs of the queue): a listing,
         one read per 64 finished jobs, one transaction per 40 open jobs. See
-        :mod:`._queue_upgrade`; the command ``consensus-lease upgrade-queue`` calls it.
+        :mod:`._queues_upgrade`; the command ``consensus-lease upgrade-queue`` calls it.
 
         Raises:
             BackendUnavailable: the queue changed meanwhile (a worker or producer still
@@ -778,7 +780,7 @@ class EtcdBackend(Backend):
             AuthenticationFailed.
         """
         with self._transport.bounded():
-            return _queue_upgrade.upgrade_queue(self._ops, queue)
+            return _queues_upgrade.upgrade_queue(self._ops, queue)
 
     def queue_jobs(self, queue: str, limit: int | None = None) -> list[QueuedJob]:
         """Every job of the queue, oldest enqueued first, at one revision: the queue's
@@ -790,7 +792,7 @@ class EtcdBackend(Backend):
             BackendUnavailable / AuthenticationFailed.
         """
         with self._transport.bounded():
-            return _queue.list_jobs(self._ops, queue, limit)
+            return _queues.list_jobs(self._ops, queue, limit)
 
     def wait_for_queue(self, queue: str, timeout_s: float) -> None:
         """Read the queue's open jobs; return at once if one is neither held nor in a
@@ -802,7 +804,7 @@ class EtcdBackend(Backend):
         cancelled on every way out; a failure returns early after a pause of at most
         0.2 s. Spurious returns are possible (e.g. over 1024 held jobs: any owner key
         deleted wakes it)."""
-        _queue_wait.wait(self._ops, queue, timeout_s)
+        _watches_queue.wait(self._ops, queue, timeout_s)
 
     def purge(self, queue: str) -> int:
         """Delete the keys of the queue's completed jobs (completion record, queue
@@ -820,7 +822,7 @@ class EtcdBackend(Backend):
                 nested transaction needs (9); the message names the limit.
         """
         with self._transport.bounded():
-            return _queue.purge(self._ops, queue)
+            return _queues.purge(self._ops, queue)
 
     # -- reading and waiting ------------------------------------------------------------
 
@@ -835,7 +837,7 @@ class EtcdBackend(Backend):
             BackendUnavailable / AuthenticationFailed.
         """
         with self._transport.bounded():
-            return _records.read_record(self._ops, job_id)
+            return _layout_records.read_record(self._ops, job_id)
 
     def records(self, limit: int | None = None) -> list[LeaseRecord]:
         """Every job under the prefix in job-id order, from key-ordered range reads of
@@ -847,7 +849,7 @@ class EtcdBackend(Backend):
             BackendUnavailable / AuthenticationFailed.
         """
         with self._transport.bounded():
-            return _records.list_records(self._ops, limit)
+            return _layout_records.list_records(self._ops, limit)
 
     def wait_for_change(self, job_id: str, timeout_s: float) -> None:
         """Read the job's keys; if it is held or a retry delay runs, watch them from the
@@ -881,7 +883,7 @@ class EtcdBackend(Backend):
         once (one linearizable read-only transaction, at revision ``R``; if the job looks
         claimable, completed or FAILED, every subscriber is called soon) and starts a
         watch of its keys from ``R + 1`` on the driver's one shared Watch stream (see
-        :mod:`._subscribe`); later subscribers join it, the last to leave cancels it.
+        :mod:`._watches_subscribe`); later subscribers join it, the last to leave cancels it.
         Called on an owner key's deletion (release, completion, fail, lease expiry or
         revoke), a not-before key's deletion (its lease ran out), a completion or FAILED
         record, a requeue; for an election key also a new claim and a :meth:`set_value`

@@ -3,7 +3,7 @@
 Every claim puts the job's attempts key ``a`` in its own transaction, so the key's
 ``version`` counts the claims (the attempt number) without a read, and its
 ``mod_revision`` is the last claim's generation. A job enqueued with ``max_attempts``
-has a limit key ``l`` (:class:`~._keys.Limit`: the limit and ``base``, the attempt
+has a limit key ``l`` (:class:`~._layout.Limit`: the limit and ``base``, the attempt
 count at the last requeue); the common claim compares ``l`` absent, so a job without a
 limit costs nothing more. A job with one fails that compare, and the claim's ``else``
 branch answers with the job's :class:`Snapshot`; from it the claim sends one of::
@@ -37,8 +37,8 @@ from pyetcd import etcdrpc
 
 from ...errors import JobCompleted, JobFailed
 from ...record import ClaimResult
-from . import _requests as rq
-from ._keys import (
+from . import _transport_requests as rq
+from ._layout import (
     ATTEMPTS,
     COMPLETION,
     ERROR,
@@ -60,7 +60,7 @@ from ._keys import (
     limit_of,
     queue_of,
 )
-from ._session import EtcdClaim, EtcdSession
+from ._sessions import EtcdClaim, EtcdSession
 from ._tokens import compose
 
 __all__ = [
@@ -201,7 +201,7 @@ def claimed_attempt(put_response: Any) -> int:
 def unlimited(compare: Any, keys: JobKeys) -> None:
     """Append the common claim's compares to the repeated ``compare`` field: not
     completed (``c`` absent), and not limited, delayed or held: no key from ``l`` to
-    ``o`` (:func:`~._keys.free_range`: exactly the limit, not-before and owner keys of
+    ``o`` (:func:`~._layout.free_range`: exactly the limit, not-before and owner keys of
     the job's kinds; one range compare instead of three, which etcd checks key by key:
     etcd's ``Compare.range_end``, API reference "Compare"). A job with a limit key takes
     a :class:`Plan` with a snapshot instead; it cannot be FAILED without one."""

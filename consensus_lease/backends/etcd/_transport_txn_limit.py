@@ -21,10 +21,10 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...errors import InvalidArgument
-from . import _requests as rq
+from . import _transport_requests as rq
 
 if TYPE_CHECKING:
-    from ._ops import Ops
+    from ._jobs import Ops
 
 __all__ = ["DEFAULT_MAX_TXN_OPS", "TxnLimit", "needed_ops", "too_many_ops"]
 

@@ -2,8 +2,8 @@
 
 The first layout had no ordinals: an open job's pending key ``QDIR/p/HEX`` was empty and
 candidates were found by a range sorted by its create revision (O(queue depth) per
-claim, see :mod:`._queue_index`). This version refuses such a queue
-(:func:`._queue_index.layout_refused`) until :func:`upgrade_queue` has run once:
+claim, see :mod:`._queues_index`). This version refuses such a queue
+(:func:`._queues_index.layout_refused`) until :func:`upgrade_queue` has run once:
 
 1. list the queue's member and pending keys at one revision; the open jobs (with a
    pending key) get ordinals 0, 1, ... in their old order (the pending key's create
@@ -25,12 +25,12 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import BackendUnavailable
-from . import _requests as rq
-from ._keys import ordinal_bytes, pair_bytes, pair_of
-from ._ops import Ops
-from ._queue import _all_keys, page_jobs
-from ._queue_index import delete_stale
-from ._queue_state import Base
+from . import _transport_requests as rq
+from ._jobs import Ops
+from ._layout import ordinal_bytes, pair_bytes, pair_of
+from ._queues import _all_keys, page_jobs
+from ._queues_index import delete_stale
+from ._queues_state import Base
 
 __all__ = ["UPGRADE_JOBS", "upgrade_queue"]
 

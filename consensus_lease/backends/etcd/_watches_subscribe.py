@@ -4,12 +4,12 @@
 and ``subscribe_queue`` land here. Subscriptions are refcounted per job and per queue:
 the first subscriber of one reads it once (at revision ``R``; if it looks claimable
 already, every subscriber is called soon) and starts its watches from ``R + 1`` on the
-driver's :class:`~._watch_hub.WatchHub` (one gRPC stream, one thread), so no change
+driver's :class:`~._watches_hub.WatchHub` (one gRPC stream, one thread), so no change
 after that read is missed; later subscribers just join. The last one to leave cancels
 the watches. A change before a subscription returns needs no event: callers claim after
 subscribing.
 
-What wakes whom (as :meth:`wait_for_change` and :func:`._queue_wait.wait` decide):
+What wakes whom (as :meth:`wait_for_change` and :func:`._watches_queue.wait` decide):
 
 * a job: a watch on its keys ``[c, o\\0)`` (:attr:`JobKeys.watch_range`); in one
   revision, the owner key deleted (release, lease expiry or revoke, completion, fail)
@@ -25,7 +25,7 @@ What wakes whom (as :meth:`wait_for_change` and :func:`._queue_wait.wait` decide
   deleted without its history key in the same revision (a release, a lease expiry, a
   fail; a completion deletes the history key and frees nothing), or a not-before key,
   wakes the queues that have that job open (every queue tracking more than
-  :data:`~._queue_wait.WAIT_TRACKED` open jobs).
+  :data:`~._watches_queue.WAIT_TRACKED` open jobs).
 
 If the stream breaks, every subscriber is called once (they re-check the store) and the
 watches resume where they stopped; a watch whose events were compacted meanwhile calls
@@ -46,12 +46,12 @@ from pyetcd import etcdrpc
 
 from ..._subscriptions import Unsubscribe, WakeCallback
 from ...errors import BackendUnavailable
-from . import _requests as rq
-from ._keys import COMPLETION, FAILED, HISTORY, NOT_BEFORE, OWNER, Layout, QueueKeys
-from ._ops import Ops
-from ._queue_wait import WAIT_TRACKED
-from ._watch import NOPUT
-from ._watch_hub import Watch, WatchHub
+from . import _transport_requests as rq
+from ._jobs import Ops
+from ._layout import COMPLETION, FAILED, HISTORY, NOT_BEFORE, OWNER, Layout, QueueKeys
+from ._watches import NOPUT
+from ._watches_hub import Watch, WatchHub
+from ._watches_queue import WAIT_TRACKED
 
 __all__ = ["Subscriptions"]
 

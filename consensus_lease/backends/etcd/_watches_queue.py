@@ -25,12 +25,12 @@ from typing import Any
 from pyetcd import etcdrpc
 
 from ...errors import BackendUnavailable
-from . import _requests as rq
-from ._keys import HISTORY, NOT_BEFORE, OWNER, QueueKeys
-from ._ops import Ops
-from ._queue import page_jobs
+from . import _transport_requests as rq
+from ._jobs import Ops
+from ._layout import HISTORY, NOT_BEFORE, OWNER, QueueKeys
+from ._queues import page_jobs
 from ._transport import Failure
-from ._watch import NODELETE, NOPUT, WatchRange, wait_for_events
+from ._watches import NODELETE, NOPUT, WatchRange, wait_for_events
 
 __all__ = ["WAIT_TRACKED", "wait"]
 

@@ -1,7 +1,7 @@
 """Work queues: enqueue, the listing and purge (the candidate scan, counters and
-statistics are in :mod:`._queue_index`, waiting in :mod:`._queue_wait`).
+statistics are in :mod:`._queues_index`, waiting in :mod:`._watches_queue`).
 
-Keys (see :mod:`._keys`): the job's queue marker ``PREFIX/HEX/q``, and in the queue's
+Keys (see :mod:`._layout`): the job's queue marker ``PREFIX/HEX/q``, and in the queue's
 directory ``QDIR = PREFIX/q/QHEX/`` a member key ``QDIR/j/HEX`` (value: the payload;
 its create revision is ``seq``), a pending key ``QDIR/p/HEX`` (value: the job's
 ordinal; deleted by the completion transaction and by the one making the job FAILED, put
@@ -27,11 +27,11 @@ written). Concurrent producers of one queue conflict on ``seq`` and go round aga
 most :data:`ENQUEUE_ROUNDS` times).
 
 A queued job is otherwise an ordinary job: ``claim_next`` claims it with the ordinary
-claim transaction (:mod:`._claim`), with the same compares and fencing token.
+claim transaction (:mod:`._jobs_claim`), with the same compares and fencing token.
 
 The transactions whose size grows with the jobs (enqueue chunks, the candidates' check,
 the listing's reads, purge) are built for etcd's default ``--max-txn-ops`` (128) and
-split to a smaller server limit once a refusal taught it (:mod:`._txn_limit`); enqueue
+split to a smaller server limit once a refusal taught it (:mod:`._transport_txn_limit`); enqueue
 and purge split only between jobs, so each job's writes stay one transaction.
 
 **Capacity.** :data:`MAX_QUEUE_JOBS` jobs per queue (any state, until purged), checked
@@ -50,9 +50,10 @@ from pyetcd import etcdrpc
 
 from ...errors import BackendUnavailable, InvalidArgument, OutcomeUnknown, QueueFull
 from ...record import EnqueueItem, LeaseRecord, QueuedJob
-from . import _queue_index
-from . import _requests as rq
-from ._keys import (
+from . import _queues_index
+from . import _transport_requests as rq
+from ._jobs import Ops, Settled
+from ._layout import (
     Limit,
     QueueKeys,
     QueueMarker,
@@ -62,12 +63,11 @@ from ._keys import (
     pair_of,
     queue_of,
 )
-from ._ops import Ops, Settled
-from ._queue_index import read_counters
-from ._queue_state import Counters
-from ._records import job_record, kinds_of
+from ._layout_records import job_record, kinds_of
+from ._queues_index import read_counters
+from ._queues_state import Counters
 from ._transport import Failure
-from ._txn_limit import needed_ops, too_many_ops
+from ._transport_txn_limit import needed_ops, too_many_ops
 
 __all__ = [
     "ENQUEUE_BATCH",
@@ -316,8 +316,8 @@ def _over(counters: Counters, jobs: int, size: int) -> bool:
 def candidates(ops: Ops, queue: str, limit: int) -> list[tuple[str, bytes]]:
     """See :meth:`EtcdBackend.queue_candidates
     <consensus_lease.backends.etcd.EtcdBackend.queue_candidates>` and
-    :func:`._queue_index.candidates`."""
-    return _queue_index.candidates(ops, queue, limit)
+    :func:`._queues_index.candidates`."""
+    return _queues_index.candidates(ops, queue, limit)
 
 
 # -- listing ---------------------------------------------------------------------------
@@ -386,7 +386,7 @@ def purge(ops: Ops, queue: str) -> int:
     _, entries = _all_keys(ops, qkeys.entries(0, 10**20 - 1), revision, what)
     stale = [bytes(kv.key) for kv in entries
              if (e := qkeys.entry_of(bytes(kv.key))) is not None and open_jobs.get(e[1]) != e[0]]
-    _queue_index.delete_stale(ops, qkeys, stale)
+    _queues_index.delete_stale(ops, qkeys, stale)
     purged, start = 0, 0
     while start < len(done):
         window = done[start : start + PURGE_BATCH]

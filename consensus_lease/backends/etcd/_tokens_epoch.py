@@ -21,9 +21,9 @@ import time
 from typing import Any
 
 from ...errors import BackendUnavailable, InvalidArgument
-from . import _requests as rq
-from ._keys import StoreEpoch
-from ._ops import Ops, Settled
+from . import _transport_requests as rq
+from ._jobs import Ops, Settled
+from ._layout import StoreEpoch
 from ._tokens import EPOCH_SHIFT, MAX_EPOCH
 
 __all__ = ["MAX_BUMP_ROUNDS", "bump", "read"]

@@ -12,7 +12,7 @@ The value key rides on the session's lease, so etcd deletes it with the owner ke
 the lease ends (expiry or revoke); release, complete and fail of an election delete it
 in their own transaction. It records ``G``: a value left by an older hold (one set on a
 job, whose release leaves it in place) is stale, and ``get`` never shows it
-(:func:`._records.held_value`). A claim without its handle reads the owner key first to
+(:func:`._layout_records.held_value`). A claim without its handle reads the owner key first to
 check the epoch part of its token, as release does (one more round trip).
 
 A lost answer is settled by reading ``o``, ``c`` and ``v`` back: ``v`` carrying the
@@ -30,10 +30,10 @@ import time
 from typing import Any
 
 from ...record import ClaimResult
-from . import _requests as rq
-from ._keys import HeldValue
-from ._ops import Ops, Settled
-from ._session import EtcdClaim, EtcdSession
+from . import _transport_requests as rq
+from ._jobs import Ops, Settled, refusal
+from ._layout import HeldValue
+from ._sessions import EtcdClaim, EtcdSession
 
 __all__ = ["set_value"]
 
@@ -63,7 +63,7 @@ def set_value(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult,
             return Settled(None)
         if ops.held_by(handle, owner_kv, generation, known):
             return None  # not applied: send again
-        raise ops.not_held(handle, keys, generation, owner_kv, completion_kv, what)
+        raise refusal(ops, handle, keys, generation, owner_kv, completion_kv, what)
 
     answer = ops.send_guarded(
         request, what, job_id=job_id, generation=generation,
@@ -72,4 +72,4 @@ def set_value(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult,
     if isinstance(answer, Settled) or answer.succeeded:
         return
     owner_kv, completion_kv = (rq.kv_of(r) for r in answer.responses)
-    raise ops.not_held(handle, keys, generation, owner_kv, completion_kv, what)
+    raise refusal(ops, handle, keys, generation, owner_kv, completion_kv, what)

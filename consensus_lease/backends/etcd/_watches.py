@@ -7,10 +7,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
 from pyetcd import etcdrpc
 
-from ._transport import Failure, Transport
+from ._transport import Failure, Transport, rpc_failures
 
 __all__ = ["NODELETE", "NOPUT", "WatchRange", "wait_for_event", "wait_for_events"]
 
@@ -74,21 +73,21 @@ def wait_for_events(
     index_of: dict[int, int] = {}
     call = member.watch.Watch(requests(), timeout=timeout_s, metadata=transport.metadata())
     try:
-        for response in call:
-            if response.created:
-                index_of[int(response.watch_id)] = len(index_of)
-            if response.canceled:
-                return False
-            if response.events and wake(index_of.get(int(response.watch_id), -1),
-                                        response.events):
-                return True
-    except grpc.RpcError as exc:
-        failure = Failure.from_rpc(member.target, exc)
-        if failure.code is grpc.StatusCode.DEADLINE_EXCEEDED:
+        with rpc_failures(member.target):
+            for response in call:
+                if response.created:
+                    index_of[int(response.watch_id)] = len(index_of)
+                if response.canceled:
+                    return False
+                if response.events and wake(index_of.get(int(response.watch_id), -1),
+                                            response.events):
+                    return True
+    except Failure as failure:
+        if failure.timed_out:
             return False
         if failure.transient:
             transport.rotate(member)
-        raise failure from exc
+        raise
     finally:
         finished.set()
         call.cancel()

@@ -19,7 +19,7 @@ caches the new one from its ``else`` branch and is sent again: one more round tr
 per driver after each bump. The attempt is the attempts key's new version (its previous
 one, answered by the put, plus 1). A retry delay (``n``) refuses the claim like a holder
 does. A job with an attempt limit (``l``) is refused by this compare, and the snapshot
-its ``else`` branch answers decides the next transaction (see :mod:`._attempts`): a
+its ``else`` branch answers decides the next transaction (see :mod:`._jobs_attempts`): a
 claim comparing the limit and the attempt count, or making the job FAILED; so a job
 without a limit is claimed in one round trip, one with a limit in two.
 
@@ -28,11 +28,11 @@ owner key carrying it is ours; a re-send carries the same nonce, so whichever co
 first wins and the other finds our key in its ``else`` branch.
 
 A claim answered from a history older than one this driver has seen (the store was
-restored from an older snapshot; :mod:`._regression`) is handed back (its owner key
+restored from an older snapshot; :mod:`._tokens_regression`) is handed back (its owner key
 deleted, best effort) and raises ``StoreRegressed``; so is one whose revision reached
 2**44 (:class:`~._tokens.TokenOverflow`).
 
-Each claim returns an :class:`~._session.EtcdClaim` as ``ClaimResult.handle``: the
+Each claim returns an :class:`~._sessions.EtcdClaim` as ``ClaimResult.handle``: the
 exact owner value written, which renew, complete, release and fail compare against; the
 job's work queue from the queue marker ``q`` read in the same transaction, so the
 completion can delete the queue's pending key without another round trip (the marker
@@ -61,8 +61,9 @@ from ...errors import (
     StoreRegressed,
 )
 from ...record import ClaimResult
-from . import _requests as rq
-from ._attempts import (
+from . import _transport_requests as rq
+from ._jobs import Ops, Settled
+from ._jobs_attempts import (
     Claimant,
     Plan,
     Snapshot,
@@ -74,9 +75,8 @@ from ._attempts import (
     plan_request,
     unlimited,
 )
-from ._keys import JobKeys, Owner, attempts_of, limit_of, ordinal_of, queue_of
-from ._ops import Ops, Settled
-from ._session import EtcdClaim, EtcdSession
+from ._layout import JobKeys, Owner, attempts_of, limit_of, ordinal_of, queue_of
+from ._sessions import EtcdClaim, EtcdSession
 from ._tokens import TokenOverflow, compose
 from ._transport import Failure
 
@@ -225,7 +225,7 @@ def _request(ops: Ops, keys: JobKeys, plan: Plan, claimant: Claimant, nonce: str
     """The transaction of ``plan``: for the common one (no snapshot), a copy of the last
     one built if that was for the same job, lease, epoch and queue, with this claim's
     owner value (the only per-request part: it holds the nonce) put in the owner and
-    history puts (:func:`~._attempts.claiming`'s first two operations)."""
+    history puts (:func:`~._jobs_attempts.claiming`'s first two operations)."""
     if plan.snapshot is not None:
         return plan_request(ops.layout, keys, plan, claimant, nonce)
     key = (keys.base, claimant.lease_id, claimant.epoch, claimant.same_epoch,

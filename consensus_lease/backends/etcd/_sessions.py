@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from ...backend import SessionEvent, SessionHandle, StateListener
 from ...errors import InvalidArgument, SessionExpired, StoreRegressed
 from ...record import ClaimResult
-from ._keys import History, Limit, Owner, session_text
+from ._layout import History, Limit, Owner, session_text
 from ._tokens import split
 
 __all__ = ["EtcdClaim", "EtcdSession"]

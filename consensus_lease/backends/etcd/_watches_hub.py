@@ -38,11 +38,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import grpc
 from pyetcd import etcdrpc
 
 from ...errors import BackendUnavailable, LeaseError
-from ._transport import Failure, Member, Transport
+from ._transport import Failure, Member, Transport, rpc_failures
 
 __all__ = ["HEARTBEAT_S", "IDLE_EXIT_S", "Watch", "WatchHub"]
 
@@ -280,11 +279,10 @@ class WatchHub:
         target = stream.member.target
         failure: Failure | None
         try:
-            for response in stream.call:
-                self._handle(stream, response)
-            failure = Failure(target, grpc.StatusCode.UNAVAILABLE, "watch stream ended")
-        except grpc.RpcError as exc:
-            failure = Failure.from_rpc(target, exc)
+            with rpc_failures(target):
+                for response in stream.call:
+                    self._handle(stream, response)
+            failure = Failure.unavailable(target, "watch stream ended")
         except Failure as exc:
             failure = exc
         except Exception as exc:  # never let a bug end the hub: reconnect instead
@@ -299,8 +297,7 @@ class WatchHub:
         if ending in (_IDLE, _CLOSED):
             return None
         if ending == _STALLED:
-            return Failure(target, grpc.StatusCode.DEADLINE_EXCEEDED,
-                           "no answer to a watch progress request")
+            return Failure.deadline(target, "no answer to a watch progress request")
         return failure
 
     def _handle(self, stream: _Stream, response: Any) -> None:

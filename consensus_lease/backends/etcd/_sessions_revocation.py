@@ -1,11 +1,11 @@
 """A session's end from the store's own event: one watch of every session key.
 
 Each session puts ``PREFIX/sessions/LEASE`` on its lease when it opens (see
-:mod:`._keys`). etcd deletes it in the same revision as the lease's owner keys when the
+:mod:`._layout`). etcd deletes it in the same revision as the lease's owner keys when the
 lease ends, by expiry or by revoke, also when the store ends it before its TTL (a stale
 leader's revoke, etcd#15247 / etcd#12528). A :class:`SessionWatch` keeps ONE watch of
 the sessions directory (DELETE events only) on the driver's shared
-:class:`~._watch_hub.WatchHub` stream while any session of the driver is open, and ends
+:class:`~._watches_hub.WatchHub` stream while any session of the driver is open, and ends
 a session whose key is deleted at once (``on_end``), instead of at its next keepalive.
 
 What it can promise: the event comes after etcd committed the deletion, so another
@@ -43,10 +43,10 @@ from typing import Any
 from pyetcd import etcdrpc
 
 from ...errors import LeaseError
-from ._ops import Ops
-from ._session import EtcdSession
-from ._watch import NOPUT
-from ._watch_hub import Watch, WatchHub
+from ._jobs import Ops
+from ._sessions import EtcdSession
+from ._watches import NOPUT
+from ._watches_hub import Watch, WatchHub
 
 __all__ = ["SessionWatch"]
 

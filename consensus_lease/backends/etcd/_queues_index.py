@@ -1,6 +1,6 @@
 """A work queue's FIFO index: the candidate scan, the counters and ``queue_stats``.
 
-Keys (see :mod:`._keys`): each open job has an index entry ``QDIR/i/ORD/HEX`` whose
+Keys (see :mod:`._layout`): each open job has an index entry ``QDIR/i/ORD/HEX`` whose
 ordinal ``ORD`` (20 digits) is its place in the queue, and its pending key
 ``QDIR/p/HEX`` names that ordinal. Ordinals are handed out by enqueue and requeue
 transactions that compare and advance ``QDIR/k/seq``, so they follow commit order and
@@ -24,7 +24,7 @@ and the claim transaction decides as always. The completion (and a FAILED verdic
 job claimed from a scan deletes its entry in the same transaction (the claim read the
 ordinal); other entries that became stale (e.g. of jobs claimed by name) stay stale for
 good, since ordinals are never reused, and scans delete them in batches of
-:data:`~._queue_state.FLUSH_STALE`. A scan from the low-water mark raises it to the
+:data:`~._queues_state.FLUSH_STALE`. A scan from the low-water mark raises it to the
 first live entry (the driver's copy; ``QDIR/k/low`` with the next stale batch, compared,
 never lowered); an empty window (a gap left by deleted entries) is jumped over with one
 key-ordered read to the index's end (:func:`_next_ordinal`).
@@ -33,12 +33,12 @@ The held jobs at the front of the queue (and the gap a long-held job leaves behi
 would be read again by every scan; so a driver starts its scans at its *cursor*, the
 ordinal where its last scan found its first candidate, and from the low-water mark only
 when the cursor's scan finds nothing, when it released a job of the queue itself, or
-every :data:`~._queue_state.RESCAN_S`.
+every :data:`~._queues_state.RESCAN_S`.
 
 **Ordering guarantee.** Candidates come in ordinal order: the order in which enqueue
 transactions committed; a requeued job goes to the back; a released or expired job keeps
 its place at the front, and is offered again by a driver's scans at once if that driver
-released it or has nothing else to offer, else within :data:`~._queue_state.RESCAN_S`.
+released it or has nothing else to offer, else within :data:`~._queues_state.RESCAN_S`.
 ``claim_next`` then starts at a random one of the oldest few (see
 :mod:`consensus_lease._queue_claim`), so claims are FIFO-ish, not strictly FIFO.
 
@@ -64,13 +64,13 @@ from pyetcd import etcdrpc
 
 from ...errors import InvalidArgument, LeaseError
 from ...record import QueueStats
-from . import _requests as rq
-from ._keys import ORDINAL_DIGITS, QueueKeys, ordinal_bytes, ordinal_of, pair_of
-from ._queue_state import Base, Counters
+from . import _transport_requests as rq
+from ._layout import ORDINAL_DIGITS, QueueKeys, ordinal_bytes, ordinal_of, pair_of
+from ._queues_state import Base, Counters
 from ._transport import Failure
 
 if TYPE_CHECKING:
-    from ._ops import Ops
+    from ._jobs import Ops
 
 __all__ = [
     "MAX_SCAN_PAGES",
@@ -159,8 +159,8 @@ def candidates(ops: Ops, queue: str, limit: int) -> list[tuple[str, bytes]]:
     """See :meth:`EtcdBackend.queue_candidates
     <consensus_lease.backends.etcd.EtcdBackend.queue_candidates>`: a scan from the
     driver's cursor (where the last scan found its first candidate) while the last scan
-    from the low-water mark is under :data:`~._queue_state.RESCAN_S` old and the cursor's scan finds
-    something; else a scan from the low-water mark, which also raises it."""
+    from the low-water mark is under :data:`~._queues_state.RESCAN_S` old and the cursor's
+    scan finds something; else a scan from the low-water mark, which also raises it."""
     qkeys = ops.layout.queue(queue)
     cursor = ops.queues.cursor(queue)
     if cursor is not None:

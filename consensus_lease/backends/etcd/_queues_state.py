@@ -1,5 +1,5 @@
 """What a driver remembers of its work queues (:class:`QueueCache`), and the queue
-counters as read (:class:`Counters`, :class:`Base`); see :mod:`._queue_index` for the
+counters as read (:class:`Counters`, :class:`Base`); see :mod:`._queues_index` for the
 keys and how they are kept."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import BackendUnavailable
-from . import _requests as rq
-from ._keys import QueueKeys, ordinal_bytes, pair_bytes, pair_of
+from . import _transport_requests as rq
+from ._layout import QueueKeys, ordinal_bytes, pair_bytes, pair_of
 
 __all__ = ["FLUSH_STALE", "RESCAN_S", "Base", "Counters", "QueueCache"]
 

@@ -36,14 +36,15 @@ a keepalive is sent every ``TTL/3`` and the local deadline is its send time ``+ 
 margin``, so a renewal answered ``d`` seconds after it was due leaves ``TTL - margin -
 TTL/3 - d`` seconds (``0.567 TTL - d`` with the default 10% margin). Here ``d`` is at
 most one round trip when the member in use refuses or dies (the failover is immediate),
-``attempt_s`` (``max(0.15, TTL/20)``, at most the budget) per silent member before a live
+``attempt_s`` (``max(0.15, TTL/20)``, at most ``stall_s``) per silent member before a live
 one, and, when the leader dies, the cluster's own election: no member renews a lease
 until a new leader exists, and a request held by a follower meanwhile is answered as soon
 as one does. So ``d <= max(E, attempt_s) + RTT`` with one member down, where ``E`` is the
 election's length (about 1-2 x etcd's ``--election-timeout``): headroom stays at or above
 40% of the TTL while ``E <= TTL/6 - RTT``, e.g. an election under 0.8 s at TTL 5 s. A
-call gives up after ``budget_s`` (``min(timeout_s, TTL/3)``), and the session retries
-until its local deadline.
+call gives up after ``budget_s`` (``min(timeout_s, max(0.2, 2 TTL/3))``), and the session
+retries until its local deadline; a stream that answers nothing for ``stall_s``
+(``min(timeout_s, max(0.2, TTL/3))``) is dropped and its calls move to the next member.
 """
 
 from __future__ import annotations

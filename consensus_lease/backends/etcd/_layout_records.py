@@ -29,7 +29,8 @@ from pyetcd import etcdrpc
 
 from ..._election import is_election_key
 from ...record import JobState, LeaseRecord
-from ._keys import (
+from ._jobs import Ops
+from ._layout import (
     ATTEMPTS,
     COMPLETION,
     ERROR,
@@ -49,7 +50,6 @@ from ._keys import (
     attempts_of,
     limit_of,
 )
-from ._ops import Ops
 from ._tokens import compose
 
 __all__ = [

@@ -27,16 +27,16 @@ from ...errors import (
     SessionExpired,
     StaleLeaseError,
 )
-from . import _requests as rq
+from . import _transport_requests as rq
 from ._config import EtcdConfig
-from ._keys import Completion, History, JobKeys, Layout, Owner
-from ._queue_state import QueueCache
-from ._session import EtcdClaim, EtcdSession
+from ._layout import Completion, History, JobKeys, Layout, Owner
+from ._queues_state import QueueCache
+from ._sessions import EtcdClaim, EtcdSession
 from ._tokens import EpochCache, compose, split
 from ._transport import Failure, Transport
-from ._txn_limit import TxnLimit
+from ._transport_txn_limit import TxnLimit
 
-__all__ = ["Ops", "ReadBack", "Settled"]
+__all__ = ["Ops", "ReadBack", "Settled", "refusal"]
 
 log = logging.getLogger("consensus_lease.etcd")
 
@@ -58,9 +58,9 @@ ReadBack = Callable[[float], list[Any]]
 class Ops:
     """The driver's shared context: config, transport, key layout, the cached store
     epoch (:class:`~._tokens.EpochCache`), what is known of the server's
-    ``--max-txn-ops`` (:mod:`._txn_limit`) and of the work queues
-    (:class:`~._queue_state.QueueCache`), and the last claim and release transactions
-    built (:class:`~._requests.Kept`)."""
+    ``--max-txn-ops`` (:mod:`._transport_txn_limit`) and of the work queues
+    (:class:`~._queues_state.QueueCache`), and the last claim and release transactions
+    built (:class:`~._transport_requests.Kept`)."""
 
     def __init__(self, config: EtcdConfig, transport: Transport, layout: Layout) -> None:
         self.config = config
@@ -205,59 +205,6 @@ class Ops:
                 job_id=keys.job_id, generation=generation, current_generation=current,
             )
 
-    def not_held(self, handle: EtcdSession, keys: JobKeys, generation: int,
-                 owner_kv: Any, completion_kv: Any, what: str) -> LeaseError:
-        """The error for a failed ownership compare: ``SessionExpired`` if the owner key is
-        gone, etcd says our lease is gone too, and nobody claimed or completed the job
-        since ``generation`` (the rule of :meth:`Backend.complete`); else
-        ``StaleLeaseError`` with the generation the store has now."""
-        if owner_kv is None:
-            ttl = self.lease_ttl(handle.lease_id)
-            if ttl is not None and ttl <= 0:
-                since = self._generation_since(keys, generation, completion_kv, what)
-                if since is None:
-                    return SessionExpired(
-                        f"{what}: session {handle.session_id} (etcd lease) has expired",
-                        job_id=keys.job_id, generation=generation,
-                    )
-                return StaleLeaseError(
-                    f"{what}: {keys.job_id!r} was claimed or completed again since "
-                    f"generation {generation} (store has generation {since}; session "
-                    f"{handle.session_id} has expired too)",
-                    job_id=keys.job_id, generation=generation, current_generation=since,
-                )
-        current = None
-        if owner_kv is not None:
-            current = self.token_of(owner_kv)
-        elif completion_kv is not None:
-            current = Completion.decode(completion_kv.value, completion_kv.key).generation
-        return StaleLeaseError(
-            f"{what}: session {handle.session_id} does not hold {keys.job_id!r} at generation "
-            f"{generation} (store has generation {current})",
-            job_id=keys.job_id, generation=generation, current_generation=current,
-        )
-
-    def _generation_since(self, keys: JobKeys, generation: int, completion_kv: Any,
-                          what: str) -> int | None:
-        """With the job not held (owner key gone): the generation of a completion, or of
-        a claim made after ``generation`` (the history key: every claim writes it, a
-        release or fail rewrites it with its generation, a completion deletes it), or
-        ``None`` if there is neither (or the history key cannot be read: the session's
-        end is then the answer known)."""
-        if completion_kv is not None:
-            return Completion.decode(completion_kv.value, completion_kv.key).generation
-        try:
-            history_kv = self.read_keys([keys.history], f"{what} (reading the history)",
-                                        time.monotonic() + self.config.timeout_s,
-                                        keys.job_id)[0]
-        except BackendUnavailable:
-            return None
-        if history_kv is None:
-            return None
-        past = History.decode(history_kv.value, history_kv.key)
-        last = past.generation or compose(past.epoch, int(history_kv.mod_revision))
-        return None if last == generation else last
-
     # -- writing --------------------------------------------------------------------------
 
     def send_guarded(
@@ -308,3 +255,58 @@ class Ops:
                         f"{what}: not applied when read back, and no time left to re-send",
                         job_id=job_id, generation=generation,
                     ) from failure.__cause__
+
+
+def refusal(ops: Ops, handle: EtcdSession, keys: JobKeys, generation: int,
+            owner_kv: Any, completion_kv: Any, what: str) -> LeaseError:
+    """The driver's refusal rule (the template's ``refusal()``, one name in every driver):
+    the error for a failed ownership compare: ``SessionExpired`` if the owner key is
+    gone, etcd says our lease is gone too, and nobody claimed or completed the job
+    since ``generation`` (the rule of :meth:`Backend.complete`); else
+    ``StaleLeaseError`` with the generation the store has now."""
+    if owner_kv is None:
+        ttl = ops.lease_ttl(handle.lease_id)
+        if ttl is not None and ttl <= 0:
+            since = _generation_since(ops, keys, generation, completion_kv, what)
+            if since is None:
+                return SessionExpired(
+                    f"{what}: session {handle.session_id} (etcd lease) has expired",
+                    job_id=keys.job_id, generation=generation,
+                )
+            return StaleLeaseError(
+                f"{what}: {keys.job_id!r} was claimed or completed again since "
+                f"generation {generation} (store has generation {since}; session "
+                f"{handle.session_id} has expired too)",
+                job_id=keys.job_id, generation=generation, current_generation=since,
+            )
+    current = None
+    if owner_kv is not None:
+        current = ops.token_of(owner_kv)
+    elif completion_kv is not None:
+        current = Completion.decode(completion_kv.value, completion_kv.key).generation
+    return StaleLeaseError(
+        f"{what}: session {handle.session_id} does not hold {keys.job_id!r} at generation "
+        f"{generation} (store has generation {current})",
+        job_id=keys.job_id, generation=generation, current_generation=current,
+    )
+
+def _generation_since(ops: Ops, keys: JobKeys, generation: int, completion_kv: Any,
+                      what: str) -> int | None:
+    """With the job not held (owner key gone): the generation of a completion, or of
+    a claim made after ``generation`` (the history key: every claim writes it, a
+    release or fail rewrites it with its generation, a completion deletes it), or
+    ``None`` if there is neither (or the history key cannot be read: the session's
+    end is then the answer known)."""
+    if completion_kv is not None:
+        return Completion.decode(completion_kv.value, completion_kv.key).generation
+    try:
+        history_kv = ops.read_keys([keys.history], f"{what} (reading the history)",
+                                    time.monotonic() + ops.config.timeout_s,
+                                    keys.job_id)[0]
+    except BackendUnavailable:
+        return None
+    if history_kv is None:
+        return None
+    past = History.decode(history_kv.value, history_kv.key)
+    last = past.generation or compose(past.epoch, int(history_kv.mod_revision))
+    return None if last == generation else last

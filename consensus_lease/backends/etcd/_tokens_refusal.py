@@ -1,6 +1,6 @@
 """One rule after a regression: no session or claim until ``bump_epoch``.
 
-When the revision guard (:mod:`._regression`) notices that the store's history went
+When the revision guard (:mod:`._tokens_regression`) notices that the store's history went
 back, every session open is ended with ``StoreRegressed``. Tokens of the restored
 history are below tokens already handed out, so nothing may claim on it until the
 operator raises the epoch (``consensus-lease bump-epoch --above HIGHEST``): the driver
@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import BackendUnavailable, LeaseError, StoreRegressed
-from . import _requests as rq
-from ._keys import StoreEpoch
-from ._ops import Ops
+from . import _transport_requests as rq
+from ._jobs import Ops
+from ._layout import StoreEpoch
 
 __all__ = ["MARK_ROUNDS", "Refusal", "RegressionMark"]
 

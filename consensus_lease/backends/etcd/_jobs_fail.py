@@ -50,8 +50,9 @@ from typing import Any
 
 from ...errors import BackendUnavailable, InvalidArgument, OutcomeUnknown
 from ...record import ClaimResult, JobState, LeaseRecord
-from . import _requests as rq
-from ._keys import (
+from . import _transport_requests as rq
+from ._jobs import Ops, Settled, refusal
+from ._layout import (
     ATTEMPTS,
     FAILED,
     LIMIT,
@@ -66,10 +67,9 @@ from ._keys import (
     ordinal_bytes,
     queue_of,
 )
-from ._ops import Ops, Settled
-from ._queue_index import read_counters
-from ._records import job_record, read_kinds
-from ._session import EtcdClaim, EtcdSession
+from ._layout_records import job_record, read_kinds
+from ._queues_index import read_counters
+from ._sessions import EtcdClaim, EtcdSession
 
 __all__ = ["MAX_REQUEUE_ROUNDS", "delay_ttl_s", "fail", "requeue"]
 
@@ -166,7 +166,7 @@ def _send_fail(ops: Ops, handle: EtcdSession, keys: JobKeys, generation: int,
         if ops.held_by(handle, owner_kv, generation, known):
             resent = True
             return None  # not applied: send again
-        raise ops.not_held(handle, keys, generation, owner_kv, completion_kv, what)
+        raise refusal(ops, handle, keys, generation, owner_kv, completion_kv, what)
 
     answer = ops.send_guarded(
         request, what, job_id=keys.job_id, generation=generation,
@@ -177,7 +177,7 @@ def _send_fail(ops: Ops, handle: EtcdSession, keys: JobKeys, generation: int,
     owner_kv, completion_kv, error_kv = (rq.kv_of(r) for r in answer.responses)
     if resent and landed(error_kv):  # the first copy landed before the re-send
         return
-    raise ops.not_held(handle, keys, generation, owner_kv, completion_kv, what)
+    raise refusal(ops, handle, keys, generation, owner_kv, completion_kv, what)
 
 
 def requeue(ops: Ops, job_id: str) -> LeaseRecord:

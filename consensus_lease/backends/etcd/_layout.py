@@ -62,7 +62,7 @@ Each open session has one key of its own, ``PREFIX/sessions/LEASE`` (``LEASE``: 
 lease id as 16 lowercase hex digits; value: the owner label), attached to its lease and
 put when the session is opened: etcd deletes it in the same revision as every other key
 of the lease when the lease ends (expiry or revoke), so one watch of ``PREFIX/sessions/``
-tells a process that a session of its own ended (see :mod:`._revocation`). Nothing else
+tells a process that a session of its own ended (see :mod:`._sessions_revocation`). Nothing else
 deletes it; deleting it by hand ends that session as a revoke would. ``sessions`` is no
 hex either, and sorts after ``q``: outside the job range.
 
@@ -119,8 +119,8 @@ key              value   meaning
 
 A queue without ``QDIR/k/seq`` but with member keys was written by the first layout
 (pending keys without ordinals, found by a range sorted by create revision); the driver
-refuses it (:func:`._queue_index.layout_refused`) until ``upgrade_queue`` has rewritten
-it (:mod:`._queue_upgrade`).
+refuses it (:func:`._queues_index.layout_refused`) until ``upgrade_queue`` has rewritten
+it (:mod:`._queues_upgrade`).
 
 Values other than payloads are compact JSON (UTF-8), ``result`` base64; anything that
 does not parse is reported as corrupt instead of guessed at.

@@ -14,12 +14,12 @@ revision is the generation's (the token below its epoch bits) and its value is o
     release:   delete o, put h = marker     else get o, get c
                (+ delete v for an election)
 
-``fail`` is in :mod:`._failure`.
+``fail`` is in :mod:`._jobs_fail`.
 
 A queued job's completion also deletes its pending key in the queue, in the same
 transaction, so ``queue_candidates`` never sees completed jobs. The queue comes from the
 claim transaction's read of the job's queue marker, carried by the claim's
-:class:`~._session.EtcdClaim`; when the claim has none (a claim this process did not
+:class:`~._sessions.EtcdClaim`; when the claim has none (a claim this process did not
 make) or did not read it (a batch claim settled by reading back), it is read first: one
 more round trip. A claim without its handle has the epoch part of its token checked
 against the owner key's value: renew reads the key in its transaction, complete with the
@@ -35,11 +35,11 @@ from typing import Any
 from pyetcd import etcdrpc
 
 from ...record import ClaimResult, JobState, LeaseRecord
-from . import _requests as rq
-from ._keys import Completion, History, JobKeys, LastError, queue_of
-from ._ops import Ops, Settled
-from ._records import Lifecycle
-from ._session import EtcdClaim, EtcdSession
+from . import _transport_requests as rq
+from ._jobs import Ops, Settled, refusal
+from ._layout import Completion, History, JobKeys, LastError, queue_of
+from ._layout_records import Lifecycle
+from ._sessions import EtcdClaim, EtcdSession
 from ._tokens import split
 
 __all__ = ["check_held", "complete", "release"]
@@ -75,7 +75,7 @@ def check_held(ops: Ops, handle: EtcdSession, job_id: str,
         answer = answered()
         if not answer.succeeded:
             owner_kv, completion_kv = (rq.kv_of(r) for r in answer.responses)
-            raise ops.not_held(handle, keys, generation, owner_kv, completion_kv, what)
+            raise refusal(ops, handle, keys, generation, owner_kv, completion_kv, what)
         if known is None:
             ops.check_epoch(keys, generation, rq.kv_of(answer.responses[0]), what)
 
@@ -122,7 +122,7 @@ def complete(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult,
             return Settled(done)
         if ops.held_by(handle, owner_kv, generation, known):
             return None  # not applied: send again (the compare cannot pass twice)
-        raise ops.not_held(handle, keys, generation, owner_kv, completion_kv, what)
+        raise refusal(ops, handle, keys, generation, owner_kv, completion_kv, what)
 
     answer = ops.send_guarded(
         request, what, job_id=job_id, generation=generation,
@@ -138,7 +138,7 @@ def complete(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult,
         owner_kv, completion_kv = (rq.kv_of(r) for r in answer.responses)
         repeat = ours(completion_kv)  # a retry of a completion that already landed
         if repeat is None:
-            raise ops.not_held(handle, keys, generation, owner_kv, completion_kv, what)
+            raise refusal(ops, handle, keys, generation, owner_kv, completion_kv, what)
         done = repeat
     return _completed(job_id, done, _lifecycle(ops, keys))
 
@@ -242,7 +242,7 @@ def release(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult) -> N
         if ops.held_by(handle, owner_kv, generation, known):
             resent = True
             return None  # not applied: send again
-        raise ops.not_held(handle, keys, generation, owner_kv, completion_kv, what)
+        raise refusal(ops, handle, keys, generation, owner_kv, completion_kv, what)
 
     def read_back(deadline: float) -> list[Any]:
         return ops.read_keys((keys.owner, keys.history, keys.completion),
@@ -257,13 +257,13 @@ def release(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult) -> N
     owner_kv, history_kv, completion_kv = (rq.kv_of(r) for r in answer.responses)
     if resent and is_marker(history_kv):  # the first copy landed before the re-send
         return
-    raise ops.not_held(handle, keys, generation, owner_kv, completion_kv, what)
+    raise refusal(ops, handle, keys, generation, owner_kv, completion_kv, what)
 
 
 def _release_request(ops: Ops, handle: EtcdSession, keys: JobKeys, generation: int,
                      known: EtcdClaim | None, queue: str | None, marker: bytes) -> Any:
     """The release transaction (see the module docstring). With the claim's handle, a
-    copy of the last one built for the same job and queue (:class:`~._requests.Kept`)
+    copy of the last one built for the same job and queue (:class:`~._transport_requests.Kept`)
     with this release's three per-request fields set: the owner key's create revision
     and value compared, and the marker put."""
     key = None if known is None else (keys.base, queue)
