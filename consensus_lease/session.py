@@ -415,9 +415,10 @@ class Session:
         """Complete several leases of this session, each as :meth:`Lease.complete` would
         (owner and generation compared by the store in the operation that records it),
         in as few round trips as the store allows: ``capabilities.max_complete_batch``
-        completions per round trip, all decided in one atomic store operation (an etcd
-        transaction, a ZooKeeper multi, one SQL transaction; memory: its lock). Where
-        ``max_complete_batch`` is 1 it sends one completion per lease.
+        completions per round trip, all decided in one atomic store operation (a
+        ZooKeeper multi, one SQL transaction; memory: its lock). Where
+        ``max_complete_batch`` is 1 (etcd: several completions of one queue cannot share
+        a transaction, see its driver) it sends one completion per lease.
 
         Each lease has its own outcome: a stale one is refused while the others commit.
 

@@ -474,7 +474,7 @@ class LeaseStore:
     ) -> list[bool]:
         """Add many jobs to a work queue with the store's native batch: one round trip
         per ``capabilities.max_enqueue_batch`` jobs (etcd: one txn; ZooKeeper: one multi;
-        SQLite: one transaction).
+        SQLite and PostgreSQL: one transaction).
 
         Idempotent like :meth:`enqueue`: a job already in the queue is left unchanged.
         Each chunk of at most ``max_enqueue_batch`` jobs is atomic (ZooKeeper splits a
