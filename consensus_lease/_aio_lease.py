@@ -63,7 +63,6 @@ class Wake:
                 await self._event.wait()
 
 
-
 class AsyncLease:
     """An asyncio view of a :class:`~consensus_lease.Lease`: the same attributes, and
     coroutines for its round trips (same arguments and errors).
