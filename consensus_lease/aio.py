@@ -547,8 +547,9 @@ class AsyncLeaseStore:
 
     @property
     def workers(self) -> Workers:
-        """This store's thread pool (``run(fn)`` runs one round trip on it), which every
-        coroutine of the store, its sessions and their leases runs its round trips on."""
+        """This store's thread pool, where every round trip of the store, its sessions
+        and their leases runs: ``await store.workers.run(fn)`` runs ``fn`` on one of its
+        threads (see the module docstring)."""
         return self._workers
 
     @property

@@ -111,10 +111,10 @@ class Session:
 
     @property
     def waiters(self) -> Waiters:
-        """The wake-ups of this session's waiting claims (``wait_s=``), each woken when
-        the session is closed or lost; ``len(session.waiters)``: how many wait now. The
-        waiting claims register here (:mod:`consensus_lease._waiting`, and the asyncio
-        ones of :mod:`consensus_lease.aio`)."""
+        """The wake-ups of this session's waiting claims (``wait_s=``, sync and
+        asyncio), which closing or losing the session wakes. The claims register
+        themselves (:mod:`consensus_lease._waiting`, :mod:`consensus_lease.aio`); read
+        ``len(session.waiters)``, how many wait now, and leave the rest to them."""
         return self._waiters
 
     @property

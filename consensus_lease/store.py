@@ -207,8 +207,9 @@ class LeaseStore:
     @property
     def watchers(self) -> Waiters:
         """The wake-ups of this store's open leader watches (``watch_leader``, sync and
-        asyncio), woken when the store is closed: each watch registers its own
-        (:class:`~consensus_lease.leader_watch.LeaderWatch`)."""
+        asyncio), which closing the store wakes. The watches register themselves
+        (:class:`~consensus_lease.leader_watch.LeaderWatch`); read
+        ``len(store.watchers)``, how many are open, and leave the rest to them."""
         return self._watchers
 
     @property

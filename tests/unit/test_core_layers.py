@@ -10,8 +10,8 @@ A *private access* is ``x._name`` where ``x`` is not ``self``, ``cls`` or ``supe
 ``self._name = ...`` or module name), or ``from .module import _name``: a name of another
 module's implementation, which that module may change without telling the reader. (A
 name defined in both modules is taken as the module's own only when no other core module
-defines it: ``lease._lose`` in a module that has a ``_lose`` of its own is another
-module's name.) What one module needs of another is public there: a property or method
+defines it: ``lease._lock`` in a module that has a ``_lock`` of its own is still
+another module's name.) What one module needs of another is public there: a property or method
 (``Session.waiters``, ``LeaseStore.watchers``, ``LeaseStore.check_open``,
 ``AsyncLeaseStore.workers``), or, for what only one other module may do, a documented
 module-level function outside ``__all__`` (``lease.finish_lease`` / ``lose_lease`` and
@@ -22,9 +22,8 @@ used either (the caller's frame comes from ``inspect.currentframe()``).
 A *runtime import* is one made when the module is imported: at module level, also inside
 ``if``/``try``/``with``/``class`` blocks, but not under ``if TYPE_CHECKING:`` nor inside
 functions (deferred). The runtime imports form layers, each module importing only
-modules of lower layers (a module's layer: 1 + the highest layer it imports; run this
-file with ``python tests/unit/test_core_layers.py`` to print them). At the time of
-writing::
+modules of lower layers (a module's layer: 1 + the highest layer it imports). They are
+(held by a test: ``python tests/unit/test_core_layers.py`` prints them)::
 
     0  _callsite _election _extras _subscriptions _visible clock errors record states
     1  _epoch _fork _renewer _waiting observe options validation
@@ -38,8 +37,8 @@ writing::
 
 Under ``if TYPE_CHECKING:`` remain the names a module's annotations need from a module
 that imports it (a runtime import would be a cycle): :data:`BACK_REFERENCES`, each with
-why. The other type-only imports there point down the layers and are only annotations
-(ruff's ``TC`` rules put them there); ``__init__`` names ``fencing_sql`` there because it
+why. The other type-only imports there would make no cycle at run time: they are only
+annotations (ruff's ``TC`` rules put them there); ``__init__`` names ``fencing_sql`` there because it
 loads it on first access (it needs SQLAlchemy).
 """
 
@@ -227,7 +226,7 @@ def _private_accesses() -> Counter[tuple[str, str]]:
     found: Counter[tuple[str, str]] = Counter()
     for name, path in MODULES.items():
         # a name this module defines is its own only if no other core module defines it
-        # too: ``lease._lose`` in a module with a ``_lose`` of its own is still Lease's
+        # too: ``lease._lock`` in a module with a ``_lock`` of its own is still Lease's
         others = set().union(*(own for other, own in owners.items() if other != name))
         for attr in _foreign_private_names(trees[name], owners[name] - others):
             found[(path.name, attr)] += 1
@@ -270,6 +269,20 @@ def test_type_only_references_up_the_layers_are_the_named_ones() -> None:
     assert not gone, f"no longer type-only references up the layers: delete {gone}"
 
 
+def _layer_table() -> str:
+    by_layer: dict[int, list[str]] = {}
+    for module, level in _layers(_graph()).items():
+        by_layer.setdefault(level, []).append(module)
+    return "\n".join(f"{level}  {' '.join(sorted(by_layer[level]))}" for level in sorted(by_layer))
+
+
+def test_the_docstring_shows_the_layers() -> None:
+    table = _layer_table()
+    shown = "\n".join(line.strip() for line in (__doc__ or "").splitlines()
+                      if line.strip()[:1].isdigit() and "  " in line.strip())
+    assert shown == table, f"the core's layers changed: update the module docstring to\n{table}"
+
+
 def test_no_core_module_reads_another_modules_private_names() -> None:
     found = _private_accesses()
     assert not found, (
@@ -279,8 +292,4 @@ def test_no_core_module_reads_another_modules_private_names() -> None:
 
 
 if __name__ == "__main__":
-    by_layer: dict[int, list[str]] = {}
-    for module, level in _layers(_graph()).items():
-        by_layer.setdefault(level, []).append(module)
-    for level in sorted(by_layer):
-        print(level, " ".join(sorted(by_layer[level])))
+    print(_layer_table())
