@@ -14,8 +14,8 @@ from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from ._aio_lease import AsyncLease, Wake
 from ._election import election_key
-from .aio import AsyncLease, _Wake
 from .election import LeaderRecord, Leadership, require_elections
 from .errors import StoreClosed
 from .leader_watch import LeaderChanges
@@ -78,7 +78,7 @@ class AsyncLeaderWatch:
     """
 
     def __init__(self, store: AsyncLeaseStore, name: str, timeout_s: float | None) -> None:
-        store.sync._check_open()
+        store.sync.check_open()
         check_election_name(name)
         require_elections(store.sync.backend)
         self._store = store
@@ -86,22 +86,22 @@ class AsyncLeaderWatch:
         self._timeout_s = None if timeout_s is None else check_wait(timeout_s, "timeout_s")
         self._give_up: float | None = None
         self._changes = LeaderChanges()
-        self._wake: _Wake | None = None
+        self._wake: Wake | None = None
         self._undo: list[Unsubscribe] = []
         self._closed = False
 
     def __aiter__(self) -> AsyncLeaderWatch:
         return self
 
-    async def _start(self) -> _Wake:
+    async def _start(self) -> Wake:
         """Subscribe (on the pool: a store may read once to start its watch)."""
         loop = asyncio.get_running_loop()
-        self._wake = wake = _Wake(loop)
+        self._wake = wake = Wake(loop)
         if self._timeout_s is not None:
             self._give_up = loop.time() + self._timeout_s
-        self._undo.append(self._store.sync._watchers.add(wake))
+        self._undo.append(self._store.sync.watchers.add(wake))
         backend = self._store.sync.backend
-        unsubscribe = await self._store._workers.run(
+        unsubscribe = await self._store.workers.run(
             partial(backend.subscribe_job, election_key(self._name), wake))
         if self._closed:  # closed while subscribing
             unsubscribe()
@@ -118,7 +118,7 @@ class AsyncLeaderWatch:
                 raise StopAsyncIteration
             wake.clear()
             try:
-                record = await self._store._workers.run(
+                record = await self._store.workers.run(
                     partial(self._store.sync.leader, self._name))
             except StoreClosed:
                 self.close()

@@ -16,7 +16,7 @@ import functools
 import sys
 from types import CodeType, FrameType
 
-__all__ = ["entered_by_with"]
+__all__ = ["caller_enters_with", "entered_by_with"]
 
 _WITH_OPS = frozenset({"BEFORE_WITH", "SETUP_WITH"})
 
@@ -37,3 +37,10 @@ def entered_by_with(frame: FrameType | None) -> bool:
     if frame is None or sys.implementation.name != "cpython":
         return False
     return _with_follows(frame.f_code, frame.f_lasti)
+
+
+def caller_enters_with(callee: FrameType | None) -> bool:
+    """Whether the caller of the function running in ``callee`` (that function's own
+    frame: ``inspect.currentframe()``) passes its result to a ``with`` statement.
+    ``False`` when it cannot tell (``None``: a Python without frames)."""
+    return entered_by_with(None if callee is None else callee.f_back)

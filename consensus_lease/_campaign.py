@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from ._election import election_key
 from ._waiting import wait_and_claim
-from .election import Leadership, check_value, require_elections
+from .election import Leadership, announced, check_value, require_elections
 from .errors import ClaimTimeout, InvalidArgument, LeaseError
 from .states import LeaseState
 from .validation import check_election_name, check_wait
@@ -66,7 +66,7 @@ def _campaign_once(
 ) -> Leadership | None:
     """One attempt: the leadership, or ``None`` if another session leads."""
     key = election_key(name)
-    result = session._liveness.call(lambda: session.backend.claim(session.handle, key))
+    result = holdings.liveness.call(lambda: session.backend.claim(session.handle, key))
     if result is None:
         return None
     leadership = holdings.register(Leadership(session, holdings, name, result, value))
@@ -83,5 +83,5 @@ def _announce(holdings: Holdings, leadership: Leadership, value: bytes) -> Leade
             with contextlib.suppress(LeaseError):
                 leadership.resign()
         raise
-    leadership._announced(value)
+    announced(leadership, value)
     return leadership

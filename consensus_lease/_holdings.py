@@ -29,12 +29,12 @@ from .errors import (
     StoreInherited,
     UnsupportedOperation,
 )
-from .lease import Lease
+from .lease import Lease, finish_lease, lose_lease
 from .observe import notify, outcome_of
 from .record import ClaimResult, LeaseRecord
 from .retry import RetryPolicies, RetryPolicy
 from .states import LeaseState
-from .transaction import LeaseTransaction
+from .transaction import LeaseTransaction, end_transaction
 from .validation import check_queue_name
 
 if TYPE_CHECKING:
@@ -141,7 +141,7 @@ class Holdings:
     def _completed(self, lease: Lease, record: LeaseRecord, result: bytes) -> None:
         """The store recorded ``lease``'s completion: the lease's state, the registry,
         the observer and the log."""
-        lease._finish(LeaseState.COMPLETED, record, result)
+        finish_lease(lease, LeaseState.COMPLETED, record, result)
         self._forget(lease)
         job_id, generation, owner = lease.job_id, lease.generation, lease.owner
         notify(self.liveness.observer,
@@ -245,7 +245,7 @@ class Holdings:
         live = self.liveness
         self._timed("release", lease, lambda: self._guarded(
             lease, lambda: live.backend.release(live.handle, lease.job_id, lease.claim_result)))
-        lease._finish(LeaseState.RELEASED, None)
+        finish_lease(lease, LeaseState.RELEASED, None)
         self._forget(lease)
         job_id, generation, owner = lease.job_id, lease.generation, lease.owner
         notify(live.observer, lambda o: o.released(self.scheme, job_id, generation, owner))
@@ -285,7 +285,7 @@ class Holdings:
                 yield tx
             finally:
                 self._blocks.discard(block)
-                tx._close()
+                end_transaction(tx)
 
     def retry_policy(self, queue: str | None) -> RetryPolicy:
         return self.policies.get(queue)
@@ -296,7 +296,7 @@ class Holdings:
         record = self._timed("fail", lease, lambda: self._guarded(
             lease, lambda: live.backend.fail(
                 live.handle, lease.job_id, lease.claim_result, error, retry_in_s)))
-        lease._finish(LeaseState.FAILED, record)
+        finish_lease(lease, LeaseState.FAILED, record)
         self._forget(lease)
         job_id, generation, owner = lease.job_id, lease.generation, lease.owner
         state = record.state.value
@@ -387,7 +387,7 @@ class Holdings:
 
     def _lose(self, lease: Lease, reason: LeaseLost | OutcomeUnknown) -> None:
         self._forget(lease)
-        if not lease._lose(reason):
+        if not lose_lease(lease, reason):
             return
         job_id, generation = lease.job_id, lease.generation
         notify(self.liveness.observer,
@@ -409,7 +409,7 @@ class Holdings:
     def _hand_back(self, lease: Lease, reason: LeaseLost) -> None:
         """``lease``'s session is being closed by its worker: the job goes back."""
         self._forget(lease)
-        if not lease._lose(reason):
+        if not lose_lease(lease, reason):
             return
         job_id, generation, owner = lease.job_id, lease.generation, lease.owner
         notify(self.liveness.observer,

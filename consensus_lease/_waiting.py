@@ -86,7 +86,7 @@ def check_usable(session: Session) -> None:
     """Raise unless a waiting claim of ``session`` may go on (see
     :meth:`Session.ensure_alive`; a session being closed counts as closed)."""
     session.ensure_alive()
-    if session._waiters.closed:
+    if session.waiters.closed:
         raise LeaseLost(f"session {session.session_id} is closed")
 
 
@@ -98,7 +98,7 @@ def closing_aware(session: Session, attempt: Callable[[], T]) -> Callable[[], T]
         try:
             return attempt()
         except SessionExpired as exc:
-            if session._waiters.closed:
+            if session.waiters.closed:
                 raise LeaseLost(f"session {session.session_id} is closed") from exc
             raise
 
@@ -122,7 +122,7 @@ def wait_and_claim(
     if clock.monotonic() >= give_up_at:
         raise timed_out()
     wake = threading.Event()
-    remove = session._waiters.add(wake.set)
+    remove = session.waiters.add(wake.set)
     try:
         unsubscribe = subscribe(wake.set)
         try:

@@ -39,15 +39,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import inspect
 import threading
-from collections.abc import AsyncIterator, Callable, Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import asynccontextmanager
 from functools import partial
-from types import TracebackType
 from typing import Any, Never, TypeVar
 
+from ._aio_election import AsyncLeadership, AsyncLeaderWatch
+from ._aio_lease import AsyncLease, Wake
 from ._callbacks import check_callback, run_callback
 from ._election import election_key
 from ._subscriptions import Unsubscribe
@@ -58,13 +57,12 @@ from .election import LeaderRecord
 from .errors import ClaimTimeout, InvalidArgument, LeaseError, LeaseLost, StoreClosed
 from .lease import Lease
 from .observe import Observer
-from .record import ClaimResult, EnqueueItem, LeaseRecord, QueuedJob, QueueStats
+from .record import EnqueueItem, LeaseRecord, QueuedJob, QueueStats
 from .retry import RetryPolicy
 from .session import Session
-from .states import LeaseState, SessionState
+from .states import SessionState
 from .store import DEFAULT_TTL_S, LeaseStore
 from .store import open_store as open_sync_store
-from .transaction import LeaseTransaction
 from .validation import check_election_name, check_job_id, check_queue_name, check_wait
 
 __all__ = [
@@ -135,7 +133,7 @@ def _release_quietly(lease: Lease) -> None:
         lease.release()  # best effort: if it fails, the TTL frees the job
 
 
-class _Workers:
+class Workers:
     """An :class:`AsyncLeaseStore`'s threads, and the limit on claim attempts."""
 
     def __init__(self, size: int) -> None:
@@ -205,36 +203,6 @@ class _Workers:
         self._executor.shutdown(wait=False)
 
 
-class _Wake:
-    """A flag set from any thread (a subscription callback, ``session.close()``) and
-    awaited on the event loop. Setting it again before :meth:`clear` costs nothing."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._event = asyncio.Event()
-        self._lock = threading.Lock()
-        self._scheduled = False
-
-    def __call__(self) -> None:
-        with self._lock:
-            if self._scheduled:
-                return
-            self._scheduled = True
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-            self._loop.call_soon_threadsafe(self._event.set)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._scheduled = False
-        self._event.clear()
-
-    async def wait(self, timeout_s: float | None) -> None:
-        """Until set, or ``timeout_s`` seconds passed (``None``: no limit)."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout_s):
-                await self._event.wait()
-
-
 async def _wait_and_claim(
     session: AsyncSession, subscribe: Subscribe, attempt: Callable[[], LeaseT | None],
     wait_s: float, timed_out: Callable[[], ClaimTimeout],
@@ -242,7 +210,7 @@ async def _wait_and_claim(
     """The steps of :func:`consensus_lease._waiting.wait_and_claim` on the event loop:
     try; subscribe; then try again each time the subscription (or the session's end)
     wakes us, one attempt at a time, until ``wait_s`` seconds passed."""
-    workers, sync = session.store._workers, session.sync
+    workers, sync = session.store.workers, session.sync
     loop = asyncio.get_running_loop()
     give_up_at = loop.time() + wait_s
     attempt = closing_aware(sync, attempt)
@@ -252,8 +220,8 @@ async def _wait_and_claim(
         return lease
     if loop.time() >= give_up_at:
         raise timed_out()
-    wake = _Wake(loop)
-    remove = sync._waiters.add(wake)
+    wake = Wake(loop)
+    remove = sync.waiters.add(wake)
     try:
         unsubscribe: Unsubscribe = await workers.limited(partial(subscribe, wake), _call)
         try:
@@ -275,233 +243,6 @@ async def _wait_and_claim(
 
 def _call(fn: Callable[[], None]) -> None:
     fn()
-
-
-# -- leases --------------------------------------------------------------------------
-
-
-class AsyncLease:
-    """An asyncio view of a :class:`~consensus_lease.Lease`: the same attributes, and
-    coroutines for its round trips (same arguments and errors).
-
-    Attributes:
-        sync: the underlying :class:`~consensus_lease.Lease`.
-        session: the :class:`AsyncSession` it was claimed from.
-    """
-
-    def __init__(self, lease: Lease, session: AsyncSession) -> None:
-        self.sync = lease
-        self.session = session
-
-    @property
-    def job_id(self) -> str:
-        return self.sync.job_id
-
-    @property
-    def generation(self) -> int:
-        """The fencing token (see :attr:`Lease.generation`)."""
-        return self.sync.generation
-
-    @property
-    def fencing_token(self) -> int:
-        return self.sync.fencing_token
-
-    @property
-    def attempt(self) -> int:
-        """See :attr:`Lease.attempt`."""
-        return self.sync.attempt
-
-    @property
-    def payload(self) -> bytes | None:
-        """The queue payload, for leases from ``claim_next``; ``None`` otherwise."""
-        return self.sync.payload
-
-    @property
-    def queue(self) -> str | None:
-        """The work queue, for leases from ``claim_next``; ``None`` otherwise."""
-        return self.sync.queue
-
-    @property
-    def owner(self) -> str:
-        return self.sync.owner
-
-    @property
-    def claim_result(self) -> ClaimResult:
-        return self.sync.claim_result
-
-    @property
-    def granted_ttl_s(self) -> float:
-        return self.sync.granted_ttl_s
-
-    @property
-    def deadline(self) -> float:
-        """See :attr:`Lease.deadline` (monotonic seconds)."""
-        return self.sync.deadline
-
-    @property
-    def state(self) -> LeaseState:
-        return self.sync.state
-
-    @property
-    def lost_reason(self) -> LeaseLost | None:
-        return self.sync.lost_reason
-
-    def remaining_s(self) -> float:
-        return self.sync.remaining_s()
-
-    def ensure_held(self) -> None:
-        """Local check, no I/O: see :meth:`Lease.ensure_held`."""
-        self.sync.ensure_held()
-
-    def __repr__(self) -> str:
-        return f"Async{self.sync!r}"
-
-    async def _run(self, fn: Callable[[], T]) -> T:
-        return await self.session.store._workers.run(fn)
-
-    async def renew(self) -> None:
-        """See :meth:`Lease.renew` (same errors)."""
-        await self._run(self.sync.renew)
-
-    async def complete(self, result: bytes = b"") -> LeaseRecord:
-        """See :meth:`Lease.complete` (same errors)."""
-        return await self._run(partial(self.sync.complete, result))
-
-    async def release(self) -> None:
-        """See :meth:`Lease.release` (same errors)."""
-        await self._run(self.sync.release)
-
-    async def complete_and_claim_next(
-        self, result: bytes = b"", queue: str | None = None
-    ) -> tuple[LeaseRecord, AsyncLease | None]:
-        """See :meth:`Lease.complete_and_claim_next` (same arguments and errors). If the
-        caller is cancelled while the request runs, the completion still lands and a
-        lease it claimed is released off the loop."""
-        workers = self.session.store._workers
-
-        def orphan(done: tuple[LeaseRecord, Lease | None]) -> None:
-            workers.release_later(done[1])
-
-        record, lease = await workers.limited(
-            partial(self.sync.complete_and_claim_next, result, queue), orphan)
-        return record, None if lease is None else AsyncLease(lease, self.session)
-
-    async def fail(
-        self, error: str | BaseException, retry_in_s: float | None = None
-    ) -> LeaseRecord:
-        """See :meth:`Lease.fail` (same arguments and errors)."""
-        return await self._run(partial(self.sync.fail, error, retry_in_s))
-
-    async def run_in_transaction(
-        self, conn: object, block: Callable[[LeaseTransaction], T], *,
-        lock_timeout_s: float | None = None,
-    ) -> T:
-        """asyncio's :meth:`Lease.transaction`: run ``block(tx)`` inside
-        ``with lease.transaction(conn, lock_timeout_s=...) as tx:`` on one of the store's
-        threads, and return what it returns::
-
-            def charge(tx: LeaseTransaction) -> bool:
-                if not tx.once("charge"):   # a generation of this job already did it
-                    return False
-                conn.execute("INSERT INTO charges VALUES (%s, %s)", (job_id, amount))
-                return True
-
-            charged = await lease.run_in_transaction(conn, charge)
-
-        ``conn`` is the same *synchronous* connection as for :meth:`Lease.transaction`
-        (``psycopg.Connection``, ``sqlite3.Connection``) and ``block`` a plain function:
-        the transaction's statements block, so they run on the thread, never on the event
-        loop. There is no ``async with lease.transaction(...)``: that would run them on
-        the loop. Use ``conn`` from one task at a time (one connection per task, or a pool).
-        Guarantees (per generation, and per job with ``tx.once``), errors and the lease's
-        state after each are those of :meth:`Lease.transaction`; an exception from
-        ``block`` rolls the transaction back and is raised here.
-
-        Cancelling the awaiting task does not stop ``block``: it runs to its end on the
-        thread, and the transaction commits (or rolls back) there; the cancellation is
-        raised at once (read the effects back if you must know).
-
-        Raises:
-            InvalidArgument: ``block`` is not a plain callable (an ``async def`` would
-                never run inside the transaction: checked before anything is sent), or it
-                returned an awaitable (the transaction is rolled back); still held.
-            LeaseError: what :meth:`Lease.transaction` raises (``UnsupportedOperation``,
-                ``InvalidArgument``, ``StaleLeaseError`` / ``SessionExpired``,
-                ``BackendUnavailable`` ...), with the same state of the lease after it.
-            Exception: what ``block`` raises, after the rollback.
-        """
-        if not callable(block) or inspect.iscoroutinefunction(block):
-            raise InvalidArgument(
-                f"run_in_transaction(conn, block): block must be a plain function "
-                f"block(tx) -> result, run on a thread inside the transaction, not {block!r}"
-                " (an async def would never run there)",
-                job_id=self.job_id, generation=self.generation,
-            )
-
-        def run() -> T:
-            with self.sync.transaction(conn, lock_timeout_s=lock_timeout_s) as tx:
-                result = block(tx)
-                if inspect.isawaitable(result):  # rolled back: nothing of it ran
-                    if inspect.iscoroutine(result):
-                        result.close()
-                    raise InvalidArgument(
-                        "run_in_transaction: block returned an awaitable; it must do its "
-                        "statements itself (a plain function); rolled back",
-                        job_id=self.job_id, generation=self.generation,
-                    )
-                return result
-
-        return await self._run(run)
-
-    @asynccontextmanager
-    async def guard(self) -> AsyncIterator[AsyncLease]:
-        """Run the body only while the lease is held; cancel it if the lease is lost.
-
-        Raises:
-            LeaseLost: on entry if already lost, or when the lease was lost while the
-                body ran — the store refused it, or its session was lost or closed, or its
-                store closed (the body was cancelled; the lease is LOST).
-            LeaseSuspended: on entry if the session is suspended.
-        """
-        self.sync.ensure_held()
-        task = asyncio.current_task()
-        assert task is not None, "guard() must run inside a task"
-        loop = asyncio.get_running_loop()
-        fired: list[LeaseLost] = []
-
-        def on_lost(_lease: Lease, reason: LeaseLost) -> None:
-            if not fired:
-                fired.append(reason)
-                loop.call_soon_threadsafe(task.cancel)
-
-        # The lease's own loss: the store refused it, its session was lost or closed, or
-        # its store was closed (not its completion or release by the body itself).
-        unregister = self.sync.on_lost(on_lost)
-        try:
-            yield self
-        except asyncio.CancelledError:
-            if fired and task.uncancel() == 0:
-                raise LeaseLost(
-                    f"lease on {self.job_id!r} generation {self.generation} lost while its "
-                    f"work ran: {fired[0]}",
-                    job_id=self.job_id,
-                    generation=self.generation,
-                ) from fired[0]
-            raise
-        finally:
-            unregister()
-
-    async def __aenter__(self) -> AsyncLease:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        """As :meth:`Lease.__exit__`: release unless completed."""
-        await self._run(partial(self.sync.__exit__, exc_type, exc, tb))
 
 
 # -- sessions ------------------------------------------------------------------------
@@ -602,7 +343,7 @@ class AsyncSession:
         that no caller received."""
         check_job_id(job_id)
         attempt = partial(self.sync.claim, job_id)
-        workers = self.store._workers
+        workers = self.store.workers
         if wait_s is None:
             lease = await workers.limited(attempt, workers.release_later)
         else:
@@ -623,7 +364,7 @@ class AsyncSession:
         """
         check_queue_name(queue)
         attempt = partial(self.sync.claim_next, queue)
-        workers = self.store._workers
+        workers = self.store.workers
         if wait_s is None:
             lease = await workers.limited(attempt, workers.release_later)
         else:
@@ -643,7 +384,7 @@ class AsyncSession:
         result: its body is cancelled if the leadership is lost."""
         check_election_name(name)
         attempt = partial(self.sync.campaign, name, value)
-        workers = self.store._workers
+        workers = self.store.workers
         if wait_s is None:
             leadership = await workers.limited(attempt, workers.release_later)
         else:
@@ -658,7 +399,7 @@ class AsyncSession:
 
     async def claim_many(self, job_ids: Sequence[str]) -> list[AsyncLease | None]:
         """See :meth:`Session.claim_many`; cancellation as for :meth:`claim`."""
-        workers = self.store._workers
+        workers = self.store.workers
 
         def orphans(leases: list[Lease | None]) -> None:
             for lease in leases:
@@ -674,28 +415,28 @@ class AsyncSession:
         session's :class:`AsyncLease` objects."""
         if isinstance(leases, (str, bytes)) or not isinstance(leases, Sequence):
             # the sync call names the error; it is checked before anything is sent
-            return await self.store._workers.run(partial(self.sync.complete_many, leases))
+            return await self.store.workers.run(partial(self.sync.complete_many, leases))
         items: list[Any] = []
         for item in leases:
             lease, result = item if isinstance(item, tuple) and len(item) == 2 else (item, b"")
             items.append((lease.sync if isinstance(lease, AsyncLease) else lease, result))
-        return await self.store._workers.run(partial(self.sync.complete_many, items))
+        return await self.store.workers.run(partial(self.sync.complete_many, items))
 
     async def keepalive(self) -> float:
         """See :meth:`Session.keepalive`."""
-        return await self.store._workers.run(self.sync.keepalive)
+        return await self.store.workers.run(self.sync.keepalive)
 
     async def wait_lost(self) -> LeaseLost | None:
         """Wait, holding no thread, until the session is lost or closed; return the
         reason it was lost (``None`` if it was closed)."""
-        wake = _Wake(asyncio.get_running_loop())
-        remove = self.sync._waiters.add(wake)
+        wake = Wake(asyncio.get_running_loop())
+        remove = self.sync.waiters.add(wake)
         unregister = self.sync.on_lost(lambda _session, _reason: wake())
         try:
             while True:
                 wake.clear()
                 if self.sync.state in (SessionState.LOST, SessionState.CLOSED) or \
-                        self.sync._waiters.closed:
+                        self.sync.waiters.closed:
                     return self.sync.lost_reason
                 await wake.wait(None)
         finally:
@@ -705,8 +446,8 @@ class AsyncSession:
     async def close(self) -> None:
         """See :meth:`Session.close`. Waiting claims of this session end at once with
         ``LeaseLost``."""
-        self.sync._waiters.close()
-        await self.store._workers.run(self.sync.close)
+        self.sync.waiters.close()
+        await self.store.workers.run(self.sync.close)
 
     async def __aenter__(self) -> AsyncSession:
         return self
@@ -727,7 +468,7 @@ class _SessionOpener:
         return self._open().__await__()
 
     async def _open(self) -> AsyncSession:
-        return AsyncSession(await self._store._workers.run(self._opener), self._store)
+        return AsyncSession(await self._store.workers.run(self._opener), self._store)
 
     async def __aenter__(self) -> AsyncSession:
         self._session = await self._open()
@@ -764,9 +505,9 @@ class AsyncLeaseStore:
                  **unknown: Never) -> None:
         if unknown:  # type checkers refuse them already (Never); say so at run time too
             raise _unknown_arguments(unknown)
-        self._setup(store, _Workers(check_threads(threads)))
+        self._setup(store, Workers(check_threads(threads)))
 
-    def _setup(self, store: LeaseStore, workers: _Workers) -> None:
+    def _setup(self, store: LeaseStore, workers: Workers) -> None:
         self.sync = store
         self._workers = workers
         self._closed = False
@@ -778,7 +519,7 @@ class AsyncLeaseStore:
         **options: object,
     ) -> AsyncLeaseStore:
         """See :func:`open_store`."""
-        workers = _Workers(check_threads(threads))
+        workers = Workers(check_threads(threads))
         try:
             store = await workers.run(partial(
                 open_sync_store, url, clock=clock, observer=observer, retry=retry, **options))
@@ -803,6 +544,13 @@ class AsyncLeaseStore:
     def threads(self) -> int:
         """Threads of this store's pool."""
         return self._workers.size
+
+    @property
+    def workers(self) -> Workers:
+        """This store's thread pool, where every round trip of the store, its sessions
+        and their leases runs: ``await store.workers.run(fn)`` runs ``fn`` on one of its
+        threads (see the module docstring)."""
+        return self._workers
 
     @property
     def closed(self) -> bool:
@@ -930,7 +678,3 @@ async def open_store(
     """
     return await AsyncLeaseStore.open(url, threads=threads, clock=clock,
                                       observer=observer, retry=retry, **options)
-
-
-# The asyncio side of elections builds on the classes above (imported last: it imports them).
-from ._aio_election import AsyncLeadership, AsyncLeaderWatch  # noqa: E402

@@ -222,3 +222,10 @@ class Leadership(Lease):
             f"or failed; resign() steps down. Nothing was sent",
             job_id=self.job_id, generation=self.generation,
         )
+
+
+def announced(leadership: Leadership, value: bytes) -> None:
+    """For campaigns (:mod:`consensus_lease._campaign`) only: the store has the new
+    leader's ``value``; the leadership is no longer ``unannounced`` and may be handed to
+    the caller."""
+    leadership._announced(value)

@@ -76,7 +76,7 @@ class LeaderWatch:
         self._changes = LeaderChanges()
         self._closed = False
         self._lock = threading.Lock()
-        self._remove = store._watchers.add(self._wake.set)
+        self._remove = store.watchers.add(self._wake.set)
         try:
             self._unsubscribe = store.backend.subscribe_job(election_key(name), self._wake.set)
         except BaseException:

@@ -531,7 +531,7 @@ class Lease:
         except (LeaseLost, BackendUnavailable, StoreClosed, StoreInherited) as release_exc:
             exc.add_note(f"consensus_lease: releasing {self.job_id!r} failed: {release_exc!r}")
 
-    # -- state changes, made by the session's holdings only --------------------------
+    # -- state changes, made by the session's holdings only (see finish_lease) -------
 
     def _finish(
         self, state: LeaseState, record: LeaseRecord | None, result: bytes | None = None
@@ -541,7 +541,7 @@ class Lease:
             self._record = record
             self._result = result
 
-    def _lose(self, reason: LeaseLost | OutcomeUnknown) -> bool:
+    def _set_lost(self, reason: LeaseLost | OutcomeUnknown) -> bool:
         """HELD -> LOST, then the :meth:`on_lost` callbacks; returns False if the lease
         was already over."""
         with self._lock:
@@ -598,6 +598,23 @@ class Lease:
         with self._lock:
             if callback in self._listeners:
                 self._listeners.remove(callback)
+
+
+def finish_lease(
+    lease: Lease, state: LeaseState, record: LeaseRecord | None, result: bytes | None = None
+) -> None:
+    """For the session's holdings (:mod:`consensus_lease._holdings`) only: the store
+    ended ``lease`` (``state`` COMPLETED, RELEASED or FAILED, with the store's ``record``
+    and the completion's ``result``). The one way a lease's state is set to an end."""
+    lease._finish(state, record, result)
+
+
+def lose_lease(lease: Lease, reason: LeaseLost | OutcomeUnknown) -> bool:
+    """For the session's holdings (:mod:`consensus_lease._holdings`) only: HELD -> LOST
+    for ``reason`` (an ``OutcomeUnknown`` becomes a ``LeaseLost`` saying it), then
+    ``lease``'s :meth:`~Lease.on_lost` callbacks, on this thread. ``False`` (nothing
+    done) if the lease was no longer HELD."""
+    return lease._set_lost(reason)
 
 
 def checked_completion(lease: Lease, result: object, call: str) -> bytes:

@@ -11,8 +11,8 @@ Claiming from a work queue is in :mod:`._queue_claim`.
 
 from __future__ import annotations
 
+import inspect
 import logging
-import sys
 import threading
 from collections.abc import Callable, Sequence
 from types import TracebackType
@@ -20,7 +20,7 @@ from typing import overload
 
 from . import _campaign, _queue_claim
 from ._callbacks import check_callback, run_callback
-from ._callsite import entered_by_with
+from ._callsite import caller_enters_with
 from ._fork import abandon
 from ._holdings import Holdings
 from ._liveness import EventRelay, Liveness
@@ -96,7 +96,6 @@ class Session:
         )
         self._holdings = Holdings(self._liveness, retry or RetryPolicies())
         self._waiters = Waiters()
-        """The session's waiting claims: woken when it is closed or lost."""
         self._liveness.on_loss(lambda _reason: self._waiters.wake_all())
         self.lost = self._liveness.lost
         """Set once the session is LOST."""
@@ -109,6 +108,14 @@ class Session:
     @property
     def session_id(self) -> str:
         return self.handle.session_id
+
+    @property
+    def waiters(self) -> Waiters:
+        """The wake-ups of this session's waiting claims (``wait_s=``, sync and
+        asyncio), which closing or losing the session wakes. The claims register
+        themselves (:mod:`consensus_lease._waiting`, :mod:`consensus_lease.aio`); read
+        ``len(session.waiters)``, how many wait now, and leave the rest to them."""
+        return self._waiters
 
     @property
     def owner(self) -> str:
@@ -255,7 +262,7 @@ class Session:
         if wait is None:
             self.ensure_alive()
             lease = self._claim_once(job_id)
-            if lease is None and entered_by_with(sys._getframe(1)):
+            if lease is None and caller_enters_with(inspect.currentframe()):
                 raise ClaimTimeout(
                     f"{job_id!r} is held elsewhere, and claim() without wait_s does not "
                     f"wait: `with session.claim(job_id, wait_s=...)` waits (wait_s=0: "
@@ -311,7 +318,7 @@ class Session:
         """
         self._liveness.check_usable()
         lease = _queue_claim.claim_next(self, self._holdings, queue, wait_s)
-        if lease is None and entered_by_with(sys._getframe(1)):
+        if lease is None and caller_enters_with(inspect.currentframe()):
             raise ClaimTimeout(
                 f"no job of queue {queue!r} is claimable now, and claim_next() without "
                 f"wait_s does not wait: `with session.claim_next(queue, wait_s=...)` waits; "
@@ -372,7 +379,7 @@ class Session:
         """
         self._liveness.check_usable()
         leadership = _campaign.campaign(self, self._holdings, name, value, wait_s)
-        if leadership is None and entered_by_with(sys._getframe(1)):
+        if leadership is None and caller_enters_with(inspect.currentframe()):
             raise ClaimTimeout(
                 f"election {name!r} is led by another session, and campaign() without "
                 f"wait_s does not wait: `with session.campaign(name, wait_s=...)` waits; or "
@@ -550,3 +557,10 @@ class Session:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def close_with_store(session: Session) -> None:
+    """For :meth:`LeaseStore.close <consensus_lease.LeaseStore.close>` only (and a
+    session opened while it ran): close ``session``, after which every operation of the
+    session and its leases raises ``StoreClosed``."""
+    session._close_with_store()

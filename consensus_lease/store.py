@@ -33,7 +33,7 @@ from .observe import Observer, default_observer, notify
 from .options import merge_options, redact_url
 from .record import EnqueueItem, LeaseRecord, QueuedJob, QueueStats
 from .retry import DEFAULT_RETRY, RetryPolicies, RetryPolicy, check_max_attempts
-from .session import Session
+from .session import Session, close_with_store
 from .validation import (
     check_election_name,
     check_job_id,
@@ -192,10 +192,10 @@ class LeaseStore:
         """Keepalives and deadlines of the store's sessions, one renewer per clock
         (threads shared by the sessions on that clock: see :mod:`._renewer`)."""
         self._watchers = Waiters()
-        """Every open ``watch_leader`` iterator: woken when the store is closed."""
 
-    def _check_open(self) -> None:
-        """Raise ``StoreInherited`` in a fork's child, ``StoreClosed`` once closed."""
+    def check_open(self) -> None:
+        """Raise unless the store may be used: ``StoreInherited`` in a child made by
+        ``fork()``, ``StoreClosed`` once closed. A local check, no round trip."""
         self._origin.check("LeaseStore")
         if self._closed:
             raise StoreClosed("this LeaseStore is closed; open a new one")
@@ -203,6 +203,14 @@ class LeaseStore:
     @property
     def capabilities(self) -> Capabilities:
         return self.backend.capabilities
+
+    @property
+    def watchers(self) -> Waiters:
+        """The wake-ups of this store's open leader watches (``watch_leader``, sync and
+        asyncio), which closing the store wakes. The watches register themselves
+        (:class:`~consensus_lease.leader_watch.LeaderWatch`); read
+        ``len(store.watchers)``, how many are open, and leave the rest to them."""
+        return self._watchers
 
     @property
     def closed(self) -> bool:
@@ -240,7 +248,7 @@ class LeaseStore:
             StoreClosed / StoreInherited: the store is closed, or was opened by the
                 process this one was forked from.
         """
-        self._check_open()
+        self.check_open()
         if clock is not None and not isinstance(clock, Clock):
             raise InvalidArgument(f"clock must be a consensus_lease.Clock, not {clock!r}")
         owner = default_owner() if owner is None else check_owner(owner)
@@ -270,7 +278,7 @@ class LeaseStore:
             self._sessions.add(session)
             closed = self._closed
         if closed:  # close() ran while this session was being opened: it missed it
-            session._close_with_store()
+            close_with_store(session)
             raise StoreClosed("this LeaseStore was closed while the session was opened")
         return session
 
@@ -292,13 +300,13 @@ class LeaseStore:
             InvalidArgument: bad job id.
             BackendUnavailable: see :mod:`consensus_lease.errors`.
         """
-        self._check_open()
+        self.check_open()
         return self.backend.get(check_job_id(job_id))
 
     def records(self, limit: int | None = None) -> list[LeaseRecord]:
         """Every job's record, ordered by job id (at most ``limit``, an int >= 0), for
         inspection."""
-        self._check_open()
+        self.check_open()
         return self.backend.records(check_limit(limit))
 
     # -- elections -----------------------------------------------------------------
@@ -313,7 +321,7 @@ class LeaseStore:
             UnsupportedOperation: the backend has no elections.
             BackendUnavailable / StoreClosed / StoreInherited: see :mod:`consensus_lease.errors`.
         """
-        self._check_open()
+        self.check_open()
         check_election_name(name)
         require_elections(self.backend)
         return leader_record(name, self.backend.get(election_key(name)))
@@ -351,7 +359,7 @@ class LeaseStore:
             UnsupportedOperation: the backend has no elections.
             StoreClosed / StoreInherited: see :mod:`consensus_lease.errors`.
         """
-        self._check_open()
+        self.check_open()
         check_election_name(name)
         require_elections(self.backend)
         timeout = None if timeout_s is None else check_wait(timeout_s, "timeout_s")
@@ -360,7 +368,7 @@ class LeaseStore:
     # -- work queues ---------------------------------------------------------------
 
     def _require_queues(self) -> None:
-        self._check_open()
+        self.check_open()
         if not self.backend.capabilities.queues:
             raise UnsupportedOperation(f"the {self.backend.scheme} backend has no work queues")
 
@@ -383,7 +391,7 @@ class LeaseStore:
         Raises:
             UnsupportedOperation / BackendUnavailable: see :mod:`consensus_lease.errors`.
         """
-        self._check_open()
+        self.check_open()
         return self.backend.epoch()
 
     def bump_epoch(self, above: int | None = None) -> int:
@@ -400,7 +408,7 @@ class LeaseStore:
             UnsupportedOperation / BackendUnavailable / OutcomeUnknown: see
                 :mod:`consensus_lease.errors`.
         """
-        self._check_open()
+        self.check_open()
         if above is not None and (isinstance(above, bool) or not isinstance(above, int)
                                   or not 0 <= above < 2**63):
             raise InvalidArgument(f"above must be a token (an int from 0 to 2**63-1), not "
@@ -419,7 +427,7 @@ class LeaseStore:
             InvalidArgument: bad id, or the job is unknown or not FAILED; nothing changed.
             BackendUnavailable / OutcomeUnknown: see :mod:`consensus_lease.errors`.
         """
-        self._check_open()
+        self.check_open()
         return self.backend.requeue(check_job_id(job_id))
 
     def enqueue(
@@ -604,7 +612,7 @@ class LeaseStore:
         with self._sessions_lock:
             sessions = list(self._sessions)
         for session in sessions:
-            session._close_with_store()
+            close_with_store(session)
         with self._sessions_lock:
             renewers, self._renewers = self._renewers, []
         for _, renewer in renewers:

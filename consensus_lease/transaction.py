@@ -99,13 +99,19 @@ class LeaseTransaction:
             )
         return self._check(effect_id)
 
-    def _close(self) -> None:
+    def _end(self) -> None:
         self._open = False
 
     def __repr__(self) -> str:
         state = "open" if self._open else "ended"
         return (f"LeaseTransaction(job_id={self.job_id!r}, generation={self.generation}, "
                 f"{state})")
+
+
+def end_transaction(tx: LeaseTransaction) -> None:
+    """For the session's holdings (:mod:`consensus_lease._holdings`) only: ``tx``'s
+    block has ended; its :meth:`~LeaseTransaction.once` refuses from now on."""
+    tx._end()
 
 
 def _encodable(text: str) -> bool:

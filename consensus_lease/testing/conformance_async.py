@@ -58,7 +58,7 @@ async def main():
             waits = [asyncio.create_task(waiter.claim(sys.argv[2], wait_s=30))]
             if store.capabilities.queues:
                 waits.append(asyncio.create_task(waiter.claim_next(sys.argv[3], wait_s=30)))
-            while len(waiter.sync._waiters) < len(waits):
+            while len(waiter.sync.waiters) < len(waits):
                 await asyncio.sleep(0.01)
             print("waiting", flush=True)
             await asyncio.gather(*waits)
@@ -142,7 +142,7 @@ class AsyncConformance:
         tasks = [asyncio.create_task(
             waiters.claim_next("busy", wait_s=30) if queues and i % 2
             else waiters.claim(held[i % HELD_JOBS], wait_s=30)) for i in range(WAITERS)]
-        await _poll(lambda: len(waiters.sync._waiters) == WAITERS, 30)
+        await _poll(lambda: len(waiters.sync.waiters) == WAITERS, 30)
         threads = threading.active_count()
         renew, complete = await _lease_latencies(worker, "loaded")
         threads = max(threads, threading.active_count())
@@ -192,7 +192,7 @@ class AsyncConformance:
 
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
-        _poll_sync(lambda: len(waiter._waiters) == 1, 30)
+        _poll_sync(lambda: len(waiter.waiters) == 1, 30)
         ended_at = time.monotonic()
         end()
         thread.join(30)
@@ -231,7 +231,7 @@ class AsyncConformance:
             for wait in waits:
                 waiter = await astore.session("waiter", self.long_ttl_s)
                 task = asyncio.create_task(wait(waiter))
-                await _poll(lambda w=waiter: len(w.sync._waiters) == 1,  # type: ignore[misc]
+                await _poll(lambda w=waiter: len(w.sync.waiters) == 1,  # type: ignore[misc]
                             30)
                 closed_at = time.monotonic()
                 closing = asyncio.create_task(waiter.close())

@@ -222,7 +222,7 @@ class ElectionConformance:
         threads = [threading.Thread(target=wait, args=(s,), daemon=True) for s in (b, c)]
         for t in threads:
             t.start()
-        _poll(lambda: len(b._waiters) + len(c._waiters) == 2)  # both wait in the store
+        _poll(lambda: len(b.waiters) + len(c.waiters) == 2)  # both wait in the store
         resigned_at = time.monotonic()
         first.resign()
         _poll(lambda: got or errors)

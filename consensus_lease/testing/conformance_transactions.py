@@ -351,8 +351,8 @@ class TransactionConformance:
                     await lease.release()
             finally:
                 await session.close()
-                await astore._workers.run(lambda: None)  # the pool still answers
-                astore._workers.shutdown()
+                await astore.workers.run(lambda: None)  # the pool still answers
+                astore.workers.shutdown()
             return generations
 
         conn = connect_effects(target)

@@ -114,7 +114,7 @@ def test_cancelled_waiting_claim_stops_waiting(url: str) -> None:
             assert held is not None
             with pytest.raises(TimeoutError):
                 await asyncio.wait_for(a.claim("k", wait_s=5), timeout=0.2)
-            assert len(a.sync._waiters) == 0
+            assert len(a.sync.waiters) == 0
             await held.release()
             record = await store.get("k")
             assert record is not None and record.state is JobState.AVAILABLE

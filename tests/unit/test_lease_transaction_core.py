@@ -179,7 +179,7 @@ def test_run_in_transaction_refuses_an_async_block(
         assert await lease.run_in_transaction(object(), lambda tx: tx.once("x")) is True
         assert lease.state is LeaseState.HELD
         await session.close()
-        astore._workers.shutdown()
+        astore.workers.shutdown()
 
     asyncio.run(asyncio.wait_for(main(), 30))
     assert backend.effects == {("j", "x"): 1}  # the refused blocks recorded nothing

@@ -26,7 +26,7 @@ CORE_MODULES = {
     # the metrics hook and its implementations; Celery's fenced tasks
     "observe", "metrics", "otel", "celery",
     # internals of the core (documented in their docstrings, not in docs/api/)
-    "validation", "_aio_election", "_callbacks", "_callsite", "_campaign", "_election",
+    "validation", "_aio_election", "_aio_lease", "_callbacks", "_callsite", "_campaign", "_election",
     "_epoch", "_extras", "_fork", "_holdings", "_liveness", "_queue_claim", "_renewer",
     "_subscriptions", "_visible", "_waiting",
 }
