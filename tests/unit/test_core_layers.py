@@ -49,6 +49,8 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 import consensus_lease
 
 CORE = Path(consensus_lease.__file__).parent
@@ -281,6 +283,21 @@ def test_the_docstring_shows_the_layers() -> None:
     shown = "\n".join(line.strip() for line in (__doc__ or "").splitlines()
                       if line.strip()[:1].isdigit() and "  " in line.strip())
     assert shown == table, f"the core's layers changed: update the module docstring to\n{table}"
+
+
+def test_the_architecture_page_shows_the_layers() -> None:
+    """``docs/architecture.md`` tells maintainers the same layers (its table's rows are
+    ``| N | `module` `module` ... |``)."""
+    page = Path(__file__).parents[2] / "docs" / "architecture.md"
+    if not page.exists():  # an installed wheel's tests: the docs are not shipped
+        pytest.skip("docs/architecture.md is not in this tree (run from the checkout)")
+    section = page.read_text("utf-8").split("## The core's layers", 1)[1].split("\n## ", 1)[0]
+    rows = [line.strip("| ").split(" | ", 1) for line in section.splitlines()
+            if line.startswith("| ") and line[2:3].isdigit()]
+    shown = "\n".join(f"{level}  {' '.join(sorted(m.strip('`') for m in mods.strip(' |').split()))}"
+                      for level, mods in rows)
+    assert shown == _layer_table(), (
+        f"docs/architecture.md's layer table is out of date; the layers are\n{_layer_table()}")
 
 
 def test_no_core_module_reads_another_modules_private_names() -> None:
