@@ -17,7 +17,7 @@ How leases map onto ZooKeeper
   "Store epoch" below). A claim is one multi: ``set_data`` at the version just
   read (or ``create`` + ``set_data`` the first time) and ``create`` of the EPHEMERAL owner
   znode ``.../owner`` (owner label, session id, a nonce per claim). Tokens are consecutive.
-  The read is skipped where the backend knows the answer (``_known``): a job it never
+  The read is skipped where the backend knows the answer (``_jobs_known``): a job it never
   saw is claimed as a new one, a job it released at the version it left it; the multi's
   versioned operations are the compare, and only a multi that fails is followed by the
   read (and a second multi). So a claim+complete cycle of a new job, or claim+release of
@@ -71,7 +71,7 @@ How leases map onto ZooKeeper
   failed also keeps its failure znode, below). Never delete job znodes by hand: their
   version is the generation history, and a re-created znode would start again at 0.
 
-Store epoch and history regression (``capabilities.epoch``; ``_epoch``, ``_history``)
+Store epoch and history regression (``capabilities.epoch``; ``_tokens``, ``_tokens_history``)
 -------------------------------------------------------------------------------------
 * A wiped ensemble (or one restored from an older backup) starts its znode versions
   again, so its tokens would go back: the fence would reject the honest next holder and
@@ -89,7 +89,7 @@ Store epoch and history regression (``capabilities.epoch``; ``_epoch``, ``_histo
   versioned ``set_data`` (``create`` if absent) on the shared client, read back through
   its nonce if its answer is lost. Run it (``consensus-lease bump-epoch --above
   HIGHEST``) after a wipe or restore, with the workers stopped.
-* **Noticing a regression** (details in ``_history``): the backend keeps the highest zxid
+* **Noticing a regression** (details in ``_tokens_history``): the backend keeps the highest zxid
   any of its clients was answered with, and the store's identity ``{chroot}/identity``
   (a random id made with the epoch znode), read when a session opens, in the keepalive
   round trip at most once per keepalive interval, and after a reconnect. A write
@@ -104,7 +104,7 @@ Store epoch and history regression (``capabilities.epoch``; ``_epoch``, ``_histo
   call) and its client is stopped, handing its jobs back; opening a session raises
   ``StoreRegressed`` until the epoch has been raised (here or in another process).
 
-Job lifecycle: attempts, ``fail``, retry delays, FAILED, ``requeue`` (``_lifecycle``)
+Job lifecycle: attempts, ``fail``, retry delays, FAILED, ``requeue`` (``_jobs_lifecycle``)
 -------------------------------------------------------------------------------------
 * ``attempt`` is in the job znode's data: each claim's versioned ``set_data`` writes the
   attempt read + 1 (named, batch and queue claims alike), and the completion record
@@ -161,7 +161,7 @@ Job lifecycle: attempts, ``fail``, retry delays, FAILED, ``requeue`` (``_lifecyc
   ``wait_for_queue``, when every job not held has a delay running, sleeps until the
   soonest ends (also woken by a child watch on ``delayed``). A waiter thus wakes once
   per delay, not in a loop.
-* Waiting claims subscribe (``subscribe_job``/``subscribe_queue``, see ``_subscribe``):
+* Waiting claims subscribe (``subscribe_job``/``subscribe_queue``, see ``_watches_subscribe``):
   watches on the shared client (the job's owner znode; the ``open``, ``held``,
   ``delayed`` children of the queue's oldest buckets not done), one per znode however
   many wait, re-armed asynchronously after each event; retry delay ends and re-checks
@@ -236,8 +236,8 @@ Work queues (``capabilities.queues``; layout in ``_layout``, operations in ``_qu
   configured with a smaller ``jute.maxbuffer`` closes the connection on a too large
   enqueue: after reading back, ``BackendUnavailable`` within ``timeout_s``.
 
-Leader elections (``capabilities.elections``; layout in ``_layout``, ``set_value`` in ``_value``)
----------------------------------------------------------------------------------------------
+Leader elections (``capabilities.elections``; ``_layout``, ``set_value`` in ``_jobs_value``)
+-------------------------------------------------------------------------------------------
 * An election is a job that is never completed, under a key of its own
   (:func:`consensus_lease._election.election_key`): its job znode is
   ``{chroot}/elections/{encoded name}`` instead of ``{chroot}/jobs/...``, so elections never
@@ -316,9 +316,9 @@ gets its own outcome. ``complete_and_claim_next`` is the looped default
 (``fused_claim_next`` false): the completion multi, then ``claim_next``'s claim.
 
 kazoo versions: the driver is tested with ``kazoo>=2.11,<2.12`` (the pin of the
-``[zookeeper]`` extra; ``_kazoo.TESTED_SPEC``). The kazoo internals it relies on (its
+``[zookeeper]`` extra; ``_transport_kazoo.TESTED_SPEC``). The kazoo internals it relies on (its
 private ``KazooClient._call``, its request records, ``last_zxid``, the handler's
-``select``) are used in ``_kazoo`` only. ``open_store`` checks the kazoo it imports:
+``select``) are used in ``_transport_kazoo`` only. ``open_store`` checks the kazoo it imports:
 one lacking an internal is refused with ``UnsupportedBackend`` naming it, before anything
 is connected; one outside the tested range but with every internal warns
 (``UntestedKazooWarning``, a ``UserWarning``) and goes on.
@@ -335,12 +335,12 @@ Limits worth knowing:
   credentials protect nothing. A refused TLS handshake (bad or missing certificate) is
   retried by kazoo and surfaces as ``BackendUnavailable`` after ``connect_timeout_s``.
 * The negotiated timeout has no public kazoo API: it is read from the "Session created"
-  call kazoo makes to its logger (see ``_kazoo.NegotiatedTimeouts``). If a kazoo
+  call kazoo makes to its logger (see ``_transport_kazoo.NegotiatedTimeouts``). If a kazoo
   release stops making it, opening a session fails loudly rather than guess a TTL.
 * A released job's record still names its last holder as ``owner`` (only a write to the
   job znode could clear it, and that would bump the version, which is the generation).
 * Versions are 32-bit (ZooKeeper increments them without a check): a claim that would
-  set a job znode's version above ``_claims.VERSION_CEILING`` (2**31 - 2**16 - 1) is
+  set a job znode's version above ``_jobs_claim.VERSION_CEILING`` (2**31 - 2**16 - 1) is
   refused with ``TokenSpaceExhausted`` (remedy: ``bump-epoch --above`` the job's token,
   then delete its znode); a queue's head is rotated to a fresh znode before its own
   ceiling (``_queues.HEAD_VERSION_CEILING``); every multi checks each version it carries
@@ -353,13 +353,13 @@ Limits worth knowing:
   backend): with payloads near the limit, keep large data elsewhere and enqueue a
   reference to it.
 * ``timeout_s`` bounds each call as a whole (one deadline from its start, however many
-  round trips it makes; see ``_wire``), except ``queue_jobs``, whose reads are paced by
+  round trips it makes; see ``_transport``), except ``queue_jobs``, whose reads are paced by
   progress (at most 50 in flight, each answer due within ``timeout_s`` of the previous:
-  ``_paged``): ``queue_stats``, ``records`` and ``purge`` of a very large queue must
+  ``_transport_paged``): ``queue_stats``, ``records`` and ``purge`` of a very large queue must
   finish within it (a few thousand reads a second
   with kazoo), or fail with ``BackendUnavailable``: raise ``timeout_s`` for them. At most
   100 requests per client are in flight at once, so kazoo never blocks a caller while it
-  reconnects (``_gate``).
+  reconnects (``_transport_gate``).
 * ``queue_jobs`` and ``purge`` read every bucket of the queue (their cost grows with it;
   ``queue_candidates``, ``wait_for_queue`` and ``queue_stats`` do not: see the queue
   layout above), and emptied buckets stay behind as a few znodes per 256 seqs. The
@@ -384,7 +384,7 @@ Limits worth knowing:
   remembers 16,384 job ids.
 """
 
-from ._backend import ZooKeeperBackend
-from ._kazoo import UntestedKazooWarning
+from ._transport_kazoo import UntestedKazooWarning
+from .driver import ZooKeeperBackend
 
 __all__ = ["UntestedKazooWarning", "ZooKeeperBackend"]

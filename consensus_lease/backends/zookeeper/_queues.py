@@ -24,8 +24,8 @@ the check costs nothing (the head is read, or cached, for its version anyway).
 
 Claiming. A queued job is otherwise the ordinary job: a claim bumps the job znode's
 version and creates the owner znode, release and completion delete it. Those multis
-also maintain the job's markers in its bucket, named by its tag (:mod:`._claims`,
-:mod:`._holds`, :mod:`._lifecycle`): held (ephemeral, with the owner znode), open
+also maintain the job's markers in its bucket, named by its tag (:mod:`._jobs_claim`,
+:mod:`._jobs`, :mod:`._jobs_lifecycle`): held (ephemeral, with the owner znode), open
 (deleted by completion or FAILED, made again by requeue), delayed (a retry delay), and
 failed (made with FAILED, deleted by requeue).
 
@@ -54,7 +54,7 @@ reads whatever the depth: O(1), no listing. See
 <consensus_lease.backends.zookeeper.ZooKeeperBackend.queue_stats>` for how the counts
 relate to concurrent claims.
 
-All of it runs on the backend's shared client (:meth:`._wire.Wire.reader`): no worker
+All of it runs on the backend's shared client (:meth:`._transport.Wire.reader`): no worker
 session is involved before the claim.
 """
 
@@ -81,9 +81,8 @@ from kazoo.exceptions import (
 from ..._election import is_election_key
 from ...errors import BackendUnavailable, InvalidArgument, QueueFull
 from ...record import EnqueueItem, QueuedJob, QueueStats
-from ._capacity import StoreCapacity
-from ._errors import translate
-from ._gate import Gate
+from ._config import ZkConfig
+from ._jobs_lifecycle import DelayHints
 from ._layout import (
     BUCKET_JOBS,
     BucketPaths,
@@ -100,12 +99,13 @@ from ._layout import (
     parse_member,
     to_record,
 )
-from ._lifecycle import DelayHints
-from ._ops import MAX_VERSION
-from ._options import ZkConfig
-from ._paged import read_window
-from ._watch import SharedWatches
-from ._wire import Multi, Read, Wire, clock_ms
+from ._queues_capacity import StoreCapacity
+from ._transport import Multi, Read, Wire, clock_ms
+from ._transport_errors import translate
+from ._transport_gate import Gate
+from ._transport_multi import MAX_VERSION
+from ._transport_paged import read_window
+from ._watches import SharedWatches
 
 __all__ = [
     "ENQUEUE_BATCH",
@@ -248,7 +248,7 @@ class Queues:
         self._floors: dict[str, tuple[int, int]] = {}  # queue -> (czxid, floor)
         self._cache: OrderedDict[tuple[str, int, str], bytes] = OrderedDict()  # payloads
         self._cache_bytes = 0
-        self.capacity = StoreCapacity(wire)  # the store-wide limits (._capacity)
+        self.capacity = StoreCapacity(wire)  # the store-wide limits (._queues_capacity)
 
     def paths(self, queue: str) -> QueuePaths:
         return QueuePaths.of(self.config.queues_base, queue)
@@ -624,7 +624,7 @@ class Queues:
 
     def _check_store(self, q: QueuePaths, todo: list[EnqueueItem], what: str,
                      out: dict[str, bool]) -> list[EnqueueItem]:
-        """The store-wide limits (:mod:`._capacity`) before an enqueue multi: ``todo``
+        """The store-wide limits (:mod:`._queues_capacity`) before an enqueue multi: ``todo``
         if it fits; if not, the jobs already in this queue are left out (recorded in
         ``out`` as not added) and the rest checked again.
 
@@ -792,7 +792,7 @@ class Queues:
     def _time_delays(self, bucket: BucketPaths, members: list[tuple[str, str]],
                      what: str) -> None:
         """One round trip: the delayed markers of ``members`` and a write whose mtime is
-        the store's clock now (see :func:`._wire.clock_ms`); notes when each delay ends."""
+        the store's clock now (see :func:`._transport.clock_ms`); notes when each delay ends."""
         reads: list[Read] = [("get", bucket.delayed_marker(name)) for _, name in members]
         answers = self.wire.reader_read([*reads, ("clock", self.config.base)], what)
         answered = time.monotonic()
@@ -877,7 +877,7 @@ class Queues:
             if limit is not None and len(out) >= limit:
                 break
             bucket = q.bucket(b)
-            # Paced by progress, at most READ_WINDOW in flight (._paged): a large queue
+            # Paced by progress, at most READ_WINDOW in flight (._transport_paged): a large queue
             # neither fails for its size nor takes every slot of the shared client.
             members = _sorted_members(read_window(self.wire, [("children", bucket.members)],
                                                   what)[0])

@@ -23,8 +23,8 @@ from kazoo.exceptions import KazooException, SessionExpiredError
 from kazoo.handlers.threading import KazooTimeoutError
 
 from ...errors import AuthenticationFailed, BackendUnavailable, LeaseError, SessionExpired
-from ._gate import IN_FLIGHT, NotSent
-from ._kazoo import AUTH_REFUSED
+from ._transport_gate import IN_FLIGHT, NotSent
+from ._transport_kazoo import AUTH_REFUSED
 
 __all__ = ["KAZOO_ERRORS", "translate"]
 

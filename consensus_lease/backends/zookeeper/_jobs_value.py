@@ -1,7 +1,7 @@
 """The value kept with a hold (``set_value``; an election's leader value): written into
 the hold's EPHEMERAL owner znode, so it ends with the hold.
 
-One multi, with the checks of a release (see :mod:`._holds`)::
+One multi, with the checks of a release (see :mod:`._jobs`)::
 
     check(job, version=generation)
     set_data(owner, {owner, session, claim nonce, vnonce}\\n<value>, version=the hold's)
@@ -21,7 +21,7 @@ job (release, completion and fail delete the owner znode at the version the hold
 which a ``set_value`` through the hold moves on), and the value is gone with the owner
 znode, whatever ends the hold; the next claim creates an owner znode without one.
 
-Sent at once for a claim whose hold this session made (:func:`._holds.own_hold`) and
+Sent at once for a claim whose hold this session made (:func:`._jobs.own_hold`) and
 that knows its nonce; otherwise, and after a multi that failed (or whose answer was lost
 and reading back showed it was not applied), only once a read (after a ``sync``) showed
 the job held by this session at ``generation``: the owner znode's version and claim
@@ -35,11 +35,11 @@ from typing import Any
 
 from ...errors import BackendUnavailable, StaleLeaseError
 from ...record import ClaimResult
-from ._holds import WRITE_ATTEMPTS, Hold, Holds, local, mark_ended, own_hold
+from ._jobs import WRITE_ATTEMPTS, Hold, Holds, local, mark_ended, own_hold
 from ._layout import JobPaths, dump_owner, new_nonce, parse_owner
-from ._ops import Transaction
-from ._session import ZkSession
-from ._wire import Read, Wire
+from ._sessions import ZkSession
+from ._transport import Read, Wire
+from ._transport_multi import Transaction
 
 __all__ = ["Values"]
 
@@ -123,7 +123,7 @@ class Values:
 
     def _read(self, h: ZkSession, paths: JobPaths, generation: int) -> _Owner:
         """Read the job znode and the owner znode (after a ``sync``); raise unless ``h``
-        holds the job at ``generation`` (see :meth:`._holds.Holds.check`)."""
+        holds the job at ``generation`` (see :meth:`._jobs.Holds.check`)."""
         _, job, owner = self.wire.session_read(
             h, [("sync", self.base), ("get", paths.job), ("get", paths.owner)], "set_value",
             paths.job_id,

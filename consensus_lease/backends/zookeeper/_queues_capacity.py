@@ -40,19 +40,19 @@ import time
 from typing import Any
 
 from ...errors import QueueFull
-from . import _options
+from . import _config
 from ._layout import BUCKET_DIGITS, HEAD_DIR, CorruptData, LegacyQueueLayout, QueueHead
-from ._wire import Read, Wire
+from ._transport import Read, Wire
 
 __all__ = ["BYTES_MAX_AGE_S", "DEFAULT_STORE_MAX_BYTES", "DEFAULT_STORE_MAX_JOBS",
            "StoreCapacity"]
 
-DEFAULT_STORE_MAX_JOBS = _options.DEFAULT_STORE_MAX_JOBS
+DEFAULT_STORE_MAX_JOBS = _config.DEFAULT_STORE_MAX_JOBS
 """Default of the option ``store_max_jobs``: jobs of every queue and named job, for the
 ZooKeeper heap the kit and ``docker/`` run (256 MB): 96 MB + (30,000 x 3 KB + 16 MiB) x
 1.5 ≈ 256 MB. One full queue (25,000) fits beside 5,000 more jobs."""
 
-DEFAULT_STORE_MAX_BYTES = _options.DEFAULT_STORE_MAX_BYTES
+DEFAULT_STORE_MAX_BYTES = _config.DEFAULT_STORE_MAX_BYTES
 """Default of the option ``store_max_bytes``: payload bytes of every queue (the same as
 one queue's ``MAX_QUEUE_BYTES``)."""
 

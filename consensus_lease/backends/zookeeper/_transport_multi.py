@@ -19,7 +19,7 @@ from typing import Any
 from kazoo.exceptions import NodeExistsError, NoNodeError, RolledBackError, RuntimeInconsistency
 
 from ...errors import TokenSpaceExhausted
-from ._kazoo import KazooRecords, PackedMulti
+from ._transport_kazoo import KazooRecords, PackedMulti
 
 __all__ = [
     "MAX_VERSION", "Checked", "Lean", "Op", "Transaction", "Trouble", "add_ops", "first_error",
@@ -60,7 +60,7 @@ def wire_version(version: int | None, path: str) -> int:
 
 class Lean(KazooRecords):
     """Adds operations to a kazoo transaction as kazoo's own request records, with the
-    method names of kazoo's ``TransactionRequest`` (:class:`._kazoo.KazooRecords`).
+    method names of kazoo's ``TransactionRequest`` (:class:`._transport_kazoo.KazooRecords`).
     kazoo's methods check the argument types, normalise every path against the client's
     chroot and log each operation (some 3 us apiece, the most of a multi's building);
     here the paths are already absolute and normalised (built by :mod:`._layout`: ids
@@ -108,7 +108,7 @@ class Checked:
 class Transaction(PackedMulti):
     """A multi request, packed into the bytes kazoo would send for it as its operations
     are added (with the method names of kazoo's ``TransactionRequest``, as :class:`Lean`),
-    and handed to the client's connection (:func:`._kazoo.send_request`) in place of
+    and handed to the client's connection (:func:`._transport_kazoo.send_request`) in place of
     kazoo's own ``Transaction`` record: the same request type, and the same name (request
     counts read alike). kazoo's ``Transaction.serialize`` makes a ``MultiHeader`` record
     and a bytearray per operation and per field, on kazoo's connection thread: some 10 us
@@ -116,7 +116,7 @@ class Transaction(PackedMulti):
     ``Transaction.deserialize``. Paths are absolute and normalised and the client has no
     chroot of its own (as for :class:`Lean`); creates get the client's default ACL, as
     kazoo's do. Every version is checked by :func:`wire_version` (``None``: any). The
-    packing and what kazoo's connection asks of a request: :class:`._kazoo.PackedMulti`.
+    packing and what kazoo's connection asks of a request: :class:`._transport_kazoo.PackedMulti`.
 
     Args:
         client: the kazoo client it will be sent on.

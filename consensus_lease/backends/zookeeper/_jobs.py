@@ -81,9 +81,9 @@ from ._layout import (
     to_record,
     written_by,
 )
-from ._ops import Op, Transaction, add_ops, marker_trouble
-from ._session import ZkSession
-from ._wire import Read, Wire
+from ._sessions import ZkSession
+from ._transport import Read, Wire
+from ._transport_multi import Op, Transaction, add_ops, marker_trouble
 
 __all__ = ["WRITE_ATTEMPTS", "Hold", "Holds", "local", "make_hold", "mark_ended", "own_hold"]
 
@@ -104,7 +104,7 @@ class Hold:
             store epoch it was made in (see :func:`local`).
         owner: the owner znode's path the claim created in the same multi.
         owner_version: its version (0 at creation; ``set_value`` moves it on, see
-            :mod:`._value`).
+            :mod:`._jobs_value`).
         held: a queued job's held marker (ephemeral, made with the owner znode).
         open: a queued job's open marker (deleted by the completion, or when FAILED).
         delayed: a queued job's delayed marker path (made by a fail with a delay).
@@ -122,7 +122,7 @@ class Hold:
             done is made by the completion, failed with the failed marker.
         exact: ``attempt``, ``max_attempts`` and ``failure`` are what the store holds
             (``False`` for a hold rebuilt without them), so a release may remember them
-            (see :mod:`._known`).
+            (see :mod:`._jobs_known`).
     """
 
     session: ZkSession = field(repr=False)

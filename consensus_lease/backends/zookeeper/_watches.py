@@ -15,7 +15,7 @@ from typing import Any
 
 from kazoo.exceptions import NoNodeError
 
-from ._gate import Gate
+from ._transport_gate import Gate
 
 __all__ = ["OwnerWatches", "SharedWatches"]
 

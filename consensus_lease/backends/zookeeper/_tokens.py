@@ -2,11 +2,11 @@
 ``epoch * 2**32 + job znode version`` (see :mod:`._layout`).
 
 * Every claim multi begins with ``check({chroot}/epoch, version=V)``, ``V`` and the epoch
-  cached per backend (:class:`._history.History`; read when a session opens). The check
+  cached per backend (:class:`._tokens_history.History`; read when a session opens). The check
   makes the epoch folded into the claim's tokens the one in effect when the multi was
   applied, with no read of its own: a claim costs no more round trips than without it.
   If the check alone failed (a bump since the read), :meth:`Epochs.refresh` reads it
-  again and the multi is sent once more (:mod:`._claims`).
+  again and the multi is sent once more (:mod:`._jobs_claim`).
 * ``{chroot}/epoch`` is made with data ``b"0"`` when a backend first opens a session on
   the store (with the identity), so the check always has a znode; a store never bumped
   keeps epoch 0, and tokens exactly as they always were.
@@ -23,12 +23,12 @@ from typing import Any
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from ...errors import BackendUnavailable, InvalidArgument
-from ._errors import translate
-from ._history import History, new_identity
 from ._layout import EPOCH_SHIFT, MAX_EPOCH, dump_epoch, new_nonce, parse_epoch
-from ._ops import first_error
-from ._session import ZkSession
-from ._wire import Wire
+from ._sessions import ZkSession
+from ._tokens_history import History, new_identity
+from ._transport import Wire
+from ._transport_errors import translate
+from ._transport_multi import first_error
 
 __all__ = ["BUMP_ATTEMPTS", "Epochs"]
 

@@ -5,12 +5,12 @@ Where things live (see :mod:`._layout`): the attempt number and the limit are in
 znode's data (each claim writes ``attempt + 1`` in its versioned ``set_data``); the last
 error, the FAILED flag, the attempt base and the retry delay are in the job's failure
 znode, written at the version read and never bumping the job znode's version (the
-generation), so generations stay consecutive. ``fail()`` itself is in :mod:`._holds`.
+generation), so generations stay consecutive. ``fail()`` itself is in :mod:`._jobs`.
 
 Retry delays are measured on the store's clock only: a ``fail()`` records the delay in
 the failure znode, whose ``mtime`` is the leader's time of that write; a claim that
 finds a delay recorded since the last claim first makes a write of its own (``set_data``
-of ``{chroot}/jobs``, which changes nothing that matters: :func:`._wire.clock_ms`) and
+of ``{chroot}/jobs``, which changes nothing that matters: :func:`._transport.clock_ms`) and
 claims only if that write's mtime is past the failure znode's mtime + the delay. The
 claim multi, sent after that answer, is applied later still. The worker's clock never
 decides; it only times waits (:class:`DelayHints`).
@@ -39,9 +39,9 @@ from ._layout import (
     token,
     written_by,
 )
-from ._ops import Op, Transaction, add_ops, marker_trouble
-from ._session import ZkSession
-from ._wire import Read, Wire, clock_ms
+from ._sessions import ZkSession
+from ._transport import Read, Wire, clock_ms
+from ._transport_multi import Op, Transaction, add_ops, marker_trouble
 
 __all__ = ["MAX_HINTS", "DelayHints", "Exhausted", "Lifecycle", "job_failed"]
 
@@ -140,7 +140,7 @@ class Lifecycle:
 
     def store_now_ms(self, h: ZkSession, what: str) -> int:
         """The store's clock now (ms since the epoch): the mtime of a write on ``h``'s
-        client (see :func:`._wire.clock_ms`)."""
+        client (see :func:`._transport.clock_ms`)."""
         for _ in range(2):
             stat = self.wire.session_read(h, [("clock", self.base)], f"{what} (store clock)")[0]
             if stat is not None:
