@@ -85,7 +85,8 @@ from ._sessions import ZkSession
 from ._transport import Read, Wire
 from ._transport_multi import Op, Transaction, add_ops, marker_trouble
 
-__all__ = ["WRITE_ATTEMPTS", "Hold", "Holds", "local", "make_hold", "mark_ended", "own_hold"]
+__all__ = ["WRITE_ATTEMPTS", "Hold", "Holds", "local", "make_hold", "mark_ended", "own_hold",
+           "refusal"]
 
 WRITE_ATTEMPTS = 4
 """Most multis one complete/release/fail sends: the first (without reading, for a claim
@@ -187,6 +188,40 @@ def mark_ended(hold: Hold | None) -> None:
         hold.ended = True
 
 
+def refusal(
+    h: ZkSession, paths: JobPaths, generation: int, job: tuple[bytes, Any] | None,
+    owner_stat: Any, what: str, failure: tuple[bytes, Any] | None = None,
+) -> LeaseRecord | None:
+    """The one rule that turns what the store holds for a job (read after an operation it
+    refused, or before one sent without a hold) into the error raised: ``None`` if ``h``
+    holds the job at ``generation``; the completion record if this session completed it
+    at that generation; else raise StaleLeaseError (or SessionExpired if the session is
+    the reason)."""
+    job_id = paths.job_id
+    if job is None:
+        h.check_alive()
+        raise StaleLeaseError(f"{what}: {job_id!r} does not exist in the store",
+                              job_id=job_id, generation=generation)
+    parsed = parse_job(job[0], paths.job)
+    current = parsed.token(job[1].version)
+    if parsed.completed:
+        if parsed.session == h.session_id and current == generation:
+            return to_record(paths, job, None, failure)
+        raise StaleLeaseError(
+            f"{what}: {job_id!r} was completed at generation {current}",
+            job_id=job_id, generation=generation, current_generation=current,
+        )
+    if current == generation and owner_stat is not None and owner_stat.ephemeralOwner == h.sid:
+        return None
+    h.check_alive()
+    holder = "nobody" if owner_stat is None else f"session 0x{owner_stat.ephemeralOwner:x}"
+    raise StaleLeaseError(
+        f"{what}: {job_id!r} is not held by session {h.session_id} at generation "
+        f"{generation} (store: generation {current}, held by {holder})",
+        job_id=job_id, generation=generation, current_generation=current,
+    )
+
+
 Ops = Callable[[Hold], tuple[list[Op], list[Op]]]
 """What an ending multi sends for a hold: its core operations and its marker ones."""
 
@@ -196,37 +231,6 @@ class Holds:
         self.wire = wire
         self.base = wire.config.base
         self.queues_base = wire.config.queues_base
-
-    def check(
-        self, h: ZkSession, paths: JobPaths, generation: int, job: tuple[bytes, Any] | None,
-        owner_stat: Any, what: str, failure: tuple[bytes, Any] | None = None,
-    ) -> LeaseRecord | None:
-        """``None`` if ``h`` holds the job at ``generation``; the completion record if this
-        session completed it at that generation; else raise StaleLeaseError (or
-        SessionExpired if the session is the reason)."""
-        job_id = paths.job_id
-        if job is None:
-            h.check_alive()
-            raise StaleLeaseError(f"{what}: {job_id!r} does not exist in the store",
-                                  job_id=job_id, generation=generation)
-        parsed = parse_job(job[0], paths.job)
-        current = parsed.token(job[1].version)
-        if parsed.completed:
-            if parsed.session == h.session_id and current == generation:
-                return to_record(paths, job, None, failure)
-            raise StaleLeaseError(
-                f"{what}: {job_id!r} was completed at generation {current}",
-                job_id=job_id, generation=generation, current_generation=current,
-            )
-        if current == generation and owner_stat is not None and owner_stat.ephemeralOwner == h.sid:
-            return None
-        h.check_alive()
-        holder = "nobody" if owner_stat is None else f"session 0x{owner_stat.ephemeralOwner:x}"
-        raise StaleLeaseError(
-            f"{what}: {job_id!r} is not held by session {h.session_id} at generation "
-            f"{generation} (store: generation {current}, held by {holder})",
-            job_id=job_id, generation=generation, current_generation=current,
-        )
 
     def _read_holder(self, h: ZkSession, paths: JobPaths, what: str, synced: bool) -> list[Any]:
         """The job znode, the owner znode's stat, the queue tag (``None`` for a job not
@@ -268,7 +272,7 @@ class Holds:
             return
         job, owner_stat, _, _ = self._read_holder(h, paths, "renew", synced=True)  # to say why
         try:
-            if self.check(h, paths, generation, job, owner_stat, "renew") is not None:
+            if refusal(h, paths, generation, job, owner_stat, "renew") is not None:
                 raise StaleLeaseError(
                     f"renew: {paths.job_id!r} was completed at generation {generation}",
                     job_id=paths.job_id, generation=generation, current_generation=generation,
@@ -340,11 +344,11 @@ class Holds:
     def _reread(
         self, h: ZkSession, paths: JobPaths, generation: int, what: str
     ) -> LeaseRecord | Hold:
-        """Read the holder (after a ``sync``) and check it (see :meth:`check`, which raises
+        """Read the holder (after a ``sync``) and check it (see :func:`refusal`, which raises
         unless held): this session's completion record at ``generation`` if it is one, else
         the hold as the store has it (owner version, markers, attempt, failure znode)."""
         job, owner_stat, tag, failure = self._read_holder(h, paths, what, synced=True)
-        done = self.check(h, paths, generation, job, owner_stat, what, failure)
+        done = refusal(h, paths, generation, job, owner_stat, what, failure)
         if done is not None:
             return done
         parsed = parse_job(job[0], paths.job)

@@ -35,7 +35,7 @@ from typing import Any
 
 from ...errors import BackendUnavailable, StaleLeaseError
 from ...record import ClaimResult
-from ._jobs import WRITE_ATTEMPTS, Hold, Holds, local, mark_ended, own_hold
+from ._jobs import WRITE_ATTEMPTS, Hold, local, mark_ended, own_hold, refusal
 from ._layout import JobPaths, dump_owner, new_nonce, parse_owner
 from ._sessions import ZkSession
 from ._transport import Read, Wire
@@ -63,12 +63,12 @@ class Values:
 
     Args:
         wire: the round trips.
-        holds: the ownership check shared with renew/complete/release.
+
+    The ownership check is the one of renew/complete/release (:func:`._jobs.refusal`).
     """
 
-    def __init__(self, wire: Wire, holds: Holds) -> None:
+    def __init__(self, wire: Wire) -> None:
         self.wire = wire
-        self.holds = holds
         self.base = wire.config.base
 
     def set_value(self, h: ZkSession, paths: JobPaths, claim: ClaimResult, value: bytes) -> None:
@@ -123,13 +123,13 @@ class Values:
 
     def _read(self, h: ZkSession, paths: JobPaths, generation: int) -> _Owner:
         """Read the job znode and the owner znode (after a ``sync``); raise unless ``h``
-        holds the job at ``generation`` (see :meth:`._jobs.Holds.check`)."""
+        holds the job at ``generation`` (see :func:`._jobs.refusal`)."""
         _, job, owner = self.wire.session_read(
             h, [("sync", self.base), ("get", paths.job), ("get", paths.owner)], "set_value",
             paths.job_id,
         )
         stat = None if owner is None else owner[1]
-        if self.holds.check(h, paths, generation, job, stat, "set_value") is not None:
+        if refusal(h, paths, generation, job, stat, "set_value") is not None:
             raise StaleLeaseError(
                 f"set_value: {paths.job_id!r} was completed at generation {generation}",
                 job_id=paths.job_id, generation=generation, current_generation=generation,

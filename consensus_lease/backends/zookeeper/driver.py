@@ -233,7 +233,7 @@ class ZooKeeperBackend(Backend):
             self._lifecycle, self._epochs,
         )
         self._holds = Holds(self._wire)
-        self._values = Values(self._wire, self._holds)
+        self._values = Values(self._wire)
         self._queues = Queues(self._wire, self._paths, self._lifecycle.hints)
         self._subs.queue_target = self._queues.watch_target
         self._watches = OwnerWatches()
