@@ -62,14 +62,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kazoo.exceptions import (
-    BadVersionError,
-    NodeExistsError,
-    NoNodeError,
-    RolledBackError,
-    RuntimeInconsistency,
-)
-
 from ...errors import (
     JobCompleted,
     JobFailed,
@@ -101,7 +93,15 @@ from ._sessions import ZkSession
 from ._tokens import Epochs
 from ._transport import Multi, Read, Wire
 from ._transport_errors import translate
-from ._transport_multi import MAX_VERSION, Transaction, first_error
+from ._transport_multi import (
+    MAX_VERSION,
+    Transaction,
+    bad_version,
+    exists,
+    failed,
+    first_error,
+    missing,
+)
 
 __all__ = ["CLAIM_ATTEMPTS", "EPOCH_SENDS", "VERSION_CEILING", "Claims", "Outcome", "Plan",
            "exhausted"]
@@ -504,19 +504,18 @@ class Claims:
         for plan in plans:
             mine = results[offset : offset + plan.op_count]
             offset += plan.op_count
-            errors = [r for r in mine if isinstance(r, Exception)
-                      and not isinstance(r, (RolledBackError, RuntimeInconsistency))]
+            errors = [r for r in mine if failed(r)]
             if not errors:
                 retry.append(plan.paths.job_id)  # innocent: rolled back for another job
-            elif isinstance(mine[plan.owner_op], NodeExistsError):
+            elif exists(mine[plan.owner_op]):
                 outcome[plan.paths.job_id] = None  # the owner znode exists: held
-            elif isinstance(errors[0], (BadVersionError, NodeExistsError)):
+            elif bad_version(errors[0]) or exists(errors[0]):
                 retry.append(plan.paths.job_id)  # changed since our read: read again
-            elif plan.drop_delayed and isinstance(mine[plan.delayed_op], NoNodeError):
+            elif plan.drop_delayed and missing(mine[plan.delayed_op]):
                 assert plan.delayed is not None
                 skip.add(plan.delayed)  # deleted by hand: claim without deleting it
                 retry.append(plan.paths.job_id)
-            elif isinstance(errors[0], NoNodeError):
+            elif missing(errors[0]):
                 parent = plan.paths.job.rsplit("/", 1)[0]
                 if parent == self.wire.config.base:
                     self.ensure_base(h)  # {chroot}/jobs was deleted under us

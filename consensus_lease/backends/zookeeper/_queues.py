@@ -69,15 +69,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from kazoo.exceptions import (
-    BadVersionError,
-    NodeExistsError,
-    NoNodeError,
-    NotEmptyError,
-    RolledBackError,
-    RuntimeInconsistency,
-)
-
 from ..._election import is_election_key
 from ...errors import BackendUnavailable, InvalidArgument, QueueFull
 from ...record import EnqueueItem, QueuedJob, QueueStats
@@ -103,7 +94,7 @@ from ._queues_capacity import StoreCapacity
 from ._transport import Multi, Read, Wire, clock_ms
 from ._transport_errors import translate
 from ._transport_gate import Gate
-from ._transport_multi import MAX_VERSION
+from ._transport_multi import MAX_VERSION, bad_version, exists, first_error, missing, not_empty
 from ._transport_paged import read_window
 from ._watches import SharedWatches
 
@@ -365,7 +356,7 @@ class Queues:
                                "rotation": rotation + 1})
         elif multi.results:
             _, error = _first_error(multi.results)
-            if not isinstance(error, (BadVersionError, NoNodeError, NodeExistsError)):
+            if not (bad_version(error) or missing(error) or exists(error)):
                 raise translate(error, what, self.wire.hosts, worker_session=False)
 
     def _create(self, q: QueuePaths, what: str) -> None:
@@ -388,7 +379,7 @@ class Queues:
         multi = self.wire.reader_commit(build, settle, what)
         if not multi.applied and multi.results:
             _, error = _first_error(multi.results)
-            if not isinstance(error, NodeExistsError):  # made meanwhile: fine
+            if not exists(error):  # made meanwhile: fine
                 raise translate(error, what, self.wire.hosts, worker_session=False)
 
     def _forget_head(self, queue: str) -> None:
@@ -589,15 +580,15 @@ class Queues:
                 index, error = _first_error(multi.results)
                 jobs_from = 1 + 6 * len(new_buckets)
                 if index >= jobs_from and (index - jobs_from) % 4 in (0, 1) \
-                        and isinstance(error, NodeExistsError):
+                        and exists(error):
                     known = self._classify(q, todo, what)  # a job exists already
                     out.update(known)
                     todo = [item for item in todo if item.job_id not in known]
-                elif isinstance(error, NoNodeError):
+                elif missing(error):
                     fresh = True  # the head or {chroot}/jobs deleted by hand: made again
                     client = self.wire.reader()
                     self.wire.ensure_path(client, self.config.base, what, worker=False)
-                elif not isinstance(error, (BadVersionError, NodeExistsError)):
+                elif not (bad_version(error) or exists(error)):
                     raise translate(error, what, self.wire.hosts, worker_session=False,
                                     job_id=first_id)
                 # else: another enqueue (or a purge) wrote the head first: again
@@ -1060,14 +1051,14 @@ class Queues:
             if not multi.results:
                 return 0  # the answer was lost and it was not applied: gone some other way
             index, error = _first_error(multi.results)
-            if index == 0 and isinstance(error, BadVersionError):
+            if index == 0 and bad_version(error):
                 if time.monotonic() >= deadline:
                     raise BackendUnavailable(f"{what}: enqueues kept writing the queue's "
                                              f"head for {self.config.timeout_s:g} s")
                 continue  # an enqueue wrote the head first
             if len(batch) > 1:
                 return sum(self._delete(q, [job], what) for job in batch)
-            if isinstance(error, (NoNodeError, BadVersionError, NotEmptyError)):
+            if missing(error) or bad_version(error) or not_empty(error):
                 return 0  # purged by someone else first, or changed: not this call's
             raise translate(error, what, self.wire.hosts, worker_session=False)
 
@@ -1130,9 +1121,5 @@ def _cost(key: tuple[str, int, str], payload: bytes) -> int:
 def _first_error(results: list[Any]) -> tuple[int, Exception]:
     """The operation that failed a multi (ZooKeeper rolls back those before it and does
     not run those after it)."""
-    for index, result in enumerate(results):
-        if isinstance(result, Exception) and not isinstance(
-            result, (RolledBackError, RuntimeInconsistency)
-        ):
-            return index, result
-    return len(results), BackendUnavailable("a multi failed without saying why")
+    index, error = first_error(results)
+    return index, error or BackendUnavailable("a multi failed without saying why")

@@ -20,15 +20,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
-
 from ...errors import BackendUnavailable, InvalidArgument
 from ._layout import EPOCH_SHIFT, MAX_EPOCH, dump_epoch, new_nonce, parse_epoch
 from ._sessions import ZkSession
 from ._tokens_history import History, new_identity
 from ._transport import Wire
 from ._transport_errors import translate
-from ._transport_multi import first_error
+from ._transport_multi import bad_version, exists, first_error, missing
 
 __all__ = ["BUMP_ATTEMPTS", "Epochs"]
 
@@ -155,7 +153,7 @@ class Epochs:
         if not multi.results:
             return None  # the answer was lost and it was not applied
         error = first_error(multi.results)[1]
-        if isinstance(error, (BadVersionError, NodeExistsError, NoNodeError)):
+        if bad_version(error) or exists(error) or missing(error):
             return None  # another bump (or a deletion) came first
         raise translate(error or BackendUnavailable("a multi failed without saying why"),
                         "bump_epoch", self.wire.hosts, worker_session=False)

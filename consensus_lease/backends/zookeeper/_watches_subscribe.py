@@ -62,7 +62,6 @@ from functools import partial
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
 from kazoo.protocol.states import EventType, KazooState
 
 from ..._election import is_election_key
@@ -71,6 +70,7 @@ from ...errors import BackendUnavailable
 from ._jobs_lifecycle import DelayHints
 from ._layout import JobPaths, QueuePaths, parse_member
 from ._transport import Wire
+from ._transport_errors import answer_or_none
 from ._watches_timer import WakeTimer
 
 QueueTarget = Callable[[str], tuple[tuple[str, ...], bool]]
@@ -333,9 +333,7 @@ class Subscriptions:
         answers: list[Any] = []
         for result in r.results:
             try:
-                answers.append(result.get(block=False))
-            except NoNodeError:
-                answers.append(None)
+                answers.append(answer_or_none(result, block=False))
             except Exception as exc:
                 self._failed(r, exc)
                 return
