@@ -1,60 +1,39 @@
-"""Holding a claimed job: renew, complete, release and fail (one multi each, sent without
-reading first for a claim this session made; renew's changes nothing).
+"""Holding a claimed job: renew, complete, release and fail of one job or a batch, and
+:func:`refusal`, the one rule that turns what the store holds for a job into the error
+an operation it refused raises. The multis (what each checks and writes, and why the
+two checks are exactly "this session holds the job at ``generation``") are told once,
+in the package docstring ("How leases map onto ZooKeeper", "Job lifecycle"); the znodes
+are in :mod:`._layout`.
 
-Each claim of a session that the store applied returns a :class:`Hold` as its
-``ClaimResult.handle`` (the generation, the owner znode and its version, a queued job's
-markers). The core keeps it with the lease and hands it back with every operation on
-that claim; nothing here keeps a table of claims. For a claim whose hold this session
-made, the multi is sent at once::
+What is specific to this module:
 
-    complete:  set_data(job, completion record, version=generation)
-               delete(owner, version=the hold's)  [+ delete held marker, open marker]
-    release:   check(job, version=generation)
-               delete(owner, version=the hold's)  [+ delete held marker]
-    fail:      check(job, version=generation)
-               delete(owner, version=the hold's)
-               set_data(failure, ..., version=the hold's)  (create + set_data the first time)
-               [+ delete held marker; FAILED: delete open marker;
-                  a retry delay: create delayed marker]
-
-and the store checks both conditions atomically with the writes. The versioned
-``set_data``/``check`` fails if anyone claimed or completed the job since (each bumps the
-version). The ``delete`` fails if the owner znode is gone (released, completed, or the
-session expired: ZooKeeper deletes a session's ephemerals with it) or was rewritten.
-While the version is ``generation`` the owner znode can only be the one this session's
-claim created with it: an owner znode is only ever created by a claim multi, which bumps
-the version in the same transaction (and fails while one exists).
-
-A claim without such a hold (``handle`` ``None``: not made by this process, or a hold of
-another session, or one already released, completed or found lost) is read first — the
-job znode, the owner znode's stat (its ``ephemeralOwner``) and the queue tag, after a
-``sync`` — and the multi is sent only if that shows this session holding the job at
-``generation`` (with the owner version and markers read). The same read follows a multi
-that failed (or whose answer was lost and reading back showed it was not applied), to
-say why: StaleLeaseError, SessionExpired, or this session's own completion at this
-generation (a retry, which returns the record). If the read shows the job still held by
-this session at ``generation`` (the owner znode was rewritten by hand), the multi is sent
-again with the owner version read. A queued job's marker deleted by hand is tolerated: a
-multi failing only on it is sent again without it, still without reading.
-
-For a queued job (one with a ``queue`` tag) the release multi also deletes the job's held
-marker, and the completion multi its held and open markers, so a queue's ``held`` and
-``open`` children stay exactly its held jobs and its jobs not completed (see
-:mod:`._queues`). A ``fail()`` that makes the job FAILED deletes its open marker too; one
-that sets a retry delay makes its delayed marker.
-
-``generation`` below is the token: ``epoch * 2**32 + version`` (see :mod:`._layout`); the
-multis compare the job znode's version with its low part (:func:`local`), and the
-completion record keeps both parts. A claim without a hold is checked against the whole
-token: the job znode's version and the epoch its claim recorded.
-
-``fail()`` writes the failure znode, not the job znode: the job znode's version (the
-generation) moves only with claims and completions, so generations stay consecutive.
-Whether it makes the job FAILED (its attempts, counted since the last requeue, reached
-``max_attempts``) is decided from what the claim read (attempt, limit, attempt base),
-which no one else can change while the job is held; the failure znode's versioned write
-in the same multi would fail otherwise. A lost answer is read back through the failure
-znode's nonce.
+* Each claim of a session that the store applied returns a :class:`Hold` as its
+  ``ClaimResult.handle`` (the generation, the owner znode and its version, a queued
+  job's markers). The core keeps it with the lease and hands it back with every
+  operation on that claim; nothing here keeps a table of claims. For a claim whose hold
+  this session made (:func:`own_hold`) the multi is sent at once, without reading.
+* A claim without such a hold (``handle`` ``None``: not made by this process, or a hold
+  of another session, or one already released, completed or found lost) is read first —
+  the job znode, the owner znode's stat (its ``ephemeralOwner``), the queue tag and the
+  failure znode, after a ``sync``, in one pipelined round trip — and the multi is sent
+  only if :func:`refusal` finds this session holding the job at ``generation`` (with
+  the owner version and markers read). The same read follows a multi that failed (or
+  whose answer was lost and reading back showed it was not applied), to say why:
+  StaleLeaseError, SessionExpired, or this session's own completion at this generation
+  (a retry, which returns the record). If the read shows the job still held by this
+  session at ``generation`` (the owner znode was rewritten by hand), the multi is sent
+  again with the owner version read. A queued job's marker deleted by hand is tolerated:
+  a multi failing only on it is sent again without it, still without reading. At most
+  :data:`WRITE_ATTEMPTS` multis in all.
+* ``generation`` is the token, ``epoch * 2**32 + version``: the multis compare the job
+  znode's version with its low part (:func:`local`), and the completion record keeps
+  both parts; a claim without a hold is checked against the whole token (the job
+  znode's version and the epoch its claim recorded).
+* Whether a ``fail()`` makes the job FAILED is decided from what the claim read
+  (attempt, limit, attempt base: :attr:`Hold.exhausted`), which no one else can change
+  while the job is held; the failure znode's versioned write in the same multi would
+  fail otherwise. Its lost answer is read back through the failure znode's nonce, a
+  completion's through the completion record's.
 """
 
 from __future__ import annotations
@@ -250,7 +229,8 @@ class Holds:
         the quorum has committed it. Without a hold, or if that multi failed (or its
         answer was lost): after a write barrier, read the job znode (its version, and the
         epoch its claim recorded) and the owner znode's ephemeralOwner in one pipelined
-        round trip. Raises unless held (and then marks the claim's hold ended: no
+        round trip (and, unless held, once more after a ``sync``, to say why: see
+        :func:`refusal`). Raises unless held (and then marks the claim's hold ended: no
         complete/release will follow)."""
         generation = claim.generation
         deadline = send + min(self.wire.config.timeout_s, max(1.0, h.granted_ttl_s))

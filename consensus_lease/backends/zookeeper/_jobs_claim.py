@@ -1,8 +1,11 @@
 """Claiming: read the job znodes (unless their state is known: see :mod:`._jobs_known`), then
-one multi per batch that bumps each job znode's version with a versioned ``set_data``
-and creates its ephemeral owner znode.
+one multi per batch. What the claim multi checks and writes (the epoch znode's check, the
+job znode's versioned ``set_data``, the EPHEMERAL owner znode, a queued job's held marker,
+the attempt, a retry delay's end on the store's clock, a job whose attempts are used up)
+is told once, in the package docstring ("How leases map onto ZooKeeper", "Store epoch",
+"Job lifecycle", "Work queues").
 
-The race this closes, step by step::
+The race the versioned ``set_data`` closes, step by step::
 
     t0  B reads job 42: version 7, no owner znode (A released it)
     t1  C claims it (version 8, owner C) and completes it (version 9, completed)
@@ -14,44 +17,33 @@ A completion always bumps the version, so even a claim prepared while the job wa
 (version 8) fails once it is completed. Two claims prepared against the same version: one
 multi wins, the other fails on the version (or on the owner znode's existence).
 
-A queued job (its ``queue`` tag is read with it, in the same round trip) also gets its
-EPHEMERAL held marker in the queue, in the same multi and by the same session as the
-owner znode, so the two come and go together (see :mod:`._queues`).
+What is specific to this module:
 
-The claim also carries the job lifecycle (:mod:`._jobs_lifecycle`): its ``set_data`` writes
-the attempt number (the one read + 1) and the job's limit; the job's failure znode is read
-in the same round trip. A FAILED job raises JobFailed; a job whose attempts are used up
-becomes FAILED in a multi of its own (check of the version read + the failure znode's
-versioned write) instead of being claimed; a job with a retry delay recorded since its
-last claim is claimed only once a fresh write's mtime (the store's clock) is past the
-delay's end, and its claim multi also deletes its delayed marker. Nothing else writes
-the failure znode while the job znode stays at the version read without an owner znode
-(only a claim makes an owner znode, and it bumps the version), so the claim multi needs
-no check of it.
-
-The multi begins with a ``check`` of ``{chroot}/epoch`` at the version cached with the
-epoch (:mod:`._tokens`): the token of each claim is ``epoch * 2**32 + the job znode's new
-version``, and the epoch is also written into the job znode's data, so records,
-completions and errors give the same token later. A multi that failed on that check
-alone (its per-op results say which) is sent once more after reading the epoch again.
-
-Every claim the store applied returns a :class:`._jobs.Hold` (generation, owner znode,
-markers) as its ``ClaimResult.handle``; the core keeps it with the lease and hands it
-back, so completion and release send their multi without reading first (see
-:mod:`._jobs`). A claim whose outcome is unknown returns nothing: it stays in
-``ZkSession.uncertain`` until a later claim adopts it (returning its hold) or keepalive
-hands it back.
-
-Reading first, and when not: the version alone does not say whether the job may be
-claimed. A completed job's version is as current as a held one's, and a blind
-``set_data`` at it would overwrite the completion record; what the job znode held at that
-version (and its queue tag, for the held marker) comes from the read. Where the backend
-knows that without reading (a job it never saw: guessed new; a job it released: at the
-version it left, see :mod:`._jobs_known`) the multi is sent first, as it would be after such
-a read; the versioned ``create``/``set_data`` fails if the guess was wrong, nothing is
-written, and that job is read and decided as any other (a lost answer is read back as
-always). A job seen to exist is read first, so each poll of a held job stays a read any
-member answers rather than a failing multi that ZooKeeper orders through the quorum.
+* The read is one pipelined round trip per round: the job znode, the owner znode, the
+  queue tag and the failure znode of every job of the batch (after a ``sync`` from the
+  second round on). A failed multi's per-operation results say which job failed and
+  why (:meth:`Claims._failures`): a job rolled back for another one's failure is sent
+  again, one whose version moved is read again; at most :data:`CLAIM_ATTEMPTS` rounds.
+* A multi that failed on the epoch check alone is sent once more after reading the
+  epoch again (:meth:`._tokens.Epochs.refresh`).
+* Nothing else writes the failure znode while the job znode stays at the version read
+  without an owner znode (only a claim makes an owner znode, and it bumps the version),
+  so the claim multi needs no check of it.
+* Every claim the store applied returns a :class:`._jobs.Hold` as its
+  ``ClaimResult.handle`` (see :mod:`._jobs`). A claim whose outcome is unknown returns
+  nothing: it stays in ``ZkSession.uncertain`` until a later claim adopts it (returning
+  its hold) or keepalive hands it back.
+* Reading first, and when not: the version alone does not say whether the job may be
+  claimed. A completed job's version is as current as a held one's, and a blind
+  ``set_data`` at it would overwrite the completion record; what the job znode held at
+  that version (and its queue tag, for the held marker) comes from the read. Where the
+  backend knows that without reading (a job it never saw: guessed new; a job it
+  released: at the version it left, see :mod:`._jobs_known`) the multi is sent first,
+  as it would be after such a read; the versioned ``create``/``set_data`` fails if the
+  guess was wrong, nothing is written, and that job is read and decided as any other (a
+  lost answer is read back as always). A job seen to exist is read first, so each poll
+  of a held job stays a read any member answers rather than a failing multi that
+  ZooKeeper orders through the quorum.
 """
 
 from __future__ import annotations

@@ -1,58 +1,40 @@
-"""Work queues: enqueue (one job or many), the claimable candidates, counts, the
-listing, waiting, and purge. The znodes (layout 2, bucketed) are in :mod:`._layout`.
+"""Work queues: enqueue (one job or many), the claimable candidates, counts, the listing,
+waiting, and purge. The protocol (the enqueue multi and what it writes, the markers a
+claim, release, completion, ``fail`` and ``requeue`` keep, what counts as claimable,
+``queue_stats`` from the tallies, purge) is told once, in the package docstring ("Work
+queues"); the znodes (layout 2, bucketed) are in :mod:`._layout`; the store-wide limits
+in :mod:`._queues_capacity`.
 
-Enqueue. One multi adds up to :data:`ENQUEUE_BATCH` jobs (fewer if their paths and
-payloads would pass :data:`ENQUEUE_MULTI_BYTES`, far below jute.maxbuffer)::
+What is specific to this module:
 
-    set_data {chroot}/queues/{qname}  head(seq + k, jobs + k, bytes + b) at the version read
-    [create  .../b/{k} and its jobs, open, held, delayed, failed]   for each bucket whose
-                                                  first seq this multi issues
-    per job:
-    create   {chroot}/jobs/{name}                 the job, version 0: never claimed
-                                                  (data: b"", or its max_attempts)
-    create   {chroot}/jobs/{name}/queue           tag   queue, bucket, member, nonce
-    create   .../b/{k}/jobs/{member}              payload
-    create   .../b/{k}/open/{member}              b""
-
-It applies as a whole or not at all: if a job exists, its tag says whether it is in
-this queue (then it is left out: ``False``) or not (``InvalidArgument``); if another
-enqueue wrote the head first, it is sent again with the next seqs. Enqueues into one
-queue are serialised by the head's version: seqs are issued in order, FIFO by
-construction, and the head's counts are exact. Before sending, the counts say whether
-the queue would pass :data:`MAX_QUEUE_JOBS` or :data:`MAX_QUEUE_BYTES` (``QueueFull``):
-the check costs nothing (the head is read, or cached, for its version anyway).
-
-Claiming. A queued job is otherwise the ordinary job: a claim bumps the job znode's
-version and creates the owner znode, release and completion delete it. Those multis
-also maintain the job's markers in its bucket, named by its tag (:mod:`._jobs_claim`,
-:mod:`._jobs`, :mod:`._jobs_lifecycle`): held (ephemeral, with the owner znode), open
-(deleted by completion or FAILED, made again by requeue), delayed (a retry delay), and
-failed (made with FAILED, deleted by requeue).
-
-``queue_candidates`` reads the head and the oldest bucket not known to be done (its
-``open``, ``held``, ``delayed`` listings) in one round trip, and newer buckets, a few
-at a time, only while it has fewer candidates than asked for. A bucket is *done* once
-it is full, has no open marker and no failed marker: nothing can make it claimable
-again (requeue applies to FAILED jobs only, enqueues go to newer buckets), so this
-process remembers where the first bucket not done is (the *floor*) and never reads
-the older ones again. The cost of a claim is the listing of one bucket (at most
-:data:`~._layout.BUCKET_JOBS` names), whatever the depth of the queue; it grows only
-with the number of jobs held or in a retry delay at the head of the queue.
-
-Ordering guarantee: candidates come oldest seq first across the buckets read, so a
-claim takes one of the :data:`~consensus_lease._queue_claim.QUEUE_SPREAD` oldest jobs
-that looked claimable when its listing was read (FIFO-ish, as with a single list). Jobs
-held, completed or in a retry delay are skipped; a requeued job keeps its place (its
-old seq). Enqueues into one queue get increasing seqs in the order the store applied
-them (one ``enqueue_many`` multi: in the order given).
-
-Counting (``queue_stats``): the head's ``jobs`` and the ``numChildren`` of the queue's
-three tallies (held: ephemeral entries made and deleted with the held markers; done:
-made by completions; failed: with the failed markers), read in one round trip of four
-reads whatever the depth: O(1), no listing. See
-:meth:`ZooKeeperBackend.queue_stats
-<consensus_lease.backends.zookeeper.ZooKeeperBackend.queue_stats>` for how the counts
-relate to concurrent claims.
+* Enqueue. One multi adds up to :data:`ENQUEUE_BATCH` jobs (fewer if their paths and
+  payloads would pass :data:`ENQUEUE_MULTI_BYTES`, far below jute.maxbuffer). If another
+  enqueue wrote the head first, it is sent again with the next seqs; if a job exists,
+  its tag says whether it is in this queue (left out: ``False``) or not
+  (``InvalidArgument``). Before sending, the head's counts say whether the queue would
+  pass :data:`MAX_QUEUE_JOBS` or :data:`MAX_QUEUE_BYTES` (``QueueFull``): that check
+  costs no request (the head is read, or cached, for its version anyway). The head is
+  rotated to a fresh znode before its version reaches :data:`HEAD_VERSION_CEILING`.
+* Candidates. ``queue_candidates`` reads the head and the oldest bucket not known to be
+  done (its ``open``, ``held``, ``delayed`` listings) in one round trip, and newer
+  buckets, :data:`SCAN_GROUP` at a time, only while it has fewer candidates than asked
+  for. A bucket is *done* once it is full, has no open marker and no failed marker:
+  nothing can make it claimable again (requeue applies to FAILED jobs only, enqueues go
+  to newer buckets), so this process remembers where the first bucket not done is (the
+  *floor*) and never reads the older ones again. The cost of a claim is the listing of
+  one bucket (at most :data:`~._layout.BUCKET_JOBS` names), whatever the depth of the
+  queue; it grows only with the number of jobs held or in a retry delay at the head of
+  the queue. Payloads are cached (:data:`PAYLOAD_CACHE_BYTES`).
+* Ordering: candidates come oldest seq first across the buckets read, so a claim takes
+  one of the :data:`~consensus_lease._queue_claim.QUEUE_SPREAD` oldest jobs that looked
+  claimable when its listing was read (FIFO-ish, as with a single list). Jobs held,
+  completed or in a retry delay are skipped; a requeued job keeps its place (its old
+  seq). Enqueues into one queue get increasing seqs in the order the store applied them
+  (one ``enqueue_many`` multi: in the order given).
+* Counting (``queue_stats``): the head and the three tallies are read in one round trip
+  (after a ``sync``), in that order; see :meth:`ZooKeeperBackend.queue_stats
+  <consensus_lease.backends.zookeeper.ZooKeeperBackend.queue_stats>` for how the counts
+  relate to concurrent claims.
 
 All of it runs on the backend's shared client (:meth:`._transport.Wire.reader`): no worker
 session is involved before the claim.

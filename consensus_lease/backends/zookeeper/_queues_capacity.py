@@ -15,12 +15,14 @@ What is counted, and how (no counter of our own, so nothing can drift):
 * payload bytes: the sum of the queue heads' ``bytes`` (each exact: every enqueue and
   purge multi writes its queue's head at the version read). O(queues): the queue list
   (the children of ``{chroot}/queues``) is kept and listed again only when the parent's
-  ``cversion`` says a queue was made or deleted; every head is read in the same
-  pipelined round trip as the job count. While the sum is below half of
+  ``cversion`` says a queue was made or deleted; the heads are read in the same
+  pipelined round trip as the job count (the first :data:`_HEADS_CHUNK`; one more round
+  trip per further chunk, and one for the heads of rotated queues). While the sum is below half of
   ``store_max_bytes`` (and was read less than :data:`BYTES_MAX_AGE_S` ago) the heads
   are not read again; above, before every enqueue multi.
 
-The check is made before each enqueue multi (one round trip of reads, no ``sync``): it
+The check is made before each enqueue multi (reads only, no ``sync``; one round trip
+unless the queues are many, changed or rotated, as above): it
 is exact for one process; enqueues of other processes in flight at that moment (at
 most ``ENQUEUE_BATCH`` jobs and ``ENQUEUE_MULTI_BYTES`` each) can pass it together.
 Completion results of named jobs are not payload bytes and are not counted (they are

@@ -617,7 +617,8 @@ class ZooKeeperBackend(Backend):
         at that version, owner znode at the version the hold knows: only this session's
         claim can have made it while the version stands); otherwise, or if it fails,
         after a write barrier, the job znode and the owner znode's ephemeralOwner (one
-        pipelined round trip). Either is a write the current leader orders: success also
+        pipelined round trip; if that shows the job not held, one more read, after a
+        ``sync``, says why). Either is a write the current leader orders: success also
         proves the session alive, like :meth:`keepalive`.
 
         Raises:
@@ -676,7 +677,7 @@ class ZooKeeperBackend(Backend):
         """Complete the items in one multi per up to :data:`COMPLETE_MULTI_BYTES` of
         results (at most ``max_complete_batch`` items): the operations of
         :meth:`complete` for each, all applied or none. When every item is held as this
-        session's claims left them, that is one round trip for the batch. When the multi
+        session's claims left them, that is one round trip per multi. When a multi
         applies nothing (an item stale or expired, a marker deleted by hand, a claim not
         made by this process), each item of it is completed alone by :meth:`complete`,
         which gives each its own outcome: the others still commit.
@@ -1044,7 +1045,8 @@ class ZooKeeperBackend(Backend):
     def queue_jobs(self, queue: str, limit: int | None = None) -> list[QueuedJob]:
         """Every job of ``queue`` (at most ``limit``), oldest first, with its record,
         payload and ``seq``; an unknown queue is empty. One listing per bucket, then
-        pipelined reads of each job's znode, owner znode and member. O(jobs read).
+        pipelined reads of each job's znode, owner znode, member and failure znode.
+        O(jobs read).
 
         The reads are paced by progress (:mod:`._transport_paged`): at most 50 in flight (half the
         shared client's cap, so other calls on it find room), each answer due within
@@ -1134,8 +1136,9 @@ class ZooKeeperBackend(Backend):
         """Raise the store epoch to ``max(epoch + 1, above // 2**32 + 1)`` (see
         :meth:`Backend.bump_epoch <consensus_lease.backend.Backend.bump_epoch>`): read it
         after a write barrier on the shared client, then one multi, a versioned
-        ``set_data`` of ``{chroot}/epoch`` (``create`` if absent, with ``{chroot}`` and
-        ``{chroot}/identity``), sent again if another bump came first. A lost answer is
+        ``set_data`` of ``{chroot}/epoch`` (``create`` if absent; ``{chroot}`` and
+        ``{chroot}/identity`` are made first if missing), read and sent again if another
+        bump came first. A lost answer is
         read back (the nonce written with the value). Claims in flight fail their check
         of the epoch znode and are sent again with the new epoch, so every token handed
         out afterwards exceeds every one before. A backend that had found the store's
