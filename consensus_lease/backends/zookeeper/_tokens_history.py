@@ -77,7 +77,9 @@ PROBE_GRACE_S = 1.0
 probed for: a member failing over reconnects well within it."""
 PROBE_INTERVAL_S = 2.0
 """Most time between two probes while a session stays disconnected (half its keepalive
-interval, if shorter): a regression is noticed within one keepalive interval."""
+interval, if shorter): with :data:`PROBE_GRACE_S`, a regression is probed for within
+one keepalive interval of the disconnection (and noticed once that probe's round trips
+are answered)."""
 PROBE_MIN_INTERVAL_S = 0.2
 PROBE_SESSION_TIMEOUT_S = 4.0
 """Session timeout a probe requests (the probe closes its session at once)."""

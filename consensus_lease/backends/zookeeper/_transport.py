@@ -1,7 +1,12 @@
 """Round trips to ZooKeeper: pipelined reads, one multi with read-back on a lost answer,
-and the shared read client. Every kazoo exception is translated here, and every answer's
-zxid is shown to the backend's :class:`._tokens_history.History` (a write answered below a zxid
-seen before it was sent is a store whose history went back).
+and the shared read client. The transport is this module and its parts, the only
+modules that name kazoo's exceptions: :mod:`._transport_errors` (their translation into
+:mod:`consensus_lease.errors`, used here and by the callers of a failed multi),
+:mod:`._transport_multi` (multi requests, and telling a failed multi's results apart),
+:mod:`._transport_gate`, :mod:`._transport_paged` and :mod:`._transport_kazoo` (kazoo's
+internals). Every answer's zxid is shown to the backend's
+:class:`._tokens_history.History` (a write answered below a zxid seen before it was sent
+is a store whose history went back).
 
 Time: a public call of the backend runs inside :meth:`Wire.bounded`, which fixes one
 deadline, ``timeout_s`` from its start; every round trip it makes (however many chunks a
