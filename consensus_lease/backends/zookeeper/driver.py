@@ -1,5 +1,17 @@
-"""The ZooKeeper driver: sessions and the public Backend methods. See the package
-docstring for the layout, the guarantees relied on and the options."""
+"""The ZooKeeper driver class: every public Backend method, and the capabilities. The
+protocol, the guarantees relied on and the options are in the package docstring.
+
+The methods delegate to the driver template's modules (see
+:mod:`consensus_lease.backends`): the URL to :mod:`._config`; kazoo, the round trips and
+the translation of kazoo's exceptions to :mod:`._transport` and its parts; the session
+handle to :mod:`._sessions`; claims to :mod:`._jobs_claim`, renew, complete, release and
+fail to :mod:`._jobs`, the lifecycle (``requeue``, the store's clock) to
+:mod:`._jobs_lifecycle`, ``set_value`` to :mod:`._jobs_value`; work queues to
+:mod:`._queues`; waits and subscriptions to :mod:`._watches` and
+:mod:`._watches_subscribe`; the epoch and regressions to :mod:`._tokens` and
+:mod:`._tokens_history`. Kept here: ``keepalive`` and opening a session (the store's
+identity and epoch read with it), ``get`` and ``records``, and the regression marker
+written when a regression is noticed."""
 
 from __future__ import annotations
 
