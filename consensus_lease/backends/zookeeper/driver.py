@@ -9,9 +9,11 @@ fail to :mod:`._jobs`, the lifecycle (``requeue``, the store's clock) to
 :mod:`._jobs_lifecycle`, ``set_value`` to :mod:`._jobs_value`; work queues to
 :mod:`._queues`; waits and subscriptions to :mod:`._watches` and
 :mod:`._watches_subscribe`; the epoch and regressions to :mod:`._tokens` and
-:mod:`._tokens_history`. Kept here: ``keepalive`` and opening a session (the store's
-identity and epoch read with it), ``get`` and ``records``, and the regression marker
-written when a regression is noticed."""
+:mod:`._tokens_history`. Kept here (not yet moved to those modules): ``keepalive`` and
+opening a session (the store's identity and epoch read with it), ``get`` and
+``records``, the grouping of ``complete_many``, ``upgrade_queue``'s layout check, the
+test hook ``expire_session``, and the regression marker written when a regression is
+noticed."""
 
 from __future__ import annotations
 
