@@ -126,8 +126,8 @@ def _patch_grpc(stack: contextlib.ExitStack, count: RequestCount) -> None:
 
 
 def _patch_kazoo(stack: contextlib.ExitStack, count: RequestCount) -> None:
-    try:  # kazoo's internals are the ZooKeeper driver's to name (its _kazoo module)
-        from ..backends.zookeeper._kazoo import count_requests
+    try:  # kazoo's internals are the ZooKeeper driver's to name (its _transport_kazoo module)
+        from ..backends.zookeeper._transport_kazoo import count_requests
     except ImportError:
         return
     stack.enter_context(count_requests(count.add))

@@ -39,9 +39,9 @@ from zk_local import (  # noqa: F401  (fixtures)
 from consensus_lease import LeaseStore, open_store
 from consensus_lease.backend import SessionEvent
 from consensus_lease.backends.zookeeper import ZooKeeperBackend
-from consensus_lease.backends.zookeeper._claims import Plan
+from consensus_lease.backends.zookeeper._jobs_claim import Plan
 from consensus_lease.backends.zookeeper._layout import JobPaths, new_nonce
-from consensus_lease.backends.zookeeper._session import Status, ZkSession
+from consensus_lease.backends.zookeeper._sessions import Status, ZkSession
 from consensus_lease.errors import (
     AuthenticationFailed,
     BackendUnavailable,

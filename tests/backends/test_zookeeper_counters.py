@@ -33,8 +33,12 @@ from zk_local import available as zk_local_available
 from zk_snapshot import write_snapshot
 
 from consensus_lease import LeaseStore, open_store
-from consensus_lease.backends.zookeeper import _claims, _queues
-from consensus_lease.backends.zookeeper._ops import MAX_VERSION, Transaction, wire_version
+from consensus_lease.backends.zookeeper import _jobs_claim, _queues
+from consensus_lease.backends.zookeeper._transport_multi import (
+    MAX_VERSION,
+    Transaction,
+    wire_version,
+)
 from consensus_lease.errors import LeaseError, TokenSpaceExhausted
 from consensus_lease.record import JobState
 from consensus_lease.session import Session
@@ -68,7 +72,7 @@ def test_a_claim_at_the_job_version_ceiling_is_refused(
 ) -> None:
     """Claims go on up to the ceiling; the holder there renews, releases and completes;
     the next claim is TokenSpaceExhausted with the remedy, and writes nothing."""
-    monkeypatch.setattr(_claims, "VERSION_CEILING", 4, raising=False)
+    monkeypatch.setattr(_jobs_claim, "VERSION_CEILING", 4, raising=False)
     a = opened("A")
     tokens = []
     for _ in range(4):
@@ -92,7 +96,7 @@ def test_a_claim_at_the_job_version_ceiling_is_refused(
         client.stop()
         client.close()
     # a hold taken just below the ceiling is kept and ended normally
-    monkeypatch.setattr(_claims, "VERSION_CEILING", 5)
+    monkeypatch.setattr(_jobs_claim, "VERSION_CEILING", 5)
     lease = a.claim("j")
     assert lease is not None and lease.generation == 5
     lease.ensure_held()
@@ -167,7 +171,7 @@ def near_limit() -> Iterator[str]:
     queue = "/t/queues/q"
     write_snapshot(server.dir / "data", {
         "/t/jobs/high": (b"", MAX_VERSION - 2),
-        "/t/jobs/edge": (b"", _claims.VERSION_CEILING - 2),
+        "/t/jobs/edge": (b"", _jobs_claim.VERSION_CEILING - 2),
         "/t/jobs/wrapped": (b"", -(2**31)),
         queue: (head, MAX_VERSION - 2),
         f"{queue}/b": (b"", 0), f"{queue}/tally": (b"", 0),
@@ -196,7 +200,7 @@ def test_real_znodes_near_two_to_the_31(near_limit: str) -> None:
                 tokens.append(lease.generation)
                 lease.ensure_held()
                 lease.release()
-            assert tokens == [_claims.VERSION_CEILING - 1, _claims.VERSION_CEILING]
+            assert tokens == [_jobs_claim.VERSION_CEILING - 1, _jobs_claim.VERSION_CEILING]
             with pytest.raises(TokenSpaceExhausted):
                 a.claim("edge")
             # the queue's head: rotated, then enqueued into
@@ -211,7 +215,7 @@ def test_real_znodes_near_two_to_the_31(near_limit: str) -> None:
         client = raw_client(near_limit)
         try:
             assert client.get("/t/jobs/high")[1].version == MAX_VERSION - 2  # untouched
-            assert client.get("/t/jobs/edge")[1].version == _claims.VERSION_CEILING
+            assert client.get("/t/jobs/edge")[1].version == _jobs_claim.VERSION_CEILING
             pointer = json.loads(client.get("/t/queues/q")[0])
             assert pointer == {"layout": 3, "head": 1}
             assert client.get("/t/queues/q/h/0000000001")[1].version == 3  # enqueue, enqueue_many, purge

@@ -26,8 +26,8 @@ from zk_local import LocalZooKeeper, available, backend_of
 
 from consensus_lease import LeaseStore, open_store
 from consensus_lease.backends.zookeeper import _queues
-from consensus_lease.backends.zookeeper._gate import IN_FLIGHT, Gate, NotSent
-from consensus_lease.backends.zookeeper._wire import SETTLE_GRACE_S
+from consensus_lease.backends.zookeeper._transport import SETTLE_GRACE_S
+from consensus_lease.backends.zookeeper._transport_gate import IN_FLIGHT, Gate, NotSent
 from consensus_lease.errors import BackendUnavailable, OutcomeUnknown
 from consensus_lease.testing.conformance import poll_until
 
@@ -296,7 +296,7 @@ def test_the_gate_sends_nothing_while_disconnected_and_says_when_the_session_is_
 
 def test_twice_the_requests_in_flight_fit_in_a_socket_pair_without_blocking() -> None:
     """kazoo wakes its connection thread with one byte per request through a socket pair;
-    the gate keeps at most 2 x IN_FLIGHT bytes there (see ``_gate``)."""
+    the gate keeps at most 2 x IN_FLIGHT bytes there (see ``_transport_gate``)."""
     a, b = socket.socketpair()
     try:
         a.setblocking(False)

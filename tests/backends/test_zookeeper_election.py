@@ -31,7 +31,7 @@ from zk_local import (  # noqa: F401  (fixtures)
 from consensus_lease._election import election_key, election_name
 from consensus_lease.backends.zookeeper import ZooKeeperBackend
 from consensus_lease.backends.zookeeper._layout import encode_job_id, parse_owner
-from consensus_lease.backends.zookeeper._session import ZkSession
+from consensus_lease.backends.zookeeper._sessions import ZkSession
 from consensus_lease.errors import InvalidArgument, SessionExpired, StaleLeaseError
 from consensus_lease.record import ClaimResult, JobState
 from consensus_lease.testing.conformance import poll_until

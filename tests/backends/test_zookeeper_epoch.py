@@ -32,8 +32,8 @@ from zk_local import (  # noqa: F401  (fixtures)
 
 from consensus_lease import LeaseStore, SqliteFence, open_store
 from consensus_lease.backends.zookeeper import ZooKeeperBackend
-from consensus_lease.backends.zookeeper._history import PROBE_INTERVAL_S
-from consensus_lease.backends.zookeeper._session import ZkSession
+from consensus_lease.backends.zookeeper._sessions import ZkSession
+from consensus_lease.backends.zookeeper._tokens_history import PROBE_INTERVAL_S
 from consensus_lease.errors import (
     FenceRejected,
     InvalidArgument,
@@ -139,7 +139,7 @@ def test_a_bump_between_the_epoch_read_and_the_claim_is_read_and_sent_again(
 ) -> None:
     """The session cached epoch 0 when it opened; another process bumps it; the claim
     multi fails on its check of the epoch znode alone, the epoch is read again and the
-    multi sent once more, without reading the job (a new one: see ``_known``). Later
+    multi sent once more, without reading the job (a new one: see ``_jobs_known``). Later
     claims cost what they always did: one multi."""
     session = store.session("A", 30.0)
     assert other.bump_epoch() == 1

@@ -35,9 +35,9 @@ from zk_local import (  # noqa: F401  (fixtures)
 
 from consensus_lease import LeaseStore, open_store
 from consensus_lease.backends.zookeeper import ZooKeeperBackend
-from consensus_lease.backends.zookeeper._holds import Hold
+from consensus_lease.backends.zookeeper._jobs import Hold
 from consensus_lease.backends.zookeeper._layout import JobPaths
-from consensus_lease.backends.zookeeper._session import ZkSession
+from consensus_lease.backends.zookeeper._sessions import ZkSession
 from consensus_lease.errors import (
     BackendUnavailable,
     OutcomeUnknown,

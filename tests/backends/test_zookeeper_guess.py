@@ -1,4 +1,4 @@
-"""Claims sent without reading first (see ``consensus_lease.backends.zookeeper._known``):
+"""Claims sent without reading first (see ``consensus_lease.backends.zookeeper._jobs_known``):
 a job this backend never saw is claimed as a new one (create + set_data at 0 + owner
 znode), a job it released at the version it left; only a multi that fails is followed by
 the read (and the claim that read decides). So a claim+complete cycle of a new job, or a
@@ -31,7 +31,7 @@ from zk_local import (  # noqa: F401  (fixtures)
 
 from consensus_lease import LeaseStore, open_store
 from consensus_lease.backends.zookeeper import ZooKeeperBackend
-from consensus_lease.backends.zookeeper._session import ZkSession
+from consensus_lease.backends.zookeeper._sessions import ZkSession
 from consensus_lease.bench.roundtrips import counting
 from consensus_lease.errors import JobCompleted, JobFailed
 from consensus_lease.record import JobState

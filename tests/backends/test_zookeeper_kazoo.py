@@ -1,4 +1,4 @@
-"""kazoo's private surface is one module (``backends/zookeeper/_kazoo.py``), and the kazoo
+"""kazoo's private surface is one module (``backends/zookeeper/_transport_kazoo.py``), and the kazoo
 a store is opened with is checked there: the tested range pinned in pyproject.toml, a
 warning outside it, a typed error for a missing internal. No server needed."""
 
@@ -21,16 +21,16 @@ from kazoo.protocol.connection import ConnectionHandler
 
 import consensus_lease
 from consensus_lease import open_store
-from consensus_lease.backends.zookeeper import UntestedKazooWarning, _kazoo
-from consensus_lease.backends.zookeeper._wire import Wire
+from consensus_lease.backends.zookeeper import UntestedKazooWarning, _transport_kazoo
+from consensus_lease.backends.zookeeper._transport import Wire
 from consensus_lease.errors import BackendUnavailable, UnsupportedBackend
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(consensus_lease.__file__).resolve().parent / "backends" / "zookeeper"
-RANGE = re.escape(f"kazoo{_kazoo.TESTED_SPEC}")
+RANGE = re.escape(f"kazoo{_transport_kazoo.TESTED_SPEC}")
 """What a warning or an error about the kazoo version must name."""
 
-# -- the rule: only _kazoo.py touches kazoo's private surface ------------------------------
+# -- the rule: only _transport_kazoo.py touches kazoo's private surface ------------------------------
 
 PUBLIC_IMPORTS: dict[str, frozenset[str] | None] = {
     "kazoo.client": frozenset({"KazooClient", "KazooState"}),
@@ -115,14 +115,14 @@ def violations(source: str, private: frozenset[str]) -> list[str]:
 
 
 def test_only_the_kazoo_module_touches_kazoos_private_surface() -> None:
-    """Every module of the ZooKeeper driver but ``_kazoo.py`` keeps to kazoo's documented
-    API, by the rule of :func:`violations`; ``_kazoo.py`` is where the internals are."""
+    """Every module of the ZooKeeper driver but ``_transport_kazoo.py`` keeps to kazoo's documented
+    API, by the rule of :func:`violations`; ``_transport_kazoo.py`` is where the internals are."""
     private = kazoo_private_names()
     assert {"_call", "_pending", "_submit", "_session_callback", "last_zxid"} <= private
     modules = sorted(DRIVER.glob("*.py"))
-    assert len(modules) > 15 and DRIVER / "_kazoo.py" in modules
+    assert len(modules) > 15 and DRIVER / "_transport_kazoo.py" in modules
     found = {path.name: violations(path.read_text(), private) for path in modules}
-    assert found.pop("_kazoo.py"), "the scan finds nothing even where the internals are"
+    assert found.pop("_transport_kazoo.py"), "the scan finds nothing even where the internals are"
     assert {name: lines for name, lines in found.items() if lines} == {}
 
 
@@ -163,28 +163,28 @@ def test_pyproject_pins_the_tested_range() -> None:
         "optional-dependencies"]
     kazoo_lines = [line for lines in extras.values() for line in lines
                    if line.split(">")[0].split("<")[0].strip() == "kazoo"]
-    assert kazoo_lines and set(kazoo_lines) == {f"kazoo{_kazoo.TESTED_SPEC}"}
-    low, high = _kazoo.TESTED_MIN, _kazoo.TESTED_BELOW
-    assert f">={low[0]}.{low[1]},<{high[0]}.{high[1]}" == _kazoo.TESTED_SPEC
-    assert all(_kazoo.in_tested_range(version) for version in _kazoo.VERIFIED)
-    assert _kazoo.in_tested_range(_kazoo.installed_version())
+    assert kazoo_lines and set(kazoo_lines) == {f"kazoo{_transport_kazoo.TESTED_SPEC}"}
+    low, high = _transport_kazoo.TESTED_MIN, _transport_kazoo.TESTED_BELOW
+    assert f">={low[0]}.{low[1]},<{high[0]}.{high[1]}" == _transport_kazoo.TESTED_SPEC
+    assert all(_transport_kazoo.in_tested_range(version) for version in _transport_kazoo.VERIFIED)
+    assert _transport_kazoo.in_tested_range(_transport_kazoo.installed_version())
 
 
 @pytest.mark.parametrize("version", ["2.11.0", "2.11.3.dev1"])
 def test_a_tested_kazoo_opens_quietly(version: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_kazoo, "installed_version", lambda: version)
+    monkeypatch.setattr(_transport_kazoo, "installed_version", lambda: version)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        _kazoo.check_installed()
+        _transport_kazoo.check_installed()
 
 
 @pytest.mark.parametrize("version", ["2.12.0", "2.12.0rc1", "3.0.0", "2.10.0", "", "x"])
 def test_an_untested_kazoo_warns_naming_the_range(
     version: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_kazoo, "installed_version", lambda: version)
+    monkeypatch.setattr(_transport_kazoo, "installed_version", lambda: version)
     with pytest.warns(UntestedKazooWarning, match=RANGE) as caught:
-        _kazoo.check_installed()
+        _transport_kazoo.check_installed()
     assert (version or "unknown version") in str(caught[0].message)
 
 
@@ -203,7 +203,7 @@ def _refuse_to_connect(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def test_open_store_warns_on_an_untested_kazoo_and_goes_on(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_kazoo, "installed_version", lambda: "2.12.0")
+    monkeypatch.setattr(_transport_kazoo, "installed_version", lambda: "2.12.0")
     tried = _refuse_to_connect(monkeypatch)
     with pytest.warns(UntestedKazooWarning, match="2.12.0"), pytest.raises(BackendUnavailable):
         open_store("zk://127.0.0.1:2181/kazoo-check")
@@ -216,20 +216,20 @@ def _without_operations(client: Any) -> Any:
 
 MISSING: list[tuple[str, Callable[[pytest.MonkeyPatch], None]]] = [
     ("KazooClient._call", lambda mp: mp.delattr(KazooClient, "_call")),
-    ("serialization.CheckVersion", lambda mp: mp.setattr(_kazoo, "CheckVersion", None)),
+    ("serialization.CheckVersion", lambda mp: mp.setattr(_transport_kazoo, "CheckVersion", None)),
     ("Transaction.type == 14", lambda mp: mp.setattr(
-        _kazoo, "KazooTransaction", SimpleNamespace(type=99, deserialize=print))),
-    ("Create.type == 1", lambda mp: mp.setattr(_kazoo, "Create", SimpleNamespace(type=7))),
+        _transport_kazoo, "KazooTransaction", SimpleNamespace(type=99, deserialize=print))),
+    ("Create.type == 1", lambda mp: mp.setattr(_transport_kazoo, "Create", SimpleNamespace(type=7))),
     ("ConnectionHandler._submit", lambda mp: mp.delattr(ConnectionHandler, "_submit")),
-    ("utils.fileobj_to_fd", lambda mp: mp.setattr(_kazoo, "fileobj_to_fd", None)),
+    ("utils.fileobj_to_fd", lambda mp: mp.setattr(_transport_kazoo, "fileobj_to_fd", None)),
     ("TransactionRequest.operations",
      lambda mp: mp.setattr(KazooClient, "transaction", _without_operations)),
     ("KazooClient.last_zxid", lambda mp: mp.setattr(
-        _kazoo, "KazooClient", lambda **kw: SimpleNamespace(
+        _transport_kazoo, "KazooClient", lambda **kw: SimpleNamespace(
             chroot=None, default_acl=None, handler=None,
             transaction=lambda: SimpleNamespace(operations=[], client=None)))),
     ("exceptions.SessionClosedRequireSaslError",  # kazoo 2.10.0
-     lambda mp: mp.setattr(_kazoo, "SessionClosedRequireSaslError", None)),
+     lambda mp: mp.setattr(_transport_kazoo, "SessionClosedRequireSaslError", None)),
     ("SequentialThreadingHandler.select",
      lambda mp: mp.delattr(SequentialThreadingHandler, "select")),
 ]
@@ -241,7 +241,7 @@ def test_a_missing_internal_is_a_typed_error_naming_it(
 ) -> None:
     remove(monkeypatch)
     with pytest.raises(UnsupportedBackend, match=RANGE) as raised:
-        _kazoo.check_installed()
+        _transport_kazoo.check_installed()
     assert name in str(raised.value)
 
 

@@ -21,7 +21,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from consensus_lease import open_store
-from consensus_lease.backends.zookeeper import _options
+from consensus_lease.backends.zookeeper import _config
 from consensus_lease.errors import BackendUnavailable, LeaseSuspended
 from consensus_lease.record import JobState
 from consensus_lease.testing.conformance import poll_until
@@ -35,7 +35,7 @@ def _pin(monkeypatch: pytest.MonkeyPatch, reader: str, sessions: str) -> None:
     2/3 of it (13 s, past the few seconds the leader is paused here, so the get's
     requests are still waiting on it when it thaws), and gives a connection attempt the
     whole of it (20 s) with a single host, so a reconnect that hangs is retried soon."""
-    new_client = _options.ZkConfig.new_client
+    new_client = _config.ZkConfig.new_client
 
     def pinned(self: Any, session_timeout_s: float, *, client_id: Any = None,
                logger: Any = None, handler: Any = None) -> KazooClient:
@@ -45,7 +45,7 @@ def _pin(monkeypatch: pytest.MonkeyPatch, reader: str, sessions: str) -> None:
         client.hosts = [(reader if is_reader else sessions, 2181)]
         return client
 
-    monkeypatch.setattr(_options.ZkConfig, "new_client", pinned)
+    monkeypatch.setattr(_config.ZkConfig, "new_client", pinned)
 
 
 def test_get_after_claim_sees_it_when_the_read_client_is_on_a_deposed_leader(

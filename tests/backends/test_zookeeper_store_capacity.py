@@ -18,19 +18,19 @@ import pytest
 from zk_local import zk_target, zk_url  # noqa: F401  (fixtures)
 
 from consensus_lease import InvalidArgument, QueueFull, open_store
-from consensus_lease.backends.zookeeper import _options
+from consensus_lease.backends.zookeeper import _config
 
 
 def test_the_default_limits_are_the_documented_ones() -> None:
-    config = _options.parse_url("zk://127.0.0.1/x", {})
+    config = _config.parse_url("zk://127.0.0.1/x", {})
     assert (config.store_max_jobs, config.store_max_bytes) == (30_000, 16 * 1024 * 1024)
     with pytest.raises(InvalidArgument, match="store_max_jobs"):
-        _options.parse_url("zk://127.0.0.1/x", {"store_max_jobs": 0})
+        _config.parse_url("zk://127.0.0.1/x", {"store_max_jobs": 0})
     # the server's numChildren of {chroot}/jobs is a 32-bit int: a limit above it is none
     for bad in (2**31, 10_000_000_000):
         with pytest.raises(InvalidArgument, match=r"store_max_jobs must be in \[1, 2147483647\]"):
-            _options.parse_url("zk://127.0.0.1/x", {"store_max_jobs": bad})
-    config = _options.parse_url("zk://127.0.0.1/x", {"store_max_jobs": 2**31 - 1})
+            _config.parse_url("zk://127.0.0.1/x", {"store_max_jobs": bad})
+    config = _config.parse_url("zk://127.0.0.1/x", {"store_max_jobs": 2**31 - 1})
     assert config.store_max_jobs == 2**31 - 1
 
 
@@ -101,7 +101,7 @@ def test_a_large_queue_listing_is_paced_by_progress_and_leaves_slots_free(
     reads took longer than the call's one deadline, holding every request slot of the
     shared client meanwhile. Now at most ``READ_WINDOW`` of them are in flight, and each
     answer is due ``timeout_s`` after the previous one."""
-    from consensus_lease.backends.zookeeper import _gate, _paged
+    from consensus_lease.backends.zookeeper import _transport_gate, _transport_paged
 
     setup = open_store(zk_url, connect_timeout_s=30, timeout_s=60)
     try:
@@ -113,19 +113,19 @@ def test_a_large_queue_listing_is_paced_by_progress_and_leaves_slots_free(
         setup.close()
     store = open_store(zk_url, connect_timeout_s=30, timeout_s=1.0)
     most = [0]
-    real_start = _gate.Gate.start
+    real_start = _transport_gate.Gate.start
 
-    def start(self: _gate.Gate, begin: object, deadline: float) -> object:
+    def start(self: _transport_gate.Gate, begin: object, deadline: float) -> object:
         most[0] = max(most[0], self.in_flight() + 1)
         return real_start(self, begin, deadline)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(_gate.Gate, "start", start)
+    monkeypatch.setattr(_transport_gate.Gate, "start", start)
     try:
         begun = time.monotonic()
         listed = store.queue_jobs("big")
         took_s = time.monotonic() - begun
         assert [job.record.job_id for job in listed] == [f"big-{i:05d}" for i in range(jobs)]
-        assert most[0] <= _paged.READ_WINDOW < _gate.IN_FLIGHT, most[0]
+        assert most[0] <= _transport_paged.READ_WINDOW < _transport_gate.IN_FLIGHT, most[0]
         print(f"listed {jobs} jobs (4 reads each) in {took_s:.2f} s with timeout_s=1")
     finally:
         store.close()

@@ -1,4 +1,4 @@
-"""ZooKeeper-native subscriptions (:mod:`consensus_lease.backends.zookeeper._subscribe`):
+"""ZooKeeper-native subscriptions (:mod:`consensus_lease.backends.zookeeper._watches_subscribe`):
 woken by watches within a fraction of a second, only for what is subscribed, one watch
 per znode however many subscribe, a timer at a retry delay's end, and one wake on a lost
 connection, re-armed when it is back.
@@ -29,7 +29,7 @@ from zk_local import (  # noqa: F401  (fixtures)
 )
 
 from consensus_lease import LeaseStore, open_store
-from consensus_lease.backends.zookeeper import ZooKeeperBackend, _timer
+from consensus_lease.backends.zookeeper import ZooKeeperBackend, _watches_timer
 from consensus_lease.lease import Lease
 from consensus_lease.session import Session
 from consensus_lease.states import LeaseState
@@ -172,8 +172,8 @@ def test_a_claimable_looking_job_is_checked_again_while_subscribers_wait(
 def test_wake_timer_runs_calls_in_order_and_its_thread_ends_when_idle(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_timer, "IDLE_EXIT_S", 0.1)
-    timer = _timer.WakeTimer("test-wake-timer")
+    monkeypatch.setattr(_watches_timer, "IDLE_EXIT_S", 0.1)
+    timer = _watches_timer.WakeTimer("test-wake-timer")
     ran: list[str] = []
     now = time.monotonic()
     timer.at(now + 0.06, lambda: ran.append("second"))

@@ -25,9 +25,8 @@ from kazoo.security import make_acl
 from consensus_lease import open_store
 from consensus_lease._election import election_key
 from consensus_lease.backends.zookeeper import ZooKeeperBackend
-from consensus_lease.backends.zookeeper._history import History
-from consensus_lease.backends.zookeeper._kazoo import PollHandler, poll_select
-from consensus_lease.backends.zookeeper._known import UNSEEN, Known, Released
+from consensus_lease.backends.zookeeper._config import parse_url
+from consensus_lease.backends.zookeeper._jobs_known import UNSEEN, Known, Released
 from consensus_lease.backends.zookeeper._layout import (
     BUCKET_JOBS,
     CorruptData,
@@ -59,9 +58,10 @@ from consensus_lease.backends.zookeeper._layout import (
     to_record,
     token,
 )
-from consensus_lease.backends.zookeeper._ops import Lean, Transaction, marker_trouble
-from consensus_lease.backends.zookeeper._options import parse_url
-from consensus_lease.backends.zookeeper._session import NegotiatedTimeouts, session_text
+from consensus_lease.backends.zookeeper._sessions import NegotiatedTimeouts, session_text
+from consensus_lease.backends.zookeeper._tokens_history import History
+from consensus_lease.backends.zookeeper._transport_kazoo import PollHandler, poll_select
+from consensus_lease.backends.zookeeper._transport_multi import Lean, Transaction, marker_trouble
 from consensus_lease.errors import (
     BackendUnavailable,
     InvalidArgument,
@@ -463,7 +463,7 @@ def test_queue_tags_name_their_bucket_and_layout_1_tags_keep_the_flat_paths() ->
     assert old.marker("/c/queues") == f"/c/queues/q/open/{member}"
 
 
-# -- what the backend knows of jobs without reading (_known) ---------------------------------
+# -- what the backend knows of jobs without reading (_jobs_known) ---------------------------------
 
 
 def _released(version: int) -> Released:
@@ -486,7 +486,7 @@ def test_known_jobs_seen_released_stale_and_bounded() -> None:
 
 @pytest.mark.parametrize("acl", [None, [make_acl("world", "anyone", read=True)]])
 def test_lean_operations_are_the_records_kazoo_makes(acl: list[Any] | None) -> None:
-    """``_ops.Lean`` skips kazoo's per-operation checks and path normalisation: for our
+    """``_transport_multi.Lean`` skips kazoo's per-operation checks and path normalisation: for our
     (absolute, normalised) paths on a client without a chroot of its own, the records
     are kazoo's own."""
     client = KazooClient(hosts="127.0.0.1:1", default_acl=acl)
@@ -507,7 +507,7 @@ def test_lean_operations_are_the_records_kazoo_makes(acl: list[Any] | None) -> N
 
 
 def test_poll_select_answers_as_kazoos_select() -> None:
-    """``_kazoo.poll_select`` (one poll(2)) reports what kazoo's ``selector_select``
+    """``_transport_kazoo.poll_select`` (one poll(2)) reports what kazoo's ``selector_select``
     does: readable (data, or the peer hung up), writable, nothing by the timeout; an
     object in both lists as readable if it is."""
     a, b = socket.socketpair()
@@ -572,7 +572,7 @@ _OPS = st.lists(
 def test_packed_multis_are_the_bytes_kazoo_sends(
     ops: list[tuple[str, str, bytes, int | None]], acl: list[Any] | None
 ) -> None:
-    """``_ops.Transaction`` packs a multi as it is built: the bytes are those of kazoo's
+    """``_transport_multi.Transaction`` packs a multi as it is built: the bytes are those of kazoo's
     ``Transaction`` of the records kazoo's ``TransactionRequest`` makes, and its answer
     is decoded by kazoo's."""
     client = KazooClient(hosts="127.0.0.1:1", default_acl=acl)

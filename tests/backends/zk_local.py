@@ -38,7 +38,7 @@ from kazoo.exceptions import ConnectionLoss
 
 from consensus_lease import LeaseStore, open_store
 from consensus_lease.backends.zookeeper import ZooKeeperBackend
-from consensus_lease.backends.zookeeper._session import ZkSession
+from consensus_lease.backends.zookeeper._sessions import ZkSession
 from consensus_lease.session import Session
 
 ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
@@ -387,7 +387,7 @@ def lose_next_answer(client: KazooClient, apply: bool) -> list[int]:
 
 def multi_op_types(request: Any) -> list[int]:
     """The operation types of a multi request: kazoo's ``Transaction`` or the backend's
-    (``_ops.Transaction``, which packs its operations as they are added)."""
+    (``_transport_multi.Transaction``, which packs its operations as they are added)."""
     op_types = getattr(request, "op_types", None)
     if op_types is not None:
         return list(op_types)
@@ -402,7 +402,7 @@ def lose_answer(
     for loses its answer (``ConnectionLoss``), after being applied if ``apply``; every
     other request goes through. Returns a list that grows by one per multi counted.
     Hooks ``KazooClient._call``, which every request goes through: kazoo's transactions
-    and the backend's own (``_ops.Transaction``) alike."""
+    and the backend's own (``_transport_multi.Transaction``) alike."""
     real = client._call
     calls: list[int] = []
 

@@ -13,7 +13,7 @@ import pytest
 from consensus_lease import InvalidArgument, UnsupportedBackend, open_store
 from consensus_lease.backends import memory, sqlite
 from consensus_lease.backends.etcd import _config as etcd_config
-from consensus_lease.backends.zookeeper import _options as zk_options
+from consensus_lease.backends.zookeeper import _config as zk_options
 from consensus_lease.clock import SystemClock
 from consensus_lease.options import (
     RENAMED,

@@ -17,7 +17,7 @@ How leases map onto ZooKeeper
   "Store epoch" below). A claim is one multi: ``set_data`` at the version just
   read (or ``create`` + ``set_data`` the first time) and ``create`` of the EPHEMERAL owner
   znode ``.../owner`` (owner label, session id, a nonce per claim). Tokens are consecutive.
-  The read is skipped where the backend knows the answer (``_known``): a job it never
+  The read is skipped where the backend knows the answer (``_jobs_known``): a job it never
   saw is claimed as a new one, a job it released at the version it left it; the multi's
   versioned operations are the compare, and only a multi that fails is followed by the
   read (and a second multi). So a claim+complete cycle of a new job, or claim+release of
@@ -31,7 +31,11 @@ How leases map onto ZooKeeper
   with the lease's complete or release, and the multi is sent at once; the store checks
   generation and holder in it (the versioned ``set_data``/``check`` fails after any
   other claim or completion, the versioned ``delete`` once the owner znode is gone, e.g.
-  with the session). A claim without such a handle (``handle`` ``None``: not made by
+  with the session). Together they are exactly "this session holds the job at this
+  generation": while the version is the generation, the owner znode can only be the one
+  this session's claim created with it (only a claim multi creates an owner znode, it
+  bumps the version in the same transaction, and it fails while one exists). A claim
+  without such a handle (``handle`` ``None``: not made by
   this process) is read first (owner znode's ``ephemeralOwner``, after a ``sync``) and
   written only if this session holds the job at that generation. A failed multi is
   followed by the same read, to say why, and to recognise a retry of this session's own
@@ -40,7 +44,8 @@ How leases map onto ZooKeeper
 * ``renew`` with the claim's handle is one multi of two ``check``s (job znode at version
   == generation, owner znode at the hold's version), a write that changes nothing;
   without it, or if that fails, it reads, after a write barrier, the job znode (version,
-  epoch) and the owner znode's ``ephemeralOwner`` in one pipelined round trip.
+  epoch) and the owner znode's ``ephemeralOwner`` in one pipelined round trip (and, if
+  that shows the job not held, reads once more, after a ``sync``, to say why).
 * Connection states reach the core as session events: kazoo SUSPENDED -> SUSPENDED,
   CONNECTED again with the same session -> RECONNECTED, LOST -> EXPIRED. An expired
   session's client is never reused (kazoo would open a new session on it).
@@ -71,7 +76,7 @@ How leases map onto ZooKeeper
   failed also keeps its failure znode, below). Never delete job znodes by hand: their
   version is the generation history, and a re-created znode would start again at 0.
 
-Store epoch and history regression (``capabilities.epoch``; ``_epoch``, ``_history``)
+Store epoch and history regression (``capabilities.epoch``; ``_tokens``, ``_tokens_history``)
 -------------------------------------------------------------------------------------
 * A wiped ensemble (or one restored from an older backup) starts its znode versions
   again, so its tokens would go back: the fence would reject the honest next holder and
@@ -85,11 +90,12 @@ Store epoch and history regression (``capabilities.epoch``; ``_epoch``, ``_histo
   errors give the same token later. A multi that failed on that check alone is sent
   once more after reading the epoch again. Renew, complete, release and fail compare the
   version with the token's low 32 bits; without a hold, the epoch the claim recorded too.
-* ``bump_epoch(above)`` sets the epoch to ``max(epoch + 1, above // 2**32 + 1)``: one
-  versioned ``set_data`` (``create`` if absent) on the shared client, read back through
-  its nonce if its answer is lost. Run it (``consensus-lease bump-epoch --above
+* ``bump_epoch(above)`` sets the epoch to ``max(epoch + 1, above // 2**32 + 1)``: read
+  after a write barrier, then one versioned ``set_data`` (``create`` if absent) on the
+  shared client, read back through its nonce if its answer is lost, read and sent again
+  if another bump came first. Run it (``consensus-lease bump-epoch --above
   HIGHEST``) after a wipe or restore, with the workers stopped.
-* **Noticing a regression** (details in ``_history``): the backend keeps the highest zxid
+* **Noticing a regression** (details in ``_tokens_history``): the backend keeps the highest zxid
   any of its clients was answered with, and the store's identity ``{chroot}/identity``
   (a random id made with the epoch znode), read when a session opens, in the keepalive
   round trip at most once per keepalive interval, and after a reconnect. A write
@@ -104,7 +110,7 @@ Store epoch and history regression (``capabilities.epoch``; ``_epoch``, ``_histo
   call) and its client is stopped, handing its jobs back; opening a session raises
   ``StoreRegressed`` until the epoch has been raised (here or in another process).
 
-Job lifecycle: attempts, ``fail``, retry delays, FAILED, ``requeue`` (``_lifecycle``)
+Job lifecycle: attempts, ``fail``, retry delays, FAILED, ``requeue`` (``_jobs_lifecycle``)
 -------------------------------------------------------------------------------------
 * ``attempt`` is in the job znode's data: each claim's versioned ``set_data`` writes the
   attempt read + 1 (named, batch and queue claims alike), and the completion record
@@ -161,7 +167,7 @@ Job lifecycle: attempts, ``fail``, retry delays, FAILED, ``requeue`` (``_lifecyc
   ``wait_for_queue``, when every job not held has a delay running, sleeps until the
   soonest ends (also woken by a child watch on ``delayed``). A waiter thus wakes once
   per delay, not in a loop.
-* Waiting claims subscribe (``subscribe_job``/``subscribe_queue``, see ``_subscribe``):
+* Waiting claims subscribe (``subscribe_job``/``subscribe_queue``, see ``_watches_subscribe``):
   watches on the shared client (the job's owner znode; the ``open``, ``held``,
   ``delayed`` children of the queue's oldest buckets not done), one per znode however
   many wait, re-armed asynchronously after each event; retry delay ends and re-checks
@@ -196,7 +202,9 @@ Work queues (``capabilities.queues``; layout in ``_layout``, operations in ``_qu
   ``store_max_bytes``, default 16 MiB): every job of the store (queued or named, until
   purged: the ``numChildren`` of ``{chroot}/jobs``) and the payload bytes of all its
   queues (the sum of the queue heads), read before each enqueue multi (one pipelined
-  round trip of reads; ``QueueFull`` naming the option, nothing sent). The defaults fit
+  round trip of reads for up to 64 queues; one more per further 64, after a queue was
+  made or deleted, or for rotated heads; ``QueueFull`` naming the option, nothing
+  sent). The defaults fit
   a 256 MB heap: heap needed ~ 96 MB + (store_max_jobs x 3 KB + store_max_bytes) x 1.5
   (see ``docs/capacity.md``). Stores (chroots) sharing one ensemble share its heap:
   their limits together must fit it.
@@ -236,8 +244,8 @@ Work queues (``capabilities.queues``; layout in ``_layout``, operations in ``_qu
   configured with a smaller ``jute.maxbuffer`` closes the connection on a too large
   enqueue: after reading back, ``BackendUnavailable`` within ``timeout_s``.
 
-Leader elections (``capabilities.elections``; layout in ``_layout``, ``set_value`` in ``_value``)
----------------------------------------------------------------------------------------------
+Leader elections (``capabilities.elections``; ``_layout``, ``set_value`` in ``_jobs_value``)
+-------------------------------------------------------------------------------------------
 * An election is a job that is never completed, under a key of its own
   (:func:`consensus_lease._election.election_key`): its job znode is
   ``{chroot}/elections/{encoded name}`` instead of ``{chroot}/jobs/...``, so elections never
@@ -263,6 +271,28 @@ the quorum has committed it, so reads sent after a barrier see every write commi
 before it ("ZooKeeper consistency guarantees"); ``sync``, before the reads that need no
 barrier, makes the next read at least as new as the leader's view (same section); watches
 fire once on change ("ZooKeeper Watches").
+
+What the operator must do
+-------------------------
+* Size the servers' heap for ``store_max_jobs`` and ``store_max_bytes`` (heap needed ~
+  96 MB + (store_max_jobs x 3 KB + store_max_bytes) x 1.5, ``docs/capacity.md``); stores
+  (chroots) sharing one ensemble share its heap.
+* After wiping the ensemble or restoring it from a backup: stop the workers and run
+  ``consensus-lease bump-epoch --above HIGHEST`` (the highest token handed out). Once a
+  backend noticed the history going back, every backend on the store refuses sessions
+  (``StoreRegressed``) until then.
+* Never delete job znodes (nor ``{chroot}/epoch`` or ``{chroot}/identity``) by hand, and
+  never enqueue (or claim) a purged job id again: a job znode made anew starts at
+  version 0, and its tokens would repeat.
+* A job refused with ``TokenSpaceExhausted``: ``bump-epoch --above`` its token, then
+  delete its znode.
+* Keep the members' clocks synchronised (NTP): a retry delay's end compares two mtimes
+  possibly set by two leaders.
+* A queue written before layout 2 (``LegacyQueueLayout``): drain and purge it with the
+  previous release, delete its znode, enqueue again.
+* Install a kazoo in the tested range (``kazoo>=2.11,<2.12``, the ``[zookeeper]``
+  extra), and raise ``timeout_s`` for ``records`` of a very large store and ``purge``
+  of a very large queue (see the limits below).
 
 Options (URL query string or keyword arguments of ``open_store``; keywords win; names
 and value rules shared with the other backends, see :mod:`consensus_lease.options`;
@@ -309,16 +339,16 @@ TLS files must exist when the store is opened.
 the server clamps the request to its own range and the granted timeout is what counts.
 ``max_batch_claim`` is 128 claims per multi (split further to stay far below 1 MiB).
 ``complete_many`` (``max_complete_batch`` 128) sends one multi per up to 160 KB of
-results with every item's completion operations, applied whole or not at all: when each
-item is held as this session's claims left it, one round trip completes the batch; when
-that multi applies nothing (an item stale or expired), each item is completed alone and
-gets its own outcome. ``complete_and_claim_next`` is the looped default
+results with every item's completion operations, each applied whole or not at all: when
+each item is held as this session's claims left it, one round trip per multi completes
+the batch; when a multi applies nothing (an item stale or expired), each of its items is
+completed alone and gets its own outcome. ``complete_and_claim_next`` is the looped default
 (``fused_claim_next`` false): the completion multi, then ``claim_next``'s claim.
 
 kazoo versions: the driver is tested with ``kazoo>=2.11,<2.12`` (the pin of the
-``[zookeeper]`` extra; ``_kazoo.TESTED_SPEC``). The kazoo internals it relies on (its
+``[zookeeper]`` extra; ``_transport_kazoo.TESTED_SPEC``). The kazoo internals it relies on (its
 private ``KazooClient._call``, its request records, ``last_zxid``, the handler's
-``select``) are used in ``_kazoo`` only. ``open_store`` checks the kazoo it imports:
+``select``) are used in ``_transport_kazoo`` only. ``open_store`` checks the kazoo it imports:
 one lacking an internal is refused with ``UnsupportedBackend`` naming it, before anything
 is connected; one outside the tested range but with every internal warns
 (``UntestedKazooWarning``, a ``UserWarning``) and goes on.
@@ -335,12 +365,12 @@ Limits worth knowing:
   credentials protect nothing. A refused TLS handshake (bad or missing certificate) is
   retried by kazoo and surfaces as ``BackendUnavailable`` after ``connect_timeout_s``.
 * The negotiated timeout has no public kazoo API: it is read from the "Session created"
-  call kazoo makes to its logger (see ``_kazoo.NegotiatedTimeouts``). If a kazoo
+  call kazoo makes to its logger (see ``_transport_kazoo.NegotiatedTimeouts``). If a kazoo
   release stops making it, opening a session fails loudly rather than guess a TTL.
 * A released job's record still names its last holder as ``owner`` (only a write to the
   job znode could clear it, and that would bump the version, which is the generation).
 * Versions are 32-bit (ZooKeeper increments them without a check): a claim that would
-  set a job znode's version above ``_claims.VERSION_CEILING`` (2**31 - 2**16 - 1) is
+  set a job znode's version above ``_jobs_claim.VERSION_CEILING`` (2**31 - 2**16 - 1) is
   refused with ``TokenSpaceExhausted`` (remedy: ``bump-epoch --above`` the job's token,
   then delete its znode); a queue's head is rotated to a fresh znode before its own
   ceiling (``_queues.HEAD_VERSION_CEILING``); every multi checks each version it carries
@@ -353,13 +383,14 @@ Limits worth knowing:
   backend): with payloads near the limit, keep large data elsewhere and enqueue a
   reference to it.
 * ``timeout_s`` bounds each call as a whole (one deadline from its start, however many
-  round trips it makes; see ``_wire``), except ``queue_jobs``, whose reads are paced by
+  round trips it makes; see ``_transport``), except ``queue_jobs``, whose reads are paced by
   progress (at most 50 in flight, each answer due within ``timeout_s`` of the previous:
-  ``_paged``): ``queue_stats``, ``records`` and ``purge`` of a very large queue must
-  finish within it (a few thousand reads a second
-  with kazoo), or fail with ``BackendUnavailable``: raise ``timeout_s`` for them. At most
+  ``_transport_paged``): ``records`` of a very large store and ``purge`` of a very large
+  queue must finish within it (a few thousand reads a second with kazoo), or fail with
+  ``BackendUnavailable``: raise ``timeout_s`` for them (``queue_stats`` reads four
+  znodes whatever the depth). At most
   100 requests per client are in flight at once, so kazoo never blocks a caller while it
-  reconnects (``_gate``).
+  reconnects (``_transport_gate``).
 * ``queue_jobs`` and ``purge`` read every bucket of the queue (their cost grows with it;
   ``queue_candidates``, ``wait_for_queue`` and ``queue_stats`` do not: see the queue
   layout above), and emptied buckets stay behind as a few znodes per 256 seqs. The
@@ -384,7 +415,7 @@ Limits worth knowing:
   remembers 16,384 job ids.
 """
 
-from ._backend import ZooKeeperBackend
-from ._kazoo import UntestedKazooWarning
+from ._transport_kazoo import UntestedKazooWarning
+from .driver import ZooKeeperBackend
 
 __all__ = ["UntestedKazooWarning", "ZooKeeperBackend"]

@@ -12,7 +12,8 @@
         version   = checked by every claim multi (the epoch each claim folds into its token)
     {chroot}/identity                   persistent, made once (a random uuid4 in hex, ASCII):
                                         a wiped or replaced store has none, or another one
-    {chroot}/jobs/{name}                persistent job znode, one per job, never deleted
+    {chroot}/jobs/{name}                persistent job znode, one per job, deleted only
+                                        by ``purge`` (a completed queued job)
         version   = the job's counter: +1 per claim; completion adds 1 more. The
                     generation (fencing token) is ``epoch * 2**32 + version``, with the
                     epoch the claim recorded in the data (0 if none)

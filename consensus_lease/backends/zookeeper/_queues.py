@@ -1,60 +1,42 @@
-"""Work queues: enqueue (one job or many), the claimable candidates, counts, the
-listing, waiting, and purge. The znodes (layout 2, bucketed) are in :mod:`._layout`.
+"""Work queues: enqueue (one job or many), the claimable candidates, counts, the listing,
+waiting, and purge. The protocol (the enqueue multi and what it writes, the markers a
+claim, release, completion, ``fail`` and ``requeue`` keep, what counts as claimable,
+``queue_stats`` from the tallies, purge) is told once, in the package docstring ("Work
+queues"); the znodes (layout 2, bucketed) are in :mod:`._layout`; the store-wide limits
+in :mod:`._queues_capacity`.
 
-Enqueue. One multi adds up to :data:`ENQUEUE_BATCH` jobs (fewer if their paths and
-payloads would pass :data:`ENQUEUE_MULTI_BYTES`, far below jute.maxbuffer)::
+What is specific to this module:
 
-    set_data {chroot}/queues/{qname}  head(seq + k, jobs + k, bytes + b) at the version read
-    [create  .../b/{k} and its jobs, open, held, delayed, failed]   for each bucket whose
-                                                  first seq this multi issues
-    per job:
-    create   {chroot}/jobs/{name}                 the job, version 0: never claimed
-                                                  (data: b"", or its max_attempts)
-    create   {chroot}/jobs/{name}/queue           tag   queue, bucket, member, nonce
-    create   .../b/{k}/jobs/{member}              payload
-    create   .../b/{k}/open/{member}              b""
+* Enqueue. One multi adds up to :data:`ENQUEUE_BATCH` jobs (fewer if their paths and
+  payloads would pass :data:`ENQUEUE_MULTI_BYTES`, far below jute.maxbuffer). If another
+  enqueue wrote the head first, it is sent again with the next seqs; if a job exists,
+  its tag says whether it is in this queue (left out: ``False``) or not
+  (``InvalidArgument``). Before sending, the head's counts say whether the queue would
+  pass :data:`MAX_QUEUE_JOBS` or :data:`MAX_QUEUE_BYTES` (``QueueFull``): that check
+  costs no request (the head is read, or cached, for its version anyway). The head is
+  rotated to a fresh znode before its version reaches :data:`HEAD_VERSION_CEILING`.
+* Candidates. ``queue_candidates`` reads the head and the oldest bucket not known to be
+  done (its ``open``, ``held``, ``delayed`` listings) in one round trip, and newer
+  buckets, :data:`SCAN_GROUP` at a time, only while it has fewer candidates than asked
+  for. A bucket is *done* once it is full, has no open marker and no failed marker:
+  nothing can make it claimable again (requeue applies to FAILED jobs only, enqueues go
+  to newer buckets), so this process remembers where the first bucket not done is (the
+  *floor*) and never reads the older ones again. The cost of a claim is the listing of
+  one bucket (at most :data:`~._layout.BUCKET_JOBS` names), whatever the depth of the
+  queue; it grows only with the number of jobs held or in a retry delay at the head of
+  the queue. Payloads are cached (:data:`PAYLOAD_CACHE_BYTES`).
+* Ordering: candidates come oldest seq first across the buckets read, so a claim takes
+  one of the :data:`~consensus_lease._queue_claim.QUEUE_SPREAD` oldest jobs that looked
+  claimable when its listing was read (FIFO-ish, as with a single list). Jobs held,
+  completed or in a retry delay are skipped; a requeued job keeps its place (its old
+  seq). Enqueues into one queue get increasing seqs in the order the store applied them
+  (one ``enqueue_many`` multi: in the order given).
+* Counting (``queue_stats``): the head and the three tallies are read in one round trip
+  (after a ``sync``), in that order; see :meth:`ZooKeeperBackend.queue_stats
+  <consensus_lease.backends.zookeeper.ZooKeeperBackend.queue_stats>` for how the counts
+  relate to concurrent claims.
 
-It applies as a whole or not at all: if a job exists, its tag says whether it is in
-this queue (then it is left out: ``False``) or not (``InvalidArgument``); if another
-enqueue wrote the head first, it is sent again with the next seqs. Enqueues into one
-queue are serialised by the head's version: seqs are issued in order, FIFO by
-construction, and the head's counts are exact. Before sending, the counts say whether
-the queue would pass :data:`MAX_QUEUE_JOBS` or :data:`MAX_QUEUE_BYTES` (``QueueFull``):
-the check costs nothing (the head is read, or cached, for its version anyway).
-
-Claiming. A queued job is otherwise the ordinary job: a claim bumps the job znode's
-version and creates the owner znode, release and completion delete it. Those multis
-also maintain the job's markers in its bucket, named by its tag (:mod:`._claims`,
-:mod:`._holds`, :mod:`._lifecycle`): held (ephemeral, with the owner znode), open
-(deleted by completion or FAILED, made again by requeue), delayed (a retry delay), and
-failed (made with FAILED, deleted by requeue).
-
-``queue_candidates`` reads the head and the oldest bucket not known to be done (its
-``open``, ``held``, ``delayed`` listings) in one round trip, and newer buckets, a few
-at a time, only while it has fewer candidates than asked for. A bucket is *done* once
-it is full, has no open marker and no failed marker: nothing can make it claimable
-again (requeue applies to FAILED jobs only, enqueues go to newer buckets), so this
-process remembers where the first bucket not done is (the *floor*) and never reads
-the older ones again. The cost of a claim is the listing of one bucket (at most
-:data:`~._layout.BUCKET_JOBS` names), whatever the depth of the queue; it grows only
-with the number of jobs held or in a retry delay at the head of the queue.
-
-Ordering guarantee: candidates come oldest seq first across the buckets read, so a
-claim takes one of the :data:`~consensus_lease._queue_claim.QUEUE_SPREAD` oldest jobs
-that looked claimable when its listing was read (FIFO-ish, as with a single list). Jobs
-held, completed or in a retry delay are skipped; a requeued job keeps its place (its
-old seq). Enqueues into one queue get increasing seqs in the order the store applied
-them (one ``enqueue_many`` multi: in the order given).
-
-Counting (``queue_stats``): the head's ``jobs`` and the ``numChildren`` of the queue's
-three tallies (held: ephemeral entries made and deleted with the held markers; done:
-made by completions; failed: with the failed markers), read in one round trip of four
-reads whatever the depth: O(1), no listing. See
-:meth:`ZooKeeperBackend.queue_stats
-<consensus_lease.backends.zookeeper.ZooKeeperBackend.queue_stats>` for how the counts
-relate to concurrent claims.
-
-All of it runs on the backend's shared client (:meth:`._wire.Wire.reader`): no worker
+All of it runs on the backend's shared client (:meth:`._transport.Wire.reader`): no worker
 session is involved before the claim.
 """
 
@@ -69,21 +51,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from kazoo.exceptions import (
-    BadVersionError,
-    NodeExistsError,
-    NoNodeError,
-    NotEmptyError,
-    RolledBackError,
-    RuntimeInconsistency,
-)
-
 from ..._election import is_election_key
 from ...errors import BackendUnavailable, InvalidArgument, QueueFull
 from ...record import EnqueueItem, QueuedJob, QueueStats
-from ._capacity import StoreCapacity
-from ._errors import translate
-from ._gate import Gate
+from ._config import ZkConfig
+from ._jobs_lifecycle import DelayHints
 from ._layout import (
     BUCKET_JOBS,
     BucketPaths,
@@ -100,12 +72,13 @@ from ._layout import (
     parse_member,
     to_record,
 )
-from ._lifecycle import DelayHints
-from ._ops import MAX_VERSION
-from ._options import ZkConfig
-from ._paged import read_window
-from ._watch import SharedWatches
-from ._wire import Multi, Read, Wire, clock_ms
+from ._queues_capacity import StoreCapacity
+from ._transport import Multi, Read, Wire, clock_ms
+from ._transport_errors import translate
+from ._transport_gate import Gate
+from ._transport_multi import MAX_VERSION, bad_version, exists, first_error, missing, not_empty
+from ._transport_paged import read_window
+from ._watches import SharedWatches
 
 __all__ = [
     "ENQUEUE_BATCH",
@@ -248,7 +221,7 @@ class Queues:
         self._floors: dict[str, tuple[int, int]] = {}  # queue -> (czxid, floor)
         self._cache: OrderedDict[tuple[str, int, str], bytes] = OrderedDict()  # payloads
         self._cache_bytes = 0
-        self.capacity = StoreCapacity(wire)  # the store-wide limits (._capacity)
+        self.capacity = StoreCapacity(wire)  # the store-wide limits (._queues_capacity)
 
     def paths(self, queue: str) -> QueuePaths:
         return QueuePaths.of(self.config.queues_base, queue)
@@ -365,7 +338,7 @@ class Queues:
                                "rotation": rotation + 1})
         elif multi.results:
             _, error = _first_error(multi.results)
-            if not isinstance(error, (BadVersionError, NoNodeError, NodeExistsError)):
+            if not (bad_version(error) or missing(error) or exists(error)):
                 raise translate(error, what, self.wire.hosts, worker_session=False)
 
     def _create(self, q: QueuePaths, what: str) -> None:
@@ -388,7 +361,7 @@ class Queues:
         multi = self.wire.reader_commit(build, settle, what)
         if not multi.applied and multi.results:
             _, error = _first_error(multi.results)
-            if not isinstance(error, NodeExistsError):  # made meanwhile: fine
+            if not exists(error):  # made meanwhile: fine
                 raise translate(error, what, self.wire.hosts, worker_session=False)
 
     def _forget_head(self, queue: str) -> None:
@@ -589,15 +562,15 @@ class Queues:
                 index, error = _first_error(multi.results)
                 jobs_from = 1 + 6 * len(new_buckets)
                 if index >= jobs_from and (index - jobs_from) % 4 in (0, 1) \
-                        and isinstance(error, NodeExistsError):
+                        and exists(error):
                     known = self._classify(q, todo, what)  # a job exists already
                     out.update(known)
                     todo = [item for item in todo if item.job_id not in known]
-                elif isinstance(error, NoNodeError):
+                elif missing(error):
                     fresh = True  # the head or {chroot}/jobs deleted by hand: made again
                     client = self.wire.reader()
                     self.wire.ensure_path(client, self.config.base, what, worker=False)
-                elif not isinstance(error, (BadVersionError, NodeExistsError)):
+                elif not (bad_version(error) or exists(error)):
                     raise translate(error, what, self.wire.hosts, worker_session=False,
                                     job_id=first_id)
                 # else: another enqueue (or a purge) wrote the head first: again
@@ -624,7 +597,7 @@ class Queues:
 
     def _check_store(self, q: QueuePaths, todo: list[EnqueueItem], what: str,
                      out: dict[str, bool]) -> list[EnqueueItem]:
-        """The store-wide limits (:mod:`._capacity`) before an enqueue multi: ``todo``
+        """The store-wide limits (:mod:`._queues_capacity`) before an enqueue multi: ``todo``
         if it fits; if not, the jobs already in this queue are left out (recorded in
         ``out`` as not added) and the rest checked again.
 
@@ -792,7 +765,7 @@ class Queues:
     def _time_delays(self, bucket: BucketPaths, members: list[tuple[str, str]],
                      what: str) -> None:
         """One round trip: the delayed markers of ``members`` and a write whose mtime is
-        the store's clock now (see :func:`._wire.clock_ms`); notes when each delay ends."""
+        the store's clock now (see :func:`._transport.clock_ms`); notes when each delay ends."""
         reads: list[Read] = [("get", bucket.delayed_marker(name)) for _, name in members]
         answers = self.wire.reader_read([*reads, ("clock", self.config.base)], what)
         answered = time.monotonic()
@@ -877,7 +850,7 @@ class Queues:
             if limit is not None and len(out) >= limit:
                 break
             bucket = q.bucket(b)
-            # Paced by progress, at most READ_WINDOW in flight (._paged): a large queue
+            # Paced by progress, at most READ_WINDOW in flight (._transport_paged): a large queue
             # neither fails for its size nor takes every slot of the shared client.
             members = _sorted_members(read_window(self.wire, [("children", bucket.members)],
                                                   what)[0])
@@ -1060,14 +1033,14 @@ class Queues:
             if not multi.results:
                 return 0  # the answer was lost and it was not applied: gone some other way
             index, error = _first_error(multi.results)
-            if index == 0 and isinstance(error, BadVersionError):
+            if index == 0 and bad_version(error):
                 if time.monotonic() >= deadline:
                     raise BackendUnavailable(f"{what}: enqueues kept writing the queue's "
                                              f"head for {self.config.timeout_s:g} s")
                 continue  # an enqueue wrote the head first
             if len(batch) > 1:
                 return sum(self._delete(q, [job], what) for job in batch)
-            if isinstance(error, (NoNodeError, BadVersionError, NotEmptyError)):
+            if missing(error) or bad_version(error) or not_empty(error):
                 return 0  # purged by someone else first, or changed: not this call's
             raise translate(error, what, self.wire.hosts, worker_session=False)
 
@@ -1130,9 +1103,5 @@ def _cost(key: tuple[str, int, str], payload: bytes) -> int:
 def _first_error(results: list[Any]) -> tuple[int, Exception]:
     """The operation that failed a multi (ZooKeeper rolls back those before it and does
     not run those after it)."""
-    for index, result in enumerate(results):
-        if isinstance(result, Exception) and not isinstance(
-            result, (RolledBackError, RuntimeInconsistency)
-        ):
-            return index, result
-    return len(results), BackendUnavailable("a multi failed without saying why")
+    index, error = first_error(results)
+    return index, error or BackendUnavailable("a multi failed without saying why")

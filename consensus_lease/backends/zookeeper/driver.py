@@ -1,5 +1,19 @@
-"""The ZooKeeper driver: sessions and the public Backend methods. See the package
-docstring for the layout, the guarantees relied on and the options."""
+"""The ZooKeeper driver class: every public Backend method, and the capabilities. The
+protocol, the guarantees relied on and the options are in the package docstring.
+
+The methods delegate to the driver template's modules (see
+:mod:`consensus_lease.backends`): the URL to :mod:`._config`; kazoo, the round trips and
+the translation of kazoo's exceptions to :mod:`._transport` and its parts; the session
+handle to :mod:`._sessions`; claims to :mod:`._jobs_claim`, renew, complete, release and
+fail to :mod:`._jobs`, the lifecycle (``requeue``, the store's clock) to
+:mod:`._jobs_lifecycle`, ``set_value`` to :mod:`._jobs_value`; work queues to
+:mod:`._queues`; waits and subscriptions to :mod:`._watches` and
+:mod:`._watches_subscribe`; the epoch and regressions to :mod:`._tokens` and
+:mod:`._tokens_history`. Kept here (not yet moved to those modules): ``keepalive`` and
+opening a session (the store's identity and epoch read with it), ``get`` and
+``records``, the grouping of ``complete_many``, ``upgrade_queue``'s layout check, the
+test hook ``expire_session``, and the regression marker written when a regression is
+noticed."""
 
 from __future__ import annotations
 
@@ -25,20 +39,12 @@ from ...errors import (
     TokenSpaceExhausted,
 )
 from ...record import ClaimResult, EnqueueItem, LeaseRecord, QueuedJob, QueueStats
-from ._claims import Claims
-from ._epoch import Epochs
-from ._errors import KAZOO_ERRORS
-from ._history import (
-    KEEPALIVE_FRACTION,
-    History,
-    Prober,
-    marker_error,
-    new_identity,
-    parse_marker,
-)
-from ._holds import Holds
-from ._kazoo import SharedPollHandler, check_installed, last_zxid
-from ._known import Released
+from ._config import ZkConfig, parse_url
+from ._jobs import Holds
+from ._jobs_claim import Claims
+from ._jobs_known import Released
+from ._jobs_lifecycle import Lifecycle
+from ._jobs_value import Values
 from ._layout import (
     EPOCH_SHIFT,
     JobPaths,
@@ -48,19 +54,27 @@ from ._layout import (
     split_token,
     to_record,
 )
-from ._lifecycle import Lifecycle
-from ._options import ZkConfig, parse_url
 from ._queues import (
     ENQUEUE_BATCH,
     MAX_PAYLOAD_BYTES,
     MAX_QUEUE_JOBS,
     Queues,
 )
-from ._session import NegotiatedTimeouts, Status, ZkSession
-from ._subscribe import JOB, QUEUE, Subscriptions
-from ._value import Values
-from ._watch import OwnerWatches
-from ._wire import Read, Wire
+from ._sessions import NegotiatedTimeouts, Status, ZkSession
+from ._tokens import Epochs
+from ._tokens_history import (
+    KEEPALIVE_FRACTION,
+    History,
+    Prober,
+    marker_error,
+    new_identity,
+    parse_marker,
+)
+from ._transport import Read, Wire
+from ._transport_errors import KAZOO_ERRORS
+from ._transport_kazoo import SharedPollHandler, check_installed, last_zxid
+from ._watches import OwnerWatches
+from ._watches_subscribe import JOB, QUEUE, Subscriptions
 
 __all__ = ["ZooKeeperBackend"]
 
@@ -101,7 +115,7 @@ def _bounded(
 ) -> Callable[Concatenate[ZooKeeperBackend, _P], _R]:
     """A public call: every round trip it makes ends by one deadline, ``timeout_s`` from
     its start (reading back a lost answer, ``SETTLE_GRACE_S`` later); see
-    :meth:`._wire.Wire.bounded`."""
+    :meth:`._transport.Wire.bounded`."""
 
     @functools.wraps(method)
     def call(self: ZooKeeperBackend, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
@@ -224,7 +238,7 @@ class ZooKeeperBackend(Backend):
         self._prober = Prober(self._wire, self._history, self._disconnected)
         self._session_handler = SharedPollHandler()
         """The worker threads of every session's kazoo client (see
-        :class:`._kazoo.SharedPollHandler`)."""
+        :class:`._transport_kazoo.SharedPollHandler`)."""
         self._lifecycle = Lifecycle(self._wire, self._paths)
         self._subs = Subscriptions(self._wire, self._paths)
         self._lifecycle.hints = self._subs.hints  # delay ends noted wake the subscribers
@@ -233,7 +247,7 @@ class ZooKeeperBackend(Backend):
             self._lifecycle, self._epochs,
         )
         self._holds = Holds(self._wire)
-        self._values = Values(self._wire, self._holds)
+        self._values = Values(self._wire)
         self._queues = Queues(self._wire, self._paths, self._lifecycle.hints)
         self._subs.queue_target = self._queues.watch_target
         self._watches = OwnerWatches()
@@ -248,7 +262,7 @@ class ZooKeeperBackend(Backend):
         ZooKeeper session of its own, used for reads and waits), waiting at most
         ``connect_timeout_s``, as etcd's ``open_store`` does.
 
-        The installed kazoo is checked first (:func:`._kazoo.check_installed`).
+        The installed kazoo is checked first (:func:`._transport_kazoo.check_installed`).
 
         Raises:
             UnsupportedBackend: malformed URL; or the installed kazoo lacks an internal
@@ -259,7 +273,7 @@ class ZooKeeperBackend(Backend):
 
         Warns:
             UntestedKazooWarning: the installed kazoo is outside the tested range
-                (``_kazoo.TESTED_SPEC``, the pin in pyproject.toml).
+                (``_transport_kazoo.TESTED_SPEC``, the pin in pyproject.toml).
         """
         check_installed()
         backend = cls(parse_url(url, options))
@@ -336,7 +350,7 @@ class ZooKeeperBackend(Backend):
 
     def _open_store(self, h: ZkSession) -> None:
         """Read the store's identity and epoch after a write barrier, in one round trip
-        (see :mod:`._history`).
+        (see :mod:`._tokens_history`).
         On the backend's first session (and after a regression) make sure of
         ``{chroot}/jobs`` first, and make ``identity`` and ``epoch`` (at 0) if the store
         has none yet.
@@ -397,7 +411,7 @@ class ZooKeeperBackend(Backend):
                          name="zk-regression-marker", daemon=True).start()
 
     def _write_marker(self, why: str) -> None:
-        """Write ``{chroot}/regressed`` (see :mod:`._history`) at the store's epoch, in
+        """Write ``{chroot}/regressed`` (see :mod:`._tokens_history`) at the store's epoch, in
         one multi checking the epoch znode's version; nothing if the epoch was raised
         since the regression was noticed. Best effort (a warning if it fails)."""
         config, what = self.config, "writing the regression marker"
@@ -467,7 +481,7 @@ class ZooKeeperBackend(Backend):
 
         In the same round trip, at most once per keepalive interval per backend and
         after a reconnect, it reads the store's identity; the barrier's answer is also
-        compared with the highest zxid seen (see :mod:`._history`).
+        compared with the highest zxid seen (see :mod:`._tokens_history`).
 
         Returns the negotiated session timeout (seconds).
 
@@ -559,14 +573,14 @@ class ZooKeeperBackend(Backend):
         completion — or a live session owns it. Not read first if this backend never saw
         the job (claimed as new: ``create`` + ``set_data`` at 0) or released it (at the
         version it left): the multi is sent at once, and read and decided as above only
-        if it fails (see :mod:`._known`).
+        if it fails (see :mod:`._jobs_known`).
 
         The same ``set_data`` writes the attempt number (the one read + 1). The job's
         failure znode is read with it: a FAILED job is refused; a job whose attempts are
         used up (``attempt - base >= max_attempts``) becomes FAILED instead, in a multi
         of its own that checks the version read; a job with a retry delay recorded since
         its last claim is claimed only if a fresh write's mtime (the store's clock) is
-        past the delay's end: one more round trip, only then. See :mod:`._lifecycle`.
+        past the delay's end: one more round trip, only then. See :mod:`._jobs_lifecycle`.
 
         Returns the generation and attempt (its ``handle`` is the claim's hold: pass the
         result back to renew/complete/release/fail), or ``None`` if a live session (maybe
@@ -577,7 +591,7 @@ class ZooKeeperBackend(Backend):
             JobFailed: the job is FAILED (now or before).
             TokenSpaceExhausted: the job znode's version (the token's low part) is at
                 the ceiling of ZooKeeper's 32-bit versions
-                (:data:`._claims.VERSION_CEILING`); nothing was written. The remedy is
+                (:data:`._jobs_claim.VERSION_CEILING`); nothing was written. The remedy is
                 in the message (and on the store's page, "32-bit counters").
             SessionExpired: this session is over; nothing is held.
             BackendUnavailable: nothing was applied.
@@ -617,7 +631,8 @@ class ZooKeeperBackend(Backend):
         at that version, owner znode at the version the hold knows: only this session's
         claim can have made it while the version stands); otherwise, or if it fails,
         after a write barrier, the job znode and the owner znode's ephemeralOwner (one
-        pipelined round trip). Either is a write the current leader orders: success also
+        pipelined round trip; if that shows the job not held, one more read, after a
+        ``sync``, says why). Either is a write the current leader orders: success also
         proves the session alive, like :meth:`keepalive`.
 
         Raises:
@@ -676,7 +691,7 @@ class ZooKeeperBackend(Backend):
         """Complete the items in one multi per up to :data:`COMPLETE_MULTI_BYTES` of
         results (at most ``max_complete_batch`` items): the operations of
         :meth:`complete` for each, all applied or none. When every item is held as this
-        session's claims left them, that is one round trip for the batch. When the multi
+        session's claims left them, that is one round trip per multi. When a multi
         applies nothing (an item stale or expired, a marker deleted by hand, a claim not
         made by this process), each item of it is completed alone by :meth:`complete`,
         which gives each its own outcome: the others still commit.
@@ -763,7 +778,7 @@ class ZooKeeperBackend(Backend):
         If this attempt (counted since the last requeue) reached the job's
         ``max_attempts`` the job becomes FAILED; otherwise it is AVAILABLE, and claimable
         once ``retry_in_s`` seconds have passed on the store's clock from the mtime of
-        this very write (the leader's time of it: see :mod:`._lifecycle`). The job
+        this very write (the leader's time of it: see :mod:`._jobs_lifecycle`). The job
         znode's version (the generation) does not move: the next claim gets
         ``claim.generation + 1``. A lost answer is read back (the failure znode's nonce).
 
@@ -793,7 +808,7 @@ class ZooKeeperBackend(Backend):
         without one). Sent without reading first when ``claim.handle`` is the hold this
         session's claim made, else read first, as :meth:`complete`. ``get`` returns it as
         ``LeaseRecord.value`` while the job is HELD. A lost answer is read back (the
-        owner znode's ``vnonce``), never re-sent blindly. See :mod:`._value`.
+        owner znode's ``vnonce``), never re-sent blindly. See :mod:`._jobs_value`.
 
         Raises:
             InvalidArgument: ``value`` not bytes or longer than ``max_result_bytes``, or
@@ -914,7 +929,7 @@ class ZooKeeperBackend(Backend):
         release, completion, fail, or its holder's session ending), shared by every
         subscription of the job, and a timer at the end of a retry delay this backend has
         seen (ZooKeeper has no timer event). Also called once when the shared client
-        loses its connection, and on close. See :mod:`._subscribe`.
+        loses its connection, and on close. See :mod:`._watches_subscribe`.
 
         If the shared client cannot connect, falls back to the default poller. Never
         raises; the returned function cancels the subscription (idempotent)."""
@@ -958,7 +973,7 @@ class ZooKeeperBackend(Backend):
             QueueFull: the queue holds ``MAX_QUEUE_JOBS`` (25,000) jobs or
                 ``MAX_QUEUE_BYTES`` (16 MiB) of payloads, or the whole store (every queue
                 and named job) ``store_max_jobs`` jobs or all its queues
-                ``store_max_bytes`` payload bytes (options; see ``._capacity``); nothing
+                ``store_max_bytes`` payload bytes (options; see ``._queues_capacity``); nothing
                 was written.
             LegacyQueueLayout (an ``UnsupportedOperation``): a queue written before the
                 bucketed layout; nothing was written (the message names the upgrade step).
@@ -966,7 +981,7 @@ class ZooKeeperBackend(Backend):
                 same queue kept winning the race for ``seq`` for ``timeout_s``).
             OutcomeUnknown: the answer was lost and reading back the tag failed.
         """
-        self._claims.known.seen([job_id])  # its claims read first (see ._known)
+        self._claims.known.seen([job_id])  # its claims read first (see ._jobs_known)
         return self._queues.enqueue(queue, job_id, payload, max_attempts)
 
     @_bounded
@@ -992,7 +1007,7 @@ class ZooKeeperBackend(Backend):
             BackendUnavailable: that multi and later ones were not applied.
             OutcomeUnknown: a lost answer could not be read back.
         """
-        self._claims.known.seen(item.job_id for item in items)  # read first (see ._known)
+        self._claims.known.seen(item.job_id for item in items)  # read first (see ._jobs_known)
         return self._queues.enqueue_many(queue, items)
 
     @_bounded
@@ -1037,16 +1052,17 @@ class ZooKeeperBackend(Backend):
             BackendUnavailable: not done within ``timeout_s`` of the call's start.
         """
         candidates = self._queues.candidates(queue, limit)
-        self._claims.known.seen(job_id for job_id, _ in candidates)  # read first (._known)
+        self._claims.known.seen(job_id for job_id, _ in candidates)  # read first (._jobs_known)
         return candidates
 
     @_bounded
     def queue_jobs(self, queue: str, limit: int | None = None) -> list[QueuedJob]:
         """Every job of ``queue`` (at most ``limit``), oldest first, with its record,
         payload and ``seq``; an unknown queue is empty. One listing per bucket, then
-        pipelined reads of each job's znode, owner znode and member. O(jobs read).
+        pipelined reads of each job's znode, owner znode, member and failure znode.
+        O(jobs read).
 
-        The reads are paced by progress (:mod:`._paged`): at most 50 in flight (half the
+        The reads are paced by progress (:mod:`._transport_paged`): at most 50 in flight (half the
         shared client's cap, so other calls on it find room), each answer due within
         ``timeout_s`` of the previous one; the listing as a whole is bounded by the
         queue's size, not by ``timeout_s``.
@@ -1134,12 +1150,13 @@ class ZooKeeperBackend(Backend):
         """Raise the store epoch to ``max(epoch + 1, above // 2**32 + 1)`` (see
         :meth:`Backend.bump_epoch <consensus_lease.backend.Backend.bump_epoch>`): read it
         after a write barrier on the shared client, then one multi, a versioned
-        ``set_data`` of ``{chroot}/epoch`` (``create`` if absent, with ``{chroot}`` and
-        ``{chroot}/identity``), sent again if another bump came first. A lost answer is
+        ``set_data`` of ``{chroot}/epoch`` (``create`` if absent; ``{chroot}`` and
+        ``{chroot}/identity`` are made first if missing), read and sent again if another
+        bump came first. A lost answer is
         read back (the nonce written with the value). Claims in flight fail their check
         of the epoch znode and are sent again with the new epoch, so every token handed
         out afterwards exceeds every one before. A backend that had found the store's
-        history gone back is usable again afterwards (see :mod:`._history`).
+        history gone back is usable again afterwards (see :mod:`._tokens_history`).
 
         Returns:
             The new epoch.

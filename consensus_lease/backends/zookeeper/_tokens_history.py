@@ -1,6 +1,6 @@
 """Noticing that the store's history went back: an ensemble wiped (every member's data
 deleted) or restored from an older backup. Its znode versions start again, so the tokens
-it hands out go back too; the store epoch (:mod:`._epoch`) is how the operator moves them
+it hands out go back too; the store epoch (:mod:`._tokens`) is how the operator moves them
 on again, and this module is how a running backend notices that it must.
 
 What a backend remembers of the store (one :class:`History` per backend)
@@ -18,7 +18,7 @@ What a backend remembers of the store (one :class:`History` per backend)
   keepalive's round trip at most once per keepalive interval, and after a reconnect.
   Gone, or another one: the store was wiped (or its chroot replaced).
 * **The epoch**: the value of ``{chroot}/epoch`` and that znode's version, cached for
-  the claim multi's check (:mod:`._claims`). An epoch lower than one seen, or the znode
+  the claim multi's check (:mod:`._jobs_claim`). An epoch lower than one seen, or the znode
   gone once an epoch above 0 was seen, is a history gone back too.
 
 A member refuses a session whose client has seen a newer zxid than the member has
@@ -65,8 +65,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ...errors import BackendUnavailable, StoreRegressed
-from ._errors import KAZOO_ERRORS
-from ._wire import Wire
+from ._transport import Wire
+from ._transport_errors import KAZOO_ERRORS
 
 __all__ = ["History", "Prober", "marker_error", "new_identity", "parse_marker"]
 
@@ -77,7 +77,9 @@ PROBE_GRACE_S = 1.0
 probed for: a member failing over reconnects well within it."""
 PROBE_INTERVAL_S = 2.0
 """Most time between two probes while a session stays disconnected (half its keepalive
-interval, if shorter): a regression is noticed within one keepalive interval."""
+interval, if shorter): with :data:`PROBE_GRACE_S`, a regression is probed for within
+one keepalive interval of the disconnection (and noticed once that probe's round trips
+are answered)."""
 PROBE_MIN_INTERVAL_S = 0.2
 PROBE_SESSION_TIMEOUT_S = 4.0
 """Session timeout a probe requests (the probe closes its session at once)."""

@@ -1,13 +1,18 @@
 """Round trips to ZooKeeper: pipelined reads, one multi with read-back on a lost answer,
-and the shared read client. Every kazoo exception is translated here, and every answer's
-zxid is shown to the backend's :class:`._history.History` (a write answered below a zxid
-seen before it was sent is a store whose history went back).
+and the shared read client. The transport is this module and its parts, the only
+modules that name kazoo's exceptions: :mod:`._transport_errors` (their translation into
+:mod:`consensus_lease.errors`, used here and by the callers of a failed multi),
+:mod:`._transport_multi` (multi requests, and telling a failed multi's results apart),
+:mod:`._transport_gate`, :mod:`._transport_paged` and :mod:`._transport_kazoo` (kazoo's
+internals). Every answer's zxid is shown to the backend's
+:class:`._tokens_history.History` (a write answered below a zxid seen before it was sent
+is a store whose history went back).
 
 Time: a public call of the backend runs inside :meth:`Wire.bounded`, which fixes one
 deadline, ``timeout_s`` from its start; every round trip it makes (however many chunks a
 listing takes, a retry after a lost connection, waiting for a reconnection) ends by it,
 and reading back a write whose answer was lost by :data:`SETTLE_GRACE_S` after it. Every
-request is started through the client's :class:`._gate.Gate`, so that kazoo itself never
+request is started through the client's :class:`._transport_gate.Gate`, so that kazoo itself never
 blocks the caller while it reconnects.
 """
 
@@ -36,15 +41,15 @@ from ...errors import (
     OutcomeUnknown,
     SessionExpired,
 )
-from ._errors import KAZOO_ERRORS, translate
-from ._gate import Gate
-from ._kazoo import last_zxid, send_request
-from ._ops import Checked, Transaction
-from ._options import ZkConfig
-from ._session import ZkSession
+from ._config import ZkConfig
+from ._sessions import ZkSession
+from ._transport_errors import KAZOO_ERRORS, translate
+from ._transport_gate import Gate
+from ._transport_kazoo import last_zxid, send_request
+from ._transport_multi import Checked, Transaction
 
 if TYPE_CHECKING:
-    from ._history import History
+    from ._tokens_history import History
 
 __all__ = ["READER_SESSION_TIMEOUT_S", "SETTLE_GRACE_S", "Multi", "Read", "Wire"]
 
@@ -193,7 +198,7 @@ class Wire:
         self, client: KazooClient, reads: Sequence[Read], deadline: float, what: str, *,
         worker: bool = True, job_id: str | None = None,
     ) -> list[Any]:
-        """Send every read at once (at most :data:`._gate.IN_FLIGHT` unanswered), then
+        """Send every read at once (at most :data:`._transport_gate.IN_FLIGHT` unanswered), then
         collect the answers in order: one round trip of latency. Ends by ``deadline``. A
         missing node reads as ``None``. ZooKeeper answers one client's requests in order,
         so reads see this client's own earlier writes. Reads after a ``barrier`` also see
@@ -246,7 +251,7 @@ class Wire:
     def _answered(self, client: KazooClient, floor: int | None, what: str) -> None:
         """``client`` was answered: show the history its zxid (the answer to a write sent
         when the highest zxid seen was ``floor``, or ``None`` for reads alone). kazoo
-        sets it (:func:`._kazoo.last_zxid`) before it hands out an answer, and a later
+        sets it (:func:`._transport_kazoo.last_zxid`) before it hands out an answer, and a later
         answer on the same connection (same member, applied in order) only raises it."""
         zxid = last_zxid(client)
         if floor is None:
@@ -305,15 +310,15 @@ class Wire:
         what: str, job_id: str | None, generation: int | None = None,
     ) -> Multi:
         """Send one multi (``build(request)`` adds its operations to a
-        :class:`._ops.Transaction`) on the session's client. If its answer is lost (connection
-        loss, timeout, kazoo protocol error) it may or may not have been applied: read
-        back with ``settle(deadline) -> applied`` once the session is connected again,
-        never re-send blindly. Sent by the call's deadline; read back by
+        :class:`._transport_multi.Transaction`) on the session's client. If its answer is
+        lost (connection loss, timeout, kazoo protocol error) it may or may not have been
+        applied: read back with ``settle(deadline) -> applied`` once the session is
+        connected again, never re-send blindly. Sent by the call's deadline; read back by
         :data:`SETTLE_GRACE_S` after it.
 
         Raises:
-            TokenSpaceExhausted: a version out of range (see :func:`._ops.wire_version`);
-                nothing was sent.
+            TokenSpaceExhausted: a version out of range (see
+                :func:`._transport_multi.wire_version`); nothing was sent.
             SessionExpired: the session ended (before sending, or while reading back).
             BackendUnavailable: not connected by the deadline; nothing was sent.
             OutcomeUnknown: reading back could not settle it in time.
@@ -417,7 +422,7 @@ class Wire:
         job_id: str | None = None,
     ) -> Multi:
         """One multi on the shared client (writes no session owns: enqueue, purge).
-        ``build`` gets a :class:`._ops.Checked` (versions ``None``: any). A lost
+        ``build`` gets a :class:`._transport_multi.Checked` (versions ``None``: any). A lost
         answer is settled as in :meth:`commit`: ``settle(deadline) -> applied``, with reads
         on the shared client (which reconnects, or opens a new session, by itself).
 

@@ -15,12 +15,14 @@ What is counted, and how (no counter of our own, so nothing can drift):
 * payload bytes: the sum of the queue heads' ``bytes`` (each exact: every enqueue and
   purge multi writes its queue's head at the version read). O(queues): the queue list
   (the children of ``{chroot}/queues``) is kept and listed again only when the parent's
-  ``cversion`` says a queue was made or deleted; every head is read in the same
-  pipelined round trip as the job count. While the sum is below half of
+  ``cversion`` says a queue was made or deleted; the heads are read in the same
+  pipelined round trip as the job count (the first :data:`_HEADS_CHUNK`; one more round
+  trip per further chunk, and one for the heads of rotated queues). While the sum is below half of
   ``store_max_bytes`` (and was read less than :data:`BYTES_MAX_AGE_S` ago) the heads
   are not read again; above, before every enqueue multi.
 
-The check is made before each enqueue multi (one round trip of reads, no ``sync``): it
+The check is made before each enqueue multi (reads only, no ``sync``; one round trip
+unless the queues are many, changed or rotated, as above): it
 is exact for one process; enqueues of other processes in flight at that moment (at
 most ``ENQUEUE_BATCH`` jobs and ``ENQUEUE_MULTI_BYTES`` each) can pass it together.
 Completion results of named jobs are not payload bytes and are not counted (they are
@@ -40,19 +42,19 @@ import time
 from typing import Any
 
 from ...errors import QueueFull
-from . import _options
+from . import _config
 from ._layout import BUCKET_DIGITS, HEAD_DIR, CorruptData, LegacyQueueLayout, QueueHead
-from ._wire import Read, Wire
+from ._transport import Read, Wire
 
 __all__ = ["BYTES_MAX_AGE_S", "DEFAULT_STORE_MAX_BYTES", "DEFAULT_STORE_MAX_JOBS",
            "StoreCapacity"]
 
-DEFAULT_STORE_MAX_JOBS = _options.DEFAULT_STORE_MAX_JOBS
+DEFAULT_STORE_MAX_JOBS = _config.DEFAULT_STORE_MAX_JOBS
 """Default of the option ``store_max_jobs``: jobs of every queue and named job, for the
 ZooKeeper heap the kit and ``docker/`` run (256 MB): 96 MB + (30,000 x 3 KB + 16 MiB) x
 1.5 ≈ 256 MB. One full queue (25,000) fits beside 5,000 more jobs."""
 
-DEFAULT_STORE_MAX_BYTES = _options.DEFAULT_STORE_MAX_BYTES
+DEFAULT_STORE_MAX_BYTES = _config.DEFAULT_STORE_MAX_BYTES
 """Default of the option ``store_max_bytes``: payload bytes of every queue (the same as
 one queue's ``MAX_QUEUE_BYTES``)."""
 

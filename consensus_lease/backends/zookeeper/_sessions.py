@@ -17,7 +17,7 @@ After LOST kazoo would quietly open a new session on the same client; that would
 retrying an expiry away, so the handle never uses it: the status stays EXPIRED, every
 call raises ``SessionExpired`` and the client is stopped.
 
-When the backend finds that the store's history went back (:mod:`._history`) it ends
+When the backend finds that the store's history went back (:mod:`._tokens_history`) it ends
 every session with :meth:`ZkSession.expire_locally` and a ``StoreRegressed``: that error
 is what every later call raises, and what the core is told (``SessionHandle.expiry``).
 """
@@ -34,8 +34,8 @@ from kazoo.client import KazooClient, KazooState
 
 from ...backend import SessionEvent, SessionHandle, StateListener
 from ...errors import BackendUnavailable, SessionExpired
-from ._errors import KAZOO_ERRORS
-from ._kazoo import NegotiatedTimeouts
+from ._transport_errors import KAZOO_ERRORS
+from ._transport_kazoo import NegotiatedTimeouts
 
 __all__ = ["NegotiatedTimeouts", "Status", "ZkSession", "session_text"]
 
@@ -74,7 +74,7 @@ class ZkSession(SessionHandle):
 
     ``uncertain`` is the only claim state a session keeps. What a claim made (its owner
     znode, its markers) travels with the claim instead, as the ``handle`` of the
-    ``ClaimResult`` it returned (see :class:`._holds.Hold`). An unanswered claim returned
+    ``ClaimResult`` it returned (see :class:`._jobs.Hold`). An unanswered claim returned
     nothing for anyone to carry, so only the session can remember it: if the store did
     apply it, the session holds the job (an ephemeral owner znode with the claim's nonce)
     while no caller knows, and the session is what must either adopt it on the next claim

@@ -1,8 +1,8 @@
 """Large reads (a whole queue's listing) on the shared client: throttled and paced by
 progress, so they neither take every request slot of the client nor fail for their size.
 
-:meth:`._wire.Wire.read` starts every read at once (up to the gate's cap of
-:data:`._gate.IN_FLIGHT` unanswered) and the call ends by one deadline. A
+:meth:`._transport.Wire.read` starts every read at once (up to the gate's cap of
+:data:`._transport_gate.IN_FLIGHT` unanswered) and the call ends by one deadline. A
 ``queue_jobs`` of 5,000 jobs is 20,000 reads: on a loaded ensemble they took longer than
 ``timeout_s`` in all, so the call failed ("not connected (or 100 requests already
 unanswered)") although every answer came promptly, and while it ran it held all 100
@@ -30,15 +30,15 @@ from typing import Any
 from kazoo.exceptions import ConnectionLoss, NoNodeError
 
 from ...errors import AuthenticationFailed, BackendUnavailable
-from ._errors import KAZOO_ERRORS
-from ._gate import IN_FLIGHT
-from ._wire import Read, Wire
+from ._transport import Read, Wire
+from ._transport_errors import KAZOO_ERRORS
+from ._transport_gate import IN_FLIGHT
 
 __all__ = ["READ_WINDOW", "read_window"]
 
 READ_WINDOW = IN_FLIGHT // 2
 """Most requests one large read keeps in flight on the shared client (below the gate's
-cap, :data:`._gate.IN_FLIGHT`): 50 requests keep a loopback or LAN round trip busy."""
+cap, :data:`._transport_gate.IN_FLIGHT`): 50 requests keep a loopback or LAN round trip busy."""
 
 
 def read_window(wire: Wire, reads: Sequence[Read], what: str,

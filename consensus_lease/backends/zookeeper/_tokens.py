@@ -1,18 +1,23 @@
-"""The store epoch: ``{chroot}/epoch``, folded into every token as
-``epoch * 2**32 + job znode version`` (see :mod:`._layout`).
+"""Fencing tokens and the store epoch (``{chroot}/epoch``), for one backend: reading and
+caching the epoch for the claim multi's check, and ``bump_epoch``. The protocol (every
+token is ``epoch * 2**32 + the job znode's version``, the claim multi's check of the
+epoch znode, when to bump) is told once, in the package docstring ("Store epoch and
+history regression"); the znode's data is in :mod:`._layout`; noticing that the history
+went back, and refusing after it, is :mod:`._tokens_history`.
 
-* Every claim multi begins with ``check({chroot}/epoch, version=V)``, ``V`` and the epoch
-  cached per backend (:class:`._history.History`; read when a session opens). The check
-  makes the epoch folded into the claim's tokens the one in effect when the multi was
-  applied, with no read of its own: a claim costs no more round trips than without it.
-  If the check alone failed (a bump since the read), :meth:`Epochs.refresh` reads it
-  again and the multi is sent once more (:mod:`._claims`).
-* ``{chroot}/epoch`` is made with data ``b"0"`` when a backend first opens a session on
-  the store (with the identity), so the check always has a znode; a store never bumped
-  keeps epoch 0, and tokens exactly as they always were.
-* :meth:`Epochs.bump` is a versioned ``set_data`` (``create`` if absent) of the value
-  read after a write barrier, sent again after a concurrent bump; its nonce, written
-  with the value, settles a lost answer by reading back.
+What is specific to this module:
+
+* the epoch and its znode's version are cached in :class:`._tokens_history.History`
+  (read when a session opens); :meth:`Epochs.refresh` reads them again, after a write
+  barrier, when a claim multi failed on that check alone (:mod:`._jobs_claim` then sends
+  it once more);
+* a missing epoch znode is made again at 0 unless an epoch above 0 was seen (then it is
+  a regression);
+* :meth:`Epochs.bump` makes sure ``{chroot}`` and ``{chroot}/identity`` exist, then
+  reads the epoch after a write barrier and writes the new value in one versioned
+  ``set_data`` (``create`` if absent), read again and sent again after a concurrent
+  bump (at most :data:`BUMP_ATTEMPTS` rounds); its nonce, written with the value, settles
+  a lost answer by reading back.
 """
 
 from __future__ import annotations
@@ -20,15 +25,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
-
 from ...errors import BackendUnavailable, InvalidArgument
-from ._errors import translate
-from ._history import History, new_identity
 from ._layout import EPOCH_SHIFT, MAX_EPOCH, dump_epoch, new_nonce, parse_epoch
-from ._ops import first_error
-from ._session import ZkSession
-from ._wire import Wire
+from ._sessions import ZkSession
+from ._tokens_history import History, new_identity
+from ._transport import Wire
+from ._transport_errors import translate
+from ._transport_multi import bad_version, exists, first_error, missing
 
 __all__ = ["BUMP_ATTEMPTS", "Epochs"]
 
@@ -155,7 +158,7 @@ class Epochs:
         if not multi.results:
             return None  # the answer was lost and it was not applied
         error = first_error(multi.results)[1]
-        if isinstance(error, (BadVersionError, NodeExistsError, NoNodeError)):
+        if bad_version(error) or exists(error) or missing(error):
             return None  # another bump (or a deletion) came first
         raise translate(error or BackendUnavailable("a multi failed without saying why"),
                         "bump_epoch", self.wire.hosts, worker_session=False)

@@ -1,31 +1,21 @@
-"""The value kept with a hold (``set_value``; an election's leader value): written into
-the hold's EPHEMERAL owner znode, so it ends with the hold.
+"""The value kept with a hold (``set_value``; an election's leader value), in the hold's
+EPHEMERAL owner znode, so it ends with the hold. The multi (``check`` of the job znode at
+version == generation, versioned ``set_data`` of the owner znode: the checks of a
+release) and why those two checks are exactly "this session holds the job at
+``generation``" are told in the package docstring ("Leader elections", and completion
+and release under "How leases map onto ZooKeeper"); the owner znode's data is in
+:mod:`._layout`.
 
-One multi, with the checks of a release (see :mod:`._holds`)::
-
-    check(job, version=generation)
-    set_data(owner, {owner, session, claim nonce, vnonce}\\n<value>, version=the hold's)
-
-The ``check`` fails once anyone claimed or completed the job since (each bumps the job
-znode's version); the versioned ``set_data`` fails once the owner znode is gone
-(released, completed, the session ended: ZooKeeper deletes a session's ephemerals with
-it) or was rewritten since. While the job znode's version is ``generation`` the owner
-znode can only be the one this session's claim created with it (a claim bumps the
-version in the multi that creates it, and fails while one exists), so the two checks
-are exactly "this session holds the job at ``generation``". The owner znode keeps the
-claim's nonce (how a claim's lost answer is read back) and gets the call's own nonce
-(``vnonce``), through which a lost answer is read back: never re-sent blindly.
-
-Nothing else changes: the claim, renew, release and completion multis are those of any
-job (release, completion and fail delete the owner znode at the version the hold knows,
-which a ``set_value`` through the hold moves on), and the value is gone with the owner
-znode, whatever ends the hold; the next claim creates an owner znode without one.
-
-Sent at once for a claim whose hold this session made (:func:`._holds.own_hold`) and
-that knows its nonce; otherwise, and after a multi that failed (or whose answer was lost
-and reading back showed it was not applied), only once a read (after a ``sync``) showed
-the job held by this session at ``generation``: the owner znode's version and claim
-nonce are taken from that read.
+What is specific to this module: the owner znode keeps the claim's nonce (how a claim's
+lost answer is read back) and gets the call's own nonce (``vnonce``), through which a
+lost answer of this multi is read back: never re-sent blindly. The multi is sent at once
+for a claim whose hold this session made (:func:`._jobs.own_hold`) and that knows its
+nonce; otherwise, and after a multi that failed (or whose answer was lost and reading
+back showed it was not applied), only once a read (after a ``sync``) showed the job held
+by this session at ``generation`` (:func:`._jobs.refusal`): the owner znode's version and
+claim nonce are taken from that read. A ``set_value`` through the hold moves the owner
+znode's version on, and the hold with it, so release, completion and fail still delete
+it at the version they send.
 """
 
 from __future__ import annotations
@@ -35,11 +25,11 @@ from typing import Any
 
 from ...errors import BackendUnavailable, StaleLeaseError
 from ...record import ClaimResult
-from ._holds import WRITE_ATTEMPTS, Hold, Holds, local, mark_ended, own_hold
+from ._jobs import WRITE_ATTEMPTS, Hold, local, mark_ended, own_hold, refusal
 from ._layout import JobPaths, dump_owner, new_nonce, parse_owner
-from ._ops import Transaction
-from ._session import ZkSession
-from ._wire import Read, Wire
+from ._sessions import ZkSession
+from ._transport import Read, Wire
+from ._transport_multi import Transaction
 
 __all__ = ["Values"]
 
@@ -63,12 +53,12 @@ class Values:
 
     Args:
         wire: the round trips.
-        holds: the ownership check shared with renew/complete/release.
+
+    The ownership check is the one of renew/complete/release (:func:`._jobs.refusal`).
     """
 
-    def __init__(self, wire: Wire, holds: Holds) -> None:
+    def __init__(self, wire: Wire) -> None:
         self.wire = wire
-        self.holds = holds
         self.base = wire.config.base
 
     def set_value(self, h: ZkSession, paths: JobPaths, claim: ClaimResult, value: bytes) -> None:
@@ -123,16 +113,16 @@ class Values:
 
     def _read(self, h: ZkSession, paths: JobPaths, generation: int) -> _Owner:
         """Read the job znode and the owner znode (after a ``sync``); raise unless ``h``
-        holds the job at ``generation`` (see :meth:`._holds.Holds.check`)."""
+        holds the job at ``generation`` (see :func:`._jobs.refusal`)."""
         _, job, owner = self.wire.session_read(
             h, [("sync", self.base), ("get", paths.job), ("get", paths.owner)], "set_value",
             paths.job_id,
         )
         stat = None if owner is None else owner[1]
-        if self.holds.check(h, paths, generation, job, stat, "set_value") is not None:
+        if refusal(h, paths, generation, job, stat, "set_value") is not None:
             raise StaleLeaseError(
                 f"set_value: {paths.job_id!r} was completed at generation {generation}",
                 job_id=paths.job_id, generation=generation, current_generation=generation,
             )
-        assert owner is not None  # held: check raised otherwise
+        assert owner is not None  # held: refusal raised otherwise
         return _Owner(owner[1].version, parse_owner(owner[0], paths.owner).nonce)

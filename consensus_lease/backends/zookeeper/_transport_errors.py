@@ -19,19 +19,31 @@ Ambiguity (a write whose answer was lost) is not decided here: the backend reads
 
 from __future__ import annotations
 
-from kazoo.exceptions import KazooException, SessionExpiredError
+from typing import Any
+
+from kazoo.exceptions import KazooException, NoNodeError, SessionExpiredError
 from kazoo.handlers.threading import KazooTimeoutError
 
 from ...errors import AuthenticationFailed, BackendUnavailable, LeaseError, SessionExpired
-from ._gate import IN_FLIGHT, NotSent
-from ._kazoo import AUTH_REFUSED
+from ._transport_gate import IN_FLIGHT, NotSent
+from ._transport_kazoo import AUTH_REFUSED
 
-__all__ = ["KAZOO_ERRORS", "translate"]
+__all__ = ["KAZOO_ERRORS", "answer_or_none", "translate"]
 
 KAZOO_ERRORS: tuple[type[BaseException], ...] = (KazooException, KazooTimeoutError, RuntimeError)
 """What a kazoo call can raise. kazoo fails a request with a bare ``RuntimeError("xids do
 not match ...")`` when a reply arrives out of order (python-zk/kazoo#254), then tears the
 connection down: treated like a lost connection."""
+
+
+def answer_or_none(result: Any, **get: Any) -> Any:
+    """The answer of one read's async result (``result.get(**get)``), or ``None`` if the
+    znode does not exist (kazoo's ``NoNodeError``: a ``get_children`` of a missing path,
+    which registers no watch). Any other error is raised as kazoo raised it."""
+    try:
+        return result.get(**get)
+    except NoNodeError:
+        return None
 
 
 def translate(

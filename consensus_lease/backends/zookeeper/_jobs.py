@@ -1,60 +1,39 @@
-"""Holding a claimed job: renew, complete, release and fail (one multi each, sent without
-reading first for a claim this session made; renew's changes nothing).
+"""Holding a claimed job: renew, complete, release and fail of one job or a batch, and
+:func:`refusal`, the one rule that turns what the store holds for a job into the error
+an operation it refused raises. The multis (what each checks and writes, and why the
+two checks are exactly "this session holds the job at ``generation``") are told once,
+in the package docstring ("How leases map onto ZooKeeper", "Job lifecycle"); the znodes
+are in :mod:`._layout`.
 
-Each claim of a session that the store applied returns a :class:`Hold` as its
-``ClaimResult.handle`` (the generation, the owner znode and its version, a queued job's
-markers). The core keeps it with the lease and hands it back with every operation on
-that claim; nothing here keeps a table of claims. For a claim whose hold this session
-made, the multi is sent at once::
+What is specific to this module:
 
-    complete:  set_data(job, completion record, version=generation)
-               delete(owner, version=the hold's)  [+ delete held marker, open marker]
-    release:   check(job, version=generation)
-               delete(owner, version=the hold's)  [+ delete held marker]
-    fail:      check(job, version=generation)
-               delete(owner, version=the hold's)
-               set_data(failure, ..., version=the hold's)  (create + set_data the first time)
-               [+ delete held marker; FAILED: delete open marker;
-                  a retry delay: create delayed marker]
-
-and the store checks both conditions atomically with the writes. The versioned
-``set_data``/``check`` fails if anyone claimed or completed the job since (each bumps the
-version). The ``delete`` fails if the owner znode is gone (released, completed, or the
-session expired: ZooKeeper deletes a session's ephemerals with it) or was rewritten.
-While the version is ``generation`` the owner znode can only be the one this session's
-claim created with it: an owner znode is only ever created by a claim multi, which bumps
-the version in the same transaction (and fails while one exists).
-
-A claim without such a hold (``handle`` ``None``: not made by this process, or a hold of
-another session, or one already released, completed or found lost) is read first — the
-job znode, the owner znode's stat (its ``ephemeralOwner``) and the queue tag, after a
-``sync`` — and the multi is sent only if that shows this session holding the job at
-``generation`` (with the owner version and markers read). The same read follows a multi
-that failed (or whose answer was lost and reading back showed it was not applied), to
-say why: StaleLeaseError, SessionExpired, or this session's own completion at this
-generation (a retry, which returns the record). If the read shows the job still held by
-this session at ``generation`` (the owner znode was rewritten by hand), the multi is sent
-again with the owner version read. A queued job's marker deleted by hand is tolerated: a
-multi failing only on it is sent again without it, still without reading.
-
-For a queued job (one with a ``queue`` tag) the release multi also deletes the job's held
-marker, and the completion multi its held and open markers, so a queue's ``held`` and
-``open`` children stay exactly its held jobs and its jobs not completed (see
-:mod:`._queues`). A ``fail()`` that makes the job FAILED deletes its open marker too; one
-that sets a retry delay makes its delayed marker.
-
-``generation`` below is the token: ``epoch * 2**32 + version`` (see :mod:`._layout`); the
-multis compare the job znode's version with its low part (:func:`local`), and the
-completion record keeps both parts. A claim without a hold is checked against the whole
-token: the job znode's version and the epoch its claim recorded.
-
-``fail()`` writes the failure znode, not the job znode: the job znode's version (the
-generation) moves only with claims and completions, so generations stay consecutive.
-Whether it makes the job FAILED (its attempts, counted since the last requeue, reached
-``max_attempts``) is decided from what the claim read (attempt, limit, attempt base),
-which no one else can change while the job is held; the failure znode's versioned write
-in the same multi would fail otherwise. A lost answer is read back through the failure
-znode's nonce.
+* Each claim of a session that the store applied returns a :class:`Hold` as its
+  ``ClaimResult.handle`` (the generation, the owner znode and its version, a queued
+  job's markers). The core keeps it with the lease and hands it back with every
+  operation on that claim; nothing here keeps a table of claims. For a claim whose hold
+  this session made (:func:`own_hold`) the multi is sent at once, without reading.
+* A claim without such a hold (``handle`` ``None``: not made by this process, or a hold
+  of another session, or one already released, completed or found lost) is read first —
+  the job znode, the owner znode's stat (its ``ephemeralOwner``), the queue tag and the
+  failure znode, after a ``sync``, in one pipelined round trip — and the multi is sent
+  only if :func:`refusal` finds this session holding the job at ``generation`` (with
+  the owner version and markers read). The same read follows a multi that failed (or
+  whose answer was lost and reading back showed it was not applied), to say why:
+  StaleLeaseError, SessionExpired, or this session's own completion at this generation
+  (a retry, which returns the record). If the read shows the job still held by this
+  session at ``generation`` (the owner znode was rewritten by hand), the multi is sent
+  again with the owner version read. A queued job's marker deleted by hand is tolerated:
+  a multi failing only on it is sent again without it, still without reading. At most
+  :data:`WRITE_ATTEMPTS` multis in all.
+* ``generation`` is the token, ``epoch * 2**32 + version``: the multis compare the job
+  znode's version with its low part (:func:`local`), and the completion record keeps
+  both parts; a claim without a hold is checked against the whole token (the job
+  znode's version and the epoch its claim recorded).
+* Whether a ``fail()`` makes the job FAILED is decided from what the claim read
+  (attempt, limit, attempt base: :attr:`Hold.exhausted`), which no one else can change
+  while the job is held; the failure znode's versioned write in the same multi would
+  fail otherwise. Its lost answer is read back through the failure znode's nonce, a
+  completion's through the completion record's.
 """
 
 from __future__ import annotations
@@ -81,11 +60,12 @@ from ._layout import (
     to_record,
     written_by,
 )
-from ._ops import Op, Transaction, add_ops, marker_trouble
-from ._session import ZkSession
-from ._wire import Read, Wire
+from ._sessions import ZkSession
+from ._transport import Read, Wire
+from ._transport_multi import Op, Transaction, add_ops, marker_trouble
 
-__all__ = ["WRITE_ATTEMPTS", "Hold", "Holds", "local", "make_hold", "mark_ended", "own_hold"]
+__all__ = ["WRITE_ATTEMPTS", "Hold", "Holds", "local", "make_hold", "mark_ended", "own_hold",
+           "refusal"]
 
 WRITE_ATTEMPTS = 4
 """Most multis one complete/release/fail sends: the first (without reading, for a claim
@@ -104,7 +84,7 @@ class Hold:
             store epoch it was made in (see :func:`local`).
         owner: the owner znode's path the claim created in the same multi.
         owner_version: its version (0 at creation; ``set_value`` moves it on, see
-            :mod:`._value`).
+            :mod:`._jobs_value`).
         held: a queued job's held marker (ephemeral, made with the owner znode).
         open: a queued job's open marker (deleted by the completion, or when FAILED).
         delayed: a queued job's delayed marker path (made by a fail with a delay).
@@ -122,7 +102,7 @@ class Hold:
             done is made by the completion, failed with the failed marker.
         exact: ``attempt``, ``max_attempts`` and ``failure`` are what the store holds
             (``False`` for a hold rebuilt without them), so a release may remember them
-            (see :mod:`._known`).
+            (see :mod:`._jobs_known`).
     """
 
     session: ZkSession = field(repr=False)
@@ -187,6 +167,40 @@ def mark_ended(hold: Hold | None) -> None:
         hold.ended = True
 
 
+def refusal(
+    h: ZkSession, paths: JobPaths, generation: int, job: tuple[bytes, Any] | None,
+    owner_stat: Any, what: str, failure: tuple[bytes, Any] | None = None,
+) -> LeaseRecord | None:
+    """The one rule that turns what the store holds for a job (read after an operation it
+    refused, or before one sent without a hold) into the error raised: ``None`` if ``h``
+    holds the job at ``generation``; the completion record if this session completed it
+    at that generation; else raise StaleLeaseError (or SessionExpired if the session is
+    the reason)."""
+    job_id = paths.job_id
+    if job is None:
+        h.check_alive()
+        raise StaleLeaseError(f"{what}: {job_id!r} does not exist in the store",
+                              job_id=job_id, generation=generation)
+    parsed = parse_job(job[0], paths.job)
+    current = parsed.token(job[1].version)
+    if parsed.completed:
+        if parsed.session == h.session_id and current == generation:
+            return to_record(paths, job, None, failure)
+        raise StaleLeaseError(
+            f"{what}: {job_id!r} was completed at generation {current}",
+            job_id=job_id, generation=generation, current_generation=current,
+        )
+    if current == generation and owner_stat is not None and owner_stat.ephemeralOwner == h.sid:
+        return None
+    h.check_alive()
+    holder = "nobody" if owner_stat is None else f"session 0x{owner_stat.ephemeralOwner:x}"
+    raise StaleLeaseError(
+        f"{what}: {job_id!r} is not held by session {h.session_id} at generation "
+        f"{generation} (store: generation {current}, held by {holder})",
+        job_id=job_id, generation=generation, current_generation=current,
+    )
+
+
 Ops = Callable[[Hold], tuple[list[Op], list[Op]]]
 """What an ending multi sends for a hold: its core operations and its marker ones."""
 
@@ -196,37 +210,6 @@ class Holds:
         self.wire = wire
         self.base = wire.config.base
         self.queues_base = wire.config.queues_base
-
-    def check(
-        self, h: ZkSession, paths: JobPaths, generation: int, job: tuple[bytes, Any] | None,
-        owner_stat: Any, what: str, failure: tuple[bytes, Any] | None = None,
-    ) -> LeaseRecord | None:
-        """``None`` if ``h`` holds the job at ``generation``; the completion record if this
-        session completed it at that generation; else raise StaleLeaseError (or
-        SessionExpired if the session is the reason)."""
-        job_id = paths.job_id
-        if job is None:
-            h.check_alive()
-            raise StaleLeaseError(f"{what}: {job_id!r} does not exist in the store",
-                                  job_id=job_id, generation=generation)
-        parsed = parse_job(job[0], paths.job)
-        current = parsed.token(job[1].version)
-        if parsed.completed:
-            if parsed.session == h.session_id and current == generation:
-                return to_record(paths, job, None, failure)
-            raise StaleLeaseError(
-                f"{what}: {job_id!r} was completed at generation {current}",
-                job_id=job_id, generation=generation, current_generation=current,
-            )
-        if current == generation and owner_stat is not None and owner_stat.ephemeralOwner == h.sid:
-            return None
-        h.check_alive()
-        holder = "nobody" if owner_stat is None else f"session 0x{owner_stat.ephemeralOwner:x}"
-        raise StaleLeaseError(
-            f"{what}: {job_id!r} is not held by session {h.session_id} at generation "
-            f"{generation} (store: generation {current}, held by {holder})",
-            job_id=job_id, generation=generation, current_generation=current,
-        )
 
     def _read_holder(self, h: ZkSession, paths: JobPaths, what: str, synced: bool) -> list[Any]:
         """The job znode, the owner znode's stat, the queue tag (``None`` for a job not
@@ -246,7 +229,8 @@ class Holds:
         the quorum has committed it. Without a hold, or if that multi failed (or its
         answer was lost): after a write barrier, read the job znode (its version, and the
         epoch its claim recorded) and the owner znode's ephemeralOwner in one pipelined
-        round trip. Raises unless held (and then marks the claim's hold ended: no
+        round trip (and, unless held, once more after a ``sync``, to say why: see
+        :func:`refusal`). Raises unless held (and then marks the claim's hold ended: no
         complete/release will follow)."""
         generation = claim.generation
         deadline = send + min(self.wire.config.timeout_s, max(1.0, h.granted_ttl_s))
@@ -268,7 +252,7 @@ class Holds:
             return
         job, owner_stat, _, _ = self._read_holder(h, paths, "renew", synced=True)  # to say why
         try:
-            if self.check(h, paths, generation, job, owner_stat, "renew") is not None:
+            if refusal(h, paths, generation, job, owner_stat, "renew") is not None:
                 raise StaleLeaseError(
                     f"renew: {paths.job_id!r} was completed at generation {generation}",
                     job_id=paths.job_id, generation=generation, current_generation=generation,
@@ -340,11 +324,11 @@ class Holds:
     def _reread(
         self, h: ZkSession, paths: JobPaths, generation: int, what: str
     ) -> LeaseRecord | Hold:
-        """Read the holder (after a ``sync``) and check it (see :meth:`check`, which raises
+        """Read the holder (after a ``sync``) and check it (see :func:`refusal`, which raises
         unless held): this session's completion record at ``generation`` if it is one, else
         the hold as the store has it (owner version, markers, attempt, failure znode)."""
         job, owner_stat, tag, failure = self._read_holder(h, paths, what, synced=True)
-        done = self.check(h, paths, generation, job, owner_stat, what, failure)
+        done = refusal(h, paths, generation, job, owner_stat, what, failure)
         if done is not None:
             return done
         parsed = parse_job(job[0], paths.job)

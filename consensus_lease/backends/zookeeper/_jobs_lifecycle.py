@@ -1,19 +1,17 @@
 """The job lifecycle beyond claim and release: the claim that finds a job's attempts used
-up, ``requeue``, the store's clock, and when retry delays end.
+up, ``requeue``, the store's clock, and when retry delays end. The protocol (where the
+attempt, the limit and the failure znode live, the multis of ``fail``, of the exhausted
+claim and of ``requeue``, retry delays measured on the store's clock only) is told once,
+in the package docstring ("Job lifecycle"); the znodes are in :mod:`._layout`;
+``fail()`` itself is in :mod:`._jobs`.
 
-Where things live (see :mod:`._layout`): the attempt number and the limit are in the job
-znode's data (each claim writes ``attempt + 1`` in its versioned ``set_data``); the last
-error, the FAILED flag, the attempt base and the retry delay are in the job's failure
-znode, written at the version read and never bumping the job znode's version (the
-generation), so generations stay consecutive. ``fail()`` itself is in :mod:`._holds`.
-
-Retry delays are measured on the store's clock only: a ``fail()`` records the delay in
-the failure znode, whose ``mtime`` is the leader's time of that write; a claim that
-finds a delay recorded since the last claim first makes a write of its own (``set_data``
-of ``{chroot}/jobs``, which changes nothing that matters: :func:`._wire.clock_ms`) and
-claims only if that write's mtime is past the failure znode's mtime + the delay. The
-claim multi, sent after that answer, is applied later still. The worker's clock never
-decides; it only times waits (:class:`DelayHints`).
+What is specific to this module: :meth:`Lifecycle.store_now_ms` reads the store's clock
+as the mtime of a write of its own (``set_data`` of ``{chroot}/jobs``, which changes
+nothing that matters: :func:`._transport.clock_ms`), made again after ``{chroot}/jobs``
+was deleted by hand; the exhausted claim's and ``requeue``'s multis are sent again
+without a marker found missing (or made) by hand, and read back through the failure
+znode's nonce; the worker's clock never decides, it only times waits
+(:class:`DelayHints`).
 """
 
 from __future__ import annotations
@@ -39,9 +37,9 @@ from ._layout import (
     token,
     written_by,
 )
-from ._ops import Op, Transaction, add_ops, marker_trouble
-from ._session import ZkSession
-from ._wire import Read, Wire, clock_ms
+from ._sessions import ZkSession
+from ._transport import Read, Wire, clock_ms
+from ._transport_multi import Op, Transaction, add_ops, marker_trouble
 
 __all__ = ["MAX_HINTS", "DelayHints", "Exhausted", "Lifecycle", "job_failed"]
 
@@ -140,7 +138,7 @@ class Lifecycle:
 
     def store_now_ms(self, h: ZkSession, what: str) -> int:
         """The store's clock now (ms since the epoch): the mtime of a write on ``h``'s
-        client (see :func:`._wire.clock_ms`)."""
+        client (see :func:`._transport.clock_ms`)."""
         for _ in range(2):
             stat = self.wire.session_read(h, [("clock", self.base)], f"{what} (store clock)")[0]
             if stat is not None:

@@ -9,6 +9,11 @@ deleted (or made) by hand must not make a job impossible to complete, so a multi
 failed on a marker alone is sent again without it (or after making the container that
 was missing), without reading first. ZooKeeper reports the first failing operation of a
 multi; those before it as rolled back, those after it as not run.
+
+The results of a multi's operations are kazoo's objects (a stat, a path, ``True``, or an
+exception instance): the other modules tell them apart through :func:`failed`,
+:func:`missing`, :func:`exists`, :func:`bad_version` and :func:`not_empty`, never by
+kazoo's exception classes.
 """
 
 from __future__ import annotations
@@ -16,14 +21,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kazoo.exceptions import NodeExistsError, NoNodeError, RolledBackError, RuntimeInconsistency
+from kazoo.exceptions import (
+    BadVersionError,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    RolledBackError,
+    RuntimeInconsistency,
+)
 
 from ...errors import TokenSpaceExhausted
-from ._kazoo import KazooRecords, PackedMulti
+from ._transport_kazoo import KazooRecords, PackedMulti
 
 __all__ = [
-    "MAX_VERSION", "Checked", "Lean", "Op", "Transaction", "Trouble", "add_ops", "first_error",
-    "marker_trouble", "wire_version",
+    "MAX_VERSION", "Checked", "Lean", "Op", "Transaction", "Trouble", "add_ops", "bad_version",
+    "exists", "failed", "first_error", "marker_trouble", "missing", "not_empty", "wire_version",
 ]
 
 Op = tuple[str, str, bytes, int | None]
@@ -60,7 +72,7 @@ def wire_version(version: int | None, path: str) -> int:
 
 class Lean(KazooRecords):
     """Adds operations to a kazoo transaction as kazoo's own request records, with the
-    method names of kazoo's ``TransactionRequest`` (:class:`._kazoo.KazooRecords`).
+    method names of kazoo's ``TransactionRequest`` (:class:`._transport_kazoo.KazooRecords`).
     kazoo's methods check the argument types, normalise every path against the client's
     chroot and log each operation (some 3 us apiece, the most of a multi's building);
     here the paths are already absolute and normalised (built by :mod:`._layout`: ids
@@ -108,7 +120,7 @@ class Checked:
 class Transaction(PackedMulti):
     """A multi request, packed into the bytes kazoo would send for it as its operations
     are added (with the method names of kazoo's ``TransactionRequest``, as :class:`Lean`),
-    and handed to the client's connection (:func:`._kazoo.send_request`) in place of
+    and handed to the client's connection (:func:`._transport_kazoo.send_request`) in place of
     kazoo's own ``Transaction`` record: the same request type, and the same name (request
     counts read alike). kazoo's ``Transaction.serialize`` makes a ``MultiHeader`` record
     and a bytearray per operation and per field, on kazoo's connection thread: some 10 us
@@ -116,7 +128,7 @@ class Transaction(PackedMulti):
     ``Transaction.deserialize``. Paths are absolute and normalised and the client has no
     chroot of its own (as for :class:`Lean`); creates get the client's default ACL, as
     kazoo's do. Every version is checked by :func:`wire_version` (``None``: any). The
-    packing and what kazoo's connection asks of a request: :class:`._kazoo.PackedMulti`.
+    packing and what kazoo's connection asks of a request: :class:`._transport_kazoo.PackedMulti`.
 
     Args:
         client: the kazoo client it will be sent on.
@@ -151,12 +163,38 @@ def add_ops(tx: Any, ops: list[Op]) -> None:
             raise ValueError(f"unknown multi operation {kind!r}")
 
 
+def failed(result: Any) -> bool:
+    """Whether ``result`` (one operation's, in a multi's answer) is the error that failed
+    the multi: not a success, nor an operation rolled back or not run because another
+    one failed."""
+    return isinstance(result, Exception) and not isinstance(
+        result, (RolledBackError, RuntimeInconsistency))
+
+
+def missing(result: Any) -> bool:
+    """Whether ``result`` says the znode (or, for a create, its parent) does not exist."""
+    return isinstance(result, NoNodeError)
+
+
+def exists(result: Any) -> bool:
+    """Whether ``result`` is a create's refusal: the znode exists already."""
+    return isinstance(result, NodeExistsError)
+
+
+def bad_version(result: Any) -> bool:
+    """Whether ``result`` is a versioned operation's refusal: another version."""
+    return isinstance(result, BadVersionError)
+
+
+def not_empty(result: Any) -> bool:
+    """Whether ``result`` is a delete's refusal: the znode has children."""
+    return isinstance(result, NotEmptyError)
+
+
 def first_error(results: list[Any]) -> tuple[int, Exception | None]:
     """The operation that failed a multi and its error (``(len, None)`` if none did)."""
     for index, result in enumerate(results):
-        if isinstance(result, Exception) and not isinstance(
-            result, (RolledBackError, RuntimeInconsistency)
-        ):
+        if failed(result):
             return index, result
     return len(results), None
 
@@ -186,10 +224,10 @@ def marker_trouble(results: list[Any], core: int, markers: list[Op]) -> Trouble:
     if error is None or index < core or index - core >= len(markers):
         return trouble
     kind, path, _, _ = markers[index - core]
-    harmless = NoNodeError if kind == "delete" else NodeExistsError
-    if isinstance(error, harmless):  # a missing marker not deleted, an existing one not made
+    harmless = missing if kind == "delete" else exists
+    if harmless(error):  # a missing marker not deleted, an existing one not made
         trouble.skip.add(path)
-    elif kind == "create" and isinstance(error, NoNodeError):
+    elif kind == "create" and missing(error):
         trouble.parents.add(path.rsplit("/", 1)[0])
     else:
         return trouble

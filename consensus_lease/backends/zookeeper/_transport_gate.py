@@ -1,7 +1,7 @@
 """Starting kazoo requests without ever blocking past a deadline.
 
 kazoo queues a request and wakes its connection thread by writing one byte to a socket
-pair (``KazooClient._call``: see :func:`._kazoo.send_request`); the connection thread
+pair (``KazooClient._call``: see :func:`._transport_kazoo.send_request`); the connection thread
 reads that byte back when it sends the request, which it only does while connected.
 While it reconnects (a member SIGKILLed) or is stuck writing to a stalled server, the
 bytes pile up; once the pair's buffer is full (about 278 one-byte writes on Linux) the
@@ -33,7 +33,7 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import SessionExpiredError
 from kazoo.handlers.threading import KazooTimeoutError
 
-from ._kazoo import AsyncResult
+from ._transport_kazoo import AsyncResult
 
 __all__ = ["IN_FLIGHT", "Gate", "NotSent"]
 
@@ -68,8 +68,8 @@ class Gate:
     def start(self, begin: Callable[[], Any], deadline: float) -> Any:
         """Start one request with ``begin()`` (a kazoo ``*_async`` call, a transaction's
         ``commit_async``, or a packed multi queued on the client's connection: see
-        ``_kazoo.send_request``) and return its async result, once the client is connected and a
-        slot is free, by ``deadline`` (``time.monotonic()`` seconds).
+        ``_transport_kazoo.send_request``) and return its async result, once the client is
+        connected and a slot is free, by ``deadline`` (``time.monotonic()`` seconds).
 
         Raises:
             NotSent: the deadline passed first (disconnected, or every slot taken).

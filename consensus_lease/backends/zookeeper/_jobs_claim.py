@@ -1,8 +1,11 @@
-"""Claiming: read the job znodes (unless their state is known: see :mod:`._known`), then
-one multi per batch that bumps each job znode's version with a versioned ``set_data``
-and creates its ephemeral owner znode.
+"""Claiming: read the job znodes (unless their state is known: see :mod:`._jobs_known`), then
+one multi per batch. What the claim multi checks and writes (the epoch znode's check, the
+job znode's versioned ``set_data``, the EPHEMERAL owner znode, a queued job's held marker,
+the attempt, a retry delay's end on the store's clock, a job whose attempts are used up)
+is told once, in the package docstring ("How leases map onto ZooKeeper", "Store epoch",
+"Job lifecycle", "Work queues").
 
-The race this closes, step by step::
+The race the versioned ``set_data`` closes, step by step::
 
     t0  B reads job 42: version 7, no owner znode (A released it)
     t1  C claims it (version 8, owner C) and completes it (version 9, completed)
@@ -14,44 +17,33 @@ A completion always bumps the version, so even a claim prepared while the job wa
 (version 8) fails once it is completed. Two claims prepared against the same version: one
 multi wins, the other fails on the version (or on the owner znode's existence).
 
-A queued job (its ``queue`` tag is read with it, in the same round trip) also gets its
-EPHEMERAL held marker in the queue, in the same multi and by the same session as the
-owner znode, so the two come and go together (see :mod:`._queues`).
+What is specific to this module:
 
-The claim also carries the job lifecycle (:mod:`._lifecycle`): its ``set_data`` writes
-the attempt number (the one read + 1) and the job's limit; the job's failure znode is read
-in the same round trip. A FAILED job raises JobFailed; a job whose attempts are used up
-becomes FAILED in a multi of its own (check of the version read + the failure znode's
-versioned write) instead of being claimed; a job with a retry delay recorded since its
-last claim is claimed only once a fresh write's mtime (the store's clock) is past the
-delay's end, and its claim multi also deletes its delayed marker. Nothing else writes
-the failure znode while the job znode stays at the version read without an owner znode
-(only a claim makes an owner znode, and it bumps the version), so the claim multi needs
-no check of it.
-
-The multi begins with a ``check`` of ``{chroot}/epoch`` at the version cached with the
-epoch (:mod:`._epoch`): the token of each claim is ``epoch * 2**32 + the job znode's new
-version``, and the epoch is also written into the job znode's data, so records,
-completions and errors give the same token later. A multi that failed on that check
-alone (its per-op results say which) is sent once more after reading the epoch again.
-
-Every claim the store applied returns a :class:`._holds.Hold` (generation, owner znode,
-markers) as its ``ClaimResult.handle``; the core keeps it with the lease and hands it
-back, so completion and release send their multi without reading first (see
-:mod:`._holds`). A claim whose outcome is unknown returns nothing: it stays in
-``ZkSession.uncertain`` until a later claim adopts it (returning its hold) or keepalive
-hands it back.
-
-Reading first, and when not: the version alone does not say whether the job may be
-claimed. A completed job's version is as current as a held one's, and a blind
-``set_data`` at it would overwrite the completion record; what the job znode held at that
-version (and its queue tag, for the held marker) comes from the read. Where the backend
-knows that without reading (a job it never saw: guessed new; a job it released: at the
-version it left, see :mod:`._known`) the multi is sent first, as it would be after such
-a read; the versioned ``create``/``set_data`` fails if the guess was wrong, nothing is
-written, and that job is read and decided as any other (a lost answer is read back as
-always). A job seen to exist is read first, so each poll of a held job stays a read any
-member answers rather than a failing multi that ZooKeeper orders through the quorum.
+* The read is one pipelined round trip per round: the job znode, the owner znode, the
+  queue tag and the failure znode of every job of the batch (after a ``sync`` from the
+  second round on). A failed multi's per-operation results say which job failed and
+  why (:meth:`Claims._failures`): a job rolled back for another one's failure is sent
+  again, one whose version moved is read again; at most :data:`CLAIM_ATTEMPTS` rounds.
+* A multi that failed on the epoch check alone is sent once more after reading the
+  epoch again (:meth:`._tokens.Epochs.refresh`).
+* Nothing else writes the failure znode while the job znode stays at the version read
+  without an owner znode (only a claim makes an owner znode, and it bumps the version),
+  so the claim multi needs no check of it.
+* Every claim the store applied returns a :class:`._jobs.Hold` as its
+  ``ClaimResult.handle`` (see :mod:`._jobs`). A claim whose outcome is unknown returns
+  nothing: it stays in ``ZkSession.uncertain`` until a later claim adopts it (returning
+  its hold) or keepalive hands it back.
+* Reading first, and when not: the version alone does not say whether the job may be
+  claimed. A completed job's version is as current as a held one's, and a blind
+  ``set_data`` at it would overwrite the completion record; what the job znode held at
+  that version (and its queue tag, for the held marker) comes from the read. Where the
+  backend knows that without reading (a job it never saw: guessed new; a job it
+  released: at the version it left, see :mod:`._jobs_known`) the multi is sent first,
+  as it would be after such a read; the versioned ``create``/``set_data`` fails if the
+  guess was wrong, nothing is written, and that job is read and decided as any other (a
+  lost answer is read back as always). A job seen to exist is read first, so each poll
+  of a held job stays a read any member answers rather than a failing multi that
+  ZooKeeper orders through the quorum.
 """
 
 from __future__ import annotations
@@ -62,14 +54,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kazoo.exceptions import (
-    BadVersionError,
-    NodeExistsError,
-    NoNodeError,
-    RolledBackError,
-    RuntimeInconsistency,
-)
-
 from ...errors import (
     JobCompleted,
     JobFailed,
@@ -79,10 +63,9 @@ from ...errors import (
     TokenSpaceExhausted,
 )
 from ...record import ClaimResult
-from ._epoch import Epochs
-from ._errors import translate
-from ._holds import Hold, make_hold
-from ._known import UNSEEN, Known, Released
+from ._jobs import Hold, make_hold
+from ._jobs_known import UNSEEN, Known, Released
+from ._jobs_lifecycle import Exhausted, Lifecycle, job_failed
 from ._layout import (
     MAX_EPOCH,
     Failure,
@@ -98,10 +81,19 @@ from ._layout import (
     parse_owner,
     token,
 )
-from ._lifecycle import Exhausted, Lifecycle, job_failed
-from ._ops import MAX_VERSION, Transaction, first_error
-from ._session import ZkSession
-from ._wire import Multi, Read, Wire
+from ._sessions import ZkSession
+from ._tokens import Epochs
+from ._transport import Multi, Read, Wire
+from ._transport_errors import translate
+from ._transport_multi import (
+    MAX_VERSION,
+    Transaction,
+    bad_version,
+    exists,
+    failed,
+    first_error,
+    missing,
+)
 
 __all__ = ["CLAIM_ATTEMPTS", "EPOCH_SENDS", "VERSION_CEILING", "Claims", "Outcome", "Plan",
            "exhausted"]
@@ -242,8 +234,8 @@ class Claims:
         todo = list(job_ids)
         skip: set[str] = set()  # delayed markers found missing (deleted by hand)
         guesses = self._guesses(h, todo)
-        if guesses:  # sent without reading; a failed one is read below (see ._known)
-            # a job released here is not guessed again after an epoch bump (see ._known)
+        if guesses:  # sent without reading; a failed one is read below (see ._jobs_known)
+            # a job released here is not guessed again after an epoch bump (see ._jobs_known)
             resend = all(plan.version is None for plan in guesses)
             self.known.stale(self.send(h, guesses, outcome, skip, resend))
             todo = [job_id for job_id in todo if job_id not in outcome]
@@ -257,7 +249,7 @@ class Claims:
 
     def _guesses(self, h: ZkSession, job_ids: list[str]) -> list[Plan]:
         """The claims of ``job_ids`` whose state this backend knows without reading (see
-        :mod:`._known`): a job never seen (guessed new) or released here (at the version
+        :mod:`._jobs_known`): a job never seen (guessed new) or released here (at the version
         it left). Never a job with a claim of unknown outcome (its read may adopt it)."""
         plans: dict[str, Plan] = {}
         epoch: int | None = None
@@ -274,7 +266,7 @@ class Claims:
             if epoch is None:
                 epoch = self.epochs.cached(h)[0]
             if known.epoch != epoch:
-                continue  # released before the epoch was raised: read (see ._known)
+                continue  # released before the epoch was raised: read (see ._jobs_known)
             if known.version >= VERSION_CEILING:
                 continue  # at the ceiling: the read path refuses it
             failure = known.failure
@@ -373,7 +365,7 @@ class Claims:
 
     def _due(self, h: ZkSession, plans: list[Plan], outcome: dict[str, Outcome]) -> list[Plan]:
         """The plans whose retry delay (if one was recorded since the job's last claim)
-        has passed on the store's clock: one write's mtime (see :mod:`._lifecycle`), only
+        has passed on the store's clock: one write's mtime (see :mod:`._jobs_lifecycle`), only
         if some plan has such a delay. The others answer ``None`` (not claimable now)."""
         timed = [plan for plan in plans if plan.not_before_ms is not None]
         if not timed:
@@ -504,19 +496,18 @@ class Claims:
         for plan in plans:
             mine = results[offset : offset + plan.op_count]
             offset += plan.op_count
-            errors = [r for r in mine if isinstance(r, Exception)
-                      and not isinstance(r, (RolledBackError, RuntimeInconsistency))]
+            errors = [r for r in mine if failed(r)]
             if not errors:
                 retry.append(plan.paths.job_id)  # innocent: rolled back for another job
-            elif isinstance(mine[plan.owner_op], NodeExistsError):
+            elif exists(mine[plan.owner_op]):
                 outcome[plan.paths.job_id] = None  # the owner znode exists: held
-            elif isinstance(errors[0], (BadVersionError, NodeExistsError)):
+            elif bad_version(errors[0]) or exists(errors[0]):
                 retry.append(plan.paths.job_id)  # changed since our read: read again
-            elif plan.drop_delayed and isinstance(mine[plan.delayed_op], NoNodeError):
+            elif plan.drop_delayed and missing(mine[plan.delayed_op]):
                 assert plan.delayed is not None
                 skip.add(plan.delayed)  # deleted by hand: claim without deleting it
                 retry.append(plan.paths.job_id)
-            elif isinstance(errors[0], NoNodeError):
+            elif missing(errors[0]):
                 parent = plan.paths.job.rsplit("/", 1)[0]
                 if parent == self.wire.config.base:
                     self.ensure_base(h)  # {chroot}/jobs was deleted under us

@@ -2,8 +2,8 @@
 :meth:`Backend.subscribe_job <consensus_lease.backend.Backend.subscribe_job>` and
 :meth:`~consensus_lease.backend.Backend.subscribe_queue`.
 
-What is watched, on the backend's shared client (:meth:`._wire.Wire.reader`), with
-kazoo's one-shot watches (the znodes the blocking waits of :mod:`._watch` watch too):
+What is watched, on the backend's shared client (:meth:`._transport.Wire.reader`), with
+kazoo's one-shot watches (the znodes the blocking waits of :mod:`._watches` watch too):
 
 * a job: ``exists`` on its owner znode. Release, completion, ``fail()`` and the holder's
   session ending all delete it, in the same multi as any other change that may let a
@@ -41,7 +41,7 @@ read again after :data:`RECHECK_FIRST_S`, doubling up to :data:`RECHECK_MAX_S` w
 stays so; a target that does not look claimable costs no read at all. Retry delays have
 no event in ZooKeeper: when this backend learns how long one runs (a claim refused for
 it, a queue listing timing it: :class:`NotifyingHints`), a target waiting on that job is
-read again when it ends. All timed checks share one thread (:class:`._timer.WakeTimer`).
+read again when it ends. All timed checks share one thread (:class:`._watches_timer.WakeTimer`).
 
 Connection: when the shared client is SUSPENDED or LOST, kazoo drops every watch; every
 subscriber is woken once (spurious: their claims retry and find out) and every target
@@ -62,16 +62,16 @@ from functools import partial
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
 from kazoo.protocol.states import EventType, KazooState
 
 from ..._election import is_election_key
 from ..._subscriptions import Unsubscribe, WakeCallback
 from ...errors import BackendUnavailable
+from ._jobs_lifecycle import DelayHints
 from ._layout import JobPaths, QueuePaths, parse_member
-from ._lifecycle import DelayHints
-from ._timer import WakeTimer
-from ._wire import Wire
+from ._transport import Wire
+from ._transport_errors import answer_or_none
+from ._watches_timer import WakeTimer
 
 QueueTarget = Callable[[str], tuple[tuple[str, ...], bool]]
 """queue -> (the ``open``, ``held``, ``delayed`` of each bucket to watch, oldest first;
@@ -108,7 +108,7 @@ Key = tuple[str, str]
 
 
 class NotifyingHints(DelayHints):
-    """:class:`._lifecycle.DelayHints` that also tell ``on_note(job_id, remaining_s)``
+    """:class:`._jobs_lifecycle.DelayHints` that also tell ``on_note(job_id, remaining_s)``
     each delay end noted (after storing it), so that subscribers are woken then."""
 
     def __init__(self, on_note: Callable[[str, float], None]) -> None:
@@ -333,9 +333,7 @@ class Subscriptions:
         answers: list[Any] = []
         for result in r.results:
             try:
-                answers.append(result.get(block=False))
-            except NoNodeError:
-                answers.append(None)
+                answers.append(answer_or_none(result, block=False))
             except Exception as exc:
                 self._failed(r, exc)
                 return

@@ -17,7 +17,7 @@ from kazoo.security import ACL, CREATOR_ALL_ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAF
 
 from ...errors import InvalidArgument, UnsupportedBackend
 from ...options import Option, OptionTable
-from ._kazoo import PollHandler
+from ._transport_kazoo import PollHandler
 
 __all__ = ["DEFAULT_PORT", "OPTIONS", "ZkConfig", "parse_url"]
 
@@ -31,14 +31,14 @@ QUEUES_NODE = "queues"
 EPOCH_NODE = "epoch"
 """The znode under the chroot holding the store epoch (see ``_layout``)."""
 IDENTITY_NODE = "identity"
-"""The znode under the chroot holding the store's identity (see ``_history``)."""
+"""The znode under the chroot holding the store's identity (see ``_tokens_history``)."""
 ELECTIONS_NODE = "elections"
 """The znode under the chroot whose children are the elections' znodes (see ``_layout``)."""
 
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MAX_RESULT_BYTES = 1_000_000
-DEFAULT_STORE_MAX_JOBS = 30_000  # see ._capacity (heap measured per job)
+DEFAULT_STORE_MAX_JOBS = 30_000  # see ._queues_capacity (heap measured per job)
 DEFAULT_STORE_MAX_BYTES = 16 * 1024 * 1024
 
 OPTIONS = OptionTable(
@@ -127,7 +127,7 @@ class ZkConfig:
 
     @property
     def regressed_node(self) -> str:
-        """Absolute path of the regression marker (see ``_history``): the store epoch
+        """Absolute path of the regression marker (see ``_tokens_history``): the store epoch
         when a backend noticed the store's history went back, and why."""
         return f"{self.chroot}/regressed"
 
@@ -156,7 +156,7 @@ class ZkConfig:
         Reconnection is retried forever with a short back-off capped at a quarter of
         the session timeout (kazoo's default cap is an hour), so a client whose member
         died reaches another member before its session can expire. Its handler is
-        :class:`._kazoo.PollHandler` (kazoo's, with a cheaper wait on its sockets),
+        :class:`._transport_kazoo.PollHandler` (kazoo's, with a cheaper wait on its sockets),
         or ``handler`` (one shared by the store's session clients).
         """
         max_delay = min(1.0, max(0.05, session_timeout_s / 4))

@@ -23,7 +23,7 @@ restored from a backup may hold other data at that version; raising the epoch, w
 that takes, ends such guesses), and a guess of a released job whose multi failed on the
 epoch check is not sent again: the job is read. A guess that fails (any operation)
 decides nothing: the job is marked as *seen* and read, as every claim did before (see
-:mod:`._claims`); a lost answer is read back as for any claim. Everything else (a job
+:mod:`._jobs_claim`); a lost answer is read back as for any claim. Everything else (a job
 seen to exist: read by a claim, offered by ``queue_candidates``, enqueued here, claimed,
 completed) is *seen*: its next claim reads first, so polling a held job stays a read any
 member answers, not a failing write.
@@ -53,7 +53,7 @@ one were a queued job with a long id released here (its marker paths are kept)."
 class Released:
     """A job this backend released: its job znode at ``version`` holds the claim data of
     ``attempt`` and ``max_attempts``; the failure znode and queue markers as the hold had
-    them (see :class:`._holds.Hold`). Only in store epoch ``epoch``: a store wiped or
+    them (see :class:`._jobs.Hold`). Only in store epoch ``epoch``: a store wiped or
     restored from a backup (then the epoch is raised) may hold other data at that
     version."""
 

@@ -13,9 +13,8 @@ import time
 from functools import partial
 from typing import Any
 
-from kazoo.exceptions import NoNodeError
-
-from ._gate import Gate
+from ._transport_errors import answer_or_none
+from ._transport_gate import Gate
 
 __all__ = ["OwnerWatches", "SharedWatches"]
 
@@ -127,10 +126,9 @@ class SharedWatches:
                         else gate.client.exists_async)
                 pending.append(gate.start(partial(read, paths[i], watch=fire), read_deadline))
             for i, result in zip(mine, pending, strict=False):
-                try:
-                    answers[i] = result.get(timeout=max(0.0, read_deadline - time.monotonic()))
-                except NoNodeError:
-                    answers[i] = None  # get_children of a missing path: no watch registered
+                # None: get_children of a missing path (no watch registered)
+                answers[i] = answer_or_none(
+                    result, timeout=max(0.0, read_deadline - time.monotonic()))
         except BaseException:
             for i in mine:
                 self._fire(keys[i], but=event)
