@@ -52,7 +52,9 @@ How the protocol maps onto PostgreSQL (the same tables as the SQLite store,
   store's channel in its own transaction (delivered at commit). A completion does not
   (it makes nothing claimable; PostgreSQL serialises the commits of notifying
   transactions, which would cap completions/s): a claim waiting on a job that another
-  process completes learns it at its next poll. One listener
+  process completes learns it at its next poll. Nor does ``bump_epoch`` (run with the
+  workers stopped), whose deleted session rows free their jobs: a waiting claim learns of
+  those at its next poll too. One listener
   connection per process pokes the subscription poller, which then asks the database in
   one read (two with election keys) which waited-for jobs and queues are claimable
   (:func:`._watches.claimable_hint`) and wakes exactly those. Expiry sends nothing

@@ -20,7 +20,7 @@ returns for a row lock not granted. The protocol is told in the package docstrin
   failure, an enqueue ...; not a completion: the package docstring). When the
   listener's connection breaks it reconnects (bounded back-off); meanwhile the poller's
   own interval is the fallback.
-* Connection poolers (:data:`POOLING`): with ``pooling=none`` the store's
+* Connection poolers (:data:`._config.POOLING`): with ``pooling=none`` the store's
   ``statement_timeout`` and ``lock_timeout`` travel in the libpq ``options`` startup
   parameter, and :meth:`Client.check_settings` refuses a connection on which they did not
   take effect (a pooler that dropped them). ``pooling=session`` sends no ``options``,

@@ -2,7 +2,8 @@
 notify, and why a completion does not: the package docstring,
 :mod:`consensus_lease.backends.postgresql`). Here: the one listener connection per
 process (:class:`~._transport.Listener`), started on the first subscription; the
-subscriptions; :func:`claimable_hint`, the poller's one read; and closing.
+subscriptions; :func:`claimable_hint`, the poller's read (two with election keys); and
+closing.
 """
 
 from __future__ import annotations
