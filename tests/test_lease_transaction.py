@@ -2,7 +2,7 @@
 
 The acceptance test stops worker A (a real process) with SIGSTOP inside its effect
 transaction, past its TTL; B claims (waiting); A resumes and commits. What the design
-guarantees (:mod:`consensus_lease.backends._pg_txn`): A's row lock keeps every claim of
+guarantees (:mod:`consensus_lease.backends.postgresql`): A's row lock keeps every claim of
 the job from succeeding until A's transaction ends, so A's commit succeeds and B's claim
 happens strictly after it — B gets generation 2 and sees A's row, and A can do nothing
 more under generation 1.
@@ -308,7 +308,7 @@ def test_nesting_inside_an_explicit_transaction_commits_with_it(
     lease = store.session("A", ttl_s=30.0).claim("job")
     assert lease is not None
     with psycopg.connect(base) as conn:
-        assert hasattr(conn, "_num_transactions"), "psycopg changed: see _pg_txn"
+        assert hasattr(conn, "_num_transactions"), "psycopg changed: see backends/postgresql/_transport_txn.py"
         with conn.transaction():
             conn.execute("SELECT 1")
             with lease.transaction(conn):

@@ -20,8 +20,9 @@ import psycopg
 import pytest
 
 from consensus_lease import EnqueueItem, JobState, LeaseStore, open_store
-from consensus_lease.backends._pg_schema import SCHEMA_VERSION
-from consensus_lease.backends.postgresql import OPTIONS, PostgresBackend, libpq_params
+from consensus_lease.backends.postgresql import PostgresBackend
+from consensus_lease.backends.postgresql._config import OPTIONS, libpq_params
+from consensus_lease.backends.postgresql._layout import SCHEMA_VERSION
 from consensus_lease.errors import (
     AuthenticationFailed,
     BackendUnavailable,

@@ -24,10 +24,10 @@ from psycopg.conninfo import conninfo_to_dict
 
 from consensus_lease import InvalidArgument, open_store
 from consensus_lease.aio import open_store as aio_open_store
-from consensus_lease.backends.postgresql import (
+from consensus_lease.backends.postgresql import PostgresBackend
+from consensus_lease.backends.postgresql._config import (
     LIBPQ_OPTIONS,
     OPTIONS,
-    PostgresBackend,
     _listen_conninfo,
 )
 from consensus_lease.testing.postgresql import fresh_schema, postgres_url

@@ -1,8 +1,14 @@
 """Connections of the PostgreSQL store: the pool, the error translation, the listener.
 
-* :class:`Client` owns a ``psycopg_pool.ConnectionPool`` of autocommit connections (one
-  statement, one transaction, one round trip) and translates every psycopg error into a
-  :mod:`consensus_lease.errors` type (:func:`translate`). With ``pool_size`` >= 2, one
+The only module of the driver (with :mod:`._transport_txn`, the caller's connection of
+``lease.transaction``) that handles psycopg's and psycopg_pool's exceptions: the others
+get library errors, :class:`SentMaybe` (read back) or the value :func:`unless_locked`
+returns for a row lock not granted. The protocol is told in the package docstring
+(:mod:`consensus_lease.backends.postgresql`).
+
+* :class:`Client` owns a ``psycopg_pool.ConnectionPool`` of autocommit connections (each
+  statement its own transaction, unless a caller opens one) and translates every psycopg
+  error into a :mod:`consensus_lease.errors` type (:func:`translate`). With ``pool_size`` >= 2, one
   of the pool's connections is kept out of it as the *hot* connection: a :meth:`~Client.call`
   that finds it free uses it (and one reused cursor) without the pool's checkout and
   return, about a quarter of the Python calls of a claim+complete cycle; a call that finds
@@ -10,10 +16,11 @@
   the keepalive, which takes pooled connections, must never wait for an idle hot one.)
 * :class:`Listener` keeps one more connection that ``LISTEN``\\ s on the store's channel and
   calls a callback on every notification; the backend pokes its subscription poller with
-  it, so a waiting claim is woken when a release, completion or enqueue commits. When the
+  it, so a waiting claim is woken when a statement that notifies commits (a release, a
+  failure, an enqueue ...; not a completion: the package docstring). When the
   listener's connection breaks it reconnects (bounded back-off); meanwhile the poller's
   own interval is the fallback.
-* Connection poolers (:data:`POOLING`): with ``pooling=none`` the store's
+* Connection poolers (:data:`._config.POOLING`): with ``pooling=none`` the store's
   ``statement_timeout`` and ``lock_timeout`` travel in the libpq ``options`` startup
   parameter, and :meth:`Client.check_settings` refuses a connection on which they did not
   take effect (a pooler that dropped them). ``pooling=session`` sends no ``options``,
@@ -37,23 +44,24 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from typing import Any, Self, TypeVar
+from typing import Any, Literal, Self, TypeVar, overload
 
 import psycopg
 import psycopg_pool
 from psycopg import errors as pgerrors
 from psycopg.conninfo import conninfo_to_dict
 
-from ..errors import (
+from ...errors import (
     AuthenticationFailed,
     BackendUnavailable,
     InvalidArgument,
     LeaseError,
     OutcomeUnknown,
 )
-from ._pg_conninfo import check_conninfo
+from ._config import POOLING, check_conninfo
 
-__all__ = ["POOLING", "Client", "Listener", "SentMaybe", "per_transaction_cursor", "translate"]
+__all__ = ["Client", "Listener", "SentMaybe", "per_transaction_cursor", "translate",
+           "unless_locked"]
 
 log = logging.getLogger("consensus_lease")
 
@@ -67,9 +75,6 @@ _AUTH_STATES = frozenset({"28000", "28P01"})
 _AUTH_WORDS = ("password authentication failed", "authentication failed",
                "no pg_hba.conf entry", "no password supplied", "role \"")
 _NO_DATABASE = re.compile(r'database "(.*)" does not exist')
-
-POOLING = ("none", "session", "transaction")
-"""The values of the ``pooling`` option: what sits between the store and the server."""
 
 POOLER_HINT = (
     "behind PgBouncer in transaction pooling mode (pool_mode = transaction) open the store "
@@ -112,6 +117,42 @@ def per_transaction_cursor(
             return self
 
     return PerTransactionCursor
+
+
+@overload
+def unless_locked(
+    cursor: psycopg.Cursor[tuple[Any, ...]], sql: str, params: Any, locked: T, *,
+    fetch_all: Literal[False] = False, deadlock: bool = False, binary: bool | None = None,
+    prepare: bool | None = None,
+) -> tuple[Any, ...] | T | None: ...
+
+
+@overload
+def unless_locked(
+    cursor: psycopg.Cursor[tuple[Any, ...]], sql: str, params: Any, locked: T, *,
+    fetch_all: Literal[True], deadlock: bool = False, binary: bool | None = None,
+    prepare: bool | None = None,
+) -> list[tuple[Any, ...]] | T: ...
+
+
+def unless_locked(
+    cursor: psycopg.Cursor[tuple[Any, ...]], sql: str, params: Any, locked: T, *,
+    fetch_all: bool = False, deadlock: bool = False, binary: bool | None = None,
+    prepare: bool | None = None,
+) -> list[tuple[Any, ...]] | tuple[Any, ...] | T | None:
+    """Run ``sql`` on ``cursor`` and return its first row (its rows with ``fetch_all``),
+    or ``locked`` if a row lock was not granted within ``lock_timeout`` (a row locked by
+    an open ``lease.transaction``) or, with ``deadlock``, PostgreSQL broke a deadlock:
+    the statement was rolled back (in autocommit, nothing of it applied)."""
+    try:
+        cur = cursor.execute(sql, params, prepare=prepare, binary=binary)
+        return cur.fetchall() if fetch_all else cur.fetchone()
+    except pgerrors.LockNotAvailable:
+        return locked
+    except pgerrors.DeadlockDetected:
+        if deadlock:
+            return locked
+        raise
 
 
 class SentMaybe(Exception):
@@ -180,7 +221,7 @@ class Client:
             may stay unacknowledged (``tcp_user_timeout``); also how long a caller waits
             for a pooled connection.
         pool_size: most connections the pool opens.
-        pooling: one of :data:`POOLING` (the module docstring).
+        pooling: one of :data:`._config.POOLING` (the module docstring).
         listen_conninfo: where the :class:`Listener` connects (a direct connection to the
             same database); ``None``: ``conninfo``.
 
@@ -452,6 +493,61 @@ class Client:
                 if attempt == 2:
                     raise translate(exc.cause, f"PostgreSQL {self.where}", job_id) from exc
         raise AssertionError("unreachable")
+
+    def one(self, sql: str, params: Any = None, job_id: str | None = None) \
+            -> tuple[Any, ...] | None:
+        """The first row of :meth:`read` (``None``: no row)."""
+        rows = self.read(sql, params, job_id)
+        return rows[0] if rows else None
+
+    def one_pooled(self, sql: str, params: Any = None) -> tuple[Any, ...] | None:
+        """The first row of one idempotent statement (a keepalive) on a pooled connection,
+        never the hot one; a broken connection is retried once on another.
+
+        Raises:
+            BackendUnavailable.
+        """
+        for attempt in (1, 2):
+            try:
+                with self.conn() as c:
+                    return c.execute(sql, params).fetchone()
+            except SentMaybe as exc:  # idempotent: once more on another connection
+                if attempt == 2:
+                    raise translate(exc.cause, f"PostgreSQL {self.where}") from exc
+        raise AssertionError("unreachable")
+
+    def on_own_connection(self, run: Callable[[psycopg.Connection[tuple[Any, ...]]], T],
+                          what: str) -> T:
+        """``run(conn)`` on a new connection outside the pool (:meth:`connect`), closed
+        after it; a psycopg error is translated (``PostgreSQL <store>: <what>``).
+
+        Raises:
+            AuthenticationFailed / BackendUnavailable / InvalidArgument / what ``run``
+            raises.
+        """
+        conn = self.connect()
+        try:
+            return run(conn)
+        except psycopg.Error as exc:
+            raise translate(exc, f"PostgreSQL {self.where}: {what}") from exc
+        finally:
+            conn.close()
+
+    def listener_one(self, sql: str) -> tuple[Any, ...] | None:
+        """The first row of ``sql`` on a new connection of the listener's
+        (:meth:`connect_listener`), closed after it; ``None`` also when the statement
+        fails there (no such table: another database).
+
+        Raises:
+            AuthenticationFailed / BackendUnavailable / InvalidArgument: cannot connect.
+        """
+        conn = self.connect_listener()
+        try:
+            return conn.execute(sql).fetchone()
+        except psycopg.Error:
+            return None
+        finally:
+            conn.close()
 
     def write(
         self, job_id: str | None, run: Callable[[psycopg.Connection[tuple[Any, ...]]], T],

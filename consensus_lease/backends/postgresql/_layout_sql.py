@@ -1,15 +1,16 @@
-"""The SQL of the PostgreSQL store, written once per store (see
-:mod:`consensus_lease.backends.postgresql` for how each statement keeps the protocol).
+"""The SQL of the PostgreSQL store, written once per store (part of :mod:`._layout`; the
+package docstring, :mod:`consensus_lease.backends.postgresql`, tells how each statement
+keeps the protocol).
 
-Every time is the server's clock read at the comparison (:data:`._pg_schema.NOW`); lock
+Every time is the server's clock read at the comparison (:data:`._layout.NOW`); lock
 order is always the job row, then the session row. Every statement that keeps or uses a
-session finds it alive only on the timeline it was opened on (:data:`._pg_schema.TIMELINE`:
+session finds it alive only on the timeline it was opened on (:data:`._layout.TIMELINE`:
 failover detection, ``MIGRATIONS`` 3 -> 4); reads that only show state do not compare it.
 """
 
 from __future__ import annotations
 
-from ._pg_schema import NOW, SYSTEM_ID, TIMELINE, Names
+from ._layout import NOW, SYSTEM_ID, TIMELINE, Names
 
 __all__ = ["EXHAUSTED", "SESSION_GC_S", "Statements"]
 
@@ -44,7 +45,7 @@ class Statements:
         # Free: unowned, its holder's session row is gone (closed, or collected long
         # after it expired: a session id is never reused), or that row is visibly
         # expired, locked while checked so that a concurrent keepalive is waited for
-        # (module docstring). "Row gone" is a scalar subquery (NULL when there is no row,
+        # (package docstring). "Row gone" is a scalar subquery (NULL when there is no row,
         # session_id being the key), not NOT EXISTS: the planner may run a NOT EXISTS as
         # one hashed scan of every session row, and did so for claim_many on a
         # never-analysed store; a scalar subquery is always the key lookup per job.
@@ -186,7 +187,7 @@ class Statements:
             f"AND m.timeline = {TIMELINE} AND m.system_id = {SYSTEM_ID} RETURNING expires_at"
         )
         # The server the store's history is on against the one answering, and the
-        # session's timeline (after a refusal; also at open): see PostgresBackend._expired.
+        # session's timeline (after a refusal; also at open): see _tokens.expired.
         self.identity = (
             f"SELECT m.system_id, m.timeline, {SYSTEM_ID}, {TIMELINE}, m.epoch, "
             f"(SELECT timeline FROM {s} WHERE session_id = %s) FROM {n.meta} m WHERE m.id = 1"

@@ -1,4 +1,7 @@
-"""The PostgreSQL store's schema: its tables, its version, and how it is migrated.
+"""Where the PostgreSQL store's records live: its tables, their version and how it is
+migrated (:func:`prepare`, at open), the row codec (:func:`to_record`). The statements
+are in :mod:`._layout_sql`; what each table holds in the protocol is told in the package
+docstring (:mod:`consensus_lease.backends.postgresql`).
 
 Every table lives in one PostgreSQL schema (the URL's ``schema`` option, default
 ``consensus_lease``), so several stores can share a database and a test can drop its
@@ -27,10 +30,21 @@ know the new columns.
 from __future__ import annotations
 
 import re
+import uuid
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
-from ..errors import InvalidArgument
+from ...errors import InvalidArgument
+from ...record import LeaseRecord
+from .._sql_row import record_of_row
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "SYSTEM_ID", "TIMELINE", "Names", "check_schema_name"]
+if TYPE_CHECKING:
+    import psycopg
+
+    from ._transport import Client
+
+__all__ = ["MIGRATIONS", "NOW", "SCHEMA_VERSION", "SYSTEM_ID", "TIMELINE", "Names",
+           "check_schema_name", "prepare", "to_record"]
 
 SCHEMA_VERSION = 5
 """The version of the tables this library reads and writes."""
@@ -115,7 +129,7 @@ quoted schema).
   Every statement that keeps or uses a session compares the session's timeline with the
   server's; ``open_session`` compares ``cl_meta``'s (and the system identifier). A
   promoted standby or a restored backup answers with another one: ``StoreRegressed``
-  until ``bump-epoch`` records the new server (module docstring of
+  until ``bump-epoch`` records the new server (package docstring of
   :mod:`consensus_lease.backends.postgresql`).
 * 4 -> 5: ``cl_effects (job_id, effect_id, generation)``, the once-per-job effect
   records of ``lease.transaction``'s ``tx.once(effect_id)``
@@ -236,3 +250,87 @@ class Names:
             f"CREATE SEQUENCE IF NOT EXISTS {self.seq}",
             _EFFECTS_TABLE.format(s=self.s),
         ]
+
+
+def to_record(row: Sequence[Any], epoch_shift: int) -> LeaseRecord:
+    """The :class:`~consensus_lease.record.LeaseRecord` of a row of ``Statements.select``
+    (the codec shared with the SQLite store, :mod:`consensus_lease.backends._sql_row`)."""
+    return record_of_row(row, epoch_shift)
+
+
+def prepare(client: Client, names: Names, create: bool,
+            then: Callable[[psycopg.Connection[tuple[Any, ...]]], None]) -> str:
+    """Create or migrate the store's tables (module docstring), then ``then(conn)`` in the
+    same transaction (the failover check of open); return the store's identity. On a new
+    connection of its own, under the schema's advisory lock.
+
+    Raises:
+        InvalidArgument: ``create`` is false and there is no store; a newer
+            ``schema_version``; a pooler that dropped the store's timeouts.
+        AuthenticationFailed / BackendUnavailable.
+    """
+
+    def run(conn: psycopg.Connection[tuple[Any, ...]]) -> str:
+        if client.pooling == "none":
+            client.check_settings(conn)  # a pooler that dropped them: refused
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
+                         (f"consensus_lease:{names.schema}",))
+            exists = conn.execute("SELECT to_regclass(%s)",
+                                  (f"{names.s}.cl_meta",)).fetchone()
+            if exists is None or exists[0] is None:
+                _create(conn, names, create)
+            identity = _migrate(conn, names)
+            then(conn)
+        return identity
+
+    return client.on_own_connection(run, "preparing the schema")
+
+
+def _create(conn: psycopg.Connection[tuple[Any, ...]], n: Names, create: bool) -> None:
+    """Create every object and the ``cl_meta`` row (on the server answering).
+
+    Raises:
+        InvalidArgument: ``create`` is false.
+    """
+    if not create:
+        raise InvalidArgument(
+            f"no consensus_lease store in schema {n.schema!r} of this "
+            "database and create=false; check the URL's schema, or open "
+            "it with create=true"
+        )
+    for statement in n.ddl():
+        conn.execute(statement)
+    conn.execute(
+        f"INSERT INTO {n.meta} (id, schema_version, epoch, identity, system_id, "
+        f"timeline) VALUES (1, %s, 0, %s, {SYSTEM_ID}, {TIMELINE}) "
+        "ON CONFLICT (id) DO NOTHING",
+        (SCHEMA_VERSION, uuid.uuid4().hex),
+    )
+
+
+def _migrate(conn: psycopg.Connection[tuple[Any, ...]], n: Names) -> str:
+    """Take the store up to :data:`SCHEMA_VERSION` (:data:`MIGRATIONS`); its identity.
+
+    Raises:
+        InvalidArgument: no ``cl_meta`` row, or a newer ``schema_version``.
+    """
+    row = conn.execute(
+        f"SELECT schema_version, identity FROM {n.meta} WHERE id = 1"
+    ).fetchone()
+    if row is None:
+        raise InvalidArgument(f"schema {n.schema!r} has an empty cl_meta table")
+    version, identity = int(row[0]), str(row[1])
+    if version > SCHEMA_VERSION:
+        raise InvalidArgument(
+            f"the store in schema {n.schema!r} has schema_version {version}, "
+            f"written by a newer consensus_lease (this one knows "
+            f"{SCHEMA_VERSION}); upgrade this worker"
+        )
+    for v in range(version, SCHEMA_VERSION):
+        for statement in MIGRATIONS[v]:
+            conn.execute(statement.format(s=n.s))
+    if version < SCHEMA_VERSION:
+        conn.execute(f"UPDATE {n.meta} SET schema_version = %s",
+                     (SCHEMA_VERSION,))
+    return identity

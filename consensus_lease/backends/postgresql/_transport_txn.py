@@ -1,8 +1,10 @@
-"""Transactional fencing on PostgreSQL: :meth:`consensus_lease.Lease.transaction`.
+"""Transactional fencing on PostgreSQL, :meth:`consensus_lease.Lease.transaction`, on the
+caller's psycopg connection (part of :mod:`._transport`: it translates psycopg's errors
+there). What it guarantees is told in the package docstring
+(:mod:`consensus_lease.backends.postgresql`, Transactional fencing).
 
-When the effect's destination is the lease store's own database, the effect and the
-ownership check can be one transaction. ``with lease.transaction(conn):`` opens a
-transaction on *your* psycopg connection and, as its first statement, locks the lease's
+``with lease.transaction(conn):`` opens a transaction on *your* psycopg connection and,
+as its first statement (after setting ``lock_timeout_s``, if given), locks the lease's
 job row. Inside a ``with conn.transaction():`` block of yours it is a savepoint (exactly
 as a nested ``conn.transaction()``), and its effects and lock last until *your* block
 ends. A transaction psycopg opened implicitly (a statement run on a connection without
@@ -16,34 +18,11 @@ after the block would wait for this very lock. The lock statement::
       AND s.timeline = <the server's WAL timeline>
     FOR SHARE OF j
 
-What it guarantees (effects *inside this database*):
-
-* The block runs only if, when the lock was taken, this session held the job at this
-  generation on the server's clock; otherwise ``StaleLeaseError`` / ``SessionExpired``
-  and the transaction is rolled back; ``StoreRegressed`` on a server that is not the
-  store's any more (the session was opened on another timeline: a failover).
-* From then until the transaction ends (the outer commit or rollback, savepoint or not:
-  row locks are kept until then), no claim of the job can commit: a claim locks the same
-  row for update (``ON CONFLICT DO UPDATE``) and waits. So the transaction's effects
-  commit *before* the next generation's claim, and that claim (and its holder) sees them.
-  A holder paused past its TTL in the middle of the block that resumes and commits still
-  commits — but nobody claimed the job in between: the takeover happens strictly after
-  the commit. The block alone is therefore once per *generation* (never after a
-  takeover: a block that starts after one fails at the lock), and the next generation
-  runs the job again.
-* Once per job: ``tx.once(effect_id)`` is ``INSERT INTO cl_effects (job_id, effect_id,
-  generation) ... ON CONFLICT DO NOTHING`` on the caller's connection, in the block's
-  transaction: ``True`` iff it inserted. The primary key ``(job_id, effect_id)`` makes a
-  second insert wait for an uncommitted first one and then do nothing if it committed;
-  the next generation's claim comes after the block's commit (above), so it finds the
-  record. Exactly one committed transaction per ``(job_id, effect_id)`` saw ``True``.
-  The caller's role needs ``INSERT`` on ``cl_effects``.
-* It says nothing about effects elsewhere (another database, an HTTP call): those still
-  need a fence (:mod:`consensus_lease.fencing`).
-
 What it costs:
 
-* One statement (a round trip) at the start of the block, one per ``tx.once``.
+* One statement (a round trip) at the start of the block after psycopg's ``BEGIN`` (or
+  ``SAVEPOINT``), four with ``lock_timeout_s`` (the setting read, set, the lock, the
+  setting put back); one per ``tx.once``.
 * No claim of the job succeeds while the block is open — also after the holder's TTL
   ran out, for as long as the transaction stays open (bound it with the server's
   ``idle_in_transaction_session_timeout`` if you must). A claim waits for the row lock up
@@ -67,15 +46,16 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import errors as pgerrors
 
-from .._epoch import compose, split
-from ..backend import OnceCheck, SessionHandle
-from ..errors import InvalidArgument, OutcomeUnknown, StaleLeaseError
-from ._pg_client import translate
-from ._pg_schema import NOW, TIMELINE
+from ..._epoch import compose, split
+from ...backend import OnceCheck, SessionHandle
+from ...errors import InvalidArgument, OutcomeUnknown, StaleLeaseError
+from . import _jobs
+from ._layout import NOW, TIMELINE
+from ._transport import translate
 
 if TYPE_CHECKING:
-    from ..record import ClaimResult
-    from .postgresql import PostgresBackend
+    from ...record import ClaimResult
+    from .driver import PostgresBackend
 
 __all__ = ["lease_transaction"]
 
@@ -148,7 +128,7 @@ def lease_transaction(
 
 def _once_check(conn: psycopg.Connection[Any], backend: PostgresBackend, job_id: str,
                 generation: int) -> OnceCheck:
-    """``tx.once`` on ``conn`` (module docstring: once per job)."""
+    """``tx.once`` on ``conn`` (package docstring: once per job)."""
     prepare = False if backend.pooling == "transaction" else None
     insert = (f"INSERT INTO {backend.names.effects} (job_id, effect_id, generation) "
               "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING")
@@ -239,8 +219,8 @@ def _lock(
             "and lease must be in the same database", job_id=job_id,
         )
     if not row[1]:
-        raise backend._reject(SessionHandle(str(params["sid"]), "", 0.0), job_id,
-                              _token(params, backend))
+        raise _jobs.refusal(backend, SessionHandle(str(params["sid"]), "", 0.0), job_id,
+                            _token(params, backend))
 
 
 def _token(params: dict[str, Any], backend: PostgresBackend) -> int:
