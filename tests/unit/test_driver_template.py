@@ -31,7 +31,7 @@ naming one of the exceptions as an attribute of the client library (``sqlite3.Er
 LIBRARY = {"etcd": {"grpc", "pyetcd"}, "zookeeper": {"kazoo"},
            "postgresql": {"psycopg", "psycopg_pool"}, "sqlite": {"sqlite3"}}
 
-PENDING = {"postgresql", "sqlite"}
+PENDING = {"postgresql"}
 """Drivers not yet cut to the template (issue 26): each leaves this set when it is."""
 
 DRIVERS = [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason="issue 26"))
