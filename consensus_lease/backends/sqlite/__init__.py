@@ -7,8 +7,9 @@ How the protocol maps onto SQLite:
 
 * A worker session is a row in ``cl_sessions`` with ``expires_at`` on the **database's
   clock**: every statement computes "now" inside SQL (``julianday('now')``), so a worker
-  whose clock is wrong cannot extend or steal anything. One keepalive is one ``UPDATE``
-  of that row, however many jobs the session holds.
+  whose clock is wrong cannot extend or steal anything. One keepalive is one ``BEGIN
+  IMMEDIATE`` transaction: the regression check's read (:mod:`._tokens`) and one
+  ``UPDATE`` of that row, however many jobs the session holds (:mod:`._sessions`).
 * A job is a row in ``cl_jobs``: ``generation`` (the fencing token, +1 per claim),
   ``session_id`` of the holder, and the completion record (``completed_at``,
   ``completed_session``, ``result``). A job is held iff its session row is alive.
@@ -19,13 +20,14 @@ How the protocol maps onto SQLite:
   database clock, and every claim compares ``not_before <= now`` inside its statement,
   so the retry delay is the store's, never a worker's.
 * Waiting claims (SQLite cannot notify another process: ``capabilities.store_watch`` is
-  False): one thread per process reads which of the jobs and queues its claims wait for
-  have become claimable (:meth:`SqliteBackend.claimable_hint`) and wakes just those. It
+  False): one thread per store object (the subscription poller) reads which of the jobs
+  and queues its claims wait for have become claimable (:func:`._watches.claimable_hint`:
+  one read per 500 jobs waited for and one per queue) and wakes just those. It
   reads every ``poll_interval_s`` (expiries and retry delays end without a write), at
   once after a change made by this process, and within about ``watch_interval_s``
   (5 ms) after another process's commit: while claims wait, a second thread reads
   ``PRAGMA data_version`` (no table read, no lock) 1 ms after a change, backing off to
-  ``watch_interval_s`` while nothing changes (:mod:`._sqlite_watch`). Measured on a
+  ``watch_interval_s`` while nothing changes (:mod:`._watches`). Measured on a
   busy 2-core machine: graceful handover to a claim waiting in another process in about
   5 ms (p99 under 10 ms); the watch adds about 1.5-2 % of a core to a process whose
   claims wait on a quiet store, however many claims wait (100 claims: 2.5-3 % in all,
@@ -42,17 +44,18 @@ How the protocol maps onto SQLite:
   claimed, renewed and released by the same statements and left out of ``records()``;
   the leader's value is the row's ``value`` column, written by ``set_value`` under the
   same owner + generation compare and cleared by every statement that ends or takes the
-  hold (an expired holder's value is not reported: a record shows it only while HELD).
+  hold on the row (release, complete, fail, a claim); a holder whose session expired or
+  was closed leaves it in the row, not reported: a record shows it only while HELD.
   The poller also wakes subscribers of an election key when its holder or value changed.
 * **Transactional fencing** (``capabilities.transactions``):
   :meth:`~consensus_lease.Lease.transaction` runs ``BEGIN IMMEDIATE`` on your own
   ``sqlite3`` connection to this file, checks the hold in it, and ``tx.once(effect_id)``
   inserts into ``cl_effects`` (key ``(job_id, effect_id)``, deleted with the job by a
   trigger) in that transaction: once per job across generations. The block holds the
-  file's write lock: every other write waits for it (:mod:`._sqlite_txn`).
+  file's write lock: every other write waits for it (:mod:`._transport_txn`).
 * A file restored from an older copy, replaced or wiped while workers run is noticed
   (``StoreRegressed`` for every session of the store) where the file shows it: see
-  :mod:`consensus_lease.backends._sqlite_history` for what is and is not detected.
+  :mod:`consensus_lease.backends.sqlite._tokens_history` for what is and is not detected.
 * Queues: ``queue_candidates`` reads the oldest open jobs through the partial index
   ``cl_jobs_open (queue, seq) WHERE completed_at IS NULL AND failed_at IS NULL AND queue
   IS NOT NULL``, so a
@@ -72,9 +75,10 @@ How the protocol maps onto SQLite:
   is bounded by the file's disk (about 100 bytes per job plus its payload and result,
   payloads up to ``max_payload_bytes``, 16 MiB). Claims and ``queue_stats`` stay flat
   with depth (measured to 100,000 open jobs); ``purge`` drops COMPLETED jobs.
-* Every operation runs in one transaction whose ``UPDATE ... WHERE`` does the owner +
-  generation comparison, so the check and the write are one atomic step (SQLite
-  serialises writers: https://www.sqlite.org/lang_transaction.html). The file uses WAL
+* Every operation on a held job (renew, complete, release, fail, ``set_value``) runs in
+  one transaction whose ``UPDATE ... WHERE`` does the owner + generation comparison, so
+  the check and the write are one atomic step (SQLite serialises writers:
+  https://www.sqlite.org/lang_transaction.html). The file uses WAL
   mode and a busy timeout so processes wait for each other instead of failing.
 * The claim+complete cycle is two statements, each its own (autocommit) transaction,
   which takes the write lock as it starts: the claim's upsert (:data:`CLAIM_SQL`: it
@@ -83,20 +87,22 @@ How the protocol maps onto SQLite:
   ``RETURNING`` clause (SQLite builds a temporary B-tree for one, about as much CPU as a
   whole raw transaction): what they wrote is handed over, inside the statement, by TEMP
   triggers of the store's own connection (:data:`CLAIM_CAPTURES`,
-  :data:`COMPLETED_CAPTURE`); renew and release are one statement too. Only a refused one opens a
-  ``BEGIN IMMEDIATE`` transaction to find out why (and to retry a claim once). The
+  :data:`COMPLETED_CAPTURE`); renew and release are one statement too. Only a refused
+  one opens a ``BEGIN IMMEDIATE`` transaction to find out why (and to retry a claim once). The
   secondary indexes are partial (:data:`PARTIAL_INDEXES`): a cycle writes 4 WAL pages
   (the job row's twice, its primary key's and ``cl_meta``'s once; a raw insert + update
   writes 3), a queue job's about 7 (also ``cl_jobs_by_session``, ``cl_jobs_open`` and
-  ``cl_queue_counts``). Other operations take one ``BEGIN IMMEDIATE`` transaction each.
+  ``cl_queue_counts``). Other writing operations take one ``BEGIN IMMEDIATE`` transaction
+  each; a read (``get``, ``records``, ``queue_stats``, ``queue_candidates``, ``epoch``,
+  ``store_time``) is one statement, its own read transaction.
 * The WAL stays under ``wal_limit_bytes`` (16 MiB) while no reader keeps an old snapshot
   open: ``PRAGMA journal_size_limit``, and a thread per store object that checks the
   ``-wal`` file's size every ``wal_interval_s`` and checkpoints (PASSIVE, then
-  TRUNCATE) when it is above, never waiting for a lock. A read transaction left open
-  (by any process) stops every checkpoint: the WAL then grows with each commit, a
-  WARNING names its size and what to do, and the observer's
+  TRUNCATE if that copied every page) when it is above, never waiting for a lock. A
+  read transaction left open (by any process) stops every checkpoint: the WAL then
+  grows with each commit, a WARNING names its size and what to do, and the observer's
   :meth:`~consensus_lease.observe.Observer.wal_measured` reports it
-  (:mod:`._sqlite_wal`).
+  (:mod:`._transport_wal`).
 
 Options (URL query string or keyword arguments of ``open_store``; keyword arguments win;
 parsed as every backend's, see :mod:`consensus_lease.options`: an unknown name, a name
@@ -110,8 +116,9 @@ busy_timeout_s    5.0      how long an operation waits for the write lock (anoth
                            process's, or this process's other threads') before
                            ``BackendUnavailable``
 poll_interval_s   0.05     waiting claims re-check at this interval (SQLite has no
-                           watches: ``capabilities.store_watch`` is False); one read
-                           per interval per process, however many claims wait
+                           watches: ``capabilities.store_watch`` is False); per
+                           interval per store object one read per 500 jobs and one
+                           per queue waited for, however many claims wait on each
 watch_interval_s  0.005    longest interval between two checks (``PRAGMA
                            data_version``) for another process's change while claims
                            of this process wait; larger costs less CPU when idle and

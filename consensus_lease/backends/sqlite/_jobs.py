@@ -108,9 +108,10 @@ def complete(
 ) -> LeaseRecord:
     """Complete the job (see :meth:`Backend.complete`): one ``UPDATE`` (its own
     transaction) whose ``WHERE`` makes the owner + generation compare; the record is
-    the row that statement wrote, handed over by :data:`~._layout.COMPLETED_CAPTURE`.
-    Only a refused one reads back, in a transaction, whether this session completed it
-    already (idempotent) or why not.
+    the row that statement wrote, handed over by :data:`~._layout.COMPLETED_CAPTURE`
+    (read back by a second statement only if it was not). Only a refused one reads back,
+    in a ``BEGIN IMMEDIATE`` transaction, whether this session completed it already
+    (idempotent) or why not.
 
     Raises:
         StaleLeaseError / SessionExpired / BackendUnavailable.

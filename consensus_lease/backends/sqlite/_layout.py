@@ -138,7 +138,7 @@ CLAIM_TRIGGERS = (
     "WHEN NEW.generation <> OLD.generation BEGIN "
     "UPDATE cl_meta SET claims = claims + 1 WHERE id = 1; END",
 )
-"""The claim count (``cl_meta.claims``, see :mod:`._sqlite_history`) goes +1 in the very
+"""The claim count (``cl_meta.claims``, see :mod:`._tokens_history`) goes +1 in the very
 statement that applies a claim (the row inserted with generation 1, or its generation
 raised): enqueue inserts generation 0 and nothing but a claim moves ``generation``. An
 earlier version's writers also add 1 themselves: +2 per claim of theirs, still never
@@ -175,7 +175,7 @@ claim; an election leader's value), added on first open the same way."""
 EXHAUSTED = "(max_attempts IS NOT NULL AND attempt - attempt_base >= max_attempts)"
 
 HINT_CHUNK = 500
-"""Job ids per statement of :meth:`SqliteBackend.claimable_hint` (SQLite limits the
+"""Job ids per statement of :func:`._watches.claimable_hint` (SQLite limits the
 number of parameters of one statement)."""
 
 NOT_ELECTION = f"substr(j.job_id, 1, {len(ELECTION_PREFIX)}) <> ?"
@@ -219,7 +219,7 @@ COMPLETED_CAPTURE = (
     f"SELECT {CAPTURE_FUNCTION}(NEW.job_id, NEW.owner, NEW.completed_at, NEW.failed_at, "
     "NEW.attempt, NEW.error, NEW.max_attempts); END"
 )
-"""How :meth:`SqliteBackend.complete` learns the completed row: a trigger of this
+"""How :func:`._jobs.complete` learns the completed row: a trigger of this
 connection only (``TEMP``: in its own temp schema, never in the file, so other processes
 and other versions neither see nor run it) that passes the row, as the very statement
 that completed it wrote it, to a function of this connection (``create_function``), in
