@@ -21,17 +21,18 @@ How the protocol maps onto SQLite:
   so the retry delay is the store's, never a worker's.
 * Waiting claims (SQLite cannot notify another process: ``capabilities.store_watch`` is
   False): one thread per store object (the subscription poller) reads which of the jobs
-  and queues its claims wait for have become claimable (:func:`._watches.claimable_hint`:
-  one read per 500 jobs waited for and one per queue) and wakes just those. It
-  reads every ``poll_interval_s`` (expiries and retry delays end without a write), at
-  once after a change made by this process, and within about ``watch_interval_s``
-  (5 ms) after another process's commit: while claims wait, a second thread reads
-  ``PRAGMA data_version`` (no table read, no lock) 1 ms after a change, backing off to
-  ``watch_interval_s`` while nothing changes (:mod:`._watches`). Measured on a
-  busy 2-core machine: graceful handover to a claim waiting in another process in about
-  5 ms (p99 under 10 ms); the watch adds about 1.5-2 % of a core to a process whose
-  claims wait on a quiet store, however many claims wait (100 claims: 2.5-3 % in all,
-  1 % without the watch).
+  and queues its claims wait for have become claimable
+  (:func:`._watches.claimable_hint`: one read per 500 jobs waited for, one more per 500
+  of them that are election keys, and one per queue) and wakes just those. It reads
+  every ``poll_interval_s`` (expiries and retry delays end without a write), at once
+  after a change made by this process, and within about ``watch_interval_s`` (5 ms)
+  after another process's commit: while claims wait, a second thread reads ``PRAGMA
+  data_version`` (no table read, no lock) 1 ms after a change, backing off to
+  ``watch_interval_s`` while nothing changes (:mod:`._watches`). Measured on a busy
+  2-core machine: graceful handover to a claim waiting in another process in about 5 ms
+  (p99 under 10 ms); the watch adds about 1.5-2 % of a core to a process whose claims
+  wait on a quiet store, however many claims wait (100 claims: 2.5-3 % in all, 1 %
+  without the watch).
 * The store epoch (``bump_epoch``) is the ``epoch`` of the one-row table ``cl_meta``.
   The claim statement reads it in a subquery and records it in the job row's ``epoch``
   column, and every token is ``epoch * 2**32 + generation`` (``epoch_shift`` 32):
@@ -117,8 +118,9 @@ busy_timeout_s    5.0      how long an operation waits for the write lock (anoth
                            ``BackendUnavailable``
 poll_interval_s   0.05     waiting claims re-check at this interval (SQLite has no
                            watches: ``capabilities.store_watch`` is False); per
-                           interval per store object one read per 500 jobs and one
-                           per queue waited for, however many claims wait on each
+                           interval per store object one read per 500 jobs (and
+                           per 500 election keys) and one per queue waited for,
+                           however many claims wait on each
 watch_interval_s  0.005    longest interval between two checks (``PRAGMA
                            data_version``) for another process's change while claims
                            of this process wait; larger costs less CPU when idle and
