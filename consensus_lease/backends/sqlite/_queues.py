@@ -31,6 +31,17 @@ INSERT_JOB = (
 """A new queue job, never claimed (generation 0): bind job id, queue, payload, seq,
 max_attempts."""
 
+CANDIDATES = (
+    "SELECT j.job_id, j.payload FROM cl_jobs j INDEXED BY cl_jobs_open WHERE j.queue = ? "
+    "AND j.completed_at IS NULL AND j.failed_at IS NULL "
+    f"AND (j.not_before IS NULL OR j.not_before <= {NOW}) "
+    "AND NOT EXISTS (SELECT 1 FROM cl_sessions s "
+    f"WHERE s.session_id = j.session_id AND s.expires_at > {NOW}) "
+    "ORDER BY j.seq LIMIT ?"
+)
+"""The oldest claimable jobs of a queue, in ``seq`` order (bind queue, limit): open,
+past any retry delay, not held by a live session."""
+
 
 def enqueue(
     backend: SqliteBackend, queue: str, job_id: str, payload: bytes,
@@ -130,15 +141,7 @@ def queue_stats(backend: SqliteBackend, queue: str) -> QueueStats:
 
 def queue_candidates(backend: SqliteBackend, queue: str, limit: int) -> list[tuple[str, bytes]]:
     """The oldest ``limit`` claimable jobs of ``queue`` (one statement)."""
-    rows = backend._transport.read(
-        "SELECT j.job_id, j.payload FROM cl_jobs j INDEXED BY cl_jobs_open WHERE j.queue = ? "
-        "AND j.completed_at IS NULL AND j.failed_at IS NULL "
-        f"AND (j.not_before IS NULL OR j.not_before <= {NOW}) "
-        "AND NOT EXISTS (SELECT 1 FROM cl_sessions s "
-        f"WHERE s.session_id = j.session_id AND s.expires_at > {NOW}) "
-        "ORDER BY j.seq LIMIT ?",
-        (queue, int(limit)),
-    )
+    rows = backend._transport.read(CANDIDATES, (queue, int(limit)))
     return [(r[0], bytes(r[1] or b"")) for r in rows]
 
 
@@ -195,15 +198,7 @@ def complete_and_claim_next(
         _tokens.check_history(backend, db, None)
         tries = QUEUE_PICK_TRIES if alive(db, session.session_id) else 0
         for _ in range(tries):
-            row = db.execute(
-                "SELECT j.job_id, j.payload FROM cl_jobs j INDEXED BY cl_jobs_open "
-                "WHERE j.queue = ? AND j.completed_at IS NULL AND j.failed_at IS NULL "
-                f"AND (j.not_before IS NULL OR j.not_before <= {NOW}) "
-                "AND NOT EXISTS (SELECT 1 FROM cl_sessions s "
-                f"WHERE s.session_id = j.session_id AND s.expires_at > {NOW}) "
-                "ORDER BY j.seq LIMIT 1",
-                (queue,),
-            ).fetchone()
+            row = db.execute(CANDIDATES, (queue, 1)).fetchone()
             if row is None:
                 break
             got = _jobs_claim.claim_one(backend, db, session, row[0])
