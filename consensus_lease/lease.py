@@ -237,7 +237,8 @@ class Lease:
         then. Effects elsewhere still need a fence. Cost: a claim of the job waits for
         the open transaction (SQLite: every write to the store does); keep it short.
         Details: :mod:`consensus_lease.transaction`,
-        :mod:`consensus_lease.backends.postgresql`, :mod:`consensus_lease.backends._sqlite_txn`.
+        :mod:`consensus_lease.backends.postgresql`,
+        :mod:`consensus_lease.backends.sqlite._transport_txn`.
 
         Args:
             conn: a ``psycopg.Connection`` to the lease store's database, or a

@@ -11,8 +11,8 @@ effect with ``tx.once(effect_id)``::
 What is guaranteed, and by what:
 
 * **Per generation** (the store's row lock, :mod:`consensus_lease.backends.postgresql`;
-  SQLite's write lock, :mod:`consensus_lease.backends._sqlite_txn`): the block commits
-  only if this session held the job at this generation when the transaction began (on
+  SQLite's write lock, :mod:`consensus_lease.backends.sqlite._transport_txn`): the block
+  commits only if this session held the job at this generation when the transaction began (on
   the store's clock), and before any later generation's claim of the job — also when
   the holder was paused past its TTL inside the block.
 * **Per job** (a unique key ``(job_id, effect_id)`` in the store's ``cl_effects``

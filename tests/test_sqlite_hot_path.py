@@ -16,6 +16,7 @@ from consensus_lease.backends.sqlite import (
     PARTIAL_INDEXES,
     SqliteBackend,
 )
+from consensus_lease.backends.sqlite._jobs_claim import claim_params
 from consensus_lease.bench.roundtrips import counting, requests_total
 
 OLD_INDEXES = (
@@ -75,9 +76,9 @@ def test_a_cycle_is_two_statements(path: str) -> None:
 
 def wal_pages_per_cycle(store: LeaseStore, path: str, claim: object, cycles: int) -> float:
     backend = backend_of(store)
-    backend._db.execute("PRAGMA wal_autocheckpoint = 0")
-    backend._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    page = int(backend._db.execute("PRAGMA page_size").fetchone()[0])
+    backend._transport.db.execute("PRAGMA wal_autocheckpoint = 0")
+    backend._transport.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    page = int(backend._transport.db.execute("PRAGMA page_size").fetchone()[0])
     before = os.path.getsize(path + "-wal")
     for i in range(cycles):
         lease = claim(i)  # type: ignore[operator]
@@ -115,15 +116,15 @@ def old_file(path: str) -> str:
 
 def test_older_indexes_are_rebuilt_once_on_open(old_file: str) -> None:
     with open_store(f"sqlite:///{old_file}") as store, store.session("W", 30.0) as worker:
-        rows = dict(backend_of(store)._db.execute(
+        rows = dict(backend_of(store)._transport.db.execute(
             "SELECT name, sql FROM sqlite_master WHERE type IN ('index', 'trigger')"))
         for name, sql in PARTIAL_INDEXES.items():
             assert rows[name] == sql
         assert CLAIM_OBJECTS.issubset(rows)
-        claims = backend_of(store)._db.execute("SELECT claims FROM cl_meta").fetchone()[0]
+        claims = backend_of(store)._transport.db.execute("SELECT claims FROM cl_meta").fetchone()[0]
         lease = worker.claim_next("q")
         assert lease is not None and lease.job_id in ("b", "c")
-        assert backend_of(store)._db.execute(
+        assert backend_of(store)._transport.db.execute(
             "SELECT claims FROM cl_meta").fetchone()[0] == claims + 1
         assert store.queue_stats("q").held == 1
         assert [j.record.job_id for j in store.queue_jobs("q")] == ["a", "b", "c"]
@@ -207,7 +208,7 @@ def test_the_one_statement_claim_notes_the_exact_claim_count(path: str) -> None:
             assert lease is not None
             lease.release()
             assert worker.claim(f"job-{i}") is not None  # taken over: the update path
-            stored = backend._db.execute("SELECT claims FROM cl_meta").fetchone()[0]
+            stored = backend._transport.db.execute("SELECT claims FROM cl_meta").fetchone()[0]
             assert backend._history.claims_seen == stored
 
 
@@ -251,8 +252,8 @@ def test_a_refused_claim_statement_neither_inserts_nor_takes_over(path: str) -> 
         claim = backend.claim(handle, "old")
         assert claim is not None
         backend.release(handle, "old", claim)
-        before = backend._db.execute("SELECT * FROM cl_jobs ORDER BY job_id").fetchall()
-        good = backend._claim_params(handle, "old")
+        before = backend._transport.db.execute("SELECT * FROM cl_jobs ORDER BY job_id").fetchall()
+        good = claim_params(backend, handle, "old")
         for bad in (
             (good[0], "another identity", *good[2:]),
             (good[0], good[1], good[2] + 1, *good[3:]),
@@ -260,8 +261,8 @@ def test_a_refused_claim_statement_neither_inserts_nor_takes_over(path: str) -> 
         ):
             for job_id in ("old", "new"):
                 params = (job_id, *bad[1:])
-                changed = backend._db.execute(CLAIM_SQL, params).rowcount
+                changed = backend._transport.db.execute(CLAIM_SQL, params).rowcount
                 assert changed == 0, (job_id, bad)
-        assert backend._db.execute(
+        assert backend._transport.db.execute(
             "SELECT * FROM cl_jobs ORDER BY job_id").fetchall() == before
-        assert backend._db.execute(CLAIM_SQL, ("new", *good[1:])).rowcount == 1
+        assert backend._transport.db.execute(CLAIM_SQL, ("new", *good[1:])).rowcount == 1

@@ -106,7 +106,7 @@ def test_a_store_written_before_the_counts_gets_them_on_open(url: str) -> None:
         assert counts(again.queue_stats("r")) == (3, 0, 0, 0)
         backend = again.backend
         assert isinstance(backend, SqliteBackend)
-        names = {r[0] for r in backend._db.execute("SELECT name FROM sqlite_master")}
+        names = {r[0] for r in backend._transport.db.execute("SELECT name FROM sqlite_master")}
         assert QUEUE_OBJECTS.issubset(names)
     finally:
         again.close()
@@ -122,7 +122,7 @@ def _transactions(store: LeaseStore) -> list[str]:
     backend = store.backend
     assert isinstance(backend, SqliteBackend)
     begun: list[str] = []
-    backend._db.set_trace_callback(
+    backend._transport.db.set_trace_callback(
         lambda sql: begun.append(sql) if sql.startswith("BEGIN") else None)
     return begun
 

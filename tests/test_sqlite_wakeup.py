@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 from consensus_lease import open_store
-from consensus_lease.backends._sqlite_watch import ChangeWatch
 from consensus_lease.backends.sqlite import SqliteBackend
+from consensus_lease.backends.sqlite._watches import ChangeWatch
 from consensus_lease.testing.conformance import poll_until
 
 HOLDER = r"""

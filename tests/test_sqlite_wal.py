@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from consensus_lease import InvalidArgument, Session, open_store
-from consensus_lease.backends._sqlite_wal import DEFAULT_LIMIT_BYTES, wal_bytes
 from consensus_lease.backends.sqlite import SqliteBackend
+from consensus_lease.backends.sqlite._transport_wal import DEFAULT_LIMIT_BYTES, wal_bytes
 from consensus_lease.observe import Observer
 from consensus_lease.testing.conformance import poll_until
 
@@ -207,7 +207,7 @@ def test_the_wal_options_are_checked_and_the_guard_ends_with_the_store(path: str
     store = open_store(f"sqlite:///{path}", wal_limit_bytes=SMALL_LIMIT)
     backend = store.backend
     assert isinstance(backend, SqliteBackend) and backend._wal is not None
-    assert backend._db.execute("PRAGMA journal_size_limit").fetchone()[0] == SMALL_LIMIT
+    assert backend._transport.db.execute("PRAGMA journal_size_limit").fetchone()[0] == SMALL_LIMIT
     thread = backend._wal._thread
     assert thread.is_alive()
     store.close()

@@ -31,11 +31,8 @@ naming one of the exceptions as an attribute of the client library (``sqlite3.Er
 LIBRARY = {"etcd": {"grpc", "pyetcd"}, "zookeeper": {"kazoo"},
            "postgresql": {"psycopg", "psycopg_pool"}, "sqlite": {"sqlite3"}}
 
-PENDING = {"sqlite"}
-"""Drivers not yet cut to the template (issue 26): each leaves this set when it is."""
-
-DRIVERS = [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason="issue 26"))
-           if name in PENDING else name for name in sorted(CLIENT_EXCEPTIONS)]
+DRIVERS = sorted(CLIENT_EXCEPTIONS)
+"""Every server driver (a new one is added here and to ``LIBRARY``)."""
 
 
 def _modules(driver: str) -> dict[str, Path]:

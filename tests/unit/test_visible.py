@@ -14,7 +14,7 @@ import pytest
 from consensus_lease._visible import log_visible
 
 WAL = textwrap.dedent("""
-    from consensus_lease.backends._sqlite_wal import WalGuard
+    from consensus_lease.backends.sqlite._transport_wal import WalGuard
     guard = WalGuard("/nonexistent/x.db", limit_bytes=1024, interval_s=1.0,
                      report=lambda size, blocked: None)
     guard._tell(64 * 1024 * 1024, True)  # never started: only the report path runs

@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable
 from urllib.parse import quote
 
-from .._visible import log_visible
+from ..._visible import log_visible
 
 __all__ = ["DEFAULT_LIMIT_BYTES", "WARN_EVERY_S", "WalGuard", "wal_bytes"]
 

@@ -45,7 +45,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..errors import BackendUnavailable, StoreRegressed
+from ...errors import BackendUnavailable, StoreRegressed
 
 __all__ = ["MARKER_CHECK", "MARKER_EXISTS", "MARKER_TABLE", "MARKER_WRITE", "SESSION_GC_S",
            "History", "marker_error"]

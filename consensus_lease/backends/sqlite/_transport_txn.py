@@ -1,4 +1,7 @@
-"""Transactional fencing on SQLite: :meth:`consensus_lease.Lease.transaction`.
+"""Transactional fencing on SQLite: :meth:`consensus_lease.Lease.transaction`, on the
+caller's own ``sqlite3`` connection (hence part of :mod:`._transport`: its ``sqlite3``
+errors are translated here). The package docstring
+(:mod:`consensus_lease.backends.sqlite`) places it in the protocol; this is the detail.
 
 When the effect's destination is the store's own file, the effect and the ownership
 check can be one SQLite transaction. ``with lease.transaction(conn) as tx:`` runs on
@@ -16,7 +19,7 @@ check can be one SQLite transaction. ``with lease.transaction(conn) as tx:`` run
          AND s.expires_at > <now>
 
    and otherwise rolls back and raises ``StaleLeaseError`` / ``SessionExpired`` (the
-   store's own refusal rule, ``SqliteBackend._reject``);
+   store's own refusal rule, :func:`._jobs.refusal`);
 3. runs the block; ``tx.once(effect_id)`` is ``INSERT OR IGNORE INTO cl_effects`` in
    the same transaction (``True`` iff it inserted: the key is ``(job_id, effect_id)``);
 4. ``COMMIT`` at the end of the block (``ROLLBACK`` on an error). A block that commits
@@ -48,25 +51,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING
 
-from .._epoch import split
-from ..backend import OnceCheck, SessionHandle
-from ..errors import BackendUnavailable, InvalidArgument
+from ..._epoch import split
+from ...backend import OnceCheck, SessionHandle
+from ...errors import BackendUnavailable, InvalidArgument
+from . import _jobs
+from ._layout import NOW
 
 if TYPE_CHECKING:
-    from ..record import ClaimResult
-    from .sqlite import SqliteBackend
+    from ...record import ClaimResult
+    from .driver import SqliteBackend
 
-__all__ = ["EFFECT_OBJECTS", "EFFECT_SCHEMA", "lease_transaction"]
-
-EFFECT_SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS cl_effects (job_id TEXT NOT NULL, effect_id TEXT NOT NULL, "
-    "generation INTEGER NOT NULL, PRIMARY KEY (job_id, effect_id)) WITHOUT ROWID",
-    "CREATE TRIGGER IF NOT EXISTS cl_effects_purge AFTER DELETE ON cl_jobs BEGIN "
-    "DELETE FROM cl_effects WHERE job_id = OLD.job_id; END",
-)
-"""The once-per-job effect records, and their deletion with their job (``purge``)."""
-
-EFFECT_OBJECTS = frozenset({"cl_effects", "cl_effects_purge"})
+__all__ = ["lease_transaction"]
 
 _MARK = "consensus_lease_block"
 """A savepoint taken after the hold check and released before ``COMMIT``: a commit or
@@ -76,14 +71,14 @@ fails) instead of committing writes made after it without the check."""
 _HELD = (
     "SELECT 1 FROM cl_jobs j JOIN cl_sessions s ON s.session_id = j.session_id "
     "WHERE j.job_id = ? AND j.session_id = ? AND j.generation = ? AND j.epoch = ? "
-    "AND j.completed_at IS NULL AND j.failed_at IS NULL AND s.expires_at > {now}"
+    f"AND j.completed_at IS NULL AND j.failed_at IS NULL AND s.expires_at > {NOW}"
 )
 
 
 @contextmanager
 def lease_transaction(
     backend: SqliteBackend, session: SessionHandle, job_id: str, claim: ClaimResult,
-    conn: object, lock_timeout_s: float | None, now: str,
+    conn: object, lock_timeout_s: float | None,
 ) -> Iterator[OnceCheck]:
     """See the module docstring. Yields ``tx.once``'s check.
 
@@ -105,14 +100,14 @@ def lease_transaction(
     epoch, local = split(claim.generation, backend.epoch_shift)
     _begin(db, lock_timeout_s, backend, job_id)
     try:
-        held = db.execute(_HELD.format(now=now),
+        held = db.execute(_HELD,
                           (job_id, session.session_id, local, epoch)).fetchone()
         if held is None:
-            raise backend._reject(db, session, job_id, claim.generation)
+            raise _jobs.refusal(backend, db, session, job_id, claim.generation)
         db.execute(f"SAVEPOINT {_MARK}")
     except sqlite3.DatabaseError as exc:
         _rollback(db)
-        raise backend._unavailable(exc, job_id) from exc
+        raise backend._transport.unavailable(exc, job_id) from exc
     except BaseException:
         _rollback(db)
         raise
@@ -158,7 +153,7 @@ def _checked(conn: object, backend: SqliteBackend, job_id: str) -> sqlite3.Conne
     except sqlite3.ProgrammingError as exc:
         raise InvalidArgument(f"lease.transaction(): {exc}", job_id=job_id) from exc
     except sqlite3.DatabaseError as exc:
-        raise backend._unavailable(exc, job_id) from exc
+        raise backend._transport.unavailable(exc, job_id) from exc
     if in_transaction or getattr(conn, "autocommit", None) is False:
         raise InvalidArgument(
             "lease.transaction(): the connection has a transaction open (another "
@@ -216,7 +211,7 @@ def _once_check(db: sqlite3.Connection, backend: SqliteBackend, job_id: str,
                 "INSERT OR IGNORE INTO cl_effects (job_id, effect_id, generation) "
                 "VALUES (?, ?, ?)", (job_id, effect_id, generation))
         except sqlite3.DatabaseError as exc:
-            raise backend._unavailable(exc, job_id) from exc
+            raise backend._transport.unavailable(exc, job_id) from exc
         return cursor.rowcount == 1
 
     return once

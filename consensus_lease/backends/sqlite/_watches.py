@@ -1,10 +1,14 @@
-"""Waking a process's waiting claims soon after another process changed a SQLite store.
+"""Waiting claims of the SQLite driver: the subscriptions (the default poller, which asks
+:func:`claimable_hint` which waiters may proceed), and the change watch that wakes them
+soon after another process changed the store. What waiting costs and how soon it wakes:
+the package docstring (:mod:`consensus_lease.backends.sqlite`).
 
-SQLite cannot notify another process. What it offers cheaply is ``PRAGMA data_version``
-(https://www.sqlite.org/pragma.html#pragma_data_version): a number that differs between
-two reads on one connection iff another connection committed a change in between. Read
-on a connection of its own, it costs no table read and no write lock: in WAL mode it
-looks at the shared-memory WAL index (https://www.sqlite.org/wal.html).
+The change watch. SQLite cannot notify another process. What it offers cheaply is
+``PRAGMA data_version`` (https://www.sqlite.org/pragma.html#pragma_data_version): a
+number that differs between two reads on one connection iff another connection committed
+a change in between. Read on a connection of its own, it costs no table read and no
+write lock: in WAL mode it looks at the shared-memory WAL index
+(https://www.sqlite.org/wal.html).
 
 While claims of this process wait, one thread (:class:`ChangeWatch`) reads it on an
 adaptive schedule: ``min_interval_s`` after a change (more changes tend to follow), then
@@ -25,13 +29,24 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
+from typing import TYPE_CHECKING, Any
 
-from .._subscriptions import IDLE_EXIT_S
+from ..._election import is_election_key
+from ..._subscriptions import IDLE_EXIT_S
+from . import _queues, _transport
+from ._layout import ALIVE_J, HINT_CHUNK, NOW
 
-__all__ = ["ChangeWatch"]
+if TYPE_CHECKING:
+    from .driver import SqliteBackend
+
+__all__ = ["WATCH_MIN_S", "ChangeWatch", "claimable_hint", "claims_wait", "wait_for_change"]
 
 log = logging.getLogger("consensus_lease")
+
+WATCH_MIN_S = 0.001
+"""Seconds between two ``PRAGMA data_version`` reads right after a change was seen (the
+schedule then doubles up to ``watch_interval_s``)."""
 
 READY_WAIT_S = 1.0
 """How long :meth:`ChangeWatch.ensure` waits for a new thread's first read (the baseline
@@ -87,11 +102,10 @@ class ChangeWatch:
         self._stop.set()
 
     def _run(self, ready: threading.Event) -> None:
-        try:
-            db = sqlite3.connect(self.path, timeout=self.busy_timeout_s,
-                                 isolation_level=None)
-        except sqlite3.Error as exc:
-            log.debug("change watch cannot open the store", extra={"error": repr(exc)})
+        db = _transport.attempt(lambda: sqlite3.connect(
+            self.path, timeout=self.busy_timeout_s, isolation_level=None))
+        if not isinstance(db, sqlite3.Connection):
+            log.debug("change watch cannot open the store", extra={"error": repr(db)})
             self._exit()
             ready.set()
             return
@@ -125,11 +139,11 @@ class ChangeWatch:
         """The connection's data_version, or ``None`` if it could not be read (counted
         as a change: the poller then asks the store itself)."""
         self.reads += 1
-        try:
-            return int(db.execute("PRAGMA data_version").fetchone()[0])
-        except sqlite3.Error as exc:
-            log.debug("change watch read failed", extra={"error": repr(exc)})
+        version = _transport.attempt(lambda: int(db.execute("PRAGMA data_version").fetchone()[0]))
+        if not isinstance(version, int):
+            log.debug("change watch read failed", extra={"error": repr(version)})
             return None
+        return version
 
     def _idle_exit(self) -> bool:
         """End the thread if no claim waited for :data:`IDLE_EXIT_S` (a later
@@ -143,3 +157,65 @@ class ChangeWatch:
     def _exit(self) -> None:
         with self._lock:
             self._thread = None
+
+
+# -- the driver's waiting claims ------------------------------------------------------------
+
+def claims_wait(backend: SqliteBackend) -> bool:
+    """Whether any claim of this store object waits (the watch runs while one does)."""
+    poller = backend._poller
+    return poller is not None and len(poller) > 0
+
+
+def wait_for_change(backend: SqliteBackend, job_id: str, timeout_s: float) -> None:
+    """Sleep one poll interval: SQLite cannot notify another process
+    (``capabilities.store_watch`` is False)."""
+    time.sleep(max(0.0, min(timeout_s, backend.poll_interval_s)))
+
+
+def claimable_hint(
+    backend: SqliteBackend, job_ids: Sequence[str], queues: Sequence[str]
+) -> tuple[Collection[str], Collection[str]] | None:
+    """Which waiting claims of this process may proceed, at each poll: the subscribed
+    jobs that are not held by a live session nor in a retry delay (completed and FAILED
+    ones included: their waiters must learn it), the subscribed election keys whose
+    holder, liveness or value changed since the last poll (an election becomes
+    claimable no other way), and the queues with a claimable job. One read per
+    :data:`~._layout.HINT_CHUNK` subscribed jobs, one per subscribed queue, and one per
+    :data:`~._layout.HINT_CHUNK` subscribed election keys, however many claims wait on
+    each. Expiry and retry delays are compared with the database's clock."""
+    blocked: set[str] = set()
+    for start in range(0, len(job_ids), HINT_CHUNK):
+        chunk = tuple(job_ids[start : start + HINT_CHUNK])
+        rows = backend._transport.read(
+            f"SELECT j.job_id FROM cl_jobs j WHERE j.job_id IN "
+            f"({', '.join('?' * len(chunk))}) "
+            "AND j.completed_at IS NULL AND j.failed_at IS NULL "
+            f"AND ((j.not_before IS NOT NULL AND j.not_before > {NOW}) "
+            "OR EXISTS (SELECT 1 FROM cl_sessions s "
+            f"WHERE s.session_id = j.session_id AND s.expires_at > {NOW}))",
+            chunk,
+        )
+        blocked.update(row[0] for row in rows)
+    ready = [q for q in queues if _queues.queue_candidates(backend, q, 1)]
+    states = _election_states(backend, job_ids)
+    changed = backend._elections.changed(states)
+    return [j for j in job_ids if j in changed
+            or (j not in states and j not in blocked)], ready
+
+
+def _election_states(
+    backend: SqliteBackend, job_ids: Sequence[str]
+) -> dict[str, tuple[Any, ...] | None]:
+    """Election key -> what changes with its leader or value (``None``: no row)."""
+    keys = tuple(j for j in job_ids if is_election_key(j))
+    states: dict[str, tuple[Any, ...] | None] = dict.fromkeys(keys)
+    for start in range(0, len(keys), HINT_CHUNK):
+        chunk = keys[start : start + HINT_CHUNK]
+        rows = backend._transport.read(
+            f"SELECT j.job_id, j.epoch, j.generation, j.session_id, j.value, {ALIVE_J} "
+            f"FROM cl_jobs j WHERE j.job_id IN ({', '.join('?' * len(chunk))})",
+            chunk,
+        )
+        states.update((row[0], tuple(row[1:])) for row in rows)
+    return states

@@ -1,0 +1,211 @@
+"""Work queues of the SQLite driver: enqueue (one or a batch), the oldest claimable jobs
+(``queue_candidates``, through the partial index ``cl_jobs_open``), the fused completion
+and claim of the next job, counts, listing and purge. The protocol, costs and capacity
+are told in the package docstring (:mod:`consensus_lease.backends.sqlite`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ...errors import InvalidArgument
+from ...record import EnqueueItem, LeaseRecord, QueuedJob, QueueStats
+from . import _jobs, _jobs_claim, _tokens
+from ._layout import HINT_CHUNK, NOW, SELECT_RECORD, alive, to_record
+
+if TYPE_CHECKING:
+    from ...backend import QueuePick, SessionHandle
+    from ...record import ClaimResult
+    from .driver import SqliteBackend
+
+QUEUE_PICK_TRIES = 32
+"""Most jobs ``complete_and_claim_next`` tries in its transaction (each one it cannot
+claim has used up its attempts and becomes FAILED) before it returns no next job."""
+
+INSERT_JOB = (
+    "INSERT INTO cl_jobs (job_id, generation, queue, payload, seq, max_attempts) "
+    "VALUES (?, 0, ?, ?, ?, ?)"
+)
+"""A new queue job, never claimed (generation 0): bind job id, queue, payload, seq,
+max_attempts."""
+
+CANDIDATES = (
+    "SELECT j.job_id, j.payload FROM cl_jobs j INDEXED BY cl_jobs_open WHERE j.queue = ? "
+    "AND j.completed_at IS NULL AND j.failed_at IS NULL "
+    f"AND (j.not_before IS NULL OR j.not_before <= {NOW}) "
+    "AND NOT EXISTS (SELECT 1 FROM cl_sessions s "
+    f"WHERE s.session_id = j.session_id AND s.expires_at > {NOW}) "
+    "ORDER BY j.seq LIMIT ?"
+)
+"""The oldest claimable jobs of a queue, in ``seq`` order (bind queue, limit): open,
+past any retry delay, not held by a live session."""
+
+
+def enqueue(
+    backend: SqliteBackend, queue: str, job_id: str, payload: bytes,
+    max_attempts: int | None = None,
+) -> bool:
+    """Add the job to ``queue`` unless it is there (one ``BEGIN IMMEDIATE`` transaction).
+
+    Raises:
+        InvalidArgument: the job exists outside ``queue``.
+        BackendUnavailable.
+    """
+    with backend._transport.transaction(job_id) as db:
+        row = db.execute("SELECT queue FROM cl_jobs WHERE job_id = ?", (job_id,)).fetchone()
+        if row is not None:
+            if row[0] != queue:
+                raise InvalidArgument(
+                    f"{job_id!r} already exists outside queue {queue!r}", job_id=job_id
+                )
+            return False
+        seq = db.execute(
+            "INSERT INTO cl_seq VALUES (1, 1) ON CONFLICT (id) DO UPDATE SET last = last + 1 "
+            "RETURNING last"
+        ).fetchone()[0]
+        db.execute(INSERT_JOB, (job_id, queue, payload, seq, max_attempts))
+    backend.wake_subscribers()
+    return True
+
+
+def enqueue_many(backend: SqliteBackend, queue: str, items: Sequence[EnqueueItem]) -> list[bool]:
+    """Enqueue ``items`` (see :meth:`Backend.enqueue_many`) in one ``BEGIN IMMEDIATE``
+    transaction: one lookup of the ids already present per :data:`~._layout.HINT_CHUNK`
+    of them, one ``seq`` reservation, one ``executemany`` insert. Atomic: all new jobs
+    are added, or (on any error) none.
+
+    Raises:
+        InvalidArgument: a job exists outside ``queue``; nothing was added.
+        BackendUnavailable.
+    """
+    if not items:
+        return []
+    ids = [item.job_id for item in items]
+    with backend._transport.transaction(ids[0]) as db:
+        present: dict[str, str | None] = {}
+        for start in range(0, len(ids), HINT_CHUNK):
+            chunk = ids[start : start + HINT_CHUNK]
+            present.update(db.execute(
+                f"SELECT job_id, queue FROM cl_jobs WHERE job_id IN "
+                f"({', '.join('?' * len(chunk))})", chunk).fetchall())
+        for job_id, where in present.items():
+            if where != queue:
+                raise InvalidArgument(
+                    f"{job_id!r} already exists outside queue {queue!r}; nothing of "
+                    f"this chunk was enqueued", job_id=job_id)
+        new = [item for item in items if item.job_id not in present]
+        if new:
+            last = int(db.execute(
+                "INSERT INTO cl_seq VALUES (1, ?) ON CONFLICT (id) DO UPDATE "
+                "SET last = last + excluded.last RETURNING last", (len(new),)
+            ).fetchone()[0])
+            db.executemany(
+                INSERT_JOB,
+                [(item.job_id, queue, item.payload, last - len(new) + 1 + i,
+                  item.max_attempts) for i, item in enumerate(new)],
+            )
+    if new:
+        backend.wake_subscribers()
+    return [job_id not in present for job_id in ids]
+
+
+def queue_stats(backend: SqliteBackend, queue: str) -> QueueStats:
+    """Counts of ``queue``'s jobs by state in one statement (one snapshot of the
+    file): the totals from ``cl_queue_counts`` (kept by triggers in every statement
+    that adds, ends or deletes a job), the held jobs by walking the live sessions'
+    jobs (``cl_jobs_by_session``). Cost O(session rows + jobs the live ones hold), not
+    O(queue depth). ``available`` includes jobs waiting out a retry delay.
+
+    Raises:
+        BackendUnavailable.
+    """
+    row = backend._transport.read(
+        "SELECT coalesce(c.jobs, 0), coalesce(c.completed, 0), coalesce(c.failed, 0), "
+        "h.held, h.until FROM (SELECT count(*) AS held, min(s.expires_at) AS until "
+        "FROM cl_sessions s CROSS JOIN cl_jobs j INDEXED BY cl_jobs_by_session "
+        "ON j.session_id = s.session_id "
+        f"WHERE s.expires_at > {NOW} AND j.queue = ? AND j.completed_at IS NULL "
+        "AND j.failed_at IS NULL) h LEFT JOIN cl_queue_counts c ON c.queue = ?",
+        (queue, queue),
+    )[0]
+    jobs, completed, failed, held = (int(v) for v in row[:4])
+    until = row[4]
+    return QueueStats(
+        queue=queue, available=jobs - completed - failed - held, held=held,
+        completed=completed, failed=failed,
+        oldest_held_lease_until=None if until is None else float(until),
+    )
+
+
+def queue_candidates(backend: SqliteBackend, queue: str, limit: int) -> list[tuple[str, bytes]]:
+    """The oldest ``limit`` claimable jobs of ``queue`` (one statement)."""
+    rows = backend._transport.read(CANDIDATES, (queue, int(limit)))
+    return [(r[0], bytes(r[1] or b"")) for r in rows]
+
+
+def queue_jobs(backend: SqliteBackend, queue: str, limit: int | None = None) -> list[QueuedJob]:
+    """``queue``'s jobs in ``seq`` order with their payloads (one statement)."""
+    sql = (
+        SELECT_RECORD.replace(" FROM cl_jobs j", ", j.payload, j.seq FROM cl_jobs j")
+        + " WHERE j.queue = ? ORDER BY j.seq"
+    )
+    params: tuple[Any, ...] = (queue,)
+    if limit is not None:
+        sql += " LIMIT ?"
+        params = (queue, int(limit))
+    return [
+        QueuedJob(queue, to_record(row[:-2], backend.epoch_shift), bytes(row[-2] or b""),
+                  int(row[-1]))
+        for row in backend._transport.read(sql, params)
+    ]
+
+
+def wait_for_queue(backend: SqliteBackend, queue: str, timeout_s: float) -> None:
+    """Sleep one poll interval (SQLite cannot notify another process)."""
+    time.sleep(max(0.0, min(timeout_s, backend.poll_interval_s)))
+
+
+def purge(backend: SqliteBackend, queue: str) -> int:
+    """Delete ``queue``'s COMPLETED jobs (one ``BEGIN IMMEDIATE`` transaction)."""
+    with backend._transport.transaction() as db:
+        return int(db.execute(
+            "DELETE FROM cl_jobs WHERE queue = ? AND completed_at IS NOT NULL", (queue,)
+        ).rowcount)
+
+
+def complete_and_claim_next(
+    backend: SqliteBackend, session: SessionHandle, job_id: str, claim: ClaimResult,
+    result: bytes, queue: str,
+) -> tuple[LeaseRecord, QueuePick | None]:
+    """The completion of :func:`._jobs.complete` and the claim of the oldest claimable
+    job of ``queue`` (the statement :func:`._jobs_claim.claim` runs, with its
+    generation, attempt, epoch and exhausted-budget rules), in one ``BEGIN IMMEDIATE``
+    transaction: a refused completion rolls everything back; no claimable job leaves the
+    completion alone.
+
+    Raises:
+        StaleLeaseError / SessionExpired: the completion was refused; nothing changed.
+        StoreRegressed: the store went back; nothing changed.
+        BackendUnavailable: nothing applied.
+    """
+    picked: QueuePick | None = None
+    with backend._transport.transaction(job_id, check_file=True) as db:
+        record = _jobs.complete_in(backend, db, session, job_id, claim, result)
+        if not isinstance(record, LeaseRecord):
+            raise record
+        _tokens.check_history(backend, db, None)
+        tries = QUEUE_PICK_TRIES if alive(db, session.session_id) else 0
+        for _ in range(tries):
+            row = db.execute(CANDIDATES, (queue, 1)).fetchone()
+            if row is None:
+                break
+            got = _jobs_claim.claim_one(backend, db, session, row[0])
+            if got is not None:
+                picked = (row[0], got, bytes(row[1] or b""))
+                _tokens.note_claims(backend, db)
+                break
+            _jobs_claim.why_unclaimable(backend, db, row[0])  # a used-up job: FAILED, next
+    backend.wake_subscribers()
+    return record, picked
