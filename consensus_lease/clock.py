@@ -41,8 +41,9 @@ class Clock(Protocol):
 class SystemClock:
     """The real clocks: ``time.monotonic`` and ``time.time``."""
 
-    def monotonic(self) -> float:
-        return time.monotonic()
+    # time.monotonic itself, not a method calling it: the clock is read several times per
+    # lease operation, and this is one Python call fewer on each of those paths
+    monotonic = staticmethod(time.monotonic)
 
     def time(self) -> float:
         return time.time()

@@ -90,3 +90,27 @@ def test_only_the_transport_touches_the_client_exceptions(driver: str) -> None:
 
 def test_memory_stays_one_module() -> None:
     assert (ROOT / "memory.py").is_file() and not (ROOT / "memory").exists()
+
+
+def test_the_architecture_page_lists_each_drivers_modules() -> None:
+    """``docs/architecture.md`` shows every driver's modules by template module: a row
+    ``| `_jobs` | `_jobs`<br>`_jobs_claim` | ... |`` per template module, a column per
+    driver in the order etcd, ZooKeeper, PostgreSQL, SQLite."""
+    page = Path(__file__).parents[2] / "docs" / "architecture.md"
+    if not page.exists():  # an installed wheel's tests: the docs are not shipped
+        pytest.skip("docs/architecture.md is not in this tree (run from the checkout)")
+    order = ["etcd", "zookeeper", "postgresql", "sqlite"]
+    shown: dict[str, dict[str, set[str]]] = {driver: {} for driver in order}
+    for line in page.read_text("utf-8").splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[0].strip("`") in TEMPLATE:
+            for driver, cell in zip(order, cells[1:], strict=True):
+                shown[driver][cells[0].strip("`")] = {
+                    name.strip("`") for name in cell.split("<br>") if name}
+    for driver in order:
+        actual: dict[str, set[str]] = {}
+        for stem in _modules(driver):
+            actual.setdefault(_template_part(stem) or stem, set()).add(stem)
+        assert shown[driver] == actual, (
+            f"docs/architecture.md's table of {driver}'s modules is out of date: "
+            f"it shows {shown[driver]}, the package has {actual}")
