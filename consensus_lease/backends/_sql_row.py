@@ -1,6 +1,6 @@
 """The one row shape both SQL stores (SQLite, PostgreSQL) read a job in, turned into a
-:class:`~consensus_lease.record.LeaseRecord`. Shared so the two stores cannot disagree on
-what a row means; neither store imports the other."""
+:class:`~consensus_lease.record.LeaseRecord`, and the answer both give a requeue. Shared so
+the two stores cannot disagree on what a row means; neither store imports the other."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._epoch import compose
+from ..errors import InvalidArgument
 from ..record import JobState, LeaseRecord
 
-__all__ = ["record_of_row"]
+__all__ = ["record_of_row", "requeued"]
 
 
 def record_of_row(row: Sequence[Any], epoch_shift: int) -> LeaseRecord:
@@ -40,3 +41,19 @@ def record_of_row(row: Sequence[Any], epoch_shift: int) -> LeaseRecord:
         max_attempts=None if max_attempts is None else int(max_attempts),
         value=bytes(value) if value is not None and state is JobState.HELD else None,
     )
+
+
+def requeued(job_id: str, updated: object, record: LeaseRecord | None) -> LeaseRecord:
+    """The record a requeue returns: ``record``, read after the ``UPDATE`` that made the
+    FAILED job ``job_id`` claimable again (``updated``: its ``RETURNING`` row, ``None``
+    when no FAILED row matched).
+
+    Raises:
+        InvalidArgument: the job is not FAILED (or does not exist); nothing changed.
+    """
+    if updated is None or record is None:
+        state = "unknown" if record is None else record.state.value
+        raise InvalidArgument(
+            f"only a FAILED job can be requeued; {job_id!r} is {state}", job_id=job_id
+        )
+    return record

@@ -25,6 +25,7 @@ from ...errors import (
     StoreRegressed,
 )
 from ...record import ClaimResult, JobState, LeaseRecord
+from .._sql_row import requeued
 from . import _tokens
 from ._config import MAX_BATCH_CLAIM
 from ._layout import to_record
@@ -423,11 +424,7 @@ def requeue(b: PostgresBackend, job_id: str) -> LeaseRecord:
         "attempt_base = attempt WHERE job_id = %s AND failed_at IS NOT NULL RETURNING 1) "
         "SELECT pg_notify(%s, '') FROM u", (job_id, n.channel)).fetchone())
     record = get(b, job_id)
-    if row is None or record is None:
-        state = "unknown" if record is None else record.state.value
-        raise InvalidArgument(
-            f"only a FAILED job can be requeued; {job_id!r} is {state}", job_id=job_id
-        )
+    record = requeued(job_id, row, record)
     b.wake_subscribers()
     return record
 

@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..._election import ELECTION_PREFIX
 from ..._epoch import compose, split
-from ...errors import InvalidArgument, LeaseError, SessionExpired, StaleLeaseError
+from ...errors import LeaseError, SessionExpired, StaleLeaseError
 from ...record import ClaimResult, LeaseRecord
+from .._sql_row import requeued
 from ._layout import ALIVE, EXHAUSTED, NOT_ELECTION, NOW, SELECT_RECORD, alive, get_in, to_record
 
 if TYPE_CHECKING:
@@ -295,11 +296,7 @@ def requeue(backend: SqliteBackend, job_id: str) -> LeaseRecord:
             (job_id,),
         ).fetchone()
         record = get_in(db, job_id, backend.epoch_shift)
-    if row is None or record is None:
-        state = "unknown" if record is None else record.state.value
-        raise InvalidArgument(
-            f"only a FAILED job can be requeued; {job_id!r} is {state}", job_id=job_id
-        )
+    record = requeued(job_id, row, record)
     backend.wake_subscribers()
     return record
 
