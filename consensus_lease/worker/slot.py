@@ -17,6 +17,11 @@ falls back to the waiting ``claim_next``. The completion is fenced exactly as
 came is released, as a claimed one is. An ``OutcomeUnknown`` of the fused call closes the
 session: the store may have claimed a next job for it that this process never saw, which
 closing hands back at once instead of leaving it held until the worker stops.
+
+With ``prefetch`` or ``complete_batch`` > 1 the slot has a :class:`~.feeder.Feeder`: its
+next job is the oldest prefetched lease still held, a finished job's completion is queued
+(not fused), and the queue is sent before every waiting claim and before the session is
+replaced or closed.
 """
 
 from __future__ import annotations

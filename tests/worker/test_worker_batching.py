@@ -221,7 +221,7 @@ def test_a_pending_completion_is_sent_before_the_lease_deadline(memory: LeaseSto
         if not first:
             first.append((lease, lease.deadline))
             return b"first"
-        done, deadline = first[0]
+        done = first[0][0]
         wait_for(lambda: memory.get(done.job_id).state is JobState.COMPLETED,  # type: ignore[union-attr]
                  timeout_s=10, what="the first job's completion, sent while this one runs")
         seen.append(time.monotonic())
