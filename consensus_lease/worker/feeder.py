@@ -134,6 +134,7 @@ class Feeder:
         self._flushing = threading.Lock()
         self._pending: list[_Pending] = []
         self._due = math.inf  # the earliest send_by of _pending
+        self._retries = 0  # items of _pending sent before, waiting out their backoff
         self._ready: deque[Lease] = deque()
         self._empty = False  # the last prefetch found nothing: wait for the slot to move
         self._slot_waiting = False
@@ -219,11 +220,18 @@ class Feeder:
     # -- sending completions -------------------------------------------------------------
 
     def flush(self, *, final: bool = False) -> None:
-        """Send every pending completion now. ``final``: no retry (the session is
-        closing); what the store did not answer is left to the TTL."""
+        """Send the pending completions now (those the store did not answer before
+        once their backoff is over). ``final``: all of them, and no retry (the session
+        is closing); what the store does not answer is left to the TTL."""
         with self._flushing:
+            now = time.monotonic()
             with self._cond:
-                items, self._pending, self._due = self._pending, [], math.inf
+                items, later = self._pending, []
+                if self._retries and not final:
+                    later = [p for p in items if p.tries and p.send_by > now]
+                    items = [p for p in items if not p.tries or p.send_by <= now]
+                self._pending, self._retries = later, len(later)
+                self._due = min((p.send_by for p in later), default=math.inf)
             retry: list[_Pending] = []
             for session, same in itertools.groupby(items, key=lambda p: p.lease.session):
                 group = list(same)
@@ -232,6 +240,7 @@ class Feeder:
             if retry:
                 with self._cond:
                     self._pending[:0] = retry
+                    self._retries += len(retry)
                     self._due = min(self._due, *(p.send_by for p in retry))
                     self._cond.notify()
 
@@ -360,8 +369,8 @@ class Feeder:
             while not self._closed:
                 stopping = self.control.stopping
                 now = time.monotonic()
-                if self._pending and (stopping or len(self._pending) >= self.batch
-                                      or now >= self._due):
+                fresh = len(self._pending) - self._retries  # sent as soon as stopping
+                if (fresh and (stopping or fresh >= self.batch)) or now >= self._due:
                     return self.flush
                 if stopping and self._ready:
                     return self.release_ready

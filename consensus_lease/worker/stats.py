@@ -48,7 +48,8 @@ class WorkerStats:
         complete_batches: ``session.complete_many`` calls that sent pending completions
             (``WorkerConfig.complete_batch`` > 1).
         batched_completions: completions those calls carried (each counts in
-            ``completed``, ``leases_lost`` or ``skipped`` by its own outcome);
+            ``completed``, ``leases_lost`` or ``skipped`` by its own outcome; one the
+            store did not answer is sent, and counted, again);
             ``batched_completions / complete_batches`` is the mean batch size.
         stopped_by: why the worker stopped: ``"drained"`` (``until_empty``),
             ``"stop_event"``, ``"SIGTERM"``, ``"SIGINT"``, ``"error"``; ``None`` if

@@ -234,6 +234,28 @@ def test_a_pending_completion_is_sent_before_the_lease_deadline(memory: LeaseSto
     assert seen[0] < first[0][1]  # before the deadline the lease had when it finished
 
 
+def test_a_completion_the_store_did_not_answer_is_sent_again(
+    memory: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    jobs = _enqueue(memory, 3)
+    original = memory.backend.complete_many
+    calls: list[int] = []
+
+    def once_unavailable(session: Any, items: Any) -> Any:
+        calls.append(len(items))
+        if len(calls) == 1:
+            raise BackendUnavailable("no answer (test)")
+        return original(session, items)
+
+    monkeypatch.setattr(memory.backend, "complete_many", once_unavailable)
+    stats = run_worker(memory, "q", lambda lease, payload: b"ok", until_empty=True,
+                       complete_batch=8, complete_flush_s=0.5, **FAST)
+    assert len(calls) >= 2 and sum(calls[1:]) == 3
+    assert stats.completed == 3 and stats.leases_lost == stats.errors == 0
+    assert stats.batched_completions == sum(calls)
+    assert _states(memory, jobs) == {"completed": 3}
+
+
 def test_pending_completions_are_sent_at_a_stop(memory: LeaseStore) -> None:
     jobs = _enqueue(memory, 6)
     stop = threading.Event()
