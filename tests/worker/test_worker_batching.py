@@ -256,6 +256,30 @@ def test_a_completion_the_store_did_not_answer_is_sent_again(
     assert _states(memory, jobs) == {"completed": 3}
 
 
+def test_completions_pending_on_a_lost_session_are_refused_and_counted() -> None:
+    """The store expires the session with two completions queued: the store refuses both
+    (counted in leases_lost, never swallowed), the slot opens a new session, and the jobs
+    are run again and completed (at least once)."""
+    store_clock = FakeClock()
+    with open_store("memory://", store_clock=store_clock) as store:
+        jobs = _enqueue(store, 3)
+        worked: list[str] = []
+
+        def handler(lease: Lease, payload: bytes) -> bytes:
+            worked.append(lease.job_id)
+            if len(worked) == 2:
+                store_clock.advance(3600)  # every session expires in the store
+                with pytest.raises(LeaseLost):
+                    lease.session.keepalive()
+            return b"ok"
+
+        stats = run_worker(store, "q", handler, until_empty=True, complete_batch=10,
+                           complete_flush_s=60, **FAST)
+        assert _states(store, jobs) == {"completed": 3}
+    assert stats.leases_lost == 2 and stats.sessions_lost == 1 and stats.errors == 0
+    assert stats.completed == 3 and len(worked) == 5
+
+
 def test_pending_completions_are_sent_at_a_stop(memory: LeaseStore) -> None:
     jobs = _enqueue(memory, 6)
     stop = threading.Event()
