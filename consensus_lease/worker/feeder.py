@@ -190,6 +190,12 @@ class Feeder:
             self.flush()
 
     @property
+    def ready(self) -> int:
+        """Prefetched leases waiting for the slot."""
+        with self._cond:
+            return len(self._ready)
+
+    @property
     def pending(self) -> int:
         with self._cond:
             return len(self._pending)

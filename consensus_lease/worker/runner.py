@@ -88,7 +88,8 @@ def run_worker(
             with non-waiting ``claim_next`` calls on a thread beside the slot's, while
             its handler runs. They are held (renewed with the session) until worked; one
             lost first is dropped, never worked (``prefetch_dropped``); at a stop, those
-            not started are released. 0 (the default): none.
+            not started are released. A completion is fused only when no prefetched
+            lease is ready. 0 (the default): none.
         complete_batch: most completions a slot sends in one ``session.complete_many``
             (int, 1 to 10,000; the store's ``capabilities.max_complete_batch`` caps it,
             16 where the store sends one completion per item). 1 (the default): each job

@@ -19,8 +19,9 @@ session: the store may have claimed a next job for it that this process never sa
 closing hands back at once instead of leaving it held until the worker stops.
 
 With ``prefetch`` or ``complete_batch`` > 1 the slot has a :class:`~.feeder.Feeder`: its
-next job is the oldest prefetched lease still held, a finished job's completion is queued
-(not fused), and the queue is sent before every waiting claim and before the session is
+next job is the oldest prefetched lease still held (a completion is fused only when none
+is ready); with ``complete_batch`` > 1 a finished job's completion is queued (never
+fused), and the queue is sent before every waiting claim and before the session is
 replaced or closed.
 """
 
@@ -312,9 +313,11 @@ class Slot:
         unknown = False
 
         def complete() -> tuple[LeaseRecord, Lease | None]:
-            # chosen at each try: a stop that came meanwhile claims nothing more
+            # chosen at each try: a stop that came meanwhile claims nothing more, and
+            # neither does a slot with a prefetched lease ready (its next job)
             nonlocal unknown
-            if not self.config.fused_claim or self.control.stopping:
+            if (not self.config.fused_claim or self.control.stopping
+                    or (self._feeder is not None and self._feeder.ready)):
                 return lease.complete(result), None
             try:
                 return lease.complete_and_claim_next(result, self.config.queue)
