@@ -28,6 +28,7 @@ from consensus_lease import (
     open_store,
 )
 from consensus_lease.testing import FakeClock
+from consensus_lease.testing.postgresql import fresh_schema, postgres_url
 from consensus_lease.worker import WorkerConfig, run_worker
 from consensus_lease.worker.command import add_parser, settings, worker_arguments
 from consensus_lease.worker.config import from_environment
@@ -41,10 +42,15 @@ def memory() -> Iterator[LeaseStore]:
         yield opened
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgresql"])
 def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LeaseStore]:
-    url = "memory://" if request.param == "memory" else f"sqlite:///{tmp_path / 's.db'}"
-    with open_store(url) as opened:
+    if request.param != "postgresql":
+        url = "memory://" if request.param == "memory" else f"sqlite:///{tmp_path / 's.db'}"
+        with open_store(url) as opened:
+            yield opened
+        return
+    base = postgres_url()  # skips without a server (fails under CI=true)
+    with fresh_schema(base) as schema, open_store(f"{base}?schema={schema}") as opened:
         yield opened
 
 
