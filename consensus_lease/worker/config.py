@@ -141,6 +141,21 @@ def parse_amount(text: str) -> int:
     return value
 
 
+def parse_prefetch(text: str) -> int:
+    return count("prefetch", parse_amount(text), 0, MAX_PREFETCH)
+
+
+def parse_complete_batch(text: str) -> int:
+    return count("complete_batch", parse_count(text), 1, MAX_COMPLETE_BATCH)
+
+
+def parse_flush_s(text: str) -> float:
+    value = parse_seconds(text)
+    if value > MAX_FLUSH_S:
+        raise InvalidArgument(f"must be at most {MAX_FLUSH_S:g} s, not {text!r}")
+    return value
+
+
 def parse_attempts(text: str) -> int:
     return check_max_attempts(parse_count(text))
 
@@ -182,9 +197,9 @@ ENVIRONMENT: dict[str, tuple[str, Callable[[str], object]]] = {
     "until_empty": ("CONSENSUS_LEASE_UNTIL_EMPTY", parse_bool),
     "claim_wait_s": ("CONSENSUS_LEASE_CLAIM_WAIT_S", parse_positive_seconds),
     "fused_claim": ("CONSENSUS_LEASE_FUSED_CLAIM", parse_bool),
-    "prefetch": ("CONSENSUS_LEASE_PREFETCH", parse_amount),
-    "complete_batch": ("CONSENSUS_LEASE_COMPLETE_BATCH", parse_count),
-    "complete_flush_s": ("CONSENSUS_LEASE_COMPLETE_FLUSH_S", parse_seconds),
+    "prefetch": ("CONSENSUS_LEASE_PREFETCH", parse_prefetch),
+    "complete_batch": ("CONSENSUS_LEASE_COMPLETE_BATCH", parse_complete_batch),
+    "complete_flush_s": ("CONSENSUS_LEASE_COMPLETE_FLUSH_S", parse_flush_s),
     "max_attempts": ("CONSENSUS_LEASE_MAX_ATTEMPTS", parse_attempts),
     "retry_initial_s": ("CONSENSUS_LEASE_RETRY_INITIAL_S", parse_seconds),
     "retry_max_s": ("CONSENSUS_LEASE_RETRY_MAX_S", parse_seconds),
