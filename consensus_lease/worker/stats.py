@@ -40,8 +40,10 @@ class WorkerStats:
             that exited with an error or had to be killed after the grace period.
         restarts: worker processes replaced after a signal the runner did not send
             (``mode="process"``).
-        prefetched: of ``claimed``, leases claimed ahead by a slot's feeder
-            (``WorkerConfig.prefetch``); each counts in ``claimed`` once it is worked.
+        prefetched: leases claimed ahead by a slot's feeder (``WorkerConfig.prefetch``):
+            one the slot takes counts in ``claimed`` too (then, as any other, it is
+            worked, or released if the stop came); one it never takes counts in
+            ``released`` (a stop) or ``prefetch_dropped``.
         prefetch_dropped: prefetched leases never worked because they were lost first
             (their local deadline passed, or their session was lost or closed): the store
             hands them back (at once when closed, else after the TTL).
