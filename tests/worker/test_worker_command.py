@@ -165,7 +165,10 @@ def test_metrics_port_refused_with_processes(tmp_path: Path, worker_command: Any
     assert "--metrics-port" in worker.output()
 
 
-@pytest.mark.parametrize("processes", [False, True], ids=["threads", "processes"])
+@pytest.mark.parametrize("processes", [
+    pytest.param(False, id="threads"),
+    pytest.param(True, id="processes", marks=pytest.mark.slow),  # spawns 2 interpreters
+])
 def test_prefetch_and_batched_completion_from_the_command(tmp_path: Path, worker_command: Any,
                                                           processes: bool) -> None:
     url = f"sqlite:///{tmp_path}/store.db"
