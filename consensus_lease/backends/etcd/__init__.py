@@ -17,8 +17,8 @@ Each claim returns its own state as ``ClaimResult.handle`` (an :class:`EtcdClaim
 exact owner value written, the job's work queue, the attempt and the attempt limit),
 which the lease hands back with renew, complete, release and fail; the driver keeps no
 table of claims. Without it (a claim this process did not make) the compare is on the
-owner key's lease instead of its value, and completing or failing a queued job first
-reads its queue marker (and attempts).
+owner key's lease instead of its value, and completing, releasing or failing first
+reads the job's queue marker and owner key (failing also its attempts and limit).
 
 URL and options (query string or keyword arguments of ``open_store``; keyword
 arguments win; names and value rules shared with the other backends, see
@@ -108,7 +108,8 @@ refuses larger enqueues with ``InvalidArgument``.
 Job lifecycle (attempts, ``fail``, retry delays, FAILED, ``requeue``; see
 :mod:`._jobs_attempts` and :mod:`._jobs_fail`):
 
-* ``attempt``: every claim transaction also puts the attempts key ``a`` (empty value);
+* ``attempt``: every claim transaction also puts the attempts key ``a`` (value: the
+  claim's epoch, empty for epoch 0);
   etcd adds 1 to a key's ``version`` on every put, so the version is the number of
   claims, counted by the store in the claim's own transaction (the put answers the
   previous version: no read). Its ``mod_revision`` is the last claim's generation.

@@ -359,11 +359,12 @@ class EtcdBackend(Backend):
         granted, in seconds. The request moves to the next member at once when its
         stream fails, and is hedged on the next member when its stream answers nothing
         for ``max(0.15, granted TTL / 20)`` seconds; a stream silent for ``granted TTL / 3``
-        is dropped, and the call gives up after ``2 x granted TTL / 3`` seconds (each
-        within 0.2 s .. ``timeout_s``). A leader election costs a keepalive about the
-        election's length, a silent member one short wait; a slow answer on a busy host
-        costs nobody else anything (see :mod:`._transport_keepalive`, which also gives the
-        worst-case share of the TTL one renewal takes).
+        is dropped, and the call gives up after ``2 x granted TTL / 3`` seconds (these two
+        within 0.2 s .. ``timeout_s``; the hedge's wait at most the stall's). A leader
+        election costs a keepalive about the election's length, a silent member one short
+        wait; a slow answer on a busy host costs nobody else anything (see
+        :mod:`._transport_keepalive`, which also gives the worst-case share of the TTL one
+        renewal takes).
 
         The answer's header is checked (:mod:`._tokens_regression`): another cluster id,
         or a revision below the highest seen that a linearizable read confirms, ends every
@@ -473,10 +474,14 @@ class EtcdBackend(Backend):
         delay (not-before key) nor an attempt limit exists, put the owner key (attached
         to the session's lease), the history key and the attempts key. The generation is
         the transaction's revision (= the owner key's create revision); the attempt is
-        the attempts key's new version. A job with an attempt limit (``enqueue(...,
+        the attempts key's new version. The transaction also compares the store epoch
+        with the driver's cached copy (after a ``bump_epoch``: refused once, sent again)
+        and reads the job's queue marker. A job with an attempt limit (``enqueue(...,
         max_attempts)``) takes a second transaction, comparing the limit and the
         attempt count the first one answered: it claims, or (attempts used up and the
-        last one ended without completion or fail) makes the job FAILED.
+        last one ended without completion or fail) makes the job FAILED. A queued job
+        that was not among this driver's recent candidates gets its held marker from one
+        more transaction after the claim (best effort).
 
         After a lost answer the owner key is read back; the per-claim nonce in its value
         tells whether this request created it. If nothing is there yet, the same request
@@ -633,7 +638,9 @@ class EtcdBackend(Backend):
         (``LeaseGrant``: one more round trip) with a TTL of ``ceil(retry_in_s)``
         seconds, at least 1, which etcd raises to its minimum TTL (2 s by default): the
         job becomes claimable when etcd deletes the key, never earlier than
-        ``retry_in_s``, up to about 0.5 s after the TTL (longer across a leader change).
+        ``retry_in_s`` after ``fail`` was called (the TTL runs from the grant, before
+        the transaction), up to about 0.5 s after the TTL (longer across a leader
+        change).
         A claim without a handle (or a batch claim settled by reading back) reads the
         job's queue, attempts and limit first.
 
@@ -656,8 +663,10 @@ class EtcdBackend(Backend):
         """Read the job's keys; if it is FAILED, one transaction comparing the FAILED
         record's mod revision: delete it, rewrite the limit key with ``base`` = the
         attempts so far (a fresh budget of ``max_attempts``) and put the queue's pending
-        key back (the job then comes after the jobs already pending). A lost answer is
-        settled by the nonce in the limit key. Returns the AVAILABLE record.
+        key and index entry back with the queue's next ordinal (the queue's counters are
+        read first and compared: the job then comes after the jobs already pending). A
+        lost answer is settled by the nonce in the limit key. Returns the AVAILABLE
+        record.
 
         Raises:
             InvalidArgument: the job is unknown or not FAILED; nothing changed.
@@ -697,9 +706,10 @@ class EtcdBackend(Backend):
         marker (with a per-request nonce), member key (the payload; its create revision
         is the job's ``seq``), pending key and index entry (the job's ordinal, so key
         order is FIFO order), limit key (with ``max_attempts``) and the counter. Its
-        ``else`` branch reads the counter and each job's marker and key count: jobs
-        already in this queue are left unchanged (``False``) and compared in the next
-        round; concurrent producers of the queue make it go round again. A lost answer
+        ``else`` branch reads the counters; refused with the counter unchanged, one more
+        read (per 64 jobs) gets each job's marker and key count: jobs already in this
+        queue are left unchanged (``False``) and compared in the next round; concurrent
+        producers of the queue make it go round again. A lost answer
         is settled by reading back the first new job's marker (the nonce); the chunk is
         one transaction, so all of it landed or none. See :mod:`._queues`.
 
