@@ -171,17 +171,18 @@ reading back fails within ``connect_timeout_s``. Idempotent reads are retried ov
 members with ``tenacity`` for at most ``connect_timeout_s``. A ``LeaseGrant`` (session,
 retry delay) whose answer is lost is retried; the orphan lease holds no key and expires.
 
-Restores (see :mod:`._tokens_regression`): etcd's revisions only grow, so an answer whose
-header revision is below one already seen (every request is linearizable, compared with
-what was seen before it was sent) or that names another ``cluster_id`` means the
-cluster's history went back: it was restored from an older snapshot, or wiped. Tokens
-handed out from then on could be lower than tokens already used, so every session open
-at that moment is over (``SessionEvent.REGRESSED``; each later operation on it raises
-``StoreRegressed``), and a claim answered from that history is handed back (its owner
-key deleted) and raises ``StoreRegressed``. Keepalive answers are not linearizable: one
-below the revision seen is confirmed with a linearizable read, so an idle worker learns
-of a restore at its next keepalive. After a restore, run ``bump-epoch --above HIGHEST``
-before restarting the workers: every token is then above every earlier one.
+Restores (see :mod:`._tokens_regression`): etcd's revisions only grow, so an answer
+whose header revision is below one already seen (KV requests, lease grants and revokes
+are linearizable: each is compared with what was seen before it was sent) or that names
+another ``cluster_id`` means the cluster's history went back: it was restored from an
+older snapshot, or wiped. Tokens handed out from then on could be lower than tokens
+already used, so every session open at that moment is over (``SessionEvent.REGRESSED``;
+each later operation on it raises ``StoreRegressed``), and a claim answered from that
+history is handed back (its owner key deleted) and raises ``StoreRegressed``. Keepalive
+answers are not linearizable: one below the revision seen is confirmed with a
+linearizable read, so an idle worker learns of a restore at its next keepalive. After a
+restore, run ``bump-epoch --above HIGHEST`` before restarting the workers: every token
+is then above every earlier one.
 
 Limitation: a claim whose answer was lost and that is still in flight when read back
 may land later; it then holds the job under this session until this session claims the
