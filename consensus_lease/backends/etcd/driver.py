@@ -889,15 +889,16 @@ class EtcdBackend(Backend):
     # -- subscriptions: waking waiting claims ---------------------------------------------
 
     def subscribe_job(self, job_id: str, callback: WakeCallback) -> Unsubscribe:
-        """See :meth:`Backend.subscribe_job`. The first subscriber of a job reads its keys
-        once (one linearizable read-only transaction, at revision ``R``; if the job looks
-        claimable, completed or FAILED, every subscriber is called soon) and starts a
-        watch of its keys from ``R + 1`` on the driver's one shared Watch stream (see
-        :mod:`._watches_subscribe`); later subscribers join it, the last to leave cancels it.
-        Called on an owner key's deletion (release, completion, fail, lease expiry or
-        revoke), a not-before key's deletion (its lease ran out), a completion or FAILED
-        record, a requeue; for an election key also a new claim and a :meth:`set_value`
-        (what observers follow); once more if the stream breaks or on :meth:`close`.
+        """See :meth:`Backend.subscribe_job`. The first subscriber of a job reads its
+        keys once (one linearizable read-only transaction, at revision ``R``; if the job
+        looks claimable, completed or FAILED, every subscriber is called soon) and
+        starts a watch of its keys from ``R + 1`` on the driver's one shared Watch
+        stream (see :mod:`._watches_subscribe`); later subscribers join it, the last to
+        leave cancels it. Called on an owner key's deletion (release, completion, fail,
+        lease expiry or revoke; not a fail that starts a retry delay), a not-before
+        key's deletion (its lease ran out), a completion or FAILED record, a requeue;
+        for an election key also a new claim and a :meth:`set_value` (what observers
+        follow); once more if the stream breaks or on :meth:`close`.
 
         Raises:
             BackendUnavailable / AuthenticationFailed: the first read failed; there is
