@@ -818,18 +818,21 @@ class EtcdBackend(Backend):
 
     def purge(self, queue: str) -> int:
         """Delete the keys of the queue's completed jobs (completion record, queue
-        marker, member key, history, attempts, error and limit keys): list the member and
-        pending keys at one revision (those without a pending key are completed or
-        FAILED), then one transaction per 64 jobs (fewer under a lower
-        ``--max-txn-ops``), each job a nested transaction guarded by its completion
-        record existing (FAILED jobs stay). Returns how many were
-        deleted; after a lost answer, jobs whose member key is gone when read back are
-        counted (a concurrent purge may have deleted them).
+        marker, member key, history, attempts, error and limit keys): list the member
+        and pending keys at one revision (those without a pending key are completed or
+        FAILED), then per 64 jobs (fewer under a lower ``--max-txn-ops``) one read of
+        the purge counter and the jobs' queue markers and one transaction: a nested
+        transaction of deletes per job, the whole guarded by the counter and by every
+        job's completion record existing (a job no longer completed is left out and the
+        rest sent again; FAILED jobs stay). Returns how many were deleted; after a lost
+        answer, jobs whose member key is gone when read back are counted (a concurrent
+        purge may have deleted them).
 
         Raises:
             OutcomeUnknown / BackendUnavailable / AuthenticationFailed: some may be purged.
             InvalidArgument: the server's ``--max-txn-ops`` is below what one job's
-                nested transaction needs (9); the message names the limit.
+                purge transaction needs (10: its two compares, then the nested eight
+                deletes); the message names the limit.
         """
         with self._transport.bounded():
             return _queues.purge(self._ops, queue)
