@@ -43,7 +43,8 @@ hosts                  (required)           ``h1:port,h2:port,...`` members trie
                                             before ``BackendUnavailable`` /
                                             ``OutcomeUnknown``, seconds. ``get``,
                                             ``records``, ``queue_jobs``,
-                                            ``queue_candidates`` and ``purge`` end, all
+                                            ``queue_candidates``, ``queue_stats``,
+                                            ``upgrade_queue`` and ``purge`` end, all
                                             their pages included, by
                                             ``max(timeout_s, connect_timeout_s)``
 ``user``, ``password`` none                 etcd RBAC credentials (also as
