@@ -116,8 +116,8 @@ class EtcdBackend(Backend):
     @classmethod
     def from_url(cls, url: str, options: Mapping[str, object]) -> EtcdBackend:
         """Parse the URL and connect: authenticate if credentials are given, then one
-        linearizable read of the prefix and the store epoch, retried over the members
-        for at most ``connect_timeout_s``.
+        linearizable read of the prefix, the store epoch and the regression marker, each
+        retried over the members for at most ``connect_timeout_s``.
 
         Raises:
             UnsupportedBackend / InvalidArgument: malformed URL, unknown or bad option,
