@@ -83,37 +83,38 @@ ordinal) and index entry ``PREFIX/q/QHEX/i/ORD/HEX`` (``ORD``: 20-digit ordinal,
 order is FIFO order), ``QHEX`` the hex of the queue name. Ordinals come from the counter
 ``PREFIX/q/QHEX/k/seq``, compared and advanced by each enqueue (one transaction per
 chunk of up to 100 jobs: ``enqueue_many``) and requeue. ``claim_next`` scans the index
-from its low-water mark in key-ordered ranges spanning at most 1,024 ordinals (etcd
-walks its index over the whole range it is asked for, so a range over the whole queue
-would cost O(depth)), then reads the candidates' pending, owner and not-before keys and
-payloads, then claims with the ordinary claim transaction, which also puts the job's
-held marker ``PREFIX/q/QHEX/h/HEX`` on the session's lease and reads the job's queue
-marker, so the completion can delete the pending key and held marker in its own
-transaction. Its cost depends on the held and delayed jobs at the front of the queue,
-not on its depth. ``queue_stats`` is one read of counters kept in the same transactions
-(see :mod:`._queues_index`). ``complete_many`` and ``complete_and_claim_next`` are the
+from the driver's cursor (where its last scan found a candidate) or the low-water mark,
+in key-ordered ranges spanning at most 1,024 ordinals (etcd walks its index over the
+whole range it is asked for, so a range over the whole queue would cost O(depth)), then
+reads the candidates' pending, owner and not-before keys and payloads, then claims with
+the ordinary claim transaction, which also puts the job's held marker
+``PREFIX/q/QHEX/h/HEX`` on the session's lease and reads the job's queue marker, so the
+completion can delete the pending key and held marker in its own transaction. Its cost
+depends on the held and delayed jobs at the front of the queue, not on its depth.
+``queue_stats`` is one read of counters kept in the same transactions (see
+:mod:`._queues_index`), plus a ``LeaseTimeToLive`` for each of at most 8 holders' leases
+(``oldest_held_lease_until``). ``complete_many`` and ``complete_and_claim_next`` are the
 looped defaults of :class:`~consensus_lease.backend.Backend` (``max_complete_batch`` 1,
 ``fused_claim_next`` false): one completion transaction per job, then ``claim_next``'s
 reads and claim. Several completions of one queue cannot share a transaction as the
 layout stands: each bumps the queue's completed counter by one put, and etcd refuses a
-transaction that puts one key twice. A queue holds at most 250,000 jobs and 256 MiB of payloads
-(``max_queue_jobs``, ``QueueFull``: together under half of etcd's default 2 GB quota).
-Queues written by the first layout are refused until ``upgrade_queue`` ran (the
+transaction that puts one key twice. A queue holds at most 250,000 jobs and 256 MiB of
+payloads (``max_queue_jobs``, ``QueueFull``: together under half of etcd's default 2 GB
+quota). Queues written by the first layout are refused until ``upgrade_queue`` ran (the
 command ``consensus-lease upgrade-queue``; :mod:`._queues_upgrade`). Waiting is a watch
 (enqueues and requeues; owner keys deleted by release, fail or expiry; not-before keys
-deleted by their lease's expiry). Payloads
-are limited to 1 MiB (``max_payload_bytes``), under etcd's default
-``--max-request-bytes`` of 1.5 MiB, with room for the keys; a server configured lower
-refuses larger enqueues with ``InvalidArgument``.
+deleted by their lease's expiry). Payloads are limited to 1 MiB (``max_payload_bytes``),
+under etcd's default ``--max-request-bytes`` of 1.5 MiB, with room for the keys; a
+server configured lower refuses larger enqueues with ``InvalidArgument``.
 
 Job lifecycle (attempts, ``fail``, retry delays, FAILED, ``requeue``; see
 :mod:`._jobs_attempts` and :mod:`._jobs_fail`):
 
 * ``attempt``: every claim transaction also puts the attempts key ``a`` (value: the
-  claim's epoch, empty for epoch 0);
-  etcd adds 1 to a key's ``version`` on every put, so the version is the number of
-  claims, counted by the store in the claim's own transaction (the put answers the
-  previous version: no read). Its ``mod_revision`` is the last claim's generation.
+  claim's epoch, empty for epoch 0); etcd adds 1 to a key's ``version`` on every put, so
+  the version is the number of claims, counted by the store in the claim's own
+  transaction (the put answers the previous version: no read). Its ``mod_revision`` is
+  the last claim's revision (its generation below the epoch bits).
 * ``max_attempts`` is the limit key ``l`` (``{max_attempts, base}``), written by
   ``enqueue``. The common claim compares ``l`` absent, so jobs without a limit pay
   nothing but a compare and a put; a job with one is claimed in two round trips: the
@@ -132,9 +133,9 @@ Job lifecycle (attempts, ``fail``, retry delays, FAILED, ``requeue``; see
   delay (``retry_in_s == 0``) or when the job becomes FAILED, no lease is granted.
 * The record a completion returns (attempt, last error, limit) comes from the claim's
   handle, which knows the attempt and the limit (neither changes while the job is
-  held); the completion transaction also gets ``e`` when the claim was not the job's
-  first attempt (an earlier one may have failed), and ``a``, ``e`` and ``l`` for a
-  claim without its handle: reads in the same round trip.
+  held); the completion transaction also gets ``e`` unless the claim was the job's
+  first attempt and the job has no limit (an earlier attempt may have failed), and
+  ``a``, ``e`` and ``l`` for a claim without its handle: reads in the same round trip.
 * A FAILED job has ``f``, which every claim's compares refuse (the common claim through
   ``l``, which a FAILED job always has), and no pending key, so no candidate list
   offers it. ``requeue`` is one transaction comparing ``mod_revision(f)``: delete ``f``,
