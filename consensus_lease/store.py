@@ -330,8 +330,9 @@ class LeaseStore:
         """Follow the election ``name``: an iterator of its leader now (a
         :class:`~consensus_lease.LeaderRecord`, or ``None`` when nobody leads), then of
         each change: a new leader, a new value (``proclaim``), nobody. Woken by the
-        store (etcd and ZooKeeper watches; SQLite and memory poll, every
-        ``poll_interval_s``), reading the leader after each wake-up.
+        store (etcd and ZooKeeper watches, PostgreSQL's ``LISTEN`` with a poll as
+        fallback; SQLite and memory poll, every ``poll_interval_s``), reading the leader
+        after each wake-up.
 
         Never goes back: a read older than one already yielded (a lower generation, or
         a leader already reported gone) is skipped. Changes faster than the reads
