@@ -589,9 +589,11 @@ class EtcdBackend(Backend):
 
     def release(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> None:
         """One transaction: if held at ``claim.generation`` by this session (as for
-        :meth:`renew`), delete the owner key and put a release marker (this session, this
-        generation, the claim's nonce) in the history key, by which a lost answer is
-        settled.
+        :meth:`renew`), delete the owner key (and a queued job's held marker) and put a
+        release marker (this session, this generation, the claim's nonce) in the history
+        key, by which a lost answer is settled. A claim without its handle (or a batch
+        claim settled by reading back) reads the job's queue marker and owner key first
+        (one more round trip).
 
         Raises:
             StaleLeaseError / SessionExpired: not held; nothing written.
