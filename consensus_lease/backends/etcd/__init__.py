@@ -2,14 +2,17 @@
 
 A worker session is one etcd **lease**; every job it claims is an *owner key* attached
 to that lease, so one keepalive renews them all and a revoked or expired lease drops
-them all at once. Claim, complete, release and fail are each **one transaction** in
-which etcd compares the owner key; the fencing token (generation) is
-``epoch * 2**44 +`` the owner key's ``create_revision``, i.e. the claim transaction's
-revision: strictly increasing per job (and across the whole cluster), but not
-consecutive (``consecutive_generations=False``). The store epoch (key ``PREFIX/epoch``,
-0 until ``bump_epoch`` first runs, so tokens are plain revisions until then) is compared
-inside every claim transaction against the driver's cached copy and recorded in the
-owner value; see :mod:`._tokens` and :mod:`._tokens_epoch`.
+them all at once. Claim, complete, release and fail are each decided by **one
+transaction** in which etcd compares the owner key (a claim of a job with an attempt
+limit sends a second; a fail with a retry delay grants that delay's lease first; see
+below); the fencing token (generation) is ``epoch * 2**44 +`` the owner key's
+``create_revision``, i.e. the claim transaction's revision: strictly increasing per job
+(and across the whole cluster, but for the claims of one ``claim_many`` batch, which
+share its revision), not consecutive (``consecutive_generations=False``). The store
+epoch (key ``PREFIX/epoch``, 0 until ``bump_epoch`` first runs, so tokens are plain
+revisions until then) is compared inside every claim transaction against the driver's
+cached copy and recorded in the owner value; see :mod:`._tokens` and
+:mod:`._tokens_epoch`.
 ``renew`` is two requests in one round trip, not one atomic step: a read-only
 transaction comparing the owner key, and one keepalive of the session's lease sent while
 it is under way (the comparison's verdict is raised first).
