@@ -57,10 +57,11 @@ class Lease:
     the job is claimable at once.
 
     A lease ends once, one way: :meth:`complete`, :meth:`release` or :meth:`fail`.
-    Repeating the same ending is harmless (``release`` again does nothing; ``complete``
-    again with the same result returns the record); ending it another way afterwards
-    (``release`` or ``fail`` after ``complete``, a ``complete`` with a different result,
-    ...) is a mistake and raises ``InvalidArgument``, sending nothing. After
+    Repeating ``release`` or ``complete`` is harmless (``release`` again does nothing;
+    ``complete`` again with the same result returns the record); ending it another way
+    afterwards (``release`` or ``fail`` after ``complete``, a ``complete`` with a
+    different result, ...) or failing it twice is a mistake and raises
+    ``InvalidArgument``, sending nothing. After
     ``store.close()`` every operation raises ``StoreClosed`` (``ensure_held``:
     ``LeaseLost``); in a child made by ``fork()``, ``StoreInherited``.
 
