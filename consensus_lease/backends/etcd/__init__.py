@@ -173,8 +173,10 @@ FAILED by the FAILED record, a requeue by the nonce in its limit record, an enqu
 the nonce in its queue marker) and guarded by a compare its own success makes false, so
 re-sending it after "not applied yet" cannot apply it twice. ``OutcomeUnknown`` only when
 reading back fails within ``connect_timeout_s``. Idempotent reads are retried over the
-members with ``tenacity`` for at most ``connect_timeout_s``. A ``LeaseGrant`` (session,
-retry delay) whose answer is lost is retried; the orphan lease holds no key and expires.
+members with ``tenacity`` for at most ``connect_timeout_s``, and so are the few writes
+that may land twice unharmed (the regression marker's compare-and-set, the ordinal
+writes of ``upgrade_queue``). A ``LeaseGrant`` (session, retry delay) whose answer is
+lost is retried; the orphan lease holds no key and expires.
 
 Restores (see :mod:`._tokens_regression`): etcd's revisions only grow, so an answer
 whose header revision is below one already seen (KV requests, lease grants and revokes
