@@ -1,11 +1,12 @@
 """The leases a session holds, and the one path every operation on them takes.
 
 A :class:`~consensus_lease.Lease` never talks to the backend or to its session's
-internals: ``renew``, ``complete`` and ``release`` come here, where each becomes one
-backend call (through :meth:`Liveness.call`, so a ``SessionExpired`` loses the whole
-session), and where the store's answer is turned into the lease's new state, the
-observer events and the log lines. Loss of a lease (the store refused it, or could not
-say) and loss of the session (every lease at once) are handled here and only here.
+internals: ``renew``, ``complete``, ``release``, ``fail`` and the rest come here, where
+each becomes one backend call (through :meth:`Liveness.call`, so a ``SessionExpired``
+loses the whole session; ``complete_many`` one per chunk) and the store's answer is
+turned into the lease's new state, the observer events and the log lines. Loss of a
+lease (the store refused it, or could not say) and loss of the session (every lease at
+once) are handled here and only here.
 """
 
 from __future__ import annotations

@@ -4,11 +4,12 @@ One implementation for every backend. The deadline is ``send time of the last su
 renewal + granted TTL - safety margin`` on the worker's monotonic clock (never the
 receive time: the store started its TTL no earlier than it received the request). A
 keepalive is sent every ``granted TTL / 3``, and after a failed renewal retried 50 ms
-later, doubling the delay up to a third of that interval (never waiting for the next
-regular tick); the session is declared LOST the moment the deadline passes, whatever the
-backend does or fails to do. The threads that do this are shared by the sessions of a
-store (:mod:`._renewer`); what is per session (deadline, retry delays, errors) is here.
-When the session is lost, the store-side session is ended as well (best effort, from a
+later, doubling the delay up to a third of that interval and a quarter of the time left
+before the deadline (never below 50 ms, never waiting for the next regular tick); the
+session is declared LOST the moment the deadline passes, whatever the backend does or
+fails to do. The threads that do this are shared by the sessions of a store
+(:mod:`._renewer`); what is per session (deadline, retry delays, errors) is here. When
+the session is lost, the store-side session is ended as well (best effort, from a
 background thread), so that a client library which keeps its connection alive by itself
 (kazoo's pings) cannot keep this worker's jobs held after it has given them up.
 """

@@ -55,8 +55,8 @@ log = logging.getLogger("consensus_lease")
 
 MAX_RUNNERS = 64
 """Most keepalive calls of one store in flight at once. A call is bounded by its
-driver's budget (at most a third of the TTL, or ``timeout_s``); more sessions than this
-due at once wait their turn in due order."""
+driver's budget (etcd: two thirds of the granted TTL, at most ``timeout_s``); more
+sessions than this due at once wait their turn in due order."""
 
 
 COALESCE_S = 0.05

@@ -11,7 +11,7 @@ store itself calls :meth:`Poller.poke` so that its own process's waiters do not 
 the next interval.
 
 Thousands of waiting claims thus cost one thread, and the store sees at most one hint
-query per interval, however many waiters there are.
+query per interval (and one after each poke), however many waiters there are.
 """
 
 from __future__ import annotations

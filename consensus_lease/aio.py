@@ -23,9 +23,11 @@ A *waiting* claim holds none of the threads while it waits: it subscribes to the
 queue (:meth:`Backend.subscribe_job`) and awaits a future that the subscription's
 callback, the session's end or the deadline completes; only its claim attempts run on the
 pool, one at a time per waiting claim. Claim attempts use at most ``threads - 2`` (at
-least 1) threads at once, so ``renew``, ``complete``, ``release`` and ``fail`` always find
-a free one, however many claims wait; and the re-tries of woken waiting claims use at most
-half of those, so a new claim does not queue behind them. Thousands of waiting claims
+least 1) threads at once, so ``renew``, ``complete``, ``release`` and ``fail`` never queue
+behind claims, however many claims wait (two threads stay theirs, one with
+``threads=2``; they share them with each other and the store's reads); and the re-tries of
+woken waiting claims use at most half of the claim threads, so a new claim does not queue
+behind them. Thousands of waiting claims
 cost no thread and do not delay lease operations.
 
 Loss. If the session is lost while the body of ``guard()`` runs (the store expired it,
@@ -670,8 +672,9 @@ async def open_store(
 
     Args:
         threads: threads of the store's pool (int, 2 to 1024, default 8). Round trips
-            run there; claim attempts use at most ``threads - 2`` of them at once, so
-            lease operations always find a free one. Waiting claims hold none.
+            run there; claim attempts use at most ``threads - 2`` of them at once (at
+            least 1), so lease operations never queue behind claims. Waiting claims hold
+            none.
         **options: the store's options, exactly those of
             :func:`consensus_lease.open_store` (``pool_size`` is the PostgreSQL store's
             connection pool here too); every one reaches the store, which refuses those

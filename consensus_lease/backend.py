@@ -1,9 +1,11 @@
 """The narrow interface every store driver implements.
 
 The protocol core (:mod:`consensus_lease.session`, :mod:`consensus_lease.lease`) is written
-once against this interface and knows nothing of etcd, ZooKeeper or SQL. A driver maps each
-method to *one* atomic operation of its store in which the store itself makes the
-ownership comparison; the core adds local deadlines, keepalive, waiting and input checks.
+once against this interface and knows nothing of etcd, ZooKeeper or SQL. A driver decides
+each per-job method in *one* atomic operation of its store in which the store itself makes
+the ownership comparison (reads before it, or a keepalive beside it, may add round trips:
+each driver's docstrings say which); the core adds local deadlines, keepalive, waiting and
+input checks.
 
 Drivers are found through the ``consensus_lease.backends`` entry-point group, keyed by URL
 scheme (see :func:`consensus_lease.open_store`). A driver:
@@ -96,10 +98,12 @@ class Capabilities:
             to it (PostgreSQL: a psycopg 3 connection; SQLite: a ``sqlite3``
             connection to the same file). ``False``: ``lease.transaction`` raises
             ``UnsupportedOperation``.
-        max_complete_batch: most completions one :meth:`Backend.complete_many` round trip
-            carries, all decided in one atomic store operation (etcd transaction,
-            ZooKeeper multi, SQL transaction); the session splits longer lists. 1 means
-            no batching: the default :meth:`Backend.complete_many` sends one
+        max_complete_batch: most completions one :meth:`Backend.complete_many` call
+            takes; the session splits longer lists. SQLite and PostgreSQL decide them in
+            one transaction; ZooKeeper in one multi per up to 160 KB of results (the
+            items of a multi that applies nothing are then completed one by one). 1
+            means no batching (etcd, whose completions of one queue cannot share a
+            transaction): the default :meth:`Backend.complete_many` sends one
             :meth:`Backend.complete` per item.
         fused_claim_next: :meth:`Backend.complete_and_claim_next` completes a job and
             claims the next one of a queue in one atomic store operation (one round
@@ -363,16 +367,18 @@ class Backend(abc.ABC):
         refused item fails alone, the others commit. A repeat of a completion this
         session made at this generation is its existing record, as in :meth:`complete`.
 
-        Drivers that batch (``max_complete_batch`` > 1) decide the whole list in one
-        atomic store operation and one round trip, and settle a lost answer by reading
-        back, as :meth:`complete` does; this default sends one :meth:`complete` per item,
-        and an item whose request fails is answered with that error
-        (``BackendUnavailable`` / ``OutcomeUnknown``) without stopping the others.
+        Drivers that batch (``max_complete_batch`` > 1) decide many items per atomic
+        store operation and round trip (see ``Capabilities.max_complete_batch``), and
+        settle a lost answer by reading back, as :meth:`complete` does; this default
+        sends one :meth:`complete` per item, and an item whose request fails is answered
+        with that error (``BackendUnavailable`` / ``OutcomeUnknown``) without stopping
+        the others.
 
         Raises:
-            BackendUnavailable: (batching drivers) nothing of the list was applied.
-            OutcomeUnknown: (batching drivers) the list may or may not have been applied
-                and reading back could not tell.
+            BackendUnavailable: (SQL drivers) nothing of the list was applied.
+            OutcomeUnknown: (SQL drivers) the list may or may not have been applied and
+                reading back could not tell. (ZooKeeper raises neither: the items of a
+                multi that failed are completed one by one, each with its own outcome.)
             SessionExpired: the session is gone and no item could be decided otherwise.
         """
         outcomes: list[LeaseRecord | LeaseError] = []
@@ -473,10 +479,12 @@ class Backend(abc.ABC):
     ) -> None:
         """Store ``value`` with the current hold iff ``session`` holds ``job_id`` at
         ``claim.generation`` (the ownership compare of :meth:`renew`, in the same atomic
-        store operation as the write; one round trip; a lost answer is settled by reading
-        back). ``get(job_id).value`` returns it while the hold lasts; the hold's end
-        (release, expiry, the next claim) clears it. Used by elections
-        (``Capabilities.elections``) for the leader's value; ``job_id`` is an election key.
+        store operation as the write; one round trip for a claim this process made, etcd
+        and ZooKeeper read first for one without its handle; a lost answer is settled by
+        reading back). ``get(job_id).value`` returns it while the hold lasts; the hold's
+        end (release, expiry, the next claim) clears it. Used by elections
+        (``Capabilities.elections``) for the leader's value; ``job_id`` is an election
+        key.
 
         Raises:
             StaleLeaseError / SessionExpired: not held at that generation; which one as in

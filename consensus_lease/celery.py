@@ -35,7 +35,8 @@ A delivery:
    is acked, with a log line and the metric. The delayed copy checks again: completed
    -> acked; still held -> again; the holder died (its lease expired in the store) -> it
    claims and runs the task. So a worker killed mid-task never loses the task, and no
-   two copies ever run the body at once;
+   two copies run the body at once while both hold the lease (one paused past its TTL
+   may still be in the body when another claims: see 7, and fence the writes);
 6. a copy that cannot claim (the store does not answer, or cannot tell whether the claim
    was applied) does not run the body: as in 5, a delayed copy asks again
    (``reason="unavailable"``); after an unknown outcome the worker process's session is

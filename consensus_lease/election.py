@@ -51,9 +51,9 @@ class LeaderRecord:
             ``b""`` also for the instant between a new leader's claim and its value.
         generation: the leader's fencing token: strictly greater than every earlier
             leader's of this election.
-        lease_until: when the leader's lease ends if not renewed, store clock, seconds
-            since the epoch (``None`` where the store does not expose it: ZooKeeper).
-            For display only.
+        lease_until: when the leader's lease ends if not renewed, seconds since the
+            epoch, as ``LeaseRecord.lease_until`` (store clock, or etcd's estimate;
+            ``None`` where the store does not expose it: ZooKeeper). For display only.
     """
 
     name: str

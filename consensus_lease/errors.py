@@ -183,8 +183,10 @@ class JobFailed(LeaseError):
 
 
 class InvalidArgument(LeaseError, ValueError):
-    """Bad input: job id, TTL, timeout, URL option. Raised before anything is sent;
-    nothing was written and any lease held before the call is still held."""
+    """Bad input: job id, TTL, timeout, URL option. Raised before anything is written,
+    mostly before anything is sent (a store's own refusal, e.g. etcd's of a request over
+    its size or ``--max-txn-ops`` limit, comes back as one too); nothing was written and
+    any lease held before the call is still held."""
 
 
 class UnsupportedBackend(InvalidArgument):
@@ -195,8 +197,9 @@ class UnsupportedBackend(InvalidArgument):
 
 class QueueFull(LeaseError):
     """The queue (or the store) is at the capacity the backend documents
-    (``capabilities.max_queue_jobs``); refused before anything is sent, so the server is
-    never pushed past what it can serve. Nothing was enqueued by the refused request.
+    (``capabilities.max_queue_jobs``); refused before the enqueue is sent (after a read
+    of the queue's counters, where the store keeps them), so the server is never pushed
+    past what it can serve. Nothing was enqueued by the refused request.
     Purge completed jobs, or shard queues across stores."""
 
 

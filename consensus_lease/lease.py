@@ -57,10 +57,11 @@ class Lease:
     the job is claimable at once.
 
     A lease ends once, one way: :meth:`complete`, :meth:`release` or :meth:`fail`.
-    Repeating the same ending is harmless (``release`` again does nothing; ``complete``
-    again with the same result returns the record); ending it another way afterwards
-    (``release`` or ``fail`` after ``complete``, a ``complete`` with a different result,
-    ...) is a mistake and raises ``InvalidArgument``, sending nothing. After
+    Repeating ``release`` or ``complete`` is harmless (``release`` again does nothing;
+    ``complete`` again with the same result returns the record); ending it another way
+    afterwards (``release`` or ``fail`` after ``complete``, a ``complete`` with a
+    different result, ...) or failing it twice is a mistake and raises
+    ``InvalidArgument``, sending nothing. After
     ``store.close()`` every operation raises ``StoreClosed`` (``ensure_held``:
     ``LeaseLost``); in a child made by ``fork()``, ``StoreInherited``.
 
@@ -283,8 +284,8 @@ class Lease:
 
     def renew(self) -> None:
         """Confirm in the store that this session still holds the job at this generation
-        and extend the session's TTL. SQLite, memory and ZooKeeper do both in one atomic
-        store operation; etcd sends two requests in one round trip (a read-only
+        and extend the session's TTL. SQLite, PostgreSQL, memory and ZooKeeper do both in
+        one atomic store operation; etcd sends two requests in one round trip (a read-only
         transaction comparing the owner key, and a keepalive of the session's lease sent
         during its round trip; the check's verdict is raised first), which is safe because
         the first proves ownership and the second can only extend the session that owns
@@ -308,7 +309,7 @@ class Lease:
     def complete(self, result: bytes = b"") -> LeaseRecord:
         """Record the job as completed at this generation and end the hold, in one atomic
         store operation that first compares owner and generation. A completed job is
-        never claimed again.
+        never claimed again (unless ``store.purge`` deleted its record).
 
         The store, not the local deadline, decides: the request is sent even when this
         worker already believes the lease lost, so a stale holder learns the truth
@@ -441,8 +442,10 @@ class Lease:
         If the job was enqueued with ``max_attempts`` and this was its last attempt, the
         job becomes FAILED (dead letter: never claimed again until
         ``store.requeue(job_id)``). Otherwise it becomes claimable again once
-        ``retry_in_s`` seconds of the *store's* time have passed (never decided by this
-        worker's clock).
+        ``retry_in_s`` seconds of the *store's* time have passed, never earlier (never
+        decided by this worker's clock; etcd rounds the delay up to whole seconds, at
+        least its minimum lease TTL, 2 s by default, and frees the job up to about 0.5 s
+        late).
 
         Args:
             error: what went wrong: text (at most 64 KiB of UTF-8), or an exception

@@ -19,7 +19,7 @@ complete. Claim, complete, release and fail spans are made only inside a recordi
 unless ``root_spans=True``: a bare worker loop then pays for metrics only (see
 ``benchmarks/cycle_ab.py``). Loss spans are always made, renew spans unless
 ``renew_spans=False`` (both are rare: a loss, one renewal per session every TTL/3). Each
-span covers the store round trip: it starts at the send time and ends at the answer
+span covers the store call (all its round trips): it starts at the send time and ends at the answer
 (measured on the session's monotonic clock, placed on the wall clock at the answer).
 
 =============================  ======================================================

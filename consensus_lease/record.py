@@ -32,9 +32,10 @@ class LeaseRecord:
             or released (ZooKeeper: still the last holder after a release, since clearing
             it would bump the job znode's version, which is the generation).
         lease_until: when the holder's lease ends, in seconds since the epoch on the
-            *store's* clock (SQLite: the database clock; etcd: now + the lease's remaining
-            TTL as the store reports it; ZooKeeper: ``None``, the ensemble does not expose
-            session deadlines). For display only: ownership is decided by the store.
+            *store's* clock (SQLite, PostgreSQL: the database clock), or estimated (etcd:
+            this machine's wall clock + the lease's remaining TTL in whole seconds as the
+            store reports it; ZooKeeper: ``None``, the ensemble does not expose session
+            deadlines). For display only: ownership is decided by the store.
         generation: the fencing token of the current or last claim; 0 if never claimed.
         state: AVAILABLE, HELD, COMPLETED or FAILED.
         result: the completion result (bytes) once COMPLETED, else ``None``.
@@ -42,9 +43,9 @@ class LeaseRecord:
             holder's attempt number.
         error: the last error recorded by ``lease.fail()`` (or why the job FAILED), else
             ``None``.
-        not_before: while a failed attempt's retry delay runs, the time (store clock,
-            seconds since the epoch) before which the job is not claimable, where the
-            store can express it; else ``None``.
+        not_before: while a failed attempt's retry delay runs, the time (seconds since
+            the epoch; the clock as for ``lease_until``) before which the job is not
+            claimable, where the store can express it; else ``None``.
         max_attempts: the job's attempt limit from ``enqueue``, or ``None`` (unlimited).
         value: for an election key, the value the current leader set
             (``Backend.set_value``) while HELD; ``None`` otherwise (never set, or the
@@ -134,8 +135,8 @@ class QueueStats:
     Attributes:
         queue: the queue's name.
         available / held / completed / failed: job counts.
-        oldest_held_lease_until: the earliest ``lease_until`` among held jobs (store
-            clock, seconds since the epoch), or ``None``.
+        oldest_held_lease_until: the earliest ``lease_until`` among held jobs (seconds
+            since the epoch; the clock as for ``LeaseRecord.lease_until``), or ``None``.
     """
 
     queue: str

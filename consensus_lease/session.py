@@ -211,7 +211,8 @@ class Session:
 
     def claim(self, job_id: str, *, wait_s: float | None = None) -> Lease | None:
         """Claim ``job_id``: atomically in the store, only if it is unowned or its
-        holder's session expired, and it is not completed. Each claim gets a generation
+        holder's session expired, it is neither completed nor FAILED, and no retry delay
+        runs. Each claim gets a generation
         strictly greater than every earlier one for the job (the fencing token).
 
         Two forms (the type checker knows which returns what)::
@@ -232,7 +233,8 @@ class Session:
             wait_s: ``None`` tries once and returns ``None`` if the job is held (or its
                 retry delay after a failed attempt has not passed yet). A number
                 (seconds, >= 0) waits up to that long, woken by the store where it can
-                watch (etcd, ZooKeeper), and raises ``ClaimTimeout`` instead of returning
+                (etcd and ZooKeeper watches, PostgreSQL's ``LISTEN``; SQLite polls), and
+                raises ``ClaimTimeout`` instead of returning
                 ``None`` — so ``with session.claim(job, wait_s=10) as lease:`` never runs
                 its body without the lease. The wait holds no store request open
                 (:meth:`Backend.subscribe_job`); closing the session ends it at once
@@ -293,7 +295,8 @@ class Session:
 
     def claim_next(self, queue: str, *, wait_s: float | None = None) -> Lease | None:
         """Claim any claimable job of the work queue ``queue`` (enqueued with
-        :meth:`LeaseStore.enqueue`): unowned, released or expired, never completed. The
+        :meth:`LeaseStore.enqueue`): unowned, released or expired, neither completed nor
+        FAILED, no retry delay running. The
         claim is the same atomic store operation as :meth:`claim`, with the same fencing
         guarantees; the returned lease carries the job's ``payload``.
 
@@ -301,7 +304,7 @@ class Session:
         a random one of the oldest few, so concurrent workers do not all collide on the
         head of the queue and a worker that claims in a tight loop gets no more than its
         share of what the store offers it. Waiting is woken by the store (etcd and
-        ZooKeeper watches; SQLite polls).
+        ZooKeeper watches, PostgreSQL's ``LISTEN``; SQLite polls).
 
         Args:
             queue: the queue's name (the rules of job ids). An unknown or empty queue
@@ -390,7 +393,7 @@ class Session:
     def claim_many(self, job_ids: Sequence[str]) -> list[Lease | None]:
         """Try to claim each of ``job_ids`` (no waiting); in as few store round trips as
         the backend allows (``capabilities.max_batch_claim`` per trip). Element ``i`` is
-        a Lease or ``None`` (held elsewhere, or completed).
+        a Lease or ``None`` (held elsewhere, in a retry delay, completed or FAILED).
 
         Raises:
             InvalidArgument: a bad or duplicate id, or one this session already holds.
@@ -421,9 +424,11 @@ class Session:
     ) -> list[LeaseRecord | LeaseError]:
         """Complete several leases of this session, each as :meth:`Lease.complete` would
         (owner and generation compared by the store in the operation that records it),
-        in as few round trips as the store allows: ``capabilities.max_complete_batch``
-        completions per round trip, all decided in one atomic store operation (a
-        ZooKeeper multi, one SQL transaction; memory: its lock). Where
+        in as few round trips as the store allows: up to
+        ``capabilities.max_complete_batch`` completions per call of the driver, decided
+        together (one SQL transaction; memory: its lock; ZooKeeper: one multi per up to
+        160 KB of results, whose items are completed one by one if it applies nothing;
+        see ``Capabilities.max_complete_batch``). Where
         ``max_complete_batch`` is 1 (etcd: several completions of one queue cannot share
         a transaction, see its driver) it sends one completion per lease.
 

@@ -330,8 +330,9 @@ class LeaseStore:
         """Follow the election ``name``: an iterator of its leader now (a
         :class:`~consensus_lease.LeaderRecord`, or ``None`` when nobody leads), then of
         each change: a new leader, a new value (``proclaim``), nobody. Woken by the
-        store (etcd and ZooKeeper watches; SQLite and memory poll, every
-        ``poll_interval_s``), reading the leader after each wake-up.
+        store (etcd and ZooKeeper watches, PostgreSQL's ``LISTEN`` with a poll as
+        fallback; SQLite and memory poll, every ``poll_interval_s``), reading the leader
+        after each wake-up.
 
         Never goes back: a read older than one already yielded (a lower generation, or
         a leader already reported gone) is skipped. Changes faster than the reads
@@ -481,13 +482,16 @@ class LeaseStore:
         self, queue: str, items: Iterable[EnqueueItem | tuple[str, bytes] | str]
     ) -> list[bool]:
         """Add many jobs to a work queue with the store's native batch: one round trip
-        per ``capabilities.max_enqueue_batch`` jobs (etcd: one txn; ZooKeeper: one multi;
-        SQLite and PostgreSQL: one transaction).
+        per ``capabilities.max_enqueue_batch`` jobs (etcd: one txn, after one read of the
+        queue's counters the first time this process enqueues into it; ZooKeeper: one
+        multi; SQLite and PostgreSQL: one transaction).
 
         Idempotent like :meth:`enqueue`: a job already in the queue is left unchanged.
         Each chunk of at most ``max_enqueue_batch`` jobs is atomic (ZooKeeper splits a
         chunk whose payloads exceed its multi's byte budget into several atomic multis,
-        after checking every job of the chunk first; see its backend docs); chunks are
+        after checking every job of the chunk first, and etcd one that exceeds a server's
+        lower ``--max-txn-ops`` into several atomic transactions; see their backend
+        docs); chunks are
         sent in order, so after an error the earlier chunks are enqueued and the rest are
         not — calling again with the same items is safe and adds only what is missing.
 

@@ -2,14 +2,17 @@
 
 A worker session is one etcd **lease**; every job it claims is an *owner key* attached
 to that lease, so one keepalive renews them all and a revoked or expired lease drops
-them all at once. Claim, complete, release and fail are each **one transaction** in
-which etcd compares the owner key; the fencing token (generation) is
-``epoch * 2**44 +`` the owner key's ``create_revision``, i.e. the claim transaction's
-revision: strictly increasing per job (and across the whole cluster), but not
-consecutive (``consecutive_generations=False``). The store epoch (key ``PREFIX/epoch``,
-0 until ``bump_epoch`` first runs, so tokens are plain revisions until then) is compared
-inside every claim transaction against the driver's cached copy and recorded in the
-owner value; see :mod:`._tokens` and :mod:`._tokens_epoch`.
+them all at once. Claim, complete, release and fail are each decided by **one
+transaction** in which etcd compares the owner key (a claim of a job with an attempt
+limit sends a second; a fail with a retry delay grants that delay's lease first; see
+below); the fencing token (generation) is ``epoch * 2**44 +`` the owner key's
+``create_revision``, i.e. the claim transaction's revision: strictly increasing per job
+(and across the whole cluster, but for the claims of one ``claim_many`` batch, which
+share its revision), not consecutive (``consecutive_generations=False``). The store
+epoch (key ``PREFIX/epoch``, 0 until ``bump_epoch`` first runs, so tokens are plain
+revisions until then) is compared inside every claim transaction against the driver's
+cached copy and recorded in the owner value; see :mod:`._tokens` and
+:mod:`._tokens_epoch`.
 ``renew`` is two requests in one round trip, not one atomic step: a read-only
 transaction comparing the owner key, and one keepalive of the session's lease sent while
 it is under way (the comparison's verdict is raised first).
@@ -17,8 +20,8 @@ Each claim returns its own state as ``ClaimResult.handle`` (an :class:`EtcdClaim
 exact owner value written, the job's work queue, the attempt and the attempt limit),
 which the lease hands back with renew, complete, release and fail; the driver keeps no
 table of claims. Without it (a claim this process did not make) the compare is on the
-owner key's lease instead of its value, and completing or failing a queued job first
-reads its queue marker (and attempts).
+owner key's lease instead of its value, and completing, releasing or failing first
+reads the job's queue marker and owner key (failing also its attempts and limit).
 
 URL and options (query string or keyword arguments of ``open_store``; keyword
 arguments win; names and value rules shared with the other backends, see
@@ -43,7 +46,8 @@ hosts                  (required)           ``h1:port,h2:port,...`` members trie
                                             before ``BackendUnavailable`` /
                                             ``OutcomeUnknown``, seconds. ``get``,
                                             ``records``, ``queue_jobs``,
-                                            ``queue_candidates`` and ``purge`` end, all
+                                            ``queue_candidates``, ``queue_stats``,
+                                            ``upgrade_queue`` and ``purge`` end, all
                                             their pages included, by
                                             ``max(timeout_s, connect_timeout_s)``
 ``user``, ``password`` none                 etcd RBAC credentials (also as
@@ -82,36 +86,38 @@ ordinal) and index entry ``PREFIX/q/QHEX/i/ORD/HEX`` (``ORD``: 20-digit ordinal,
 order is FIFO order), ``QHEX`` the hex of the queue name. Ordinals come from the counter
 ``PREFIX/q/QHEX/k/seq``, compared and advanced by each enqueue (one transaction per
 chunk of up to 100 jobs: ``enqueue_many``) and requeue. ``claim_next`` scans the index
-from its low-water mark in key-ordered ranges spanning at most 1,024 ordinals (etcd
-walks its index over the whole range it is asked for, so a range over the whole queue
-would cost O(depth)), then reads the candidates' pending, owner and not-before keys and
-payloads, then claims with the ordinary claim transaction, which also puts the job's
-held marker ``PREFIX/q/QHEX/h/HEX`` on the session's lease and reads the job's queue
-marker, so the completion can delete the pending key and held marker in its own
-transaction. Its cost depends on the held and delayed jobs at the front of the queue,
-not on its depth. ``queue_stats`` is one read of counters kept in the same transactions
-(see :mod:`._queues_index`). ``complete_many`` and ``complete_and_claim_next`` are the
+from the driver's cursor (where its last scan found a candidate) or the low-water mark,
+in key-ordered ranges spanning at most 1,024 ordinals (etcd walks its index over the
+whole range it is asked for, so a range over the whole queue would cost O(depth)), then
+reads the candidates' pending, owner and not-before keys and payloads, then claims with
+the ordinary claim transaction, which also puts the job's held marker
+``PREFIX/q/QHEX/h/HEX`` on the session's lease and reads the job's queue marker, so the
+completion can delete the pending key and held marker in its own transaction. Its cost
+depends on the held and delayed jobs at the front of the queue, not on its depth.
+``queue_stats`` is one read of counters kept in the same transactions (see
+:mod:`._queues_index`), plus a ``LeaseTimeToLive`` for each of at most 8 holders' leases
+(``oldest_held_lease_until``). ``complete_many`` and ``complete_and_claim_next`` are the
 looped defaults of :class:`~consensus_lease.backend.Backend` (``max_complete_batch`` 1,
 ``fused_claim_next`` false): one completion transaction per job, then ``claim_next``'s
 reads and claim. Several completions of one queue cannot share a transaction as the
 layout stands: each bumps the queue's completed counter by one put, and etcd refuses a
-transaction that puts one key twice. A queue holds at most 250,000 jobs and 256 MiB of payloads
-(``max_queue_jobs``, ``QueueFull``: together under half of etcd's default 2 GB quota).
-Queues written by the first layout are refused until ``upgrade_queue`` ran (the
+transaction that puts one key twice. A queue holds at most 250,000 jobs and 256 MiB of
+payloads (``max_queue_jobs``, ``QueueFull``: together under half of etcd's default 2 GB
+quota). Queues written by the first layout are refused until ``upgrade_queue`` ran (the
 command ``consensus-lease upgrade-queue``; :mod:`._queues_upgrade`). Waiting is a watch
 (enqueues and requeues; owner keys deleted by release, fail or expiry; not-before keys
-deleted by their lease's expiry). Payloads
-are limited to 1 MiB (``max_payload_bytes``), under etcd's default
-``--max-request-bytes`` of 1.5 MiB, with room for the keys; a server configured lower
-refuses larger enqueues with ``InvalidArgument``.
+deleted by their lease's expiry). Payloads are limited to 1 MiB (``max_payload_bytes``),
+under etcd's default ``--max-request-bytes`` of 1.5 MiB, with room for the keys; a
+server configured lower refuses larger enqueues with ``InvalidArgument``.
 
 Job lifecycle (attempts, ``fail``, retry delays, FAILED, ``requeue``; see
 :mod:`._jobs_attempts` and :mod:`._jobs_fail`):
 
-* ``attempt``: every claim transaction also puts the attempts key ``a`` (empty value);
-  etcd adds 1 to a key's ``version`` on every put, so the version is the number of
-  claims, counted by the store in the claim's own transaction (the put answers the
-  previous version: no read). Its ``mod_revision`` is the last claim's generation.
+* ``attempt``: every claim transaction also puts the attempts key ``a`` (value: the
+  claim's epoch, empty for epoch 0); etcd adds 1 to a key's ``version`` on every put, so
+  the version is the number of claims, counted by the store in the claim's own
+  transaction (the put answers the previous version: no read). Its ``mod_revision`` is
+  the last claim's revision (its generation below the epoch bits).
 * ``max_attempts`` is the limit key ``l`` (``{max_attempts, base}``), written by
   ``enqueue``. The common claim compares ``l`` absent, so jobs without a limit pay
   nothing but a compare and a put; a job with one is claimed in two round trips: the
@@ -130,9 +136,9 @@ Job lifecycle (attempts, ``fail``, retry delays, FAILED, ``requeue``; see
   delay (``retry_in_s == 0``) or when the job becomes FAILED, no lease is granted.
 * The record a completion returns (attempt, last error, limit) comes from the claim's
   handle, which knows the attempt and the limit (neither changes while the job is
-  held); the completion transaction also gets ``e`` when the claim was not the job's
-  first attempt (an earlier one may have failed), and ``a``, ``e`` and ``l`` for a
-  claim without its handle: reads in the same round trip.
+  held); the completion transaction also gets ``e`` unless the claim was the job's
+  first attempt and the job has no limit (an earlier attempt may have failed), and
+  ``a``, ``e`` and ``l`` for a claim without its handle: reads in the same round trip.
 * A FAILED job has ``f``, which every claim's compares refuse (the common claim through
   ``l``, which a FAILED job always has), and no pending key, so no candidate list
   offers it. ``requeue`` is one transaction comparing ``mod_revision(f)``: delete ``f``,
@@ -167,20 +173,23 @@ FAILED by the FAILED record, a requeue by the nonce in its limit record, an enqu
 the nonce in its queue marker) and guarded by a compare its own success makes false, so
 re-sending it after "not applied yet" cannot apply it twice. ``OutcomeUnknown`` only when
 reading back fails within ``connect_timeout_s``. Idempotent reads are retried over the
-members with ``tenacity`` for at most ``connect_timeout_s``. A ``LeaseGrant`` (session,
-retry delay) whose answer is lost is retried; the orphan lease holds no key and expires.
+members with ``tenacity`` for at most ``connect_timeout_s``, and so are the few writes
+that may land twice unharmed (the regression marker's compare-and-set, the ordinal
+writes of ``upgrade_queue``). A ``LeaseGrant`` (session, retry delay) whose answer is
+lost is retried; the orphan lease holds no key and expires.
 
-Restores (see :mod:`._tokens_regression`): etcd's revisions only grow, so an answer whose
-header revision is below one already seen (every request is linearizable, compared with
-what was seen before it was sent) or that names another ``cluster_id`` means the
-cluster's history went back: it was restored from an older snapshot, or wiped. Tokens
-handed out from then on could be lower than tokens already used, so every session open
-at that moment is over (``SessionEvent.REGRESSED``; each later operation on it raises
-``StoreRegressed``), and a claim answered from that history is handed back (its owner
-key deleted) and raises ``StoreRegressed``. Keepalive answers are not linearizable: one
-below the revision seen is confirmed with a linearizable read, so an idle worker learns
-of a restore at its next keepalive. After a restore, run ``bump-epoch --above HIGHEST``
-before restarting the workers: every token is then above every earlier one.
+Restores (see :mod:`._tokens_regression`): etcd's revisions only grow, so an answer
+whose header revision is below one already seen (KV requests, lease grants and revokes
+are linearizable: each is compared with what was seen before it was sent) or that names
+another ``cluster_id`` means the cluster's history went back: it was restored from an
+older snapshot, or wiped. Tokens handed out from then on could be lower than tokens
+already used, so every session open at that moment is over (``SessionEvent.REGRESSED``;
+each later operation on it raises ``StoreRegressed``), and a claim answered from that
+history is handed back (its owner key deleted) and raises ``StoreRegressed``. Keepalive
+answers are not linearizable: one below the revision seen is confirmed with a
+linearizable read, so an idle worker learns of a restore at its next keepalive. After a
+restore, run ``bump-epoch --above HIGHEST`` before restarting the workers: every token
+is then above every earlier one.
 
 Limitation: a claim whose answer was lost and that is still in flight when read back
 may land later; it then holds the job under this session until this session claims the

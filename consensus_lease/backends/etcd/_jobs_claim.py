@@ -9,6 +9,7 @@ The claim transaction::
         put PREFIX/HEX/h = the same value
         put PREFIX/HEX/a = epoch ("" for 0)                (answering its previous version)
         get PREFIX/HEX/q
+        put QDIR/h/HEX (on the lease), get QDIR/p/HEX      (a job lately a queue candidate)
     else:
         range PREFIX/HEX/a .. q, get PREFIX/epoch          (the job's Snapshot)
 
@@ -21,7 +22,9 @@ one, answered by the put, plus 1). A retry delay (``n``) refuses the claim like 
 does. A job with an attempt limit (``l``) is refused by this compare, and the snapshot
 its ``else`` branch answers decides the next transaction (see :mod:`._jobs_attempts`): a
 claim comparing the limit and the attempt count, or making the job FAILED; so a job
-without a limit is claimed in one round trip, one with a limit in two.
+without a limit is claimed in one round trip, one with a limit in two (plus one, best
+effort, for a queued job whose queue this driver did not know: :func:`fix_held` puts its
+held marker).
 
 The nonce (random per claim request) identifies the request: after a lost answer, an
 owner key carrying it is ours; a re-send carries the same nonce, so whichever copy lands

@@ -6,9 +6,10 @@ its value is the claim's)::
     if held at generation G:
         delete o, put h = release marker (this session, the claim's nonce, G)
         put e = {error, session, G, attempt, nonce}
-        (delete v, for an election)
+        (delete v, for an election; delete QDIR/h/HEX, for a queued job)
         attempts used up (attempt - base >= max_attempts):
             put f = {G, attempt, error, nonce}, delete QDIR/p/HEX      -> FAILED
+            (and put QDIR/k/failed; delete the index entry if the claim read its ordinal)
         else, retry_in_s > 0:
             put n = "" attached to a lease of its own                  -> AVAILABLE later
     else:
@@ -32,9 +33,10 @@ orphan lease that expires the same way.
 
 ``requeue`` reads the job's keys, then::
 
-    if mod_revision(f) == seen:
+    if mod_revision(f) == seen and QDIR/k/seq == S (read first):
         delete f, put l = {max_attempts, base = attempts so far, nonce}
-        put QDIR/p/HEX = ""          (the job is pending in its queue again)
+        put QDIR/p/HEX = S, QDIR/i/S/HEX = ""   (pending again, at the back)
+        put QDIR/k/seq = S + 1, put QDIR/k/requeued
 
 Lost answers: a fail is recognised by its nonce in the error key ``e``, a requeue by its
 nonce in the limit key ``l``; either found means it landed. Otherwise, if the compare

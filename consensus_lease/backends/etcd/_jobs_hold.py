@@ -7,11 +7,14 @@ revision is the generation's (the token below its epoch bits) and its value is o
     renew:     (nothing)                    else get o, get c
                (sent with the session's keepalive: one round trip for both)
     complete:  put c = record, delete o, h  else get o, get c
-               (+ delete QDIR/p/HEX for a queued job)
+               (+ for a queued job: delete QDIR/p/HEX and QDIR/h/HEX,
+                put QDIR/k/done, delete the index entry if the claim
+                read its ordinal)
                (+ delete v for an election)
                get a, e, l (for the record it returns; only e, or
                nothing, when the claim's handle tells the rest)
-    release:   delete o, put h = marker     else get o, get c
+    release:   delete o, put h = marker     else get o, get h, get c
+               (+ delete QDIR/h/HEX for a queued job)
                (+ delete v for an election)
 
 ``fail`` is in :mod:`._jobs_fail`.

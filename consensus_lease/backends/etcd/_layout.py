@@ -9,9 +9,10 @@ so ``records(limit)`` can stop early.
 =======  ==========  ==========================================================
 key      lease       meaning
 =======  ==========  ==========================================================
-``a``    none        ATTEMPTS: put (empty) by every claim, so its ``version``
-                     is the number of claims so far (the attempt of the last
-                     one) and its ``mod_revision`` the last claim's generation.
+``a``    none        ATTEMPTS: put by every claim (value: its epoch, empty for
+                     0), so its ``version`` is the number of claims so far (the
+                     attempt of the last one) and its ``mod_revision`` the last
+                     claim's generation (below the epoch bits).
 ``c``    none        COMPLETION record; once written the job is never claimed
                      again. Written together with deleting ``o`` and ``h``.
 ``e``    none        LAST ERROR (:class:`LastError`): written by ``fail`` (and

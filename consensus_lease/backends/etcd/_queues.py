@@ -430,9 +430,9 @@ def _purge_batch(ops: Ops, qkeys: QueueKeys, job_ids: list[str], what: str) -> i
     """Delete the keys of those of ``job_ids`` that are completed, in one transaction
     that also counts them in ``QDIR/k/purged`` (:func:`_purge_request`); return how
     many. A job no longer completed (purged meanwhile) is left out and the rest sent
-    again. After a lost answer the counter and member keys are read back: a counter
-    moved and the members gone means it landed (or a concurrent purge took them); the
-    members still there are sent again."""
+    again. Each round first reads the counter and the jobs' queue markers (their payload
+    sizes). After a lost answer the member keys are read back: the members gone means it
+    landed (or a concurrent purge took them); the members still there are sent again."""
     purged = 0
     deadline = time.monotonic() + ops.config.connect_timeout_s
     counter = qkeys.counter("purged")

@@ -20,7 +20,8 @@ from ._layout import QueueKeys, ordinal_bytes, pair_bytes, pair_of
 __all__ = ["FLUSH_STALE", "RESCAN_S", "Base", "Counters", "QueueCache"]
 
 FLUSH_STALE = 32
-"""Stale entries remembered before they are deleted in one transaction."""
+"""Stale entries remembered before they are deleted (in one transaction while they fit
+half the server's ``--max-txn-ops``)."""
 
 RESCAN_S = 1.0
 """How long a driver's scans may start at its cursor (where its last scan found a

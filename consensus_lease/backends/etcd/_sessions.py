@@ -143,15 +143,16 @@ class EtcdSession(SessionHandle):
 @dataclass(frozen=True, slots=True)
 class EtcdClaim:
     """What one claim wrote: the etcd backend's ``ClaimResult.handle``, handed back with
-    renew, complete and release of that claim.
+    renew, complete, release, fail and set_value of that claim.
 
-    Renew, complete and release compare the owner key's value with ``owner_value``
-    (without it: its lease with the session's); complete deletes the queue's pending key
-    of ``queue`` (without it: the job's queue marker is read first, one more round
-    trip). A job's queue never changes while it is held: enqueue only marks a job that
-    has no other key. ``fail`` decides from ``attempt`` and ``limit`` whether the job's
-    attempts are used up; its limit cannot change while it is held either (requeue
-    rewrites it only for a FAILED job, which nobody holds).
+    Each of them compares the owner key's value with ``owner_value`` (without it: its
+    lease with the session's); complete deletes the queue's pending key of ``queue``
+    (without it, or with ``queue_known`` false: the job's queue marker is read first,
+    one more round trip, as release and fail do). A job's queue never changes while it
+    is held: enqueue only marks a job that has no other key. ``fail`` decides from
+    ``attempt`` and ``limit`` whether the job's attempts are used up; its limit cannot
+    change while it is held either (requeue rewrites it only for a FAILED job, which
+    nobody holds).
 
     Attributes:
         lease_id: the lease (int) of the session that made the claim.

@@ -22,7 +22,8 @@ What it never does:
   the next member. A watch whose events were compacted meanwhile (etcd cancels it
   naming the compaction revision; the hub resumes it there) may have missed deletions:
   every session's key is then read again (one linearizable, keys-only listing of the
-  sessions directory), and a session whose key is absent at that read is ended. The
+  sessions directory at one revision, in pages of :data:`READ_PAGE` keys), and a
+  session whose key is absent at that read is ended. The
   same read covers a session registered after the watch started past its key's
   revision.
 * end a session on anything but the store's own word: a deleted key (event or read),

@@ -11,7 +11,7 @@ Each driver caches it (:class:`EpochCache`) and every claim transaction compares
 key with the cached copy, so the epoch written into the owner value is the one in
 effect at the claim's revision, without a read before the claim. When the compare
 fails the transaction's ``else`` branch answers the key and the claim is sent again
-with the new epoch (once per process after each bump).
+with the new epoch (once per driver after each bump).
 """
 
 from __future__ import annotations

@@ -11,9 +11,11 @@ the :class:`Mark` taken when it was sent, not with whatever was seen since.
 
 Other answers (``LeaseKeepAlive``, ``LeaseTimeToLive``, watches) are filled in by the
 member that received the request from its own applied state, which may lag behind the
-leader: a revision below the mark there only makes the driver ask once more with a
-linearizable read (see the driver's keepalive). A different ``cluster_id`` is final on
-any answer: the endpoints now reach another cluster.
+leader: on a keepalive answer a revision below the mark only makes the driver ask once
+more with a linearizable read (see the driver's keepalive); on a ``LeaseTimeToLive``
+answer only the cluster id is checked; watch responses are not checked (they only wake
+callers, whose reads then are). A different ``cluster_id`` is final on any answer
+checked: the endpoints now reach another cluster.
 
 When an answer shows the history went back, the guard tells its listeners (the driver
 ends every open session with ``StoreRegressed``), starts a new *era* and takes that

@@ -17,9 +17,11 @@ Idempotent requests go through :meth:`Transport.call`, which retries on the next
 which tries once and hands an ambiguous failure back to the caller to settle by reading
 back (see the driver).
 
-Every answer's header goes through the driver's :class:`~._tokens_regression.RevisionGuard`
-(:meth:`Transport.attempt`); an answer from a history older than one already seen raises
-``StoreRegressed``, which is never retried.
+Every unary answer's header goes through the driver's
+:class:`~._tokens_regression.RevisionGuard` (:meth:`Transport.attempt`, and ``finish()``
+of :meth:`Transport.start`); an answer from a history older than one already seen raises
+``StoreRegressed``, which is never retried. Keepalive answers are checked by the driver
+(``EtcdBackend.keepalive``), watch responses not at all.
 
 A public call that makes many requests (a listing, a purge) runs inside
 :meth:`Transport.bounded`: one deadline, fixed at its start, caps every request's budget,

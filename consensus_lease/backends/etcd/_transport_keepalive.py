@@ -14,8 +14,8 @@ answer is only ever taken by the request it answers and always proves the lease 
 the send time of the keepalive call, before any of its requests). One slow answer ends
 nothing but its own wait: the stream and every other session's request on it go on.
 Only a stream that breaks (the member closed it, the connection died, etcd refused it)
-or that stalls (requests wait on it and nothing at all was answered for a whole
-keepalive budget) is dropped, and each request on it fails over at once.
+or that stalls (requests wait on it and nothing at all was answered for ``stall_s``,
+see below) is dropped, and each request on it fails over at once.
 
 **Failover within a small part of the TTL.** One keepalive call (:meth:`KeepAliveStreams.
 keepalive`) sends its request on the preferred member's stream. When that request's

@@ -116,8 +116,8 @@ class EtcdBackend(Backend):
     @classmethod
     def from_url(cls, url: str, options: Mapping[str, object]) -> EtcdBackend:
         """Parse the URL and connect: authenticate if credentials are given, then one
-        linearizable read of the prefix and the store epoch, retried over the members
-        for at most ``connect_timeout_s``.
+        linearizable read of the prefix, the store epoch and the regression marker, each
+        retried over the members for at most ``connect_timeout_s``.
 
         Raises:
             UnsupportedBackend / InvalidArgument: malformed URL, unknown or bad option,
@@ -359,11 +359,12 @@ class EtcdBackend(Backend):
         granted, in seconds. The request moves to the next member at once when its
         stream fails, and is hedged on the next member when its stream answers nothing
         for ``max(0.15, granted TTL / 20)`` seconds; a stream silent for ``granted TTL / 3``
-        is dropped, and the call gives up after ``2 x granted TTL / 3`` seconds (each
-        within 0.2 s .. ``timeout_s``). A leader election costs a keepalive about the
-        election's length, a silent member one short wait; a slow answer on a busy host
-        costs nobody else anything (see :mod:`._transport_keepalive`, which also gives the
-        worst-case share of the TTL one renewal takes).
+        is dropped, and the call gives up after ``2 x granted TTL / 3`` seconds (these two
+        within 0.2 s .. ``timeout_s``; the hedge's wait at most the stall's). A leader
+        election costs a keepalive about the election's length, a silent member one short
+        wait; a slow answer on a busy host costs nobody else anything (see
+        :mod:`._transport_keepalive`, which also gives the worst-case share of the TTL one
+        renewal takes).
 
         The answer's header is checked (:mod:`._tokens_regression`): another cluster id,
         or a revision below the highest seen that a linearizable read confirms, ends every
@@ -473,10 +474,14 @@ class EtcdBackend(Backend):
         delay (not-before key) nor an attempt limit exists, put the owner key (attached
         to the session's lease), the history key and the attempts key. The generation is
         the transaction's revision (= the owner key's create revision); the attempt is
-        the attempts key's new version. A job with an attempt limit (``enqueue(...,
+        the attempts key's new version. The transaction also compares the store epoch
+        with the driver's cached copy (after a ``bump_epoch``: refused once, sent again)
+        and reads the job's queue marker. A job with an attempt limit (``enqueue(...,
         max_attempts)``) takes a second transaction, comparing the limit and the
         attempt count the first one answered: it claims, or (attempts used up and the
-        last one ended without completion or fail) makes the job FAILED.
+        last one ended without completion or fail) makes the job FAILED. A queued job
+        that was not among this driver's recent candidates gets its held marker from one
+        more transaction after the claim (best effort).
 
         After a lost answer the owner key is read back; the per-claim nonce in its value
         tells whether this request created it. If nothing is there yet, the same request
@@ -584,9 +589,11 @@ class EtcdBackend(Backend):
 
     def release(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> None:
         """One transaction: if held at ``claim.generation`` by this session (as for
-        :meth:`renew`), delete the owner key and put a release marker (this session, this
-        generation, the claim's nonce) in the history key, by which a lost answer is
-        settled.
+        :meth:`renew`), delete the owner key (and a queued job's held marker) and put a
+        release marker (this session, this generation, the claim's nonce) in the history
+        key, by which a lost answer is settled. A claim without its handle (or a batch
+        claim settled by reading back) reads the job's queue marker and owner key first
+        (one more round trip).
 
         Raises:
             StaleLeaseError / SessionExpired: not held; nothing written.
@@ -633,7 +640,9 @@ class EtcdBackend(Backend):
         (``LeaseGrant``: one more round trip) with a TTL of ``ceil(retry_in_s)``
         seconds, at least 1, which etcd raises to its minimum TTL (2 s by default): the
         job becomes claimable when etcd deletes the key, never earlier than
-        ``retry_in_s``, up to about 0.5 s after the TTL (longer across a leader change).
+        ``retry_in_s`` after ``fail`` was called (the TTL runs from the grant, before
+        the transaction), up to about 0.5 s after the TTL (longer across a leader
+        change).
         A claim without a handle (or a batch claim settled by reading back) reads the
         job's queue, attempts and limit first.
 
@@ -656,8 +665,10 @@ class EtcdBackend(Backend):
         """Read the job's keys; if it is FAILED, one transaction comparing the FAILED
         record's mod revision: delete it, rewrite the limit key with ``base`` = the
         attempts so far (a fresh budget of ``max_attempts``) and put the queue's pending
-        key back (the job then comes after the jobs already pending). A lost answer is
-        settled by the nonce in the limit key. Returns the AVAILABLE record.
+        key and index entry back with the queue's next ordinal (the queue's counters are
+        read first and compared: the job then comes after the jobs already pending). A
+        lost answer is settled by the nonce in the limit key. Returns the AVAILABLE
+        record.
 
         Raises:
             InvalidArgument: the job is unknown or not FAILED; nothing changed.
@@ -697,9 +708,10 @@ class EtcdBackend(Backend):
         marker (with a per-request nonce), member key (the payload; its create revision
         is the job's ``seq``), pending key and index entry (the job's ordinal, so key
         order is FIFO order), limit key (with ``max_attempts``) and the counter. Its
-        ``else`` branch reads the counter and each job's marker and key count: jobs
-        already in this queue are left unchanged (``False``) and compared in the next
-        round; concurrent producers of the queue make it go round again. A lost answer
+        ``else`` branch reads the counters; refused with the counter unchanged, one more
+        read (per 64 jobs) gets each job's marker and key count: jobs already in this
+        queue are left unchanged (``False``) and compared in the next round; concurrent
+        producers of the queue make it go round again. A lost answer
         is settled by reading back the first new job's marker (the nonce); the chunk is
         one transaction, so all of it landed or none. See :mod:`._queues`.
 
@@ -808,18 +820,21 @@ class EtcdBackend(Backend):
 
     def purge(self, queue: str) -> int:
         """Delete the keys of the queue's completed jobs (completion record, queue
-        marker, member key, history, attempts, error and limit keys): list the member and
-        pending keys at one revision (those without a pending key are completed or
-        FAILED), then one transaction per 64 jobs (fewer under a lower
-        ``--max-txn-ops``), each job a nested transaction guarded by its completion
-        record existing (FAILED jobs stay). Returns how many were
-        deleted; after a lost answer, jobs whose member key is gone when read back are
-        counted (a concurrent purge may have deleted them).
+        marker, member key, history, attempts, error and limit keys): list the member
+        and pending keys at one revision (those without a pending key are completed or
+        FAILED), then per 64 jobs (fewer under a lower ``--max-txn-ops``) one read of
+        the purge counter and the jobs' queue markers and one transaction: a nested
+        transaction of deletes per job, the whole guarded by the counter and by every
+        job's completion record existing (a job no longer completed is left out and the
+        rest sent again; FAILED jobs stay). Returns how many were deleted; after a lost
+        answer, jobs whose member key is gone when read back are counted (a concurrent
+        purge may have deleted them).
 
         Raises:
             OutcomeUnknown / BackendUnavailable / AuthenticationFailed: some may be purged.
             InvalidArgument: the server's ``--max-txn-ops`` is below what one job's
-                nested transaction needs (9); the message names the limit.
+                purge transaction needs (10: its two compares, then the nested eight
+                deletes); the message names the limit.
         """
         with self._transport.bounded():
             return _queues.purge(self._ops, queue)
@@ -879,15 +894,16 @@ class EtcdBackend(Backend):
     # -- subscriptions: waking waiting claims ---------------------------------------------
 
     def subscribe_job(self, job_id: str, callback: WakeCallback) -> Unsubscribe:
-        """See :meth:`Backend.subscribe_job`. The first subscriber of a job reads its keys
-        once (one linearizable read-only transaction, at revision ``R``; if the job looks
-        claimable, completed or FAILED, every subscriber is called soon) and starts a
-        watch of its keys from ``R + 1`` on the driver's one shared Watch stream (see
-        :mod:`._watches_subscribe`); later subscribers join it, the last to leave cancels it.
-        Called on an owner key's deletion (release, completion, fail, lease expiry or
-        revoke), a not-before key's deletion (its lease ran out), a completion or FAILED
-        record, a requeue; for an election key also a new claim and a :meth:`set_value`
-        (what observers follow); once more if the stream breaks or on :meth:`close`.
+        """See :meth:`Backend.subscribe_job`. The first subscriber of a job reads its
+        keys once (one linearizable read-only transaction, at revision ``R``; if the job
+        looks claimable, completed or FAILED, every subscriber is called soon) and
+        starts a watch of its keys from ``R + 1`` on the driver's one shared Watch
+        stream (see :mod:`._watches_subscribe`); later subscribers join it, the last to
+        leave cancels it. Called on an owner key's deletion (release, completion, fail,
+        lease expiry or revoke; not a fail that starts a retry delay), a not-before
+        key's deletion (its lease ran out), a completion or FAILED record, a requeue;
+        for an election key also a new claim and a :meth:`set_value` (what observers
+        follow); once more if the stream breaks or on :meth:`close`.
 
         Raises:
             BackendUnavailable / AuthenticationFailed: the first read failed; there is
