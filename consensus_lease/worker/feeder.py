@@ -8,8 +8,9 @@ lease). It claims nothing while the slot is in a waiting claim of its own, once 
 found the queue empty (until the slot takes its next job), or once a stop was
 requested. The slot takes them oldest first; one no longer HELD (its local deadline
 passed, its session was lost or closed) is dropped, never worked (``prefetch_dropped``,
-logged): the store hands it back. At a stop, those not started are released
-(``released``).
+logged): the store hands it back. At a stop the slot still works those it holds (a
+release would use up an attempt of a job that never ran); the ones left when the grace
+period ends are released (``released``).
 
 Batched completion: a finished job's result is checked as ``complete`` checks it and
 queued; the queue is sent with ``session.complete_many`` (each item fenced by the store,
@@ -141,6 +142,7 @@ class Feeder:
         self._retry_at = 0.0
         self._claim_errors = 0
         self._closed = False
+        self._claiming = False  # a prefetch claim_next is in flight
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"consensus-lease-feeder-{name}")
 
@@ -319,12 +321,30 @@ class Feeder:
         self._count("released")
         log.info("stopping: handing back a prefetched job", extra=self._fields(lease))
 
+    def settle(self) -> None:
+        """Wait (at most :data:`JOIN_S`) until no prefetch claim is in flight, so that a
+        stopping slot sees, and works, every lease claimed for it."""
+        deadline = time.monotonic() + JOIN_S
+        with self._cond:
+            while self._claiming and time.monotonic() < deadline:
+                self._cond.wait(IDLE_WAKE_S)
+
     def _prefetch(self) -> None:
+        try:
+            self._prefetch_one()
+        finally:
+            with self._cond:
+                self._claiming = False
+                self._cond.notify_all()
+
+    def _prefetch_one(self) -> None:
         session = self._session_of()
         if session is None or session.state is not SessionState.ACTIVE:
             with self._cond:
                 self._empty = True  # until the slot's own claim (re)opens the session
             return
+        with self._cond:
+            self._claiming = True
         try:
             lease = session.claim_next(self.config.queue)
         except (JobCompleted, JobFailed):
@@ -335,7 +355,9 @@ class Feeder:
             return
         with self._cond:
             self._claim_errors = 0
-            keep = lease is not None and not self._closed and not self.control.stopping
+            # kept also when the stop came meanwhile: the slot works it (a release would
+            # use up an attempt of a job that never ran)
+            keep = lease is not None and not self._closed
             if lease is None:
                 self._empty = True
             elif keep:
@@ -378,8 +400,6 @@ class Feeder:
                 fresh = len(self._pending) - self._retries  # sent as soon as stopping
                 if (fresh and (stopping or fresh >= self.batch)) or now >= self._due:
                     return self.flush
-                if stopping and self._ready:
-                    return self.release_ready
                 if (self.config.prefetch and not stopping and not self._empty
                         and not self._slot_waiting and now >= self._retry_at
                         and len(self._ready) < self.config.prefetch):

@@ -22,7 +22,9 @@ With ``prefetch`` or ``complete_batch`` > 1 the slot has a :class:`~.feeder.Feed
 next job is the oldest prefetched lease still held (a completion is fused only when none
 is ready); with ``complete_batch`` > 1 a finished job's completion is queued (never
 fused), and the queue is sent before every waiting claim and before the session is
-replaced or closed.
+replaced or closed. A stopping slot still works the prefetched leases it holds (those
+of a prefetch claim in flight too), within the grace period: releasing a job that never
+ran would use up one of its attempts.
 """
 
 from __future__ import annotations
@@ -95,13 +97,16 @@ class Slot:
         try:
             while True:
                 try:
-                    lease = self._take_next()
+                    lease, prefetched = self._take_next()
+                    if lease is None and self.control.stopping and self._feeder is not None:
+                        self._feeder.settle()  # a prefetch in flight: its lease is worked
+                        lease, prefetched = self._take_next()
                     if lease is None:
                         if self.control.stopping:
                             break
                         lease = self._claim()
                     if lease is not None:  # _work hands it back if the stop came
-                        self._work(lease)
+                        self._work(lease, prefetched=prefetched)
                 except StoreRegressed as exc:  # an operator must act: never retried away
                     self.stats.errors += 1
                     log.error("the store's history went back (restored or wiped): stopping "
@@ -195,14 +200,15 @@ class Slot:
 
     # -- claiming ------------------------------------------------------------------------
 
-    def _take_next(self) -> Lease | None:
+    def _take_next(self) -> tuple[Lease | None, bool]:
         """The lease the last completion claimed (``complete_and_claim_next``), if any,
-        else the oldest prefetched one still held."""
+        else the oldest prefetched one still held; and whether it was prefetched."""
         with self._lock:
             lease, self._next = self._next, None
         if lease is None and self._feeder is not None:
             lease = self._feeder.take()
-        return lease
+            return lease, lease is not None
+        return lease, False
 
     def _claim(self) -> Lease | None:
         session = self._open_session()
@@ -266,9 +272,13 @@ class Slot:
 
     # -- working a job -------------------------------------------------------------------
 
-    def _work(self, lease: Lease) -> None:
+    def _work(self, lease: Lease, *, prefetched: bool = False) -> None:
+        """Run the handler on ``lease`` and settle its job. A lease claimed as the stop
+        came is handed back instead; a prefetched one (claimed before the stop) is worked,
+        within the grace period: releasing it would use up an attempt of a job that never
+        ran (a job with ``max_attempts=1`` would become FAILED)."""
         self.stats.claimed += 1
-        if self.control.stopping:
+        if self.control.stopping and not prefetched:
             log.info("stopping: handing back a job claimed as the stop came",
                      extra=self._fields(lease))
             if self._settle(lease, "release", lambda: _release(lease))[0]:
@@ -297,6 +307,12 @@ class Slot:
                         extra=self._fields(lease))
         elif isinstance(outcome, Exception):
             self._handler_failed(lease, outcome)
+        elif lease.state in (LeaseState.RELEASED, LeaseState.FAILED):
+            # the handler returned after calling lease.release() or lease.fail() itself:
+            # the store has that ending; completing the job would be refused
+            self.stats.skipped += 1
+            log.info("the handler ended its lease itself (%s); nothing more to settle",
+                     lease.state.value, extra=self._fields(lease))
         else:
             self._complete(lease, outcome)
 

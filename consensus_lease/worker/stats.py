@@ -31,8 +31,8 @@ class WorkerStats:
         sessions_lost: sessions found LOST (expired in the store or past their local
             deadline); each was replaced by a new one. Never silent: also logged.
         released: jobs handed back unworked or unfinished when stopping (claimed as the
-            stop came, prefetched and not started, or still running when the grace
-            period ended).
+            stop came, prefetched and not started when the grace period ended, or still
+            running then).
         skipped: claims that raced with a completion or a dead letter (``JobCompleted``,
             ``JobFailed``).
         errors: unexpected exceptions below the handler (a bug: logged with its
@@ -41,9 +41,9 @@ class WorkerStats:
         restarts: worker processes replaced after a signal the runner did not send
             (``mode="process"``).
         prefetched: leases claimed ahead by a slot's feeder (``WorkerConfig.prefetch``):
-            one the slot takes counts in ``claimed`` too (then, as any other, it is
-            worked, or released if the stop came); one it never takes counts in
-            ``released`` (a stop) or ``prefetch_dropped``.
+            one the slot takes counts in ``claimed`` too and is worked (also after a stop
+            request, within the grace period); one it never takes counts in
+            ``released`` (the grace period ended) or ``prefetch_dropped``.
         prefetch_dropped: prefetched leases never worked because they were lost first
             (their local deadline passed, or their session was lost or closed): the store
             hands them back (at once when closed, else after the TTL).

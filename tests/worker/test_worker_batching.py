@@ -377,22 +377,26 @@ def test_a_prefetched_lease_lost_before_its_turn_is_never_worked(
     assert stats.completed == 3 and stats.errors == 0
 
 
-def test_a_stop_releases_the_prefetched_leases(memory: LeaseStore) -> None:
+def test_a_stop_works_the_prefetched_leases_instead_of_releasing_them(
+        memory: LeaseStore) -> None:
+    """A release would use up an attempt of a job that never ran: the slot works the
+    leases it already holds before it stops (and claims nothing more)."""
     jobs = _enqueue(memory, 10)
     stop = threading.Event()
 
     def handler(lease: Lease, payload: bytes) -> bytes:
-        wait_for(lambda: len(lease.session.leases()) == 4, timeout_s=10,
-                 what="three prefetched leases")
-        stop.set()
+        if not stop.is_set():
+            wait_for(lambda: len(lease.session.leases()) == 4, timeout_s=10,
+                     what="three prefetched leases")
+            stop.set()
         return b"ok"
 
     stats = run_worker(memory, "q", handler, stop_event=stop, prefetch=3, **FAST)
     assert stats.stopped_by == "stop_event" and stats.errors == 0
-    assert stats.completed == 1 and stats.prefetched == 3 and stats.released == 3
+    assert stats.completed == 4 and stats.prefetched == 3 and stats.released == 0
     assert stats.prefetch_dropped == 0
     assert memory.queue_stats("q").held == 0
-    assert _states(memory, jobs) == {"completed": 1, "available": 9}
+    assert _states(memory, jobs) == {"completed": 4, "available": 6}
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "not-fused"])
@@ -413,3 +417,58 @@ def test_prefetch_never_holds_more_than_asked(memory: LeaseStore, fused: bool) -
                        fused_claim=fused, **FAST)
     assert stats.completed == 30 and stats.prefetched >= 20 and stats.fused_claims == 0
     assert max(held) == 3  # the job in hand and two ahead, never more
+
+
+@pytest.mark.parametrize("prefetch", [0, 4])
+def test_a_stop_never_makes_an_unrun_job_failed(any_store: LeaseStore, prefetch: int) -> None:
+    """With ``max_attempts=1`` a job the worker released unrun would be FAILED at its
+    next claim (the release ends its one attempt): a stop mid-run, then a second worker
+    draining the rest, leaves every job COMPLETED and run once."""
+    jobs = [f"once-{i}" for i in range(40)]
+    for job in jobs:
+        any_store.enqueue("q", job, b"", max_attempts=1)
+    ran: Counter[str] = Counter()
+    stop = threading.Event()
+
+    def handler(lease: Lease, payload: bytes) -> bytes:
+        ran[lease.job_id] += 1
+        if len(ran) == 5:
+            stop.set()
+        return b"ok"
+
+    first = run_worker(any_store, "q", handler, stop_event=stop, prefetch=prefetch, **FAST)
+    assert first.stopped_by == "stop_event" and first.errors == 0
+    run_worker(any_store, "q", handler, until_empty=True, **FAST)
+    states = _states(any_store, jobs)
+    unrun = [job for job in jobs if ran[job] == 0]
+    # at most the job a claim answered as the stop came is handed back unrun (as
+    # without prefetch): never the prefetched ones
+    assert states.get("failed", 0) <= 1 and len(unrun) <= 1, (states, unrun, first)
+    assert all(ran[job] <= 1 for job in jobs)
+
+
+@pytest.mark.parametrize("ending", ["release", "fail"])
+def test_a_handler_that_ends_its_own_lease_is_not_an_error(memory: LeaseStore,
+                                                          ending: str) -> None:
+    """``lease.release()`` / ``lease.fail()`` called by the handler itself: the slot
+    settles nothing more (it would be refused), counts it as skipped, keeps its session
+    and its prefetched leases."""
+    jobs = _enqueue(memory, 12)
+    seen: list[str] = []
+
+    def handler(lease: Lease, payload: bytes) -> bytes | None:
+        seen.append(lease.job_id)
+        if len(seen) == 1:
+            wait_for(lambda: len(lease.session.leases()) == 3, timeout_s=10,
+                     what="two prefetched leases")
+            if ending == "release":
+                lease.release()
+            else:
+                lease.fail(RuntimeError("given up by the handler"), retry_in_s=0)
+            return None
+        return b"ok"
+
+    stats = run_worker(memory, "q", handler, until_empty=True, prefetch=2, **FAST)
+    assert stats.errors == 0 and stats.prefetch_dropped == 0, stats
+    assert stats.skipped >= 1
+    assert _states(memory, jobs) == {"completed": 12}
