@@ -21,7 +21,7 @@ from types import FrameType
 from typing import Any
 
 import consensus_lease
-from consensus_lease import open_store
+from consensus_lease import LeaseError, open_store
 
 ROOT = os.path.dirname(consensus_lease.__file__)
 
@@ -61,7 +61,10 @@ def trace_claim(url: str) -> tuple[list[tuple[str, str, str]], set[str]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("url", help="store URL, e.g. sqlite:////tmp/claim-path.db")
-    calls, files = trace_claim(parser.parse_args().url)
+    try:
+        calls, files = trace_claim(parser.parse_args().url)
+    except LeaseError as exc:  # a bad URL, a store that does not answer: say it plainly
+        raise SystemExit(f"claim_path: {type(exc).__name__}: {exc}") from None
     for caller, callee, name in calls:
         print(f"{caller:40s} -> {callee:40s} {name}")
     print(f"{len(files)} files: {', '.join(sorted(files))}")

@@ -421,13 +421,20 @@ class AsyncSession:
             return await self.store.workers.run(partial(self.sync.complete_many, leases))
         items: list[Any] = []
         for index, item in enumerate(leases):
-            lease, result = item if isinstance(item, tuple) and len(item) == 2 else (item, b"")
+            given: Any = item  # checked here: the type says what is meant, not what came
+            pair = isinstance(given, tuple) and len(given) == 2
+            lease = given[0] if pair else given
+            if isinstance(lease, AsyncLease):
+                items.append((lease.sync, given[1]) if pair else lease.sync)
+                continue
             if isinstance(lease, Lease):  # a sync lease: its async twin is the caller's
                 raise InvalidArgument(
                     f"AsyncSession.complete_many() takes AsyncLease objects; item {index} "
                     f"is a {type(lease).__name__} (pass the AsyncLease the claim returned)",
                     job_id=lease.job_id, generation=lease.generation)
-            items.append((lease.sync if isinstance(lease, AsyncLease) else lease, result))
+            # not a lease: the sync call names it by its index and shape (nothing sent)
+            items.extend([item, *leases[index + 1:]])
+            break
         return await self.store.workers.run(partial(self.sync.complete_many, items))
 
     async def keepalive(self) -> float:

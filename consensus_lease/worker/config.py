@@ -97,10 +97,14 @@ def seconds(name: str, value: object, *, positive: bool = False) -> float:
     """``value`` as finite seconds, >= 0 (> 0 with ``positive``)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidArgument(f"{name} must be a number of seconds, not {value!r}")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int too large for a float: not a finite number either
+        number = math.inf
     if not math.isfinite(number) or number < 0 or (positive and number == 0):
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:36] + "..."
         raise InvalidArgument(f"{name} must be a finite number {'>' if positive else '>='} 0 "
-                              f"of seconds, not {value!r}")
+                              f"of seconds, not {shown}")
     return number
 
 
@@ -108,9 +112,12 @@ def seconds(name: str, value: object, *, positive: bool = False) -> float:
 
 def parse_seconds(text: str) -> float:
     try:
-        return seconds("value", float(text))
+        number = float(text)
     except ValueError:
         raise InvalidArgument(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(number) or number < 0:
+        raise InvalidArgument(f"must be a finite number >= 0 of seconds, not {text!r}")
+    return number
 
 
 def parse_positive_seconds(text: str) -> float:

@@ -6,6 +6,7 @@ import asyncio
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -364,3 +365,25 @@ def test_complete_many_refuses_a_sync_lease_naming_its_index(url: str) -> None:
 
     asyncio.run(asyncio.wait_for(main(), 60))
 
+
+
+@pytest.mark.parametrize(("bad", "message"), [
+    ([3], "item 0 is int"), ([None], "item 0 is NoneType"),
+    ("ONE_TUPLE", "item 0 is a 1-tuple"), ("LEASE_THEN_3_TUPLE", "item 1 is a 3-tuple"),
+    ("INT_THEN_SYNC", "item 0 is int"),
+])
+def test_complete_many_names_a_malformed_item_as_the_sync_call_does(
+        url: str, bad: Any, message: str) -> None:
+    async def main() -> None:
+        async with await AsyncLeaseStore.open(url) as store:
+            async with store.session("A", ttl_s=10) as a:
+                lease = await a.claim("job")
+                assert lease is not None
+                made = {"ONE_TUPLE": [(lease,)], "LEASE_THEN_3_TUPLE": [lease, (lease, b"", 1)],
+                        "INT_THEN_SYNC": [3, lease.sync]}
+                with pytest.raises(InvalidArgument, match=message):
+                    await a.complete_many(made[bad] if isinstance(bad, str) else bad)
+                record = await store.get("job")
+                assert record is not None and record.state is JobState.HELD
+
+    asyncio.run(asyncio.wait_for(main(), 60))
