@@ -32,7 +32,7 @@ def test_w10_on_sqlite_drains_every_job_exactly_once(tmp_path: Path) -> None:
     assert "raw client, 1 worker" in names
     assert not any(s["side"] in drainpeers.PEERS for s in data["sides"])  # PostgreSQL only
     for side in data["sides"]:
-        assert SUMMARY_KEYS <= side["summary"].keys(), side["name"]
+        assert side["summary"].keys() >= SUMMARY_KEYS, side["name"]
         assert side["summary"]["exactly_once"] is True, side["rounds"]
         assert len(side["rounds"]) == TINY.w10_rounds
         for r in side["rounds"]:
@@ -73,7 +73,7 @@ def test_installed_peers_run_on_postgresql_only() -> None:
     kinds = [s["side"] for s in _sides(pg, versions)]
     assert kinds.count("pgqueuer") == kinds.count("procrastinate") == 2
     etcd = [s["side"] for s in _sides(Target("etcd", url="etcd://h:1/p"), versions)]
-    assert set(etcd) == {"ours"}  # no raw drain loop and no peer on etcd
+    assert set(etcd) == {"ours", "raw-etcd"}  # no peer on etcd
 
 
 def test_workload_names_w1_and_w10_are_distinct() -> None:

@@ -55,9 +55,8 @@ CLIENT_BACKEND = re.compile(r"^postgres: \S+ \S+ (\[local\]|\S+\(\d+\))")
 """A client backend's title in ``/proc/PID/cmdline`` (not a background process)."""
 
 
-RAW_LOOPS = ("sqlite", "postgresql")
-"""Stores with a raw two-request drain loop (:mod:`.drainsides`); none yet for etcd and
-ZooKeeper (their W10 has ours alone, and says so)."""
+RAW_LOOPS = ("sqlite", "postgresql", "etcd", "zookeeper")
+"""Stores with a raw two-request drain loop (:mod:`.drainraw`)."""
 
 
 class PgServer:
@@ -161,8 +160,10 @@ def _spec(target: Target, side: dict[str, Any], queue: str, jobs: int, scratch: 
         spec["conninfo"] = conninfo
         spec["raw_table"] = f'{target.raw["table"].rsplit(".", 1)[0]}."{queue}"'
         spec["schema"] = schemas.get(side["side"], "")
-    else:
+    elif target.backend == "sqlite":
         spec["raw_path"] = os.path.join(scratch, f"{queue}.db")
+    else:
+        spec["raw"] = target.raw
     return spec
 
 

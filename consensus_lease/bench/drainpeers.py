@@ -280,7 +280,8 @@ def ours_fence_child(spec: dict[str, Any]) -> dict[str, Any]:
     from ..store import open_store
 
     with open_store(spec["url"]) as store:
-        session = store.session("w10-fence-paused", ttl_s=1.0)
+        ttl_s = max(1.0, store.capabilities.min_ttl_s)
+        session = store.session("w10-fence-paused", ttl_s=ttl_s)
         lease = session.claim_next(spec["queue"], wait_s=10.0)
         print(json.dumps({"claimed": lease.job_id, "token": lease.fencing_token}), flush=True)
         sys.stdin.readline()

@@ -16,8 +16,7 @@ side               worker
 =================  ============================================================
 ``ours``           :func:`consensus_lease.worker.run_worker`, ``until_empty=True``
                    (``processes`` > 1: ``mode="process"``)
-``raw``            the raw client's two-request loop: claim the oldest open job
-                   (one statement / write transaction), complete it (another)
+``raw-STORE``      the raw client's two-request loop (:mod:`.drainraw`)
 ``pgqueuer``       ``QueueManager.run(mode=drain, batch_size=...)`` on asyncpg
 ``procrastinate``  ``app.run_worker_async(wait=False, concurrency=...)``
 =================  ============================================================
@@ -30,7 +29,6 @@ import inspect
 import json
 import os
 import resource
-import sqlite3
 import sys
 import threading
 import time
@@ -132,89 +130,6 @@ def _read_seen(prefix: str) -> tuple[list[str], list[float]]:
     return ids, ends
 
 
-# -- the raw clients -------------------------------------------------------------------
-
-RAW_PG_CLAIM = (
-    "UPDATE {t} SET state = 1, generation = generation + 1 WHERE job_id = ("
-    "SELECT job_id FROM {t} WHERE state = 0 ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED) "
-    "RETURNING job_id, generation")
-RAW_PG_DONE = "UPDATE {t} SET state = 2 WHERE job_id = %s AND generation = %s AND state = 1"
-RAW_SQLITE_CLAIM = (
-    "UPDATE raw_queue SET state = 1, generation = generation + 1 WHERE job_id = ("
-    "SELECT job_id FROM raw_queue WHERE state = 0 ORDER BY seq LIMIT 1) "
-    "RETURNING job_id, generation")
-RAW_SQLITE_DONE = ("UPDATE raw_queue SET state = 2 WHERE job_id = ? AND generation = ? "
-                   "AND state = 1")
-
-
-def _raw_pg_drain(spec: dict[str, Any]) -> dict[str, Any]:
-    import psycopg
-
-    n, table = spec["jobs"], spec["raw_table"]
-
-    def enqueue() -> None:
-        with psycopg.connect(spec["conninfo"], autocommit=True) as conn:
-            conn.execute(f"CREATE TABLE {table} (job_id text PRIMARY KEY, seq bigserial, "
-                         "state int NOT NULL DEFAULT 0, generation bigint NOT NULL DEFAULT 0)")
-            conn.execute(f"CREATE INDEX ON {table} (seq) WHERE state = 0")
-            with conn.transaction(), conn.cursor() as cur:
-                cur.executemany(f"INSERT INTO {table} (job_id) VALUES (%s)",
-                                [(f"j{i}",) for i in range(n)])
-
-    _handshake(enqueue)
-    cpu, go = _cpu_s(), time.monotonic()
-    ids: list[str] = []
-    with psycopg.connect(spec["conninfo"], autocommit=True) as conn:
-        claim, done = RAW_PG_CLAIM.format(t=table), RAW_PG_DONE.format(t=table)
-        while (row := conn.execute(claim).fetchone()) is not None:
-            ids.append(row[0])  # the no-op job
-            if conn.execute(done, row).rowcount != 1:
-                raise RuntimeError(f"raw completion of {row[0]} refused")
-        end = time.monotonic()
-    return {"drain_s": end - go, "client_cpu_s": _cpu_s() - cpu, **_check(ids, n)}
-
-
-def _raw_sqlite_drain(spec: dict[str, Any]) -> dict[str, Any]:
-    n, path = spec["jobs"], spec["raw_path"]
-
-    def connect() -> sqlite3.Connection:
-        db = sqlite3.connect(path, timeout=5.0, isolation_level=None)
-        db.execute("PRAGMA busy_timeout = 5000")
-        db.execute("PRAGMA journal_mode = WAL")
-        return db
-
-    def enqueue() -> None:
-        db = connect()
-        db.execute("CREATE TABLE raw_queue (job_id TEXT PRIMARY KEY, seq INTEGER NOT NULL, "
-                   "state INTEGER NOT NULL DEFAULT 0, generation INTEGER NOT NULL DEFAULT 0)")
-        db.execute("CREATE INDEX raw_open ON raw_queue (seq) WHERE state = 0")
-        db.execute("BEGIN IMMEDIATE")
-        db.executemany("INSERT INTO raw_queue (job_id, seq) VALUES (?, ?)",
-                       [(f"j{i}", i) for i in range(n)])
-        db.execute("COMMIT")
-        db.close()
-
-    _handshake(enqueue)
-    cpu, go = _cpu_s(), time.monotonic()
-    ids: list[str] = []
-    db = connect()
-    while True:
-        db.execute("BEGIN IMMEDIATE")
-        row = db.execute(RAW_SQLITE_CLAIM).fetchone()
-        db.execute("COMMIT")
-        if row is None:
-            break
-        ids.append(row[0])
-        db.execute("BEGIN IMMEDIATE")
-        changed = db.execute(RAW_SQLITE_DONE, row).rowcount
-        db.execute("COMMIT")
-        if changed != 1:
-            raise RuntimeError(f"raw completion of {row[0]} refused")
-    end = time.monotonic()
-    db.close()
-    return {"drain_s": end - go, "client_cpu_s": _cpu_s() - cpu, **_check(ids, n)}
-
-
 # -- ours and the peers, woken from idle -------------------------------------------------
 
 def _ours_wake(spec: dict[str, Any]) -> dict[str, Any]:
@@ -250,13 +165,13 @@ def _ours_wake(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    from . import drainpeers
+    from . import drainpeers, drainraw
 
     what, spec = argv[0], json.loads(argv[1])
     kind = spec["side"]
     table: dict[tuple[str, str], Callable[[dict[str, Any]], dict[str, Any]]] = {
-        ("drain", "ours"): _ours_drain, ("drain", "raw-postgresql"): _raw_pg_drain,
-        ("drain", "raw-sqlite"): _raw_sqlite_drain, ("wake", "ours"): _ours_wake,
+        ("drain", "ours"): _ours_drain, ("wake", "ours"): _ours_wake,
+        **{("drain", f"raw-{store}"): loop for store, loop in drainraw.LOOPS.items()},
         ("drain", "pgqueuer"): lambda s: asyncio.run(drainpeers.pgqueuer_drain(s)),
         ("drain", "procrastinate"): lambda s: asyncio.run(drainpeers.procrastinate_drain(s)),
         ("wake", "pgqueuer"): lambda s: asyncio.run(drainpeers.pgqueuer_wake(s)),
