@@ -413,12 +413,18 @@ class AsyncSession:
     ) -> list[LeaseRecord | LeaseError]:
         """See :meth:`Session.complete_many` (same answers and errors), for this
         session's :class:`AsyncLease` objects."""
-        if isinstance(leases, (str, bytes)) or not isinstance(leases, Sequence):
+        if (isinstance(leases, (str, bytes, bytearray, memoryview))
+                or not isinstance(leases, Sequence)):
             # the sync call names the error; it is checked before anything is sent
             return await self.store.workers.run(partial(self.sync.complete_many, leases))
         items: list[Any] = []
-        for item in leases:
+        for index, item in enumerate(leases):
             lease, result = item if isinstance(item, tuple) and len(item) == 2 else (item, b"")
+            if isinstance(lease, Lease):  # a sync lease: its async twin is the caller's
+                raise InvalidArgument(
+                    f"AsyncSession.complete_many() takes AsyncLease objects; item {index} "
+                    f"is a {type(lease).__name__} (pass the AsyncLease the claim returned)",
+                    job_id=lease.job_id, generation=lease.generation)
             items.append((lease.sync if isinstance(lease, AsyncLease) else lease, result))
         return await self.store.workers.run(partial(self.sync.complete_many, items))
 

@@ -453,19 +453,24 @@ class Session:
                 leases were not sent).
         """
         self._liveness.check_usable()
-        if isinstance(leases, (str, bytes)) or not isinstance(leases, Sequence):
+        if (isinstance(leases, (str, bytes, bytearray, memoryview))
+                or not isinstance(leases, Sequence)):
             raise InvalidArgument(
                 f"leases must be a sequence of leases, not {type(leases).__name__}")
         if not leases:
             raise InvalidArgument("complete_many() needs at least one lease")
         pairs: list[tuple[Lease, bytes]] = []
         seen: set[str] = set()
-        for item in leases:
+        for index, item in enumerate(leases):
             lease, result = item if isinstance(item, tuple) and len(item) == 2 else (item, b"")
             if not isinstance(lease, Lease) or isinstance(lease, Leadership):
+                shape = (f"a pair of {type(lease).__name__} and {type(result).__name__}"
+                         if isinstance(item, tuple) and len(item) == 2
+                         else f"a {len(item)}-tuple" if isinstance(item, tuple)
+                         else f"{type(item).__name__}")
                 raise InvalidArgument(
-                    f"complete_many() takes leases or (lease, result), not "
-                    f"{type(lease).__name__}")
+                    f"complete_many() takes leases or (lease, result) pairs; item {index} "
+                    f"is {shape}")
             if lease.session is not self:
                 raise InvalidArgument(
                     f"lease on {lease.job_id!r} is held by session "

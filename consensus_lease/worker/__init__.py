@@ -27,6 +27,9 @@ process supervisor, in :mod:`.processes`. Summary:
   turns that off); an exception -> ``lease.fail(exc)`` with the retry policy's delay
   (:class:`Retry` chooses the delay); ``LeaseLost`` -> logged, not completed;
   ``JobCompleted``/``JobFailed`` races -> skipped;
+* ``prefetch`` > 0 (leases claimed ahead) or ``complete_batch`` > 1 (completions queued
+  and sent with ``session.complete_many``, always well before the lease's deadline): a
+  feeder thread beside each slot, :mod:`.feeder`; both off by default;
 * a stop (``stop_event``; SIGTERM/SIGINT in the command) stops claiming, gives jobs in
   flight ``grace_s`` to finish, then releases what is still held;
 * ``until_empty``: stop once the queue has nothing available or held (jobs waiting out a

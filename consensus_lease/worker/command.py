@@ -29,9 +29,12 @@ from .config import (
     ENVIRONMENT,
     from_environment,
     parse_attempts,
+    parse_complete_batch,
     parse_count,
+    parse_flush_s,
     parse_port,
     parse_positive_seconds,
+    parse_prefetch,
     parse_seconds,
 )
 from .logs import configure_logging, parse_level
@@ -95,6 +98,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="complete each job and claim the next in one call "
                         "(complete_and_claim_next; the default); --no-fused-claim: "
                         "complete, then claim_next")
+    parser.add_argument("--prefetch", type=_flag(parse_prefetch), metavar="N",
+                        help="leases each slot claims ahead of the job it works, held "
+                        "until worked, released at a stop (default 0; at most 256)")
+    parser.add_argument("--complete-batch", type=_flag(parse_complete_batch), metavar="N",
+                        help="most completions sent in one complete_many (default 1: "
+                        "each job completed at once; the store caps it)")
+    parser.add_argument("--complete-flush-s", type=_flag(parse_flush_s), metavar="S",
+                        help="longest wait of a queued completion, seconds (default "
+                        "0.01; always sent well before its lease's deadline)")
     parser.add_argument("--max-attempts", type=_flag(parse_attempts), metavar="N",
                         help="the queue's RetryPolicy.max_attempts (recorded per job by "
                         "enqueue: set it where jobs are enqueued too)")
@@ -153,6 +165,9 @@ def worker_arguments(values: Mapping[str, object]) -> dict[str, Any]:
         "until_empty": _get(values, "until_empty", False),
         "claim_wait_s": _get(values, "claim_wait_s", 1.0),
         "fused_claim": _get(values, "fused_claim", True),
+        "prefetch": _get(values, "prefetch", 0),
+        "complete_batch": _get(values, "complete_batch", 1),
+        "complete_flush_s": _get(values, "complete_flush_s", 0.01),
     }
 
 

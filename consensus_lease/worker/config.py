@@ -12,10 +12,18 @@ from ..retry import RetryPolicy, check_max_attempts, check_policy
 from ..store import DEFAULT_TTL_S
 from ..validation import check_owner, check_queue_name
 
-__all__ = ["ENVIRONMENT", "MAX_CONCURRENCY", "WorkerConfig", "from_environment"]
+__all__ = ["ENVIRONMENT", "MAX_COMPLETE_BATCH", "MAX_CONCURRENCY", "MAX_FLUSH_S",
+           "MAX_PREFETCH", "WorkerConfig", "from_environment"]
 
 MAX_CONCURRENCY = 1024
 """Most worker slots (threads, or processes) one ``run_worker`` runs."""
+MAX_PREFETCH = 256
+"""Most leases one slot claims ahead of the job it works (``prefetch``)."""
+MAX_COMPLETE_BATCH = 10_000
+"""Most completions one slot keeps pending (``complete_batch``; the store's
+``capabilities.max_complete_batch`` caps one batch further)."""
+MAX_FLUSH_S = 60.0
+"""Longest ``complete_flush_s``."""
 
 Mode = Literal["thread", "process"]
 
@@ -38,6 +46,9 @@ class WorkerConfig:
     until_empty: bool = False
     claim_wait_s: float = 1.0
     fused_claim: bool = True
+    prefetch: int = 0
+    complete_batch: int = 1
+    complete_flush_s: float = 0.01
 
     def __post_init__(self) -> None:
         check_queue_name(self.queue)
@@ -59,10 +70,27 @@ class WorkerConfig:
             raise InvalidArgument(f"until_empty must be a bool, not {self.until_empty!r}")
         if not isinstance(self.fused_claim, bool):
             raise InvalidArgument(f"fused_claim must be a bool, not {self.fused_claim!r}")
+        count("prefetch", self.prefetch, 0, MAX_PREFETCH)
+        count("complete_batch", self.complete_batch, 1, MAX_COMPLETE_BATCH)
+        if seconds("complete_flush_s", self.complete_flush_s) > MAX_FLUSH_S:
+            raise InvalidArgument(f"complete_flush_s must be at most {MAX_FLUSH_S:g} s, not "
+                                  f"{self.complete_flush_s!r}")
+
+    @property
+    def pipelined(self) -> bool:
+        """Whether a slot needs its feeder thread: ``prefetch`` or batched completions."""
+        return self.prefetch > 0 or self.complete_batch > 1
 
     def single(self) -> WorkerConfig:
         """This configuration for one worker process: one slot, in a thread."""
         return replace(self, concurrency=1, mode="thread")
+
+
+def count(name: str, value: object, low: int, high: int) -> int:
+    """``value`` as an int from ``low`` to ``high``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidArgument(f"{name} must be an int from {low} to {high}, not {value!r}")
+    return value
 
 
 def seconds(name: str, value: object, *, positive: bool = False) -> float:
@@ -99,6 +127,32 @@ def parse_count(text: str) -> int:
         raise InvalidArgument(f"not an integer: {text!r}") from None
     if value < 1:
         raise InvalidArgument(f"must be >= 1, not {text!r}")
+    return value
+
+
+def parse_amount(text: str) -> int:
+    """An integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise InvalidArgument(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise InvalidArgument(f"must be >= 0, not {text!r}")
+    return value
+
+
+def parse_prefetch(text: str) -> int:
+    return count("prefetch", parse_amount(text), 0, MAX_PREFETCH)
+
+
+def parse_complete_batch(text: str) -> int:
+    return count("complete_batch", parse_count(text), 1, MAX_COMPLETE_BATCH)
+
+
+def parse_flush_s(text: str) -> float:
+    value = parse_seconds(text)
+    if value > MAX_FLUSH_S:
+        raise InvalidArgument(f"must be at most {MAX_FLUSH_S:g} s, not {text!r}")
     return value
 
 
@@ -143,6 +197,9 @@ ENVIRONMENT: dict[str, tuple[str, Callable[[str], object]]] = {
     "until_empty": ("CONSENSUS_LEASE_UNTIL_EMPTY", parse_bool),
     "claim_wait_s": ("CONSENSUS_LEASE_CLAIM_WAIT_S", parse_positive_seconds),
     "fused_claim": ("CONSENSUS_LEASE_FUSED_CLAIM", parse_bool),
+    "prefetch": ("CONSENSUS_LEASE_PREFETCH", parse_prefetch),
+    "complete_batch": ("CONSENSUS_LEASE_COMPLETE_BATCH", parse_complete_batch),
+    "complete_flush_s": ("CONSENSUS_LEASE_COMPLETE_FLUSH_S", parse_flush_s),
     "max_attempts": ("CONSENSUS_LEASE_MAX_ATTEMPTS", parse_attempts),
     "retry_initial_s": ("CONSENSUS_LEASE_RETRY_INITIAL_S", parse_seconds),
     "retry_max_s": ("CONSENSUS_LEASE_RETRY_MAX_S", parse_seconds),

@@ -12,7 +12,14 @@ from types import FrameType
 
 from ..errors import InvalidArgument
 
-__all__ = ["StopControl", "signal_handlers"]
+__all__ = ["BACKOFF_S", "SETTLE_ATTEMPTS", "StopControl", "signal_handlers"]
+
+SETTLE_ATTEMPTS = 5
+"""Tries of a completion, failure or release that the store did not answer, before the
+slot gives up (a slot closes its session, which hands the job back, or lets the TTL do
+so)."""
+BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+"""Waits after consecutive store errors (the last one repeats)."""
 
 EXTERNAL_POLL_S = 0.1
 """How often a caller's ``stop_event`` is looked at while waiting (threading.Event has no

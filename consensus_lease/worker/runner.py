@@ -34,6 +34,9 @@ def run_worker(
     until_empty: bool = False,
     claim_wait_s: float = 1.0,
     fused_claim: bool = True,
+    prefetch: int = 0,
+    complete_batch: int = 1,
+    complete_flush_s: float = 0.01,
     observer: Observer | None = None,
     stop_event: threading.Event | None = None,
     handle_signals: bool = False,
@@ -80,6 +83,24 @@ def run_worker(
             two requests, as before, on etcd and ZooKeeper), the same fencing as
             ``complete``. ``False``: ``complete``, then ``claim_next`` (the sequence
             before this option). A slot that is stopping always uses ``complete``.
+            Not used with ``complete_batch`` > 1.
+        prefetch: leases each slot claims ahead of the job it works (int, 0 to 256),
+            with non-waiting ``claim_next`` calls on a thread beside the slot's, while
+            its handler runs. They are held (renewed with the session) until worked; one
+            lost first is dropped, never worked (``prefetch_dropped``); at a stop, those
+            not started are released. A completion is fused only when no prefetched
+            lease is ready. 0 (the default): none.
+        complete_batch: most completions a slot sends in one ``session.complete_many``
+            (int, 1 to 10,000; the store's ``capabilities.max_complete_batch`` caps it,
+            16 where the store sends one completion per item). 1 (the default): each job
+            is completed at once, as ``fused_claim`` says. Above 1, a finished job's
+            completion is queued and sent when the batch is full, after
+            ``complete_flush_s``, before half the time its lease had left has passed,
+            before the slot waits for a job, and at a stop; each item is fenced and has
+            its own outcome. A crash loses queued completions: those jobs run again
+            after the session's TTL.
+        complete_flush_s: longest wait of a queued completion, seconds (0 to 60; the
+            default 0.01).
         observer: metrics observer for a store opened from a URL (thread mode).
         stop_event: set it to stop the worker (the library caller's way).
         handle_signals: install SIGTERM/SIGINT handlers (the command does; only from the
@@ -95,7 +116,9 @@ def run_worker(
     """
     config = WorkerConfig(queue=queue, concurrency=concurrency, mode=mode, ttl_s=ttl_s,
                           owner=owner, retry=retry, grace_s=grace_s, until_empty=until_empty,
-                          claim_wait_s=claim_wait_s, fused_claim=fused_claim)
+                          claim_wait_s=claim_wait_s, fused_claim=fused_claim,
+                          prefetch=prefetch, complete_batch=complete_batch,
+                          complete_flush_s=complete_flush_s)
     target = handler if isinstance(handler, str) else check_handler(handler)
     if stop_event is not None and not isinstance(stop_event, threading.Event):
         raise InvalidArgument(f"stop_event must be a threading.Event, not {stop_event!r}")

@@ -17,6 +17,12 @@ falls back to the waiting ``claim_next``. The completion is fenced exactly as
 came is released, as a claimed one is. An ``OutcomeUnknown`` of the fused call closes the
 session: the store may have claimed a next job for it that this process never saw, which
 closing hands back at once instead of leaving it held until the worker stops.
+
+With ``prefetch`` or ``complete_batch`` > 1 the slot has a :class:`~.feeder.Feeder`: its
+next job is the oldest prefetched lease still held (a completion is fused only when none
+is ready); with ``complete_batch`` > 1 a finished job's completion is queued (never
+fused), and the queue is sent before every waiting claim and before the session is
+replaced or closed.
 """
 
 from __future__ import annotations
@@ -43,19 +49,14 @@ from ..session import Session
 from ..states import LeaseState, SessionState
 from ..store import LeaseStore
 from .config import WorkerConfig
-from .control import StopControl
+from .control import BACKOFF_S, SETTLE_ATTEMPTS, StopControl
+from .feeder import Feeder, log_lost
 from .handler import HandlerCall, Retry
 from .stats import WorkerStats
 
 __all__ = ["Slot"]
 
 log = logging.getLogger("consensus_lease.worker")
-
-SETTLE_ATTEMPTS = 5
-"""Tries of a completion, failure or release that the store did not answer, before the
-slot gives up and closes its session (which hands the job back, or lets the TTL do so)."""
-BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
-"""Waits after consecutive store errors (the last one repeats)."""
 
 T = TypeVar("T")
 
@@ -81,9 +82,16 @@ class Slot:
         self._next: Lease | None = None  # claimed by the last completion, not yet worked
         self._abandoned = False
         self._store_errors = 0
+        self._feeder: Feeder | None = None
+        self._feeder_counted = False
+        if config.pipelined:
+            self._feeder = Feeder(name, config, store.capabilities, control,
+                                  self._current_session, self._fields)
 
     def run(self) -> None:
         """Claim and work jobs until the worker stops."""
+        if self._feeder is not None:
+            self._feeder.start()
         try:
             while True:
                 try:
@@ -107,6 +115,7 @@ class Slot:
                     self._close_session()
                     self.control.wait(BACKOFF_S[-1])
         finally:
+            self._close_feeder()
             self.call.close()
             self._close_session()
 
@@ -117,6 +126,7 @@ class Slot:
         with self._lock:
             lease, self._current = self._current, None
             self._abandoned = True
+        self._close_feeder()
         if lease is not None:
             self.stats.released += 1
             log.warning("grace period over: releasing the job in flight",
@@ -128,7 +138,22 @@ class Slot:
                             extra={**self._fields(lease), "error": repr(exc)})
         self._close_session()
 
+    def _close_feeder(self) -> None:
+        """Send the pending completions, release the prefetched leases, and add the
+        feeder's counts to this slot's (once)."""
+        if self._feeder is None:
+            return
+        self._feeder.close()
+        with self._lock:
+            counted, self._feeder_counted = self._feeder_counted, True
+        if not counted:
+            self.stats.add(self._feeder.stats)
+
     # -- the session -------------------------------------------------------------------
+
+    def _current_session(self) -> Session | None:
+        with self._lock:
+            return self._session
 
     def _open_session(self) -> Session | None:
         """This slot's session: a new one if there is none or it was lost."""
@@ -158,7 +183,10 @@ class Slot:
         return None if self.config.owner is None else f"{self.config.owner}/{self.name}"
 
     def _close_session(self) -> None:
-        """End the session (handing back what it holds, a next lease included)."""
+        """End the session (handing back what it holds, a next lease included), after
+        sending the completions pending on it."""
+        if self._feeder is not None:
+            self._feeder.flush(final=True)
         with self._lock:
             session, self._session = self._session, None
             self._next = None
@@ -168,17 +196,24 @@ class Slot:
     # -- claiming ------------------------------------------------------------------------
 
     def _take_next(self) -> Lease | None:
-        """The lease the last completion claimed (``complete_and_claim_next``), if any."""
+        """The lease the last completion claimed (``complete_and_claim_next``), if any,
+        else the oldest prefetched one still held."""
         with self._lock:
             lease, self._next = self._next, None
+        if lease is None and self._feeder is not None:
+            lease = self._feeder.take()
         return lease
 
     def _claim(self) -> Lease | None:
         session = self._open_session()
         if session is None:
             return None
+        feeder = self._feeder
         try:
-            lease = session.claim_next(self.config.queue, wait_s=self.config.claim_wait_s)
+            if feeder is None:
+                lease = session.claim_next(self.config.queue, wait_s=self.config.claim_wait_s)
+            else:
+                lease = self._claim_beside(feeder, session)
         except ClaimTimeout:
             self._store_errors = 0
             if self.config.until_empty and self._drained():
@@ -197,6 +232,20 @@ class Slot:
             return None
         self._store_errors = 0
         return lease
+
+    def _claim_beside(self, feeder: Feeder, session: Session) -> Lease:
+        """``claim_next`` with a feeder: pending completions are sent before waiting
+        (never held while blocked), and nothing is prefetched during the wait."""
+        if feeder.pending:
+            lease = session.claim_next(self.config.queue)
+            if lease is not None:
+                return lease
+            feeder.flush()
+        feeder.waiting(True)
+        try:
+            return session.claim_next(self.config.queue, wait_s=self.config.claim_wait_s)
+        finally:
+            feeder.waiting(False)
 
     def _drained(self) -> bool:
         """Nothing available (retry delays running count as available), nothing held:
@@ -255,12 +304,20 @@ class Slot:
         if lease.state is LeaseState.COMPLETED:  # the handler completed it itself
             self.stats.completed += 1
             return
+        if self._feeder is not None and self._feeder.batching:
+            try:
+                self._feeder.put(lease, result)
+            except InvalidArgument as exc:  # the result is too large for the store
+                self._handler_failed(lease, exc)
+            return
         unknown = False
 
         def complete() -> tuple[LeaseRecord, Lease | None]:
-            # chosen at each try: a stop that came meanwhile claims nothing more
+            # chosen at each try: a stop that came meanwhile claims nothing more, and
+            # neither does a slot with a prefetched lease ready (its next job)
             nonlocal unknown
-            if not self.config.fused_claim or self.control.stopping:
+            if (not self.config.fused_claim or self.control.stopping
+                    or (self._feeder is not None and self._feeder.ready)):
                 return lease.complete(result), None
             try:
                 return lease.complete_and_claim_next(result, self.config.queue)
@@ -339,15 +396,7 @@ class Slot:
 
     def _lost(self, lease: Lease, exc: Exception, *, handler_returned: bool = False) -> None:
         self.stats.leases_lost += 1
-        if handler_returned:  # its effects happened: say so, or the operator assumes not
-            log.warning("lease lost after the handler returned; job not completed by this "
-                        "worker, but the handler's effects stand (a committed "
-                        "lease.transaction block stays committed: the next holder's "
-                        "tx.once returns False for it)",
-                        extra={**self._fields(lease), "reason": repr(exc)})
-            return
-        log.warning("lease lost; job not completed by this worker",
-                    extra={**self._fields(lease), "reason": repr(exc)})
+        log_lost(self._fields(lease), exc, handler_returned=handler_returned)
 
     def _fields(self, lease: Lease) -> dict[str, object]:
         return {"slot": self.name, "job_id": lease.job_id, "generation": lease.generation,

@@ -8,7 +8,8 @@ __all__ = ["WorkerStats"]
 
 _COUNTS = (
     "claimed", "fused_claims", "completed", "retried", "dead_lettered", "leases_lost",
-    "sessions_lost", "released", "skipped", "errors", "restarts",
+    "sessions_lost", "released", "skipped", "errors", "restarts", "prefetched",
+    "prefetch_dropped", "complete_batches", "batched_completions",
 )
 
 
@@ -30,7 +31,8 @@ class WorkerStats:
         sessions_lost: sessions found LOST (expired in the store or past their local
             deadline); each was replaced by a new one. Never silent: also logged.
         released: jobs handed back unworked or unfinished when stopping (claimed as the
-            stop came, or still running when the grace period ended).
+            stop came, prefetched and not started, or still running when the grace
+            period ended).
         skipped: claims that raced with a completion or a dead letter (``JobCompleted``,
             ``JobFailed``).
         errors: unexpected exceptions below the handler (a bug: logged with its
@@ -38,6 +40,19 @@ class WorkerStats:
             that exited with an error or had to be killed after the grace period.
         restarts: worker processes replaced after a signal the runner did not send
             (``mode="process"``).
+        prefetched: leases claimed ahead by a slot's feeder (``WorkerConfig.prefetch``):
+            one the slot takes counts in ``claimed`` too (then, as any other, it is
+            worked, or released if the stop came); one it never takes counts in
+            ``released`` (a stop) or ``prefetch_dropped``.
+        prefetch_dropped: prefetched leases never worked because they were lost first
+            (their local deadline passed, or their session was lost or closed): the store
+            hands them back (at once when closed, else after the TTL).
+        complete_batches: ``session.complete_many`` calls that sent pending completions
+            (``WorkerConfig.complete_batch`` > 1).
+        batched_completions: completions those calls carried (each counts in
+            ``completed``, ``leases_lost`` or ``skipped`` by its own outcome; one the
+            store did not answer is sent, and counted, again);
+            ``batched_completions / complete_batches`` is the mean batch size.
         stopped_by: why the worker stopped: ``"drained"`` (``until_empty``),
             ``"stop_event"``, ``"SIGTERM"``, ``"SIGINT"``, ``"error"``; ``None`` if
             every slot ended by itself.
@@ -54,6 +69,10 @@ class WorkerStats:
     skipped: int = 0
     errors: int = 0
     restarts: int = 0
+    prefetched: int = 0
+    prefetch_dropped: int = 0
+    complete_batches: int = 0
+    batched_completions: int = 0
     stopped_by: str | None = None
 
     def add(self, other: WorkerStats) -> None:

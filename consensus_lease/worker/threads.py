@@ -38,7 +38,9 @@ def run_threads(store: LeaseStore, config: WorkerConfig, handler: Handler,
                                 daemon=True) for s in slots]
     log.info("worker started", extra={"queue": config.queue, "slots": len(slots),
                                       "ttl_s": config.ttl_s, "until_empty": config.until_empty,
-                                      "fused_claim": config.fused_claim})
+                                      "fused_claim": config.fused_claim,
+                                      "prefetch": config.prefetch,
+                                      "complete_batch": config.complete_batch})
     for thread in threads:
         thread.start()
     while not control.wait(IDLE_POLL_S):

@@ -332,7 +332,7 @@ def test_completing_inside_the_guard_does_not_cancel_it(url: str) -> None:
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("bad", [None, "job", 3])
+@pytest.mark.parametrize("bad", [None, "job", 3, b"job", bytearray(b"job"), memoryview(b"job")])
 def test_complete_many_refuses_a_non_sequence_as_the_sync_call_does(url: str,
                                                                      bad: object) -> None:
     async def main() -> None:
@@ -346,3 +346,21 @@ def test_complete_many_refuses_a_non_sequence_as_the_sync_call_does(url: str,
                 assert record is not None and record.state is JobState.HELD
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_complete_many_refuses_a_sync_lease_naming_its_index(url: str) -> None:
+    """The async call takes the AsyncLease objects its claims returned: a sync Lease (the
+    one under an AsyncLease, or another) is refused before anything is sent."""
+    async def main() -> None:
+        async with await AsyncLeaseStore.open(url) as store:
+            async with store.session("A", ttl_s=10) as a:
+                first, second = await a.claim("one"), await a.claim("two")
+                assert first is not None and second is not None
+                with pytest.raises(InvalidArgument, match="item 1 is a Lease"):
+                    await a.complete_many([first, second.sync])
+                for job in ("one", "two"):
+                    record = await store.get(job)
+                    assert record is not None and record.state is JobState.HELD
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+

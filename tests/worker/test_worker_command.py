@@ -163,3 +163,25 @@ def test_metrics_port_refused_with_processes(tmp_path: Path, worker_command: Any
                             "--processes", "--metrics-port", "9", "x:y")
     assert worker.wait(timeout_s=60) == 2
     assert "--metrics-port" in worker.output()
+
+
+@pytest.mark.parametrize("processes", [
+    pytest.param(False, id="threads"),
+    pytest.param(True, id="processes", marks=pytest.mark.slow),  # spawns 2 interpreters
+])
+def test_prefetch_and_batched_completion_from_the_command(tmp_path: Path, worker_command: Any,
+                                                          processes: bool) -> None:
+    url = f"sqlite:///{tmp_path}/store.db"
+    jobs = [f"job-{i}" for i in range(40)]
+    _enqueue(url, *jobs)
+    worker = worker_command(
+        "--backend", url, "--queue", "q", "--until-empty", "--claim-wait-s", "0.1",
+        "--concurrency", "2", *(["--processes"] if processes else []),
+        "--prefetch", "2", "--complete-batch", "8", "--complete-flush-s", "0.5",
+        "worker_handlers:fenced_steps")
+    assert worker.wait(timeout_s=60) == 0, worker.log()[-3000:]
+    summary = worker.summary()
+    assert summary["completed"] == summary["batched_completions"] == "40", summary
+    assert 0 < int(summary["complete_batches"]) < 40, summary
+    assert summary["errors"] == summary["leases_lost"] == "0", summary
+    assert all(_record(url, job).state is JobState.COMPLETED for job in jobs)
