@@ -138,7 +138,8 @@ def _sides(target: Target, peers: dict[str, str | None]) -> list[dict[str, Any]]
     sides: list[dict[str, Any]] = [{"name": "ours, 1 worker", "side": "ours", "processes": 1}]
     knobs = runner_knobs()
     if knobs:
-        sides.append({"name": "ours, 1 worker, batched", "side": "ours", "processes": 1,
+        label = ", ".join(f"{k}={v}" for k, v in knobs.items())
+        sides.append({"name": f"ours, 1 worker, {label}", "side": "ours", "processes": 1,
                       "knobs": knobs})
     sides.append({"name": "ours, 2 processes", "side": "ours", "processes": 2})
     if target.backend in RAW_LOOPS:

@@ -52,18 +52,18 @@ def record_handler(lease: Any, payload: bytes) -> bytes:
     return b""
 
 
+BATCHED_KNOBS = {"complete_batch": 64, "prefetch": 2}
+"""The runner's throughput setting of docs/worker.md's table, where this version of the
+runner has those knobs."""
+
+
 def runner_knobs() -> dict[str, Any]:
-    """Batching knobs of ``run_worker`` newer than this workload (``complete_batch``,
-    ``prefetch``), with a throughput setting, if this version of the runner has them."""
+    """The :data:`BATCHED_KNOBS` that ``run_worker`` takes (none before the runner had
+    prefetch and batched completion: then W10 has no batched side)."""
     from ..worker import run_worker
 
     params = inspect.signature(run_worker).parameters
-    knobs: dict[str, Any] = {}
-    for name in ("complete_batch", "prefetch"):
-        if name in params:
-            default = params[name].default
-            knobs[name] = True if isinstance(default, bool) or default is None else 64
-    return knobs
+    return {name: value for name, value in BATCHED_KNOBS.items() if name in params}
 
 
 def _cpu_s() -> float:
