@@ -32,9 +32,9 @@ def _backends(text: str) -> tuple[str, ...]:
 
 
 def _workloads(text: str) -> tuple[str, ...]:
-    from .runner import WORKLOADS
+    from .runner import WORKLOADS, short_name
 
-    by_short = {key[:2]: key for key in WORKLOADS}
+    by_short = {short_name(key): key for key in WORKLOADS}
     names = []
     for raw in filter(None, (part.strip().lower() for part in text.split(","))):
         key = by_short.get(raw, raw)
@@ -59,7 +59,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--backends", type=_backends, default=BACKENDS, metavar="LIST",
                         help=f"comma-separated, from {','.join(BACKENDS)} (default: all)")
     parser.add_argument("--workloads", type=_workloads, default=None, metavar="LIST",
-                        help="comma-separated, from w1,w2,w3,w4,w5,w6,w7,w8 (default: all)")
+                        help="comma-separated, from w1,w2,w3,w4,w5,w6,w7,w8,w9,w10 (default: "
+                        "all but w9 and w10, which run only when named)")
     parser.add_argument("--quick", action="store_true",
                         help="small sizes and few trials (a few minutes at most)")
     parser.add_argument("--smoke", action="store_true",

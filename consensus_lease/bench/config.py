@@ -56,6 +56,15 @@ class Sizes:
     """Seconds each W9 phase holds its sessions."""
     w9_hogs: int = 2
     """Busy-loop processes beside W9's clients."""
+    w10_jobs: int = 10_000
+    """No-op jobs W10 enqueues and drains per side and round."""
+    w10_rounds: int = 3
+    """W10 rounds: every side once per round, in turn (the order reversed every other
+    round)."""
+    w10_wake_samples: int = 50
+    """Jobs enqueued one at a time to an idle worker (W10's wake-up latency)."""
+    w10_wake_gap_s: float = 0.1
+    """Seconds between two of those enqueues (the worker goes idle)."""
     w7_depths: tuple[int, ...] = (1_000, 10_000, 100_000)
     """Open jobs in W7's queue at which claim_next and queue_stats are timed."""
     w7_deep_depths: tuple[int, ...] = (1_000_000,)
@@ -130,6 +139,9 @@ QUICK = Sizes(
     w7_rate_jobs=300,
     w7_rate_budget_s=5.0,
     w7_cleanup_budget_s=60.0,
+    w10_jobs=2_000,
+    w10_rounds=2,
+    w10_wake_samples=20,
 )
 
 SMOKE = Sizes(
@@ -173,6 +185,10 @@ SMOKE = Sizes(
     w7_rate_jobs=30,
     w7_rate_budget_s=3.0,
     w7_cleanup_budget_s=30.0,
+    w10_jobs=100,
+    w10_rounds=1,
+    w10_wake_samples=3,
+    w10_wake_gap_s=0.05,
 )
 """The smallest sizes, only to check that every workload runs end to end (the test
 suite's bench runs): its numbers mean nothing."""

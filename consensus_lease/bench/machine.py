@@ -17,7 +17,7 @@ from .config import Target
 __all__ = ["describe_machine", "load_average", "member_role", "server_version"]
 
 LIBRARIES = ("consensus_lease", "etcd-sdk-python", "grpcio", "protobuf", "kazoo", "tooz",
-             "etcd3gw", "matplotlib")
+             "etcd3gw", "matplotlib", "psycopg", "pgqueuer", "asyncpg", "procrastinate")
 
 
 def _read(path: str) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 __all__ = ["PLOTS", "write_plots"]
 
 PLOTS = ("w1_throughput.png", "w2_latency.png", "w3_keepalive.png", "w4_takeover.png",
-         "w5_batch.png", "w6_peers.png", "w7_depth.png", "w8_async.png")
+         "w5_batch.png", "w6_peers.png", "w7_depth.png", "w8_async.png", "w10_drain.png")
 
 OURS, RAW, PEER = "#1f77b4", "#aaaaaa", "#ff7f0e"
 BACKEND_COLOURS = {"sqlite": "#2ca02c", "etcd": "#1f77b4", "zookeeper": "#d62728",
@@ -367,7 +367,10 @@ def write_plots(results: dict[str, Any], out: Path) -> list[str]:
 
     matplotlib.use("Agg")
     written = []
-    for name, draw in zip(PLOTS, (_w1, _w2, _w3, _w4, _w5, _w6, _w7, _w8), strict=True):
+    from .drainreport import plot as _w10
+
+    draws = (_w1, _w2, _w3, _w4, _w5, _w6, _w7, _w8, _w10)
+    for name, draw in zip(PLOTS, draws, strict=True):
         if draw(results, out / name):
             written.append(name)
         else:

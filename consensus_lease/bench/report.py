@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .drainreport import section as drain_section
 from .goals import Goal, span
 
 __all__ = ["JSON_NAME", "MARKDOWN_NAME", "markdown", "write_json", "write_markdown"]
@@ -409,6 +410,23 @@ def markdown(results: dict[str, Any], goals: list[Goal], plots: list[str]) -> st
         "before the fill, over the open jobs.",
         "",
         *_w7(results),
+        "## W10 — queue drain",
+        "",
+        f"{s.get('w10_jobs', 0):,} no-op jobs enqueued (batched), then drained by one "
+        f"side at a time, {s.get('w10_rounds', 0)} round(s), the order reversed every "
+        "other round; each side a process of its own (its worker processes spawned). "
+        "Jobs/s: jobs over the seconds from the go signal to the worker's return (start-up "
+        "included; ours: `run_worker(until_empty=True)`, which ends after one empty "
+        "0.2 s `claim_next` wait). Transactions and server CPU per job (PostgreSQL, a "
+        "server on this machine): `pg_stat_database` commits + rollbacks, and the CPU of "
+        "the postmaster's children, around the drain. Client CPU: the side's processes. "
+        f"Wake-up: {s.get('w10_wake_samples', 0)} jobs enqueued one at a time to an idle "
+        "worker, from the enqueue's return to the handler's start. The fencing column: a "
+        "worker paused past its lease (ours: SIGSTOP beyond the TTL; pgqueuer: its "
+        "heartbeat timeout; procrastinate: its stalled-job retry) completes late after "
+        "another worker took the job.",
+        "",
+        *drain_section(results),
     ]
     lines = _without_unrun(results, lines)
     if plots:
@@ -421,7 +439,7 @@ def markdown(results: dict[str, Any], goals: list[Goal], plots: list[str]) -> st
 
 SECTION_KEYS = {"W1": "w1_throughput", "W2": "w2_latency", "W3": "w3_keepalive",
                 "W4": "w4_takeover", "W5": "w5_batch", "W6": "w6_peers", "W7": "w7_depth",
-                "W8": "w8_async"}
+                "W8": "w8_async", "W10": "w10_drain"}
 
 
 def _without_unrun(results: dict[str, Any], lines: list[str]) -> list[str]:

@@ -35,6 +35,7 @@ from . import clusters
 from .asyncrate import w8_async
 from .config import BACKENDS, FULL, QUICK, SMOKE, Sizes, Target
 from .depth import w7_depth
+from .drain import w10_drain
 from .goals import evaluate
 from .holding import w3_keepalive
 from .machine import describe_machine, load_average, member_role, server_version
@@ -49,10 +50,11 @@ __all__ = ["BenchOptions", "run_bench"]
 
 SCHEMA = 1
 WORKLOADS = ("w1_throughput", "w2_latency", "w3_keepalive", "w4_takeover", "w5_batch",
-             "w6_peers", "w8_async", "w7_depth", "w9_sessions")
-DEFAULT_WORKLOADS = tuple(k for k in WORKLOADS if k != "w9_sessions")
+             "w6_peers", "w8_async", "w7_depth", "w9_sessions", "w10_drain")
+DEFAULT_WORKLOADS = tuple(k for k in WORKLOADS if k not in ("w9_sessions", "w10_drain"))
 """What a run without ``--workloads`` measures: W9 (12,000 sessions beside busy loops,
-minutes of a loaded machine) runs only when asked for (``--workloads w9``)."""
+minutes of a loaded machine) and W10 (30,000 jobs drained per side, the peers' among
+them) run only when asked for (``--workloads w9``, ``--workloads w10``)."""
 LABELS = {
     "w1_throughput": "W1 cycle throughput vs raw client",
     "w2_latency": "W2 latency",
@@ -63,7 +65,13 @@ LABELS = {
     "w8_async": "W8 asyncio vs processes",
     "w7_depth": "W7 deep queue",
     "w9_sessions": "W9 many sessions on a busy host",
+    "w10_drain": "W10 queue drain",
 }
+
+
+def short_name(key: str) -> str:
+    """``w1_throughput`` -> ``w1``, ``w10_drain`` -> ``w10``: the ``--workloads`` name."""
+    return key.split("_", 1)[0]
 
 
 @dataclass
@@ -135,6 +143,8 @@ def _workload(key: str, target: Target, sizes: Sizes, pool: WorkerPool | None, w
         return w8_async(target, sizes, pool, prefix)
     if key == "w9_sessions":
         return w9_sessions(target, sizes, prefix)
+    if key == "w10_drain":
+        return w10_drain(target, sizes, prefix)
     return w6_peers(target, sizes, prefix)
 
 
@@ -164,7 +174,7 @@ def _measure(targets: list[Target], options: BenchOptions, run_id: str, workdir:
         for key in options.workloads:
             progress.update(task, description=f"{target.backend}: {LABELS[key]}")
             started = time.monotonic()
-            prefix = f"{run_id}-{key[:2]}"
+            prefix = f"{run_id}-{short_name(key)}"
             try:
                 data = _workload(key, target, sizes, pool, workdir, prefix)
                 data["status"] = "ok"
@@ -198,7 +208,7 @@ def _command(options: BenchOptions) -> str:
     elif options.quick:
         argv.append("--quick")
     if options.workloads != DEFAULT_WORKLOADS:
-        argv += ["--workloads", ",".join(k[:2] for k in options.workloads)]
+        argv += ["--workloads", ",".join(short_name(k) for k in options.workloads)]
     argv += ["--out", str(options.out)]
     if options.etcd_url:
         argv += ["--etcd-url", options.etcd_url]
