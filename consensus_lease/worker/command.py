@@ -25,18 +25,7 @@ from rich.markup import escape
 from ..errors import InvalidArgument, LeaseError
 from ..retry import RetryPolicy
 from ..store import DEFAULT_TTL_S
-from .config import (
-    ENVIRONMENT,
-    from_environment,
-    parse_attempts,
-    parse_complete_batch,
-    parse_count,
-    parse_flush_s,
-    parse_port,
-    parse_positive_seconds,
-    parse_prefetch,
-    parse_seconds,
-)
+from . import config
 from .logs import configure_logging, parse_level
 from .runner import run_worker
 
@@ -49,7 +38,7 @@ T = TypeVar("T")
 _EPILOG = "environment variables (a flag wins over its variable):\n" + "\n".join(
     f"  {variable:34} --{name.replace('_', '-')}" if name != "handler"
     else f"  {variable:34} MODULE:FUNCTION"
-    for name, (variable, _) in ENVIRONMENT.items()
+    for name, (variable, _) in config.ENVIRONMENT.items()
 ) + """
 
 exit status: 0 stopped (SIGTERM, or drained with --until-empty); 1 error (store, handler
@@ -81,43 +70,44 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="the handler, importable from the current directory")
     parser.add_argument("--backend", metavar="URL", help="store URL")
     parser.add_argument("--queue", metavar="QUEUE", help="work queue name")
-    parser.add_argument("--concurrency", type=_flag(parse_count), metavar="N",
+    parser.add_argument("--concurrency", type=_flag(config.parse_count), metavar="N",
                         help="jobs worked at once: threads, or processes (default 1)")
     parser.add_argument("--processes", action=argparse.BooleanOptionalAction, default=None,
                         help="one worker process per slot (spawned) instead of threads")
-    parser.add_argument("--ttl-s", type=_flag(parse_positive_seconds), metavar="S",
+    parser.add_argument("--ttl-s", type=_flag(config.parse_positive_seconds), metavar="S",
                         help=f"session TTL, seconds (default {DEFAULT_TTL_S:g})")
-    parser.add_argument("--grace-s", type=_flag(parse_seconds), metavar="S",
+    parser.add_argument("--grace-s", type=_flag(config.parse_seconds), metavar="S",
                         help="time jobs in flight get after SIGTERM, seconds (default 30)")
     parser.add_argument("--until-empty", action=argparse.BooleanOptionalAction, default=None,
                         help="exit once nothing is available or held (retry delays are "
                         "waited for; FAILED jobs are not)")
-    parser.add_argument("--claim-wait-s", type=_flag(parse_positive_seconds), metavar="S",
+    parser.add_argument("--claim-wait-s", type=_flag(config.parse_positive_seconds), metavar="S",
                         help="one claim's wait, seconds (default 1)")
     parser.add_argument("--fused-claim", action=argparse.BooleanOptionalAction, default=None,
                         help="complete each job and claim the next in one call "
                         "(complete_and_claim_next; the default); --no-fused-claim: "
                         "complete, then claim_next")
-    parser.add_argument("--prefetch", type=_flag(parse_prefetch), metavar="N",
-                        help="leases each slot claims ahead of the job it works, held "
-                        "until worked, released at a stop (default 0; at most 256)")
-    parser.add_argument("--complete-batch", type=_flag(parse_complete_batch), metavar="N",
-                        help="most completions sent in one complete_many (default 1: "
-                        "each job completed at once; the store caps it)")
-    parser.add_argument("--complete-flush-s", type=_flag(parse_flush_s), metavar="S",
-                        help="longest wait of a queued completion, seconds (default "
-                        "0.01; always sent well before its lease's deadline)")
-    parser.add_argument("--max-attempts", type=_flag(parse_attempts), metavar="N",
+    for flag, parse, metavar, text in (
+        ("--prefetch", config.parse_prefetch, "N", "leases each slot claims ahead of the job it "
+         "works, held until worked (also after a stop request, within --grace-s; default "
+         "0; at most 256)"),
+        ("--complete-batch", config.parse_complete_batch, "N", "most completions sent in one "
+         "complete_many (default 1: each job completed at once; the store caps it)"),
+        ("--complete-flush-s", config.parse_flush_s, "S", "longest wait of a queued completion, "
+         "seconds (default 0.01; always sent well before its lease's deadline)"),
+    ):
+        parser.add_argument(flag, type=_flag(parse), metavar=metavar, help=text)
+    parser.add_argument("--max-attempts", type=_flag(config.parse_attempts), metavar="N",
                         help="the queue's RetryPolicy.max_attempts (recorded per job by "
                         "enqueue: set it where jobs are enqueued too)")
-    parser.add_argument("--retry-initial-s", type=_flag(parse_seconds), metavar="S",
+    parser.add_argument("--retry-initial-s", type=_flag(config.parse_seconds), metavar="S",
                         help="delay after a first failed attempt (default 1, doubling)")
-    parser.add_argument("--retry-max-s", type=_flag(parse_seconds), metavar="S",
+    parser.add_argument("--retry-max-s", type=_flag(config.parse_seconds), metavar="S",
                         help="longest retry delay (default 300)")
     parser.add_argument("--owner", help="sessions' owner label: OWNER/slot (default "
                         "host:pid:random)")
     parser.add_argument("--log-level", metavar="LEVEL", help="worker log level (info)")
-    parser.add_argument("--metrics-port", type=_flag(parse_port), metavar="PORT",
+    parser.add_argument("--metrics-port", type=_flag(config.parse_port), metavar="PORT",
                         help="serve Prometheus metrics on this port (thread mode; needs "
                         "the metrics extra)")
     parser.add_argument("--metrics-addr", metavar="ADDR",
@@ -131,13 +121,13 @@ def settings(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, 
     Raises:
         InvalidArgument: a malformed variable, or no store, queue or handler.
     """
-    values = from_environment(environ)
-    for name in ENVIRONMENT:
+    values = config.from_environment(environ)
+    for name in config.ENVIRONMENT:
         flag = getattr(args, name, None)
         if flag is not None:
             values[name] = flag
     missing = [("MODULE:FUNCTION" if name == "handler" else f"--{name}")
-               + f" (or {ENVIRONMENT[name][0]})"
+               + f" (or {config.ENVIRONMENT[name][0]})"
                for name in ("backend", "queue", "handler") if name not in values]
     if missing:
         raise InvalidArgument(f"missing: {', '.join(missing)}")
@@ -146,7 +136,7 @@ def settings(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, 
 
 def _get(values: Mapping[str, object], name: str, default: T) -> T:
     value = values.get(name, default)
-    return value  # type: ignore[return-value]  # parsed by ENVIRONMENT's parser / argparse
+    return value  # type: ignore[return-value]  # parsed by config.ENVIRONMENT's parser / argparse
 
 
 def worker_arguments(values: Mapping[str, object]) -> dict[str, Any]:

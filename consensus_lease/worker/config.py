@@ -128,23 +128,22 @@ def parse_positive_seconds(text: str) -> float:
 
 
 def parse_count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise InvalidArgument(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise InvalidArgument(f"must be >= 1, not {text!r}")
-    return value
+    """An integer >= 1."""
+    return _integer(text, 1)
 
 
 def parse_amount(text: str) -> int:
     """An integer >= 0."""
+    return _integer(text, 0)
+
+
+def _integer(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise InvalidArgument(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise InvalidArgument(f"must be >= 0, not {text!r}")
+    if value < least:
+        raise InvalidArgument(f"must be >= {least}, not {text!r}")
     return value
 
 
