@@ -87,9 +87,10 @@ def run_worker(
         prefetch: leases each slot claims ahead of the job it works (int, 0 to 256),
             with non-waiting ``claim_next`` calls on a thread beside the slot's, while
             its handler runs. They are held (renewed with the session) until worked; one
-            lost first is dropped, never worked (``prefetch_dropped``); at a stop, those
-            not started are released. A completion is fused only when no prefetched
-            lease is ready. 0 (the default): none.
+            lost first is dropped, never worked (``prefetch_dropped``); a stop still
+            works them, within ``grace_s`` (a release would use up an attempt of a job
+            that never ran), and releases those left when it ends. A completion is fused
+            only when no prefetched lease is ready. 0 (the default): none.
         complete_batch: most completions a slot sends in one ``session.complete_many``
             (int, 1 to 10,000; the store's ``capabilities.max_complete_batch`` caps it,
             16 where the store sends one completion per item). 1 (the default): each job
