@@ -433,7 +433,7 @@ class AsyncSession:
                     f"is a {type(lease).__name__} (pass the AsyncLease the claim returned)",
                     job_id=lease.job_id, generation=lease.generation)
             # not a lease: the sync call names it by its index and shape (nothing sent)
-            items.extend([item, *leases[index + 1:]])
+            items.extend([item, *list(leases)[index + 1:]])
             break
         return await self.store.workers.run(partial(self.sync.complete_many, items))
 

@@ -25,6 +25,14 @@ from .validation import MAX_RETRY_IN_S
 __all__ = ["DEFAULT_RETRY", "RetryPolicies", "RetryPolicy"]
 
 
+def _finite(value: float) -> bool:
+    """Whether ``value`` is finite (an int too large for a float is not)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """Retry policy of a work queue (or of a whole store).
@@ -55,8 +63,10 @@ class RetryPolicy:
         for name, low in (("initial_s", 0.0), ("multiplier", 1.0), ("max_s", 0.0)):
             value = getattr(self, name)
             if (isinstance(value, bool) or not isinstance(value, (int, float))
-                    or not math.isfinite(value) or value < low):
-                raise InvalidArgument(f"RetryPolicy.{name}={value!r} must be a number >= {low}")
+                    or not _finite(value) or value < low):
+                shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:36] + "..."
+                raise InvalidArgument(
+                    f"RetryPolicy.{name}={shown} must be a finite number >= {low}")
         if not isinstance(self.jitter, bool):
             raise InvalidArgument(f"RetryPolicy.jitter must be a bool, not {self.jitter!r}")
         for name in ("initial_s", "max_s"):

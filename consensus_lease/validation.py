@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 
 from ._election import ELECTION_PREFIX
 from .errors import InvalidArgument
@@ -147,11 +148,18 @@ def check_limit(limit: object) -> int | None:
 
 
 def check_wait(wait_s: object, name: str = "wait_s") -> float:
-    """Return a finite, non-negative number of seconds."""
+    """Return a finite, non-negative number of seconds, at most :data:`MAX_WAIT_S`."""
     wait = _finite_number(wait_s, name)
     if wait < 0:
         raise InvalidArgument(f"{name} must be >= 0, got {wait_s!r}")
+    if wait > MAX_WAIT_S:
+        raise InvalidArgument(f"{name} must be at most {MAX_WAIT_S:.0f} s (the longest wait "
+                              f"this platform's threads can make), got {wait_s!r}")
     return wait
+
+
+MAX_WAIT_S = float(threading.TIMEOUT_MAX)
+"""Longest ``wait_s`` (about 292 years on 64-bit Linux): ``threading``'s limit."""
 
 
 MAX_ERROR_BYTES = 64 * 1024

@@ -10,7 +10,7 @@ from typing import Literal
 from ..errors import InvalidArgument
 from ..retry import RetryPolicy, check_max_attempts, check_policy
 from ..store import DEFAULT_TTL_S
-from ..validation import check_owner, check_queue_name
+from ..validation import check_owner, check_queue_name, check_wait
 
 __all__ = ["ENVIRONMENT", "MAX_COMPLETE_BATCH", "MAX_CONCURRENCY", "MAX_FLUSH_S",
            "MAX_PREFETCH", "WorkerConfig", "from_environment"]
@@ -62,6 +62,7 @@ class WorkerConfig:
         seconds("ttl_s", self.ttl_s, positive=True)
         seconds("grace_s", self.grace_s)
         seconds("claim_wait_s", self.claim_wait_s, positive=True)
+        check_wait(self.claim_wait_s, "claim_wait_s")  # and no longer than a thread can wait
         if self.owner is not None:
             check_owner(self.owner)
         if self.retry is not None:

@@ -14,7 +14,8 @@ the store fuses the two, ``capabilities.fused_claim_next``); when it returns non
 falls back to the waiting ``claim_next``. The completion is fenced exactly as
 ``complete``'s: a refused one claims nothing. A slot told to stop completes with plain
 ``complete`` (it claims nothing it would not run), and a next lease obtained as the stop
-came is released, as a claimed one is. An ``OutcomeUnknown`` of the fused call closes the
+came is worked, as a claimed one is, within the grace period (a release would use up an
+attempt of a job that never ran). An ``OutcomeUnknown`` of the fused call closes the
 session: the store may have claimed a next job for it that this process never saw, which
 closing hands back at once instead of leaving it held until the worker stops.
 
@@ -97,16 +98,16 @@ class Slot:
         try:
             while True:
                 try:
-                    lease, prefetched = self._take_next()
+                    lease = self._take_next()
                     if lease is None and self.control.stopping and self._feeder is not None:
                         self._feeder.settle()  # a prefetch in flight: its lease is worked
-                        lease, prefetched = self._take_next()
+                        lease = self._take_next()
                     if lease is None:
                         if self.control.stopping:
                             break
                         lease = self._claim()
-                    if lease is not None:  # _work hands it back if the stop came
-                        self._work(lease, prefetched=prefetched)
+                    if lease is not None:
+                        self._work(lease)
                 except StoreRegressed as exc:  # an operator must act: never retried away
                     self.stats.errors += 1
                     log.error("the store's history went back (restored or wiped): stopping "
@@ -200,15 +201,14 @@ class Slot:
 
     # -- claiming ------------------------------------------------------------------------
 
-    def _take_next(self) -> tuple[Lease | None, bool]:
+    def _take_next(self) -> Lease | None:
         """The lease the last completion claimed (``complete_and_claim_next``), if any,
-        else the oldest prefetched one still held; and whether it was prefetched."""
+        else the oldest prefetched one still held."""
         with self._lock:
             lease, self._next = self._next, None
         if lease is None and self._feeder is not None:
             lease = self._feeder.take()
-            return lease, lease is not None
-        return lease, False
+        return lease
 
     def _claim(self) -> Lease | None:
         session = self._open_session()
@@ -272,18 +272,12 @@ class Slot:
 
     # -- working a job -------------------------------------------------------------------
 
-    def _work(self, lease: Lease, *, prefetched: bool = False) -> None:
-        """Run the handler on ``lease`` and settle its job. A lease claimed as the stop
-        came is handed back instead; a prefetched one (claimed before the stop) is worked,
-        within the grace period: releasing it would use up an attempt of a job that never
-        ran (a job with ``max_attempts=1`` would become FAILED)."""
+    def _work(self, lease: Lease) -> None:
+        """Run the handler on ``lease`` and settle its job, also when the stop came as it
+        was claimed (or prefetched): releasing it would use up an attempt of a job that
+        never ran (one with ``max_attempts=1`` would become FAILED); the grace period
+        bounds the stop."""
         self.stats.claimed += 1
-        if self.control.stopping and not prefetched:
-            log.info("stopping: handing back a job claimed as the stop came",
-                     extra=self._fields(lease))
-            if self._settle(lease, "release", lambda: _release(lease))[0]:
-                self.stats.released += 1
-            return
         with self._lock:
             self._current = lease
         outcome: bytes | Exception
@@ -305,14 +299,17 @@ class Slot:
         if abandoned:
             log.warning("handler returned after the grace period; its job was released",
                         extra=self._fields(lease))
-        elif isinstance(outcome, Exception):
+        elif isinstance(outcome, LeaseLost):
             self._handler_failed(lease, outcome)
         elif lease.state in (LeaseState.RELEASED, LeaseState.FAILED):
-            # the handler returned after calling lease.release() or lease.fail() itself:
-            # the store has that ending; completing the job would be refused
+            # the handler called lease.release() or lease.fail() itself (then returned or
+            # raised): the store has that ending; completing or failing it again would be
+            # refused
             self.stats.skipped += 1
             log.info("the handler ended its lease itself (%s); nothing more to settle",
                      lease.state.value, extra=self._fields(lease))
+        elif isinstance(outcome, Exception):
+            self._handler_failed(lease, outcome)
         else:
             self._complete(lease, outcome)
 
@@ -418,6 +415,3 @@ class Slot:
         return {"slot": self.name, "job_id": lease.job_id, "generation": lease.generation,
                 "attempt": lease.attempt, "queue": self.config.queue}
 
-
-def _release(lease: Lease) -> None:
-    lease.release()

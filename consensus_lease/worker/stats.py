@@ -30,9 +30,9 @@ class WorkerStats:
             took the job, the session expired) or could not say (``OutcomeUnknown``).
         sessions_lost: sessions found LOST (expired in the store or past their local
             deadline); each was replaced by a new one. Never silent: also logged.
-        released: jobs handed back unworked or unfinished when stopping (claimed as the
-            stop came, prefetched and not started when the grace period ended, or still
-            running then).
+        released: jobs handed back unworked or unfinished when the grace period of a stop
+            ended (prefetched and not started, or still running); each used up an
+            attempt.
         skipped: claims that raced with a completion or a dead letter (``JobCompleted``,
             ``JobFailed``).
         errors: unexpected exceptions below the handler (a bug: logged with its
