@@ -106,7 +106,9 @@ class Holdings:
             self._leases[lease.job_id] = lease
         job_id, owner, generation = lease.job_id, lease.owner, lease.generation
         log.info("claimed", extra={"job_id": job_id, "generation": generation, "owner": owner})
-        notify(self.liveness.observer, lambda o: o.claimed(self.scheme, job_id, generation, owner))
+        if self.liveness.observer is not None:  # none: not even the event is made
+            notify(self.liveness.observer,
+                   lambda o: o.claimed(self.scheme, job_id, generation, owner))
         return lease
 
     def _forget(self, lease: Lease) -> None:

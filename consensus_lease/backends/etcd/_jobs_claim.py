@@ -1,4 +1,5 @@
-"""Claims: one compare-and-put transaction per job, or one transaction for a batch.
+"""Claims: one compare-and-put transaction per job, built, sent and answered here (a batch
+of them nested in one transaction: :mod:`._jobs_batch`).
 
 The claim transaction::
 
@@ -19,9 +20,10 @@ A claim refused only because the epoch changed since it was cached (a ``bump_epo
 caches the new one from its ``else`` branch and is sent again: one more round trip, once
 per driver after each bump. The attempt is the attempts key's new version (its previous
 one, answered by the put, plus 1). A retry delay (``n``) refuses the claim like a holder
-does. A job with an attempt limit (``l``) is refused by this compare, and the snapshot
-its ``else`` branch answers decides the next transaction (see :mod:`._jobs_attempts`): a
-claim comparing the limit and the attempt count, or making the job FAILED; so a job
+does. A job with an attempt limit (``l``) is refused by this compare, and the
+:class:`Snapshot` its ``else`` branch answers decides the next transaction
+(:func:`assess`; the compares and writes of :mod:`._jobs_attempts`): a claim comparing
+the limit and the attempt count, or making the job FAILED; so a job
 without a limit is claimed in one round trip, one with a limit in two (plus one, best
 effort, for a queued job whose queue this driver did not know: :func:`fix_held` puts its
 held marker).
@@ -48,17 +50,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-import secrets
-import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pyetcd import etcdrpc
 
 from ...errors import (
-    InvalidArgument,
     JobCompleted,
-    JobFailed,
     LeaseError,
     OutcomeUnknown,
     StoreRegressed,
@@ -66,38 +65,132 @@ from ...errors import (
 from ...record import ClaimResult
 from . import _transport_requests as rq
 from ._jobs import Ops, Settled
-from ._jobs_attempts import (
-    Claimant,
-    Plan,
-    Snapshot,
-    assess,
-    claimed_attempt,
-    claiming,
-    dead_letter,
-    job_failed,
-    plan_request,
-    unlimited,
+from ._jobs_attempts import dead_letter, exhausted, job_failed, limited
+from ._layout import (
+    ATTEMPTS,
+    COMPLETION,
+    ERROR,
+    FAILED,
+    LIMIT,
+    NOT_BEFORE,
+    OWNER,
+    QUEUE,
+    Completion,
+    DeadLetter,
+    JobKeys,
+    Layout,
+    Owner,
+    attempts_of,
+    attempts_value,
+    free_range,
+    limit_of,
+    ordinal_of,
+    queue_of,
 )
-from ._layout import JobKeys, Owner, attempts_of, limit_of, ordinal_of, queue_of
 from ._sessions import EtcdClaim, EtcdSession
 from ._tokens import TokenOverflow, compose
 from ._transport import Failure
 
-__all__ = ["MAX_BATCH_CLAIM", "MAX_PLANS", "claim_batch", "claim_one", "fix_held", "hand_back"]
+__all__ = [
+    "MAX_PLANS",
+    "Claimant",
+    "Plan",
+    "Snapshot",
+    "assess",
+    "claim_one",
+    "claimant_for",
+    "claimed_attempt",
+    "claiming",
+    "fix_held",
+    "hand_back",
+    "plan_request",
+    "queued_keys",
+    "unlimited",
+]
 
 log = logging.getLogger("consensus_lease.etcd")
-
-MAX_BATCH_CLAIM = 64
-"""Claims per batch transaction. Each is one nested transaction of 2 compares, 3 puts
-and a get (a count when refused), and for a job lately offered by a queue scan one more
-put (its held marker) and get (its ordinal); etcd checks a nested transaction against
-``--max-txn-ops`` (default 128) minus the outer transaction's size, so 64 leaves room
-under a default server's limit."""
 
 MAX_PLANS = 8
 """Most transactions one claim sends (not counting re-sends after a lost answer) while
 the job (or the store epoch) keeps changing under it; then it answers ``None``, as for
 a held job."""
+
+
+_FIELD_KINDS = (OWNER, COMPLETION, QUEUE, NOT_BEFORE, LIMIT, ATTEMPTS, FAILED, ERROR)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A job's keys and the store's epoch key as one claim sees them (key-values,
+    ``None`` when absent), read in one transaction: the claim's ``else`` branch or a
+    read-back."""
+
+    owner: Any
+    completion: Any
+    marker: Any
+    not_before: Any
+    limit: Any
+    attempts: Any
+    dead: Any
+    error: Any
+    epoch: Any
+
+    @staticmethod
+    def reads(keys: JobKeys) -> list[Any]:
+        """The reads that answer a snapshot inside a transaction: the job's directory
+        (one range) and the epoch key."""
+        return [rq.span(*keys.directory), rq.get(keys.epoch)]
+
+    @staticmethod
+    def add_reads(ops: Any, keys: JobKeys) -> None:
+        """Append :meth:`reads` to the repeated ``ops`` field of a transaction being
+        built."""
+        rq.add_span(ops, *keys.directory)
+        rq.add_get(ops, keys.epoch)
+
+    @classmethod
+    def of(cls, keys: JobKeys, responses: Any) -> Snapshot:
+        """From the responses of :meth:`reads`."""
+        kinds: dict[bytes, Any] = {}
+        for kv in responses[0].response_range.kvs:
+            kind = keys.kind_of(bytes(kv.key))
+            if kind is not None:
+                kinds[kind] = kv
+        owner, completion, marker, not_before, limit, attempts, dead, error = (
+            kinds.get(k) for k in _FIELD_KINDS)
+        return cls(owner, completion, marker, not_before, limit, attempts, dead, error,
+                   rq.kv_of(responses[1]))
+
+    @property
+    def attempt(self) -> int:
+        return attempts_of(self.attempts)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The claim transaction to send: without a limit (``snapshot is None``: the
+    common one), or comparing the limit and attempts of ``snapshot``, then claiming or
+    (``exhausted``) making the job FAILED (:mod:`._jobs_attempts`)."""
+
+    snapshot: Snapshot | None = None
+    exhausted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Claimant:
+    """What a claim transaction writes: the owner value (which records ``epoch``), on
+    the session's lease, while the epoch key passes ``same_epoch``."""
+
+    value: bytes
+    lease_id: int
+    epoch: int
+    same_epoch: Any
+    queued: tuple[bytes, bytes] | None = None
+
+    @property
+    def held(self) -> bytes | None:
+        """The held marker the claim puts (``None``: the job's queue is not known)."""
+        return None if self.queued is None else self.queued[0]
 
 
 def claim_one(ops: Ops, handle: EtcdSession, job_id: str) -> ClaimResult | None:
@@ -121,16 +214,16 @@ def _nonce() -> str:
     return f"{random.getrandbits(64):016x}"
 
 
-def _claimant(ops: Ops, handle: EtcdSession, nonce: str, job_id: str | None = None) -> Claimant:
+def claimant_for(ops: Ops, handle: EtcdSession, nonce: str, job_id: str | None = None) -> Claimant:
     """What a claim request writes, in the epoch cached now; for a job that was a
     candidate of a queue lately, that queue's held marker too."""
     epoch, same_epoch = ops.epochs.current()
     value = handle.owner_value(nonce, epoch)
     return Claimant(value, handle.lease_id, epoch, same_epoch,
-                    None if job_id is None else _queued(ops, job_id))
+                    None if job_id is None else queued_keys(ops, job_id))
 
 
-def _queued(ops: Ops, job_id: str) -> tuple[bytes, bytes] | None:
+def queued_keys(ops: Ops, job_id: str) -> tuple[bytes, bytes] | None:
     """The held marker and pending key of ``job_id`` in the queue it was lately a
     candidate of (``None``: not known)."""
     queue = ops.queues.queue_hint(job_id)
@@ -138,12 +231,6 @@ def _queued(ops: Ops, job_id: str) -> tuple[bytes, bytes] | None:
         return None
     qkeys = ops.layout.queue(queue)
     return qkeys.held(job_id), qkeys.pending(job_id)
-
-
-def _held_key(ops: Ops, job_id: str) -> bytes | None:
-    """The held marker of ``job_id`` in the queue it was lately a candidate of."""
-    queued = _queued(ops, job_id)
-    return None if queued is None else queued[0]
 
 
 def fix_held(ops: Ops, claims: Sequence[tuple[JobKeys, bytes, bytes | None, str | None]],
@@ -177,7 +264,7 @@ def _send_plan(ops: Ops, handle: EtcdSession, keys: JobKeys, plan: Plan,
                nonce: str) -> ClaimResult | Plan | None:
     """Send the transaction of ``plan``; answer the claim, or the next plan."""
     job_id = keys.job_id
-    claimant = _claimant(ops, handle, nonce, job_id)
+    claimant = claimant_for(ops, handle, nonce, job_id)
     request = _request(ops, keys, plan, claimant, nonce)
 
     def read_back(deadline: float) -> list[Any]:
@@ -224,11 +311,43 @@ def _send_plan(ops: Ops, handle: EtcdSession, keys: JobKeys, plan: Plan,
         raise
 
 
+def assess(handle: EtcdSession, keys: JobKeys, snap: Snapshot,
+           nonce: str) -> ClaimResult | Plan | None:
+    """What a claim with ``nonce`` makes of ``snap``: its own claim (landed), ``None``
+    (held, or a retry delay runs), or the :class:`Plan` to send.
+
+    Raises:
+        JobCompleted / JobFailed: the job is finished.
+    """
+    if snap.completion is not None:
+        done = Completion.decode(snap.completion.value, snap.completion.key)
+        raise JobCompleted(f"{keys.job_id!r} was completed at generation {done.generation}",
+                           job_id=keys.job_id, generation=done.generation)
+    if snap.dead is not None:
+        raise job_failed(keys.job_id, DeadLetter.decode(snap.dead.value, snap.dead.key))
+    limit = limit_of(snap.limit)
+    if snap.owner is not None:
+        if not handle.is_ours(keys.job_id, Owner.decode(snap.owner.value, snap.owner.key),
+                              nonce):
+            return None
+        # This request (re-sent or landed late) or an unsettled one of this session.
+        epoch = Owner.decode(snap.owner.value, snap.owner.key).epoch
+        known = EtcdClaim(handle.lease_id, keys.job_id, bytes(snap.owner.value), True,
+                          queue_of(snap.marker), snap.attempt, limit, epoch)
+        return ClaimResult(compose(epoch, int(snap.owner.create_revision)),
+                           attempt=snap.attempt, handle=known)
+    if snap.not_before is not None:
+        return None
+    if limit is None:
+        return Plan()
+    return Plan(snap, limit.exhausted(snap.attempt))
+
+
 def _request(ops: Ops, keys: JobKeys, plan: Plan, claimant: Claimant, nonce: str) -> Any:
     """The transaction of ``plan``: for the common one (no snapshot), a copy of the last
     one built if that was for the same job, lease, epoch and queue, with this claim's
     owner value (the only per-request part: it holds the nonce) put in the owner and
-    history puts (:func:`~._jobs_attempts.claiming`'s first two operations)."""
+    history puts (:func:`claiming`'s first two operations)."""
     if plan.snapshot is not None:
         return plan_request(ops.layout, keys, plan, claimant, nonce)
     key = (keys.base, claimant.lease_id, claimant.epoch, claimant.same_epoch,
@@ -242,6 +361,61 @@ def _request(ops: Ops, keys: JobKeys, plan: Plan, claimant: Claimant, nonce: str
     value = claimant.value
     success[0].request_put.value = value
     success[1].request_put.value = value
+    return request
+
+
+def claiming(success: Any, keys: JobKeys, value: bytes, lease_id: int, epoch: int,
+             queued: tuple[bytes, bytes] | None = None) -> None:
+    """Append the claim's writes to the repeated ``success`` field of a transaction
+    being built: the owner key (on the lease) and the history key, both ``value``, the
+    attempts key (``epoch``, answering its previous version); then the queue marker
+    read; last, for a job known to be queued (``queued``: its held marker and pending
+    key there), put the held marker (on the lease) and read the pending key (the job's
+    ordinal)."""
+    rq.add_put(success, keys.owner, value, lease_id)
+    rq.add_put(success, keys.history, value)
+    rq.add_put(success, keys.attempts, attempts_value(epoch), prev_kv=True)
+    rq.add_get(success, keys.queue)
+    if queued is not None:
+        rq.add_put(success, queued[0], b"", lease_id)
+        rq.add_get(success, queued[1])
+
+
+def claimed_attempt(put_response: Any) -> int:
+    """The attempt number from the answer to the attempts key's put in :func:`claiming`."""
+    return int(put_response.response_put.prev_kv.version) + 1
+
+
+def unlimited(compare: Any, keys: JobKeys) -> None:
+    """Append the common claim's compares to the repeated ``compare`` field: not
+    completed (``c`` absent), and not limited, delayed or held: no key from ``l`` to
+    ``o`` (:func:`~._layout.free_range`: exactly the limit, not-before and owner keys of
+    the job's kinds; one range compare instead of three, which etcd checks key by key:
+    etcd's ``Compare.range_end``, API reference "Compare"). A job with a limit key takes
+    a :class:`Plan` with a snapshot instead; it cannot be FAILED without one."""
+    base = keys.base
+    rq.add_create_is(compare, base + COMPLETION, 0)
+    rq.add_none_in(compare, *free_range(base))
+
+
+def plan_request(layout: Layout, keys: JobKeys, plan: Plan, claimant: Claimant,
+                 nonce: str) -> Any:
+    """The transaction of ``plan`` (see the module docstring; a job with a limit takes
+    the compares and writes of :mod:`._jobs_attempts`); its ``else`` branch answers a
+    fresh :class:`Snapshot`."""
+    snap = plan.snapshot
+    if snap is not None and plan.exhausted:
+        compare, success = exhausted(layout, keys, snap, nonce)
+        return rq.txn(compare=compare, success=success, failure=Snapshot.reads(keys))
+    request = etcdrpc.TxnRequest()
+    claiming(request.success, keys, claimant.value, claimant.lease_id, claimant.epoch,
+             claimant.queued)
+    Snapshot.add_reads(request.failure, keys)
+    if snap is None:
+        unlimited(request.compare, keys)
+    else:
+        request.compare.extend(limited(keys, snap))
+    request.compare.append(claimant.same_epoch)
     return request
 
 
@@ -279,141 +453,3 @@ def hand_back(ops: Ops, all_keys: Sequence[JobKeys], value: bytes) -> None:
     except (LeaseError, Failure) as exc:
         log.warning("etcd: %s failed (the session's lease takes it when it ends): %s",
                     what, exc)
-
-
-def _claim_or_none(ops: Ops, handle: EtcdSession, job_id: str) -> ClaimResult | None:
-    """:func:`claim_one`, with a finished job as ``None`` (a batch's answer)."""
-    try:
-        return claim_one(ops, handle, job_id)
-    except (JobCompleted, JobFailed):
-        return None
-
-
-Batch = tuple[list[ClaimResult | None], list[int]]
-"""A batch's claims, and the indexes of the jobs it refused for their attempt limit."""
-
-
-def claim_batch(ops: Ops, handle: EtcdSession,
-                job_ids: Sequence[str]) -> list[ClaimResult | None] | None:
-    """Claim ``job_ids`` (at most :data:`MAX_BATCH_CLAIM`, no duplicates) in one
-    transaction of nested claim transactions, under one compare of the store epoch; a
-    held, delayed, completed or FAILED job yields ``None``. A job with an attempt limit
-    is refused by its nested compare and then claimed on its own (:func:`claim_one`).
-    Returns ``None`` when the server allows fewer operations per transaction, or the
-    epoch kept changing (the caller then claims one by one)."""
-    all_keys = [ops.layout.job(j) for j in job_ids]
-    nonce = secrets.token_hex(8)
-    outcome: Batch | None = None
-    for _ in range(MAX_PLANS):
-        try:
-            outcome = _send_batch(ops, handle, all_keys, _claimant(ops, handle, nonce), nonce)
-        except InvalidArgument as exc:
-            if "too many operations" in str(exc):
-                return None
-            raise
-        if outcome is not None:
-            break
-    if outcome is None:
-        return None
-    results, limited = outcome
-    for i in limited:
-        results[i] = _claim_or_none(ops, handle, job_ids[i])
-    return results
-
-
-def _send_batch(ops: Ops, handle: EtcdSession, all_keys: list[JobKeys], claimant: Claimant,
-                nonce: str) -> Batch | None:
-    """Send one batch transaction; ``None`` if the epoch had changed (now cached)."""
-    request = etcdrpc.TxnRequest()
-    request.compare.append(claimant.same_epoch)
-    for k in all_keys:
-        nested = request.success.add().request_txn
-        unlimited(nested.compare, k)
-        claiming(nested.success, k, claimant.value, claimant.lease_id, claimant.epoch,
-                 _queued(ops, k.job_id))
-        nested.failure.append(rq.count(k.limit))
-    rq.add_get(request.failure, ops.layout.epoch)
-    try:
-        answer = ops.send_guarded(
-            request, f"batch claim of {len(all_keys)} jobs", job_id=all_keys[0].job_id,
-            generation=None, read_back=[k.owner for k in all_keys],
-            decide=lambda kvs: _settle_batch(ops, handle, all_keys, nonce, kvs),
-        )
-        if isinstance(answer, Settled):
-            settled: Batch = answer.value
-            return settled
-        if not answer.succeeded:
-            ops.epochs.update(rq.kv_of(answer.responses[0]))
-            return None
-        batch = _batch_answer(handle, all_keys, claimant, answer)
-        fix_held(ops, [(keys, claimant.value, _held_key(ops, keys.job_id), r.handle.queue)
-                       for keys, r in zip(all_keys, batch[0], strict=True)
-                       if r is not None and isinstance(r.handle, EtcdClaim)],
-                 claimant.lease_id)
-        return batch
-    except OutcomeUnknown:
-        for keys in all_keys:
-            handle.unsettled(keys.job_id, nonce)
-        raise
-    except (StoreRegressed, TokenOverflow):
-        hand_back(ops, all_keys, claimant.value)
-        raise
-
-
-def _batch_answer(handle: EtcdSession, all_keys: list[JobKeys], claimant: Claimant,
-                  answer: Any) -> Batch:
-    """The claims of a batch's answer, and the indexes of the jobs it refused for their
-    attempt limit."""
-    generation = compose(claimant.epoch, int(answer.header.revision))
-    out: list[ClaimResult | None] = []
-    limited: list[int] = []
-    for i, (keys, sub) in enumerate(zip(all_keys, answer.responses, strict=True)):
-        nested = sub.response_txn
-        if not nested.succeeded:
-            out.append(None)
-            if nested.responses[0].response_range.count > 0:
-                limited.append(i)
-            continue
-        attempt = claimed_attempt(nested.responses[2])
-        marker_kv = rq.kv_of(nested.responses[3])
-        known = EtcdClaim(handle.lease_id, keys.job_id, claimant.value, True,
-                          queue_of(marker_kv), attempt, None, claimant.epoch)
-        out.append(ClaimResult(generation, attempt=attempt, handle=known))
-    return out, limited
-
-
-def _settle_batch(ops: Ops, handle: EtcdSession, all_keys: list[JobKeys], nonce: str,
-                  owner_kvs: list[Any]) -> Settled | None:
-    """A batch's lost answer, from its owner keys read back. One transaction: if none of
-    them carries our nonce it was not applied (or every compare failed): send it again.
-    Otherwise one more read: the attempts key of each job we claimed, the limit key of
-    each other one (refused for a limit: claimed on its own afterwards). The queue
-    markers are not read back (that could exceed --max-txn-ops): the completion looks
-    the queue up instead."""
-    owners = [None if kv is None else Owner.decode(kv.value, kv.key) for kv in owner_kvs]
-    mine = []
-    for keys, owner in zip(all_keys, owners, strict=True):
-        handle.unsettled(keys.job_id, nonce)
-        mine.append(owner is not None and handle.is_ours(keys.job_id, owner, nonce))
-    if not any(mine):
-        return None
-    extra = ops.read_keys(
-        [k.attempts if m else k.limit for k, m in zip(all_keys, mine, strict=True)],
-        "reading back a batch claim's attempts",
-        time.monotonic() + ops.config.connect_timeout_s, all_keys[0].job_id,
-    )
-    results: list[ClaimResult | None] = []
-    limited: list[int] = []
-    for i, (keys, kv, owner, more) in enumerate(zip(all_keys, owner_kvs, owners, extra,
-                                                    strict=True)):
-        if owner is None or not mine[i]:
-            results.append(None)
-            if more is not None:
-                limited.append(i)
-            continue
-        attempt = attempts_of(more)
-        known = EtcdClaim(handle.lease_id, keys.job_id, bytes(kv.value), False, None,
-                          attempt, None, owner.epoch)
-        token = compose(owner.epoch, int(kv.create_revision))
-        results.append(ClaimResult(token, attempt=attempt, handle=known))
-    return Settled((results, limited))

@@ -3,7 +3,7 @@
 This module is the glue: each ``Backend`` method delegates to the template's modules
 (:mod:`consensus_lease.backends`): the job operations in :mod:`._jobs` and its parts
 (:mod:`._jobs_claim`, :mod:`._jobs_attempts` for jobs with an attempt limit,
-:mod:`._jobs_hold`, :mod:`._jobs_fail`, :mod:`._jobs_value`), the records in
+:mod:`._jobs_batch`, :mod:`._jobs_hold`, :mod:`._jobs_fail`, :mod:`._jobs_value`), the records in
 :mod:`._layout_records`, the work queues in :mod:`._queues` and :mod:`._watches_queue`.
 The store epoch is in :mod:`._tokens` and :mod:`._tokens_epoch`, the detection of a
 history that went back in :mod:`._tokens_regression`. See the package docstring for the
@@ -36,6 +36,7 @@ from ...errors import (
 from ...observe import notify
 from ...record import ClaimResult, EnqueueItem, LeaseRecord, QueuedJob, QueueStats
 from . import (
+    _jobs_batch,
     _jobs_claim,
     _jobs_fail,
     _jobs_hold,
@@ -82,7 +83,7 @@ class EtcdBackend(Backend):
         consecutive_generations=False,
         min_ttl_s=1.0,  # requests round up to whole seconds; etcd may grant more
         max_ttl_s=MAX_LEASE_TTL_S,
-        max_batch_claim=_jobs_claim.MAX_BATCH_CLAIM,
+        max_batch_claim=_jobs_batch.MAX_BATCH_CLAIM,
         queues=True,
         max_payload_bytes=_queues.MAX_PAYLOAD_BYTES,  # under --max-request-bytes (1.5 MiB)
         max_enqueue_batch=_queues.ENQUEUE_BATCH,  # one txn within --max-txn-ops (128)
@@ -525,8 +526,8 @@ class EtcdBackend(Backend):
             StoreRegressed: as for :meth:`claim` (every claim of the batch handed back).
             OutcomeUnknown / BackendUnavailable / AuthenticationFailed.
         """
-        if 1 < len(job_ids) <= _jobs_claim.MAX_BATCH_CLAIM:
-            results = self._run(session, lambda h: _jobs_claim.claim_batch(self._ops, h, job_ids))
+        if 1 < len(job_ids) <= _jobs_batch.MAX_BATCH_CLAIM:
+            results = self._run(session, lambda h: _jobs_batch.claim_batch(self._ops, h, job_ids))
             if results is not None:
                 return results
         return super().claim_many(session, job_ids)
