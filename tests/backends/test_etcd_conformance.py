@@ -21,7 +21,7 @@ import pytest
 from etcd_local import LocalEtcd, backend_of, local_members, require_local_etcd
 
 from consensus_lease import LeaseStore, open_store
-from consensus_lease.backends.etcd._tokens_regression import Mark
+from consensus_lease.backends.etcd._tokens_history import Mark
 from consensus_lease.testing.conformance import BackendConformance
 
 

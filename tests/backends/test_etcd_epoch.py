@@ -34,7 +34,7 @@ from consensus_lease import (
 from consensus_lease.backends.etcd import EtcdBackend
 from consensus_lease.backends.etcd._layout import History, Owner, StoreEpoch
 from consensus_lease.backends.etcd._tokens import EPOCH_SHIFT, TokenOverflow, compose, split
-from consensus_lease.backends.etcd._tokens_regression import Mark, RevisionGuard
+from consensus_lease.backends.etcd._tokens_history import Mark, RevisionGuard
 from consensus_lease.record import ClaimResult
 from consensus_lease.testing.conformance import poll_until
 

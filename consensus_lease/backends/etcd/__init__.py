@@ -178,7 +178,7 @@ that may land twice unharmed (the regression marker's compare-and-set, the ordin
 writes of ``upgrade_queue``). A ``LeaseGrant`` (session, retry delay) whose answer is
 lost is retried; the orphan lease holds no key and expires.
 
-Restores (see :mod:`._tokens_regression`): etcd's revisions only grow, so an answer
+Restores (see :mod:`._tokens_history`): etcd's revisions only grow, so an answer
 whose header revision is below one already seen (KV requests, lease grants and revokes
 are linearizable: each is compared with what was seen before it was sent) or that names
 another ``cluster_id`` means the cluster's history went back: it was restored from an

@@ -33,7 +33,7 @@ owner key carrying it is ours; a re-send carries the same nonce, so whichever co
 first wins and the other finds our key in its ``else`` branch.
 
 A claim answered from a history older than one this driver has seen (the store was
-restored from an older snapshot; :mod:`._tokens_regression`) is handed back (its owner key
+restored from an older snapshot; :mod:`._tokens_history`) is handed back (its owner key
 deleted, best effort) and raises ``StoreRegressed``; so is one whose revision reached
 2**44 (:class:`~._tokens.TokenOverflow`).
 
@@ -56,12 +56,7 @@ from typing import Any
 
 from pyetcd import etcdrpc
 
-from ...errors import (
-    JobCompleted,
-    LeaseError,
-    OutcomeUnknown,
-    StoreRegressed,
-)
+from ...errors import JobCompleted, LeaseError, OutcomeUnknown, StoreRegressed
 from ...record import ClaimResult
 from . import _transport_requests as rq
 from ._jobs import Ops, Settled
@@ -114,7 +109,6 @@ MAX_PLANS = 8
 """Most transactions one claim sends (not counting re-sends after a lost answer) while
 the job (or the store epoch) keeps changing under it; then it answers ``None``, as for
 a held job."""
-
 
 _FIELD_KINDS = (OWNER, COMPLETION, QUEUE, NOT_BEFORE, LIMIT, ATTEMPTS, FAILED, ERROR)
 

@@ -18,7 +18,7 @@ which tries once and hands an ambiguous failure back to the caller to settle by 
 back (see the driver).
 
 Every unary answer's header goes through the driver's
-:class:`~._tokens_regression.RevisionGuard` (:meth:`Transport.attempt`, and ``finish()``
+:class:`~._tokens_history.RevisionGuard` (:meth:`Transport.attempt`, and ``finish()``
 of :meth:`Transport.start`); an answer from a history older than one already seen raises
 ``StoreRegressed``, which is never retried. Keepalive answers are checked by the driver
 (``EtcdBackend.keepalive``), watch responses not at all.
@@ -53,7 +53,7 @@ from ...errors import (
     StoreRegressed,
 )
 from ._config import EtcdConfig
-from ._tokens_regression import RevisionGuard
+from ._tokens_history import RevisionGuard
 
 __all__ = ["Failure", "Member", "Transport", "rpc_failures", "translate"]
 

@@ -3,11 +3,12 @@
 This module is the glue: each ``Backend`` method delegates to the template's modules
 (:mod:`consensus_lease.backends`): the job operations in :mod:`._jobs` and its parts
 (:mod:`._jobs_claim`, :mod:`._jobs_attempts` for jobs with an attempt limit,
-:mod:`._jobs_batch`, :mod:`._jobs_hold`, :mod:`._jobs_fail`, :mod:`._jobs_value`), the records in
-:mod:`._layout_records`, the work queues in :mod:`._queues` and :mod:`._watches_queue`.
-The store epoch is in :mod:`._tokens` and :mod:`._tokens_epoch`, the detection of a
-history that went back in :mod:`._tokens_regression`. See the package docstring for the
-design, the URL options and the etcd guarantees relied on.
+:mod:`._jobs_batch`, :mod:`._jobs_hold`, :mod:`._jobs_fail`, :mod:`._jobs_value`), the
+records in :mod:`._layout_records`, the work queues in :mod:`._queues` and
+:mod:`._watches_queue`. The store epoch is in :mod:`._tokens` and :mod:`._tokens_epoch`,
+the detection of a history that went back and the refusal after it in
+:mod:`._tokens_history`. See the package docstring for the design, the URL options and
+the etcd guarantees relied on.
 """
 
 from __future__ import annotations
@@ -55,8 +56,7 @@ from ._jobs import Ops
 from ._layout import Layout, session_text
 from ._sessions import EtcdClaim, EtcdSession
 from ._sessions_revocation import SessionWatch
-from ._tokens_refusal import Refusal
-from ._tokens_regression import Mark
+from ._tokens_history import Mark, Refusal
 from ._transport import Failure, Transport, translate
 from ._transport_keepalive import KeepAliveCall, KeepAliveStreams
 from ._watches import wait_for_event
@@ -159,7 +159,7 @@ class EtcdBackend(Backend):
         Raises:
             InvalidArgument: not an etcd session.
             StoreRegressed: the store's history went back while it was open, or this
-                driver (or any process, see :mod:`._tokens_refusal`) found it went back and the
+                driver (or any process, see :mod:`._tokens_history`) found it went back and the
                 epoch has not been raised since.
         """
         handle = self._typed(session)
@@ -314,7 +314,7 @@ class EtcdBackend(Backend):
         Raises:
             BackendUnavailable / AuthenticationFailed: no session was created.
             StoreRegressed: the store's history went back (noticed by this driver, now
-                or earlier, or by any process: the marker of :mod:`._tokens_refusal`) and the
+                or earlier, or by any process: the marker of :mod:`._tokens_history`) and the
                 epoch has not been raised since (``bump_epoch``); no session was created.
         """
         self._refusal.check()
@@ -367,7 +367,7 @@ class EtcdBackend(Backend):
         :mod:`._transport_keepalive`, which also gives the worst-case share of the TTL one
         renewal takes).
 
-        The answer's header is checked (:mod:`._tokens_regression`): another cluster id,
+        The answer's header is checked (:mod:`._tokens_history`): another cluster id,
         or a revision below the highest seen that a linearizable read confirms, ends every
         session open now with ``StoreRegressed``.
 
