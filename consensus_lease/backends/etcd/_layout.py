@@ -228,11 +228,14 @@ def prefix_range_end(prefix: bytes) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class JobKeys:
-    """The keys of one job, and the store's epoch key (read with them by claims)."""
+    """The keys of one job, and the store's epoch key (read with them by claims);
+    ``is_election``: whether these are an election's keys (``job_id`` is an election
+    key), told once by :meth:`Layout.job`."""
 
     job_id: str
     base: bytes
     epoch: bytes
+    is_election: bool = False
 
     @property
     def owner(self) -> bytes:
@@ -275,11 +278,6 @@ class JobKeys:
     def value(self) -> bytes:
         """The value key (:class:`HeldValue`), put by ``set_value``."""
         return self.base + VALUE
-
-    @property
-    def is_election(self) -> bool:
-        """Whether these are an election's keys (``job_id`` is an election key)."""
-        return is_election_key(self.job_id)
 
     @property
     def directory(self) -> tuple[bytes, bytes]:
@@ -432,7 +430,7 @@ class Layout:
             return last
         if is_election_key(job_id):
             keys = JobKeys(job_id, self.elections + _hex(election_name(job_id)) + b"/",
-                           self._epoch_key)
+                           self._epoch_key, is_election=True)
         else:
             keys = JobKeys(job_id, self.root + _hex(job_id) + b"/", self._epoch_key)
         self._last = keys
