@@ -373,6 +373,21 @@ class QueueKeys:
         ``purged``."""
         return self.base + COUNTERS + name.encode("ascii")
 
+    def done(self, position: int) -> bytes:
+        """The completed counter a completion bumps (a put: its version counts): the
+        one of a transaction's ``position`` (0 to ``max_complete_batch`` - 1) among the
+        completions of one ``complete_many`` transaction, which must each put a key of
+        their own: ``QDIR/k/done`` for position 0 (a lone completion), its shard
+        ``QDIR/k/done/NNN`` (three digits) for the others."""
+        return self.counter("done") + (b"/%03d" % position if position else b"")
+
+    @property
+    def done_shards(self) -> tuple[bytes, bytes]:
+        """``(key, range_end)`` of the completed counter's shards (:meth:`done` of
+        positions 1 and up)."""
+        start = self.counter("done/")
+        return start, prefix_range_end(start)
+
 
 def ordinal_bytes(ordinal: int) -> bytes:
     """An ordinal as stored: 20 decimal digits, so byte order is numeric order."""

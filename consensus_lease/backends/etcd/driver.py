@@ -25,7 +25,7 @@ from pyetcd import etcdrpc
 from ..._election import is_election_key
 from ..._subscriptions import Unsubscribe, WakeCallback
 from ..._visible import log_visible
-from ...backend import Backend, Capabilities, SessionHandle, StateListener
+from ...backend import Backend, Capabilities, CompleteItem, SessionHandle, StateListener
 from ...errors import (
     BackendUnavailable,
     InvalidArgument,
@@ -36,6 +36,7 @@ from ...errors import (
 from ...observe import notify
 from ...record import ClaimResult, EnqueueItem, LeaseRecord, QueuedJob, QueueStats
 from . import (
+    _jobs_batch,
     _jobs_claim,
     _jobs_fail,
     _jobs_hold,
@@ -86,6 +87,7 @@ class EtcdBackend(Backend):
         queues=True,
         max_payload_bytes=_queues.MAX_PAYLOAD_BYTES,  # under --max-request-bytes (1.5 MiB)
         max_enqueue_batch=_queues.ENQUEUE_BATCH,  # one txn within --max-txn-ops (128)
+        max_complete_batch=_jobs_batch.MAX_COMPLETE_BATCH,  # one txn, likewise
         max_queue_jobs=_queues.MAX_QUEUE_JOBS,  # a quarter of the default 2 GB quota
         description="etcd v3: a lease per session, one transaction per claim/complete/release",
         epoch=True,
@@ -586,6 +588,58 @@ class EtcdBackend(Backend):
         """
         return self._run(session, lambda h: _jobs_hold.complete(self._ops, h, job_id, claim,
                                                              bytes(result)))
+
+    def complete_many(
+        self, session: SessionHandle, items: Sequence[CompleteItem]
+    ) -> list[LeaseRecord | LeaseError]:
+        """One transaction per chunk of at most ``max_complete_batch`` items (fewer on a
+        server allowing fewer operations, or past 1 MiB of results): per item, a nested
+        transaction with the compares, writes and reads of :meth:`complete`, so a stale
+        item takes its own ``else`` branch while the others commit (see
+        :mod:`._jobs_batch`). A lost answer is settled by reading every item's keys back:
+        any item still held means nothing landed, and the same transaction (whose
+        compares cannot pass twice) is sent again. A chunk refused as a whole (too large
+        for the server) is completed item by item.
+
+        Returns:
+            Element ``i``: the COMPLETED record of ``items[i]``, or the error
+            :meth:`complete` would raise for it (``StaleLeaseError`` /
+            ``SessionExpired``, by its rule; ``StoreRegressed``; ``InvalidArgument`` for a
+            claim of another backend or a result too large, still held;
+            ``BackendUnavailable``: nothing of its chunk applied, still held;
+            ``OutcomeUnknown``: sent, and reading back failed).
+
+        Raises:
+            nothing of its own: each item's error is its outcome (also the session's
+            own, such as ``StoreRegressed`` or ``InvalidArgument`` for a session of
+            another backend).
+        """
+        try:
+            handle = self._handle(session)
+        except LeaseError as exc:
+            return [exc] * len(items)
+        outcomes = _jobs_batch.complete_many(self._ops, handle, items)
+        return self._history_checked(handle, outcomes)
+
+    def _history_checked(
+        self, handle: EtcdSession, outcomes: list[LeaseRecord | LeaseError]
+    ) -> list[LeaseRecord | LeaseError]:
+        """:meth:`_run`'s rule for a batch's refusals: after a ``SessionExpired``, one
+        linearizable read of the store's history; then, if the session is over by a
+        regression, every refusal is that ``StoreRegressed``."""
+        def refused(outcome: LeaseRecord | LeaseError) -> bool:
+            return isinstance(outcome, LeaseError) and not isinstance(outcome, StoreRegressed)
+
+        if not any(map(refused, outcomes)):
+            return outcomes
+        if any(isinstance(o, SessionExpired) and refused(o) for o in outcomes):
+            with contextlib.suppress(BackendUnavailable, StoreRegressed):
+                self._probe_history()
+        try:
+            handle.check_history()
+        except StoreRegressed as exc:
+            return [exc if refused(o) else o for o in outcomes]
+        return outcomes
 
     def release(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> None:
         """One transaction: if held at ``claim.generation`` by this session (as for
