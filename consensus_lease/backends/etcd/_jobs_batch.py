@@ -27,7 +27,7 @@ What shapes a batch:
   gets smaller chunks, each still one transaction.
 * ``--max-request-bytes`` (1.5 MiB by default): a chunk carries at most
   :data:`BATCH_BYTES` of nested transactions (results included, base64); an item larger
-  than that goes alone.
+  than that goes alone. A chunk of one item is sent as a lone completion's transaction.
 
 A claim whose handle did not read the job's queue (made by another process, or a batch
 claim settled by reading back) has its queue marker and owner key read first, for all
@@ -105,9 +105,11 @@ def complete_many(ops: Ops, handle: EtcdSession,
             start += 1
             continue
         request, count = _compose(window[:fit])
-        chunk = window[:count]
-        if _decide(ops, request, chunk, outcomes, what):
-            start += len(chunk)
+        if count == 1:  # exactly a lone completion
+            _alone(window[0], outcomes)
+            start += 1
+        elif _decide(ops, request, window[:count], outcomes, what):
+            start += count
     done = [outcome for outcome in outcomes if outcome is not None]
     assert len(done) == len(items)
     return done
@@ -143,17 +145,20 @@ def _decide(ops: Ops, request: Any, chunk: Sequence[Item],
                 _each(chunk, outcomes, failed)
                 return True
             return False
-        if len(chunk) == 1:
-            _each(chunk, outcomes, exc)
-            return True
-        for index, item in chunk:  # refused as a whole, nothing applied: one by one
-            try:
-                outcomes[index] = item.send()
-            except LeaseError as alone:
-                outcomes[index] = alone
+        for entry in chunk:  # refused as a whole, nothing applied: one by one
+            _alone(entry, outcomes)
     except LeaseError as exc:  # nothing of it known applied: every item's outcome
         _each(chunk, outcomes, exc)
     return True
+
+
+def _alone(entry: Item, outcomes: list[LeaseRecord | LeaseError | None]) -> None:
+    """Complete one item by its lone transaction (:meth:`Completing.send`)."""
+    index, item = entry
+    try:
+        outcomes[index] = item.send()
+    except LeaseError as exc:
+        outcomes[index] = exc
 
 
 def _each(chunk: Sequence[Item], outcomes: list[LeaseRecord | LeaseError | None],
