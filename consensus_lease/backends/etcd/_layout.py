@@ -111,7 +111,11 @@ key              value   meaning
 ``QDIR/k/done``  empty   counters kept by the version of a key that a
 ``QDIR/k/failed``        transaction puts blindly (no compare, so concurrent
 ``QDIR/k/requeued``      writers never conflict): completions, FAILED
-                         verdicts, requeues.
+                         verdicts, requeues. The completions of one
+                         ``complete_many`` transaction at positions 1 and up
+                         put the shards ``QDIR/k/done/NNN`` instead (etcd
+                         refuses a transaction putting one key twice);
+                         ``queue_stats`` sums them with ``done``.
 ``QDIR/k/purged`` N/B    jobs and payload bytes purged (compared and rewritten
                          by purge).
 ``QDIR/k/base``  JSON    completed and FAILED jobs an upgrade from the first
