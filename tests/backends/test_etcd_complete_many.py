@@ -230,6 +230,6 @@ def test_a_server_allowing_fewer_operations_gets_smaller_batches(
         assert ops.txn_limit.max_ops == SMALL_TXN_OPS
         # 30 nested transactions refused; then 18 + 6 (the largest nested: 2 compares,
         # 6 writes) = 24 operations, and the other 12.
-        assert sent.writes == ["completion of 30 jobs"] * 3
+        assert sent.writes == [f"completion of {n} jobs" for n in (30, 18, 12)]
         stats = store.queue_stats("q")
         assert (stats.available, stats.held, stats.completed) == (0, 0, 30)

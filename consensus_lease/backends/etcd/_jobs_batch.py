@@ -94,12 +94,12 @@ def complete_many(ops: Ops, handle: EtcdSession,
     chunk (see the module docstring); each item's outcome in its place."""
     outcomes: list[LeaseRecord | LeaseError | None] = [None] * len(items)
     batch = _prepare(ops, handle, items, outcomes)
-    what = f"completion of {len(batch)} jobs"
     start = 0
     while start < len(batch):
         window = batch[start : start + MAX_COMPLETE_BATCH]
         try:
-            fit = ops.txn_limit.fitting(window, lambda c: _compose(c)[0], what)
+            fit = ops.txn_limit.fitting(window, lambda c: _compose(c)[0],
+                                        f"completion of {len(window)} jobs")
         except InvalidArgument as exc:  # one item alone is over the server's limit
             outcomes[window[0][0]] = exc
             start += 1
@@ -108,7 +108,7 @@ def complete_many(ops: Ops, handle: EtcdSession,
         if count == 1:  # exactly a lone completion
             _alone(window[0], outcomes)
             start += 1
-        elif _decide(ops, request, window[:count], outcomes, what):
+        elif _decide(ops, request, window[:count], outcomes, f"completion of {count} jobs"):
             start += count
     done = [outcome for outcome in outcomes if outcome is not None]
     assert len(done) == len(items)
