@@ -18,8 +18,9 @@ from etcd_local import LocalEtcd, backend_of, local_members, lose_answers
 from pyetcd import etcdrpc
 
 from consensus_lease import JobState, LeaseStore, open_store
+from consensus_lease.backends.etcd._tokens_regression import Mark
 from consensus_lease.backends.etcd._transport_txn_limit import TxnLimit
-from consensus_lease.errors import StaleLeaseError
+from consensus_lease.errors import StaleLeaseError, StoreRegressed
 from consensus_lease.lease import Lease
 from consensus_lease.record import ClaimResult, LeaseRecord
 from consensus_lease.session import Session
@@ -233,3 +234,18 @@ def test_a_server_allowing_fewer_operations_gets_smaller_batches(
         assert sent.writes == [f"completion of {n} jobs" for n in (30, 18, 12)]
         stats = store.queue_stats("q")
         assert (stats.available, stats.held, stats.completed) == (0, 0, 30)
+
+
+def test_a_history_gone_back_refuses_every_item_of_the_batch(store: LeaseStore) -> None:
+    """The batch's answer comes from a history below one already seen (a restore): every
+    item is ``StoreRegressed``, and so is the session afterwards."""
+    a = store.session("A", 30)
+    leases = _queued(store, a, "q", 3)
+    guard = backend_of(store)._transport.guard
+    guard._high += 10_000  # to it, the next answers come from a history gone back
+    guard._mark = Mark(guard._era, guard._high)
+    out = a.complete_many(leases)
+    assert all(isinstance(r, StoreRegressed) for r in out), out
+    again = store.backend.complete_many(
+        a.handle, [(lease.job_id, lease.claim_result, b"") for lease in leases])
+    assert all(isinstance(r, StoreRegressed) for r in again), again
