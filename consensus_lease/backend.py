@@ -101,10 +101,10 @@ class Capabilities:
         max_complete_batch: most completions one :meth:`Backend.complete_many` call
             takes; the session splits longer lists. SQLite and PostgreSQL decide them in
             one transaction; ZooKeeper in one multi per up to 160 KB of results (the
-            items of a multi that applies nothing are then completed one by one). 1
-            means no batching (etcd, whose completions of one queue cannot share a
-            transaction): the default :meth:`Backend.complete_many` sends one
-            :meth:`Backend.complete` per item.
+            items of a multi that applies nothing are then completed one by one); etcd
+            in one transaction per up to 1 MiB of results, a nested transaction with its
+            own compares per item. 1 means no batching: the default
+            :meth:`Backend.complete_many` sends one :meth:`Backend.complete` per item.
         fused_claim_next: :meth:`Backend.complete_and_claim_next` completes a job and
             claims the next one of a queue in one atomic store operation (one round
             trip). ``False``: the default sends a completion, then claims (two or more

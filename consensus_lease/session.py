@@ -428,9 +428,9 @@ class Session:
         ``capabilities.max_complete_batch`` completions per call of the driver, decided
         together (one SQL transaction; memory: its lock; ZooKeeper: one multi per up to
         160 KB of results, whose items are completed one by one if it applies nothing;
-        see ``Capabilities.max_complete_batch``). Where
-        ``max_complete_batch`` is 1 (etcd: several completions of one queue cannot share
-        a transaction, see its driver) it sends one completion per lease.
+        etcd: one transaction per up to 100, a nested transaction per lease; see
+        ``Capabilities.max_complete_batch``). Where ``max_complete_batch`` is 1 it sends
+        one completion per lease.
 
         Each lease has its own outcome: a stale one is refused while the others commit.
 

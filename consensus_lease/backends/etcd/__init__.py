@@ -3,9 +3,10 @@
 A worker session is one etcd **lease**; every job it claims is an *owner key* attached
 to that lease, so one keepalive renews them all and a revoked or expired lease drops
 them all at once. Claim, complete, release and fail are each decided by **one
-transaction** in which etcd compares the owner key (a claim of a job with an attempt
-limit sends a second; a fail with a retry delay grants that delay's lease first; see
-below); the fencing token (generation) is ``epoch * 2**44 +`` the owner key's
+transaction** in which etcd compares the owner key (``complete_many`` decides up to 100
+completions in one, a nested transaction with its own compares per job; a claim of a
+job with an attempt limit sends a second; a fail with a retry delay grants that delay's
+lease first; see below); the fencing token (generation) is ``epoch * 2**44 +`` the owner key's
 ``create_revision``, i.e. the claim transaction's revision: strictly increasing per job
 (and across the whole cluster, but for the claims of one ``claim_many`` batch, which
 share its revision), not consecutive (``consecutive_generations=False``). The store
@@ -96,12 +97,7 @@ completion can delete the pending key and held marker in its own transaction. It
 depends on the held and delayed jobs at the front of the queue, not on its depth.
 ``queue_stats`` is one read of counters kept in the same transactions (see
 :mod:`._queues_index`), plus a ``LeaseTimeToLive`` for each of at most 8 holders' leases
-(``oldest_held_lease_until``). ``complete_many`` and ``complete_and_claim_next`` are the
-looped defaults of :class:`~consensus_lease.backend.Backend` (``max_complete_batch`` 1,
-``fused_claim_next`` false): one completion transaction per job, then ``claim_next``'s
-reads and claim. Several completions of one queue cannot share a transaction as the
-layout stands: each bumps the queue's completed counter by one put, and etcd refuses a
-transaction that puts one key twice. A queue holds at most 250,000 jobs and 256 MiB of
+(``oldest_held_lease_until``). A queue holds at most 250,000 jobs and 256 MiB of
 payloads (``max_queue_jobs``, ``QueueFull``: together under half of etcd's default 2 GB
 quota). Queues written by the first layout are refused until ``upgrade_queue`` ran (the
 command ``consensus-lease upgrade-queue``; :mod:`._queues_upgrade`). Waiting is a watch
@@ -109,6 +105,28 @@ command ``consensus-lease upgrade-queue``; :mod:`._queues_upgrade`). Waiting is 
 deleted by their lease's expiry). Payloads are limited to 1 MiB (``max_payload_bytes``),
 under etcd's default ``--max-request-bytes`` of 1.5 MiB, with room for the keys; a
 server configured lower refuses larger enqueues with ``InvalidArgument``.
+
+``complete_many`` (``max_complete_batch`` 100; see :mod:`._jobs_complete_many`) decides up to 100
+completions in **one transaction**: it has no compares, and its ``success`` branch holds
+one nested transaction (``RequestOp.request_txn``, etcd 3.3+) per item, which is the
+transaction of that item's lone completion, with its own ownership compares; etcd
+decides each nested transaction by its own compares, so a stale or expired item takes
+its ``else`` branch (refused by the rule of ``complete``) while the others commit, in
+one revision. etcd refuses a transaction that puts one key twice, also across nested
+transactions, and each completion of a queued job bumps the queue's completed counter by
+a put; so the item at position ``i`` of a batch puts the counter's shard
+``PREFIX/q/QHEX/k/done/NNN`` (``i`` > 0; position 0 and every lone completion put
+``PREFIX/q/QHEX/k/done`` itself) and ``queue_stats`` sums their versions. Queues written
+before the shards existed read as before, with no upgrade step; a driver of an earlier
+version counts only ``k/done`` (it shows the jobs completed at later positions of a batch
+as available). A chunk is cut to etcd's ``--max-txn-ops`` (the outer list holds one
+operation per item and each nested transaction is checked against the rest: 100 items
+need at most 111 of the default 128; a server allowing fewer gets smaller chunks,
+learnt from its first refusal) and to 1 MiB of nested transactions (under the default
+``--max-request-bytes``); a claim whose handle does not know the job's queue has its
+queue marker read first, for all such items in one read. ``complete_and_claim_next`` is
+the looped default of :class:`~consensus_lease.backend.Backend` (``fused_claim_next``
+false): a completion transaction, then ``claim_next``'s reads and claim.
 
 Job lifecycle (attempts, ``fail``, retry delays, FAILED, ``requeue``; see
 :mod:`._jobs_attempts` and :mod:`._jobs_fail`):
@@ -167,7 +185,9 @@ etcd guarantees relied on (etcd 3.4 docs):
 
 Lost answers: writes are never re-sent blindly. After a timeout or a member failure
 mid-request the driver reads the job's keys back; each write is recognisable afterwards
-(a claim by the nonce in its owner value, a completion by its record, a release by its
+(a claim by the nonce in its owner value, a completion by its record (a batch of
+completions lands whole or not at all: any item still held by its claim means not
+applied), a release by its
 history marker, a fail by the nonce in its error record, a claim that made the job
 FAILED by the FAILED record, a requeue by the nonce in its limit record, an enqueue by
 the nonce in its queue marker) and guarded by a compare its own success makes false, so

@@ -1,5 +1,5 @@
 """Claims: one compare-and-put transaction per job, built, sent and answered here (a batch
-of them nested in one transaction: :mod:`._jobs_batch`).
+of them nested in one transaction: :mod:`._jobs_claim_many`).
 
 The claim transaction::
 

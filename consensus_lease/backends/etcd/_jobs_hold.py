@@ -8,8 +8,9 @@ revision is the generation's (the token below its epoch bits) and its value is o
                (sent with the session's keepalive: one round trip for both)
     complete:  put c = record, delete o, h  else get o, get c
                (+ for a queued job: delete QDIR/p/HEX and QDIR/h/HEX,
-                put QDIR/k/done, delete the index entry if the claim
-                read its ordinal)
+                put QDIR/k/done (in a batch: the shard of the
+                item's position, QDIR/k/done/NNN), delete the
+                index entry if the claim read its ordinal)
                (+ delete v for an election)
                get a, e, l (for the record it returns; only e, or
                nothing, when the claim's handle tells the rest)
@@ -17,7 +18,8 @@ revision is the generation's (the token below its epoch bits) and its value is o
                (+ delete QDIR/h/HEX for a queued job)
                (+ delete v for an election)
 
-``fail`` is in :mod:`._jobs_fail`.
+``fail`` is in :mod:`._jobs_fail`; ``complete_many`` (each completion above as one nested
+transaction of a single transaction) in :mod:`._jobs_complete_many`.
 
 A queued job's completion also deletes its pending key in the queue, in the same
 transaction, so ``queue_candidates`` never sees completed jobs. The queue comes from the
@@ -37,6 +39,7 @@ from typing import Any
 
 from pyetcd import etcdrpc
 
+from ...errors import LeaseError
 from ...record import ClaimResult, JobState, LeaseRecord
 from . import _transport_requests as rq
 from ._jobs import Ops, Settled, refusal
@@ -45,7 +48,7 @@ from ._layout_records import Lifecycle
 from ._sessions import EtcdClaim, EtcdSession
 from ._tokens import split
 
-__all__ = ["check_held", "complete", "release"]
+__all__ = ["Completing", "check_held", "complete", "release"]
 
 
 def check_held(ops: Ops, handle: EtcdSession, job_id: str,
@@ -89,61 +92,114 @@ def complete(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult,
              result: bytes) -> LeaseRecord:
     """See :meth:`EtcdBackend.complete <consensus_lease.backends.etcd.EtcdBackend.complete>`."""
     known = EtcdClaim.of(claim, handle, job_id)
-    generation = claim.generation
     keys = ops.layout.job(job_id)
-    record = Completion(handle.owner, handle.session_id, generation, result)
-    what = f"completion of {job_id!r} generation {generation}"
-    queue = _queue(ops, keys, known, job_id, generation, what)
-    request = etcdrpc.TxnRequest()
-    ops.add_holds(request.compare, handle, keys, generation, known)
-    success = request.success
-    rq.add_put(success, keys.completion, record.encode())
-    rq.add_delete(success, keys.owner)
-    rq.add_delete(success, keys.history)
-    if queue is not None:
-        _leaving_queue(success, ops, queue, job_id, known)
-    if keys.is_election:
-        success.extend(ops.ending(keys))
-    reads = _lifecycle_reads(keys, known)
-    for key in reads:
-        rq.add_get(success, key)
-    rq.add_get(request.failure, keys.owner)
-    rq.add_get(request.failure, keys.completion)
+    what = f"completion of {job_id!r} generation {claim.generation}"
+    queue = _queue(ops, keys, known, job_id, claim.generation, what)
+    return Completing(ops, handle, keys, claim.generation, known, queue, result).send()
 
-    def ours(completion_kv: Any) -> Completion | None:
+
+class Completing:
+    """One completion being decided (see the module docstring): :meth:`fill` writes its
+    transaction, :meth:`send` sends it alone (:func:`complete`), and
+    :mod:`._jobs_complete_many` sends many as the nested transactions of one; :meth:`answered`
+    reads a (nested) answer. ``queue``: the job's queue (``None``: none), as the claim
+    read it or as read before."""
+
+    def __init__(self, ops: Ops, handle: EtcdSession, keys: JobKeys, generation: int,
+                 known: EtcdClaim | None, queue: str | None, result: bytes) -> None:
+        self.ops, self.handle, self.keys, self.known = ops, handle, keys, known
+        self.generation, self.queue = generation, queue
+        self.record = Completion(handle.owner, handle.session_id, generation, result)
+        self.what = f"completion of {keys.job_id!r} generation {generation}"
+        self.reads = _lifecycle_reads(keys, known)
+
+    def fill(self, request: Any, position: int = 0) -> None:
+        """Write the completion's compares, ``success`` and ``failure`` branches into
+        the empty transaction ``request``; a queued job bumps the completed counter of
+        ``position`` (:meth:`~._layout.QueueKeys.done`: a key no other completion of
+        the same transaction puts)."""
+        ops, keys = self.ops, self.keys
+        ops.add_holds(request.compare, self.handle, keys, self.generation, self.known)
+        success = request.success
+        rq.add_put(success, keys.completion, self.record.encode())
+        rq.add_delete(success, keys.owner)
+        rq.add_delete(success, keys.history)
+        if self.queue is not None:
+            _leaving_queue(success, ops, self.queue, keys.job_id, self.known, position)
+        if keys.is_election:
+            success.extend(ops.ending(keys))
+        for key in self.reads:
+            rq.add_get(success, key)
+        rq.add_get(request.failure, keys.owner)
+        rq.add_get(request.failure, keys.completion)
+
+    def ours(self, completion_kv: Any) -> Completion | None:
         """The completion record if this session made it at this generation."""
         if completion_kv is None:
             return None
         done = Completion.decode(completion_kv.value, completion_kv.key)
-        same = done.session == handle.session_id and done.generation == generation
+        same = done.session == self.handle.session_id and done.generation == self.generation
         return done if same else None
 
-    def decide(kvs: list[Any]) -> Settled | None:
+    def held(self, owner_kv: Any) -> bool:
+        """Whether the owner key read back is still this claim's (not applied yet)."""
+        return self.ops.held_by(self.handle, owner_kv, self.generation, self.known)
+
+    def refused(self, owner_kv: Any, completion_kv: Any) -> LeaseError:
+        """The error for a refused completion (:func:`~._jobs.refusal`)."""
+        return refusal(self.ops, self.handle, self.keys, self.generation, owner_kv,
+                       completion_kv, self.what)
+
+    def decide(self, kvs: list[Any]) -> Settled | None:
+        """After a lost answer, from the owner and completion keys read back: the
+        completion record if it landed, ``None`` if still held (send again: the compare
+        cannot pass twice).
+
+        Raises:
+            StaleLeaseError / SessionExpired: neither: it cannot land.
+        """
         owner_kv, completion_kv = kvs
-        done = ours(completion_kv)
+        done = self.ours(completion_kv)
         if done is not None:
             return Settled(done)
-        if ops.held_by(handle, owner_kv, generation, known):
-            return None  # not applied: send again (the compare cannot pass twice)
-        raise refusal(ops, handle, keys, generation, owner_kv, completion_kv, what)
+        if self.held(owner_kv):
+            return None
+        raise self.refused(owner_kv, completion_kv)
 
-    answer = ops.send_guarded(
-        request, what, job_id=job_id, generation=generation,
-        read_back=(keys.owner, keys.completion), decide=decide,
-    )
-    if isinstance(answer, Settled):
-        done: Completion = answer.value
-    elif answer.succeeded:
+    def send(self) -> LeaseRecord:
+        """Send the completion alone, settling a lost answer by reading back."""
+        request = etcdrpc.TxnRequest()
+        self.fill(request)
+        keys = self.keys
+        answer = self.ops.send_guarded(
+            request, self.what, job_id=keys.job_id, generation=self.generation,
+            read_back=(keys.owner, keys.completion), decide=self.decide,
+        )
+        if isinstance(answer, Settled):
+            return self.completed(answer.value, _lifecycle(self.ops, keys))
+        return self.answered(answer)
+
+    def answered(self, answer: Any) -> LeaseRecord:
+        """The record from the completion's transaction response ``answer`` (top-level
+        or nested): its own reads, or a repeat's record (read again).
+
+        Raises:
+            StaleLeaseError / SessionExpired: refused, and not a repeat.
+        """
         responses = answer.responses
-        kvs = [rq.kv_of(r) for r in responses[len(responses) - len(reads):]]
-        return _completed(job_id, record, _answered_lifecycle(known, kvs))
-    else:
-        owner_kv, completion_kv = (rq.kv_of(r) for r in answer.responses)
-        repeat = ours(completion_kv)  # a retry of a completion that already landed
+        if answer.succeeded:
+            kvs = [rq.kv_of(r) for r in responses[len(responses) - len(self.reads):]]
+            return self.completed(self.record, _answered_lifecycle(self.known, kvs))
+        owner_kv, completion_kv = (rq.kv_of(r) for r in responses)
+        repeat = self.ours(completion_kv)  # a retry of a completion that already landed
         if repeat is None:
-            raise refusal(ops, handle, keys, generation, owner_kv, completion_kv, what)
-        done = repeat
-    return _completed(job_id, done, _lifecycle(ops, keys))
+            raise self.refused(owner_kv, completion_kv)
+        return self.completed(repeat, _lifecycle(self.ops, self.keys))
+
+    def completed(self, done: Completion, life: Lifecycle) -> LeaseRecord:
+        return LeaseRecord(self.keys.job_id, done.owner, None, done.generation,
+                           JobState.COMPLETED, done.result, life.attempt, life.error,
+                           max_attempts=life.max_attempts)
 
 
 def _queue(ops: Ops, keys: JobKeys, known: EtcdClaim | None, job_id: str, generation: int,
@@ -162,22 +218,16 @@ def _queue(ops: Ops, keys: JobKeys, known: EtcdClaim | None, job_id: str, genera
 
 
 def _leaving_queue(success: Any, ops: Ops, queue: str, job_id: str,
-                   known: EtcdClaim | None) -> None:
+                   known: EtcdClaim | None, position: int) -> None:
     """Add the completion's writes to the job's queue to ``success``: its pending key,
-    held marker and index entry deleted, the completed counter bumped (a put: its version
-    counts)."""
+    held marker and index entry deleted, the completed counter of ``position`` bumped (a
+    put: its version counts)."""
     qkeys = ops.layout.queue(queue)
     rq.add_delete(success, qkeys.pending(job_id))
     rq.add_delete(success, qkeys.held(job_id))
-    rq.add_put(success, qkeys.counter("done"), b"")
+    rq.add_put(success, qkeys.done(position), b"")
     if known is not None and known.ordinal is not None:  # else the scan deletes it
         rq.add_delete(success, qkeys.entry(known.ordinal, job_id))
-
-
-def _completed(job_id: str, done: Completion, life: Lifecycle) -> LeaseRecord:
-    return LeaseRecord(job_id, done.owner, None, done.generation, JobState.COMPLETED,
-                       done.result, life.attempt, life.error,
-                       max_attempts=life.max_attempts)
 
 
 def _lifecycle_reads(keys: JobKeys, known: EtcdClaim | None) -> tuple[bytes, ...]:

@@ -3,12 +3,12 @@
 This module is the glue: each ``Backend`` method delegates to the template's modules
 (:mod:`consensus_lease.backends`): the job operations in :mod:`._jobs` and its parts
 (:mod:`._jobs_claim`, :mod:`._jobs_attempts` for jobs with an attempt limit,
-:mod:`._jobs_batch`, :mod:`._jobs_hold`, :mod:`._jobs_fail`, :mod:`._jobs_value`), the
-records in :mod:`._layout_records`, the work queues in :mod:`._queues` and
-:mod:`._watches_queue`. The store epoch is in :mod:`._tokens` and :mod:`._tokens_epoch`,
-the detection of a history that went back and the refusal after it in
-:mod:`._tokens_history`. See the package docstring for the design, the URL options and
-the etcd guarantees relied on.
+:mod:`._jobs_claim_many`, :mod:`._jobs_complete_many`, :mod:`._jobs_hold`,
+:mod:`._jobs_fail`, :mod:`._jobs_value`), the records in :mod:`._layout_records`, the
+work queues in :mod:`._queues` and :mod:`._watches_queue`. The store epoch is in
+:mod:`._tokens` and :mod:`._tokens_epoch`, the detection of a history that went back and
+the refusal after it in :mod:`._tokens_history`. See the package docstring for the
+design, the URL options and the etcd guarantees relied on.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pyetcd import etcdrpc
 from ..._election import is_election_key
 from ..._subscriptions import Unsubscribe, WakeCallback
 from ..._visible import log_visible
-from ...backend import Backend, Capabilities, SessionHandle, StateListener
+from ...backend import Backend, Capabilities, CompleteItem, SessionHandle, StateListener
 from ...errors import (
     BackendUnavailable,
     InvalidArgument,
@@ -37,8 +37,9 @@ from ...errors import (
 from ...observe import notify
 from ...record import ClaimResult, EnqueueItem, LeaseRecord, QueuedJob, QueueStats
 from . import (
-    _jobs_batch,
     _jobs_claim,
+    _jobs_claim_many,
+    _jobs_complete_many,
     _jobs_fail,
     _jobs_hold,
     _jobs_value,
@@ -83,10 +84,11 @@ class EtcdBackend(Backend):
         consecutive_generations=False,
         min_ttl_s=1.0,  # requests round up to whole seconds; etcd may grant more
         max_ttl_s=MAX_LEASE_TTL_S,
-        max_batch_claim=_jobs_batch.MAX_BATCH_CLAIM,
+        max_batch_claim=_jobs_claim_many.MAX_BATCH_CLAIM,
         queues=True,
         max_payload_bytes=_queues.MAX_PAYLOAD_BYTES,  # under --max-request-bytes (1.5 MiB)
         max_enqueue_batch=_queues.ENQUEUE_BATCH,  # one txn within --max-txn-ops (128)
+        max_complete_batch=_jobs_complete_many.MAX_COMPLETE_BATCH,  # one txn, likewise
         max_queue_jobs=_queues.MAX_QUEUE_JOBS,  # a quarter of the default 2 GB quota
         description="etcd v3: a lease per session, one transaction per claim/complete/release",
         epoch=True,
@@ -526,8 +528,9 @@ class EtcdBackend(Backend):
             StoreRegressed: as for :meth:`claim` (every claim of the batch handed back).
             OutcomeUnknown / BackendUnavailable / AuthenticationFailed.
         """
-        if 1 < len(job_ids) <= _jobs_batch.MAX_BATCH_CLAIM:
-            results = self._run(session, lambda h: _jobs_batch.claim_batch(self._ops, h, job_ids))
+        if 1 < len(job_ids) <= _jobs_claim_many.MAX_BATCH_CLAIM:
+            results = self._run(
+                session, lambda h: _jobs_claim_many.claim_batch(self._ops, h, job_ids))
             if results is not None:
                 return results
         return super().claim_many(session, job_ids)
@@ -587,6 +590,58 @@ class EtcdBackend(Backend):
         """
         return self._run(session, lambda h: _jobs_hold.complete(self._ops, h, job_id, claim,
                                                              bytes(result)))
+
+    def complete_many(
+        self, session: SessionHandle, items: Sequence[CompleteItem]
+    ) -> list[LeaseRecord | LeaseError]:
+        """One transaction per chunk of at most ``max_complete_batch`` items (fewer on a
+        server allowing fewer operations, or past 1 MiB of results): per item, a nested
+        transaction with the compares, writes and reads of :meth:`complete`, so a stale
+        item takes its own ``else`` branch while the others commit (see
+        :mod:`._jobs_complete_many`). A lost answer is settled by reading every item's keys back:
+        any item still held means nothing landed, and the same transaction (whose
+        compares cannot pass twice) is sent again. A chunk refused as a whole (too large
+        for the server) is completed item by item.
+
+        Returns:
+            Element ``i``: the COMPLETED record of ``items[i]``, or the error
+            :meth:`complete` would raise for it (``StaleLeaseError`` /
+            ``SessionExpired``, by its rule; ``StoreRegressed``; ``InvalidArgument`` for a
+            claim of another backend or a result too large, still held;
+            ``BackendUnavailable``: nothing of its chunk applied, still held;
+            ``OutcomeUnknown``: sent, and reading back failed).
+
+        Raises:
+            nothing of its own: each item's error is its outcome (also the session's
+            own, such as ``StoreRegressed`` or ``InvalidArgument`` for a session of
+            another backend).
+        """
+        try:
+            handle = self._handle(session)
+        except LeaseError as exc:
+            return [exc] * len(items)
+        outcomes = _jobs_complete_many.complete_many(self._ops, handle, items)
+        return self._history_checked(handle, outcomes)
+
+    def _history_checked(
+        self, handle: EtcdSession, outcomes: list[LeaseRecord | LeaseError]
+    ) -> list[LeaseRecord | LeaseError]:
+        """:meth:`_run`'s rule for a batch's refusals: after a ``SessionExpired``, one
+        linearizable read of the store's history; then, if the session is over by a
+        regression, every refusal is that ``StoreRegressed``."""
+        def refused(outcome: LeaseRecord | LeaseError) -> bool:
+            return isinstance(outcome, LeaseError) and not isinstance(outcome, StoreRegressed)
+
+        if not any(map(refused, outcomes)):
+            return outcomes
+        if any(isinstance(o, SessionExpired) and refused(o) for o in outcomes):
+            with contextlib.suppress(BackendUnavailable, StoreRegressed):
+                self._probe_history()
+        try:
+            handle.check_history()
+        except StoreRegressed as exc:
+            return [exc if refused(o) else o for o in outcomes]
+        return outcomes
 
     def release(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> None:
         """One transaction: if held at ``claim.generation`` by this session (as for
