@@ -1,0 +1,131 @@
+"""The looped default of ``Backend.claim_from_queue_many`` (for stores that cannot claim a
+batch in one round trip: etcd, ZooKeeper) keeps the rules of the native ones: the
+``claim_next_many`` conformance cases on a memory store stripped of its native batch, and
+what the default does when a claim fails after others were made."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from consensus_lease import LeaseStore
+from consensus_lease.backend import Backend
+from consensus_lease.backends.memory import MemoryBackend
+from consensus_lease.errors import BackendUnavailable, SessionExpired
+from consensus_lease.record import ClaimResult, JobState
+from consensus_lease.session import Session
+from consensus_lease.states import SessionState
+from consensus_lease.testing.conformance_queue_batch import QueueBatchConformance
+
+
+class LoopedMemory(MemoryBackend):
+    """A memory store that claims one queue job per call, as a store without batching."""
+
+    capabilities = dataclasses.replace(MemoryBackend.capabilities, max_queue_claim_batch=1)
+    claim_from_queue_many = Backend.claim_from_queue_many  # type: ignore[assignment]
+
+
+class TestLoopedDefault(QueueBatchConformance):
+    @pytest.fixture
+    def store(self) -> Iterator[LeaseStore]:
+        store = LeaseStore(LoopedMemory())
+        try:
+            yield store
+        finally:
+            store.close()
+
+    @pytest.fixture
+    def sessions(self) -> Iterator[list[Session]]:
+        opened: list[Session] = []
+        self._opened = opened
+        yield opened
+        for session in opened:
+            session.close()
+
+    def open(self, store: LeaseStore, owner: str, ttl_s: float = 30.0, **kw: Any) -> Session:
+        session = store.session(owner, ttl_s, **kw)
+        self._opened.append(session)
+        return session
+
+    def expire(self, store: LeaseStore, session: Session) -> None:
+        store.backend.expire_session(session.session_id)  # type: ignore[attr-defined]
+
+    def _assert_newer(self, store: LeaseStore, old: int, new: int) -> None:
+        assert new == old + 1
+
+
+def _failing_claims(backend: MemoryBackend, after: int, error: Exception) -> None:
+    """Make ``backend.claim`` raise ``error`` once ``after`` claims went through."""
+    inner = backend.claim
+    made = [0]
+
+    def claim(session: Any, job_id: str) -> ClaimResult | None:
+        if made[0] >= after:
+            raise error
+        made[0] += 1
+        return inner(session, job_id)
+
+    backend.claim = claim  # type: ignore[method-assign]
+
+
+def test_default_hands_over_the_jobs_claimed_before_an_error() -> None:
+    """The store stops answering after two claims: the two are returned (held), the
+    error is not raised; with none claimed it is."""
+    backend = LoopedMemory()
+    store = LeaseStore(backend)
+    try:
+        store.enqueue_many("q", ["a", "b", "c", "d"])
+        session = store.session("W", 30.0)
+        _failing_claims(backend, 2, BackendUnavailable("store unreachable"))
+        picks = backend.claim_from_queue_many(session.handle, "q", 4)
+        assert len(picks) == 2
+        for job_id, claim, _ in picks:
+            record = store.get(job_id)
+            assert record is not None and record.state is JobState.HELD
+            assert record.generation == claim.generation
+        with pytest.raises(BackendUnavailable):
+            backend.claim_from_queue_many(session.handle, "q", 2)
+        session.close()
+    finally:
+        store.close()
+
+
+def test_default_raises_session_expired_even_after_claims() -> None:
+    """The session's end is raised whatever was claimed before (its jobs go with it),
+    and through ``claim_next_many`` it loses the session."""
+    backend = LoopedMemory()
+    store = LeaseStore(backend)
+    try:
+        store.enqueue_many("q", ["a", "b", "c"])
+        session = store.session("W", 30.0)
+        _failing_claims(backend, 1, SessionExpired("expired in the store"))
+        with pytest.raises(SessionExpired):
+            session.claim_next_many("q", 3)
+        assert session.state is SessionState.LOST and session.leases() == []
+    finally:
+        store.close()
+
+
+def test_split_claim_returns_the_leases_of_earlier_calls_after_an_error() -> None:
+    """``n`` split into calls of one job: the store stops answering at the third call;
+    the two leases claimed are returned HELD and registered, the error not raised; a
+    claim that fails before any job was claimed raises it."""
+    backend = LoopedMemory()
+    store = LeaseStore(backend)
+    try:
+        store.enqueue_many("q", ["a", "b", "c", "d"])
+        session = store.session("W", 30.0)
+        _failing_claims(backend, 2, BackendUnavailable("store unreachable"))
+        leases = session.claim_next_many("q", 4)
+        assert len(leases) == 2 and set(session.leases()) == set(leases)
+        for lease in leases:
+            lease.ensure_held()
+        with pytest.raises(BackendUnavailable):
+            session.claim_next_many("q", 2)
+        assert session.state is SessionState.ACTIVE and len(session.leases()) == 2
+        session.close()
+    finally:
+        store.close()
