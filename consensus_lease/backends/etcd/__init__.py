@@ -99,9 +99,11 @@ depends on the held and delayed jobs at the front of the queue, not on its depth
 (``oldest_held_lease_until``). ``complete_many`` and ``complete_and_claim_next`` are the
 looped defaults of :class:`~consensus_lease.backend.Backend` (``max_complete_batch`` 1,
 ``fused_claim_next`` false): one completion transaction per job, then ``claim_next``'s
-reads and claim. Several completions of one queue cannot share a transaction as the
-layout stands: each bumps the queue's completed counter by one put, and etcd refuses a
-transaction that puts one key twice. A queue holds at most 250,000 jobs and 256 MiB of
+reads and claim; ``claim_from_queue_many`` (``claim_next_many``) is the looped default too
+(``max_queue_claim_batch`` 1): ``claim_next``'s reads and claim per job. Several
+completions of one queue cannot share a transaction as the layout stands: each bumps
+the queue's completed counter by one put, and etcd refuses a transaction that puts one
+key twice. A queue holds at most 250,000 jobs and 256 MiB of
 payloads (``max_queue_jobs``, ``QueueFull``: together under half of etcd's default 2 GB
 quota). Queues written by the first layout are refused until ``upgrade_queue`` ran (the
 command ``consensus-lease upgrade-queue``; :mod:`._queues_upgrade`). Waiting is a watch
