@@ -429,9 +429,10 @@ class Backend(abc.ABC):
             return record, None
 
     def _claim_queue_head(self, session: SessionHandle, queue: str) -> QueuePick | None:
-        """The looped claim of :meth:`complete_and_claim_next`'s default: a few tries of
-        the oldest claimable jobs (from a random one of the oldest 8, as
-        ``claim_next``), ``None`` if none was taken."""
+        """The looped claim of the defaults of :meth:`complete_and_claim_next` and
+        :meth:`claim_from_queue_many` (once per job): a few tries of the oldest
+        claimable jobs (from a random one of the oldest 8, as ``claim_next``), ``None``
+        if none was taken."""
         from .errors import JobCompleted, JobFailed
 
         if type(self).claim_from_queue is not Backend.claim_from_queue:
@@ -693,7 +694,7 @@ class Backend(abc.ABC):
     def claim_from_queue_many(
         self, session: SessionHandle, queue: str, n: int
     ) -> list[QueuePick]:
-        """Claim up to ``n`` (an int >= 1, checked; at most
+        """Claim up to ``n`` (an int >= 1, checked by the core; at most
         ``capabilities.max_queue_claim_batch`` where that is above 1) of the oldest
         claimable jobs of ``queue`` for ``session``, each by the rules of :meth:`claim`:
         the store records owner and a generation above every earlier one of the job
@@ -712,7 +713,8 @@ class Backend(abc.ABC):
         back, never by re-sending blindly (PostgreSQL: see its driver). This default
         claims one job after the other as ``claim_next`` does without waiting
         (:meth:`claim_from_queue` where the driver has it, else :meth:`queue_candidates`
-        and :meth:`claim`: two round trips or more per job), each claim settling its own
+        and :meth:`claim`, from a random one of the oldest 8 candidates, so not strictly
+        oldest first: two round trips or more per job), each claim settling its own
         lost answer. An error after some jobs were claimed ends the call with those
         (the error is not raised, but ``SessionExpired``: the session's end takes them).
 
