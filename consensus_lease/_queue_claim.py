@@ -1,8 +1,10 @@
-"""Claiming from a work queue: :meth:`Session.claim_next`.
+"""Claiming from a work queue: :meth:`Session.claim_next` and
+:meth:`Session.claim_next_many`.
 
 The claim itself is the same atomic store operation as a named claim; this module only
 chooses which job to try, or lets a driver pick and claim in one statement
-(:meth:`consensus_lease.backend.Backend.claim_from_queue`). Candidates come
+(:meth:`consensus_lease.backend.Backend.claim_from_queue`; a batch:
+:meth:`~consensus_lease.backend.Backend.claim_from_queue_many`). Candidates come
 oldest-enqueued first; each claimer starts at a random one of the oldest
 :data:`QUEUE_SPREAD`, so concurrent workers do not all collide on the head of the queue.
 """
@@ -14,15 +16,25 @@ from typing import TYPE_CHECKING
 
 from ._waiting import wait_and_claim
 from .backend import Backend
-from .errors import ClaimTimeout, JobCompleted, JobFailed, UnsupportedOperation
-from .validation import check_queue_name, check_wait
+from .errors import (
+    ClaimTimeout,
+    JobCompleted,
+    JobFailed,
+    LeaseError,
+    LeaseLost,
+    StoreClosed,
+    StoreInherited,
+    UnsupportedOperation,
+)
+from .validation import check_count, check_queue_name, check_wait
 
 if TYPE_CHECKING:
     from ._holdings import Holdings
     from .lease import Lease
     from .session import Session
 
-__all__ = ["QUEUE_CANDIDATES", "QUEUE_READS", "QUEUE_RETRIES", "QUEUE_SPREAD", "claim_next"]
+__all__ = ["QUEUE_CANDIDATES", "QUEUE_READS", "QUEUE_RETRIES", "QUEUE_SPREAD", "claim_next",
+           "claim_next_many"]
 
 QUEUE_CANDIDATES = 32
 """How many claimable-looking jobs ``claim_next`` asks the store for at a time."""
@@ -62,6 +74,36 @@ def claim_next(
         session, lambda wake: backend.subscribe_queue(queue, wake), once, wait,
         lambda: ClaimTimeout(f"no job of queue {queue!r} became claimable in {wait} s"),
     )
+
+
+def claim_next_many(session: Session, holdings: Holdings, queue: str, n: int) -> list[Lease]:
+    """See :meth:`Session.claim_next_many`: one call of the driver per
+    ``capabilities.max_queue_claim_batch`` jobs, until ``n`` are claimed or a call
+    returns fewer than it was asked for."""
+    check_queue_name(queue)
+    count = check_count(n, "n")
+    backend, handle = session.backend, session.handle
+    if not backend.capabilities.queues:
+        raise UnsupportedOperation(f"the {backend.scheme} backend has no work queues")
+    step = max(1, backend.capabilities.max_queue_claim_batch)
+    leases: list[Lease] = []
+    while len(leases) < count:
+        want = min(step, count - len(leases))
+        try:
+            session.ensure_alive()
+            picks = holdings.liveness.call(
+                lambda w=want: backend.claim_from_queue_many(handle, queue, w))  # type: ignore[misc]
+        except (LeaseLost, StoreClosed, StoreInherited):
+            raise  # the session is over (with the leases of earlier calls), or unusable
+        except LeaseError:
+            if not leases:
+                raise
+            break  # the leases of earlier calls are held: hand them over
+        leases.extend(holdings.adopt(session, job_id, claim, payload, queue)
+                      for job_id, claim, payload in picks)
+        if len(picks) < want:
+            break
+    return leases
 
 
 def _claim_once(session: Session, holdings: Holdings, queue: str) -> Lease | None:

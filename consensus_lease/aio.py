@@ -377,6 +377,20 @@ class AsyncSession:
             )
         return None if lease is None else AsyncLease(lease, self)
 
+    async def claim_next_many(self, queue: str, n: int) -> list[AsyncLease]:
+        """See :meth:`Session.claim_next_many` (same arguments, answers and errors; no
+        waiting). Runs on one of the pool's claim threads; if this coroutine is cancelled
+        while the claim runs, the leases it obtains afterwards are released at once:
+        nobody holds a job that no caller received."""
+        workers = self.store.workers
+
+        def orphans(leases: list[Lease]) -> None:
+            for lease in leases:
+                workers.release_later(lease)
+
+        leases = await workers.limited(partial(self.sync.claim_next_many, queue, n), orphans)
+        return [AsyncLease(lease, self) for lease in leases]
+
     async def campaign(
         self, name: str, value: bytes = b"", *, wait_s: float | None = None
     ) -> AsyncLeadership | None:

@@ -110,6 +110,13 @@ class Capabilities:
             trip). ``False``: the default sends a completion, then claims (two or more
             round trips; a claim that fails after the completion committed returns no
             next job).
+        max_queue_claim_batch: most jobs one :meth:`Backend.claim_from_queue_many` call
+            claims from a queue; ``Session.claim_next_many`` splits a larger ``n`` into
+            calls of this size. Memory decides a call under its lock, SQLite in one
+            ``BEGIN IMMEDIATE`` transaction, PostgreSQL in one statement (``FOR UPDATE
+            SKIP LOCKED ... LIMIT n``). 1 means no batching (etcd, ZooKeeper): the
+            default :meth:`Backend.claim_from_queue_many` claims one job after the
+            other, a round trip (or more) each.
     """
 
     cross_process: bool
@@ -129,6 +136,7 @@ class Capabilities:
     transactions: bool = False
     max_complete_batch: int = 1
     fused_claim_next: bool = False
+    max_queue_claim_batch: int = 1
 
 
 CompleteItem = tuple[str, ClaimResult, bytes]
@@ -421,9 +429,10 @@ class Backend(abc.ABC):
             return record, None
 
     def _claim_queue_head(self, session: SessionHandle, queue: str) -> QueuePick | None:
-        """The looped claim of :meth:`complete_and_claim_next`'s default: a few tries of
-        the oldest claimable jobs (from a random one of the oldest 8, as
-        ``claim_next``), ``None`` if none was taken."""
+        """The looped claim of the defaults of :meth:`complete_and_claim_next` and
+        :meth:`claim_from_queue_many` (once per job): a few tries of the oldest
+        claimable jobs (from a random one of the oldest 8, as ``claim_next``), ``None``
+        if none was taken."""
         from .errors import JobCompleted, JobFailed
 
         if type(self).claim_from_queue is not Backend.claim_from_queue:
@@ -681,6 +690,60 @@ class Backend(abc.ABC):
             UnsupportedOperation: the default.
         """
         raise UnsupportedOperation(f"the {self.scheme} backend has no one-step queue claim")
+
+    def claim_from_queue_many(
+        self, session: SessionHandle, queue: str, n: int
+    ) -> list[QueuePick]:
+        """Claim up to ``n`` (an int >= 1, checked by the core; at most
+        ``capabilities.max_queue_claim_batch`` where that is above 1) of the oldest
+        claimable jobs of ``queue`` for ``session``, each by the rules of :meth:`claim`:
+        the store records owner and a generation above every earlier one of the job
+        (the fencing token), its clock decides expiry and retry delays, and a job whose
+        ``max_attempts`` are used up becomes FAILED instead (and is not returned).
+        Jobs held by a live session are skipped, and so are jobs other claimers are
+        taking at that moment (PostgreSQL: ``FOR UPDATE SKIP LOCKED``).
+
+        Returns:
+            ``(job_id, claim, payload)`` of each job claimed: distinct jobs, oldest
+            enqueued first where the store orders them; fewer than ``n`` when fewer
+            were claimable (or others took some meanwhile), ``[]`` when none was.
+
+        Drivers with ``capabilities.max_queue_claim_batch`` > 1 decide the call in one
+        atomic store operation (one round trip) and settle a lost answer by reading
+        back, never by re-sending blindly (PostgreSQL: see its driver). This default
+        claims one job after the other as ``claim_next`` does without waiting
+        (:meth:`claim_from_queue` where the driver has it, else :meth:`queue_candidates`
+        and :meth:`claim`, from a random one of the oldest 8 candidates, so not strictly
+        oldest first: two round trips or more per job), each claim settling its own
+        lost answer. An error after some jobs were claimed ends the call with those
+        (the error is not raised, but ``SessionExpired``: the session's end takes them).
+
+        Raises:
+            SessionExpired: the session is gone in the store; nothing is held
+                (``StoreRegressed``: the store went back).
+            BackendUnavailable / OutcomeUnknown: before any job was claimed; see
+                :mod:`consensus_lease.errors` (``OutcomeUnknown``: a claim may have been
+                made without a lease here; it stays the session's until the session
+                ends, and then its job is claimable again).
+            TokenSpaceExhausted: (ZooKeeper) as :meth:`claim`, before any job was
+                claimed.
+            UnsupportedOperation: the backend has no work queues.
+        """
+        if not self.capabilities.queues:
+            raise UnsupportedOperation(f"the {self.scheme} backend has no work queues")
+        picks: list[QueuePick] = []
+        try:
+            while len(picks) < n:
+                picked = self._claim_queue_head(session, queue)
+                if picked is None:
+                    break
+                picks.append(picked)
+        except SessionExpired:
+            raise
+        except LeaseError:  # the jobs claimed so far are held: hand them over
+            if not picks:
+                raise
+        return picks
 
     def queue_jobs(self, queue: str, limit: int | None = None) -> list[QueuedJob]:
         """Every job of ``queue`` (at most ``limit``), oldest enqueued first; an unknown

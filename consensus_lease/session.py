@@ -329,6 +329,57 @@ class Session:
             )
         return lease
 
+    def claim_next_many(self, queue: str, n: int) -> list[Lease]:
+        """Claim up to ``n`` of the oldest claimable jobs of the work queue ``queue``
+        (the jobs :meth:`claim_next` would take: unowned, released or expired, neither
+        completed nor FAILED, no retry delay running on the store's clock), without
+        waiting, in as few store round trips as the store allows. Each job is claimed
+        by the rules of :meth:`claim`: its own generation, strictly greater than every
+        earlier one of the job (the fencing token), its attempt counted; a job whose
+        ``max_attempts`` ran out is made FAILED on the way instead, and not returned.
+        Jobs held by a live session (this one included) are skipped, and so are jobs
+        other claimers are taking at that moment (PostgreSQL: ``FOR UPDATE SKIP
+        LOCKED``), so concurrent callers get different jobs.
+
+        Round trips: up to ``capabilities.max_queue_claim_batch`` jobs per call of the
+        driver, each call one atomic store operation: PostgreSQL one statement per
+        1,000 jobs (a re-run for the rest, at most twice, when a concurrent claimer won
+        a race for a picked job), SQLite one ``BEGIN IMMEDIATE`` transaction per 1,000,
+        memory one step under its lock. Where it is 1 (etcd, ZooKeeper) the jobs are
+        claimed one after the other as :meth:`claim_next` claims them: a read of the
+        candidates and a claim per job (more on collisions).
+
+        Args:
+            queue: the queue's name (the rules of job ids). An unknown or empty queue
+                simply has nothing to claim.
+            n: int >= 1 (not a ``bool``): the most jobs to claim.
+
+        Returns:
+            HELD :class:`Lease` objects of distinct jobs, registered with this session
+            as :meth:`claim_next`'s are (each with its ``payload``; each renews,
+            completes, releases and fails on its own), oldest enqueued first where the
+            store orders them (SQLite, PostgreSQL, memory); fewer than ``n`` when fewer
+            were claimable, ``[]`` when none was.
+
+        Raises:
+            InvalidArgument: bad queue name, or ``n`` not an int >= 1; nothing sent.
+            UnsupportedOperation: the backend has no work queues (``capabilities.queues``).
+            LeaseLost / SessionExpired: the session is over (also found by the store):
+                nothing is held, the leases of earlier calls of a split ``n`` included
+                (they are LOST with the session).
+            LeaseSuspended / BackendUnavailable: before any job was claimed; nothing is
+                held. Once a call of a split ``n`` claimed jobs, a later call's error
+                ends the claim with the leases obtained so far (returned, held).
+            OutcomeUnknown: the store's answer was lost and reading back could not tell
+                whether jobs were claimed (PostgreSQL: this session holds some job of the
+                queue); as for ``BackendUnavailable``. Jobs it may have claimed have no
+                lease here: they are never claimed twice, and become claimable again
+                when this session ends (close, or expiry).
+            StoreClosed / StoreInherited: the store was closed / this is a fork's child.
+        """
+        self._liveness.check_usable()
+        return _queue_claim.claim_next_many(self, self._holdings, queue, n)
+
     @overload
     def campaign(self, name: str, value: bytes = b"", *, wait_s: None = None
                  ) -> Leadership | None: ...

@@ -11,6 +11,7 @@ from .errors import InvalidArgument
 __all__ = [
     "MAX_ELECTION_NAME_BYTES",
     "MAX_JOB_ID_BYTES",
+    "check_count",
     "check_election_name",
     "check_job_id",
     "check_limit",
@@ -145,6 +146,14 @@ def check_limit(limit: object) -> int | None:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
         raise InvalidArgument(f"limit must be None or an int >= 0, got {limit!r}")
     return limit
+
+
+def check_count(value: object, name: str) -> int:
+    """Return ``value`` if it is an int >= 1 (a ``bool`` is refused: ``True`` is no
+    count)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgument(f"{name} must be an int >= 1, got {value!r}")
+    return value
 
 
 def check_wait(wait_s: object, name: str = "wait_s") -> float:

@@ -26,7 +26,8 @@ and ``queue_stats`` costs O(jobs with a holder recorded), whatever the depth.
 atomically. Capacity (``capabilities.max_queue_jobs`` is ``None``): no limit is enforced;
 a queue is bounded by the process's memory (about 1 KB per job plus its payload).
 ``complete_many`` (up to ``max_complete_batch``, 1,000,000) and
-``complete_and_claim_next`` (``fused_claim_next``) run under the one lock: one atomic step.
+``complete_and_claim_next`` (``fused_claim_next``) run under the one lock: one atomic step,
+and so does ``claim_from_queue_many`` (up to ``max_queue_claim_batch``, 1,000,000 jobs).
 
 Options (keyword arguments of ``open_store``; anything else is ``InvalidArgument``, see
 :mod:`consensus_lease.options`):
@@ -156,6 +157,7 @@ class MemoryBackend(Backend):
         max_queue_jobs=None,
         max_complete_batch=1_000_000,
         fused_claim_next=True,
+        max_queue_claim_batch=1_000_000,
     )
     poll_interval_s = 0.02
 
@@ -414,6 +416,32 @@ class MemoryBackend(Backend):
                 if got is not None:
                     return record, (next_id, got, job.payload)
                 return record, None  # cannot happen under the lock; no guessing
+
+    def claim_from_queue_many(
+        self, session: SessionHandle, queue: str, n: int
+    ) -> list[QueuePick]:
+        """Up to ``n`` of the oldest claimable jobs of ``queue``, each claimed by
+        :meth:`claim`, under the one lock (one atomic step); a job whose attempts ran
+        out on the way becomes FAILED and the walk goes on."""
+        picks: list[QueuePick] = []
+        with self._cond:
+            self._require_alive(session)
+            while len(picks) < n:
+                head = self._claimable(queue, n - len(picks))
+                if not head:
+                    break
+                failed = 0
+                for next_id, job in head:
+                    try:
+                        got = self.claim(session, next_id)
+                    except JobFailed:  # its attempts ran out: FAILED now, off the open list
+                        failed += 1
+                        continue
+                    if got is not None:  # always, under the lock
+                        picks.append((next_id, got, job.payload))
+                if not failed:
+                    break  # each of head was claimed: n reached, or nothing more there
+        return picks
 
     def release(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> None:
         generation = claim.generation

@@ -71,6 +71,7 @@ from .conformance_depth import QueueDepthConformance
 from .conformance_election import ElectionConformance
 from .conformance_epoch import EpochConformance
 from .conformance_lifecycle import LifecycleConformance
+from .conformance_queue_batch import QueueBatchConformance
 from .conformance_regression import RegressionConformance
 from .conformance_transactions import TransactionConformance
 from .conformance_usage import UsageConformance
@@ -113,7 +114,7 @@ session.close()
 class BackendConformance(
     LifecycleConformance, EpochConformance, UsageConformance, AsyncConformance,
     ElectionConformance, BatchConformance, QueueDepthConformance, RegressionConformance,
-    TransactionConformance, CompletionConformance,
+    TransactionConformance, CompletionConformance, QueueBatchConformance,
 ):
     """The suite. See the module docstring for the hooks."""
 

@@ -2,7 +2,8 @@
 
 :func:`run_differential` drives a real store driver (:class:`~consensus_lease.backend.Backend`)
 and the model's store rules (:mod:`consensus_lease.model.store`) with the same random
-operations: open a session, ``claim``, ``claim_next`` (stores with queues), ``renew``,
+operations: open a session, ``claim``, ``claim_next`` (stores with queues; with
+``queue_batches=True`` also its batch, ``claim_from_queue_many``), ``renew``,
 ``complete``, ``release``, ``fail`` (no retry delay), close a session, expire a session
 (the driver's ``expire_session`` test hook, when it has one) — each on any claim made
 so far, stale ones included. After each operation the store's answer (success, ``None``,
@@ -222,6 +223,32 @@ class _Machine(RuleBasedStateMachine):
         self.touched.clear()
 
 
+class _BatchMachine(_Machine):
+    """:class:`_Machine` with the batched queue claim as one more rule."""
+
+    @precondition(lambda self: self.queues)
+    @rule(s=st.integers(0, MAX_SESSIONS - 1), n=st.integers(1, len(QUEUED) + 1))
+    def claim_next_many(self, s: int, n: int) -> None:
+        """``min(n, claimable)`` distinct claimable jobs (a batch is never cut short
+        without others claiming); the oldest ones where the store orders a batch."""
+        if not self._live(s):
+            return
+        claimable = [j for j in self.queued if self.model.state(j) is JobState.AVAILABLE]
+        self.touched.update(self.queued)
+        size = min(n, self.backend.capabilities.max_queue_claim_batch)
+        got = self.backend.claim_from_queue_many(self.sessions[s], self.queue, size)
+        jobs = [job for job, _, _ in got]
+        assert len(set(jobs)) == len(jobs) == min(size, len(claimable)) and set(
+            jobs) <= set(claimable), (
+            f"claim_next_many({size}) by session {s} took {jobs}; model: {claimable}")
+        if self.backend.capabilities.max_queue_claim_batch > 1:
+            assert jobs == claimable[: len(jobs)], (
+                f"claim_next_many({size}) took {jobs}, not the oldest of {claimable}")
+        for job, result, _ in got:
+            after, _ = claim(self.model.record(job), s, 0, 1, frozenset())
+            self._claimed(s, job, result, after)
+
+
 def _claim_next(backend: Backend, session: SessionHandle, queue: str
                 ) -> tuple[str, ClaimResult] | None:
     """The store's one-step queue claim, or its candidates claimed one by one (what
@@ -243,7 +270,8 @@ def _claim_next(backend: Backend, session: SessionHandle, queue: str
 
 
 def run_differential(open_backend: OpenBackend, *, examples: int = 200, steps: int = 25,
-                     shrink: bool = True, close: bool = True) -> None:
+                     shrink: bool = True, close: bool = True,
+                     queue_batches: bool = False) -> None:
     """Run ``examples`` random sequences of up to ``steps`` operations against the
     model, each on the driver ``open_backend()`` returns; raise AssertionError on the
     first disagreement (shrunk to a minimal sequence unless ``shrink`` is false).
@@ -251,8 +279,12 @@ def run_differential(open_backend: OpenBackend, *, examples: int = 200, steps: i
     Each sequence uses job and queue names of its own and closes the sessions it opened,
     so ``open_backend`` may return one shared driver every time (then pass ``close=False``,
     and close it yourself): cheaper on a server than fresh data per sequence.
-    ``close=True`` closes each driver after its sequence."""
-    machine = type("DifferentialMachine", (_Machine,), {
+    ``close=True`` closes each driver after its sequence. ``queue_batches=True`` adds
+    the batched queue claim (``claim_from_queue_many``, up to
+    ``capabilities.max_queue_claim_batch``) to the operations: a sequence of its own (the
+    default keeps the sequences it always ran)."""
+    base = _BatchMachine if queue_batches else _Machine
+    machine = type("DifferentialMachine", (base,), {
         "open_backend": staticmethod(open_backend), "close_backend": close})
     phases = [Phase.generate, Phase.shrink] if shrink else [Phase.generate]
     machine.TestCase.settings = settings(  # type: ignore[attr-defined]

@@ -1,7 +1,8 @@
 """The differential test (consensus_lease.testing.differential) on the server stores:
 PostgreSQL (``CONSENSUS_LEASE_POSTGRES_URL``), etcd (a local member) and ZooKeeper (the
 ensemble of the ZooKeeper suites, ``zk_target``). 200 random sequences each, 0
-disagreements with the model. One store per test (a schema, a key prefix, a chroot),
+disagreements with the model; on PostgreSQL 200 more with its batched queue claim among
+the operations. One store per test (a schema, a key prefix, a chroot),
 shared by its sequences: each uses job and queue names of its own."""
 
 from __future__ import annotations
@@ -36,6 +37,13 @@ def test_postgresql_agrees_with_the_model() -> None:
     base = postgres_url()
     with fresh_schema(base) as schema:
         _run(open_store(f"{base}?schema={schema}"))
+
+
+def test_postgresql_queue_batches_agree_with_the_model() -> None:
+    base = postgres_url()
+    with fresh_schema(base) as schema, open_store(f"{base}?schema={schema}") as store:
+        run_differential(lambda: store.backend, examples=EXAMPLES, steps=STEPS, close=False,
+                         queue_batches=True)
 
 
 def test_etcd_agrees_with_the_model(local_etcd: LocalEtcd) -> None:

@@ -29,10 +29,12 @@ from consensus_lease.errors import (
     InvalidArgument,
     JobCompleted,
     JobFailed,
+    OutcomeUnknown,
     SessionExpired,
     StoreRegressed,
 )
 from consensus_lease.record import ClaimResult
+from consensus_lease.states import SessionState
 from consensus_lease.testing.conformance import poll_until
 from consensus_lease.testing.postgresql import fresh_schema, postgres_url
 
@@ -511,18 +513,19 @@ def test_a_session_row_collected_long_after_its_expiry_frees_its_jobs(
 
 
 def test_claim_next_reads_only_exhausted_jobs_to_fail_them(store: LeaseStore, base: str) -> None:
-    """``claim_next`` fails the exhausted jobs at the queue's head through the partial
-    index, not by reading every open job: the plan of its statement on a queue of 2,000
-    open jobs uses ``cl_jobs_exhausted_by_queue``."""
+    """``claim_next`` (and ``claim_next_many``) fails the exhausted jobs at the queue's
+    head through the partial index, not by reading every open job: the plan of its
+    statement on a queue of 2,000 open jobs uses ``cl_jobs_exhausted_by_queue``."""
     b = backend_of(store)
     for start in range(0, 2000, 1000):
         store.enqueue_many("deep", [f"d{i:05d}" for i in range(start, start + 1000)])
     with psycopg.connect(base, autocommit=True) as side:
         side.execute(f"ANALYZE {b.names.jobs}")
-        plan = "\n".join(r[0] for r in side.execute(
-            "EXPLAIN " + b.sql.claim_from_queue,
-            {"queue": "deep", "sid": "nobody", "owner": "nobody"}).fetchall())
-    assert "cl_jobs_exhausted_by_queue" in plan
+        for sql in (b.sql.claim_from_queue, b.sql.claim_from_queue_many):
+            plan = "\n".join(r[0] for r in side.execute(
+                "EXPLAIN " + sql, {"queue": "deep", "sid": "nobody", "owner": "nobody",
+                                   "n": 100, "mine": []}).fetchall())
+            assert "cl_jobs_exhausted_by_queue" in plan
 
 
 def _listener_pids(base: str, channel: str) -> set[int]:
@@ -730,6 +733,7 @@ _PARAM = re.compile(r"%\((\w+)\)[sb]")
 _PARAM_TYPES = {
     "job": "text", "owner": "text", "sid": "text", "gen": "int8", "epoch": "int8",
     "result": "bytea", "chan": "text", "jobs": "text[]", "queue": "text", "limit": "int8",
+    "n": "int8", "mine": "text[]",
 }
 
 
@@ -745,7 +749,7 @@ def test_on_a_never_analysed_store_the_hot_statements_use_the_keys(
     session = store.session("w", ttl_s=30.0)
     values = {"job": "j", "owner": "w", "sid": session.session_id, "gen": 1, "epoch": 0,
               "result": b"", "chan": b.names.channel, "jobs": ["a", "b"], "queue": "q",
-              "limit": 5}
+              "limit": 5, "n": 100, "mine": ["a"]}
     with psycopg.connect(base, autocommit=True, cursor_factory=psycopg.ClientCursor) as c:
         assert c.execute(
             "SELECT count(*) FROM pg_stat_user_tables WHERE schemaname = %s AND "
@@ -753,7 +757,8 @@ def test_on_a_never_analysed_store_the_hot_statements_use_the_keys(
         ).fetchone() == (0,)
         c.execute(f"SET plan_cache_mode = {mode}")
         plans = {}
-        for name in ("claim", "complete", "claim_from_queue", "claim_many", "refusal"):
+        for name in ("claim", "complete", "claim_from_queue", "claim_from_queue_many",
+                     "claim_many", "refusal"):
             order: list[str] = []
 
             def number(m: re.Match[str], order: list[str] = order) -> str:
@@ -772,6 +777,7 @@ def test_on_a_never_analysed_store_the_hot_statements_use_the_keys(
     assert "Index Scan using cl_jobs_pkey" in plans["complete"]
     assert "Index Scan using cl_sessions_pkey" in plans["claim"]
     assert "Index Scan using cl_jobs_open_by_queue" in plans["claim_from_queue"]
+    assert "Index Scan using cl_jobs_open_by_queue" in plans["claim_from_queue_many"]
 
 
 def test_the_postgres_scheme_is_libpqs_other_spelling(url: str) -> None:
@@ -785,3 +791,44 @@ def test_the_postgres_scheme_is_libpqs_other_spelling(url: str) -> None:
         record = canonical.get("spelled")
         assert record is not None and record.generation == lease.generation
         lease.complete()
+
+
+def test_claim_next_many_lost_answer_is_settled_by_reading_back(
+    store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The answer of ``claim_next_many``'s statement is lost (the connection broke after
+    it was sent). Not applied: the read-back finds no job of the queue held by the
+    session and the statement runs once more (the jobs are claimed once). Applied: the
+    read-back finds the session holding a job of the queue and raises ``OutcomeUnknown``;
+    the job stays the session's (never claimed by anyone else meanwhile) until the
+    session ends, then it is claimable again."""
+    b = backend_of(store)
+    store.enqueue_many("lost", ["l1", "l2", "l3"])
+    session = store.session("W", 30.0)
+    write = b.client.write
+    applied = [False]
+
+    def lossy(job_id: str | None, run: Any, settle: Any = None) -> Any:
+        if settle is None or not run.__qualname__.startswith("_claim_many_rows."):
+            return write(job_id, run, settle)
+        if applied[0]:
+            write(job_id, run)  # committed, then the answer is lost
+        return settle()
+
+    monkeypatch.setattr(b.client, "write", lossy)
+    leases = session.claim_next_many("lost", 2)
+    assert [lease.job_id for lease in leases] == ["l1", "l2"]
+    assert all(lease.generation == 1 for lease in leases)
+    applied[0] = True
+    with pytest.raises(OutcomeUnknown):
+        session.claim_next_many("lost", 1)
+    assert session.state is SessionState.ACTIVE and len(session.leases()) == 2
+    record = store.get("l3")
+    assert record is not None and record.state is JobState.HELD and record.owner == "W"
+    monkeypatch.undo()
+    other = store.session("O", 30.0)
+    assert other.claim_next_many("lost", 3) == []
+    session.close()
+    again = other.claim_next_many("lost", 3)
+    assert sorted(lease.job_id for lease in again) == ["l1", "l2", "l3"]
+    other.close()

@@ -98,6 +98,7 @@ def test_a_promoted_lagging_standby_is_store_regressed_until_bump_epoch(
         assert regressed(lambda: b.claim(h, "lost0"))
         assert regressed(lambda: b.claim_many(h, ["new", "lost1", "busy"]))
         assert regressed(lambda: b.claim_from_queue(h, "q"))
+        assert regressed(lambda: b.claim_from_queue_many(h, "q", 3))
         assert regressed(lambda: b.keepalive(h))
         assert regressed(lambda: b.complete(holder.handle, "held", held.claim_result, b"late"))
         assert regressed(lambda: b.renew(holder.handle, "held", held.claim_result))
@@ -112,6 +113,7 @@ def test_a_promoted_lagging_standby_is_store_regressed_until_bump_epoch(
         fb = fresh.backend
         assert regressed(lambda: fb.claim(h, "new"))
         assert regressed(lambda: fb.claim_from_queue(h, "q"))
+        assert regressed(lambda: fb.claim_from_queue_many(h, "q", 3))
         assert regressed(lambda: fb.claim_many(h, ["new", "lost2"]))
 
         # bump-epoch (as the command does it: a store opened on the URL, bump_epoch).

@@ -1,6 +1,8 @@
-"""The looped defaults of ``Backend.complete_many`` and ``Backend.complete_and_claim_next``
-(for stores that cannot do them in one round trip) keep the rules of the native ones:
-the completion conformance cases on a memory store stripped of its native versions."""
+"""The looped defaults of ``Backend.complete_many``, ``Backend.complete_and_claim_next``
+and ``Backend.claim_from_queue_many`` (for stores that cannot do them in one round trip:
+etcd, ZooKeeper) keep the rules of the native ones: the completion and ``claim_next_many``
+conformance cases on a memory store stripped of its native versions, and what the
+defaults do when the store fails part-way."""
 
 from __future__ import annotations
 
@@ -13,23 +15,27 @@ import pytest
 from consensus_lease import LeaseStore
 from consensus_lease.backend import Backend
 from consensus_lease.backends.memory import MemoryBackend
-from consensus_lease.errors import BackendUnavailable
-from consensus_lease.record import JobState
+from consensus_lease.errors import BackendUnavailable, SessionExpired
+from consensus_lease.record import ClaimResult, JobState
 from consensus_lease.session import Session
-from consensus_lease.states import LeaseState
+from consensus_lease.states import LeaseState, SessionState
 from consensus_lease.testing.conformance_completion import CompletionConformance
+from consensus_lease.testing.conformance_queue_batch import QueueBatchConformance
 
 
 class LoopedMemory(MemoryBackend):
-    """A memory store that completes one job per call, as a store without batching."""
+    """A memory store that completes one job per call and claims one queue job per call,
+    as a store without batching."""
 
     capabilities = dataclasses.replace(
-        MemoryBackend.capabilities, max_complete_batch=1, fused_claim_next=False)
+        MemoryBackend.capabilities, max_complete_batch=1, fused_claim_next=False,
+        max_queue_claim_batch=1)
     complete_many = Backend.complete_many  # type: ignore[assignment]
     complete_and_claim_next = Backend.complete_and_claim_next  # type: ignore[assignment]
+    claim_from_queue_many = Backend.claim_from_queue_many  # type: ignore[assignment]
 
 
-class TestLoopedDefaults(CompletionConformance):
+class TestLoopedDefaults(CompletionConformance, QueueBatchConformance):
     @pytest.fixture
     def store(self) -> Iterator[LeaseStore]:
         store = LeaseStore(LoopedMemory())
@@ -53,6 +59,9 @@ class TestLoopedDefaults(CompletionConformance):
 
     def expire(self, store: LeaseStore, session: Session) -> None:
         store.backend.expire_session(session.session_id)  # type: ignore[attr-defined]
+
+    def _assert_newer(self, store: LeaseStore, old: int, new: int) -> None:
+        assert new == old + 1
 
 
 def test_looped_fused_claim_failing_after_the_completion_returns_no_lease(
@@ -78,3 +87,75 @@ def test_looped_fused_claim_failing_after_the_completion_returns_no_lease(
         assert waiting is not None and waiting.state is JobState.AVAILABLE
     finally:
         store.close()
+
+
+@pytest.fixture
+def looped() -> Iterator[tuple[LoopedMemory, LeaseStore, Session]]:
+    """A looped store with four jobs in queue ``q``, and a session on it."""
+    backend = LoopedMemory()
+    store = LeaseStore(backend)
+    try:
+        store.enqueue_many("q", ["a", "b", "c", "d"])
+        yield backend, store, store.session("W", 30.0)
+    finally:
+        store.close()
+
+
+def _failing_claims(backend: MemoryBackend, after: int, error: Exception) -> None:
+    """Make ``backend.claim`` raise ``error`` once ``after`` claims went through."""
+    inner = backend.claim
+    made = [0]
+
+    def claim(session: Any, job_id: str) -> ClaimResult | None:
+        if made[0] >= after:
+            raise error
+        made[0] += 1
+        return inner(session, job_id)
+
+    backend.claim = claim  # type: ignore[method-assign]
+
+
+def test_looped_queue_claim_hands_over_the_jobs_claimed_before_an_error(
+    looped: tuple[LoopedMemory, LeaseStore, Session],
+) -> None:
+    """The store stops answering after two claims: the two are returned (held), the
+    error is not raised; with none claimed it is."""
+    backend, store, session = looped
+    _failing_claims(backend, 2, BackendUnavailable("store unreachable"))
+    picks = backend.claim_from_queue_many(session.handle, "q", 4)
+    assert len(picks) == 2
+    for job_id, claim, _ in picks:
+        record = store.get(job_id)
+        assert record is not None and record.state is JobState.HELD
+        assert record.generation == claim.generation
+    with pytest.raises(BackendUnavailable):
+        backend.claim_from_queue_many(session.handle, "q", 2)
+
+
+def test_looped_queue_claim_raises_session_expired_even_after_claims(
+    looped: tuple[LoopedMemory, LeaseStore, Session],
+) -> None:
+    """The session's end is raised whatever was claimed before (its jobs go with it),
+    and through ``claim_next_many`` it loses the session."""
+    backend, _, session = looped
+    _failing_claims(backend, 1, SessionExpired("expired in the store"))
+    with pytest.raises(SessionExpired):
+        session.claim_next_many("q", 3)
+    assert session.state is SessionState.LOST and session.leases() == []
+
+
+def test_split_claim_next_many_returns_the_leases_of_earlier_calls_after_an_error(
+    looped: tuple[LoopedMemory, LeaseStore, Session],
+) -> None:
+    """``n`` split into calls of one job: the store stops answering at the third call;
+    the two leases claimed are returned HELD and registered, the error not raised; a
+    claim that fails before any job was claimed raises it."""
+    backend, _, session = looped
+    _failing_claims(backend, 2, BackendUnavailable("store unreachable"))
+    leases = session.claim_next_many("q", 4)
+    assert len(leases) == 2 and set(session.leases()) == set(leases)
+    for lease in leases:
+        lease.ensure_held()
+    with pytest.raises(BackendUnavailable):
+        session.claim_next_many("q", 2)
+    assert session.state is SessionState.ACTIVE and len(session.leases()) == 2

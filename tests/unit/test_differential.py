@@ -1,6 +1,7 @@
 """The differential test (consensus_lease.testing.differential) on the memory and SQLite
-stores: 200 random sequences each, 0 disagreements with the model; and a memory store
-that accepts a stale complete is caught."""
+stores: 200 random sequences each, 0 disagreements with the model (and 200 more with
+the batched queue claim among the operations, natively and by the looped default); and
+a memory store that accepts a stale complete is caught."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from consensus_lease import open_store
-from consensus_lease.backend import SessionHandle
+from consensus_lease.backend import Backend, SessionHandle
 from consensus_lease.backends.memory import MemoryBackend
 from consensus_lease.record import ClaimResult, LeaseRecord
 from consensus_lease.testing.differential import run_differential
@@ -23,6 +24,23 @@ def test_memory_store_agrees_with_the_model() -> None:
 def test_sqlite_store_agrees_with_the_model(tmp_path: Path) -> None:
     with open_store(f"sqlite:///{tmp_path / 'diff.db'}") as store:  # one file, shared
         run_differential(lambda: store.backend, close=False)
+
+
+class LoopedQueueMemory(MemoryBackend):
+    """A memory store that claims a queue batch with the looped default."""
+
+    capabilities = dataclasses.replace(MemoryBackend.capabilities, max_queue_claim_batch=1)
+    claim_from_queue_many = Backend.claim_from_queue_many  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize("backend", [MemoryBackend, LoopedQueueMemory])
+def test_memory_queue_batches_agree_with_the_model(backend: type[MemoryBackend]) -> None:
+    run_differential(lambda: backend.from_url("memory://", {}), queue_batches=True)
+
+
+def test_sqlite_queue_batches_agree_with_the_model(tmp_path: Path) -> None:
+    with open_store(f"sqlite:///{tmp_path / 'diff.db'}") as store:
+        run_differential(lambda: store.backend, close=False, queue_batches=True)
 
 
 class StaleCompleteMemory(MemoryBackend):

@@ -106,8 +106,8 @@ deleted by their lease's expiry). Payloads are limited to 1 MiB (``max_payload_b
 under etcd's default ``--max-request-bytes`` of 1.5 MiB, with room for the keys; a
 server configured lower refuses larger enqueues with ``InvalidArgument``.
 
-``complete_many`` (``max_complete_batch`` 100; see :mod:`._jobs_complete_many`) decides up to 100
-completions in **one transaction**: it has no compares, and its ``success`` branch holds
+``complete_many`` (``max_complete_batch`` 100; see :mod:`._jobs_complete_many`) decides
+up to 100 completions in **one transaction**: it has no compares, and its ``success`` branch holds
 one nested transaction (``RequestOp.request_txn``, etcd 3.3+) per item, which is the
 transaction of that item's lone completion, with its own ownership compares; etcd
 decides each nested transaction by its own compares, so a stale or expired item takes
@@ -126,7 +126,9 @@ learnt from its first refusal) and to 1 MiB of nested transactions (under the de
 ``--max-request-bytes``); a claim whose handle does not know the job's queue has its
 queue marker read first, for all such items in one read. ``complete_and_claim_next`` is
 the looped default of :class:`~consensus_lease.backend.Backend` (``fused_claim_next``
-false): a completion transaction, then ``claim_next``'s reads and claim.
+false): a completion transaction, then ``claim_next``'s reads and claim;
+``claim_from_queue_many`` (``claim_next_many``) is the looped default too
+(``max_queue_claim_batch`` 1): ``claim_next``'s reads and claim per job.
 
 Job lifecycle (attempts, ``fail``, retry delays, FAILED, ``requeue``; see
 :mod:`._jobs_attempts` and :mod:`._jobs_fail`):

@@ -94,6 +94,7 @@ class EtcdBackend(Backend):
         epoch=True,
         regression_refusal=True,
         elections=True,
+        max_queue_claim_batch=1,  # claim_next_many: the looped default, a claim per job
     )
     epoch_shift: ClassVar[int] = _tokens.EPOCH_SHIFT
     keepalive_batch: ClassVar[int] = 128

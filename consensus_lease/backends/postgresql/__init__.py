@@ -79,7 +79,9 @@ How the protocol maps onto PostgreSQL (the same tables as the SQLite store,
   ``queue_stats`` is one statement: HELD from the live sessions' jobs, the other counts
   from one pass over the queue's rows inside the server, so it is O(jobs in the queue,
   completed ones until ``purge``) — measured about 20 ms at 100,000 jobs on a 2-core VM.
-  ``enqueue_many`` takes up to 1,000 jobs per call, one transaction.
+  ``enqueue_many`` takes up to 1,000 jobs per call, one transaction. ``claim_next_many``
+  (``claim_from_queue_many``) claims up to ``max_queue_claim_batch`` (1,000) jobs in one
+  statement: ``claim_next``'s, with ``LIMIT n`` on its ``FOR UPDATE SKIP LOCKED`` pick.
 
 What transactional fencing guarantees (effects *inside this database*; the code, and what
 it costs: :mod:`._transport_txn`):

@@ -247,6 +247,29 @@ class Statements:
             f"{self.my_alive}, (SELECT count(*) FROM dead) FROM (SELECT 1) one "
             "LEFT JOIN pick p ON true LEFT JOIN u ON true"
         )
+        # claim_next_many: the same parts with the pick LIMIT %(n)s (SKIP LOCKED: rows
+        # others lock are passed over, not counted): one row per job claimed, oldest
+        # first, or one row of NULLs; each row also says whether the session is alive,
+        # how many exhausted jobs became FAILED and how many rows were picked (more than
+        # were claimed: a re-check lost a race).
+        many = self.claim_from_queue.replace(
+            "ORDER BY j.seq LIMIT 1 FOR UPDATE SKIP LOCKED",
+            "ORDER BY j.seq LIMIT %(n)s FOR UPDATE SKIP LOCKED", 1)
+        many = many.replace("RETURNING j.generation, j.attempt,",
+                            "RETURNING j.job_id, j.seq, j.generation, j.attempt,", 1)
+        many = many.replace(
+            "SELECT p.job_id, u.generation,", "SELECT u.job_id, u.generation,", 1)
+        many = many.replace(
+            "(SELECT count(*) FROM dead) FROM (SELECT 1) one "
+            "LEFT JOIN pick p ON true LEFT JOIN u ON true",
+            "(SELECT count(*) FROM dead), (SELECT count(*) FROM pick) FROM (SELECT 1) one "
+            "LEFT JOIN u ON true ORDER BY u.seq", 1)
+        assert "%(n)s" in many and "u.job_id" in many and "ORDER BY u.seq" in many
+        self.claim_from_queue_many = many
+        self.held_in_queue = (
+            f"SELECT 1 FROM {j} WHERE queue = %(queue)s AND session_id = %(sid)s "
+            "AND completed_at IS NULL AND NOT job_id = ANY(%(mine)s::text[]) LIMIT 1"
+        )
 
     def _completions(self, n: Names) -> None:
         j = n.jobs

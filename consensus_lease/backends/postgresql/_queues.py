@@ -1,7 +1,7 @@
 """Work queues of the PostgreSQL store (the package docstring,
 :mod:`consensus_lease.backends.postgresql`, tells how a queue maps onto ``cl_jobs`` and
-what its reads cost): the enqueue batch, ``claim_next``'s one statement, the fused
-completion and claim, the reads and ``purge``."""
+what its reads cost): the enqueue batch, ``claim_next``'s one statement and its batch
+(``claim_next_many``), the fused completion and claim, the reads and ``purge``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..._epoch import compose, split
 from ...backend import QueuePick, SessionHandle
-from ...errors import InvalidArgument, LeaseError, OutcomeUnknown, StoreRegressed
+from ...errors import (
+    BackendUnavailable,
+    InvalidArgument,
+    LeaseError,
+    OutcomeUnknown,
+    StoreRegressed,
+)
 from ...record import ClaimResult, EnqueueItem, LeaseRecord, QueuedJob, QueueStats
 from . import _jobs, _tokens
 from ._layout import NOW, to_record
@@ -20,8 +26,13 @@ if TYPE_CHECKING:
 
     from .driver import PostgresBackend
 
-__all__ = ["claim_from_queue", "complete_and_claim_next", "enqueue", "enqueue_many", "purge",
-           "queue_candidates", "queue_jobs", "queue_stats"]
+__all__ = ["claim_from_queue", "claim_from_queue_many", "complete_and_claim_next", "enqueue",
+           "enqueue_many", "purge", "queue_candidates", "queue_jobs", "queue_stats"]
+
+QUEUE_MANY_RUNS = 3
+"""Most statements one ``claim_from_queue_many`` call runs: another only while the last one
+picked more jobs than it claimed (a re-check lost a race) and fewer than ``n`` were
+claimed."""
 
 
 def enqueue(
@@ -128,6 +139,73 @@ def claim_from_queue(
     claim = ClaimResult(compose(int(epoch), int(local), b.epoch_shift),
                         float(expires_at), int(attempt))
     return job_id, claim, bytes(payload or b"")
+
+
+def claim_from_queue_many(
+    b: PostgresBackend, session: SessionHandle, queue: str, n: int
+) -> list[QueuePick]:
+    """Up to ``n`` (at most ``max_queue_claim_batch``) of the oldest claimable jobs of
+    ``queue`` (see :meth:`Backend.claim_from_queue_many`) in **one statement** (one round
+    trip, one transaction): :func:`claim_from_queue`'s statement with the pick
+    ``ORDER BY seq LIMIT n FOR UPDATE SKIP LOCKED`` (concurrent claimers take different
+    jobs; exhausted jobs at the head FAILED in it). When some picked jobs' re-check lost
+    a race, the statement runs again for the rest, up to :data:`QUEUE_MANY_RUNS` times.
+
+    A lost answer is settled by reading back whether this session now holds a job of the
+    queue other than those this call already claimed: none, the statement did not apply
+    and runs once more; one, ``OutcomeUnknown`` (which jobs are new cannot be told from
+    the rows; they have no lease here and stay the session's until it ends, then are
+    claimable again: never claimed twice). An error of a later run returns the jobs the
+    earlier runs claimed instead.
+
+    Raises:
+        SessionExpired: the session is not alive in the store; nothing claimed.
+        StoreRegressed: the server is not the store's any more (failover, restore).
+        BackendUnavailable / OutcomeUnknown: of the first run (see above).
+    """
+    picks: list[QueuePick] = []
+    for _ in range(QUEUE_MANY_RUNS):
+        try:
+            rows = _claim_many_rows(b, session, queue, n - len(picks), [p[0] for p in picks])
+        except BackendUnavailable:
+            if not picks:
+                raise
+            return picks  # the jobs claimed so far are held: hand them over
+        alive, dead, picked = rows[0][6:9]
+        if dead:
+            b.wake_subscribers()  # waiters on those jobs learn they FAILED
+        claimed = [r for r in rows if r[0] is not None]
+        if not claimed and not alive:  # not alive here: why (a failover: StoreRegressed)
+            raise _tokens.expired(b, session.session_id)
+        for job_id, local, attempt, epoch, payload, expires_at, *_ in claimed:
+            claim = ClaimResult(compose(int(epoch), int(local), b.epoch_shift),
+                                float(expires_at), int(attempt))
+            picks.append((job_id, claim, bytes(payload or b"")))
+        if len(picks) >= n or picked <= len(claimed):
+            break
+    return picks
+
+
+def _claim_many_rows(
+    b: PostgresBackend, session: SessionHandle, queue: str, n: int, mine: list[str]
+) -> list[tuple[Any, ...]]:
+    """One run of the statement of :func:`claim_from_queue_many` for ``n`` jobs; ``mine``:
+    the jobs of the queue the call already claimed (left out of the read-back)."""
+    params = {"queue": queue, "sid": session.session_id, "owner": session.owner, "n": n,
+              "mine": mine}
+
+    def run(c: psycopg.Connection[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        return c.execute(b.sql.claim_from_queue_many, params).fetchall()
+
+    def settle() -> list[tuple[Any, ...]]:
+        if b.client.one(b.sql.held_in_queue, params) is not None:
+            raise OutcomeUnknown(
+                f"claim_next_many({queue!r}): the answer was lost and session "
+                f"{session.session_id} holds a job of the queue, perhaps from this claim "
+                "(without a lease here: it is handed back when the session ends)")
+        return b.client.write(None, run)  # not applied: once more
+
+    return b.client.write(None, run, settle)
 
 
 def complete_and_claim_next(

@@ -66,6 +66,7 @@ class PostgresBackend(Backend):
         max_batch_claim=_config.MAX_BATCH_CLAIM,
         max_complete_batch=_config.MAX_BATCH_CLAIM,
         fused_claim_next=True,
+        max_queue_claim_batch=_config.MAX_BATCH_CLAIM,
         queues=True,
         max_payload_bytes=16 * 1024 * 1024,
         description="PostgreSQL database (LISTEN/NOTIFY, server clock)",
@@ -198,6 +199,11 @@ class PostgresBackend(Backend):
         self, session: SessionHandle, queue: str
     ) -> tuple[str, ClaimResult | None, bytes] | None:
         return _queues.claim_from_queue(self, session, queue)
+
+    def claim_from_queue_many(
+        self, session: SessionHandle, queue: str, n: int
+    ) -> list[QueuePick]:
+        return _queues.claim_from_queue_many(self, session, queue, n)
 
     def complete_and_claim_next(
         self, session: SessionHandle, job_id: str, claim: ClaimResult, result: bytes,

@@ -67,8 +67,10 @@ How the protocol maps onto SQLite:
   IMMEDIATE`` transaction per ``max_complete_batch`` (1,000) completions, each by the
   statement ``complete`` runs with its own outcome; ``complete_and_claim_next`` one
   transaction: the completion, then the claim statement on the oldest claimable job of
-  the queue (``fused_claim_next``). ``queue_stats`` is one statement:
-  the per-queue counts of jobs, COMPLETED and FAILED ones in ``cl_queue_counts``, kept
+  the queue (``fused_claim_next``); ``claim_from_queue_many`` (``claim_next_many``) one
+  transaction per ``max_queue_claim_batch`` (1,000) jobs: the oldest claimable ones read
+  and claimed by the claim statement, with the write lock held. ``queue_stats`` is one
+  statement: the per-queue counts of jobs, COMPLETED and FAILED ones in ``cl_queue_counts``, kept
   by triggers in the same statements that change them (an earlier version's writers
   keep them too; a file without the table gets it, counted once, on first open), plus
   the jobs of the live sessions (O(jobs held), not O(depth)).

@@ -1,6 +1,7 @@
 """Work queues of the SQLite driver: enqueue (one or a batch), the oldest claimable jobs
-(``queue_candidates``, through the partial index ``cl_jobs_open``), the fused completion
-and claim of the next job, counts, listing and purge. The protocol, costs and capacity
+(``queue_candidates``, through the partial index ``cl_jobs_open``), the batched claim of
+the oldest ones, the fused completion and claim of the next job, counts, listing and
+purge. The protocol, costs and capacity
 are told in the package docstring (:mod:`consensus_lease.backends.sqlite`).
 """
 
@@ -10,7 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ...errors import InvalidArgument
+from ...errors import InvalidArgument, JobFailed, SessionExpired
 from ...record import EnqueueItem, LeaseRecord, QueuedJob, QueueStats
 from . import _jobs, _jobs_claim, _tokens
 from ._layout import HINT_CHUNK, NOW, SELECT_RECORD, alive, to_record
@@ -173,6 +174,54 @@ def purge(backend: SqliteBackend, queue: str) -> int:
         return int(db.execute(
             "DELETE FROM cl_jobs WHERE queue = ? AND completed_at IS NOT NULL", (queue,)
         ).rowcount)
+
+
+def claim_from_queue_many(
+    backend: SqliteBackend, session: SessionHandle, queue: str, n: int
+) -> list[QueuePick]:
+    """Claim up to ``n`` (at most ``max_queue_claim_batch``) of the oldest claimable
+    jobs of ``queue`` (see :meth:`Backend.claim_from_queue_many`) in one ``BEGIN
+    IMMEDIATE`` transaction: the write lock is held from the first read, so the
+    candidates (:data:`CANDIDATES`, the ``cl_jobs_open`` index) are exactly what a claim
+    takes, and each is claimed by the statement :func:`._jobs_claim.claim` runs (its
+    generation, attempt, epoch and exhausted-budget rules). A job whose attempts are
+    used up becomes FAILED and the next one is read, up to :data:`QUEUE_PICK_TRIES`
+    such jobs beyond ``n`` per call. The transaction commits or not (the file is local:
+    no answer can be lost after a commit).
+
+    Raises:
+        SessionExpired: the session is not alive in the store; nothing changed.
+        StoreRegressed: the store went back; nothing changed.
+        BackendUnavailable: nothing applied.
+    """
+    picks: list[QueuePick] = []
+    failed_any = False
+    with backend._transport.transaction(None, check_file=True) as db:
+        _tokens.check_history(backend, db, None)
+        if not alive(db, session.session_id):
+            raise SessionExpired(f"session {session.session_id} expired in the store")
+        tries = n + QUEUE_PICK_TRIES
+        while len(picks) < n and tries > 0:
+            rows = db.execute(CANDIDATES, (queue, min(n - len(picks), tries))).fetchall()
+            failed = 0
+            for job_id, payload in rows:
+                tries -= 1
+                got = _jobs_claim.claim_one(backend, db, session, job_id)
+                if got is not None:
+                    picks.append((job_id, got, bytes(payload or b"")))
+                elif isinstance(_jobs_claim.why_unclaimable(backend, db, job_id), JobFailed):
+                    failed += 1  # its attempts were used up: FAILED now, read on
+                else:
+                    tries = 0  # cannot happen with the write lock held: no guessing
+                    break
+            failed_any = failed_any or failed > 0
+            if not failed:
+                break  # each row read was claimed: n reached, or nothing more there
+        if picks:
+            _tokens.note_claims(backend, db)
+    if failed_any:
+        backend.wake_subscribers()  # waiters on the FAILED jobs learn it
+    return picks
 
 
 def complete_and_claim_next(

@@ -64,6 +64,7 @@ class SqliteBackend(Backend):
         max_batch_claim=1000,
         max_complete_batch=1000,
         fused_claim_next=True,
+        max_queue_claim_batch=1000,
         queues=True,
         max_payload_bytes=16 * 1024 * 1024,
         description="embedded SQLite file (one machine, many processes; waiting claims "
@@ -209,6 +210,11 @@ class SqliteBackend(Backend):
         queue: str,
     ) -> tuple[LeaseRecord, QueuePick | None]:
         return _queues.complete_and_claim_next(self, session, job_id, claim, result, queue)
+
+    def claim_from_queue_many(
+        self, session: SessionHandle, queue: str, n: int
+    ) -> list[QueuePick]:
+        return _queues.claim_from_queue_many(self, session, queue, n)
 
     def queue_stats(self, queue: str) -> QueueStats:
         return _queues.queue_stats(self, queue)

@@ -343,7 +343,8 @@ results with every item's completion operations, each applied whole or not at al
 each item is held as this session's claims left it, one round trip per multi completes
 the batch; when a multi applies nothing (an item stale or expired), each of its items is
 completed alone and gets its own outcome. ``complete_and_claim_next`` is the looped default
-(``fused_claim_next`` false): the completion multi, then ``claim_next``'s claim.
+(``fused_claim_next`` false): the completion multi, then ``claim_next``'s claim; so is
+``claim_from_queue_many`` (``max_queue_claim_batch`` 1): ``claim_next``'s claim per job.
 
 kazoo versions: the driver is tested with ``kazoo>=2.11,<2.12`` (the pin of the
 ``[zookeeper]`` extra; ``_transport_kazoo.TESTED_SPEC``). The kazoo internals it relies on (its

@@ -224,6 +224,7 @@ class ZooKeeperBackend(Backend):
         max_enqueue_batch=ENQUEUE_BATCH,
         max_queue_jobs=MAX_QUEUE_JOBS,
         max_complete_batch=MAX_COMPLETE_BATCH,
+        max_queue_claim_batch=1,  # claim_next_many: the looped default, a claim per job
     )
 
     def __init__(self, config: ZkConfig) -> None:
