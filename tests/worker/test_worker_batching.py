@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_kit import wait_for
+from worker_kit import taking_over_the_first, wait_for
 
 from consensus_lease import (
     BackendUnavailable,
@@ -195,15 +195,7 @@ def test_a_stale_item_is_refused_while_the_others_commit(
 ) -> None:
     jobs = _enqueue(memory, 4)
     other = memory.session("other")
-    taken: list[Lease] = []
-
-    def handler(lease: Lease, payload: bytes) -> bytes:
-        if not taken:  # the first job is taken over behind the worker's back
-            memory.backend.release(lease.session.handle, lease.job_id, lease.claim_result)
-            claimed = other.claim(lease.job_id)
-            assert claimed is not None
-            taken.append(claimed)
-        return b"worker"
+    handler, taken = taking_over_the_first(memory, other)  # the first job is stale
 
     def then_the_other_completes() -> None:
         if taken[0].state is LeaseState.HELD:
