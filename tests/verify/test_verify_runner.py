@@ -1,10 +1,10 @@
 """``consensus-lease verify --runner``: the workers drive the worker runner
 (``run_worker`` with prefetch and batched completion) over a queue of the run's jobs.
 
-* fenced, under ``pause-at-check``, on SQLite (and on the session's etcd cluster): zero
-  violations, every job completed once, completions sent in batches of more than one,
-  stale actions refused (stale writes by the fence; stale completions, also items of a
-  batch, by the store): PASS;
+* fenced, under ``pause-at-check``, on SQLite and the session's etcd and ZooKeeper
+  clusters: zero violations, every job completed once, completions sent in batches of
+  more than one, stale actions refused (stale writes by the fence; stale completions,
+  also items of a batch, by the store): PASS;
 * the control: the same with an unfenced destination must FAIL (a late write gets in);
 * the options: the knobs need the runner and are checked as the worker checks them.
 
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from verify_kit import explain
 
 from consensus_lease import InvalidArgument
 from consensus_lease.verify.command import add_parser, config_from_args, lockset_config_from_args
@@ -29,14 +30,6 @@ from consensus_lease.verify.runner import VerifyConfig, VerifyResult, run_verify
 
 KNOBS: dict[str, Any] = {"runner": True, "prefetch": 4, "complete_batch": 8,
                          "complete_flush_s": 0.2}
-
-
-def explain(result: VerifyResult) -> str:
-    r = result.report
-    return (f"violations={dict(r.violations)} counts={dict(r.counts)} faults={dict(r.faults)} "
-            f"examples={r.examples[:5]} crashes={result.worker_crashes} "
-            f"inconclusive={result.inconclusive} notes={result.notes} "
-            f"history={result.history_path}")
 
 
 def _config(tmp_path: Path, **overrides: Any) -> VerifyConfig:
@@ -77,7 +70,7 @@ def _assert_passes_in_batches(result: VerifyResult, jobs: int) -> None:
 
 @pytest.mark.slow
 def test_the_batched_runner_passes_under_pause_at_check(tmp_path: Path) -> None:
-    config = _config(tmp_path)
+    config = _config(tmp_path, jobs=150)  # a few pauses land while the work goes on
     said: list[str] = []
     result = run_verify(config, said.append)
     _assert_passes_in_batches(result, config.jobs)
@@ -98,12 +91,22 @@ def test_the_batched_runner_control_fails(tmp_path: Path) -> None:
     assert any("accepted with token" in e for e in report.examples)
 
 
+def _passes_on(cluster: Any, tmp_path: Path) -> None:
+    config = _config(tmp_path, ttl_s=2.0, jobs=60, duration_s=40.0, quiet_s=30.0)
+    result = run_verify(config, cluster=KitCluster.adopt(cluster))
+    assert result.store_url.startswith(f"{cluster.scheme}://"), result.store_url
+    _assert_passes_in_batches(result, config.jobs)
+
+
 @pytest.mark.slow
 def test_the_batched_runner_passes_on_etcd(etcd_cluster: Any, tmp_path: Path) -> None:
-    config = _config(tmp_path, ttl_s=2.0, jobs=60, duration_s=40.0, quiet_s=30.0)
-    result = run_verify(config, cluster=KitCluster.adopt(etcd_cluster))
-    assert result.store_url.startswith("etcd://")
-    _assert_passes_in_batches(result, config.jobs)
+    _passes_on(etcd_cluster, tmp_path)  # max_complete_batch 1: one completion per item
+
+
+@pytest.mark.slow
+def test_the_batched_runner_passes_on_zookeeper(zookeeper_cluster: Any,
+                                                tmp_path: Path) -> None:
+    _passes_on(zookeeper_cluster, tmp_path)  # one multi per batch
 
 
 # -- the options --------------------------------------------------------------------
