@@ -92,7 +92,9 @@ def test_the_batched_runner_control_fails(tmp_path: Path) -> None:
 
 
 def _passes_on(cluster: Any, tmp_path: Path) -> None:
-    config = _config(tmp_path, ttl_s=2.0, jobs=60, duration_s=40.0, quiet_s=30.0)
+    # the work lasts several seconds: pauses at a check start TTL, ~4 TTL, ~7 TTL in
+    config = _config(tmp_path, ttl_s=1.0, jobs=150, think_s=0.05, duration_s=60.0,
+                     quiet_s=30.0)
     result = run_verify(config, cluster=KitCluster.adopt(cluster))
     assert result.store_url.startswith(f"{cluster.scheme}://"), result.store_url
     _assert_passes_in_batches(result, config.jobs)
