@@ -20,6 +20,7 @@ from ..errors import (
     JobFailed,
     LeaseError,
     LeaseLost,
+    SessionExpired,
     StaleLeaseError,
     UnsupportedOperation,
 )
@@ -323,9 +324,56 @@ class LifecycleConformance:
                  and getattr(r, "job_id", None) == stale.job_id
                  and getattr(r, "generation", None) == stale.generation]
         assert not [r for r in about if r.getMessage() == "job completed"], about
-        lost = [r for r in about if r.levelno == logging.WARNING and "lease lost" in
-                r.getMessage()]
+        lost = [r for r in about if r.levelno == logging.WARNING
+                and r.getMessage().startswith("lease lost")]
         assert len(lost) == 1 and "StaleLeaseError" in str(getattr(lost[0], "reason", ""))
+
+    def test_batched_worker_runner_refuses_completions_of_an_expired_session(
+        self, store: LeaseStore, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        """The store expires the runner's session while the first job's completion is
+        queued and the second job runs: at the flush the store refuses both items
+        (SessionExpired each), the runner counts them in ``leases_lost`` and logs them,
+        counts the session lost, drops the leases it had prefetched on it, opens a new
+        session and runs those two jobs again: every job COMPLETED once in the store."""
+        from ..worker import run_worker
+
+        if not store.capabilities.queues:  # covered by the drain case above
+            return
+        n = 8
+        store.enqueue_many("ewq", [f"e-{i}" for i in range(n)])
+        expired: list[Lease] = []  # the two leases of the expired session
+
+        def handler(lease: Lease, payload: bytes) -> bytes:
+            if len(expired) < 2 and not any(x.session is not lease.session for x in expired):
+                expired.append(lease)
+                if len(expired) == 2:
+                    self.expire(store, lease.session)
+                    with pytest.raises(LeaseLost):
+                        lease.session.keepalive()  # the runner's session knows it now
+            return lease.job_id.encode()
+
+        flushes = _record_flushes(monkeypatch, [])
+        caplog.set_level(logging.INFO, logger="consensus_lease.worker")
+        stats = run_worker(store, "ewq", handler, ttl_s=self.long_ttl_s, until_empty=True,
+                           claim_wait_s=0.2, grace_s=5.0, prefetch=4, complete_batch=n,
+                           complete_flush_s=5.0)
+        refused = {job: a for answers in flushes for job, a in answers.items()
+                   if not isinstance(a, LeaseRecord)}
+        assert sorted(refused) == sorted(x.job_id for x in expired), flushes
+        assert all(isinstance(a, SessionExpired) for a in refused.values()), refused
+        assert stats.stopped_by == "drained" and stats.errors == stats.skipped == 0, stats
+        assert (stats.completed, stats.leases_lost, stats.sessions_lost) == (n, 2, 1), stats
+        assert stats.claimed == n + 2, stats  # the two again; dropped ones are not worked
+        for i in range(n):
+            record = store.get(f"e-{i}")
+            assert record is not None and record.state is JobState.COMPLETED, record
+            assert record.result == f"e-{i}".encode()
+        lost = [r for r in caplog.records if r.name == "consensus_lease.worker"
+                and r.levelno == logging.WARNING and r.getMessage().startswith("lease lost")]
+        assert sorted((getattr(r, "job_id", None), getattr(r, "generation", None))
+                      for r in lost) == sorted((x.job_id, x.generation) for x in expired)
 
     def test_run_command_holds_the_lease(self, store: LeaseStore) -> None:
         """``consensus-lease run --complete`` runs the command with the token in its
