@@ -39,7 +39,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import NamedTuple, overload
 from urllib.parse import urlsplit, urlunsplit
@@ -69,8 +69,9 @@ from .worker import WorkerConfig
 __all__ = ["DEFAULT_FAULTS", "VerifyConfig", "VerifyResult", "run_verify"]
 
 DEFAULT_FAULTS = WORKER_FAULTS
-RUNNER_DEFAULTS: dict[str, object] = {"prefetch": 0, "complete_batch": 1,
-                                      "complete_flush_s": 0.01}
+RUNNER_DEFAULTS: dict[str, object] = {
+    f.name: f.default for f in fields(RunnerConfig)
+    if f.name in ("prefetch", "complete_batch", "complete_flush_s")}
 """The worker runner's defaults (``run_worker``'s) of the knobs ``runner`` takes."""
 STOP_GRACE_S = 15.0
 GID_BASE = 52_000
