@@ -7,13 +7,25 @@ backend runs it; it uses that class's hooks (``open``, ``expire``, fixtures).
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
+from collections import Counter
 from typing import Any
 
 import pytest
 
-from ..errors import InvalidArgument, JobFailed, LeaseLost, StaleLeaseError
-from ..record import JobState
+from ..errors import (
+    InvalidArgument,
+    JobFailed,
+    LeaseError,
+    LeaseLost,
+    SessionExpired,
+    StaleLeaseError,
+    UnsupportedOperation,
+)
+from ..lease import Lease
+from ..record import JobState, LeaseRecord
 from ..retry import RetryPolicy
 from ..session import Session
 from ..states import LeaseState
@@ -217,6 +229,152 @@ class LifecycleConformance:
         stats_q = store.queue_stats("wq")
         assert (stats_q.completed, stats_q.failed, stats_q.available) == (11, 1, 0)
 
+    def test_batched_worker_runner_drains_queue(self, store: LeaseStore) -> None:
+        """``run_worker`` with prefetch and batched completion (two slots, ``prefetch=4``,
+        ``complete_batch=8``, ``complete_flush_s=0.1``): every job run once and COMPLETED
+        once with its handler's result; completions went in ``complete_many`` batches."""
+        from ..worker import run_worker
+
+        knobs: dict[str, Any] = {"prefetch": 4, "complete_batch": 8, "complete_flush_s": 0.1}
+        if not store.capabilities.queues:  # the declared capability, not a skip
+            with pytest.raises(UnsupportedOperation):
+                run_worker(store, "bwq", lambda lease, payload: b"", **knobs)
+            return
+        n = 40
+        store.enqueue_many("bwq", [(f"b-{i}", str(i).encode()) for i in range(n)])
+        runs: Counter[str] = Counter()
+        lock = threading.Lock()
+
+        def handler(lease: Lease, payload: bytes) -> bytes:
+            lease.ensure_held()
+            with lock:
+                runs[lease.job_id] += 1
+            # work until a lease is claimed ahead (or none is left): on a fast store the
+            # slot's own claim would otherwise always come first
+            give_up = time.monotonic() + WAIT_S
+            while (len(lease.session.leases()) < 2
+                   and store.queue_stats("bwq").available > 0):
+                assert time.monotonic() < give_up, "no lease was prefetched"
+                time.sleep(0.01)  # poll interval
+            return b"r-" + payload
+
+        stats = run_worker(store, "bwq", handler, concurrency=2, ttl_s=self.long_ttl_s,
+                           until_empty=True, claim_wait_s=0.2, grace_s=5.0, **knobs)
+        assert stats.stopped_by == "drained", stats
+        assert stats.errors == stats.leases_lost == stats.skipped == 0, stats
+        assert runs == Counter({f"b-{i}": 1 for i in range(n)})
+        assert stats.completed == stats.claimed == stats.batched_completions == n, stats
+        assert stats.prefetched > 0 and stats.prefetch_dropped == stats.released == 0, stats
+        assert stats.fused_claims == 0 and 1 <= stats.complete_batches < n, stats
+        for i in range(n):
+            record = store.get(f"b-{i}")
+            assert record is not None and record.state is JobState.COMPLETED, record
+            assert record.result == f"r-{i}".encode() and record.attempt == 1
+        stats_q = store.queue_stats("bwq")
+        assert (stats_q.completed, stats_q.available, stats_q.held) == (n, 0, 0)
+
+    def test_batched_worker_runner_refuses_a_taken_over_lease_at_flush(
+        self, store: LeaseStore, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        """The first job's hold is ended in the store behind the runner's back and
+        another session claims a newer generation, before the runner's batch is
+        flushed: in that ``complete_many`` the stale item is refused (StaleLeaseError)
+        while the batch's other items commit; the runner counts it in ``leases_lost``
+        and logs it (never ``completed``, never a "job completed" line), and the job
+        keeps the newer holder's completion."""
+        from ..worker import run_worker
+
+        if not store.capabilities.queues:  # covered by the drain case above
+            return
+        n = 8
+        store.enqueue_many("swq", [f"s-{i}" for i in range(n)])
+        other = store.session("other", self.long_ttl_s)
+        taken: list[Lease] = []  # [the runner's stale lease, the other's newer one]
+
+        def handler(lease: Lease, payload: bytes) -> bytes:
+            if not taken:
+                store.backend.release(lease.session.handle, lease.job_id, lease.claim_result)
+                newer = other.claim(lease.job_id)
+                assert newer is not None and newer.generation > lease.generation
+                taken.extend((lease, newer))
+            return b"worker"
+
+        flushes = _record_flushes(monkeypatch, taken)
+        caplog.set_level(logging.INFO, logger="consensus_lease.worker")
+        try:
+            stats = run_worker(store, "swq", handler, ttl_s=self.long_ttl_s, until_empty=True,
+                               claim_wait_s=0.2, grace_s=5.0, prefetch=4, complete_batch=n,
+                               complete_flush_s=5.0)
+        finally:
+            other.close()
+        stale, newer = taken
+        batch = next(answers for answers in flushes if stale.job_id in answers)
+        assert len(batch) > 1, flushes  # the stale item shared its batch with others
+        assert isinstance(batch.pop(stale.job_id), StaleLeaseError), flushes
+        assert all(isinstance(a, LeaseRecord) for a in batch.values()), flushes
+        assert stats.stopped_by == "drained" and stats.errors == stats.skipped == 0, stats
+        assert (stats.completed, stats.leases_lost, stats.batched_completions) == (
+            n - 1, 1, n), stats
+        record = store.get(stale.job_id)
+        assert record is not None and record.state is JobState.COMPLETED
+        assert (record.generation, record.result) == (newer.generation, b"other")
+        assert stale.state is LeaseState.LOST
+        about = [r for r in caplog.records if r.name == "consensus_lease.worker"
+                 and getattr(r, "job_id", None) == stale.job_id
+                 and getattr(r, "generation", None) == stale.generation]
+        assert not [r for r in about if r.getMessage() == "job completed"], about
+        lost = [r for r in about if r.levelno == logging.WARNING
+                and r.getMessage().startswith("lease lost")]
+        assert len(lost) == 1 and "StaleLeaseError" in str(getattr(lost[0], "reason", ""))
+
+    def test_batched_worker_runner_refuses_completions_of_an_expired_session(
+        self, store: LeaseStore, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        """The store expires the runner's session while the first job's completion is
+        queued and the second job runs: at the flush the store refuses both items
+        (SessionExpired each), the runner counts them in ``leases_lost`` and logs them,
+        counts the session lost, drops the leases it had prefetched on it, opens a new
+        session and runs those two jobs again: every job COMPLETED once in the store."""
+        from ..worker import run_worker
+
+        if not store.capabilities.queues:  # covered by the drain case above
+            return
+        n = 8
+        store.enqueue_many("ewq", [f"e-{i}" for i in range(n)])
+        expired: list[Lease] = []  # the two leases of the expired session
+
+        def handler(lease: Lease, payload: bytes) -> bytes:
+            if len(expired) < 2 and not any(x.session is not lease.session for x in expired):
+                expired.append(lease)
+                if len(expired) == 2:
+                    self.expire(store, lease.session)
+                    with pytest.raises(LeaseLost):
+                        lease.session.keepalive()  # the runner's session knows it now
+            return lease.job_id.encode()
+
+        flushes = _record_flushes(monkeypatch, [])
+        caplog.set_level(logging.INFO, logger="consensus_lease.worker")
+        stats = run_worker(store, "ewq", handler, ttl_s=self.long_ttl_s, until_empty=True,
+                           claim_wait_s=0.2, grace_s=5.0, prefetch=4, complete_batch=n,
+                           complete_flush_s=5.0)
+        refused = {job: a for answers in flushes for job, a in answers.items()
+                   if not isinstance(a, LeaseRecord)}
+        assert sorted(refused) == sorted(x.job_id for x in expired), flushes
+        assert all(isinstance(a, SessionExpired) for a in refused.values()), refused
+        assert stats.stopped_by == "drained" and stats.errors == stats.skipped == 0, stats
+        assert (stats.completed, stats.leases_lost, stats.sessions_lost) == (n, 2, 1), stats
+        assert stats.claimed == n + 2, stats  # the two again; dropped ones are not worked
+        for i in range(n):
+            record = store.get(f"e-{i}")
+            assert record is not None and record.state is JobState.COMPLETED, record
+            assert record.result == f"e-{i}".encode()
+        lost = [r for r in caplog.records if r.name == "consensus_lease.worker"
+                and r.levelno == logging.WARNING and r.getMessage().startswith("lease lost")]
+        assert sorted((getattr(r, "job_id", None), getattr(r, "generation", None))
+                      for r in lost) == sorted((x.job_id, x.generation) for x in expired)
+
     def test_run_command_holds_the_lease(self, store: LeaseStore) -> None:
         """``consensus-lease run --complete`` runs the command with the token in its
         environment and completes the job; a second run exits 65 (completed)."""
@@ -241,3 +399,24 @@ class LifecycleConformance:
         assert record.generation == int(token) and attempt == "1"
         again = subprocess.run(command, capture_output=True, text=True, timeout=120)
         assert again.returncode == 65, again.stderr
+
+
+def _record_flushes(monkeypatch: pytest.MonkeyPatch,
+                    taken: list[Lease]) -> list[dict[str, LeaseRecord | LeaseError]]:
+    """Record each ``Session.complete_many`` call's answers by job id; after the call
+    that answered ``taken[0]`` (the stale lease), the newer holder ``taken[1]`` completes
+    its job (so that the queue drains), and not before: the stale item is decided by
+    the store while the newer lease still holds the job."""
+    flushes: list[dict[str, LeaseRecord | LeaseError]] = []
+    original = Session.complete_many
+
+    def complete_many(session: Session, leases: Any) -> list[LeaseRecord | LeaseError]:
+        answers = original(session, leases)
+        items = [item[0] if isinstance(item, tuple) else item for item in leases]
+        flushes.append({lease.job_id: a for lease, a in zip(items, answers, strict=True)})
+        if taken and any(lease is taken[0] for lease in items):
+            taken[1].complete(b"other")
+        return answers
+
+    monkeypatch.setattr(Session, "complete_many", complete_many)
+    return flushes

@@ -41,6 +41,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..errors import InvalidArgument
+from ..worker.command import add_batching_flags
 from .checker import COUNTS, VIOLATIONS
 from .destination import LOCK_SET_MODES
 from .interrupts import Interrupted
@@ -61,8 +62,10 @@ JOB_DEFAULTS = {"workers": 4, "ttl_s": 1.0, "duration_s": 30.0, "jobs": 100, "st
 LOCK_SET_DEFAULTS = {"workers": 5, "ttl_s": 2.0, "duration_s": 90.0, "pause_every_s": 5.0,
                      "pause_min_s": 3.0, "pause_max_s": 5.0, "pause_target": "random",
                      "mode": "fenced"}
+_RUNNER = {"prefetch": "--prefetch", "complete_batch": "--complete-batch",
+           "complete_flush_s": "--complete-flush-s"}
 _JOB_ONLY = {"jobs": "--jobs", "steps": "--steps", "quiet_s": "--quiet-s", "faults": "--faults",
-             "think_s": "--think-s"}
+             "think_s": "--think-s", "runner": "--runner", **_RUNNER}
 _LOCK_SET_ONLY = {"pause_every_s": "--pause-every-s", "pause_min_s": "--pause-min-s",
                   "pause_max_s": "--pause-max-s", "pause_target": "--pause-target",
                   "mode": "--mode"}
@@ -163,6 +166,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--until-done", action="store_true", help="end the fault period "
                         "as soon as every job is completed: with a "
                         "long --duration-s, every claim is made under faults")
+    runner = parser.add_argument_group(
+        "the worker runner (jobs workload): the jobs are a work queue, each worker "
+        "process runs consensus_lease.worker.run_worker on it, completions are its own "
+        "(batched: complete_many); any of its knobs implies --runner")
+    runner.add_argument("--runner", action="store_true", default=None,
+                        help="workers drive the worker runner instead of claiming by job id")
+    add_batching_flags(runner)
     lock_set = parser.add_argument_group("lock-set workload (--workload lock-set)")
     lock_set.add_argument("--mode", choices=LOCK_SET_MODES, default=None,
                           help="fenced (default): read_fenced / write_fenced; write-only: "
@@ -214,6 +224,8 @@ def config_from_args(args: argparse.Namespace) -> VerifyConfig:
         history=args.history,
         destination=args.destination, unfenced=args.unfenced, think_s=args.think_s,
         run_dir=args.run_dir, until_done=args.until_done,
+        runner=bool(args.runner or _given(args, _RUNNER)),
+        **{name: getattr(args, name) for name in _RUNNER if getattr(args, name) is not None},
     )
 
 

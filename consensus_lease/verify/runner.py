@@ -39,7 +39,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import NamedTuple, overload
 from urllib.parse import urlsplit, urlunsplit
@@ -47,6 +47,7 @@ from urllib.parse import urlsplit, urlunsplit
 from ..errors import BackendUnavailable, InvalidArgument, LeaseError, UnsupportedOperation
 from ..record import JobState, LeaseRecord
 from ..store import LeaseStore, open_store
+from ..worker.config import WorkerConfig as RunnerConfig
 from .checker import Report, check
 from .destination import Destination, job_effects, open_destination
 from .history import HistoryWriter, read_parts, write_history
@@ -68,6 +69,10 @@ from .worker import WorkerConfig
 __all__ = ["DEFAULT_FAULTS", "VerifyConfig", "VerifyResult", "run_verify"]
 
 DEFAULT_FAULTS = WORKER_FAULTS
+RUNNER_DEFAULTS: dict[str, object] = {
+    f.name: f.default for f in fields(RunnerConfig)
+    if f.name in ("prefetch", "complete_batch", "complete_flush_s")}
+"""The worker runner's defaults (``run_worker``'s) of the knobs ``runner`` takes."""
 STOP_GRACE_S = 15.0
 GID_BASE = 52_000
 MAX_WORKERS = 32
@@ -106,6 +111,14 @@ class VerifyConfig:
             every job completed (or every worker finished on its own): with a
             ``duration_s`` longer than the work takes, every claim is made under faults
             and no time is spent faulting idle workers.
+        runner: the jobs are enqueued in a work queue and each worker process drives
+            the worker runner (:func:`consensus_lease.worker.run_worker`, one slot)
+            instead of claiming them by id; its completions are the runner's (see
+            :mod:`~consensus_lease.verify.queue_worker`). The store must have queues.
+        prefetch / complete_batch / complete_flush_s: the runner's knobs (only with
+            ``runner``; checked as :class:`consensus_lease.worker.WorkerConfig` checks
+            them): leases claimed ahead, completions per ``complete_many``, longest
+            wait of a queued completion (seconds).
     """
 
     backend: str | None = None
@@ -125,9 +138,14 @@ class VerifyConfig:
     renew_probability: float = 0.3
     run_dir: str | None = None
     until_done: bool = False
+    runner: bool = False
+    prefetch: int = 0
+    complete_batch: int = 1
+    complete_flush_s: float = 0.01
 
     def validate(self, *, cluster_given: bool = False) -> None:
         """Raises InvalidArgument naming the first bad parameter."""
+        self._validate_runner()
         if not 1 <= self.workers <= MAX_WORKERS:
             raise InvalidArgument(f"workers must be 1-{MAX_WORKERS}, got {self.workers}")
         if self.jobs < 1 or self.steps < 1:
@@ -151,6 +169,18 @@ class VerifyConfig:
         if "partition" in self.faults and os.geteuid() != 0:
             raise InvalidArgument("the partition fault needs root (iptables, setpriv)")
         self._validate_coverage()
+
+    def _validate_runner(self) -> None:
+        if not isinstance(self.runner, bool):
+            raise InvalidArgument(f"runner must be a bool, not {self.runner!r}")
+        RunnerConfig(queue="verify", prefetch=self.prefetch,  # InvalidArgument naming it
+                     complete_batch=self.complete_batch, complete_flush_s=self.complete_flush_s)
+        knobs = {"prefetch": self.prefetch, "complete_batch": self.complete_batch,
+                 "complete_flush_s": self.complete_flush_s}
+        given = [name for name, value in knobs.items() if value != RUNNER_DEFAULTS[name]]
+        if given and not self.runner:
+            raise InvalidArgument(f"{', '.join(given)}: the worker runner's knobs, only with "
+                                  "runner=True (--runner)")
 
     def _validate_coverage(self) -> None:
         """Every fault kind asked for must fit in the fault period at least once."""
@@ -397,6 +427,7 @@ class _Run:
         self.logs_dir.mkdir(mode=0o700, exist_ok=True)
         self.jobs = [f"v{self.run_id}-j{i:03d}" for i in range(config.jobs)]
         random.Random(config.seed).shuffle(self.jobs)  # the order every worker tries them in
+        self.queue = f"v{self.run_id}" if config.runner else ""
         self.think_s = config.effective_think_s()
         self.started = time.monotonic()
         self.pool: WorkerPool | None = None
@@ -456,6 +487,12 @@ class _Run:
                 f"--ttl-s {config.ttl_s} is outside this store's range "
                 f"[{caps.min_ttl_s}, {caps.max_ttl_s}] s"
             )
+        if self.queue:
+            if not caps.queues:
+                raise UnsupportedOperation(
+                    f"--runner works a queue, and the {store.backend.scheme} backend has "
+                    "no work queues")
+            store.enqueue_many(self.queue, self.jobs)  # in the order workers try them in
         return _Ends(store, destination, store_url, destination_spec)
 
     def _record_run(self, ends: _Ends) -> None:
@@ -484,11 +521,17 @@ class _Run:
             # fault period by its longest hold plus a member restart.
             stop_at=time.time() + config.duration_s + config.quiet_s + 10 * config.ttl_s
             + STOP_GRACE_S + 120.0,
+            queue=self.queue, prefetch=config.prefetch, complete_batch=config.complete_batch,
+            complete_flush_s=config.complete_flush_s,
         )
         self.pool = pool = WorkerPool(template, slots=config.workers,
                                       parts_dir=self.parts_dir, logs_dir=self.logs_dir,
                                       gids=gids)
-        self.say(f"{config.workers} workers, {config.jobs} jobs x {config.steps} steps, TTL "
+        runner = (f" (worker runner on queue {self.queue}: prefetch {config.prefetch}, "
+                  f"complete_batch {config.complete_batch}, complete_flush_s "
+                  f"{config.complete_flush_s:g})" if self.queue else "")
+        self.say(f"{config.workers} workers{runner}, {config.jobs} jobs x {config.steps} "
+                 f"steps, TTL "
                  f"{config.ttl_s} s, think <= {self.think_s} s; {len(self.schedule)} faults "
                  f"planned over {config.duration_s} s "
                  f"({', '.join(config.faults) or 'none'})")

@@ -41,6 +41,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from types import FrameType
+from typing import Any
 
 from ..clock import SkewedClock
 from ..errors import (
@@ -53,6 +54,7 @@ from ..errors import (
     LeaseSuspended,
 )
 from ..lease import Lease
+from ..observe import Observer
 from ..session import Session
 from ..states import LeaseState, SessionState
 from ..store import LeaseStore, open_store
@@ -95,6 +97,11 @@ class WorkerConfig:
             the one job in ``jobs`` claimed over and over, a set read and written back).
         mode: lock-set only: ``fenced`` or ``write-only`` (see
             :data:`~consensus_lease.verify.destination.LOCK_SET_MODES`).
+        queue: jobs workload: empty (this module's loop, claiming by job id) or the work
+            queue the verifier enqueued ``jobs`` in, worked by the worker runner
+            (:class:`~consensus_lease.verify.queue_worker.QueueWorker`).
+        prefetch / complete_batch / complete_flush_s: with ``queue``, the runner's knobs
+            (:class:`consensus_lease.worker.WorkerConfig`).
     """
 
     name: str
@@ -116,6 +123,10 @@ class WorkerConfig:
     open_timeout_s: float = 60.0
     workload: str = "jobs"
     mode: str = "fenced"
+    queue: str = ""
+    prefetch: int = 0
+    complete_batch: int = 1
+    complete_flush_s: float = 0.01
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -154,7 +165,8 @@ class Worker:
         for attempt in itertools.count(1):
             index = self.rec.invoke("open_store", attempt=attempt)
             try:
-                store = open_store(self.config.store_url, clock=clock)
+                store = open_store(self.config.store_url, clock=clock,
+                                   observer=self._observer())
             except BackendUnavailable as error:
                 self.rec.ret(index, outcome_of(error), error=str(error))
                 if time.monotonic() >= give_up:
@@ -165,6 +177,10 @@ class Worker:
             return store
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def _observer(self) -> Observer | None:
+        """The store's observer: none here (this loop records its own operations)."""
+        return None
+
     # -- signals ---------------------------------------------------------------------
 
     def install_signal_handlers(self) -> None:
@@ -173,9 +189,9 @@ class Worker:
 
         signal.signal(signal.SIGTERM, on_term)
 
-    def _pause_point(self, lease: Lease, before: str, step: int) -> None:
+    def _pause_point(self, lease: Lease, before: str, step: int, **detail: Any) -> None:
         """If armed, stop this whole process right here (after a passed check, before
-        the action it guarded)."""
+        the action it guarded); ``detail`` goes to the ``pause_point`` event."""
         if not self.config.pause_flag_path:
             return
         try:
@@ -183,7 +199,7 @@ class Worker:
         except FileNotFoundError:
             return
         self.rec.event("pause_point", job=lease.job_id, generation=lease.generation,
-                       before=before, step=step, pid=os.getpid())
+                       before=before, step=step, pid=os.getpid(), **detail)
         # Thread-directed, so it is delivered to this thread before pthread_kill returns:
         # with os.kill another thread could take it and this one would run on for a moment.
         signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
@@ -489,7 +505,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with open(args[0], encoding="utf-8") as file:
         config = WorkerConfig.from_json(file.read())
-    worker = LockSetWorker(config) if config.workload == "lock-set" else Worker(config)
+    worker: Worker
+    if config.workload == "lock-set":
+        worker = LockSetWorker(config)
+    elif config.queue:
+        from .queue_worker import QueueWorker  # it imports this module
+
+        worker = QueueWorker(config)
+    else:
+        worker = Worker(config)
     worker.install_signal_handlers()
     return worker.run()
 

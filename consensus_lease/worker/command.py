@@ -29,7 +29,7 @@ from . import config
 from .logs import configure_logging, parse_level
 from .runner import run_worker
 
-__all__ = ["NAME", "add_parser", "run", "settings", "worker_arguments"]
+__all__ = ["NAME", "add_batching_flags", "add_parser", "run", "settings", "worker_arguments"]
 
 NAME = "worker"
 
@@ -54,6 +54,23 @@ def _flag(parse: Callable[[str], T]) -> Callable[[str], T]:
             raise argparse.ArgumentTypeError(str(exc)) from None
     convert.__name__ = parse.__name__
     return convert
+
+
+def add_batching_flags(parser: Any) -> None:
+    """Add ``--prefetch``, ``--complete-batch`` and ``--complete-flush-s`` (each parsed as
+    :class:`~consensus_lease.worker.WorkerConfig` checks it, default ``None``: not given)
+    to ``parser`` (an ``argparse`` parser or argument group); ``consensus-lease verify``
+    takes them too."""
+    for flag, parse, metavar, text in (
+        ("--prefetch", config.parse_prefetch, "N", "leases each slot claims ahead of the job it "
+         "works, held until worked (also after a stop request, within --grace-s; default "
+         "0; at most 256)"),
+        ("--complete-batch", config.parse_complete_batch, "N", "most completions sent in one "
+         "complete_many (default 1: each job completed at once; the store caps it)"),
+        ("--complete-flush-s", config.parse_flush_s, "S", "longest wait of a queued completion, "
+         "seconds (default 0.01; always sent well before its lease's deadline)"),
+    ):
+        parser.add_argument(flag, type=_flag(parse), metavar=metavar, help=text)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -87,16 +104,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="complete each job and claim the next in one call "
                         "(complete_and_claim_next; the default); --no-fused-claim: "
                         "complete, then claim_next")
-    for flag, parse, metavar, text in (
-        ("--prefetch", config.parse_prefetch, "N", "leases each slot claims ahead of the job it "
-         "works, held until worked (also after a stop request, within --grace-s; default "
-         "0; at most 256)"),
-        ("--complete-batch", config.parse_complete_batch, "N", "most completions sent in one "
-         "complete_many (default 1: each job completed at once; the store caps it)"),
-        ("--complete-flush-s", config.parse_flush_s, "S", "longest wait of a queued completion, "
-         "seconds (default 0.01; always sent well before its lease's deadline)"),
-    ):
-        parser.add_argument(flag, type=_flag(parse), metavar=metavar, help=text)
+    add_batching_flags(parser)
     parser.add_argument("--max-attempts", type=_flag(config.parse_attempts), metavar="N",
                         help="the queue's RetryPolicy.max_attempts (recorded per job by "
                         "enqueue: set it where jobs are enqueued too)")

@@ -89,7 +89,13 @@ def batch_size(wanted: int, caps: Capabilities) -> int:
 
 
 def log_lost(fields: dict[str, object], exc: Exception, *, handler_returned: bool) -> None:
-    """The log line of a lease lost before its job was settled."""
+    """The log line of a lease lost before its job was settled (or whose completion's
+    outcome is unknown: counted as lost, but the store may have recorded it)."""
+    if isinstance(exc, OutcomeUnknown):  # not "not completed": it may well have been
+        log.warning("completion outcome unknown: the store may or may not have recorded "
+                    "it (read store.get); the lease is treated as lost",
+                    extra={**fields, "reason": repr(exc)})
+        return
     if handler_returned:  # its effects happened: say so, or the operator assumes not
         log.warning("lease lost after the handler returned; job not completed by this "
                     "worker, but the handler's effects stand (a committed "

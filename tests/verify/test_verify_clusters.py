@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from verify_kit import explain
 
 from consensus_lease.verify.kit import KitCluster
 from consensus_lease.verify.nemesis import coverage_s
@@ -26,14 +27,6 @@ def early_seed(faults: tuple[str, ...]) -> int:
     seed = min(range(1, 300), key=lambda s: coverage_s(s, faults, ttl_s=TTL_S, slots=WORKERS))
     assert coverage_s(seed, faults, ttl_s=TTL_S, slots=WORKERS) <= DURATION_S
     return seed
-
-
-def explain(result: VerifyResult) -> str:
-    r = result.report
-    return (f"violations={dict(r.violations)} counts={dict(r.counts)} faults={dict(r.faults)} "
-            f"examples={r.examples[:5]} crashes={result.worker_crashes} "
-            f"inconclusive={result.inconclusive} notes={result.notes} "
-            f"history={result.history_path}")
 
 
 def verify_on(cluster: Any, faults: tuple[str, ...], must: set[str], tmp_path: Path) -> VerifyResult:

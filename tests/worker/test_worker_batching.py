@@ -6,6 +6,7 @@ No test sleeps to synchronise: handlers poll for what they wait for, with a dead
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import threading
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_kit import wait_for
+from worker_kit import taking_over_the_first, wait_for
 
 from consensus_lease import (
     BackendUnavailable,
@@ -25,6 +26,7 @@ from consensus_lease import (
     LeaseLost,
     LeaseState,
     LeaseStore,
+    OutcomeUnknown,
     open_store,
 )
 from consensus_lease.testing import FakeClock
@@ -195,15 +197,7 @@ def test_a_stale_item_is_refused_while_the_others_commit(
 ) -> None:
     jobs = _enqueue(memory, 4)
     other = memory.session("other")
-    taken: list[Lease] = []
-
-    def handler(lease: Lease, payload: bytes) -> bytes:
-        if not taken:  # the first job is taken over behind the worker's back
-            memory.backend.release(lease.session.handle, lease.job_id, lease.claim_result)
-            claimed = other.claim(lease.job_id)
-            assert claimed is not None
-            taken.append(claimed)
-        return b"worker"
+    handler, taken = taking_over_the_first(memory, other)  # the first job is stale
 
     def then_the_other_completes() -> None:
         if taken[0].state is LeaseState.HELD:
@@ -218,6 +212,35 @@ def test_a_stale_item_is_refused_while_the_others_commit(
     assert stats.leases_lost == 1 and stats.completed == 3 and stats.errors == 0
     results = Counter(r.result for r in (memory.get(j) for j in jobs) if r is not None)
     assert results == {b"other": 1, b"worker": 3}
+
+
+def test_an_unknown_outcome_is_counted_lost_and_logged_as_unknown(
+    memory: LeaseStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store recorded a completion but its answer was lost (``OutcomeUnknown``): the
+    runner counts it in ``leases_lost`` (never ``completed``) and says the outcome is
+    unknown, not that the job was not completed (it was)."""
+    jobs = _enqueue(memory, 4)
+    original = memory.backend.complete_many
+    unknown: list[str] = []
+
+    def first_answer_lost(session: Any, items: Any) -> Any:
+        answers = original(session, items)
+        if not unknown:
+            unknown.append(items[0][0])
+            answers[0] = OutcomeUnknown("the answer was lost (test)", job_id=items[0][0])
+        return answers
+
+    monkeypatch.setattr(memory.backend, "complete_many", first_answer_lost)
+    caplog.set_level(logging.INFO, logger="consensus_lease.worker")
+    stats = run_worker(memory, "q", lambda lease, payload: b"ok", until_empty=True,
+                       complete_batch=4, complete_flush_s=5.0, **FAST)
+    assert stats.leases_lost == 1 and stats.completed == 3 and stats.errors == 0, stats
+    assert _states(memory, jobs) == {"completed": 4}  # the store had recorded it
+    about = [r.getMessage() for r in caplog.records if r.name == "consensus_lease.worker"
+             and getattr(r, "job_id", None) == unknown[0]]
+    assert any("outcome unknown" in m for m in about), about
+    assert not any("not completed" in m or m == "job completed" for m in about), about
 
 
 def test_a_pending_completion_is_sent_before_the_lease_deadline(memory: LeaseStore) -> None:

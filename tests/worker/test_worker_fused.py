@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from worker_kit import taking_over_the_first
 
 from consensus_lease import JobState, Lease, LeaseStore, OutcomeUnknown, open_store
 from consensus_lease.worker import run_worker
@@ -102,16 +103,8 @@ def test_a_stale_fused_completion_claims_nothing_and_the_slot_goes_on(
 ) -> None:
     jobs = _enqueue(memory, 4)
     other = memory.session("other")
-    taken: list[Lease] = []
+    handler, taken = taking_over_the_first(memory, other)  # the first job is stale
     held_after_refusal: list[int] = []
-
-    def handler(lease: Lease, payload: bytes) -> bytes:
-        if not taken:  # the first job is taken over behind the worker's back
-            memory.backend.release(lease.session.handle, lease.job_id, lease.claim_result)
-            claimed = other.claim(lease.job_id)
-            assert claimed is not None
-            taken.append(claimed)
-        return b"worker"
 
     def refused(original: Any) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from consensus_lease import Lease, LeaseStore, Session
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 
@@ -80,3 +82,23 @@ def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str,
         if time.monotonic() > give_up:
             raise AssertionError(f"{what}: not within {timeout_s} s")
         time.sleep(interval_s)  # poll interval
+
+
+def taking_over_the_first(store: LeaseStore, other: Session,
+                          result: bytes = b"worker") -> tuple[Callable[[Lease, bytes], bytes],
+                                                              list[Lease]]:
+    """A handler returning ``result``, and the list of what it took over: the first job
+    it is given is taken over behind the worker's back (its hold ended in the store,
+    then claimed by ``other``) before it returns, so the worker's completion of it is
+    stale. The list gets ``other``'s newer lease."""
+    taken: list[Lease] = []
+
+    def handler(lease: Lease, payload: bytes) -> bytes:
+        if not taken:
+            store.backend.release(lease.session.handle, lease.job_id, lease.claim_result)
+            claimed = other.claim(lease.job_id)
+            assert claimed is not None
+            taken.append(claimed)
+        return result
+
+    return handler, taken
