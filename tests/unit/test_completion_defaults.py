@@ -1,8 +1,9 @@
-"""The looped defaults of ``Backend.complete_many``, ``Backend.complete_and_claim_next``
-and ``Backend.claim_from_queue_many`` (for stores that cannot do them in one round trip:
-etcd, ZooKeeper) keep the rules of the native ones: the completion and ``claim_next_many``
-conformance cases on a memory store stripped of its native versions, and what the
-defaults do when the store fails part-way."""
+"""The looped defaults of ``Backend.complete_many``, ``Backend.complete_and_claim_next``,
+``Backend.claim_from_queue_many``, ``Backend.release_many`` and ``Backend.fail_many``
+(for stores that cannot do them in one round trip: etcd, ZooKeeper) keep the rules of the
+native ones: the completion, ``claim_next_many`` and batch-ending conformance cases on a
+memory store stripped of its native versions, and what the defaults do when the store
+fails part-way."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from consensus_lease.record import ClaimResult, JobState
 from consensus_lease.session import Session
 from consensus_lease.states import LeaseState, SessionState
 from consensus_lease.testing.conformance_completion import CompletionConformance
+from consensus_lease.testing.conformance_ending import EndingConformance
 from consensus_lease.testing.conformance_queue_batch import QueueBatchConformance
 
 
@@ -29,13 +31,15 @@ class LoopedMemory(MemoryBackend):
 
     capabilities = dataclasses.replace(
         MemoryBackend.capabilities, max_complete_batch=1, fused_claim_next=False,
-        max_queue_claim_batch=1)
+        max_queue_claim_batch=1, max_end_batch=1)
     complete_many = Backend.complete_many  # type: ignore[assignment]
+    release_many = Backend.release_many  # type: ignore[assignment]
+    fail_many = Backend.fail_many  # type: ignore[assignment]
     complete_and_claim_next = Backend.complete_and_claim_next  # type: ignore[assignment]
     claim_from_queue_many = Backend.claim_from_queue_many  # type: ignore[assignment]
 
 
-class TestLoopedDefaults(CompletionConformance, QueueBatchConformance):
+class TestLoopedDefaults(CompletionConformance, QueueBatchConformance, EndingConformance):
     @pytest.fixture
     def store(self) -> Iterator[LeaseStore]:
         store = LeaseStore(LoopedMemory())
