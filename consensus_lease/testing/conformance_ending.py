@@ -259,7 +259,7 @@ class EndingConformance:
                 one, two, three = [await a.claim(j) for j in ("ar1", "ar2", "af1")]
                 assert one is not None and two is not None and three is not None
                 with pytest.raises(InvalidArgument, match="item 0 is a Lease"):
-                    await a.release_many([one.sync])
+                    await a.release_many([one.sync])  # type: ignore[list-item]
                 assert await a.release_many([one, two]) == [None, None]
                 out = await a.fail_many([(three, "boom", 0.0)])
                 assert isinstance(out[0], LeaseRecord) and out[0].error == "boom"
