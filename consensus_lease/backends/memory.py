@@ -466,30 +466,18 @@ class MemoryBackend(Backend):
     def release_many(
         self, session: SessionHandle, items: Sequence[ReleaseItem]
     ) -> list[LeaseError | None]:
-        """Every item under the one lock (one atomic step); each its own outcome."""
-        outcomes: list[LeaseError | None] = []
+        """Every item by :meth:`release` under the one lock (one atomic step); each its
+        own outcome."""
         with self._cond:
-            for job_id, claim in items:
-                try:
-                    self.release(session, job_id, claim)
-                except LeaseLost as exc:
-                    outcomes.append(exc)
-                    continue
-                outcomes.append(None)
-        return outcomes
+            return Backend.release_many(self, session, items)
 
     def fail_many(
         self, session: SessionHandle, items: Sequence[FailItem]
     ) -> list[LeaseRecord | LeaseError]:
-        """Every item under the one lock (one atomic step); each its own outcome."""
-        outcomes: list[LeaseRecord | LeaseError] = []
+        """Every item by :meth:`fail` under the one lock (one atomic step); each its own
+        outcome."""
         with self._cond:
-            for job_id, claim, error, retry_in_s in items:
-                try:
-                    outcomes.append(self.fail(session, job_id, claim, error, retry_in_s))
-                except LeaseLost as exc:
-                    outcomes.append(exc)
-        return outcomes
+            return Backend.fail_many(self, session, items)
 
     def set_value(
         self, session: SessionHandle, job_id: str, claim: ClaimResult, value: bytes
