@@ -3,19 +3,20 @@
 A :class:`~consensus_lease.Lease` never talks to the backend or to its session's
 internals: ``renew``, ``complete``, ``release``, ``fail`` and the rest come here, where
 each becomes one backend call (through :meth:`Liveness.call`, so a ``SessionExpired``
-loses the whole session; ``complete_many`` one per chunk) and the store's answer is
-turned into the lease's new state, the observer events and the log lines. Loss of a
-lease (the store refused it, or could not say) and loss of the session (every lease at
-once) are handled here and only here.
+loses the whole session; ``complete_many``, ``release_many`` and ``fail_many`` one per
+chunk, each item settled as its lone operation is) and the store's answer is turned into
+the lease's new state, the observer events and the log lines. Loss of a lease (the store
+refused it, or could not say) and loss of the session (every lease at once) are handled
+here and only here.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .backend import Backend
 from .errors import (
@@ -46,6 +47,9 @@ __all__ = ["Holdings"]
 
 T = TypeVar("T")
 L = TypeVar("L", bound="Lease")
+_Answer = LeaseRecord | LeaseError | None
+"""A store's answer to one item of a batch ending: the record (complete, fail), ``None``
+(release), or the item's refusal."""
 
 log = logging.getLogger("consensus_lease")
 
@@ -156,46 +160,87 @@ class Holdings:
     ) -> list[LeaseRecord | LeaseError]:
         """See :meth:`Session.complete_many`: ``pairs`` are checked (this session's
         leases, distinct, not ended, results valid)."""
-        for lease, _ in pairs:
-            self._refuse_inside_block(lease)
+        backend = self.liveness.backend
+        return cast("list[LeaseRecord | LeaseError]", self._many(
+            "complete", pairs, backend.capabilities.max_complete_batch,
+            lambda chunk: backend.complete_many(self.liveness.handle, [
+                (lease.job_id, lease.claim_result, result) for lease, result in chunk]),
+            lambda pair, record: self._completed(pair[0], record, pair[1])))
+
+    def release_many(self, leases: list[Lease]) -> list[LeaseError | None]:
+        """See :meth:`Session.release_many`: ``leases`` are checked (this session's,
+        distinct, not ended)."""
+        backend = self.liveness.backend
+        return cast("list[LeaseError | None]", self._many(
+            "release", [(lease,) for lease in leases], backend.capabilities.max_end_batch,
+            lambda chunk: backend.release_many(self.liveness.handle, [
+                (lease.job_id, lease.claim_result) for (lease,) in chunk]),
+            lambda one, _none: self._released(one[0])))
+
+    def fail_many(
+        self, items: list[tuple[Lease, str, float]]
+    ) -> list[LeaseRecord | LeaseError]:
+        """See :meth:`Session.fail_many`: ``items`` are checked (this session's leases,
+        distinct, not ended, errors and delays valid)."""
+        backend = self.liveness.backend
+        return cast("list[LeaseRecord | LeaseError]", self._many(
+            "fail", items, backend.capabilities.max_end_batch,
+            lambda chunk: backend.fail_many(self.liveness.handle, [
+                (lease.job_id, lease.claim_result, error, delay)
+                for lease, error, delay in chunk]),
+            lambda item, record: self._failed(item[0], record, item[1])))
+
+    def _many(self, op: str, entries: Sequence[tuple[Any, ...]], step: int,
+              send: Callable[[list[Any]], Sequence[_Answer]],
+              applied: Callable[[Any, Any], None]) -> list[_Answer]:
+        """The one path of ``complete_many``, ``release_many`` and ``fail_many``:
+        ``entries`` (``(lease, *arguments)``, checked) sent in chunks of ``step`` by
+        ``send`` (one backend call each, through :meth:`Liveness.call`: a
+        ``SessionExpired`` of the whole chunk loses the session), each answer settled
+        as the lone operation ``op`` settles it: ``applied(entry, answer)`` for an item
+        the store ended, :meth:`_refused` for one it refused."""
+        for entry in entries:
+            self._refuse_inside_block(entry[0])
         live = self.liveness
-        backend = live.backend
-        step = max(1, backend.capabilities.max_complete_batch)
-        outcomes: list[LeaseRecord | LeaseError] = []
-        for start in range(0, len(pairs), step):
-            chunk = pairs[start : start + step]
-            items = [(lease.job_id, lease.claim_result, result) for lease, result in chunk]
+        step = max(1, step)
+        outcomes: list[_Answer] = []
+        for start in range(0, len(entries), step):
+            chunk = list(entries[start : start + step])
             begin = live.clock.monotonic()
-            answers: list[LeaseRecord | LeaseError]
+            answers: list[_Answer]
             try:
-                answers = live.call(lambda i=items: backend.complete_many(live.handle, i))  # type: ignore[misc]
+                answers = list(live.call(lambda c=chunk: send(c)))  # type: ignore[misc]
             except (StoreClosed, StoreInherited):
                 raise
             except LeaseError as exc:  # the whole chunk's outcome
                 answers = [exc] * len(chunk)
             latency = live.clock.monotonic() - begin
             settled = list(zip(chunk, answers, strict=True))
-            # Completions first: a refusal that loses the session then loses only the
-            # leases the store did not complete.
-            settled.sort(key=lambda s: not isinstance(s[1], LeaseRecord))
-            for (lease, result), answer in settled:
-                self._settle_completion(lease, result, answer, latency)
+            # Applied items first: a refusal that loses the session then loses only the
+            # leases the store did not end.
+            settled.sort(key=lambda s: isinstance(s[1], LeaseError))
+            for entry, answer in settled:
+                self._report(op, entry[0], answer, latency)
+                if isinstance(answer, LeaseError):
+                    self._refused(entry[0], answer)
+                else:
+                    applied(entry, answer)
             outcomes.extend(answers)
         return outcomes
 
-    def _settle_completion(self, lease: Lease, result: bytes,
-                           answer: LeaseRecord | LeaseError, latency: float) -> None:
-        """One item of :meth:`complete_many`: the same state changes as
-        :meth:`complete` and its refusals (:meth:`_guarded`)."""
+    def _report(self, op: str, lease: Lease, answer: _Answer, latency: float) -> None:
+        """One item of :meth:`_many`, to the observer as ``operation(op, ...)``."""
         observer = self.liveness.observer
         if observer is not None:
             scheme, job_id, generation = self.scheme, lease.job_id, lease.generation
-            outcome = "ok" if isinstance(answer, LeaseRecord) else outcome_of(answer)
-            notify(observer, lambda o: o.operation(scheme, "complete", job_id, generation,
+            outcome = outcome_of(answer) if isinstance(answer, LeaseError) else "ok"
+            notify(observer, lambda o: o.operation(scheme, op, job_id, generation,
                                                    outcome, latency))
-        if isinstance(answer, LeaseRecord):
-            self._completed(lease, answer, result)
-            return
+
+    def _refused(self, lease: Lease, answer: LeaseError) -> None:
+        """An item of :meth:`_many` the store refused: the state changes of
+        :meth:`_guarded` for the lone operation's refusal (a ``BackendUnavailable``:
+        nothing applied, still held)."""
         if isinstance(answer, SessionExpired):
             self.liveness.mark_lost(answer)
         if isinstance(answer, (LeaseLost, OutcomeUnknown)):
@@ -248,10 +293,16 @@ class Holdings:
         live = self.liveness
         self._timed("release", lease, lambda: self._guarded(
             lease, lambda: live.backend.release(live.handle, lease.job_id, lease.claim_result)))
+        self._released(lease)
+
+    def _released(self, lease: Lease) -> None:
+        """The store ended ``lease``'s hold (a release): the lease's state, the registry,
+        the observer and the log."""
         finish_lease(lease, LeaseState.RELEASED, None)
         self._forget(lease)
         job_id, generation, owner = lease.job_id, lease.generation, lease.owner
-        notify(live.observer, lambda o: o.released(self.scheme, job_id, generation, owner))
+        notify(self.liveness.observer,
+               lambda o: o.released(self.scheme, job_id, generation, owner))
         log.info("released", extra={"job_id": job_id, "generation": generation,
                                     "owner": owner})
 
@@ -299,16 +350,21 @@ class Holdings:
         record = self._timed("fail", lease, lambda: self._guarded(
             lease, lambda: live.backend.fail(
                 live.handle, lease.job_id, lease.claim_result, error, retry_in_s)))
+        self._failed(lease, record, error)
+        return record
+
+    def _failed(self, lease: Lease, record: LeaseRecord, error: str) -> None:
+        """The store recorded ``lease``'s failure (``record``, after it): the lease's
+        state, the registry, the observer and the log."""
         finish_lease(lease, LeaseState.FAILED, record)
         self._forget(lease)
         job_id, generation, owner = lease.job_id, lease.generation, lease.owner
         state = record.state.value
-        notify(live.observer,
+        notify(self.liveness.observer,
                lambda o: o.failed(self.scheme, job_id, generation, owner, state))
         log.warning("failed", extra={"job_id": lease.job_id, "generation": lease.generation,
                                      "owner": lease.owner, "attempt": lease.attempt,
                                      "error": error[:200], "state": record.state.value})
-        return record
 
     def _timed(self, op: str, lease: Lease, call: Callable[[], T]) -> T:
         """``call()``, reported to the observer as ``operation(op, ...)`` with its

@@ -253,6 +253,34 @@ AsyncLossCallback = Callable[["AsyncSession", LeaseLost], object]
 """``callback(session, reason)``, run on the event loop when the session is lost."""
 
 
+def _sync_items(items: object, call: str) -> Any:
+    """The items of a batch ending (``AsyncSession.complete_many`` ...: leases, or
+    tuples whose first element is a lease) with each :class:`AsyncLease` replaced by its
+    sync lease; a sync :class:`Lease` is ``InvalidArgument`` naming its index. Anything
+    else is passed on as it is, for the sync call to name (checked before anything is
+    sent)."""
+    if (isinstance(items, (str, bytes, bytearray, memoryview))
+            or not isinstance(items, Sequence)):
+        return items
+    out: list[Any] = []
+    for index, item in enumerate(items):
+        given: Any = item  # checked here: the type says what is meant, not what came
+        whole = isinstance(given, tuple) and len(given) > 1
+        lease = given[0] if whole else given
+        if isinstance(lease, AsyncLease):
+            out.append((lease.sync, *given[1:]) if whole else lease.sync)
+            continue
+        if isinstance(lease, Lease):  # a sync lease: its async twin is the caller's
+            raise InvalidArgument(
+                f"AsyncSession.{call}() takes AsyncLease objects; item {index} "
+                f"is a {type(lease).__name__} (pass the AsyncLease the claim returned)",
+                job_id=lease.job_id, generation=lease.generation)
+        # not a lease: the sync call names it by its index and shape (nothing sent)
+        out.extend(list(items)[index:])
+        break
+    return out
+
+
 class AsyncSession:
     """An asyncio view of a :class:`~consensus_lease.Session`.
 
@@ -429,27 +457,23 @@ class AsyncSession:
     ) -> list[LeaseRecord | LeaseError]:
         """See :meth:`Session.complete_many` (same answers and errors), for this
         session's :class:`AsyncLease` objects."""
-        if (isinstance(leases, (str, bytes, bytearray, memoryview))
-                or not isinstance(leases, Sequence)):
-            # the sync call names the error; it is checked before anything is sent
-            return await self.store.workers.run(partial(self.sync.complete_many, leases))
-        items: list[Any] = []
-        for index, item in enumerate(leases):
-            given: Any = item  # checked here: the type says what is meant, not what came
-            pair = isinstance(given, tuple) and len(given) == 2
-            lease = given[0] if pair else given
-            if isinstance(lease, AsyncLease):
-                items.append((lease.sync, given[1]) if pair else lease.sync)
-                continue
-            if isinstance(lease, Lease):  # a sync lease: its async twin is the caller's
-                raise InvalidArgument(
-                    f"AsyncSession.complete_many() takes AsyncLease objects; item {index} "
-                    f"is a {type(lease).__name__} (pass the AsyncLease the claim returned)",
-                    job_id=lease.job_id, generation=lease.generation)
-            # not a lease: the sync call names it by its index and shape (nothing sent)
-            items.extend([item, *list(leases)[index + 1:]])
-            break
+        items = _sync_items(leases, "complete_many")
         return await self.store.workers.run(partial(self.sync.complete_many, items))
+
+    async def release_many(self, leases: Sequence[AsyncLease]) -> list[LeaseError | None]:
+        """See :meth:`Session.release_many` (same answers and errors), for this
+        session's :class:`AsyncLease` objects."""
+        items = _sync_items(leases, "release_many")
+        return await self.store.workers.run(partial(self.sync.release_many, items))
+
+    async def fail_many(
+        self, items: Sequence[tuple[AsyncLease, str | BaseException]
+                              | tuple[AsyncLease, str | BaseException, float | None]],
+    ) -> list[LeaseRecord | LeaseError]:
+        """See :meth:`Session.fail_many` (same answers and errors), for this session's
+        :class:`AsyncLease` objects."""
+        synced = _sync_items(items, "fail_many")
+        return await self.store.workers.run(partial(self.sync.fail_many, synced))
 
     async def keepalive(self) -> float:
         """See :meth:`Session.keepalive`."""

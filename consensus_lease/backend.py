@@ -42,8 +42,10 @@ __all__ = [
     "Backend",
     "Capabilities",
     "CompleteItem",
+    "FailItem",
     "OnceCheck",
     "QueuePick",
+    "ReleaseItem",
     "SessionEvent",
     "SessionHandle",
     "StateListener",
@@ -117,6 +119,13 @@ class Capabilities:
             SKIP LOCKED ... LIMIT n``). 1 means no batching (etcd, ZooKeeper): the
             default :meth:`Backend.claim_from_queue_many` claims one job after the
             other, a round trip (or more) each.
+        max_end_batch: most leases one :meth:`Backend.release_many` or
+            :meth:`Backend.fail_many` call ends; the session splits longer lists. A field
+            of its own, not ``max_complete_batch``: etcd and ZooKeeper complete many
+            jobs per round trip but release and fail them one by one. Memory decides a
+            call under its lock, SQLite in one ``BEGIN IMMEDIATE`` transaction,
+            PostgreSQL in one statement. 1 means no batching (etcd, ZooKeeper): the
+            defaults send one :meth:`Backend.release` / :meth:`Backend.fail` per item.
     """
 
     cross_process: bool
@@ -137,11 +146,21 @@ class Capabilities:
     max_complete_batch: int = 1
     fused_claim_next: bool = False
     max_queue_claim_batch: int = 1
+    max_end_batch: int = 1
 
 
 CompleteItem = tuple[str, ClaimResult, bytes]
 """One completion of :meth:`Backend.complete_many`: ``(job_id, claim, result)``, the
 arguments :meth:`Backend.complete` takes for it."""
+
+ReleaseItem = tuple[str, ClaimResult]
+"""One release of :meth:`Backend.release_many`: ``(job_id, claim)``, the arguments
+:meth:`Backend.release` takes for it."""
+
+FailItem = tuple[str, ClaimResult, str, float]
+"""One failure of :meth:`Backend.fail_many`: ``(job_id, claim, error, retry_in_s)``, the
+arguments :meth:`Backend.fail` takes for it (``retry_in_s``: seconds >= 0 of store
+time)."""
 
 QueuePick = tuple[str, ClaimResult, bytes]
 """A job claimed from a queue: ``(job_id, claim, payload)``."""
@@ -482,6 +501,64 @@ class Backend(abc.ABC):
             StaleLeaseError / SessionExpired / BackendUnavailable / OutcomeUnknown: as
                 :meth:`release`.
         """
+
+    def release_many(
+        self, session: SessionHandle, items: Sequence[ReleaseItem]
+    ) -> list[LeaseError | None]:
+        """:meth:`release` for each of ``items`` (distinct job ids, at most
+        ``capabilities.max_end_batch``), each checked for owner and generation by the
+        store in the same atomic operation that ends its hold. Element ``i`` is ``None``
+        (``items[i]`` released: claimable at once) or the error :meth:`release` would
+        raise for it (``StaleLeaseError`` / ``SessionExpired``, by the rule in
+        :meth:`complete`): a refused item fails alone, the others are released.
+
+        Drivers that batch (``max_end_batch`` > 1) decide all the items in one atomic
+        store operation and round trip, and settle a lost answer by reading back, as
+        :meth:`release` does; this default sends one :meth:`release` per item, and an
+        item whose request fails is answered with that error (``BackendUnavailable`` /
+        ``OutcomeUnknown``) without stopping the others.
+
+        Raises:
+            BackendUnavailable: (batching drivers) nothing of the list was applied.
+            OutcomeUnknown: (batching drivers) the list may or may not have been applied
+                and reading back could not tell.
+        """
+        outcomes: list[LeaseError | None] = []
+        for job_id, claim in items:
+            try:
+                self.release(session, job_id, claim)
+            except LeaseError as exc:  # that item's own outcome, as the docstring says
+                outcomes.append(exc)
+                continue
+            outcomes.append(None)
+        return outcomes
+
+    def fail_many(
+        self, session: SessionHandle, items: Sequence[FailItem]
+    ) -> list[LeaseRecord | LeaseError]:
+        """:meth:`fail` for each of ``items`` (distinct job ids, at most
+        ``capabilities.max_end_batch``), each checked for owner and generation by the
+        store in the same atomic operation that ends its hold and records its error.
+        Element ``i`` is the record after ``items[i]``'s failure, as :meth:`fail`
+        returns it (AVAILABLE with ``not_before`` after its own ``retry_in_s`` of store
+        time, or FAILED when its attempts are used up), or the error :meth:`fail` would
+        raise for it: a refused item fails alone, the others apply.
+
+        Drivers that batch (``max_end_batch`` > 1) decide all the items in one atomic
+        store operation and round trip, and settle a lost answer by reading back, as
+        :meth:`fail` does; this default sends one :meth:`fail` per item, each request's
+        error its item's answer, as :meth:`release_many`'s.
+
+        Raises:
+            BackendUnavailable / OutcomeUnknown: as :meth:`release_many`.
+        """
+        outcomes: list[LeaseRecord | LeaseError] = []
+        for job_id, claim, error, retry_in_s in items:
+            try:
+                outcomes.append(self.fail(session, job_id, claim, error, retry_in_s))
+            except LeaseError as exc:  # that item's own outcome, as the docstring says
+                outcomes.append(exc)
+        return outcomes
 
     def set_value(
         self, session: SessionHandle, job_id: str, claim: ClaimResult, value: bytes

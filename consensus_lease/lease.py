@@ -466,16 +466,17 @@ class Lease:
             StoreClosed / StoreInherited: as for :meth:`complete`.
         """
         self._holdings.check_usable()
-        with self._lock:
-            state = self._state
-        if state in (LeaseState.COMPLETED, LeaseState.RELEASED, LeaseState.FAILED):
-            raise self._ended(state.value, "fail")
+        self._check_not_ended("fail")
+        text, delay = self._check_failure(error, retry_in_s)
+        return self._holdings.fail(self, text, delay)
+
+    def _check_failure(self, error: object, retry_in_s: object) -> tuple[str, float]:
+        """``(error text, retry delay)`` for :meth:`fail`'s arguments, or
+        ``InvalidArgument``; ``retry_in_s`` ``None``: the queue's retry policy."""
         text = error_text(error, job_id=self.job_id, generation=self.generation)
         if retry_in_s is None:
-            delay = self._holdings.retry_policy(self.queue).delay_s(self.attempt)
-        else:
-            delay = check_retry_in(retry_in_s)
-        return self._holdings.fail(self, text, delay)
+            return text, self._holdings.retry_policy(self.queue).delay_s(self.attempt)
+        return text, check_retry_in(retry_in_s)
 
     def release(self) -> None:
         """Hand the job back: end the hold iff this session still holds it at this
@@ -633,3 +634,27 @@ def checked_completion(lease: Lease, result: object, call: str) -> bytes:
     data = lease._check_result(result)
     lease._check_not_ended(call)
     return data
+
+
+def check_not_ended(lease: Lease, call: str) -> None:
+    """For :meth:`Session.release_many <consensus_lease.Session.release_many>`:
+    ``InvalidArgument`` (nothing sent) if this process already completed, released or
+    failed ``lease``."""
+    lease._check_not_ended(call)
+
+
+def checked_failure(
+    lease: Lease, error: object, retry_in_s: object, call: str
+) -> tuple[str, float]:
+    """For :meth:`Session.fail_many <consensus_lease.Session.fail_many>`: ``(error text,
+    retry delay in seconds)`` for ``lease``'s failure by ``call``, with the checks
+    :meth:`Lease.fail` makes before sending anything (``retry_in_s`` ``None``: the
+    delay of the lease's queue's retry policy for its attempt).
+
+    Raises:
+        InvalidArgument: bad ``error`` or ``retry_in_s``, or this process already
+            completed, released or failed the lease; nothing sent, still as it was.
+    """
+    checked = lease._check_failure(error, retry_in_s)
+    lease._check_not_ended(call)
+    return checked

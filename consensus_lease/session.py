@@ -37,7 +37,7 @@ from .errors import (
     SessionExpired,
     StoreRegressed,
 )
-from .lease import Lease, checked_completion
+from .lease import Lease, check_not_ended, checked_completion, checked_failure
 from .observe import Observer
 from .record import LeaseRecord
 from .retry import RetryPolicies
@@ -508,36 +508,126 @@ class Session:
                 nothing sent (also: the store closed during the call, whose remaining
                 leases were not sent).
         """
+        pairs = [(lease, checked_completion(lease, rest[0] if rest else b"", "complete_many"))
+                 for lease, rest in self._listed(leases, "complete_many",
+                                                 "leases or (lease, result) pairs", (1, 2))]
+        return self._holdings.complete_many(pairs)
+
+    def release_many(self, leases: Sequence[Lease]) -> list[LeaseError | None]:
+        """Release several leases of this session, each as :meth:`Lease.release` would
+        (owner and generation compared by the store in the operation that ends the
+        hold; the job claimable at once, at a higher generation), in as few round trips
+        as the store allows: up to ``capabilities.max_end_batch`` leases per call of the
+        driver, decided together (memory: its lock; SQLite: one transaction;
+        PostgreSQL: one statement). Where ``max_end_batch`` is 1 (etcd, ZooKeeper) it
+        sends one release per lease.
+
+        Each lease has its own outcome: a stale one is refused while the others are
+        released.
+
+        Args:
+            leases: HELD (or LOST: the store decides, as for ``release``) leases of this
+                session.
+
+        Returns:
+            Element ``i`` answers ``leases[i]``: ``None`` (released: the lease is
+            RELEASED), or the error ``release`` would have raised for it, returned, not
+            raised, with the lease left as that error leaves it: ``StaleLeaseError``
+            (LOST), ``SessionExpired`` (LOST, with every lease of the session),
+            ``OutcomeUnknown`` (treated as LOST: read ``store.get``),
+            ``BackendUnavailable`` (nothing applied for it: still held until its
+            deadline, may be released again).
+
+        Raises:
+            InvalidArgument: ``leases`` is empty or not a sequence, an item is not a
+                lease of this session (named by its index), a lease is listed twice,
+                or was already completed, released or failed by this process (unlike
+                a repeated ``release()``, which does nothing); nothing sent, every
+                lease as it was.
+            StoreClosed / StoreInherited: as for :meth:`complete_many`.
+        """
+        listed = self._listed(leases, "release_many", "leases", (1,))
+        for lease, _ in listed:
+            check_not_ended(lease, "release_many")
+        return self._holdings.release_many([lease for lease, _ in listed])
+
+    def fail_many(
+        self, items: Sequence[tuple[Lease, str | BaseException]
+                              | tuple[Lease, str | BaseException, float | None]],
+    ) -> list[LeaseRecord | LeaseError]:
+        """Fail several leases of this session, each as :meth:`Lease.fail` would (owner
+        and generation compared by the store in the operation that ends the hold and
+        records the error; FAILED if that was the job's last attempt, else claimable
+        again once its retry delay of *store* time has passed), in as few round trips
+        as the store allows: up to ``capabilities.max_end_batch`` per call of the
+        driver, decided together (as :meth:`release_many`). Where ``max_end_batch`` is 1
+        (etcd, ZooKeeper) it sends one failure per lease.
+
+        Each lease has its own outcome: a stale one is refused while the others apply.
+
+        Args:
+            items: ``(lease, error)`` or ``(lease, error, retry_in_s)``: a HELD (or
+                LOST) lease of this session; ``error`` text or an exception, and
+                ``retry_in_s`` seconds (float >= 0) or ``None``, as
+                :meth:`Lease.fail` takes them (``None`` or left out: the delay of the
+                lease's queue's retry policy for its attempt).
+
+        Returns:
+            Element ``i`` answers ``items[i]``: the job's record after the failure
+            (AVAILABLE with ``not_before``, or FAILED; the lease is FAILED), or the
+            error ``fail`` would have raised for it, returned, not raised, with the
+            lease left as that error leaves it (as in :meth:`release_many`).
+
+        Raises:
+            InvalidArgument: ``items`` is empty or not a sequence, an item is not such
+                a tuple with a lease of this session (named by its index), a lease is
+                listed twice, an ``error`` or ``retry_in_s`` is bad, or a lease was
+                already completed, released or failed by this process; nothing sent,
+                every lease as it was.
+            StoreClosed / StoreInherited: as for :meth:`complete_many`.
+        """
+        checked = []
+        for lease, rest in self._listed(items, "fail_many", "(lease, error) or (lease, "
+                                        "error, retry_in_s) tuples", (2, 3)):
+            text, delay = checked_failure(lease, rest[0], rest[1] if len(rest) > 1 else None,
+                                          "fail_many")
+            checked.append((lease, text, delay))
+        return self._holdings.fail_many(checked)
+
+    def _listed(self, items: object, call: str, takes: str,
+                sizes: tuple[int, ...]) -> list[tuple[Lease, tuple[object, ...]]]:
+        """``items`` of a batch ending (``call``) as ``(lease, rest of the item)``: each
+        item a lease (where 1 is in ``sizes``) or a tuple of a lease and more whose
+        length is in ``sizes``, every lease of this session and listed once; else
+        ``InvalidArgument`` naming the item by its index (nothing sent). ``StoreClosed``
+        / ``StoreInherited`` first."""
         self._liveness.check_usable()
-        if (isinstance(leases, (str, bytes, bytearray, memoryview))
-                or not isinstance(leases, Sequence)):
+        if (isinstance(items, (str, bytes, bytearray, memoryview))
+                or not isinstance(items, Sequence)):
             raise InvalidArgument(
-                f"leases must be a sequence of leases, not {type(leases).__name__}")
-        if not leases:
-            raise InvalidArgument("complete_many() needs at least one lease")
-        pairs: list[tuple[Lease, bytes]] = []
+                f"leases must be a sequence of leases, not {type(items).__name__}")
+        if not items:
+            raise InvalidArgument(f"{call}() needs at least one lease")
+        listed: list[tuple[Lease, tuple[object, ...]]] = []
         seen: set[str] = set()
-        for index, item in enumerate(leases):
-            lease, result = item if isinstance(item, tuple) and len(item) == 2 else (item, b"")
-            if not isinstance(lease, Lease) or isinstance(lease, Leadership):
-                shape = (f"a pair of {type(lease).__name__} and {type(result).__name__}"
-                         if isinstance(item, tuple) and len(item) == 2
-                         else f"a {len(item)}-tuple" if isinstance(item, tuple)
-                         else f"{type(item).__name__}")
+        for index, item in enumerate(items):
+            whole = isinstance(item, tuple) and len(item) in sizes and len(item) > 1
+            lease, rest = (item[0], tuple(item[1:])) if whole else (item, ())
+            if not isinstance(lease, Lease) or isinstance(lease, Leadership) or (
+                    not whole and 1 not in sizes):
                 raise InvalidArgument(
-                    f"complete_many() takes leases or (lease, result) pairs; item {index} "
-                    f"is {shape}")
+                    f"{call}() takes {takes}; item {index} is {_shape(item, sizes)}")
             if lease.session is not self:
                 raise InvalidArgument(
-                    f"lease on {lease.job_id!r} is held by session "
+                    f"item {index}: lease on {lease.job_id!r} is held by session "
                     f"{lease.session.session_id}, not {self.session_id}",
                     job_id=lease.job_id, generation=lease.generation)
             if lease.job_id in seen:
-                raise InvalidArgument(f"{lease.job_id!r} is listed twice",
+                raise InvalidArgument(f"item {index}: {lease.job_id!r} is listed twice",
                                       job_id=lease.job_id, generation=lease.generation)
             seen.add(lease.job_id)
-            pairs.append((lease, checked_completion(lease, result, "complete_many")))
-        return self._holdings.complete_many(pairs)
+            listed.append((lease, rest))
+        return listed
 
     # -- renewal ---------------------------------------------------------------------
 
@@ -618,6 +708,19 @@ class Session:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _shape(item: object, sizes: tuple[int, ...]) -> str:
+    """How an InvalidArgument of a batch ending names a malformed item: its type, or a
+    tuple's length (and, for a length the call takes, its elements' types)."""
+    if not isinstance(item, tuple):
+        return type(item).__name__
+    names = [type(x).__name__ for x in item]
+    if len(item) == 2 and 2 in sizes:
+        return f"a pair of {names[0]} and {names[1]}"
+    if len(item) > 2 and len(item) in sizes:
+        return f"a {len(item)}-tuple of {', '.join(names[:-1])} and {names[-1]}"
+    return f"a {len(item)}-tuple"
 
 
 def close_with_store(session: Session) -> None:

@@ -27,7 +27,8 @@ atomically. Capacity (``capabilities.max_queue_jobs`` is ``None``): no limit is 
 a queue is bounded by the process's memory (about 1 KB per job plus its payload).
 ``complete_many`` (up to ``max_complete_batch``, 1,000,000) and
 ``complete_and_claim_next`` (``fused_claim_next``) run under the one lock: one atomic step,
-and so does ``claim_from_queue_many`` (up to ``max_queue_claim_batch``, 1,000,000 jobs).
+and so do ``claim_from_queue_many`` (up to ``max_queue_claim_batch``, 1,000,000 jobs),
+``release_many`` and ``fail_many`` (up to ``max_end_batch``, 1,000,000).
 
 Options (keyword arguments of ``open_store``; anything else is ``InvalidArgument``, see
 :mod:`consensus_lease.options`):
@@ -51,7 +52,16 @@ from dataclasses import dataclass, field
 
 from .._election import ChangeTracker, is_election_key
 from .._epoch import compose, next_epoch, split
-from ..backend import Backend, Capabilities, CompleteItem, QueuePick, SessionHandle, StateListener
+from ..backend import (
+    Backend,
+    Capabilities,
+    CompleteItem,
+    FailItem,
+    QueuePick,
+    ReleaseItem,
+    SessionHandle,
+    StateListener,
+)
 from ..clock import Clock, SystemClock
 from ..errors import (
     InvalidArgument,
@@ -158,6 +168,7 @@ class MemoryBackend(Backend):
         max_complete_batch=1_000_000,
         fused_claim_next=True,
         max_queue_claim_batch=1_000_000,
+        max_end_batch=1_000_000,
     )
     poll_interval_s = 0.02
 
@@ -451,6 +462,22 @@ class MemoryBackend(Backend):
             job.value = None
             job.owner = None
             self._changed()
+
+    def release_many(
+        self, session: SessionHandle, items: Sequence[ReleaseItem]
+    ) -> list[LeaseError | None]:
+        """Every item by :meth:`release` under the one lock (one atomic step); each its
+        own outcome."""
+        with self._cond:
+            return Backend.release_many(self, session, items)
+
+    def fail_many(
+        self, session: SessionHandle, items: Sequence[FailItem]
+    ) -> list[LeaseRecord | LeaseError]:
+        """Every item by :meth:`fail` under the one lock (one atomic step); each its own
+        outcome."""
+        with self._cond:
+            return Backend.fail_many(self, session, items)
 
     def set_value(
         self, session: SessionHandle, job_id: str, claim: ClaimResult, value: bytes

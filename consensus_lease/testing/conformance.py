@@ -69,6 +69,7 @@ from .conformance_batch import BatchConformance
 from .conformance_completion import CompletionConformance
 from .conformance_depth import QueueDepthConformance
 from .conformance_election import ElectionConformance
+from .conformance_ending import EndingConformance
 from .conformance_epoch import EpochConformance
 from .conformance_lifecycle import LifecycleConformance
 from .conformance_queue_batch import QueueBatchConformance
@@ -114,7 +115,7 @@ session.close()
 class BackendConformance(
     LifecycleConformance, EpochConformance, UsageConformance, AsyncConformance,
     ElectionConformance, BatchConformance, QueueDepthConformance, RegressionConformance,
-    TransactionConformance, CompletionConformance, QueueBatchConformance,
+    TransactionConformance, CompletionConformance, QueueBatchConformance, EndingConformance,
 ):
     """The suite. See the module docstring for the hooks."""
 

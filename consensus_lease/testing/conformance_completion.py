@@ -31,7 +31,7 @@ from ..store import LeaseStore
 __all__ = ["CompletionConformance"]
 
 
-def _stale(store: LeaseStore, lease: Lease, other: Session) -> Lease:
+def make_stale(store: LeaseStore, lease: Lease, other: Session) -> Lease:
     """End ``lease``'s hold in the store behind its back and let ``other`` claim the job:
     ``lease`` still says HELD, the store knows a newer generation. Returns the new lease."""
     store.backend.release(lease.session.handle, lease.job_id, lease.claim_result)
@@ -40,7 +40,7 @@ def _stale(store: LeaseStore, lease: Lease, other: Session) -> Lease:
     return newer
 
 
-class _CountCalls:
+class CountCalls:
     """Wraps a backend method, counting its calls."""
 
     def __init__(self, inner: Any) -> None:
@@ -67,8 +67,8 @@ class CompletionConformance:
         leases = [a.claim(j) for j in ("x", "y", "z")]
         assert all(leases)
         x, y, z = (lease for lease in leases if lease is not None)
-        newer = _stale(store, y, b)
-        spy = _CountCalls(store.backend.complete_many)
+        newer = make_stale(store, y, b)
+        spy = CountCalls(store.backend.complete_many)
         monkeypatch.setattr(store.backend, "complete_many", spy)
         out = a.complete_many([(x, b"rx"), (y, b"ry"), z])
         assert spy.calls == math.ceil(3 / store.capabilities.max_complete_batch)
@@ -137,7 +137,7 @@ class CompletionConformance:
         mine, theirs, ended = a.claim("mine"), b.claim("theirs"), a.claim("ended")
         assert mine is not None and theirs is not None and ended is not None
         ended.release()
-        spy = _CountCalls(store.backend.complete_many)
+        spy = CountCalls(store.backend.complete_many)
         monkeypatch.setattr(store.backend, "complete_many", spy)
         bad: list[Any] = [
             [], "mine", mine, [mine, theirs], [mine, mine], [mine, (mine, b"2")],
@@ -162,7 +162,7 @@ class CompletionConformance:
         a = self.open(store, "A")
         leases = [lease for lease in a.claim_many([f"j{i}" for i in range(count)]) if lease]
         assert len(leases) == count
-        spy = _CountCalls(store.backend.complete_many)
+        spy = CountCalls(store.backend.complete_many)
         monkeypatch.setattr(store.backend, "complete_many", spy)
         out = a.complete_many(leases)
         assert spy.calls == math.ceil(count / step)
@@ -224,7 +224,7 @@ class CompletionConformance:
         lease = a.claim_next("sq")
         assert lease is not None and lease.job_id == "s1"
         store.enqueue("sq", "s2")
-        newer = _stale(store, lease, b)
+        newer = make_stale(store, lease, b)
         with pytest.raises(StaleLeaseError):
             lease.complete_and_claim_next(b"late")
         assert lease.state is LeaseState.LOST

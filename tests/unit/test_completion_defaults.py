@@ -1,8 +1,9 @@
-"""The looped defaults of ``Backend.complete_many``, ``Backend.complete_and_claim_next``
-and ``Backend.claim_from_queue_many`` (for stores that cannot do them in one round trip:
-etcd, ZooKeeper) keep the rules of the native ones: the completion and ``claim_next_many``
-conformance cases on a memory store stripped of its native versions, and what the
-defaults do when the store fails part-way."""
+"""The looped defaults of ``Backend.complete_many``, ``Backend.complete_and_claim_next``,
+``Backend.claim_from_queue_many``, ``Backend.release_many`` and ``Backend.fail_many``
+(for stores that cannot do them in one round trip: etcd, ZooKeeper) keep the rules of the
+native ones: the completion, ``claim_next_many`` and batch-ending conformance cases on a
+memory store stripped of its native versions, and what the defaults do when the store
+fails part-way."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from consensus_lease.record import ClaimResult, JobState
 from consensus_lease.session import Session
 from consensus_lease.states import LeaseState, SessionState
 from consensus_lease.testing.conformance_completion import CompletionConformance
+from consensus_lease.testing.conformance_ending import EndingConformance
 from consensus_lease.testing.conformance_queue_batch import QueueBatchConformance
 
 
@@ -29,13 +31,15 @@ class LoopedMemory(MemoryBackend):
 
     capabilities = dataclasses.replace(
         MemoryBackend.capabilities, max_complete_batch=1, fused_claim_next=False,
-        max_queue_claim_batch=1)
+        max_queue_claim_batch=1, max_end_batch=1)
     complete_many = Backend.complete_many  # type: ignore[assignment]
+    release_many = Backend.release_many  # type: ignore[assignment]
+    fail_many = Backend.fail_many  # type: ignore[assignment]
     complete_and_claim_next = Backend.complete_and_claim_next  # type: ignore[assignment]
     claim_from_queue_many = Backend.claim_from_queue_many  # type: ignore[assignment]
 
 
-class TestLoopedDefaults(CompletionConformance, QueueBatchConformance):
+class TestLoopedDefaults(CompletionConformance, QueueBatchConformance, EndingConformance):
     @pytest.fixture
     def store(self) -> Iterator[LeaseStore]:
         store = LeaseStore(LoopedMemory())
@@ -159,3 +163,68 @@ def test_split_claim_next_many_returns_the_leases_of_earlier_calls_after_an_erro
     with pytest.raises(BackendUnavailable):
         session.claim_next_many("q", 2)
     assert session.state is SessionState.ACTIVE and len(session.leases()) == 2
+
+
+def test_looped_release_and_fail_many_answer_an_unreachable_item_alone(
+    looped: tuple[LoopedMemory, LeaseStore, Session], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The store fails the request of one item: that item is answered with the error
+    (its lease still held: nothing applied), the others are released / failed."""
+    backend, _, session = looped
+    a, b, c, d = (session.claim(j) for j in ("a", "b", "c", "d"))
+    assert a is not None and b is not None and c is not None and d is not None
+    release, fail = backend.release, backend.fail
+
+    def release_but_b(s: Any, job_id: str, claim: ClaimResult) -> None:
+        if job_id == "b":
+            raise BackendUnavailable("store unreachable")
+        release(s, job_id, claim)
+
+    def fail_but_d(s: Any, job_id: str, *rest: Any) -> Any:
+        if job_id == "d":
+            raise BackendUnavailable("store unreachable")
+        return fail(s, job_id, *rest)
+
+    monkeypatch.setattr(backend, "release", release_but_b)
+    monkeypatch.setattr(backend, "fail", fail_but_d)
+    out = session.release_many([a, b])
+    assert out[0] is None and isinstance(out[1], BackendUnavailable)
+    failed = session.fail_many([(c, "boom", 0.0), (d, "boom", 0.0)])
+    assert failed[0].state is JobState.AVAILABLE  # type: ignore[union-attr]
+    assert isinstance(failed[1], BackendUnavailable)
+    assert (a.state, b.state, c.state, d.state) == (
+        LeaseState.RELEASED, LeaseState.HELD, LeaseState.FAILED, LeaseState.HELD)
+    assert set(session.leases()) == {b, d}
+    b.ensure_held()
+    d.ensure_held()
+    monkeypatch.undo()  # the store answers again
+    assert session.release_many([b, d]) == [None, None]
+
+
+def test_batch_ending_raised_for_the_whole_chunk_is_every_items_answer(
+    looped: tuple[LoopedMemory, LeaseStore, Session], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A driver's ``release_many`` / ``fail_many`` that raises (nothing of the batch
+    applied) answers every item with that error; a ``SessionExpired`` loses the session
+    and every lease with it."""
+    backend, _, session = looped
+    leases = [session.claim(j) for j in ("a", "b", "c")]
+    assert all(leases)
+    held = [lease for lease in leases if lease is not None]
+
+    def unreachable(*args: object) -> None:
+        raise BackendUnavailable("store unreachable")
+
+    monkeypatch.setattr(backend, "release_many", unreachable)
+    out = session.release_many(held[:2])
+    assert all(isinstance(r, BackendUnavailable) for r in out) and len(out) == 2
+    assert all(lease.state is LeaseState.HELD for lease in held)
+
+    def expired(*args: object) -> None:
+        raise SessionExpired("expired in the store")
+
+    monkeypatch.setattr(backend, "fail_many", expired)
+    failed = session.fail_many([(lease, "boom") for lease in held])
+    assert all(isinstance(r, SessionExpired) for r in failed) and len(failed) == 3
+    assert session.state is SessionState.LOST
+    assert all(lease.state is LeaseState.LOST for lease in held)

@@ -95,6 +95,7 @@ class EtcdBackend(Backend):
         regression_refusal=True,
         elections=True,
         max_queue_claim_batch=1,  # claim_next_many: the looped default, a claim per job
+        max_end_batch=1,  # release_many / fail_many: the looped defaults, one per lease
     )
     epoch_shift: ClassVar[int] = _tokens.EPOCH_SHIFT
     keepalive_batch: ClassVar[int] = 128

@@ -10,12 +10,12 @@ apply is explained by :func:`_claim_refusal` (completed, FAILED, the session ove
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..._election import ELECTION_PREFIX, is_election_key
 from ..._epoch import compose, split
-from ...backend import Backend, CompleteItem, SessionHandle
+from ...backend import Backend, CompleteItem, FailItem, ReleaseItem, SessionHandle
 from ...errors import (
     InvalidArgument,
     JobCompleted,
@@ -37,8 +37,9 @@ if TYPE_CHECKING:
     from .driver import PostgresBackend
 
 __all__ = [
-    "claim", "claim_many", "complete", "complete_many", "completed_record", "fail", "get",
-    "records", "refusal", "refused_completion", "release", "renew", "requeue", "set_value",
+    "claim", "claim_many", "complete", "complete_many", "completed_record", "fail",
+    "fail_many", "get", "records", "refusal", "refused_completion", "release",
+    "release_many", "renew", "requeue", "set_value",
 ]
 
 Row = tuple[Any, ...]
@@ -367,6 +368,118 @@ def release(b: PostgresBackend, session: SessionHandle, job_id: str,
     b.wake_subscribers()
 
 
+def _batch_params(b: PostgresBackend, session: SessionHandle,
+                  items: Sequence[tuple[Any, ...]], **more: Any) -> dict[str, Any]:
+    """The parameters of a batch statement on ``items`` (``(job_id, claim, ...)``)."""
+    splits = [split(it[1].generation, b.epoch_shift) for it in items]
+    return {"jobs": [it[0] for it in items], "gens": [g for _, g in splits],
+            "epochs": [e for e, _ in splits], "sid": session.session_id,
+            "chan": b.names.channel, **more}
+
+
+def _run_batch(b: PostgresBackend, sql: str, params: dict[str, Any],
+               lost: Callable[[], list[Row] | None]) -> list[Row] | None:
+    """``sql`` (a batch statement) in one round trip: its rows, ``None`` when rolled back
+    (a row locked by a ``lease.transaction``, or a deadlock); a lost answer settled by
+    ``lost()`` when this session still holds none of the items at their generation
+    (the statement applied, or held none of them), else run once more."""
+    first = params["jobs"][0]
+
+    def run(c: psycopg.Connection[Row]) -> list[Row] | None:
+        return unless_locked(b.client.cursor(c), sql, params, None, fetch_all=True,
+                             deadlock=True, binary=True)
+
+    def settle() -> list[Row] | None:
+        if b.client.read(b.sql.held_many, params, first):
+            return b.client.write(first, run)  # it was not applied: once more
+        return lost()
+
+    return b.client.write(first, run, settle)
+
+
+def release_many(
+    b: PostgresBackend, session: SessionHandle, items: Sequence[ReleaseItem]
+) -> list[LeaseError | None]:
+    """Every item's release (the compare and write of :func:`release`) in **one
+    statement** (one round trip, one transaction, one notification; at most
+    ``max_end_batch`` items; the rows locked in job-id order): each item its own
+    outcome, a refused one explained by :func:`refusal` (one read each). A batch that
+    meets a row locked by an open ``lease.transaction`` (``lock_timeout``) or a deadlock
+    is released one job at a time by :func:`release`. A lost answer is settled by
+    reading back which items this session still holds: some, the statement did not
+    apply and runs once more; none, every item is taken as released, as
+    :func:`release` settles (not held by this session any more: ended either way).
+
+    Raises:
+        BackendUnavailable / OutcomeUnknown: nothing known to be applied.
+    """
+    if not items:
+        return []
+    params = _batch_params(b, session, items)
+    rows = _run_batch(b, b.sql.release_many, params,
+                      lambda: [(j, True, 0) for j in params["jobs"]])
+    if rows is None:  # a row locked by a lease.transaction, or a deadlock
+        return Backend.release_many(b, session, items)
+    b.wake_subscribers()
+    return [None if row[1] else refusal(b, session, job_id, claim.generation)
+            for (job_id, claim), row in zip(items, rows, strict=True)]
+
+
+def fail_many(
+    b: PostgresBackend, session: SessionHandle, items: Sequence[FailItem]
+) -> list[LeaseRecord | LeaseError]:
+    """Every item's failure (the compare and write of :func:`fail`, each with its own
+    error and retry delay) in **one statement** returning each record (one round trip,
+    one transaction, one notification, where :func:`fail` reads the record in a
+    second; at most ``max_end_batch`` items; the rows locked in job-id order): each item
+    its own outcome, a refused one explained by :func:`refusal`. A batch that meets a
+    row locked by an open ``lease.transaction`` or a deadlock is failed one job at a
+    time by :func:`fail`. A lost answer is settled by reading back which items this
+    session still holds (some: not applied, once more); none: each item is read again,
+    as :func:`fail` settles (its failure is there: its record; else why not).
+
+    Raises:
+        BackendUnavailable / OutcomeUnknown: nothing known to be applied.
+    """
+    if not items:
+        return []
+    params = _batch_params(b, session, items, errors=[it[2] for it in items],
+                           retries=[float(it[3]) for it in items])
+    lost = False
+
+    def each_read_below() -> list[Row]:
+        nonlocal lost
+        lost = True
+        return [(None,)] * len(items)
+
+    rows = _run_batch(b, b.sql.fail_many, params, each_read_below)
+    if rows is None:  # a row locked by a lease.transaction, or a deadlock
+        return Backend.fail_many(b, session, items)
+    b.wake_subscribers()
+    outcomes: list[LeaseRecord | LeaseError] = []
+    for (job_id, claim, error, _), row in zip(items, rows, strict=True):
+        if row[0] is not None:
+            outcomes.append(to_record(row[:14], b.epoch_shift))
+        elif lost:
+            outcomes.append(_settled_failure(b, session, job_id, claim, error))
+        else:
+            outcomes.append(refusal(b, session, job_id, claim.generation))
+    return outcomes
+
+
+def _settled_failure(b: PostgresBackend, session: SessionHandle, job_id: str,
+                     claim: ClaimResult, error: str) -> LeaseRecord | LeaseError:
+    """After a lost answer of :func:`fail_many`: the item's failure is in the store (its
+    record, as :func:`fail` settles) or it was refused (:func:`refusal`)."""
+    epoch, gen = split(claim.generation, b.epoch_shift)
+    params = {"job": job_id, "gen": gen, "epoch": epoch, "error": error}
+    if b.client.one(b.sql.failed_by_me, params, job_id) is None:
+        return refusal(b, session, job_id, claim.generation)
+    record = get(b, job_id)
+    assert record is not None
+    return record
+
+
 def set_value(b: PostgresBackend, session: SessionHandle, job_id: str, claim: ClaimResult,
               value: bytes) -> None:
     """Write an election leader's value: one ``UPDATE`` with the owner + generation
@@ -398,10 +511,7 @@ def fail(b: PostgresBackend, session: SessionHandle, job_id: str, claim: ClaimRe
     def settle() -> Row | None:
         if _held_now(b, session, job_id, claim):
             return b.client.write(job_id, run)  # not applied: once more
-        done = b.client.one(
-            f"SELECT 1 FROM {b.names.jobs} WHERE job_id = %(job)s AND generation = "
-            "%(gen)s AND epoch = %(epoch)s AND session_id IS NULL AND error = %(error)s "
-            "AND completed_at IS NULL", params, job_id)
+        done = b.client.one(b.sql.failed_by_me, params, job_id)
         return done  # None: not held and not our failure: rejected below
 
     row = b.client.write(job_id, run, settle)

@@ -33,6 +33,7 @@ class Statements:
         self._writes(n)
         self._batch(n)
         self._completions(n)
+        self._endings(n)
 
     def _conditions(self, n: Names) -> None:
         j, s = n.jobs, n.sessions
@@ -319,4 +320,62 @@ class Statements:
             f"%(epochs)s::bigint[]) AS t(job_id, gen, epoch) JOIN {j} j ON "
             "j.job_id = t.job_id AND j.generation = t.gen AND j.epoch = t.epoch "
             "AND j.completed_session = %(sid)s"
+        )
+
+    def _endings(self, n: Names) -> None:
+        j = n.jobs
+        # release_many / fail_many: every item's compare and write of ``release`` /
+        # ``fail`` in one statement, the rows locked in job-id order first (as
+        # complete_many), one notification if any item applied; a row per item, in
+        # order, saying whether it applied (fail_many: with the record's columns, in the
+        # order of ``select``: the job is held by nobody after it).
+        items = ("WITH t AS (SELECT * FROM unnest(%(jobs)s::text[], %(gens)s::bigint[], "
+                 "%(epochs)s::bigint[]{more}) WITH ORDINALITY AS t(job_id, gen, epoch{cols}, "
+                 "ord)), ")
+        match = (
+            "FROM t WHERE j.job_id = t.job_id "
+            f"AND j.job_id IN (SELECT k.job_id FROM {j} k WHERE k.job_id = ANY(%(jobs)s) "
+            "ORDER BY k.job_id FOR UPDATE) "
+            "AND j.session_id = %(sid)s AND j.generation = t.gen AND j.epoch = t.epoch "
+            f"AND j.completed_at IS NULL AND {self.my_alive} "
+        )
+        notify = ("n AS (SELECT pg_notify(%(chan)s, '') AS x WHERE EXISTS (SELECT 1 FROM u)) ")
+        self.release_many = (
+            items.format(more="", cols="")
+            + f"u AS (UPDATE {j} j SET session_id = NULL, owner = NULL, value = NULL "
+            + match + "RETURNING j.job_id), " + notify
+            + "SELECT t.job_id, u.job_id IS NOT NULL, (SELECT count(*) FROM n) FROM t "
+            "LEFT JOIN u ON u.job_id = t.job_id ORDER BY t.ord"
+        )
+        self.fail_many = (
+            items.format(more=", %(errors)s::text[], %(retries)s::float8[]",
+                         cols=", error, retry")
+            + f"u AS (UPDATE {j} j SET session_id = NULL, value = NULL, error = t.error, "
+            f"failed_at = CASE WHEN {EXHAUSTED} THEN {NOW} END, "
+            f"closed = CASE WHEN {EXHAUSTED} THEN true ELSE j.closed END, "
+            f"not_before = CASE WHEN NOT {EXHAUSTED} AND t.retry > 0 THEN {NOW} + t.retry END "
+            + match
+            + "RETURNING j.job_id, j.owner, NULL::double precision AS expires_at, "
+            "j.generation, j.completed_at, j.result, false AS alive, j.failed_at, j.attempt, "
+            f"j.error, CASE WHEN j.not_before > {NOW} THEN j.not_before END AS not_before, "
+            "j.max_attempts, j.epoch, j.value), " + notify
+            + "SELECT u.job_id, u.owner, u.expires_at, u.generation, u.completed_at, "
+            "u.result, u.alive, u.failed_at, u.attempt, u.error, u.not_before, "
+            "u.max_attempts, u.epoch, u.value, (SELECT count(*) FROM n) FROM t "
+            "LEFT JOIN u ON u.job_id = t.job_id ORDER BY t.ord"
+        )
+        # After a lost answer: which items this session still holds at their generation
+        # (none: the statement applied, or held none of them).
+        self.held_many = (
+            "SELECT t.job_id FROM unnest(%(jobs)s::text[], %(gens)s::bigint[], "
+            f"%(epochs)s::bigint[]) AS t(job_id, gen, epoch) JOIN {j} j ON "
+            "j.job_id = t.job_id AND j.generation = t.gen AND j.epoch = t.epoch "
+            "AND j.session_id = %(sid)s AND j.completed_at IS NULL"
+        )
+        # A fail that did not apply (or whose answer was lost): this session's failure
+        # at that generation already (the hold ended, the error ours), as fail settles.
+        self.failed_by_me = (
+            f"SELECT 1 FROM {j} WHERE job_id = %(job)s AND generation = %(gen)s "
+            "AND epoch = %(epoch)s AND session_id IS NULL AND error = %(error)s "
+            "AND completed_at IS NULL"
         )

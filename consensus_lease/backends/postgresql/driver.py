@@ -24,8 +24,10 @@ from ...backend import (
     Backend,
     Capabilities,
     CompleteItem,
+    FailItem,
     OnceCheck,
     QueuePick,
+    ReleaseItem,
     SessionHandle,
     StateListener,
 )
@@ -67,6 +69,7 @@ class PostgresBackend(Backend):
         max_complete_batch=_config.MAX_BATCH_CLAIM,
         fused_claim_next=True,
         max_queue_claim_batch=_config.MAX_BATCH_CLAIM,
+        max_end_batch=_config.MAX_BATCH_CLAIM,
         queues=True,
         max_payload_bytes=16 * 1024 * 1024,
         description="PostgreSQL database (LISTEN/NOTIFY, server clock)",
@@ -157,6 +160,11 @@ class PostgresBackend(Backend):
     def release(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> None:
         _jobs.release(self, session, job_id, claim)
 
+    def release_many(
+        self, session: SessionHandle, items: Sequence[ReleaseItem]
+    ) -> list[LeaseError | None]:
+        return _jobs.release_many(self, session, items)
+
     def set_value(
         self, session: SessionHandle, job_id: str, claim: ClaimResult, value: bytes
     ) -> None:
@@ -167,6 +175,11 @@ class PostgresBackend(Backend):
         retry_in_s: float,
     ) -> LeaseRecord:
         return _jobs.fail(self, session, job_id, claim, error, retry_in_s)
+
+    def fail_many(
+        self, session: SessionHandle, items: Sequence[FailItem]
+    ) -> list[LeaseRecord | LeaseError]:
+        return _jobs.fail_many(self, session, items)
 
     def requeue(self, job_id: str) -> LeaseRecord:
         return _jobs.requeue(self, job_id)

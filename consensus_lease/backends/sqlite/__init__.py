@@ -65,7 +65,10 @@ How the protocol maps onto SQLite:
   transaction per ``max_enqueue_batch`` (10,000) jobs, atomic; ``claim_many`` one
   transaction per ``max_batch_claim`` (1,000) jobs; ``complete_many`` one ``BEGIN
   IMMEDIATE`` transaction per ``max_complete_batch`` (1,000) completions, each by the
-  statement ``complete`` runs with its own outcome; ``complete_and_claim_next`` one
+  statement ``complete`` runs with its own outcome; ``release_many`` and ``fail_many``
+  one ``BEGIN IMMEDIATE`` transaction per ``max_end_batch`` (1,000) leases, each by the
+  statement ``release`` / ``fail`` runs with its own outcome (a refusal explained in the
+  same transaction); ``complete_and_claim_next`` one
   transaction: the completion, then the claim statement on the oldest claimable job of
   the queue (``fused_claim_next``); ``claim_from_queue_many`` (``claim_next_many``) one
   transaction per ``max_queue_claim_batch`` (1,000) jobs: the oldest claimable ones read

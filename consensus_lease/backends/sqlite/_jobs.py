@@ -1,4 +1,4 @@
-"""Jobs of the SQLite driver: renew, complete (one or a batch), release, fail, requeue
+"""Jobs of the SQLite driver: renew, complete, release and fail (one or a batch), requeue
 and ``set_value`` of a held job, each an ``UPDATE`` whose ``WHERE`` is the owner +
 generation compare; reading records; and :func:`refusal`, the one rule that turns a
 compare the store refused into the error raised. Claims are :mod:`._jobs_claim`; the
@@ -20,7 +20,7 @@ from ._layout import ALIVE, EXHAUSTED, NOT_ELECTION, NOW, SELECT_RECORD, alive, 
 if TYPE_CHECKING:
     import sqlite3
 
-    from ...backend import CompleteItem, SessionHandle
+    from ...backend import CompleteItem, FailItem, ReleaseItem, SessionHandle
     from .driver import SqliteBackend
 
 COMPLETE_SQL = (
@@ -33,6 +33,25 @@ COMPLETE_SQL = (
 result, job id, session id, generation, epoch, session id). No ``RETURNING``: what the
 record needs from the row is handed over by :data:`COMPLETED_CAPTURE`."""
 
+
+RELEASE_SQL = (
+    "UPDATE cl_jobs SET session_id = NULL, owner = NULL, value = NULL "
+    "WHERE job_id = ? AND session_id = ? AND generation = ? AND epoch = ? "
+    f"AND completed_at IS NULL AND {ALIVE} RETURNING 1"
+)
+"""The release: the owner + generation compare and the end of the hold in one
+statement (bind job id, session id, generation, epoch, session id)."""
+
+FAIL_SQL = (
+    f"UPDATE cl_jobs SET session_id = NULL, value = NULL, error = ?, "
+    f"failed_at = CASE WHEN {EXHAUSTED} THEN {NOW} END, "
+    f"not_before = CASE WHEN NOT {EXHAUSTED} AND ? > 0 THEN {NOW} + ? END "
+    "WHERE job_id = ? AND session_id = ? AND generation = ? AND epoch = ? "
+    f"AND completed_at IS NULL AND {ALIVE} RETURNING 1"
+)
+"""The fail: the compare and the write (FAILED if the attempts are used up, else a retry
+delay on the database's clock) in one statement (bind error, retry_in_s twice, job id,
+session id, generation, epoch, session id)."""
 
 REPEATED = (
     "SELECT 1 FROM cl_jobs WHERE job_id = ? AND generation = ? AND epoch = ? "
@@ -205,8 +224,8 @@ def complete_many(
 def release(
     backend: SqliteBackend, session: SessionHandle, job_id: str, claim: ClaimResult
 ) -> None:
-    """Release the job: one ``UPDATE`` (its own transaction) whose ``WHERE`` makes the
-    owner + generation compare; only a refused one takes a ``BEGIN IMMEDIATE``
+    """Release the job: :data:`RELEASE_SQL` (its own transaction), whose ``WHERE`` makes
+    the owner + generation compare; only a refused one takes a ``BEGIN IMMEDIATE``
     transaction to tell why.
 
     Raises:
@@ -215,15 +234,35 @@ def release(
     generation = claim.generation
     epoch, local = split(generation, backend.epoch_shift)
     rows = backend._transport.write(
-        "UPDATE cl_jobs SET session_id = NULL, owner = NULL, value = NULL "
-        "WHERE job_id = ? AND session_id = ? AND generation = ? AND epoch = ? "
-        f"AND completed_at IS NULL AND {ALIVE} RETURNING 1",
-        (job_id, session.session_id, local, epoch, session.session_id), job_id,
-    )
+        RELEASE_SQL, (job_id, session.session_id, local, epoch, session.session_id), job_id)
     if not rows:
         with backend._transport.transaction(job_id) as db:
             raise refusal(backend, db, session, job_id, generation)
     backend.wake_subscribers()
+
+
+def release_many(
+    backend: SqliteBackend, session: SessionHandle, items: Sequence[ReleaseItem]
+) -> list[LeaseError | None]:
+    """Every item by :data:`RELEASE_SQL`, in one ``BEGIN IMMEDIATE`` transaction (at
+    most ``max_end_batch`` items): each its own outcome (``None``: released; a refusal
+    explained by :func:`refusal` in the same transaction), all committed at once.
+
+    Raises:
+        BackendUnavailable: nothing of the batch applied (the transaction rolled back).
+    """
+    if not items:
+        return []
+    outcomes: list[LeaseError | None] = []
+    with backend._transport.transaction(items[0][0]) as db:
+        for job_id, claim in items:
+            epoch, local = split(claim.generation, backend.epoch_shift)
+            row = db.execute(RELEASE_SQL, (job_id, session.session_id, local, epoch,
+                                           session.session_id)).fetchone()
+            outcomes.append(None if row is not None else
+                            refusal(backend, db, session, job_id, claim.generation))
+    backend.wake_subscribers()
+    return outcomes
 
 
 def set_value(
@@ -255,30 +294,50 @@ def fail(
     error: str, retry_in_s: float,
 ) -> LeaseRecord:
     """End the attempt as failed (see :meth:`Backend.fail`) in one ``BEGIN IMMEDIATE``
-    transaction: the compare-and-write ``UPDATE`` (FAILED if the attempts are used up,
-    else a retry delay on the database's clock), then the record read back.
+    transaction: :data:`FAIL_SQL`, then the record read back.
 
     Raises:
         StaleLeaseError / SessionExpired / BackendUnavailable.
     """
-    generation = claim.generation
-    epoch, local = split(generation, backend.epoch_shift)
     with backend._transport.transaction(job_id) as db:
-        row = db.execute(
-            f"UPDATE cl_jobs SET session_id = NULL, value = NULL, error = ?, "
-            f"failed_at = CASE WHEN {EXHAUSTED} THEN {NOW} END, "
-            f"not_before = CASE WHEN NOT {EXHAUSTED} AND ? > 0 THEN {NOW} + ? END "
-            "WHERE job_id = ? AND session_id = ? AND generation = ? AND epoch = ? "
-            f"AND completed_at IS NULL AND {ALIVE} RETURNING 1",
-            (error, retry_in_s, retry_in_s, job_id, session.session_id, local, epoch,
-             session.session_id),
-        ).fetchone()
-        if row is None:
-            raise refusal(backend, db, session, job_id, generation)
-        record = get_in(db, job_id, backend.epoch_shift)
-    assert record is not None
+        outcome = fail_in(backend, db, session, (job_id, claim, error, retry_in_s))
+    if isinstance(outcome, LeaseError):
+        raise outcome
     backend.wake_subscribers()
+    return outcome
+
+
+def fail_in(
+    backend: SqliteBackend, db: sqlite3.Connection, session: SessionHandle, item: FailItem
+) -> LeaseRecord | LeaseError:
+    """:data:`FAIL_SQL` for one job inside an open transaction: the record after it, or
+    the refusal :meth:`Backend.fail` would raise (:func:`refusal`), returned."""
+    job_id, claim, error, retry_in_s = item
+    epoch, local = split(claim.generation, backend.epoch_shift)
+    row = db.execute(FAIL_SQL, (error, retry_in_s, retry_in_s, job_id, session.session_id,
+                                local, epoch, session.session_id)).fetchone()
+    if row is None:
+        return refusal(backend, db, session, job_id, claim.generation)
+    record = get_in(db, job_id, backend.epoch_shift)
+    assert record is not None
     return record
+
+
+def fail_many(
+    backend: SqliteBackend, session: SessionHandle, items: Sequence[FailItem]
+) -> list[LeaseRecord | LeaseError]:
+    """Every item by :func:`fail_in`, in one ``BEGIN IMMEDIATE`` transaction (at most
+    ``max_end_batch`` items): each its own outcome, all committed at once.
+
+    Raises:
+        BackendUnavailable: nothing of the batch applied (the transaction rolled back).
+    """
+    if not items:
+        return []
+    with backend._transport.transaction(items[0][0]) as db:
+        outcomes = [fail_in(backend, db, session, item) for item in items]
+    backend.wake_subscribers()
+    return outcomes
 
 
 def requeue(backend: SqliteBackend, job_id: str) -> LeaseRecord:

@@ -16,8 +16,10 @@ from ...backend import (
     Backend,
     Capabilities,
     CompleteItem,
+    FailItem,
     OnceCheck,
     QueuePick,
+    ReleaseItem,
     SessionHandle,
     StateListener,
 )
@@ -65,6 +67,7 @@ class SqliteBackend(Backend):
         max_complete_batch=1000,
         fused_claim_next=True,
         max_queue_claim_batch=1000,
+        max_end_batch=1000,
         queues=True,
         max_payload_bytes=16 * 1024 * 1024,
         description="embedded SQLite file (one machine, many processes; waiting claims "
@@ -168,6 +171,11 @@ class SqliteBackend(Backend):
     def release(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> None:
         _jobs.release(self, session, job_id, claim)
 
+    def release_many(
+        self, session: SessionHandle, items: Sequence[ReleaseItem]
+    ) -> list[LeaseError | None]:
+        return _jobs.release_many(self, session, items)
+
     def set_value(
         self, session: SessionHandle, job_id: str, claim: ClaimResult, value: bytes
     ) -> None:
@@ -178,6 +186,11 @@ class SqliteBackend(Backend):
         retry_in_s: float,
     ) -> LeaseRecord:
         return _jobs.fail(self, session, job_id, claim, error, retry_in_s)
+
+    def fail_many(
+        self, session: SessionHandle, items: Sequence[FailItem]
+    ) -> list[LeaseRecord | LeaseError]:
+        return _jobs.fail_many(self, session, items)
 
     def requeue(self, job_id: str) -> LeaseRecord:
         return _jobs.requeue(self, job_id)

@@ -225,6 +225,7 @@ class ZooKeeperBackend(Backend):
         max_queue_jobs=MAX_QUEUE_JOBS,
         max_complete_batch=MAX_COMPLETE_BATCH,
         max_queue_claim_batch=1,  # claim_next_many: the looped default, a claim per job
+        max_end_batch=1,  # release_many / fail_many: the looped defaults, one per lease
     )
 
     def __init__(self, config: ZkConfig) -> None:
