@@ -32,7 +32,7 @@ from .errors import (
     UnsupportedOperation,
 )
 from .lease import Lease, finish_lease, lose_lease
-from .observe import notify, outcome_of
+from .observe import Observer, notify, outcome_of
 from .record import ClaimResult, LeaseRecord
 from .retry import RetryPolicies, RetryPolicy
 from .states import LeaseState
@@ -277,16 +277,32 @@ class Holdings:
         """The claim half of a fused call, reported as the ``claim_next`` it replaces
         (outcome ``ok`` with the new lease, ``empty`` without; latency: the whole call),
         so claim counts and rates stay right for workers that use it."""
+        self.report_queue_claims([] if lease is None else [lease], start)
+
+    def claim_started(self) -> float | None:
+        """The session clock's monotonic time, to report a claim from; ``None`` without
+        an observer (no clock is read)."""
+        live = self.liveness
+        return None if live.observer is None else live.clock.monotonic()
+
+    def report_queue_claims(self, leases: Sequence[Lease], start: float | None,
+                            error: BaseException | None = None) -> None:
+        """Claims of a queue made by one call (``claim_next_many``, a fused call), each
+        reported to the observer as the ``claim_next`` it replaces: ``ok`` per lease,
+        ``empty`` when there is none, or the outcome of ``error`` (latency: the whole
+        call, from ``start``, as :meth:`claim_started` gave it)."""
         observer = self.liveness.observer
-        if observer is None:
+        if observer is None or start is None:
             return
         latency = self.liveness.clock.monotonic() - start
         scheme = self.scheme
-        job_id = None if lease is None else lease.job_id
-        generation = None if lease is None else lease.generation
-        outcome = "empty" if lease is None else "ok"
-        notify(observer, lambda o: o.operation(scheme, "claim_next", job_id, generation,
-                                               outcome, latency))
+        if error is not None or not leases:
+            outcome = "empty" if error is None else outcome_of(error)
+            notify(observer, lambda o: o.operation(scheme, "claim_next", None, None,
+                                                   outcome, latency))
+            return
+        for lease in leases:
+            _report_claim(observer, scheme, lease, latency)
 
     def release(self, lease: Lease) -> None:
         """See :meth:`Lease.release`."""
@@ -502,3 +518,9 @@ class Holdings:
             return
         live.resume(send, ttl)
 
+
+def _report_claim(observer: Observer, scheme: str, lease: Lease, latency_s: float) -> None:
+    """One lease of :meth:`Holdings.report_queue_claims`, as a ``claim_next``."""
+    job_id, generation = lease.job_id, lease.generation
+    notify(observer, lambda o: o.operation(scheme, "claim_next", job_id, generation, "ok",
+                                           latency_s))

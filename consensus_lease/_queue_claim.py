@@ -82,11 +82,25 @@ def claim_next_many(session: Session, holdings: Holdings, queue: str, n: int) ->
     returns fewer than it was asked for."""
     check_queue_name(queue)
     count = check_count(n, "n")
-    backend, handle = session.backend, session.handle
+    backend = session.backend
     if not backend.capabilities.queues:
         raise UnsupportedOperation(f"the {backend.scheme} backend has no work queues")
     step = max(1, backend.capabilities.max_queue_claim_batch)
+    start = holdings.claim_started()
     leases: list[Lease] = []
+    try:
+        _claim_batches(session, holdings, queue, count, step, leases)
+    except BaseException as exc:
+        holdings.report_queue_claims([], start, exc)
+        raise
+    holdings.report_queue_claims(leases, start)
+    return leases
+
+
+def _claim_batches(session: Session, holdings: Holdings, queue: str, count: int, step: int,
+                   leases: list[Lease]) -> None:
+    """The calls of :func:`claim_next_many`, appending to ``leases``."""
+    backend, handle = session.backend, session.handle
     while len(leases) < count:
         want = min(step, count - len(leases))
         try:
@@ -103,7 +117,6 @@ def claim_next_many(session: Session, holdings: Holdings, queue: str, n: int) ->
                       for job_id, claim, payload in picks)
         if len(picks) < want:
             break
-    return leases
 
 
 def _claim_once(session: Session, holdings: Holdings, queue: str) -> Lease | None:

@@ -85,9 +85,9 @@ def check_value(value: object, backend: Backend) -> bytes:
     if not isinstance(value, (bytes, bytearray, memoryview)):
         raise InvalidArgument(f"value must be bytes, not {type(value).__name__}")
     limit = backend.capabilities.max_payload_bytes
-    if limit and len(value) > limit:
+    if limit and (size := memoryview(value).nbytes) > limit:
         raise InvalidArgument(
-            f"value is {len(value)} bytes; the {backend.scheme} store accepts at most {limit} "
+            f"value is {size} bytes; the {backend.scheme} store accepts at most {limit} "
             f"in one request"
         )
     return bytes(value)

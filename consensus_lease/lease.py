@@ -360,9 +360,9 @@ class Lease:
                 generation=self.generation,
             )
         limit = self.session.backend.capabilities.max_payload_bytes
-        if limit and len(result) > limit:
+        if limit and (size := memoryview(result).nbytes) > limit:
             raise InvalidArgument(
-                f"result is {len(result)} bytes; the {self.session.backend.scheme} store "
+                f"result is {size} bytes; the {self.session.backend.scheme} store "
                 f"accepts at most {limit} in one request",
                 job_id=self.job_id,
                 generation=self.generation,

@@ -359,7 +359,11 @@ class Session:
             as :meth:`claim_next`'s are (each with its ``payload``; each renews,
             completes, releases and fails on its own), oldest enqueued first where the
             store orders them (SQLite, PostgreSQL, memory); fewer than ``n`` when fewer
-            were claimable, ``[]`` when none was.
+            were claimable, ``[]`` when none was. A session closed (or lost) by another
+            thread while the call was in flight hands its leases back LOST, not HELD:
+            check ``lease.state`` (or call ``ensure_held()``) before acting on one. The
+            store's observer gets one ``claim_next`` operation per lease (``empty`` when
+            none was claimed), so claim counts and rates stay right.
 
         Raises:
             InvalidArgument: bad queue name, or ``n`` not an int >= 1; nothing sent.

@@ -466,9 +466,9 @@ class LeaseStore:
             raise InvalidArgument(f"payload must be bytes, not {type(payload).__name__}")
         self._require_queues()
         limit = self.backend.capabilities.max_payload_bytes
-        if len(payload) > limit:
+        if (size := memoryview(payload).nbytes) > limit:
             raise InvalidArgument(
-                f"payload is {len(payload)} bytes; the {self.backend.scheme} store accepts at "
+                f"payload is {size} bytes; the {self.backend.scheme} store accepts at "
                 f"most {limit} in one request",
                 job_id=job_id,
             )
@@ -544,9 +544,9 @@ class LeaseStore:
                 raise InvalidArgument(
                     f"payload must be bytes, not {type(payload).__name__}",
                     job_id=item.job_id)
-            if len(payload) > limit:
+            if (size := memoryview(payload).nbytes) > limit:
                 raise InvalidArgument(
-                    f"payload is {len(payload)} bytes; the {self.backend.scheme} store "
+                    f"payload is {size} bytes; the {self.backend.scheme} store "
                     f"accepts at most {limit} in one request",
                     job_id=item.job_id,
                 )
