@@ -166,14 +166,16 @@ def candidates(ops: Ops, queue: str, limit: int) -> list[tuple[str, bytes]]:
     <consensus_lease.backends.etcd.EtcdBackend.queue_candidates>`: a scan from the
     driver's cursor (where the last scan found its first candidate) while the last scan
     from the low-water mark is under :data:`~._queues_state.RESCAN_S` old and the cursor's
-    scan finds something; else a scan from the low-water mark, which also raises it."""
+    scan finds something; else a scan from the low-water mark, which also raises it.
+    What it found is remembered as the queue's offered candidates
+    (:meth:`~._queues_state.QueueCache.offer`)."""
     qkeys = ops.layout.queue(queue)
     cursor = ops.queues.cursor(queue)
-    if cursor is not None:
-        found = _scan(ops, qkeys, limit, cursor)
-        if found:
-            return found
-    return _scan(ops, qkeys, limit, None)
+    found = [] if cursor is None else _scan(ops, qkeys, limit, cursor)
+    if not found:
+        found = _scan(ops, qkeys, limit, None)
+    ops.queues.offer(queue, found)  # for the fused claim (:mod:`._queues_fused`)
+    return found
 
 
 def _classify(ops: Ops, qkeys: QueueKeys, entries: list[tuple[int, str]], what: str,
