@@ -28,7 +28,8 @@ by reading the owner keys back (the batch's nonce; see :mod:`._jobs_claim_many`)
 by a blind re-send.
 
 Cost: the scan's reads (two per page of 32 entries) and one transaction per call, plus
-two per job with an attempt limit.
+two per job with an attempt limit. A call that claimed every candidate it read moves the
+driver's scan cursor past them, so the next call does not read them again.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from ._jobs import Ops
 from ._jobs_claim import claimant_for
 from ._jobs_claim_many import batch_request, claim_chunk, claim_or_none
 from ._queues_index import candidates
-from ._sessions import EtcdSession
+from ._sessions import EtcdClaim, EtcdSession
 from ._transport_txn_limit import too_many_ops
 
 __all__ = ["QUEUE_CLAIM_BATCH", "ROUNDS", "claim_queued"]
@@ -68,7 +69,8 @@ def claim_queued(ops: Ops, handle: EtcdSession, queue: str, n: int) -> list[Queu
         if want <= 0:
             break
         try:
-            found = [c for c in candidates(ops, queue, want) if c[0] not in tried][:want]
+            found = [c for c in candidates(ops, queue, want, fill=True)
+                     if c[0] not in tried][:want]
             if not found:
                 break
             tried.update(job_id for job_id, _ in found)
@@ -83,9 +85,21 @@ def claim_queued(ops: Ops, handle: EtcdSession, queue: str, n: int) -> list[Queu
                for (job_id, payload), result in zip(found, results, strict=False)
                if result is not None]
         picks += got
+        if len(got) == len(found):
+            _past(ops, queue, got)
         if len(found) < want or len(got) == len(found):
             break  # the scan found all there was, or every candidate was claimed
     return picks
+
+
+def _past(ops: Ops, queue: str, got: Sequence[QueuePick]) -> None:
+    """Every candidate of the scan was claimed: the driver's next scan may start after
+    the last of them (its cursor, :meth:`~._queues_state.QueueCache.move_cursor`)
+    instead of reading them again, held, from the first."""
+    ordinals = [r.handle.ordinal for _, r, _ in got
+                if isinstance(r.handle, EtcdClaim) and r.handle.ordinal is not None]
+    if ordinals:
+        ops.queues.move_cursor(queue, max(ordinals) + 1, rescanned=False)
 
 
 def _claim_ids(ops: Ops, handle: EtcdSession,

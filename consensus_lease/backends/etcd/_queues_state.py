@@ -111,6 +111,14 @@ class QueueCache:
             self._cursor.pop(queue, None)
             self._offers.pop(queue, None)
 
+    def forget_cursors(self) -> None:
+        """A session of this driver ended (closed, revoked or expired): its held jobs
+        are claimable again at their old places, in any queue: every scan starts at the
+        low-water mark next (and every offer is dropped)."""
+        with self._lock:
+            self._cursor.clear()
+            self._offers.clear()
+
     def offer(self, queue: str, found: Sequence[tuple[str, bytes]]) -> None:
         """Remember the candidates ``(job_id, payload)`` a scan of ``queue`` just found,
         oldest first (replacing those of the last scan), for :meth:`take`."""

@@ -236,6 +236,7 @@ class EtcdBackend(Backend):
         with self._lock:
             if self._sessions.get(handle.lease_id) is not handle:
                 return
+        self._ops.queues.forget_cursors()  # its jobs are claimable at their places
         now = time.monotonic()
         promise = handle.ended_early(now)
         at = f" at revision {revision}" if revision else ""
@@ -450,7 +451,8 @@ class EtcdBackend(Backend):
 
     def close_session(self, session: SessionHandle) -> None:
         """Revoke the lease: etcd deletes every owner key attached to it in one revision,
-        so its jobs are claimable at once. Idempotent (a lease already gone is fine).
+        so its jobs are claimable at once (this driver's next queue scans start at the
+        low-water mark). Idempotent (a lease already gone is fine).
 
         Raises:
             BackendUnavailable: no member answered within ``timeout_s``; the lease then
@@ -461,6 +463,7 @@ class EtcdBackend(Backend):
             self._sessions.pop(handle.lease_id, None)
         self._session_watch.forget(handle)
         self._revoke(handle.lease_id, budget_s=self.config.timeout_s)
+        self._ops.queues.forget_cursors()  # its jobs are claimable at their places
 
     def expire_session(self, session_id: str) -> None:
         """Test hook: make etcd end a session now, as its TTL running out would (revoke
@@ -474,6 +477,7 @@ class EtcdBackend(Backend):
         if handle is not None:
             handle.end_expected()
         self._revoke(lease_id, budget_s=self.config.connect_timeout_s)
+        self._ops.queues.forget_cursors()
 
     def _revoke(self, lease_id: int, budget_s: float) -> None:
         with contextlib.suppress(SessionExpired):  # already gone: fine
@@ -860,7 +864,7 @@ class EtcdBackend(Backend):
         """A scan of the queue's FIFO index (see :mod:`._queues_index`), from this
         driver's cursor (where its last scan found a candidate) or from the low-water
         mark (when the cursor finds nothing, after this driver released a job of the
-        queue, and at least every second): per page of 32 entries, one read-only
+        queue or ended one of its sessions, and at least every second): per page of 32 entries, one read-only
         transaction with the entries (a key-ordered range spanning at most 1,024
         ordinals, so etcd's cost does not grow with the queue's depth), the ordinal
         counter and the mark, then one with each entry's pending key (stale?), owner key
