@@ -309,3 +309,24 @@ def test_the_fused_capability_is_declared(store: LeaseStore) -> None:
     assert caps.fused_claim_next is True
     assert caps.max_queue_claim_batch == _queues_claim.QUEUE_CLAIM_BATCH == 100
     assert _queues_fused.SCAN == 32
+
+
+def test_a_candidate_with_an_attempt_limit_is_claimed_after_the_completion(
+    store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The nested claim is the common one (no limit key): a limited candidate fails it,
+    the completion commits, and the candidate is claimed on its own (its two
+    transactions)."""
+    store.enqueue_many("al", [EnqueueItem(f"al-{i}", b"", 2) for i in range(2)])
+    with store.session("W", 30) as w:
+        lease = w.claim_next("al")
+        assert lease is not None
+        other = "al-1" if lease.job_id == "al-0" else "al-0"
+        sent = _Sent(store, monkeypatch)
+        record, nxt = lease.complete_and_claim_next(b"r")
+        assert record.state is JobState.COMPLETED
+        assert nxt is not None and (nxt.job_id, nxt.attempt) == (other, 1)
+        assert sent.writes == [
+            f"completion of {lease.job_id!r} generation {lease.generation} and claim of "
+            f"{other!r}", f"claim of {other!r}", f"claim of {other!r}"]
+        assert nxt.complete(b"").state is JobState.COMPLETED

@@ -93,8 +93,8 @@ FALLBACK_TRIES = 3
 
 Outcome = tuple[LeaseRecord, QueuePick | None, bool]
 """The completion's record, the job claimed with it, and whether :func:`claim_after`
-should try the candidate itself (it has a limit, or a lost answer may have claimed
-it)."""
+should try the candidate itself (it has a limit, a lost answer may have claimed it, or
+its claim was not sent)."""
 
 
 def complete_and_claim_next(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult,
@@ -173,8 +173,8 @@ def _send_fused(ops: Ops, handle: EtcdSession, done: Completing, queue: str,
     done.then = -1
     _nested_claim(done.fill(request), keys, claimant)
     what = f"{done.what} and claim of {keys.job_id!r}"
-    if not _fits(ops, request, what):
-        return done.send(), None, False
+    if not _fits(ops, request, what):  # the completion alone; the candidate untried
+        return done.send(), None, True
     try:
         answer = ops.send_guarded(
             request, what, job_id=done.keys.job_id, generation=done.generation,
@@ -185,7 +185,7 @@ def _send_fused(ops: Ops, handle: EtcdSession, done: Completing, queue: str,
         if not too_many_ops(exc):
             raise
         ops.txn_limit.refused(ops, request, what)
-        return done.send(), None, False  # nothing applied: the completion alone
+        return done.send(), None, True  # nothing applied: the completion alone
     except OutcomeUnknown:
         handle.unsettled(keys.job_id, nonce)  # if it lands later, adopt the claim
         raise

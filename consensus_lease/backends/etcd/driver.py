@@ -864,11 +864,13 @@ class EtcdBackend(Backend):
         """A scan of the queue's FIFO index (see :mod:`._queues_index`), from this
         driver's cursor (where its last scan found a candidate) or from the low-water
         mark (when the cursor finds nothing, after this driver released a job of the
-        queue or ended one of its sessions, and at least every second): per page of 32 entries, one read-only
-        transaction with the entries (a key-ordered range spanning at most 1,024
-        ordinals, so etcd's cost does not grow with the queue's depth), the ordinal
-        counter and the mark, then one with each entry's pending key (stale?), owner key
-        (held?), not-before key (retry delay?) and payload. Stops once ``limit`` unheld
+        queue or ended one of its sessions, and at least every second): per page of 32
+        entries, one read-only transaction with the entries (a key-ordered range
+        spanning at most 1,024 ordinals, so etcd's cost does not grow with the queue's
+        depth), the ordinal counter and the mark, then one with each entry's pending key
+        (stale?), owner key (held?), not-before key (retry delay?) and payload. What it
+        finds is offered to this driver's fused ``complete_and_claim_next`` for up to a
+        second (:mod:`._queues_fused`). Stops once ``limit`` unheld
         jobs are found or the queue is exhausted (at most 512 pages). Its cost grows
         with the held and delayed jobs at the front of the queue, not with its depth.
         Candidates come oldest ordinal first (enqueue commit order; a requeued job goes
