@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from etcd_local import LocalEtcd, backend_of, local_members, lose_answers
+from etcd_local import LocalEtcd, Sent, backend_of, local_members, lose_answers
 from pyetcd import etcdrpc
 
 from consensus_lease import EnqueueItem, JobState, LeaseStore, open_store
@@ -46,32 +46,6 @@ def store(url: str) -> Iterator[LeaseStore]:
         yield store
 
 
-class _Sent:
-    """Every request the store's transport makes: ``writes`` (by what they do) and
-    ``attempts`` (every attempt, reads included, by method)."""
-
-    def __init__(self, store: LeaseStore, monkeypatch: pytest.MonkeyPatch) -> None:
-        transport = backend_of(store)._transport
-        self.writes: list[str] = []
-        self.attempts: list[str] = []
-        send, attempt = transport.send, transport.attempt
-
-        def counting_send(*args: Any, **kwargs: Any) -> Any:
-            self.writes.append(str(kwargs.get("what")))
-            return send(*args, **kwargs)
-
-        def counting_attempt(stub: str, method: str, request: Any, timeout_s: float) -> Any:
-            self.attempts.append(method)
-            return attempt(stub, method, request, timeout_s)
-
-        monkeypatch.setattr(transport, "send", counting_send)
-        monkeypatch.setattr(transport, "attempt", counting_attempt)
-
-    def clear(self) -> None:
-        self.writes.clear()
-        self.attempts.clear()
-
-
 def _index_entries(store: LeaseStore, queue: str) -> list[bytes]:
     """The keys of the queue's FIFO index entries."""
     backend = backend_of(store)
@@ -96,7 +70,7 @@ def test_a_batch_of_100_is_the_scan_and_one_transaction(
     ids = [f"j-{i:03d}" for i in range(120)]
     assert all(store.enqueue_many("q", [(j, j.encode()) for j in ids]))
     with store.session("W", 30) as w:
-        sent = _Sent(store, monkeypatch)
+        sent = Sent(store, monkeypatch)
         got = w.claim_next_many("q", 100)
         assert sent.writes == ["batch claim of 100 jobs"]
         assert sent.attempts.count("Txn") == 1 + 2 * 4  # 4 pages of 32 scanned
@@ -131,7 +105,7 @@ def test_candidates_lost_to_a_race_fail_their_compare_and_more_are_read(
             return found
 
         monkeypatch.setattr(_queues_claim, "candidates", scan_then_steal)
-        sent = _Sent(store, monkeypatch)
+        sent = Sent(store, monkeypatch)
         got = w.claim_next_many("race", 5)
         assert [s for s in sent.writes if s.startswith("batch")] == [
             "batch claim of 5 jobs", "batch claim of 2 jobs"]
@@ -175,7 +149,7 @@ def test_a_server_allowing_fewer_operations_gets_smaller_batches(
         store.enqueue_many("q", [f"s-{i:02d}" for i in range(30)])
         ops = backend_of(store)._ops
         monkeypatch.setattr(ops, "txn_limit", TxnLimit())  # forget what enqueue taught
-        sent = _Sent(store, monkeypatch)
+        sent = Sent(store, monkeypatch)
         got = w.claim_next_many("q", 30)
         assert sorted(lease.job_id for lease in got) == [f"s-{i:02d}" for i in range(30)]
         assert ops.txn_limit.max_ops == SMALL_TXN_OPS
@@ -207,7 +181,7 @@ def test_a_drain_loop_is_one_transaction_per_job(
     with nothing left, is the scan and the completion alone."""
     with store.session("W", 30) as w:
         lease = _draining(store, w, "d", 10)
-        sent = _Sent(store, monkeypatch)
+        sent = Sent(store, monkeypatch)
         seen = [lease.job_id]
         for _ in range(9):
             sent.clear()
@@ -244,7 +218,7 @@ def test_a_stale_completion_is_refused_and_claims_nothing(
         assert newer is not None
         # Offer the others again (the release dropped this driver's offers).
         assert len(backend_of(store).queue_candidates("s", 32)) == 2
-        sent = _Sent(store, monkeypatch)
+        sent = Sent(store, monkeypatch)
         with pytest.raises(StaleLeaseError):
             lease.complete_and_claim_next(b"late")
         others = sorted({"s-00", "s-01", "s-02"} - {lease.job_id})
@@ -271,7 +245,7 @@ def test_a_candidate_taken_meanwhile_lets_the_completion_commit_alone(
         taken = b.claim(other)
         assert taken is not None
         store.enqueue("t", "t-02")
-        sent = _Sent(store, monkeypatch)
+        sent = Sent(store, monkeypatch)
         record, nxt = lease.complete_and_claim_next(b"r")
         assert record.state is JobState.COMPLETED
         assert nxt is not None and nxt.job_id == "t-02"
@@ -291,7 +265,7 @@ def test_a_lost_fused_answer_is_read_back(
     with store.session("W", 30) as w:
         lease = _draining(store, w, "l", 3)
         dropped = lose_answers(store, monkeypatch, applied=applied)
-        sent = _Sent(store, monkeypatch)
+        sent = Sent(store, monkeypatch)
         record, nxt = lease.complete_and_claim_next(b"r")
         assert len(dropped) == 1 and dropped[0].startswith("completion of")
         assert len(sent.writes) == (1 if applied else 2)
@@ -322,7 +296,7 @@ def test_a_candidate_with_an_attempt_limit_is_claimed_after_the_completion(
         lease = w.claim_next("al")
         assert lease is not None
         other = "al-1" if lease.job_id == "al-0" else "al-0"
-        sent = _Sent(store, monkeypatch)
+        sent = Sent(store, monkeypatch)
         record, nxt = lease.complete_and_claim_next(b"r")
         assert record.state is JobState.COMPLETED
         assert nxt is not None and (nxt.job_id, nxt.attempt) == (other, 1)
