@@ -109,16 +109,19 @@ class Capabilities:
             :meth:`Backend.complete_many` sends one :meth:`Backend.complete` per item.
         fused_claim_next: :meth:`Backend.complete_and_claim_next` completes a job and
             claims the next one of a queue in one atomic store operation (one round
-            trip). ``False``: the default sends a completion, then claims (two or more
-            round trips; a claim that fails after the completion committed returns no
-            next job).
+            trip in the common case: etcd adds a read-only candidate scan per 32 jobs,
+            and claims again after its transaction when the candidate it nested was
+            taken meanwhile). ``False``: the default sends a completion, then claims
+            (two or more round trips; a claim that fails after the completion committed
+            returns no next job).
         max_queue_claim_batch: most jobs one :meth:`Backend.claim_from_queue_many` call
             claims from a queue; ``Session.claim_next_many`` splits a larger ``n`` into
             calls of this size. Memory decides a call under its lock, SQLite in one
             ``BEGIN IMMEDIATE`` transaction, PostgreSQL in one statement (``FOR UPDATE
-            SKIP LOCKED ... LIMIT n``). 1 means no batching (etcd, ZooKeeper): the
-            default :meth:`Backend.claim_from_queue_many` claims one job after the
-            other, a round trip (or more) each.
+            SKIP LOCKED ... LIMIT n``), etcd in one transaction of nested claims after
+            a read-only candidate scan. 1 means no batching (ZooKeeper): the default
+            :meth:`Backend.claim_from_queue_many` claims one job after the other, a
+            round trip (or more) each.
         max_end_batch: most leases one :meth:`Backend.release_many` or
             :meth:`Backend.fail_many` call ends; the session splits longer lists. A field
             of its own, not ``max_complete_batch``: etcd and ZooKeeper complete many

@@ -383,8 +383,10 @@ class Lease:
         """Complete this job and claim the next claimable job of ``queue`` for the same
         session, in one atomic store operation where the store can
         (``capabilities.fused_claim_next``: one SQL transaction on SQLite and
-        PostgreSQL, memory under its lock; not etcd or ZooKeeper, which send the
-        completion, then the claim): one round trip per job instead of two.
+        PostgreSQL, memory under its lock, on etcd one transaction with the claim of a
+        candidate from the driver's last scan nested in the completion's, plus a
+        read-only scan when none is left; not ZooKeeper, which sends the completion,
+        then the claim): one round trip per job instead of two.
 
         The completion is the one :meth:`complete` makes (owner and generation compared
         by the store in the same operation); the claim is the one
@@ -393,8 +395,10 @@ class Lease:
         lease is held by this lease's session like any other. When no job of ``queue`` is
         claimable the completion still commits and no lease is returned. A refused
         completion claims nothing. Stores without ``fused_claim_next`` send the
-        completion, then the claim; there an error of the claim after the completion
-        committed is not raised: no lease is returned (call ``claim_next``).
+        completion, then the claim (and etcd does so after its fused transaction when
+        the candidate it nested was taken meanwhile); there an error of the claim after
+        the completion committed is not raised: no lease is returned (call
+        ``claim_next``).
 
         When the session cannot claim (SUSPENDED, or past its local deadline) only the
         completion is sent, as :meth:`complete` would, and no lease is returned.

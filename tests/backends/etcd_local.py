@@ -366,3 +366,30 @@ def lose_answers(store: LeaseStore, monkeypatch: pytest.MonkeyPatch, *, applied:
 
     monkeypatch.setattr(transport, "send", send)
     return dropped
+
+
+class Sent:
+    """Every request the store's transport makes: ``writes`` (sent once, settled by
+    reading back; by what they do) and ``attempts`` (every attempt, reads included, by
+    method). ``monkeypatch`` undoes it at the test's end."""
+
+    def __init__(self, store: LeaseStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        transport = backend_of(store)._transport
+        self.writes: list[str] = []
+        self.attempts: list[str] = []
+        send, attempt = transport.send, transport.attempt
+
+        def counting_send(*args: Any, **kwargs: Any) -> Any:
+            self.writes.append(str(kwargs.get("what")))
+            return send(*args, **kwargs)
+
+        def counting_attempt(stub: str, method: str, request: Any, timeout_s: float) -> Any:
+            self.attempts.append(method)
+            return attempt(stub, method, request, timeout_s)
+
+        monkeypatch.setattr(transport, "send", counting_send)
+        monkeypatch.setattr(transport, "attempt", counting_attempt)
+
+    def clear(self) -> None:
+        self.writes.clear()
+        self.attempts.clear()

@@ -50,5 +50,11 @@ def test_etcd_agrees_with_the_model(local_etcd: LocalEtcd) -> None:
     _run(open_store(local_etcd.url_with_prefix(f"diff-{uuid.uuid4().hex[:12]}")))
 
 
+def test_etcd_queue_batches_agree_with_the_model(local_etcd: LocalEtcd) -> None:
+    with open_store(local_etcd.url_with_prefix(f"diffq-{uuid.uuid4().hex[:12]}")) as store:
+        run_differential(lambda: store.backend, examples=EXAMPLES, steps=STEPS, close=False,
+                         queue_batches=True)
+
+
 def test_zookeeper_agrees_with_the_model(zk_target: ZkTarget, key_prefix: str) -> None:  # noqa: F811
     _run(open_store(zk_target.url(key_prefix), connect_timeout_s=30))

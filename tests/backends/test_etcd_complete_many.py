@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from etcd_local import LocalEtcd, backend_of, local_members, lose_answers
+from etcd_local import LocalEtcd, Sent, backend_of, local_members, lose_answers
 from pyetcd import etcdrpc
 
 from consensus_lease import JobState, LeaseStore, open_store
@@ -38,28 +38,6 @@ def etcd_server() -> Iterator[LocalEtcd]:
 def store(etcd_server: LocalEtcd) -> Iterator[LeaseStore]:
     with open_store(etcd_server.url_with_prefix(f"cm-{uuid.uuid4().hex[:12]}")) as store:
         yield store
-
-
-class _Sent:
-    """Every request the store's transport makes: ``writes`` (sent once, settled by
-    reading back) and ``attempts`` (every attempt, reads included), by what they do."""
-
-    def __init__(self, store: LeaseStore, monkeypatch: pytest.MonkeyPatch) -> None:
-        transport = backend_of(store)._transport
-        self.writes: list[str] = []
-        self.attempts: list[str] = []
-        send, attempt = transport.send, transport.attempt
-
-        def counting_send(*args: Any, **kwargs: Any) -> Any:
-            self.writes.append(str(kwargs.get("what")))
-            return send(*args, **kwargs)
-
-        def counting_attempt(stub: str, method: str, request: Any, timeout_s: float) -> Any:
-            self.attempts.append(method)
-            return attempt(stub, method, request, timeout_s)
-
-        monkeypatch.setattr(transport, "send", counting_send)
-        monkeypatch.setattr(transport, "attempt", counting_attempt)
 
 
 def _keys(store: LeaseStore, under: bytes = b"") -> dict[bytes, Any]:
@@ -97,7 +75,7 @@ def test_a_batch_with_a_stale_item_is_one_transaction_and_the_others_commit(
         store.backend.release(a.handle, stale.job_id, stale.claim_result)
         newer = b.claim(stale.job_id)
         assert newer is not None
-        sent = _Sent(store, monkeypatch)
+        sent = Sent(store, monkeypatch)
         out = a.complete_many([(lease, b"r") for lease in leases])
         assert sent.writes == ["completion of 6 jobs"] and sent.attempts == ["Txn"]
         assert isinstance(out[2], StaleLeaseError)
@@ -154,7 +132,7 @@ def test_a_lost_answer_is_read_back_and_counted_once(
         assert again is not None
         leases[1] = again
         dropped = lose_answers(store, monkeypatch, applied=applied)
-        sent = _Sent(store, monkeypatch)
+        sent = Sent(store, monkeypatch)
         out = a.complete_many([(lease, b"r") for lease in leases])
         assert dropped == ["completion of 5 jobs"]
         assert len(sent.writes) == (1 if applied else 2)  # landed: read back, not re-sent
@@ -181,7 +159,7 @@ def test_claims_without_their_handle_read_their_queues_in_one_transaction(
     handle = backend.open_session("W", 30)
     try:
         claims = [backend.claim(handle, job_id) for job_id in ("a", "b", "c", "plain")]
-        sent = _Sent(store, monkeypatch)
+        sent = Sent(store, monkeypatch)
         out = backend.complete_many(handle, [
             (job_id, ClaimResult(claim.generation), job_id.encode())
             for job_id, claim in zip(("a", "b", "c", "plain"), claims, strict=True)
@@ -202,7 +180,7 @@ def test_large_results_split_the_batch_by_size(
     """Results of 300 KiB (400 KiB in base64): two per transaction under 1 MiB."""
     with store.session("A", 30) as a:
         leases = _queued(store, a, "big", 5)
-        sent = _Sent(store, monkeypatch)
+        sent = Sent(store, monkeypatch)
         results = [bytes([i]) * (300 * 1024) for i in range(5)]
         out = a.complete_many(list(zip(leases, results, strict=True)))
         assert len(sent.writes) == 3  # 2 + 2 + 1 (the last alone)
@@ -225,7 +203,7 @@ def test_a_server_allowing_fewer_operations_gets_smaller_batches(
         leases = _queued(store, a, "q", 30)  # the claims taught the driver the limit:
         ops = backend_of(store)._ops
         monkeypatch.setattr(ops, "txn_limit", TxnLimit())  # forget it
-        sent = _Sent(store, monkeypatch)
+        sent = Sent(store, monkeypatch)
         out = a.complete_many(leases)
         assert _completed(out) == [lease.job_id for lease in leases]
         assert ops.txn_limit.max_ops == SMALL_TXN_OPS

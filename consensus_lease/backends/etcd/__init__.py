@@ -4,12 +4,14 @@ A worker session is one etcd **lease**; every job it claims is an *owner key* at
 to that lease, so one keepalive renews them all and a revoked or expired lease drops
 them all at once. Claim, complete, release and fail are each decided by **one
 transaction** in which etcd compares the owner key (``complete_many`` decides up to 100
-completions in one, a nested transaction with its own compares per job; a claim of a
-job with an attempt limit sends a second; a fail with a retry delay grants that delay's
-lease first; see below); the fencing token (generation) is ``epoch * 2**44 +`` the owner key's
-``create_revision``, i.e. the claim transaction's revision: strictly increasing per job
-(and across the whole cluster, but for the claims of one ``claim_many`` batch, which
-share its revision), not consecutive (``consecutive_generations=False``). The store
+completions in one, ``claim_next_many`` up to 100 claims, a nested transaction with its
+own compares per job, and ``complete_and_claim_next`` a completion with the next claim
+nested in it; a claim of a job with an attempt limit sends a second; a fail with a
+retry delay grants that delay's lease first; see below); the fencing token (generation)
+is ``epoch * 2**44 +`` the owner key's ``create_revision``, i.e. the claim transaction's
+revision: strictly increasing per job (and across the whole cluster, but for the claims
+of one ``claim_many`` or ``claim_next_many`` batch, which share its revision), not
+consecutive (``consecutive_generations=False``). The store
 epoch (key ``PREFIX/epoch``, 0 until ``bump_epoch`` first runs, so tokens are plain
 revisions until then) is compared inside every claim transaction against the driver's
 cached copy and recorded in the owner value; see :mod:`._tokens` and
@@ -124,11 +126,32 @@ operation per item and each nested transaction is checked against the rest: 100 
 need at most 111 of the default 128; a server allowing fewer gets smaller chunks,
 learnt from its first refusal) and to 1 MiB of nested transactions (under the default
 ``--max-request-bytes``); a claim whose handle does not know the job's queue has its
-queue marker read first, for all such items in one read. ``complete_and_claim_next`` is
-the looped default of :class:`~consensus_lease.backend.Backend` (``fused_claim_next``
-false): a completion transaction, then ``claim_next``'s reads and claim;
-``claim_from_queue_many`` (``claim_next_many``) is the looped default too
-(``max_queue_claim_batch`` 1): ``claim_next``'s reads and claim per job.
+queue marker read first, for all such items in one read.
+
+``claim_from_queue_many`` (``claim_next_many``, ``max_queue_claim_batch`` 100; see
+:mod:`._queues_claim`) is ``claim_next``'s scan (read-only), then **one transaction**
+of nested claim transactions, one per candidate (up to 100, each needing 6 operations
+inside the outer list's 100: 106 of the default 128; fewer on a server allowing fewer),
+under one compare of the store epoch: a candidate another claimer took since the scan
+fails its own compare while the others are claimed, at one revision (one token for the
+batch). If the scan was cut at ``n`` and candidates were lost, the next are read and
+claimed the same way (at most 3 rounds). A job with an attempt limit fails its nested
+compare and is claimed on its own afterwards (two transactions). A lost answer is
+settled by reading the owner keys back (the batch's nonce).
+
+``complete_and_claim_next`` (``fused_claim_next``; see :mod:`._queues_fused`) is **one
+transaction**: the lone completion's, with the claim of one candidate of the queue
+nested in its ``success`` branch, so it runs only if the completion's compares pass (a
+refused completion claims nothing) and is decided by its own compares (a candidate
+taken meanwhile leaves the completion to commit alone). The two share no key: the claim
+puts no queue counter. The candidate is one the driver's last scan of the queue offered
+(less than a second ago) that no claim of this driver took since, a random one of the
+oldest 8; with none left a scan runs first (read-only). So a worker draining a queue
+pays one round trip per job, plus a scan per 32 jobs (or per second). When the nested
+claim does not apply, or the queue has nothing to offer, the next job is claimed as
+``claim_next`` claims it, after the completion (an error there is not raised: no next
+job). A lost answer is settled by reading back the completed job's owner and
+completion keys and the candidate's owner key (this request's nonce).
 
 Job lifecycle (attempts, ``fail``, retry delays, FAILED, ``requeue``; see
 :mod:`._jobs_attempts` and :mod:`._jobs_fail`):
@@ -187,9 +210,10 @@ etcd guarantees relied on (etcd 3.4 docs):
 
 Lost answers: writes are never re-sent blindly. After a timeout or a member failure
 mid-request the driver reads the job's keys back; each write is recognisable afterwards
-(a claim by the nonce in its owner value, a completion by its record (a batch of
-completions lands whole or not at all: any item still held by its claim means not
-applied), a release by its
+(a claim by the nonce in its owner value (a batch's claims share one), a completion by
+its record (a batch of completions lands whole or not at all: any item still held by its
+claim means not applied; a fused completion and claim likewise, the claim told by its
+nonce), a release by its
 history marker, a fail by the nonce in its error record, a claim that made the job
 FAILED by the FAILED record, a requeue by the nonce in its limit record, an enqueue by
 the nonce in its queue marker) and guarded by a compare its own success makes false, so

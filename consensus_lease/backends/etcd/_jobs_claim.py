@@ -47,7 +47,6 @@ decides whether the attempts are used up.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import random
 from collections.abc import Sequence
@@ -74,6 +73,7 @@ from ._layout import (
     DeadLetter,
     JobKeys,
     Layout,
+    Limit,
     Owner,
     attempts_of,
     attempts_value,
@@ -98,6 +98,8 @@ __all__ = [
     "claiming",
     "fix_held",
     "hand_back",
+    "landed",
+    "new_nonce",
     "plan_request",
     "queued_keys",
     "unlimited",
@@ -190,7 +192,7 @@ class Claimant:
 def claim_one(ops: Ops, handle: EtcdSession, job_id: str) -> ClaimResult | None:
     """See :meth:`EtcdBackend.claim <consensus_lease.backends.etcd.EtcdBackend.claim>`."""
     keys = ops.layout.job(job_id)
-    nonce = _nonce()
+    nonce = new_nonce()
     plan = Plan()
     for _ in range(MAX_PLANS):
         outcome = _send_plan(ops, handle, keys, plan, nonce)
@@ -200,7 +202,7 @@ def claim_one(ops: Ops, handle: EtcdSession, job_id: str) -> ClaimResult | None:
     return None
 
 
-def _nonce() -> str:
+def new_nonce() -> str:
     """A claim request's nonce: 16 hex digits, random. It only has to differ from this
     session's other claims of the job (an owner value is ours by session id *and*
     nonce), not be unpredictable: the module ``random`` (reseeded in a fork's child)
@@ -287,16 +289,9 @@ def _send_plan(ops: Ops, handle: EtcdSession, keys: JobKeys, plan: Plan,
         if plan.exhausted:
             assert plan.snapshot is not None
             raise job_failed(job_id, dead_letter(plan.snapshot, nonce)[0])
-        claimed = _claimed(handle, keys, plan, claimant, answer, nonce)
-        known = claimed.handle
-        assert isinstance(known, EtcdClaim)
-        right = None if known.queue is None else ops.layout.queue(known.queue).held(job_id)
-        if right != claimant.held:  # the queue was not known, or not the hinted one
-            fix_held(ops, [(keys, claimant.value, claimant.held, known.queue)],
-                     claimant.lease_id)
-            return ClaimResult(claimed.generation, attempt=claimed.attempt,
-                               handle=dataclasses.replace(known, ordinal=None))
-        return claimed
+        limit = None if plan.snapshot is None else limit_of(plan.snapshot.limit)
+        return landed(ops, handle, keys, claimant, answer.responses,
+                      int(answer.header.revision), nonce, limit)
     except OutcomeUnknown:
         handle.unsettled(job_id, nonce)
         raise
@@ -413,21 +408,29 @@ def plan_request(layout: Layout, keys: JobKeys, plan: Plan, claimant: Claimant,
     return request
 
 
-def _claimed(handle: EtcdSession, keys: JobKeys, plan: Plan, claimant: Claimant,
-             answer: Any, nonce: str) -> ClaimResult:
-    """The claim from the answer of a claiming transaction that applied.
+def landed(ops: Ops, handle: EtcdSession, keys: JobKeys, claimant: Claimant,
+           responses: Any, revision: int, nonce: str, limit: Limit | None = None) -> ClaimResult:
+    """The claim from the ``responses`` of a claiming transaction (top-level or nested:
+    :func:`claiming`'s operations first) that applied at ``revision``: its token,
+    attempt and handle. A held marker put in the wrong queue (or none, the queue not
+    known) is fixed (:func:`fix_held`; the handle then knows no ordinal), and the job
+    is no longer one of this driver's offered candidates.
 
     Raises:
-        TokenOverflow: the revision reached 2**44.
+        TokenOverflow: the revision reached 2**44 (nothing fixed yet).
     """
-    responses = answer.responses
+    token = compose(claimant.epoch, revision)
     attempt = claimed_attempt(responses[2])
-    limit = None if plan.snapshot is None else limit_of(plan.snapshot.limit)
-    ordinal = None if len(responses) < 6 else ordinal_of(rq.kv_of(responses[5]))
-    known = EtcdClaim(handle.lease_id, keys.job_id, claimant.value, True,
-                      queue_of(rq.kv_of(responses[3])), attempt, limit, claimant.epoch,
-                      ordinal, nonce)
-    token = compose(claimant.epoch, int(answer.header.revision))
+    queue = queue_of(rq.kv_of(responses[3]))
+    right = None if queue is None else ops.layout.queue(queue).held(keys.job_id)
+    ordinal = None
+    if right != claimant.held:  # the queue was not known, or not the hinted one
+        fix_held(ops, [(keys, claimant.value, claimant.held, queue)], claimant.lease_id)
+    elif len(responses) >= 6:
+        ordinal = ordinal_of(rq.kv_of(responses[5]))
+    ops.queues.taken([keys.job_id])
+    known = EtcdClaim(handle.lease_id, keys.job_id, claimant.value, True, queue, attempt,
+                      limit, claimant.epoch, ordinal, nonce)
     return ClaimResult(token, attempt=attempt, handle=known)
 
 

@@ -12,8 +12,11 @@ The transaction of ``claim_many`` for several job ids (at most :data:`MAX_BATCH_
 All nested claims that pass land at one revision, so they share one generation. A job
 with an attempt limit fails its nested compare and is then claimed on its own
 (:func:`~._jobs_claim.claim_one`); a server allowing fewer operations per transaction,
-or an epoch that keeps changing, makes the driver claim one by one. A lost answer is
-settled by reading the owner keys back (:func:`_settle_batch`).
+or an epoch that keeps changing, makes ``claim_many`` claim one by one
+(``claim_next_many`` sends smaller batches instead: :mod:`._queues_claim`). A claim
+whose job was lately a queue candidate also puts its held marker and reads its ordinal,
+so its completion deletes its index entry. A lost answer is settled by reading the
+owner keys back (:func:`_settle_batch`).
 """
 
 from __future__ import annotations
@@ -41,11 +44,12 @@ from ._jobs_claim import (
     queued_keys,
     unlimited,
 )
-from ._layout import JobKeys, Owner, attempts_of, queue_of
+from ._layout import JobKeys, Owner, attempts_of, ordinal_of, queue_of
 from ._sessions import EtcdClaim, EtcdSession
 from ._tokens import TokenOverflow, compose
+from ._transport_txn_limit import too_many_ops
 
-__all__ = ["MAX_BATCH_CLAIM", "claim_batch"]
+__all__ = ["MAX_BATCH_CLAIM", "batch_request", "claim_batch", "claim_chunk", "claim_or_none"]
 
 MAX_BATCH_CLAIM = 64
 """Claims per batch transaction. Each is one nested transaction of 2 compares, 3 puts
@@ -61,7 +65,7 @@ def _held_key(ops: Ops, job_id: str) -> bytes | None:
     return None if queued is None else queued[0]
 
 
-def _claim_or_none(ops: Ops, handle: EtcdSession, job_id: str) -> ClaimResult | None:
+def claim_or_none(ops: Ops, handle: EtcdSession, job_id: str) -> ClaimResult | None:
     """:func:`~._jobs_claim.claim_one`, with a finished job as ``None`` (a batch's answer)."""
     try:
         return claim_one(ops, handle, job_id)
@@ -82,29 +86,43 @@ def claim_batch(ops: Ops, handle: EtcdSession,
     (:func:`~._jobs_claim.claim_one`). Returns ``None`` when the server allows fewer
     operations per transaction, or the epoch kept changing (the caller then claims one
     by one)."""
+    try:
+        return claim_chunk(ops, handle, job_ids)
+    except InvalidArgument as exc:
+        if too_many_ops(exc):
+            return None
+        raise
+
+
+def claim_chunk(ops: Ops, handle: EtcdSession,
+                job_ids: Sequence[str]) -> list[ClaimResult | None] | None:
+    """:func:`claim_batch`, but a transaction over the server's ``--max-txn-ops`` raises
+    (nothing applied; :func:`batch_request` rebuilds it for sizing, see
+    :mod:`._transport_txn_limit`); ``None``: the epoch kept changing.
+
+    Raises:
+        InvalidArgument: etcd refused the transaction (too many operations, or its
+            size); nothing was claimed.
+        SessionExpired / StoreRegressed / OutcomeUnknown / BackendUnavailable.
+    """
     all_keys = [ops.layout.job(j) for j in job_ids]
     nonce = secrets.token_hex(8)
     outcome: Batch | None = None
     for _ in range(MAX_PLANS):
-        try:
-            outcome = _send_batch(ops, handle, all_keys, claimant_for(ops, handle, nonce), nonce)
-        except InvalidArgument as exc:
-            if "too many operations" in str(exc):
-                return None
-            raise
+        outcome = _send_batch(ops, handle, all_keys, claimant_for(ops, handle, nonce), nonce)
         if outcome is not None:
             break
     if outcome is None:
         return None
     results, limited = outcome
     for i in limited:
-        results[i] = _claim_or_none(ops, handle, job_ids[i])
+        results[i] = claim_or_none(ops, handle, job_ids[i])
     return results
 
 
-def _send_batch(ops: Ops, handle: EtcdSession, all_keys: list[JobKeys], claimant: Claimant,
-                nonce: str) -> Batch | None:
-    """Send one batch transaction; ``None`` if the epoch had changed (now cached)."""
+def batch_request(ops: Ops, all_keys: Sequence[JobKeys], claimant: Claimant) -> Any:
+    """The batch transaction (see the module docstring): per job, a nested claim with
+    the job's held marker and ordinal read in the queue it was lately a candidate of."""
     request = etcdrpc.TxnRequest()
     request.compare.append(claimant.same_epoch)
     for k in all_keys:
@@ -114,6 +132,13 @@ def _send_batch(ops: Ops, handle: EtcdSession, all_keys: list[JobKeys], claimant
                  queued_keys(ops, k.job_id))
         nested.failure.append(rq.count(k.limit))
     rq.add_get(request.failure, ops.layout.epoch)
+    return request
+
+
+def _send_batch(ops: Ops, handle: EtcdSession, all_keys: list[JobKeys], claimant: Claimant,
+                nonce: str) -> Batch | None:
+    """Send one batch transaction; ``None`` if the epoch had changed (now cached)."""
+    request = batch_request(ops, all_keys, claimant)
     try:
         answer = ops.send_guarded(
             request, f"batch claim of {len(all_keys)} jobs", job_id=all_keys[0].job_id,
@@ -126,12 +151,7 @@ def _send_batch(ops: Ops, handle: EtcdSession, all_keys: list[JobKeys], claimant
         if not answer.succeeded:
             ops.epochs.update(rq.kv_of(answer.responses[0]))
             return None
-        batch = _batch_answer(handle, all_keys, claimant, answer)
-        fix_held(ops, [(keys, claimant.value, _held_key(ops, keys.job_id), r.handle.queue)
-                       for keys, r in zip(all_keys, batch[0], strict=True)
-                       if r is not None and isinstance(r.handle, EtcdClaim)],
-                 claimant.lease_id)
-        return batch
+        return _batch_answer(ops, handle, all_keys, claimant, answer, nonce)
     except OutcomeUnknown:
         for keys in all_keys:
             handle.unsettled(keys.job_id, nonce)
@@ -141,13 +161,15 @@ def _send_batch(ops: Ops, handle: EtcdSession, all_keys: list[JobKeys], claimant
         raise
 
 
-def _batch_answer(handle: EtcdSession, all_keys: list[JobKeys], claimant: Claimant,
-                  answer: Any) -> Batch:
-    """The claims of a batch's answer, and the indexes of the jobs it refused for their
-    attempt limit."""
+def _batch_answer(ops: Ops, handle: EtcdSession, all_keys: list[JobKeys],
+                  claimant: Claimant, answer: Any, nonce: str) -> Batch:
+    """The claims of a batch's answer (each as :func:`~._jobs_claim.landed` makes it,
+    the misplaced held markers fixed in one transaction), and the indexes of the jobs
+    it refused for their attempt limit."""
     generation = compose(claimant.epoch, int(answer.header.revision))
     out: list[ClaimResult | None] = []
     limited: list[int] = []
+    fixes = []
     for i, (keys, sub) in enumerate(zip(all_keys, answer.responses, strict=True)):
         nested = sub.response_txn
         if not nested.succeeded:
@@ -156,10 +178,19 @@ def _batch_answer(handle: EtcdSession, all_keys: list[JobKeys], claimant: Claima
                 limited.append(i)
             continue
         attempt = claimed_attempt(nested.responses[2])
-        marker_kv = rq.kv_of(nested.responses[3])
-        known = EtcdClaim(handle.lease_id, keys.job_id, claimant.value, True,
-                          queue_of(marker_kv), attempt, None, claimant.epoch)
+        queue = queue_of(rq.kv_of(nested.responses[3]))
+        put = _held_key(ops, keys.job_id)
+        right = None if queue is None else ops.layout.queue(queue).held(keys.job_id)
+        ordinal = None
+        if right != put:
+            fixes.append((keys, claimant.value, put, queue))
+        elif len(nested.responses) >= 6:
+            ordinal = ordinal_of(rq.kv_of(nested.responses[5]))
+        known = EtcdClaim(handle.lease_id, keys.job_id, claimant.value, True, queue,
+                          attempt, None, claimant.epoch, ordinal, nonce)
         out.append(ClaimResult(generation, attempt=attempt, handle=known))
+    fix_held(ops, fixes, claimant.lease_id)
+    ops.queues.taken([k.job_id for k, r in zip(all_keys, out, strict=True) if r is not None])
     return out, limited
 
 

@@ -48,7 +48,7 @@ from ._layout_records import Lifecycle
 from ._sessions import EtcdClaim, EtcdSession
 from ._tokens import split
 
-__all__ = ["Completing", "check_held", "complete", "release"]
+__all__ = ["Completing", "check_held", "complete", "completing", "release"]
 
 
 def check_held(ops: Ops, handle: EtcdSession, job_id: str,
@@ -91,11 +91,25 @@ def check_held(ops: Ops, handle: EtcdSession, job_id: str,
 def complete(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult,
              result: bytes) -> LeaseRecord:
     """See :meth:`EtcdBackend.complete <consensus_lease.backends.etcd.EtcdBackend.complete>`."""
+    return completing(ops, handle, job_id, claim, result).send()
+
+
+def completing(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult,
+               result: bytes) -> Completing:
+    """The completion of ``job_id`` by ``claim``, not sent yet: its queue as the claim
+    read it, else read now (one round trip, with the epoch check of a claim without
+    its handle).
+
+    Raises:
+        InvalidArgument: ``claim.handle`` is not an :class:`EtcdClaim`.
+        StaleLeaseError: (a claim without its handle) another epoch's token.
+        BackendUnavailable / AuthenticationFailed: the queue could not be read.
+    """
     known = EtcdClaim.of(claim, handle, job_id)
     keys = ops.layout.job(job_id)
     what = f"completion of {job_id!r} generation {claim.generation}"
     queue = _queue(ops, keys, known, job_id, claim.generation, what)
-    return Completing(ops, handle, keys, claim.generation, known, queue, result).send()
+    return Completing(ops, handle, keys, claim.generation, known, queue, result)
 
 
 class Completing:
@@ -112,12 +126,18 @@ class Completing:
         self.record = Completion(handle.owner, handle.session_id, generation, result)
         self.what = f"completion of {keys.job_id!r} generation {generation}"
         self.reads = _lifecycle_reads(keys, known)
+        self.then: int | None = None
+        """``-1`` before :meth:`fill`: it places a nested transaction in ``success``
+        (and sets this to that operation's index)."""
 
-    def fill(self, request: Any, position: int = 0) -> None:
+    def fill(self, request: Any, position: int = 0) -> Any:
         """Write the completion's compares, ``success`` and ``failure`` branches into
         the empty transaction ``request``; a queued job bumps the completed counter of
         ``position`` (:meth:`~._layout.QueueKeys.done`: a key no other completion of
-        the same transaction puts)."""
+        the same transaction puts). Returns ``None``, or with :attr:`then` set, the
+        empty nested transaction placed in ``success`` (before its reads) for the
+        caller to fill: it runs only if the completion's compares pass
+        (:mod:`._queues_fused`); its answer is ``answer.responses[then]``."""
         ops, keys = self.ops, self.keys
         ops.add_holds(request.compare, self.handle, keys, self.generation, self.known)
         success = request.success
@@ -128,10 +148,15 @@ class Completing:
             _leaving_queue(success, ops, self.queue, keys.job_id, self.known, position)
         if keys.is_election:
             success.extend(ops.ending(keys))
+        nested = None
+        if self.then is not None:
+            self.then = len(success)
+            nested = success.add().request_txn
         for key in self.reads:
             rq.add_get(success, key)
         rq.add_get(request.failure, keys.owner)
         rq.add_get(request.failure, keys.completion)
+        return nested
 
     def ours(self, completion_kv: Any) -> Completion | None:
         """The completion record if this session made it at this generation."""
@@ -176,8 +201,13 @@ class Completing:
             read_back=(keys.owner, keys.completion), decide=self.decide,
         )
         if isinstance(answer, Settled):
-            return self.completed(answer.value, _lifecycle(self.ops, keys))
+            return self.settled(answer.value)
         return self.answered(answer)
+
+    def settled(self, done: Completion) -> LeaseRecord:
+        """The record of a completion settled by reading back (its lifecycle read: one
+        more round trip, on that rare path only)."""
+        return self.completed(done, _lifecycle(self.ops, self.keys))
 
     def answered(self, answer: Any) -> LeaseRecord:
         """The record from the completion's transaction response ``answer`` (top-level

@@ -31,14 +31,17 @@ key-ordered read to the index's end (:func:`_next_ordinal`).
 
 The held jobs at the front of the queue (and the gap a long-held job leaves behind it)
 would be read again by every scan; so a driver starts its scans at its *cursor*, the
-ordinal where its last scan found its first candidate, and from the low-water mark only
-when the cursor's scan finds nothing, when it released a job of the queue itself, or
-every :data:`~._queues_state.RESCAN_S`.
+ordinal where its last scan found its first candidate (or past the last job of a batch
+claim that took every candidate it read), and from the low-water mark only when the
+cursor's scan finds nothing (for a batch claim: fewer than it asked for), when it
+released a job of the queue itself or ended one of its sessions, or every
+:data:`~._queues_state.RESCAN_S`.
 
 **Ordering guarantee.** Candidates come in ordinal order: the order in which enqueue
 transactions committed; a requeued job goes to the back; a released or expired job keeps
 its place at the front, and is offered again by a driver's scans at once if that driver
-released it or has nothing else to offer, else within :data:`~._queues_state.RESCAN_S`.
+released it (or ended the session that held it) or has nothing else to offer, else
+within :data:`~._queues_state.RESCAN_S`.
 ``claim_next`` then starts at a random one of the oldest few (see
 :mod:`consensus_lease._queue_claim`), so claims are FIFO-ish, not strictly FIFO.
 
@@ -161,19 +164,24 @@ def read_counters(ops: Ops, qkeys: QueueKeys, what: str) -> Counters:
 # -- the candidate scan ------------------------------------------------------------------
 
 
-def candidates(ops: Ops, queue: str, limit: int) -> list[tuple[str, bytes]]:
+def candidates(ops: Ops, queue: str, limit: int,
+               fill: bool = False) -> list[tuple[str, bytes]]:
     """See :meth:`EtcdBackend.queue_candidates
     <consensus_lease.backends.etcd.EtcdBackend.queue_candidates>`: a scan from the
     driver's cursor (where the last scan found its first candidate) while the last scan
     from the low-water mark is under :data:`~._queues_state.RESCAN_S` old and the cursor's
-    scan finds something; else a scan from the low-water mark, which also raises it."""
+    scan finds something (with ``fill``: ``limit`` candidates; a batch claim's scan,
+    which must not come back short while older jobs are claimable); else a scan from
+    the low-water mark, which also raises it.
+    What it found is remembered as the queue's offered candidates
+    (:meth:`~._queues_state.QueueCache.offer`)."""
     qkeys = ops.layout.queue(queue)
     cursor = ops.queues.cursor(queue)
-    if cursor is not None:
-        found = _scan(ops, qkeys, limit, cursor)
-        if found:
-            return found
-    return _scan(ops, qkeys, limit, None)
+    found = [] if cursor is None else _scan(ops, qkeys, limit, cursor)
+    if not found or (fill and len(found) < limit):
+        found = _scan(ops, qkeys, limit, None)
+    ops.queues.offer(queue, found)  # for the fused claim (:mod:`._queues_fused`)
+    return found
 
 
 def _classify(ops: Ops, qkeys: QueueKeys, entries: list[tuple[int, str]], what: str,

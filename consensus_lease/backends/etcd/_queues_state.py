@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 import threading
 import time
 from collections import OrderedDict
@@ -17,7 +18,7 @@ from ...errors import BackendUnavailable
 from . import _transport_requests as rq
 from ._layout import QueueKeys, ordinal_bytes, pair_bytes, pair_of
 
-__all__ = ["FLUSH_STALE", "RESCAN_S", "Base", "Counters", "QueueCache"]
+__all__ = ["FLUSH_STALE", "OFFER_SPREAD", "RESCAN_S", "Base", "Counters", "QueueCache"]
 
 FLUSH_STALE = 32
 """Stale entries remembered before they are deleted (in one transaction while they fit
@@ -31,11 +32,18 @@ expired there is offered again within this time (at once when nothing else is)."
 
 _HINTS = 4096
 
+OFFER_SPREAD = 8
+""":meth:`QueueCache.take` picks a random one of the oldest this-many offered candidates
+(as ``claim_next`` starts at a random one of the oldest few), so workers of one queue
+fed by their own drivers' scans do not all try the same job first."""
+
 
 class QueueCache:
     """What one driver remembers of its queues: whether each has the current layout,
-    the low-water mark reached, stale entries not deleted yet, and which queue a
-    recent candidate came from (its claim then puts the held marker). Thread-safe."""
+    the low-water mark reached, stale entries not deleted yet, which queue a recent
+    candidate came from (its claim then puts the held marker), and the candidates the
+    last scan found and no claim of this driver took yet (*offers*, which the fused
+    ``complete_and_claim_next`` claims without scanning again). Thread-safe."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -45,6 +53,7 @@ class QueueCache:
         self._hints: OrderedDict[str, str] = OrderedDict()
         self._counters: dict[str, Counters] = {}
         self._cursor: dict[str, tuple[int, float]] = {}
+        self._offers: dict[str, tuple[float, list[tuple[str, bytes]]]] = {}
 
     def counters(self, queue: str) -> Counters | None:
         """The counters last seen by an enqueue (``None``: not known)."""
@@ -96,9 +105,61 @@ class QueueCache:
 
     def forget_cursor(self, queue: str) -> None:
         """A job of ``queue`` was released (or failed with a retry) here: the next scan
-        starts at the low-water mark, where that job keeps its place."""
+        starts at the low-water mark, where that job keeps its place (and the offered
+        candidates are dropped: the next fused claim scans again)."""
         with self._lock:
             self._cursor.pop(queue, None)
+            self._offers.pop(queue, None)
+
+    def forget_cursors(self) -> None:
+        """A session of this driver ended (closed, revoked or expired): its held jobs
+        are claimable again at their old places, in any queue: every scan starts at the
+        low-water mark next (and every offer is dropped)."""
+        with self._lock:
+            self._cursor.clear()
+            self._offers.clear()
+
+    def offer(self, queue: str, found: Sequence[tuple[str, bytes]]) -> None:
+        """Remember the candidates ``(job_id, payload)`` a scan of ``queue`` just found,
+        oldest first (replacing those of the last scan), for :meth:`take`."""
+        with self._lock:
+            self._offers[queue] = (time.monotonic(), list(found))
+
+    def take(self, queue: str, exclude: str) -> tuple[str, bytes] | None:
+        """Take (and forget) one of the candidates the last scan of ``queue`` offered:
+        a random one of the oldest :data:`OFFER_SPREAD` left, never ``exclude``;
+        ``None`` when none is left or the scan is :data:`RESCAN_S` old (no offer is
+        staler than the cursor). A hint only: the claim's compares decide."""
+        with self._lock:
+            offered = self._offers.get(queue)
+            if offered is None or time.monotonic() - offered[0] >= RESCAN_S:
+                self._offers.pop(queue, None)
+                return None
+            left = [c for c in offered[1] if c[0] != exclude]
+            if not left:
+                self._offers.pop(queue, None)
+                return None
+            pick = left.pop(random.randrange(min(len(left), OFFER_SPREAD)))
+            self._offers[queue] = (offered[0], left)
+            return pick
+
+    def drop_offers(self, queue: str) -> None:
+        """The offered candidates of ``queue`` proved stale (one was taken by another
+        claimer): the next fused claim scans again."""
+        with self._lock:
+            self._offers.pop(queue, None)
+
+    def taken(self, job_ids: Sequence[str]) -> None:
+        """This driver claimed ``job_ids``: they are no candidates any more (each is
+        looked up in the queue it was a candidate of)."""
+        with self._lock:
+            for job_id in job_ids:
+                queue = self._hints.get(job_id)
+                offered = None if queue is None else self._offers.get(queue)
+                if queue is not None and offered is not None:
+                    left = [c for c in offered[1] if c[0] != job_id]
+                    if len(left) < len(offered[1]):
+                        self._offers[queue] = (offered[0], left)
 
     def add_stale(self, queue: str, keys: Sequence[bytes]) -> list[bytes]:
         """Remember stale entries; return (and forget) them all once there are at least

@@ -5,10 +5,11 @@ This module is the glue: each ``Backend`` method delegates to the template's mod
 (:mod:`._jobs_claim`, :mod:`._jobs_attempts` for jobs with an attempt limit,
 :mod:`._jobs_claim_many`, :mod:`._jobs_complete_many`, :mod:`._jobs_hold`,
 :mod:`._jobs_fail`, :mod:`._jobs_value`), the records in :mod:`._layout_records`, the
-work queues in :mod:`._queues` and :mod:`._watches_queue`. The store epoch is in
-:mod:`._tokens` and :mod:`._tokens_epoch`, the detection of a history that went back and
-the refusal after it in :mod:`._tokens_history`. See the package docstring for the
-design, the URL options and the etcd guarantees relied on.
+work queues in :mod:`._queues` and :mod:`._watches_queue` (batch claims from a queue in
+:mod:`._queues_claim`, the fused completion and claim in :mod:`._queues_fused`). The
+store epoch is in :mod:`._tokens` and :mod:`._tokens_epoch`, the detection of a history
+that went back and the refusal after it in :mod:`._tokens_history`. See the package
+docstring for the design, the URL options and the etcd guarantees relied on.
 """
 
 from __future__ import annotations
@@ -26,7 +27,14 @@ from pyetcd import etcdrpc
 from ..._election import is_election_key
 from ..._subscriptions import Unsubscribe, WakeCallback
 from ..._visible import log_visible
-from ...backend import Backend, Capabilities, CompleteItem, SessionHandle, StateListener
+from ...backend import (
+    Backend,
+    Capabilities,
+    CompleteItem,
+    QueuePick,
+    SessionHandle,
+    StateListener,
+)
 from ...errors import (
     BackendUnavailable,
     InvalidArgument,
@@ -45,6 +53,8 @@ from . import (
     _jobs_value,
     _layout_records,
     _queues,
+    _queues_claim,
+    _queues_fused,
     _queues_index,
     _queues_upgrade,
     _tokens,
@@ -94,7 +104,8 @@ class EtcdBackend(Backend):
         epoch=True,
         regression_refusal=True,
         elections=True,
-        max_queue_claim_batch=1,  # claim_next_many: the looped default, a claim per job
+        max_queue_claim_batch=_queues_claim.QUEUE_CLAIM_BATCH,  # one txn, within 128 ops
+        fused_claim_next=True,  # one txn per job (a scan per 32 jobs): _queues_fused
         max_end_batch=1,  # release_many / fail_many: the looped defaults, one per lease
     )
     epoch_shift: ClassVar[int] = _tokens.EPOCH_SHIFT
@@ -226,6 +237,7 @@ class EtcdBackend(Backend):
         with self._lock:
             if self._sessions.get(handle.lease_id) is not handle:
                 return
+        self._ops.queues.forget_cursors()  # its jobs are claimable at their places
         now = time.monotonic()
         promise = handle.ended_early(now)
         at = f" at revision {revision}" if revision else ""
@@ -440,7 +452,8 @@ class EtcdBackend(Backend):
 
     def close_session(self, session: SessionHandle) -> None:
         """Revoke the lease: etcd deletes every owner key attached to it in one revision,
-        so its jobs are claimable at once. Idempotent (a lease already gone is fine).
+        so its jobs are claimable at once (this driver's next queue scans start at the
+        low-water mark). Idempotent (a lease already gone is fine).
 
         Raises:
             BackendUnavailable: no member answered within ``timeout_s``; the lease then
@@ -451,6 +464,7 @@ class EtcdBackend(Backend):
             self._sessions.pop(handle.lease_id, None)
         self._session_watch.forget(handle)
         self._revoke(handle.lease_id, budget_s=self.config.timeout_s)
+        self._ops.queues.forget_cursors()  # its jobs are claimable at their places
 
     def expire_session(self, session_id: str) -> None:
         """Test hook: make etcd end a session now, as its TTL running out would (revoke
@@ -464,6 +478,7 @@ class EtcdBackend(Backend):
         if handle is not None:
             handle.end_expected()
         self._revoke(lease_id, budget_s=self.config.connect_timeout_s)
+        self._ops.queues.forget_cursors()
 
     def _revoke(self, lease_id: int, budget_s: float) -> None:
         with contextlib.suppress(SessionExpired):  # already gone: fine
@@ -624,6 +639,63 @@ class EtcdBackend(Backend):
             return [exc] * len(items)
         outcomes = _jobs_complete_many.complete_many(self._ops, handle, items)
         return self._history_checked(handle, outcomes)
+
+    def complete_and_claim_next(
+        self, session: SessionHandle, job_id: str, claim: ClaimResult, result: bytes,
+        queue: str,
+    ) -> tuple[LeaseRecord, QueuePick | None]:
+        """One transaction (``fused_claim_next``; see :mod:`._queues_fused`): the
+        completion of :meth:`complete`, with its compares, and nested in its ``success``
+        branch the claim of a candidate of ``queue`` (one this driver's last scan
+        offered, else a scan runs first: read-only, two round trips per page of 32
+        entries), decided by the claim's own compares. So a refused completion claims
+        nothing, and a completion whose candidate was taken meanwhile commits alone; the
+        next job is then claimed as ``claim_next`` claims it (at most 3 lone claims; an
+        error there is not raised: no next job). A queue with nothing claimable gets the
+        completion alone. A lost answer is settled by reading back the completed job's
+        owner and completion keys and the candidate's owner key (the claim's nonce); not
+        applied, the same transaction is sent again (its compares cannot pass twice).
+
+        Cost: one round trip per job while the last scan's candidates last (up to 32 per
+        scan, offered for 1 s), plus the scan; a candidate with an attempt limit takes
+        the two transactions of its claim after the completion.
+
+        Raises:
+            StaleLeaseError / SessionExpired: the completion was refused; nothing was
+                claimed.
+            StoreRegressed / InvalidArgument / OutcomeUnknown / BackendUnavailable: as
+                :meth:`complete`; nothing was claimed (a claim whose answer was lost is
+                adopted by this session's next claim of that job).
+        """
+        return self._run(session, lambda h: _queues_fused.complete_and_claim_next(
+            self._ops, h, job_id, claim, bytes(result), queue))
+
+    def claim_from_queue_many(
+        self, session: SessionHandle, queue: str, n: int
+    ) -> list[QueuePick]:
+        """Up to ``n`` (at most ``max_queue_claim_batch``, 100) of the queue's oldest
+        claimable jobs: ``claim_next``'s scan (read-only; see :meth:`queue_candidates`),
+        then ONE transaction of nested claim transactions (one per candidate, each
+        decided by its own compares, under one compare of the store epoch; see
+        :mod:`._queues_claim`), all landing at one revision: the claims of a batch share
+        their token. A candidate another claimer took since the scan fails its compare
+        and the rest are claimed; if the scan was cut at ``n``, the next candidates are
+        read and claimed the same way (at most 3 rounds). A job with an attempt limit is
+        claimed on its own afterwards, as by :meth:`claim` (two transactions; a job whose
+        attempts are used up becomes FAILED). A server allowing fewer operations per
+        transaction gets smaller batches. A lost answer is settled by reading the owner
+        keys back (the batch's nonce), never by re-sending blindly.
+
+        Raises:
+            SessionExpired: the session's lease is gone; nothing is held.
+            StoreRegressed: as for :meth:`claim` (the batch's claims handed back).
+            OutcomeUnknown / BackendUnavailable / AuthenticationFailed / InvalidArgument:
+                before any job was claimed (``OutcomeUnknown``: claims that landed stay
+                the session's until it ends, or its next claim of the job adopts them;
+                ``InvalidArgument``: a queue of the first layout).
+        """
+        return self._run(session, lambda h: _queues_claim.claim_queued(
+            self._ops, h, queue, n))
 
     def _history_checked(
         self, handle: EtcdSession, outcomes: list[LeaseRecord | LeaseError]
@@ -793,11 +865,13 @@ class EtcdBackend(Backend):
         """A scan of the queue's FIFO index (see :mod:`._queues_index`), from this
         driver's cursor (where its last scan found a candidate) or from the low-water
         mark (when the cursor finds nothing, after this driver released a job of the
-        queue, and at least every second): per page of 32 entries, one read-only
-        transaction with the entries (a key-ordered range spanning at most 1,024
-        ordinals, so etcd's cost does not grow with the queue's depth), the ordinal
-        counter and the mark, then one with each entry's pending key (stale?), owner key
-        (held?), not-before key (retry delay?) and payload. Stops once ``limit`` unheld
+        queue or ended one of its sessions, and at least every second): per page of 32
+        entries, one read-only transaction with the entries (a key-ordered range
+        spanning at most 1,024 ordinals, so etcd's cost does not grow with the queue's
+        depth), the ordinal counter and the mark, then one with each entry's pending key
+        (stale?), owner key (held?), not-before key (retry delay?) and payload. What it
+        finds is offered to this driver's fused ``complete_and_claim_next`` for up to a
+        second (:mod:`._queues_fused`). Stops once ``limit`` unheld
         jobs are found or the queue is exhausted (at most 512 pages). Its cost grows
         with the held and delayed jobs at the front of the queue, not with its depth.
         Candidates come oldest ordinal first (enqueue commit order; a requeued job goes
