@@ -290,17 +290,9 @@ class Claims:
         """Read every job of ``todo`` (after a ``sync`` if ``synced``: whatever changed
         under an earlier round must be seen), then decide and send. Returns the job ids
         to try again."""
-        reads: list[Read] = [("sync", self.wire.config.base)] if synced else []
-        for job_id in todo:
-            paths = self.paths(job_id)
-            reads += [("get", paths.job), ("get", paths.owner), ("get", paths.tag),
-                      ("get", paths.failure)]
-        answers = self.wire.session_read(h, reads, "claim", todo[0])[1 if synced else 0 :]
         plans: list[Plan] = []
         again: list[str] = []
-        for i, job_id in enumerate(todo):
-            job, owner, tag, failure = answers[4 * i : 4 * i + 4]
-            decided = self._plan(h, self.paths(job_id), job, owner, tag, failure, skip)
+        for job_id, decided in zip(todo, self.prepare(h, todo, synced, skip), strict=True):
             if isinstance(decided, Plan):
                 plans.append(decided)
             elif isinstance(decided, Exhausted):
@@ -313,6 +305,29 @@ class Claims:
                 outcome[job_id] = decided
         plans = self._due(h, plans, outcome)
         return again + (self.send(h, plans, outcome, skip) if plans else [])
+
+    def prepare(
+        self, h: ZkSession, job_ids: list[str], synced: bool = False,
+        skip: set[str] | None = None,
+    ) -> list[Plan | Exhausted | Outcome]:
+        """Read every job of ``job_ids`` (job znode, owner znode, queue tag, failure
+        znode: one pipelined round trip on the session's client, after a ``sync`` if
+        ``synced``) and decide each: the :class:`Plan` of its claim, the
+        :class:`._jobs_lifecycle.Exhausted` transition to make, or what a claim returns
+        without sending (``JobCompleted``, ``JobFailed``, ``TokenSpaceExhausted``, an
+        adopted claim of unknown outcome, ``None``: held). Sends nothing."""
+        reads: list[Read] = [("sync", self.wire.config.base)] if synced else []
+        for job_id in job_ids:
+            paths = self.paths(job_id)
+            reads += [("get", paths.job), ("get", paths.owner), ("get", paths.tag),
+                      ("get", paths.failure)]
+        answers = self.wire.session_read(h, reads, "claim", job_ids[0])[1 if synced else 0 :]
+        skip = set() if skip is None else skip
+        decided: list[Plan | Exhausted | Outcome] = []
+        for i, job_id in enumerate(job_ids):
+            job, owner, tag, failure = answers[4 * i : 4 * i + 4]
+            decided.append(self._plan(h, self.paths(job_id), job, owner, tag, failure, skip))
+        return decided
 
     def _plan(
         self, h: ZkSession, paths: JobPaths, job: tuple[bytes, Any] | None,
@@ -436,30 +451,8 @@ class Claims:
         """Send the claim multi of ``plans`` in store epoch ``epoch[0]`` (its znode at
         version ``epoch[1]``). Returns its outcome and, if its answer was lost, the job
         ids reading back found claimed."""
-        claim_data: dict[tuple[int, int | None], bytes] = {}  # alike for most plans
-
         def build(tx: Transaction) -> None:
-            tx.check(self.epochs.node, epoch[1])
-            for plan in plans:
-                key = (plan.attempt, plan.job.max_attempts)
-                held = claim_data.get(key)
-                if held is None:
-                    held = claim_data[key] = dump_claim(h.owner, h.session_id, *key, epoch[0])
-                if plan.version is None:  # first claim: create, then bump to version 1
-                    tx.create(plan.paths.job, b"")
-                    tx.set_data(plan.paths.job, held, 0)
-                else:
-                    tx.set_data(plan.paths.job, held, plan.version)
-                tx.create(
-                    plan.paths.owner, dump_owner(h.owner, h.session_id, plan.nonce),
-                    ephemeral=True,
-                )
-                if plan.held is not None:
-                    tx.create(plan.held, b"", ephemeral=True)
-                if plan.tally is not None:
-                    tx.create(plan.tally.held, b"", ephemeral=True)
-                if plan.drop_delayed and plan.delayed is not None:
-                    tx.delete(plan.delayed)
+            self.add_ops(tx, h, plans, epoch)
 
         landed: set[str] = set()
 
@@ -478,12 +471,46 @@ class Claims:
         try:
             multi = self.wire.commit(h, build, settle, "claim", plans[0].paths.job_id)
         except OutcomeUnknown:
-            with h.uncertain_lock:  # a later claim adopts them, or keepalive hands them back
-                for plan in plans:
-                    h.uncertain[plan.paths.job_id] = (token(epoch[0], plan.generation),
-                                                      plan.nonce)
+            self.note_uncertain(h, plans, epoch[0])
             raise
         return multi, landed
+
+    def add_ops(
+        self, tx: Transaction, h: ZkSession, plans: list[Plan], epoch: tuple[int, int]
+    ) -> None:
+        """Add the claim multi's operations for ``plans`` to ``tx``: the check of the
+        epoch znode at version ``epoch[1]``, then each plan's :attr:`Plan.op_count`
+        operations (the job znode's versioned write, the owner znode, the markers)."""
+        claim_data: dict[tuple[int, int | None], bytes] = {}  # alike for most plans
+        tx.check(self.epochs.node, epoch[1])
+        for plan in plans:
+            key = (plan.attempt, plan.job.max_attempts)
+            held = claim_data.get(key)
+            if held is None:
+                held = claim_data[key] = dump_claim(h.owner, h.session_id, *key, epoch[0])
+            if plan.version is None:  # first claim: create, then bump to version 1
+                tx.create(plan.paths.job, b"")
+                tx.set_data(plan.paths.job, held, 0)
+            else:
+                tx.set_data(plan.paths.job, held, plan.version)
+            tx.create(
+                plan.paths.owner, dump_owner(h.owner, h.session_id, plan.nonce),
+                ephemeral=True,
+            )
+            if plan.held is not None:
+                tx.create(plan.held, b"", ephemeral=True)
+            if plan.tally is not None:
+                tx.create(plan.tally.held, b"", ephemeral=True)
+            if plan.drop_delayed and plan.delayed is not None:
+                tx.delete(plan.delayed)
+
+    @staticmethod
+    def note_uncertain(h: ZkSession, plans: list[Plan], epoch: int) -> None:
+        """``plans`` were sent in store epoch ``epoch`` and their outcome is unknown:
+        a later claim of each job adopts it, or keepalive hands it back."""
+        with h.uncertain_lock:
+            for plan in plans:
+                h.uncertain[plan.paths.job_id] = (token(epoch, plan.generation), plan.nonce)
 
     def _failures(
         self, h: ZkSession, plans: list[Plan], results: list[Any], outcome: dict[str, Outcome],
