@@ -217,3 +217,26 @@ def test_fused_lost_answer_is_read_back(store: LeaseStore, applied: bool) -> Non
     stats = store.queue_stats("q")
     assert (stats.completed, stats.held) == (2, 0)
     a.close()
+
+
+def test_batch_claim_reads_failed_jobs_in_full(store: LeaseStore) -> None:
+    """A candidate that failed before (its failure znode: the job znode has two
+    children) is read in full, not from the lean read: its attempt budget counts, and
+    its last error stays; one whose budget is used up becomes FAILED."""
+    from consensus_lease import EnqueueItem
+
+    store.enqueue_many("q", [EnqueueItem("f2", b"", 2), EnqueueItem("f1", b"", 1), "plain"])
+    a = store.session("A", 30.0)
+    for job in ("f2", "f1"):
+        lease = a.claim(job)
+        assert lease is not None
+        lease.fail(f"boom {job}", retry_in_s=0)
+    got = {lease.job_id: lease for lease in a.claim_next_many("q", 3)}
+    assert sorted(got) == ["f2", "plain"]
+    assert (got["f2"].attempt, got["f2"].generation) == (2, 2)
+    assert got["plain"].attempt == 1
+    record = store.get("f2")
+    assert record is not None and record.state is JobState.HELD and record.error == "boom f2"
+    failed = store.get("f1")
+    assert failed is not None and failed.state is JobState.FAILED
+    a.close()

@@ -225,10 +225,11 @@ class Claims:
                 size = cost
         return chunks
 
-    def claim(self, h: ZkSession, job_ids: list[str]) -> list[Outcome]:
+    def claim(self, h: ZkSession, job_ids: list[str], queued: bool = False) -> list[Outcome]:
         """Claim every job of ``job_ids`` it can, all in one multi per round; element ``i``
         answers ``job_ids[i]``: the new generation, JobCompleted, JobFailed, or ``None``
-        (held, or its retry delay has not passed)."""
+        (held, or its retry delay has not passed). ``queued``: the jobs are a queue's
+        candidates (the first read is :meth:`prepare`'s lean one)."""
         h.check_alive()
         outcome: dict[str, Outcome] = {}
         todo = list(job_ids)
@@ -242,7 +243,7 @@ class Claims:
         for round_ in range(CLAIM_ATTEMPTS):
             if not todo:
                 break
-            todo = self._round(h, todo, round_ > 0, outcome, skip)
+            todo = self._round(h, todo, round_ > 0, outcome, skip, queued and round_ == 0)
         self.known.stale(job_ids)  # exists now (claimed, or read): read next time
         h.check_alive()  # a claim applied as the session ended is no claim
         return [outcome.get(job_id) for job_id in job_ids]  # still contended: None
@@ -285,14 +286,15 @@ class Claims:
 
     def _round(
         self, h: ZkSession, todo: list[str], synced: bool, outcome: dict[str, Outcome],
-        skip: set[str],
+        skip: set[str], lean: bool = False,
     ) -> list[str]:
         """Read every job of ``todo`` (after a ``sync`` if ``synced``: whatever changed
         under an earlier round must be seen), then decide and send. Returns the job ids
         to try again."""
         plans: list[Plan] = []
         again: list[str] = []
-        for job_id, decided in zip(todo, self.prepare(h, todo, synced, skip), strict=True):
+        decisions = self.prepare(h, todo, synced, skip, lean)
+        for job_id, decided in zip(todo, decisions, strict=True):
             if isinstance(decided, Plan):
                 plans.append(decided)
             elif isinstance(decided, Exhausted):
@@ -308,14 +310,43 @@ class Claims:
 
     def prepare(
         self, h: ZkSession, job_ids: list[str], synced: bool = False,
-        skip: set[str] | None = None,
+        skip: set[str] | None = None, lean: bool = False,
     ) -> list[Plan | Exhausted | Outcome]:
         """Read every job of ``job_ids`` (job znode, owner znode, queue tag, failure
         znode: one pipelined round trip on the session's client, after a ``sync`` if
         ``synced``) and decide each: the :class:`Plan` of its claim, the
         :class:`._jobs_lifecycle.Exhausted` transition to make, or what a claim returns
         without sending (``JobCompleted``, ``JobFailed``, ``TokenSpaceExhausted``, an
-        adopted claim of unknown outcome, ``None``: held). Sends nothing."""
+        adopted claim of unknown outcome, ``None``: held). Sends nothing.
+
+        ``lean`` (a queue's candidates, most of them neither held nor ever failed): read
+        the job znode and the queue tag only; a job whose znode then has one child (the
+        tag: no owner znode, no failure znode) is decided from those, as the full read
+        would decide it (its version, read with that child count, is the claim's
+        compare: only a claim makes an owner znode, and nothing makes the failure
+        znode of a job at that version without one); the others are read in full in a
+        second round trip."""
+        if not lean:
+            return self._prepare(h, job_ids, synced, skip)
+        reads: list[Read] = []
+        for job_id in job_ids:
+            paths = self.paths(job_id)
+            reads += [("get", paths.job), ("get", paths.tag)]
+        answers = self.wire.session_read(h, reads, "claim", job_ids[0])
+        decided: dict[str, Plan | Exhausted | Outcome] = {}
+        for i, job_id in enumerate(job_ids):
+            job, tag = answers[2 * i : 2 * i + 2]
+            if job is not None and tag is not None and job[1].numChildren == 1:
+                decided[job_id] = self._plan(h, self.paths(job_id), job, None, tag, None,
+                                             set() if skip is None else skip)
+        rest = [job_id for job_id in job_ids if job_id not in decided]
+        if rest:
+            decided.update(zip(rest, self._prepare(h, rest, synced, skip), strict=True))
+        return [decided[job_id] for job_id in job_ids]
+
+    def _prepare(
+        self, h: ZkSession, job_ids: list[str], synced: bool, skip: set[str] | None,
+    ) -> list[Plan | Exhausted | Outcome]:
         reads: list[Read] = [("sync", self.wire.config.base)] if synced else []
         for job_id in job_ids:
             paths = self.paths(job_id)

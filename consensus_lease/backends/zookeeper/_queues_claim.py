@@ -138,7 +138,8 @@ class QueueClaims:
         ``picks`` in the candidates' order (oldest first)."""
         payloads = dict(candidates)
         for chunk in self.claims.size_chunks(h, list(payloads)):
-            for job_id, outcome in zip(chunk, self.claims.claim(h, chunk), strict=True):
+            outcomes = self.claims.claim(h, chunk, queued=True)
+            for job_id, outcome in zip(chunk, outcomes, strict=True):
                 if isinstance(outcome, ClaimResult):
                     picks.append((job_id, outcome, payloads[job_id]))
 
@@ -234,7 +235,7 @@ class QueueClaims:
             self.claims.known.seen(c[0] for c in candidates)
             if not candidates:
                 return None, False
-            decided = self.claims.prepare(h, [c[0] for c in candidates])
+            decided = self.claims.prepare(h, [c[0] for c in candidates], lean=True)
         except LeaseError:
             return None, False
         read_at = time.monotonic()
