@@ -107,14 +107,17 @@ class Capabilities:
             :meth:`Backend.complete_many` sends one :meth:`Backend.complete` per item.
         fused_claim_next: :meth:`Backend.complete_and_claim_next` completes a job and
             claims the next one of a queue in one atomic store operation (one round
-            trip). ``False``: the default sends a completion, then claims (two or more
-            round trips; a claim that fails after the completion committed returns no
-            next job).
+            trip; ZooKeeper: one multi of the completion and the claim of a job read
+            ahead, the completion sent alone when that job was taken meanwhile).
+            ``False``: the default sends a completion, then claims (two or more round
+            trips; a claim that fails after the completion committed returns no next
+            job).
         max_queue_claim_batch: most jobs one :meth:`Backend.claim_from_queue_many` call
             claims from a queue; ``Session.claim_next_many`` splits a larger ``n`` into
             calls of this size. Memory decides a call under its lock, SQLite in one
             ``BEGIN IMMEDIATE`` transaction, PostgreSQL in one statement (``FOR UPDATE
-            SKIP LOCKED ... LIMIT n``). 1 means no batching (etcd, ZooKeeper): the
+            SKIP LOCKED ... LIMIT n``), ZooKeeper in one claim multi (after one listing
+            and one read of the candidates). 1 means no batching (etcd): the
             default :meth:`Backend.claim_from_queue_many` claims one job after the
             other, a round trip (or more) each.
     """

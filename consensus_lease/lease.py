@@ -383,8 +383,10 @@ class Lease:
         """Complete this job and claim the next claimable job of ``queue`` for the same
         session, in one atomic store operation where the store can
         (``capabilities.fused_claim_next``: one SQL transaction on SQLite and
-        PostgreSQL, memory under its lock; not etcd or ZooKeeper, which send the
-        completion, then the claim): one round trip per job instead of two.
+        PostgreSQL, memory under its lock, one multi on ZooKeeper (the claim of a job
+        read ahead; the completion sent alone if another worker took that job first);
+        not etcd, which sends the completion, then the claim): one round trip per job
+        instead of two.
 
         The completion is the one :meth:`complete` makes (owner and generation compared
         by the store in the same operation); the claim is the one

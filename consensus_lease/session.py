@@ -345,9 +345,11 @@ class Session:
         driver, each call one atomic store operation: PostgreSQL one statement per
         1,000 jobs (a re-run for the rest, at most twice, when a concurrent claimer won
         a race for a picked job), SQLite one ``BEGIN IMMEDIATE`` transaction per 1,000,
-        memory one step under its lock. Where it is 1 (etcd, ZooKeeper) the jobs are
-        claimed one after the other as :meth:`claim_next` claims them: a read of the
-        candidates and a claim per job (more on collisions).
+        memory one step under its lock, ZooKeeper one claim multi per 128 (after a
+        listing and a read of the candidates; a candidate taken meanwhile is dropped
+        and the rest sent again). Where it is 1 (etcd) the jobs are claimed one after
+        the other as :meth:`claim_next` claims them: a read of the candidates and a
+        claim per job (more on collisions).
 
         Args:
             queue: the queue's name (the rules of job ids). An unknown or empty queue
