@@ -240,3 +240,25 @@ def test_batch_claim_reads_failed_jobs_in_full(store: LeaseStore) -> None:
     failed = store.get("f1")
     assert failed is not None and failed.state is JobState.FAILED
     a.close()
+
+
+def test_fused_after_an_epoch_bump_claims_in_the_new_epoch(
+    store: LeaseStore, multis: _Multis
+) -> None:
+    """The store epoch is bumped between the read ahead and the fused multi: the multi
+    fails on the epoch znode's check (the claim's part), the completion is sent alone
+    and commits, and the next job is claimed with a token of the new epoch."""
+    store.enqueue_many("q", ["j1", "j2", "j3"])
+    a = store.session("A", 30.0)
+    lease = a.claim_next("q")
+    assert lease is not None and lease.generation == 1
+    bumped: list[int] = []
+    multis.on = "complete_and_claim_next"
+    multis.before = lambda: bumped.append(store.backend.bump_epoch())  # type: ignore[attr-defined]
+    multis.sent.clear()
+    record, nxt = lease.complete_and_claim_next(b"r")
+    assert bumped == [1]
+    assert record.state is JobState.COMPLETED and record.generation == 1
+    assert nxt is not None and nxt.generation == 2**32 + 1
+    assert multis.sent == ["complete_and_claim_next", "complete", "claim"]
+    a.close()
