@@ -41,12 +41,13 @@ import dataclasses
 import random
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ...backend import QueuePick
 from ...errors import LeaseError, OutcomeUnknown, SessionExpired, TokenSpaceExhausted
 from ...record import ClaimResult, LeaseRecord
-from ._jobs import Completion, Holds, completed_record, mark_ended
+from ._jobs import Completion, Hold, Holds, completed_record, mark_ended
 from ._jobs_claim import Claims, Plan
 from ._layout import JobPaths, new_nonce
 from ._queues import Queues
@@ -239,6 +240,7 @@ class QueueClaims:
         except LeaseError:
             return None, False
         read_at = time.monotonic()
+        _keep_uncertain(h, candidates, decided)
         ready = [_Ahead(plan, payload, read_at)
                  for (_, payload), plan in zip(candidates, decided, strict=True)
                  if isinstance(plan, Plan) and plan.version is not None
@@ -255,3 +257,15 @@ class QueueClaims:
         """Drop what was read ahead of ``queue``."""
         with self._lock:
             self._ahead.pop(queue, None)
+
+
+def _keep_uncertain(
+    h: ZkSession, candidates: list[tuple[str, bytes]], decided: Sequence[object]
+) -> None:
+    """A read ahead that adopted a claim of unknown outcome (made by another thread of
+    this session since the candidates were filtered) does not use it: it stays
+    uncertain, for a later claim of the job to adopt or keepalive to hand back."""
+    for (job_id, _), outcome in zip(candidates, decided, strict=True):
+        if isinstance(outcome, ClaimResult) and isinstance(outcome.handle, Hold):
+            with h.uncertain_lock:
+                h.uncertain[job_id] = (outcome.generation, outcome.handle.nonce or "")

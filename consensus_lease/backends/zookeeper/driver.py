@@ -7,13 +7,13 @@ the translation of kazoo's exceptions to :mod:`._transport` and its parts; the s
 handle to :mod:`._sessions`; claims to :mod:`._jobs_claim`, renew, complete, release and
 fail to :mod:`._jobs`, the lifecycle (``requeue``, the store's clock) to
 :mod:`._jobs_lifecycle`, ``set_value`` to :mod:`._jobs_value`; work queues to
-:mod:`._queues`; waits and subscriptions to :mod:`._watches` and
-:mod:`._watches_subscribe`; the epoch and regressions to :mod:`._tokens` and
-:mod:`._tokens_history`. Kept here (not yet moved to those modules): ``keepalive`` and
-opening a session (the store's identity and epoch read with it), ``get`` and
-``records``, the grouping of ``complete_many``, ``upgrade_queue``'s layout check, the
-test hook ``expire_session``, and the regression marker written when a regression is
-noticed."""
+:mod:`._queues` (their batch and fused claims to :mod:`._queues_claim`); waits and
+subscriptions to :mod:`._watches` and :mod:`._watches_subscribe`; the epoch and
+regressions to :mod:`._tokens` and :mod:`._tokens_history`. Kept here (not yet moved to
+those modules): ``keepalive`` and opening a session (the store's identity and epoch read
+with it), ``get`` and ``records``, the grouping of ``complete_many``,
+``upgrade_queue``'s layout check, the test hook ``expire_session``, and the regression
+marker written when a regression is noticed."""
 
 from __future__ import annotations
 
