@@ -262,3 +262,25 @@ def test_fused_after_an_epoch_bump_claims_in_the_new_epoch(
     assert nxt is not None and nxt.generation == 2**32 + 1
     assert multis.sent == ["complete_and_claim_next", "complete", "claim"]
     a.close()
+
+
+def test_fused_with_a_large_result_completes_alone_then_claims(
+    store: LeaseStore, multis: _Multis
+) -> None:
+    """A result over FUSED_RESULT_BYTES is not fused (with the claim beside it the
+    multi could pass jute.maxbuffer): the completion alone, then the claim."""
+    from consensus_lease.backends.zookeeper._queues_claim import FUSED_RESULT_BYTES
+
+    store.enqueue_many("q", ["j1", "j2"])
+    a = store.session("A", 30.0)
+    lease = a.claim_next("q")
+    assert lease is not None
+    big = b"x" * (FUSED_RESULT_BYTES + 1)
+    multis.sent.clear()
+    record, nxt = lease.complete_and_claim_next(big)
+    assert record.state is JobState.COMPLETED
+    done = store.get(lease.job_id)
+    assert done is not None and done.result == big
+    assert nxt is not None and nxt.job_id == ({"j1", "j2"} - {lease.job_id}).pop()
+    assert multis.sent == ["complete", "claim"]
+    a.close()
