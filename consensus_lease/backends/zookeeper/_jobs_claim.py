@@ -21,7 +21,11 @@ What is specific to this module:
 
 * The read is one pipelined round trip per round: the job znode, the owner znode, the
   queue tag and the failure znode of every job of the batch (after a ``sync`` from the
-  second round on). A failed multi's per-operation results say which job failed and
+  second round on). A queue's candidates (``claim_from_queue_many``,
+  ``complete_and_claim_next``: see :mod:`._queues_claim`) are first read lean, the job
+  znode and its tag alone: a job znode whose only child is the tag has no owner nor
+  failure znode, so it is decided from those two (:meth:`Claims.prepare`); the others
+  are read in full. A failed multi's per-operation results say which job failed and
   why (:meth:`Claims._failures`): a job rolled back for another one's failure is sent
   again, one whose version moved is read again; at most :data:`CLAIM_ATTEMPTS` rounds.
 * A multi that failed on the epoch check alone is sent once more after reading the
