@@ -111,15 +111,18 @@ class Capabilities:
             claims the next one of a queue in one atomic store operation (one round
             trip in the common case: etcd adds a read-only candidate scan per 32 jobs,
             and claims again after its transaction when the candidate it nested was
-            taken meanwhile). ``False``: the default sends a completion, then claims
-            (two or more round trips; a claim that fails after the completion committed
-            returns no next job).
+            taken meanwhile; ZooKeeper: one multi of the completion and the claim of a
+            job read ahead, the completion sent alone when that job was taken
+            meanwhile). ``False``: the default sends a completion, then claims (two or
+            more round trips; a claim that fails after the completion committed returns
+            no next job).
         max_queue_claim_batch: most jobs one :meth:`Backend.claim_from_queue_many` call
             claims from a queue; ``Session.claim_next_many`` splits a larger ``n`` into
             calls of this size. Memory decides a call under its lock, SQLite in one
             ``BEGIN IMMEDIATE`` transaction, PostgreSQL in one statement (``FOR UPDATE
             SKIP LOCKED ... LIMIT n``), etcd in one transaction of nested claims after
-            a read-only candidate scan. 1 means no batching (ZooKeeper): the default
+            a read-only candidate scan, ZooKeeper in one claim multi (after one listing
+            and one read of the candidates). 1 means no batching: the default
             :meth:`Backend.claim_from_queue_many` claims one job after the other, a
             round trip (or more) each.
         max_end_batch: most leases one :meth:`Backend.release_many` or

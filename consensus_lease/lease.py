@@ -385,8 +385,9 @@ class Lease:
         (``capabilities.fused_claim_next``: one SQL transaction on SQLite and
         PostgreSQL, memory under its lock, on etcd one transaction with the claim of a
         candidate from the driver's last scan nested in the completion's, plus a
-        read-only scan when none is left; not ZooKeeper, which sends the completion,
-        then the claim): one round trip per job instead of two.
+        read-only scan when none is left, on ZooKeeper one multi with the claim of a job
+        read ahead, the completion sent alone if another worker took that job first):
+        one round trip per job instead of two.
 
         The completion is the one :meth:`complete` makes (owner and generation compared
         by the store in the same operation); the claim is the one

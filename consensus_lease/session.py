@@ -347,9 +347,11 @@ class Session:
         a race for a picked job), SQLite one ``BEGIN IMMEDIATE`` transaction per 1,000,
         memory one step under its lock, etcd one transaction of nested claims per 100
         jobs after :meth:`claim_next`'s read-only candidate scan (two more per job with
-        an attempt limit). Where it is 1 (ZooKeeper) the jobs are claimed one after the
-        other as :meth:`claim_next` claims them: a read of the candidates and a claim
-        per job (more on collisions).
+        an attempt limit), ZooKeeper one claim multi per 128 (after a listing and a read
+        of the candidates; a candidate taken meanwhile is dropped and the rest sent
+        again). Where it is 1 (a third-party driver without its own) the jobs are
+        claimed one after the other as :meth:`claim_next` claims them: a read of the
+        candidates and a claim per job (more on collisions).
 
         Args:
             queue: the queue's name (the rules of job ids). An unknown or empty queue

@@ -5,8 +5,8 @@ store can) keeps the rules of ``claim`` for every job it claims.
 Mixed into :class:`~consensus_lease.testing.conformance.BackendConformance`, so every
 backend runs it, whether it claims the batch natively (``capabilities.max_queue_claim_batch``
 > 1: memory under its lock, SQLite in one transaction, PostgreSQL in one statement, etcd
-in one transaction of nested claims) or with the looped default of
-:class:`~consensus_lease.backend.Backend` (1: ZooKeeper): the rules are the same. It
+in one transaction of nested claims, ZooKeeper in one claim multi) or with the looped
+default of :class:`~consensus_lease.backend.Backend` (1): the rules are the same. It
 uses that class's hooks (``open``, ``expire``, ``_assert_newer``, the ``store`` and
 ``sessions`` fixtures). Every test name has
 ``claim_next_many`` in it (``-k claim_next_many`` runs them alone).

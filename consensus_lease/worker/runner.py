@@ -79,9 +79,9 @@ def run_worker(
             delay before a stop request is noticed by an idle slot.
         fused_claim: complete each job with ``lease.complete_and_claim_next`` and work
             the lease it returns next (no ``claim_next`` of its own: one store round trip
-            per job on SQLite, PostgreSQL, memory and etcd (there plus a candidate
-            scan per 32 jobs), ``capabilities.fused_claim_next``; two requests, as
-            before, on ZooKeeper), the same fencing as
+            per job on every store, ``capabilities.fused_claim_next``: on etcd plus a
+            candidate scan per 32 jobs, on ZooKeeper a listing per 16 or so), the same
+            fencing as
             ``complete``. ``False``: ``complete``, then ``claim_next`` (the sequence
             before this option). A slot that is stopping always uses ``complete``.
             Not used with ``complete_batch`` > 1.

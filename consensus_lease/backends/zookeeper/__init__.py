@@ -220,6 +220,36 @@ Work queues (``capabilities.queues``; layout in ``_layout``, operations in ``_qu
   queue's depth. Done buckets (full, no open or failed marker) are remembered and never
   read again. Ordering: oldest seq first across buckets; a claim takes one of the 8
   oldest looking claimable (see ``_queues``).
+* ``claim_from_queue_many`` (``claim_next_many``; ``capabilities.max_queue_claim_batch``
+  = 128; ``_queues_claim``): the candidates (``queue_candidates``, ``n`` of them), one
+  pipelined read of their job znodes and tags (a job znode with another child than its
+  tag, an owner or failure znode, is read in full in one more round trip), then **one
+  claim multi** for the batch: the epoch check and each job's claim operations, as a
+  ``claim_many`` (split to stay far below jute.maxbuffer). A multi is all or nothing: a
+  candidate taken between the read and the multi fails it whole, its per-operation
+  results name the failing job, which is read again, and the others (rolled back) are
+  sent again (at most 8 rounds); the queue is then listed again, at most 3 times in all,
+  while others took candidates and fewer than ``n`` were claimed. Oldest seq first.
+* ``complete_and_claim_next`` (``capabilities.fused_claim_next``; ``_queues_claim``): one
+  multi of the completion's operations (sent from the claim's hold, as ``complete``)
+  followed by the claim operations of one job **read ahead**: a random one of the 8
+  oldest of the last 16 candidates this backend listed and read (kept 1 s, each used
+  once). The claim's versioned ``set_data`` (the version read) and ``create`` of the
+  owner znode are its compare, so a stale read only fails the multi, writing nothing.
+  If it fails on the claim's operations (another worker took the job, or the epoch was
+  bumped), the completion is sent alone and the next job claimed as a batch of one
+  (what was read ahead is dropped); if it fails on the completion's, the completion is
+  refused as ``complete`` refuses it (read after a ``sync``: ``StaleLeaseError`` or
+  ``SessionExpired``, or a marker deleted by hand sent again without it) and nothing is
+  claimed. A lost answer is read back through the completion record's nonce (the multi
+  applied whole or neither part): applied, the job read ahead is this session's; not
+  applied, as a failed multi; unknown, ``OutcomeUnknown``, the claim kept as one of
+  unknown outcome (adopted by a later claim or handed back by keepalive). Not fused: a
+  claim without its hold (``complete`` reads first), a result over 512 KiB (with the
+  claim it could pass jute.maxbuffer), a version out of range (the multi's version
+  guard refuses it before sending), and a queue with nothing to read ahead (the
+  completion alone; then a batch claim of one if the listing had candidates the read
+  could not plan: held, exhausted or in a retry delay).
 * ``queue_stats``: O(1): the head's count of jobs plus the ``numChildren`` of the
   queue's three tallies ``{q}/tally/held`` (ephemeral entries made and deleted with the
   held markers), ``done`` (made by completions) and ``failed``, one round trip, no
@@ -342,9 +372,10 @@ the server clamps the request to its own range and the granted timeout is what c
 results with every item's completion operations, each applied whole or not at all: when
 each item is held as this session's claims left it, one round trip per multi completes
 the batch; when a multi applies nothing (an item stale or expired), each of its items is
-completed alone and gets its own outcome. ``complete_and_claim_next`` is the looped default
-(``fused_claim_next`` false): the completion multi, then ``claim_next``'s claim; so is
-``claim_from_queue_many`` (``max_queue_claim_batch`` 1): ``claim_next``'s claim per job.
+completed alone and gets its own outcome. ``complete_and_claim_next`` is one multi, the
+completion and the claim of a job read ahead (``fused_claim_next``), and
+``claim_from_queue_many`` one claim multi per up to 128 jobs (``max_queue_claim_batch``):
+see "Work queues" above.
 
 kazoo versions: the driver is tested with ``kazoo>=2.11,<2.12`` (the pin of the
 ``[zookeeper]`` extra; ``_transport_kazoo.TESTED_SPEC``). The kazoo internals it relies on (its

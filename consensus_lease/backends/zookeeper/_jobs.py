@@ -64,8 +64,8 @@ from ._sessions import ZkSession
 from ._transport import Read, Wire
 from ._transport_multi import Op, Transaction, add_ops, marker_trouble
 
-__all__ = ["WRITE_ATTEMPTS", "Hold", "Holds", "local", "make_hold", "mark_ended", "own_hold",
-           "refusal"]
+__all__ = ["WRITE_ATTEMPTS", "Completion", "Hold", "Holds", "completed_record", "local",
+           "make_hold", "mark_ended", "own_hold", "refusal"]
 
 WRITE_ATTEMPTS = 4
 """Most multis one complete/release/fail sends: the first (without reading, for a claim
@@ -262,13 +262,16 @@ class Holds:
             raise
 
     def complete(
-        self, h: ZkSession, paths: JobPaths, claim: ClaimResult, result: bytes
+        self, h: ZkSession, paths: JobPaths, claim: ClaimResult, result: bytes,
+        read_first: bool = False,
     ) -> LeaseRecord:
         """One multi: ``set_data`` of the completion record at version == generation (so
         the version moves on and any claim prepared earlier fails) + ``delete`` of the
-        owner znode (+ the markers). Recognises this session's own earlier completion."""
+        owner znode (+ the markers). Recognises this session's own earlier completion.
+        ``read_first``: read the holder before sending even with the claim's hold (a
+        multi carrying these operations just failed on them)."""
         try:
-            return self._complete(h, paths, claim, result)
+            return self._complete(h, paths, claim, result, read_first)
         except SessionExpired as expired:
             # The completion record outlives the session: a retry is still recognised.
             record = self.after_expiry(h, paths, claim.generation, expired, "complete")
@@ -339,7 +342,7 @@ class Holds:
 
     def _end(
         self, h: ZkSession, paths: JobPaths, claim: ClaimResult, what: str, ops: Ops,
-        landed: Callable[[float], bool],
+        landed: Callable[[float], bool], read_first: bool = False,
     ) -> LeaseRecord | tuple[Hold, list[Any]]:
         """The completion, release or fail multi: ``ops(hold)`` (its core operations
         check the generation, and delete the owner znode; then the markers).
@@ -350,10 +353,11 @@ class Holds:
         Returns the hold it was sent for and the results of the multi's core operations
         (empty if its answer was lost and reading back showed it applied), or this
         session's completion record if the job turned out to be completed by this session
-        at that generation already."""
+        at that generation already. ``read_first``: read even with the claim's hold."""
         job_id, generation = paths.job_id, claim.generation
         hold = own_hold(h, paths, claim)
-        current = hold  # None: not a claim of ours we know: check ownership by reading
+        # None: not a claim of ours we know (or read_first): check ownership by reading
+        current = None if read_first else hold
         skip: set[str] = set()
         for _attempt in range(WRITE_ATTEMPTS):
             if current is None:
@@ -388,38 +392,48 @@ class Holds:
         )
 
     def _complete(
-        self, h: ZkSession, paths: JobPaths, claim: ClaimResult, result: bytes
+        self, h: ZkSession, paths: JobPaths, claim: ClaimResult, result: bytes,
+        read_first: bool = False,
     ) -> LeaseRecord:
-        job_id, generation = paths.job_id, claim.generation
         nonce = new_nonce()  # one per call: at most one of its multis can apply
 
-        epoch, version = split_token(generation)
-
         def ops(hold: Hold) -> tuple[list[Op], list[Op]]:
-            data = dump_completed(h.owner, h.session_id, version, nonce, result,
-                                  hold.attempt, hold.max_attempts, epoch)
-            core: list[Op] = [("set", paths.job, data, version),
-                              ("delete", paths.owner, b"", hold.owner_version)]
-            markers = _deletes(hold.held, hold.open)
-            if hold.tally is not None:
-                markers += [("delete", hold.tally.held, b"", None),
-                            ("create", hold.tally.done, b"", None)]
-            return core, markers
+            return _completion_ops(h, paths, claim.generation, result, nonce, hold)
+
+        done = self._end(h, paths, claim, "complete", ops,
+                         self._completion_landed(h, paths, nonce, "complete"), read_first)
+        if isinstance(done, LeaseRecord):
+            return done
+        return completed_record(h, paths, claim.generation, result, done[0])
+
+    def _completion_landed(
+        self, h: ZkSession, paths: JobPaths, nonce: str, what: str
+    ) -> Callable[[float], bool]:
+        """Reading back a completion multi with ``nonce`` whose answer was lost (after a
+        write barrier): whether the job holds that completion record."""
 
         def landed(deadline: float) -> bool:
             answer = self.wire.read(h.client, [("barrier", self.base), ("get", paths.job)],
-                                    deadline, "complete (reading back)", job_id=job_id)[1]
+                                    deadline, f"{what} (reading back)",
+                                    job_id=paths.job_id)[1]
             parsed = None if answer is None else parse_job(answer[0], paths.job)
             return parsed is not None and parsed.completed and parsed.nonce == nonce
 
-        done = self._end(h, paths, claim, "complete", ops, landed)
-        if isinstance(done, LeaseRecord):
-            return done
-        hold = done[0]
-        return LeaseRecord(
-            job_id, h.owner, None, generation, JobState.COMPLETED, result, hold.attempt,
-            None if hold.failure is None else hold.failure.error, None, hold.max_attempts,
-        )
+        return landed
+
+    def completion(
+        self, h: ZkSession, paths: JobPaths, claim: ClaimResult, result: bytes, what: str
+    ) -> Completion | None:
+        """The operations of :meth:`complete` for ``claim``, to be sent in a multi of
+        the caller's (``complete_and_claim_next``), and how to read back its lost answer;
+        ``None`` unless the claim carries its hold (see :func:`own_hold`): such a claim
+        is read first, by :meth:`complete`."""
+        hold = own_hold(h, paths, claim)
+        if hold is None:
+            return None
+        nonce = new_nonce()
+        core, markers = _completion_ops(h, paths, claim.generation, result, nonce, hold)
+        return Completion(hold, core, markers, self._completion_landed(h, paths, nonce, what))
 
     def complete_batch(
         self, h: ZkSession, items: list[tuple[JobPaths, ClaimResult, bytes]]
@@ -441,39 +455,22 @@ class Holds:
         nonce = new_nonce()
         todo: list[Op] = []
         for (paths, claim, result), hold in zip(items, holds, strict=True):
-            epoch, version = split_token(claim.generation)
-            data = dump_completed(h.owner, h.session_id, version, nonce, result,
-                                  hold.attempt, hold.max_attempts, epoch)
-            todo += [("set", paths.job, data, version),
-                     ("delete", paths.owner, b"", hold.owner_version)]
-            todo += _deletes(hold.held, hold.open)
-            if hold.tally is not None:
-                todo += [("delete", hold.tally.held, b"", None),
-                         ("create", hold.tally.done, b"", None)]
+            core, markers = _completion_ops(h, paths, claim.generation, result, nonce, hold)
+            todo += core + markers
         first = items[0][0]
-
-        def landed(deadline: float) -> bool:
-            answer = self.wire.read(h.client, [("barrier", self.base), ("get", first.job)],
-                                    deadline, "complete_many (reading back)",
-                                    job_id=first.job_id)[1]
-            parsed = None if answer is None else parse_job(answer[0], first.job)
-            return parsed is not None and parsed.completed and parsed.nonce == nonce
 
         def build(tx: Transaction) -> None:
             add_ops(tx, todo)
 
-        multi = self.wire.commit(h, build, landed, "complete_many", first.job_id,
-                                 items[0][1].generation)
+        multi = self.wire.commit(h, build,
+                                 self._completion_landed(h, first, nonce, "complete_many"),
+                                 "complete_many", first.job_id, items[0][1].generation)
         if not multi.applied:
             return None
         records = []
         for (paths, claim, result), hold in zip(items, holds, strict=True):
             mark_ended(hold)
-            records.append(LeaseRecord(
-                paths.job_id, h.owner, None, claim.generation, JobState.COMPLETED, result,
-                hold.attempt, None if hold.failure is None else hold.failure.error, None,
-                hold.max_attempts,
-            ))
+            records.append(completed_record(h, paths, claim.generation, result, hold))
         return records
 
     def release(self, h: ZkSession, paths: JobPaths, claim: ClaimResult) -> Hold | None:
@@ -533,6 +530,50 @@ class Holds:
             job_id, h.owner, None, generation, JobState.FAILED if failed else JobState.AVAILABLE,
             None, hold.attempt, error, not_before, hold.max_attempts,
         )
+
+
+@dataclass(slots=True)
+class Completion:
+    """A completion about to be sent in a caller's multi (see :meth:`Holds.completion`).
+
+    Attributes:
+        hold: the claim's hold it ends (mark it ended once the multi applied).
+        core: its core operations (the completion record's versioned ``set_data``,
+            the owner znode's versioned ``delete``), first in the multi.
+        markers: its marker operations, right after ``core``.
+        landed: reads back a lost answer: whether the completion record is the job's.
+    """
+
+    hold: Hold
+    core: list[Op]
+    markers: list[Op]
+    landed: Callable[[float], bool]
+
+
+def completed_record(
+    h: ZkSession, paths: JobPaths, generation: int, result: bytes, hold: Hold
+) -> LeaseRecord:
+    """The COMPLETED record of ``hold``'s completion with ``result`` at ``generation``."""
+    return LeaseRecord(
+        paths.job_id, h.owner, None, generation, JobState.COMPLETED, result, hold.attempt,
+        None if hold.failure is None else hold.failure.error, None, hold.max_attempts,
+    )
+
+
+def _completion_ops(
+    h: ZkSession, paths: JobPaths, generation: int, result: bytes, nonce: str, hold: Hold
+) -> tuple[list[Op], list[Op]]:
+    """The completion multi of ``hold`` at ``generation``: core, markers."""
+    epoch, version = split_token(generation)
+    data = dump_completed(h.owner, h.session_id, version, nonce, result, hold.attempt,
+                          hold.max_attempts, epoch)
+    core: list[Op] = [("set", paths.job, data, version),
+                      ("delete", paths.owner, b"", hold.owner_version)]
+    markers = _deletes(hold.held, hold.open)
+    if hold.tally is not None:
+        markers += [("delete", hold.tally.held, b"", None),
+                    ("create", hold.tally.done, b"", None)]
+    return core, markers
 
 
 def _deletes(*markers: str | None) -> list[Op]:

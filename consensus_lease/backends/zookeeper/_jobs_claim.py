@@ -21,7 +21,11 @@ What is specific to this module:
 
 * The read is one pipelined round trip per round: the job znode, the owner znode, the
   queue tag and the failure znode of every job of the batch (after a ``sync`` from the
-  second round on). A failed multi's per-operation results say which job failed and
+  second round on). A queue's candidates (``claim_from_queue_many``,
+  ``complete_and_claim_next``: see :mod:`._queues_claim`) are first read lean, the job
+  znode and its tag alone: a job znode whose only child is the tag has no owner nor
+  failure znode, so it is decided from those two (:meth:`Claims.prepare`); the others
+  are read in full. A failed multi's per-operation results say which job failed and
   why (:meth:`Claims._failures`): a job rolled back for another one's failure is sent
   again, one whose version moved is read again; at most :data:`CLAIM_ATTEMPTS` rounds.
 * A multi that failed on the epoch check alone is sent once more after reading the
@@ -225,10 +229,11 @@ class Claims:
                 size = cost
         return chunks
 
-    def claim(self, h: ZkSession, job_ids: list[str]) -> list[Outcome]:
+    def claim(self, h: ZkSession, job_ids: list[str], queued: bool = False) -> list[Outcome]:
         """Claim every job of ``job_ids`` it can, all in one multi per round; element ``i``
         answers ``job_ids[i]``: the new generation, JobCompleted, JobFailed, or ``None``
-        (held, or its retry delay has not passed)."""
+        (held, or its retry delay has not passed). ``queued``: the jobs are a queue's
+        candidates (the first read is :meth:`prepare`'s lean one)."""
         h.check_alive()
         outcome: dict[str, Outcome] = {}
         todo = list(job_ids)
@@ -242,7 +247,7 @@ class Claims:
         for round_ in range(CLAIM_ATTEMPTS):
             if not todo:
                 break
-            todo = self._round(h, todo, round_ > 0, outcome, skip)
+            todo = self._round(h, todo, round_ > 0, outcome, skip, queued and round_ == 0)
         self.known.stale(job_ids)  # exists now (claimed, or read): read next time
         h.check_alive()  # a claim applied as the session ended is no claim
         return [outcome.get(job_id) for job_id in job_ids]  # still contended: None
@@ -285,22 +290,15 @@ class Claims:
 
     def _round(
         self, h: ZkSession, todo: list[str], synced: bool, outcome: dict[str, Outcome],
-        skip: set[str],
+        skip: set[str], lean: bool = False,
     ) -> list[str]:
         """Read every job of ``todo`` (after a ``sync`` if ``synced``: whatever changed
         under an earlier round must be seen), then decide and send. Returns the job ids
         to try again."""
-        reads: list[Read] = [("sync", self.wire.config.base)] if synced else []
-        for job_id in todo:
-            paths = self.paths(job_id)
-            reads += [("get", paths.job), ("get", paths.owner), ("get", paths.tag),
-                      ("get", paths.failure)]
-        answers = self.wire.session_read(h, reads, "claim", todo[0])[1 if synced else 0 :]
         plans: list[Plan] = []
         again: list[str] = []
-        for i, job_id in enumerate(todo):
-            job, owner, tag, failure = answers[4 * i : 4 * i + 4]
-            decided = self._plan(h, self.paths(job_id), job, owner, tag, failure, skip)
+        decisions = self.prepare(h, todo, synced, skip, lean)
+        for job_id, decided in zip(todo, decisions, strict=True):
             if isinstance(decided, Plan):
                 plans.append(decided)
             elif isinstance(decided, Exhausted):
@@ -313,6 +311,58 @@ class Claims:
                 outcome[job_id] = decided
         plans = self._due(h, plans, outcome)
         return again + (self.send(h, plans, outcome, skip) if plans else [])
+
+    def prepare(
+        self, h: ZkSession, job_ids: list[str], synced: bool = False,
+        skip: set[str] | None = None, lean: bool = False,
+    ) -> list[Plan | Exhausted | Outcome]:
+        """Read every job of ``job_ids`` (job znode, owner znode, queue tag, failure
+        znode: one pipelined round trip on the session's client, after a ``sync`` if
+        ``synced``) and decide each: the :class:`Plan` of its claim, the
+        :class:`._jobs_lifecycle.Exhausted` transition to make, or what a claim returns
+        without sending (``JobCompleted``, ``JobFailed``, ``TokenSpaceExhausted``, an
+        adopted claim of unknown outcome, ``None``: held). Sends nothing.
+
+        ``lean`` (a queue's candidates, most of them neither held nor ever failed): read
+        the job znode and the queue tag only; a job whose znode then has one child (the
+        tag: no owner znode, no failure znode) is decided from those, as the full read
+        would decide it (its version, read with that child count, is the claim's
+        compare: only a claim makes an owner znode, and nothing makes the failure
+        znode of a job at that version without one); the others are read in full in a
+        second round trip."""
+        if not lean:
+            return self._prepare(h, job_ids, synced, skip)
+        reads: list[Read] = []
+        for job_id in job_ids:
+            paths = self.paths(job_id)
+            reads += [("get", paths.job), ("get", paths.tag)]
+        answers = self.wire.session_read(h, reads, "claim", job_ids[0])
+        decided: dict[str, Plan | Exhausted | Outcome] = {}
+        for i, job_id in enumerate(job_ids):
+            job, tag = answers[2 * i : 2 * i + 2]
+            if job is not None and tag is not None and job[1].numChildren == 1:
+                decided[job_id] = self._plan(h, self.paths(job_id), job, None, tag, None,
+                                             set() if skip is None else skip)
+        rest = [job_id for job_id in job_ids if job_id not in decided]
+        if rest:
+            decided.update(zip(rest, self._prepare(h, rest, synced, skip), strict=True))
+        return [decided[job_id] for job_id in job_ids]
+
+    def _prepare(
+        self, h: ZkSession, job_ids: list[str], synced: bool, skip: set[str] | None,
+    ) -> list[Plan | Exhausted | Outcome]:
+        reads: list[Read] = [("sync", self.wire.config.base)] if synced else []
+        for job_id in job_ids:
+            paths = self.paths(job_id)
+            reads += [("get", paths.job), ("get", paths.owner), ("get", paths.tag),
+                      ("get", paths.failure)]
+        answers = self.wire.session_read(h, reads, "claim", job_ids[0])[1 if synced else 0 :]
+        skip = set() if skip is None else skip
+        decided: list[Plan | Exhausted | Outcome] = []
+        for i, job_id in enumerate(job_ids):
+            job, owner, tag, failure = answers[4 * i : 4 * i + 4]
+            decided.append(self._plan(h, self.paths(job_id), job, owner, tag, failure, skip))
+        return decided
 
     def _plan(
         self, h: ZkSession, paths: JobPaths, job: tuple[bytes, Any] | None,
@@ -436,30 +486,8 @@ class Claims:
         """Send the claim multi of ``plans`` in store epoch ``epoch[0]`` (its znode at
         version ``epoch[1]``). Returns its outcome and, if its answer was lost, the job
         ids reading back found claimed."""
-        claim_data: dict[tuple[int, int | None], bytes] = {}  # alike for most plans
-
         def build(tx: Transaction) -> None:
-            tx.check(self.epochs.node, epoch[1])
-            for plan in plans:
-                key = (plan.attempt, plan.job.max_attempts)
-                held = claim_data.get(key)
-                if held is None:
-                    held = claim_data[key] = dump_claim(h.owner, h.session_id, *key, epoch[0])
-                if plan.version is None:  # first claim: create, then bump to version 1
-                    tx.create(plan.paths.job, b"")
-                    tx.set_data(plan.paths.job, held, 0)
-                else:
-                    tx.set_data(plan.paths.job, held, plan.version)
-                tx.create(
-                    plan.paths.owner, dump_owner(h.owner, h.session_id, plan.nonce),
-                    ephemeral=True,
-                )
-                if plan.held is not None:
-                    tx.create(plan.held, b"", ephemeral=True)
-                if plan.tally is not None:
-                    tx.create(plan.tally.held, b"", ephemeral=True)
-                if plan.drop_delayed and plan.delayed is not None:
-                    tx.delete(plan.delayed)
+            self.add_ops(tx, h, plans, epoch)
 
         landed: set[str] = set()
 
@@ -478,12 +506,46 @@ class Claims:
         try:
             multi = self.wire.commit(h, build, settle, "claim", plans[0].paths.job_id)
         except OutcomeUnknown:
-            with h.uncertain_lock:  # a later claim adopts them, or keepalive hands them back
-                for plan in plans:
-                    h.uncertain[plan.paths.job_id] = (token(epoch[0], plan.generation),
-                                                      plan.nonce)
+            self.note_uncertain(h, plans, epoch[0])
             raise
         return multi, landed
+
+    def add_ops(
+        self, tx: Transaction, h: ZkSession, plans: list[Plan], epoch: tuple[int, int]
+    ) -> None:
+        """Add the claim multi's operations for ``plans`` to ``tx``: the check of the
+        epoch znode at version ``epoch[1]``, then each plan's :attr:`Plan.op_count`
+        operations (the job znode's versioned write, the owner znode, the markers)."""
+        claim_data: dict[tuple[int, int | None], bytes] = {}  # alike for most plans
+        tx.check(self.epochs.node, epoch[1])
+        for plan in plans:
+            key = (plan.attempt, plan.job.max_attempts)
+            held = claim_data.get(key)
+            if held is None:
+                held = claim_data[key] = dump_claim(h.owner, h.session_id, *key, epoch[0])
+            if plan.version is None:  # first claim: create, then bump to version 1
+                tx.create(plan.paths.job, b"")
+                tx.set_data(plan.paths.job, held, 0)
+            else:
+                tx.set_data(plan.paths.job, held, plan.version)
+            tx.create(
+                plan.paths.owner, dump_owner(h.owner, h.session_id, plan.nonce),
+                ephemeral=True,
+            )
+            if plan.held is not None:
+                tx.create(plan.held, b"", ephemeral=True)
+            if plan.tally is not None:
+                tx.create(plan.tally.held, b"", ephemeral=True)
+            if plan.drop_delayed and plan.delayed is not None:
+                tx.delete(plan.delayed)
+
+    @staticmethod
+    def note_uncertain(h: ZkSession, plans: list[Plan], epoch: int) -> None:
+        """``plans`` were sent in store epoch ``epoch`` and their outcome is unknown:
+        a later claim of each job adopts it, or keepalive hands it back."""
+        with h.uncertain_lock:
+            for plan in plans:
+                h.uncertain[plan.paths.job_id] = (token(epoch, plan.generation), plan.nonce)
 
     def _failures(
         self, h: ZkSession, plans: list[Plan], results: list[Any], outcome: dict[str, Outcome],

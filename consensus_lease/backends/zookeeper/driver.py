@@ -7,13 +7,13 @@ the translation of kazoo's exceptions to :mod:`._transport` and its parts; the s
 handle to :mod:`._sessions`; claims to :mod:`._jobs_claim`, renew, complete, release and
 fail to :mod:`._jobs`, the lifecycle (``requeue``, the store's clock) to
 :mod:`._jobs_lifecycle`, ``set_value`` to :mod:`._jobs_value`; work queues to
-:mod:`._queues`; waits and subscriptions to :mod:`._watches` and
-:mod:`._watches_subscribe`; the epoch and regressions to :mod:`._tokens` and
-:mod:`._tokens_history`. Kept here (not yet moved to those modules): ``keepalive`` and
-opening a session (the store's identity and epoch read with it), ``get`` and
-``records``, the grouping of ``complete_many``, ``upgrade_queue``'s layout check, the
-test hook ``expire_session``, and the regression marker written when a regression is
-noticed."""
+:mod:`._queues` (their batch and fused claims to :mod:`._queues_claim`); waits and
+subscriptions to :mod:`._watches` and :mod:`._watches_subscribe`; the epoch and
+regressions to :mod:`._tokens` and :mod:`._tokens_history`. Kept here (not yet moved to
+those modules): ``keepalive`` and opening a session (the store's identity and epoch read
+with it), ``get`` and ``records``, the grouping of ``complete_many``,
+``upgrade_queue``'s layout check, the test hook ``expire_session``, and the regression
+marker written when a regression is noticed."""
 
 from __future__ import annotations
 
@@ -26,7 +26,14 @@ from typing import Any, ClassVar, Concatenate, ParamSpec, TypeVar
 
 from ..._election import is_election_key
 from ..._subscriptions import Unsubscribe, WakeCallback
-from ...backend import Backend, Capabilities, CompleteItem, SessionHandle, StateListener
+from ...backend import (
+    Backend,
+    Capabilities,
+    CompleteItem,
+    QueuePick,
+    SessionHandle,
+    StateListener,
+)
 from ...errors import (
     BackendUnavailable,
     InvalidArgument,
@@ -60,6 +67,7 @@ from ._queues import (
     MAX_QUEUE_JOBS,
     Queues,
 )
+from ._queues_claim import QueueClaims
 from ._sessions import NegotiatedTimeouts, Status, ZkSession
 from ._tokens import Epochs
 from ._tokens_history import (
@@ -224,7 +232,8 @@ class ZooKeeperBackend(Backend):
         max_enqueue_batch=ENQUEUE_BATCH,
         max_queue_jobs=MAX_QUEUE_JOBS,
         max_complete_batch=MAX_COMPLETE_BATCH,
-        max_queue_claim_batch=1,  # claim_next_many: the looped default, a claim per job
+        fused_claim_next=True,
+        max_queue_claim_batch=MAX_BATCH_CLAIM,
         max_end_batch=1,  # release_many / fail_many: the looped defaults, one per lease
     )
 
@@ -252,6 +261,8 @@ class ZooKeeperBackend(Backend):
         self._values = Values(self._wire)
         self._queues = Queues(self._wire, self._paths, self._lifecycle.hints)
         self._subs.queue_target = self._queues.watch_target
+        self._queue_claims = QueueClaims(self._wire, self._claims, self._holds, self._queues,
+                                         self._epochs)
         self._watches = OwnerWatches()
         self._lock = threading.Lock()
         self._sessions: dict[str, ZkSession] = {}
@@ -678,14 +689,84 @@ class ZooKeeperBackend(Backend):
         """
         h = self._handle(session)
         claim = _checked(claim)
+        self._checked_result(job_id, claim, result)
+        with _concerning(job_id, claim.generation):
+            return self._holds.complete(h, self._paths(job_id), claim, result)
+
+    def _checked_result(self, job_id: str, claim: ClaimResult, result: bytes) -> None:
         if len(result) > self.config.max_result_bytes:
             raise InvalidArgument(
                 f"result is {len(result)} bytes; this store takes at most "
                 f"{self.config.max_result_bytes} (option max_result_bytes; ZooKeeper's "
                 f"jute.maxbuffer bounds it)", job_id=job_id, generation=claim.generation,
             )
+
+    @_bounded
+    def complete_and_claim_next(
+        self, session: SessionHandle, job_id: str, claim: ClaimResult, result: bytes,
+        queue: str,
+    ) -> tuple[LeaseRecord, QueuePick | None]:
+        """:meth:`complete` ``job_id`` and claim a job of ``queue`` in **one multi**: the
+        completion's operations (sent from the claim's hold, as :meth:`complete`), then
+        the claim multi's (the epoch znode's check, the job znode's versioned
+        ``set_data``, the owner znode, the held marker) of a random one of the 8 oldest
+        jobs this backend read ahead from the queue (16 listed and read at once, each
+        used for 1 s). So a worker draining a queue sends one multi per job, plus one
+        listing and one read every few jobs. See :mod:`._queues_claim`.
+
+        If the multi fails on the claim's operations (the job was taken or changed since
+        the read), the completion is sent alone and the next job claimed as
+        :meth:`claim_from_queue_many` with one; if it fails on the completion's, the
+        completion is refused as :meth:`complete` would refuse it (read, then
+        ``StaleLeaseError``/``SessionExpired``) and nothing is claimed. A claim without
+        its hold, or a result over 512 KiB, is completed by :meth:`complete`, then the
+        next job claimed. A lost answer is read back (the completion record's nonce;
+        the multi applied whole or not at all), never re-sent blindly.
+
+        Returns the COMPLETED record and ``(job_id, claim, payload)`` of the job claimed,
+        or ``None`` when none was claimable (or the claim after a completion sent alone
+        failed): the completion commits either way.
+
+        Raises:
+            InvalidArgument: as :meth:`complete`; nothing was sent, still held.
+            StaleLeaseError / SessionExpired: the completion was refused, as in
+                :meth:`complete`; nothing was claimed.
+            BackendUnavailable: nothing was applied; still held until the deadline.
+            OutcomeUnknown: the answer was lost and reading back failed: the completion
+                and the claim were both applied or neither (if applied, the claim stays
+                the session's until a later claim of the job adopts it or keepalive
+                hands it back).
+        """
+        h = self._handle(session)
+        claim = _checked(claim)
+        self._checked_result(job_id, claim, result)
         with _concerning(job_id, claim.generation):
-            return self._holds.complete(h, self._paths(job_id), claim, result)
+            return self._queue_claims.complete_and_claim(h, self._paths(job_id), claim,
+                                                         bytes(result), queue)
+
+    @_bounded
+    def claim_from_queue_many(
+        self, session: SessionHandle, queue: str, n: int
+    ) -> list[QueuePick]:
+        """Claim up to ``n`` (at most ``max_queue_claim_batch``, 128) of the oldest
+        claimable jobs of ``queue``: the candidates (as :meth:`queue_candidates`, ``n``
+        of them), one pipelined read of their job znodes, then **one claim multi** for
+        all of them (split to stay far below jute.maxbuffer, as :meth:`claim_many`).
+        A multi applies all or nothing: if a candidate was taken meanwhile, the failing
+        operation names it, it is read again and the rest sent again without it
+        (bounded); if fewer than ``n`` were claimed because others took some, the queue
+        is listed again (at most 3 listings). Oldest enqueued first. Exhausted jobs
+        found on the way become FAILED (not returned); held, delayed, completed ones
+        are skipped. A lost answer is read back (each owner znode's nonce). See
+        :mod:`._queues_claim`.
+
+        Raises:
+            SessionExpired: the session is over; nothing is held.
+            BackendUnavailable / OutcomeUnknown / TokenSpaceExhausted: as :meth:`claim`,
+                before any job was claimed (after some: the call returns those).
+        """
+        h = self._handle(session)
+        return self._queue_claims.claim_many(h, queue, n)
 
     def complete_many(
         self, session: SessionHandle, items: Sequence[CompleteItem]
