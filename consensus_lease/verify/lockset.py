@@ -95,7 +95,8 @@ class LockSetConfig:
         destination: SQLAlchemy URL of the destination (default: a SqliteFence file in
             the run directory).
         history: the history file (default ``<run dir>/history.jsonl``).
-        run_dir: where the run's files go (default: a new temporary directory).
+        run_dir: where the run's files go: a new or empty directory (default: a new
+            temporary directory); one holding a run's files already is refused.
     """
 
     backend: str | None = None
@@ -326,7 +327,8 @@ def run_lockset(config: LockSetConfig, progress: Progress | None = None, *,
         saw at least one takeover.
 
     Raises:
-        InvalidArgument: bad configuration, or a TTL outside the store's range.
+        InvalidArgument: bad configuration, a ``run_dir`` that already holds a run's
+            files (nothing is changed), or a TTL outside the store's range.
         UnsupportedBackend / UnsupportedOperation / BackendUnavailable: the store or the
             destination cannot be used (a store of one process only cannot be shared by
             worker processes).
