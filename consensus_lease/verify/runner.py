@@ -8,9 +8,10 @@
 
 Phases, every one bounded in time:
 
-1. set up: the store (``backend`` URL, or a SQLite file in the run directory, or a
-   cluster the verifier starts with the container kit), the destination, the jobs
-   (``v<run id>-j000``...), one history part per process;
+1. set up: the run directory (new or empty: one holding a run's files is refused, see
+   :func:`claim_run_dir`), the store (``backend`` URL, or a SQLite file in the run
+   directory, or a cluster the verifier starts with the container kit), the destination,
+   the jobs (``v<run id>-j000``...), one history part per process;
 2. the fault period: ``workers`` worker processes work the jobs while the nemesis runs
    the seed's schedule for ``duration_s``; every fault is healed at its end;
 3. the quiet period: no faults; ends when the store shows every job completed, or after
@@ -41,7 +42,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import NamedTuple, overload
+from typing import TYPE_CHECKING, NamedTuple, overload
 from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import BackendUnavailable, InvalidArgument, LeaseError, UnsupportedOperation
@@ -67,7 +68,11 @@ from .pool import PausePoint, WorkerPool
 from .progress import HistoryTally, RunStatus, StatusTicker
 from .worker import WorkerConfig
 
-__all__ = ["DEFAULT_FAULTS", "VerifyConfig", "VerifyResult", "run_verify"]
+if TYPE_CHECKING:
+    from .lockset import LockSetConfig
+
+__all__ = ["DEFAULT_FAULTS", "RUN_FILES", "VerifyConfig", "VerifyResult", "claim_run_dir",
+           "run_files", "run_verify"]
 
 DEFAULT_FAULTS = WORKER_FAULTS
 RUNNER_DEFAULTS: dict[str, object] = {
@@ -171,12 +176,7 @@ class VerifyConfig:
 
     def _validate_fields(self) -> None:
         """Each field's type and range on its own."""
-        for name in ("backend", "destination"):
-            _check_optional_text(name, getattr(self, name))
-        for name in ("history", "run_dir"):
-            _check_optional_path(name, getattr(self, name))
-        if self.cluster not in ("sqlite", "etcd", "zookeeper"):
-            raise InvalidArgument(f"cluster must be sqlite, etcd or zookeeper: {self.cluster!r}")
+        _check_places(self)
         _check_int("workers", self.workers, 1, MAX_WORKERS)
         _check_int("jobs", self.jobs, 1)
         _check_int("steps", self.steps, 1)
@@ -231,8 +231,26 @@ class VerifyConfig:
         return round(min(self.ttl_s / 3, max(0.01, spread)), 4)
 
 
+def _check_places(config: VerifyConfig | LockSetConfig) -> None:
+    """Check the fields a run's config names its places with: ``backend`` and
+    ``destination`` (a non-empty str or ``None``), ``history`` and ``run_dir`` (a path or
+    ``None``), ``cluster`` (``sqlite``, ``etcd`` or ``zookeeper``).
+
+    Raises:
+        InvalidArgument: naming the first bad field.
+    """
+    for name in ("backend", "destination"):
+        _check_optional_text(name, getattr(config, name))
+    for name in ("history", "run_dir"):
+        _check_optional_path(name, getattr(config, name))
+    if config.cluster not in ("sqlite", "etcd", "zookeeper"):
+        raise InvalidArgument(f"cluster must be sqlite, etcd or zookeeper: {config.cluster!r}")
+
+
 def _check_int(name: str, value: object, low: int | None = None,
-               high: int | None = None) -> None:
+              high: int | None = None) -> None:
+    """Raises InvalidArgument naming ``name`` unless ``value`` is an int (not a bool) in
+    ``[low, high]`` (an open end: ``None``)."""
     if (isinstance(value, bool) or not isinstance(value, int)
             or (low is not None and value < low) or (high is not None and value > high)):
         span = ("" if low is None else f" from {low} to {high}" if high is not None
@@ -241,6 +259,8 @@ def _check_int(name: str, value: object, low: int | None = None,
 
 
 def _check_seconds(name: str, value: object, *, positive: bool = False) -> None:
+    """Raises InvalidArgument naming ``name`` unless ``value`` is a finite number of
+    seconds (an int or float, not a bool), >= 0 (> 0 if ``positive``)."""
     bound = "> 0" if positive else ">= 0"
     bad = InvalidArgument(f"{name} must be a finite number of seconds {bound}, not {value!r}")
     if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -1,6 +1,7 @@
-"""``VerifyConfig`` (the Python API of ``consensus-lease verify``) checks every field's type
-and range: ``InvalidArgument`` naming the field, never a raw ``TypeError`` or a bool taken
-for an int; and the command's help and messages say what the code does."""
+"""``VerifyConfig`` and ``LockSetConfig`` (the Python API of ``consensus-lease verify``)
+check every field's type and range: ``InvalidArgument`` naming the field, never a raw
+``TypeError`` or a bool taken for an int; and the command's help and messages say what
+the code does."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from consensus_lease import InvalidArgument, UnsupportedOperation
 from consensus_lease.verify import command
+from consensus_lease.verify.lockset import LockSetConfig
 from consensus_lease.verify.queue_worker import GRACE_S
 from consensus_lease.verify.runner import VerifyConfig, run_verify
 from consensus_lease.worker import command as worker_command
@@ -76,6 +78,37 @@ def test_every_field_has_a_bad_value_above() -> None:
 ])
 def test_good_fields_are_taken(fields: dict[str, Any]) -> None:
     _config(**fields).validate()
+
+
+LOCK_SET_BAD: list[tuple[str, Any]] = [
+    ("backend", 3), ("cluster", "mysql"), ("destination", ""), ("history", 3),
+    ("run_dir", ""),
+    ("workers", True), ("workers", 0), ("workers", 33), ("workers", 2.5), ("workers", "5"),
+    ("seed", True), ("seed", "1"),
+    ("ttl_s", True), ("ttl_s", 0), ("ttl_s", NAN), ("ttl_s", "2"),
+    ("duration_s", True), ("duration_s", -1.0), ("duration_s", INF), ("duration_s", "90"),
+    ("pause_every_s", True), ("pause_every_s", 0), ("pause_every_s", INF),
+    ("pause_min_s", True), ("pause_min_s", "3"), ("pause_min_s", 0),
+    ("pause_max_s", True), ("pause_max_s", NAN), ("pause_max_s", 2.0),
+    ("pause_target", "any"), ("pause_target", 1),
+    ("mode", "unfenced"), ("mode", None),
+    ("think_s", True), ("think_s", -0.1), ("think_s", "0.02"),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), LOCK_SET_BAD,
+                         ids=[f"{f}={v!r}" for f, v in LOCK_SET_BAD])
+def test_a_bad_lock_set_field_is_refused_by_name(field: str, value: Any) -> None:
+    config = LockSetConfig(**{field: value})
+    with pytest.raises(InvalidArgument, match=rf"\b{field}\b"):
+        config.validate()
+
+
+def test_every_lock_set_field_has_a_bad_value_above() -> None:
+    assert {field for field, _ in LOCK_SET_BAD} == set(LockSetConfig.__dataclass_fields__)
+    LockSetConfig().validate()
+    LockSetConfig(ttl_s=1, pause_min_s=2, pause_max_s=2, think_s=0, seed=-1,
+                  run_dir=Path("r"), pause_target="holder", mode="write-only").validate()
 
 
 def _help(add_parser: Any, name: str) -> str:
