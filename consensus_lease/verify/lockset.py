@@ -122,10 +122,11 @@ class LockSetConfig:
         """Check every field; changes nothing.
 
         Raises:
-            InvalidArgument: naming the first bad field: of the wrong type (checked as
-                :meth:`~consensus_lease.verify.runner.VerifyConfig.validate` checks
-                them: a bool is no int or number of seconds), out of range, or pauses
-                that could never outlast the TTL.
+            InvalidArgument: naming the first bad field: of the wrong type (as
+                ``VerifyConfig.validate`` checks them: a bool is no int or number of
+                seconds; ``history``, ``run_dir`` a str or path; ``backend``,
+                ``destination`` a str or ``None``), out of range, or pauses that could
+                never outlast the TTL.
         """
         _check_places(self)
         _check_int("workers", self.workers, 1, MAX_WORKERS)

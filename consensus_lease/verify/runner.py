@@ -104,7 +104,7 @@ class VerifyConfig:
         duration_s: the fault period, seconds.
         quiet_s: the longest quiet period after it, seconds.
         seed: derives the fault schedule and each worker's choices.
-        faults: fault names (see :mod:`consensus_lease.verify.nemesis`).
+        faults: fault names, a tuple or list (see :mod:`consensus_lease.verify.nemesis`).
         history: the history file (default ``<run dir>/history.jsonl``).
         destination: SQLAlchemy URL of the destination (default: a SqliteFence file in
             the run directory).
@@ -279,7 +279,8 @@ def _check_optional_text(name: str, value: object) -> None:
 
 
 def _check_optional_path(name: str, value: object) -> None:
-    if value is not None and (not isinstance(value, (str, os.PathLike)) or not str(value)):
+    if value is not None and (not isinstance(value, (str, os.PathLike))
+                              or not os.fspath(value)):
         raise InvalidArgument(f"{name} must be a path (str or os.PathLike) or None, not "
                               f"{value!r}")
 
