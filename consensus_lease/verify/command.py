@@ -48,6 +48,7 @@ from .interrupts import Interrupted
 from .lockset import PAUSE_TARGETS, LockSetConfig, LockSetResult, lost_items_text, run_lockset
 from .nemesis import CLUSTER_FAULTS, FAULTS, WORKER_FAULTS, parse_faults
 from .progress import ProgressBar, StatusLines
+from .queue_worker import GRACE_S
 from .runner import VerifyConfig, VerifyResult, no_password, run_verify
 
 __all__ = ["EXIT_STATUSES", "NAME", "VERDICTS", "WORKLOADS", "add_parser", "config_from_args",
@@ -161,8 +162,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--think-s", type=_seconds, default=None,
                         help="longest think time per step, s (default: spreads the work "
                         "over the fault period, at most TTL/3)")
-    parser.add_argument("--run-dir", metavar="DIR", help="where the run's files go (default: "
-                        "a new temporary directory)")
+    parser.add_argument("--run-dir", metavar="DIR", help="where the run's files go: a new or "
+                        "empty directory (default: a new temporary directory); one that "
+                        "already holds a run's files (parts/, logs/, history.jsonl, store.db, "
+                        "destination.db) is refused, exit status 2: a second run there would "
+                        "mix the first one's history into its own")
     parser.add_argument("--until-done", action="store_true", help="end the fault period "
                         "as soon as every job is completed: with a "
                         "long --duration-s, every claim is made under faults")
@@ -172,7 +176,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "(batched: complete_many); any of its knobs implies --runner")
     runner.add_argument("--runner", action="store_true", default=None,
                         help="workers drive the worker runner instead of claiming by job id")
-    add_batching_flags(runner)
+    add_batching_flags(runner, grace=f"the runner's {GRACE_S:g} s grace period once the "
+                       "verifier stops the workers")
     lock_set = parser.add_argument_group("lock-set workload (--workload lock-set)")
     lock_set.add_argument("--mode", choices=LOCK_SET_MODES, default=None,
                           help="fenced (default): read_fenced / write_fenced; write-only: "
@@ -234,7 +239,9 @@ def lockset_config_from_args(args: argparse.Namespace) -> LockSetConfig:
 
     Raises:
         InvalidArgument: an option of the job workload given (``--jobs``, ``--steps``,
-            ``--quiet-s``, ``--faults``, ``--think-s``, ``--unfenced``, ``--until-done``).
+            ``--quiet-s``, ``--faults``, ``--think-s``, ``--unfenced``, ``--until-done``,
+            ``--runner`` and its knobs ``--prefetch``, ``--complete-batch``,
+            ``--complete-flush-s``).
     """
     wrong = _given(args, _JOB_ONLY) + [flag for name, flag in (
         ("unfenced", "--unfenced"), ("until_done", "--until-done")) if getattr(args, name)]

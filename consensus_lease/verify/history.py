@@ -126,8 +126,12 @@ class HistoryWriter:
     before being SIGKILLed is in the file.
 
     Args:
-        path: the part file (created, appended to).
+        path: the part file, created (it must not exist: a part holds one process of one
+            run, since :func:`read_parts` pairs its lines by ``(process, index)``).
         process: this process's name in the history.
+
+    Raises:
+        FileExistsError: ``path`` exists (e.g. a part left by an earlier run).
     """
 
     def __init__(self, path: str | os.PathLike[str], process: str) -> None:
@@ -135,7 +139,7 @@ class HistoryWriter:
         self.process = process
         self._lock = threading.Lock()
         self._next = 0
-        self._file = self.path.open("a", encoding="utf-8", buffering=1)
+        self._file = self.path.open("x", encoding="utf-8", buffering=1)
 
     def _write(self, record: dict[str, Any]) -> None:
         line = json.dumps(record, default=str) + "\n"
@@ -183,14 +187,26 @@ def _lines(path: Path) -> Iterator[dict[str, Any]]:
 
 def read_parts(paths: Iterable[str | os.PathLike[str]]) -> list[Op]:
     """Pair the invoke/return lines of part files into operations, ordered by
-    invocation time. An invocation without a return is INDETERMINATE."""
+    invocation time. An invocation without a return is INDETERMINATE.
+
+    Raises:
+        ValueError: a part records the same ``(process, index)`` invocation or return
+            twice (the records of two runs, or a damaged file): pairing them could give
+            an operation that never returned another one's result, so nothing is paired.
+    """
     ops: list[Op] = []
     for path in paths:
         invokes: dict[tuple[str, int], dict[str, Any]] = {}
         returns: dict[tuple[str, int], dict[str, Any]] = {}
         for record in _lines(Path(path)):
             key = (str(record["p"]), int(record["i"]))
-            (invokes if record["ev"] == "invoke" else returns)[key] = record
+            seen = invokes if record["ev"] == "invoke" else returns
+            if key in seen:
+                raise ValueError(
+                    f"{path}: {record['ev']} of operation {key[1]} of {key[0]} recorded "
+                    "twice: the part holds two runs' records (or is damaged); a run "
+                    "directory holds one run only")
+            seen[key] = record
         for key, inv in invokes.items():
             done = returns.get(key)
             detail = dict(inv.get("detail") or {})

@@ -57,6 +57,9 @@ from .runner import (
     Progress,
     VerifyConfig,
     Watch,
+    _check_int,
+    _check_places,
+    _check_seconds,
     _CrashWatch,
     _Ends,
     _Run,
@@ -95,7 +98,8 @@ class LockSetConfig:
         destination: SQLAlchemy URL of the destination (default: a SqliteFence file in
             the run directory).
         history: the history file (default ``<run dir>/history.jsonl``).
-        run_dir: where the run's files go (default: a new temporary directory).
+        run_dir: where the run's files go: a new or empty directory (default: a new
+            temporary directory); one holding a run's files already is refused.
     """
 
     backend: str | None = None
@@ -115,15 +119,22 @@ class LockSetConfig:
     run_dir: str | None = None
 
     def validate(self) -> None:
-        """Raises InvalidArgument naming the first bad parameter."""
-        if not 1 <= self.workers <= MAX_WORKERS:
-            raise InvalidArgument(f"workers must be 1-{MAX_WORKERS}, got {self.workers}")
-        for name in ("ttl_s", "pause_every_s", "pause_min_s"):
-            if not getattr(self, name) > 0:
-                raise InvalidArgument(f"{name} must be a number of seconds > 0, got "
-                                      f"{getattr(self, name)}")
-        if not self.duration_s >= 0 or not self.think_s >= 0:
-            raise InvalidArgument("duration_s and think_s must be >= 0")
+        """Check every field; changes nothing.
+
+        Raises:
+            InvalidArgument: naming the first bad field: of the wrong type (as
+                ``VerifyConfig.validate`` checks them: a bool is no int or number of
+                seconds; ``history``, ``run_dir`` a str or path; ``backend``,
+                ``destination`` a str or ``None``), out of range, or pauses that could
+                never outlast the TTL.
+        """
+        _check_places(self)
+        _check_int("workers", self.workers, 1, MAX_WORKERS)
+        _check_int("seed", self.seed)
+        for name in ("ttl_s", "pause_every_s", "pause_min_s", "pause_max_s"):
+            _check_seconds(name, getattr(self, name), positive=True)
+        for name in ("duration_s", "think_s"):
+            _check_seconds(name, getattr(self, name))
         if not self.pause_min_s <= self.pause_max_s:
             raise InvalidArgument(f"pause_min_s {self.pause_min_s} is above pause_max_s "
                                   f"{self.pause_max_s}")
@@ -138,8 +149,6 @@ class LockSetConfig:
         if self.mode not in LOCK_SET_MODES:
             raise InvalidArgument(f"mode must be one of {', '.join(LOCK_SET_MODES)}: "
                                   f"{self.mode!r}")
-        if self.backend is None and self.cluster not in ("sqlite", "etcd", "zookeeper"):
-            raise InvalidArgument(f"cluster must be sqlite, etcd or zookeeper: {self.cluster!r}")
 
     def schedule(self) -> list[PlannedFault]:
         """The pauses: one every ``pause_every_s`` before ``duration_s``, each of a
@@ -326,7 +335,8 @@ def run_lockset(config: LockSetConfig, progress: Progress | None = None, *,
         saw at least one takeover.
 
     Raises:
-        InvalidArgument: bad configuration, or a TTL outside the store's range.
+        InvalidArgument: bad configuration, a ``run_dir`` that already holds a run's
+            files (nothing is changed), or a TTL outside the store's range.
         UnsupportedBackend / UnsupportedOperation / BackendUnavailable: the store or the
             destination cannot be used (a store of one process only cannot be shared by
             worker processes).

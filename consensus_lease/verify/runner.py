@@ -8,9 +8,10 @@
 
 Phases, every one bounded in time:
 
-1. set up: the store (``backend`` URL, or a SQLite file in the run directory, or a
-   cluster the verifier starts with the container kit), the destination, the jobs
-   (``v<run id>-j000``...), one history part per process;
+1. set up: the run directory (new or empty: one holding a run's files is refused, see
+   :func:`claim_run_dir`), the store (``backend`` URL, or a SQLite file in the run
+   directory, or a cluster the verifier starts with the container kit), the destination,
+   the jobs (``v<run id>-j000``...), one history part per process;
 2. the fault period: ``workers`` worker processes work the jobs while the nemesis runs
    the seed's schedule for ``duration_s``; every fault is healed at its end;
 3. the quiet period: no faults; ends when the store shows every job completed, or after
@@ -41,7 +42,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import NamedTuple, overload
+from typing import TYPE_CHECKING, NamedTuple, overload
 from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import BackendUnavailable, InvalidArgument, LeaseError, UnsupportedOperation
@@ -55,6 +56,7 @@ from .interrupts import deferred, interruptible
 from .kit import KitCluster
 from .nemesis import (
     CLUSTER_FAULTS,
+    FAULTS,
     WORKER_FAULTS,
     Nemesis,
     NemesisContext,
@@ -66,7 +68,11 @@ from .pool import PausePoint, WorkerPool
 from .progress import HistoryTally, RunStatus, StatusTicker
 from .worker import WorkerConfig
 
-__all__ = ["DEFAULT_FAULTS", "VerifyConfig", "VerifyResult", "run_verify"]
+if TYPE_CHECKING:
+    from .lockset import LockSetConfig
+
+__all__ = ["DEFAULT_FAULTS", "RUN_FILES", "VerifyConfig", "VerifyResult", "claim_run_dir",
+           "run_files", "run_verify"]
 
 DEFAULT_FAULTS = WORKER_FAULTS
 RUNNER_DEFAULTS: dict[str, object] = {
@@ -98,7 +104,7 @@ class VerifyConfig:
         duration_s: the fault period, seconds.
         quiet_s: the longest quiet period after it, seconds.
         seed: derives the fault schedule and each worker's choices.
-        faults: fault names (see :mod:`consensus_lease.verify.nemesis`).
+        faults: fault names, a tuple or list (see :mod:`consensus_lease.verify.nemesis`).
         history: the history file (default ``<run dir>/history.jsonl``).
         destination: SQLAlchemy URL of the destination (default: a SqliteFence file in
             the run directory).
@@ -106,7 +112,9 @@ class VerifyConfig:
         think_s: longest think time; ``None`` picks one so the work spans about
             ``duration_s``, at most TTL/3.
         renew_probability: chance of an explicit ``renew()`` after each step.
-        run_dir: where the run's files go (default: a new temporary directory).
+        run_dir: where the run's files go: a new or empty directory (default: a new
+            temporary directory); one holding a run's files already is refused
+            (:func:`claim_run_dir`).
         until_done: end the fault period early, as soon as the workers' histories show
             every job completed (or every worker finished on its own): with a
             ``duration_s`` longer than the work takes, every claim is made under faults
@@ -144,20 +152,16 @@ class VerifyConfig:
     complete_flush_s: float = 0.01
 
     def validate(self, *, cluster_given: bool = False) -> None:
-        """Raises InvalidArgument naming the first bad parameter."""
+        """Check every field; changes nothing.
+
+        Raises:
+            InvalidArgument: naming the first bad field: of the wrong type (a bool is no
+                int or number of seconds; ``history``, ``run_dir`` a str or path;
+                ``backend``, ``destination`` a str or ``None``; ``faults`` a tuple or
+                list of fault names), out of range, or a combination that cannot run.
+        """
+        self._validate_fields()
         self._validate_runner()
-        if not 1 <= self.workers <= MAX_WORKERS:
-            raise InvalidArgument(f"workers must be 1-{MAX_WORKERS}, got {self.workers}")
-        if self.jobs < 1 or self.steps < 1:
-            raise InvalidArgument("jobs and steps must be >= 1")
-        for name in ("ttl_s", "duration_s", "quiet_s"):
-            value = getattr(self, name)
-            if not value >= 0 or (name == "ttl_s" and value <= 0):
-                raise InvalidArgument(f"{name} must be a number of seconds > 0, got {value}")
-        if self.think_s is not None and not self.think_s >= 0:
-            raise InvalidArgument(f"think_s must be >= 0, got {self.think_s}")
-        if self.backend is None and self.cluster not in ("sqlite", "etcd", "zookeeper"):
-            raise InvalidArgument(f"cluster must be sqlite, etcd or zookeeper: {self.cluster!r}")
         cluster_faults = [f for f in self.faults if f in CLUSTER_FAULTS]
         if cluster_faults and not cluster_given and (
             self.backend is not None or self.cluster == "sqlite"
@@ -170,9 +174,29 @@ class VerifyConfig:
             raise InvalidArgument("the partition fault needs root (iptables, setpriv)")
         self._validate_coverage()
 
+    def _validate_fields(self) -> None:
+        """Each field's type and range on its own."""
+        _check_places(self)
+        _check_int("workers", self.workers, 1, MAX_WORKERS)
+        _check_int("jobs", self.jobs, 1)
+        _check_int("steps", self.steps, 1)
+        _check_int("seed", self.seed)
+        _check_seconds("ttl_s", self.ttl_s, positive=True)
+        _check_seconds("duration_s", self.duration_s)
+        _check_seconds("quiet_s", self.quiet_s)
+        if self.think_s is not None:
+            _check_seconds("think_s", self.think_s)
+        if (isinstance(self.renew_probability, bool)
+                or not isinstance(self.renew_probability, (int, float))
+                or not 0 <= self.renew_probability <= 1):
+            raise InvalidArgument("renew_probability must be a number from 0 to 1, not "
+                                  f"{self.renew_probability!r}")
+        for name in ("unfenced", "until_done", "runner"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidArgument(f"{name} must be a bool, not {getattr(self, name)!r}")
+        _check_faults(self.faults)
+
     def _validate_runner(self) -> None:
-        if not isinstance(self.runner, bool):
-            raise InvalidArgument(f"runner must be a bool, not {self.runner!r}")
         RunnerConfig(queue="verify", prefetch=self.prefetch,  # InvalidArgument naming it
                      complete_batch=self.complete_batch, complete_flush_s=self.complete_flush_s)
         knobs = {"prefetch": self.prefetch, "complete_batch": self.complete_batch,
@@ -205,6 +229,69 @@ class VerifyConfig:
             return self.think_s
         spread = self.duration_s * self.workers / (self.jobs * self.steps)
         return round(min(self.ttl_s / 3, max(0.01, spread)), 4)
+
+
+def _check_places(config: VerifyConfig | LockSetConfig) -> None:
+    """Check the fields a run's config names its places with: ``backend`` and
+    ``destination`` (a non-empty str or ``None``), ``history`` and ``run_dir`` (a path or
+    ``None``), ``cluster`` (``sqlite``, ``etcd`` or ``zookeeper``).
+
+    Raises:
+        InvalidArgument: naming the first bad field.
+    """
+    for name in ("backend", "destination"):
+        _check_optional_text(name, getattr(config, name))
+    for name in ("history", "run_dir"):
+        _check_optional_path(name, getattr(config, name))
+    if config.cluster not in ("sqlite", "etcd", "zookeeper"):
+        raise InvalidArgument(f"cluster must be sqlite, etcd or zookeeper: {config.cluster!r}")
+
+
+def _check_int(name: str, value: object, low: int | None = None,
+              high: int | None = None) -> None:
+    """Raises InvalidArgument naming ``name`` unless ``value`` is an int (not a bool) in
+    ``[low, high]`` (an open end: ``None``)."""
+    if (isinstance(value, bool) or not isinstance(value, int)
+            or (low is not None and value < low) or (high is not None and value > high)):
+        span = ("" if low is None else f" from {low} to {high}" if high is not None
+                else f" >= {low}")
+        raise InvalidArgument(f"{name} must be an int{span}, not {value!r}")
+
+
+def _check_seconds(name: str, value: object, *, positive: bool = False) -> None:
+    """Raises InvalidArgument naming ``name`` unless ``value`` is a finite number of
+    seconds (an int or float, not a bool), >= 0 (> 0 if ``positive``)."""
+    bound = "> 0" if positive else ">= 0"
+    bad = InvalidArgument(f"{name} must be a finite number of seconds {bound}, not {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise bad
+    try:
+        number = float(value)
+    except OverflowError:
+        raise bad from None
+    if not math.isfinite(number) or number < 0 or (positive and number == 0):
+        raise bad
+
+
+def _check_optional_text(name: str, value: object) -> None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise InvalidArgument(f"{name} must be a non-empty str or None, not {value!r}")
+
+
+def _check_optional_path(name: str, value: object) -> None:
+    if value is not None and (not isinstance(value, (str, os.PathLike))
+                              or not os.fspath(value)):
+        raise InvalidArgument(f"{name} must be a path (str or os.PathLike) or None, not "
+                              f"{value!r}")
+
+
+def _check_faults(faults: object) -> None:
+    if not isinstance(faults, (tuple, list)) or not all(isinstance(f, str) for f in faults):
+        raise InvalidArgument(f"faults must be a tuple of fault names, not {faults!r}")
+    unknown = [name for name in faults if name not in FAULTS]
+    if unknown:
+        raise InvalidArgument(f"faults: unknown fault(s) {', '.join(unknown)}; the menu: "
+                              f"{', '.join(FAULTS)}")
 
 
 @dataclass
@@ -366,8 +453,11 @@ def run_verify(config: VerifyConfig, progress: Progress | None = None, *,
 
     Raises:
         InvalidArgument: bad configuration (including a ``duration_s`` too short to
-            schedule every fault kind once).
-        UnsupportedBackend / BackendUnavailable: the store or destination cannot be used.
+            schedule every fault kind once, and a ``run_dir`` that already holds a run's
+            files: nothing is changed), or a TTL outside the store's range.
+        UnsupportedBackend / UnsupportedOperation / BackendUnavailable: the store or the
+            destination cannot be used (a store of one process only, such as
+            ``memory://``, cannot be shared by worker processes).
         Exception: the container kit's errors when it cannot start the cluster.
         Interrupted: (a ``KeyboardInterrupt``) SIGINT or SIGTERM stopped the run (in the
             main thread, both are handled so while it runs): every fault was healed and
@@ -402,6 +492,65 @@ def no_password(url: str | None) -> str | None:
     return urlunsplit(parts._replace(netloc=user + parts.netloc.rpartition("@")[2]))
 
 
+RUN_FILES = ("parts", "logs", "history.jsonl", "store.db", "destination.db")
+"""What a run puts in its run directory (besides the SQLite files' ``-wal``, ``-shm`` and
+``-journal`` companions): a directory holding any of them already holds a run."""
+
+
+def run_files(run_dir: Path) -> list[str]:
+    """The names of a run's files (:data:`RUN_FILES`) that ``run_dir`` holds, sorted, a
+    directory's with a trailing ``/``; ``[]`` if ``run_dir`` does not exist.
+
+    Raises:
+        InvalidArgument: ``run_dir`` exists and is not a directory.
+    """
+    try:
+        entries = sorted(run_dir.iterdir())
+    except FileNotFoundError:
+        return []
+    except NotADirectoryError:
+        raise InvalidArgument(f"run_dir (--run-dir) {run_dir} is not a directory") from None
+    sqlite = tuple(f"{name}-" for name in ("store.db", "destination.db"))
+    return [entry.name + ("/" if entry.is_dir() else "") for entry in entries
+            if entry.name in RUN_FILES or entry.name.startswith(sqlite)]
+
+
+def _refuse_reuse(run_dir: Path, found: list[str]) -> InvalidArgument:
+    return InvalidArgument(
+        f"run_dir (--run-dir) {run_dir} already holds a run's files ({', '.join(found)}): "
+        "a run there would mix the earlier run's history, store and destination into its "
+        "own; pass a new or empty directory")
+
+
+def claim_run_dir(run_dir: Path) -> tuple[Path, Path]:
+    """Make ``run_dir`` (created if need be, mode 0700) this run's; returns its ``parts``
+    and ``logs`` directories, both new (mode 0700: the workers' config files in ``logs``
+    carry the store URL with its password).
+
+    A directory that already holds a run's files (:func:`run_files`) is refused, whatever
+    they are: the history parts are paired by ``(process, index)`` and every run uses the
+    same process names, so an operation of this run that never returned could take an
+    earlier run's result for the same key and hide an unresolved write. ``parts`` is
+    created exclusively, so of two runs started at once in the same directory, one is
+    refused.
+
+    Raises:
+        InvalidArgument: ``run_dir`` holds a run's files (nothing is changed), or is not a
+            directory.
+    """
+    found = run_files(run_dir)
+    if found:
+        raise _refuse_reuse(run_dir, found)
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    parts, logs = run_dir / "parts", run_dir / "logs"
+    try:
+        parts.mkdir(mode=0o700)
+    except FileExistsError:  # another run began here since the check
+        raise _refuse_reuse(run_dir, run_files(run_dir)) from None
+    logs.mkdir(mode=0o700, exist_ok=True)
+    return parts, logs
+
+
 class _Ends(NamedTuple):
     """Where leases and effects live during a run."""
 
@@ -420,11 +569,7 @@ class _Run:
         self.run_id = f"{config.seed}-{uuid.uuid4().hex[:6]}"
         self.run_dir = Path(config.run_dir or tempfile.mkdtemp(
             prefix=f"consensus-lease-verify-{self.run_id}-"))
-        self.parts_dir, self.logs_dir = self.run_dir / "parts", self.run_dir / "logs"
-        # 0700: the workers' config files in logs/ carry the store URL with its password.
-        self.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.parts_dir.mkdir(mode=0o700, exist_ok=True)
-        self.logs_dir.mkdir(mode=0o700, exist_ok=True)
+        self.parts_dir, self.logs_dir = claim_run_dir(self.run_dir)
         self.jobs = [f"v{self.run_id}-j{i:03d}" for i in range(config.jobs)]
         random.Random(config.seed).shuffle(self.jobs)  # the order every worker tries them in
         self.queue = f"v{self.run_id}" if config.runner else ""
@@ -479,8 +624,8 @@ class _Run:
         if not caps.cross_process:
             raise UnsupportedOperation(
                 f"verify runs workers as separate processes, but {no_password(store_url)!r} is a "
-                "store of "
-                "one process only; use sqlite:///..., etcd://... or zk://..."
+                "store of one process only; use sqlite:///..., postgresql://..., etcd://... "
+                "or zk://..."
             )
         if not caps.min_ttl_s <= config.ttl_s <= caps.max_ttl_s:
             raise InvalidArgument(

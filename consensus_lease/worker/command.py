@@ -56,14 +56,16 @@ def _flag(parse: Callable[[str], T]) -> Callable[[str], T]:
     return convert
 
 
-def add_batching_flags(parser: Any) -> None:
+def add_batching_flags(parser: Any, *, grace: str = "--grace-s") -> None:
     """Add ``--prefetch``, ``--complete-batch`` and ``--complete-flush-s`` (each parsed as
     :class:`~consensus_lease.worker.WorkerConfig` checks it, default ``None``: not given)
     to ``parser`` (an ``argparse`` parser or argument group); ``consensus-lease verify``
-    takes them too."""
+    takes them too. ``grace`` names, in the help of ``--prefetch``, the time a stop
+    request leaves the jobs held (this command's ``--grace-s``; ``verify`` has no such
+    flag and says what it is there)."""
     for flag, parse, metavar, text in (
         ("--prefetch", config.parse_prefetch, "N", "leases each slot claims ahead of the job it "
-         "works, held until worked (also after a stop request, within --grace-s; default "
+         f"works, held until worked (also after a stop request, within {grace}; default "
          "0; at most 256)"),
         ("--complete-batch", config.parse_complete_batch, "N", "most completions sent in one "
          "complete_many (default 1: each job completed at once; the store caps it)"),
