@@ -746,7 +746,8 @@ def test_on_a_never_analysed_store_the_hot_statements_use_the_keys(
     each job and session by its key and a queue's head by its index, in the plan psycopg
     prepares (generic) and in the first runs' (custom): no scan of every row, no hashed
     subplan (one scan of every session row). The batch endings find and lock each
-    item's row by the primary key (no join of the items with a scan of the jobs)."""
+    item's row by the primary key (no join of the items with a scan of the jobs), and so
+    do their read-backs."""
     b = backend_of(store)
     session = store.session("w", ttl_s=30.0)
     values = {"job": "j", "owner": "w", "sid": session.session_id, "gen": 1, "epoch": 0,
@@ -761,7 +762,8 @@ def test_on_a_never_analysed_store_the_hot_statements_use_the_keys(
         c.execute(f"SET plan_cache_mode = {mode}")
         plans = {}
         for name in ("claim", "complete", "claim_from_queue", "claim_from_queue_many",
-                     "claim_many", "refusal", "complete_many", "release_many", "fail_many"):
+                     "claim_many", "refusal", "complete_many", "release_many", "fail_many",
+                     "held_many", "completed_many_by_me"):
             order: list[str] = []
 
             def number(m: re.Match[str], order: list[str] = order) -> str:
@@ -784,6 +786,8 @@ def test_on_a_never_analysed_store_the_hot_statements_use_the_keys(
     for name in ("complete_many", "release_many", "fail_many"):
         assert "Index Scan using cl_jobs_pkey" in plans[name], f"{name}:\n{plans[name]}"
         assert "Conflict Arbiter Indexes: cl_jobs_pkey" in plans[name], plans[name]
+    for name in ("held_many", "completed_many_by_me"):  # their lost answers' read-backs
+        assert "Index Scan using cl_jobs_pkey" in plans[name], f"{name}:\n{plans[name]}"
 
 
 def test_the_postgres_scheme_is_libpqs_other_spelling(url: str) -> None:

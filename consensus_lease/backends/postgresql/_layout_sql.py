@@ -280,7 +280,6 @@ class Statements:
         )
 
     def _completions(self, n: Names) -> None:
-        j = n.jobs
         # complete_and_claim_next: the completion of ``complete`` (done), then the claim
         # of claim_from_queue gated on it (a refused completion claims nothing and
         # fails no exhausted job), in one statement. The pick sees the snapshot before
@@ -312,12 +311,7 @@ class Statements:
             "WHERE " + self._held_excluded
             + "RETURNING j.job_id, j.owner, j.attempt, j.error, j.max_attempts"
         )
-        self.completed_many_by_me = (
-            "SELECT t.job_id FROM unnest(%(jobs)s::text[], %(gens)s::bigint[], "
-            f"%(epochs)s::bigint[]) AS t(job_id, gen, epoch) JOIN {j} j ON "
-            "j.job_id = t.job_id AND j.generation = t.gen AND j.epoch = t.epoch "
-            "AND j.completed_session = %(sid)s"
-        )
+        self.completed_many_by_me = self._items_where("j.completed_session = %(sid)s")
 
     def _upsert_held(self, cols: str, arrays: str) -> str:
         """The start of a batch write of held jobs, up to its ``DO UPDATE SET``: the
@@ -341,6 +335,18 @@ class Statements:
             "ORDER BY t.job_id) t CROSS JOIN LATERAL (SELECT FROM "
             f"{self._jobs} k WHERE k.job_id = t.job_id FOR UPDATE) k WHERE {self.my_alive} "
             "ORDER BY t.job_id ON CONFLICT (job_id) DO UPDATE SET "
+        )
+
+    def _items_where(self, cond: str) -> str:
+        """The items' ids (the arrays of :meth:`_upsert_held`) whose job row is at the
+        item's token and meets ``cond`` (a read after a lost answer): each row read by
+        its key in a scalar subquery, run per item (a join the planner may make a scan
+        of every job row, or a scan of the items per row)."""
+        return (
+            "SELECT t.job_id FROM unnest(%(jobs)s::text[], %(gens)s::bigint[], "
+            "%(epochs)s::bigint[]) AS t(job_id, gen, epoch) WHERE (SELECT true FROM "
+            f"{self._jobs} j WHERE j.job_id = t.job_id AND j.generation = t.gen "
+            f"AND j.epoch = t.epoch AND {cond})"
         )
 
     def _endings(self, n: Names) -> None:
@@ -373,12 +379,8 @@ class Statements:
         )
         # After a lost answer: which items this session still holds at their generation
         # (none: the statement applied, or held none of them).
-        self.held_many = (
-            "SELECT t.job_id FROM unnest(%(jobs)s::text[], %(gens)s::bigint[], "
-            f"%(epochs)s::bigint[]) AS t(job_id, gen, epoch) JOIN {j} j ON "
-            "j.job_id = t.job_id AND j.generation = t.gen AND j.epoch = t.epoch "
-            "AND j.session_id = %(sid)s AND j.completed_at IS NULL"
-        )
+        self.held_many = self._items_where(
+            "j.session_id = %(sid)s AND j.completed_at IS NULL")
         # A fail that did not apply (or whose answer was lost): this session's failure
         # at that generation already (the hold ended, the error ours), as fail settles.
         self.failed_by_me = (
