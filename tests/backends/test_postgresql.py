@@ -31,6 +31,7 @@ from consensus_lease.errors import (
     JobFailed,
     OutcomeUnknown,
     SessionExpired,
+    StaleLeaseError,
     StoreRegressed,
 )
 from consensus_lease.record import ClaimResult
@@ -788,6 +789,31 @@ def test_on_a_never_analysed_store_the_hot_statements_use_the_keys(
         assert "Conflict Arbiter Indexes: cl_jobs_pkey" in plans[name], plans[name]
     for name in ("held_many", "completed_many_by_me"):  # their lost answers' read-backs
         assert "Index Scan using cl_jobs_pkey" in plans[name], f"{name}:\n{plans[name]}"
+
+
+@pytest.mark.parametrize("op", ["complete_many", "release_many", "fail_many"])
+def test_a_batch_ending_of_a_job_with_no_row_is_refused_and_inserts_nothing(
+    store: LeaseStore, op: str
+) -> None:
+    """The batch endings propose each item as a row of ``INSERT ... ON CONFLICT DO
+    UPDATE``: an item whose job has no row is refused like a lone call's, and no row is
+    made for it; the other items apply."""
+    b = backend_of(store)
+    session = b.open_session("w", 30.0)
+    held = b.claim(session, "held")
+    assert held is not None
+    ghost = ClaimResult(held.generation, held.lease_until, 1)
+    extra: tuple[Any, ...] = {"complete_many": (b"r",), "release_many": (),
+                              "fail_many": ("boom", 0.0)}[op]
+    outcomes = getattr(b, op)(session, [("ghost", ghost, *extra), ("held", held, *extra)])
+    assert isinstance(outcomes[0], StaleLeaseError)
+    assert outcomes[0].current_generation is None
+    assert not isinstance(outcomes[1], Exception)
+    assert b.get("ghost") is None
+    record = b.get("held")
+    assert record is not None and record.generation == held.generation
+    assert record.state is {"complete_many": JobState.COMPLETED, "release_many":
+                            JobState.AVAILABLE, "fail_many": JobState.AVAILABLE}[op]
 
 
 def test_the_postgres_scheme_is_libpqs_other_spelling(url: str) -> None:

@@ -322,19 +322,21 @@ class Statements:
         planner could turn into a scan of every job row on missing or stale statistics
         (an ``UPDATE ... FROM`` of the items was: a nested loop over them per row, or a
         sequential scan). Each item is proposed only with its job row locked, one key
-        lookup per item (a lateral subquery runs per item), in job-id order, as
-        claim_many locks: concurrent batches never wait for each other in a cycle, and
-        no proposed row is ever inserted (an id without a row is not proposed; a
-        locked row cannot be deleted). Nothing is locked when this session is not
-        alive (on the server's timeline). ``excluded`` is the item: ``generation``
-        and ``epoch`` its token; ``cols`` its other values, in columns of the row."""
+        lookup per item (a lateral subquery runs per item), in job-id order (bytewise,
+        ``COLLATE "C"``, as claim_many locks): concurrent batches never wait for each
+        other in a cycle, and no proposed row is ever inserted (an id without a row is
+        not proposed; a locked row cannot be deleted). The ``DO UPDATE ... WHERE`` is
+        checked on the row's newest version, as an ``UPDATE``'s is. Nothing is locked
+        when this session is not alive (on the server's timeline). ``excluded`` is the
+        item: ``generation`` and ``epoch`` its token; ``cols`` its other values, in
+        columns of the row."""
         return (
             f"INSERT INTO {self._jobs} AS j (job_id, generation, epoch{cols}) "
             "SELECT t.* FROM (SELECT * FROM unnest(%(jobs)s::text[], %(gens)s::bigint[], "
             f"%(epochs)s::bigint[]{arrays}) AS t(job_id, generation, epoch{cols}) "
-            "ORDER BY t.job_id) t CROSS JOIN LATERAL (SELECT FROM "
+            'ORDER BY t.job_id COLLATE "C") t CROSS JOIN LATERAL (SELECT FROM '
             f"{self._jobs} k WHERE k.job_id = t.job_id FOR UPDATE) k WHERE {self.my_alive} "
-            "ORDER BY t.job_id ON CONFLICT (job_id) DO UPDATE SET "
+            'ORDER BY t.job_id COLLATE "C" ON CONFLICT (job_id) DO UPDATE SET '
         )
 
     def _items_where(self, cond: str) -> str:
