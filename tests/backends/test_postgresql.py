@@ -31,6 +31,7 @@ from consensus_lease.errors import (
     JobFailed,
     OutcomeUnknown,
     SessionExpired,
+    StaleLeaseError,
     StoreRegressed,
 )
 from consensus_lease.record import ClaimResult
@@ -733,7 +734,8 @@ _PARAM = re.compile(r"%\((\w+)\)[sb]")
 _PARAM_TYPES = {
     "job": "text", "owner": "text", "sid": "text", "gen": "int8", "epoch": "int8",
     "result": "bytea", "chan": "text", "jobs": "text[]", "queue": "text", "limit": "int8",
-    "n": "int8", "mine": "text[]",
+    "n": "int8", "mine": "text[]", "gens": "int8[]", "epochs": "int8[]",
+    "results": "bytea[]", "errors": "text[]", "retries": "float8[]",
 }
 
 
@@ -744,12 +746,15 @@ def test_on_a_never_analysed_store_the_hot_statements_use_the_keys(
     """A new store has no statistics (nothing analysed yet): the planner must still find
     each job and session by its key and a queue's head by its index, in the plan psycopg
     prepares (generic) and in the first runs' (custom): no scan of every row, no hashed
-    subplan (one scan of every session row)."""
+    subplan (one scan of every session row). The batch endings find and lock each
+    item's row by the primary key (no join of the items with a scan of the jobs), and so
+    do their read-backs."""
     b = backend_of(store)
     session = store.session("w", ttl_s=30.0)
     values = {"job": "j", "owner": "w", "sid": session.session_id, "gen": 1, "epoch": 0,
               "result": b"", "chan": b.names.channel, "jobs": ["a", "b"], "queue": "q",
-              "limit": 5, "n": 100, "mine": ["a"]}
+              "limit": 5, "n": 100, "mine": ["a"], "gens": [1, 1], "epochs": [0, 0],
+              "results": [b"", b""], "errors": ["e", "e"], "retries": [0.0, 1.0]}
     with psycopg.connect(base, autocommit=True, cursor_factory=psycopg.ClientCursor) as c:
         assert c.execute(
             "SELECT count(*) FROM pg_stat_user_tables WHERE schemaname = %s AND "
@@ -758,7 +763,8 @@ def test_on_a_never_analysed_store_the_hot_statements_use_the_keys(
         c.execute(f"SET plan_cache_mode = {mode}")
         plans = {}
         for name in ("claim", "complete", "claim_from_queue", "claim_from_queue_many",
-                     "claim_many", "refusal"):
+                     "claim_many", "refusal", "complete_many", "release_many", "fail_many",
+                     "held_many", "completed_many_by_me"):
             order: list[str] = []
 
             def number(m: re.Match[str], order: list[str] = order) -> str:
@@ -778,6 +784,36 @@ def test_on_a_never_analysed_store_the_hot_statements_use_the_keys(
     assert "Index Scan using cl_sessions_pkey" in plans["claim"]
     assert "Index Scan using cl_jobs_open_by_queue" in plans["claim_from_queue"]
     assert "Index Scan using cl_jobs_open_by_queue" in plans["claim_from_queue_many"]
+    for name in ("complete_many", "release_many", "fail_many"):
+        assert "Index Scan using cl_jobs_pkey" in plans[name], f"{name}:\n{plans[name]}"
+        assert "Conflict Arbiter Indexes: cl_jobs_pkey" in plans[name], plans[name]
+    for name in ("held_many", "completed_many_by_me"):  # their lost answers' read-backs
+        assert "Index Scan using cl_jobs_pkey" in plans[name], f"{name}:\n{plans[name]}"
+
+
+@pytest.mark.parametrize("op", ["complete_many", "release_many", "fail_many"])
+def test_a_batch_ending_of_a_job_with_no_row_is_refused_and_inserts_nothing(
+    store: LeaseStore, op: str
+) -> None:
+    """The batch endings propose each item as a row of ``INSERT ... ON CONFLICT DO
+    UPDATE``: an item whose job has no row is refused like a lone call's, and no row is
+    made for it; the other items apply."""
+    b = backend_of(store)
+    session = b.open_session("w", 30.0)
+    held = b.claim(session, "held")
+    assert held is not None
+    ghost = ClaimResult(held.generation, held.lease_until, 1)
+    extra: tuple[Any, ...] = {"complete_many": (b"r",), "release_many": (),
+                              "fail_many": ("boom", 0.0)}[op]
+    outcomes = getattr(b, op)(session, [("ghost", ghost, *extra), ("held", held, *extra)])
+    assert isinstance(outcomes[0], StaleLeaseError)
+    assert outcomes[0].current_generation is None
+    assert not isinstance(outcomes[1], Exception)
+    assert b.get("ghost") is None
+    record = b.get("held")
+    assert record is not None and record.generation == held.generation
+    assert record.state is {"complete_many": JobState.COMPLETED, "release_many":
+                            JobState.AVAILABLE, "fail_many": JobState.AVAILABLE}[op]
 
 
 def test_the_postgres_scheme_is_libpqs_other_spelling(url: str) -> None:

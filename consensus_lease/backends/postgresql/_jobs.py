@@ -331,18 +331,19 @@ def complete_many(
             deadlock=True, binary=True)
 
     def settle() -> list[Row] | None:
-        done = {r[0] for r in b.client.read(b.sql.completed_many_by_me, params, ids[0])}
-        if not done:
+        if not b.client.read(b.sql.completed_many_by_me, params, ids[0]):
             return b.client.write(ids[0], run)  # it was not applied: once more
-        return [(j, None, None, None, None, False) for j in ids]  # each read below
+        return []  # each item read again below
 
     rows = b.client.write(ids[0], run, settle)
     if rows is None:  # a row locked by a lease.transaction, or a deadlock
         return Backend.complete_many(b, session, items)
     b.wake_subscribers()
+    done = {row[0]: row for row in rows}  # a row per item that applied
     outcomes: list[LeaseRecord | LeaseError] = []
-    for (job_id, claim, result), row in zip(items, rows, strict=True):
-        if row[5]:
+    for job_id, claim, result in items:
+        row = done.get(job_id)
+        if row is not None:
             outcomes.append(completed_record(job_id, claim, result, row[1:5]))
         else:
             outcomes.append(refused_completion(b, session, job_id, claim))
@@ -417,12 +418,13 @@ def release_many(
         return []
     params = _batch_params(b, session, items)
     rows = _run_batch(b, b.sql.release_many, params,
-                      lambda: [(j, True, 0) for j in params["jobs"]])
+                      lambda: [(j,) for j in params["jobs"]])
     if rows is None:  # a row locked by a lease.transaction, or a deadlock
         return Backend.release_many(b, session, items)
     b.wake_subscribers()
-    return [None if row[1] else refusal(b, session, job_id, claim.generation)
-            for (job_id, claim), row in zip(items, rows, strict=True)]
+    released = {row[0] for row in rows}  # a row per item that applied
+    return [None if job_id in released else refusal(b, session, job_id, claim.generation)
+            for job_id, claim in items]
 
 
 def fail_many(
@@ -450,15 +452,17 @@ def fail_many(
     def each_read_below() -> list[Row]:
         nonlocal lost
         lost = True
-        return [(None,)] * len(items)
+        return []
 
     rows = _run_batch(b, b.sql.fail_many, params, each_read_below)
     if rows is None:  # a row locked by a lease.transaction, or a deadlock
         return Backend.fail_many(b, session, items)
     b.wake_subscribers()
+    failed = {row[0]: row for row in rows}  # a row per item that applied: its record
     outcomes: list[LeaseRecord | LeaseError] = []
-    for (job_id, claim, error, _), row in zip(items, rows, strict=True):
-        if row[0] is not None:
+    for job_id, claim, error, _ in items:
+        row = failed.get(job_id)
+        if row is not None:
             outcomes.append(to_record(row[:14], b.epoch_shift))
         elif lost:
             outcomes.append(_settled_failure(b, session, job_id, claim, error))

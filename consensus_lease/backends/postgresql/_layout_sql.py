@@ -29,6 +29,13 @@ class Statements:
     """
 
     def __init__(self, n: Names) -> None:
+        self._jobs = n.jobs
+        # A batch write's compare, after its rows were locked (_upsert_held): the row
+        # held by this session at the item's token, not completed.
+        self._held_excluded = (
+            "j.session_id = %(sid)s AND j.generation = excluded.generation "
+            "AND j.epoch = excluded.epoch AND j.completed_at IS NULL "
+        )
         self._conditions(n)
         self._writes(n)
         self._batch(n)
@@ -273,7 +280,6 @@ class Statements:
         )
 
     def _completions(self, n: Names) -> None:
-        j = n.jobs
         # complete_and_claim_next: the completion of ``complete`` (done), then the claim
         # of claim_from_queue gated on it (a refused completion claims nothing and
         # fails no exhausted job), in one statement. The pick sees the snapshot before
@@ -296,82 +302,87 @@ class Statements:
                               "LEFT JOIN done d ON true LEFT JOIN pick p ON true", 1)
         assert fused.count(gate) == 2 and "done d" in fused
         self.complete_claim_next = fused
-        # complete_many: every item's completion of ``complete`` in one statement.
+        # complete_many: every item's completion of ``complete`` in one statement (the
+        # form: _upsert_held).
         self.complete_many = (
-            "WITH t AS (SELECT * FROM unnest(%(jobs)s::text[], %(gens)s::bigint[], "
-            "%(epochs)s::bigint[], %(results)s::bytea[]) WITH ORDINALITY "
-            "AS t(job_id, gen, epoch, result, ord)), "
-            f"done AS (UPDATE {j} j SET completed_at = {NOW}, "
-            "completed_session = j.session_id, result = t.result, session_id = NULL, "
-            "value = NULL, closed = true FROM t WHERE j.job_id = t.job_id "
-            # The rows locked in job-id order first, as claim_many does: concurrent
-            # batches never wait for each other in a cycle.
-            f"AND j.job_id IN (SELECT k.job_id FROM {j} k WHERE k.job_id = ANY(%(jobs)s) "
-            "ORDER BY k.job_id FOR UPDATE) "
-            "AND j.session_id = %(sid)s AND j.generation = t.gen AND j.epoch = t.epoch "
-            f"AND j.completed_at IS NULL AND {self.my_alive} "
-            "RETURNING j.job_id, j.owner, j.attempt, j.error, j.max_attempts) "
-            "SELECT t.job_id, d.owner, d.attempt, d.error, d.max_attempts, "
-            "d.job_id IS NOT NULL FROM t LEFT JOIN done d ON d.job_id = t.job_id "
-            "ORDER BY t.ord"
+            self._upsert_held(", result", ", %(results)s::bytea[]")
+            + f"completed_at = {NOW}, completed_session = j.session_id, "
+            "result = excluded.result, session_id = NULL, value = NULL, closed = true "
+            "WHERE " + self._held_excluded
+            + "RETURNING j.job_id, j.owner, j.attempt, j.error, j.max_attempts"
         )
-        self.completed_many_by_me = (
+        self.completed_many_by_me = self._items_where("j.completed_session = %(sid)s")
+
+    def _upsert_held(self, cols: str, arrays: str) -> str:
+        """The start of a batch write of held jobs, up to its ``DO UPDATE SET``: the
+        items (``%(jobs)s``, ``%(gens)s``, ``%(epochs)s`` and ``arrays``, one element per
+        item, the job ids distinct) as the rows proposed by an ``INSERT ... ON CONFLICT
+        (job_id) DO UPDATE`` (the form of claim_many), so that each item's row is found
+        by the conflict check, a lookup of the primary key per item, and by no join the
+        planner could turn into a scan of every job row on missing or stale statistics
+        (an ``UPDATE ... FROM`` of the items was: a nested loop over them per row, or a
+        sequential scan). Each item is proposed only with its job row locked, one key
+        lookup per item (a lateral subquery runs per item), in job-id order (bytewise,
+        ``COLLATE "C"``, as claim_many locks): concurrent batches never wait for each
+        other in a cycle, and no proposed row is ever inserted (an id without a row is
+        not proposed; a locked row cannot be deleted). The ``DO UPDATE ... WHERE`` is
+        checked on the row's newest version, as an ``UPDATE``'s is. Nothing is locked
+        when this session is not alive (on the server's timeline). ``excluded`` is the
+        item: ``generation`` and ``epoch`` its token; ``cols`` its other values, in
+        columns of the row."""
+        return (
+            f"INSERT INTO {self._jobs} AS j (job_id, generation, epoch{cols}) "
+            "SELECT t.* FROM (SELECT * FROM unnest(%(jobs)s::text[], %(gens)s::bigint[], "
+            f"%(epochs)s::bigint[]{arrays}) AS t(job_id, generation, epoch{cols}) "
+            'ORDER BY t.job_id COLLATE "C") t CROSS JOIN LATERAL (SELECT FROM '
+            f"{self._jobs} k WHERE k.job_id = t.job_id FOR UPDATE) k WHERE {self.my_alive} "
+            'ORDER BY t.job_id COLLATE "C" ON CONFLICT (job_id) DO UPDATE SET '
+        )
+
+    def _items_where(self, cond: str) -> str:
+        """The items' ids (the arrays of :meth:`_upsert_held`) whose job row is at the
+        item's token and meets ``cond`` (a read after a lost answer): each row read by
+        its key in a scalar subquery, run per item (a join the planner may make a scan
+        of every job row, or a scan of the items per row)."""
+        return (
             "SELECT t.job_id FROM unnest(%(jobs)s::text[], %(gens)s::bigint[], "
-            f"%(epochs)s::bigint[]) AS t(job_id, gen, epoch) JOIN {j} j ON "
-            "j.job_id = t.job_id AND j.generation = t.gen AND j.epoch = t.epoch "
-            "AND j.completed_session = %(sid)s"
+            "%(epochs)s::bigint[]) AS t(job_id, gen, epoch) WHERE (SELECT true FROM "
+            f"{self._jobs} j WHERE j.job_id = t.job_id AND j.generation = t.gen "
+            f"AND j.epoch = t.epoch AND {cond})"
         )
 
     def _endings(self, n: Names) -> None:
         j = n.jobs
         # release_many / fail_many: every item's compare and write of ``release`` /
-        # ``fail`` in one statement, the rows locked in job-id order first (as
-        # complete_many), one notification if any item applied; a row per item, in
-        # order, saying whether it applied (fail_many: with the record's columns, in the
-        # order of ``select``: the job is held by nobody after it).
-        items = ("WITH t AS (SELECT * FROM unnest(%(jobs)s::text[], %(gens)s::bigint[], "
-                 "%(epochs)s::bigint[]{more}) WITH ORDINALITY AS t(job_id, gen, epoch{cols}, "
-                 "ord)), ")
-        match = (
-            "FROM t WHERE j.job_id = t.job_id "
-            f"AND j.job_id IN (SELECT k.job_id FROM {j} k WHERE k.job_id = ANY(%(jobs)s) "
-            "ORDER BY k.job_id FOR UPDATE) "
-            "AND j.session_id = %(sid)s AND j.generation = t.gen AND j.epoch = t.epoch "
-            f"AND j.completed_at IS NULL AND {self.my_alive} "
-        )
-        notify = ("n AS (SELECT pg_notify(%(chan)s, '') AS x WHERE EXISTS (SELECT 1 FROM u)) ")
+        # ``fail`` in one statement (the form: _upsert_held), one notification if any
+        # item applied; a row per item that applied (fail_many: the record's columns,
+        # in the order of ``select``: the job is held by nobody after it).
+        notify = ("n AS (SELECT pg_notify(%(chan)s, '') AS x WHERE EXISTS (SELECT 1 FROM u)) "
+                  "SELECT u.*, (SELECT count(*) FROM n) FROM u")
         self.release_many = (
-            items.format(more="", cols="")
-            + f"u AS (UPDATE {j} j SET session_id = NULL, owner = NULL, value = NULL "
-            + match + "RETURNING j.job_id), " + notify
-            + "SELECT t.job_id, u.job_id IS NOT NULL, (SELECT count(*) FROM n) FROM t "
-            "LEFT JOIN u ON u.job_id = t.job_id ORDER BY t.ord"
+            "WITH u AS (" + self._upsert_held("", "")
+            + "session_id = NULL, owner = NULL, value = NULL WHERE " + self._held_excluded
+            + "RETURNING j.job_id), " + notify
         )
+        # The item's retry delay (seconds) is proposed in not_before.
         self.fail_many = (
-            items.format(more=", %(errors)s::text[], %(retries)s::float8[]",
-                         cols=", error, retry")
-            + f"u AS (UPDATE {j} j SET session_id = NULL, value = NULL, error = t.error, "
+            "WITH u AS ("
+            + self._upsert_held(", error, not_before",
+                                ", %(errors)s::text[], %(retries)s::float8[]")
+            + "session_id = NULL, value = NULL, error = excluded.error, "
             f"failed_at = CASE WHEN {EXHAUSTED} THEN {NOW} END, "
             f"closed = CASE WHEN {EXHAUSTED} THEN true ELSE j.closed END, "
-            f"not_before = CASE WHEN NOT {EXHAUSTED} AND t.retry > 0 THEN {NOW} + t.retry END "
-            + match
+            f"not_before = CASE WHEN NOT {EXHAUSTED} AND excluded.not_before > 0 "
+            f"THEN {NOW} + excluded.not_before END WHERE " + self._held_excluded
             + "RETURNING j.job_id, j.owner, NULL::double precision AS expires_at, "
             "j.generation, j.completed_at, j.result, false AS alive, j.failed_at, j.attempt, "
             f"j.error, CASE WHEN j.not_before > {NOW} THEN j.not_before END AS not_before, "
             "j.max_attempts, j.epoch, j.value), " + notify
-            + "SELECT u.job_id, u.owner, u.expires_at, u.generation, u.completed_at, "
-            "u.result, u.alive, u.failed_at, u.attempt, u.error, u.not_before, "
-            "u.max_attempts, u.epoch, u.value, (SELECT count(*) FROM n) FROM t "
-            "LEFT JOIN u ON u.job_id = t.job_id ORDER BY t.ord"
         )
         # After a lost answer: which items this session still holds at their generation
         # (none: the statement applied, or held none of them).
-        self.held_many = (
-            "SELECT t.job_id FROM unnest(%(jobs)s::text[], %(gens)s::bigint[], "
-            f"%(epochs)s::bigint[]) AS t(job_id, gen, epoch) JOIN {j} j ON "
-            "j.job_id = t.job_id AND j.generation = t.gen AND j.epoch = t.epoch "
-            "AND j.session_id = %(sid)s AND j.completed_at IS NULL"
-        )
+        self.held_many = self._items_where(
+            "j.session_id = %(sid)s AND j.completed_at IS NULL")
         # A fail that did not apply (or whose answer was lost): this session's failure
         # at that generation already (the hold ended, the error ours), as fail settles.
         self.failed_by_me = (
