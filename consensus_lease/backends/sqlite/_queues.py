@@ -199,6 +199,22 @@ def purge(backend: SqliteBackend, queue: str) -> int:
         ).rowcount)
 
 
+def claim_from_queue(
+    backend: SqliteBackend, session: SessionHandle, queue: str
+) -> QueuePick | None:
+    """``claim_next``'s pick and claim (see :meth:`Backend.claim_from_queue`):
+    :func:`claim_from_queue_many` for one job, one ``BEGIN IMMEDIATE`` transaction. The
+    oldest claimable job, never a lost race (the write lock is held from the read), the
+    exhausted jobs ahead of it FAILED; ``None`` if no job of ``queue`` was claimable.
+
+    Raises:
+        SessionExpired / StoreRegressed / BackendUnavailable: as
+            :func:`claim_from_queue_many`; nothing changed.
+    """
+    picks = claim_from_queue_many(backend, session, queue, 1)
+    return picks[0] if picks else None
+
+
 def claim_from_queue_many(
     backend: SqliteBackend, session: SessionHandle, queue: str, n: int
 ) -> list[QueuePick]:
