@@ -47,10 +47,13 @@ QUEUE_RETRIES = 3
 first, before the claim waits (or returns ``None``)."""
 
 QUEUE_READS = 32
-"""Most reads of the candidates by one claim attempt in all. A read whose list turned out
-stale (a candidate completed or FAILED meanwhile: another worker finished it) is read
-again without counting as one of :data:`QUEUE_RETRIES`: on a busy deep queue that is
-the common case, and ``None`` must mean "nothing claimable", not "others were quick"."""
+"""Most reads of the candidates by one claim attempt that end no job. A read whose list
+turned out stale (a candidate completed or FAILED meanwhile: another worker finished it,
+or its attempts were used up and this claim made it FAILED) is read again without
+counting as one of :data:`QUEUE_RETRIES`, nor as one of these: each such read ended a
+job for good, so any number of exhausted jobs at the head is walked past and ``None``
+means "nothing claimable", not "others were quick" (cost: one claim round trip per
+exhausted job, and a read per :data:`QUEUE_CANDIDATES` of them)."""
 
 _NONE, _TAKEN, _STALE = "none", "taken", "stale"
 
@@ -121,13 +124,18 @@ def _claim_batches(session: Session, holdings: Holdings, queue: str, count: int,
 
 def _claim_once(session: Session, holdings: Holdings, queue: str) -> Lease | None:
     """Claim a job of ``queue`` without waiting: read the candidates and try them,
-    reading again (up to :data:`QUEUE_RETRIES` times) while others take every one."""
-    taken = 0
-    for _ in range(QUEUE_READS):
+    reading again (up to :data:`QUEUE_RETRIES` times) while others take every one, and
+    while reads end jobs (COMPLETED or FAILED: never tried again by this call)."""
+    taken = idle = 0
+    ended: set[str] = set()
+    while idle < QUEUE_READS:
         session.ensure_alive()
-        lease, outcome = _try_candidates(session, holdings, queue)
+        known = len(ended)
+        lease, outcome = _try_candidates(session, holdings, queue, ended)
         if lease is not None or outcome == _NONE:
             return lease
+        if len(ended) == known:
+            idle += 1
         if outcome == _TAKEN:
             taken += 1
             if taken >= QUEUE_RETRIES:
@@ -136,11 +144,14 @@ def _claim_once(session: Session, holdings: Holdings, queue: str) -> Lease | Non
 
 
 def _try_candidates(
-    session: Session, holdings: Holdings, queue: str
+    session: Session, holdings: Holdings, queue: str, ended: set[str]
 ) -> tuple[Lease | None, str]:
     """Try the queue's current candidates once: ``(lease, _NONE)`` on success,
     ``(None, _NONE)`` if there were none, ``(None, _TAKEN)`` if others held every one,
-    ``(None, _STALE)`` if one had been completed or FAILED meanwhile (read again)."""
+    ``(None, _STALE)`` if one had been completed or FAILED meanwhile (read again). The
+    ids of jobs found COMPLETED or FAILED are added to ``ended``; those already in it are
+    not tried. A FAILED one (most often a job whose attempts were used up, made FAILED
+    by this claim) does not end the walk of the list: its neighbours are worth trying."""
     backend, handle = session.backend, session.handle
     if type(backend).claim_from_queue is not Backend.claim_from_queue:
         picked = holdings.liveness.call(lambda: backend.claim_from_queue(handle, queue))
@@ -150,18 +161,21 @@ def _try_candidates(
         if result is None:
             return None, _TAKEN
         return holdings.adopt(session, job_id, result, payload, queue), _NONE
-    candidates = [
-        c for c in backend.queue_candidates(queue, QUEUE_CANDIDATES)
-        if not holdings.holds(c[0])
-    ]
-    if not candidates:
-        return None, _NONE
+    listed = backend.queue_candidates(queue, QUEUE_CANDIDATES)
+    candidates = [c for c in listed if not holdings.holds(c[0]) and c[0] not in ended]
+    if not candidates:  # ended ones still listed (a hint lags): read again, bounded
+        return None, _STALE if any(c[0] in ended for c in listed) else _NONE
     start = random.randrange(min(len(candidates), QUEUE_SPREAD))
+    known = len(ended)
     for job_id, payload in candidates[start:] + candidates[:start]:
         try:
             result = holdings.liveness.call(lambda j=job_id: backend.claim(handle, j))  # type: ignore[misc]
-        except (JobCompleted, JobFailed):
+        except JobFailed:
+            ended.add(job_id)
+            continue
+        except JobCompleted:
+            ended.add(job_id)
             return None, _STALE  # the list is stale: read a fresh one rather than walk it
         if result is not None:
             return holdings.adopt(session, job_id, result, payload, queue), _NONE
-    return None, _TAKEN
+    return None, _STALE if len(ended) > known else _TAKEN

@@ -457,9 +457,9 @@ class Backend(abc.ABC):
         """The looped claim of the defaults of :meth:`complete_and_claim_next` and
         :meth:`claim_from_queue_many` (once per job): a few tries of the oldest
         claimable jobs (from a random one of the oldest 8, as ``claim_next``), ``None``
-        if none was taken."""
-        from .errors import JobCompleted, JobFailed
-
+        if none was taken. The candidates are read again as long as a read's walk found
+        jobs COMPLETED or FAILED (never tried again by this call): any number of
+        exhausted jobs at the head is walked past, one claim round trip each."""
         if type(self).claim_from_queue is not Backend.claim_from_queue:
             for _ in range(3):
                 picked = self.claim_from_queue(session, queue)
@@ -469,14 +469,29 @@ class Backend(abc.ABC):
                 if picked_claim is not None:
                     return picked_id, picked_claim, payload
             return None
-        candidates = self.queue_candidates(queue, 32)
-        # Start at a random one of the oldest few, as claim_next does, so that workers
-        # completing at once do not all collide on the head of the queue.
+        ended: set[str] = set()
+        while True:
+            known = len(ended)
+            picked = self._claim_candidates(session, queue, ended)
+            if picked is not None or len(ended) == known:
+                return picked
+
+    def _claim_candidates(
+        self, session: SessionHandle, queue: str, ended: set[str]
+    ) -> QueuePick | None:
+        """One read of :meth:`queue_candidates` for :meth:`_claim_queue_head`, walked from
+        a random one of the oldest 8 (so that workers completing at once do not all
+        collide on the head of the queue), skipping and adding to ``ended`` the jobs
+        found COMPLETED or FAILED."""
+        from .errors import JobCompleted, JobFailed
+
+        candidates = [c for c in self.queue_candidates(queue, 32) if c[0] not in ended]
         start = random.randrange(min(len(candidates), 8)) if candidates else 0
         for candidate_id, payload in candidates[start:] + candidates[:start]:
             try:
                 got = self.claim(session, candidate_id)
             except (JobCompleted, JobFailed):
+                ended.add(candidate_id)
                 continue
             if got is not None:
                 return candidate_id, got, payload

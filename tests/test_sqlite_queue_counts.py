@@ -138,3 +138,75 @@ def test_enqueue_many_and_claim_many_are_one_transaction_per_chunk(store: LeaseS
     leases = worker.claim_many([f"j-{i}" for i in range(1500)])
     assert all(leases) and len(begun) == 2  # 1000 + 500
     assert counts(store.queue_stats("q")) == (size + 5 - 1500, 1500, 0, 0)
+
+
+def _spent_head(store: LeaseStore, queue: str, spent: int) -> None:
+    """``queue``: ``spent`` jobs whose one attempt was used up, then one in a retry delay
+    (no candidate), one held by a live session on its last attempt (the caller claims
+    it: not touched), then ``fresh-0``, ``fresh-1`` and, behind them, 2 more spent jobs."""
+    items = [EnqueueItem(f"{queue}-s{i}", b"", 1) for i in range(spent)]
+    items += [EnqueueItem(f"{queue}-delayed", b"", 2), EnqueueItem(f"{queue}-held", b"", 1),
+              EnqueueItem(f"{queue}-fresh-0", b"0"), EnqueueItem(f"{queue}-fresh-1", b"1"),
+              EnqueueItem(f"{queue}-t0", b"", 1), EnqueueItem(f"{queue}-t1", b"", 1)]
+    assert all(store.enqueue_many(queue, items))
+    with store.session("setup", 30) as setup:
+        for job_id in [f"{queue}-s{i}" for i in range(spent)] + [f"{queue}-t0", f"{queue}-t1"]:
+            lease = setup.claim(job_id)
+            assert lease is not None
+            lease.release()
+        delayed = setup.claim(f"{queue}-delayed")
+        assert delayed is not None
+        delayed.fail("later", retry_in_s=3600)
+
+
+@pytest.mark.parametrize("way", ["claim_next", "claim_next_many", "complete_and_claim_next"])
+def test_exhausted_jobs_ahead_of_the_pick_fail_in_its_one_transaction(
+    store: LeaseStore, way: str
+) -> None:
+    """2,000 exhausted jobs ahead of a claimable one: one ``BEGIN IMMEDIATE`` claims it
+    and makes every one of them FAILED (the error text of a lone claim's refusal), the
+    counts moved by the trigger; the exhausted jobs behind the pick, the held one and the
+    one in a retry delay are left alone."""
+    _spent_head(store, "q", 2000)
+    holder = store.session("H", 30)
+    assert holder.claim("q-held") is not None
+    worker = store.session("W", 30)
+    first = None
+    if way == "complete_and_claim_next":
+        store.enqueue("other", "first")
+        first = worker.claim_next("other")
+        assert first is not None
+    begun = _transactions(store)
+    if way == "claim_next":
+        lease = worker.claim_next("q")
+    elif way == "claim_next_many":
+        got = worker.claim_next_many("q", 1)
+        lease = got[0] if got else None
+    else:
+        assert first is not None
+        _record, lease = first.complete_and_claim_next(b"r", queue="q")
+    assert len(begun) == 1
+    assert lease is not None and (lease.job_id, lease.payload) == ("q-fresh-0", b"0")
+    failed = [r for r in store.records() if r.state.name == "FAILED"]
+    assert sorted(r.job_id for r in failed) == sorted(f"q-s{i}" for i in range(2000))
+    assert {r.error for r in failed} == {"attempts exhausted: attempt 1 ended without completion"}
+    assert counts(store.queue_stats("q")) == (4, 2, 0, 2000)  # delayed, fresh-1, t0, t1
+    for job_id in ("q-delayed", "q-t0", "q-t1"):
+        record = store.get(job_id)
+        assert record is not None and record.state.name == "AVAILABLE"
+
+
+def test_claim_next_many_fails_the_exhausted_jobs_ahead_of_its_last_pick(
+    store: LeaseStore,
+) -> None:
+    """``claim_next_many(q, 2)``: both fresh jobs, the spent ones ahead of them FAILED,
+    those behind the second left alone; asked for more than there are, it fails every
+    exhausted candidate of the queue."""
+    _spent_head(store, "q", 40)
+    assert store.session("H", 30).claim("q-held") is not None
+    worker = store.session("W", 30)
+    got = worker.claim_next_many("q", 2)
+    assert [lease.job_id for lease in got] == ["q-fresh-0", "q-fresh-1"]
+    assert counts(store.queue_stats("q")) == (3, 3, 0, 40)  # delayed, t0, t1 available
+    assert worker.claim_next_many("q", 5) == []
+    assert counts(store.queue_stats("q")) == (1, 3, 0, 42)  # delayed, held: no candidates

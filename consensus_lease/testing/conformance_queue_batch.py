@@ -143,6 +143,51 @@ class QueueBatchConformance:
         stats = store.queue_stats("skip")
         assert (stats.held, stats.completed, stats.failed) == (3, 1, 1)
 
+    @pytest.mark.parametrize("way", ["claim_next", "claim_next_many", "complete_and_claim_next"])
+    def test_claim_next_many_and_claim_next_find_a_job_behind_40_exhausted(
+        self, store: LeaseStore, sessions: list[Session], way: str
+    ) -> None:
+        """40 jobs whose one attempt was used up sit ahead of a fresh one (more than any
+        read of candidates or pick of one store operation takes at once): ``claim_next``,
+        ``claim_next_many(q, 1)`` and ``complete_and_claim_next`` return the fresh job,
+        never "none claimable". Then every claim finds none, and the 40 end FAILED: a
+        claim makes FAILED the exhausted jobs it walks past (all of them ahead of its
+        pick on SQLite and in memory's ``claim_next_many``; from a random one of the
+        oldest 8 where ``claim_next`` reads candidates; up to 16 per statement on
+        PostgreSQL, which skips the others with its index of exhausted jobs), so within
+        a few claims that return none."""
+        queue, spent = f"spent-{way}", [f"spent-{way}-{i}" for i in range(40)]
+        assert all(store.enqueue_many(queue, [EnqueueItem(j, b"", 1) for j in spent]))
+        setup, w = self.open(store, "S"), self.open(store, "W")
+        taken = setup.claim_next_many(queue, 40)
+        assert sorted(lease.job_id for lease in taken) == sorted(spent)
+        for lease in taken:
+            lease.release()  # the job's only attempt ended without completion
+        assert store.enqueue(queue, f"{queue}-fresh", b"p")
+        if way == "claim_next":
+            lease = w.claim_next(queue)
+        elif way == "claim_next_many":
+            got = w.claim_next_many(queue, 1)
+            assert len(got) == 1
+            lease = got[0]
+        else:
+            assert store.enqueue(f"{queue}-first", "first", b"")
+            first = w.claim_next(f"{queue}-first")
+            assert first is not None
+            _record, lease = first.complete_and_claim_next(b"r", queue=queue)
+        assert lease is not None and (lease.job_id, lease.payload) == (f"{queue}-fresh", b"p")
+        assert lease.state is LeaseState.HELD and lease.attempt == 1
+        for _ in range(len(spent)):  # each call FAILs one exhausted job at least
+            assert w.claim_next(queue) is None and w.claim_next_many(queue, 1) == []
+            if store.queue_stats(queue).failed == len(spent):
+                break
+        for job_id in spent:
+            record = store.get(job_id)
+            assert record is not None and record.state is JobState.FAILED, job_id
+            assert record.attempt == 1
+        stats = store.queue_stats(queue)
+        assert (stats.available, stats.held, stats.failed) == (0, 1, 40)
+
     def test_claim_next_many_leases_renew_complete_and_refuse_stale(
         self, store: LeaseStore, sessions: list[Session]
     ) -> None:

@@ -75,7 +75,7 @@ def claim(backend: SqliteBackend, session: SessionHandle, job_id: str) -> ClaimR
         StoreRegressed: the store went back (:mod:`._tokens_history`); nothing claimed.
         JobCompleted / JobFailed / SessionExpired / BackendUnavailable.
     """
-    claimed = backend._transport.run(_claim_alone, job_id, backend, session, job_id)
+    claimed = claim_alone(backend, session, job_id)
     if claimed is None:
         with backend._transport.transaction(job_id, check_file=True) as db:
             _claim_checks(backend, db, session, job_id)
@@ -118,6 +118,19 @@ def claim_many(
     if any(r is not None and is_election_key(j) for j, r in zip(job_ids, results, strict=True)):
         backend.wake_subscribers()
     return results
+
+
+def claim_alone(
+    backend: SqliteBackend, session: SessionHandle, job_id: str
+) -> ClaimResult | None:
+    """The first step of :func:`claim` alone: the claim statement as its own
+    transaction; ``None`` if it applied nothing (nothing changed: the caller decides
+    what to do next, e.g. a transaction that tells why).
+
+    Raises:
+        BackendUnavailable.
+    """
+    return backend._transport.run(_claim_alone, job_id, backend, session, job_id)
 
 
 def _claim_alone(

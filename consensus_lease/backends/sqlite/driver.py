@@ -224,6 +224,11 @@ class SqliteBackend(Backend):
     ) -> tuple[LeaseRecord, QueuePick | None]:
         return _queues.complete_and_claim_next(self, session, job_id, claim, result, queue)
 
+    def claim_from_queue(
+        self, session: SessionHandle, queue: str
+    ) -> tuple[str, ClaimResult | None, bytes] | None:
+        return _queues.claim_from_queue(self, session, queue)
+
     def claim_from_queue_many(
         self, session: SessionHandle, queue: str, n: int
     ) -> list[QueuePick]:
