@@ -61,20 +61,24 @@ def claim_queued(ops: Ops, handle: EtcdSession, queue: str, n: int) -> list[Queu
     """See :meth:`EtcdBackend.claim_from_queue_many
     <consensus_lease.backends.etcd.EtcdBackend.claim_from_queue_many>`: up to ``n``
     jobs, oldest candidates first. An error after some jobs were claimed ends the call
-    with those (``SessionExpired`` excepted)."""
+    with those (``SessionExpired`` excepted). A round that found jobs finished (their
+    attempts used up: now FAILED) is followed by another without counting as one of
+    :data:`ROUNDS`."""
     picks: list[QueuePick] = []
     tried: set[str] = set()
-    for _ in range(ROUNDS):
+    lost = 0
+    while lost < ROUNDS:
         want = min(n, QUEUE_CLAIM_BATCH) - len(picks)
         if want <= 0:
             break
+        ended: set[str] = set()
         try:
-            found = [c for c in candidates(ops, queue, want, fill=True)
-                     if c[0] not in tried][:want]
+            scanned = candidates(ops, queue, want, fill=True)
+            found = [c for c in scanned if c[0] not in tried][:want]
             if not found:
                 break
             tried.update(job_id for job_id, _ in found)
-            results = _claim_ids(ops, handle, [job_id for job_id, _ in found])
+            results = _claim_ids(ops, handle, [job_id for job_id, _ in found], ended)
         except SessionExpired:
             raise
         except LeaseError:
@@ -87,8 +91,11 @@ def claim_queued(ops: Ops, handle: EtcdSession, queue: str, n: int) -> list[Queu
         picks += got
         if len(got) == len(found):
             _past(ops, queue, got)
-        if len(found) < want or len(got) == len(found):
-            break  # the scan found all there was, or every candidate was claimed
+            break  # every candidate was claimed
+        if len(scanned) < want or (len(found) < want and not ended):
+            break  # the scan found all there was
+        if not ended:
+            lost += 1  # others took candidates first; a round that ended jobs is free
     return picks
 
 
@@ -102,12 +109,13 @@ def _past(ops: Ops, queue: str, got: Sequence[QueuePick]) -> None:
         ops.queues.move_cursor(queue, max(ordinals) + 1, rescanned=False)
 
 
-def _claim_ids(ops: Ops, handle: EtcdSession,
-               job_ids: Sequence[str]) -> list[ClaimResult | None]:
+def _claim_ids(ops: Ops, handle: EtcdSession, job_ids: Sequence[str],
+               ended: set[str]) -> list[ClaimResult | None]:
     """Claim ``job_ids`` in batch transactions cut to the server's ``--max-txn-ops``
     (one, unless a refusal taught a smaller limit); one job alone by the lone claim.
     An error after some were claimed returns those (the rest ``None``, and fewer
-    results than ids).
+    results than ids). The jobs found finished by their lone claim (COMPLETED, or
+    FAILED: attempts used up, maybe by this claim) are added to ``ended``.
 
     Raises:
         SessionExpired: always.
@@ -127,9 +135,10 @@ def _claim_ids(ops: Ops, handle: EtcdSession,
         chunk = window[: ops.txn_limit.fitting(window, sizing, what)]
         try:
             if len(chunk) == 1:
-                got: list[ClaimResult | None] | None = [claim_or_none(ops, handle, chunk[0])]
+                got: list[ClaimResult | None] | None = [
+                    claim_or_none(ops, handle, chunk[0], ended)]
             else:
-                got = claim_chunk(ops, handle, chunk)
+                got = claim_chunk(ops, handle, chunk, ended)
         except InvalidArgument as exc:
             if too_many_ops(exc) and len(chunk) > 1:
                 ops.txn_limit.refused(ops, sizing(chunk), what)  # then fewer fit
@@ -144,7 +153,7 @@ def _claim_ids(ops: Ops, handle: EtcdSession,
                 return out
             raise
         if got is None:  # the epoch kept changing: one by one
-            got = [claim_or_none(ops, handle, j) for j in chunk]
+            got = [claim_or_none(ops, handle, j, ended) for j in chunk]
         out += got
         start += len(chunk)
     return out

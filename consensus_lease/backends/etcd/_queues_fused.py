@@ -133,22 +133,32 @@ def claim_after(ops: Ops, handle: EtcdSession, queue: str, exclude: str,
                 first: tuple[str, bytes] | None) -> QueuePick | None:
     """The next job of ``queue`` claimed as ``claim_next`` claims it, after a fused
     transaction whose nested claim did not apply: ``first`` (if given), then offered or
-    freshly scanned candidates, at most :data:`FALLBACK_TRIES` lone claims in all.
-    ``None`` when none was claimed; an error is logged, not raised (the completion
-    committed)."""
+    freshly scanned candidates, at most :data:`FALLBACK_TRIES` lone claims that find
+    the job held or delayed; a claim that finds it finished (COMPLETED, or FAILED: its
+    attempts used up, maybe by this claim) does not count, so any number of exhausted
+    jobs at the head is walked past (two round trips each, and a scan per
+    :data:`SCAN`). ``None`` when none was claimed; an error is logged, not raised (the
+    completion committed)."""
     pick = first
+    ended: set[str] = set()
+    tries = 0
     try:
-        for _ in range(FALLBACK_TRIES):
+        while tries < FALLBACK_TRIES:
             pick = pick or next_candidate(ops, queue, exclude)
             if pick is None:
                 return None
+            (job_id, payload), pick = pick, None
+            if job_id in ended:  # offered again (a scan does not offer a finished job)
+                tries += 1
+                continue
             try:
-                got = claim_one(ops, handle, pick[0])
+                got = claim_one(ops, handle, job_id)
             except (JobCompleted, JobFailed):
-                got = None
+                ended.add(job_id)  # finished for good: not one of the tries
+                continue
             if got is not None:
-                return pick[0], got, pick[1]
-            pick = None
+                return job_id, got, payload
+            tries += 1
     except LeaseError as exc:
         log.info("etcd: claiming the next job of queue %r after a completion failed "
                  "(no next job): %s", queue, exc)
