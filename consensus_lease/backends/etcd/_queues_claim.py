@@ -16,11 +16,15 @@ it was before the transaction, so a candidate another claimer took since the sca
 its compare and the others are claimed, at one revision: one token for the whole batch
 (distinct jobs, so every token is still above every earlier one of its job). Then, if
 the scan was cut at ``n`` and some candidates were lost, the next ones are read and
-claimed the same way, at most :data:`ROUNDS` rounds in all.
+claimed the same way, at most :data:`ROUNDS` rounds lost to other claimers.
 
 A job with an attempt limit fails its nested compare (its limit key exists) and is
 claimed on its own afterwards, as ``claim`` does (two round trips; a job whose attempts
-are used up becomes FAILED and is not returned). The batch is cut to the server's
+are used up becomes FAILED and is not returned). A round that made jobs FAILED (or found
+them COMPLETED) is followed by another scan and batch without counting as one of the
+:data:`ROUNDS`: each such round ended jobs for good, so any number of exhausted jobs at
+the head is walked past and ``[]`` means nothing was claimable, not "others were
+quick". Without exhausted jobs this adds nothing. The batch is cut to the server's
 ``--max-txn-ops`` (one operation per job in the outer list, and 6 in each nested claim:
 100 jobs need 106 of the default 128; a server allowing fewer gets smaller batches,
 learnt from its first refusal, :mod:`._transport_txn_limit`). A lost answer is settled
@@ -28,7 +32,8 @@ by reading the owner keys back (the batch's nonce; see :mod:`._jobs_claim_many`)
 by a blind re-send.
 
 Cost: the scan's reads (two per page of 32 entries) and one transaction per call, plus
-two per job with an attempt limit. A call that claimed every candidate it read moves the
+two per job with an attempt limit (an exhausted one too, plus a scan and batch per
+``n`` of them). A call that claimed every candidate it read moves the
 driver's scan cursor past them, so the next call does not read them again.
 """
 
@@ -54,7 +59,8 @@ of 6 operations each, so 100 need 106 of etcd's default ``--max-txn-ops`` of 128
 
 ROUNDS = 3
 """Most scans (each followed by its batch transaction) one call makes while other
-claimers take candidates first."""
+claimers take candidates first; a round that ended jobs (made them FAILED) does not
+count."""
 
 
 def claim_queued(ops: Ops, handle: EtcdSession, queue: str, n: int) -> list[QueuePick]:

@@ -33,8 +33,9 @@ job, plus a scan per 32 jobs (or per second). When the nested claim does not app
 candidate was taken or has an attempt limit, the epoch changed, or the completion was a
 repeat), the completion stands and the next job is claimed as ``claim_next`` claims it
 (:func:`claim_after`: the candidate first if it has a limit or may be ours, then
-a fresh scan's), each claim settling its own lost answer; an error there is not raised:
-no next job.
+a fresh scan's), each claim settling its own lost answer; a claim that makes an
+exhausted job FAILED does not count as one of the :data:`FALLBACK_TRIES`, so any number
+of them at the head is walked past; an error there is not raised: no next job.
 
 A lost answer is settled by reading back the completed job's owner key and completion
 record and the candidate's owner, attempts and queue marker keys, in one read: the
@@ -89,7 +90,9 @@ SCAN = 32
 """Candidates one scan asks for when no offered one is left (``claim_next``'s count)."""
 
 FALLBACK_TRIES = 3
-"""Most lone claims :func:`claim_after` sends when the nested claim did not apply."""
+"""Most lone claims :func:`claim_after` sends that find the job held or delayed, when
+the nested claim did not apply (those finding it finished, e.g. made FAILED, are not
+counted)."""
 
 Outcome = tuple[LeaseRecord, QueuePick | None, bool]
 """The completion's record, the job claimed with it, and whether :func:`claim_after`
