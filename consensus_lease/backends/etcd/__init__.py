@@ -135,9 +135,12 @@ inside the outer list's 100: 106 of the default 128; fewer on a server allowing 
 under one compare of the store epoch: a candidate another claimer took since the scan
 fails its own compare while the others are claimed, at one revision (one token for the
 batch). If the scan was cut at ``n`` and candidates were lost, the next are read and
-claimed the same way (at most 3 rounds). A job with an attempt limit fails its nested
-compare and is claimed on its own afterwards (two transactions). A lost answer is
-settled by reading the owner keys back (the batch's nonce).
+claimed the same way (at most 3 rounds lost to other claimers). A job with an attempt
+limit fails its nested compare and is claimed on its own afterwards (two transactions);
+one whose attempts are used up becomes FAILED, and a round that made jobs FAILED is
+followed by another without counting as one of the 3, so any number of exhausted jobs
+at the queue's head is walked past (``[]`` means nothing was claimable). A lost answer
+is settled by reading the owner keys back (the batch's nonce).
 
 ``complete_and_claim_next`` (``fused_claim_next``; see :mod:`._queues_fused`) is **one
 transaction**: the lone completion's, with the claim of one candidate of the queue
@@ -149,7 +152,9 @@ puts no queue counter. The candidate is one the driver's last scan of the queue 
 oldest 8; with none left a scan runs first (read-only). So a worker draining a queue
 pays one round trip per job, plus a scan per 32 jobs (or per second). When the nested
 claim does not apply, or the queue has nothing to offer, the next job is claimed as
-``claim_next`` claims it, after the completion (an error there is not raised: no next
+``claim_next`` claims it, after the completion (at most 3 lone claims that find the job
+held or delayed; one that makes an exhausted job FAILED does not count, so any number
+of them is walked past, two transactions each; an error there is not raised: no next
 job). A lost answer is settled by reading back the completed job's owner and
 completion keys and the candidate's owner key (this request's nonce).
 

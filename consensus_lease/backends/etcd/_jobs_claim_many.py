@@ -65,11 +65,16 @@ def _held_key(ops: Ops, job_id: str) -> bytes | None:
     return None if queued is None else queued[0]
 
 
-def claim_or_none(ops: Ops, handle: EtcdSession, job_id: str) -> ClaimResult | None:
-    """:func:`~._jobs_claim.claim_one`, with a finished job as ``None`` (a batch's answer)."""
+def claim_or_none(ops: Ops, handle: EtcdSession, job_id: str,
+                  ended: set[str] | None = None) -> ClaimResult | None:
+    """:func:`~._jobs_claim.claim_one`, with a finished job as ``None`` (a batch's
+    answer), its id added to ``ended`` (if given): COMPLETED, or FAILED (maybe by this
+    claim, its attempts used up)."""
     try:
         return claim_one(ops, handle, job_id)
     except (JobCompleted, JobFailed):
+        if ended is not None:
+            ended.add(job_id)
         return None
 
 
@@ -94,11 +99,13 @@ def claim_batch(ops: Ops, handle: EtcdSession,
         raise
 
 
-def claim_chunk(ops: Ops, handle: EtcdSession,
-                job_ids: Sequence[str]) -> list[ClaimResult | None] | None:
+def claim_chunk(ops: Ops, handle: EtcdSession, job_ids: Sequence[str],
+                ended: set[str] | None = None) -> list[ClaimResult | None] | None:
     """:func:`claim_batch`, but a transaction over the server's ``--max-txn-ops`` raises
     (nothing applied; :func:`batch_request` rebuilds it for sizing, see
-    :mod:`._transport_txn_limit`); ``None``: the epoch kept changing.
+    :mod:`._transport_txn_limit`); ``None``: the epoch kept changing. The jobs with an
+    attempt limit found finished by their lone claim (COMPLETED, or FAILED: attempts
+    used up) are added to ``ended``, if given.
 
     Raises:
         InvalidArgument: etcd refused the transaction (too many operations, or its
@@ -116,7 +123,7 @@ def claim_chunk(ops: Ops, handle: EtcdSession,
         return None
     results, limited = outcome
     for i in limited:
-        results[i] = claim_or_none(ops, handle, job_ids[i])
+        results[i] = claim_or_none(ops, handle, job_ids[i], ended)
     return results
 
 

@@ -16,11 +16,15 @@ it was before the transaction, so a candidate another claimer took since the sca
 its compare and the others are claimed, at one revision: one token for the whole batch
 (distinct jobs, so every token is still above every earlier one of its job). Then, if
 the scan was cut at ``n`` and some candidates were lost, the next ones are read and
-claimed the same way, at most :data:`ROUNDS` rounds in all.
+claimed the same way, at most :data:`ROUNDS` rounds lost to other claimers.
 
 A job with an attempt limit fails its nested compare (its limit key exists) and is
 claimed on its own afterwards, as ``claim`` does (two round trips; a job whose attempts
-are used up becomes FAILED and is not returned). The batch is cut to the server's
+are used up becomes FAILED and is not returned). A round that made jobs FAILED (or found
+them COMPLETED) is followed by another scan and batch without counting as one of the
+:data:`ROUNDS`: each such round ended jobs for good, so any number of exhausted jobs at
+the head is walked past and ``[]`` means nothing was claimable, not "others were
+quick". Without exhausted jobs this adds nothing. The batch is cut to the server's
 ``--max-txn-ops`` (one operation per job in the outer list, and 6 in each nested claim:
 100 jobs need 106 of the default 128; a server allowing fewer gets smaller batches,
 learnt from its first refusal, :mod:`._transport_txn_limit`). A lost answer is settled
@@ -28,7 +32,8 @@ by reading the owner keys back (the batch's nonce; see :mod:`._jobs_claim_many`)
 by a blind re-send.
 
 Cost: the scan's reads (two per page of 32 entries) and one transaction per call, plus
-two per job with an attempt limit. A call that claimed every candidate it read moves the
+two per job with an attempt limit (an exhausted one too, plus a scan and batch per
+``n`` of them). A call that claimed every candidate it read moves the
 driver's scan cursor past them, so the next call does not read them again.
 """
 
@@ -54,27 +59,32 @@ of 6 operations each, so 100 need 106 of etcd's default ``--max-txn-ops`` of 128
 
 ROUNDS = 3
 """Most scans (each followed by its batch transaction) one call makes while other
-claimers take candidates first."""
+claimers take candidates first; a round that ended jobs (made them FAILED) does not
+count."""
 
 
 def claim_queued(ops: Ops, handle: EtcdSession, queue: str, n: int) -> list[QueuePick]:
     """See :meth:`EtcdBackend.claim_from_queue_many
     <consensus_lease.backends.etcd.EtcdBackend.claim_from_queue_many>`: up to ``n``
     jobs, oldest candidates first. An error after some jobs were claimed ends the call
-    with those (``SessionExpired`` excepted)."""
+    with those (``SessionExpired`` excepted). A round that found jobs finished (their
+    attempts used up: now FAILED) is followed by another without counting as one of
+    :data:`ROUNDS`."""
     picks: list[QueuePick] = []
     tried: set[str] = set()
-    for _ in range(ROUNDS):
+    lost = 0
+    while lost < ROUNDS:
         want = min(n, QUEUE_CLAIM_BATCH) - len(picks)
         if want <= 0:
             break
+        ended: set[str] = set()
         try:
-            found = [c for c in candidates(ops, queue, want, fill=True)
-                     if c[0] not in tried][:want]
+            scanned = candidates(ops, queue, want, fill=True)
+            found = [c for c in scanned if c[0] not in tried][:want]
             if not found:
                 break
             tried.update(job_id for job_id, _ in found)
-            results = _claim_ids(ops, handle, [job_id for job_id, _ in found])
+            results = _claim_ids(ops, handle, [job_id for job_id, _ in found], ended)
         except SessionExpired:
             raise
         except LeaseError:
@@ -87,8 +97,11 @@ def claim_queued(ops: Ops, handle: EtcdSession, queue: str, n: int) -> list[Queu
         picks += got
         if len(got) == len(found):
             _past(ops, queue, got)
-        if len(found) < want or len(got) == len(found):
-            break  # the scan found all there was, or every candidate was claimed
+            break  # every candidate was claimed
+        if len(scanned) < want or (len(found) < want and not ended):
+            break  # the scan found all there was
+        if not ended:
+            lost += 1  # others took candidates first; a round that ended jobs is free
     return picks
 
 
@@ -102,12 +115,13 @@ def _past(ops: Ops, queue: str, got: Sequence[QueuePick]) -> None:
         ops.queues.move_cursor(queue, max(ordinals) + 1, rescanned=False)
 
 
-def _claim_ids(ops: Ops, handle: EtcdSession,
-               job_ids: Sequence[str]) -> list[ClaimResult | None]:
+def _claim_ids(ops: Ops, handle: EtcdSession, job_ids: Sequence[str],
+               ended: set[str]) -> list[ClaimResult | None]:
     """Claim ``job_ids`` in batch transactions cut to the server's ``--max-txn-ops``
     (one, unless a refusal taught a smaller limit); one job alone by the lone claim.
     An error after some were claimed returns those (the rest ``None``, and fewer
-    results than ids).
+    results than ids). The jobs found finished by their lone claim (COMPLETED, or
+    FAILED: attempts used up, maybe by this claim) are added to ``ended``.
 
     Raises:
         SessionExpired: always.
@@ -127,9 +141,10 @@ def _claim_ids(ops: Ops, handle: EtcdSession,
         chunk = window[: ops.txn_limit.fitting(window, sizing, what)]
         try:
             if len(chunk) == 1:
-                got: list[ClaimResult | None] | None = [claim_or_none(ops, handle, chunk[0])]
+                got: list[ClaimResult | None] | None = [
+                    claim_or_none(ops, handle, chunk[0], ended)]
             else:
-                got = claim_chunk(ops, handle, chunk)
+                got = claim_chunk(ops, handle, chunk, ended)
         except InvalidArgument as exc:
             if too_many_ops(exc) and len(chunk) > 1:
                 ops.txn_limit.refused(ops, sizing(chunk), what)  # then fewer fit
@@ -144,7 +159,7 @@ def _claim_ids(ops: Ops, handle: EtcdSession,
                 return out
             raise
         if got is None:  # the epoch kept changing: one by one
-            got = [claim_or_none(ops, handle, j) for j in chunk]
+            got = [claim_or_none(ops, handle, j, ended) for j in chunk]
         out += got
         start += len(chunk)
     return out

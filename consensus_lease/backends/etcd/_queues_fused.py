@@ -33,8 +33,9 @@ job, plus a scan per 32 jobs (or per second). When the nested claim does not app
 candidate was taken or has an attempt limit, the epoch changed, or the completion was a
 repeat), the completion stands and the next job is claimed as ``claim_next`` claims it
 (:func:`claim_after`: the candidate first if it has a limit or may be ours, then
-a fresh scan's), each claim settling its own lost answer; an error there is not raised:
-no next job.
+a fresh scan's), each claim settling its own lost answer; a claim that makes an
+exhausted job FAILED does not count as one of the :data:`FALLBACK_TRIES`, so any number
+of them at the head is walked past; an error there is not raised: no next job.
 
 A lost answer is settled by reading back the completed job's owner key and completion
 record and the candidate's owner, attempts and queue marker keys, in one read: the
@@ -89,7 +90,9 @@ SCAN = 32
 """Candidates one scan asks for when no offered one is left (``claim_next``'s count)."""
 
 FALLBACK_TRIES = 3
-"""Most lone claims :func:`claim_after` sends when the nested claim did not apply."""
+"""Most lone claims :func:`claim_after` sends that find the job held or delayed, when
+the nested claim did not apply (those finding it finished, e.g. made FAILED, are not
+counted)."""
 
 Outcome = tuple[LeaseRecord, QueuePick | None, bool]
 """The completion's record, the job claimed with it, and whether :func:`claim_after`
@@ -133,22 +136,32 @@ def claim_after(ops: Ops, handle: EtcdSession, queue: str, exclude: str,
                 first: tuple[str, bytes] | None) -> QueuePick | None:
     """The next job of ``queue`` claimed as ``claim_next`` claims it, after a fused
     transaction whose nested claim did not apply: ``first`` (if given), then offered or
-    freshly scanned candidates, at most :data:`FALLBACK_TRIES` lone claims in all.
-    ``None`` when none was claimed; an error is logged, not raised (the completion
-    committed)."""
+    freshly scanned candidates, at most :data:`FALLBACK_TRIES` lone claims that find
+    the job held or delayed; a claim that finds it finished (COMPLETED, or FAILED: its
+    attempts used up, maybe by this claim) does not count, so any number of exhausted
+    jobs at the head is walked past (two round trips each, and a scan per
+    :data:`SCAN`). ``None`` when none was claimed; an error is logged, not raised (the
+    completion committed)."""
     pick = first
+    ended: set[str] = set()
+    tries = 0
     try:
-        for _ in range(FALLBACK_TRIES):
+        while tries < FALLBACK_TRIES:
             pick = pick or next_candidate(ops, queue, exclude)
             if pick is None:
                 return None
+            (job_id, payload), pick = pick, None
+            if job_id in ended:  # offered again (a scan does not offer a finished job)
+                tries += 1
+                continue
             try:
-                got = claim_one(ops, handle, pick[0])
+                got = claim_one(ops, handle, job_id)
             except (JobCompleted, JobFailed):
-                got = None
+                ended.add(job_id)  # finished for good: not one of the tries
+                continue
             if got is not None:
-                return pick[0], got, pick[1]
-            pick = None
+                return job_id, got, payload
+            tries += 1
     except LeaseError as exc:
         log.info("etcd: claiming the next job of queue %r after a completion failed "
                  "(no next job): %s", queue, exc)

@@ -650,8 +650,10 @@ class EtcdBackend(Backend):
         offered, else a scan runs first: read-only, two round trips per page of 32
         entries), decided by the claim's own compares. So a refused completion claims
         nothing, and a completion whose candidate was taken meanwhile commits alone; the
-        next job is then claimed as ``claim_next`` claims it (at most 3 lone claims; an
-        error there is not raised: no next job). A queue with nothing claimable gets the
+        next job is then claimed as ``claim_next`` claims it (at most 3 lone claims that
+        find the job held or delayed; claims that make exhausted jobs FAILED do not
+        count, so any number of them is walked past; an error there is not raised: no
+        next job). A queue with nothing claimable gets the
         completion alone. A lost answer is settled by reading back the completed job's
         owner and completion keys and the candidate's owner key (the claim's nonce); not
         applied, the same transaction is sent again (its compares cannot pass twice).
@@ -680,9 +682,11 @@ class EtcdBackend(Backend):
         :mod:`._queues_claim`), all landing at one revision: the claims of a batch share
         their token. A candidate another claimer took since the scan fails its compare
         and the rest are claimed; if the scan was cut at ``n``, the next candidates are
-        read and claimed the same way (at most 3 rounds). A job with an attempt limit is
-        claimed on its own afterwards, as by :meth:`claim` (two transactions; a job whose
-        attempts are used up becomes FAILED). A server allowing fewer operations per
+        read and claimed the same way (at most 3 rounds lost to other claimers). A job
+        with an attempt limit is claimed on its own afterwards, as by :meth:`claim` (two
+        transactions; a job whose attempts are used up becomes FAILED, and a round that
+        made jobs FAILED does not count as one of the 3: any number of exhausted jobs is
+        walked past, ``[]`` means nothing was claimable). A server allowing fewer operations per
         transaction gets smaller batches. A lost answer is settled by reading the owner
         keys back (the batch's nonce), never by re-sending blindly.
 
