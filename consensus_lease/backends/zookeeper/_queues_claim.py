@@ -13,7 +13,13 @@ What is specific to this module:
   its per-operation results say which one (``Claims`` reads that job again, and the
   others, rolled back, are sent again without it; at most ``CLAIM_ATTEMPTS`` rounds).
   If fewer than asked were claimed because some were taken, the queue is listed again,
-  at most :data:`PASSES` times in all.
+  at most :data:`PASSES` times in all. A candidate whose attempts are used up is made
+  FAILED by the claim's read (one multi of its own: ``_jobs_lifecycle``), and a listing
+  that made one FAILED is not counted: the queue is listed again while each listing
+  ends a job for good, so any number of exhausted jobs at the head is walked past (a
+  listing, a read and one multi per ``n`` of them). A candidate the 32-bit version guard
+  refuses (``TokenSpaceExhausted``: logged at ERROR, nothing written) is left out of
+  the later listings of the call.
 * A fused completion: one multi of the completion's operations (those of ``complete``,
   sent from the claim's hold) followed by a claim of one job read ahead: a random one of
   the oldest :data:`SPREAD` kept from this backend's last look at the queue (the
@@ -32,7 +38,10 @@ What is specific to this module:
   first by ``complete``), a result over :data:`FUSED_RESULT_BYTES` (with the claim it
   could pass ``jute.maxbuffer``), a version out of the 32-bit range (refused before
   anything is sent by the multi's version guard), or no job read ahead (the queue empty,
-  or its candidates exhausted, delayed or held: the batch claim decides those).
+  or its candidates exhausted, delayed or held: the batch claim of one that follows
+  decides those, making the exhausted ones FAILED and walking past them). A job read
+  ahead is one the read could plan a claim of: exhausted jobs among the candidates are
+  passed over by a fused claim (left for a batch claim to make FAILED).
 """
 
 from __future__ import annotations
