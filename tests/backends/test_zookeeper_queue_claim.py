@@ -284,3 +284,65 @@ def test_fused_with_a_large_result_completes_alone_then_claims(
     assert nxt is not None and nxt.job_id == ({"j1", "j2"} - {lease.job_id}).pop()
     assert multis.sent == ["complete", "claim"]
     a.close()
+
+
+def _spent(store: LeaseStore, queue: str, count: int) -> list[str]:
+    """``count`` jobs of ``queue`` whose one attempt was used up (released), then a fresh
+    one, ``f"{queue}-fresh"``."""
+    from consensus_lease import EnqueueItem
+
+    ids = [f"{queue}-spent-{i:02d}" for i in range(count)]
+    assert all(store.enqueue_many(queue, [EnqueueItem(j, b"", 1) for j in ids]))
+    setup = store.session("S", 30.0)
+    for job_id in ids:
+        lease = setup.claim(job_id)
+        assert lease is not None
+        lease.release()
+    setup.close()
+    assert store.enqueue(queue, f"{queue}-fresh", b"p")
+    return ids
+
+
+def test_batch_claim_walks_past_exhausted_jobs(store: LeaseStore, multis: _Multis) -> None:
+    """More exhausted jobs at the head than the batch claim's listings (``PASSES``): a
+    batch of one still claims the fresh job behind them, each exhausted one made FAILED
+    by one multi of its own, and the fresh one claimed by one claim multi."""
+    from consensus_lease.backends.zookeeper._queues_claim import PASSES
+
+    spent = _spent(store, "walk", 3 * PASSES)
+    w = store.session("W", 30.0)
+    multis.sent.clear()
+    got = w.claim_next_many("walk", 1)
+    assert [(lease.job_id, lease.payload) for lease in got] == [("walk-fresh", b"p")]
+    assert multis.sent == ["claim"] * (len(spent) + 1)  # one FAILED multi each, the claim
+    stats = store.queue_stats("walk")
+    assert (stats.available, stats.held, stats.failed) == (0, 1, len(spent))
+    w.close()
+
+
+def test_batch_claim_past_an_exhausted_job_whose_failed_write_is_refused(
+    store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exhausted job whose FAILED transition the 32-bit version guard refuses
+    (``TokenSpaceExhausted``, nothing sent) is that job's answer alone: the batch goes on
+    and claims the job behind it; a claim by name still raises it."""
+    from consensus_lease.backends.zookeeper import _jobs_lifecycle
+    from consensus_lease.errors import TokenSpaceExhausted
+
+    spent = _spent(store, "wrap", 1)
+    inner = _jobs_lifecycle.Lifecycle.exhaust
+
+    def exhaust(self: Any, h: Any, job: Any) -> Any:
+        if job.paths.job_id == spent[0]:
+            raise TokenSpaceExhausted("version out of range", path=job.paths.job, version=-1)
+        return inner(self, h, job)
+
+    monkeypatch.setattr(_jobs_lifecycle.Lifecycle, "exhaust", exhaust)
+    w = store.session("W", 30.0)
+    got = w.claim_next_many("wrap", 1)
+    assert [lease.job_id for lease in got] == ["wrap-fresh"]
+    with pytest.raises(TokenSpaceExhausted):
+        w.claim(spent[0])
+    record = store.get(spent[0])
+    assert record is not None and record.state is not JobState.FAILED
+    w.close()

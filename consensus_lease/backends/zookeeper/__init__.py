@@ -229,7 +229,10 @@ Work queues (``capabilities.queues``; layout in ``_layout``, operations in ``_qu
   candidate taken between the read and the multi fails it whole, its per-operation
   results name the failing job, which is read again, and the others (rolled back) are
   sent again (at most 8 rounds); the queue is then listed again, at most 3 times in all,
-  while others took candidates and fewer than ``n`` were claimed. Oldest seq first.
+  while others took candidates and fewer than ``n`` were claimed. Oldest seq first. A
+  candidate whose attempts are used up is made FAILED (one multi each) and a listing
+  that made one FAILED is not one of the 3: any number of exhausted jobs at the head is
+  walked past, and fewer than ``n`` means no more were claimable.
 * ``complete_and_claim_next`` (``capabilities.fused_claim_next``; ``_queues_claim``): one
   multi of the completion's operations (sent from the claim's hold, as ``complete``)
   followed by the claim operations of one job **read ahead**: a random one of the 8
@@ -249,7 +252,8 @@ Work queues (``capabilities.queues``; layout in ``_layout``, operations in ``_qu
   claim it could pass jute.maxbuffer), a version out of range (the multi's version
   guard refuses it before sending), and a queue with nothing to read ahead (the
   completion alone; then a batch claim of one if the listing had candidates the read
-  could not plan: held, exhausted or in a retry delay).
+  could not plan: held, exhausted or in a retry delay; it makes the exhausted ones
+  FAILED and walks past them, as above).
 * ``queue_stats``: O(1): the head's count of jobs plus the ``numChildren`` of the
   queue's three tallies ``{q}/tally/held`` (ephemeral entries made and deleted with the
   held markers), ``done`` (made by completions) and ``failed``, one round trip, no

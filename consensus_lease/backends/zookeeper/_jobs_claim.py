@@ -302,7 +302,13 @@ class Claims:
             if isinstance(decided, Plan):
                 plans.append(decided)
             elif isinstance(decided, Exhausted):
-                failed = self.lifecycle.exhaust(h, decided)
+                try:
+                    failed = self.lifecycle.exhaust(h, decided)
+                except TokenSpaceExhausted as exc:  # a version out of range: nothing sent
+                    log.error("job znode version out of the 32-bit range: FAILED refused",
+                              extra={"job_id": job_id, "version": decided.version})
+                    outcome[job_id] = exc  # this job's answer; the others go on
+                    continue
                 if failed is None:
                     again.append(job_id)  # changed meanwhile: read again
                 else:

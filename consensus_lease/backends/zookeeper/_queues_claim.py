@@ -13,7 +13,13 @@ What is specific to this module:
   its per-operation results say which one (``Claims`` reads that job again, and the
   others, rolled back, are sent again without it; at most ``CLAIM_ATTEMPTS`` rounds).
   If fewer than asked were claimed because some were taken, the queue is listed again,
-  at most :data:`PASSES` times in all.
+  at most :data:`PASSES` times in all. A candidate whose attempts are used up is made
+  FAILED by the claim's read (one multi of its own: ``_jobs_lifecycle``), and a listing
+  that made one FAILED is not counted: the queue is listed again while each listing
+  ends a job for good, so any number of exhausted jobs at the head is walked past (a
+  listing, a read and one multi per ``n`` of them). A candidate the 32-bit version guard
+  refuses (``TokenSpaceExhausted``: logged at ERROR, nothing written) is left out of
+  the later listings of the call.
 * A fused completion: one multi of the completion's operations (those of ``complete``,
   sent from the claim's hold) followed by a claim of one job read ahead: a random one of
   the oldest :data:`SPREAD` kept from this backend's last look at the queue (the
@@ -32,7 +38,10 @@ What is specific to this module:
   first by ``complete``), a result over :data:`FUSED_RESULT_BYTES` (with the claim it
   could pass ``jute.maxbuffer``), a version out of the 32-bit range (refused before
   anything is sent by the multi's version guard), or no job read ahead (the queue empty,
-  or its candidates exhausted, delayed or held: the batch claim decides those).
+  or its candidates exhausted, delayed or held: the batch claim of one that follows
+  decides those, making the exhausted ones FAILED and walking past them). A job read
+  ahead is one the read could plan a claim of: exhausted jobs among the candidates are
+  passed over by a fused claim (left for a batch claim to make FAILED).
 """
 
 from __future__ import annotations
@@ -45,7 +54,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ...backend import QueuePick
-from ...errors import LeaseError, OutcomeUnknown, SessionExpired, TokenSpaceExhausted
+from ...errors import (
+    JobFailed,
+    LeaseError,
+    OutcomeUnknown,
+    SessionExpired,
+    TokenSpaceExhausted,
+)
 from ...record import ClaimResult, LeaseRecord
 from ._jobs import Completion, Hold, Holds, completed_record, mark_ended
 from ._jobs_claim import Claims, Plan
@@ -60,7 +75,10 @@ __all__ = ["AHEAD_TTL_S", "FUSED_RESULT_BYTES", "PASSES", "READ_AHEAD", "SPREAD"
 
 PASSES = 3
 """Listings of the queue one ``claim_from_queue_many`` makes while others take some of
-its candidates first."""
+its candidates first. A listing whose claim made (or found) a job FAILED that this call
+had not met yet (its attempts used up) is not one of these: the queue is listed again as
+long as each listing ends a job for good, so any number of exhausted jobs at the head is
+walked past, and fewer than asked means no more were claimable."""
 
 READ_AHEAD = 16
 """Candidates ``complete_and_claim_next`` lists and reads when it has none read ahead."""
@@ -116,15 +134,21 @@ class QueueClaims:
         """See :meth:`ZooKeeperBackend.claim_from_queue_many
         <consensus_lease.backends.zookeeper.ZooKeeperBackend.claim_from_queue_many>`."""
         picks: list[QueuePick] = []
+        failed: set[str] = set()  # made (or found) FAILED by this call
+        refused: set[str] = set()  # TokenSpaceExhausted: still listed, not tried again
+        passes = 0
         try:
-            for _ in range(PASSES):
+            while passes < PASSES:
                 want = n - len(picks)
-                candidates = self.queues.candidates(queue, want)
+                listed = self.queues.candidates(queue, want + len(refused))
+                candidates = [c for c in listed if c[0] not in refused][:want]
                 self.claims.known.seen(job_id for job_id, _ in candidates)
-                before = len(picks)
-                self._claim(h, candidates, picks)
+                before, known = len(picks), len(failed)
+                self._claim(h, candidates, picks, failed, refused)
                 if len(picks) - before == len(candidates) or len(candidates) < want:
                     break  # n reached, or the queue has no more that look claimable
+                if len(failed) == known:  # a pass that ended no job counts (see PASSES)
+                    passes += 1
         except SessionExpired:
             raise
         except LeaseError:  # the jobs claimed so far are held: hand them over
@@ -133,16 +157,23 @@ class QueueClaims:
         return picks
 
     def _claim(
-        self, h: ZkSession, candidates: list[tuple[str, bytes]], picks: list[QueuePick]
+        self, h: ZkSession, candidates: list[tuple[str, bytes]], picks: list[QueuePick],
+        failed: set[str], refused: set[str],
     ) -> None:
         """Claim ``candidates`` (one multi per size chunk), adding each claimed one to
-        ``picks`` in the candidates' order (oldest first)."""
+        ``picks`` in the candidates' order (oldest first), the ids of those that are
+        FAILED (most often their attempts used up: made FAILED by this claim) to
+        ``failed``, and those the 32-bit version guard refused to ``refused``."""
         payloads = dict(candidates)
         for chunk in self.claims.size_chunks(h, list(payloads)):
             outcomes = self.claims.claim(h, chunk, queued=True)
             for job_id, outcome in zip(chunk, outcomes, strict=True):
                 if isinstance(outcome, ClaimResult):
                     picks.append((job_id, outcome, payloads[job_id]))
+                elif isinstance(outcome, JobFailed):
+                    failed.add(job_id)
+                elif isinstance(outcome, TokenSpaceExhausted):
+                    refused.add(job_id)
 
     def _claim_one(self, h: ZkSession, queue: str) -> QueuePick | None:
         """The next job after a completion that committed: a batch of one; an error is

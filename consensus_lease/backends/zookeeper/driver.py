@@ -756,9 +756,10 @@ class ZooKeeperBackend(Backend):
         operation names it, it is read again and the rest sent again without it
         (bounded); if fewer than ``n`` were claimed because others took some, the queue
         is listed again (at most 3 listings). Oldest enqueued first. Exhausted jobs
-        found on the way become FAILED (not returned); held, delayed, completed ones
-        are skipped. A lost answer is read back (each owner znode's nonce). See
-        :mod:`._queues_claim`.
+        found on the way become FAILED (not returned; a listing that made one FAILED is
+        not one of the 3, so any number of them at the head is walked past); held,
+        delayed, completed ones and those at the version ceiling are skipped. A lost
+        answer is read back (each owner znode's nonce). See :mod:`._queues_claim`.
 
         Raises:
             SessionExpired: the session is over; nothing is held.
