@@ -142,6 +142,9 @@ def _sides(target: Target, peers: dict[str, str | None]) -> list[dict[str, Any]]
         sides.append({"name": f"ours, 1 worker, {label}", "side": "ours", "processes": 1,
                       "knobs": knobs})
     sides.append({"name": "ours, 2 processes", "side": "ours", "processes": 2})
+    if knobs:
+        sides.append({"name": f"ours, 2 processes, {label}", "side": "ours",
+                      "processes": 2, "knobs": knobs})
     if target.backend in RAW_LOOPS:
         sides.append({"name": "raw client, 1 worker", "side": f"raw-{target.backend}",
                       "processes": 1})

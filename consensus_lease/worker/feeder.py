@@ -295,11 +295,13 @@ class Feeder:
 
     def _settled(self, item: _Pending, answer: LeaseRecord | LeaseError, final: bool) -> bool:
         """Count and log one item's outcome; ``False``: send it again later."""
-        fields = self._fields(item.lease)
         if isinstance(answer, LeaseRecord):
             self._count("completed")
-            log.info("job completed", extra=fields)
-        elif isinstance(answer, (LeaseLost, OutcomeUnknown)):  # unknown: treated as lost
+            if log.isEnabledFor(logging.INFO):  # per job: no fields built when not logged
+                log.info("job completed", extra=self._fields(item.lease))
+            return True
+        fields = self._fields(item.lease)
+        if isinstance(answer, (LeaseLost, OutcomeUnknown)):  # unknown: treated as lost
             self._count("leases_lost")
             log_lost(fields, answer, handler_returned=True)
         elif isinstance(answer, (JobCompleted, JobFailed)):

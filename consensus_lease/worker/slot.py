@@ -296,7 +296,8 @@ class Slot:
         outcome: bytes | Exception
         try:
             lease.ensure_held()
-            log.info("job started", extra=self._fields(lease))
+            if log.isEnabledFor(logging.INFO):  # per job: no fields built when not logged
+                log.info("job started", extra=self._fields(lease))
             outcome = self.call(lease, b"" if lease.payload is None else lease.payload)
         except Exception as exc:
             outcome = exc
@@ -360,7 +361,8 @@ class Slot:
             return
         if done:
             self.stats.completed += 1
-            log.info("job completed", extra=self._fields(lease))
+            if log.isEnabledFor(logging.INFO):
+                log.info("job completed", extra=self._fields(lease))
             claimed = None if answer is None else answer[1]
             if claimed is not None:
                 self.stats.fused_claims += 1
