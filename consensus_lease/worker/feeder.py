@@ -13,11 +13,13 @@ queue empty or brought fewer than asked (until the slot takes its next job), or 
 stop was requested. A claim whose outcome is unknown (``OutcomeUnknown``: the store may
 have claimed jobs this process never saw, held until the session ends) ends prefetching
 on that session: :meth:`Feeder.tainted` tells the slot to replace it once it has worked
-what it holds, which hands those jobs back. The slot takes them oldest first; one no longer HELD (its local deadline
-passed, its session was lost or closed) is dropped, never worked (``prefetch_dropped``,
-logged): the store hands it back. At a stop the slot still works those it holds (a
-release would use up an attempt of a job that never ran); the ones left when the grace
-period ends are released (``released``).
+what it holds, which hands those jobs back. The slot takes the leases oldest first; one
+no longer HELD (its local deadline passed, its session was lost or closed) is dropped,
+never worked (``prefetch_dropped``, logged): the store hands it back. At a stop the slot
+still works those it holds (a release would use up an attempt of a job that never ran);
+the ones left when the grace period ends are released (``released``). The slot's own
+non-waiting claim, with nothing ready, goes through :meth:`Feeder.claim_for_slot`: one
+``claim_next_many`` for its next job and the free room, where the store batches.
 
 Batched completion: a finished job's result is checked as ``complete`` checks it and
 queued; the queue is sent with ``session.complete_many`` (each item fenced by the store,
