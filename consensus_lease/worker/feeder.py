@@ -413,7 +413,7 @@ class Feeder:
                 self._inflight -= want - 1
         if not leases:
             return None
-        self._keep(leases[1:], want - 1, counted=False)
+        self._keep(leases[1:], want - 1)
         return leases[0]
 
     def _claim_many(self, session: Session, want: int) -> list[Lease]:
@@ -428,7 +428,7 @@ class Feeder:
             raise
         return [] if lease is None else [lease]
 
-    def _keep(self, leases: list[Lease], want: int, *, counted: bool = True) -> None:
+    def _keep(self, leases: list[Lease], want: int) -> None:
         """Add claimed leases to the ready ones (oldest first), or release them if the
         feeder closed meanwhile; fewer than ``want``: the queue is (nearly) empty."""
         with self._cond:
@@ -441,7 +441,7 @@ class Feeder:
             if keep:
                 self._ready.extend(leases)
                 self.stats.prefetched += len(leases)
-                self.stats.prefetch_claims += bool(leases) and counted
+                self.stats.prefetch_claims += bool(leases)
         if not keep:
             for lease in leases:
                 self._release(lease)

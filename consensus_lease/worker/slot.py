@@ -310,25 +310,26 @@ class Slot:
         with self._lock:
             abandoned = self._abandoned
             self._current = None
+        state = lease.state  # once: each read checks the local deadline
         if abandoned:
             log.warning("handler returned after the grace period; its job was released",
                         extra=self._fields(lease))
         elif isinstance(outcome, LeaseLost):
             self._handler_failed(lease, outcome)
-        elif lease.state in (LeaseState.RELEASED, LeaseState.FAILED):
+        elif state in (LeaseState.RELEASED, LeaseState.FAILED):
             # the handler called lease.release() or lease.fail() itself (then returned or
             # raised): the store has that ending; completing or failing it again would be
             # refused
             self.stats.skipped += 1
             log.info("the handler ended its lease itself (%s); nothing more to settle",
-                     lease.state.value, extra=self._fields(lease))
+                     state.value, extra=self._fields(lease))
         elif isinstance(outcome, Exception):
             self._handler_failed(lease, outcome)
         else:
-            self._complete(lease, outcome)
+            self._complete(lease, outcome, state)
 
-    def _complete(self, lease: Lease, result: bytes) -> None:
-        if lease.state is LeaseState.COMPLETED:  # the handler completed it itself
+    def _complete(self, lease: Lease, result: bytes, state: LeaseState) -> None:
+        if state is LeaseState.COMPLETED:  # the handler completed it itself
             self.stats.completed += 1
             return
         if self._feeder is not None and self._feeder.batching:

@@ -47,9 +47,10 @@ class WorkerStats:
         prefetch_dropped: prefetched leases never worked because they were lost first
             (their local deadline passed, or their session was lost or closed): the store
             hands them back (at once when closed, else after the TTL).
-        prefetch_claims: the feeder's claim calls that brought leases (``claim_next``, or
-            ``claim_next_many`` where the store batches claims):
-            ``prefetched / prefetch_claims`` is the mean number per round trip.
+        prefetch_claims: claim calls that brought leases ahead (the feeder's
+            ``claim_next``, or ``claim_next_many`` where the store batches claims, the
+            slot's own batched claim included): ``prefetched / prefetch_claims`` is the
+            mean number per round trip.
         complete_batches: ``session.complete_many`` calls that sent pending completions
             (``WorkerConfig.complete_batch`` > 1).
         batched_completions: completions those calls carried (each counts in
