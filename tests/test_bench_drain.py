@@ -75,6 +75,15 @@ def test_installed_peers_run_on_postgresql_only() -> None:
     assert set(etcd) == {"ours", "raw-etcd"}  # no peer on etcd
 
 
+def test_ours_throughput_sides_run_the_batched_knobs() -> None:
+    """One worker and two processes with prefetch + claim_next_many + complete_batch."""
+    sqlite = Target("sqlite", url="sqlite:////tmp/x.db", raw={})
+    batched = [s for s in _sides(sqlite, {}) if s.get("knobs")]
+    assert [s["processes"] for s in batched] == [1, 2]
+    for side in batched:
+        assert side["knobs"]["prefetch"] >= 2 * 50 and side["knobs"]["complete_batch"] >= 50
+
+
 def test_workload_names_w1_and_w10_are_distinct() -> None:
     from consensus_lease.bench.command import _workloads
 

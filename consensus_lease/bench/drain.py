@@ -66,18 +66,18 @@ class PgServer:
         import psycopg
 
         self.conninfo = conninfo
-        with psycopg.connect(conninfo, autocommit=True) as conn:
-            row = conn.execute("SELECT pg_backend_pid(), current_database()").fetchone()
-        assert row is not None
-        self.database = str(row[1])
         self.postmaster: int | None = None
         self.baseline = 0
-        try:
-            with open(f"/proc/{row[0]}/stat") as stat:
-                self.postmaster = int(stat.read().rsplit(")", 1)[1].split()[1])
-        except OSError:
-            self.postmaster = None  # not on this machine: no server CPU
-        else:
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            row = conn.execute("SELECT pg_backend_pid(), current_database()").fetchone()
+            assert row is not None
+            try:  # while the backend lives: it exits once the connection is closed
+                with open(f"/proc/{row[0]}/stat") as stat:
+                    self.postmaster = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                self.postmaster = None  # not on this machine: no server CPU
+        self.database = str(row[1])
+        if self.postmaster is not None:
             self.baseline = self.client_backends()  # other clients of this server
 
     def _children(self) -> list[int]:
@@ -142,6 +142,9 @@ def _sides(target: Target, peers: dict[str, str | None]) -> list[dict[str, Any]]
         sides.append({"name": f"ours, 1 worker, {label}", "side": "ours", "processes": 1,
                       "knobs": knobs})
     sides.append({"name": "ours, 2 processes", "side": "ours", "processes": 2})
+    if knobs:
+        sides.append({"name": f"ours, 2 processes, {label}", "side": "ours",
+                      "processes": 2, "knobs": knobs})
     if target.backend in RAW_LOOPS:
         sides.append({"name": "raw client, 1 worker", "side": f"raw-{target.backend}",
                       "processes": 1})

@@ -18,7 +18,10 @@ __all__ = ["ENVIRONMENT", "MAX_COMPLETE_BATCH", "MAX_CONCURRENCY", "MAX_FLUSH_S"
 MAX_CONCURRENCY = 1024
 """Most worker slots (threads, or processes) one ``run_worker`` runs."""
 MAX_PREFETCH = 256
-"""Most leases one slot claims ahead of the job it works (``prefetch``)."""
+"""Most leases one slot claims ahead of the job it works (``prefetch``). Per slot: a
+slot refills when half is free, so ``prefetch=200`` claims 100 jobs per
+``claim_next_many`` round trip, the size where a claim's cost per job is already a small
+share of the job's own (more held ahead only keeps jobs from other workers longer)."""
 MAX_COMPLETE_BATCH = 10_000
 """Most completions one slot keeps pending (``complete_batch``; the store's
 ``capabilities.max_complete_batch`` caps one batch further)."""

@@ -2,15 +2,24 @@
 in batches (``WorkerConfig.complete_batch`` > 1), on a thread of its own beside the
 slot's, so that store round trips overlap the handler's work.
 
-Prefetch: while the slot works a job, the feeder claims up to ``prefetch`` more with
-non-waiting ``claim_next`` calls on the slot's session (renewed by its keepalive like any
-lease). It claims nothing while the slot is in a waiting claim of its own, once a claim
-found the queue empty (until the slot takes its next job), or once a stop was
-requested. The slot takes them oldest first; one no longer HELD (its local deadline
-passed, its session was lost or closed) is dropped, never worked (``prefetch_dropped``,
-logged): the store hands it back. At a stop the slot still works those it holds (a
-release would use up an attempt of a job that never ran); the ones left when the grace
-period ends are released (``released``).
+Prefetch: while the slot works a job, the feeder claims up to ``prefetch`` more on the
+slot's session, without waiting (renewed by its keepalive like any lease). Where the
+store claims many jobs in one round trip (``capabilities.max_queue_claim_batch`` > 1)
+it calls ``session.claim_next_many(queue, k)``, ``k`` the free room, once at least
+:attr:`Feeder.refill` (half of ``prefetch``, rounded up) is free, so that each round trip
+carries many jobs; elsewhere one ``claim_next`` per lease, as soon as one is free. It
+claims nothing while the slot is in a waiting claim of its own, once a claim found the
+queue empty or brought fewer than asked (until the slot takes its next job), or once a
+stop was requested. A claim whose outcome is unknown (``OutcomeUnknown``: the store may
+have claimed jobs this process never saw, held until the session ends) ends prefetching
+on that session: :meth:`Feeder.tainted` tells the slot to replace it once it has worked
+what it holds, which hands those jobs back. The slot takes the leases oldest first; one
+no longer HELD (its local deadline passed, its session was lost or closed) is dropped,
+never worked (``prefetch_dropped``, logged): the store hands it back. At a stop the slot
+still works those it holds (a release would use up an attempt of a job that never ran);
+the ones left when the grace period ends are released (``released``). The slot's own
+non-waiting claim, with nothing ready, goes through :meth:`Feeder.claim_for_slot`: one
+``claim_next_many`` for its next job and the free room, where the store batches.
 
 Batched completion: a finished job's result is checked as ``complete`` checks it and
 queued; the queue is sent with ``session.complete_many`` (each item fenced by the store,
@@ -134,6 +143,9 @@ class Feeder:
         self.control = control
         self.batching = config.complete_batch > 1
         self.batch = batch_size(config.complete_batch, caps)
+        self.claim_batch = max(1, min(config.prefetch, caps.max_queue_claim_batch))
+        self.refill = 1 if self.claim_batch == 1 else (config.prefetch + 1) // 2
+        """The free room (leases) at which the feeder claims again."""
         self.stats = WorkerStats()
         self._session_of = session_of
         self._fields = fields
@@ -148,7 +160,9 @@ class Feeder:
         self._retry_at = 0.0
         self._claim_errors = 0
         self._closed = False
-        self._claiming = False  # a prefetch claim_next is in flight
+        self._claiming = False  # a prefetch claim is in flight
+        self._unknown_on: Session | None = None  # a claim's outcome unknown on it
+        self._inflight = 0  # leases asked for by claims in flight (the feeder's, the slot's)
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"consensus-lease-feeder-{name}")
 
@@ -207,6 +221,12 @@ class Feeder:
     def pending(self) -> int:
         with self._cond:
             return len(self._pending)
+
+    def tainted(self, session: Session) -> bool:
+        """Whether a prefetch claim's outcome on ``session`` is unknown: jobs may be
+        held by it with no lease here, until it ends (the slot replaces it)."""
+        with self._cond:
+            return self._unknown_on is session
 
     def waiting(self, flag: bool) -> None:
         """The slot enters (``True``) or leaves a waiting claim: no prefetch meanwhile."""
@@ -277,11 +297,13 @@ class Feeder:
 
     def _settled(self, item: _Pending, answer: LeaseRecord | LeaseError, final: bool) -> bool:
         """Count and log one item's outcome; ``False``: send it again later."""
-        fields = self._fields(item.lease)
         if isinstance(answer, LeaseRecord):
             self._count("completed")
-            log.info("job completed", extra=fields)
-        elif isinstance(answer, (LeaseLost, OutcomeUnknown)):  # unknown: treated as lost
+            if log.isEnabledFor(logging.INFO):  # per job: no fields built when not logged
+                log.info("job completed", extra=self._fields(item.lease))
+            return True
+        fields = self._fields(item.lease)
+        if isinstance(answer, (LeaseLost, OutcomeUnknown)):  # unknown: treated as lost
             self._count("leases_lost")
             log_lost(fields, answer, handler_returned=True)
         elif isinstance(answer, (JobCompleted, JobFailed)):
@@ -345,32 +367,84 @@ class Feeder:
 
     def _prefetch_one(self) -> None:
         session = self._session_of()
-        if session is None or session.state is not SessionState.ACTIVE:
-            with self._cond:
-                self._empty = True  # until the slot's own claim (re)opens the session
-            return
         with self._cond:
+            if (session is None or session.state is not SessionState.ACTIVE
+                    or session is self._unknown_on):
+                self._empty = True  # until the slot's own claim (re)opens the session
+                return
+            want = min(self.config.prefetch - len(self._ready) - self._inflight,
+                       self.claim_batch)
+            if want < 1:
+                return
             self._claiming = True
+            self._inflight += want
         try:
-            lease = session.claim_next(self.config.queue)
+            leases = self._claim_many(session, want)
         except (JobCompleted, JobFailed):
             self._count("skipped")
             return
         except LeaseError as exc:  # lost, suspended, unavailable: the slot's claim copes
             self._claim_failed(exc)
             return
+        finally:
+            with self._cond:
+                self._inflight -= want
+        self._keep(leases, want)
+
+    def claim_for_slot(self, session: Session) -> Lease | None:
+        """The slot's own non-waiting claim, with nothing ready: where the store claims
+        many jobs per round trip, one ``claim_next_many`` for the slot's next job and
+        the free prefetch room (kept ready, as a prefetch's); else ``claim_next``.
+
+        Raises:
+            what ``claim_next_many`` / ``claim_next`` raise (nothing kept then);
+            ``OutcomeUnknown`` also marks ``session`` (:meth:`tainted`).
+        """
+        with self._cond:
+            room = self.config.prefetch - len(self._ready) - self._inflight
+            want = 1 + max(0, room) if self.claim_batch > 1 else 1
+            self._inflight += want - 1
+            self._empty = False  # a fresh look at the queue (the session may be new)
+            self._cond.notify()
+        try:
+            leases = self._claim_many(session, want)
+        finally:
+            with self._cond:
+                self._inflight -= want - 1
+        if not leases:
+            return None
+        self._keep(leases[1:], want - 1)
+        return leases[0]
+
+    def _claim_many(self, session: Session, want: int) -> list[Lease]:
+        """Up to ``want`` leases, in one round trip where the store batches claims."""
+        try:
+            if want > 1:
+                return session.claim_next_many(self.config.queue, want)
+            lease = session.claim_next(self.config.queue)
+        except OutcomeUnknown:  # jobs may be held that no lease here knows of
+            with self._cond:
+                self._unknown_on = session
+            raise
+        return [] if lease is None else [lease]
+
+    def _keep(self, leases: list[Lease], want: int) -> None:
+        """Add claimed leases to the ready ones (oldest first), or release them if the
+        feeder closed meanwhile; fewer than ``want``: the queue is (nearly) empty."""
         with self._cond:
             self._claim_errors = 0
-            # kept also when the stop came meanwhile: the slot works it (a release would
-            # use up an attempt of a job that never ran)
-            keep = lease is not None and not self._closed
-            if lease is None:
+            # kept also when the stop came meanwhile: the slot works them (a release
+            # would use up an attempt of a job that never ran)
+            keep = not self._closed
+            if len(leases) < want:
                 self._empty = True
-            elif keep:
-                self._ready.append(lease)
-                self.stats.prefetched += 1
-        if lease is not None and not keep:
-            self._release(lease)
+            if keep:
+                self._ready.extend(leases)
+                self.stats.prefetched += len(leases)
+                self.stats.prefetch_claims += bool(leases)
+        if not keep:
+            for lease in leases:
+                self._release(lease)
 
     def _claim_failed(self, exc: LeaseError) -> None:
         with self._cond:
@@ -408,7 +482,8 @@ class Feeder:
                     return self.flush
                 if (self.config.prefetch and not stopping and not self._empty
                         and not self._slot_waiting and now >= self._retry_at
-                        and len(self._ready) < self.config.prefetch):
+                        and self.config.prefetch - len(self._ready) - self._inflight
+                        >= self.refill):
                     return self._prefetch
                 self._cond.wait(max(0.0, min(self._due - now, IDLE_WAKE_S)))
             return None

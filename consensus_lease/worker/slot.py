@@ -25,7 +25,9 @@ is ready); with ``complete_batch`` > 1 a finished job's completion is queued (ne
 fused), and the queue is sent before every waiting claim and before the session is
 replaced or closed. A stopping slot still works the prefetched leases it holds (those
 of a prefetch claim in flight too), within the grace period: releasing a job that never
-ran would use up one of its attempts.
+ran would use up one of its attempts. A session on which a prefetch claim's outcome was
+unknown is closed (and replaced) when the slot next claims by itself, once it has worked
+the leases ready; until then its completions claim nothing more.
 """
 
 from __future__ import annotations
@@ -211,10 +213,19 @@ class Slot:
         return lease
 
     def _claim(self) -> Lease | None:
+        feeder = self._feeder
+        session = self._current_session()
+        if session is not None and feeder is not None and feeder.tainted(session):
+            # a prefetch claim's outcome was unknown: jobs may be held by this session
+            # with no lease here; closing it hands them back (after the pending
+            # completions are sent)
+            log.warning("a prefetch claim's outcome was unknown: closing the session, "
+                        "which hands back jobs the store may have claimed for it",
+                        extra={"slot": self.name, "session_id": session.session_id})
+            self._close_session()
         session = self._open_session()
         if session is None:
             return None
-        feeder = self._feeder
         try:
             if feeder is None:
                 lease = session.claim_next(self.config.queue, wait_s=self.config.claim_wait_s)
@@ -240,10 +251,12 @@ class Slot:
         return lease
 
     def _claim_beside(self, feeder: Feeder, session: Session) -> Lease:
-        """``claim_next`` with a feeder: pending completions are sent before waiting
-        (never held while blocked), and nothing is prefetched during the wait."""
-        if feeder.pending:
-            lease = session.claim_next(self.config.queue)
+        """``claim_next`` with a feeder: first a non-waiting claim (with the free
+        prefetch room, where the store batches claims: :meth:`Feeder.claim_for_slot`);
+        pending completions are sent before waiting (never held while blocked), and
+        nothing is prefetched during the wait."""
+        if feeder.pending or feeder.claim_batch > 1:
+            lease = feeder.claim_for_slot(session)
             if lease is not None:
                 return lease
             feeder.flush()
@@ -283,7 +296,8 @@ class Slot:
         outcome: bytes | Exception
         try:
             lease.ensure_held()
-            log.info("job started", extra=self._fields(lease))
+            if log.isEnabledFor(logging.INFO):  # per job: no fields built when not logged
+                log.info("job started", extra=self._fields(lease))
             outcome = self.call(lease, b"" if lease.payload is None else lease.payload)
         except Exception as exc:
             outcome = exc
@@ -296,25 +310,26 @@ class Slot:
         with self._lock:
             abandoned = self._abandoned
             self._current = None
+        state = lease.state  # once: each read checks the local deadline
         if abandoned:
             log.warning("handler returned after the grace period; its job was released",
                         extra=self._fields(lease))
         elif isinstance(outcome, LeaseLost):
             self._handler_failed(lease, outcome)
-        elif lease.state in (LeaseState.RELEASED, LeaseState.FAILED):
+        elif state in (LeaseState.RELEASED, LeaseState.FAILED):
             # the handler called lease.release() or lease.fail() itself (then returned or
             # raised): the store has that ending; completing or failing it again would be
             # refused
             self.stats.skipped += 1
             log.info("the handler ended its lease itself (%s); nothing more to settle",
-                     lease.state.value, extra=self._fields(lease))
+                     state.value, extra=self._fields(lease))
         elif isinstance(outcome, Exception):
             self._handler_failed(lease, outcome)
         else:
-            self._complete(lease, outcome)
+            self._complete(lease, outcome, state)
 
-    def _complete(self, lease: Lease, result: bytes) -> None:
-        if lease.state is LeaseState.COMPLETED:  # the handler completed it itself
+    def _complete(self, lease: Lease, result: bytes, state: LeaseState) -> None:
+        if state is LeaseState.COMPLETED:  # the handler completed it itself
             self.stats.completed += 1
             return
         if self._feeder is not None and self._feeder.batching:
@@ -329,8 +344,10 @@ class Slot:
             # chosen at each try: a stop that came meanwhile claims nothing more, and
             # neither does a slot with a prefetched lease ready (its next job)
             nonlocal unknown
+            feeder = self._feeder
             if (not self.config.fused_claim or self.control.stopping
-                    or (self._feeder is not None and self._feeder.ready)):
+                    or (feeder is not None and (feeder.ready
+                                                or feeder.tainted(lease.session)))):
                 return lease.complete(result), None
             try:
                 return lease.complete_and_claim_next(result, self.config.queue)
@@ -345,7 +362,8 @@ class Slot:
             return
         if done:
             self.stats.completed += 1
-            log.info("job completed", extra=self._fields(lease))
+            if log.isEnabledFor(logging.INFO):
+                log.info("job completed", extra=self._fields(lease))
             claimed = None if answer is None else answer[1]
             if claimed is not None:
                 self.stats.fused_claims += 1

@@ -9,7 +9,7 @@ __all__ = ["WorkerStats"]
 _COUNTS = (
     "claimed", "fused_claims", "completed", "retried", "dead_lettered", "leases_lost",
     "sessions_lost", "released", "skipped", "errors", "restarts", "prefetched",
-    "prefetch_dropped", "complete_batches", "batched_completions",
+    "prefetch_dropped", "prefetch_claims", "complete_batches", "batched_completions",
 )
 
 
@@ -47,6 +47,10 @@ class WorkerStats:
         prefetch_dropped: prefetched leases never worked because they were lost first
             (their local deadline passed, or their session was lost or closed): the store
             hands them back (at once when closed, else after the TTL).
+        prefetch_claims: claim calls that brought leases ahead (the feeder's
+            ``claim_next``, or ``claim_next_many`` where the store batches claims, the
+            slot's own batched claim included): ``prefetched / prefetch_claims`` is the
+            mean number per round trip.
         complete_batches: ``session.complete_many`` calls that sent pending completions
             (``WorkerConfig.complete_batch`` > 1).
         batched_completions: completions those calls carried (each counts in
@@ -71,6 +75,7 @@ class WorkerStats:
     restarts: int = 0
     prefetched: int = 0
     prefetch_dropped: int = 0
+    prefetch_claims: int = 0
     complete_batches: int = 0
     batched_completions: int = 0
     stopped_by: str | None = None

@@ -528,3 +528,84 @@ def test_a_lease_claimed_as_the_stop_came_is_worked(memory: LeaseStore) -> None:
     else:  # the slot ended before the job came: untouched, still claimable
         assert record.state is JobState.AVAILABLE and record.attempt == 0
 
+
+
+# -- prefetch in batches (claim_next_many) ---------------------------------------------
+
+def test_prefetch_claims_many_jobs_per_round_trip(any_store: LeaseStore,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the store batches claims, the feeder (and the slot's own non-waiting claim)
+    claims with ``claim_next_many``: many leases per call, never more than ``prefetch``
+    ahead of the job in hand; every job worked once."""
+    n, prefetch = 300, 40
+    jobs = _enqueue(any_store, n)
+    calls: list[tuple[int, int]] = []
+    original = any_store.backend.claim_from_queue_many
+
+    def counted(session: Any, queue: str, k: int) -> Any:
+        claimed = original(session, queue, k)
+        calls.append((k, len(claimed)))
+        return claimed
+
+    monkeypatch.setattr(any_store.backend, "claim_from_queue_many", counted)
+    worked: Counter[str] = Counter()
+    held: list[int] = []
+
+    def handler(lease: Lease, payload: bytes) -> bytes:
+        worked[lease.job_id] += 1
+        held.append(len(lease.session.leases()))
+        return b"ok"
+
+    # completions one by one, none fused: the session's leases are the one in hand and
+    # those ahead, and every claim is the slot's or the feeder's
+    stats = run_worker(any_store, "q", handler, until_empty=True, prefetch=prefetch,
+                       fused_claim=False, **FAST)
+    assert stats.errors == stats.leases_lost == stats.prefetch_dropped == 0, stats
+    assert worked == Counter(jobs) and _states(any_store, jobs) == {"completed": n}
+    assert max(k for k, _ in calls) <= prefetch + 1, calls
+    assert max(held) <= prefetch + 1, max(held)
+    claimed = sum(got for _, got in calls)
+    assert claimed >= n // 2 and len(calls) <= n // 5, calls  # batches, not one per job
+    assert stats.prefetch_claims >= 1 and stats.prefetched >= n // 2, stats
+
+
+def test_an_unknown_prefetch_claim_replaces_the_session(
+        memory: LeaseStore, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A batched claim applied by the store whose answer was lost (``OutcomeUnknown``):
+    its jobs are held by the session with no lease in this process. The slot works
+    what it holds, then closes the session (which hands them back) and opens a new one:
+    the queue drains, every job worked once."""
+    jobs = _enqueue(memory, 60)
+    original = memory.backend.claim_from_queue_many
+    lost: list[int] = []
+
+    def second_answer_lost(session: Any, queue: str, k: int) -> Any:
+        claimed = original(session, queue, k)
+        if len(lost) < 2 and claimed:
+            lost.append(len(claimed))
+            if len(lost) == 2:  # claimed in the store, the answer lost
+                raise OutcomeUnknown("the answer was lost (test)")
+        return claimed
+
+    monkeypatch.setattr(memory.backend, "claim_from_queue_many", second_answer_lost)
+    caplog.set_level(logging.WARNING, logger="consensus_lease.worker")
+    worked: Counter[str] = Counter()
+
+    def handler(lease: Lease, payload: bytes) -> bytes:
+        worked[lease.job_id] += 1
+        return b"ok"
+
+    stop = threading.Event()
+    timer = threading.Timer(60, stop.set)  # a hang fails the test instead of stalling it
+    timer.start()
+    try:
+        stats = run_worker(memory, "q", handler, until_empty=True, prefetch=4,
+                           fused_claim=False, stop_event=stop, **FAST)
+    finally:
+        timer.cancel()
+    assert stats.stopped_by == "drained" and stats.errors == 0, stats
+    assert len(lost) == 2 and worked == Counter(jobs), (lost, worked)
+    assert _states(memory, jobs) == {"completed": 60}
+    assert any("prefetch claim's outcome was unknown" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
