@@ -578,7 +578,8 @@ class Session:
                 LOST) lease of this session; ``error`` text or an exception, and
                 ``retry_in_s`` seconds (float >= 0) or ``None``, as
                 :meth:`Lease.fail` takes them (``None`` or left out: the delay of the
-                lease's queue's retry policy for its attempt).
+                lease's queue's retry policy for its attempt; the store-wide default
+                policy for a lease claimed by name, whose ``queue`` is ``None``).
 
         Returns:
             Element ``i`` answers ``items[i]``: the job's record after the failure

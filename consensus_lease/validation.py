@@ -190,9 +190,11 @@ def error_text(
     error: object, *, job_id: str | None = None, generation: int | None = None
 ) -> str:
     """The text ``fail()`` records: a str as given (at most :data:`MAX_ERROR_BYTES` of
-    UTF-8, no NUL), an exception as ``"TypeName: message"`` cut to that size."""
+    UTF-8, no NUL), an exception as ``"TypeName: message"`` cut to that size (an
+    exception whose ``str()`` raises or returns a non-str is recorded by its type and
+    what its ``str()`` did, so the failure is still recorded)."""
     if isinstance(error, BaseException):
-        text = f"{type(error).__name__}: {error}".replace("\0", "\\0")
+        text = f"{type(error).__name__}: {_message(error)}".replace("\0", "\\0")
         data = text.encode("utf-8", "replace")[:MAX_ERROR_BYTES]
         return data.decode("utf-8", "ignore")
     if not isinstance(error, str):
@@ -211,3 +213,12 @@ def error_text(
         raise InvalidArgument("error text is not valid Unicode (lone surrogate)",
                               job_id=job_id, generation=generation) from None
     return error
+
+
+def _message(error: BaseException) -> str:
+    """``str(error)``, or what went wrong making it (a broken ``__str__`` in user code
+    must not stop the failure from being recorded)."""
+    try:
+        return str(error)
+    except Exception as exc:  # the user's __str__ raised (or returned a non-str)
+        return f"<str() raised {type(exc).__name__}>"

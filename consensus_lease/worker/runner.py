@@ -86,12 +86,15 @@ def run_worker(
             before this option). A slot that is stopping always uses ``complete``.
             Not used with ``complete_batch`` > 1.
         prefetch: leases each slot claims ahead of the job it works (int, 0 to 256),
-            with non-waiting ``claim_next`` calls on a thread beside the slot's, while
-            its handler runs. They are held (renewed with the session) until worked; one
-            lost first is dropped, never worked (``prefetch_dropped``); a stop still
-            works them, within ``grace_s`` (a release would use up an attempt of a job
-            that never ran), and releases those left when it ends. A completion is fused
-            only when no prefetched lease is ready. 0 (the default): none.
+            on a thread beside the slot's, while its handler runs: one non-waiting
+            ``claim_next_many`` for the free room where the store batches queue claims
+            (``capabilities.max_queue_claim_batch`` > 1: every bundled store), refilled at
+            half of ``prefetch``; else one non-waiting ``claim_next`` per free place.
+            They are held (renewed with the session) until worked; one lost first is
+            dropped, never worked (``prefetch_dropped``); a stop still works them,
+            within ``grace_s`` (a release would use up an attempt of a job that never
+            ran), and releases those left when it ends. A completion is fused only when
+            no prefetched lease is ready. 0 (the default): none.
         complete_batch: most completions a slot sends in one ``session.complete_many``
             (int, 1 to 10,000; the store's ``capabilities.max_complete_batch`` caps it,
             16 where the store sends one completion per item). 1 (the default): each job

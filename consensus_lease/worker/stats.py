@@ -34,7 +34,9 @@ class WorkerStats:
             ended (prefetched and not started, or still running); each used up an
             attempt.
         skipped: claims that raced with a completion or a dead letter (``JobCompleted``,
-            ``JobFailed``).
+            ``JobFailed``), and jobs whose handler ended the lease itself with
+            ``lease.release()`` or ``lease.fail()`` (one it completed itself counts in
+            ``completed``).
         errors: unexpected exceptions below the handler (a bug: logged with its
             traceback; the slot opens a new session and goes on), and worker processes
             that exited with an error or had to be killed after the grace period.
