@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -131,6 +132,11 @@ def parse_positive_seconds(text: str) -> float:
     return value
 
 
+_DECIMAL = re.compile(r"\s*[+-]?[0-9]+\s*")
+"""A decimal integer as the CLI and the environment take it: ASCII digits, an optional
+sign, surrounding blanks."""
+
+
 def parse_count(text: str) -> int:
     """An integer >= 1."""
     return _integer(text, 1)
@@ -142,10 +148,9 @@ def parse_amount(text: str) -> int:
 
 
 def _integer(text: str, least: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise InvalidArgument(f"not an integer: {text!r}") from None
+    if not _DECIMAL.fullmatch(text):  # int() also takes "1_0", "٣" and "+ 1"
+        raise InvalidArgument(f"not an integer: {text!r}")
+    value = int(text)
     if value < least:
         raise InvalidArgument(f"must be >= {least}, not {text!r}")
     return value

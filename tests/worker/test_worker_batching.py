@@ -140,7 +140,7 @@ def test_flags_and_variables(argv: list[str], environ: dict[str, str],
 @pytest.mark.parametrize("argv", [
     ["--prefetch", "-1"], ["--prefetch", "257"], ["--complete-batch", "0"],
     ["--complete-batch", "10001"], ["--complete-flush-s", "soon"],
-    ["--complete-flush-s", "61"],
+    ["--complete-flush-s", "61"], ["--prefetch", "1_0"], ["--complete-batch", "\u0663"],
 ])
 def test_bad_flags_are_refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     parser = argparse.ArgumentParser()
@@ -154,7 +154,7 @@ def test_bad_flags_are_refused(argv: list[str], capsys: pytest.CaptureFixture[st
 @pytest.mark.parametrize(("variable", "value"), [
     ("CONSENSUS_LEASE_PREFETCH", "-2"), ("CONSENSUS_LEASE_PREFETCH", "1000"),
     ("CONSENSUS_LEASE_COMPLETE_BATCH", "0"), ("CONSENSUS_LEASE_COMPLETE_FLUSH_S", "nan"),
-    ("CONSENSUS_LEASE_COMPLETE_FLUSH_S", "120"),
+    ("CONSENSUS_LEASE_COMPLETE_FLUSH_S", "120"), ("CONSENSUS_LEASE_PREFETCH", "1_0"),
 ])
 def test_bad_variables_name_the_variable(variable: str, value: str) -> None:
     with pytest.raises(InvalidArgument, match=variable):
