@@ -14,6 +14,7 @@ __all__ = [
     "MODULE_EXTRAS",
     "install_hint",
     "missing_dependency",
+    "needs_extra",
 ]
 
 DISTRIBUTION = "consensus_lease"
@@ -67,3 +68,15 @@ def missing_dependency(exc: ImportError) -> str | None:
         return None
     top = exc.name.partition(".")[0]
     return None if top == DISTRIBUTION else top
+
+
+def needs_extra(exc: ModuleNotFoundError, extra: str, what: str) -> ModuleNotFoundError:
+    """``exc`` (a library missing while ``what`` was imported) retold with the command that
+    installs ``extra``; the same type and ``name``, so ``except ImportError`` still works.
+    ``exc`` itself when the missing module is part of this package (a broken install)."""
+    missing = missing_dependency(exc)
+    if missing is None:
+        return exc
+    return ModuleNotFoundError(
+        f"{what} needs {missing!r}, which is not installed: {install_hint(extra)}",
+        name=exc.name)

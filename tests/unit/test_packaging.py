@@ -111,6 +111,34 @@ except UnsupportedBackend as exc:
     assert f"pip install 'consensus_lease[{extra}]'" in done.stdout, done.stdout
 
 
+@pytest.mark.parametrize(
+    ("module", "blocked", "extra"),
+    [
+        ("consensus_lease.backends.etcd", ("grpc", "pyetcd"), "etcd"),
+        ("consensus_lease.backends.zookeeper", ("kazoo",), "zookeeper"),
+        ("consensus_lease.backends.postgresql", ("psycopg", "psycopg_pool"), "postgresql"),
+    ],
+)
+def test_importing_a_backend_without_its_client_names_the_extra(
+    module: str, blocked: tuple[str, ...], extra: str
+) -> None:
+    done = run_python(
+        block(*blocked)
+        + """
+import importlib
+try:
+    importlib.import_module(sys.argv[1])
+except ModuleNotFoundError as exc:
+    print(exc.name, "|", exc)
+"""
+        , module,
+    )
+    assert done.returncode == 0, done.stderr
+    name, _, message = done.stdout.partition(" | ")
+    assert name in blocked, done.stdout
+    assert f"pip install 'consensus_lease[{extra}]'" in message, done.stdout
+
+
 def test_cli_without_the_etcd_client_names_the_extra() -> None:
     done = run_python(
         block("grpc", "pyetcd")

@@ -250,6 +250,11 @@ only per-claim state) or the session ends.
 
 from __future__ import annotations
 
-from .driver import EtcdBackend, EtcdClaim, EtcdSession
+from ..._extras import needs_extra
+
+try:
+    from .driver import EtcdBackend, EtcdClaim, EtcdSession
+except ModuleNotFoundError as exc:  # the extra is not installed
+    raise needs_extra(exc, "etcd", "the etcd backend") from exc
 
 __all__ = ["EtcdBackend", "EtcdClaim", "EtcdSession"]

@@ -218,6 +218,11 @@ cannot tell). No psycopg exception escapes.
 """
 
 
-from .driver import PostgresBackend
+from ..._extras import needs_extra
+
+try:
+    from .driver import PostgresBackend
+except ModuleNotFoundError as exc:  # the extra is not installed
+    raise needs_extra(exc, "postgresql", "the PostgreSQL backend") from exc
 
 __all__ = ["PostgresBackend"]

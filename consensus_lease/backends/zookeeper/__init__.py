@@ -451,7 +451,12 @@ Limits worth knowing:
   remembers 16,384 job ids.
 """
 
-from ._transport_kazoo import UntestedKazooWarning
-from .driver import ZooKeeperBackend
+from ..._extras import needs_extra
+
+try:
+    from ._transport_kazoo import UntestedKazooWarning
+    from .driver import ZooKeeperBackend
+except ModuleNotFoundError as exc:  # the extra is not installed
+    raise needs_extra(exc, "zookeeper", "the ZooKeeper backend") from exc
 
 __all__ = ["UntestedKazooWarning", "ZooKeeperBackend"]
