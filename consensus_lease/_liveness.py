@@ -225,6 +225,12 @@ class Liveness:
                     job_id=exc.job_id, generation=exc.generation,
                 ) from exc
             if isinstance(exc, SessionExpired):
+                if self.state is SessionState.CLOSED:  # the store's word, told plainly
+                    raise type(exc)(
+                        f"session {self.handle.session_id} was closed (Session.close()) "
+                        f"before this call: its leases ended in the store then "
+                        f"(the store said: {exc})",
+                        job_id=exc.job_id, generation=exc.generation) from exc
                 self.mark_lost(exc)
             raise
 

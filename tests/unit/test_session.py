@@ -219,3 +219,16 @@ def test_failed_keepalive_is_retried_promptly(
         poll_until(lambda: backend.keepalives >= 4, 5)  # third: 200 ms later, renews
         poll_until(lambda: lease.remaining_s() > 2.5, 5)
         lease.ensure_held()
+
+
+def test_ending_a_lease_after_close_says_the_session_was_closed(store: LeaseStore) -> None:
+    # The store answers SessionExpired (close() ended the session there); the message
+    # says why rather than suggesting the store expired a live session.
+    session = store.session("A", ttl_s=3.0, keepalive=False)
+    first, second = session.claim("j1"), session.claim("j2")
+    session.close()
+    for end in (first.complete, second.release):
+        with pytest.raises(SessionExpired, match=r"was closed \(Session\.close\(\)\)"):
+            end()
+    record = store.get("j1")
+    assert record is not None and record.state.value == "available"  # not completed
