@@ -193,7 +193,10 @@ class Fence(Protocol):
                 token is ALREADY_APPLIED (nothing applied, the token still recorded).
 
         Raises:
-            FenceRejected: a higher token was already accepted; nothing applied.
+            FenceRejected: a higher token was already accepted; nothing applied. The
+                token is checked first: a repeat of an applied effect with a stale token
+                is rejected too (it tells the caller it lost the job, not whether the
+                effect exists).
             InvalidArgument: bad arguments; nothing applied.
         """
         ...

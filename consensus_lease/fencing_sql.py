@@ -257,14 +257,15 @@ class SqlFence:
         Until that transaction ends it holds the resource's token row lock (SQLite: the
         database write lock), so other appliers of the same resource wait.
 
-        A repeat of ``(resource, token, effect_id)`` that was applied before returns
-        ``DUPLICATE`` — even when a higher token has since been accepted (the effect
-        *was* applied; nothing changes).
+        The token check comes first, in both modes, as in :class:`SqliteFence
+        <consensus_lease.SqliteFence>`: a token below the highest accepted raises
+        FenceRejected even for an effect that was applied (the caller no longer holds
+        the job; ``effects()`` tells whether its effect exists). A repeat of
+        ``(resource, token, effect_id)`` at a current token returns ``DUPLICATE``.
 
         With ``once_per_job=True`` the key is ``(resource, effect_id)`` across all
-        tokens and the token check comes first: a stale token raises FenceRejected
-        (even for an effect that was applied: the caller no longer holds the job); a
-        current one whose effect was applied before, by this token or an older one,
+        tokens: a current token whose effect was applied before, by this token or an
+        older one,
         returns ``ALREADY_APPLIED`` and records ``token`` as the highest (fencing out
         older holders: the new holder has acted on the resource).
 
@@ -319,9 +320,7 @@ class SqlFence:
                 highest = self._lock_upsert(conn, resource, token)
             else:
                 highest = self._lock_select(conn, resource, token, always_write=once_per_job)
-            # Default mode: a repeat of the exact key is DUPLICATE even with a stale token.
-            if not once_per_job and self._is_duplicate(conn, resource, token, effect_id):
-                return FenceOutcome.DUPLICATE
+            # The token check comes first, in both modes (as SqliteFence's).
             if highest is not None and self.enforce_tokens and token < highest:
                 raise FenceRejected(
                     rejection_message(resource, token, effect_id, highest),
@@ -329,6 +328,8 @@ class SqlFence:
                     generation=token,
                     highest_seen=highest,
                 )
+            if not once_per_job and self._is_duplicate(conn, resource, token, effect_id):
+                return FenceOutcome.DUPLICATE
             if once_per_job and self._applied_before(conn, resource, effect_id):
                 return FenceOutcome.ALREADY_APPLIED
             conn.execute(

@@ -72,6 +72,10 @@ def test_idempotency_key_makes_retry_a_no_op(fence: SqliteFence) -> None:
     assert fence.apply("job", 3, "charge", b"$10") is FenceOutcome.ACCEPTED
     assert fence.apply("job", 3, "charge", b"$10") is FenceOutcome.DUPLICATE
     assert len(fence.effects()) == 1
+    fence.apply("job", 4, "charge")
+    with pytest.raises(FenceRejected):  # stale: the token check comes first
+        fence.apply("job", 3, "charge", b"$10")
+    assert len(fence.effects()) == 2
 
 
 def test_rejected_effect_changes_nothing(fence: SqliteFence) -> None:
