@@ -305,7 +305,8 @@ def _side(data: dict[str, Any], kind: str, processes: int, *, knobs: bool = Fals
           batch_size: int | None = None) -> dict[str, Any] | None:
     """The W10 side of ``kind`` run in ``processes`` processes, with the runner's knobs
     or without, and (pgqueuer) at ``batch_size``; ``None`` when the run has none."""
-    for side in data.get("sides") or []:
+    sides: list[dict[str, Any]] = data.get("sides") or []
+    for side in sides:
         if side.get("side") != kind or int(side.get("processes", 1)) != processes:
             continue
         if kind == "ours" and bool(side.get("knobs")) != knobs:
@@ -317,7 +318,7 @@ def _side(data: dict[str, Any], kind: str, processes: int, *, knobs: bool = Fals
 
 
 def _jobs_s(side: dict[str, Any]) -> float:
-    value = ((side.get("summary") or {}).get("jobs_s") or {}).get("median")
+    value: Any = ((side.get("summary") or {}).get("jobs_s") or {}).get("median")
     return float(value) if _finite(value) else math.nan
 
 
