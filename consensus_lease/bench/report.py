@@ -328,7 +328,9 @@ def markdown(results: dict[str, Any], goals: list[Goal], plots: list[str]) -> st
                     ([g.backend, g.workload, g.goal, g.target, g.measured,
                       f"**{g.status}**" if g.status == "miss" else g.status, g.note]
                      for g in goals))
-    lines += [FIGURES_NOTE, ""]
+    ran = {key for entry in results["backends"].values() for key in entry.get("workloads", {})}
+    if ran & {"w1_throughput", "w6_peers"}:
+        lines += [FIGURES_NOTE, ""]
     s = meta["sizes"]
     lines += [
         "## W1 — claim+complete cycles/s against the raw client",
