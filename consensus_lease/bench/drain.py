@@ -317,7 +317,7 @@ def _measure(target: Target, sizes: Sizes, safe: str, peers: dict[str, str | Non
         for index, side in enumerate(sides):
             if side["side"].startswith("raw-") or side.get("processes", 1) != 1 \
                     or side.get("knobs") or side.get("batch_size", PGQ_BATCH) != PGQ_BATCH:
-                continue  # one idle worker per library, as configured for throughput
+                continue  # one idle worker per library: ours with no knobs, pgqueuer at 100
             spec = _spec(target, side, f"{safe}_wake{index}", 0, scratch, schemas)
             spec.update(wake_samples=sizes.w10_wake_samples, wake_gap_s=sizes.w10_wake_gap_s)
             wake[side["name"]] = _wake(spec)
