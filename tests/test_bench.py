@@ -94,7 +94,8 @@ def check_measured(data: dict[str, Any], backend: str) -> None:
     assert [r["depth"] for r in w7["rows"]] == list(depths_for(backend, SMOKE))
     assert all(r["cycle_ms"]["n"] > 0 for r in w7["rows"] if "skipped" not in r)
     workloads_with_goals = {g["workload"] for g in data["goals"] if g["backend"] == backend}
-    assert {"W1", "W3", "W4", "W5", "W7"} <= workloads_with_goals
+    assert {"W3", "W4", "W5", "W7"} <= workloads_with_goals
+    assert "W1" not in workloads_with_goals  # a figure: its costs are in its table
 
 
 @pytest.mark.slow
@@ -422,8 +423,8 @@ def one_worker() -> Any:
 
 @pytest.mark.timeout(120)
 def test_w1_reports_spread_cpu_and_requests_per_cycle(one_worker: Any, tmp_path: Path) -> None:
+    from consensus_lease.bench import report
     from consensus_lease.bench.clusters import sqlite_target
-    from consensus_lease.bench.goals import evaluate
     from consensus_lease.bench.report import markdown
     from consensus_lease.bench.workloads import w1_throughput
 
@@ -447,12 +448,12 @@ def test_w1_reports_spread_cpu_and_requests_per_cycle(one_worker: Any, tmp_path:
     assert ours["by_name"].get("INSERT", 0) + ours["by_name"].get("UPDATE", 0) >= 2
 
     results = _sqlite_results(TINY, "w1_throughput", data)
-    (goal,) = evaluate(results)
-    assert goal.workload == "W1" and "[" in goal.measured
-    assert "ms CPU /" in goal.note and "statements per cycle vs raw" in goal.note
-    assert "/ 6.0" in goal.note
-    text = markdown(results, [goal], [])
-    assert "ours requests/cycle" in text and "| sqlite | raw | statements | 6.0 |" in text
+    assert evaluate(results) == []  # a figure, not a goal: its costs are in its table
+    text = markdown(results, [], [])
+    assert "ours client CPU ms/cycle" in text and "ours requests/cycle" in text
+    assert f"| {row['ours_cpu_ms_per_cycle']:.2f} | {row['raw_cpu_ms_per_cycle']:.2f} |" in text
+    assert "| sqlite | raw | statements | 6.0 |" in text
+    assert report.FIGURES_NOTE in text
 
 
 @pytest.mark.timeout(120)
@@ -482,20 +483,30 @@ def test_w6_rates_are_window_medians_with_spread(monkeypatch: pytest.MonkeyPatch
         return peers.Peer(name, library, library == "consensus_lease", opener)
 
     monkeypatch.setattr(peers, "peers_for", lambda target, sizes, prefix: [
-        fake("ours", "consensus_lease", 0.001), fake("slow peer", "tooz", 0.004),
-        fake("raw client", peers.RAW_FLOOR, 0.0005)])
+        fake("ours", "consensus_lease", 0.001), fake("slow peer", "kazoo", 0.004),
+        fake("tooz peer", "tooz", 0.004), fake("raw client", peers.RAW_FLOOR, 0.0005)])
     data = peers.w6_peers(Target("memory", url="memory://"), TINY, "t6")
-    ours, slow, floor = data["peers"]
-    for row in (ours, slow, floor):
+    ours, slow, tooz, floor = data["peers"]
+    for row in (ours, slow, tooz, floor):
         assert row["spread"]["n"] == 2 * 3  # two repeats of three windows
         assert row["spread"]["min"] <= row["cycles_per_s"] <= row["spread"]["max"]
     assert slow["ours_over_peer"] > 1 and slow["ratio_spread"]["n"] == 6
-    # The raw client's row is the ceiling, shown next to the goal, not a goal itself.
-    (goal,) = evaluate({"backends": {"zookeeper": {
-        "available": True, "workloads": {"w6_peers": {**data, "status": "ok"}}}}})
+    # The raw client's row is the ceiling, shown next to the goal, not a goal itself;
+    # tooz is a figure (no goal), its ceiling in W6's table.
+    results = {"meta": {"sizes": dataclasses.asdict(TINY)}, "backends": {"zookeeper": {
+        "available": True, "workloads": {"w6_peers": {**data, "status": "ok"}}}}}
+    (goal,) = evaluate(results)
+    assert goal.goal == "cycles/s vs slow peer"
     assert "[" in goal.measured and goal.status in {"pass", "miss"}
     ceiling = floor["cycles_per_s"] / slow["cycles_per_s"]
     assert f"ceiling: the raw client's 2-request cycle is {ceiling:.2f}x this peer" in goal.note
+    from consensus_lease.bench.report import _w6
+
+    table = "\n".join(_w6(results))
+    assert "raw client / this (the ceiling)" in table
+    tooz_ceiling = floor["cycles_per_s"] / tooz["cycles_per_s"]
+    assert any(line.startswith("| zookeeper | tooz peer |") and
+               f"| {tooz_ceiling:.2f}x |" in line for line in table.splitlines())
 
 
 @pytest.mark.parametrize(("trials", "noted"), [(3, True), (20, False)])

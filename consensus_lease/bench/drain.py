@@ -1,7 +1,9 @@
 """W10: queue drain. ``w10_jobs`` no-op jobs enqueued (batched), then drained by a
 worker; jobs/s over ``w10_rounds`` rounds (median and spread), the sides in turn within
 each round (ours, the raw client's two-request loop, the peers), every job checked done
-exactly once.
+exactly once. On PostgreSQL pgqueuer runs three ways: ``batch_size=100`` (its throughput
+configuration) in 1 and 2 processes, and ``batch_size=1`` in 1 process (one job per
+dequeue: the sequential comparison for ours with one worker and no knobs).
 
 Per side and round (each side a subprocess of its own, :mod:`.drainsides`):
 
@@ -19,7 +21,8 @@ Per side and round (each side a subprocess of its own, :mod:`.drainsides`):
   exited, which flushes their counts; autovacuum's included). The enqueue's connection
   is closed, and its backend gone, before the first snapshot.
 
-Then, per side, the wake-up latency of an idle worker: ``w10_wake_samples`` jobs
+Then, per library (its 1-process side without knobs, pgqueuer at ``batch_size=100``),
+the wake-up latency of an idle worker: ``w10_wake_samples`` jobs
 enqueued one at a time, ``w10_wake_gap_s`` apart; from each enqueue's return to the
 handler's start (p50/p99; the first job, the worker's warm-up, is left out). The raw
 loop has none (it does not wait: it polls).
@@ -133,6 +136,7 @@ class PgServer:
 
 
 def _sides(target: Target, peers: dict[str, str | None]) -> list[dict[str, Any]]:
+    from .drainpeers import PGQ_BATCH
     from .drainsides import runner_knobs
 
     sides: list[dict[str, Any]] = [{"name": "ours, 1 worker", "side": "ours", "processes": 1}]
@@ -148,10 +152,18 @@ def _sides(target: Target, peers: dict[str, str | None]) -> list[dict[str, Any]]
     if target.backend in RAW_LOOPS:
         sides.append({"name": "raw client, 1 worker", "side": f"raw-{target.backend}",
                       "processes": 1})
-    for peer in ("pgqueuer", "procrastinate"):
-        if target.backend == "postgresql" and peers.get(peer):
-            sides.append({"name": f"{peer}, 1 process", "side": peer, "processes": 1})
-            sides.append({"name": f"{peer}, 2 processes", "side": peer, "processes": 2})
+    if target.backend != "postgresql":
+        return sides
+    if peers.get("pgqueuer"):
+        for processes, batch in ((1, 1), (1, PGQ_BATCH), (2, PGQ_BATCH)):
+            noun = "process" if processes == 1 else "processes"
+            sides.append({"name": f"pgqueuer, {processes} {noun}, batch_size={batch}",
+                          "side": "pgqueuer", "processes": processes, "batch_size": batch})
+    if peers.get("procrastinate"):
+        sides.append({"name": "procrastinate, 1 process", "side": "procrastinate",
+                      "processes": 1})
+        sides.append({"name": "procrastinate, 2 processes", "side": "procrastinate",
+                      "processes": 2})
     return sides
 
 
@@ -290,6 +302,8 @@ def w10_drain(target: Target, sizes: Sizes, prefix: str) -> dict[str, Any]:
 
 def _measure(target: Target, sizes: Sizes, safe: str, peers: dict[str, str | None],
              schemas: dict[str, str], server: PgServer | None) -> dict[str, Any]:
+    from .drainpeers import PGQ_BATCH
+
     sides = _sides(target, peers)
     per_side: dict[str, list[dict[str, Any]]] = {s["name"]: [] for s in sides}
     with tempfile.TemporaryDirectory(prefix="clbench-w10-") as scratch:
@@ -302,14 +316,15 @@ def _measure(target: Target, sizes: Sizes, safe: str, peers: dict[str, str | Non
         wake: dict[str, Any] = {}
         for index, side in enumerate(sides):
             if side["side"].startswith("raw-") or side.get("processes", 1) != 1 \
-                    or side.get("knobs"):
-                continue
+                    or side.get("knobs") or side.get("batch_size", PGQ_BATCH) != PGQ_BATCH:
+                continue  # one idle worker per library: ours with no knobs, pgqueuer at 100
             spec = _spec(target, side, f"{safe}_wake{index}", 0, scratch, schemas)
             spec.update(wake_samples=sizes.w10_wake_samples, wake_gap_s=sizes.w10_wake_gap_s)
             wake[side["name"]] = _wake(spec)
     return {"jobs": sizes.w10_jobs, "rounds": sizes.w10_rounds, "peers": peers,
             "sides": [{"name": s["name"], "side": s["side"],
                        "processes": s.get("processes", 1), "knobs": s.get("knobs", {}),
+                       **({"batch_size": s["batch_size"]} if "batch_size" in s else {}),
                        "summary": _summary(per_side[s["name"]]),
                        "rounds": per_side[s["name"]],
                        "wake": wake.get(s["name"])} for s in sides],

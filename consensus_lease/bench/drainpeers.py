@@ -5,8 +5,10 @@ took its job over.
 ==============  =========================================================================
 peer            configured for throughput as its docs say
 ==============  =========================================================================
-pgqueuer        asyncpg, ``QueueManager.run(batch_size=100, mode=drain)``; its tables
-                installed by ``Queries.install()`` in a schema of the run's own
+pgqueuer        asyncpg, ``QueueManager.run(batch_size=100, mode=drain)`` (W10 also runs
+                it with ``batch_size=1``: one job per dequeue, the sequential
+                comparison); its tables installed by ``Queries.install()`` in a schema
+                of the run's own
 procrastinate   ``PsycopgConnector``, ``run_worker_async(concurrency=10, wait=False)``
                 (``listen_notify`` on, the default); its schema applied by
                 ``schema_manager.apply_schema_async()`` in a schema of the run's own
@@ -38,6 +40,9 @@ __all__ = ["PEERS", "fence_ours", "fence_pgqueuer", "fence_procrastinate", "peer
 
 PEERS = ("pgqueuer", "procrastinate")
 PGQ_BATCH = 100
+"""pgqueuer's ``batch_size`` where a W10 side names none: a side's ``batch_size`` key
+picks another (results written before sides recorded it ran every pgqueuer side with
+this one)."""
 PROCRASTINATE_CONCURRENCY = 10
 
 
@@ -130,7 +135,8 @@ async def _pgq_worker(spec: dict[str, Any]) -> list[str]:
         seen.append(bytes(job.payload).decode())
 
     try:
-        await qm.run(batch_size=PGQ_BATCH, mode=QueueExecutionMode.drain)
+        await qm.run(batch_size=int(spec.get("batch_size", PGQ_BATCH)),
+                     mode=QueueExecutionMode.drain)
     finally:
         await conn.close()
     return seen
@@ -235,7 +241,8 @@ async def pgqueuer_wake(spec: dict[str, Any]) -> dict[str, Any]:
         started.set()
 
     queries = Queries(AsyncpgDriver(enqueue_conn))
-    running = asyncio.create_task(qm.run(batch_size=PGQ_BATCH))
+    running = asyncio.create_task(
+        qm.run(batch_size=int(spec.get("batch_size", PGQ_BATCH))))
     try:
         latencies = await _wake_loop(
             spec, lambda i: queries.enqueue(spec["queue"], i.encode(), 0), started, begun)
