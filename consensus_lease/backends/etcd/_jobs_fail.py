@@ -38,6 +38,20 @@ orphan lease that expires the same way.
         put QDIR/p/HEX = S, QDIR/i/S/HEX = ""   (pending again, at the back)
         put QDIR/k/seq = S + 1, put QDIR/k/requeued
 
+``fail_many``: each failure above as one nested transaction of a single transaction per
+chunk (:mod:`._jobs_batch`); the FAILED verdicts of one queue put the failed counter's
+shard of their position (``QDIR/k/failed/NNN``: etcd refuses one key put twice in a
+transaction), which ``queue_stats`` sums. The retry delays take one lease per distinct
+TTL (``ceil(retry_in_s)``), granted before the first transaction and shared by the
+not-before keys of the items of that TTL: a lease's TTL runs from its grant, before any
+transaction, so each job is claimable no earlier than its ``retry_in_s`` after the
+call, as for a lone ``fail``; a TTL per item would cost a grant per item, and one lease
+for the whole call would delay the shorter retries to the longest. A lease no applied
+item uses (all of them refused, or their chunk not applied) is revoked, best effort;
+one an item may use (applied, or ``OutcomeUnknown``, or ``StoreRegressed``) is left to
+expire. The claims without their queue, attempts and limit have them read first, in
+read-only transactions of up to 31 items.
+
 Lost answers: a fail is recognised by its nonce in the error key ``e``, a requeue by its
 nonce in the limit key ``l``; either found means it landed. Otherwise, if the compare
 still holds, the same request is sent again (its compare cannot pass twice).

@@ -19,7 +19,8 @@ revision is the generation's (the token below its epoch bits) and its value is o
                (+ delete v for an election)
 
 ``fail`` is in :mod:`._jobs_fail`; ``complete_many`` (each completion above as one nested
-transaction of a single transaction) in :mod:`._jobs_complete_many`.
+transaction of a single transaction) in :mod:`._jobs_complete_many`; ``release_many``
+(each release above likewise) here, by the batch machinery of :mod:`._jobs_batch`.
 
 A queued job's completion also deletes its pending key in the queue, in the same
 transaction, so ``queue_candidates`` never sees completed jobs. The queue comes from the

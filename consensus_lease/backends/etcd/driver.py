@@ -4,7 +4,8 @@ This module is the glue: each ``Backend`` method delegates to the template's mod
 (:mod:`consensus_lease.backends`): the job operations in :mod:`._jobs` and its parts
 (:mod:`._jobs_claim`, :mod:`._jobs_attempts` for jobs with an attempt limit,
 :mod:`._jobs_claim_many`, :mod:`._jobs_complete_many`, :mod:`._jobs_hold`,
-:mod:`._jobs_fail`, :mod:`._jobs_value`), the records in :mod:`._layout_records`, the
+:mod:`._jobs_fail`, :mod:`._jobs_value`; :mod:`._jobs_batch` for the batches of
+``complete_many``, ``release_many`` and ``fail_many``), the records in :mod:`._layout_records`, the
 work queues in :mod:`._queues` and :mod:`._watches_queue` (batch claims from a queue in
 :mod:`._queues_claim`, the fused completion and claim in :mod:`._queues_fused`). The
 store epoch is in :mod:`._tokens` and :mod:`._tokens_epoch`, the detection of a history
@@ -82,6 +83,7 @@ log = logging.getLogger("consensus_lease.etcd")
 
 T = TypeVar("T")
 Out = TypeVar("Out")
+Item = TypeVar("Item")
 
 MAX_LEASE_TTL_S = 9_000_000_000.0
 """etcd's largest lease TTL (``MaxLeaseTTL``), in seconds."""
@@ -637,12 +639,7 @@ class EtcdBackend(Backend):
             own, such as ``StoreRegressed`` or ``InvalidArgument`` for a session of
             another backend).
         """
-        try:
-            handle = self._handle(session)
-        except LeaseError as exc:
-            return [exc] * len(items)
-        outcomes = _jobs_complete_many.complete_many(self._ops, handle, items)
-        return self._history_checked(handle, outcomes)
+        return self._batch(session, items, _jobs_complete_many.complete_many)
 
     def complete_and_claim_next(
         self, session: SessionHandle, job_id: str, claim: ClaimResult, result: bytes,
@@ -705,6 +702,17 @@ class EtcdBackend(Backend):
         return self._run(session, lambda h: _queues_claim.claim_queued(
             self._ops, h, queue, n))
 
+    def _batch(self, session: SessionHandle, items: Sequence[Item],
+               run: Callable[[Ops, EtcdSession, Sequence[Item]], list[Out]]) -> list[Out]:
+        """``run(ops, handle, items)``, a batch ending of the session's items, its
+        refusals checked by :meth:`_history_checked`; the session's own error (of
+        another backend, ended by a regression) is every item's outcome."""
+        try:
+            handle = self._handle(session)
+        except LeaseError as exc:
+            return cast(list[Out], [exc] * len(items))
+        return self._history_checked(handle, run(self._ops, handle, items))
+
     def _history_checked(self, handle: EtcdSession, outcomes: list[Out]) -> list[Out]:
         """:meth:`_run`'s rule for a batch's refusals: after a ``SessionExpired``, one
         linearizable read of the store's history; then, if the session is over by a
@@ -763,12 +771,7 @@ class EtcdBackend(Backend):
         Raises:
             nothing of its own: each item's error is its outcome.
         """
-        try:
-            handle = self._handle(session)
-        except LeaseError as exc:
-            return [exc] * len(items)
-        outcomes = _jobs_hold.release_many(self._ops, handle, items)
-        return self._history_checked(handle, outcomes)
+        return self._batch(session, items, _jobs_hold.release_many)
 
     def fail_many(
         self, session: SessionHandle, items: Sequence[FailItem]
@@ -794,12 +797,7 @@ class EtcdBackend(Backend):
         Raises:
             nothing of its own: each item's error is its outcome.
         """
-        try:
-            handle = self._handle(session)
-        except LeaseError as exc:
-            return [exc] * len(items)
-        outcomes = _jobs_fail.fail_many(self._ops, handle, items)
-        return self._history_checked(handle, outcomes)
+        return self._batch(session, items, _jobs_fail.fail_many)
 
     def set_value(
         self, session: SessionHandle, job_id: str, claim: ClaimResult, value: bytes
