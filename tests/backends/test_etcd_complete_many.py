@@ -278,7 +278,8 @@ def test_fail_many_is_one_transaction_with_one_delay_lease_per_distinct_ttl(
     store: LeaseStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """FAILED verdicts of one queue bump the failed counter's shards (etcd refuses one
-    key put twice); the retry delays of 3 s (twice) and 5 s take two leases."""
+    key put twice); the retry delays of 30 s (twice), 60 s and 45 s take three leases,
+    and the one only the refused item would have used is revoked."""
     with store.session("A", 30) as a, store.session("B", 30) as b:
         store.enqueue_many("f", [EnqueueItem(f"f-{i}", b"", 1 if i < 3 else 3)
                                  for i in range(8)])
@@ -287,11 +288,11 @@ def test_fail_many_is_one_transaction_with_one_delay_lease_per_distinct_ttl(
         current = _stale_one(store, a, b, leases[3])
         sent = Sent(store, monkeypatch)
         out = a.fail_many([(leases[0], "e0"), (leases[1], "e1"), (leases[2], "e2"),
-                           (leases[3], "e3", 3.0), (leases[4], "e4", 3.0),
-                           (leases[5], "e5", 2.5), (leases[6], "e6", 5.0),
+                           (leases[3], "e3", 45.0), (leases[4], "e4", 30.0),
+                           (leases[5], "e5", 29.5), (leases[6], "e6", 60.0),
                            (leases[7], "e7", 0.0)])
         assert sent.writes == ["failure of 8 jobs"]
-        assert sorted(sent.attempts) == ["LeaseGrant", "LeaseGrant", "Txn"]
+        assert sorted(sent.attempts) == ["LeaseGrant"] * 3 + ["LeaseRevoke", "Txn"]
         assert isinstance(out[3], StaleLeaseError) and out[3].current_generation == current
         records = [r for r in out if isinstance(r, LeaseRecord)]
         assert [(r.job_id, r.state, r.error) for r in records] == [
