@@ -127,10 +127,12 @@ class Capabilities:
             round trip (or more) each.
         max_end_batch: most leases one :meth:`Backend.release_many` or
             :meth:`Backend.fail_many` call ends; the session splits longer lists. A field
-            of its own, not ``max_complete_batch``: etcd and ZooKeeper complete many
-            jobs per round trip but release and fail them one by one. Memory decides a
+            of its own, not ``max_complete_batch``: ZooKeeper completes many
+            jobs per round trip but releases and fails them one by one. Memory decides a
             call under its lock, SQLite in one ``BEGIN IMMEDIATE`` transaction,
-            PostgreSQL in one statement. 1 means no batching (etcd, ZooKeeper): the
+            PostgreSQL in one statement, etcd in one transaction of nested release or
+            fail transactions (each with its own compares) per 100 items. 1 means no
+            batching (ZooKeeper): the
             defaults send one :meth:`Backend.release` / :meth:`Backend.fail` per item.
     """
 

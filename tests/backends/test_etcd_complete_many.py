@@ -1,10 +1,13 @@
-"""etcd's native ``complete_many``: a batch is one transaction holding a nested
-transaction per item (each with its own compares), a stale item is refused alone, the
-completed counter is sharded by the item's position in the batch and ``queue_stats``
-sums the shards; lost answers, ``--max-txn-ops`` and large results split it.
+"""etcd's native ``complete_many``, ``release_many`` and ``fail_many``: a batch is one
+transaction holding a nested transaction per item (each with its own compares), a stale
+item is refused alone, the completed (failed) counter is sharded by the item's position
+in the batch and ``queue_stats`` sums the shards; lost answers are settled by reading
+back, ``--max-txn-ops`` and large results split it; ``fail_many``'s retry delays take a
+lease per distinct TTL.
 
 The rules every backend shares are in the conformance suite (``test_complete_many_*``,
-run on etcd by ``test_etcd_conformance.py``). One local member (exact revisions).
+``conformance_ending``, run on etcd by ``test_etcd_conformance.py``). One local member
+(exact revisions).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import pytest
 from etcd_local import LocalEtcd, Sent, backend_of, local_members, lose_answers
 from pyetcd import etcdrpc
 
-from consensus_lease import JobState, LeaseStore, open_store
+from consensus_lease import EnqueueItem, JobState, LeaseStore, open_store
 from consensus_lease.backends.etcd._tokens_history import Mark
 from consensus_lease.backends.etcd._transport_txn_limit import TxnLimit
 from consensus_lease.errors import StaleLeaseError, StoreRegressed
@@ -193,13 +196,20 @@ def small_txn_server() -> Iterator[LocalEtcd]:
     yield from local_members(size=1, base=95, extra_args=("--max-txn-ops", str(SMALL_TXN_OPS)))
 
 
+@pytest.fixture
+def small_store(small_txn_server: LocalEtcd) -> Iterator[LeaseStore]:
+    url = small_txn_server.url_with_prefix(f"small-{uuid.uuid4().hex[:8]}")
+    with open_store(url) as store:
+        yield store
+
+
 def test_a_server_allowing_fewer_operations_gets_smaller_batches(
-    small_txn_server: LocalEtcd, monkeypatch: pytest.MonkeyPatch
+    small_store: LeaseStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The first batch is refused as too large for ``--max-txn-ops`` (nothing applied);
     the limit is learnt and the batch split into transactions that fit it."""
-    url = small_txn_server.url_with_prefix(f"small-{uuid.uuid4().hex[:8]}")
-    with open_store(url) as store, store.session("A", 30) as a:
+    store = small_store
+    with store.session("A", 30) as a:
         leases = _queued(store, a, "q", 30)  # the claims taught the driver the limit:
         ops = backend_of(store)._ops
         monkeypatch.setattr(ops, "txn_limit", TxnLimit())  # forget it
@@ -227,3 +237,126 @@ def test_a_history_gone_back_refuses_every_item_of_the_batch(store: LeaseStore) 
     again = store.backend.complete_many(
         a.handle, [(lease.job_id, lease.claim_result, b"") for lease in leases])
     assert all(isinstance(r, StoreRegressed) for r in again), again
+
+
+# -- release_many and fail_many: the same machinery (_jobs_batch) -------------------------
+
+
+def _stale_one(store: LeaseStore, a: Session, b: Session, lease: Lease) -> int:
+    """Make ``lease`` stale (released, claimed by ``b``); the newer generation."""
+    store.backend.release(a.handle, lease.job_id, lease.claim_result)
+    newer = b.claim(lease.job_id)
+    assert newer is not None
+    return newer.generation
+
+
+def test_release_many_is_one_transaction_and_a_stale_item_is_refused_alone(
+    store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with store.session("A", 30) as a, store.session("B", 30) as b:
+        leases = _queued(store, a, "q", 6)
+        current = _stale_one(store, a, b, leases[2])
+        sent = Sent(store, monkeypatch)
+        out = a.release_many(leases)
+        assert sent.writes == ["release of 6 jobs"] and sent.attempts == ["Txn"]
+        assert isinstance(out[2], StaleLeaseError)
+        assert out[2].current_generation == current
+        assert [o for i, o in enumerate(out) if i != 2] == [None] * 5
+        history = _keys(store)
+        released = [history[lease.job_id.encode().hex().encode() + b"/h"]
+                    for lease in leases if lease is not leases[2]]
+        assert len({kv.mod_revision for kv in released}) == 1  # one transaction
+        stats = store.queue_stats("q")
+        assert (stats.available, stats.held, stats.completed) == (5, 1, 0)
+        again = [b.claim(lease.job_id) for lease in leases if lease is not leases[2]]
+        assert all(x is not None and x.generation > lease.generation
+                   for x, lease in zip(again, [le for le in leases if le is not leases[2]],
+                                       strict=True))
+
+
+def test_fail_many_is_one_transaction_with_one_delay_lease_per_distinct_ttl(
+    store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FAILED verdicts of one queue bump the failed counter's shards (etcd refuses one
+    key put twice); the retry delays of 30 s (twice), 60 s and 45 s take three leases,
+    and the one only the refused item would have used is revoked."""
+    with store.session("A", 30) as a, store.session("B", 30) as b:
+        store.enqueue_many("f", [EnqueueItem(f"f-{i}", b"", 1 if i < 3 else 3)
+                                 for i in range(8)])
+        leases = [x for x in a.claim_many([f"f-{i}" for i in range(8)]) if x is not None]
+        assert len(leases) == 8
+        current = _stale_one(store, a, b, leases[3])
+        sent = Sent(store, monkeypatch)
+        out = a.fail_many([(leases[0], "e0"), (leases[1], "e1"), (leases[2], "e2"),
+                           (leases[3], "e3", 45.0), (leases[4], "e4", 30.0),
+                           (leases[5], "e5", 29.5), (leases[6], "e6", 60.0),
+                           (leases[7], "e7", 0.0)])
+        assert sent.writes == ["failure of 8 jobs"]
+        assert sorted(sent.attempts) == ["LeaseGrant"] * 3 + ["LeaseRevoke", "Txn"]
+        assert isinstance(out[3], StaleLeaseError) and out[3].current_generation == current
+        records = [r for r in out if isinstance(r, LeaseRecord)]
+        assert [(r.job_id, r.state, r.error) for r in records] == [
+            (f"f-{i}", JobState.FAILED if i < 3 else JobState.AVAILABLE, f"e{i}")
+            for i in (0, 1, 2, 4, 5, 6, 7)]
+        assert [r.not_before is None for r in records] == [True] * 3 + [False] * 3 + [True]
+        backend = backend_of(store)
+        delayed = [_keys(store)[f"f-{i}".encode().hex().encode() + b"/n"] for i in (4, 5, 6)]
+        assert delayed[0].lease == delayed[1].lease != delayed[2].lease  # shared by TTL
+        stats = store.queue_stats("f")
+        assert (stats.available, stats.held, stats.failed) == (4, 1, 3)
+        qdir = b"q/" + b"f".hex().encode() + b"/k/"
+        counters = sorted(k for k in _keys(store, qdir) if k.startswith(qdir + b"failed"))
+        assert counters == [qdir + b"failed", qdir + b"failed/001", qdir + b"failed/002"]
+        assert b.claim("f-7") is not None  # no delay
+        assert b.claim("f-4") is None  # its delay runs
+        assert backend.get("f-0") is not None and backend.get("f-0").state is JobState.FAILED
+
+
+@pytest.mark.parametrize("applied", [True, False], ids=["landed", "not-landed"])
+def test_release_many_and_fail_many_settle_a_lost_answer_by_reading_back(
+    store: LeaseStore, monkeypatch: pytest.MonkeyPatch, applied: bool
+) -> None:
+    """Landed: each item's release marker / error nonce settles it, nothing is sent
+    again. Not landed: the items are still held, the same transaction is sent again."""
+    with store.session("A", 30) as a:
+        released, failed = _queued(store, a, "r", 4), _queued(store, a, "x", 4)
+        for leases, call in ((released, lambda ls: a.release_many(ls)),
+                             (failed, lambda ls: a.fail_many([(le, "boom", 0.0)
+                                                              for le in ls]))):
+            dropped = lose_answers(store, monkeypatch, applied=applied)
+            sent = Sent(store, monkeypatch)
+            out = call(leases)
+            assert len(dropped) == 1 and dropped[0].endswith(" of 4 jobs")
+            assert len(sent.writes) == (1 if applied else 2)  # landed: read back only
+            assert all(o is None or isinstance(o, LeaseRecord) for o in out), out
+            monkeypatch.undo()
+        stats = store.queue_stats("r"), store.queue_stats("x")
+        assert [(s.available, s.held) for s in stats] == [(4, 0), (4, 0)]
+        records = [store.get(lease.job_id) for lease in failed]
+        assert all(r is not None and r.error == "boom" for r in records)
+        again = store.backend.release_many(
+            a.handle, [(lease.job_id, lease.claim_result) for lease in released])
+        assert all(isinstance(o, StaleLeaseError) for o in again)  # not a repeat
+
+
+def test_release_many_and_fail_many_split_to_a_smaller_max_txn_ops(
+    small_store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each a chunk over the server's ``--max-txn-ops``, refused whole (nothing
+    applied); the limit is learnt and the items sent in transactions that fit it."""
+    store = small_store
+    with store.session("A", 30) as a:
+        released, failed = _queued(store, a, "r", 30), _queued(store, a, "x", 30)
+        ops = backend_of(store)._ops
+        monkeypatch.setattr(ops, "txn_limit", TxnLimit())  # forget what the claims taught
+        sent = Sent(store, monkeypatch)
+        assert a.release_many(released) == [None] * 30
+        # 30 refused; then 21 + 3 (a nested release: 2 compares, 3 writes) = 24, and 9.
+        assert sent.writes == [f"release of {n} jobs" for n in (30, 21, 9)]
+        assert ops.txn_limit.max_ops == SMALL_TXN_OPS
+        sent.clear()
+        out = a.fail_many([(lease, "no", 0.0) for lease in failed])
+        assert all(isinstance(r, LeaseRecord) for r in out)
+        assert sent.writes == [f"failure of {n} jobs" for n in (20, 10)]  # 20 + 4 writes
+        stats = store.queue_stats("r"), store.queue_stats("x")
+        assert [(s.available, s.held) for s in stats] == [(30, 0), (30, 0)]

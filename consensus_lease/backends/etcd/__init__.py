@@ -4,7 +4,8 @@ A worker session is one etcd **lease**; every job it claims is an *owner key* at
 to that lease, so one keepalive renews them all and a revoked or expired lease drops
 them all at once. Claim, complete, release and fail are each decided by **one
 transaction** in which etcd compares the owner key (``complete_many`` decides up to 100
-completions in one, ``claim_next_many`` up to 100 claims, a nested transaction with its
+completions in one, ``release_many`` and ``fail_many`` up to 100 releases or failures,
+``claim_next_many`` up to 100 claims, a nested transaction with its
 own compares per job, and ``complete_and_claim_next`` a completion with the next claim
 nested in it; a claim of a job with an attempt limit sends a second; a fail with a
 retry delay grants that delay's lease first; see below); the fencing token (generation)
@@ -127,6 +128,25 @@ need at most 111 of the default 128; a server allowing fewer gets smaller chunks
 learnt from its first refusal) and to 1 MiB of nested transactions (under the default
 ``--max-request-bytes``); a claim whose handle does not know the job's queue has its
 queue marker read first, for all such items in one read.
+
+``release_many`` and ``fail_many`` (``max_end_batch`` 100) are the same protocol
+(:mod:`._jobs_batch`, which ``complete_many`` uses too): one transaction per chunk, a
+nested transaction per item that is the item's lone ``release`` or ``fail``
+transaction, with its compares, so a stale item is refused alone while the others
+apply; cut to ``--max-txn-ops`` (a release needs at most 103 operations for 100 items,
+a failure 108) and 1 MiB; a lost answer settled by reading each item's owner key and
+its release marker (history key) or error nonce back, the same transaction re-sent
+only if every item is still held (its compares cannot pass twice). A release puts no
+shared key; FAILED verdicts of one queue in one ``fail_many`` put the failed counter's
+shards ``PREFIX/q/QHEX/k/failed/NNN`` by position, summed by ``queue_stats`` like the
+completed counter's (a driver of an earlier version counts only ``k/failed``). The
+retry delays of a ``fail_many`` call take **one lease per distinct TTL**
+(``ceil(retry_in_s)``, granted before the first transaction, one ``LeaseGrant`` round
+trip each) shared by the not-before keys of the items of that TTL: each job is
+claimable when that lease expires, so never earlier than its ``retry_in_s`` after the
+call, as with ``fail``; a lease no applied item uses is revoked. Claims without their
+queue (or, for ``fail_many``, attempts and limit) have them read first, in read-only
+transactions of up to 125 reads.
 
 ``claim_from_queue_many`` (``claim_next_many``, ``max_queue_claim_batch`` 100; see
 :mod:`._queues_claim`) is ``claim_next``'s scan (read-only), then **one transaction**

@@ -19,7 +19,8 @@ revision is the generation's (the token below its epoch bits) and its value is o
                (+ delete v for an election)
 
 ``fail`` is in :mod:`._jobs_fail`; ``complete_many`` (each completion above as one nested
-transaction of a single transaction) in :mod:`._jobs_complete_many`.
+transaction of a single transaction) in :mod:`._jobs_complete_many`; ``release_many``
+(each release above likewise) here, by the batch machinery of :mod:`._jobs_batch`.
 
 A queued job's completion also deletes its pending key in the queue, in the same
 transaction, so ``queue_candidates`` never sees completed jobs. The queue comes from the
@@ -34,21 +35,24 @@ queue marker, release in one read first.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pyetcd import etcdrpc
 
+from ...backend import ReleaseItem
 from ...errors import LeaseError
 from ...record import ClaimResult, JobState, LeaseRecord
 from . import _transport_requests as rq
 from ._jobs import Ops, Settled, refusal
+from ._jobs_batch import MAX_END_BATCH, end_many, read_queues
 from ._layout import Completion, History, JobKeys, LastError, queue_of
 from ._layout_records import Lifecycle
 from ._sessions import EtcdClaim, EtcdSession
 from ._tokens import split
 
-__all__ = ["Completing", "check_held", "complete", "completing", "release"]
+__all__ = ["Completing", "Releasing", "check_held", "complete", "completing", "release",
+           "release_many", "releasing"]
 
 
 def check_held(ops: Ops, handle: EtcdSession, job_id: str,
@@ -170,6 +174,22 @@ class Completing:
         """Whether the owner key read back is still this claim's (not applied yet)."""
         return self.ops.held_by(self.handle, owner_kv, self.generation, self.known)
 
+    @property
+    def back(self) -> tuple[bytes, ...]:
+        """The keys a batch reads back after a lost answer (:mod:`._jobs_batch`)."""
+        keys = self.keys
+        return (keys.owner, keys.completion, keys.attempts, keys.error, keys.limit)
+
+    def from_keys(self, kvs: list[Any]) -> LeaseRecord:
+        """The outcome from the :attr:`back` key-values, the batch not (or no longer)
+        pending: this session's completion record at its generation, else the refusal
+        (raised)."""
+        owner_kv, completion_kv, attempts_kv, error_kv, limit_kv = kvs
+        done = self.ours(completion_kv)
+        if done is not None:
+            return self.completed(done, Lifecycle.of(attempts_kv, error_kv, limit_kv))
+        raise self.refused(owner_kv, completion_kv)
+
     def refused(self, owner_kv: Any, completion_kv: Any) -> LeaseError:
         """The error for a refused completion (:func:`~._jobs.refusal`)."""
         return refusal(self.ops, self.handle, self.keys, self.generation, owner_kv,
@@ -209,9 +229,10 @@ class Completing:
         more round trip, on that rare path only)."""
         return self.completed(done, _lifecycle(self.ops, self.keys))
 
-    def answered(self, answer: Any) -> LeaseRecord:
+    def answered(self, answer: Any, resent: bool = False) -> LeaseRecord:
         """The record from the completion's transaction response ``answer`` (top-level
-        or nested): its own reads, or a repeat's record (read again).
+        or nested): its own reads, or a repeat's record (read again; a repeat is
+        recognised whether ``resent`` or not).
 
         Raises:
             StaleLeaseError / SessionExpired: refused, and not a repeat.
@@ -295,52 +316,133 @@ def _lifecycle(ops: Ops, keys: JobKeys) -> Lifecycle:
 
 def release(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult) -> None:
     """See :meth:`EtcdBackend.release <consensus_lease.backends.etcd.EtcdBackend.release>`."""
-    known = EtcdClaim.of(claim, handle, job_id)
-    generation = claim.generation
-    keys = ops.layout.job(job_id)
-    nonce = "" if known is None else known.claim_nonce
-    marker = handle.release_marker(nonce, generation)
-    what = f"release of {job_id!r} generation {generation}"
-    queue = None if known is None else known.queue
-    if known is None or not known.queue_known:
-        marker_kv, owner_kv = ops.read_keys([keys.queue, keys.owner], f"reading {job_id!r}",
+    item = releasing(ops, handle, job_id, claim)
+    if item.known is None or not item.known.queue_known:
+        marker_kv, owner_kv = ops.read_keys([item.keys.queue, item.keys.owner],
+                                            f"reading {job_id!r}",
                                             time.monotonic() + ops.config.timeout_s, job_id)
-        queue = queue_of(marker_kv)
-        if known is None:
-            ops.check_epoch(keys, generation, owner_kv, what)
-    request = _release_request(ops, handle, keys, generation, known, queue, marker)
-    resent = False
+        item.queue = queue_of(marker_kv)
+        if item.known is None:
+            ops.check_epoch(item.keys, item.generation, owner_kv, item.what)
+    item.send()
+    if item.queue is not None:
+        ops.queues.forget_cursor(item.queue)  # its place is at the front: scan from there
 
-    def is_marker(history_kv: Any) -> bool:
+
+def release_many(ops: Ops, handle: EtcdSession,
+                 items: Sequence[ReleaseItem]) -> list[LeaseError | None]:
+    """See :meth:`EtcdBackend.release_many
+    <consensus_lease.backends.etcd.EtcdBackend.release_many>`: one transaction per chunk
+    of nested release transactions (:mod:`._jobs_batch`); each item's outcome in its
+    place (``None``: released)."""
+    outcomes: list[Any] = [None] * len(items)
+    batch: list[tuple[int, Releasing]] = []
+    for index, (job_id, claim) in enumerate(items):
+        try:
+            batch.append((index, releasing(ops, handle, job_id, claim)))
+        except LeaseError as exc:
+            outcomes[index] = exc
+    ready = read_queues(ops, batch, outcomes)
+    end_many(ops, ready, outcomes, "release", MAX_END_BATCH)
+    for queue in {item.queue for _, item in ready if item.queue is not None}:
+        ops.queues.forget_cursor(queue)  # released jobs keep their place at the front
+    return outcomes
+
+
+def releasing(ops: Ops, handle: EtcdSession, job_id: str, claim: ClaimResult) -> Releasing:
+    """The release of ``job_id`` by ``claim``, not sent yet; its queue as the claim read
+    it (``None`` when it did not read it: read first).
+
+    Raises:
+        InvalidArgument: ``claim.handle`` is not an :class:`EtcdClaim`.
+    """
+    known = EtcdClaim.of(claim, handle, job_id)
+    return Releasing(ops, handle, ops.layout.job(job_id), claim.generation, known,
+                     None if known is None else known.queue)
+
+
+class Releasing:
+    """One release being decided (see the module docstring): :meth:`send` sends it
+    alone (:func:`release`), :mod:`._jobs_batch` many as the nested transactions of
+    one (:func:`release_many`). Its outcome is ``None`` (released), or raised. A lost
+    answer is settled by the release marker in the history key (this session, the
+    claim's nonce and generation)."""
+
+    def __init__(self, ops: Ops, handle: EtcdSession, keys: JobKeys, generation: int,
+                 known: EtcdClaim | None, queue: str | None) -> None:
+        self.ops, self.handle, self.keys, self.known = ops, handle, keys, known
+        self.generation, self.queue = generation, queue
+        self.nonce = "" if known is None else known.claim_nonce
+        self.what = f"release of {keys.job_id!r} generation {generation}"
+
+    @property
+    def back(self) -> tuple[bytes, ...]:
+        """The keys read back after a lost answer (and by the ``else`` branch)."""
+        return (self.keys.owner, self.keys.history, self.keys.completion)
+
+    def fill(self, request: Any, position: int = 0) -> None:
+        """Write the release's transaction into the empty ``request`` (it puts no
+        counter: ``position`` is not used)."""
+        _fill_release(request, self.ops, self.handle, self.keys, self.generation,
+                      self.known, self.queue,
+                      self.handle.release_marker(self.nonce, self.generation))
+
+    def is_marker(self, history_kv: Any) -> bool:
+        """Whether the history key read is this release's marker."""
         if history_kv is None:
             return False
-        mine = History(None, handle.session_id, nonce, generation, released=True)
+        mine = History(None, self.handle.session_id, self.nonce, self.generation,
+                       released=True)
         return History.decode(history_kv.value, history_kv.key) == mine
 
-    def decide(kvs: list[Any]) -> Settled | None:
-        nonlocal resent
+    def held(self, owner_kv: Any) -> bool:
+        """Whether the owner key read back is still this claim's (not applied yet)."""
+        return self.ops.held_by(self.handle, owner_kv, self.generation, self.known)
+
+    def from_keys(self, kvs: list[Any]) -> None:
+        """After a lost answer, the batch not pending: released if the marker is ours.
+
+        Raises:
+            StaleLeaseError / SessionExpired: not released by this claim.
+        """
         owner_kv, history_kv, completion_kv = kvs
-        if is_marker(history_kv):
+        if self.is_marker(history_kv):
+            return
+        raise refusal(self.ops, self.handle, self.keys, self.generation, owner_kv,
+                      completion_kv, self.what)
+
+    def answered(self, answer: Any, resent: bool) -> None:
+        """From the (nested) answer: released, or (refused) released by the first copy
+        of a transaction ``resent`` after a lost answer; else raise the refusal."""
+        if answer.succeeded:
+            return
+        owner_kv, history_kv, completion_kv = (rq.kv_of(r) for r in answer.responses)
+        if resent and self.is_marker(history_kv):  # the first copy landed before
+            return
+        raise refusal(self.ops, self.handle, self.keys, self.generation, owner_kv,
+                      completion_kv, self.what)
+
+    def send(self) -> None:
+        """Send the release alone (a copy of the last kept request for this job and
+        queue), a lost answer settled by reading back."""
+        request = _release_request(self.ops, self.handle, self.keys, self.generation,
+                                   self.known, self.queue,
+                                   self.handle.release_marker(self.nonce, self.generation))
+        resent = False
+
+        def decide(kvs: list[Any]) -> Settled | None:
+            nonlocal resent
+            if self.held(kvs[0]) and not self.is_marker(kvs[1]):
+                resent = True
+                return None  # not applied: send again
+            self.from_keys(kvs)
             return Settled(None)
-        if ops.held_by(handle, owner_kv, generation, known):
-            resent = True
-            return None  # not applied: send again
-        raise refusal(ops, handle, keys, generation, owner_kv, completion_kv, what)
 
-    def read_back(deadline: float) -> list[Any]:
-        return ops.read_keys((keys.owner, keys.history, keys.completion),
-                             f"reading back {what}", deadline, job_id)
-
-    answer = ops.send_guarded(request, what, job_id=job_id, generation=generation,
-                              read_back=read_back, decide=decide)
-    if queue is not None:
-        ops.queues.forget_cursor(queue)  # its place is at the front: scan from there
-    if isinstance(answer, Settled) or answer.succeeded:
-        return
-    owner_kv, history_kv, completion_kv = (rq.kv_of(r) for r in answer.responses)
-    if resent and is_marker(history_kv):  # the first copy landed before the re-send
-        return
-    raise refusal(ops, handle, keys, generation, owner_kv, completion_kv, what)
+        answer = self.ops.send_guarded(request, self.what, job_id=self.keys.job_id,
+                                       generation=self.generation, read_back=self.back,
+                                       decide=decide)
+        if not isinstance(answer, Settled):
+            self.answered(answer, resent)
 
 
 def _release_request(ops: Ops, handle: EtcdSession, keys: JobKeys, generation: int,
@@ -359,6 +461,18 @@ def _release_request(ops: Ops, handle: EtcdSession, keys: JobKeys, generation: i
         request.success[1].request_put.value = marker
         return request
     request = etcdrpc.TxnRequest()
+    _fill_release(request, ops, handle, keys, generation, known, queue, marker)
+    if key is not None:
+        ops.kept_release.keep(key, request)
+    return request
+
+
+def _fill_release(request: Any, ops: Ops, handle: EtcdSession, keys: JobKeys,
+                  generation: int, known: EtcdClaim | None, queue: str | None,
+                  marker: bytes) -> None:
+    """Write the release transaction into the empty ``request``: the ownership
+    compares; delete the owner key (and the held marker, the value key), put
+    ``marker``; else read the owner, history and completion keys."""
     ops.add_holds(request.compare, handle, keys, generation, known)
     success = request.success
     rq.add_delete(success, keys.owner)
@@ -369,6 +483,3 @@ def _release_request(ops: Ops, handle: EtcdSession, keys: JobKeys, generation: i
         success.extend(ops.ending(keys))
     for read in (keys.owner, keys.history, keys.completion):
         rq.add_get(request.failure, read)
-    if key is not None:
-        ops.kept_release.keep(key, request)
-    return request

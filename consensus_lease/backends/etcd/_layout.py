@@ -111,11 +111,12 @@ key              value   meaning
 ``QDIR/k/done``  empty   counters kept by the version of a key that a
 ``QDIR/k/failed``        transaction puts blindly (no compare, so concurrent
 ``QDIR/k/requeued``      writers never conflict): completions, FAILED
-                         verdicts, requeues. The completions of one
-                         ``complete_many`` transaction at positions 1 and up
-                         put the shards ``QDIR/k/done/NNN`` instead (etcd
-                         refuses a transaction putting one key twice);
-                         ``queue_stats`` sums them with ``done``.
+                         verdicts, requeues. The items of one
+                         ``complete_many`` (``fail_many``) transaction at
+                         positions 1 and up put the shards
+                         ``QDIR/k/done/NNN`` (``QDIR/k/failed/NNN``) instead
+                         (etcd refuses a transaction putting one key twice);
+                         ``queue_stats`` sums them with ``done`` (``failed``).
 ``QDIR/k/purged`` N/B    jobs and payload bytes purged (compared and rewritten
                          by purge).
 ``QDIR/k/base``  JSON    completed and FAILED jobs an upgrade from the first
@@ -376,18 +377,26 @@ class QueueKeys:
         return self.base + COUNTERS + name.encode("ascii")
 
     def done(self, position: int) -> bytes:
-        """The completed counter a completion bumps (a put: its version counts): the
-        one of a transaction's ``position`` (0 to ``max_complete_batch`` - 1) among the
-        completions of one ``complete_many`` transaction, which must each put a key of
-        their own: ``QDIR/k/done`` for position 0 (a lone completion), its shard
-        ``QDIR/k/done/NNN`` (three digits) for the others."""
-        return self.counter("done") + (b"/%03d" % position if position else b"")
+        """The completed counter a completion bumps: :meth:`shard` of ``done``."""
+        return self.shard("done", position)
+
+    def shard(self, name: str, position: int) -> bytes:
+        """The counter ``name`` (``done``, ``failed``) an item bumps (a put: its version
+        counts): the one of a transaction's ``position`` (0 to 999) among the items of
+        one batch transaction (``complete_many``, ``fail_many``), which must each put a
+        key of their own: ``QDIR/k/NAME`` for position 0 (a lone operation), its shard
+        ``QDIR/k/NAME/NNN`` (three digits) for the others."""
+        return self.counter(name) + (b"/%03d" % position if position else b"")
 
     @property
     def done_shards(self) -> tuple[bytes, bytes]:
-        """``(key, range_end)`` of the completed counter's shards (:meth:`done` of
+        """``(key, range_end)`` of the completed counter's shards."""
+        return self.shards("done")
+
+    def shards(self, name: str) -> tuple[bytes, bytes]:
+        """``(key, range_end)`` of the counter ``name``'s shards (:meth:`shard` of
         positions 1 and up)."""
-        start = self.counter("done/")
+        start = self.counter(name + "/")
         return start, prefix_range_end(start)
 
 

@@ -53,7 +53,8 @@ transaction each put a key of their own: the one at position ``i`` of the batch 
 shard ``QDIR/k/done/NNN`` (``i`` > 0; at most ``max_complete_batch`` - 1 of them), the
 first (and every lone completion) ``QDIR/k/done`` itself; the completed count is the sum
 of their versions (a queue without shards, as every queue before batched completions
-had, reads as before: no upgrade step). Purge rewrites
+had, reads as before: no upgrade step). The FAILED verdicts of one ``fail_many``
+transaction are sharded the same way (``QDIR/k/failed/NNN``). Purge rewrites
 ``QDIR/k/purged`` under a compare; held jobs are counted by their held markers
 ``QDIR/h/HEX``, which live on the holder's lease (an expiry deletes them with the owner
 key, in the same revision). ``queue_stats`` reads all of them in one read-only
@@ -324,19 +325,20 @@ def stats(ops: Ops, queue: str) -> QueueStats:
     qkeys = ops.layout.queue(queue)
     names = ("seq", "base", "done", "failed", "requeued", "purged")
     start, end = qkeys.helds
-    shards, shards_end = qkeys.done_shards
     reads = [rq.get(qkeys.counter(n)) for n in names]
     reads.append(etcdrpc.RequestOp(request_range=etcdrpc.RangeRequest(
         key=start, range_end=end, limit=64)))
-    reads.append(etcdrpc.RequestOp(request_range=etcdrpc.RangeRequest(
-        key=shards, range_end=shards_end, keys_only=True)))
+    for counted in ("done", "failed"):
+        shard, shards_end = qkeys.shards(counted)
+        reads.append(etcdrpc.RequestOp(request_range=etcdrpc.RangeRequest(
+            key=shard, range_end=shards_end, keys_only=True)))
     probe = not ops.queues.is_current(queue)
     if probe:
         reads.append(_probe(qkeys))
     answer = ops.read(rq.txn(success=reads), f"counting the jobs of queue {queue!r}")
     seq_kv, base_kv, done_kv, failed_kv, requeued_kv, purged_kv = (
         rq.kv_of(r) for r in answer.responses[:6])
-    if not _checked(ops, qkeys, seq_kv, answer.responses[8] if probe else None):
+    if not _checked(ops, qkeys, seq_kv, answer.responses[9] if probe else None):
         return QueueStats(queue, 0, 0, 0, None, 0)
 
     def version(kv: Any) -> int:
@@ -348,10 +350,11 @@ def stats(ops: Ops, queue: str) -> QueueStats:
     held_range = answer.responses[6].response_range
     held = int(held_range.count)
     total = pair_of(seq_kv)[0] + base.jobs - requeued - purged
-    shard_kvs = answer.responses[7].response_range.kvs
-    done = version(done_kv) + sum(int(kv.version) for kv in shard_kvs)
-    completed = base.done + done - purged
-    failed = base.failed + version(failed_kv) - requeued
+    def shards(at: int) -> int:
+        return sum(int(kv.version) for kv in answer.responses[at].response_range.kvs)
+
+    completed = base.done + version(done_kv) + shards(7) - purged
+    failed = base.failed + version(failed_kv) + shards(8) - requeued
     return QueueStats(queue, total - held - completed - failed, held, completed,
                       _earliest_lease_end(ops, held_range.kvs), failed)
 

@@ -4,7 +4,8 @@ This module is the glue: each ``Backend`` method delegates to the template's mod
 (:mod:`consensus_lease.backends`): the job operations in :mod:`._jobs` and its parts
 (:mod:`._jobs_claim`, :mod:`._jobs_attempts` for jobs with an attempt limit,
 :mod:`._jobs_claim_many`, :mod:`._jobs_complete_many`, :mod:`._jobs_hold`,
-:mod:`._jobs_fail`, :mod:`._jobs_value`), the records in :mod:`._layout_records`, the
+:mod:`._jobs_fail`, :mod:`._jobs_value`; :mod:`._jobs_batch` for the batches of
+``complete_many``, ``release_many`` and ``fail_many``), the records in :mod:`._layout_records`, the
 work queues in :mod:`._queues` and :mod:`._watches_queue` (batch claims from a queue in
 :mod:`._queues_claim`, the fused completion and claim in :mod:`._queues_fused`). The
 store epoch is in :mod:`._tokens` and :mod:`._tokens_epoch`, the detection of a history
@@ -20,7 +21,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, cast
 
 from pyetcd import etcdrpc
 
@@ -31,7 +32,9 @@ from ...backend import (
     Backend,
     Capabilities,
     CompleteItem,
+    FailItem,
     QueuePick,
+    ReleaseItem,
     SessionHandle,
     StateListener,
 )
@@ -45,6 +48,7 @@ from ...errors import (
 from ...observe import notify
 from ...record import ClaimResult, EnqueueItem, LeaseRecord, QueuedJob, QueueStats
 from . import (
+    _jobs_batch,
     _jobs_claim,
     _jobs_claim_many,
     _jobs_complete_many,
@@ -78,6 +82,8 @@ __all__ = ["EtcdBackend", "EtcdClaim", "EtcdSession"]
 log = logging.getLogger("consensus_lease.etcd")
 
 T = TypeVar("T")
+Out = TypeVar("Out")
+Item = TypeVar("Item")
 
 MAX_LEASE_TTL_S = 9_000_000_000.0
 """etcd's largest lease TTL (``MaxLeaseTTL``), in seconds."""
@@ -106,7 +112,7 @@ class EtcdBackend(Backend):
         elections=True,
         max_queue_claim_batch=_queues_claim.QUEUE_CLAIM_BATCH,  # one txn, within 128 ops
         fused_claim_next=True,  # one txn per job (a scan per 32 jobs): _queues_fused
-        max_end_batch=1,  # release_many / fail_many: the looped defaults, one per lease
+        max_end_batch=_jobs_batch.MAX_END_BATCH,  # release_many / fail_many: one txn each
     )
     epoch_shift: ClassVar[int] = _tokens.EPOCH_SHIFT
     keepalive_batch: ClassVar[int] = 128
@@ -633,12 +639,7 @@ class EtcdBackend(Backend):
             own, such as ``StoreRegressed`` or ``InvalidArgument`` for a session of
             another backend).
         """
-        try:
-            handle = self._handle(session)
-        except LeaseError as exc:
-            return [exc] * len(items)
-        outcomes = _jobs_complete_many.complete_many(self._ops, handle, items)
-        return self._history_checked(handle, outcomes)
+        return self._batch(session, items, _jobs_complete_many.complete_many)
 
     def complete_and_claim_next(
         self, session: SessionHandle, job_id: str, claim: ClaimResult, result: bytes,
@@ -701,13 +702,22 @@ class EtcdBackend(Backend):
         return self._run(session, lambda h: _queues_claim.claim_queued(
             self._ops, h, queue, n))
 
-    def _history_checked(
-        self, handle: EtcdSession, outcomes: list[LeaseRecord | LeaseError]
-    ) -> list[LeaseRecord | LeaseError]:
+    def _batch(self, session: SessionHandle, items: Sequence[Item],
+               run: Callable[[Ops, EtcdSession, Sequence[Item]], list[Out]]) -> list[Out]:
+        """``run(ops, handle, items)``, a batch ending of the session's items, its
+        refusals checked by :meth:`_history_checked`; the session's own error (of
+        another backend, ended by a regression) is every item's outcome."""
+        try:
+            handle = self._handle(session)
+        except LeaseError as exc:
+            return cast(list[Out], [exc] * len(items))
+        return self._history_checked(handle, run(self._ops, handle, items))
+
+    def _history_checked(self, handle: EtcdSession, outcomes: list[Out]) -> list[Out]:
         """:meth:`_run`'s rule for a batch's refusals: after a ``SessionExpired``, one
         linearizable read of the store's history; then, if the session is over by a
         regression, every refusal is that ``StoreRegressed``."""
-        def refused(outcome: LeaseRecord | LeaseError) -> bool:
+        def refused(outcome: object) -> bool:
             return isinstance(outcome, LeaseError) and not isinstance(outcome, StoreRegressed)
 
         if not any(map(refused, outcomes)):
@@ -718,7 +728,7 @@ class EtcdBackend(Backend):
         try:
             handle.check_history()
         except StoreRegressed as exc:
-            return [exc if refused(o) else o for o in outcomes]
+            return cast(list[Out], [exc if refused(o) else o for o in outcomes])
         return outcomes
 
     def release(self, session: SessionHandle, job_id: str, claim: ClaimResult) -> None:
@@ -736,6 +746,58 @@ class EtcdBackend(Backend):
             OutcomeUnknown / BackendUnavailable / InvalidArgument: as for :meth:`complete`.
         """
         self._run(session, lambda h: _jobs_hold.release(self._ops, h, job_id, claim))
+
+    def release_many(
+        self, session: SessionHandle, items: Sequence[ReleaseItem]
+    ) -> list[LeaseError | None]:
+        """One transaction per chunk of at most ``max_end_batch`` items (fewer on a
+        server allowing fewer operations): per item, a nested transaction with the
+        compares, writes and reads of :meth:`release`, so a stale item takes its own
+        ``else`` branch while the others are released (see :mod:`._jobs_batch`). Claims
+        without their handle (or batch claims settled by reading back) have their queue
+        markers and owner keys read first, in one read-only transaction per 62 items. A
+        lost answer is settled by reading every item's owner, history and completion
+        keys back: any item still held means nothing landed, and the same transaction
+        (whose compares cannot pass twice) is sent again; else each item's release
+        marker tells. A chunk refused as a whole is released item by item.
+
+        Returns:
+            Element ``i``: ``None`` (released), or the error :meth:`release` would
+            raise for it (``StaleLeaseError`` / ``SessionExpired`` by its rule;
+            ``StoreRegressed``; ``InvalidArgument`` for a claim of another backend, still
+            held; ``BackendUnavailable``: nothing of its chunk applied, still held;
+            ``OutcomeUnknown``: sent, and reading back failed).
+
+        Raises:
+            nothing of its own: each item's error is its outcome.
+        """
+        return self._batch(session, items, _jobs_hold.release_many)
+
+    def fail_many(
+        self, session: SessionHandle, items: Sequence[FailItem]
+    ) -> list[LeaseRecord | LeaseError]:
+        """As :meth:`release_many`, each nested transaction that of :meth:`fail` (its
+        error recorded with a per-item nonce, by which a lost answer is settled; a
+        FAILED verdict of a queued job bumps the failed counter's shard of its position,
+        which ``queue_stats`` sums). Claims without their facts have their queue,
+        attempts, limit and owner keys read first (one read-only transaction per 31
+        items). Retry delays: one lease per distinct TTL (``ceil(retry_in_s)``, at least
+        1 s, raised by etcd to its minimum) is granted before the first transaction
+        (``LeaseGrant``: one round trip per distinct TTL) and shared by the not-before
+        keys of the items of that TTL; each item is claimable no earlier than its
+        ``retry_in_s`` after the call, as with :meth:`fail`. A lease no applied item
+        uses is revoked.
+
+        Returns:
+            Element ``i``: the record after ``items[i]``'s failure, as :meth:`fail`
+            returns it, or the error it would raise for it (as in
+            :meth:`release_many`; ``BackendUnavailable`` also when its delay's lease
+            could not be granted: nothing written, still held).
+
+        Raises:
+            nothing of its own: each item's error is its outcome.
+        """
+        return self._batch(session, items, _jobs_fail.fail_many)
 
     def set_value(
         self, session: SessionHandle, job_id: str, claim: ClaimResult, value: bytes
