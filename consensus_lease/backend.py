@@ -127,11 +127,13 @@ class Capabilities:
             round trip (or more) each.
         max_end_batch: most leases one :meth:`Backend.release_many` or
             :meth:`Backend.fail_many` call ends; the session splits longer lists. A field
-            of its own, not ``max_complete_batch``: etcd and ZooKeeper complete many
-            jobs per round trip but release and fail them one by one. Memory decides a
-            call under its lock, SQLite in one ``BEGIN IMMEDIATE`` transaction,
-            PostgreSQL in one statement. 1 means no batching (etcd, ZooKeeper): the
-            defaults send one :meth:`Backend.release` / :meth:`Backend.fail` per item.
+            of its own, not ``max_complete_batch``: etcd completes many jobs per round
+            trip but releases and fails them one by one. Memory decides a call under
+            its lock, SQLite in one ``BEGIN IMMEDIATE`` transaction, PostgreSQL in one
+            statement, ZooKeeper in one multi per up to 160 KB of error texts (the
+            items of a multi that applies nothing are then ended one by one). 1 means
+            no batching (etcd): the defaults send one :meth:`Backend.release` /
+            :meth:`Backend.fail` per item.
     """
 
     cross_process: bool
