@@ -544,7 +544,9 @@ class Backend(abc.ABC):
         Raises:
             BackendUnavailable: (batching drivers) nothing of the list was applied.
             OutcomeUnknown: (batching drivers) the list may or may not have been applied
-                and reading back could not tell.
+                and reading back could not tell. (ZooKeeper raises neither: a multi that
+                failed is followed by each of its items alone, and one whose answer
+                could not be read back answers each of its items ``OutcomeUnknown``.)
         """
         outcomes: list[LeaseError | None] = []
         for job_id, claim in items:
