@@ -8,7 +8,6 @@ ZooKeeper's 32-bit range is refused before anything is sent."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,8 +15,11 @@ from kazoo.client import KazooClient
 from zk_local import (  # noqa: F401  (fixtures)
     handle,
     lose_answer,
+    lose_next_multi,
     multi_op_types,
-    raw_client,
+    raw,
+    reading_back_fails,
+    store,
     zk_target,
     zk_url,
 )
@@ -27,7 +29,6 @@ from consensus_lease.backends.zookeeper import ZooKeeperBackend
 from consensus_lease.backends.zookeeper._layout import JobPaths
 from consensus_lease.backends.zookeeper._transport_multi import MAX_VERSION
 from consensus_lease.errors import (
-    BackendUnavailable,
     OutcomeUnknown,
     StaleLeaseError,
     TokenSpaceExhausted,
@@ -86,26 +87,6 @@ def test_complete_many_is_one_multi_and_a_stale_item_falls_back_alone(
 
 
 # -- release_many and fail_many ---------------------------------------------------------------
-
-
-@pytest.fixture
-def store(zk_url: str) -> Iterator[LeaseStore]:
-    store = open_store(zk_url, connect_timeout_s=30)
-    try:
-        yield store
-    finally:
-        store.close()
-
-
-@pytest.fixture
-def raw(zk_url: str) -> Iterator[KazooClient]:
-    """A plain kazoo client (no chroot), to read znodes after a ``sync``."""
-    client = raw_client(zk_url)
-    try:
-        yield client
-    finally:
-        client.stop()
-        client.close()
 
 
 def _claimed(store: LeaseStore, session: Session, count: int, prefix: str = "j") -> list[Lease]:
@@ -197,8 +178,7 @@ def test_lost_answer_is_settled_by_reading_back(
 ) -> None:
     a = store.session("A", 30.0)
     leases = _claimed(store, a, 3)
-    calls = lose_answer(handle(a).client, apply,
-                        counts=lambda request: len(multi_op_types(request)) > 1)
+    calls = lose_next_multi(handle(a).client, apply)
     if op == "release_many":
         assert a.release_many(leases) == [None, None, None]
         # applied: the one multi, read back; not applied: then each item alone
@@ -230,19 +210,10 @@ def test_an_answer_that_cannot_be_read_back_is_each_items_outcome_unknown(
     try:
         a = store.session("A", 30.0)
         leases = _claimed(store, a, 3)
-        real_read = backend._wire.read
-
-        def failing(*args: Any, **kwargs: Any) -> Any:
-            if "reading back" in args[3]:
-                raise BackendUnavailable("reading back fails in this test")
-            return real_read(*args, **kwargs)
-
-        backend._wire.read = failing  # type: ignore[method-assign]
-        calls = lose_answer(handle(a).client, apply=True,
-                            counts=lambda request: len(multi_op_types(request)) > 1)
-        out: list[Any] = (a.release_many(leases) if op == "release_many"
-                          else a.fail_many([(lease, "boom") for lease in leases]))
-        backend._wire.read = real_read  # type: ignore[method-assign]
+        calls = lose_next_multi(handle(a).client, apply=True)
+        with reading_back_fails(backend):
+            out: list[Any] = (a.release_many(leases) if op == "release_many"
+                              else a.fail_many([(lease, "boom") for lease in leases]))
         assert all(isinstance(answer, OutcomeUnknown) for answer in out)
         assert len(calls) == 1  # not re-sent
         assert a.leases() == []
