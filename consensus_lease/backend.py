@@ -127,13 +127,13 @@ class Capabilities:
             round trip (or more) each.
         max_end_batch: most leases one :meth:`Backend.release_many` or
             :meth:`Backend.fail_many` call ends; the session splits longer lists. A field
-            of its own, not ``max_complete_batch``: ZooKeeper completes many
-            jobs per round trip but releases and fails them one by one. Memory decides a
-            call under its lock, SQLite in one ``BEGIN IMMEDIATE`` transaction,
-            PostgreSQL in one statement, etcd in one transaction of nested release or
-            fail transactions (each with its own compares) per 100 items. 1 means no
-            batching (ZooKeeper): the
-            defaults send one :meth:`Backend.release` / :meth:`Backend.fail` per item.
+            of its own, not ``max_complete_batch``. Memory decides a call under its
+            lock, SQLite in one ``BEGIN IMMEDIATE`` transaction, PostgreSQL in one
+            statement, etcd in one transaction of nested release or fail transactions
+            (each with its own compares) per 100 items, ZooKeeper in one multi per up to
+            128 items and 160 KB of error texts (the items of a multi that applies
+            nothing are then ended one by one). 1 means no batching: the defaults send
+            one :meth:`Backend.release` / :meth:`Backend.fail` per item.
     """
 
     cross_process: bool
@@ -544,7 +544,9 @@ class Backend(abc.ABC):
         Raises:
             BackendUnavailable: (batching drivers) nothing of the list was applied.
             OutcomeUnknown: (batching drivers) the list may or may not have been applied
-                and reading back could not tell.
+                and reading back could not tell. (ZooKeeper raises neither: a multi that
+                failed is followed by each of its items alone, and one whose answer
+                could not be read back answers each of its items ``OutcomeUnknown``.)
         """
         outcomes: list[LeaseError | None] = []
         for job_id, claim in items:

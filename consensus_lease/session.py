@@ -527,8 +527,8 @@ class Session:
         hold; the job claimable at once, at a higher generation), in as few round trips
         as the store allows: up to ``capabilities.max_end_batch`` leases per call of the
         driver, decided together (memory: its lock; SQLite: one transaction;
-        PostgreSQL: one statement; etcd: one transaction of nested ones). Where
-        ``max_end_batch`` is 1 (ZooKeeper) it sends one release per lease.
+        PostgreSQL: one statement; etcd: one transaction of nested ones; ZooKeeper:
+        one multi). Where ``max_end_batch`` is 1 it sends one release per lease.
 
         Each lease has its own outcome: a stale one is refused while the others are
         released.
@@ -569,7 +569,7 @@ class Session:
         again once its retry delay of *store* time has passed), in as few round trips
         as the store allows: up to ``capabilities.max_end_batch`` per call of the
         driver, decided together (as :meth:`release_many`). Where ``max_end_batch`` is 1
-        (ZooKeeper) it sends one failure per lease.
+        it sends one failure per lease.
 
         Each lease has its own outcome: a stale one is refused while the others apply.
 

@@ -30,6 +30,7 @@ from zk_local import (  # noqa: F401  (fixtures)
     lose_next_answer,
     opened,
     raw_client,
+    reading_back_fails,
     session_ttl_s,
     store,
     zk_target,
@@ -490,19 +491,11 @@ def test_unsettled_claim_is_adopted_or_handed_back(
     try:
         h = backend.open_session("A", 10.0)
         assert isinstance(h, ZkSession)
-        real_read = backend._wire.read
-
-        def failing(*args: Any, **kwargs: Any) -> Any:
-            if "reading back" in args[3]:
-                raise BackendUnavailable("reading back fails in this test")
-            return real_read(*args, **kwargs)
-
-        backend._wire.read = failing  # type: ignore[method-assign]
-        for job in ("adopted", "handed-back"):
-            lose_next_answer(h.client, apply=True)
-            with pytest.raises(OutcomeUnknown):
-                backend.claim(h, job)
-        backend._wire.read = real_read  # type: ignore[method-assign]
+        with reading_back_fails(backend):
+            for job in ("adopted", "handed-back"):
+                lose_next_answer(h.client, apply=True)
+                with pytest.raises(OutcomeUnknown):
+                    backend.claim(h, job)
         assert backend.claim(h, "adopted") == ClaimResult(1, attempt=1)  # its own claim, found again
         backend.keepalive(h)  # hands back the one nobody asked for again
         record = store.get("handed-back")

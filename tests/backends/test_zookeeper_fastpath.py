@@ -15,7 +15,7 @@ ZooKeeper tests these run on the 3-member container ensemble unless
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -26,7 +26,8 @@ from zk_local import (  # noqa: F401  (fixtures)
     handle,
     lose_next_answer,
     opened,
-    raw_client,
+    raw,
+    reading_back_fails,
     session_ttl_s,
     store,
     zk_target,
@@ -39,7 +40,6 @@ from consensus_lease.backends.zookeeper._jobs import Hold
 from consensus_lease.backends.zookeeper._layout import JobPaths
 from consensus_lease.backends.zookeeper._sessions import ZkSession
 from consensus_lease.errors import (
-    BackendUnavailable,
     OutcomeUnknown,
     SessionExpired,
     StaleLeaseError,
@@ -48,18 +48,6 @@ from consensus_lease.record import ClaimResult, JobState
 from consensus_lease.session import Session
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def raw(zk_url: str) -> Iterator[KazooClient]:
-    """A plain kazoo client on the ensemble (no chroot), to change znodes by hand. It may
-    be connected to another member than the worker: read through :func:`synced`."""
-    client = raw_client(zk_url)
-    try:
-        yield client
-    finally:
-        client.stop()
-        client.close()
 
 
 def synced(raw: KazooClient) -> KazooClient:
@@ -337,20 +325,12 @@ def test_adopted_and_handed_back_claims_carry_their_hold(zk_url: str) -> None:
     try:
         h = backend.open_session("A", 10.0)
         assert isinstance(h, ZkSession)
-        real_read = backend._wire.read
-
-        def failing(*args: Any, **kwargs: Any) -> Any:
-            if "reading back" in args[3]:
-                raise BackendUnavailable("reading back fails in this test")
-            return real_read(*args, **kwargs)
-
-        backend._wire.read = failing  # type: ignore[method-assign]
-        for job in ("adopted", "handed-back"):
-            lose_next_answer(h.client, apply=True)  # the claim's multi: applied, answer lost
-            with pytest.raises(OutcomeUnknown):
-                backend.claim(h, job)
-        assert set(h.uncertain) == {"adopted", "handed-back"}
-        backend._wire.read = real_read  # type: ignore[method-assign]
+        with reading_back_fails(backend):
+            for job in ("adopted", "handed-back"):
+                lose_next_answer(h.client, apply=True)  # the claim's multi: applied, lost
+                with pytest.raises(OutcomeUnknown):
+                    backend.claim(h, job)
+            assert set(h.uncertain) == {"adopted", "handed-back"}
         claim = backend.claim(h, "adopted")  # its own claim, found again
         assert claim == ClaimResult(1, attempt=1) and hold(claim).session is h
         sent = requests(h)

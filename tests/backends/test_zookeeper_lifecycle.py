@@ -12,7 +12,7 @@ synchronise: waits poll with deadlines.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,9 +21,10 @@ from zk_local import (  # noqa: F401  (fixtures)
     backend,
     handle,
     lose_answer,
+    lose_next_multi,
     multi_op_types,
     opened,
-    raw_client,
+    raw,
     session_ttl_s,
     store,
     zk_target,
@@ -42,18 +43,6 @@ pytestmark = pytest.mark.slow
 
 
 # -- helpers --------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def raw(zk_url: str) -> Iterator[KazooClient]:
-    """A plain kazoo client on the ensemble (no chroot), to look at znodes; read through
-    :func:`synced` (it may be connected to another member than the worker)."""
-    client = raw_client(zk_url)
-    try:
-        yield client
-    finally:
-        client.stop()
-        client.close()
 
 
 def synced(raw: KazooClient) -> KazooClient:
@@ -90,13 +79,6 @@ def requests(client: KazooClient) -> list[str]:
 
     client._call = counting
     return sent
-
-
-def lose_next_multi(client: KazooClient, apply: bool) -> list[int]:
-    """The next multi of more than one operation ``client`` commits loses its answer
-    (after being applied if ``apply``); write barriers (one ``check``) and later multis go
-    through. Returns a list that grows by one per such multi committed."""
-    return lose_answer(client, apply, counts=lambda request: len(multi_op_types(request)) > 1)
 
 
 # -- layout ---------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from kazoo.exceptions import ConnectionLoss
 from consensus_lease import LeaseStore, open_store
 from consensus_lease.backends.zookeeper import ZooKeeperBackend
 from consensus_lease.backends.zookeeper._sessions import ZkSession
+from consensus_lease.errors import BackendUnavailable
 from consensus_lease.session import Session
 
 ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
@@ -335,6 +336,19 @@ def opened(store: LeaseStore, session_ttl_s: float) -> Iterator[Callable[..., Se
         session.close()
 
 
+@pytest.fixture
+def raw(zk_url: str) -> Iterator[KazooClient]:
+    """A plain kazoo client on the ensemble (no chroot), to look at or change znodes by
+    hand. It may be connected to another member than the worker: ``sync`` before
+    reading."""
+    client = raw_client(zk_url)
+    try:
+        yield client
+    finally:
+        client.stop()
+        client.close()
+
+
 def backend_of(store: LeaseStore) -> ZooKeeperBackend:
     assert isinstance(store.backend, ZooKeeperBackend)
     return store.backend
@@ -383,6 +397,32 @@ def lose_next_answer(client: KazooClient, apply: bool) -> list[int]:
     applied if ``apply``; later ones go through. Returns a list that grows by one per
     multi started (write barriers are multis too). See :func:`lose_answer`."""
     return lose_answer(client, apply)
+
+
+def lose_next_multi(client: KazooClient, apply: bool) -> list[int]:
+    """The next multi of more than one operation ``client`` commits loses its answer
+    (after being applied if ``apply``); write barriers (one ``check``) and later multis go
+    through. Returns a list that grows by one per such multi committed."""
+    return lose_answer(client, apply, counts=lambda request: len(multi_op_types(request)) > 1)
+
+
+@contextlib.contextmanager
+def reading_back_fails(backend: ZooKeeperBackend) -> Iterator[None]:
+    """Inside, every read made to settle a lost answer ("reading back") fails with
+    ``BackendUnavailable``; other reads go through."""
+    wire = backend._wire
+    real_read = wire.read
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        if "reading back" in args[3]:
+            raise BackendUnavailable("reading back fails in this test")
+        return real_read(*args, **kwargs)
+
+    wire.read = failing  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        wire.read = real_read  # type: ignore[method-assign]
 
 
 def multi_op_types(request: Any) -> list[int]:

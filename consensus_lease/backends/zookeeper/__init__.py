@@ -376,7 +376,14 @@ the server clamps the request to its own range and the granted timeout is what c
 results with every item's completion operations, each applied whole or not at all: when
 each item is held as this session's claims left it, one round trip per multi completes
 the batch; when a multi applies nothing (an item stale or expired), each of its items is
-completed alone and gets its own outcome. ``complete_and_claim_next`` is one multi, the
+completed alone and gets its own outcome. ``release_many`` and ``fail_many``
+(``max_end_batch`` 128) work the same way: one multi per up to 160 KB of error texts
+with every item's ``release`` / ``fail`` operations (the job znode's version check, the
+owner znode's versioned delete, for a failure the failure znode's versioned write; one
+mtime, so every retry delay of a multi starts at the same store time); a lost answer is
+read back through the first item (its owner znode; its failure znode's nonce), and an
+answer that cannot be read back is every item's ``OutcomeUnknown``, never re-sent.
+``complete_and_claim_next`` is one multi, the
 completion and the claim of a job read ahead (``fused_claim_next``), and
 ``claim_from_queue_many`` one claim multi per up to 128 jobs (``max_queue_claim_batch``):
 see "Work queues" above.

@@ -435,43 +435,141 @@ class Holds:
         core, markers = _completion_ops(h, paths, claim.generation, result, nonce, hold)
         return Completion(hold, core, markers, self._completion_landed(h, paths, nonce, what))
 
-    def complete_batch(
-        self, h: ZkSession, items: list[tuple[JobPaths, ClaimResult, bytes]]
-    ) -> list[LeaseRecord] | None:
-        """Complete every item in **one multi**: for each, the operations of
-        :meth:`complete` (``set_data`` of the completion record at version == generation,
-        ``delete`` of the owner znode, the markers), sent from the holds this session's
-        claims made. Returns the records, or ``None`` when the multi applied nothing (an
-        item not held at its generation, a marker missing, or an item whose hold this
-        process does not know): the caller then completes each item alone, which finds
-        each one's own outcome. A lost answer is settled by reading back the first job's
-        record (one nonce for the whole multi: it applied whole or not at all)."""
+    def _end_batch(
+        self, h: ZkSession, items: list[tuple[JobPaths, ClaimResult]],
+        ops: Callable[[int, Hold], tuple[list[Op], list[Op]]],
+        landed: Callable[[float], bool], what: str,
+    ) -> tuple[list[Hold], list[list[Any]]] | None:
+        """End every item's hold in **one multi**: ``ops(i, hold)`` for each item, sent
+        from the holds this session's claims made. Returns the holds and each item's
+        core results (all empty if the answer was lost and ``landed``, reading back the
+        first item, showed the multi applied: it applied whole or not at all), or
+        ``None`` when the multi applied nothing (an item not held at its generation, a
+        marker missing, or an item whose hold this process does not know): the caller
+        then ends each item alone, which finds each one's own outcome."""
         holds: list[Hold] = []
-        for paths, claim, _ in items:
+        for paths, claim in items:
             hold = own_hold(h, paths, claim)
             if hold is None:
                 return None
             holds.append(hold)
-        nonce = new_nonce()
         todo: list[Op] = []
-        for (paths, claim, result), hold in zip(items, holds, strict=True):
-            core, markers = _completion_ops(h, paths, claim.generation, result, nonce, hold)
+        spans: list[tuple[int, int]] = []
+        for i, hold in enumerate(holds):
+            core, markers = ops(i, hold)
+            spans.append((len(todo), len(todo) + len(core)))
             todo += core + markers
-        first = items[0][0]
 
         def build(tx: Transaction) -> None:
             add_ops(tx, todo)
 
-        multi = self.wire.commit(h, build,
-                                 self._completion_landed(h, first, nonce, "complete_many"),
-                                 "complete_many", first.job_id, items[0][1].generation)
+        first, claim = items[0]
+        multi = self.wire.commit(h, build, landed, what, first.job_id, claim.generation)
         if not multi.applied:
             return None
-        records = []
-        for (paths, claim, result), hold in zip(items, holds, strict=True):
+        for hold in holds:
             mark_ended(hold)
-            records.append(completed_record(h, paths, claim.generation, result, hold))
-        return records
+        return holds, [multi.results[a:b] for a, b in spans]
+
+    def complete_batch(
+        self, h: ZkSession, items: list[tuple[JobPaths, ClaimResult, bytes]]
+    ) -> list[LeaseRecord] | None:
+        """Complete every item in **one multi** (see :meth:`_end_batch`): for each, the
+        operations of :meth:`complete` (``set_data`` of the completion record at version
+        == generation, ``delete`` of the owner znode, the markers). Returns the records,
+        or ``None`` when the multi applied nothing. A lost answer is settled by reading
+        back the first job's record (one nonce for the whole multi)."""
+        nonce = new_nonce()
+
+        def ops(i: int, hold: Hold) -> tuple[list[Op], list[Op]]:
+            paths, claim, result = items[i]
+            return _completion_ops(h, paths, claim.generation, result, nonce, hold)
+
+        done = self._end_batch(
+            h, [(paths, claim) for paths, claim, _ in items], ops,
+            self._completion_landed(h, items[0][0], nonce, "complete_many"), "complete_many")
+        if done is None:
+            return None
+        return [completed_record(h, paths, claim.generation, result, hold)
+                for (paths, claim, result), hold in zip(items, done[0], strict=True)]
+
+    def release_batch(
+        self, h: ZkSession, items: list[tuple[JobPaths, ClaimResult]]
+    ) -> list[Hold | None] | None:
+        """Release every item in **one multi** (see :meth:`_end_batch`): for each, the
+        operations of :meth:`release` (``check`` of the job znode's version ==
+        generation, versioned ``delete`` of the owner znode, the held marker's).
+        Returns each hold released (all ``None`` if the answer was lost and reading back
+        the first item's owner znode showed the multi applied), or ``None`` when the
+        multi applied nothing."""
+
+        def ops(i: int, hold: Hold) -> tuple[list[Op], list[Op]]:
+            paths, claim = items[i]
+            return _release_ops(paths, claim.generation, hold)
+
+        done = self._end_batch(h, items, ops,
+                               self._release_landed(h, items[0][0], "release_many"),
+                               "release_many")
+        if done is None:
+            return None
+        holds, results = done
+        return [hold if core else None for hold, core in zip(holds, results, strict=True)]
+
+    def fail_batch(
+        self, h: ZkSession, items: list[tuple[JobPaths, ClaimResult, str, float]]
+    ) -> list[LeaseRecord] | None:
+        """Fail every item in **one multi** (see :meth:`_end_batch`): for each, the
+        operations of :meth:`fail` (``check`` of the job znode's version == generation,
+        versioned ``delete`` of the owner znode, the failure znode's versioned write,
+        the markers), with one nonce. Returns the records after it, or ``None`` when the
+        multi applied nothing. A lost answer is settled by reading back the first job's
+        failure znode; its mtime is every item's (one transaction, one time)."""
+        nonce = new_nonce()
+        written: list[Any] = []
+
+        def ops(i: int, hold: Hold) -> tuple[list[Op], list[Op]]:
+            paths, _, error, retry_in_s = items[i]
+            return _fail_ops(paths, hold, error, retry_in_s, nonce)
+
+        done = self._end_batch(
+            h, [(paths, claim) for paths, claim, _, _ in items], ops,
+            self._fail_landed(h, items[0][0], nonce, written, "fail_many"), "fail_many")
+        if done is None:
+            return None
+        return [
+            _failed_record(h, paths, claim.generation, hold, error, retry_in_s,
+                           core[-1] if core else written[-1])
+            for (paths, claim, error, retry_in_s), hold, core
+            in zip(items, done[0], done[1], strict=True)
+        ]
+
+    def _release_landed(self, h: ZkSession, paths: JobPaths, what: str) -> Callable[[float], bool]:
+        """Reading back a release multi whose answer was lost (after a write barrier):
+        whether the owner znode is no longer this session's."""
+
+        def landed(deadline: float) -> bool:
+            owner = self.wire.read(h.client, [("barrier", self.base), ("exists", paths.owner)],
+                                   deadline, f"{what} (reading back)", job_id=paths.job_id)[1]
+            return owner is None or owner.ephemeralOwner != h.sid
+
+        return landed
+
+    def _fail_landed(
+        self, h: ZkSession, paths: JobPaths, nonce: str, written: list[Any], what: str
+    ) -> Callable[[float], bool]:
+        """Reading back a fail multi with ``nonce`` whose answer was lost (after a write
+        barrier): whether the failure znode holds that write (its stat is then appended
+        to ``written``)."""
+
+        def landed(deadline: float) -> bool:
+            answer = self.wire.read(h.client, [("barrier", self.base), ("get", paths.failure)],
+                                    deadline, f"{what} (reading back)", job_id=paths.job_id)[1]
+            if not written_by(answer, paths.failure, nonce):
+                return False
+            written.append(answer[1])
+            return True
+
+        return landed
 
     def release(self, h: ZkSession, paths: JobPaths, claim: ClaimResult) -> Hold | None:
         """One multi: ``check`` version == generation + ``delete`` of the owner znode
@@ -481,16 +579,10 @@ class Holds:
         job_id, generation = paths.job_id, claim.generation
 
         def ops(hold: Hold) -> tuple[list[Op], list[Op]]:
-            core: list[Op] = [("check", paths.job, b"", local(generation)),
-                              ("delete", paths.owner, b"", hold.owner_version)]
-            return core, _deletes(hold.held, None if hold.tally is None else hold.tally.held)
+            return _release_ops(paths, generation, hold)
 
-        def landed(deadline: float) -> bool:
-            owner = self.wire.read(h.client, [("barrier", self.base), ("exists", paths.owner)],
-                                   deadline, "release (reading back)", job_id=job_id)[1]
-            return owner is None or owner.ephemeralOwner != h.sid
-
-        done = self._end(h, paths, claim, "release", ops, landed)
+        done = self._end(h, paths, claim, "release", ops,
+                         self._release_landed(h, paths, "release"))
         if isinstance(done, LeaseRecord):
             raise StaleLeaseError(f"release: {job_id!r} is completed", job_id=job_id,
                                   generation=generation, current_generation=generation)
@@ -509,27 +601,14 @@ class Holds:
         def ops(hold: Hold) -> tuple[list[Op], list[Op]]:
             return _fail_ops(paths, hold, error, retry_in_s, nonce)
 
-        def landed(deadline: float) -> bool:
-            answer = self.wire.read(h.client, [("barrier", self.base), ("get", paths.failure)],
-                                    deadline, "fail (reading back)", job_id=job_id)[1]
-            if not written_by(answer, paths.failure, nonce):
-                return False
-            written.append(answer[1])
-            return True
-
-        done = self._end(h, paths, claim, "fail", ops, landed)
+        done = self._end(h, paths, claim, "fail", ops,
+                         self._fail_landed(h, paths, nonce, written, "fail"))
         if isinstance(done, LeaseRecord):
             raise StaleLeaseError(f"fail: {job_id!r} is completed", job_id=job_id,
                                   generation=generation, current_generation=generation)
         hold, results = done
         stat = results[-1] if results else written[-1]  # the failure znode's write
-        failed = hold.exhausted
-        not_before = (stat.mtime + delay_ms(retry_in_s)) / 1000 \
-            if not failed and retry_in_s > 0 else None
-        return LeaseRecord(
-            job_id, h.owner, None, generation, JobState.FAILED if failed else JobState.AVAILABLE,
-            None, hold.attempt, error, not_before, hold.max_attempts,
-        )
+        return _failed_record(h, paths, generation, hold, error, retry_in_s, stat)
 
 
 @dataclass(slots=True)
@@ -574,6 +653,29 @@ def _completion_ops(
         markers += [("delete", hold.tally.held, b"", None),
                     ("create", hold.tally.done, b"", None)]
     return core, markers
+
+
+def _release_ops(paths: JobPaths, generation: int, hold: Hold) -> tuple[list[Op], list[Op]]:
+    """The release multi of ``hold`` at ``generation``: core, markers."""
+    core: list[Op] = [("check", paths.job, b"", local(generation)),
+                      ("delete", paths.owner, b"", hold.owner_version)]
+    return core, _deletes(hold.held, None if hold.tally is None else hold.tally.held)
+
+
+def _failed_record(
+    h: ZkSession, paths: JobPaths, generation: int, hold: Hold, error: str,
+    retry_in_s: float, stat: Any,
+) -> LeaseRecord:
+    """The record after ``hold``'s failure with ``error``, whose failure znode write has
+    ``stat`` (its mtime starts the retry delay, store clock)."""
+    failed = hold.exhausted
+    not_before = (stat.mtime + delay_ms(retry_in_s)) / 1000 \
+        if not failed and retry_in_s > 0 else None
+    return LeaseRecord(
+        paths.job_id, h.owner, None, generation,
+        JobState.FAILED if failed else JobState.AVAILABLE, None, hold.attempt, error,
+        not_before, hold.max_attempts,
+    )
 
 
 def _deletes(*markers: str | None) -> list[Op]:

@@ -11,7 +11,8 @@ fail to :mod:`._jobs`, the lifecycle (``requeue``, the store's clock) to
 subscriptions to :mod:`._watches` and :mod:`._watches_subscribe`; the epoch and
 regressions to :mod:`._tokens` and :mod:`._tokens_history`. Kept here (not yet moved to
 those modules): ``keepalive`` and opening a session (the store's identity and epoch read
-with it), ``get`` and ``records``, the grouping of ``complete_many``,
+with it), ``get`` and ``records``, the grouping of ``complete_many``, ``release_many``
+and ``fail_many``,
 ``upgrade_queue``'s layout check, the test hook ``expire_session``, and the regression
 marker written when a regression is noticed."""
 
@@ -30,7 +31,9 @@ from ...backend import (
     Backend,
     Capabilities,
     CompleteItem,
+    FailItem,
     QueuePick,
+    ReleaseItem,
     SessionHandle,
     StateListener,
 )
@@ -40,6 +43,7 @@ from ...errors import (
     JobCompleted,
     JobFailed,
     LeaseError,
+    OutcomeUnknown,
     SessionExpired,
     StaleLeaseError,
     StoreRegressed,
@@ -47,7 +51,7 @@ from ...errors import (
 )
 from ...record import ClaimResult, EnqueueItem, LeaseRecord, QueuedJob, QueueStats
 from ._config import ZkConfig, parse_url
-from ._jobs import Holds
+from ._jobs import Hold, Holds
 from ._jobs_claim import Claims
 from ._jobs_known import Released
 from ._jobs_lifecycle import Lifecycle
@@ -97,12 +101,23 @@ ids; ``Claims.size_chunks`` splits further by size."""
 
 MAX_COMPLETE_BATCH = 128
 """Completions per ``complete_many`` call (``capabilities.max_complete_batch``); split
-further into multis of at most :data:`COMPLETE_MULTI_BYTES`."""
+further into multis of at most :data:`END_MULTI_BYTES`."""
 
-COMPLETE_MULTI_BYTES = 160 * 1024
-"""Most bytes of results (plus about 512 per item for paths and records) one
-``complete_many`` multi carries: every server keeps its last writes whole in memory, as
-for the enqueue multis."""
+MAX_END_BATCH = 128
+"""Releases or failures per ``release_many`` / ``fail_many`` call
+(``capabilities.max_end_batch``); split further into multis of at most
+:data:`END_MULTI_BYTES`."""
+
+END_MULTI_BYTES = 160 * 1024
+"""Most bytes of results or error texts (plus about 512 per item for paths and records)
+one ``complete_many``, ``release_many`` or ``fail_many`` multi carries: every server
+keeps its last writes whole in memory, as for the enqueue multis."""
+
+_ITEM_BYTES = 512
+"""What one item of those multis is counted for beside its result or error text."""
+
+_I = TypeVar("_I", bound=tuple[Any, ...])
+_O = TypeVar("_O")
 
 PATHS_CACHED = 4096
 """Job ids whose znode paths are kept built (the ids most recently used)."""
@@ -234,7 +249,7 @@ class ZooKeeperBackend(Backend):
         max_complete_batch=MAX_COMPLETE_BATCH,
         fused_claim_next=True,
         max_queue_claim_batch=MAX_BATCH_CLAIM,
-        max_end_batch=1,  # release_many / fail_many: the looped defaults, one per lease
+        max_end_batch=MAX_END_BATCH,
     )
 
     def __init__(self, config: ZkConfig) -> None:
@@ -772,55 +787,166 @@ class ZooKeeperBackend(Backend):
     def complete_many(
         self, session: SessionHandle, items: Sequence[CompleteItem]
     ) -> list[LeaseRecord | LeaseError]:
-        """Complete the items in one multi per up to :data:`COMPLETE_MULTI_BYTES` of
-        results (at most ``max_complete_batch`` items): the operations of
-        :meth:`complete` for each, all applied or none. When every item is held as this
-        session's claims left them, that is one round trip per multi. When a multi
-        applies nothing (an item stale or expired, a marker deleted by hand, a claim not
-        made by this process), each item of it is completed alone by :meth:`complete`,
-        which gives each its own outcome: the others still commit.
+        """Complete the items in one multi per up to :data:`END_MULTI_BYTES` of results
+        (at most ``max_complete_batch`` items): the operations of :meth:`complete` for
+        each, all applied or none. When every item is held as this session's claims left
+        them, that is one round trip per multi. When a multi applies nothing (an item
+        stale or expired, a marker deleted by hand, a claim not made by this process), or
+        its answer was lost and reading back could not tell, each item of it is
+        completed alone by :meth:`complete`, which gives each its own outcome (a repeat
+        of a completion that applied is recognised): the others still commit.
 
         Raises:
             nothing of its own: each item's error is its outcome.
         """
+
+        def cost(item: CompleteItem) -> int | None:
+            claim, result = item[1], item[2]
+            if not isinstance(claim, ClaimResult) or len(result) > self.config.max_result_bytes:
+                return None  # complete() refuses it with its own error
+            return len(result) + _ITEM_BYTES
+
+        return self._end_many(
+            session, items, cost,
+            lambda h, group: self._holds.complete_batch(
+                h, [(self._paths(job_id), claim, bytes(result))
+                    for job_id, claim, result in group]),
+            lambda item: self.complete(session, *item), unknown_alone=True)
+
+    def release_many(
+        self, session: SessionHandle, items: Sequence[ReleaseItem]
+    ) -> list[LeaseError | None]:
+        """Release the items in one multi per up to ``max_end_batch`` (128) items: the
+        operations of :meth:`release` for each (``check`` of the job znode's version ==
+        the item's generation, versioned ``delete`` of this session's owner znode, a
+        queued job's held marker), all applied or none. When every item is held as this
+        session's claims left them, that is one round trip. When the multi applies
+        nothing (an item stale or expired, a marker deleted by hand, a claim not made by
+        this process), each item is released alone by :meth:`release`, which gives each
+        its own outcome: the others are still released. A lost answer is read back (the
+        first item's owner znode: the multi applied whole or not at all), never re-sent
+        blindly.
+
+        Returns:
+            Element ``i``: ``None`` (released: claimable at once, the next claim gets
+            generation + 1) or the error :meth:`release` raises for ``items[i]``.
+
+        Raises:
+            nothing of its own: each item's error is its outcome (``OutcomeUnknown`` for
+            every item of a multi whose answer was lost and could not be read back: each
+            was released or none; a lease it names is no longer to be relied on).
+        """
+        return self._end_many(
+            session, items,
+            lambda item: _ITEM_BYTES if isinstance(item[1], ClaimResult) else None,
+            self._release_batch, lambda item: self.release(session, *item),
+            unknown_alone=False)
+
+    def fail_many(
+        self, session: SessionHandle, items: Sequence[FailItem]
+    ) -> list[LeaseRecord | LeaseError]:
+        """Fail the items in one multi per up to :data:`END_MULTI_BYTES` of error text
+        (at most ``max_end_batch``, 128, items): the operations of :meth:`fail` for
+        each (``check`` of the job znode's version == the item's generation, versioned
+        ``delete`` of this session's owner znode, the failure znode's versioned write
+        with the item's error and delay, a queued job's markers), all applied or none.
+        Each item's retry delay runs from that multi's mtime (the leader's time of it,
+        the same for every item). When the multi applies nothing, each item of it is
+        failed alone by :meth:`fail` (its own outcome: the others still apply). A lost
+        answer is read back (the first item's failure znode's nonce), never re-sent
+        blindly.
+
+        Returns:
+            Element ``i``: the record after ``items[i]``'s failure, as :meth:`fail`
+            returns it, or the error :meth:`fail` raises for it.
+
+        Raises:
+            nothing of its own: each item's error is its outcome (``OutcomeUnknown`` as
+            for :meth:`release_many`).
+        """
+
+        def cost(item: FailItem) -> int | None:
+            if not isinstance(item[1], ClaimResult) or not isinstance(item[2], str):
+                return None  # fail() refuses it with its own error
+            return len(item[2].encode("utf-8", "surrogatepass")) + _ITEM_BYTES
+
+        return self._end_many(
+            session, items, cost,
+            lambda h, group: self._holds.fail_batch(
+                h, [(self._paths(job_id), claim, error, retry_in_s)
+                    for job_id, claim, error, retry_in_s in group]),
+            lambda item: self.fail(session, *item), unknown_alone=False)
+
+    def _release_batch(
+        self, h: ZkSession, group: list[ReleaseItem]
+    ) -> list[None] | None:
+        holds = self._holds.release_batch(h, [(self._paths(j), c) for j, c in group])
+        if holds is None:
+            return None
+        for (job_id, _), hold in zip(group, holds, strict=True):
+            self._remember_released(job_id, hold)
+        return [None] * len(group)
+
+    def _remember_released(self, job_id: str, hold: Hold | None) -> None:
+        """Keep what a release left the job (so its next claim here need not read
+        first), if it is known exactly."""
+        if hold is not None and hold.exact:
+            self._claims.known.released(job_id, Released(
+                *split_token(hold.generation), hold.attempt, hold.max_attempts, hold.failure,
+                hold.held, hold.open, hold.delayed, hold.failed, hold.tally,
+            ))
+
+    def _end_many(
+        self, session: SessionHandle, items: Sequence[_I],
+        cost: Callable[[_I], int | None],
+        batch: Callable[[ZkSession, list[_I]], Sequence[_O] | None],
+        alone: Callable[[_I], _O], *, unknown_alone: bool,
+    ) -> list[_O | LeaseError]:
+        """The one path of ``complete_many``, ``release_many`` and ``fail_many``: the
+        items grouped into multis of at most :data:`END_MULTI_BYTES` (``cost(item)``
+        bytes each; ``None``: one the lone call refuses, sent alone), each group sent by
+        ``batch`` (one multi, by one deadline; ``None``: it applied nothing). The items
+        of a group that applied nothing, or raised (nothing applied: BackendUnavailable,
+        TokenSpaceExhausted, SessionExpired; and OutcomeUnknown if ``unknown_alone``,
+        for a lone call that recognises its own earlier success) are each sent alone by
+        ``alone``; otherwise an OutcomeUnknown is each item's of that group."""
         h = self._handle(session)
-        outcomes: list[LeaseRecord | LeaseError | None] = [None] * len(items)
+        outcomes: dict[int, _O | LeaseError] = {}
         groups: list[list[int]] = []
         size = 0
-        for i, (_, claim, result) in enumerate(items):
-            if not isinstance(claim, ClaimResult) or len(result) > self.config.max_result_bytes:
-                continue  # complete() below refuses it with its own error
-            cost = len(result) + 512
-            if groups and size + cost <= COMPLETE_MULTI_BYTES:
+        for i, item in enumerate(items):
+            item_cost = cost(item)
+            if item_cost is None:
+                continue
+            if groups and size + item_cost <= END_MULTI_BYTES:
                 groups[-1].append(i)
-                size += cost
+                size += item_cost
             else:
                 groups.append([i])
-                size = cost
+                size = item_cost
         for group in groups:
-            batch = [(self._paths(items[i][0]), items[i][1], bytes(items[i][2]))
-                     for i in group]
             entered = self._wire.enter()
             try:
                 with _concerning(items[group[0]][0]):
-                    records = self._holds.complete_batch(h, batch)
-            except LeaseError:  # each item alone below finds its own outcome
-                records = None
+                    answers: Sequence[_O | LeaseError] | None = batch(
+                        h, [items[i] for i in group])
+            except OutcomeUnknown as exc:
+                answers = None if unknown_alone else [exc] * len(group)
+            except LeaseError:  # nothing applied: each item alone below
+                answers = None
             finally:
                 if entered is not None:
                     self._wire.leave(entered)
-            if records is not None:
-                for i, record in zip(group, records, strict=True):
-                    outcomes[i] = record
-        out: list[LeaseRecord | LeaseError] = []
-        for i, outcome in enumerate(outcomes):
-            if outcome is None:
-                job_id, claim, result = items[i]
+            if answers is not None:
+                outcomes.update(zip(group, answers, strict=True))
+        out: list[_O | LeaseError] = []
+        for i, item in enumerate(items):
+            if i not in outcomes:
                 try:
-                    outcome = self.complete(session, job_id, claim, result)
+                    outcomes[i] = alone(item)
                 except LeaseError as exc:
-                    outcome = exc
-            out.append(outcome)
+                    outcomes[i] = exc
+            out.append(outcomes[i])
         return out
 
     @_bounded
@@ -841,11 +967,7 @@ class ZooKeeperBackend(Backend):
         paths = self._paths(job_id)
         with _concerning(job_id, claim.generation, self._holds, h, paths, "release"):
             hold = self._holds.release(h, paths, claim)
-        if hold is not None and hold.exact:  # the next claim here need not read first
-            self._claims.known.released(job_id, Released(
-                *split_token(hold.generation), hold.attempt, hold.max_attempts, hold.failure,
-                hold.held, hold.open, hold.delayed, hold.failed, hold.tally,
-            ))
+        self._remember_released(job_id, hold)
 
     @_bounded
     def fail(
