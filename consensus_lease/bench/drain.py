@@ -228,7 +228,19 @@ def _drain_once(spec: dict[str, Any], server: PgServer | None) -> dict[str, Any]
         if cpu0 is not None and cpu1 is not None:
             result["server_cpu_us_per_job"] = (cpu1 - cpu0) / jobs * 1e6
         result["transactions_per_job"] = (xact1 - xact0 - 1) / jobs
+    if spec["side"] == "ours":
+        _purge(spec["url"], spec["queue"])
     return result
+
+
+def _purge(url: str, queue: str) -> None:
+    """Delete a drained queue's COMPLETED records, after the server snapshot, as a user
+    does once done with them: ZooKeeper's store-wide limit (``store_max_jobs``) counts
+    them, and a run enqueues ``w10_jobs`` for every side and round."""
+    from ..store import open_store
+
+    with open_store(url) as store:
+        store.purge(queue)
 
 
 def _wake(spec: dict[str, Any]) -> dict[str, Any]:
