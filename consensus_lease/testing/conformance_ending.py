@@ -6,8 +6,8 @@ Mixed into :class:`~consensus_lease.testing.conformance.BackendConformance`, so 
 backend runs it, whether it ends many leases in one round trip
 (``capabilities.max_end_batch`` > 1: every store this package ships) or with the
 looped defaults of :class:`~consensus_lease.backend.Backend` (a driver that keeps
-``max_end_batch`` 1): the rules are the same. It uses that class's hooks (``open``, ``expire``, the ``store`` and
-``sessions`` fixtures); a stale item is made as in
+``max_end_batch`` 1): the rules are the same. It uses that class's hooks (``open``,
+``expire``, the ``store`` and ``sessions`` fixtures); a stale item is made as in
 :mod:`~consensus_lease.testing.conformance_completion`.
 """
 

@@ -15,6 +15,7 @@ period); 2 for a bad flag or variable; 130 after SIGINT.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -171,6 +172,18 @@ def worker_arguments(values: Mapping[str, object]) -> dict[str, Any]:
     }
 
 
+def check_arguments(arguments: Mapping[str, Any]) -> None:
+    """Refuse, before anything starts, the settings ``run_worker`` itself would refuse
+    (``config.WorkerConfig``'s checks: ranges such as ``concurrency`` 1..1024, or a
+    ``grace_s`` past its limit), so that they exit 2 as a bad flag does, not 1.
+
+    Raises:
+        InvalidArgument: a setting out of its range.
+    """
+    fields = {f.name for f in dataclasses.fields(config.WorkerConfig)}
+    config.WorkerConfig(**{k: v for k, v in arguments.items() if k in fields})
+
+
 def serve_metrics(values: Mapping[str, object], arguments: Mapping[str, Any]) -> Any:
     """With ``metrics_port``: a :class:`~consensus_lease.metrics.PrometheusObserver`
     whose registry is served on ``metrics_addr:metrics_port``; else ``None``.
@@ -208,6 +221,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         values = settings(args, os.environ)
         level = parse_level(_get(values, "log_level", "info"))
         arguments = worker_arguments(values)
+        check_arguments(arguments)
         observer = serve_metrics(values, arguments)
         if observer is not None:
             arguments["observer"] = observer

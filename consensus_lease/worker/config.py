@@ -115,21 +115,19 @@ def seconds(name: str, value: object, *, positive: bool = False) -> float:
 
 # -- text (command-line flags and environment variables) -----------------------------
 
-def parse_seconds(text: str) -> float:
+def parse_seconds(text: str, *, positive: bool = False) -> float:
     try:
         number = float(text)
     except ValueError:
         raise InvalidArgument(f"not a number of seconds: {text!r}") from None
-    if not math.isfinite(number) or number < 0:
-        raise InvalidArgument(f"must be a finite number >= 0 of seconds, not {text!r}")
+    if not math.isfinite(number) or number < 0 or (positive and number == 0):
+        raise InvalidArgument(f"must be a finite number {'>' if positive else '>='} 0 of "
+                              f"seconds, not {text!r}")
     return number
 
 
 def parse_positive_seconds(text: str) -> float:
-    value = parse_seconds(text)
-    if value == 0:
-        raise InvalidArgument(f"must be > 0 seconds, not {text!r}")
-    return value
+    return parse_seconds(text, positive=True)
 
 
 _DECIMAL = re.compile(r"\s*[+-]?[0-9]+\s*")

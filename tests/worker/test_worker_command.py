@@ -106,6 +106,9 @@ def test_settings_come_from_the_environment(tmp_path: Path, worker_command: Any)
      "CONSENSUS_LEASE_TTL_S"),
     (["--backend", "memory://", "--queue", "q", "x:y"],
      {"CONSENSUS_LEASE_PROCESSES": "maybe"}, "not a boolean"),
+    # Ranges that run_worker checks (it used to exit 1 for them).
+    (["--backend", "memory://", "--queue", "q", "--concurrency", "2000", "x:y"], {},
+     "concurrency must be an int from 1 to 1024"),
 ])
 def test_bad_settings_exit_2(tmp_path: Path, worker_command: Any, args: list[str],
                              env: dict[str, str], message: str) -> None:
@@ -185,3 +188,13 @@ def test_prefetch_and_batched_completion_from_the_command(tmp_path: Path, worker
     assert 0 < int(summary["complete_batches"]) < 40, summary
     assert summary["errors"] == summary["leases_lost"] == "0", summary
     assert all(_record(url, job).state is JobState.COMPLETED for job in jobs)
+
+
+@pytest.mark.parametrize("text", ["-1", "0", "nan"])
+def test_a_ttl_flag_names_its_own_range(text: str) -> None:
+    # --ttl-s refuses 0 too, so its message says "> 0" (it said ">= 0" for -1).
+    from consensus_lease.errors import InvalidArgument
+    from consensus_lease.worker.config import parse_positive_seconds
+
+    with pytest.raises(InvalidArgument, match="> 0 of seconds"):
+        parse_positive_seconds(text)
