@@ -75,6 +75,9 @@ def run_worker(
         grace_s: seconds jobs in flight get to finish after a stop request (float >= 0).
         until_empty: return once the queue has nothing available (jobs waiting out a
             retry delay count as available), nothing held; FAILED jobs do not count.
+            An idle slot then makes a non-waiting claim and reads the queue's counts
+            before each waiting claim, so a drained queue ends it at once (not after a
+            ``claim_wait_s`` wait).
         claim_wait_s: how long one ``claim_next`` waits (seconds > 0); also the longest
             delay before a stop request is noticed by an idle slot.
         fused_claim: complete each job with ``lease.complete_and_claim_next`` and work

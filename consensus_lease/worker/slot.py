@@ -228,9 +228,12 @@ class Slot:
             return None
         try:
             if feeder is None:
-                lease = session.claim_next(self.config.queue, wait_s=self.config.claim_wait_s)
+                lease = self._claim_alone(session)
             else:
                 lease = self._claim_beside(feeder, session)
+            if lease is None:  # until_empty: a non-waiting claim found the queue drained
+                self.control.request("drained")
+                return None
         except ClaimTimeout:
             self._store_errors = 0
             if self.config.until_empty and self._drained():
@@ -250,16 +253,30 @@ class Slot:
         self._store_errors = 0
         return lease
 
-    def _claim_beside(self, feeder: Feeder, session: Session) -> Lease:
+    def _claim_alone(self, session: Session) -> Lease | None:
+        """``claim_next`` without a feeder. With ``until_empty`` a non-waiting claim
+        comes first, and ``None`` when it found nothing and the queue is drained: the
+        slot ends at once rather than after a ``claim_wait_s`` wait."""
+        if self.config.until_empty:
+            lease = session.claim_next(self.config.queue)
+            if lease is not None or self._drained():
+                return lease
+        return session.claim_next(self.config.queue, wait_s=self.config.claim_wait_s)
+
+    def _claim_beside(self, feeder: Feeder, session: Session) -> Lease | None:
         """``claim_next`` with a feeder: first a non-waiting claim (with the free
         prefetch room, where the store batches claims: :meth:`Feeder.claim_for_slot`);
         pending completions are sent before waiting (never held while blocked), and
-        nothing is prefetched during the wait."""
-        if feeder.pending or feeder.claim_batch > 1:
+        nothing is prefetched during the wait. ``None`` (``until_empty`` only): the
+        non-waiting claim found nothing, and with the completions sent the queue is
+        drained."""
+        if feeder.pending or feeder.claim_batch > 1 or self.config.until_empty:
             lease = feeder.claim_for_slot(session)
             if lease is not None:
                 return lease
             feeder.flush()
+            if self.config.until_empty and self._drained():
+                return None
         feeder.waiting(True)
         try:
             return session.claim_next(self.config.queue, wait_s=self.config.claim_wait_s)

@@ -609,3 +609,18 @@ def test_an_unknown_prefetch_claim_replaces_the_session(
     assert _states(memory, jobs) == {"completed": 60}
     assert any("prefetch claim's outcome was unknown" in r.getMessage()
                for r in caplog.records), [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.parametrize("knobs", [{}, {"prefetch": 4, "complete_batch": 8}],
+                         ids=["plain", "feeder"])
+def test_until_empty_ends_without_waiting_out_a_claim(
+        any_store: LeaseStore, knobs: dict[str, Any]) -> None:
+    # A drained queue is noticed by a non-waiting claim and the queue's counts, not after
+    # a claim_wait_s wait: with 30 s the old runner took >= 30 s to return.
+    any_store.enqueue_many("q", ["a", "b", "c"])
+    started = time.monotonic()
+    stats = run_worker(any_store, "q", lambda lease, payload: b"", until_empty=True,
+                       claim_wait_s=30.0, ttl_s=5.0, **knobs)
+    took = time.monotonic() - started
+    assert stats.completed == 3 and stats.stopped_by == "drained"
+    assert took < 15.0, took  # half the wait: a wide margin for a busy host
