@@ -588,10 +588,14 @@ class LeaseStore:
     def purge(self, queue: str) -> int:
         """Delete the records of ``queue``'s COMPLETED jobs (result included); return how
         many. Held and available jobs are untouched. Until purged, completed jobs stay
-        recorded with their generation and result.
+        recorded with their generation and result. SQLite and PostgreSQL delete in one
+        transaction; etcd and ZooKeeper in steps of up to 64 and 100 jobs, each step bounded by
+        the store's timeout on its own, so a large queue is purged whole.
 
         Raises:
             UnsupportedOperation / BackendUnavailable: see :mod:`consensus_lease.errors`.
+                On etcd and ZooKeeper the jobs of the steps done before it stay purged:
+                call again for the rest.
         """
         check_queue_name(queue)
         self._require_queues()

@@ -608,3 +608,27 @@ def test_needed_ops_counts_nested_transactions_against_the_rest() -> None:
     assert needed_ops(nested) == 8
     assert needed_ops(outer) == 3 + 8  # etcd: nested against --max-txn-ops minus 3
     assert needed_ops(rq.txn(compare=[rq.exists(b"a")] * 5, success=[rq.get(b"a")])) == 5
+
+
+def test_purge_longer_than_one_timeout_purges_the_whole_queue(etcd_server: LocalEtcd) -> None:
+    # Each step has its own deadline: 3,000 jobs take longer than one 0.2 s budget (one
+    # deadline for the call gave BackendUnavailable part way).
+    base = etcd_server.url_with_prefix(f"q-{uuid.uuid4().hex[:12]}")
+    n = 3_000
+    with open_store(base) as store:
+        store.enqueue_many("wide", [f"w{i:04d}" for i in range(n)])
+        with store.session("A", ttl_s=30) as a:
+            done = 0
+            while done < n:
+                leases = a.claim_next_many("wide", 100)
+                assert leases
+                assert all(not isinstance(r, Exception) for r in a.complete_many(leases))
+                done += len(leases)
+    tight_url = base + ("&" if "?" in base else "?") + "timeout_s=0.2&connect_timeout_s=0.2"
+    with open_store(tight_url) as tight:
+        started = time.monotonic()
+        assert tight.purge("wide") == n
+        took = time.monotonic() - started
+    print(f"purge of {n} jobs: {took:.2f} s with a 0.2 s budget per step")
+    with open_store(base) as store:
+        assert store.queue_stats("wide").completed == 0

@@ -593,6 +593,29 @@ def test_timed_out_waits_leave_one_watch_per_path(
 # -- purge ----------------------------------------------------------------------------------
 
 
+def test_purge_longer_than_one_timeout_purges_the_whole_queue(zk_url: str) -> None:
+    # Each step has its own timeout_s: 1,500 jobs take several 0.3 s steps' worth of
+    # time on the whole (one deadline for the call gave BackendUnavailable part way).
+    url = zk_url + ("&" if "?" in zk_url else "?") + "timeout_s=0.3"
+    n = 1_500
+    with open_store(zk_url) as store:
+        store.enqueue_many("wide", [f"w{i:04d}" for i in range(n)])
+        with store.session("A", ttl_s=30) as a:
+            done = 0
+            while done < n:
+                leases = a.claim_next_many("wide", 128)
+                assert leases
+                assert all(not isinstance(r, Exception) for r in a.complete_many(leases))
+                done += len(leases)
+    with open_store(url) as tight:
+        started = time.monotonic()
+        assert tight.purge("wide") == n
+        took = time.monotonic() - started
+    print(f"purge of {n} jobs: {took:.2f} s with timeout_s=0.3")
+    with open_store(zk_url) as store:
+        assert store.queue_stats("wide").completed == 0
+
+
 def test_purge_of_many_jobs_in_several_multis_leaves_no_stray_znodes(
     store: LeaseStore, opened: Callable[..., Session], zk_url: str
 ) -> None:

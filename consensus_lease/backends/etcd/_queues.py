@@ -378,22 +378,27 @@ def purge(ops: Ops, queue: str) -> int:
     under a later ordinal, at the revision read)."""
     qkeys = ops.layout.queue(queue)
     what = f"purging queue {queue!r}"
-    revision, members = _all_keys(ops, qkeys.members, 0, what)
-    _, pendings = _all_keys(ops, qkeys.pendings, revision, what, keys_only=False)
+    bounded = ops.transport.bounded  # each step its own deadline (EtcdBackend.purge)
+    with bounded():
+        revision, members = _all_keys(ops, qkeys.members, 0, what)
+        _, pendings = _all_keys(ops, qkeys.pendings, revision, what, keys_only=False)
     open_jobs = {qkeys.job_of(bytes(kv.key)): ordinal_of(kv) for kv in pendings}
     done = [job_id for job_id, _ in sorted(page_jobs(qkeys, members), key=lambda j: j[1])
             if job_id not in open_jobs]
-    _, entries = _all_keys(ops, qkeys.entries(0, 10**20 - 1), revision, what)
+    with bounded():
+        _, entries = _all_keys(ops, qkeys.entries(0, 10**20 - 1), revision, what)
     stale = [bytes(kv.key) for kv in entries
              if (e := qkeys.entry_of(bytes(kv.key))) is not None and open_jobs.get(e[1]) != e[0]]
-    _queues_index.delete_stale(ops, qkeys, stale)
+    with bounded():
+        _queues_index.delete_stale(ops, qkeys, stale)
     purged, start = 0, 0
     while start < len(done):
         window = done[start : start + PURGE_BATCH]
         batch = window[: ops.txn_limit.fitting(
             window, lambda ids: _purge_request(ops, qkeys, ids), what)]
         try:
-            purged += _purge_batch(ops, qkeys, batch, what)
+            with bounded():
+                purged += _purge_batch(ops, qkeys, batch, what)
         except InvalidArgument as exc:  # refused as a whole: nothing of it was written
             if not too_many_ops(exc):
                 raise

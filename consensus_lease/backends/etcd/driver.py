@@ -1028,14 +1028,19 @@ class EtcdBackend(Backend):
         answer, jobs whose member key is gone when read back are counted (a concurrent
         purge may have deleted them).
 
+        Each step (a listing, the stale index entries' deletes, a batch's read and
+        transaction) ends by its own deadline, ``max(timeout_s, connect_timeout_s)`` from
+        its start: a large queue takes as many steps as it needs, and an unreachable
+        store fails the first.
+
         Raises:
-            OutcomeUnknown / BackendUnavailable / AuthenticationFailed: some may be purged.
+            OutcomeUnknown / BackendUnavailable / AuthenticationFailed: a step not done
+                in time; the earlier steps' jobs are purged.
             InvalidArgument: the server's ``--max-txn-ops`` is below what one job's
                 purge transaction needs (10: its two compares, then the nested eight
                 deletes); the message names the limit.
         """
-        with self._transport.bounded():
-            return _queues.purge(self._ops, queue)
+        return _queues.purge(self._ops, queue)
 
     # -- reading and waiting ------------------------------------------------------------
 

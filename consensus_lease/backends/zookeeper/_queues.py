@@ -152,12 +152,9 @@ in a retry delay, it waits at most :data:`POLL_S` between looks."""
 POLL_S = 0.5
 """How long ``wait_for_queue`` waits without a watch on every bucket that could change."""
 
-PURGE_READ_CHUNK = 64
-"""Completed jobs whose records (results included) purge reads at once."""
-
 PURGE_BATCH = 100
-"""Completed jobs deleted per purge multi (three or four deletes each), also kept under
-``PURGE_MULTI_BYTES``."""
+"""Completed jobs read (results included) and deleted per purge step, one multi of three
+or four deletes each (more when over ``PURGE_MULTI_BYTES``)."""
 
 PURGE_MULTI_BYTES = 512 * 1024
 """Largest purge multi sent (estimated), far below ``JUTE_MAXBUFFER``."""
@@ -944,7 +941,8 @@ class Queues:
         <consensus_lease.backends.zookeeper.ZooKeeperBackend.purge>`."""
         q = self.paths(queue)
         what = f"purge of queue {queue!r}"
-        at = self._read_head(q, [], what)[0]
+        with self.wire.bounded():
+            at = self._read_head(q, [], what)[0]
         if at is None:
             return 0
         head = at.head
@@ -953,15 +951,17 @@ class Queues:
             bucket = q.bucket(b)
             # Members first, open markers after: an enqueue landing between the two reads
             # is then missing from the first (ignored), never taken for a completed job.
-            members, open_names = self.wire.reader_read(
-                [("children", bucket.members), ("children", bucket.open)], what)
+            with self.wire.bounded():
+                members, open_names = self.wire.reader_read(
+                    [("children", bucket.members), ("children", bucket.open)], what)
             still_open = set(open_names or ())
             done = [m for m in _sorted_members(members) if m[2] not in still_open]
-            verified: list[_Doomed] = []
-            for start in range(0, len(done), PURGE_READ_CHUNK):
-                verified += self._verify_completed(
-                    queue, bucket, done[start : start + PURGE_READ_CHUNK], what)
-            purged += sum(self._delete(q, batch, what) for batch in _purge_batches(verified))
+            for start in range(0, len(done), PURGE_BATCH):
+                with self.wire.bounded():  # each step its own timeout_s (the docstring)
+                    verified = self._verify_completed(
+                        queue, bucket, done[start : start + PURGE_BATCH], what)
+                    purged += sum(self._delete(q, batch, what)
+                                  for batch in _purge_batches(verified))
         return purged
 
     def _verify_completed(
