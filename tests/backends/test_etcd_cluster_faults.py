@@ -50,10 +50,10 @@ CHURN_SPACING_S = 2.0
 CHURN_RAFT = {"heartbeat_interval_ms": 25, "election_timeout_ms": 250, "extra_args": ["--pre-vote"]}
 """Raft timing of the churn cluster. Each kill costs the cluster an election, during
 which no member renews a lease: a renewal due then is answered when the new leader is
-there, and leaves ``TTL - margin - TTL/3 - E`` (see :mod:`consensus_lease.backends.etcd.
-_keepalive`). Measured here from kill to the held renewals' answers, E was 0.8-1.2 s
-with a 500 ms election timeout (38% of the TTL left at best, whatever the client does)
-and 0.6-0.7 s with 250 ms. Pre-vote keeps the restarted member from forcing a second
+there, and leaves ``TTL - margin - TTL/3 - E`` (see
+:mod:`consensus_lease.backends.etcd._transport_keepalive`). Measured here from kill to
+the held renewals' answers, E was 0.8-1.2 s with a 500 ms election timeout (38% of the
+TTL left at best, whatever the client does) and 0.6-0.7 s with 250 ms. Pre-vote keeps the restarted member from forcing a second
 election when it comes back. So the assertion measures the client's share: what it
 adds to the election (a stream left waiting on a dead or restarting member, an attempt
 that gives up on a follower holding the renewal) comes off the 40%."""
