@@ -134,9 +134,9 @@ frozen and no election, the headroom lost is the client's alone: ``0.567 TTL - d
 :mod:`consensus_lease.backends.etcd._transport_keepalive`), ``d`` the wait on the silent
 member before a live one answers. A hedge after ``max(0.15, TTL/20)`` leaves about 2.58 s
 (52%) at TTL 5 s, so 40% keeps 0.58 s for a late renewer thread on a busy 2-core host
-(measured: 51-52% quiet, 47% beside two busy loops); waiting out a whole per-request
+(measured: 50-52%, 47% beside two busy loops); waiting out a whole per-request
 budget on the silent member (``min(timeout_s, TTL/3)`` = 1.67 s, the keepalive before
-issue 25's fix) left 1.07-1.15 s (21-23%), 3.4 s between two good renewals."""
+issue 25's fix) left 0.80-1.15 s (16-23%), 3.4-3.7 s between two good renewals."""
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
