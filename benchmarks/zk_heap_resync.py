@@ -1,0 +1,270 @@
+"""Issue 25, item 6: the heap a ZooKeeper member needs when the store is full and a
+member rejoins by snapshot (SNAP), measured on a real 3-member ensemble.
+
+``python benchmarks/zk_heap_resync.py [--heap-mb 256] [--store-max-jobs 18000]
+[--store-max-bytes 8388608] [--payload-bytes 100] [--id-chars 120] [--writes 2000]
+[--rejoin follower,leader] [--out FILE.json] [--deadline-s 900]``
+
+Starts a 3-member ensemble with the container kit (each member ``-Xmx{heap}m``, the
+kit's serial collector, every collection logged to its console with ``-Xlog:gc``) on
+loopback, opens a store with the given ``store_max_jobs`` / ``store_max_bytes``, and
+fills three queues in turn with ``enqueue_many`` until the store refuses with
+``QueueFull`` (chunks halve on each refusal down to single jobs, so the store ends
+full to the job or the byte). Then:
+
+1. a full collection on each member (``jcmd PID GC.run`` from the host), so its GC log
+   says the live heap of the full tree;
+2. for each member named by ``--rejoin`` (``follower``: one follower; ``leader``: the
+   leader of that moment): SIGKILL it, write ``--writes`` small transactions (``set`` of
+   one znode outside the store: the tree does not grow) so that its last zxid falls out
+   of the leader's committed log (``zookeeper.commitLogCount``, 500), start it again
+   and wait until it serves; its log says how it synced (SNAP expected), and every
+   member's GC log over the rejoin gives its heap peak (largest heap used before a
+   collection) and its largest heap after one (the live set's upper bound);
+3. checks the ensemble survived: all three members serve, an enqueue still gets
+   ``QueueFull`` (not ``OutcomeUnknown``), no ``OutOfMemoryError`` in any log.
+
+Prints one JSON document (also to ``--out``). Heap figures are the JVM's own (GC log,
+MB = MiB), VmHWM / VmRSS of the java process from ``/proc`` beside them. Every wait
+has a deadline; the whole run stops at ``--deadline-s``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kazoo.client import KazooClient
+
+from consensus_lease import LeaseStore, OutcomeUnknown, QueueFull, open_store
+from consensus_lease.testing.cluster import Member, ZooKeeperCluster
+
+GC_LINE = re.compile(
+    r"\[(?P<up>[\d.]+)s\].*GC\(\d+\) (?P<kind>Pause \w+) \((?P<cause>.*?)\) "
+    r"(?P<before>\d+)M->(?P<after>\d+)M\((?P<total>\d+)M\)")
+QUEUES = ("heap-q1", "heap-q2", "heap-q3")
+
+
+@dataclass
+class Heap:
+    """One member's GC log over a window: MiB."""
+
+    collections: int = 0
+    full: int = 0
+    peak_used_mb: int = 0  # largest heap used before a collection
+    max_after_mb: int = 0  # largest heap left after a collection (live set's upper bound)
+    last_full_after_mb: int | None = None  # after the last full collection: the live set
+    committed_mb: int = 0
+    vm_hwm_mb: float | None = None
+    vm_rss_mb: float | None = None
+
+
+@dataclass
+class Fill:
+    jobs: int = 0
+    payload_bytes: int = 0
+    seconds: float = 0.0
+    per_queue: dict[str, int] = field(default_factory=dict)
+    refusal: str = ""
+    outcome_unknown: int = 0
+
+
+def gc_heap(log: str) -> Heap:
+    """The collections in ``log`` (a member's console, ``-Xlog:gc``)."""
+    heap = Heap()
+    for match in GC_LINE.finditer(log):
+        before, after = int(match["before"]), int(match["after"])
+        heap.collections += 1
+        heap.peak_used_mb = max(heap.peak_used_mb, before)
+        heap.max_after_mb = max(heap.max_after_mb, after)
+        heap.committed_mb = max(heap.committed_mb, int(match["total"]))
+        if match["kind"] == "Pause Full":
+            heap.full += 1
+            heap.last_full_after_mb = after
+    return heap
+
+
+def java_pid(member: Member) -> int:
+    container = member.docker()
+    container.reload()
+    return int(container.attrs["State"]["Pid"])
+
+
+def proc_memory(pid: int) -> tuple[float | None, float | None]:
+    """VmHWM and VmRSS of ``pid`` in MiB (None if it is gone)."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None, None
+    values = {k: int(v.split()[0]) / 1024 for k, v in
+              (line.split(":", 1) for line in text.splitlines() if line.startswith("Vm"))}
+    return values.get("VmHWM"), values.get("VmRSS")
+
+
+def full_collection(member: Member) -> str:
+    """``jcmd PID GC.run`` from the host (the JDK's attach works across the container's
+    namespaces as root); returns its output or why it failed."""
+    try:
+        done = subprocess.run(["jcmd", str(java_pid(member)), "GC.run"], capture_output=True,
+                              text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"jcmd failed: {exc!r}"
+    return (done.stdout + done.stderr).strip()[-200:]
+
+
+def fill(store: LeaseStore, payload: bytes, id_chars: int, deadline: float) -> Fill:
+    """Fill the queues in turn until a single enqueue is refused with QueueFull."""
+    result, chunk, n = Fill(per_queue=dict.fromkeys(QUEUES, 0)), 1000, 0
+    started = time.monotonic()
+    while time.monotonic() < deadline:
+        queue = QUEUES[(n // 1000) % len(QUEUES)]
+        ids = [f"{queue}-{n + i:07d}-".ljust(id_chars, "z") for i in range(chunk)]
+        try:
+            added = store.enqueue_many(queue, [(job, payload) for job in ids])
+        except QueueFull as exc:
+            if chunk == 1:
+                result.refusal = str(exc)
+                break
+            chunk = max(1, chunk // 2)
+            continue  # the chunks before the refused one are in: the retry skips them
+        except OutcomeUnknown:
+            result.outcome_unknown += 1
+            continue
+        result.per_queue[queue] += sum(added)
+        n += chunk
+    result.seconds = round(time.monotonic() - started, 1)
+    result.jobs = sum(result.per_queue.values())
+    result.payload_bytes = result.jobs * len(payload)
+    return result
+
+
+def push_out_of_committed_log(cluster: ZooKeeperCluster, absent: Member, writes: int,
+                              path: str) -> None:
+    """``writes`` small ``set``s of one znode, on the members still up."""
+    hosts = ",".join(m.endpoint for m in cluster.members if m is not absent)
+    client = KazooClient(hosts=hosts, timeout=30)
+    client.start(timeout=30)
+    try:
+        client.ensure_path(path)
+        for start in range(0, writes, 200):
+            pending = [client.set_async(path, b"%d" % i)
+                       for i in range(start, min(writes, start + 200))]
+            for answer in pending:
+                answer.get(timeout=30)
+    finally:
+        client.stop()
+        client.close()
+
+
+def heaps(cluster: ZooKeeperCluster, since: dict[str, int]) -> dict[str, dict[str, Any]]:
+    """Each member's GC figures from its log after ``since[name]`` characters."""
+    out = {}
+    for member in cluster.members:
+        log = cluster.logs(member)
+        heap = gc_heap(log[since.get(member.name, 0):])
+        heap.vm_hwm_mb, heap.vm_rss_mb = proc_memory(java_pid(member))
+        out[member.name] = asdict(heap)
+    return out
+
+
+def trees(cluster: ZooKeeperCluster) -> dict[str, dict[str, str]]:
+    """Each member's znode count and data bytes (``mntr``)."""
+    keys = ("zk_znode_count", "zk_approximate_data_size", "zk_server_state")
+    return {m.name: {k: v for k, v in cluster.mntr(m).items() if k in keys}
+            for m in cluster.members}
+
+
+def log_sizes(cluster: ZooKeeperCluster) -> dict[str, int]:
+    return {m.name: len(cluster.logs(m)) for m in cluster.members}
+
+
+def rejoin(cluster: ZooKeeperCluster, role: str, writes: int, path: str) -> dict[str, Any]:
+    """Kill the member of ``role``, write past the committed log, start it, wait."""
+    leader = cluster.leader()
+    victim = leader if role == "leader" else next(m for m in cluster.members if m is not leader)
+    syncs_before = len(cluster.sync_modes(victim))
+    cluster.kill(victim)
+    push_out_of_committed_log(cluster, victim, writes, path)
+    since = log_sizes(cluster)
+    begun = time.monotonic()
+    cluster.restart(victim, ready_timeout_s=180)
+    ready_s = time.monotonic() - begun
+    for member in cluster.members:  # the collections of the SNAP window, then the live set
+        full_collection(member)
+    return {"role": role, "member": victim.name, "was_leader": victim is leader,
+            "leader_during_rejoin": cluster.leader().name, "ready_s": round(ready_s, 1),
+            "synced_by": cluster.sync_modes(victim)[syncs_before:],
+            "heap": heaps(cluster, since)}
+
+
+def survived(cluster: ZooKeeperCluster, store: LeaseStore) -> dict[str, Any]:
+    cluster.wait_ready(60)
+    modes = {m.name: cluster.member_mode(m) for m in cluster.members}
+    outcome = "accepted"
+    try:
+        store.enqueue(QUEUES[0], f"after-{uuid.uuid4().hex}")
+    except QueueFull:
+        outcome = "QueueFull"
+    except OutcomeUnknown:
+        outcome = "OutcomeUnknown"
+    oom = [m.name for m in cluster.members if "OutOfMemoryError" in cluster.logs(m)]
+    return {"modes": modes, "enqueue_after": outcome, "out_of_memory": oom}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    deadline = time.monotonic() + args.deadline_s
+    chroot = f"heap-{uuid.uuid4().hex[:8]}"
+    with ZooKeeperCluster(heap_mb=args.heap_mb, jvm_flags=["-Xlog:gc:stdout"]) as cluster:
+        url = (f"{cluster.url_with_prefix(chroot)}?store_max_jobs={args.store_max_jobs}"
+               f"&store_max_bytes={args.store_max_bytes}")
+        store = open_store(url, connect_timeout_s=30, timeout_s=60)
+        try:
+            filled = fill(store, b"p" * args.payload_bytes, args.id_chars, deadline)
+            for member in cluster.members:
+                full_collection(member)
+            report: dict[str, Any] = {
+                "setup": {k: v for k, v in vars(args).items() if k != "out"},
+                "fill": asdict(filled), "tree": trees(cluster),
+                "after_fill": heaps(cluster, {}), "rejoins": []}
+            for role in args.rejoin.split(","):
+                if time.monotonic() > deadline:
+                    break
+                report["rejoins"].append(rejoin(cluster, role, args.writes, f"/{chroot}-w"))
+            report["survived"] = survived(cluster, store)
+            return report
+        finally:
+            store.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--heap-mb", type=int, default=256)
+    parser.add_argument("--store-max-jobs", type=int, default=18_000)
+    parser.add_argument("--store-max-bytes", type=int, default=8_388_608)
+    parser.add_argument("--payload-bytes", type=int, default=100)
+    parser.add_argument("--id-chars", type=int, default=120)
+    parser.add_argument("--writes", type=int, default=2_000)
+    parser.add_argument("--rejoin", default="follower,leader")
+    parser.add_argument("--deadline-s", type=float, default=900.0)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    report = run(args)
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text + "\n")
+    ok = report["survived"]["enqueue_after"] == "QueueFull" and not report["survived"][
+        "out_of_memory"] and all(r["synced_by"][-1:] == ["SNAP"] for r in report["rejoins"])
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
