@@ -1,8 +1,8 @@
 """A full ZooKeeper store survives a member's rejoin by snapshot (issue 25, item 6).
 
 A 3-member ensemble of its own with a small heap (128 MB) and the store-wide limits the
-resync rule of ``docs/capacity.md`` gives for it (``heap ≈ 96 MB + (store_max_jobs ×
-3 KB + store_max_bytes) × 2.5``: 3,600 jobs and 1 MiB), scaled down from the measured
+resync rule of ``docs/capacity.md`` gives for it (``heap ≈ 96 MB + (store_max_jobs x
+3 KB + store_max_bytes) x 2.5``: 3,600 jobs and 1 MiB), scaled down from the measured
 256 MB case (``benchmarks/zk_heap_resync.py``). Three queues are filled until the store
 refuses with ``QueueFull``; a follower is killed, the others write past the leader's
 committed log (500 transactions) so that it must rejoin by ``SNAP`` (the leader's whole
