@@ -3,7 +3,7 @@ member rejoins by snapshot (SNAP), measured on a real 3-member ensemble.
 
 ``python benchmarks/zk_heap_resync.py [--heap-mb 256] [--store-max-jobs 18000]
 [--store-max-bytes 8388608] [--payload-bytes 100] [--id-chars 120] [--writes 2000]
-[--rejoin follower,leader] [--out FILE.json] [--deadline-s 900]``
+[--rejoin follower,leader,paused-leader] [--out FILE.json] [--deadline-s 900]``
 
 Starts a 3-member ensemble with the container kit (each member ``-Xmx{heap}m``, the
 kit's serial collector, every collection logged to its console with ``-Xlog:gc``) on
@@ -14,13 +14,16 @@ full to the job or the byte). Then:
 
 1. a full collection on each member (``jcmd PID GC.run`` from the host), so its GC log
    says the live heap of the full tree;
-2. for each member named by ``--rejoin`` (``follower``: one follower; ``leader``: the
-   leader of that moment): SIGKILL it, write ``--writes`` small transactions (``set`` of
-   one znode outside the store: the tree does not grow) so that its last zxid falls out
-   of the leader's committed log (``zookeeper.commitLogCount``, 500), start it again
-   and wait until it serves; its log says how it synced (SNAP expected), and every
-   member's GC log over the rejoin gives its heap peak (largest heap used before a
-   collection) and its largest heap after one (the live set's upper bound);
+2. for each member named by ``--rejoin`` (``follower``: one follower, ``leader``: the
+   leader of that moment, both SIGKILLed and started again; ``paused-leader``: the
+   leader frozen with ``docker pause`` and thawed once another leads, as a deposed
+   leader): take it away, write ``--writes`` small transactions (``set`` of one znode
+   outside the store: the tree does not grow) so that its last zxid falls out of the
+   leader's committed log (``zookeeper.commitLogCount``, 500), bring it back and wait
+   until it serves and has synced; its log says how it synced (SNAP expected), and
+   every member's GC log over the rejoin gives its heap peak (largest heap used before
+   a collection) and its largest heap after one (the live set's upper bound), then a
+   full collection its live set after the rejoin;
 3. checks the ensemble survived: all three members serve, an enqueue still gets
    ``QueueFull`` (not ``OutcomeUnknown``), no ``OutOfMemoryError`` in any log.
 
@@ -187,22 +190,41 @@ def log_sizes(cluster: ZooKeeperCluster) -> dict[str, int]:
 
 
 def rejoin(cluster: ZooKeeperCluster, role: str, writes: int, path: str) -> dict[str, Any]:
-    """Kill the member of ``role``, write past the committed log, start it, wait."""
+    """Take the member of ``role`` away (``follower``, ``leader``: SIGKILL;
+    ``paused-leader``: ``docker pause``), write past the committed log, bring it back,
+    wait until it serves and has synced."""
     leader = cluster.leader()
-    victim = leader if role == "leader" else next(m for m in cluster.members if m is not leader)
+    victim = leader if role.endswith("leader") else next(
+        m for m in cluster.members if m is not leader)
     syncs_before = len(cluster.sync_modes(victim))
-    cluster.kill(victim)
+    if role == "paused-leader":
+        cluster.pause(victim)
+    else:
+        cluster.kill(victim)
+    cluster.leader(timeout_s=60)  # the others have one (a new one if the leader went)
     push_out_of_committed_log(cluster, victim, writes, path)
     since = log_sizes(cluster)
     begun = time.monotonic()
-    cluster.restart(victim, ready_timeout_s=180)
+    if role == "paused-leader":
+        cluster.unpause(victim)
+    else:
+        cluster.restart(victim, ready_timeout_s=None)
+    deadline = time.monotonic() + 180
+    while len(cluster.sync_modes(victim)) == syncs_before or cluster.member_mode(victim) \
+            not in ("leader", "follower"):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{victim.name} did not sync within 180 s: "
+                               + cluster.logs(victim, tail=30))
+        time.sleep(0.2)
     ready_s = time.monotonic() - begun
-    for member in cluster.members:  # the collections of the SNAP window, then the live set
+    heap_window = heaps(cluster, since)  # the collections of the rejoin window
+    for member in cluster.members:  # then the live set after it
         full_collection(member)
-    return {"role": role, "member": victim.name, "was_leader": victim is leader,
-            "leader_during_rejoin": cluster.leader().name, "ready_s": round(ready_s, 1),
+    live = {name: h["last_full_after_mb"] for name, h in heaps(cluster, since).items()}
+    return {"role": role, "member": victim.name, "leader_before": leader.name,
+            "leader_after": cluster.leader().name, "ready_s": round(ready_s, 1),
             "synced_by": cluster.sync_modes(victim)[syncs_before:],
-            "heap": heaps(cluster, since)}
+            "heap": heap_window, "live_after_mb": live}
 
 
 def survived(cluster: ZooKeeperCluster, store: LeaseStore) -> dict[str, Any]:
@@ -252,7 +274,7 @@ def main() -> int:
     parser.add_argument("--payload-bytes", type=int, default=100)
     parser.add_argument("--id-chars", type=int, default=120)
     parser.add_argument("--writes", type=int, default=2_000)
-    parser.add_argument("--rejoin", default="follower,leader")
+    parser.add_argument("--rejoin", default="follower,leader,paused-leader")
     parser.add_argument("--deadline-s", type=float, default=900.0)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
