@@ -3,7 +3,7 @@ member rejoins by snapshot (SNAP), measured on a real 3-member ensemble.
 
 ``python benchmarks/zk_heap_resync.py [--heap-mb 256] [--store-max-jobs 18000]
 [--store-max-bytes 8388608] [--payload-bytes 100] [--id-chars 120] [--writes 2000]
-[--rejoin follower,leader,paused-leader] [--out FILE.json] [--deadline-s 900]``
+[--write-bytes 100] [--rejoin follower,leader,paused-leader] [--out FILE.json] [--deadline-s 900]``
 
 Starts a 3-member ensemble with the container kit (each member ``-Xmx{heap}m``, the
 kit's serial collector, every collection logged to its console with ``-Xlog:gc``) on
@@ -17,8 +17,8 @@ full to the job or the byte). Then:
 2. for each member named by ``--rejoin`` (``follower``: one follower, ``leader``: the
    leader of that moment, both SIGKILLed and started again; ``paused-leader``: the
    leader frozen with ``docker pause`` and thawed once another leads, as a deposed
-   leader): take it away, write ``--writes`` small transactions (``set`` of one znode
-   outside the store: the tree does not grow) so that its last zxid falls out of the
+   leader): take it away, write ``--writes`` transactions of ``--write-bytes`` (``set``
+   of one znode outside the store: the tree does not grow) so that its last zxid falls out of the
    leader's committed log (``zookeeper.commitLogCount``, 500), bring it back and wait
    until it serves and has synced; its log says how it synced (SNAP expected), and
    every member's GC log over the rejoin gives its heap peak (largest heap used before
@@ -131,7 +131,7 @@ def fill(store: LeaseStore, payload: bytes, id_chars: int, deadline: float) -> F
         queue = QUEUES[(n // 1000) % len(QUEUES)]
         ids = [f"{queue}-{n + i:07d}-".ljust(id_chars, "z") for i in range(chunk)]
         try:
-            added = store.enqueue_many(queue, [(job, payload) for job in ids])
+            store.enqueue_many(queue, [(job, payload) for job in ids])
         except QueueFull as exc:
             if chunk == 1:
                 result.refusal = str(exc)
@@ -141,24 +141,25 @@ def fill(store: LeaseStore, payload: bytes, id_chars: int, deadline: float) -> F
         except OutcomeUnknown:
             result.outcome_unknown += 1
             continue
-        result.per_queue[queue] += sum(added)
         n += chunk
     result.seconds = round(time.monotonic() - started, 1)
+    # counted by the store (a refused call's earlier multis are in)
+    result.per_queue = {q: store.queue_stats(q).available for q in QUEUES}
     result.jobs = sum(result.per_queue.values())
     result.payload_bytes = result.jobs * len(payload)
     return result
 
 
 def push_out_of_committed_log(cluster: ZooKeeperCluster, absent: Member, writes: int,
-                              path: str) -> None:
-    """``writes`` small ``set``s of one znode, on the members still up."""
+                              size: int, path: str) -> None:
+    """``writes`` ``set``s of ``size`` bytes to one znode, on the members still up."""
     hosts = ",".join(m.endpoint for m in cluster.members if m is not absent)
     client = KazooClient(hosts=hosts, timeout=30)
     client.start(timeout=30)
     try:
         client.ensure_path(path)
         for start in range(0, writes, 200):
-            pending = [client.set_async(path, b"%d" % i)
+            pending = [client.set_async(path, (b"%d-" % i).ljust(size, b"w"))
                        for i in range(start, min(writes, start + 200))]
             for answer in pending:
                 answer.get(timeout=30)
@@ -189,7 +190,8 @@ def log_sizes(cluster: ZooKeeperCluster) -> dict[str, int]:
     return {m.name: len(cluster.logs(m)) for m in cluster.members}
 
 
-def rejoin(cluster: ZooKeeperCluster, role: str, writes: int, path: str) -> dict[str, Any]:
+def rejoin(cluster: ZooKeeperCluster, role: str, writes: tuple[int, int], path: str,
+           ) -> dict[str, Any]:
     """Take the member of ``role`` away (``follower``, ``leader``: SIGKILL;
     ``paused-leader``: ``docker pause``), write past the committed log, bring it back,
     wait until it serves and has synced."""
@@ -202,7 +204,7 @@ def rejoin(cluster: ZooKeeperCluster, role: str, writes: int, path: str) -> dict
     else:
         cluster.kill(victim)
     cluster.leader(timeout_s=60)  # the others have one (a new one if the leader went)
-    push_out_of_committed_log(cluster, victim, writes, path)
+    push_out_of_committed_log(cluster, victim, *writes, path)
     since = log_sizes(cluster)
     begun = time.monotonic()
     if role == "paused-leader":
@@ -259,7 +261,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for role in args.rejoin.split(","):
                 if time.monotonic() > deadline:
                     break
-                report["rejoins"].append(rejoin(cluster, role, args.writes, f"/{chroot}-w"))
+                report["rejoins"].append(rejoin(cluster, role, (args.writes, args.write_bytes),
+                                                  f"/{chroot}-w"))
             report["survived"] = survived(cluster, store)
             return report
         finally:
@@ -274,6 +277,9 @@ def main() -> int:
     parser.add_argument("--payload-bytes", type=int, default=100)
     parser.add_argument("--id-chars", type=int, default=120)
     parser.add_argument("--writes", type=int, default=2_000)
+    parser.add_argument("--write-bytes", type=int, default=100,
+                        help="data of each write; 160000 fills the committed log as "
+                             "enqueue multis of 160 KB would (the rule's 80 MB)")
     parser.add_argument("--rejoin", default="follower,leader,paused-leader")
     parser.add_argument("--deadline-s", type=float, default=900.0)
     parser.add_argument("--out", type=Path)
