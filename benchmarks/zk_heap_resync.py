@@ -3,7 +3,8 @@ member rejoins by snapshot (SNAP), measured on a real 3-member ensemble.
 
 ``python benchmarks/zk_heap_resync.py [--heap-mb 256] [--store-max-jobs 18000]
 [--store-max-bytes 8388608] [--payload-bytes 100] [--id-chars 120] [--writes 2000]
-[--write-bytes 100] [--rejoin follower,leader,paused-leader] [--out FILE.json] [--deadline-s 900]``
+[--write-bytes 100] [--force-snap] [--rejoin follower,leader,paused-leader]
+[--out FILE.json] [--logs-dir DIR] [--deadline-s 900]``
 
 Starts a 3-member ensemble with the container kit (each member ``-Xmx{heap}m``, the
 kit's serial collector, every collection logged to its console with ``-Xlog:gc``) on
@@ -158,9 +159,9 @@ def push_out_of_committed_log(cluster: ZooKeeperCluster, absent: Member, writes:
     client.start(timeout=30)
     try:
         client.ensure_path(path)
-        for start in range(0, writes, 200):
+        for start in range(0, writes, 20):  # 20 in flight (3 MB at 160 KB)
             pending = [client.set_async(path, (b"%d-" % i).ljust(size, b"w"))
-                       for i in range(start, min(writes, start + 200))]
+                       for i in range(start, min(writes, start + 20))]
             for answer in pending:
                 answer.get(timeout=30)
     finally:
@@ -229,6 +230,19 @@ def rejoin(cluster: ZooKeeperCluster, role: str, writes: tuple[int, int], path: 
             "heap": heap_window, "live_after_mb": live}
 
 
+def statuses(cluster: ZooKeeperCluster) -> dict[str, dict[str, Any]]:
+    """Each member's container status, ``srvr`` mode and whether it ran out of heap."""
+    out = {}
+    for member in cluster.members:
+        container = member.docker()
+        container.reload()
+        log = cluster.logs(member)
+        out[member.name] = {"status": container.status, "mode": cluster.member_mode(member),
+                            "out_of_memory": "OutOfMemoryError" in log,
+                            "log_tail": log.splitlines()[-8:]}
+    return out
+
+
 def survived(cluster: ZooKeeperCluster, store: LeaseStore) -> dict[str, Any]:
     cluster.wait_ready(60)
     modes = {m.name: cluster.member_mode(m) for m in cluster.members}
@@ -246,7 +260,9 @@ def survived(cluster: ZooKeeperCluster, store: LeaseStore) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     deadline = time.monotonic() + args.deadline_s
     chroot = f"heap-{uuid.uuid4().hex[:8]}"
-    with ZooKeeperCluster(heap_mb=args.heap_mb, jvm_flags=["-Xlog:gc:stdout"]) as cluster:
+    extra = {"forceSnapshotSync": "true"} if args.force_snap else {}
+    with ZooKeeperCluster(heap_mb=args.heap_mb, jvm_flags=["-Xlog:gc:stdout"],
+                          extra_config=extra) as cluster:
         url = (f"{cluster.url_with_prefix(chroot)}?store_max_jobs={args.store_max_jobs}"
                f"&store_max_bytes={args.store_max_bytes}")
         store = open_store(url, connect_timeout_s=30, timeout_s=60)
@@ -255,18 +271,32 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for member in cluster.members:
                 full_collection(member)
             report: dict[str, Any] = {
-                "setup": {k: v for k, v in vars(args).items() if k != "out"},
+                "setup": {k: v for k, v in vars(args).items()
+                          if k not in ("out", "logs_dir")},
                 "fill": asdict(filled), "tree": trees(cluster),
                 "after_fill": heaps(cluster, {}), "rejoins": []}
             for role in args.rejoin.split(","):
                 if time.monotonic() > deadline:
                     break
-                report["rejoins"].append(rejoin(cluster, role, (args.writes, args.write_bytes),
-                                                  f"/{chroot}-w"))
-            report["survived"] = survived(cluster, store)
+                try:
+                    report["rejoins"].append(rejoin(
+                        cluster, role, (args.writes, args.write_bytes), f"/{chroot}-w"))
+                except Exception as exc:  # recorded with the members' state, not hidden
+                    report["rejoins"].append({"role": role, "error": repr(exc),
+                                              "members": statuses(cluster)})
+                    break
+            try:
+                report["survived"] = survived(cluster, store)
+            except Exception as exc:
+                report["survived"] = {"error": repr(exc), "members": statuses(cluster),
+                                      "enqueue_after": None, "out_of_memory": None}
             return report
         finally:
             store.close()
+            if args.logs_dir is not None:
+                args.logs_dir.mkdir(parents=True, exist_ok=True)
+                for member in cluster.members:
+                    (args.logs_dir / f"{member.name}.log").write_text(cluster.logs(member))
 
 
 def main() -> int:
@@ -280,9 +310,14 @@ def main() -> int:
     parser.add_argument("--write-bytes", type=int, default=100,
                         help="data of each write; 160000 fills the committed log as "
                              "enqueue multis of 160 KB would (the rule's 80 MB)")
+    parser.add_argument("--force-snap", action="store_true",
+                        help="zookeeper.forceSnapshotSync: every sync is a SNAP (else the "
+                             "leader sends a DIFF from its txn log when that is under a "
+                             "third of its snapshot)")
     parser.add_argument("--rejoin", default="follower,leader,paused-leader")
     parser.add_argument("--deadline-s", type=float, default=900.0)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--logs-dir", type=Path, help="write each member's log there")
     args = parser.parse_args()
     report = run(args)
     text = json.dumps(report, indent=2)
@@ -290,7 +325,8 @@ def main() -> int:
     if args.out is not None:
         args.out.write_text(text + "\n")
     ok = report["survived"]["enqueue_after"] == "QueueFull" and not report["survived"][
-        "out_of_memory"] and all(r["synced_by"][-1:] == ["SNAP"] for r in report["rejoins"])
+        "out_of_memory"] and all(r.get("synced_by", [])[-1:] == ["SNAP"]
+                                 for r in report["rejoins"])
     return 0 if ok else 1
 
 

@@ -5,8 +5,9 @@ resync rule of ``docs/capacity.md`` gives for it (``heap ≈ 96 MB + (store_max_
 3 KB + store_max_bytes) x 2.5``: 3,600 jobs and 1 MiB), scaled down from the measured
 256 MB case (``benchmarks/zk_heap_resync.py``). Three queues are filled until the store
 refuses with ``QueueFull``; a follower is killed, the others write past the leader's
-committed log (500 transactions) so that it must rejoin by ``SNAP`` (the leader's whole
-tree) rather than ``DIFF``; it is started again. Then every member serves, the rejoined
+committed log (500 transactions) and it is started again: it rejoins by ``SNAP`` (the
+leader's whole tree; ``zookeeper.forceSnapshotSync`` makes the leader choose it over a
+``DIFF`` from its transaction log, which it would send for so small a store). Then every member serves, the rejoined
 one holds the whole store, and an enqueue still gets ``QueueFull``, not
 ``OutcomeUnknown``.
 """
@@ -58,7 +59,12 @@ def _write_past_committed_log(members: list[Any], path: str) -> None:
         client.close()
 
 
-@pytest.mark.parametrize("fresh_zookeeper_cluster", [{"heap_mb": HEAP_MB}], indirect=True)
+# zookeeper.forceSnapshotSync: the leader sends SNAP, never a DIFF from its txn log (which
+# it prefers while that log is under a third of its snapshot: so on a small store)
+ENSEMBLE = {"heap_mb": HEAP_MB, "extra_config": {"forceSnapshotSync": "true"}}
+
+
+@pytest.mark.parametrize("fresh_zookeeper_cluster", [ENSEMBLE], indirect=True)
 def test_a_full_store_keeps_every_member_through_a_snapshot_rejoin(
     fresh_zookeeper_cluster: Any, key_prefix: str
 ) -> None:
