@@ -243,12 +243,12 @@ def statuses(cluster: ZooKeeperCluster) -> dict[str, dict[str, Any]]:
     return out
 
 
-def survived(cluster: ZooKeeperCluster, store: LeaseStore) -> dict[str, Any]:
+def survived(cluster: ZooKeeperCluster, store: LeaseStore, payload: bytes) -> dict[str, Any]:
     cluster.wait_ready(60)
     modes = {m.name: cluster.member_mode(m) for m in cluster.members}
     outcome = "accepted"
     try:
-        store.enqueue(QUEUES[0], f"after-{uuid.uuid4().hex}")
+        store.enqueue(QUEUES[0], f"after-{uuid.uuid4().hex}", payload)  # as the fill's
     except QueueFull:
         outcome = "QueueFull"
     except OutcomeUnknown:
@@ -286,7 +286,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                               "members": statuses(cluster)})
                     break
             try:
-                report["survived"] = survived(cluster, store)
+                report["survived"] = survived(cluster, store, b"p" * args.payload_bytes)
             except Exception as exc:
                 report["survived"] = {"error": repr(exc), "members": statuses(cluster),
                                       "enqueue_after": None, "out_of_memory": None}
