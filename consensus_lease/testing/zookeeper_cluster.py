@@ -63,7 +63,7 @@ class ZooKeeperCluster(Cluster):
         heap_mb: JVM maximum heap per member.
         extra_config: more zoo.cfg ``key: value`` lines for every member (a key
             ZooKeeper does not know becomes the system property ``zookeeper.KEY``,
-            e.g. ``commitLogCount``).
+            e.g. ``forceSnapshotSync: "true"``: every learner syncs by SNAP).
         jvm_flags: more JVM flags for every member, after the kit's own (e.g.
             ``-Xlog:gc:stdout`` to have each collection in the member's log).
         slot, size, image, image_style: see :class:`Cluster`.
