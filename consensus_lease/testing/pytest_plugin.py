@@ -269,10 +269,17 @@ def fresh_etcd_cluster(
 def fresh_zookeeper_cluster(
     docker_engine: KitImages, request: pytest.FixtureRequest
 ) -> Iterator[ZooKeeperCluster]:
-    """A 3-member ZooKeeper ensemble for this test only (on its own addresses)."""
+    """A 3-member ZooKeeper ensemble for this test only (on its own addresses).
+
+    Parametrize it indirectly with a dict of :class:`ZooKeeperCluster` keyword arguments
+    to change its heap, timing or zoo.cfg, e.g. ``@pytest.mark.parametrize(
+    "fresh_zookeeper_cluster", [{"heap_mb": 128}], indirect=True)``.
+    """
     from consensus_lease.testing.cluster import ZooKeeperCluster
 
-    cluster = ZooKeeperCluster(image=docker_engine.zookeeper, image_style=docker_engine.style)
+    options: dict[str, Any] = dict(getattr(request, "param", None) or {})
+    options.setdefault("image_style", docker_engine.style)
+    cluster = ZooKeeperCluster(image=docker_engine.zookeeper, **options)
     request.node.stash.setdefault(_CLUSTERS_KEY, []).append(cluster)
     yield from _run_cluster(cluster, request.config)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 from consensus_lease.testing import engine
@@ -61,7 +61,11 @@ class ZooKeeperCluster(Cluster):
         tick_ms, init_limit, sync_limit: zoo.cfg timing; a lost leader is
             noticed after about ``sync_limit * tick_ms``.
         heap_mb: JVM maximum heap per member.
-        extra_config: more zoo.cfg ``key: value`` lines for every member.
+        extra_config: more zoo.cfg ``key: value`` lines for every member (a key
+            ZooKeeper does not know becomes the system property ``zookeeper.KEY``,
+            e.g. ``forceSnapshotSync: "true"``: every learner syncs by SNAP).
+        jvm_flags: more JVM flags for every member, after the kit's own (e.g.
+            ``-Xlog:gc:stdout`` to have each collection in the member's log).
         slot, size, image, image_style: see :class:`Cluster`.
 
     Raises:
@@ -101,6 +105,7 @@ class ZooKeeperCluster(Cluster):
         sync_limit: int = 6,
         heap_mb: int = 256,
         extra_config: Mapping[str, str] | None = None,
+        jvm_flags: Sequence[str] = (),
     ) -> None:
         super().__init__(slot=slot, size=size, image=image, image_style=image_style)
         self.config = {
@@ -118,6 +123,7 @@ class ZooKeeperCluster(Cluster):
             **(extra_config or {}),
         }
         self.heap_mb = heap_mb
+        self.jvm_flags = tuple(jvm_flags)
         if self.image_style == engine.UPSTREAM_STYLE:
             blank = [f"{k}={v}" for k, v in self.config.items() if re.search(r"\s", k + v)]
             if blank:
@@ -144,7 +150,8 @@ class ZooKeeperCluster(Cluster):
         return [str(member.index), *lines]
 
     def _env(self, member: Member) -> dict[str, str]:
-        jvm = f"-Xms32m -Xmx{self.heap_mb}m -XX:+UseSerialGC -XX:TieredStopAtLevel=1"
+        jvm = " ".join((f"-Xms32m -Xmx{self.heap_mb}m -XX:+UseSerialGC -XX:TieredStopAtLevel=1",
+                        *self.jvm_flags))
         if not self._upstream():
             return {"JVMFLAGS": jvm}
         quorum, election = self.peer_ports
@@ -165,6 +172,38 @@ class ZooKeeperCluster(Cluster):
                 extra.append(f"{key}={value}")
         env["ZOO_CFG_EXTRA"] = " ".join(extra)
         return env
+
+    SYNC_MESSAGES: ClassVar[dict[str, str]] = {
+        "Getting a snapshot from leader": "SNAP",
+        "Getting a diff from the leader": "DIFF",
+        "Truncating log to get in sync with the leader": "TRUNC",
+    }
+    """What ZooKeeper 3.5-3.8's ``Learner.syncWithLeader`` logs for each way to sync."""
+
+    def sync_modes(self, member: Member) -> list[str]:
+        """How ``member`` synced with a leader each time it followed one, oldest first,
+        read from its log (every start of its container): ``"SNAP"`` (it loaded the
+        leader's whole tree), ``"DIFF"`` (the transactions it missed) or ``"TRUNC"``."""
+        pattern = "|".join(re.escape(message) for message in self.SYNC_MESSAGES)
+        return [self.SYNC_MESSAGES[found] for found in re.findall(pattern, self.logs(member))]
+
+    def member_mode(self, member: Member) -> str | None:
+        """``leader``, ``follower`` (or ``observer``, ``standalone``) as ``srvr`` says, or
+        None: the member does not answer or serves no clients."""
+        try:
+            mode = re.search(r"^Mode: (\w+)", self._srvr(member), re.MULTILINE)
+        except OSError:
+            return None
+        return mode.group(1) if mode else None
+
+    def mntr(self, member: Member) -> dict[str, str]:
+        """The member's ``mntr`` figures (``zk_znode_count``, ``zk_approximate_data_size``,
+        ...) as text; empty if it does not answer."""
+        try:
+            reply = four_letter_word(member.address, member.client_port, "mntr")
+        except OSError:
+            return {}
+        return dict(line.split("\t", 1) for line in reply.splitlines() if "\t" in line)
 
     def _srvr(self, member: Member) -> str:
         return four_letter_word(member.address, member.client_port, "srvr")

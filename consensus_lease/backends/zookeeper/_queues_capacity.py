@@ -31,8 +31,14 @@ bounded by ``max_result_bytes`` each, and by the job count).
 Sizing (measured, ``docs/capacity.md``): a job (120-character id, 100-byte payload) is
 about 2.8 KB of live heap on every server, a named job claimed and completed about
 1.7 KB; on top, each server keeps its last 500 writes whole (the committed log, up to
-about 80 MB while enqueue multis fill a queue) and ~16 MB of its own. Heap needed ≈
-96 MB + (store_max_jobs x 3 KB + store_max_bytes) x 1.5.
+about 80 MB of bytes while enqueue multis fill a queue) and ~16 MB of its own. Heap
+needed ≈ 96 MB + (store_max_jobs x 3 KB + store_max_bytes) x 1.5 while those writes
+are small. Measured at the limit since (2026-12-03, ``benchmarks/zk_heap_resync.py``):
+the committed log takes about 3-3.5 x its bytes of the leader's heap, so 500 writes of
+160 KB (the cap of one enqueue multi) need ~270 MB, and a 256 MB ensemble holding
+18,000 jobs lost a rejoining member to OutOfMemoryError; for serving and rejoining
+alike, heap ≈ 16 MB + 3.5 x 500 x W + 2.5 x (store_max_jobs x 3 KB + store_max_bytes),
+W the largest write made in bulk (160 KB for enqueue multis).
 """
 
 from __future__ import annotations
@@ -52,7 +58,10 @@ __all__ = ["BYTES_MAX_AGE_S", "DEFAULT_STORE_MAX_BYTES", "DEFAULT_STORE_MAX_JOBS
 DEFAULT_STORE_MAX_JOBS = _config.DEFAULT_STORE_MAX_JOBS
 """Default of the option ``store_max_jobs``: jobs of every queue and named job, for the
 ZooKeeper heap the kit and ``docker/`` run (256 MB): 96 MB + (30,000 x 3 KB + 16 MiB) x
-1.5 ≈ 256 MB. One full queue (25,000) fits beside 5,000 more jobs."""
+1.5 ≈ 256 MB while the last 500 writes are small. One full queue (25,000) fits beside
+5,000 more jobs. Not enough for rejoins under bulk enqueues: the rule measured at the
+limit (module docstring, ``docs/capacity.md``) asks ≈ 555 MB for these defaults with
+160 KB enqueue multis in the committed log."""
 
 DEFAULT_STORE_MAX_BYTES = _config.DEFAULT_STORE_MAX_BYTES
 """Default of the option ``store_max_bytes``: payload bytes of every queue (the same as
