@@ -88,7 +88,7 @@ def test_a_full_store_keeps_every_member_through_a_snapshot_rejoin(
         while sorted(str(cluster.member_mode(m)) for m in cluster.members) \
                 != ["follower", "follower", "leader"]:
             assert time.monotonic() < deadline, [cluster.member_mode(m) for m in cluster.members]
-            time.sleep(0.2)
+            time.sleep(0.2)  # the poll interval of this deadline loop
         for member in cluster.members:
             assert "OutOfMemoryError" not in cluster.logs(member), member.name
         alone = open_store(f"zk://{victim.endpoint}/{key_prefix}{options}",
