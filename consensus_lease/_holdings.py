@@ -214,6 +214,8 @@ class Holdings:
                 raise
             except LeaseError as exc:  # the whole chunk's outcome
                 answers = [exc] * len(chunk)
+            answers = [live.told_closed(a) if isinstance(a, SessionExpired) else a
+                       for a in answers]
             latency = live.clock.monotonic() - begin
             settled = list(zip(chunk, answers, strict=True))
             # Applied items first: a refusal that loses the session then loses only the

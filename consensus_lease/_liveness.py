@@ -225,14 +225,24 @@ class Liveness:
                     job_id=exc.job_id, generation=exc.generation,
                 ) from exc
             if isinstance(exc, SessionExpired):
-                if self.state is SessionState.CLOSED:  # the store's word, told plainly
-                    raise type(exc)(
-                        f"session {self.handle.session_id} was closed (Session.close()) "
-                        f"before this call: its leases ended in the store then "
-                        f"(the store said: {exc})",
-                        job_id=exc.job_id, generation=exc.generation) from exc
+                told = self.told_closed(exc)
+                if told is not exc:
+                    raise told from exc
                 self.mark_lost(exc)
             raise
+
+    def told_closed(self, exc: SessionExpired) -> SessionExpired:
+        """``exc`` (the store's ``SessionExpired``) said plainly when this process closed
+        the session (``Session.close()``) before the call: the store ended its leases
+        then. Otherwise ``exc`` itself."""
+        if self.state is not SessionState.CLOSED:
+            return exc
+        told = type(exc)(
+            f"session {self.handle.session_id} was closed (Session.close()) before this "
+            f"call: its leases ended in the store then (the store said: {exc})",
+            job_id=exc.job_id, generation=exc.generation)
+        told.__cause__ = exc
+        return told
 
     def keepalive(self, outcome: Callable[[], float] | None = None,
                   send_time: float | None = None) -> float:

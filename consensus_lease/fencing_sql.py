@@ -663,6 +663,8 @@ def _check(
     check_job_id(resource)
     if isinstance(token, bool) or not isinstance(token, int) or token < 1:
         raise InvalidArgument(f"token must be an int >= 1, got {token!r}")
+    if token >= 2**63:  # as SqliteFence: the token columns are signed 64-bit integers
+        raise InvalidArgument(f"token {token} does not fit a signed 64-bit integer")
     check_effect_id(effect_id)
     if len(effect_id) > MAX_EFFECT_ID_CHARS:
         raise InvalidArgument(f"effect_id must be a str of 1-{MAX_EFFECT_ID_CHARS} characters")

@@ -715,3 +715,9 @@ def test_once_per_job_under_repeatable_read_is_retryable_not_doubled(
     assert fence.apply_now("job", 9, "step-1", once_per_job=True) is FenceOutcome.ALREADY_APPLIED
     assert [e.effect_id for e in fence.effects("job")] == ["step-0", "step-1"]
     engine.dispose()
+
+
+def test_a_token_past_64_bits_is_invalid_and_changes_nothing(fence: SqlFence) -> None:
+    with pytest.raises(InvalidArgument, match="64-bit"):
+        fence.apply_now("job", 2**63, "charge")
+    assert fence.highest_token("job") is None

@@ -232,3 +232,13 @@ def test_ending_a_lease_after_close_says_the_session_was_closed(store: LeaseStor
             end()
     record = store.get("j1")
     assert record is not None and record.state.value == "available"  # not completed
+
+
+def test_batch_endings_after_close_say_the_session_was_closed(store: LeaseStore) -> None:
+    session = store.session("A", ttl_s=3.0, keepalive=False)
+    first, second, third = (session.claim(f"b{i}") for i in range(3))
+    session.close()
+    answers = [*session.release_many([first]), *session.fail_many([(second, "e")]),
+               *session.complete_many([third])]
+    assert all(isinstance(a, SessionExpired) for a in answers), answers
+    assert all("was closed (Session.close())" in str(a) for a in answers), answers
