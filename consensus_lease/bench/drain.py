@@ -8,7 +8,7 @@ dequeue: the sequential comparison for ours with one worker and no knobs).
 Per side and round (each side a subprocess of its own, :mod:`.drainsides`):
 
 * ``jobs_s``: jobs / seconds from the go signal to the worker's return (worker start-up
-  and, for ours, one empty ``claim_next`` wait of 0.2 s at the end included);
+  included; ours ends when a non-waiting claim finds the queue drained);
 * ``enqueue_jobs_s``: the batched enqueue's rate (``enqueue_many``; pgqueuer's list
   ``enqueue``; procrastinate's ``batch_defer_async`` of 1,000; the raw client's one
   ``executemany`` transaction);

@@ -204,10 +204,10 @@ Work queues (``capabilities.queues``; layout in ``_layout``, operations in ``_qu
   queues (the sum of the queue heads), read before each enqueue multi (one pipelined
   round trip of reads for up to 64 queues; one more per further 64, after a queue was
   made or deleted, or for rotated heads; ``QueueFull`` naming the option, nothing
-  sent). The defaults fit
-  a 256 MB heap: heap needed ~ 96 MB + (store_max_jobs x 3 KB + store_max_bytes) x 1.5
-  (see ``docs/capacity.md``). Stores (chroots) sharing one ensemble share its heap:
-  their limits together must fit it.
+  sent). Size them with the heap: heap needed ~ 16 MB + 3.5 x 500 x W + 2.5 x
+  (store_max_jobs x 3 KB + store_max_bytes), W the largest transaction written in bulk
+  (160 KB for ``enqueue_many``'s multis), measured in ``docs/capacity.md``. Stores
+  (chroots) sharing one ensemble share its heap: their limits together must fit it.
 * Claim, renew, release and completion of a queued job are those of any job, plus its
   markers (named by its tag): the claim multi also creates the EPHEMERAL held marker
   (same session as the owner znode, so it goes with the session too), release and
@@ -309,7 +309,8 @@ fire once on change ("ZooKeeper Watches").
 What the operator must do
 -------------------------
 * Size the servers' heap for ``store_max_jobs`` and ``store_max_bytes`` (heap needed ~
-  96 MB + (store_max_jobs x 3 KB + store_max_bytes) x 1.5, ``docs/capacity.md``); stores
+  16 MB + 3.5 x 500 x W + 2.5 x (store_max_jobs x 3 KB + store_max_bytes), W the largest
+  transaction written in bulk, ``docs/capacity.md``); stores
   (chroots) sharing one ensemble share its heap.
 * After wiping the ensemble or restoring it from a backup: stop the workers and run
   ``consensus-lease bump-epoch --above HIGHEST`` (the highest token handed out). Once a
