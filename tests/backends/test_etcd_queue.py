@@ -611,10 +611,11 @@ def test_needed_ops_counts_nested_transactions_against_the_rest() -> None:
 
 
 def test_purge_longer_than_one_timeout_purges_the_whole_queue(etcd_server: LocalEtcd) -> None:
-    # Each step has its own deadline: 3,000 jobs take longer than one 0.2 s budget (one
-    # deadline for the call gave BackendUnavailable part way).
+    # Each step has its own deadline: 10,000 jobs take longer than one 1 s budget (about
+    # 2.5 s quiet; one deadline for the call gave BackendUnavailable part way), while
+    # one step of 64 stays far inside it.
     base = etcd_server.url_with_prefix(f"q-{uuid.uuid4().hex[:12]}")
-    n = 3_000
+    n = 10_000
     with open_store(base) as store:
         store.enqueue_many("wide", [f"w{i:04d}" for i in range(n)])
         with store.session("A", ttl_s=30) as a:
@@ -624,11 +625,11 @@ def test_purge_longer_than_one_timeout_purges_the_whole_queue(etcd_server: Local
                 assert leases
                 assert all(not isinstance(r, Exception) for r in a.complete_many(leases))
                 done += len(leases)
-    tight_url = base + ("&" if "?" in base else "?") + "timeout_s=0.2&connect_timeout_s=0.2"
+    tight_url = base + ("&" if "?" in base else "?") + "timeout_s=1&connect_timeout_s=1"
     with open_store(tight_url) as tight:
         started = time.monotonic()
         assert tight.purge("wide") == n
         took = time.monotonic() - started
-    print(f"purge of {n} jobs: {took:.2f} s with a 0.2 s budget per step")
+    print(f"purge of {n} jobs: {took:.2f} s with a 1 s budget per step")
     with open_store(base) as store:
         assert store.queue_stats("wide").completed == 0

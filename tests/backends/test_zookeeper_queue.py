@@ -594,10 +594,11 @@ def test_timed_out_waits_leave_one_watch_per_path(
 
 
 def test_purge_longer_than_one_timeout_purges_the_whole_queue(zk_url: str) -> None:
-    # Each step has its own timeout_s: 1,500 jobs take several 0.3 s steps' worth of
-    # time on the whole (one deadline for the call gave BackendUnavailable part way).
-    url = zk_url + ("&" if "?" in zk_url else "?") + "timeout_s=0.3"
-    n = 1_500
+    # Each step has its own timeout_s: 4,000 jobs take several 1.5 s steps' worth of
+    # time on the whole (about 5 s quiet; one deadline for the call gave
+    # BackendUnavailable part way), while one step of 100 stays far inside 1.5 s.
+    url = zk_url + ("&" if "?" in zk_url else "?") + "timeout_s=1.5"
+    n = 4_000
     with open_store(zk_url) as store:
         store.enqueue_many("wide", [f"w{i:04d}" for i in range(n)])
         with store.session("A", ttl_s=30) as a:
@@ -611,7 +612,7 @@ def test_purge_longer_than_one_timeout_purges_the_whole_queue(zk_url: str) -> No
         started = time.monotonic()
         assert tight.purge("wide") == n
         took = time.monotonic() - started
-    print(f"purge of {n} jobs: {took:.2f} s with timeout_s=0.3")
+    print(f"purge of {n} jobs: {took:.2f} s with timeout_s=1.5")
     with open_store(zk_url) as store:
         assert store.queue_stats("wide").completed == 0
 
