@@ -31,6 +31,8 @@ progress (:mod:`consensus_lease.verify.progress`).
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import os
 import random
@@ -73,6 +75,8 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_FAULTS", "RUN_FILES", "VerifyConfig", "VerifyResult", "claim_run_dir",
            "run_files", "run_verify"]
+
+log = logging.getLogger("consensus_lease")
 
 DEFAULT_FAULTS = WORKER_FAULTS
 RUNNER_DEFAULTS: dict[str, object] = {
@@ -569,7 +573,10 @@ class _Run:
         self.run_id = f"{config.seed}-{uuid.uuid4().hex[:6]}"
         self.run_dir = Path(config.run_dir or tempfile.mkdtemp(
             prefix=f"consensus-lease-verify-{self.run_id}-"))
+        self.made_run_dir = config.run_dir is None or not self.run_dir.exists()
         self.parts_dir, self.logs_dir = claim_run_dir(self.run_dir)
+        self.set_up = False
+        """Whether the store and destination opened; until then a failure leaves no run."""
         self.jobs = [f"v{self.run_id}-j{i:03d}" for i in range(config.jobs)]
         random.Random(config.seed).shuffle(self.jobs)  # the order every worker tries them in
         self.queue = f"v{self.run_id}" if config.runner else ""
@@ -588,6 +595,7 @@ class _Run:
 
     def execute(self) -> VerifyResult:
         ends = self._open()
+        self.set_up = True
         self.schedule = self.config.schedule()
         self._record_run(ends)
         pool = self._start_workers(ends)
@@ -782,6 +790,37 @@ class _Run:
                 self.destination.close()
             if self.cluster is not None:
                 self.cluster.stop()  # heals its partitions (iptables rules) too
+            if not self.set_up:
+                self._discard_run_files()
+
+    def _discard_run_files(self) -> None:
+        """After a failed setup (no worker started, nothing recorded but the empty
+        history parts): remove what this run put in its run directory (``parts``,
+        ``logs``, the default SQLite store and destination files, never a store or
+        destination the caller named), and the directory if this run made it, so the
+        same ``--run-dir`` can be used again once the setup is fixed. Best effort: what
+        cannot be removed is logged and left (the next run names it)."""
+        config = self.config
+        names = ["parts", "logs"]
+        if config.backend is None and self.cluster is None and config.cluster == "sqlite":
+            names.append("store.db")
+        if config.destination is None:
+            names.append("destination.db")
+        companions = ("", "-wal", "-shm", "-journal")
+        for name in names:
+            for path in ([self.run_dir / name] if name in ("parts", "logs")
+                         else [self.run_dir / f"{name}{end}" for end in companions]):
+                try:
+                    if path.is_dir():
+                        shutil.rmtree(path)
+                    else:
+                        path.unlink(missing_ok=True)
+                except OSError as exc:
+                    log.warning("verify: could not remove %s after a failed setup: %s",
+                                path, exc)
+        if self.made_run_dir:
+            with contextlib.suppress(OSError):  # not empty (the caller's files): left
+                self.run_dir.rmdir()
 
 
 def _add_notes(result: VerifyResult, config: VerifyConfig) -> None:

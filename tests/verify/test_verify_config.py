@@ -157,3 +157,22 @@ def test_the_lock_set_docstring_lists_every_option_it_refuses() -> None:
         args = parser.parse_args(["verify", "--workload", "lock-set", flag, *value])
         with pytest.raises(InvalidArgument, match=flag):
             command.lockset_config_from_args(args)
+
+
+def test_a_failed_setup_leaves_the_run_dir_usable_again(tmp_path: Path) -> None:
+    """A setup that fails (a store of one process, refused) removes what it put in the run
+    directory: the same --run-dir then gives the same refusal, not "already holds a run's
+    files"; a directory the caller made is kept, with the caller's own files."""
+    for run_dir, made in ((tmp_path / "new", False), (tmp_path / "mine", True)):
+        if made:
+            run_dir.mkdir()
+            (run_dir / "notes.txt").write_text("the caller's")
+        config = VerifyConfig(backend="memory://", workers=1, jobs=1, steps=1,
+                              duration_s=0.0, quiet_s=0.0, faults=(), run_dir=str(run_dir))
+        for _ in range(2):
+            with pytest.raises(UnsupportedOperation):
+                run_verify(config)
+        if made:
+            assert sorted(p.name for p in run_dir.iterdir()) == ["notes.txt"]
+        else:
+            assert not run_dir.exists()
