@@ -7,9 +7,10 @@
 #   consensus-lease/etcd:3.4        (etcd-server from Debian)
 #   consensus-lease/zookeeper:3.8   (zookeeper + openjdk-17-jre-headless)
 #
-# Idempotent: an image is built only when missing or built by an older recipe
-# revision (label org.consensus-lease.recipe); each build's time is printed. Names can
-# be overridden with CONSENSUS_LEASE_ETCD_IMAGE and CONSENSUS_LEASE_ZOOKEEPER_IMAGE;
+# Idempotent: an image is built only when missing or built by another recipe
+# revision or build arguments (label org.consensus-lease.recipe); each build's time
+# is printed. Names can be overridden with CONSENSUS_LEASE_ETCD_IMAGE and
+# CONSENSUS_LEASE_ZOOKEEPER_IMAGE;
 # the Debian mirror is read from this machine's apt sources (override with
 # DEBIAN_MIRROR). Needs root, a running engine (docker/start-engine.sh) and
 # debootstrap (docker/install-deps.sh).

@@ -50,6 +50,27 @@ UPSTREAM_ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.17"
 UPSTREAM_ZOOKEEPER_IMAGE = "zookeeper:3.8"
 LOOKALIKE_ETCD_IMAGE = "consensus-lease-lookalike/etcd:3.4"
 LOOKALIKE_ZOOKEEPER_IMAGE = "consensus-lease-lookalike/zookeeper:3.8"
+ZOOKEEPER_HEAP_MB = 640
+"""JVM heap (``-Xmx``, MiB) of every ZooKeeper server we ship: the kit's default
+(``ZooKeeperCluster(heap_mb=...)``), the kit image's default ``JVMFLAGS`` (a build
+argument of its recipe), ``docker/docker-compose.yml`` and ``docker/README.md``.
+
+Sized by the rule measured at the store limit (``docs/capacity.md``, "Measured at the
+limit"; ``heap_needed_mb`` in ``consensus_lease.backends.zookeeper._queues_capacity``)
+for the store's default limits (``store_max_jobs`` 30,000, ``store_max_bytes`` 16 MiB)
+with bulk enqueues (multis of ``ENQUEUE_MULTI_BYTES`` = 160 KiB in the committed log)::
+
+    16 MiB + 3.5 x 500 x 160 KiB + 2.5 x (30,000 x 3 KiB + 16 MiB)
+      = 16 + 273.4 + 2.5 x (87.9 + 16.0) ≈ 549 MiB
+
+640 MiB leaves ~70 MiB over that (the serial collector uses ~97 % of ``-Xmx``: one
+survivor space stays empty). Measured with it (``benchmarks/zk_heap_resync.py``, the
+store full to both limits, 600 writes of 160 KB while a member was away, rejoins of a
+follower, the leader and a frozen leader, by DIFF and by SNAP): at most ~356 MiB live
+after a full collection, every member kept serving. 256 MiB, the figure before, lost a
+rejoining follower to ``OutOfMemoryError``. Stock ZooKeeper's ``zkServer.sh`` gives
+1000 MiB (``ZK_SERVER_HEAP``). Tests that want a small heap pass ``heap_mb``.
+"""
 
 
 class EngineUnavailable(RuntimeError):

@@ -240,7 +240,9 @@ def zookeeper_cluster(
 
 
 SHARED_ZOOKEEPER_HEAP_MB = 768
-"""Heap of each member of the session's shared ensemble, in MB. With the default 256 MB
+"""Heap of each member of the session's shared ensemble, in MB: above the kit's default
+(:data:`~consensus_lease.testing.engine.ZOOKEEPER_HEAP_MB`, what one store at the default
+limits needs), as the session's many stores share it. With 256 MB (the kit's default then)
 a full suite's data (tens of thousands of znodes from queue, tooz and many-session tests)
 made a deposed leader that rejoined by snapshot exit with ``OutOfMemoryError`` in
 ``Learner.syncWithLeader`` (loading the leader's tree beside its own)."""

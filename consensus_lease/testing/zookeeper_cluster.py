@@ -60,7 +60,10 @@ class ZooKeeperCluster(Cluster):
     Args:
         tick_ms, init_limit, sync_limit: zoo.cfg timing; a lost leader is
             noticed after about ``sync_limit * tick_ms``.
-        heap_mb: JVM maximum heap per member.
+        heap_mb: JVM maximum heap per member, MiB (default
+            :data:`~consensus_lease.testing.engine.ZOOKEEPER_HEAP_MB`, 640: what the
+            store's default limits need by the rule in ``docs/capacity.md``; a test
+            that wants a server to run out sooner passes a smaller one).
         extra_config: more zoo.cfg ``key: value`` lines for every member (a key
             ZooKeeper does not know becomes the system property ``zookeeper.KEY``,
             e.g. ``forceSnapshotSync: "true"``: every learner syncs by SNAP).
@@ -103,7 +106,7 @@ class ZooKeeperCluster(Cluster):
         tick_ms: int = 250,
         init_limit: int = 20,
         sync_limit: int = 6,
-        heap_mb: int = 256,
+        heap_mb: int = engine.ZOOKEEPER_HEAP_MB,
         extra_config: Mapping[str, str] | None = None,
         jvm_flags: Sequence[str] = (),
     ) -> None:

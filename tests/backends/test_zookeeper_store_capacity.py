@@ -19,6 +19,8 @@ from zk_local import zk_target, zk_url  # noqa: F401  (fixtures)
 
 from consensus_lease import InvalidArgument, QueueFull, open_store
 from consensus_lease.backends.zookeeper import _config
+from consensus_lease.backends.zookeeper._queues import ENQUEUE_MULTI_BYTES
+from consensus_lease.backends.zookeeper._queues_capacity import heap_needed_mb
 
 
 def test_the_default_limits_are_the_documented_ones() -> None:
@@ -48,6 +50,8 @@ def test_jobs_of_every_queue_and_named_job_count_against_store_max_jobs(zk_url: 
         with pytest.raises(QueueFull, match=r"store_max_jobs") as refused:
             store.enqueue_many("q3", [(f"q3-{i}", b"p") for i in range(60)])
         assert "store-wide limit of 300" in str(refused.value)
+        heap = heap_needed_mb(300, _config.DEFAULT_STORE_MAX_BYTES, ENQUEUE_MULTI_BYTES)
+        assert f"heap: ≈ {heap:.0f} MB each for these limits" in str(refused.value)
         assert store.get("q3-0") is None and store.queue_stats("q3").available == 0
         # exactly up to the limit is fine, from another client too
         assert other.enqueue_many("q3", [(f"q3-{i}", b"p") for i in range(50)]) == [True] * 50

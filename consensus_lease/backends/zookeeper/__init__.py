@@ -311,7 +311,9 @@ What the operator must do
 * Size the servers' heap for ``store_max_jobs`` and ``store_max_bytes`` (heap needed ~
   16 MB + 3.5 x 500 x W + 2.5 x (store_max_jobs x 3 KB + store_max_bytes), W the largest
   transaction written in bulk, ``docs/capacity.md``); stores
-  (chroots) sharing one ensemble share its heap.
+  (chroots) sharing one ensemble share its heap. The defaults need ~550 MB with
+  ``enqueue_many``: stock ZooKeeper's 1000 MB (``zkServer.sh``, ``ZK_SERVER_HEAP``) fits,
+  and the kit and ``docker/`` run 640 MB; a smaller ``-Xmx`` of your own does not.
 * After wiping the ensemble or restoring it from a backup: stop the workers and run
   ``consensus-lease bump-epoch --above HIGHEST`` (the highest token handed out). Once a
   backend noticed the history going back, every backend on the store refuses sessions

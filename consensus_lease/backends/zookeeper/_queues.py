@@ -125,8 +125,10 @@ ENQUEUE_MULTI_BYTES = 160 * 1024
 """Largest enqueue multi sent (estimated); jobs with larger payloads or ids go in more
 multis, each atomic. Far below jute.maxbuffer because every server also keeps each of
 its last 500 writes whole in memory (``zookeeper.commitLogCount``, the committed log
-that lets followers catch up): 500 enqueue multis of this size are ~80 MB of heap. 128
-jobs with 120-character ids and 100-byte payloads take ~137 KB."""
+that lets followers catch up): 500 enqueue multis of this size are ~80 MB of bytes and,
+measured at the limit, about 3.5 x that of a server's heap (~273 MB: the ``W`` of
+:func:`._queues_capacity.heap_needed_mb`). 128 jobs with 120-character ids and 100-byte
+payloads take ~137 KB."""
 
 REQUEST_MARGIN = 1024
 """Bytes below ``JUTE_MAXBUFFER`` an estimated request must stay."""
@@ -218,7 +220,8 @@ class Queues:
         self._floors: dict[str, tuple[int, int]] = {}  # queue -> (czxid, floor)
         self._cache: OrderedDict[tuple[str, int, str], bytes] = OrderedDict()  # payloads
         self._cache_bytes = 0
-        self.capacity = StoreCapacity(wire)  # the store-wide limits (._queues_capacity)
+        # the store-wide limits (._queues_capacity)
+        self.capacity = StoreCapacity(wire, ENQUEUE_MULTI_BYTES)
 
     def paths(self, queue: str) -> QueuePaths:
         return QueuePaths.of(self.config.queues_base, queue)

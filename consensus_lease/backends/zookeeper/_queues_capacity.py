@@ -38,7 +38,11 @@ the committed log takes about 3-3.5 x its bytes of the leader's heap, so 500 wri
 160 KB (the cap of one enqueue multi) need ~270 MB, and a 256 MB ensemble holding
 18,000 jobs lost a rejoining member to OutOfMemoryError; for serving and rejoining
 alike, heap ≈ 16 MB + 3.5 x 500 x W + 2.5 x (store_max_jobs x 3 KB + store_max_bytes),
-W the largest write made in bulk (160 KB for enqueue multis).
+W the largest write made in bulk (160 KB for enqueue multis): :func:`heap_needed_mb`,
+≈ 550 MB for the defaults. Stock ZooKeeper's ``zkServer.sh`` gives a server 1000 MB
+(``ZK_SERVER_HEAP``); the kit and ``docker/`` give theirs
+``consensus_lease.testing.engine.ZOOKEEPER_HEAP_MB`` (640 MB), measured to keep the
+defaults' ensemble through rejoins under 160 KB writes.
 """
 
 from __future__ import annotations
@@ -53,15 +57,15 @@ from ._layout import BUCKET_DIGITS, HEAD_DIR, CorruptData, LegacyQueueLayout, Qu
 from ._transport import Read, Wire
 
 __all__ = ["BYTES_MAX_AGE_S", "DEFAULT_STORE_MAX_BYTES", "DEFAULT_STORE_MAX_JOBS",
-           "StoreCapacity"]
+           "StoreCapacity", "heap_needed_mb"]
 
 DEFAULT_STORE_MAX_JOBS = _config.DEFAULT_STORE_MAX_JOBS
-"""Default of the option ``store_max_jobs``: jobs of every queue and named job, for the
-ZooKeeper heap the kit and ``docker/`` run (256 MB): 96 MB + (30,000 x 3 KB + 16 MiB) x
-1.5 ≈ 256 MB while the last 500 writes are small. One full queue (25,000) fits beside
-5,000 more jobs. Not enough for rejoins under bulk enqueues: the rule measured at the
-limit (module docstring, ``docs/capacity.md``) asks ≈ 555 MB for these defaults with
-160 KB enqueue multis in the committed log."""
+"""Default of the option ``store_max_jobs``: jobs of every queue and named job. One full
+queue (25,000) fits beside 5,000 more jobs. With :data:`DEFAULT_STORE_MAX_BYTES` and
+160 KB enqueue multis in the committed log the servers need :func:`heap_needed_mb` ≈
+550 MB of heap each (measured at the limit: module docstring, ``docs/capacity.md``):
+stock ZooKeeper's 1000 MB fits, so do the kit's and ``docker/``'s 640 MB; 256 MB does
+not."""
 
 DEFAULT_STORE_MAX_BYTES = _config.DEFAULT_STORE_MAX_BYTES
 """Default of the option ``store_max_bytes``: payload bytes of every queue (the same as
@@ -74,17 +78,54 @@ before the heads are read again."""
 _HEADS_CHUNK = 64
 """Queue heads read per round trip (below the gate's cap on requests in flight)."""
 
+COMMIT_LOG_COUNT = 500
+"""Transactions each server keeps whole in memory (``zookeeper.commitLogCount``'s
+default): the committed log that lets a follower catch up by DIFF."""
+
+HEAP_BASE_MB = 16.0
+"""Heap a ZooKeeper 3.8 server uses for itself, MiB (measured: GC log, empty tree)."""
+
+HEAP_PER_LOG_BYTE = 3.5
+"""Heap per byte of the committed log's transactions (measured: 3-3.5 on the leader)."""
+
+HEAP_PER_JOB_BYTES = 3 * 1024
+"""Heap per job of the tree, bytes (measured 1.7-2.8 KB with 120-character ids)."""
+
+HEAP_TREE_FACTOR = 2.5
+"""Room over the tree: the collector's, and a second tree while a member syncs by SNAP."""
+
+
+def heap_needed_mb(store_max_jobs: int, store_max_bytes: int, write_bytes: int) -> float:
+    """Heap, MiB, a ZooKeeper server needs to keep serving and rejoining with a store at
+    these limits while transactions of ``write_bytes`` are written in bulk (an enqueue
+    multi's cap ``_queues.ENQUEUE_MULTI_BYTES``, or ``max_result_bytes`` for bulk
+    completions), by the rule measured at the limit (``docs/capacity.md``,
+    ``benchmarks/zk_heap_resync.py``)::
+
+        16 MiB + 3.5 x 500 x write_bytes + 2.5 x (store_max_jobs x 3 KiB + store_max_bytes)
+
+    For the defaults and 160 KiB multis: 16 + 273.4 + 2.5 x (87.9 + 16) ≈ 549 MiB. Stores
+    (chroots) sharing one ensemble share its heap: add their tree terms (and count the
+    committed log once). Pure arithmetic: no errors, no store needed.
+    """
+    log = HEAP_PER_LOG_BYTE * COMMIT_LOG_COUNT * write_bytes
+    tree = HEAP_TREE_FACTOR * (store_max_jobs * HEAP_PER_JOB_BYTES + store_max_bytes)
+    return HEAP_BASE_MB + (log + tree) / (1024 * 1024)
+
 
 class StoreCapacity:
     """The store-wide check before an enqueue multi. Thread-safe.
 
     Args:
         wire: the round trips (reads on the shared client).
+        write_bytes: the largest enqueue multi, bytes: the ``W`` of the heap rule the
+            refusals quote (:func:`heap_needed_mb`).
     """
 
-    def __init__(self, wire: Wire) -> None:
+    def __init__(self, wire: Wire, write_bytes: int) -> None:
         self.wire = wire
         self.config = wire.config
+        self.write_bytes = write_bytes
         self._lock = threading.Lock()
         self._queues: tuple[int, tuple[str, ...]] | None = None  # (cversion, names)
         self._bytes: tuple[float, int] | None = None  # (monotonic time read, sum)
@@ -106,18 +147,20 @@ class StoreCapacity:
         if held_bytes is None:
             assert known is not None
             held_bytes = known[1]
+        heap = (f"the servers' heap: ≈ {heap_needed_mb(max_jobs, max_bytes, self.write_bytes):.0f}"
+                f" MB each for these limits with bulk enqueues")
         if held_jobs + jobs > max_jobs:
             raise QueueFull(
                 f"{what}: the store holds {held_jobs} jobs (every queue and named job); "
                 f"{jobs} more would pass its store-wide limit of {max_jobs} (option "
-                f"store_max_jobs: size it, and the servers' heap, as docs/capacity.md "
-                f"says; or purge completed jobs); nothing was enqueued")
+                f"store_max_jobs: size it, and {heap}, as docs/capacity.md says; or purge "
+                f"completed jobs); nothing was enqueued")
         if held_bytes + nbytes > max_bytes:
             raise QueueFull(
                 f"{what}: the store's queues hold {held_bytes} payload bytes; {nbytes} "
                 f"more would pass its store-wide limit of {max_bytes} (option "
-                f"store_max_bytes: size it, and the servers' heap, as docs/capacity.md "
-                f"says; or purge completed jobs); nothing was enqueued")
+                f"store_max_bytes: size it, and {heap}, as docs/capacity.md says; or "
+                f"purge completed jobs); nothing was enqueued")
 
     def added(self, nbytes: int) -> None:
         """An enqueue multi of this process added ``nbytes`` payload bytes."""

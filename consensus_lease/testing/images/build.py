@@ -21,10 +21,11 @@ lookalike-zookeeper  ``consensus-lease-lookalike/zookeeper:3.8`` upstream
 The look-alikes follow the conventions of etcd's published image and of the official
 ``zookeeper`` image, to prove the kit's upstream style where no registry is reachable.
 
-Idempotent: an image is built only when missing or labelled with an older recipe
-revision (``org.consensus-lease.recipe``; bump :attr:`Recipe.revision` when a recipe's
-result changes). Bases are built in parallel; one build runs per host at a time (a lock
-file). Needs a running engine, and root plus ``debootstrap`` when a base is missing.
+Idempotent: an image is built only when missing or labelled with another recipe
+revision or build arguments (``org.consensus-lease.recipe``, :meth:`Recipe.label`; bump
+:attr:`Recipe.revision` when a recipe's result changes). Bases are built in parallel;
+one build runs per host at a time (a lock file). Needs a running engine, and root plus
+``debootstrap`` when a base is missing.
 
 Run by ``consensus-lease kit build-images``, by ``docker/build-images.sh`` (as a plain
 script, so no virtualenv is needed) and by the pytest plugin when images are missing.
@@ -82,12 +83,20 @@ class BuildError(RuntimeError):
 
 @dataclass(frozen=True)
 class Recipe:
-    """One image: its folder here, the tag it gets, and its revision."""
+    """One image: its folder here, the tag it gets, its revision, and the build arguments
+    its Dockerfile takes besides ``BASE`` (names to values)."""
 
     name: str
     directory: str
     image: Callable[[], str]
     revision: int
+    build_args: Callable[[], dict[str, str]] = dict
+
+    def label(self) -> str:
+        """The :data:`RECIPE_LABEL` value of its image: the revision, then each build
+        argument (so a new value, e.g. of :data:`engine.ZOOKEEPER_HEAP_MB`, rebuilds)."""
+        args = self.build_args()
+        return ",".join([str(self.revision), *(f"{k}={args[k]}" for k in sorted(args))])
 
     def packages(self) -> list[str]:
         """The Debian packages of its base, from the folder's ``packages`` file."""
@@ -99,7 +108,13 @@ RECIPES: dict[str, Recipe] = {
     recipe.name: recipe
     for recipe in (
         Recipe("etcd", "kit-etcd", lambda: engine.etcd_image(engine.KIT_STYLE), 1),
-        Recipe("zookeeper", "kit-zookeeper", lambda: engine.zookeeper_image(engine.KIT_STYLE), 2),
+        Recipe(
+            "zookeeper",
+            "kit-zookeeper",
+            lambda: engine.zookeeper_image(engine.KIT_STYLE),
+            3,
+            lambda: {"HEAP_MB": str(engine.ZOOKEEPER_HEAP_MB)},
+        ),
         Recipe("lookalike-etcd", "lookalike-etcd", lambda: engine.LOOKALIKE_ETCD_IMAGE, 1),
         Recipe(
             "lookalike-zookeeper",
@@ -262,8 +277,8 @@ def _docker_build(recipe: Recipe, base: str, tag: str) -> None:
     query = urllib.parse.urlencode(
         {
             "t": tag,
-            "buildargs": json.dumps({"BASE": base}),
-            "labels": json.dumps({RECIPE_LABEL: str(recipe.revision)}),
+            "buildargs": json.dumps({"BASE": base, **recipe.build_args()}),
+            "labels": json.dumps({RECIPE_LABEL: recipe.label()}),
             "networkmode": "none",
             "rm": "1",
             "forcerm": "1",
@@ -359,7 +374,7 @@ def _outdated(names: list[str], force: bool, report: Callable[[str], None]) -> l
     todo = []
     for name in names:
         recipe = RECIPES[name]
-        if not force and _label(recipe.image(), RECIPE_LABEL) == str(recipe.revision):
+        if not force and _label(recipe.image(), RECIPE_LABEL) == recipe.label():
             report(f"{recipe.image()} is up to date")
         else:
             todo.append(recipe)
