@@ -87,6 +87,24 @@ def test_unimportable_handler_exits_1(tmp_path: Path, worker_command: Any) -> No
     assert "cannot import" in worker.output()
 
 
+@pytest.mark.parametrize(("source", "raised"), [
+    ('raise RuntimeError("boom")\n', "RuntimeError: boom"),
+    ("def handler(:\n", "SyntaxError: "),
+], ids=["raises", "syntax"])
+def test_a_handler_module_that_fails_as_it_is_imported_exits_1_with_one_error(
+        tmp_path: Path, worker_command: Any, source: str, raised: str) -> None:
+    """As a module that is not found: one error naming the module and what its import
+    raised (type and message), no traceback, the exit status of a bad handler."""
+    (tmp_path / "failing_handler.py").write_text(source)
+    url = f"sqlite:///{tmp_path}/store.db"
+    worker = worker_command("--backend", url, "--queue", "q", "failing_handler:handler")
+    assert worker.wait(timeout_s=60) == 1
+    output = worker.output()
+    assert ("cannot import the handler's module 'failing_handler': importing it raised "
+            f"{raised}") in output, output
+    assert "Traceback" not in worker.log(), worker.log()
+
+
 def test_settings_come_from_the_environment(tmp_path: Path, worker_command: Any) -> None:
     url = f"sqlite:///{tmp_path}/store.db"
     _enqueue(url, "a", "b")
