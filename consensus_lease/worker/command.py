@@ -9,7 +9,9 @@ variable. ``--metrics-port PORT`` (thread mode) serves the store's Prometheus me
 Exit status: 0 after a normal stop (SIGTERM, or the queue drained with
 ``--until-empty``); 1 on an error (the store cannot be opened, the handler cannot be
 imported, a worker slot or process failed, or one had to be killed after the grace
-period); 2 for a bad flag or variable; 130 after SIGINT.
+period); 2 for a bad flag or variable (also a ``--ttl-s`` outside the store's TTL range,
+checked against its backend's ``capabilities`` before the store is opened); 130 after
+SIGINT.
 """
 
 from __future__ import annotations
@@ -23,15 +25,16 @@ from typing import Any, TypeVar
 from rich.console import Console
 from rich.markup import escape
 
-from ..errors import InvalidArgument, LeaseError
+from ..backend import Capabilities
+from ..errors import InvalidArgument, LeaseError, UnsupportedBackend
 from ..retry import RetryPolicy
-from ..store import DEFAULT_TTL_S
+from ..store import DEFAULT_TTL_S, backend_class
 from . import config
 from .logs import configure_logging, parse_level
 from .runner import run_worker
 
-__all__ = ["NAME", "add_batching_flags", "add_parser", "check_arguments", "run", "settings",
-           "source", "worker_arguments"]
+__all__ = ["NAME", "add_batching_flags", "add_parser", "check_arguments", "check_ttl_range",
+           "run", "settings", "source", "worker_arguments"]
 
 NAME = "worker"
 
@@ -97,7 +100,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--processes", action=argparse.BooleanOptionalAction, default=None,
                         help="one worker process per slot (spawned) instead of threads")
     parser.add_argument("--ttl-s", type=_flag(config.parse_positive_seconds), metavar="S",
-                        help=f"session TTL, seconds (default {DEFAULT_TTL_S:g})")
+                        help=f"session TTL, seconds (default {DEFAULT_TTL_S:g}; within the "
+                        "store's range, capabilities.min_ttl_s to max_ttl_s: e.g. sqlite "
+                        "0.05 to 604800)")
     parser.add_argument("--grace-s", type=_flag(config.parse_seconds), metavar="S",
                         help="time jobs in flight get after SIGTERM, seconds (default 30)")
     parser.add_argument("--until-empty", action=argparse.BooleanOptionalAction, default=None,
@@ -214,6 +219,37 @@ def check_arguments(arguments: Mapping[str, Any],
     config.WorkerConfig(**given)
 
 
+def check_ttl_range(values: Mapping[str, object], ttl_s: float,
+                    args: argparse.Namespace | None = None) -> None:
+    """Refuse, before the store is opened, a TTL outside the range its backend declares
+    (``capabilities.min_ttl_s`` .. ``max_ttl_s``, a class attribute of the backend:
+    known without connecting), naming ``--ttl-s`` or ``CONSENSUS_LEASE_TTL_S`` (as
+    :func:`source` says) and the range. A URL no backend serves is left to
+    ``run_worker`` (it reports it as the store error it is); so is a backend whose
+    capabilities are known only once open (``run_worker`` checks the TTL again there).
+
+    Raises:
+        InvalidArgument: ``ttl_s`` is outside the store's range.
+    """
+    url = values.get("backend")
+    if not isinstance(url, str):
+        return
+    try:
+        caps = getattr(backend_class(url), "capabilities", None)
+    except UnsupportedBackend:
+        return
+    if not isinstance(caps, Capabilities) or caps.min_ttl_s <= ttl_s <= caps.max_ttl_s:
+        return
+    scheme = url.split("://", 1)[0].lower()
+    where = source(args, "ttl_s")
+    named = (f"the default TTL {ttl_s:g} (--ttl-s not given)" if "ttl_s" not in values
+             else f"{where} {ttl_s:g}" if where.startswith("--")
+             else f"environment variable {where}={ttl_s:g}")
+    raise InvalidArgument(
+        f"{named} is outside the {scheme} store's TTL range [{caps.min_ttl_s:g}, "
+        f"{caps.max_ttl_s:g}] s (capabilities.min_ttl_s, max_ttl_s)")
+
+
 def serve_metrics(values: Mapping[str, object], arguments: Mapping[str, Any]) -> Any:
     """With ``metrics_port``: a :class:`~consensus_lease.metrics.PrometheusObserver`
     whose registry is served on ``metrics_addr:metrics_port``; else ``None``.
@@ -252,6 +288,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         level = parse_level(_get(values, "log_level", "info"))
         arguments = worker_arguments(values)
         check_arguments(arguments, args)
+        check_ttl_range(values, arguments["ttl_s"], args)
         observer = serve_metrics(values, arguments)
         if observer is not None:
             arguments["observer"] = observer

@@ -1,8 +1,10 @@
 """``consensus-lease worker``'s bad numbers, in this process (nothing is started): each is
 refused with exit status 2 and a message naming its flag, or its environment variable
-when that was the source."""
+when that was the source; the TTL against the store's own range, before it is opened."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -72,3 +74,35 @@ def _subparsers() -> object:
     import argparse
 
     return argparse.ArgumentParser().add_subparsers()
+
+
+@pytest.mark.parametrize("value", ["0.01", "1e9"])
+def test_a_ttl_outside_the_stores_range_exits_2_naming_the_flag_and_range(
+        value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Checked against the backend's capabilities before the store is opened: the
+    SQLite file is not even made."""
+    db = tmp_path / "store.db"
+    assert main(_worker(f"sqlite:///{db}", "--ttl-s", value)) == 2
+    out = _flat(capsys.readouterr().out)
+    assert f"--ttl-s {float(value):g} is outside the sqlite store's TTL range [0.05, 604800] s" \
+        in out, out
+    assert not db.exists()
+
+
+def test_a_ttl_variable_outside_the_range_names_the_variable(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONSENSUS_LEASE_TTL_S", "0.0001")
+    assert main(_worker("memory://")) == 2
+    out = _flat(capsys.readouterr().out)
+    assert ("environment variable CONSENSUS_LEASE_TTL_S=0.0001 is outside the memory "
+            "store's TTL range [0.001, 604800] s") in out, out
+
+
+def test_a_ttl_in_range_and_an_unknown_scheme_are_left_to_the_worker(
+        tmp_path: Path) -> None:
+    """No backend for the URL: the pre-check says nothing (the worker reports the store
+    error as before); a TTL within the range passes."""
+    command.check_ttl_range({"backend": "nosuch://x", "ttl_s": 0.01}, 0.01)
+    command.check_ttl_range({"backend": f"sqlite:///{tmp_path}/s.db", "ttl_s": 5.0}, 5.0)
+    assert not (tmp_path / "s.db").exists()
