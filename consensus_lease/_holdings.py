@@ -12,6 +12,7 @@ here and only here.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
     from ._liveness import Liveness
     from .session import Session
 
-__all__ = ["Holdings"]
+__all__ = ["Holdings", "item_error"]
 
 T = TypeVar("T")
 L = TypeVar("L", bound="Lease")
@@ -199,8 +200,11 @@ class Holdings:
         ``SessionExpired`` of the whole chunk loses the session), each answer settled
         as the lone operation ``op`` settles it: ``applied(entry, answer)`` for an item
         the store ended, :meth:`_refused` for one it refused."""
-        for entry in entries:
-            self._refuse_inside_block(entry[0])
+        for index, entry in enumerate(entries):
+            try:
+                self._refuse_inside_block(entry[0])
+            except InvalidArgument as exc:
+                raise item_error(index, entry[0], exc) from None
         live = self.liveness
         step = max(1, step)
         outcomes: list[_Answer] = []
@@ -217,17 +221,22 @@ class Holdings:
             answers = [live.told_closed(a) if isinstance(a, SessionExpired) else a
                        for a in answers]
             latency = live.clock.monotonic() - begin
-            settled = list(zip(chunk, answers, strict=True))
+            # Each refusal as its own error, naming its item's index and job, whatever
+            # the store said (a refusal of the whole chunk names none).
+            items = [item_error(start + k, entry[0], answer)
+                     if isinstance(answer, LeaseError) else answer
+                     for k, (entry, answer) in enumerate(zip(chunk, answers, strict=True))]
+            settled = list(zip(chunk, answers, items, strict=True))
             # Applied items first: a refusal that loses the session then loses only the
             # leases the store did not end.
             settled.sort(key=lambda s: isinstance(s[1], LeaseError))
-            for entry, answer in settled:
+            for entry, answer, item in settled:
                 self._report(op, entry[0], answer, latency)
-                if isinstance(answer, LeaseError):
-                    self._refused(entry[0], answer)
+                if isinstance(answer, LeaseError) and isinstance(item, LeaseError):
+                    self._refused(entry[0], answer, item)
                 else:
                     applied(entry, answer)
-            outcomes.extend(answers)
+            outcomes.extend(items)
         return outcomes
 
     def _report(self, op: str, lease: Lease, answer: _Answer, latency: float) -> None:
@@ -239,14 +248,15 @@ class Holdings:
             notify(observer, lambda o: o.operation(scheme, op, job_id, generation,
                                                    outcome, latency))
 
-    def _refused(self, lease: Lease, answer: LeaseError) -> None:
-        """An item of :meth:`_many` the store refused: the state changes of
-        :meth:`_guarded` for the lone operation's refusal (a ``BackendUnavailable``:
-        nothing applied, still held)."""
+    def _refused(self, lease: Lease, answer: LeaseError, item: LeaseError) -> None:
+        """An item of :meth:`_many` the store refused (``answer``; ``item``: the same,
+        naming the item, as returned): the state changes of :meth:`_guarded` for the
+        lone operation's refusal (a ``BackendUnavailable``: nothing applied, still held).
+        The session is lost with the store's own words, the lease with ``item``."""
         if isinstance(answer, SessionExpired):
             self.liveness.mark_lost(answer)
-        if isinstance(answer, (LeaseLost, OutcomeUnknown)):
-            self.lease_failed(lease, answer)
+        if isinstance(item, (LeaseLost, OutcomeUnknown)):
+            self.lease_failed(lease, item)
 
     def complete_and_claim_next(
         self, lease: Lease, result: bytes, queue: str
@@ -519,6 +529,29 @@ class Holdings:
             log.warning("re-confirming leases failed", extra={"error": str(exc)})
             return
         live.resume(send, ttl)
+
+
+def item_error(index: int, lease: Lease, error: LeaseError) -> LeaseError:
+    """``error`` about item ``index`` (``lease``) of a batch ending, as that item's own:
+    the same type and attributes, its message led by ``item INDEX: `` and naming the
+    job (``lease on 'JOB': `` unless it does already), ``job_id`` and ``generation``
+    the lease's where ``error`` has none or is about another job; chained to ``error``.
+    One error per item, so a refusal of a whole chunk is not one shared object."""
+    text = str(error)
+    if text.startswith(f"item {index}: "):
+        return error
+    named = text if repr(lease.job_id) in text else f"lease on {lease.job_id!r}: {text}"
+    try:
+        item = copy.copy(error)
+    except Exception:  # a third-party error type that cannot be remade from its args
+        return error
+    item.args = (f"item {index}: {named}",)
+    if error.job_id != lease.job_id:
+        item.job_id, item.generation = lease.job_id, lease.generation
+    elif error.generation is None:
+        item.generation = lease.generation
+    item.__cause__ = error
+    return item
 
 
 def _report_claim(observer: Observer, scheme: str, lease: Lease, latency_s: float) -> None:

@@ -103,7 +103,7 @@ from .errors import BackendUnavailable, FenceRejected, InvalidArgument
 from .observe import Observer, notify
 from .validation import check_job_id
 
-__all__ = ["Effect", "Fence", "FenceOutcome", "FencedRead", "SqliteFence"]
+__all__ = ["MAX_EFFECT_ID_CHARS", "Effect", "Fence", "FenceOutcome", "FencedRead", "SqliteFence"]
 
 HINT_EPOCH_SHIFT = 32
 """The bit split the restore hint assumes (``token >> 32`` is the store epoch)."""
@@ -295,7 +295,8 @@ class SqliteFence:
         Args:
             resource: what the effect changes (usually the job id); same rules as job ids.
             token: the lease's generation (int >= 1).
-            effect_id: the caller's name for this effect (non-empty str).
+            effect_id: the caller's name for this effect: a non-empty str of at most
+                :data:`MAX_EFFECT_ID_CHARS` (256) characters, no NUL (as ``SqlFence``).
             payload: bytes to store with the effect.
             once_per_job: ``True``: apply at most once per ``(resource, effect_id)``
                 across all tokens, so the next holder of a job skips the steps a lost
@@ -310,8 +311,8 @@ class SqliteFence:
         Raises:
             FenceRejected: a higher token was already accepted (``highest_seen`` set);
                 nothing applied or recorded.
-            InvalidArgument: bad arguments (``once_per_job`` not a bool, ...); nothing
-                applied.
+            InvalidArgument: bad arguments (``once_per_job`` not a bool, an ``effect_id``
+                past :data:`MAX_EFFECT_ID_CHARS`, ...); nothing applied.
             BackendUnavailable: the file is locked or unusable; nothing applied.
         """
         check_once_per_job(once_per_job)
@@ -510,23 +511,34 @@ class SqliteFence:
             self._db.close()
 
 
-MAX_EFFECT_ID_BYTES = 1024
-"""Longest ``effect_id`` (UTF-8 bytes) a fence accepts."""
+MAX_EFFECT_ID_CHARS = 256
+"""Longest ``effect_id`` (characters) every fence accepts: :class:`SqliteFence` and
+:class:`~consensus_lease.fencing_sql.SqlFence` alike (its column is
+``VARCHAR(256)``), so an id one fence takes the other takes too."""
+MAX_EFFECT_ID_BYTES = 4 * MAX_EFFECT_ID_CHARS
+"""Longest ``effect_id`` in UTF-8 bytes: implied by :data:`MAX_EFFECT_ID_CHARS` (at most
+4 bytes a character)."""
 
 
 def check_effect_id(effect_id: object) -> str:
-    """``effect_id`` if it is a non-empty str of valid Unicode, without NUL, at most
-    :data:`MAX_EFFECT_ID_BYTES` of UTF-8."""
+    """``effect_id`` if it is a non-empty str of valid Unicode, without NUL, of at most
+    :data:`MAX_EFFECT_ID_CHARS` characters (shared by the fences).
+
+    Raises:
+        InvalidArgument: otherwise (the message gives the limit).
+    """
     if not isinstance(effect_id, str) or not effect_id:
         raise InvalidArgument("effect_id must be a non-empty str")
     try:
-        size = len(effect_id.encode("utf-8"))
+        effect_id.encode("utf-8")
     except UnicodeEncodeError:
         raise InvalidArgument("effect_id is not valid Unicode (lone surrogate)") from None
-    if "\0" in effect_id or size > MAX_EFFECT_ID_BYTES:
+    if "\0" in effect_id:
+        raise InvalidArgument("effect_id must have no NUL")
+    if len(effect_id) > MAX_EFFECT_ID_CHARS:
         raise InvalidArgument(
-            f"effect_id must have no NUL and be at most {MAX_EFFECT_ID_BYTES} bytes of UTF-8"
-        )
+            f"effect_id must be at most {MAX_EFFECT_ID_CHARS} characters, not "
+            f"{len(effect_id)}")
     return effect_id
 
 

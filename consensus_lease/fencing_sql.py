@@ -100,6 +100,7 @@ from sqlalchemy.engine import make_url
 
 from .errors import BackendUnavailable, FenceRejected, InvalidArgument
 from .fencing import (
+    MAX_EFFECT_ID_CHARS,
     Effect,
     FencedRead,
     FenceOutcome,
@@ -123,7 +124,6 @@ with row locks or a database lock). ``auto``: ``upsert`` where supported, else `
 
 _UPSERT_DIALECTS = frozenset({"postgresql", "sqlite"})
 _RETRYABLE_SQLSTATES = {"40001", "40P01", "55P03"}  # serialization, deadlock, lock timeout
-MAX_EFFECT_ID_CHARS = 256
 
 
 class FenceRetryable(BackendUnavailable):
@@ -277,7 +277,8 @@ class SqlFence:
         Args:
             resource: what the effect changes, usually the job id (same rules as job ids).
             token: the lease's generation, an int >= 1.
-            effect_id: the caller's name for the effect, 1-256 characters.
+            effect_id: the caller's name for the effect, 1-256 characters
+                (:data:`~consensus_lease.fencing.MAX_EFFECT_ID_CHARS`, as ``SqliteFence``), no NUL.
             payload: bytes stored with the effect.
             once_per_job: apply at most once per ``(resource, effect_id)`` (see above).
             conn: a connection in a transaction (``with engine.begin() as conn:``).
@@ -665,9 +666,7 @@ def _check(
         raise InvalidArgument(f"token must be an int >= 1, got {token!r}")
     if token >= 2**63:  # as SqliteFence: the token columns are signed 64-bit integers
         raise InvalidArgument(f"token {token} does not fit a signed 64-bit integer")
-    check_effect_id(effect_id)
-    if len(effect_id) > MAX_EFFECT_ID_CHARS:
-        raise InvalidArgument(f"effect_id must be a str of 1-{MAX_EFFECT_ID_CHARS} characters")
+    check_effect_id(effect_id)  # at most MAX_EFFECT_ID_CHARS, as SqliteFence
     if not isinstance(payload, (bytes, bytearray, memoryview)):
         raise InvalidArgument(f"payload must be bytes, not {type(payload).__name__}")
 

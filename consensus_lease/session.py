@@ -22,7 +22,7 @@ from . import _campaign, _queue_claim
 from ._callbacks import check_callback, run_callback
 from ._callsite import caller_enters_with
 from ._fork import abandon
-from ._holdings import Holdings
+from ._holdings import Holdings, item_error
 from ._liveness import EventRelay, Liveness
 from ._renewer import Renewer
 from ._waiting import Waiters, wait_and_claim
@@ -505,20 +505,29 @@ class Session:
             ``SessionExpired`` (LOST, with every lease of the session),
             ``OutcomeUnknown`` (treated as LOST: read ``store.get``),
             ``BackendUnavailable`` (nothing applied for it: still held until its
-            deadline, may be completed again).
+            deadline, may be completed again). Each returned error is that item's own
+            (of the type the store's answer had), its message led by ``item I: `` and
+            naming the job, with the item's ``job_id``, on every store (a refusal of a
+            whole round trip too: one error per item, not one shared).
 
         Raises:
             InvalidArgument: ``leases`` is empty or not a sequence, a result is not bytes
                 or too large, a lease is of another session or listed twice, or was
-                already completed, released or failed by this process; nothing sent,
+                already completed, released or failed by this process (each named by
+                its item's index and job: ``item 2: lease on 'j': ...``); nothing sent,
                 every lease as it was.
             StoreClosed / StoreInherited: the store was closed / this is a fork's child;
                 nothing sent (also: the store closed during the call, whose remaining
                 leases were not sent).
         """
-        pairs = [(lease, checked_completion(lease, rest[0] if rest else b"", "complete_many"))
-                 for lease, rest in self._listed(leases, "complete_many",
-                                                 "leases or (lease, result) pairs", (1, 2))]
+        pairs = []
+        for index, (lease, rest) in enumerate(self._listed(
+                leases, "complete_many", "leases or (lease, result) pairs", (1, 2))):
+            try:
+                pairs.append((lease, checked_completion(lease, rest[0] if rest else b"",
+                                                        "complete_many")))
+            except InvalidArgument as exc:
+                raise item_error(index, lease, exc) from None
         return self._holdings.complete_many(pairs)
 
     def release_many(self, leases: Sequence[Lease]) -> list[LeaseError | None]:
@@ -544,19 +553,23 @@ class Session:
             (LOST), ``SessionExpired`` (LOST, with every lease of the session),
             ``OutcomeUnknown`` (treated as LOST: read ``store.get``),
             ``BackendUnavailable`` (nothing applied for it: still held until its
-            deadline, may be released again).
+            deadline, may be released again). Each error names its item, as in
+            :meth:`complete_many`.
 
         Raises:
             InvalidArgument: ``leases`` is empty or not a sequence, an item is not a
-                lease of this session (named by its index), a lease is listed twice,
-                or was already completed, released or failed by this process (unlike
-                a repeated ``release()``, which does nothing); nothing sent, every
-                lease as it was.
+                lease of this session, a lease is listed twice, or was already
+                completed, released or failed by this process (unlike a repeated
+                ``release()``, which does nothing); each named by its item's index
+                and job; nothing sent, every lease as it was.
             StoreClosed / StoreInherited: as for :meth:`complete_many`.
         """
         listed = self._listed(leases, "release_many", "leases", (1,))
-        for lease, _ in listed:
-            check_not_ended(lease, "release_many")
+        for index, (lease, _) in enumerate(listed):
+            try:
+                check_not_ended(lease, "release_many")
+            except InvalidArgument as exc:
+                raise item_error(index, lease, exc) from None
         return self._holdings.release_many([lease for lease, _ in listed])
 
     def fail_many(
@@ -585,21 +598,27 @@ class Session:
             Element ``i`` answers ``items[i]``: the job's record after the failure
             (AVAILABLE with ``not_before``, or FAILED; the lease is FAILED), or the
             error ``fail`` would have raised for it, returned, not raised, with the
-            lease left as that error leaves it (as in :meth:`release_many`).
+            lease left as that error leaves it (as in :meth:`release_many`), naming
+            its item (as in :meth:`complete_many`).
 
         Raises:
             InvalidArgument: ``items`` is empty or not a sequence, an item is not such
-                a tuple with a lease of this session (named by its index), a lease is
-                listed twice, an ``error`` or ``retry_in_s`` is bad, or a lease was
-                already completed, released or failed by this process; nothing sent,
-                every lease as it was.
+                a tuple with a lease of this session, a lease is listed twice, an
+                ``error`` or ``retry_in_s`` is bad, or a lease was already completed,
+                released or failed by this process; each named by its item's index and
+                job (``item 1: lease on 'j': retry_in_s must be >= 0, ...``); nothing
+                sent, every lease as it was.
             StoreClosed / StoreInherited: as for :meth:`complete_many`.
         """
         checked = []
-        for lease, rest in self._listed(items, "fail_many", "(lease, error) or (lease, "
-                                        "error, retry_in_s) tuples", (2, 3)):
-            text, delay = checked_failure(lease, rest[0], rest[1] if len(rest) > 1 else None,
-                                          "fail_many")
+        for index, (lease, rest) in enumerate(self._listed(
+                items, "fail_many", "(lease, error) or (lease, error, retry_in_s) tuples",
+                (2, 3))):
+            try:
+                text, delay = checked_failure(
+                    lease, rest[0], rest[1] if len(rest) > 1 else None, "fail_many")
+            except InvalidArgument as exc:
+                raise item_error(index, lease, exc) from None
             checked.append((lease, text, delay))
         return self._holdings.fail_many(checked)
 

@@ -10,6 +10,7 @@ import weakref
 from collections.abc import Iterable
 from importlib.metadata import entry_points
 from types import TracebackType
+from typing import cast
 
 from ._election import election_key
 from ._extras import BACKEND_EXTRAS, DISTRIBUTION, install_hint, missing_dependency
@@ -107,6 +108,22 @@ def open_store(
             ``open_store`` connects (SQLite opens the file; etcd, ZooKeeper and
             PostgreSQL answer within ``connect_timeout_s``).
     """
+    backend_cls = backend_class(url)
+    backend = backend_cls.from_url(url, merge_options(url, options))
+    if observer is None:
+        observer = default_observer()
+    return LeaseStore(backend, clock=clock, observer=observer, retry=retry)
+
+
+def backend_class(url: str) -> type[Backend]:
+    """The backend class that serves ``url``'s scheme (its entry point, loaded), without
+    connecting: its ``capabilities`` (a class attribute) say, before a store is opened,
+    what it accepts (e.g. the TTL range the worker command checks ``--ttl-s`` against).
+
+    Raises:
+        UnsupportedBackend: as :func:`open_store` does for a malformed URL, an unknown
+            scheme, or a backend whose client library is not installed.
+    """
     if not isinstance(url, str) or "://" not in url:
         raise UnsupportedBackend(
             f"not a store URL: {redact_url(url)!r}; expected SCHEME://..., with SCHEME one of "
@@ -129,10 +146,7 @@ def open_store(
         backend_cls = matches[0].load()
     except ImportError as exc:
         raise UnsupportedBackend(_missing_client(scheme, matches[0].value, exc)) from exc
-    backend = backend_cls.from_url(url, merge_options(url, options))
-    if observer is None:
-        observer = default_observer()
-    return LeaseStore(backend, clock=clock, observer=observer, retry=retry)
+    return cast("type[Backend]", backend_cls)
 
 
 def _missing_client(scheme: str, target: str, exc: ImportError) -> str:

@@ -155,6 +155,20 @@ def test_bad_arguments_are_rejected_before_any_sql(
     assert fence.effects() == []
 
 
+def test_effect_id_limit_is_the_sqlite_fences(fence: SqlFence) -> None:
+    """SqliteFence's limit and error (one constant): 300 characters refused before any
+    SQL, 256 (4-byte characters too) taken."""
+    from consensus_lease.fencing import MAX_EFFECT_ID_CHARS
+
+    assert MAX_EFFECT_ID_CHARS == 256
+    for too_long in ("x" * 300, "\U0001f600" * 257):
+        with pytest.raises(InvalidArgument, match="effect_id must be at most 256 characters"):
+            fence.apply_now("job", 1, too_long)
+    assert fence.effects() == [] and fence.highest_token("job") is None
+    assert fence.apply_now("job", 1, "x" * 256) is FenceOutcome.ACCEPTED
+    assert fence.apply_now("job", 1, "\U0001f600" * 256) is FenceOutcome.ACCEPTED
+
+
 @pytest.mark.parametrize(("url", "part"), [
     ("postgresql+psycopg://u:s3cr3t%00x@127.0.0.1:1/db", "password"),
     ("postgresql+psycopg://u:s3cr3t@127.0.0.1:1/d%00b", "database"),

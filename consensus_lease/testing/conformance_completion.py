@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from ..errors import InvalidArgument, JobFailed, SessionExpired, StaleLeaseError
+from ..errors import InvalidArgument, JobFailed, LeaseError, SessionExpired, StaleLeaseError
 from ..lease import Lease
 from ..record import EnqueueItem, JobState, LeaseRecord
 from ..session import Session
@@ -38,6 +38,16 @@ def make_stale(store: LeaseStore, lease: Lease, other: Session) -> Lease:
     newer = other.claim(lease.job_id)
     assert newer is not None and newer.generation > lease.generation
     return newer
+
+
+def assert_names_item(error: object, index: int, job_id: str) -> None:
+    """``error``, returned or raised for item ``index`` of a batch ending, is that item's
+    own: a ``LeaseError`` whose message starts ``item INDEX: `` and names the job, with
+    its ``job_id`` (the same on every store)."""
+    assert isinstance(error, LeaseError), error
+    text = str(error)
+    assert text.startswith(f"item {index}: ") and repr(job_id) in text, text
+    assert error.job_id == job_id, (error.job_id, job_id)
 
 
 class CountCalls:
@@ -74,11 +84,12 @@ class CompletionConformance:
         assert spy.calls == math.ceil(3 / store.capabilities.max_complete_batch)
         assert isinstance(out[0], LeaseRecord) and isinstance(out[2], LeaseRecord)
         assert isinstance(out[1], StaleLeaseError) and out[1].job_id == "y"
+        assert_names_item(out[1], 1, "y")
         assert (out[0].job_id, out[0].result, out[0].state) == ("x", b"rx", JobState.COMPLETED)
         assert (out[2].job_id, out[2].result) == ("z", b"")
         assert (x.state, y.state, z.state) == (
             LeaseState.COMPLETED, LeaseState.LOST, LeaseState.COMPLETED)
-        assert isinstance(y.lost_reason, StaleLeaseError)
+        assert y.lost_reason is out[1]
         assert a.leases() == []
         record = store.get("y")
         assert record is not None and record.state is JobState.HELD
@@ -124,6 +135,9 @@ class CompletionConformance:
         self.expire(store, a)
         out = a.complete_many([lease for lease in leases if lease is not None])
         assert all(isinstance(r, SessionExpired) for r in out), out
+        for index, job_id in enumerate(("e1", "e2")):  # each its own, named
+            assert_names_item(out[index], index, job_id)
+        assert out[0] is not out[1]
         assert a.state is SessionState.LOST
         assert all(lease is not None and lease.state is LeaseState.LOST for lease in leases)
         for job_id in ("e1", "e2"):
@@ -146,6 +160,12 @@ class CompletionConformance:
         for leases in bad:
             with pytest.raises(InvalidArgument):
                 a.complete_many(leases)
+        for leases, index, job_id in (([mine, ended], 1, "ended"),
+                                      ([(mine, "text")], 0, "mine"),
+                                      ([mine, (theirs, b"")], 1, "theirs")):
+            with pytest.raises(InvalidArgument) as refused:
+                a.complete_many(leases)
+            assert_names_item(refused.value, index, job_id)
         assert spy.calls == 0
         mine.ensure_held()
         theirs.ensure_held()

@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 
-from ..errors import InvalidArgument, JobFailed, SessionExpired, StaleLeaseError
+from ..errors import BackendUnavailable, InvalidArgument, JobFailed, SessionExpired, StaleLeaseError
 from ..lease import Lease
 from ..record import EnqueueItem, JobState, LeaseRecord
 from ..session import Session
 from ..states import LeaseState, SessionState
 from ..store import LeaseStore
-from .conformance_completion import CountCalls, make_stale
+from .conformance_completion import CountCalls, assert_names_item, make_stale
 
 __all__ = ["EndingConformance"]
 
@@ -67,9 +67,10 @@ class EndingConformance:
         assert spy.calls == math.ceil(3 / store.capabilities.max_end_batch)
         assert out[0] is None and out[2] is None, out
         assert isinstance(out[1], StaleLeaseError) and out[1].job_id == "ry"
+        assert_names_item(out[1], 1, "ry")
         assert (x.state, y.state, z.state) == (
             LeaseState.RELEASED, LeaseState.LOST, LeaseState.RELEASED)
-        assert isinstance(y.lost_reason, StaleLeaseError)
+        assert y.lost_reason is out[1]
         assert a.leases() == []
         record = store.get("ry")
         assert record is not None and record.state is JobState.HELD
@@ -110,6 +111,9 @@ class EndingConformance:
         self.expire(store, a)
         out = a.release_many(leases)
         assert all(isinstance(r, SessionExpired) for r in out), out
+        for index, job_id in enumerate(("re1", "re2")):  # each its own, named
+            assert_names_item(out[index], index, job_id)
+        assert out[0] is not out[1]
         assert a.state is SessionState.LOST
         assert all(lease.state is LeaseState.LOST for lease in leases)
 
@@ -148,6 +152,7 @@ class EndingConformance:
         alone = [last2.fail("spent"), wait2.fail(ValueError("bad"), 60.0),
                  now2.fail("again", 0.0)]
         assert isinstance(out[2], StaleLeaseError) and out[2].job_id == "fstale"
+        assert_names_item(out[2], 2, "fstale")
         many = [out[0], out[1], out[3]]
         assert all(isinstance(r, LeaseRecord) for r in many), out
         for got, lone in zip(many, alone, strict=True):
@@ -203,6 +208,9 @@ class EndingConformance:
         self.expire(store, a)
         out = a.fail_many([(lease, "boom", 0.0) for lease in leases])
         assert all(isinstance(r, SessionExpired) for r in out), out
+        for index, job_id in enumerate(("fe1", "fe2")):  # each its own, named
+            assert_names_item(out[index], index, job_id)
+        assert out[0] is not out[1]
         assert a.state is SessionState.LOST
         assert all(lease.state is LeaseState.LOST for lease in leases)
         for job_id in ("fe1", "fe2"):
@@ -222,7 +230,8 @@ class EndingConformance:
         bad_releases: list[tuple[Any, str]] = [
             ([], "at least one lease"), ("bmine", "sequence of leases"),
             (mine, "sequence of leases"), ([mine, theirs], "item 1: lease on 'btheirs'"),
-            ([mine, mine], "item 1: 'bmine' is listed twice"), ([mine, ended], "released"),
+            ([mine, mine], "item 1: 'bmine' is listed twice"),
+            ([mine, ended], r"^item 1: lease on 'bended' generation \d+ already released"),
             ([(mine,)], "item 0 is a 1-tuple"), ([mine, 42], "item 1 is int"),
             ([(mine, "x")], "item 0 is a 2-tuple"),
         ]
@@ -233,8 +242,11 @@ class EndingConformance:
             ([], "at least one lease"), ([mine], "item 0 is Lease"),
             ([(mine, "e"), (mine, "e")], "item 1: 'bmine' is listed twice"),
             ([(mine, "e"), (theirs, "e")], "item 1: lease on 'btheirs'"),
-            ([(mine, 42)], "error must be"), ([(mine, "e", -1.0)], "retry_in_s"),
-            ([(mine, "e", 1.0, 2)], "item 0 is a 4-tuple"), ([(ended, "e")], "released"),
+            ([(mine, 42)], "^item 0: lease on 'bmine': error must be"),
+            ([(mine, "e"), (ended, "e", -1.0)], "^item 1: lease on 'bended': retry_in_s"),
+            ([(mine, "e", 1.0, 2)], "item 0 is a 4-tuple"),
+            ([(mine, "e"), (ended, "e")], r"^item 1: lease on 'bended' generation \d+ already "
+             "released"),
             ([("bmine", "e", 1.0)], "item 0 is a 3-tuple of str, str and float"),
         ]
         for items, message in bad_failures:
@@ -247,6 +259,34 @@ class EndingConformance:
             record = store.get(job_id)
             assert record is not None and record.state is JobState.HELD
             assert record.error is None
+
+    def test_a_refused_round_trip_names_each_item(
+        self, store: LeaseStore, sessions: list[Session], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The driver refuses a whole batch (``BackendUnavailable``: nothing applied):
+        every item gets its own error naming its index and job, as a refusal of one item
+        does; each lease is still held, each job as it was."""
+        a = self.open(store, "A")
+        leases = _claimed(a, "nu0", "nu1", "nu2")
+
+        def down(*_args: object) -> object:
+            raise BackendUnavailable("the store is down (test)")
+
+        for name in ("complete_many", "release_many", "fail_many"):
+            monkeypatch.setattr(store.backend, name, down)
+        outs = [a.complete_many(leases), a.release_many(leases),
+                a.fail_many([(lease, "e") for lease in leases])]
+        for out in outs:
+            assert all(isinstance(r, BackendUnavailable) for r in out), out
+            for index, lease in enumerate(leases):
+                assert_names_item(out[index], index, lease.job_id)
+            assert len({id(r) for r in out}) == len(leases)
+        for lease in leases:
+            lease.ensure_held()
+        for lease in leases:  # store.get: not a patched method
+            record = store.get(lease.job_id)
+            assert record is not None and record.state is JobState.HELD
+            assert record.generation == lease.generation and record.error is None
 
     # -- async -------------------------------------------------------------------------
 

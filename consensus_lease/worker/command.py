@@ -9,7 +9,9 @@ variable. ``--metrics-port PORT`` (thread mode) serves the store's Prometheus me
 Exit status: 0 after a normal stop (SIGTERM, or the queue drained with
 ``--until-empty``); 1 on an error (the store cannot be opened, the handler cannot be
 imported, a worker slot or process failed, or one had to be killed after the grace
-period); 2 for a bad flag or variable; 130 after SIGINT.
+period); 2 for a bad flag or variable (also a ``--ttl-s`` outside the store's TTL range,
+checked against its backend's ``capabilities`` before the store is opened); 130 after
+SIGINT.
 """
 
 from __future__ import annotations
@@ -23,14 +25,16 @@ from typing import Any, TypeVar
 from rich.console import Console
 from rich.markup import escape
 
-from ..errors import InvalidArgument, LeaseError
+from ..backend import Capabilities
+from ..errors import InvalidArgument, LeaseError, UnsupportedBackend
 from ..retry import RetryPolicy
-from ..store import DEFAULT_TTL_S
+from ..store import DEFAULT_TTL_S, backend_class
 from . import config
 from .logs import configure_logging, parse_level
 from .runner import run_worker
 
-__all__ = ["NAME", "add_batching_flags", "add_parser", "run", "settings", "worker_arguments"]
+__all__ = ["NAME", "add_batching_flags", "add_parser", "check_arguments", "check_ttl_range",
+           "run", "settings", "source", "worker_arguments"]
 
 NAME = "worker"
 
@@ -90,18 +94,21 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="the handler, importable from the current directory")
     parser.add_argument("--backend", metavar="URL", help="store URL")
     parser.add_argument("--queue", metavar="QUEUE", help="work queue name")
-    parser.add_argument("--concurrency", type=_flag(config.parse_count), metavar="N",
-                        help="jobs worked at once: threads, or processes (default 1)")
+    parser.add_argument("--concurrency", type=_flag(config.parse_concurrency), metavar="N",
+                        help="jobs worked at once: threads, or processes (default 1; at "
+                        f"most {config.MAX_CONCURRENCY})")
     parser.add_argument("--processes", action=argparse.BooleanOptionalAction, default=None,
                         help="one worker process per slot (spawned) instead of threads")
     parser.add_argument("--ttl-s", type=_flag(config.parse_positive_seconds), metavar="S",
-                        help=f"session TTL, seconds (default {DEFAULT_TTL_S:g})")
+                        help=f"session TTL, seconds (default {DEFAULT_TTL_S:g}; within the "
+                        "store's range, capabilities.min_ttl_s to max_ttl_s: e.g. sqlite "
+                        "0.05 to 604800)")
     parser.add_argument("--grace-s", type=_flag(config.parse_seconds), metavar="S",
                         help="time jobs in flight get after SIGTERM, seconds (default 30)")
     parser.add_argument("--until-empty", action=argparse.BooleanOptionalAction, default=None,
                         help="exit once nothing is available or held (retry delays are "
                         "waited for; FAILED jobs are not)")
-    parser.add_argument("--claim-wait-s", type=_flag(config.parse_positive_seconds), metavar="S",
+    parser.add_argument("--claim-wait-s", type=_flag(config.parse_claim_wait_s), metavar="S",
                         help="one claim's wait, seconds (default 1)")
     parser.add_argument("--fused-claim", action=argparse.BooleanOptionalAction, default=None,
                         help="complete each job and claim the next in one call "
@@ -111,9 +118,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--max-attempts", type=_flag(config.parse_attempts), metavar="N",
                         help="the queue's RetryPolicy.max_attempts (recorded per job by "
                         "enqueue: set it where jobs are enqueued too)")
-    parser.add_argument("--retry-initial-s", type=_flag(config.parse_seconds), metavar="S",
+    parser.add_argument("--retry-initial-s", type=_flag(config.parse_retry_s), metavar="S",
                         help="delay after a first failed attempt (default 1, doubling)")
-    parser.add_argument("--retry-max-s", type=_flag(config.parse_seconds), metavar="S",
+    parser.add_argument("--retry-max-s", type=_flag(config.parse_retry_s), metavar="S",
                         help="longest retry delay (default 300)")
     parser.add_argument("--owner", help="sessions' owner label: OWNER/slot (default "
                         "host:pid:random)")
@@ -172,16 +179,75 @@ def worker_arguments(values: Mapping[str, object]) -> dict[str, Any]:
     }
 
 
-def check_arguments(arguments: Mapping[str, Any]) -> None:
+def source(args: argparse.Namespace | None, name: str) -> str:
+    """Where setting ``name`` came from, as a message names it: its flag (``--ttl-s``)
+    when given (or with no ``args``), else its environment variable."""
+    if args is None or getattr(args, name, None) is not None:
+        return f"--{name.replace('_', '-')}"
+    return config.ENVIRONMENT[name][0]
+
+
+_FIELD_SETTINGS = {"mode": ("processes",), "retry": ("max_attempts", "retry_initial_s",
+                                                      "retry_max_s")}
+"""``WorkerConfig`` fields that come from settings of other names."""
+
+
+def check_arguments(arguments: Mapping[str, Any],
+                    args: argparse.Namespace | None = None) -> None:
     """Refuse, before anything starts, the settings ``run_worker`` itself would refuse
     (``config.WorkerConfig``'s checks: ranges such as ``concurrency`` 1..1024, or a
-    ``grace_s`` past its limit), so that they exit 2 as a bad flag does, not 1.
+    ``claim_wait_s`` past its limit), so that they exit 2 as a bad flag does, not 1. Each
+    field is checked alone first, so the message names the flag it came from (or its
+    environment variable, by ``args``: see :func:`source`); the parsers of
+    :data:`config.ENVIRONMENT` refuse most such values already.
 
     Raises:
-        InvalidArgument: a setting out of its range.
+        InvalidArgument: a setting out of its range, naming its flag or variable.
     """
     fields = {f.name for f in dataclasses.fields(config.WorkerConfig)}
-    config.WorkerConfig(**{k: v for k, v in arguments.items() if k in fields})
+    given = {k: v for k, v in arguments.items() if k in fields}
+    for name, value in given.items():
+        try:
+            if name == "queue":
+                config.WorkerConfig(queue=value)
+            else:
+                config.WorkerConfig(queue=given["queue"], **{name: value})
+        except InvalidArgument as exc:
+            named = "/".join(source(args, setting)
+                             for setting in _FIELD_SETTINGS.get(name, (name,)))
+            raise InvalidArgument(f"{named}: {exc}") from None
+    config.WorkerConfig(**given)
+
+
+def check_ttl_range(values: Mapping[str, object], ttl_s: float,
+                    args: argparse.Namespace | None = None) -> None:
+    """Refuse, before the store is opened, a TTL outside the range its backend declares
+    (``capabilities.min_ttl_s`` .. ``max_ttl_s``, a class attribute of the backend:
+    known without connecting), naming ``--ttl-s`` or ``CONSENSUS_LEASE_TTL_S`` (as
+    :func:`source` says) and the range. A URL no backend serves is left to
+    ``run_worker`` (it reports it as the store error it is); so is a backend whose
+    capabilities are known only once open (``run_worker`` checks the TTL again there).
+
+    Raises:
+        InvalidArgument: ``ttl_s`` is outside the store's range.
+    """
+    url = values.get("backend")
+    if not isinstance(url, str):
+        return
+    try:
+        caps = getattr(backend_class(url), "capabilities", None)
+    except UnsupportedBackend:
+        return
+    if not isinstance(caps, Capabilities) or caps.min_ttl_s <= ttl_s <= caps.max_ttl_s:
+        return
+    scheme = url.split("://", 1)[0].lower()
+    where = source(args, "ttl_s")
+    named = (f"the default TTL {ttl_s:g} (--ttl-s not given)" if "ttl_s" not in values
+             else f"{where} {ttl_s:g}" if where.startswith("--")
+             else f"environment variable {where}={ttl_s:g}")
+    raise InvalidArgument(
+        f"{named} is outside the {scheme} store's TTL range [{caps.min_ttl_s:g}, "
+        f"{caps.max_ttl_s:g}] s (capabilities.min_ttl_s, max_ttl_s)")
 
 
 def serve_metrics(values: Mapping[str, object], arguments: Mapping[str, Any]) -> Any:
@@ -221,7 +287,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         values = settings(args, os.environ)
         level = parse_level(_get(values, "log_level", "info"))
         arguments = worker_arguments(values)
-        check_arguments(arguments)
+        check_arguments(arguments, args)
+        check_ttl_range(values, arguments["ttl_s"], args)
         observer = serve_metrics(values, arguments)
         if observer is not None:
             arguments["observer"] = observer

@@ -11,7 +11,7 @@ from typing import Literal
 from ..errors import InvalidArgument
 from ..retry import RetryPolicy, check_max_attempts, check_policy
 from ..store import DEFAULT_TTL_S
-from ..validation import check_owner, check_queue_name, check_wait
+from ..validation import MAX_RETRY_IN_S, check_owner, check_queue_name, check_wait
 
 __all__ = ["ENVIRONMENT", "MAX_COMPLETE_BATCH", "MAX_CONCURRENCY", "MAX_FLUSH_S",
            "MAX_PREFETCH", "WorkerConfig", "from_environment"]
@@ -154,6 +154,26 @@ def _integer(text: str, least: int) -> int:
     return value
 
 
+def parse_concurrency(text: str) -> int:
+    """``concurrency``: an integer from 1 to :data:`MAX_CONCURRENCY`."""
+    return count("concurrency", parse_count(text), 1, MAX_CONCURRENCY)
+
+
+def parse_claim_wait_s(text: str) -> float:
+    """``claim_wait_s``: seconds > 0, no longer than a thread can wait."""
+    return check_wait(parse_positive_seconds(text), "claim_wait_s")
+
+
+def parse_retry_s(text: str) -> float:
+    """A retry delay (``RetryPolicy.initial_s`` / ``max_s``): seconds >= 0, at most
+    ``MAX_RETRY_IN_S``."""
+    value = parse_seconds(text)
+    if value > MAX_RETRY_IN_S:
+        raise InvalidArgument(f"must be at most {MAX_RETRY_IN_S:.0f} s (the longest retry delay "
+                              f"lease.fail() accepts), not {text!r}")
+    return value
+
+
 def parse_prefetch(text: str) -> int:
     return count("prefetch", parse_amount(text), 0, MAX_PREFETCH)
 
@@ -203,25 +223,29 @@ ENVIRONMENT: dict[str, tuple[str, Callable[[str], object]]] = {
     "backend": ("CONSENSUS_LEASE_URL", parse_text),
     "queue": ("CONSENSUS_LEASE_QUEUE", parse_text),
     "handler": ("CONSENSUS_LEASE_HANDLER", parse_text),
-    "concurrency": ("CONSENSUS_LEASE_CONCURRENCY", parse_count),
+    "concurrency": ("CONSENSUS_LEASE_CONCURRENCY", parse_concurrency),
     "processes": ("CONSENSUS_LEASE_PROCESSES", parse_bool),
     "ttl_s": ("CONSENSUS_LEASE_TTL_S", parse_positive_seconds),
     "grace_s": ("CONSENSUS_LEASE_GRACE_S", parse_seconds),
     "until_empty": ("CONSENSUS_LEASE_UNTIL_EMPTY", parse_bool),
-    "claim_wait_s": ("CONSENSUS_LEASE_CLAIM_WAIT_S", parse_positive_seconds),
+    "claim_wait_s": ("CONSENSUS_LEASE_CLAIM_WAIT_S", parse_claim_wait_s),
     "fused_claim": ("CONSENSUS_LEASE_FUSED_CLAIM", parse_bool),
     "prefetch": ("CONSENSUS_LEASE_PREFETCH", parse_prefetch),
     "complete_batch": ("CONSENSUS_LEASE_COMPLETE_BATCH", parse_complete_batch),
     "complete_flush_s": ("CONSENSUS_LEASE_COMPLETE_FLUSH_S", parse_flush_s),
     "max_attempts": ("CONSENSUS_LEASE_MAX_ATTEMPTS", parse_attempts),
-    "retry_initial_s": ("CONSENSUS_LEASE_RETRY_INITIAL_S", parse_seconds),
-    "retry_max_s": ("CONSENSUS_LEASE_RETRY_MAX_S", parse_seconds),
+    "retry_initial_s": ("CONSENSUS_LEASE_RETRY_INITIAL_S", parse_retry_s),
+    "retry_max_s": ("CONSENSUS_LEASE_RETRY_MAX_S", parse_retry_s),
     "owner": ("CONSENSUS_LEASE_OWNER", parse_text),
     "log_level": ("CONSENSUS_LEASE_LOG_LEVEL", parse_text),
     "metrics_port": ("CONSENSUS_LEASE_METRICS_PORT", parse_port),
     "metrics_addr": ("CONSENSUS_LEASE_METRICS_ADDR", parse_text),
 }
-"""Setting name -> (environment variable, parser). Command-line flags win."""
+"""Setting name -> (environment variable, parser). Command-line flags win. Each parser
+checks the whole range :class:`WorkerConfig` (or ``RetryPolicy``) checks, so that a value
+out of range is refused naming its flag (``argument --concurrency: ...``) or its
+variable (``environment variable CONSENSUS_LEASE_CONCURRENCY: ...``); the TTL's range is
+the store's, checked by the command against the backend's ``capabilities``."""
 
 
 def from_environment(environ: Mapping[str, str]) -> dict[str, object]:

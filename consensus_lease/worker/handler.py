@@ -68,7 +68,8 @@ def load_handler(spec: str) -> Handler:
 
     Raises:
         InvalidArgument: malformed spec, the module cannot be imported (the message says
-            why), no such attribute, or it is not callable.
+            why: not found, or the exception its own code raised as it was imported,
+            type and message), no such attribute, or it is not callable.
     """
     module_name, sep, attr = spec.partition(":") if isinstance(spec, str) else ("", "", "")
     if not sep or not module_name or not attr:
@@ -80,6 +81,10 @@ def load_handler(spec: str) -> Handler:
     except ImportError as exc:
         raise InvalidArgument(f"cannot import the handler's module {module_name!r}: {exc}"
                               ) from exc
+    except Exception as exc:  # the module's own code failed as it ran (or a SyntaxError)
+        raise InvalidArgument(
+            f"cannot import the handler's module {module_name!r}: importing it raised "
+            f"{type(exc).__name__}: {exc}") from exc
     for part in attr.split("."):
         try:
             target = getattr(target, part)

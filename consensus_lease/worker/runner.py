@@ -67,7 +67,9 @@ def run_worker(
         concurrency: slots (int, 1 to 1024).
         mode: ``"thread"`` (slots are threads of this process) or ``"process"`` (one
             single-threaded worker process per slot, started with ``spawn``).
-        ttl_s: each session's requested TTL, seconds.
+        ttl_s: each session's requested TTL, seconds, within the store's range
+            (``capabilities.min_ttl_s`` to ``max_ttl_s``; checked once the store is open,
+            before any slot starts).
         owner: label of the sessions (``OWNER/slot``); default ``host:pid:random``.
         retry: the queue's :class:`~consensus_lease.RetryPolicy` in this worker (the
             delays of failed attempts; ``max_attempts`` is recorded per job by

@@ -120,6 +120,21 @@ def test_token_beyond_int64_rejected(fence: SqliteFence) -> None:
         fence.apply("job", 2**63, "e")
 
 
+def test_effect_id_limit_is_the_sql_fences(fence: SqliteFence) -> None:
+    """The same limit as SqlFence (its VARCHAR(256) column), one constant, one error:
+    a 256-character id (4-byte characters too) is taken, 257 or 300 refused, nothing
+    recorded."""
+    from consensus_lease import fencing, fencing_sql
+
+    assert fencing_sql.MAX_EFFECT_ID_CHARS is fencing.MAX_EFFECT_ID_CHARS == 256
+    for too_long in ("x" * 257, "x" * 300, "\U0001f600" * 257):
+        with pytest.raises(InvalidArgument, match="effect_id must be at most 256 characters"):
+            fence.apply("job", 1, too_long)
+    assert fence.effects() == [] and fence.highest_token("job") is None
+    assert fence.apply("job", 1, "x" * 256) is FenceOutcome.ACCEPTED
+    assert fence.apply("job", 1, "\U0001f600" * 256) is FenceOutcome.ACCEPTED
+
+
 # -- once per job ------------------------------------------------------------------------
 
 STEPS = ("step-1", "step-2", "step-3")

@@ -87,6 +87,24 @@ def test_unimportable_handler_exits_1(tmp_path: Path, worker_command: Any) -> No
     assert "cannot import" in worker.output()
 
 
+@pytest.mark.parametrize(("source", "raised"), [
+    ('raise RuntimeError("boom")\n', "RuntimeError: boom"),
+    ("def handler(:\n", "SyntaxError: "),
+], ids=["raises", "syntax"])
+def test_a_handler_module_that_fails_as_it_is_imported_exits_1_with_one_error(
+        tmp_path: Path, worker_command: Any, source: str, raised: str) -> None:
+    """As a module that is not found: one error naming the module and what its import
+    raised (type and message), no traceback, the exit status of a bad handler."""
+    (tmp_path / "failing_handler.py").write_text(source)
+    url = f"sqlite:///{tmp_path}/store.db"
+    worker = worker_command("--backend", url, "--queue", "q", "failing_handler:handler")
+    assert worker.wait(timeout_s=60) == 1
+    output = worker.output()
+    assert ("cannot import the handler's module 'failing_handler': importing it raised "
+            f"{raised}") in output, output
+    assert "Traceback" not in worker.log(), worker.log()
+
+
 def test_settings_come_from_the_environment(tmp_path: Path, worker_command: Any) -> None:
     url = f"sqlite:///{tmp_path}/store.db"
     _enqueue(url, "a", "b")
@@ -106,15 +124,15 @@ def test_settings_come_from_the_environment(tmp_path: Path, worker_command: Any)
      "CONSENSUS_LEASE_TTL_S"),
     (["--backend", "memory://", "--queue", "q", "x:y"],
      {"CONSENSUS_LEASE_PROCESSES": "maybe"}, "not a boolean"),
-    # Ranges that run_worker checks (it used to exit 1 for them).
+    # Ranges that run_worker checks (it used to exit 1 for them; the flag is named).
     (["--backend", "memory://", "--queue", "q", "--concurrency", "2000", "x:y"], {},
-     "concurrency must be an int from 1 to 1024"),
+     "argument --concurrency: concurrency must be an int from 1 to 1024"),
 ])
 def test_bad_settings_exit_2(tmp_path: Path, worker_command: Any, args: list[str],
                              env: dict[str, str], message: str) -> None:
     worker = worker_command(*args, env=env)
     assert worker.wait(timeout_s=60) == 2
-    assert message in worker.output()
+    assert message in worker.output() + worker.log()  # argparse's own errors: stderr
 
 
 def test_bad_flag_exits_2(tmp_path: Path, worker_command: Any) -> None:
