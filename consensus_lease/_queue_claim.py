@@ -67,15 +67,16 @@ def claim_next(
     backend = session.backend
     if not backend.capabilities.queues:
         raise UnsupportedOperation(f"the {backend.scheme} backend has no work queues")
-    def once() -> Lease | None:
+    def once(woken: bool = False) -> Lease | None:
         return holdings.timed_claim("claim_next", None,
-                                    lambda: _claim_once(session, holdings, queue))
+                                    lambda: _claim_once(session, holdings, queue, woken))
 
     if wait is None:
         return once()
     return wait_and_claim(
         session, lambda wake: backend.subscribe_queue(queue, wake), once, wait,
         lambda: ClaimTimeout(f"no job of queue {queue!r} became claimable in {wait} s"),
+        again=lambda: once(woken=True),
     )
 
 
@@ -122,16 +123,20 @@ def _claim_batches(session: Session, holdings: Holdings, queue: str, count: int,
             break
 
 
-def _claim_once(session: Session, holdings: Holdings, queue: str) -> Lease | None:
+def _claim_once(session: Session, holdings: Holdings, queue: str,
+                woken: bool = False) -> Lease | None:
     """Claim a job of ``queue`` without waiting: read the candidates and try them,
     reading again (up to :data:`QUEUE_RETRIES` times) while others take every one, and
-    while reads end jobs (COMPLETED or FAILED: never tried again by this call)."""
+    while reads end jobs (COMPLETED or FAILED: never tried again by this call).
+    ``woken``: a waiting claim's try once subscribed to the queue, which reads them with
+    :meth:`Backend.queue_candidates_after_wake
+    <consensus_lease.backend.Backend.queue_candidates_after_wake>`."""
     taken = idle = 0
     ended: set[str] = set()
     while idle < QUEUE_READS:
         session.ensure_alive()
         known = len(ended)
-        lease, outcome = _try_candidates(session, holdings, queue, ended)
+        lease, outcome = _try_candidates(session, holdings, queue, ended, woken)
         if lease is not None or outcome == _NONE:
             return lease
         if len(ended) == known:
@@ -144,7 +149,7 @@ def _claim_once(session: Session, holdings: Holdings, queue: str) -> Lease | Non
 
 
 def _try_candidates(
-    session: Session, holdings: Holdings, queue: str, ended: set[str]
+    session: Session, holdings: Holdings, queue: str, ended: set[str], woken: bool = False
 ) -> tuple[Lease | None, str]:
     """Try the queue's current candidates once: ``(lease, _NONE)`` on success,
     ``(None, _NONE)`` if there were none, ``(None, _TAKEN)`` if others held every one,
@@ -161,7 +166,8 @@ def _try_candidates(
         if result is None:
             return None, _TAKEN
         return holdings.adopt(session, job_id, result, payload, queue), _NONE
-    listed = backend.queue_candidates(queue, QUEUE_CANDIDATES)
+    list_candidates = backend.queue_candidates_after_wake if woken else backend.queue_candidates
+    listed = list_candidates(queue, QUEUE_CANDIDATES)
     candidates = [c for c in listed if not holdings.holds(c[0]) and c[0] not in ended]
     if not candidates:  # ended ones still listed (a hint lags): read again, bounded
         return None, _STALE if any(c[0] in ended for c in listed) else _NONE

@@ -107,14 +107,20 @@ def closing_aware(session: Session, attempt: Callable[[], T]) -> Callable[[], T]
 
 def wait_and_claim(
     session: Session, subscribe: Subscribe, attempt: Callable[[], T | None], wait_s: float,
-    timed_out: Callable[[], ClaimTimeout],
+    timed_out: Callable[[], ClaimTimeout], again: Callable[[], T | None] | None = None,
 ) -> T:
     """Run ``attempt`` (one claim, no waiting) until it returns a value, waking on
     ``subscribe``'s callback, on the session's end, or at its deadline; raise
-    ``timed_out()`` after ``wait_s`` seconds of the session's clock."""
+    ``timed_out()`` after ``wait_s`` seconds of the session's clock. ``again``, if
+    given, is the attempt made once subscribed (the try right after subscribing and
+    each one a wake triggers): it may read the store as of what the subscription has
+    seen, since every later change wakes it again (see
+    :meth:`Backend.queue_candidates_after_wake
+    <consensus_lease.backend.Backend.queue_candidates_after_wake>`)."""
     clock = session.clock
     give_up_at = clock.monotonic() + wait_s
     attempt = closing_aware(session, attempt)
+    retry = attempt if again is None else closing_aware(session, again)
     check_usable(session)
     found = attempt()
     if found is not None:
@@ -129,7 +135,7 @@ def wait_and_claim(
             while True:
                 wake.clear()
                 check_usable(session)
-                found = attempt()
+                found = retry()
                 if found is not None:
                     return found
                 left = give_up_at - clock.monotonic()

@@ -774,6 +774,16 @@ class Backend(abc.ABC):
         the claim itself decides."""
         raise UnsupportedOperation(f"the {self.scheme} backend has no work queues")
 
+    def queue_candidates_after_wake(self, queue: str, limit: int) -> list[tuple[str, bytes]]:
+        """:meth:`queue_candidates` for a waiting ``claim_next`` once it is subscribed to
+        ``queue`` (:meth:`subscribe_queue`): the try right after subscribing and each one
+        its subscription wakes. Its view may be as old as what the subscription has seen,
+        without what makes :meth:`queue_candidates` see every write completed before the
+        call (ZooKeeper's ``sync``): a change it misses calls the subscription, which
+        wakes the claim to look again. Same answer otherwise. The default:
+        :meth:`queue_candidates`."""
+        return self.queue_candidates(queue, limit)
+
     def claim_from_queue(
         self, session: SessionHandle, queue: str
     ) -> tuple[str, ClaimResult | None, bytes] | None:

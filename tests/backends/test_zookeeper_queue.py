@@ -329,6 +329,29 @@ def test_candidates_are_three_listings_and_cached_payloads(
     assert again == [*first[1:], ("j32", b"p32")]
 
 
+def test_candidates_after_a_wake_are_read_without_a_sync(
+    store: LeaseStore, opened: Callable[..., Session]
+) -> None:
+    """A waiting claim's tries once subscribed read the same listing without its
+    ``sync`` (the subscription's watches tell it of anything newer); the same answer."""
+    backend = backend_of(store)
+    for i in range(3):
+        store.enqueue("q", f"j{i}", f"p{i}".encode())
+    kinds: list[list[str]] = []
+    real = backend._wire.reader_read
+
+    def recording(reads: Any, *args: Any, **kwargs: Any) -> Any:
+        kinds.append([kind for kind, _ in reads])
+        return real(reads, *args, **kwargs)
+
+    backend._wire.reader_read = recording  # type: ignore[method-assign]
+    plain = backend.queue_candidates("q", 32)
+    assert kinds[0][0] == "sync" and len(kinds[0]) == 7
+    kinds.clear()
+    assert backend.queue_candidates_after_wake("q", 32) == plain
+    assert kinds == [["get", "exists", "children", "children", "children", "exists"]]
+
+
 def test_candidates_skip_many_held_jobs(
     store: LeaseStore, opened: Callable[..., Session]
 ) -> None:

@@ -147,6 +147,31 @@ def test_queue_subscription_wakes_on_enqueue_and_release(
     assert len(other) == 0
 
 
+def test_an_enqueue_wakes_the_longest_waiting_subscriber_before_its_round(
+    store: LeaseStore, backend: ZooKeeperBackend, opened: Callable[..., Session]
+) -> None:
+    """An event on ``open`` (here its creation by the queue's first enqueue) wakes the
+    first subscriber at once, then every subscriber when the round's answers show a job
+    claimable; a claim (an event on ``held`` alone) wakes nobody early."""
+    first, second = Calls(), Calls()
+    backend.subscribe_queue("q", first)
+    backend.subscribe_queue("q", second)
+    settled(backend, 1)  # the exists watch on the missing ``open``
+    assert len(first) == len(second) == 0
+    store.enqueue("q", "q-0")
+    poll_until(lambda: len(second) == 1, 5, interval_s=0.005)
+    settled(backend)
+    assert len(first) == 2  # at once, and with the round's answers
+    assert len(second) == 1
+    assert opened("holder").claim_next("q") is not None  # held changes, open does not
+    settled(backend, 3)
+    stays_uncalled_since = (len(first), len(second))
+    give_up = time.monotonic() + QUIET_S
+    while time.monotonic() < give_up:
+        assert (len(first), len(second)) == stays_uncalled_since
+        time.sleep(0.01)  # polling the absence of a call over the quiet period
+
+
 def test_a_claimable_looking_job_is_checked_again_while_subscribers_wait(
     backend: ZooKeeperBackend, opened: Callable[..., Session]
 ) -> None:

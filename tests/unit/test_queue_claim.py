@@ -44,3 +44,45 @@ def test_none_when_every_candidate_is_held_by_others() -> None:
         with store.session("other", 30) as other, store.session("me", 30) as me:
             assert other.claim("a") is not None and other.claim("b") is not None
             assert me.claim_next("q") is None
+
+
+def test_a_waiting_claim_looks_first_as_any_claim_then_as_woken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first look of a waiting ``claim_next`` is ``queue_candidates`` (every write
+    completed before the call); the try right after subscribing, and each one a wake
+    triggers, are ``queue_candidates_after_wake``."""
+    import threading
+    import time
+
+    from consensus_lease.testing.conformance import poll_until
+
+    with open_store("memory://") as store, store.session("w", 30) as session:
+        backend: Any = store.backend
+        calls: list[str] = []
+        plain = backend.queue_candidates
+
+        def first(queue: str, limit: int) -> list[tuple[str, bytes]]:
+            if threading.current_thread() is waiter:  # (the store's poller reads it too)
+                calls.append("plain")
+            return list(plain(queue, limit))
+
+        def after_wake(queue: str, limit: int) -> list[tuple[str, bytes]]:
+            if threading.current_thread() is waiter:
+                calls.append("woken")
+            return list(plain(queue, limit))  # (the default calls queue_candidates)
+
+        monkeypatch.setattr(backend, "queue_candidates", first)
+        monkeypatch.setattr(backend, "queue_candidates_after_wake", after_wake)
+        got: list[Any] = []
+        waiter = threading.Thread(target=lambda: got.append(
+            session.claim_next("q", wait_s=10)))
+        started = time.monotonic()
+        waiter.start()
+        poll_until(lambda: "woken" in calls, 5)  # subscribed, looked once more
+        store.enqueue("q", "job")
+        waiter.join(10)
+        assert got and got[0] is not None and got[0].job_id == "job"
+        assert time.monotonic() - started < 10
+        assert calls[0] == "plain" and "plain" not in calls[1:]
+        assert calls.count("woken") >= 2

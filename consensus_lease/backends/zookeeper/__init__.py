@@ -171,7 +171,12 @@ Job lifecycle: attempts, ``fail``, retry delays, FAILED, ``requeue`` (``_jobs_li
   watches on the shared client (the job's owner znode; the ``open``, ``held``,
   ``delayed`` children of the queue's oldest buckets not done), one per znode however
   many wait, re-armed asynchronously after each event; retry delay ends and re-checks
-  run on one timer thread. No thread and no polling per waiting claim.
+  run on one timer thread. No thread and no polling per waiting claim. An event on a
+  queue's ``open`` (most often an enqueue) wakes its longest-waiting claim at once, as
+  the round re-arming the watch is sent; once subscribed, a waiting claim lists the
+  queue without the ``sync`` (``queue_candidates_after_wake``): the watches, armed
+  ahead of the listing on the same client, tell it of anything newer. Neither touches
+  the claim itself (a versioned multi, as always).
 * ``get``/``records``/``queue_jobs`` read the failure znode with the job (same round
   trip): state FAILED, ``attempt``, ``error``, ``not_before``, ``max_attempts``.
   ``purge`` deletes a completed job's failure znode with it.

@@ -246,9 +246,10 @@ class Queues:
             self._create(q, what)
         raise BackendUnavailable(f"{what}: {q.node} keeps disappearing")
 
-    def _read_head(self, q: QueuePaths, reads: list[Read],
-                   what: str) -> tuple[_Head | None, list[Any]]:
-        """After a ``sync``, the head (``None``: no such queue), then ``reads``, in one
+    def _read_head(self, q: QueuePaths, reads: list[Read], what: str,
+                   synced: bool = True) -> tuple[_Head | None, list[Any]]:
+        """After a ``sync`` (unless not ``synced``: then as new as the shared client's
+        member has it), the head (``None``: no such queue), then ``reads``, in one
         round trip and in that order (the head before what it says anything about). A
         rotated head is read with its queue node, at the rotation this process last saw;
         a newer one costs one more round trip. The head read is cached.
@@ -263,8 +264,8 @@ class Queues:
             head_reads: list[Read] = [("get", q.node)]
             if seen:
                 head_reads.append(("get", q.head_node(seen)))
-            answers = self.wire.reader_read(
-                [("sync", self.config.base), *head_reads, *reads], what)[1:]
+            sync: list[Read] = [("sync", self.config.base)] if synced else []
+            answers = self.wire.reader_read([*sync, *head_reads, *reads], what)[len(sync):]
             node, rest = answers[0], answers[len(head_reads):]
             if node is None:
                 return None, rest
@@ -660,14 +661,15 @@ class Queues:
                 ("exists", bucket.failed)]
 
     def _scan(self, queue: str, limit: int, what: str, max_buckets: int = MAX_SCAN_BUCKETS,
-              ) -> _Scan:
+              synced: bool = True) -> _Scan:
         """Up to ``limit`` claimable-looking jobs, oldest first, from the oldest buckets
-        not done (after a ``sync``); raises the floor over the buckets found done."""
+        not done (after a ``sync``, unless not ``synced``); raises the floor over the
+        buckets found done."""
         q = self.paths(queue)
         with self._lock:
             floors = self._floors.get(queue)
         guess = 0 if floors is None else floors[1]
-        at, answers = self._read_head(q, self._bucket_reads(q.bucket(guess)), what)
+        at, answers = self._read_head(q, self._bucket_reads(q.bucket(guess)), what, synced)
         scan = _Scan()
         if at is None:
             return scan
@@ -726,11 +728,13 @@ class Queues:
                 scan.soonest = soonest if scan.soonest is None else min(scan.soonest, soonest)
         return False
 
-    def candidates(self, queue: str, limit: int) -> list[tuple[str, bytes]]:
+    def candidates(self, queue: str, limit: int,
+                   synced: bool = True) -> list[tuple[str, bytes]]:
         """See :meth:`ZooKeeperBackend.queue_candidates
-        <consensus_lease.backends.zookeeper.ZooKeeperBackend.queue_candidates>`."""
+        <consensus_lease.backends.zookeeper.ZooKeeperBackend.queue_candidates>`; not
+        ``synced``: its ``queue_candidates_after_wake``."""
         what = f"listing the candidates of queue {queue!r}"
-        scan = self._scan(queue, limit, what)
+        scan = self._scan(queue, limit, what, synced=synced)
         if not scan.chosen:
             return []
         q = self.paths(queue)

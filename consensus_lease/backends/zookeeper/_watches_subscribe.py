@@ -35,6 +35,21 @@ the wake fires the new watch, and a change before it is seen by the claims the w
 triggers. A subscription's first round (sent before ``subscribe`` returns) wakes it the
 same way, so a change between the caller's claim and the watch being armed is not lost.
 
+Early wake. An event on a queue's ``open`` (one of the buckets watched, or its creation)
+is most often an enqueue: it also wakes the target's longest-waiting subscriber at once,
+right after the round is sent, without waiting for its answers (one round trip and a
+thread hand-off sooner: the handler of a job enqueued into an idle queue starts that
+much earlier). Nothing is missed by waking before the watch is in place again: the
+round is sent before the wake, on the shared client, which also sends the woken claim's
+listing (``queue_candidates``); ZooKeeper answers one client's requests in order, so
+that listing is read after the watch is armed again, and a change it does not see fires
+the new watch. When the round's answers arrive every subscriber is woken as above (the
+early one again, harmless: a claim woken while it tries tries once more if it found
+nothing). The cost is one subscriber's listing for an event that made nothing claimable
+(a completion of the queue's last open job, while others wait): one per event and
+target, however many wait. ``held`` and ``delayed`` events (claims among them) wake
+only through their round.
+
 Checks. A target that looks claimable while subscribers still wait (a claim that read
 a member lagging behind the shared client's: a worker's first read is not synced) is
 read again after :data:`RECHECK_FIRST_S`, doubling up to :data:`RECHECK_MAX_S` while it
@@ -434,9 +449,13 @@ class Subscriptions:
     # -- events --------------------------------------------------------------------------
 
     def _watched(self, target: _Target, event: Any) -> None:
-        """A watch of ``target`` fired (kazoo's callback thread: never block)."""
+        """A watch of ``target`` fired (kazoo's callback thread: never block). An
+        ``open`` of a queue's bucket (an enqueue or requeue; also a completion) wakes
+        its longest-waiting subscriber at once, once the round re-arming the watch is
+        sent (see the module docstring, "Early wake")."""
         if event.type == EventType.NONE:
             return  # kazoo dropped it on a lost connection: _on_state wakes and re-arms
+        early: list[WakeCallback] = []
         with self._lock:
             target.armed.pop(event.path, None)
             if self._targets.get(target.key) is not target:
@@ -445,9 +464,12 @@ class Subscriptions:
                 if not target.armed:
                     del self._targets[target.key]
                 return
+            if target.key[0] == QUEUE and event.path in target.paths[::3]:
+                early.append(next(iter(target.callbacks.values())))
             send = self._start_round(target)
             client = self._client
         self._send(client, send)
+        _call_all(early)
 
     def _on_state(self, state: str) -> None:
         """The shared client's connection state (kazoo's connection thread: never block).

@@ -1262,6 +1262,24 @@ class ZooKeeperBackend(Backend):
         return candidates
 
     @_bounded
+    def queue_candidates_after_wake(self, queue: str, limit: int) -> list[tuple[str, bytes]]:
+        """:meth:`queue_candidates` without its ``sync``, for a waiting claim once
+        subscribed (:meth:`subscribe_queue`): read as the shared client's member has the
+        queue, which is at least as new as the watch events (and subscription rounds) this
+        client was given before, since a member answers one client's requests in order and
+        sends a watch's event before any later read sees the change. A change the member
+        has not applied yet fires a watch armed on it (the subscription's rounds are sent
+        on this client before the listings they trigger), which wakes the claim again.
+        Saves the ``sync``'s trip to the leader (about a millisecond on the kit ensemble).
+
+        Raises:
+            LegacyQueueLayout, BackendUnavailable: as :meth:`queue_candidates`.
+        """
+        candidates = self._queues.candidates(queue, limit, synced=False)
+        self._claims.known.seen(job_id for job_id, _ in candidates)  # read first (._jobs_known)
+        return candidates
+
+    @_bounded
     def queue_jobs(self, queue: str, limit: int | None = None) -> list[QueuedJob]:
         """Every job of ``queue`` (at most ``limit``), oldest first, with its record,
         payload and ``seq``; an unknown queue is empty. One listing per bucket, then
