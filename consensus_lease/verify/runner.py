@@ -31,7 +31,6 @@ progress (:mod:`consensus_lease.verify.progress`).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
@@ -47,9 +46,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, overload
 from urllib.parse import urlsplit, urlunsplit
 
+from ..backend import Capabilities
 from ..errors import BackendUnavailable, InvalidArgument, LeaseError, UnsupportedOperation
 from ..record import JobState, LeaseRecord
-from ..store import LeaseStore, open_store
+from ..store import LeaseStore, backend_class, open_store
 from ..worker.config import WorkerConfig as RunnerConfig
 from .checker import Report, check
 from .destination import Destination, job_effects, open_destination
@@ -526,6 +526,22 @@ def _refuse_reuse(run_dir: Path, found: list[str]) -> InvalidArgument:
         "own; pass a new or empty directory")
 
 
+_KIT_SCHEMES = {"etcd": "etcd://", "zookeeper": "zk://"}
+"""The store URL scheme of each ``cluster`` the verifier starts with the container kit."""
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The topmost of ``path`` and its parents that does not exist (``None``: it does)."""
+    if path.exists() or path.is_symlink():
+        return None
+    missing = path
+    for parent in path.parents:
+        if parent.exists() or parent.is_symlink():
+            break
+        missing = parent
+    return missing
+
+
 def claim_run_dir(run_dir: Path) -> tuple[Path, Path]:
     """Make ``run_dir`` (created if need be, mode 0700) this run's; returns its ``parts``
     and ``logs`` directories, both new (mode 0700: the workers' config files in ``logs``
@@ -545,7 +561,12 @@ def claim_run_dir(run_dir: Path) -> tuple[Path, Path]:
     found = run_files(run_dir)
     if found:
         raise _refuse_reuse(run_dir, found)
-    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except FileExistsError:  # a dangling symlink, or a parent that is not a directory
+        raise InvalidArgument(
+            f"run_dir (--run-dir) {run_dir} cannot be made a directory: it (or a parent) "
+            "exists and is not a directory (a dangling symlink?)") from None
     parts, logs = run_dir / "parts", run_dir / "logs"
     try:
         parts.mkdir(mode=0o700)
@@ -573,7 +594,8 @@ class _Run:
         self.run_id = f"{config.seed}-{uuid.uuid4().hex[:6]}"
         self.run_dir = Path(config.run_dir or tempfile.mkdtemp(
             prefix=f"consensus-lease-verify-{self.run_id}-"))
-        self.made_run_dir = config.run_dir is None or not self.run_dir.exists()
+        self.made_from = self.run_dir if config.run_dir is None else _first_missing(self.run_dir)
+        """The topmost directory this run creates for its run dir (``None``: it existed)."""
         self.parts_dir, self.logs_dir = claim_run_dir(self.run_dir)
         self.set_up = False
         """Whether the store and destination opened; until then a failure leaves no run."""
@@ -612,8 +634,10 @@ class _Run:
         return self._collect(pool, ends, faults_from_wall, all_completed_at)
 
     def _open(self) -> _Ends:
-        """Open the store and the destination."""
+        """Open the store and the destination; what the backend's class says it refuses
+        is refused first, before anything is started or created."""
         config = self.config
+        self._check_backend(config.backend or _KIT_SCHEMES.get(config.cluster, "sqlite://"))
         if config.backend is not None:
             store_url = config.backend
         elif self.cluster is not None:
@@ -628,7 +652,20 @@ class _Run:
         self.destination = destination = open_destination(
             destination_spec, enforce_tokens=not config.unfenced)
         self.store = store = open_store(store_url)
-        caps = store.capabilities
+        self._check_capabilities(store.capabilities, store_url)
+        if self.queue:
+            store.enqueue_many(self.queue, self.jobs)  # in the order workers try them in
+        return _Ends(store, destination, store_url, destination_spec)
+
+    def _check_backend(self, url: str) -> None:
+        """:meth:`_check_capabilities` with the class-level capabilities of ``url``'s
+        backend, before any cluster, store or destination exists."""
+        caps = getattr(backend_class(url), "capabilities", None)
+        if isinstance(caps, Capabilities):
+            self._check_capabilities(caps, url)
+
+    def _check_capabilities(self, caps: Capabilities, store_url: str) -> None:
+        config = self.config
         if not caps.cross_process:
             raise UnsupportedOperation(
                 f"verify runs workers as separate processes, but {no_password(store_url)!r} is a "
@@ -640,13 +677,10 @@ class _Run:
                 f"--ttl-s {config.ttl_s} is outside this store's range "
                 f"[{caps.min_ttl_s}, {caps.max_ttl_s}] s"
             )
-        if self.queue:
-            if not caps.queues:
-                raise UnsupportedOperation(
-                    f"--runner works a queue, and the {store.backend.scheme} backend has "
-                    "no work queues")
-            store.enqueue_many(self.queue, self.jobs)  # in the order workers try them in
-        return _Ends(store, destination, store_url, destination_spec)
+        if self.queue and not caps.queues:
+            raise UnsupportedOperation(
+                f"--runner works a queue, and the {store_url.split('://', 1)[0]} backend "
+                "has no work queues")
 
     def _record_run(self, ends: _Ends) -> None:
         config = self.config
@@ -818,9 +852,13 @@ class _Run:
                 except OSError as exc:
                     log.warning("verify: could not remove %s after a failed setup: %s",
                                 path, exc)
-        if self.made_run_dir:
-            with contextlib.suppress(OSError):  # not empty (the caller's files): left
-                self.run_dir.rmdir()
+        if self.made_from is not None:
+            made = [self.run_dir, *self.run_dir.parents]
+            for directory in made[:made.index(self.made_from) + 1]:
+                try:
+                    directory.rmdir()
+                except OSError:  # not empty (someone's files), or gone: left as it is
+                    break
 
 
 def _add_notes(result: VerifyResult, config: VerifyConfig) -> None:

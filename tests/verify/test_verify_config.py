@@ -176,3 +176,30 @@ def test_a_failed_setup_leaves_the_run_dir_usable_again(tmp_path: Path) -> None:
             assert sorted(p.name for p in run_dir.iterdir()) == ["notes.txt"]
         else:
             assert not run_dir.exists()
+
+
+def test_a_failed_setup_removes_the_parents_it_made_and_refuses_odd_paths(
+        tmp_path: Path) -> None:
+    """A run dir several levels below anything that exists: a failed setup removes every
+    level it made. A dangling symlink is refused by name (InvalidArgument), not with a raw
+    FileExistsError. A TTL the store refuses is refused before the store (here a SQLite
+    file named inside the run dir) is created, so the same run dir works afterwards."""
+    deep = tmp_path / "n1" / "b" / "c"
+    config = VerifyConfig(backend="memory://", workers=1, jobs=1, steps=1, duration_s=0.0,
+                          quiet_s=0.0, faults=(), run_dir=str(deep))
+    with pytest.raises(UnsupportedOperation):
+        run_verify(config)
+    assert list(tmp_path.iterdir()) == []
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "missing")
+    config = VerifyConfig(workers=1, jobs=1, steps=1, duration_s=0.0, quiet_s=0.0,
+                          faults=(), run_dir=str(link))
+    with pytest.raises(InvalidArgument, match="dangling symlink"):
+        run_verify(config)
+    run_dir = tmp_path / "rd"
+    store = run_dir / "store.db"
+    config = VerifyConfig(backend=f"sqlite:///{store}", ttl_s=0.001, workers=1, jobs=1,
+                          steps=1, duration_s=0.0, quiet_s=0.0, faults=(), run_dir=str(run_dir))
+    with pytest.raises(InvalidArgument, match="--ttl-s"):
+        run_verify(config)
+    assert not run_dir.exists() and not store.exists()
