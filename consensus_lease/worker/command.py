@@ -137,13 +137,13 @@ def settings(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, 
     """The environment's settings overridden by the flags given.
 
     Raises:
-        InvalidArgument: a malformed variable, or no store, queue or handler.
+        InvalidArgument: a malformed variable (only one whose flag is not given: that
+            variable is not read), or no store, queue or handler.
     """
-    values = config.from_environment(environ)
-    for name in config.ENVIRONMENT:
-        flag = getattr(args, name, None)
-        if flag is not None:
-            values[name] = flag
+    flags = {name: getattr(args, name) for name in config.ENVIRONMENT
+             if getattr(args, name, None) is not None}
+    values = config.from_environment(environ, skip=flags)  # a flag wins: its variable unread
+    values.update(flags)
     missing = [("MODULE:FUNCTION" if name == "handler" else f"--{name}")
                + f" (or {config.ENVIRONMENT[name][0]})"
                for name in ("backend", "queue", "handler") if name not in values]

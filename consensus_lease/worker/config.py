@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -248,15 +248,18 @@ variable (``environment variable CONSENSUS_LEASE_CONCURRENCY: ...``); the TTL's 
 the store's, checked by the command against the backend's ``capabilities``."""
 
 
-def from_environment(environ: Mapping[str, str]) -> dict[str, object]:
+def from_environment(environ: Mapping[str, str],
+                     skip: Collection[str] = ()) -> dict[str, object]:
     """The settings ``environ`` gives (only those whose variable is set), parsed.
+    Settings named in ``skip`` (those a command-line flag gives: a flag wins) are not
+    read at all, so a malformed variable a flag overrides is never refused.
 
     Raises:
         InvalidArgument: a variable's value is malformed (the message names it).
     """
     found: dict[str, object] = {}
     for name, (variable, parse) in ENVIRONMENT.items():
-        if variable not in environ:
+        if variable not in environ or name in skip:
             continue
         try:
             found[name] = parse(environ[variable])
