@@ -4,11 +4,16 @@ values exit 2 naming their flag or variable, before anything is created."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from consensus_lease.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _worker(url: str, *extra: str, handler: str = "no_such_module:handler") -> list[str]:
@@ -54,3 +59,50 @@ def test_a_malformed_variable_without_its_flag_is_still_refused(
     monkeypatch.setenv("CONSENSUS_LEASE_UNTIL_EMPTY", "maybe")
     assert main(_worker("memory://")) == 2
     assert "environment variable CONSENSUS_LEASE_UNTIL_EMPTY" in _flat(capsys.readouterr().out)
+
+
+# -- 3. a handler module that fails to import: one line, naming module and type ------
+
+BROKEN_MODULES = {
+    "raises_base": ("class Boom(BaseException):\n    pass\n\nraise Boom('from the module')\n",
+                    "importing it raised Boom: from the module"),
+    "raises_lines": ("raise RuntimeError('first line\\nsecond line\\nthird')\n",
+                     "importing it raised RuntimeError: first line / second line / third"),
+    "raises_bad_str": ("class Odd(Exception):\n    def __str__(self):\n"
+                       "        raise ValueError('nested')\n\nraise Odd()\n",
+                       "importing it raised Odd: <str() of it raised ValueError>"),
+}
+
+
+def _write_modules(directory: Path, prefix: str) -> None:
+    for name, (code, _) in BROKEN_MODULES.items():
+        (directory / f"{prefix}{name}.py").write_text(code + "\ndef handle(lease, payload):\n"
+                                                      "    return b''\n")
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN_MODULES))
+def test_load_handler_folds_any_import_failure_into_one_line(
+        name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from consensus_lease.errors import InvalidArgument
+    from consensus_lease.worker.handler import load_handler
+
+    _write_modules(tmp_path, "lh_")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(InvalidArgument) as raised:
+        load_handler(f"lh_{name}:handle")
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith(f"cannot import the handler's module 'lh_{name}': "), message
+    assert BROKEN_MODULES[name][1] in message, message
+
+
+@pytest.mark.parametrize("exc", ["KeyboardInterrupt", "SystemExit"])
+def test_load_handler_lets_keyboard_interrupt_and_system_exit_through(
+        exc: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from consensus_lease.worker.handler import load_handler
+
+    (tmp_path / f"lh_exit_{exc}.py").write_text(f"raise {exc}()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(BaseException) as raised:  # the exact type is checked below
+        load_handler(f"lh_exit_{exc}:handle")
+    assert type(raised.value).__name__ == exc
