@@ -13,7 +13,7 @@ from ..validation import check_ttl
 from .config import Mode, WorkerConfig
 from .control import StopControl, signal_handlers
 from .handler import Handler, check_handler, load_handler
-from .processes import run_processes
+from .processes import check_picklable, run_processes
 from .stats import WorkerStats
 from .threads import run_threads
 
@@ -120,7 +120,8 @@ def run_worker(
         The counts of what was done, with ``stopped_by``.
 
     Raises:
-        InvalidArgument: a bad argument (nothing started).
+        InvalidArgument: a bad argument (nothing started, nothing created: in process mode the handler is imported here first, so a
+            module that cannot be imported is refused before any process starts).
         UnsupportedBackend / UnsupportedOperation: no such store, or it has no queues.
         BackendUnavailable: the store cannot be opened.
     """
@@ -135,15 +136,23 @@ def run_worker(
     control = StopControl(stop_event)
     signals: AbstractContextManager[None] = (
         signal_handlers(control) if handle_signals else nullcontext())
-    with signals:
-        if mode == "thread":
-            function = load_handler(target) if isinstance(target, str) else target
-            return run_in_threads(store, config, function, control, observer)
+    if mode == "process":
         if not isinstance(store, str):
             raise InvalidArgument("mode='process' needs a store URL, not a LeaseStore")
         if observer is not None:
             raise InvalidArgument("mode='process' takes no observer (each process would "
                                   "need its own); pass it in thread mode")
+        # Imported here too (each process imports it again): a module that cannot be
+        # imported is the one error it is, before the store is opened or a process
+        # spawned; and a handler object must be sendable to the processes.
+        if isinstance(target, str):
+            load_handler(target)
+        check_picklable(target)
+    with signals:
+        if mode == "thread":
+            function = load_handler(target) if isinstance(target, str) else target
+            return run_in_threads(store, config, function, control, observer)
+        assert isinstance(store, str)  # checked above
         with open_store(store) as checked:
             _check_store(checked, config)
             if not checked.capabilities.cross_process:

@@ -106,3 +106,42 @@ def test_load_handler_lets_keyboard_interrupt_and_system_exit_through(
     with pytest.raises(BaseException) as raised:  # the exact type is checked below
         load_handler(f"lh_exit_{exc}:handle")
     assert type(raised.value).__name__ == exc
+
+
+def _run_cli(cwd: Path, *argv: str, env: dict[str, str] | None = None
+             ) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("CONSENSUS_LEASE_")}
+    environ.update({"PYTHONPATH": str(REPO), "COLUMNS": "500", **(env or {})})
+    return subprocess.run([sys.executable, "-m", "consensus_lease.cli", *argv], cwd=cwd,
+                          env=environ, capture_output=True, text=True, timeout=120,
+                          check=False)
+
+
+@pytest.mark.parametrize("processes", [False, True])
+@pytest.mark.parametrize("name", [*sorted(BROKEN_MODULES), "no_such_module"])
+def test_a_handler_that_cannot_be_imported_is_one_line_and_nothing_is_created(
+        name: str, processes: bool, tmp_path: Path) -> None:
+    """Thread and process mode alike: one error line naming the module, exit 1, before
+    the SQLite file is made or a process spawned."""
+    _write_modules(tmp_path, "")
+    db = tmp_path / "store.db"
+    flags = ["--processes", "--concurrency", "2"] if processes else []
+    done = _run_cli(tmp_path, *_worker(f"sqlite:///{db}", *flags, handler=f"{name}:handle"))
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert len(lines) == 1, lines
+    assert f"cannot import the handler's module {name!r}" in lines[0]
+    if name in BROKEN_MODULES:
+        assert BROKEN_MODULES[name][1] in lines[0]
+    assert not db.exists()
+
+
+def test_a_process_mode_handler_object_that_cannot_be_sent_creates_nothing(
+        tmp_path: Path) -> None:
+    from consensus_lease.errors import InvalidArgument
+    from consensus_lease.worker import run_worker
+
+    db = tmp_path / "store.db"
+    with pytest.raises(InvalidArgument, match="importable by name"):
+        run_worker(f"sqlite:///{db}", "q", lambda lease, payload: b"", mode="process")
+    assert not db.exists()
