@@ -145,3 +145,18 @@ def test_a_process_mode_handler_object_that_cannot_be_sent_creates_nothing(
     with pytest.raises(InvalidArgument, match="importable by name"):
         run_worker(f"sqlite:///{db}", "q", lambda lease, payload: b"", mode="process")
     assert not db.exists()
+
+
+# -- 7. run_worker refuses a TTL out of the store's range before opening it ----------
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_run_worker_refuses_a_ttl_out_of_range_before_creating_the_store(
+        mode: str, tmp_path: Path) -> None:
+    from consensus_lease.errors import InvalidArgument
+    from consensus_lease.worker import run_worker
+
+    db = tmp_path / "store.db"
+    with pytest.raises(InvalidArgument, match="ttl"):
+        run_worker(f"sqlite:///{db}", "q", "no_such_module:handle", ttl_s=0.01,
+                   mode=mode)  # type: ignore[arg-type]
+    assert not db.exists()
