@@ -116,7 +116,11 @@ def seconds(name: str, value: object, *, positive: bool = False) -> float:
 # -- text (command-line flags and environment variables) -----------------------------
 
 def parse_seconds(text: str, *, positive: bool = False) -> float:
+    """Seconds: a decimal number in ASCII (``float()`` also takes ``"1_0"`` and
+    Arabic-Indic digits; these are refused as not a number), >= 0 (> 0 with ``positive``)."""
     try:
+        if "_" in text or not text.isascii():
+            raise ValueError(text)
         number = float(text)
     except ValueError:
         raise InvalidArgument(f"not a number of seconds: {text!r}") from None
@@ -204,10 +208,9 @@ def parse_bool(text: str) -> bool:
 
 def parse_port(text: str) -> int:
     """A TCP port for the metrics endpoint: 1..65535."""
-    try:
-        port = int(text.strip())
-    except ValueError:
-        raise InvalidArgument(f"not a port number (1..65535): {text!r}") from None
+    if not _DECIMAL.fullmatch(text):  # int() also takes "1_0" and "٣"
+        raise InvalidArgument(f"not a port number (1..65535): {text!r}")
+    port = int(text)
     if not 1 <= port <= 65535:
         raise InvalidArgument(f"port must be in 1..65535, not {port}")
     return port

@@ -160,3 +160,42 @@ def test_run_worker_refuses_a_ttl_out_of_range_before_creating_the_store(
         run_worker(f"sqlite:///{db}", "q", "no_such_module:handle", ttl_s=0.01,
                    mode=mode)  # type: ignore[arg-type]
     assert not db.exists()
+
+
+# -- 4. numbers: ASCII digits only, no underscores -----------------------------------
+
+FLOAT_FLAGS = ["--ttl-s", "--grace-s", "--claim-wait-s", "--complete-flush-s",
+               "--retry-initial-s", "--retry-max-s"]
+ODD_NUMBERS = ["1_0", "\u0661\u0660", "\uff11"]
+
+
+@pytest.mark.parametrize("value", ODD_NUMBERS)
+@pytest.mark.parametrize("flag", [*FLOAT_FLAGS, "--metrics-port"])
+def test_underscores_and_non_ascii_digits_are_not_numbers(
+        flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    if flag == "--metrics-port":
+        value = value.replace("1_0", "1_9125")
+    with pytest.raises(SystemExit) as exited:
+        main(_worker("memory://", flag, value))
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: not a" in err, err
+
+
+@pytest.mark.parametrize("value", ODD_NUMBERS)
+def test_a_variable_with_underscores_is_not_a_number(
+        value: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONSENSUS_LEASE_GRACE_S", value)
+    assert main(_worker("memory://")) == 2
+    assert ("environment variable CONSENSUS_LEASE_GRACE_S: not a number of seconds"
+            in _flat(capsys.readouterr().out))
+
+
+def test_plain_numbers_still_parse() -> None:
+    from consensus_lease.worker import config
+
+    assert config.parse_seconds(" 1.5e1 ") == 15.0
+    assert config.parse_seconds(".5") == 0.5
+    assert config.parse_port(" 9125 ") == 9125
+    assert config.parse_port("+80") == 80
