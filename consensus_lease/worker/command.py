@@ -242,12 +242,20 @@ def check_ttl_range(values: Mapping[str, object], ttl_s: float,
         return
     scheme = url.split("://", 1)[0].lower()
     where = source(args, "ttl_s")
-    named = (f"the default TTL {ttl_s:g} (--ttl-s not given)" if "ttl_s" not in values
-             else f"{where} {ttl_s:g}" if where.startswith("--")
-             else f"environment variable {where}={ttl_s:g}")
+    shown = _number(ttl_s)
+    named = (f"the default TTL {shown} (--ttl-s not given)" if "ttl_s" not in values
+             else f"{where} {shown}" if where.startswith("--")
+             else f"environment variable {where}={shown}")
     raise InvalidArgument(
         f"{named} is outside the {scheme} store's TTL range [{caps.min_ttl_s:g}, "
         f"{caps.max_ttl_s:g}] s (capabilities.min_ttl_s, max_ttl_s)")
+
+
+def _number(value: float) -> str:
+    """``value`` short (``%g``) where that is exact, else in full (``repr``): a value
+    just outside a range never prints as its bound."""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(value)
 
 
 def serve_metrics(values: Mapping[str, object], arguments: Mapping[str, Any]) -> Any:

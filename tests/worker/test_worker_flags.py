@@ -199,3 +199,15 @@ def test_plain_numbers_still_parse() -> None:
     assert config.parse_seconds(".5") == 0.5
     assert config.parse_port(" 9125 ") == 9125
     assert config.parse_port("+80") == 80
+
+
+# -- 5. a TTL just outside the range is printed as given ------------------------------
+
+@pytest.mark.parametrize("value", ["604800.001", "0.0499999"])
+def test_a_ttl_just_outside_the_range_is_not_rounded_to_its_bound(
+        value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "store.db"
+    assert main(_worker(f"sqlite:///{db}", "--ttl-s", value)) == 2
+    out = _flat(capsys.readouterr().out)
+    assert f"--ttl-s {value} is outside the sqlite store's TTL range [0.05, 604800] s" in out
+    assert not db.exists()
