@@ -211,3 +211,71 @@ def test_a_ttl_just_outside_the_range_is_not_rounded_to_its_bound(
     out = _flat(capsys.readouterr().out)
     assert f"--ttl-s {value} is outside the sqlite store's TTL range [0.05, 604800] s" in out
     assert not db.exists()
+
+
+# -- 6. bad store URLs, handler specs, log levels, metrics addresses: exit 2, named --
+
+def _no_psycopg(directory: Path) -> Path:
+    """A directory that, first on the path, makes ``import psycopg`` fail as if the
+    postgresql extra were not installed."""
+    package = directory / "blocked" / "psycopg"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'psycopg'\", name='psycopg')\n")
+    return package.parent
+
+
+def test_a_missing_extra_exits_2_with_the_pip_install_line(tmp_path: Path) -> None:
+    blocked = _no_psycopg(tmp_path)
+    done = _run_cli(tmp_path, *_worker("postgresql://u@127.0.0.1:1/db"),
+                    env={"PYTHONPATH": f"{blocked}{os.pathsep}{REPO}"})
+    out = _flat(done.stdout + done.stderr)
+    assert done.returncode == 2, out
+    assert "--backend: " in out and "pip install 'consensus_lease[postgresql]'" in out, out
+    assert "Traceback" not in out
+
+
+@pytest.mark.parametrize("url", ["bogus://x", "not-a-url"])
+def test_a_url_no_backend_serves_exits_2_naming_the_flag(
+        url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(_worker(url)) == 2
+    assert _flat(capsys.readouterr().out).startswith("error: --backend: "), url
+
+
+def test_a_url_variable_no_backend_serves_names_the_variable(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONSENSUS_LEASE_URL", "bogus://x")
+    assert main(["worker", "--queue", "q", "m:f"]) == 2
+    assert "error: CONSENSUS_LEASE_URL: no backend for scheme 'bogus'" in _flat(
+        capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("spec", ["nocolon", ":f", "m:"])
+def test_a_malformed_handler_spec_exits_2_naming_the_argument(
+        spec: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    assert main(_worker("memory://", handler=spec)) == 2
+    assert "error: MODULE:FUNCTION: handler must be 'package.module:function'" in _flat(
+        capsys.readouterr().out)
+    monkeypatch.setenv("CONSENSUS_LEASE_HANDLER", spec)
+    assert main(["worker", "--backend", "memory://", "--queue", "q"]) == 2
+    assert "error: CONSENSUS_LEASE_HANDLER: handler must be" in _flat(capsys.readouterr().out)
+
+
+def test_a_bad_log_level_names_its_flag_or_variable(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    assert main(_worker("memory://", "--log-level", "bogus")) == 2
+    assert "error: --log-level: not a log level" in _flat(capsys.readouterr().out)
+    monkeypatch.setenv("CONSENSUS_LEASE_LOG_LEVEL", "bogus")
+    assert main(_worker("memory://")) == 2
+    assert "error: CONSENSUS_LEASE_LOG_LEVEL: not a log level" in _flat(
+        capsys.readouterr().out)
+
+
+def test_a_metrics_address_that_cannot_be_served_names_its_variable(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("prometheus_client")
+    monkeypatch.setenv("CONSENSUS_LEASE_METRICS_ADDR", "999.1.1.1")
+    assert main(_worker("memory://", "--metrics-port", "1")) == 2
+    out = _flat(capsys.readouterr().out)
+    assert "error: CONSENSUS_LEASE_METRICS_ADDR/--metrics-port: cannot serve on 999.1.1.1:1" \
+        in out, out
