@@ -9,9 +9,11 @@ variable. ``--metrics-port PORT`` (thread mode) serves the store's Prometheus me
 Exit status: 0 after a normal stop (SIGTERM, or the queue drained with
 ``--until-empty``); 1 on an error (the store cannot be opened, the handler cannot be
 imported, a worker slot or process failed, or one had to be killed after the grace
-period); 2 for a bad flag or variable (also a ``--ttl-s`` outside the store's TTL range,
-checked against its backend's ``capabilities`` before the store is opened); 130 after
-SIGINT.
+period); 2 for a bad flag or variable, named (also a ``--ttl-s`` outside the store's TTL
+range, checked against its backend's ``capabilities`` before the store is opened; a
+``--backend`` no installed backend serves: an unknown scheme, or a missing extra, with
+its ``pip install`` line; a handler that is not ``MODULE:FUNCTION``), before anything is
+created or started; 130 after SIGINT.
 """
 
 from __future__ import annotations
@@ -30,11 +32,13 @@ from ..errors import InvalidArgument, LeaseError, UnsupportedBackend
 from ..retry import RetryPolicy
 from ..store import DEFAULT_TTL_S, backend_class
 from . import config
+from .handler import check_handler_spec
 from .logs import configure_logging, parse_level
 from .runner import run_worker
 
-__all__ = ["NAME", "add_batching_flags", "add_parser", "check_arguments", "check_ttl_range",
-           "run", "settings", "source", "worker_arguments"]
+__all__ = ["NAME", "add_batching_flags", "add_parser", "check_arguments", "check_backend",
+           "check_handler_argument", "check_ttl_range", "run", "settings", "source",
+           "worker_arguments"]
 
 NAME = "worker"
 
@@ -47,7 +51,8 @@ _EPILOG = "environment variables (a flag wins over its variable):\n" + "\n".join
 ) + """
 
 exit status: 0 stopped (SIGTERM, or drained with --until-empty); 1 error (store, handler
-import, a failed or killed worker); 2 bad flag or variable; 130 stopped by SIGINT.
+import, a failed or killed worker); 2 bad flag or variable (also a --backend no
+installed backend serves: unknown scheme, missing extra); 130 stopped by SIGINT.
 A second SIGTERM/SIGINT skips the grace period."""
 
 
@@ -137,13 +142,13 @@ def settings(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, 
     """The environment's settings overridden by the flags given.
 
     Raises:
-        InvalidArgument: a malformed variable, or no store, queue or handler.
+        InvalidArgument: a malformed variable (only one whose flag is not given: that
+            variable is not read), or no store, queue or handler.
     """
-    values = config.from_environment(environ)
-    for name in config.ENVIRONMENT:
-        flag = getattr(args, name, None)
-        if flag is not None:
-            values[name] = flag
+    flags = {name: getattr(args, name) for name in config.ENVIRONMENT
+             if getattr(args, name, None) is not None}
+    values = config.from_environment(environ, skip=flags)  # a flag wins: its variable unread
+    values.update(flags)
     missing = [("MODULE:FUNCTION" if name == "handler" else f"--{name}")
                + f" (or {config.ENVIRONMENT[name][0]})"
                for name in ("backend", "queue", "handler") if name not in values]
@@ -219,6 +224,39 @@ def check_arguments(arguments: Mapping[str, Any],
     config.WorkerConfig(**given)
 
 
+def check_backend(values: Mapping[str, object], args: argparse.Namespace | None = None) -> None:
+    """Refuse, before anything is created, a store URL no installed backend serves: not
+    a URL, an unknown scheme, or a backend whose client library (an extra) is missing
+    (the message has the ``pip install`` line), naming ``--backend`` or
+    ``CONSENSUS_LEASE_URL`` (as :func:`source` says). Only the backend's class is
+    loaded; nothing connects.
+
+    Raises:
+        InvalidArgument: no backend for the URL.
+    """
+    try:
+        backend_class(str(values["backend"]))
+    except UnsupportedBackend as exc:
+        raise InvalidArgument(f"{source(args, 'backend')}: {exc}") from None
+
+
+def check_handler_argument(values: Mapping[str, object],
+                           args: argparse.Namespace | None = None) -> None:
+    """Refuse a handler that is not ``MODULE:FUNCTION``, naming where it came from (the
+    positional argument, or ``CONSENSUS_LEASE_HANDLER``); its import is left to
+    ``run_worker`` (exit status 1).
+
+    Raises:
+        InvalidArgument: a malformed spec.
+    """
+    try:
+        check_handler_spec(values["handler"])
+    except InvalidArgument as exc:
+        where = ("MODULE:FUNCTION" if args is None or getattr(args, "handler", None) is not None
+                 else config.ENVIRONMENT["handler"][0])
+        raise InvalidArgument(f"{where}: {exc}") from None
+
+
 def check_ttl_range(values: Mapping[str, object], ttl_s: float,
                     args: argparse.Namespace | None = None) -> None:
     """Refuse, before the store is opened, a TTL outside the range its backend declares
@@ -242,42 +280,56 @@ def check_ttl_range(values: Mapping[str, object], ttl_s: float,
         return
     scheme = url.split("://", 1)[0].lower()
     where = source(args, "ttl_s")
-    named = (f"the default TTL {ttl_s:g} (--ttl-s not given)" if "ttl_s" not in values
-             else f"{where} {ttl_s:g}" if where.startswith("--")
-             else f"environment variable {where}={ttl_s:g}")
+    shown = _number(ttl_s)
+    named = (f"the default TTL {shown} (--ttl-s not given)" if "ttl_s" not in values
+             else f"{where} {shown}" if where.startswith("--")
+             else f"environment variable {where}={shown}")
     raise InvalidArgument(
         f"{named} is outside the {scheme} store's TTL range [{caps.min_ttl_s:g}, "
         f"{caps.max_ttl_s:g}] s (capabilities.min_ttl_s, max_ttl_s)")
 
 
-def serve_metrics(values: Mapping[str, object], arguments: Mapping[str, Any]) -> Any:
+def _number(value: float) -> str:
+    """``value`` short (``%g``) where that is exact, else in full (``repr``): a value
+    just outside a range never prints as its bound."""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(value)
+
+
+def serve_metrics(values: Mapping[str, object], arguments: Mapping[str, Any],
+                  args: argparse.Namespace | None = None) -> Any:
     """With ``metrics_port``: a :class:`~consensus_lease.metrics.PrometheusObserver`
-    whose registry is served on ``metrics_addr:metrics_port``; else ``None``.
+    whose registry is served on ``metrics_addr:metrics_port``; else ``None``. Messages
+    name the flags, or the variables they came from (as :func:`source` says).
 
     Raises:
         InvalidArgument: process mode (each process would need its own endpoint), the
-            metrics extra is missing, or the port cannot be bound.
+            metrics extra is missing, or the address and port cannot be bound.
     """
     port = values.get("metrics_port")
+    port_source = source(args, "metrics_port")
     if port is None:
         if "metrics_addr" in values:
-            raise InvalidArgument("--metrics-addr needs --metrics-port")
+            raise InvalidArgument(f"{source(args, 'metrics_addr')} needs --metrics-port "
+                                  f"(or {config.ENVIRONMENT['metrics_port'][0]})")
         return None
     if arguments["mode"] != "thread":
-        raise InvalidArgument("--metrics-port serves one process's metrics: not with "
+        raise InvalidArgument(f"{port_source} serves one process's metrics: not with "
                               "--processes (run one worker command per port instead)")
     try:
         from prometheus_client import start_http_server
 
         from ..metrics import PrometheusObserver
     except ImportError as exc:
-        raise InvalidArgument(f"--metrics-port: {exc}") from exc
+        raise InvalidArgument(f"{port_source}: {exc}") from exc
     addr = str(values.get("metrics_addr", "127.0.0.1"))
+    named = (port_source if "metrics_addr" not in values
+             else f"{source(args, 'metrics_addr')}/{port_source}")
     observer = PrometheusObserver()
     try:
         start_http_server(int(str(port)), addr=addr)
-    except OSError as exc:
-        raise InvalidArgument(f"--metrics-port: cannot serve on {addr}:{port}: {exc}") from exc
+    except (OSError, ValueError) as exc:  # ValueError, UnicodeError: a malformed address
+        raise InvalidArgument(f"{named}: cannot serve on {addr}:{port}: {exc}") from exc
     return observer
 
 
@@ -285,11 +337,16 @@ def run(args: argparse.Namespace, console: Console) -> int:
     """Run ``consensus-lease worker``; returns the exit status."""
     try:
         values = settings(args, os.environ)
-        level = parse_level(_get(values, "log_level", "info"))
+        try:
+            level = parse_level(_get(values, "log_level", "info"))
+        except ValueError as exc:
+            raise InvalidArgument(f"{source(args, 'log_level')}: {exc}") from None
+        check_backend(values, args)
+        check_handler_argument(values, args)
         arguments = worker_arguments(values)
         check_arguments(arguments, args)
         check_ttl_range(values, arguments["ttl_s"], args)
-        observer = serve_metrics(values, arguments)
+        observer = serve_metrics(values, arguments, args)
         if observer is not None:
             arguments["observer"] = observer
     except (InvalidArgument, ValueError) as exc:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -116,7 +116,11 @@ def seconds(name: str, value: object, *, positive: bool = False) -> float:
 # -- text (command-line flags and environment variables) -----------------------------
 
 def parse_seconds(text: str, *, positive: bool = False) -> float:
+    """Seconds: a decimal number in ASCII (``float()`` also takes ``"1_0"`` and
+    Arabic-Indic digits; these are refused as not a number), >= 0 (> 0 with ``positive``)."""
     try:
+        if "_" in text or not text.isascii():
+            raise ValueError(text)
         number = float(text)
     except ValueError:
         raise InvalidArgument(f"not a number of seconds: {text!r}") from None
@@ -204,10 +208,9 @@ def parse_bool(text: str) -> bool:
 
 def parse_port(text: str) -> int:
     """A TCP port for the metrics endpoint: 1..65535."""
-    try:
-        port = int(text.strip())
-    except ValueError:
-        raise InvalidArgument(f"not a port number (1..65535): {text!r}") from None
+    if not _DECIMAL.fullmatch(text):  # int() also takes "1_0" and "٣"
+        raise InvalidArgument(f"not a port number (1..65535): {text!r}")
+    port = int(text)
     if not 1 <= port <= 65535:
         raise InvalidArgument(f"port must be in 1..65535, not {port}")
     return port
@@ -248,15 +251,18 @@ variable (``environment variable CONSENSUS_LEASE_CONCURRENCY: ...``); the TTL's 
 the store's, checked by the command against the backend's ``capabilities``."""
 
 
-def from_environment(environ: Mapping[str, str]) -> dict[str, object]:
+def from_environment(environ: Mapping[str, str],
+                     skip: Collection[str] = ()) -> dict[str, object]:
     """The settings ``environ`` gives (only those whose variable is set), parsed.
+    Settings named in ``skip`` (those a command-line flag gives: a flag wins) are not
+    read at all, so a malformed variable a flag overrides is never refused.
 
     Raises:
         InvalidArgument: a variable's value is malformed (the message names it).
     """
     found: dict[str, object] = {}
     for name, (variable, parse) in ENVIRONMENT.items():
-        if variable not in environ:
+        if variable not in environ or name in skip:
             continue
         try:
             found[name] = parse(environ[variable])

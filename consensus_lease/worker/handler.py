@@ -30,7 +30,8 @@ from ..errors import InvalidArgument
 from ..lease import Lease
 from ..validation import check_retry_in
 
-__all__ = ["Handler", "HandlerCall", "Retry", "check_handler", "load_handler"]
+__all__ = ["Handler", "HandlerCall", "Retry", "check_handler", "check_handler_spec", "describe",
+           "load_handler"]
 
 HandlerResult: TypeAlias = "bytes | bytearray | memoryview | None"
 Handler: TypeAlias = Callable[[Lease, bytes], "HandlerResult | Awaitable[HandlerResult]"]
@@ -62,35 +63,69 @@ class Retry(Exception):
         return self if self.reason is None else self.reason
 
 
+def check_handler_spec(spec: object) -> tuple[str, str]:
+    """``"package.module:function"`` split into the module's name and the attribute path.
+
+    Raises:
+        InvalidArgument: not of that form.
+    """
+    module_name, sep, attr = spec.partition(":") if isinstance(spec, str) else ("", "", "")
+    if not sep or not module_name or not attr:
+        raise InvalidArgument(f"handler must be 'package.module:function', not {spec!r}")
+    return module_name, attr
+
+
 def load_handler(spec: str) -> Handler:
     """Import ``"package.module:function"`` (``function`` may be dotted: ``Class.method``).
     The current directory is searched first, as with ``python -m``.
 
     Raises:
-        InvalidArgument: malformed spec, the module cannot be imported (the message says
-            why: not found, or the exception its own code raised as it was imported,
-            type and message), no such attribute, or it is not callable.
+        InvalidArgument: malformed spec, the module cannot be imported (one line naming
+            the module and why: not found, or the exception its own code raised as it
+            was imported, any ``BaseException`` but ``KeyboardInterrupt`` and
+            ``SystemExit``, which propagate: type and message, a multi-line message
+            folded into one), no such attribute, or it is not callable.
     """
-    module_name, sep, attr = spec.partition(":") if isinstance(spec, str) else ("", "", "")
-    if not sep or not module_name or not attr:
-        raise InvalidArgument(f"handler must be 'package.module:function', not {spec!r}")
+    module_name, attr = check_handler_spec(spec)
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
         target: Any = importlib.import_module(module_name)
+    except (KeyboardInterrupt, SystemExit):
+        raise
     except ImportError as exc:
-        raise InvalidArgument(f"cannot import the handler's module {module_name!r}: {exc}"
-                              ) from exc
-    except Exception as exc:  # the module's own code failed as it ran (or a SyntaxError)
+        raise InvalidArgument(f"cannot import the handler's module {module_name!r}: "
+                              f"{describe(exc, typed=False)}") from exc
+    except BaseException as exc:  # the module's own code failed as it ran (or a SyntaxError)
         raise InvalidArgument(
             f"cannot import the handler's module {module_name!r}: importing it raised "
-            f"{type(exc).__name__}: {exc}") from exc
+            f"{describe(exc)}") from exc
     for part in attr.split("."):
         try:
             target = getattr(target, part)
         except AttributeError:
             raise InvalidArgument(f"{module_name!r} has no attribute {attr!r}") from None
     return check_handler(target)
+
+
+MAX_DESCRIPTION = 500
+"""Most characters of an exception's message :func:`describe` keeps."""
+
+
+def describe(exc: BaseException, *, typed: bool = True) -> str:
+    """``exc`` as one line: ``Type: message`` (``typed``; else the message alone), the
+    lines of a multi-line message joined with `` / ``, at most :data:`MAX_DESCRIPTION`
+    characters of it; an exception whose ``str()`` itself raises is described by that."""
+    try:
+        text = str(exc)
+    except Exception as inner:  # a broken __str__ must not hide the error
+        text = f"<str() of it raised {type(inner).__name__}>"
+    text = " / ".join(line.strip() for line in text.splitlines() if line.strip())
+    if len(text) > MAX_DESCRIPTION:
+        text = text[:MAX_DESCRIPTION - 1] + "\u2026"
+    if not typed:
+        return text or type(exc).__name__
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def check_handler(handler: object) -> Handler:

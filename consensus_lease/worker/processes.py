@@ -43,7 +43,7 @@ from .handler import Handler, load_handler
 from .logs import configure_logging
 from .stats import WorkerStats
 
-__all__ = ["run_processes"]
+__all__ = ["check_picklable", "run_processes"]
 
 log = logging.getLogger("consensus_lease.worker")
 
@@ -137,6 +137,17 @@ def run_processes(url: str, config: WorkerConfig, handler: Handler | str,
         InvalidArgument: ``handler`` cannot be sent to another process (a lambda, a
             nested function): pass a module-level function or a ``"module:function"``.
     """
+    check_picklable(handler)
+    level = logging.getLogger("consensus_lease.worker").getEffectiveLevel()
+    return _Supervisor(url, config, handler, control, level).run()
+
+
+def check_picklable(handler: Handler | str) -> None:
+    """Refuse a handler that cannot be sent to a worker process.
+
+    Raises:
+        InvalidArgument: ``handler`` cannot be pickled (a lambda, a nested function).
+    """
     if not isinstance(handler, str):
         try:
             pickle.dumps(handler)
@@ -145,8 +156,6 @@ def run_processes(url: str, config: WorkerConfig, handler: Handler | str,
                 "mode='process' needs a handler importable by name (a module-level "
                 f"function, or 'package.module:function'); this one is not: {exc}"
             ) from exc
-    level = logging.getLogger("consensus_lease.worker").getEffectiveLevel()
-    return _Supervisor(url, config, handler, control, level).run()
 
 
 def _signal(proc: BaseProcess, signum: signal.Signals) -> None:

@@ -5,15 +5,16 @@ from __future__ import annotations
 import threading
 from contextlib import AbstractContextManager, nullcontext
 
+from ..backend import Capabilities
 from ..errors import InvalidArgument, UnsupportedOperation
 from ..observe import Observer
 from ..retry import RetryPolicy
-from ..store import DEFAULT_TTL_S, LeaseStore, open_store
+from ..store import DEFAULT_TTL_S, LeaseStore, backend_class, open_store
 from ..validation import check_ttl
 from .config import Mode, WorkerConfig
 from .control import StopControl, signal_handlers
 from .handler import Handler, check_handler, load_handler
-from .processes import run_processes
+from .processes import check_picklable, run_processes
 from .stats import WorkerStats
 from .threads import run_threads
 
@@ -120,7 +121,10 @@ def run_worker(
         The counts of what was done, with ``stopped_by``.
 
     Raises:
-        InvalidArgument: a bad argument (nothing started).
+        InvalidArgument: a bad argument (nothing started, nothing created: a ``ttl_s``
+            outside the range the URL's backend class declares is refused before the
+            store is opened; in process mode the handler is imported here first, so a
+            module that cannot be imported is refused before any process starts).
         UnsupportedBackend / UnsupportedOperation: no such store, or it has no queues.
         BackendUnavailable: the store cannot be opened.
     """
@@ -135,15 +139,25 @@ def run_worker(
     control = StopControl(stop_event)
     signals: AbstractContextManager[None] = (
         signal_handlers(control) if handle_signals else nullcontext())
-    with signals:
-        if mode == "thread":
-            function = load_handler(target) if isinstance(target, str) else target
-            return run_in_threads(store, config, function, control, observer)
+    if isinstance(store, str):
+        _check_ttl_before_opening(store, config)
+    if mode == "process":
         if not isinstance(store, str):
             raise InvalidArgument("mode='process' needs a store URL, not a LeaseStore")
         if observer is not None:
             raise InvalidArgument("mode='process' takes no observer (each process would "
                                   "need its own); pass it in thread mode")
+        # Imported here too (each process imports it again): a module that cannot be
+        # imported is the one error it is, before the store is opened or a process
+        # spawned; and a handler object must be sendable to the processes.
+        if isinstance(target, str):
+            load_handler(target)
+        check_picklable(target)
+    with signals:
+        if mode == "thread":
+            function = load_handler(target) if isinstance(target, str) else target
+            return run_in_threads(store, config, function, control, observer)
+        assert isinstance(store, str)  # checked above
         with open_store(store) as checked:
             _check_store(checked, config)
             if not checked.capabilities.cross_process:
@@ -169,6 +183,21 @@ def run_in_threads(store: str | LeaseStore, config: WorkerConfig, handler: Handl
     with open_store(store, observer=observer) as opened:
         _check_store(opened, config)
         return run_threads(opened, config, handler, control, prefix)
+
+
+def _check_ttl_before_opening(url: str, config: WorkerConfig) -> None:
+    """The TTL against the range the URL's backend class declares (its
+    ``capabilities``, known without connecting), before the store is opened: a TTL out
+    of range creates nothing (no SQLite file). A backend whose capabilities are known
+    only once open is checked by :func:`_check_store`.
+
+    Raises:
+        UnsupportedBackend: no backend serves ``url`` (as ``open_store`` would say).
+        InvalidArgument: ``config.ttl_s`` is outside the range.
+    """
+    caps = getattr(backend_class(url), "capabilities", None)
+    if isinstance(caps, Capabilities):
+        check_ttl(config.ttl_s, min_s=caps.min_ttl_s, max_s=caps.max_ttl_s)
 
 
 def _check_store(store: LeaseStore, config: WorkerConfig) -> None:
