@@ -37,7 +37,7 @@ from ...errors import InvalidArgument
 from ...options import Option, OptionTable, ParsedOptions
 
 __all__ = [
-    "LIBPQ_OPTIONS", "MAX_BATCH_CLAIM", "OPTIONS", "POOLING", "SECRET_OPTIONS",
+    "LIBPQ_OPTIONS", "MAX_BATCH_BYTES", "MAX_BATCH_CLAIM", "OPTIONS", "POOLING", "SECRET_OPTIONS",
     "check_conninfo", "check_option_values", "check_url", "hide_password", "libpq_params",
     "parse_url", "value_problem",
 ]
@@ -220,6 +220,20 @@ https://www.postgresql.org/docs/15/libpq-connect.html#LIBPQ-PARAMKEYWORDS)."""
 MAX_BATCH_CLAIM = 1000
 """Most jobs one ``claim_many`` statement claims (``capabilities.max_batch_claim``; the
 session splits longer lists), and one ``complete_many`` statement completes."""
+
+MAX_BATCH_BYTES = 32 * 1024 * 1024
+"""Most bytes of results (``complete_many``) or error texts (``fail_many``), counted with
+each item's job id, one batch statement carries: a longer batch goes out as several
+statements (each its own transaction), one item never split (a 16 MiB result is two to a
+statement). The parameters travel as one message, which libpq builds whole in its output
+buffer and the server reads whole; both refuse a message of 1 GiB or more (libpq with
+``cannot allocate memory for output buffer``), and each array parameter is one value,
+also limited to 1 GiB; the client holds a batch's bytes about three times over while it
+sends (the items, the encoded arrays, libpq's buffer) and the server about twice. 32 MiB
+keeps all that far below the limits and at tens of MiB per process, while a statement
+that large takes far longer to send (about 0.3 s at 1 Gbit/s) than its round trip, so
+splitting costs nothing measurable; a batch of 1,000 items with the largest error texts
+(64 KiB) is two statements."""
 
 SHARED_TO_LIBPQ = {"ca_file": "sslrootcert", "cert_file": "sslcert", "key_file": "sslkey"}
 """The library's shared option names and the libpq parameter each one sets."""

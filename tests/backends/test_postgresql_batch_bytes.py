@@ -1,0 +1,114 @@
+"""PostgreSQL's ``complete_many`` and ``fail_many`` split by bytes as well as by count:
+one statement per up to ``_config.MAX_BATCH_BYTES`` of results or error texts (a batch
+of large results once went out as one message past libpq's 1 GiB output buffer, and
+every item failed). The cap is lowered here, so nothing large is allocated."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from consensus_lease import JobState, LeaseStore, open_store
+from consensus_lease.backends.postgresql import PostgresBackend, _config
+from consensus_lease.errors import BackendUnavailable
+from consensus_lease.states import LeaseState
+from consensus_lease.testing.postgresql import fresh_schema, postgres_url
+
+
+@pytest.fixture
+def store() -> Iterator[LeaseStore]:
+    base = postgres_url()
+    with fresh_schema(base) as schema, open_store(f"{base}?schema={schema}") as s:
+        yield s
+
+
+def _statements(store: LeaseStore, monkeypatch: pytest.MonkeyPatch, name: str,
+                fail_at: int | None = None) -> list[list[str]]:
+    """The job ids of each batch statement ``name`` (``_complete_statement`` /
+    ``_fail_statement``) sent; the ``fail_at``-th (0-based) raises BackendUnavailable
+    instead of being sent."""
+    b = store.backend
+    assert isinstance(b, PostgresBackend)
+    from consensus_lease.backends.postgresql import _jobs
+
+    original = getattr(_jobs, name)
+    sent: list[list[str]] = []
+
+    def counted(backend: Any, session: Any, items: Any) -> Any:
+        if fail_at is not None and len(sent) == fail_at:
+            sent.append([])
+            raise BackendUnavailable("connection refused (test)", job_id=items[0][0])
+        sent.append([it[0] for it in items])
+        return original(backend, session, items)
+
+    monkeypatch.setattr(_jobs, name, counted)
+    return sent
+
+
+def test_complete_many_goes_out_as_one_statement_per_cap_of_results(
+    store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_config, "MAX_BATCH_BYTES", 100)
+    session = store.session("W", 30.0)
+    ids = [f"c{i}" for i in range(5)] + ["big"]
+    leases = session.claim_many(ids)
+    results = [bytes([65 + i]) * 40 for i in range(5)] + [b"x" * 500]  # 42 bytes each
+    sent = _statements(store, monkeypatch, "_complete_statement")
+    out = session.complete_many(list(zip(leases, results, strict=True)))
+    # two items per 100 bytes, the one above the cap alone: never split below an item
+    assert sent == [["c0", "c1"], ["c2", "c3"], ["c4"], ["big"]]
+    assert [o.state for o in out] == [JobState.COMPLETED] * 6  # type: ignore[union-attr]
+    assert all(lease.state is LeaseState.COMPLETED for lease in leases)
+    for job_id, result in zip(ids, results, strict=True):
+        record = store.get(job_id)
+        assert record is not None and record.result == result
+
+
+def test_complete_many_under_the_cap_is_one_statement(
+    store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session = store.session("W", 30.0)
+    leases = session.claim_many([f"s{i}" for i in range(3)])
+    sent = _statements(store, monkeypatch, "_complete_statement")
+    session.complete_many([(lease, b"r" * 1000) for lease in leases])
+    assert sent == [["s0", "s1", "s2"]]
+
+
+def test_a_failed_statement_is_its_items_outcome_and_the_rest_are_not_sent(
+    store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_config, "MAX_BATCH_BYTES", 100)
+    session = store.session("W", 30.0)
+    leases = session.claim_many([f"c{i}" for i in range(6)])
+    sent = _statements(store, monkeypatch, "_complete_statement", fail_at=1)
+    out = session.complete_many([(lease, b"r" * 40) for lease in leases])
+    assert sent == [["c0", "c1"], []]  # the third statement never sent
+    assert [o.state for o in out[:2]] == [JobState.COMPLETED] * 2  # type: ignore[union-attr]
+    for i, outcome in enumerate(out[2:], start=2):
+        assert isinstance(outcome, BackendUnavailable)
+        assert outcome.job_id == f"c{i}" and str(outcome).startswith(f"item {i}: ")
+    # nothing of them applied: still held, and sent again they complete
+    assert all(lease.state is LeaseState.HELD for lease in leases[2:])
+    monkeypatch.undo()
+    again = session.complete_many([(lease, b"r") for lease in leases[2:]])
+    assert [o.state for o in again] == [JobState.COMPLETED] * 4  # type: ignore[union-attr]
+
+
+def test_fail_many_goes_out_as_one_statement_per_cap_of_error_texts(
+    store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_config, "MAX_BATCH_BYTES", 100)
+    session = store.session("W", 30.0)
+    leases = session.claim_many([f"f{i}" for i in range(4)])
+    # 2 + 40 bytes each (the last: 20 three-byte characters, counted as UTF-8: 62)
+    errors = ["e" * 40, "e" * 40, "e" * 40, "\u20ac" * 20]
+    sent = _statements(store, monkeypatch, "_fail_statement")
+    out = session.fail_many([(lease, error, 60.0) for lease, error in
+                             zip(leases, errors, strict=True)])
+    assert sent == [["f0", "f1"], ["f2"], ["f3"]]
+    for outcome, error in zip(out, errors, strict=True):
+        assert not isinstance(outcome, Exception)
+        assert outcome.state is JobState.AVAILABLE and outcome.error == error
+    assert all(lease.state is LeaseState.FAILED for lease in leases)
