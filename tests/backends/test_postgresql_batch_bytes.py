@@ -8,11 +8,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
 
 from consensus_lease import JobState, LeaseStore, open_store
 from consensus_lease.backends.postgresql import PostgresBackend, _config
-from consensus_lease.errors import BackendUnavailable
+from consensus_lease.errors import BackendUnavailable, InvalidArgument
 from consensus_lease.states import LeaseState
 from consensus_lease.testing.postgresql import fresh_schema, postgres_url
 
@@ -112,3 +113,31 @@ def test_fail_many_goes_out_as_one_statement_per_cap_of_error_texts(
         assert not isinstance(outcome, Exception)
         assert outcome.state is JobState.AVAILABLE and outcome.error == error
     assert all(lease.state is LeaseState.FAILED for lease in leases)
+
+
+def test_enqueue_many_sends_one_insert_per_cap_of_payloads_in_one_transaction(
+    store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_config, "MAX_BATCH_BYTES", 100)
+    inserts: list[int] = []  # the ids of each enqueue INSERT sent
+    original = psycopg.Connection.execute
+
+    def counted(self: Any, query: Any, params: Any = None, **kw: Any) -> Any:
+        if isinstance(query, str) and query.startswith("INSERT INTO") and "unnest" in query:
+            inserts.append(len(params["ids"]))
+        return original(self, query, params, **kw)
+
+    monkeypatch.setattr(psycopg.Connection, "execute", counted)
+    items = [(f"q{i}", bytes([65 + i]) * 40) for i in range(5)]
+    assert store.enqueue_many("bytes", items) == [True] * 5
+    assert inserts == [2, 2, 1]
+    session = store.session("W", 30.0)
+    got = [session.claim_next("bytes", wait_s=0) for _ in range(5)]
+    assert [(lease.job_id, lease.payload) for lease in got if lease] == items  # in order
+    # all or nothing still: one id outside the queue adds none of the batch
+    store.enqueue("elsewhere", "taken")
+    inserts.clear()
+    with pytest.raises(InvalidArgument, match="outside queue"):
+        store.enqueue_many("bytes", [("n0", b"x" * 60), ("n1", b"y" * 60), "taken"])
+    assert inserts == [1, 2]  # 62 bytes, then 62 + 5
+    assert store.get("n0") is None and store.get("n1") is None

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from .driver import PostgresBackend
 
 __all__ = [
-    "claim", "claim_many", "complete", "complete_many", "completed_record", "fail",
+    "byte_groups", "claim", "claim_many", "complete", "complete_many", "completed_record", "fail",
     "fail_many", "get", "records", "refusal", "refused_completion", "release",
     "release_many", "renew", "requeue", "set_value",
 ]
@@ -303,12 +303,13 @@ def complete(b: PostgresBackend, session: SessionHandle, job_id: str, claim: Cla
 
 _G = TypeVar("_G", bound=tuple[Any, ...])
 _O = TypeVar("_O")
+_T = TypeVar("_T")
 
 
-def _byte_groups(items: Sequence[_G], cost: Callable[[_G], int]) -> list[list[_G]]:
+def byte_groups(items: Sequence[_T], cost: Callable[[_T], int]) -> list[list[_T]]:
     """``items`` in order, cut into groups of at most :data:`._config.MAX_BATCH_BYTES`
     (``cost(item)`` bytes each); an item larger than that is a group of its own."""
-    groups: list[list[_G]] = []
+    groups: list[list[_T]] = []
     size = 0
     for item in items:
         item_cost = cost(item)
@@ -323,13 +324,13 @@ def _byte_groups(items: Sequence[_G], cost: Callable[[_G], int]) -> list[list[_G
 
 def _by_bytes(items: Sequence[_G], cost: Callable[[_G], int],
               run: Callable[[Sequence[_G]], list[_O]]) -> list[_O | LeaseError]:
-    """``run(group)`` (one batch statement) for each group of :func:`_byte_groups`, the
+    """``run(group)`` (one batch statement) for each group of :func:`byte_groups`, the
     outcomes in the items' order. One group: what ``run`` raises is raised. More: a
     group that raises ``BackendUnavailable`` / ``OutcomeUnknown`` has that error as each
     of its items' outcome, and the groups after it are not sent (each of their items a
     ``BackendUnavailable``: nothing applied, still held), so an unreachable server costs
     one timeout, not one per group."""
-    groups = _byte_groups(items, cost)
+    groups = byte_groups(items, cost)
     if len(groups) == 1:
         return list(run(groups[0]))
     outcomes: list[_O | LeaseError] = []
