@@ -55,7 +55,7 @@ def test_complete_many_goes_out_as_one_statement_per_cap_of_results(
     session = store.session("W", 30.0)
     ids = [f"c{i}" for i in range(5)] + ["big"]
     leases = session.claim_many(ids)
-    results = [bytes([65 + i]) * 40 for i in range(5)] + [b"x" * 500]  # 42 bytes each
+    results = [bytes([65 + i]) * 40 for i in range(5)] + [b"x" * 500]
     sent = _statements(store, monkeypatch, "_complete_statement")
     out = session.complete_many(list(zip(leases, results, strict=True)))
     # two items per 100 bytes, the one above the cap alone: never split below an item
@@ -103,8 +103,9 @@ def test_fail_many_goes_out_as_one_statement_per_cap_of_error_texts(
     monkeypatch.setattr(_config, "MAX_BATCH_BYTES", 100)
     session = store.session("W", 30.0)
     leases = session.claim_many([f"f{i}" for i in range(4)])
-    # 2 + 40 bytes each (the last: 20 three-byte characters, counted as UTF-8: 62)
-    errors = ["e" * 40, "e" * 40, "e" * 40, "\u20ac" * 20]
+    # 40 bytes each; the last 21 three-byte characters, counted as UTF-8 (63 bytes:
+    # not with the third)
+    errors = ["e" * 40, "e" * 40, "e" * 40, "\u20ac" * 21]
     sent = _statements(store, monkeypatch, "_fail_statement")
     out = session.fail_many([(lease, error, 60.0) for lease, error in
                              zip(leases, errors, strict=True)])

@@ -372,7 +372,7 @@ def complete_many(
     """
     if not items:
         return []
-    return _by_bytes(items, lambda it: len(it[0]) + len(it[2]),
+    return _by_bytes(items, lambda it: len(it[2]),
                      lambda group: _complete_statement(b, session, group))
 
 
@@ -509,7 +509,7 @@ def fail_many(
     """
     if not items:
         return []
-    return _by_bytes(items, lambda it: len(it[0]) + _text_bytes(it[2]),
+    return _by_bytes(items, lambda it: _text_bytes(it[2]),
                      lambda group: _fail_statement(b, session, group))
 
 

@@ -71,7 +71,7 @@ def enqueue_many(b: PostgresBackend, queue: str, items: Sequence[EnqueueItem]) -
               "ON CONFLICT (job_id) DO NOTHING RETURNING job_id")
     # one INSERT per up to MAX_BATCH_BYTES of payloads (one message each, below
     # libpq's 1 GiB), all in the one transaction: still all or nothing
-    groups = _jobs.byte_groups(items, lambda it: len(it.job_id) + len(it.payload))
+    groups = _jobs.byte_groups(items, lambda it: len(it.payload))
     inserts = [params] if len(groups) == 1 else [
         {**params, "ids": [it.job_id for it in group],
          "payloads": [it.payload for it in group],
