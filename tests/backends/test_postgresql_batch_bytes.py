@@ -142,3 +142,27 @@ def test_enqueue_many_sends_one_insert_per_cap_of_payloads_in_one_transaction(
         store.enqueue_many("bytes", [("n0", b"x" * 60), ("n1", b"y" * 60), "taken"])
     assert inserts == [1, 2]  # 62 bytes, then 62 + 5
     assert store.get("n0") is None and store.get("n1") is None
+
+
+def test_the_workers_batched_completion_is_split_by_bytes_too(
+    store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker's ``complete_batch`` goes through ``session.complete_many``: the same
+    split."""
+    from consensus_lease.worker import run_worker
+
+    monkeypatch.setattr(_config, "MAX_BATCH_BYTES", 100)
+    jobs = [f"w{i}" for i in range(12)]
+    store.enqueue_many("q", jobs)
+    sent = _statements(store, monkeypatch, "_complete_statement")
+    stats = run_worker(store, "q", lambda lease, payload: lease.job_id.encode() * 20,
+                       until_empty=True, complete_batch=6, complete_flush_s=1.0,
+                       claim_wait_s=0.05, ttl_s=5.0)
+    assert stats.errors == stats.leases_lost == 0 and stats.completed == 12
+    assert stats.complete_batches < len(sent)  # a batch went out as several statements
+    assert max(len(ids) for ids in sent) == 2  # 40-60 bytes each: at most two per 100
+    assert sorted(j for ids in sent for j in ids) == sorted(jobs)
+    for job in jobs:
+        record = store.get(job)
+        assert record is not None and record.state is JobState.COMPLETED
+        assert record.result == job.encode() * 20
