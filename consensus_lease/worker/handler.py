@@ -51,7 +51,7 @@ class Retry(Exception):
     """
 
     def __init__(self, delay_s: float, reason: str | BaseException | None = None) -> None:
-        self.delay_s = check_retry_in(delay_s, "delay_s")
+        self.delay_s = check_retry_in(delay_s)
         self.reason = reason
         text = f"retry in {self.delay_s:g} s"
         super().__init__(text if reason is None else f"{text}: {reason}")

@@ -44,7 +44,7 @@ def test_fail_many_names_the_year_limit_and_the_item(delay: float) -> None:
 
 @pytest.mark.parametrize("delay", OVER)
 def test_worker_retry_names_the_year_limit(delay: float) -> None:
-    with pytest.raises(InvalidArgument, match=r"delay_s must be at most 31622400 s \(a year"):
+    with pytest.raises(InvalidArgument, match=r"retry_in_s must be at most 31622400 s \(a year"):
         Retry(delay)
 
 
@@ -58,9 +58,9 @@ def test_retry_policy_names_the_year_limit(field: str, delay: float) -> None:
 
 def test_the_limit_itself_and_the_other_refusals() -> None:
     assert Retry(MAX_RETRY_IN_S).delay_s == MAX_RETRY_IN_S
-    with pytest.raises(InvalidArgument, match="delay_s must be >= 0, got -1"):
+    with pytest.raises(InvalidArgument, match="retry_in_s must be >= 0, got -1"):
         Retry(-1)
-    with pytest.raises(InvalidArgument, match="delay_s must be finite"):
+    with pytest.raises(InvalidArgument, match="retry_in_s must be finite"):
         Retry(float("inf"))
     with pytest.raises(InvalidArgument, match="must be a number of seconds, not str"):
         Retry("1")  # type: ignore[arg-type]
