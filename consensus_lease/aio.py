@@ -256,25 +256,32 @@ AsyncLossCallback = Callable[["AsyncSession", LeaseLost], object]
 def _sync_items(items: object, call: str) -> Any:
     """The items of a batch ending (``AsyncSession.complete_many`` ...: leases, or
     tuples whose first element is a lease) with each :class:`AsyncLease` replaced by its
-    sync lease; a sync :class:`Lease` is ``InvalidArgument`` naming its index. Anything
-    else is passed on as it is, for the sync call to name (checked before anything is
-    sent)."""
+    sync lease (also leading a tuple or list of a shape the call refuses, so the sync
+    call's refusal names its job); a sync :class:`Lease` is ``InvalidArgument`` naming
+    its index. Anything else is passed on as it is, for the sync call to name (checked
+    before anything is sent)."""
     if (isinstance(items, (str, bytes, bytearray, memoryview))
             or not isinstance(items, Sequence)):
         return items
     out: list[Any] = []
     for index, item in enumerate(items):
         given: Any = item  # checked here: the type says what is meant, not what came
-        whole = isinstance(given, tuple) and len(given) > 1
+        # a tuple or list led by a lease, of any length: the sync call names its shape
+        # and the lease in it
+        whole = isinstance(given, (tuple, list)) and len(given) > 0
         lease = given[0] if whole else given
         if isinstance(lease, AsyncLease):
-            out.append((lease.sync, *given[1:]) if whole else lease.sync)
+            if not whole:
+                out.append(lease.sync)
+            else:  # a list stays one, for the sync call to name
+                out.append([lease.sync, *given[1:]] if isinstance(given, list)
+                           else (lease.sync, *given[1:]))
             continue
         if isinstance(lease, Lease):  # a sync lease: its async twin is the caller's
             raise InvalidArgument(
-                f"AsyncSession.{call}() takes AsyncLease objects; item {index} "
-                f"is a {type(lease).__name__} (pass the AsyncLease the claim returned)",
-                job_id=lease.job_id, generation=lease.generation)
+                f"item {index}: lease on {lease.job_id!r}: AsyncSession.{call}() takes "
+                f"AsyncLease objects, got a {type(lease).__name__} (pass the AsyncLease "
+                "the claim returned)", job_id=lease.job_id, generation=lease.generation)
         # not a lease: the sync call names it by its index and shape (nothing sent)
         out.extend(list(items)[index:])
         break

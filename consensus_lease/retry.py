@@ -20,7 +20,7 @@ import random
 from dataclasses import dataclass
 
 from .errors import InvalidArgument
-from .validation import MAX_RETRY_IN_S
+from .validation import MAX_RETRY_IN_S, retry_limit_message
 
 __all__ = ["DEFAULT_RETRY", "RetryPolicies", "RetryPolicy"]
 
@@ -72,9 +72,7 @@ class RetryPolicy:
         for name in ("initial_s", "max_s"):
             if getattr(self, name) > MAX_RETRY_IN_S:
                 raise InvalidArgument(
-                    f"RetryPolicy.{name}={getattr(self, name)!r} is over the limit of "
-                    f"{MAX_RETRY_IN_S} s (the longest retry delay lease.fail() accepts)"
-                )
+                    retry_limit_message(f"RetryPolicy.{name}", getattr(self, name)))
 
     def delay_s(self, attempt: int) -> float:
         """Seconds to wait after attempt number ``attempt`` (1, 2, ...) failed.

@@ -643,8 +643,7 @@ class Session:
             lease, rest = (item[0], tuple(item[1:])) if whole else (item, ())
             if not isinstance(lease, Lease) or isinstance(lease, Leadership) or (
                     not whole and 1 not in sizes):
-                raise InvalidArgument(
-                    f"{call}() takes {takes}; item {index} is {_shape(item, sizes)}")
+                raise _shape_error(index, item, call, takes, sizes)
             if lease.session is not self:
                 raise InvalidArgument(
                     f"item {index}: lease on {lease.job_id!r} is held by session "
@@ -738,9 +737,28 @@ class Session:
         self.close()
 
 
+def _shape_error(index: int, item: object, call: str, takes: str,
+                 sizes: tuple[int, ...]) -> InvalidArgument:
+    """The ``InvalidArgument`` of a batch ending's malformed item ``index``, in the form
+    of every per-item error: ``item I: `` first, then, where the item is or starts with
+    a lease (a tuple or list), ``lease on 'JOB': `` and that lease's ``job_id`` and
+    ``generation``; then what the call takes and what the item is (:func:`_shape`)."""
+    lease = item if isinstance(item, Lease) else (
+        item[0] if isinstance(item, (tuple, list)) and item and isinstance(item[0], Lease)
+        else None)
+    named = "" if lease is None else f"lease on {lease.job_id!r}: "
+    return InvalidArgument(
+        f"item {index}: {named}{call}() takes {takes}, got {_shape(item, sizes)}",
+        job_id=None if lease is None else lease.job_id,
+        generation=None if lease is None else lease.generation)
+
+
 def _shape(item: object, sizes: tuple[int, ...]) -> str:
     """How an InvalidArgument of a batch ending names a malformed item: its type, or a
-    tuple's length (and, for a length the call takes, its elements' types)."""
+    tuple's length (and, for a length the call takes, its elements' types); a list is
+    said to be one (the items that carry more than a lease are tuples)."""
+    if isinstance(item, list):
+        return f"a list of {len(item)} (pass a tuple)"
     if not isinstance(item, tuple):
         return type(item).__name__
     names = [type(x).__name__ for x in item]

@@ -178,12 +178,26 @@ MAX_RETRY_IN_S = 366 * 24 * 3600.0
 """Longest retry delay ``lease.fail()`` accepts (a year)."""
 
 
-def check_retry_in(retry_in_s: object) -> float:
-    """Return a retry delay: finite seconds from 0 to :data:`MAX_RETRY_IN_S`."""
-    delay = check_wait(retry_in_s, "retry_in_s")
+def check_retry_in(retry_in_s: object, name: str = "retry_in_s") -> float:
+    """Return a retry delay: finite seconds from 0 to :data:`MAX_RETRY_IN_S` (a value
+    above it, however large, is refused with that limit: :func:`retry_limit_message`).
+
+    Raises:
+        InvalidArgument: not a finite number, below 0, or over the limit.
+    """
+    delay = _finite_number(retry_in_s, name)
+    if delay < 0:
+        raise InvalidArgument(f"{name} must be >= 0, got {retry_in_s!r}")
     if delay > MAX_RETRY_IN_S:
-        raise InvalidArgument(f"retry_in_s={delay!r} is over the limit of {MAX_RETRY_IN_S} s")
+        raise InvalidArgument(retry_limit_message(name, retry_in_s))
     return delay
+
+
+def retry_limit_message(name: str, value: object) -> str:
+    """The one text of a retry delay over :data:`MAX_RETRY_IN_S` (``lease.fail``,
+    ``fail_many``, the worker's ``Retry``, ``RetryPolicy``)."""
+    return (f"{name} must be at most {MAX_RETRY_IN_S:.0f} s (a year: the longest retry "
+            f"delay lease.fail() accepts), got {value!r}")
 
 
 def error_text(

@@ -232,22 +232,24 @@ class EndingConformance:
             (mine, "sequence of leases"), ([mine, theirs], "item 1: lease on 'btheirs'"),
             ([mine, mine], "item 1: 'bmine' is listed twice"),
             ([mine, ended], r"^item 1: lease on 'bended' generation \d+ already released"),
-            ([(mine,)], "item 0 is a 1-tuple"), ([mine, 42], "item 1 is int"),
-            ([(mine, "x")], "item 0 is a 2-tuple"),
+            ([(mine,)], "^item 0: lease on 'bmine': .*, got a 1-tuple$"),
+            ([mine, 42], "^item 1: release_many.*, got int$"),
+            ([(mine, "x")], "^item 0: lease on 'bmine': .*, got a 2-tuple$"),
         ]
         for leases, message in bad_releases:
             with pytest.raises(InvalidArgument, match=message):
                 a.release_many(leases)
         bad_failures: list[tuple[Any, str]] = [
-            ([], "at least one lease"), ([mine], "item 0 is Lease"),
+            ([], "at least one lease"),
+            ([mine], "^item 0: lease on 'bmine': fail_many.*, got Lease$"),
             ([(mine, "e"), (mine, "e")], "item 1: 'bmine' is listed twice"),
             ([(mine, "e"), (theirs, "e")], "item 1: lease on 'btheirs'"),
             ([(mine, 42)], "^item 0: lease on 'bmine': error must be"),
             ([(mine, "e"), (ended, "e", -1.0)], "^item 1: lease on 'bended': retry_in_s"),
-            ([(mine, "e", 1.0, 2)], "item 0 is a 4-tuple"),
+            ([(mine, "e", 1.0, 2)], "^item 0: lease on 'bmine': .*, got a 4-tuple$"),
             ([(mine, "e"), (ended, "e")], r"^item 1: lease on 'bended' generation \d+ already "
              "released"),
-            ([("bmine", "e", 1.0)], "item 0 is a 3-tuple of str, str and float"),
+            ([("bmine", "e", 1.0)], "^item 0: fail_many.*, got a 3-tuple of str, str and float$"),
         ]
         for items, message in bad_failures:
             with pytest.raises(InvalidArgument, match=message):
@@ -298,7 +300,8 @@ class EndingConformance:
             async with astore.session("A", 30.0) as a:
                 one, two, three = [await a.claim(j) for j in ("ar1", "ar2", "af1")]
                 assert one is not None and two is not None and three is not None
-                with pytest.raises(InvalidArgument, match="item 0 is a Lease"):
+                with pytest.raises(InvalidArgument,
+                                   match=r"^item 0: lease on 'ar1': .*, got a Lease"):
                     await a.release_many([one.sync])  # type: ignore[list-item]
                 assert await a.release_many([one, two]) == [None, None]
                 out = await a.fail_many([(three, "boom", 0.0)])

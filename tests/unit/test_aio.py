@@ -357,7 +357,7 @@ def test_complete_many_refuses_a_sync_lease_naming_its_index(url: str) -> None:
             async with store.session("A", ttl_s=10) as a:
                 first, second = await a.claim("one"), await a.claim("two")
                 assert first is not None and second is not None
-                with pytest.raises(InvalidArgument, match="item 1 is a Lease"):
+                with pytest.raises(InvalidArgument, match=r"^item 1: lease on 'two': AsyncSession.complete_many\(\) takes AsyncLease objects, got a Lease"):
                     await a.complete_many([first, second.sync])
                 for job in ("one", "two"):
                     record = await store.get(job)
@@ -368,9 +368,10 @@ def test_complete_many_refuses_a_sync_lease_naming_its_index(url: str) -> None:
 
 
 @pytest.mark.parametrize(("bad", "message"), [
-    ([3], "item 0 is int"), ([None], "item 0 is NoneType"),
-    ("ONE_TUPLE", "item 0 is a 1-tuple"), ("LEASE_THEN_3_TUPLE", "item 1 is a 3-tuple"),
-    ("INT_THEN_SYNC", "item 0 is int"),
+    ([3], "^item 0: .*, got int$"), ([None], "^item 0: .*, got NoneType$"),
+    ("ONE_TUPLE", "^item 0: lease on 'job': .*, got a 1-tuple$"),
+    ("LEASE_THEN_3_TUPLE", "^item 1: lease on 'job': .*, got a 3-tuple$"),
+    ("INT_THEN_SYNC", "^item 0: .*, got int$"),
 ])
 def test_complete_many_names_a_malformed_item_as_the_sync_call_does(
         url: str, bad: Any, message: str) -> None:

@@ -28,19 +28,21 @@ How the protocol maps onto PostgreSQL (the same tables as the SQLite store,
 * Every operation on a job is decided by **one statement** (its own transaction; one
   round trip when it applies): a claim is one ``INSERT ... ON CONFLICT (job_id) DO
   UPDATE ... WHERE <claimable> RETURNING generation``; complete, release, fail and
-  set_value are one ``UPDATE ... WHERE session_id = me AND generation = g AND <my session
-  alive>``; ``complete_many``, ``release_many`` and ``fail_many`` are one ``INSERT ... ON
-  CONFLICT (job_id) DO UPDATE ... WHERE session_id = me AND generation = g`` of the items
-  (up to 1,000), each item's row found and locked by its primary key, in job-id order,
-  whatever the table's statistics (``_layout_sql``). What follows is read after it: why
-  a statement did not apply (one read, :func:`._jobs.refusal`; for a claim one
-  statement that also marks a job whose attempts are used up FAILED; one more read when
-  the session is not alive: expired or a failover, :func:`._tokens.expired`), and the
-  record ``fail`` and ``requeue`` return (a second round trip). PostgreSQL locks the
-  job row for the ``UPDATE`` and re-checks the ``WHERE`` on its newest version after
-  waiting for a concurrent writer (READ COMMITTED, https://www.postgresql.org/docs/15/
-  transaction-iso.html#XACT-READ-COMMITTED), so two claims, or a claim and a
-  completion, of one job are serialised and the second sees the first.
+  set_value are one ``UPDATE ... WHERE session_id = me AND generation = g AND <my
+  session alive>``; ``complete_many``, ``release_many`` and ``fail_many`` are one
+  ``INSERT ... ON CONFLICT (job_id) DO UPDATE ... WHERE session_id = me AND generation =
+  g`` of the items (up to 1,000, and for ``complete_many`` / ``fail_many`` up to 32 MiB
+  of results or error texts, :data:`._config.MAX_BATCH_BYTES`), each item's row found
+  and locked by its primary key, in job-id order, whatever the table's statistics
+  (``_layout_sql``). What follows is read after it: why a statement did not apply (one
+  read, :func:`._jobs.refusal`; for a claim one statement that also marks a job whose
+  attempts are used up FAILED; one more read when the session is not alive: expired or a
+  failover, :func:`._tokens.expired`), and the record ``fail`` and ``requeue`` return (a
+  second round trip). PostgreSQL locks the job row for the ``UPDATE`` and re-checks the
+  ``WHERE`` on its newest version after waiting for a concurrent writer (READ COMMITTED,
+  https://www.postgresql.org/docs/15/ transaction-iso.html#XACT-READ-COMMITTED), so two
+  claims, or a claim and a completion, of one job are serialised and the second sees the
+  first.
 * "Claimable" needs the holder's session to be *visibly* expired, and locks that session
   row (``FOR SHARE``) while checking it: a keepalive of the holder that was evaluated
   before the claim but committed after the claim's snapshot makes the claim wait and then

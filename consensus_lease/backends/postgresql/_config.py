@@ -37,7 +37,7 @@ from ...errors import InvalidArgument
 from ...options import Option, OptionTable, ParsedOptions
 
 __all__ = [
-    "LIBPQ_OPTIONS", "MAX_BATCH_CLAIM", "OPTIONS", "POOLING", "SECRET_OPTIONS",
+    "LIBPQ_OPTIONS", "MAX_BATCH_BYTES", "MAX_BATCH_CLAIM", "OPTIONS", "POOLING", "SECRET_OPTIONS",
     "check_conninfo", "check_option_values", "check_url", "hide_password", "libpq_params",
     "parse_url", "value_problem",
 ]
@@ -220,6 +220,21 @@ https://www.postgresql.org/docs/15/libpq-connect.html#LIBPQ-PARAMKEYWORDS)."""
 MAX_BATCH_CLAIM = 1000
 """Most jobs one ``claim_many`` statement claims (``capabilities.max_batch_claim``; the
 session splits longer lists), and one ``complete_many`` statement completes."""
+
+MAX_BATCH_BYTES = 32 * 1024 * 1024
+"""Most bytes of results (``complete_many``), error texts (``fail_many``) or payloads
+(``enqueue_many``) one batch statement carries (the job ids, at most 256 KB a batch, are
+not counted): a longer batch goes out as several statements (``complete_many`` /
+``fail_many``: each its own transaction; ``enqueue_many``: all in its one), one item
+never split (16 MiB results go two to a statement). A statement's parameters travel as
+one message, which libpq builds whole in its output buffer and the server reads whole;
+both refuse a message of 1 GiB or more (libpq with ``cannot allocate memory for output
+buffer``), and each array parameter is one value, also limited to 1 GiB. 32 MiB keeps a
+statement far below those limits and the copies the client and the server make of it at
+tens of MiB, while a statement that large takes far longer to send and write than its
+round trip, so splitting costs nothing measurable: 66 results of 16 MiB took 45 s as 33
+statements and 44 s as 66 (a local server on a 2-core VM; the client's peak RSS 250
+MiB). A batch of 1,000 items with the largest error texts (64 KiB) is two statements."""
 
 SHARED_TO_LIBPQ = {"ca_file": "sslrootcert", "cert_file": "sslcert", "key_file": "sslkey"}
 """The library's shared option names and the libpq parameter each one sets."""

@@ -11,12 +11,13 @@ apply is explained by :func:`_claim_refusal` (completed, FAILED, the session ove
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..._election import ELECTION_PREFIX, is_election_key
 from ..._epoch import compose, split
 from ...backend import Backend, CompleteItem, FailItem, ReleaseItem, SessionHandle
 from ...errors import (
+    BackendUnavailable,
     InvalidArgument,
     JobCompleted,
     JobFailed,
@@ -26,7 +27,7 @@ from ...errors import (
 )
 from ...record import ClaimResult, JobState, LeaseRecord
 from .._sql_row import requeued
-from . import _tokens
+from . import _config, _tokens
 from ._config import MAX_BATCH_CLAIM
 from ._layout import to_record
 from ._transport import unless_locked
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from .driver import PostgresBackend
 
 __all__ = [
-    "claim", "claim_many", "complete", "complete_many", "completed_record", "fail",
+    "byte_groups", "claim", "claim_many", "complete", "complete_many", "completed_record", "fail",
     "fail_many", "get", "records", "refusal", "refused_completion", "release",
     "release_many", "renew", "requeue", "set_value",
 ]
@@ -300,24 +301,85 @@ def complete(b: PostgresBackend, session: SessionHandle, job_id: str, claim: Cla
     return outcome  # a repeat of this session's completion
 
 
+_G = TypeVar("_G", bound=tuple[Any, ...])
+_O = TypeVar("_O")
+_T = TypeVar("_T")
+
+
+def byte_groups(items: Sequence[_T], cost: Callable[[_T], int]) -> list[list[_T]]:
+    """``items`` in order, cut into groups of at most :data:`._config.MAX_BATCH_BYTES`
+    (``cost(item)`` bytes each); an item larger than that is a group of its own."""
+    groups: list[list[_T]] = []
+    size = 0
+    for item in items:
+        item_cost = cost(item)
+        if groups and size + item_cost <= _config.MAX_BATCH_BYTES:
+            groups[-1].append(item)
+            size += item_cost
+        else:
+            groups.append([item])
+            size = item_cost
+    return groups
+
+
+def _by_bytes(items: Sequence[_G], cost: Callable[[_G], int],
+              run: Callable[[Sequence[_G]], list[_O]]) -> list[_O | LeaseError]:
+    """``run(group)`` (one batch statement) for each group of :func:`byte_groups`, the
+    outcomes in the items' order. One group: what ``run`` raises is raised. More: a
+    group that raises ``BackendUnavailable`` / ``OutcomeUnknown`` has that error as each
+    of its items' outcome, and the groups after it are not sent (each of their items a
+    ``BackendUnavailable``: nothing applied, still held), so an unreachable server costs
+    one timeout, not one per group."""
+    groups = byte_groups(items, cost)
+    if len(groups) == 1:
+        return list(run(groups[0]))
+    outcomes: list[_O | LeaseError] = []
+    for k, group in enumerate(groups):
+        try:
+            outcomes.extend(run(group))
+        except BackendUnavailable as exc:
+            outcomes.extend([exc] * len(group))
+            outcomes.extend(
+                BackendUnavailable(
+                    f"not sent: an earlier statement of the same batch failed ({exc}); "
+                    "nothing applied", job_id=item[0])
+                for later in groups[k + 1:] for item in later)
+            break
+    return outcomes
+
+
+def _text_bytes(text: str) -> int:
+    """``text``'s length in UTF-8 (its length when ASCII, without encoding it)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
 def complete_many(
     b: PostgresBackend, session: SessionHandle, items: Sequence[CompleteItem]
 ) -> list[LeaseRecord | LeaseError]:
     """Every item's completion (the compare and write of :func:`complete`) in **one
-    statement** (one round trip, one transaction, when every item applies; at most
-    ``max_complete_batch`` items; the rows locked in job-id order): each item its own
-    outcome. A batch that meets a row locked by an open ``lease.transaction``
-    (``lock_timeout``) or a deadlock is completed one job at a time by :func:`complete`.
-    Only refused items are read again, each alone (a repeat of this session's
-    completion, or why not: :func:`refused_completion`). A lost answer is settled by
-    reading back which items this session completed; none: the statement did not apply
-    and runs once more.
+    statement** per up to :data:`._config.MAX_BATCH_BYTES` of results (one round trip,
+    one transaction, when every item applies; at most ``max_complete_batch`` items; the
+    rows locked in job-id order; :func:`_by_bytes`): each item its own outcome. A batch
+    that meets a row locked by an open ``lease.transaction`` (``lock_timeout``) or a
+    deadlock is completed one job at a time by :func:`complete`. Only refused items are
+    read again, each alone (a repeat of this session's completion, or why not:
+    :func:`refused_completion`). A lost answer is settled by reading back which items
+    this session completed; none: the statement did not apply and runs once more.
 
     Raises:
-        BackendUnavailable / OutcomeUnknown: nothing known to be applied.
+        BackendUnavailable / OutcomeUnknown: nothing known to be applied (one statement;
+            with several, a statement's error is each of its items' outcome).
     """
     if not items:
         return []
+    return _by_bytes(items, lambda it: len(it[2]),
+                     lambda group: _complete_statement(b, session, group))
+
+
+def _complete_statement(
+    b: PostgresBackend, session: SessionHandle, items: Sequence[CompleteItem]
+) -> list[LeaseRecord | LeaseError]:
+    """One ``complete_many`` statement on ``items`` (see :func:`complete_many`)."""
     ids = [it[0] for it in items]
     splits = [split(it[1].generation, b.epoch_shift) for it in items]
     params = {"jobs": ids, "gens": [g for _, g in splits],
@@ -431,7 +493,8 @@ def fail_many(
     b: PostgresBackend, session: SessionHandle, items: Sequence[FailItem]
 ) -> list[LeaseRecord | LeaseError]:
     """Every item's failure (the compare and write of :func:`fail`, each with its own
-    error and retry delay) in **one statement** returning each record (one round trip,
+    error and retry delay) in **one statement** per up to :data:`._config.MAX_BATCH_BYTES`
+    of error texts (:func:`_by_bytes`), returning each record (one round trip,
     one transaction, one notification, where :func:`fail` reads the record in a
     second; at most ``max_end_batch`` items; the rows locked in job-id order): each item
     its own outcome, a refused one explained by :func:`refusal`. A batch that meets a
@@ -441,10 +504,19 @@ def fail_many(
     as :func:`fail` settles (its failure is there: its record; else why not).
 
     Raises:
-        BackendUnavailable / OutcomeUnknown: nothing known to be applied.
+        BackendUnavailable / OutcomeUnknown: nothing known to be applied (one statement;
+            with several, a statement's error is each of its items' outcome).
     """
     if not items:
         return []
+    return _by_bytes(items, lambda it: _text_bytes(it[2]),
+                     lambda group: _fail_statement(b, session, group))
+
+
+def _fail_statement(
+    b: PostgresBackend, session: SessionHandle, items: Sequence[FailItem]
+) -> list[LeaseRecord | LeaseError]:
+    """One ``fail_many`` statement on ``items`` (see :func:`fail_many`)."""
     params = _batch_params(b, session, items, errors=[it[2] for it in items],
                            retries=[float(it[3]) for it in items])
     lost = False

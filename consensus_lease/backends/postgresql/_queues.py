@@ -43,10 +43,10 @@ def enqueue(
 
 def enqueue_many(b: PostgresBackend, queue: str, items: Sequence[EnqueueItem]) -> list[bool]:
     """Enqueue ``items`` in one transaction (one ``INSERT ... SELECT FROM unnest(...)
-    ON CONFLICT DO NOTHING``, then one check that no id exists outside ``queue``, then,
-    if any job was added, the notification: a statement and a round trip each, between
-    ``BEGIN`` and ``COMMIT``). A lost answer is settled by reading back: a job found in
-    the queue counts as added.
+    ON CONFLICT DO NOTHING`` per up to :data:`._config.MAX_BATCH_BYTES` of payloads,
+    then one check that no id exists outside ``queue``, then, if any job was added, the
+    notification: a statement and a round trip each, between ``BEGIN`` and ``COMMIT``).
+    A lost answer is settled by reading back: a job found in the queue counts as added.
 
     Raises:
         InvalidArgument: a job exists outside ``queue``; nothing of the batch is added.
@@ -63,15 +63,23 @@ def enqueue_many(b: PostgresBackend, queue: str, items: Sequence[EnqueueItem]) -
     outside_sql = (f"SELECT job_id FROM {n.jobs} WHERE job_id = ANY(%(ids)s) "
                    "AND queue IS DISTINCT FROM %(queue)s ORDER BY job_id LIMIT 1")
 
+    insert = (f"INSERT INTO {n.jobs} (job_id, generation, queue, payload, seq, "
+              "max_attempts) SELECT t.job_id, 0, %(queue)s, t.payload, "
+              f"nextval('{n.seq}'), t.max_attempts FROM unnest(%(ids)s::text[], "
+              "%(payloads)s::bytea[], %(max)s::integer[]) WITH ORDINALITY "
+              "AS t(job_id, payload, max_attempts, ord) ORDER BY t.ord "
+              "ON CONFLICT (job_id) DO NOTHING RETURNING job_id")
+    # one INSERT per up to MAX_BATCH_BYTES of payloads (one message each, below
+    # libpq's 1 GiB), all in the one transaction: still all or nothing
+    groups = _jobs.byte_groups(items, lambda it: len(it.payload))
+    inserts = [params] if len(groups) == 1 else [
+        {**params, "ids": [it.job_id for it in group],
+         "payloads": [it.payload for it in group],
+         "max": [it.max_attempts for it in group]} for group in groups]
+
     def run(c: psycopg.Connection[tuple[Any, ...]]) -> set[str]:
         with c.transaction():
-            added = {r[0] for r in c.execute(
-                f"INSERT INTO {n.jobs} (job_id, generation, queue, payload, seq, "
-                "max_attempts) SELECT t.job_id, 0, %(queue)s, t.payload, "
-                f"nextval('{n.seq}'), t.max_attempts FROM unnest(%(ids)s::text[], "
-                "%(payloads)s::bytea[], %(max)s::integer[]) WITH ORDINALITY "
-                "AS t(job_id, payload, max_attempts, ord) ORDER BY t.ord "
-                "ON CONFLICT (job_id) DO NOTHING RETURNING job_id", params)}
+            added = {r[0] for one in inserts for r in c.execute(insert, one)}
             outside = c.execute(outside_sql, params).fetchone()
             if outside is not None:
                 raise InvalidArgument(

@@ -7,6 +7,7 @@ protocol is told in the package docstring (:mod:`consensus_lease.backends.sqlite
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -199,6 +200,10 @@ def complete_in(
             return refusal(backend, db, session, job_id, claim.generation)
     found = get_in(db, job_id, backend.epoch_shift)
     assert found is not None
+    if isinstance(result, bytes) and found.result is not result and found.result == result:
+        # the caller's bytes, not the copy read back: a batch of large results keeps
+        # one copy of each, not two
+        found = dataclasses.replace(found, result=result)
     return found
 
 
