@@ -26,6 +26,7 @@ from ...errors import (
     StoreRegressed,
 )
 from ...record import ClaimResult, JobState, LeaseRecord
+from .._groups import size_groups
 from .._sql_row import requeued
 from . import _config, _tokens
 from ._config import MAX_BATCH_CLAIM
@@ -309,17 +310,7 @@ _T = TypeVar("_T")
 def byte_groups(items: Sequence[_T], cost: Callable[[_T], int]) -> list[list[_T]]:
     """``items`` in order, cut into groups of at most :data:`._config.MAX_BATCH_BYTES`
     (``cost(item)`` bytes each); an item larger than that is a group of its own."""
-    groups: list[list[_T]] = []
-    size = 0
-    for item in items:
-        item_cost = cost(item)
-        if groups and size + item_cost <= _config.MAX_BATCH_BYTES:
-            groups[-1].append(item)
-            size += item_cost
-        else:
-            groups.append([item])
-            size = item_cost
-    return groups
+    return size_groups(items, cost, _config.MAX_BATCH_BYTES)
 
 
 def _by_bytes(items: Sequence[_G], cost: Callable[[_G], int],

@@ -67,6 +67,7 @@ from ...errors import (
     TokenSpaceExhausted,
 )
 from ...record import ClaimResult
+from .._groups import size_groups
 from ._jobs import Hold, make_hold
 from ._jobs_known import UNSEEN, Known, Released
 from ._jobs_lifecycle import Exhausted, Lifecycle, job_failed
@@ -215,19 +216,10 @@ class Claims:
     def size_chunks(self, h: ZkSession, job_ids: list[str]) -> list[list[str]]:
         """Split ``job_ids`` so no multi comes near jute.maxbuffer."""
         fixed = 2 * len(dump_claim(h.owner, h.session_id, 2**31, 2**31, MAX_EPOCH)) + 200
-        chunks: list[list[str]] = []
-        size = 0
-        for job_id in job_ids:
-            # owner path x4, and room for a queued job's held and delayed markers (up to
-            # ~2x as long each)
-            cost = fixed + 10 * len(self.paths(job_id).owner.encode())
-            if chunks and size + cost <= MAX_MULTI_BYTES:
-                chunks[-1].append(job_id)
-                size += cost
-            else:
-                chunks.append([job_id])
-                size = cost
-        return chunks
+        # owner path x4, and room for a queued job's held and delayed markers (up to ~2x
+        # as long each)
+        return size_groups(job_ids, lambda job_id: fixed + 10 * len(
+            self.paths(job_id).owner.encode()), MAX_MULTI_BYTES)
 
     def claim(self, h: ZkSession, job_ids: list[str], queued: bool = False) -> list[Outcome]:
         """Claim every job of ``job_ids`` it can, all in one multi per round; element ``i``

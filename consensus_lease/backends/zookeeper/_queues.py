@@ -54,6 +54,7 @@ from typing import Any, NamedTuple
 from ..._election import is_election_key
 from ...errors import BackendUnavailable, InvalidArgument, QueueFull
 from ...record import EnqueueItem, QueuedJob, QueueStats
+from .._groups import size_groups
 from ._config import ZkConfig
 from ._jobs_lifecycle import DelayHints
 from ._layout import (
@@ -449,9 +450,8 @@ class Queues:
         acl = sum(len(a.id.scheme) + len(a.id.id) + 16 for a in self.config.acl_list())
         # the head, and the six znodes of a new bucket (at most two buckets per multi)
         fixed = len(q.node) + 128 + 12 * (len(q.bucket(0).failed) + acl + 32)
-        parts: list[list[EnqueueItem]] = []
-        size = 0
-        for item in items:
+        costs: dict[int, int] = {}
+        for index, item in enumerate(items):
             paths = self.job_paths(item.job_id)
             tag = QueueTag(q.name, member_name(2**31 - 1, item.job_id), new_nonce(), 2**31)
             bucket = q.bucket(2**31)
@@ -468,14 +468,10 @@ class Queues:
                     f"accepts at most {JUTE_MAXBUFFER} (jute.maxbuffer) in one request: a "
                     f"smaller payload or a shorter chroot", job_id=item.job_id,
                 )
-            if parts and len(parts[-1]) < ENQUEUE_BATCH \
-                    and fixed + size + cost <= ENQUEUE_MULTI_BYTES:
-                parts[-1].append(item)
-                size += cost
-            else:
-                parts.append([item])
-                size = cost
-        return parts
+            costs[index] = cost
+        indexed = size_groups(range(len(items)), costs.__getitem__,
+                              ENQUEUE_MULTI_BYTES - fixed, ENQUEUE_BATCH)
+        return [[items[i] for i in group] for group in indexed]
 
     def _enqueue_multi(self, q: QueuePaths, todo: list[EnqueueItem], at: _Head,
                        new_head: QueueHead, what: str) -> tuple[Multi, list[BucketPaths]]:
@@ -1071,17 +1067,8 @@ class _Doomed:
 
 
 def _purge_batches(jobs: list[_Doomed]) -> list[list[_Doomed]]:
-    batches: list[list[_Doomed]] = []
-    size = 0
-    for job in jobs:
-        cost = job.request_bytes()
-        if batches and len(batches[-1]) < PURGE_BATCH and size + cost <= PURGE_MULTI_BYTES:
-            batches[-1].append(job)
-            size += cost
-        else:
-            batches.append([job])
-            size = cost
-    return batches
+    """``jobs`` in purge multis of at most PURGE_BATCH jobs and PURGE_MULTI_BYTES."""
+    return size_groups(jobs, _Doomed.request_bytes, PURGE_MULTI_BYTES, PURGE_BATCH)
 
 
 def _sorted_members(names: list[str] | None) -> list[tuple[int, str, str]]:
