@@ -50,6 +50,7 @@ from ...errors import (
     TokenSpaceExhausted,
 )
 from ...record import ClaimResult, EnqueueItem, LeaseRecord, QueuedJob, QueueStats
+from .._groups import size_groups
 from ._config import ZkConfig, parse_url
 from ._jobs import Hold, Holds
 from ._jobs_claim import Claims
@@ -912,19 +913,8 @@ class ZooKeeperBackend(Backend):
         ``alone``; otherwise an OutcomeUnknown is each item's of that group."""
         h = self._handle(session)
         outcomes: dict[int, _O | LeaseError] = {}
-        groups: list[list[int]] = []
-        size = 0
-        for i, item in enumerate(items):
-            item_cost = cost(item)
-            if item_cost is None:
-                continue
-            if groups and size + item_cost <= END_MULTI_BYTES:
-                groups[-1].append(i)
-                size += item_cost
-            else:
-                groups.append([i])
-                size = item_cost
-        for group in groups:
+        costs = {i: c for i, item in enumerate(items) if (c := cost(item)) is not None}
+        for group in size_groups(list(costs), costs.__getitem__, END_MULTI_BYTES):
             entered = self._wire.enter()
             try:
                 with _concerning(items[group[0]][0]):
