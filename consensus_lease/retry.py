@@ -20,7 +20,7 @@ import random
 from dataclasses import dataclass
 
 from .errors import InvalidArgument
-from .validation import MAX_RETRY_IN_S, retry_limit_message
+from .validation import MAX_RETRY_IN_S, retry_limit_message, shown_number
 
 __all__ = ["DEFAULT_RETRY", "RetryPolicies", "RetryPolicy"]
 
@@ -62,9 +62,13 @@ class RetryPolicy:
             check_max_attempts(self.max_attempts)
         for name, low in (("initial_s", 0.0), ("multiplier", 1.0), ("max_s", 0.0)):
             value = getattr(self, name)
+            if (name != "multiplier" and isinstance(value, int)
+                    and not isinstance(value, bool) and value > MAX_RETRY_IN_S):
+                raise InvalidArgument(retry_limit_message(f"RetryPolicy.{name}", value))
             if (isinstance(value, bool) or not isinstance(value, (int, float))
                     or not _finite(value) or value < low):
-                shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:36] + "..."
+                text = shown_number(value)
+                shown = text if len(text) <= 40 else text[:36] + "..."
                 raise InvalidArgument(
                     f"RetryPolicy.{name}={shown} must be a finite number >= {low}")
         if not isinstance(self.jitter, bool):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 
 from ._election import ELECTION_PREFIX
 from .errors import InvalidArgument
@@ -19,6 +20,7 @@ __all__ = [
     "check_queue_name",
     "check_ttl",
     "check_wait",
+    "shown_number",
 ]
 
 MAX_JOB_ID_BYTES = 256
@@ -115,13 +117,25 @@ def check_owner(owner: object) -> str:
     return owner
 
 
-def _finite_number(value: object, name: str) -> float:
+def shown_number(value: object) -> str:
+    """``repr(value)``, but an int past 64 bits as its size (its digits can be thousands
+    long, and past 4,300 ``repr`` itself raises)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an int of {value.bit_length()} bits"
+    return repr(value)
+
+
+def _finite_number(value: object, name: str,
+                   too_large: Callable[[], str] | None = None) -> float:
+    """``value`` as a finite float; ``too_large()``: the message for an int past the
+    float range (``None``: that it is past every limit)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidArgument(f"{name} must be a number of seconds, not {type(value).__name__}")
     try:
         number = float(value)
     except OverflowError:
-        raise InvalidArgument(f"{name} must be finite, got an int that large") from None
+        raise InvalidArgument(too_large() if too_large else f"{name} is past every limit, "
+                              f"got {shown_number(value)} (no float holds it)") from None
     if not math.isfinite(number):
         raise InvalidArgument(f"{name} must be finite, got {value!r}")
     return number
@@ -133,7 +147,8 @@ def check_ttl(ttl_s: object, *, min_s: float, max_s: float) -> float:
     Raises:
         InvalidArgument: naming the backend's range.
     """
-    ttl = _finite_number(ttl_s, "ttl_s")
+    outside = f"is outside this backend's range [{min_s}, {max_s}] s"
+    ttl = _finite_number(ttl_s, "ttl_s", lambda: f"ttl_s={shown_number(ttl_s)} {outside}")
     if not (min_s <= ttl <= max_s):
         raise InvalidArgument(f"ttl_s={ttl!r} is outside this backend's range [{min_s}, {max_s}] s")
     return ttl
@@ -185,7 +200,7 @@ def check_retry_in(retry_in_s: object, name: str = "retry_in_s") -> float:
     Raises:
         InvalidArgument: not a finite number, below 0, or over the limit.
     """
-    delay = _finite_number(retry_in_s, name)
+    delay = _finite_number(retry_in_s, name, lambda: retry_limit_message(name, retry_in_s))
     if delay < 0:
         raise InvalidArgument(f"{name} must be >= 0, got {retry_in_s!r}")
     if delay > MAX_RETRY_IN_S:
@@ -197,7 +212,7 @@ def retry_limit_message(name: str, value: object) -> str:
     """The one text of a retry delay over :data:`MAX_RETRY_IN_S` (``lease.fail``,
     ``fail_many``, the worker's ``Retry``, ``RetryPolicy``)."""
     return (f"{name} must be at most {MAX_RETRY_IN_S:.0f} s (a year: the longest retry "
-            f"delay lease.fail() accepts), got {value!r}")
+            f"delay lease.fail() accepts), got {shown_number(value)}")
 
 
 def error_text(

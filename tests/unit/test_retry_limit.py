@@ -12,7 +12,8 @@ from consensus_lease.worker import Retry
 
 LIMIT = f"at most {MAX_RETRY_IN_S:.0f} s (a year"
 
-OVER = [MAX_RETRY_IN_S + 1, 1e10, 1e300, 10**30]
+OVER = [MAX_RETRY_IN_S + 1, 1e10, 1e300, 10**30, 10**400,  # 10**400: past a float
+        pytest.param(10**5000, id="int-past-repr")]  # its repr raises (4,300 digits)
 
 
 @pytest.mark.parametrize("delay", OVER)
@@ -64,3 +65,11 @@ def test_the_limit_itself_and_the_other_refusals() -> None:
         Retry(float("inf"))
     with pytest.raises(InvalidArgument, match="must be a number of seconds, not str"):
         Retry("1")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("ttl", [10**400, pytest.param(10**5000, id="int-past-repr")])
+def test_a_ttl_past_a_float_is_outside_the_range(ttl: int) -> None:
+    with open_store("memory://") as store, pytest.raises(InvalidArgument) as info:
+        store.session("W", ttl)
+    assert "is outside this backend's range" in str(info.value)
+    assert "bits" in str(info.value)
