@@ -757,8 +757,8 @@ def _shape(item: object, sizes: tuple[int, ...]) -> str:
     """How an InvalidArgument of a batch ending names a malformed item: its type, or a
     tuple's length (and, for a length the call takes, its elements' types); a list is
     said to be one (the items that carry more than a lease are tuples)."""
-    if isinstance(item, list):
-        return f"a list of {len(item)} (pass a tuple)"
+    if isinstance(item, list):  # a call that takes tuples (a size over 1) is told so
+        return f"a list of {len(item)}" + (" (pass a tuple)" if max(sizes) > 1 else "")
     if not isinstance(item, tuple):
         return type(item).__name__
     names = [type(x).__name__ for x in item]
