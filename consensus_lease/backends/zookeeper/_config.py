@@ -157,17 +157,22 @@ class ZkConfig:
         the session timeout (kazoo's default cap is an hour), so a client whose member
         died reaches another member before its session can expire. Its handler is
         :class:`._transport_kazoo.PollHandler` (kazoo's, with a cheaper wait on its sockets),
-        or ``handler`` (one shared by the store's session clients).
+        or ``handler`` (one shared by the store's session clients). Reconnection sleeps
+        through the handler's ``sleep_func`` (kazoo requires the retry's to be the
+        handler's): the shared handler's paces the rounds while no member serves (see
+        :mod:`._transport_reconnect`).
         """
         max_delay = min(1.0, max(0.05, session_timeout_s / 4))
+        handler = PollHandler() if handler is None else handler
         retry = KazooRetry(
-            max_tries=-1, delay=0.02, backoff=1.5, max_jitter=0.3, max_delay=max_delay
+            max_tries=-1, delay=0.02, backoff=1.5, max_jitter=0.3, max_delay=max_delay,
+            sleep_func=handler.sleep_func,
         )
         auth = [("digest", f"{self.user}:{self.password}")] if self.user is not None else None
         return KazooClient(
             hosts=self.hosts_text,
             timeout=session_timeout_s,
-            handler=PollHandler() if handler is None else handler,
+            handler=handler,
             client_id=client_id,
             default_acl=self.acl_list(),
             auth_data=auth,

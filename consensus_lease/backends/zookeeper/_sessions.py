@@ -88,6 +88,8 @@ class ZkSession(SessionHandle):
 
     Hooks (set by the backend; called from kazoo's or a background thread):
         on_disconnected: called when the connection is lost (must not block).
+        before_stop: called once before the client is stopped (ends a reconnect wait:
+            see :mod:`._transport_reconnect`; must not block).
         explain_loss: called before an expiry ZooKeeper reported is passed on; returns
             the error that explains it better (``StoreRegressed``) or ``None``.
     """
@@ -113,6 +115,7 @@ class ZkSession(SessionHandle):
         self.recheck_identity = False
         """Set on a reconnect: the next keepalive reads the store's identity."""
         self.on_disconnected: Callable[[], None] | None = None
+        self.before_stop: Callable[[], None] | None = None
         self.explain_loss: Callable[[], SessionExpired | None] | None = None
         self.uncertain: dict[str, tuple[int, str]] = {}
         self.uncertain_lock = threading.Lock()
@@ -256,6 +259,8 @@ class ZkSession(SessionHandle):
             if self._stopped:
                 return
             self._stopped = True
+            if self.before_stop is not None:
+                self.before_stop()
             try:
                 self.client.stop()
                 self.client.close()

@@ -38,6 +38,8 @@ What is relied on here, each verified on kazoo 2.11.0 (:data:`VERIFIED`; all of 
   ``handler.async_result()`` returns, told from a test's stand-in).
 * ``ConnectionHandler._submit`` and ``serialization.Ping``: :func:`count_requests` (the
   benchmarks' request counter; never used by the driver).
+* ``KazooClient._stopped`` (the event ``stop()`` sets first): :func:`client_stopping`
+  (a reconnect wait of :mod:`._transport_reconnect` ends when kazoo stops the client).
 * ``kazoo.exceptions.SessionClosedRequireSaslError``: :data:`AUTH_REFUSED` (public, but
   new in 2.11.0: the floor of the tested range).
 
@@ -92,6 +94,7 @@ __all__ = [
     "SharedPollHandler",
     "UntestedKazooWarning",
     "check_installed",
+    "client_stopping",
     "count_requests",
     "installed_version",
     "last_zxid",
@@ -253,6 +256,8 @@ def _missing_on_a_client() -> list[str]:
         missing.append("KazooClient.last_zxid (an int)")
     missing += [f"KazooClient.{name}" for name in ("chroot", "default_acl", "handler")
                 if not hasattr(client, name)]
+    if not callable(getattr(getattr(client, "_stopped", None), "is_set", None)):
+        missing.append("KazooClient._stopped (an Event)")
     if not isinstance(getattr(tx, "operations", None), list):
         missing.append("TransactionRequest.operations (a list)")
     if getattr(tx, "client", None) is not client:
@@ -304,6 +309,12 @@ def send_request(client: KazooClient, request: Any) -> Any:
     result = client.handler.async_result()
     client._call(request, result)
     return result
+
+
+def client_stopping(client: KazooClient) -> bool:
+    """Whether ``client.stop()`` has begun (``KazooClient._stopped``, set before kazoo
+    waits for the client's connection thread to end)."""
+    return bool(client._stopped.is_set())
 
 
 def last_zxid(client: KazooClient) -> int:
@@ -611,14 +622,20 @@ class SharedPollHandler(PollHandler):
     once each: verified on kazoo 2.11.0), the threads start with the first client
     and end with the last.
 
+    ``sleep_func`` (kazoo's handler attribute, which every client's connection retry
+    must share) replaces ``time.sleep``: the store's
+    :meth:`._transport_reconnect.ReconnectPacer.sleep`.
+
     What the shared threads run is the library's own short callbacks (a watch that sets
     an event, an answer's completion): a session's state changes, and so its loss and
     the user's loss callbacks, come on its own client's connection thread, which is not
     shared.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, sleep_func: Callable[[float], None] | None = None) -> None:
         super().__init__()
+        if sleep_func is not None:
+            self.sleep_func = sleep_func  # kazoo's handler interface: its clients' sleep
         self._users = 0
         self._users_lock = threading.Lock()
 

@@ -86,6 +86,7 @@ from ._tokens_history import (
 from ._transport import Read, Wire
 from ._transport_errors import KAZOO_ERRORS
 from ._transport_kazoo import SharedPollHandler, check_installed, last_zxid
+from ._transport_reconnect import ReconnectPacer
 from ._watches import OwnerWatches
 from ._watches_subscribe import JOB, QUEUE, Subscriptions
 
@@ -263,9 +264,12 @@ class ZooKeeperBackend(Backend):
         self._wire = Wire(config, self._history)
         self._epochs = Epochs(self._wire, self._history)
         self._prober = Prober(self._wire, self._history, self._disconnected)
-        self._session_handler = SharedPollHandler()
-        """The worker threads of every session's kazoo client (see
-        :class:`._transport_kazoo.SharedPollHandler`)."""
+        self.reconnects = ReconnectPacer()
+        """The reconnection turns of the session clients while none is connected (see
+        :mod:`._transport_reconnect`)."""
+        self._session_handler = SharedPollHandler(sleep_func=self.reconnects.sleep)
+        """The worker threads of every session's kazoo client, and the sleep of their
+        reconnection (see :class:`._transport_kazoo.SharedPollHandler`)."""
         self._lifecycle = Lifecycle(self._wire, self._paths)
         self._subs = Subscriptions(self._wire, self._paths)
         self._lifecycle.hints = self._subs.hints  # delay ends noted wake the subscribers
@@ -347,7 +351,9 @@ class ZooKeeperBackend(Backend):
                 raise BackendUnavailable("this ZooKeeper backend is closed")
         timeouts = NegotiatedTimeouts()
         client = self.config.new_client(ttl_s, logger=timeouts, handler=self._session_handler)
+        sleeper = self.reconnects.follow(client)
         h = ZkSession(owner, client, timeouts, on_event, self.hosts)
+        h.before_stop = sleeper.cancel
         h.on_disconnected = self._prober.wake
         h.explain_loss = self._explain_loss
         try:
