@@ -17,6 +17,7 @@ from consensus_lease.backends.zookeeper._transport_reconnect import (
     STOP_POLL_S,
     ReconnectPacer,
 )
+from consensus_lease.testing.conformance import poll_until
 
 
 class FakeClient:
@@ -117,9 +118,7 @@ def test_a_client_connecting_releases_every_waiting_client_within_the_spread() -
     waiting = [Connection(pacer, time.monotonic() + 3600.0) for _ in range(20)]
     for thread in waiting:
         thread.start()
-    deadline = time.monotonic() + 5.0
-    while len(pacer._queue) < 20 and time.monotonic() < deadline:
-        time.sleep(0.01)  # poll interval of a deadline loop (until all 20 wait for a turn)
+    poll_until(lambda: len(pacer._queue) == 20, 5.0, interval_s=0.01)  # all wait a turn
     assert len(pacer._queue) == 20 and pacer.turns == 1
     up = FakeClient()
     pacer.follow(up)
@@ -128,10 +127,8 @@ def test_a_client_connecting_releases_every_waiting_client_within_the_spread() -
     # every one starts its next round within the spread; that round "fails" and, a client
     # being connected now, the next sleep is its own zero back-off: they spin until
     # stopped, which shows that nothing holds them any more
-    deadline = time.monotonic() + MAX_SPREAD_S + 5.0
-    while any(thread.rounds < 3 for thread in waiting) and time.monotonic() < deadline:
-        time.sleep(0.01)  # poll interval of a deadline loop
-    assert all(thread.rounds >= 3 for thread in waiting)
+    poll_until(lambda: all(thread.rounds >= 3 for thread in waiting), MAX_SPREAD_S + 5.0,
+               interval_s=0.01)
     assert time.monotonic() - released < MAX_SPREAD_S + 2.0
     for thread in waiting:
         thread.client._stopped.set()
@@ -147,9 +144,7 @@ def test_a_stopped_client_stops_waiting() -> None:
     first, second, third = (Connection(pacer, far) for _ in range(3))
     for thread in (first, second, third):
         thread.start()
-    deadline = time.monotonic() + 5.0
-    while len(pacer._queue) < 3 and time.monotonic() < deadline:
-        time.sleep(0.01)  # poll interval of a deadline loop (until all three wait for a turn)
+    poll_until(lambda: len(pacer._queue) == 3, 5.0, interval_s=0.01)  # all wait a turn
     assert len(pacer._queue) == 3
     waiting = list(pacer._queue)[1:]  # (the head waits for the turn a minute away)
     stopped = time.monotonic()
