@@ -33,11 +33,11 @@ from __future__ import annotations
 
 from .backend import OnceCheck
 from .errors import InvalidArgument
+from .fencing import MAX_EFFECT_ID_CHARS
 
 __all__ = ["MAX_EFFECT_ID_CHARS", "LeaseTransaction"]
-
-MAX_EFFECT_ID_CHARS = 200
-"""Longest ``effect_id`` :meth:`LeaseTransaction.once` accepts."""
+# MAX_EFFECT_ID_CHARS (256) is the fences' limit: one effect id fits both a fence and
+# tx.once (it was 200 here, under the same name)
 
 
 class LeaseTransaction:

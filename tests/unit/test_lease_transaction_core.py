@@ -126,7 +126,7 @@ def test_once_is_true_once_per_job_across_generations(
                                ("j", "receipt"): second.generation}
 
 
-@pytest.mark.parametrize("bad", ["", "x" * 201, "a\x00b", "\ud800", 7, None])
+@pytest.mark.parametrize("bad", ["", "x" * 257, "a\x00b", "\ud800", 7, None])
 def test_a_bad_effect_id_is_invalid_and_records_nothing(
     store: LeaseStore, backend: TransactionalMemory, bad: Any
 ) -> None:
@@ -137,7 +137,8 @@ def test_a_bad_effect_id_is_invalid_and_records_nothing(
         with pytest.raises(InvalidArgument, match="effect_id"):
             tx.once(bad)
         assert tx.once("ok") is True
-    assert list(backend.effects) == [("j", "ok")]
+        assert tx.once("x" * 256) is True  # the fences' limit: one effect id fits both
+    assert list(backend.effects) == [("j", "ok"), ("j", "x" * 256)]
     assert lease.state is LeaseState.HELD
 
 
