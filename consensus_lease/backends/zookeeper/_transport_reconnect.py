@@ -166,6 +166,11 @@ class ReconnectPacer:
             return len(self._up)
 
     def _connected(self, sleeper: Sleeper, thread: int) -> None:
+        # Every listener call of a store's clients comes here or below: when a member
+        # goes, its clients all call at once, so the common case takes no lock (a set's
+        # membership and an attribute are read atomically).
+        if sleeper in self._up and sleeper._thread is not None:
+            return
         with self._lock:
             if sleeper._cancelled:
                 return
@@ -183,6 +188,8 @@ class ReconnectPacer:
             other._wake.set()
 
     def _disconnected(self, sleeper: Sleeper) -> None:
+        if sleeper not in self._up:  # (see _connected)
+            return
         with self._lock:
             self._up.discard(sleeper)
 
