@@ -71,12 +71,19 @@ def run_all(threads: list[Connection], timeout_s: float) -> None:
     assert not any(thread.is_alive() for thread in threads)
 
 
-def test_no_client_connected_the_store_gets_one_round_per_turn() -> None:
-    pacer = ReconnectPacer(turn_interval_s=0.05)
-    together = threading.Barrier(30)
+def lost_together(turn_interval_s: float, clients: int) -> tuple[ReconnectPacer, list[Connection]]:
+    """``clients`` connections that all connect, then all lose their connection, then do
+    rounds for a second with no client of the store connected."""
+    pacer = ReconnectPacer(turn_interval_s=turn_interval_s)
+    together = threading.Barrier(clients)
     until = time.monotonic() + 1.0
-    threads = [Connection(pacer, until, together=together) for _ in range(30)]
+    threads = [Connection(pacer, until, together=together) for _ in range(clients)]
     run_all(threads, 10.0)
+    return pacer, threads
+
+
+def test_no_client_connected_the_store_gets_one_round_per_turn() -> None:
+    pacer, threads = lost_together(0.05, 30)
     rounds = sum(thread.rounds for thread in threads)
     # unpaced, 30 loops of a zero back-off make many thousands of rounds in a second;
     # paced, the store gets one per 50 ms (20), plus one per client to end: each loop's
@@ -85,11 +92,7 @@ def test_no_client_connected_the_store_gets_one_round_per_turn() -> None:
 
 
 def test_turns_go_round_in_order_of_arrival() -> None:
-    pacer = ReconnectPacer(turn_interval_s=0.02)
-    together = threading.Barrier(5)
-    until = time.monotonic() + 1.0
-    threads = [Connection(pacer, until, together=together) for _ in range(5)]
-    run_all(threads, 10.0)
+    _, threads = lost_together(0.02, 5)
     assert min(thread.rounds for thread in threads) >= 3  # about 10 each: nobody starves
 
 
