@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import sys
@@ -42,6 +41,7 @@ from rich.table import Table
 
 from ..errors import InvalidArgument
 from ..worker.command import add_batching_flags
+from ..worker.config import parse_count, parse_integer, parse_seconds
 from .checker import COUNTS, VIOLATIONS
 from .destination import LOCK_SET_MODES
 from .interrupts import Interrupted
@@ -88,23 +88,26 @@ EXIT_STATUSES = (
 
 
 def _seconds(text: str) -> float:
+    """Seconds >= 0 in ASCII (``float()`` also takes ``"1_0"`` and Arabic-Indic digits)."""
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
-    return value
+        return parse_seconds(text)
+    except InvalidArgument as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _positive_int(text: str) -> int:
+    """An integer >= 1 in ASCII digits (``int()`` also takes ``"1_0"`` and ``"٣"``)."""
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
-    return value
+        return parse_count(text)
+    except InvalidArgument as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _seed(text: str) -> int:
+    try:
+        return parse_integer(text)
+    except InvalidArgument as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _faults(text: str) -> tuple[str, ...]:
@@ -147,7 +150,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="fault period, s (30; lock-set: the whole run, 90)")
     parser.add_argument("--quiet-s", type=_seconds, default=None,
                         help="longest quiet period after the faults, s (20)")
-    parser.add_argument("--seed", type=int, default=1, help="derives the fault schedule (1)")
+    parser.add_argument("--seed", type=_seed, default=1, help="derives the fault schedule (1)")
     parser.add_argument("--faults", type=_faults, default=None, metavar="LIST",
                         help=f"comma-separated, from: {', '.join(FAULTS)} (default: "
                         f"{','.join(WORKER_FAULTS)}, plus the cluster faults with "

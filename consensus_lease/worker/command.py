@@ -108,7 +108,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help=f"session TTL, seconds (default {DEFAULT_TTL_S:g}; within the "
                         "store's range, capabilities.min_ttl_s to max_ttl_s: e.g. sqlite "
                         "0.05 to 604800)")
-    parser.add_argument("--grace-s", type=_flag(config.parse_seconds), metavar="S",
+    parser.add_argument("--grace-s", type=_flag(config.parse_grace_s), metavar="S",
                         help="time jobs in flight get after SIGTERM, seconds (default 30)")
     parser.add_argument("--until-empty", action=argparse.BooleanOptionalAction, default=None,
                         help="exit once nothing is available or held (retry delays are "

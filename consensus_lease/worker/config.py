@@ -64,7 +64,7 @@ class WorkerConfig:
         if self.mode not in ("thread", "process"):
             raise InvalidArgument(f"mode must be 'thread' or 'process', not {self.mode!r}")
         seconds("ttl_s", self.ttl_s, positive=True)
-        seconds("grace_s", self.grace_s)
+        check_wait(seconds("grace_s", self.grace_s), "grace_s")  # a thread waits it out
         seconds("claim_wait_s", self.claim_wait_s, positive=True)
         check_wait(self.claim_wait_s, "claim_wait_s")  # and no longer than a thread can wait
         if self.owner is not None:
@@ -149,11 +149,11 @@ def parse_amount(text: str) -> int:
     return _integer(text, 0)
 
 
-def _integer(text: str, least: int) -> int:
+def _integer(text: str, least: int | None) -> int:
     if not _DECIMAL.fullmatch(text):  # int() also takes "1_0", "٣" and "+ 1"
         raise InvalidArgument(f"not an integer: {text!r}")
     value = int(text)
-    if value < least:
+    if least is not None and value < least:
         raise InvalidArgument(f"must be >= {least}, not {text!r}")
     return value
 
@@ -161,6 +161,16 @@ def _integer(text: str, least: int) -> int:
 def parse_concurrency(text: str) -> int:
     """``concurrency``: an integer from 1 to :data:`MAX_CONCURRENCY`."""
     return count("concurrency", parse_count(text), 1, MAX_CONCURRENCY)
+
+
+def parse_grace_s(text: str) -> float:
+    """``grace_s``: seconds >= 0, no longer than a thread can wait."""
+    return check_wait(parse_seconds(text), "grace_s")
+
+
+def parse_integer(text: str) -> int:
+    """An integer of any sign, in ASCII digits."""
+    return _integer(text, None)
 
 
 def parse_claim_wait_s(text: str) -> float:
@@ -229,7 +239,7 @@ ENVIRONMENT: dict[str, tuple[str, Callable[[str], object]]] = {
     "concurrency": ("CONSENSUS_LEASE_CONCURRENCY", parse_concurrency),
     "processes": ("CONSENSUS_LEASE_PROCESSES", parse_bool),
     "ttl_s": ("CONSENSUS_LEASE_TTL_S", parse_positive_seconds),
-    "grace_s": ("CONSENSUS_LEASE_GRACE_S", parse_seconds),
+    "grace_s": ("CONSENSUS_LEASE_GRACE_S", parse_grace_s),
     "until_empty": ("CONSENSUS_LEASE_UNTIL_EMPTY", parse_bool),
     "claim_wait_s": ("CONSENSUS_LEASE_CLAIM_WAIT_S", parse_claim_wait_s),
     "fused_claim": ("CONSENSUS_LEASE_FUSED_CLAIM", parse_bool),

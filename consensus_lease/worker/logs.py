@@ -36,17 +36,26 @@ def _value(value: object) -> str:
 
 
 def parse_level(text: str) -> int:
-    """``"info"``, ``"DEBUG"``, ``"20"`` -> a logging level.
+    """``"info"``, ``"DEBUG"``, ``"20"`` -> a logging level from 1 to 50 (``CRITICAL``).
+
+    A number is ASCII digits only (``int()`` also takes ``"٣"`` and ``"1_0"``); a name is
+    one :mod:`logging` knows, except ``NOTSET``, which would hand the worker's level to
+    its parent logger instead of setting one.
 
     Raises:
-        ValueError: not a level name or number.
+        ValueError: not a level name or number, or a number outside 1 to 50.
     """
-    if text.isdigit():
-        return int(text)
-    level = logging.getLevelName(text.upper())
-    if not isinstance(level, int):
-        raise ValueError(f"not a log level (debug, info, warning, error): {text!r}")
-    return level
+    if text.isascii() and text.isdigit():
+        level = int(text)
+        if not 1 <= level <= logging.CRITICAL:
+            raise ValueError(f"a log level number must be from 1 to {logging.CRITICAL} "
+                             f"(CRITICAL), not {text!r}")
+        return level
+    named = logging.getLevelName(text.upper()) if text.isascii() else None
+    if not isinstance(named, int) or named < 1:
+        raise ValueError(f"not a log level (debug, info, warning, error, critical, or a "
+                         f"number from 1 to {logging.CRITICAL}): {text!r}")
+    return named
 
 
 def configure_logging(level: int) -> None:

@@ -153,6 +153,24 @@ def test_bad_knob_flags_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert exited.value.code == 2 and "--complete-batch" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("flag", "value"), [
+    ("--jobs", "\u0663"), ("--workers", "1_0"), ("--steps", "\uff11"), ("--seed", "\u0663"),
+    ("--ttl-s", "1_0"), ("--duration-s", "\u0661\u0660"), ("--think-s", "\uff11"),
+])
+def test_numbers_are_ascii_digits_only(flag: str, value: str,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """``int()`` and ``float()`` also take underscores and other scripts' digits."""
+    with pytest.raises(SystemExit) as exited:
+        _parse(flag, value)
+    assert exited.value.code == 2
+    assert f"argument {flag}: not a" in capsys.readouterr().err
+
+
+def test_plain_numbers_still_parse_as_verify_flags() -> None:
+    args = _parse("--jobs", "12", "--seed", "-3", "--ttl-s", " 1.5 ")
+    assert (args.jobs, args.seed, args.ttl_s) == (12, -3, 1.5)
+
+
 def test_the_store_gate_waits_for_calls_in_flight_and_holds_new_ones() -> None:
     import threading
 

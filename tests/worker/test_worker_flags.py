@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from consensus_lease.cli import main
+from consensus_lease.errors import InvalidArgument
+from consensus_lease.worker import run_worker
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -269,6 +271,41 @@ def test_a_bad_log_level_names_its_flag_or_variable(
     assert main(_worker("memory://")) == 2
     assert "error: CONSENSUS_LEASE_LOG_LEVEL: not a log level" in _flat(
         capsys.readouterr().out)
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    ("\u0663", "not a log level"), ("notset", "not a log level"),
+    ("0", "must be from 1 to 50"), ("51", "must be from 1 to 50"),
+    ("99999999999999999999", "must be from 1 to 50"),
+])
+def test_a_log_level_is_a_name_or_an_ascii_number_from_1_to_50(
+        value: str, says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(_worker("memory://", "--log-level", value)) == 2
+    assert says in _flat(capsys.readouterr().out)
+
+
+def test_log_levels_by_name_and_number_still_parse() -> None:
+    from consensus_lease.worker.logs import parse_level
+
+    assert [parse_level(t) for t in ("debug", "WARNING", "15", "50")] == [10, 30, 15, 50]
+
+
+def test_a_grace_period_past_what_a_thread_can_wait_is_refused(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    """A thread's wait overflows past ``threading.TIMEOUT_MAX``: refused up front, by flag,
+    variable and ``run_worker`` alike, before the store is created."""
+    with pytest.raises(SystemExit) as exited:
+        main(_worker("memory://", "--grace-s", "1e300"))
+    assert exited.value.code == 2
+    assert "argument --grace-s: grace_s must be at most" in capsys.readouterr().err
+    monkeypatch.setenv("CONSENSUS_LEASE_GRACE_S", "1e300")
+    assert main(_worker("memory://")) == 2
+    assert "CONSENSUS_LEASE_GRACE_S: grace_s must be at most" in _flat(capsys.readouterr().out)
+    db = tmp_path / "store.db"
+    with pytest.raises(InvalidArgument, match="grace_s must be at most"):
+        run_worker(f"sqlite:///{db}", "q", lambda lease: None, grace_s=1e300)
+    assert not db.exists()
 
 
 def test_a_metrics_address_that_cannot_be_served_names_its_variable(
