@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -38,6 +39,19 @@ def test_demo_rejects_bad_ttl() -> None:
         capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 2 and "must be a finite number" in result.stderr
+
+
+def test_demo_refuses_a_ttl_outside_the_stores_range_before_creating_it(
+        tmp_path: Path) -> None:
+    db = tmp_path / "leases.db"
+    result = subprocess.run(
+        [sys.executable, "-m", "consensus_lease.cli", "demo", "--backend", f"sqlite:///{db}",
+         "--ttl-s", "1e7"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "outside this store's range [0.05, 604800.0] s" in result.stdout + result.stderr
+    assert not db.exists()
 
 
 def test_inspect_shows_records(tmp_path: pytest.TempPathFactory) -> None:

@@ -23,10 +23,11 @@ from typing import Any
 
 from rich.console import Console
 
-from ..errors import InvalidArgument, LeaseError, UnsupportedOperation
+from ..backend import Capabilities
+from ..errors import InvalidArgument, LeaseError, UnsupportedBackend, UnsupportedOperation
 from ..options import redact_url
 from ..record import JobState
-from ..store import LeaseStore, open_store
+from ..store import LeaseStore, backend_class, open_store
 from ..testing.workers import WorkerProcess
 
 __all__ = ["DemoStep", "run_demo"]
@@ -124,25 +125,40 @@ def run_demo(backend_url: str | None, ttl_s: float, *, unfenced: bool = False,
 def _open_demo_store(url: str, ttl_s: float) -> LeaseStore:
     """The store at ``url``, checked to serve several processes and to accept ``ttl_s``.
 
+    Both checks are made first against the capabilities the backend declares as a class
+    attribute (known without connecting), so that a refused demo creates nothing (no
+    SQLite file), then against the opened store's own.
+
     Raises:
         UnsupportedOperation: the store serves one process only.
         InvalidArgument: ``ttl_s`` is outside the store's TTL range.
     """
+    try:
+        declared = getattr(backend_class(url), "capabilities", None)
+    except UnsupportedBackend:
+        declared = None  # open_store reports it, naming the installed schemes
+    if isinstance(declared, Capabilities):
+        _check_demo_capabilities(declared, url, ttl_s)
     store = open_store(url)
-    if not store.capabilities.cross_process:
+    try:
+        _check_demo_capabilities(store.capabilities, url, ttl_s)
+    except LeaseError:
         store.close()
+        raise
+    return store
+
+
+def _check_demo_capabilities(caps: Capabilities, url: str, ttl_s: float) -> None:
+    if not caps.cross_process:
         raise UnsupportedOperation(
             f"the demo runs two worker processes, but {redact_url(url)!r} is a store of one "
             "process only; use sqlite:///..., postgresql://..., etcd://... or zk://..."
         )
-    caps = store.capabilities
     if not caps.min_ttl_s <= ttl_s <= caps.max_ttl_s:
-        store.close()
         raise InvalidArgument(
             f"--ttl-s {ttl_s} is outside this store's range [{caps.min_ttl_s}, "
             f"{caps.max_ttl_s}] s"
         )
-    return store
 
 
 @dataclass
