@@ -81,8 +81,20 @@ def stays_uncalled(calls: Calls, quiet_s: float = QUIET_S) -> None:
 
 
 def held(session: Session, job_id: str) -> Lease:
+    """``job_id`` claimed by ``session``, and seen by the store's shared read client.
+
+    The claim goes through the session's own client; the subscriptions read through the
+    shared one, which may be connected to a follower that has not applied the claim yet
+    (ZooKeeper reads are served by the member a client is connected to). A subscription
+    read there finds the job free and wakes at once: a spurious wake, which the contract
+    allows, but which a test of "held: nothing to report" would count. ``sync`` makes
+    that member catch up with the leader first (ZooKeeper Programmer's Guide,
+    "Consistency Guarantees")."""
     lease = session.claim(job_id)
     assert lease is not None
+    backend = session.backend
+    assert isinstance(backend, ZooKeeperBackend)
+    backend._wire.reader().sync("/")
     return lease
 
 
