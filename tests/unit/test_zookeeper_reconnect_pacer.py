@@ -20,11 +20,23 @@ from consensus_lease.backends.zookeeper._transport_reconnect import (
 from consensus_lease.testing.conformance import poll_until
 
 
+class FakeConnection:
+    """What the pacer uses of kazoo's connection handler: ``zk_loop``, the function its
+    connection thread runs (the pacer wraps it to learn the thread as it starts)."""
+
+    def __init__(self) -> None:
+        self.loop: Any = lambda: None
+
+    def zk_loop(self) -> None:
+        self.loop()
+
+
 class FakeClient:
-    """What the pacer uses of a kazoo client: listeners and the stop event."""
+    """What the pacer uses of a kazoo client: listeners, the stop event, the connection."""
 
     def __init__(self) -> None:
         self._stopped = threading.Event()
+        self._connection = FakeConnection()
         self.listeners: list[Any] = []
 
     def add_listener(self, listener: Any) -> None:
@@ -36,27 +48,34 @@ class FakeClient:
 
 
 class Connection(threading.Thread):
-    """A client's connection thread: it connects once (so the pacer learns the thread),
-    loses the connection, then does rounds (a sleep through the pacer, then a failed
-    round) until ``until``, like kazoo's connection loop."""
+    """A client's connection thread, running the client's ``zk_loop`` as kazoo does: it
+    connects once (unless ``never_connects``), loses the connection, then does rounds (a
+    sleep through the pacer, then a failed round) until ``until``, like kazoo's
+    connection loop."""
 
     def __init__(self, pacer: ReconnectPacer, until: float, backoff_s: float = 0.0,
-                 together: threading.Barrier | None = None) -> None:
+                 together: threading.Barrier | None = None,
+                 never_connects: bool = False) -> None:
         super().__init__(daemon=True)
         self.pacer, self.until, self.backoff_s = pacer, until, backoff_s
-        self.together = together
+        self.together, self.never_connects = together, never_connects
         self.client = FakeClient()
+        self.client._connection.loop = self.loop
         self.sleeper = pacer.follow(self.client)
         self.rounds = 0
         self.ended_at: float | None = None
 
     def run(self) -> None:
-        self.client.tell(KazooState.CONNECTED)
-        if self.together is not None:  # every client connected, then every one lost
-            self.together.wait(10.0)
-        self.client.tell(KazooState.SUSPENDED)
-        if self.together is not None:
-            self.together.wait(10.0)
+        self.client._connection.zk_loop()  # (the pacer's wrapper, then self.loop)
+
+    def loop(self) -> None:
+        if not self.never_connects:
+            self.client.tell(KazooState.CONNECTED)
+            if self.together is not None:  # every client connected, then every one lost
+                self.together.wait(10.0)
+            self.client.tell(KazooState.SUSPENDED)
+            if self.together is not None:
+                self.together.wait(10.0)
         while time.monotonic() < self.until and not self.client._stopped.is_set():
             self.pacer.sleep(self.backoff_s)
             self.rounds += 1
@@ -107,6 +126,32 @@ def test_while_one_client_is_connected_the_others_sleep_their_own_back_off() -> 
     assert time.monotonic() - started < 2.0
     assert all(thread.rounds >= 2 for thread in threads)  # 50 ms back-offs, not 10 s turns
     assert pacer.turns == 0
+
+
+def test_clients_that_never_connected_are_paced_too() -> None:
+    """Sessions opened while no member serves (a worker's slots opening new sessions
+    after an outage longer than their TTL) wait for turns like the clients that lost
+    their connection: kazoo's connection thread is known to the pacer from its start."""
+    pacer = ReconnectPacer(turn_interval_s=0.05)
+    until = time.monotonic() + 1.0
+    threads = [Connection(pacer, until, never_connects=True) for _ in range(30)]
+    run_all(threads, 10.0)
+    rounds = sum(thread.rounds for thread in threads)
+    assert rounds == pacer.turns <= 1.0 / 0.05 + 30 + 5, rounds  # as for those that lost it
+    assert not pacer._by_thread  # each thread forgotten as it ended
+
+
+def test_a_client_that_never_connected_sleeps_its_own_back_off_while_another_is_up() -> None:
+    pacer = ReconnectPacer(turn_interval_s=10.0)  # a turn would take 10 s
+    up = FakeClient()
+    pacer.follow(up)
+    up.tell(KazooState.CONNECTED)
+    started = time.monotonic()
+    threads = [Connection(pacer, started + 0.3, backoff_s=0.05, never_connects=True)
+               for _ in range(3)]
+    run_all(threads, 10.0)
+    assert time.monotonic() - started < 2.0
+    assert all(thread.rounds >= 2 for thread in threads) and pacer.turns == 0
 
 
 def test_a_sleep_off_a_followed_connection_thread_is_a_plain_sleep() -> None:

@@ -258,6 +258,8 @@ def _missing_on_a_client() -> list[str]:
                 if not hasattr(client, name)]
     if not callable(getattr(getattr(client, "_stopped", None), "is_set", None)):
         missing.append("KazooClient._stopped (an Event)")
+    if not callable(getattr(getattr(client, "_connection", None), "zk_loop", None)):
+        missing.append("KazooClient._connection.zk_loop (the connection thread's function)")
     if not isinstance(getattr(tx, "operations", None), list):
         missing.append("TransactionRequest.operations (a list)")
     if getattr(tx, "client", None) is not client:

@@ -2,9 +2,10 @@
 
 Every worker session is a ZooKeeper session of its own, so a kazoo client and a TCP
 connection of its own (:mod:`._sessions`). When one member dies, each of its clients
-moves to another member within the same round: kazoo tries every host of the connect
-string before it sleeps, and nothing here is involved. When *no* member serves (an
-election, the whole ensemble restarting), each client sleeps its back-off
+moves to another member at once: kazoo tries the hosts left in its current (shuffled)
+pass over the connect string before it sleeps, and nothing here is involved (a client
+whose dead member came last in the pass sleeps one short back-off first). When *no*
+member serves (an election, the whole ensemble restarting), each client sleeps its back-off
 (``_config.ZkConfig.new_client``: at most a second) and tries every host again. With
 10 processes of 1,000 sessions on the kit's 3-member ensemble, that was some 7,000
 rounds a second (10,000 clients, each about 1.3 s apart) against servers trying to
@@ -29,10 +30,13 @@ took that client:
   a random point of a spread of 1 ms per waiting client (at most
   :data:`MAX_SPREAD_S`), so that a thousand reconnects are not one burst.
 
-A client is known to the pacer by its connection thread, learnt when it first connects
-(kazoo calls the listeners on that thread) and forgotten at LOST. Any other sleep
-through the handler (a client not yet connected once, a recipe's command retry) is a
-plain ``time.sleep``.
+A client is known to the pacer by its connection thread, learnt as that thread starts
+(:meth:`ReconnectPacer.follow` wraps the client's ``_connection.zk_loop``, the function
+kazoo runs on it), so a client that has never connected is paced too: a session opened
+while no member serves, such as a worker slot opening a new session after an outage
+longer than its TTL, waits for its turns like the rest. The thread is forgotten at LOST
+and when it ends. Any other sleep through the handler (a recipe's command retry, a
+caller's ``KazooRetry``) is a plain ``time.sleep``.
 
 What the clients share is the knowledge that no member answers, never a failure: no
 session's deadline, keepalive or error depends on another's. A held-back client could
@@ -148,6 +152,17 @@ class ReconnectPacer:
         stopping the client."""
         sleeper = Sleeper(self, client)
         client.add_listener(sleeper._on_state)
+        connection = client._connection
+        zk_loop = connection.zk_loop
+
+        def paced_zk_loop() -> None:  # kazoo's connection thread, from its first round
+            self._started(sleeper, threading.get_ident())
+            try:
+                zk_loop()
+            finally:
+                self._forget(sleeper)
+
+        connection.zk_loop = paced_zk_loop  # start() spawns the instance's attribute
         return sleeper
 
     def sleep(self, seconds: float) -> None:
@@ -186,6 +201,16 @@ class ReconnectPacer:
             self._spread_s = min(MAX_SPREAD_S, SPREAD_PER_CLIENT_S * len(waiting))
         for other in waiting:
             other._wake.set()
+
+    def _started(self, sleeper: Sleeper, thread: int) -> None:
+        """``sleeper``'s connection thread started: its sleeps are paced from now on."""
+        with self._lock:
+            if sleeper._cancelled:
+                return
+            if sleeper._thread is not None and self._by_thread.get(sleeper._thread) is sleeper:
+                del self._by_thread[sleeper._thread]
+            sleeper._thread = thread
+            self._by_thread[thread] = sleeper
 
     def _disconnected(self, sleeper: Sleeper) -> None:
         if sleeper not in self._up:  # (see _connected)
