@@ -48,7 +48,7 @@ from .destination import LOCK_SET_MODES, LockSetMode, final_value
 from .history import Op, read_parts, write_history
 from .interrupts import interruptible
 from .kit import KitCluster
-from .nemesis import FAULTS, Active, Fault, Nemesis, NemesisContext, PlannedFault
+from .nemesis import FAULTS, MAX_FAULTS, Active, Fault, Nemesis, NemesisContext, PlannedFault
 from .pool import WorkerPool
 from .progress import RunStatus, StatusTicker
 from .runner import (
@@ -151,14 +151,15 @@ class LockSetConfig:
                                   f"{self.mode!r}")
 
     def schedule(self) -> list[PlannedFault]:
-        """The pauses: one every ``pause_every_s`` before ``duration_s``, each of a
+        """The pauses: one every ``pause_every_s`` before ``duration_s`` (at most
+        :data:`~consensus_lease.verify.nemesis.MAX_FAULTS`, as for the job workload), each of a
         seeded length in [``pause_min_s``, ``pause_max_s``] on a seeded slot (the slot is
         ignored by ``holder`` pauses). A pure function of the config."""
         rng = random.Random(self.seed)
         kind = "pause" if self.pause_target == "random" else PauseHolder.name
-        out = []
+        out: list[PlannedFault] = []
         k = 1
-        while k * self.pause_every_s < self.duration_s:
+        while k * self.pause_every_s < self.duration_s and len(out) < MAX_FAULTS:
             out.append(PlannedFault(round(k * self.pause_every_s, 3), kind,
                                     rng.randrange(self.workers),
                                     round(rng.uniform(self.pause_min_s, self.pause_max_s), 3)))

@@ -50,6 +50,7 @@ from ..backend import Capabilities
 from ..errors import BackendUnavailable, InvalidArgument, LeaseError, UnsupportedOperation
 from ..record import JobState, LeaseRecord
 from ..store import LeaseStore, backend_class, open_store
+from ..validation import MAX_WAIT_S
 from ..worker.config import WorkerConfig as RunnerConfig
 from .checker import Report, check
 from .destination import Destination, job_effects, open_destination
@@ -264,7 +265,9 @@ def _check_int(name: str, value: object, low: int | None = None,
 
 def _check_seconds(name: str, value: object, *, positive: bool = False) -> None:
     """Raises InvalidArgument naming ``name`` unless ``value`` is a finite number of
-    seconds (an int or float, not a bool), >= 0 (> 0 if ``positive``)."""
+    seconds (an int or float, not a bool), >= 0 (> 0 if ``positive``), and at most
+    :data:`~consensus_lease.validation.MAX_WAIT_S`: every one of them is waited out by a
+    thread somewhere (a think time, a pause, the run), and a longer wait overflows."""
     bound = "> 0" if positive else ">= 0"
     bad = InvalidArgument(f"{name} must be a finite number of seconds {bound}, not {value!r}")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -275,6 +278,9 @@ def _check_seconds(name: str, value: object, *, positive: bool = False) -> None:
         raise bad from None
     if not math.isfinite(number) or number < 0 or (positive and number == 0):
         raise bad
+    if number > MAX_WAIT_S:
+        raise InvalidArgument(f"{name} must be at most {MAX_WAIT_S:.0f} s (the longest wait "
+                              f"this platform's threads can make), not {value!r}")
 
 
 def _check_optional_text(name: str, value: object) -> None:

@@ -134,9 +134,10 @@ def parse_positive_seconds(text: str) -> float:
     return parse_seconds(text, positive=True)
 
 
-_DECIMAL = re.compile(r"\s*[+-]?[0-9]+\s*")
-"""A decimal integer as the CLI and the environment take it: ASCII digits, an optional
-sign, surrounding blanks."""
+_DECIMAL = re.compile(r"[ \t]*[+-]?[0-9]{1,30}[ \t]*")
+"""A decimal integer as the CLI and the environment take it: up to 30 ASCII digits, an
+optional sign, surrounding spaces or tabs (``\\s`` would also take no-break and
+ideographic spaces, and ``\\x1c``-``\\x1f``, which ``int()`` refuses)."""
 
 
 def parse_count(text: str) -> int:
@@ -151,7 +152,8 @@ def parse_amount(text: str) -> int:
 
 def _integer(text: str, least: int | None) -> int:
     if not _DECIMAL.fullmatch(text):  # int() also takes "1_0", "٣" and "+ 1"
-        raise InvalidArgument(f"not an integer: {text!r}")
+        shown = repr(text) if len(text) <= 40 else repr(text[:36]) + "..."
+        raise InvalidArgument(f"not an integer: {shown}")
     value = int(text)
     if least is not None and value < least:
         raise InvalidArgument(f"must be >= {least}, not {text!r}")

@@ -45,16 +45,18 @@ def parse_level(text: str) -> int:
     Raises:
         ValueError: not a level name or number, or a number outside 1 to 50.
     """
-    if text.isascii() and text.isdigit():
+    text = text.strip(" \t")  # as the integer flags take surrounding blanks
+    if text.isascii() and text.isdigit() and len(text) <= 30:
         level = int(text)
         if not 1 <= level <= logging.CRITICAL:
             raise ValueError(f"a log level number must be from 1 to {logging.CRITICAL} "
                              f"(CRITICAL), not {text!r}")
         return level
-    named = logging.getLevelName(text.upper()) if text.isascii() else None
+    named = logging.getLevelName(text.upper()) if text.isascii() and len(text) <= 30 else None
     if not isinstance(named, int) or named < 1:
+        shown = repr(text) if len(text) <= 40 else repr(text[:36]) + "..."
         raise ValueError(f"not a log level (debug, info, warning, error, critical, or a "
-                         f"number from 1 to {logging.CRITICAL}): {text!r}")
+                         f"number from 1 to {logging.CRITICAL}): {shown}")
     return named
 
 

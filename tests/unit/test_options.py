@@ -317,3 +317,13 @@ def test_an_unknown_scheme_error_hides_the_password() -> None:
     with pytest.raises(UnsupportedBackend) as error:
         open_store("nosuch://app:s3cret@db/jobs")
     assert "s3cret" not in str(error.value) and "app:***@db" in str(error.value)
+
+
+@pytest.mark.parametrize("scheme", ["etcd", "zk"])
+@pytest.mark.parametrize("port", ["\u00b2", "\u0662\u0661\u0668\u0661", "\uff12\uff11"])
+def test_a_port_of_other_scripts_digits_is_a_bad_url(scheme: str, port: str) -> None:
+    """``str.isdigit`` is true of superscripts (``int()`` refuses them: a bare
+    ValueError) and of Arabic-Indic digits (``int()`` takes them: port 2181 silently)."""
+    pytest.importorskip("grpc" if scheme == "etcd" else "kazoo")
+    with pytest.raises(UnsupportedBackend, match="bad port"):
+        open_store(f"{scheme}://127.0.0.7:{port}/x")

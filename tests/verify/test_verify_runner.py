@@ -171,6 +171,24 @@ def test_plain_numbers_still_parse_as_verify_flags() -> None:
     assert (args.jobs, args.seed, args.ttl_s) == (12, -3, 1.5)
 
 
+@pytest.mark.parametrize("flag", ["--think-s", "--duration-s", "--ttl-s"])
+def test_seconds_past_what_a_thread_can_wait_are_refused(flag: str) -> None:
+    """``--think-s 1e300`` passed and every worker died of an OverflowError in its
+    think-time wait (the run INCONCLUSIVE: workers crashed)."""
+    with pytest.raises(InvalidArgument, match=f"{flag[2:].replace('-', '_')} must be at most"):
+        config_from_args(_parse(flag, "1e300")).validate()
+
+
+def test_a_lock_set_schedule_is_bounded_however_short_the_pause_interval() -> None:
+    """``--pause-every-s 1e-300`` built its schedule for ever (a list growing without end)."""
+    from consensus_lease.verify.nemesis import MAX_FAULTS
+
+    config = lockset_config_from_args(_parse("--workload", "lock-set", "--pause-every-s",
+                                             "1e-300"))
+    config.validate()
+    assert len(config.schedule()) == MAX_FAULTS
+
+
 def test_the_store_gate_waits_for_calls_in_flight_and_holds_new_ones() -> None:
     import threading
 

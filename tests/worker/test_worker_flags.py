@@ -308,6 +308,36 @@ def test_a_grace_period_past_what_a_thread_can_wait_is_refused(
     assert not db.exists()
 
 
+ODD_INTEGERS = ["\u00a02", "\u30002", "\x1c2", "1" * 5000]
+"""A no-break or ideographic space (``\\s`` in a pattern takes them), a control
+character ``\\s`` takes but ``int()`` refuses, more digits than ``int()`` converts."""
+
+
+@pytest.mark.parametrize("value", ODD_INTEGERS)
+def test_an_integer_flag_or_variable_takes_ascii_blanks_and_digits_only(
+        value: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(_worker("memory://", "--concurrency", value))
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --concurrency: not an integer" in err and len(err) < 1000, err
+    monkeypatch.setenv("CONSENSUS_LEASE_CONCURRENCY", value)
+    assert main(_worker("memory://")) == 2
+    out = _flat(capsys.readouterr().out)
+    assert "CONSENSUS_LEASE_CONCURRENCY: not an integer" in out and len(out) < 1000, out
+
+
+def test_a_log_level_takes_ascii_blanks_around_it_and_not_thousands_of_digits(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from consensus_lease.worker.logs import parse_level
+
+    assert parse_level(" 20\t") == 20 and parse_level(" info ") == 20
+    assert main(_worker("memory://", "--log-level", "2" * 5000)) == 2
+    out = _flat(capsys.readouterr().out)
+    assert "--log-level: not a log level" in out and len(out) < 1000
+
+
 def test_a_metrics_address_that_cannot_be_served_names_its_variable(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("prometheus_client")
