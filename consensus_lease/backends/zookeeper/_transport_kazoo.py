@@ -96,6 +96,7 @@ __all__ = [
     "check_installed",
     "client_stopping",
     "count_requests",
+    "follow_connection_thread",
     "installed_version",
     "last_zxid",
     "missing_internals",
@@ -317,6 +318,26 @@ def client_stopping(client: KazooClient) -> bool:
     """Whether ``client.stop()`` has begun (``KazooClient._stopped``, set before kazoo
     waits for the client's connection thread to end)."""
     return bool(client._stopped.is_set())
+
+
+def follow_connection_thread(client: KazooClient, started: Callable[[], None],
+                             ended: Callable[[], None]) -> None:
+    """Call ``started`` on ``client``'s connection thread as it starts, before its first
+    connection attempt, and ``ended`` as the thread ends. Call before ``client.start()``:
+    kazoo's ``ConnectionHandler.start`` spawns the thread on the handler's
+    ``zk_loop`` attribute (verified on kazoo 2.11.0), which this replaces on the
+    instance with a wrapper."""
+    connection = client._connection
+    zk_loop = connection.zk_loop
+
+    def followed_zk_loop() -> None:
+        started()
+        try:
+            zk_loop()
+        finally:
+            ended()
+
+    connection.zk_loop = followed_zk_loop
 
 
 def last_zxid(client: KazooClient) -> int:

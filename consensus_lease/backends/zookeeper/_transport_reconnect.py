@@ -31,10 +31,10 @@ took that client:
   :data:`MAX_SPREAD_S`), so that a thousand reconnects are not one burst.
 
 A client is known to the pacer by its connection thread, learnt as that thread starts
-(:meth:`ReconnectPacer.follow` wraps the client's ``_connection.zk_loop``, the function
-kazoo runs on it), so a client that has never connected is paced too: a session opened
-while no member serves, such as a worker slot opening a new session after an outage
-longer than its TTL, waits for its turns like the rest. The thread is forgotten at LOST
+(:meth:`ReconnectPacer.follow`, through :func:`._transport_kazoo.follow_connection_thread`),
+so a client that has never connected is paced too: a session opened while no member
+serves, such as a worker slot opening a new session after an outage longer than its TTL,
+waits for its turns like the rest. The thread is forgotten at LOST
 and when it ends. Any other sleep through the handler (a recipe's command retry, a
 caller's ``KazooRetry``) is a plain ``time.sleep``.
 
@@ -55,7 +55,7 @@ from collections import deque
 
 from kazoo.client import KazooClient, KazooState
 
-from ._transport_kazoo import client_stopping
+from ._transport_kazoo import client_stopping, follow_connection_thread
 
 __all__ = [
     "MAX_SPREAD_S", "SPREAD_PER_CLIENT_S", "STOP_POLL_S", "TURN_INTERVAL_S", "ReconnectPacer",
@@ -152,17 +152,9 @@ class ReconnectPacer:
         stopping the client."""
         sleeper = Sleeper(self, client)
         client.add_listener(sleeper._on_state)
-        connection = client._connection
-        zk_loop = connection.zk_loop
-
-        def paced_zk_loop() -> None:  # kazoo's connection thread, from its first round
-            self._started(sleeper, threading.get_ident())
-            try:
-                zk_loop()
-            finally:
-                self._forget(sleeper)
-
-        connection.zk_loop = paced_zk_loop  # start() spawns the instance's attribute
+        follow_connection_thread(
+            client, lambda: self._started(sleeper, threading.get_ident()),
+            lambda: self._forget(sleeper))
         return sleeper
 
     def sleep(self, seconds: float) -> None:
