@@ -479,6 +479,11 @@ def test_takeover_after_ttl_runs_out(store: LeaseStore) -> None:
 def test_wait_for_change_cancels_its_watch(store: LeaseStore, etcd_server: LocalEtcd) -> None:
     with store.session("A", ttl_s=30) as a:
         assert a.claim("job") is not None
+        # The session's own watch (its key's deletion, ``_sessions_revocation``) is created
+        # on the shared stream asynchronously: counted before ``before`` is read, or a
+        # fresh-clone run on a busy host saw one watcher "left" that was the session's.
+        hub = store.backend._subscriptions_etcd.hub  # type: ignore[attr-defined]
+        poll_until(lambda: hub.watch_ids == 1, 10)
         before = _metric(etcd_server, "etcd_debugging_mvcc_watcher_total")
         for _ in range(5):
             start = time.monotonic()
