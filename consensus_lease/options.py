@@ -72,7 +72,9 @@ one (by backends that accept the new one; elsewhere it is simply unknown)."""
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
-_INT = re.compile(r"^[+-]?[0-9]+$")
+_INT = re.compile(r"[+-]?[0-9]{1,30}")
+"""An integer option's text (after surrounding blanks): ASCII digits, at most 30 of them
+(``int()`` refuses more than 4,300 with its own ValueError)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +112,8 @@ class Option:
         if value is None and self.default is None:
             return None  # None for an option that defaults to unset: not set
         shown = "(hidden)" if self.secret else repr(value)
+        if len(shown) > 60:
+            shown = shown[:56] + "..."
         where = f"{backend} option {self.name}"
         if self.kind == "seconds":
             number = _number(value)
@@ -120,7 +124,7 @@ class Option:
             self._check_range(number, where, shown)
             return number
         if self.kind == "int":
-            if isinstance(value, str) and _INT.match(value.strip()):
+            if isinstance(value, str) and _INT.fullmatch(value.strip(" \t")):
                 value = int(value)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise InvalidArgument(f"{where} must be an integer, not {shown}")
@@ -171,6 +175,8 @@ def _number(value: object) -> float | None:
     """A finite float from a number or its text, else ``None`` (bools are not numbers)."""
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         return None
+    if isinstance(value, str) and (not value.isascii() or "_" in value):
+        return None  # float() also takes "1_0" and other scripts' digits
     try:
         number = float(value)
     except (ValueError, OverflowError):

@@ -22,10 +22,12 @@ NAME = "enqueue"
 
 
 def _attempts(text: str) -> int:
+    from ..worker.config import parse_count
+
     try:
-        return check_max_attempts(int(text))
-    except (ValueError, InvalidArgument):
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+        return check_max_attempts(parse_count(text))
+    except InvalidArgument as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -52,13 +52,13 @@ Row = tuple[str, LeaseRecord | None, QueuedJob | None]
 
 
 def _limit(text: str) -> int:
+    """An integer >= 0 in ASCII digits, as every command's flags take them."""
+    from ..worker.config import parse_amount
+
     try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
-    return value
+        return parse_amount(text)
+    except InvalidArgument as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -16,6 +16,17 @@ __all__ = ["NAME", "add_parser", "run"]
 NAME = "bench"
 
 
+def _tick_ms(text: str) -> int:
+    """An integer >= 1 in ASCII digits, as every command's flags take them."""
+    from ..errors import InvalidArgument
+    from ..worker.config import parse_count
+
+    try:
+        return parse_count(text)
+    except InvalidArgument as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _backends(text: str) -> tuple[str, ...]:
     names = []
     for raw in filter(None, (part.strip().lower() for part in text.split(","))):
@@ -83,7 +94,7 @@ def add_parser(subparsers: Any) -> None:
                         help="use this PostgreSQL (postgresql://user:password@host/db) instead "
                         "of $CONSENSUS_LEASE_POSTGRES_URL or scripts/start-postgres.sh; the "
                         "bench keeps its tables in its own schema, dropped afterwards")
-    parser.add_argument("--zk-tick-ms", type=int, metavar="MS",
+    parser.add_argument("--zk-tick-ms", type=_tick_ms, metavar="MS",
                         help="tickTime of the --zk-url ensemble, for the takeover goal "
                         "(default: asked with the 'conf' four-letter word if allowed)")
     parser.add_argument("--profile", action="store_true",

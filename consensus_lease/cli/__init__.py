@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from .._extras import MODULE_EXTRAS, install_hint, missing_dependency
-from ..errors import LeaseError
+from ..errors import InvalidArgument, LeaseError
 
 __all__ = ["main"]
 
@@ -41,13 +40,13 @@ EXTRA_COMMANDS: list[str] = [
 
 
 def _positive_seconds(text: str) -> float:
+    """Seconds > 0 in ASCII, as every command's flags take them."""
+    from ..worker.config import parse_seconds
+
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
-    return value
+        return parse_seconds(text, positive=True)
+    except InvalidArgument as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -70,10 +70,12 @@ def add_parser(subparsers: Any) -> None:
 
 def _bounded(low: int, high: int) -> Any:
     def parse(text: str) -> int:
+        from ..worker.config import parse_integer
+
         try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+            value = parse_integer(text)  # ASCII digits, as every command's flags take them
+        except InvalidArgument as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
         if not low <= value <= high:
             raise argparse.ArgumentTypeError(f"must be {low}..{high}, got {value}")
         return value

@@ -23,7 +23,6 @@ Registered through ``consensus_lease.cli.EXTRA_COMMANDS``: ``NAME``, ``add_parse
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from collections.abc import Sequence
@@ -112,13 +111,15 @@ class RunOptions:
 
 
 def _seconds(text: str) -> float:
+    """Seconds >= 0 in ASCII, as every command's flags take them, no longer than a thread
+    can wait."""
+    from ..validation import check_wait
+    from ..worker.config import parse_seconds
+
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
-    return value
+        return check_wait(parse_seconds(text), "seconds")
+    except InvalidArgument as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _usage_exits_64(parser: argparse.ArgumentParser) -> None:

@@ -40,6 +40,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..errors import InvalidArgument
+from ..validation import check_wait
 from ..worker.command import add_batching_flags
 from ..worker.config import parse_count, parse_integer, parse_seconds
 from .checker import COUNTS, VIOLATIONS
@@ -90,7 +91,7 @@ EXIT_STATUSES = (
 def _seconds(text: str) -> float:
     """Seconds >= 0 in ASCII (``float()`` also takes ``"1_0"`` and Arabic-Indic digits)."""
     try:
-        return parse_seconds(text)
+        return check_wait(parse_seconds(text), "seconds")  # the flag is named by argparse
     except InvalidArgument as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 

@@ -63,6 +63,7 @@ from .runner import (
     _CrashWatch,
     _Ends,
     _Run,
+    check_run_length,
     no_password,
 )
 from .worker import WorkerConfig
@@ -135,6 +136,11 @@ class LockSetConfig:
             _check_seconds(name, getattr(self, name), positive=True)
         for name in ("duration_s", "think_s"):
             _check_seconds(name, getattr(self, name))
+        check_run_length(self.duration_s, 0.0, self.ttl_s)
+        if self.duration_s / self.pause_every_s > MAX_FAULTS + 1:
+            raise InvalidArgument(
+                f"a pause every {self.pause_every_s} s for {self.duration_s} s is more than "
+                f"{MAX_FAULTS} pauses: use a longer pause_every_s or a shorter duration_s")
         if not self.pause_min_s <= self.pause_max_s:
             raise InvalidArgument(f"pause_min_s {self.pause_min_s} is above pause_max_s "
                                   f"{self.pause_max_s}")

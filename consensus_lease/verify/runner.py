@@ -87,6 +87,14 @@ RUNNER_DEFAULTS: dict[str, object] = {
 STOP_GRACE_S = 15.0
 GID_BASE = 52_000
 MAX_WORKERS = 32
+MAX_JOBS = 1_000_000
+"""Most jobs one run works (each is a row of the history and of the destination)."""
+MAX_STEPS = 10_000
+"""Most effects per job."""
+MAX_RUN_S = 30 * 24 * 3600.0
+"""Longest run: ``duration_s`` + ``quiet_s`` + 10 TTLs (the workers' stop time) at most
+30 days; each alone is also at most what a thread can wait, but their sum is waited for
+at once."""
 _POLL_S = 0.2
 
 Progress = Callable[[str], None]
@@ -183,14 +191,15 @@ class VerifyConfig:
         """Each field's type and range on its own."""
         _check_places(self)
         _check_int("workers", self.workers, 1, MAX_WORKERS)
-        _check_int("jobs", self.jobs, 1)
-        _check_int("steps", self.steps, 1)
+        _check_int("jobs", self.jobs, 1, MAX_JOBS)
+        _check_int("steps", self.steps, 1, MAX_STEPS)
         _check_int("seed", self.seed)
         _check_seconds("ttl_s", self.ttl_s, positive=True)
         _check_seconds("duration_s", self.duration_s)
         _check_seconds("quiet_s", self.quiet_s)
         if self.think_s is not None:
             _check_seconds("think_s", self.think_s)
+        check_run_length(self.duration_s, self.quiet_s, self.ttl_s)
         if (isinstance(self.renew_probability, bool)
                 or not isinstance(self.renew_probability, (int, float))
                 or not 0 <= self.renew_probability <= 1):
@@ -250,6 +259,16 @@ def _check_places(config: VerifyConfig | LockSetConfig) -> None:
         _check_optional_path(name, getattr(config, name))
     if config.cluster not in ("sqlite", "etcd", "zookeeper"):
         raise InvalidArgument(f"cluster must be sqlite, etcd or zookeeper: {config.cluster!r}")
+
+
+def check_run_length(duration_s: float, quiet_s: float, ttl_s: float) -> None:
+    """Raises InvalidArgument unless ``duration_s + quiet_s + 10 * ttl_s`` is at most
+    :data:`MAX_RUN_S`."""
+    total = duration_s + quiet_s + 10 * ttl_s
+    if total > MAX_RUN_S:
+        raise InvalidArgument(
+            f"duration_s + quiet_s + 10 x ttl_s is {total:.6g} s: a run may last at most "
+            f"{MAX_RUN_S:.0f} s (30 days)")
 
 
 def _check_int(name: str, value: object, low: int | None = None,

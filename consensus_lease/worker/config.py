@@ -118,15 +118,16 @@ def seconds(name: str, value: object, *, positive: bool = False) -> float:
 def parse_seconds(text: str, *, positive: bool = False) -> float:
     """Seconds: a decimal number in ASCII (``float()`` also takes ``"1_0"`` and
     Arabic-Indic digits; these are refused as not a number), >= 0 (> 0 with ``positive``)."""
+    shown = repr(text) if len(text) <= 40 else repr(text[:36]) + "..."
     try:
-        if "_" in text or not text.isascii():
-            raise ValueError(text)
+        if "_" in text or not text.isascii() or any(c in text for c in "\n\r\v\f"):
+            raise ValueError(text)  # (blanks: spaces and tabs, as the integer flags take)
         number = float(text)
     except ValueError:
-        raise InvalidArgument(f"not a number of seconds: {text!r}") from None
+        raise InvalidArgument(f"not a number of seconds: {shown}") from None
     if not math.isfinite(number) or number < 0 or (positive and number == 0):
         raise InvalidArgument(f"must be a finite number {'>' if positive else '>='} 0 of "
-                              f"seconds, not {text!r}")
+                              f"seconds, not {shown}")
     return number
 
 

@@ -327,3 +327,26 @@ def test_a_port_of_other_scripts_digits_is_a_bad_url(scheme: str, port: str) -> 
     pytest.importorskip("grpc" if scheme == "etcd" else "kazoo")
     with pytest.raises(UnsupportedBackend, match="bad port"):
         open_store(f"{scheme}://127.0.0.7:{port}/x")
+
+
+@pytest.mark.parametrize("url", [
+    "zk://127.0.0.7:" + "9" * 5000 + "/x", "etcd://127.0.0.7:" + "9" * 5000,
+])
+def test_a_port_of_thousands_of_digits_is_a_bad_url(url: str) -> None:
+    """``int()`` refuses more than 4,300 digits with its own ValueError."""
+    pytest.importorskip("grpc" if url.startswith("etcd") else "kazoo")
+    with pytest.raises(UnsupportedBackend, match="bad port"):
+        open_store(url)
+
+
+@pytest.mark.parametrize("value", ["9" * 5000, "\u0663", "1_0", "\u00a05"])
+def test_an_integer_option_of_odd_text_is_refused_naming_it(value: str) -> None:
+    with pytest.raises(InvalidArgument, match="option wal_limit_bytes must be an integer") as e:
+        open_store("sqlite:///unused.db", wal_limit_bytes=value)
+    assert len(str(e.value)) < 200
+
+
+@pytest.mark.parametrize("value", ["\u0663", "1_0"])
+def test_a_seconds_option_of_odd_text_is_refused(value: str) -> None:
+    with pytest.raises(InvalidArgument, match="busy_timeout_s must be a finite number"):
+        open_store("sqlite:///unused.db", busy_timeout_s=value)

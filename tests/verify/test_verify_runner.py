@@ -171,22 +171,41 @@ def test_plain_numbers_still_parse_as_verify_flags() -> None:
     assert (args.jobs, args.seed, args.ttl_s) == (12, -3, 1.5)
 
 
-@pytest.mark.parametrize("flag", ["--think-s", "--duration-s", "--ttl-s"])
-def test_seconds_past_what_a_thread_can_wait_are_refused(flag: str) -> None:
+@pytest.mark.parametrize("flag", ["--think-s", "--duration-s", "--ttl-s", "--pause-max-s"])
+def test_seconds_past_what_a_thread_can_wait_are_refused_naming_the_flag(
+        flag: str, capsys: pytest.CaptureFixture[str]) -> None:
     """``--think-s 1e300`` passed and every worker died of an OverflowError in its
     think-time wait (the run INCONCLUSIVE: workers crashed)."""
-    with pytest.raises(InvalidArgument, match=f"{flag[2:].replace('-', '_')} must be at most"):
-        config_from_args(_parse(flag, "1e300")).validate()
+    with pytest.raises(SystemExit) as exited:
+        _parse(flag, "1e300")
+    assert exited.value.code == 2
+    assert f"argument {flag}: seconds must be at most" in capsys.readouterr().err
 
 
-def test_a_lock_set_schedule_is_bounded_however_short_the_pause_interval() -> None:
-    """``--pause-every-s 1e-300`` built its schedule for ever (a list growing without end)."""
+def test_a_run_whose_stop_time_overflows_or_whose_jobs_fill_memory_is_refused() -> None:
+    """Each under the limit, ``--duration-s 5e9 --quiet-s 5e9`` overflowed the workers'
+    stop timer; ``--jobs 10**29`` built its job list until memory ran out."""
+    with pytest.raises(InvalidArgument, match="a run may last at most"):
+        config_from_args(_parse("--duration-s", "5e9", "--quiet-s", "5e9")).validate()
+    with pytest.raises(InvalidArgument, match="jobs must be an int from 1 to 1000000"):
+        config_from_args(_parse("--jobs", "1" + "0" * 29)).validate()
+    with pytest.raises(InvalidArgument, match="steps must be an int from 1 to 10000"):
+        config_from_args(_parse("--steps", "10001")).validate()
+    with pytest.raises(InvalidArgument, match="a run may last at most"):
+        lockset_config_from_args(_parse("--workload", "lock-set", "--duration-s",
+                                        "9e9")).validate()
+
+
+def test_a_lock_set_schedule_of_more_pauses_than_the_nemesis_takes_is_refused() -> None:
+    """``--pause-every-s 1e-300`` built its schedule for ever (a list growing without
+    end); cut at MAX_FAULTS it would have been a run of another shape than asked."""
     from consensus_lease.verify.nemesis import MAX_FAULTS
 
     config = lockset_config_from_args(_parse("--workload", "lock-set", "--pause-every-s",
                                              "1e-300"))
-    config.validate()
-    assert len(config.schedule()) == MAX_FAULTS
+    with pytest.raises(InvalidArgument, match=f"more than {MAX_FAULTS} pauses"):
+        config.validate()
+    assert len(config.schedule()) == MAX_FAULTS  # bounded even unvalidated
 
 
 def test_the_store_gate_waits_for_calls_in_flight_and_holds_new_ones() -> None:

@@ -168,7 +168,7 @@ def test_run_worker_refuses_a_ttl_out_of_range_before_creating_the_store(
 
 FLOAT_FLAGS = ["--ttl-s", "--grace-s", "--claim-wait-s", "--complete-flush-s",
                "--retry-initial-s", "--retry-max-s"]
-ODD_NUMBERS = ["1_0", "\u0661\u0660", "\uff11"]
+ODD_NUMBERS = ["1_0", "\u0661\u0660", "\uff11", "3\x0b"]
 
 
 @pytest.mark.parametrize("value", ODD_NUMBERS)

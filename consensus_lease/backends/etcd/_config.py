@@ -87,7 +87,8 @@ def _parse_hosts(netloc: str, url: str) -> tuple[str, ...]:
                 host, port_text = part, ""
         if not port_text:
             port = DEFAULT_PORT
-        elif port_text.isascii() and port_text.isdigit() and 0 < int(port_text) < 65536:
+        elif (port_text.isascii() and port_text.isdigit() and len(port_text) <= 5
+              and 0 < int(port_text) < 65536):
             port = int(port_text)
         else:
             raise UnsupportedBackend(f"bad port {port_text!r} in {url!r}")

@@ -234,7 +234,8 @@ def _parse_host(part: str, url: str) -> tuple[str, int]:
             raise UnsupportedBackend(f"bad host {part!r} in {url!r}")
     if not port_text:
         return host, DEFAULT_PORT
-    if not (port_text.isascii() and port_text.isdigit()) or not 0 < int(port_text) < 65536:
+    if (not (port_text.isascii() and port_text.isdigit()) or len(port_text) > 5
+            or not 0 < int(port_text) < 65536):
         raise UnsupportedBackend(f"bad port in {part!r} of {url!r}")
     return host, int(port_text)
 
