@@ -115,13 +115,17 @@ def test_turns_go_round_in_order_of_arrival() -> None:
     assert min(thread.rounds for thread in threads) >= 3  # about 10 each: nobody starves
 
 
-def test_while_one_client_is_connected_the_others_sleep_their_own_back_off() -> None:
+@pytest.mark.parametrize("never_connected", [False, True])
+def test_while_one_client_is_connected_the_others_sleep_their_own_back_off(
+        never_connected: bool) -> None:
+    """Also those that have never connected (sessions being opened)."""
     pacer = ReconnectPacer(turn_interval_s=10.0)  # a turn would take 10 s
     up = FakeClient()
     pacer.follow(up)
     up.tell(KazooState.CONNECTED)
     started = time.monotonic()
-    threads = [Connection(pacer, started + 0.3, backoff_s=0.05) for _ in range(3)]
+    threads = [Connection(pacer, started + 0.3, backoff_s=0.05, never_connects=never_connected)
+               for _ in range(3)]
     run_all(threads, 10.0)
     assert time.monotonic() - started < 2.0
     assert all(thread.rounds >= 2 for thread in threads)  # 50 ms back-offs, not 10 s turns
@@ -139,19 +143,6 @@ def test_clients_that_never_connected_are_paced_too() -> None:
     rounds = sum(thread.rounds for thread in threads)
     assert rounds == pacer.turns <= 1.0 / 0.05 + 30 + 5, rounds  # as for those that lost it
     assert not pacer._by_thread  # each thread forgotten as it ended
-
-
-def test_a_client_that_never_connected_sleeps_its_own_back_off_while_another_is_up() -> None:
-    pacer = ReconnectPacer(turn_interval_s=10.0)  # a turn would take 10 s
-    up = FakeClient()
-    pacer.follow(up)
-    up.tell(KazooState.CONNECTED)
-    started = time.monotonic()
-    threads = [Connection(pacer, started + 0.3, backoff_s=0.05, never_connects=True)
-               for _ in range(3)]
-    run_all(threads, 10.0)
-    assert time.monotonic() - started < 2.0
-    assert all(thread.rounds >= 2 for thread in threads) and pacer.turns == 0
 
 
 def test_a_sleep_off_a_followed_connection_thread_is_a_plain_sleep() -> None:
