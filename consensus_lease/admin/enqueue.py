@@ -11,7 +11,6 @@ from typing import Any
 from rich.console import Console
 
 from ..errors import InvalidArgument
-from ..retry import check_max_attempts
 from ..store import open_store
 from ..validation import check_queue_name
 from . import EXIT_CODES_HELP, EXIT_OK, EXIT_REFUSED, guarded, job_ids, say, shared
@@ -22,12 +21,9 @@ NAME = "enqueue"
 
 
 def _attempts(text: str) -> int:
-    from ..worker.config import parse_count
+    from ..worker.config import flag_type, parse_attempts
 
-    try:
-        return check_max_attempts(parse_count(text))
-    except InvalidArgument as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+    return flag_type(parse_attempts)(text)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

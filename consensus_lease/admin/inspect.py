@@ -53,12 +53,9 @@ Row = tuple[str, LeaseRecord | None, QueuedJob | None]
 
 def _limit(text: str) -> int:
     """An integer >= 0 in ASCII digits, as every command's flags take them."""
-    from ..worker.config import parse_amount
+    from ..worker.config import flag_type, parse_amount
 
-    try:
-        return parse_amount(text)
-    except InvalidArgument as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+    return flag_type(parse_amount)(text)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -18,13 +18,9 @@ NAME = "bench"
 
 def _tick_ms(text: str) -> int:
     """An integer >= 1 in ASCII digits, as every command's flags take them."""
-    from ..errors import InvalidArgument
-    from ..worker.config import parse_count
+    from ..worker.config import flag_type, parse_count
 
-    try:
-        return parse_count(text)
-    except InvalidArgument as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+    return flag_type(parse_count)(text)
 
 
 def _backends(text: str) -> tuple[str, ...]:

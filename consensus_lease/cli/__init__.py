@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._extras import MODULE_EXTRAS, install_hint, missing_dependency
-from ..errors import InvalidArgument, LeaseError
+from ..errors import LeaseError
 
 __all__ = ["main"]
 
@@ -41,12 +41,9 @@ EXTRA_COMMANDS: list[str] = [
 
 def _positive_seconds(text: str) -> float:
     """Seconds > 0 in ASCII, as every command's flags take them."""
-    from ..worker.config import parse_seconds
+    from ..worker.config import flag_type, parse_positive_seconds
 
-    try:
-        return parse_seconds(text, positive=True)
-    except InvalidArgument as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+    return flag_type(parse_positive_seconds)(text)
 
 
 def _parser() -> argparse.ArgumentParser:

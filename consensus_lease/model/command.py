@@ -70,12 +70,9 @@ def add_parser(subparsers: Any) -> None:
 
 def _bounded(low: int, high: int) -> Any:
     def parse(text: str) -> int:
-        from ..worker.config import parse_integer
+        from ..worker.config import flag_type, parse_integer
 
-        try:
-            value = parse_integer(text)  # ASCII digits, as every command's flags take them
-        except InvalidArgument as error:
-            raise argparse.ArgumentTypeError(str(error)) from None
+        value = flag_type(parse_integer)(text)  # ASCII digits, as every command's flags
         if not low <= value <= high:
             raise argparse.ArgumentTypeError(f"must be {low}..{high}, got {value}")
         return value

@@ -114,12 +114,9 @@ def _seconds(text: str) -> float:
     """Seconds >= 0 in ASCII, as every command's flags take them, no longer than a thread
     can wait."""
     from ..validation import check_wait
-    from ..worker.config import parse_seconds
+    from ..worker.config import flag_type, parse_seconds
 
-    try:
-        return check_wait(parse_seconds(text), "seconds")
-    except InvalidArgument as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+    return flag_type(lambda t: check_wait(parse_seconds(t), "seconds"))(text)
 
 
 def _usage_exits_64(parser: argparse.ArgumentParser) -> None:

@@ -42,7 +42,7 @@ from rich.table import Table
 from ..errors import InvalidArgument
 from ..validation import check_wait
 from ..worker.command import add_batching_flags
-from ..worker.config import parse_count, parse_integer, parse_seconds
+from ..worker.config import flag_type, parse_count, parse_integer, parse_seconds
 from .checker import COUNTS, VIOLATIONS
 from .destination import LOCK_SET_MODES
 from .interrupts import Interrupted
@@ -88,27 +88,14 @@ EXIT_STATUSES = (
 )
 
 
-def _seconds(text: str) -> float:
-    """Seconds >= 0 in ASCII (``float()`` also takes ``"1_0"`` and Arabic-Indic digits)."""
-    try:
-        return check_wait(parse_seconds(text), "seconds")  # the flag is named by argparse
-    except InvalidArgument as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+def _check_seconds(text: str) -> float:
+    """Seconds >= 0 in ASCII, no longer than a thread can wait."""
+    return check_wait(parse_seconds(text), "seconds")
 
 
-def _positive_int(text: str) -> int:
-    """An integer >= 1 in ASCII digits (``int()`` also takes ``"1_0"`` and ``"٣"``)."""
-    try:
-        return parse_count(text)
-    except InvalidArgument as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def _seed(text: str) -> int:
-    try:
-        return parse_integer(text)
-    except InvalidArgument as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+_seconds = flag_type(_check_seconds)
+_positive_int = flag_type(parse_count)
+_seed = flag_type(parse_integer)
 
 
 def _faults(text: str) -> tuple[str, ...]:

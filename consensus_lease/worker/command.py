@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from rich.console import Console
@@ -56,14 +56,7 @@ installed backend serves: unknown scheme, missing extra); 130 stopped by SIGINT.
 A second SIGTERM/SIGINT skips the grace period."""
 
 
-def _flag(parse: Callable[[str], T]) -> Callable[[str], T]:
-    def convert(text: str) -> T:
-        try:
-            return parse(text)
-        except InvalidArgument as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-    convert.__name__ = parse.__name__
-    return convert
+_flag = config.flag_type
 
 
 def add_batching_flags(parser: Any, *, grace: str = "--grace-s") -> None:

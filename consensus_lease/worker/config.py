@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, TypeVar
 
 from ..errors import InvalidArgument
 from ..retry import RetryPolicy, check_max_attempts, check_policy
 from ..store import DEFAULT_TTL_S
 from ..validation import MAX_RETRY_IN_S, check_owner, check_queue_name, check_wait
+
+T = TypeVar("T")
 
 __all__ = ["ENVIRONMENT", "MAX_COMPLETE_BATCH", "MAX_CONCURRENCY", "MAX_FLUSH_S",
            "MAX_PREFETCH", "WorkerConfig", "from_environment"]
@@ -114,6 +117,18 @@ def seconds(name: str, value: object, *, positive: bool = False) -> float:
 
 
 # -- text (command-line flags and environment variables) -----------------------------
+
+def flag_type(parse: Callable[[str], T]) -> Callable[[str], T]:
+    """``parse`` as an ``argparse`` ``type=``: its :class:`InvalidArgument` becomes
+    ``argparse.ArgumentTypeError``, so argparse names the flag (``argument --ttl-s: ...``)."""
+    def convert(text: str) -> T:
+        try:
+            return parse(text)
+        except InvalidArgument as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    convert.__name__ = parse.__name__
+    return convert
+
 
 def parse_seconds(text: str, *, positive: bool = False) -> float:
     """Seconds: a decimal number in ASCII (``float()`` also takes ``"1_0"`` and
